@@ -1,0 +1,50 @@
+// core/error: the two tiers of error reporting.
+//   BLU_CHECK(cond, ...)  — the caller's mistake (bad shape, dtype, index, file). Throws blu::Error
+//                           whose message says what was expected and what was given.
+//   BLU_ASSERT(cond, ...) — our own invariant. Throws blu::InternalError; seeing one is a bug.
+// Depends on nothing but the standard library. The message arguments are streamed with <<, so
+// shapes, dtypes and devices print themselves.
+#pragma once
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace blu {
+
+struct Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+struct InternalError : std::logic_error {
+  using std::logic_error::logic_error;
+};
+
+namespace detail {
+template <typename... Args>
+std::string concat(const Args&... args) {
+  std::ostringstream os;
+  ((os << args), ...);
+  return os.str();
+}
+[[noreturn]] void throw_check(const char* file, int line, const char* cond, const std::string& msg);
+[[noreturn]] void throw_assert(const char* file, int line, const char* cond, const std::string& msg);
+}  // namespace detail
+
+}  // namespace blu
+
+#define BLU_CHECK(cond, ...)                                                                    \
+  do {                                                                                          \
+    if (!(cond)) [[unlikely]]                                                                   \
+      ::blu::detail::throw_check(__FILE__, __LINE__, #cond, ::blu::detail::concat(__VA_ARGS__)); \
+  } while (0)
+
+#define BLU_ASSERT(cond, ...)                                                                    \
+  do {                                                                                           \
+    if (!(cond)) [[unlikely]]                                                                    \
+      ::blu::detail::throw_assert(__FILE__, __LINE__, #cond, ::blu::detail::concat(__VA_ARGS__)); \
+  } while (0)
+
+#ifdef NDEBUG
+#define BLU_DEBUG_ASSERT(cond, ...) ((void)0)
+#else
+#define BLU_DEBUG_ASSERT(cond, ...) BLU_ASSERT(cond, __VA_ARGS__)
+#endif
