@@ -8,6 +8,8 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
+#include <cstdint>
 
 namespace blu {
 
@@ -19,10 +21,20 @@ struct InternalError : std::logic_error {
 };
 
 namespace detail {
+template <typename T>
+void put(std::ostream& os, const T& v) {
+  os << v;
+}
+// Shapes and other integer lists print as [a, b, c].
+inline void put(std::ostream& os, const std::vector<int64_t>& v) {
+  os << '[';
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+  os << ']';
+}
 template <typename... Args>
 std::string concat(const Args&... args) {
   std::ostringstream os;
-  ((os << args), ...);
+  (put(os, args), ...);
   return os.str();
 }
 [[noreturn]] void throw_check(const char* file, int line, const char* cond, const std::string& msg);

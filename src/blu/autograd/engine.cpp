@@ -1,0 +1,89 @@
+// The backward engine: from the root's node, count how many edges lead into each reachable node,
+// then run nodes when all their incoming gradients are in, latest-created first. Each incoming
+// gradient is checked against the metadata the node recorded for that output.
+#include <queue>
+#include <unordered_map>
+
+#include "blu/autograd/node.h"
+#include "blu/core/grad_mode.h"
+#include "blu/ops/elementwise.h"
+#include "blu/ops/factory.h"
+
+namespace blu {
+
+namespace {
+
+void check_grad(const Node& node, size_t slot, const Tensor& g) {
+  const TensorMeta& m = node.out_metas[slot];
+  BLU_CHECK(g.shape() == m.shape && g.dtype() == m.dtype && g.device() == m.device, "backward of '",
+            node.name(), "': gradient for output ", slot, " is ", g.str(), " but the output was ",
+            to_string(m.shape), " ", m.dtype, " ", m.device);
+}
+
+}  // namespace
+
+void Tensor::backward(const Tensor& grad_root, bool retain_graph) const {
+  BLU_CHECK(requires_grad(), "backward() on a tensor that does not require grad (", str(), ")");
+  Tensor g = grad_root;
+  if (!g.defined()) {
+    BLU_CHECK(numel() == 1, "backward() without a gradient needs a 1-element tensor; got shape ", shape(),
+              " (pass the gradient explicitly)");
+    g = ones(shape(), dtype(), device());
+  }
+  const Edge root = gradient_edge(*this);
+  NoGradGuard no_grad;
+
+  // Dependencies: how many edges from reachable nodes point at each node.
+  std::unordered_map<Node*, int> deps;
+  {
+    std::vector<Node*> stack{root.fn.get()};
+    deps[root.fn.get()] = 0;
+    while (!stack.empty()) {
+      Node* n = stack.back();
+      stack.pop_back();
+      for (const Edge& e : n->next) {
+        if (!e.fn) continue;
+        auto [it, fresh] = deps.emplace(e.fn.get(), 0);
+        ++it->second;
+        if (fresh) stack.push_back(e.fn.get());
+      }
+    }
+  }
+
+  std::unordered_map<Node*, std::vector<Tensor>> buffers;
+  auto add_to_buffer = [&](Node* n, uint32_t slot, Tensor grad) {
+    auto& buf = buffers[n];
+    if (buf.empty()) buf.resize(n->out_metas.size());
+    check_grad(*n, slot, grad);
+    buf[slot] = buf[slot].defined() ? add(buf[slot], grad) : std::move(grad);
+  };
+  auto later_first = [](Node* a, Node* b) { return a->seq < b->seq; };
+  std::priority_queue<Node*, std::vector<Node*>, decltype(later_first)> ready(later_first);
+
+  add_to_buffer(root.fn.get(), root.input_nr, g);
+  ready.push(root.fn.get());
+  // Keep nodes alive while they run even if their last owner releases them.
+  std::vector<std::shared_ptr<Node>> keep{root.fn};
+  while (!ready.empty()) {
+    Node* n = ready.top();
+    ready.pop();
+    std::vector<Tensor> grads = std::move(buffers[n]);
+    buffers.erase(n);
+    grads.resize(n->out_metas.size());
+    for (int j = 0; j < n->diff_outputs; ++j)
+      if (!grads[j].defined()) grads[j] = zeros(n->out_metas[j].shape, n->out_metas[j].dtype, n->out_metas[j].device);
+    std::vector<Tensor> in_grads = n->apply(std::move(grads));
+    if (!retain_graph) n->release_saved();
+    for (size_t i = 0; i < n->next.size(); ++i) {
+      const Edge& e = n->next[i];
+      if (!e.fn) continue;
+      if (i < in_grads.size() && in_grads[i].defined()) add_to_buffer(e.fn.get(), e.input_nr, std::move(in_grads[i]));
+      if (--deps[e.fn.get()] == 0) {
+        keep.push_back(e.fn);
+        ready.push(e.fn.get());
+      }
+    }
+  }
+}
+
+}  // namespace blu

@@ -1,0 +1,61 @@
+#include "blu/autograd/node.h"
+
+#include <atomic>
+
+#include "blu/core/grad_mode.h"
+#include "blu/ops/elementwise.h"
+#include "blu/ops/view.h"
+
+namespace blu {
+
+uint64_t next_node_seq() {
+  static std::atomic<uint64_t> seq{0};
+  return seq.fetch_add(1);
+}
+
+std::vector<Tensor> OpNode::apply(std::vector<Tensor>&& grad_out) {
+  BLU_CHECK(!released, "backward through the graph of '", ctx.op->name,
+            "' a second time: its saved tensors were freed; pass retain_graph=true to the first backward");
+  return ctx.op->backward(ctx, grad_out);
+}
+
+void OpNode::release_saved() {
+  ctx.inputs.clear();
+  ctx.outputs.clear();
+  released = true;
+}
+
+std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_out) {
+  Tensor t(leaf);
+  Tensor g = grad_out[0];
+  AutogradMeta& meta = t.autograd_meta();
+  if (!meta.grad) {
+    // Keep the incoming gradient only when nothing else refers to it; otherwise own a copy, so a
+    // later in-place accumulation cannot change another tensor.
+    const bool exclusive = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous();
+    meta.grad = std::make_shared<Tensor>(exclusive ? g : clone(g));
+  } else {
+    add_(*meta.grad, g);
+  }
+  for (auto& hook : meta.grad_hooks) hook(*meta.grad);
+  return {};
+}
+
+Edge gradient_edge(const Tensor& t) {
+  if (!t.defined() || !t.requires_grad()) return {};
+  auto& meta = const_cast<Tensor&>(t).autograd_meta();
+  if (meta.grad_fn) return {meta.grad_fn, meta.output_nr};
+  std::shared_ptr<Node> acc = meta.grad_accumulator.lock();
+  if (!acc) {
+    auto a = std::make_shared<AccumulateGrad>();
+    a->leaf = t.impl_ptr();
+    a->seq = next_node_seq();
+    a->out_metas = {TensorMeta{t.shape(), t.dtype(), t.device()}};
+    a->diff_outputs = 1;
+    meta.grad_accumulator = a;
+    acc = a;
+  }
+  return {acc, 0};
+}
+
+}  // namespace blu

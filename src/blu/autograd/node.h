@@ -1,0 +1,51 @@
+// autograd/node: the graph reverse-mode differentiation walks. Each op call that needs gradients
+// leaves an OpNode holding its BackwardContext (only what its backward reads) and one edge per
+// input to the node that produced that input — or, for a leaf, to the leaf's AccumulateGrad.
+// Depends on ops/dispatch (OpDef, BackwardContext). Keep: nodes own their inputs' producers
+// (edges are shared_ptr), never their outputs, so a graph is freed with its last output.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "blu/core/tensor.h"
+#include "blu/ops/dispatch.h"
+
+namespace blu {
+
+struct Edge {
+  std::shared_ptr<Node> fn;  // null: this input needs no gradient
+  uint32_t input_nr = 0;     // which output of fn the gradient belongs to
+};
+
+struct Node {
+  virtual ~Node() = default;
+  // Gradients of this node's inputs, given those of its outputs (one per output).
+  virtual std::vector<Tensor> apply(std::vector<Tensor>&& grad_out) = 0;
+  virtual std::string name() const = 0;
+  virtual void release_saved() {}
+  uint64_t seq = 0;                    // creation order; later nodes run first
+  std::vector<Edge> next;              // one per input
+  std::vector<TensorMeta> out_metas;   // to check incoming gradients
+  int diff_outputs = 0;                // outputs [0, diff_outputs) carry gradients
+};
+
+struct OpNode final : Node {
+  BackwardContext ctx;
+  bool released = false;
+  std::vector<Tensor> apply(std::vector<Tensor>&& grad_out) override;
+  std::string name() const override { return ctx.op->name; }
+  void release_saved() override;
+};
+
+struct AccumulateGrad final : Node {
+  std::shared_ptr<TensorImpl> leaf;
+  std::vector<Tensor> apply(std::vector<Tensor>&& grad_out) override;
+  std::string name() const override { return "AccumulateGrad"; }
+};
+
+// The edge through which a gradient reaches `t` (its producer, or its leaf accumulator).
+Edge gradient_edge(const Tensor& t);
+uint64_t next_node_seq();
+
+}  // namespace blu

@@ -1,0 +1,51 @@
+// backend: what a device backend offers the dispatcher — a table of kernels by op name (in the
+// spirit of ggml's backend interface: `supports(op)` before use, adding a backend means filling
+// the table). Kernels receive inputs and already-allocated outputs; they never allocate outputs.
+// Depends on core/. Keep: one registry per device type; kernels register at static init with
+// BLU_REGISTER_KERNEL and are looked up by the op's name.
+#pragma once
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include "blu/core/attrs.h"
+#include "blu/core/device.h"
+#include "blu/core/tensor.h"
+
+namespace blu {
+
+struct KernelCall {
+  std::string_view op;
+  std::span<const Tensor> in;
+  std::span<Tensor> out;
+  const Attrs& attrs;
+};
+using Kernel = void (*)(const KernelCall&);
+
+class Backend {
+ public:
+  explicit Backend(DeviceType type) : type_(type) {}
+  void add(std::string_view op, Kernel k);
+  Kernel find(std::string_view op) const;
+  bool supports(std::string_view op) const { return find(op) != nullptr; }
+  DeviceType type() const { return type_; }
+  size_t size() const { return kernels_.size(); }
+
+ private:
+  DeviceType type_;
+  std::unordered_map<std::string, Kernel> kernels_;
+};
+
+Backend& backend(DeviceType type);
+
+struct KernelRegistrar {
+  KernelRegistrar(DeviceType type, std::string_view op, Kernel k) { backend(type).add(op, k); }
+};
+
+}  // namespace blu
+
+#define BLU_CONCAT_INNER(a, b) a##b
+#define BLU_CONCAT(a, b) BLU_CONCAT_INNER(a, b)
+#define BLU_REGISTER_KERNEL(device_type, op_name, fn) \
+  static ::blu::KernelRegistrar BLU_CONCAT(blu_kernel_reg_, __COUNTER__)(::blu::DeviceType::device_type, op_name, fn)

@@ -1,0 +1,285 @@
+// CPU kernels for ops/elementwise, ops/factory and the copies of ops/view.
+#include <cmath>
+#include <numbers>
+
+#include "blu/backend/backend.h"
+#include "blu/backend/cpu/loops.h"
+#include "blu/core/rng.h"
+
+namespace blu::cpu {
+
+namespace {
+
+template <typename T>
+T gelu_fwd(T x, bool approx) {
+  if (approx) {
+    const T k = T(std::numbers::sqrt2 * std::numbers::inv_sqrtpi);  // sqrt(2/pi)
+    return T(0.5) * x * (T(1) + std::tanh(k * (x + T(0.044715) * x * x * x)));
+  }
+  return T(0.5) * x * (T(1) + std::erf(x * T(std::numbers::sqrt2 / 2)));
+}
+template <typename T>
+T gelu_bwd(T x, bool approx) {
+  if (approx) {
+    const T k = T(std::numbers::sqrt2 * std::numbers::inv_sqrtpi);
+    const T u = k * (x + T(0.044715) * x * x * x);
+    const T th = std::tanh(u);
+    const T du = k * (T(1) + T(3 * 0.044715) * x * x);
+    return T(0.5) * (T(1) + th) + T(0.5) * x * (T(1) - th * th) * du;
+  }
+  const T cdf = T(0.5) * (T(1) + std::erf(x * T(std::numbers::sqrt2 / 2)));
+  const T pdf = std::exp(T(-0.5) * x * x) * T(std::numbers::inv_sqrtpi / std::numbers::sqrt2);
+  return cdf + x * pdf;
+}
+
+// Unary floating kernel: out = F(x, attrs).
+template <typename F>
+void unary(const KernelCall& c) {
+  Tensor& out = c.out[0];
+  BLU_DISPATCH_FLOATING(out.dtype(), c.op, {
+    using A = acc_t<scalar_t>;
+    auto f = F::template make<A>(c.attrs);
+    map<scalar_t, scalar_t>(out, f, c.in[0]);
+  });
+}
+
+#define BLU_UNARY(NAME, EXPR)                                             \
+  struct NAME##_f {                                                       \
+    template <typename A>                                                 \
+    static auto make(const Attrs& attrs) {                                \
+      return [&attrs](A x) -> A { (void)attrs; return EXPR; };            \
+    }                                                                     \
+  };                                                                      \
+  BLU_REGISTER_KERNEL(cpu, #NAME, unary<NAME##_f>)
+
+BLU_UNARY(neg, -x);
+BLU_UNARY(exp, std::exp(x));
+BLU_UNARY(log, std::log(x));
+BLU_UNARY(sqrt, std::sqrt(x));
+BLU_UNARY(rsqrt, A(1) / std::sqrt(x));
+BLU_UNARY(tanh, std::tanh(x));
+BLU_UNARY(sigmoid, A(1) / (A(1) + std::exp(-x)));
+BLU_UNARY(relu, x > A(0) ? x : (std::isnan(x) ? x : A(0)));
+BLU_UNARY(gelu, gelu_fwd<A>(x, attrs.b("approximate")));
+BLU_UNARY(abs, std::abs(x));
+BLU_UNARY(sign, A((x > A(0)) - (x < A(0))));
+BLU_UNARY(clamp, std::isnan(x) ? x : std::min(std::max(x, A(attrs.f("lo"))), A(attrs.f("hi"))));
+BLU_UNARY(pow_scalar, std::pow(x, A(attrs.f("value"))));
+BLU_UNARY(add_scalar, x + A(attrs.f("value")));
+BLU_UNARY(mul_scalar, x * A(attrs.f("value")));
+
+// Binary kernel over any non-bool dtype: out = F(a, b).
+template <typename F>
+void binary(const KernelCall& c) {
+  Tensor& out = c.out[0];
+  BLU_DISPATCH_ALL(c.in[0].dtype(), c.op, {
+    if constexpr (!std::is_same_v<scalar_t, bool>) {
+      using A = acc_t<scalar_t>;
+      map<scalar_t, scalar_t>(out, [](A a, A b) { return F::apply(a, b); }, c.in[0], c.in[1]);
+    }
+  });
+}
+#define BLU_BINARY(NAME, EXPR)                                                  \
+  struct NAME##_f {                                                             \
+    template <typename A> static A apply(A a, A b) { return EXPR; }             \
+  };                                                                            \
+  BLU_REGISTER_KERNEL(cpu, #NAME, binary<NAME##_f>)
+
+template <typename A> A safe_div(A a, A b) {
+  if constexpr (std::is_integral_v<A>) {
+    BLU_CHECK(b != 0, "div: integer division by zero");
+    return a / b;
+  } else {
+    return a / b;
+  }
+}
+BLU_BINARY(add, a + b);
+BLU_BINARY(sub, a - b);
+BLU_BINARY(mul, a * b);
+BLU_BINARY(div, safe_div(a, b));
+BLU_BINARY(pow, A(std::pow(a, b)));
+
+// Gradient helpers that read (grad, x).
+template <typename F>
+void grad_unary(const KernelCall& c) {
+  Tensor& out = c.out[0];
+  BLU_DISPATCH_FLOATING(out.dtype(), c.op, {
+    using A = acc_t<scalar_t>;
+    auto f = F::template make<A>(c.attrs);
+    map<scalar_t, scalar_t>(out, f, c.in[0], c.in[1]);
+  });
+}
+struct gelu_backward_f {
+  template <typename A> static auto make(const Attrs& a) {
+    const bool approx = a.b("approximate");
+    return [approx](A g, A x) -> A { return g * gelu_bwd<A>(x, approx); };
+  }
+};
+BLU_REGISTER_KERNEL(cpu, "gelu_backward", grad_unary<gelu_backward_f>);
+struct clamp_backward_f {
+  template <typename A> static auto make(const Attrs& a) {
+    const A lo = A(a.f("lo")), hi = A(a.f("hi"));
+    return [lo, hi](A g, A x) -> A { return x >= lo && x <= hi ? g : A(0); };
+  }
+};
+BLU_REGISTER_KERNEL(cpu, "clamp_backward", grad_unary<clamp_backward_f>);
+
+// Comparisons: bool out.
+template <typename F>
+void compare(const KernelCall& c) {
+  Tensor& out = c.out[0];
+  BLU_DISPATCH_ALL(c.in[0].dtype(), c.op, {
+    using A = acc_t<scalar_t>;
+    map<bool, scalar_t>(out, [](A a, A b) { return F::apply(a, b); }, c.in[0], c.in[1]);
+  });
+}
+#define BLU_COMPARE(NAME, OP)                                                   \
+  struct NAME##_f {                                                             \
+    template <typename A> static bool apply(A a, A b) { return a OP b; }        \
+  };                                                                            \
+  BLU_REGISTER_KERNEL(cpu, #NAME, compare<NAME##_f>)
+BLU_COMPARE(eq, ==);
+BLU_COMPARE(ne, !=);
+BLU_COMPARE(lt, <);
+BLU_COMPARE(le, <=);
+BLU_COMPARE(gt, >);
+BLU_COMPARE(ge, >=);
+
+void where_kernel(const KernelCall& c) {
+  Tensor& out = c.out[0];
+  const Shape& shape = out.shape();
+  std::array<Shape, 4> strides{out.strides(), broadcast_strides(c.in[0], shape), broadcast_strides(c.in[1], shape),
+                               broadcast_strides(c.in[2], shape)};
+  const bool* cond = c.in[0].data<bool>();
+  BLU_DISPATCH_ALL(out.dtype(), "where", {
+    scalar_t* o = out.data<scalar_t>();
+    const scalar_t* a = c.in[1].data<scalar_t>();
+    const scalar_t* b = c.in[2].data<scalar_t>();
+    strided_loop(shape, strides, [&](int64_t, const std::array<int64_t, 4>& off) {
+      o[off[0]] = cond[off[1]] ? a[off[2]] : b[off[3]];
+    });
+  });
+}
+BLU_REGISTER_KERNEL(cpu, "where", where_kernel);
+
+void add_inplace(const KernelCall& c) {
+  Tensor& a = c.out[0];
+  BLU_DISPATCH_ALL(a.dtype(), "add_", {
+    if constexpr (!std::is_same_v<scalar_t, bool>) {
+      using A = acc_t<scalar_t>;
+      // The destination is also an operand: read it through its own strides.
+      map<scalar_t, scalar_t>(a, [](A x, A y) { return x + y; }, a, c.in[1]);
+    }
+  });
+}
+BLU_REGISTER_KERNEL(cpu, "add_", add_inplace);
+void mul_scalar_inplace(const KernelCall& c) {
+  Tensor& a = c.out[0];
+  BLU_DISPATCH_FLOATING(a.dtype(), "mul_scalar_", {
+    using A = acc_t<scalar_t>;
+    const A s = A(c.attrs.f("value"));
+    map<scalar_t, scalar_t>(a, [s](A x) { return x * s; }, a);
+  });
+}
+BLU_REGISTER_KERNEL(cpu, "mul_scalar_", mul_scalar_inplace);
+
+// --- copies and casts ---
+template <typename Out>
+void convert_into(Tensor& out, const Tensor& src) {
+  BLU_DISPATCH_ALL(src.dtype(), "copy", {
+    if constexpr (std::is_same_v<Out, bool>) {
+      map<Out, scalar_t>(out, [](acc_t<scalar_t> x) { return x != acc_t<scalar_t>(0); }, src);
+    } else if constexpr (std::is_same_v<scalar_t, bool>) {
+      map<Out, scalar_t>(out, [](bool x) { return acc_t<Out>(x ? 1 : 0); }, src);
+    } else {
+      // float → 16-bit converts straight from float (one rounding); wide types go through acc.
+      map<Out, scalar_t>(out, [](acc_t<scalar_t> x) { return x; }, src);
+    }
+  });
+}
+void copy_kernel(const KernelCall& c) {
+  Tensor& out = c.out[0];
+  const Tensor& src = c.in.size() > 1 ? c.in[1] : c.in[0];
+  BLU_DISPATCH_ALL(out.dtype(), "copy", convert_into<scalar_t>(out, src));
+}
+BLU_REGISTER_KERNEL(cpu, "copy_", copy_kernel);
+BLU_REGISTER_KERNEL(cpu, "clone", copy_kernel);
+BLU_REGISTER_KERNEL(cpu, "cast", copy_kernel);
+
+// --- factories ---
+void empty_kernel(const KernelCall&) {}
+BLU_REGISTER_KERNEL(cpu, "empty", empty_kernel);
+
+void fill_kernel(const KernelCall& c) {
+  Tensor& t = c.out[0];
+  const double v = c.attrs.f("value");
+  BLU_DISPATCH_ALL(t.dtype(), "fill_", {
+    const scalar_t x = scalar_t(v);
+    map<scalar_t, scalar_t>(t, [x](auto) { return x; }, t);
+  });
+}
+BLU_REGISTER_KERNEL(cpu, "fill_", fill_kernel);
+
+void arange_kernel(const KernelCall& c) {
+  Tensor& t = c.out[0];
+  const double start = c.attrs.f("start"), step = c.attrs.f("step");
+  BLU_DISPATCH_ALL(t.dtype(), "arange", {
+    scalar_t* p = t.data<scalar_t>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = scalar_t(start + double(i) * step);
+  });
+}
+BLU_REGISTER_KERNEL(cpu, "arange", arange_kernel);
+
+// Element i uses Philox block (offset + i/4), lane i%4 (core/rng.h).
+template <typename F>
+void philox_fill(Tensor& t, const Attrs& a, F f) {
+  const uint64_t seed = uint64_t(a.i("seed")), offset = uint64_t(a.i("offset"));
+  const int64_t n = t.numel();
+  const int64_t blocks = (n + 3) / 4;
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const auto r = Philox::block(seed, offset + uint64_t(b));
+    for (int lane = 0; lane < 4 && b * 4 + lane < n; ++lane) f(b * 4 + lane, r, lane);
+  }
+}
+void rand_kernel(const KernelCall& c) {
+  Tensor& t = c.out[0];
+  BLU_DISPATCH_FLOATING(t.dtype(), "rand", {
+    scalar_t* p = t.data<scalar_t>();
+    philox_fill(t, c.attrs, [&](int64_t i, const std::array<uint32_t, 4>& r, int lane) {
+      p[i] = scalar_t(Philox::uniform(r[lane]));
+    });
+  });
+}
+BLU_REGISTER_KERNEL(cpu, "rand", rand_kernel);
+void randn_kernel(const KernelCall& c) {
+  Tensor& t = c.out[0];
+  BLU_DISPATCH_FLOATING(t.dtype(), "randn", {
+    scalar_t* p = t.data<scalar_t>();
+    philox_fill(t, c.attrs, [&](int64_t i, const std::array<uint32_t, 4>& r, int lane) {
+      // Box–Muller on the lane pair (0,1) or (2,3): cos for the even lane, sin for the odd.
+      const int pair = lane & ~1;
+      const float u1 = 1.0f - Philox::uniform(r[pair]);  // (0, 1]
+      const float u2 = Philox::uniform(r[pair + 1]);
+      const float rad = std::sqrt(-2.0f * std::log(u1));
+      const float ang = 2.0f * std::numbers::pi_v<float> * u2;
+      p[i] = scalar_t(rad * ((lane & 1) ? std::sin(ang) : std::cos(ang)));
+    });
+  });
+}
+BLU_REGISTER_KERNEL(cpu, "randn", randn_kernel);
+void randint_kernel(const KernelCall& c) {
+  Tensor& t = c.out[0];
+  const int64_t low = c.attrs.i("low"), range = c.attrs.i("high") - low;
+  BLU_DISPATCH_ALL(t.dtype(), "randint", {
+    scalar_t* p = t.data<scalar_t>();
+    philox_fill(t, c.attrs, [&](int64_t i, const std::array<uint32_t, 4>& r, int lane) {
+      p[i] = scalar_t(low + int64_t(uint64_t(r[lane]) % uint64_t(range)));
+    });
+  });
+}
+BLU_REGISTER_KERNEL(cpu, "randint", randint_kernel);
+
+}  // namespace
+
+}  // namespace blu::cpu

@@ -1,0 +1,88 @@
+#include "blu/ops/dispatch.h"
+
+#include <map>
+
+#include "blu/backend/backend.h"
+#include "blu/core/grad_mode.h"
+#include "blu/memory/allocator.h"
+
+namespace blu {
+
+const Tensor& BackwardContext::input(size_t i) const {
+  BLU_ASSERT(i < inputs.size() && inputs[i].defined(), op->name, ": backward reads input ", i,
+             " which was not saved (add it to save_inputs)");
+  return inputs[i];
+}
+const Tensor& BackwardContext::output(size_t i) const {
+  BLU_ASSERT(i < outputs.size() && outputs[i].defined(), op->name, ": backward reads output ", i,
+             " which was not saved (add it to save_outputs)");
+  return outputs[i];
+}
+
+static GradRecorder g_recorder = nullptr;
+void set_grad_recorder(GradRecorder rec) { g_recorder = rec; }
+
+static std::map<int, OpObserver>& observers() {
+  static std::map<int, OpObserver> m;
+  return m;
+}
+static int g_next_observer = 0;
+int add_op_observer(OpObserver obs) {
+  observers().emplace(g_next_observer, std::move(obs));
+  return g_next_observer++;
+}
+void remove_op_observer(int handle) { observers().erase(handle); }
+
+std::vector<Tensor> dispatch(const OpDef& op, std::vector<Tensor> in, const Attrs& attrs) {
+  // 1. Arguments.
+  Device device = kCPU;
+  bool have_device = false;
+  bool any_requires_grad = false;
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (!in[i].defined()) {
+      BLU_CHECK(op.optional_inputs >> i & 1u, op.name, ": input ", i, " is undefined");
+      continue;
+    }
+    if (!have_device) {
+      device = in[i].device();
+      have_device = true;
+    }
+    BLU_CHECK(in[i].device() == device, op.name, ": inputs are on different devices (input 0 on ", device,
+              ", input ", i, " on ", in[i].device(), ")");
+    any_requires_grad |= in[i].requires_grad();
+  }
+  std::vector<TensorMeta> metas = op.infer(in, attrs);
+  const bool record = g_recorder && op.backward && any_requires_grad && GradMode::enabled();
+
+  // 2. Outputs and compute.
+  std::vector<Tensor> out;
+  if (op.view) {
+    out = op.view(in, attrs);
+  } else {
+    out.reserve(metas.size());
+    if (op.inplace) {
+      BLU_CHECK(!(GradMode::enabled() && in[0].requires_grad()), op.name,
+                ": in-place op on a tensor that requires grad (use it under NoGradGuard, or the out-of-place op)");
+      out.push_back(in[0]);
+    }
+    for (size_t j = out.size(); j < metas.size(); ++j) {
+      const TensorMeta& m = metas[j];
+      const Device d = have_device ? device : m.device;
+      auto storage = std::make_shared<Storage>(allocator_for(d).allocate(size_t(numel(m.shape)) * dtype_size(m.dtype)));
+      out.emplace_back(std::move(storage), m.shape, contiguous_strides(m.shape), 0, m.dtype);
+    }
+    const Device d = have_device ? device : (metas.empty() ? kCPU : metas[0].device);
+    Kernel k = backend(d.type).find(op.name);
+    BLU_CHECK(k, op.name, ": no kernel for device ", d);
+    k(KernelCall{op.name, in, out, attrs});
+  }
+
+  // 3. Observers.
+  for (auto& [h, obs] : observers()) obs(op, in, out, attrs);
+
+  // 4. Autograd.
+  if (record) g_recorder(op, in, out, attrs);
+  return out;
+}
+
+}  // namespace blu

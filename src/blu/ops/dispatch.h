@@ -1,0 +1,77 @@
+// ops/dispatch: the one point every op call passes through. `dispatch(op, inputs, attrs)`:
+//   1. checks the inputs (defined where required, one device) and runs the op's `infer`, which
+//      checks the arguments and gives the outputs' shapes and dtypes;
+//   2. makes the outputs — views for view ops, fresh allocations from the device's allocator
+//      otherwise — and runs the backend kernel for the device (BLU_CHECK if it has none);
+//   3. tells the observers (profiling, graph capture) what ran;
+//   4. records autograd history through the recorder autograd/ installs, when grad mode is on
+//      and an input requires grad.
+// An op is an OpDef: a name, shape rules, and its backward formula written in other ops, with
+// the inputs/outputs the backward needs declared so nothing else is saved.
+// Depends on core/, memory/, backend/. Keep: no op computes outside this path.
+#pragma once
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "blu/core/attrs.h"
+#include "blu/core/tensor.h"
+
+namespace blu {
+
+struct TensorMeta {
+  Shape shape;
+  DType dtype;
+  Device device;
+};
+
+struct OpDef;
+
+// What a backward formula sees: the attributes, the inputs and outputs the op chose to save (the
+// others are undefined), every input's metadata, and which inputs need a gradient.
+struct BackwardContext {
+  const OpDef* op = nullptr;
+  Attrs attrs;
+  std::vector<Tensor> inputs;
+  std::vector<Tensor> outputs;
+  std::vector<TensorMeta> input_metas;
+  std::vector<bool> needs_grad;
+  const Tensor& input(size_t i) const;
+  const Tensor& output(size_t i) const;
+  const Shape& input_shape(size_t i) const { return input_metas.at(i).shape; }
+};
+
+using InferFn = std::vector<TensorMeta> (*)(std::span<const Tensor> in, const Attrs& attrs);
+using ViewFn = std::vector<Tensor> (*)(std::span<const Tensor> in, const Attrs& attrs);
+// Returns one gradient per input (undefined where not needed or not differentiable). Runs with
+// grad mode off; `grad_out` holds a defined gradient for every differentiable output.
+using BackwardFn = std::vector<Tensor> (*)(const BackwardContext& ctx, std::span<const Tensor> grad_out);
+
+struct OpDef {
+  const char* name;
+  InferFn infer;
+  BackwardFn backward = nullptr;  // null: not differentiable
+  uint32_t save_inputs = 0;       // bit i: the backward reads input i
+  uint32_t save_outputs = 0;      // bit j: the backward reads output j
+  ViewFn view = nullptr;          // view ops make their outputs here; no kernel runs
+  bool inplace = false;           // output 0 is input 0, written by the kernel
+  int diff_outputs = -1;          // outputs that carry gradients: the first n (-1: all)
+  uint32_t optional_inputs = 0;   // bit i: input i may be undefined
+};
+
+std::vector<Tensor> dispatch(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs = {});
+inline Tensor dispatch1(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs = {}) {
+  return dispatch(op, std::move(inputs), attrs)[0];
+}
+
+// Observers see every call after it ran (outputs made, autograd recorded).
+using OpObserver = std::function<void(const OpDef&, std::span<const Tensor> in, std::span<const Tensor> out,
+                                      const Attrs&)>;
+int add_op_observer(OpObserver obs);  // returns a handle for remove
+void remove_op_observer(int handle);
+
+// Installed by autograd/: links outputs to a new graph node.
+using GradRecorder = void (*)(const OpDef&, std::span<const Tensor> in, std::span<Tensor> out, const Attrs&);
+void set_grad_recorder(GradRecorder rec);
+
+}  // namespace blu

@@ -1,0 +1,240 @@
+#include "blu/ops/view.h"
+
+#include <numeric>
+#include <optional>
+
+#include "blu/ops/dispatch.h"
+#include "blu/ops/factory.h"
+#include "blu/ops/reduce.h"
+
+namespace blu {
+
+namespace {
+
+std::vector<TensorMeta> same_as_input(std::span<const Tensor> in, const Attrs&) {
+  return {TensorMeta{in[0].shape(), in[0].dtype(), in[0].device()}};
+}
+std::vector<TensorMeta> no_meta(std::span<const Tensor>, const Attrs&) { return {}; }
+
+// Strides for viewing t as `shape`, or empty when the layout does not allow it. Groups of input
+// dims that are contiguous among themselves can be split and merged freely.
+std::optional<Shape> view_strides(const Tensor& t, const Shape& shape) {
+  if (t.numel() == 0 || t.is_contiguous()) return contiguous_strides(shape);
+  const Shape& old_shape = t.shape();
+  const Shape& old_strides = t.strides();
+  Shape out(shape.size());
+  int64_t view_d = int64_t(shape.size()) - 1;
+  int64_t chunk_base_stride = old_strides.empty() ? 1 : old_strides.back();
+  int64_t tensor_numel = 1, view_numel = 1;
+  for (int64_t d = int64_t(old_shape.size()) - 1; d >= 0; --d) {
+    tensor_numel *= old_shape[d];
+    if (d == 0 || (old_shape[d - 1] != 1 && old_strides[d - 1] != tensor_numel * chunk_base_stride)) {
+      while (view_d >= 0 && (view_numel < tensor_numel || shape[view_d] == 1)) {
+        out[view_d] = view_numel * chunk_base_stride;
+        view_numel *= shape[view_d];
+        --view_d;
+      }
+      if (view_numel != tensor_numel) return std::nullopt;
+      if (d > 0) {
+        chunk_base_stride = old_strides[d - 1];
+        tensor_numel = 1;
+        view_numel = 1;
+      }
+    }
+  }
+  if (view_d != -1) return std::nullopt;
+  return out;
+}
+
+Shape infer_view_shape(const Tensor& t, Shape shape) {
+  int64_t infer = -1, known = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1) {
+      BLU_CHECK(infer < 0, "view/reshape: only one dim can be -1, got ", shape);
+      infer = int64_t(i);
+    } else {
+      BLU_CHECK(shape[i] >= 0, "view/reshape: bad size in ", shape);
+      known *= shape[i];
+    }
+  }
+  if (infer >= 0) {
+    BLU_CHECK(known != 0 && t.numel() % known == 0, "view/reshape: cannot infer -1 in ", shape, " for ",
+              t.numel(), " elements");
+    shape[infer] = t.numel() / known;
+  }
+  BLU_CHECK(numel(shape) == t.numel(), "view/reshape: shape ", shape, " has ", numel(shape),
+            " elements but the tensor ", t.shape(), " has ", t.numel());
+  return shape;
+}
+
+// --- view ---
+std::vector<Tensor> view_view(std::span<const Tensor> in, const Attrs& a) {
+  const Shape& shape = a.get<Shape>("shape");
+  auto strides = view_strides(in[0], shape);
+  BLU_CHECK(strides, "view: a tensor of shape ", in[0].shape(), " and strides ", in[0].strides(),
+            " cannot be viewed as ", shape, " without a copy (use reshape, or contiguous first)");
+  return {in[0].alias_with(shape, *strides, in[0].offset())};
+}
+std::vector<Tensor> view_backward(const BackwardContext& c, std::span<const Tensor> g) {
+  return {reshape(g[0], c.input_shape(0))};
+}
+const OpDef kView{.name = "view", .infer = no_meta, .backward = view_backward, .view = view_view};
+
+// --- permute ---
+std::vector<Tensor> permute_view(std::span<const Tensor> in, const Attrs& a) {
+  const Shape& dims = a.get<Shape>("dims");
+  const Tensor& t = in[0];
+  BLU_CHECK(int64_t(dims.size()) == t.dim(), "permute: ", dims.size(), " dims given for a tensor of ", t.dim());
+  Shape shape(dims.size()), strides(dims.size());
+  std::vector<bool> seen(dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const int64_t d = wrap_dim(dims[i], t.dim());
+    BLU_CHECK(!seen[d], "permute: dim ", d, " repeated in ", dims);
+    seen[d] = true;
+    shape[i] = t.shape()[d];
+    strides[i] = t.strides()[d];
+  }
+  return {t.alias_with(shape, strides, t.offset())};
+}
+std::vector<Tensor> permute_backward(const BackwardContext& c, std::span<const Tensor> g) {
+  const Shape& dims = c.attrs.get<Shape>("dims");
+  Shape inv(dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) inv[wrap_dim(dims[i], int64_t(dims.size()))] = int64_t(i);
+  return {permute(g[0], inv)};
+}
+const OpDef kPermute{.name = "permute", .infer = no_meta, .backward = permute_backward, .view = permute_view};
+
+// --- narrow ---
+std::vector<Tensor> narrow_view(std::span<const Tensor> in, const Attrs& a) {
+  const Tensor& t = in[0];
+  BLU_CHECK(t.dim() > 0, "narrow: needs a tensor with at least one dim");
+  const int64_t d = wrap_dim(a.i("dim"), t.dim()), start = a.i("start"), len = a.i("length");
+  BLU_CHECK(start >= 0 && len >= 0 && start + len <= t.shape()[d], "narrow: range [", start, ", ", start + len,
+            ") is outside dim ", d, " of size ", t.shape()[d]);
+  Shape shape = t.shape();
+  shape[d] = len;
+  return {t.alias_with(shape, t.strides(), t.offset() + start * t.strides()[d])};
+}
+std::vector<Tensor> narrow_backward(const BackwardContext& c, std::span<const Tensor> g) {
+  const TensorMeta& m = c.input_metas[0];
+  Tensor full_grad = zeros(m.shape, m.dtype, m.device);
+  Tensor part = narrow(full_grad, c.attrs.i("dim"), c.attrs.i("start"), c.attrs.i("length"));
+  copy_(part, g[0]);
+  return {full_grad};
+}
+const OpDef kNarrow{.name = "narrow", .infer = no_meta, .backward = narrow_backward, .view = narrow_view};
+
+// --- expand ---
+std::vector<Tensor> expand_view(std::span<const Tensor> in, const Attrs& a) {
+  const Tensor& t = in[0];
+  const Shape& want = a.get<Shape>("shape");
+  BLU_CHECK(int64_t(want.size()) >= t.dim(), "expand: cannot expand ", t.shape(), " to fewer dims ", want);
+  Shape shape(want.size()), strides(want.size(), 0);
+  const int64_t lead = int64_t(want.size()) - t.dim();
+  for (int64_t i = 0; i < int64_t(want.size()); ++i) {
+    if (i < lead) {
+      BLU_CHECK(want[i] >= 0, "expand: size -1 not allowed for a new leading dim in ", want);
+      shape[i] = want[i];
+      continue;
+    }
+    const int64_t have = t.shape()[i - lead];
+    const int64_t w = want[i] == -1 ? have : want[i];
+    BLU_CHECK(have == w || have == 1, "expand: dim ", i, " of ", t.shape(), " is ", have, " and cannot become ", w);
+    shape[i] = w;
+    strides[i] = have == w ? t.strides()[i - lead] : 0;
+  }
+  return {t.alias_with(shape, strides, t.offset())};
+}
+std::vector<Tensor> expand_backward(const BackwardContext& c, std::span<const Tensor> g) {
+  return {sum_to(g[0], c.input_shape(0))};
+}
+const OpDef kExpand{.name = "expand", .infer = no_meta, .backward = expand_backward, .view = expand_view};
+
+// --- copies ---
+std::vector<Tensor> clone_backward(const BackwardContext&, std::span<const Tensor> g) { return {g[0]}; }
+const OpDef kClone{.name = "clone", .infer = same_as_input, .backward = clone_backward};
+
+std::vector<TensorMeta> infer_copy_(std::span<const Tensor> in, const Attrs&) {
+  broadcast_shapes(in[1].shape(), in[0].shape());
+  BLU_CHECK(numel(broadcast_shapes(in[1].shape(), in[0].shape())) == in[0].numel(), "copy_: source ",
+            in[1].shape(), " does not broadcast to destination ", in[0].shape());
+  return {TensorMeta{in[0].shape(), in[0].dtype(), in[0].device()}};
+}
+const OpDef kCopy{.name = "copy_", .infer = infer_copy_, .inplace = true};
+
+std::vector<TensorMeta> infer_cast(std::span<const Tensor> in, const Attrs& a) {
+  return {TensorMeta{in[0].shape(), a.get<DType>("dtype"), in[0].device()}};
+}
+std::vector<Tensor> cast_backward(const BackwardContext& c, std::span<const Tensor> g) {
+  return {to_dtype(g[0], c.input_metas[0].dtype)};
+}
+const OpDef kCast{.name = "cast", .infer = infer_cast, .backward = cast_backward};
+
+}  // namespace
+
+Tensor view(const Tensor& t, Shape shape) {
+  return dispatch1(kView, {t}, Attrs{{"shape", infer_view_shape(t, std::move(shape))}});
+}
+Tensor reshape(const Tensor& t, Shape shape) {
+  shape = infer_view_shape(t, std::move(shape));
+  if (view_strides(t, shape)) return view(t, shape);
+  return view(clone(t), shape);
+}
+Tensor flatten(const Tensor& t, int64_t start, int64_t end) {
+  if (t.dim() == 0) return reshape(t, {1});
+  start = wrap_dim(start, t.dim());
+  end = wrap_dim(end, t.dim());
+  BLU_CHECK(start <= end, "flatten: start_dim ", start, " after end_dim ", end);
+  Shape s(t.shape().begin(), t.shape().begin() + start);
+  int64_t n = 1;
+  for (int64_t d = start; d <= end; ++d) n *= t.shape()[d];
+  s.push_back(n);
+  s.insert(s.end(), t.shape().begin() + end + 1, t.shape().end());
+  return reshape(t, s);
+}
+Tensor permute(const Tensor& t, const Shape& dims) { return dispatch1(kPermute, {t}, Attrs{{"dims", dims}}); }
+Tensor transpose(const Tensor& t, int64_t d0, int64_t d1) {
+  Shape dims(t.dim());
+  std::iota(dims.begin(), dims.end(), 0);
+  std::swap(dims[wrap_dim(d0, t.dim())], dims[wrap_dim(d1, t.dim())]);
+  return permute(t, dims);
+}
+Tensor narrow(const Tensor& t, int64_t dim, int64_t start, int64_t length) {
+  if (t.dim() > 0 && start < 0) start += t.size(dim);
+  return dispatch1(kNarrow, {t}, Attrs{{"dim", dim}, {"start", start}, {"length", length}});
+}
+Tensor select(const Tensor& t, int64_t dim, int64_t index) {
+  BLU_CHECK(t.dim() > 0, "select: needs a tensor with at least one dim");
+  dim = wrap_dim(dim, t.dim());
+  const int64_t n = t.shape()[dim];
+  BLU_CHECK(index >= -n && index < n, "select: index ", index, " out of range for dim ", dim, " of size ", n);
+  if (index < 0) index += n;
+  return squeeze(narrow(t, dim, index, 1), dim);
+}
+Tensor expand(const Tensor& t, const Shape& shape) { return dispatch1(kExpand, {t}, Attrs{{"shape", shape}}); }
+Tensor unsqueeze(const Tensor& t, int64_t dim) {
+  dim = wrap_dim(dim, t.dim() + 1);
+  Shape s = t.shape();
+  s.insert(s.begin() + dim, 1);
+  return view(t, s);
+}
+Tensor squeeze(const Tensor& t, int64_t dim) {
+  if (t.dim() == 0) return t;
+  dim = wrap_dim(dim, t.dim());
+  if (t.shape()[dim] != 1) return t;
+  Shape s = t.shape();
+  s.erase(s.begin() + dim);
+  return view(t, s);  // dropping a size-1 dim is always a view
+}
+Tensor clone(const Tensor& t) { return dispatch1(kClone, {t}); }
+Tensor contiguous(const Tensor& t) { return t.is_contiguous() ? t : clone(t); }
+Tensor& copy_(Tensor& dst, const Tensor& src) {
+  dispatch(kCopy, {dst, src});
+  return dst;
+}
+Tensor to_dtype(const Tensor& t, DType dtype) {
+  if (t.dtype() == dtype) return t;
+  return dispatch1(kCast, {t}, Attrs{{"dtype", dtype}});
+}
+
+}  // namespace blu

@@ -1,0 +1,35 @@
+// ops/view: tensors that share their input's storage with new shape/strides (no copy), their
+// gradients, and the copies for when a view is impossible (contiguous, clone, reshape of a
+// non-viewable layout). Depends on ops/dispatch. Keep: a view op never copies; a function named
+// view/permute/narrow/expand returns an alias or throws BLU_CHECK.
+#pragma once
+#include <vector>
+
+#include "blu/core/tensor.h"
+
+namespace blu {
+
+// Same elements, new shape; one dim may be -1. Throws if the layout cannot be viewed that way.
+Tensor view(const Tensor& t, Shape shape);
+// Like view, but copies when the layout cannot be viewed.
+Tensor reshape(const Tensor& t, Shape shape);
+Tensor flatten(const Tensor& t, int64_t start_dim = 0, int64_t end_dim = -1);
+Tensor permute(const Tensor& t, const Shape& dims);
+Tensor transpose(const Tensor& t, int64_t d0, int64_t d1);
+// Elements [start, start+length) of dim.
+Tensor narrow(const Tensor& t, int64_t dim, int64_t start, int64_t length);
+// Index `index` of dim, removing the dim.
+Tensor select(const Tensor& t, int64_t dim, int64_t index);
+// Broadcast to `shape` with stride 0 along the new/size-1 dims; -1 keeps a size.
+Tensor expand(const Tensor& t, const Shape& shape);
+Tensor unsqueeze(const Tensor& t, int64_t dim);
+Tensor squeeze(const Tensor& t, int64_t dim);
+// A contiguous copy (with autograd); contiguous() returns t itself when it already is.
+Tensor clone(const Tensor& t);
+Tensor contiguous(const Tensor& t);
+// Copies src (broadcast, any dtype) into dst in place. No autograd.
+Tensor& copy_(Tensor& dst, const Tensor& src);
+// Cast to another dtype (a copy; the same tensor when dtype already matches).
+Tensor to_dtype(const Tensor& t, DType dtype);
+
+}  // namespace blu
