@@ -31,7 +31,10 @@ if valid "$dir/encoder.json" "$ENCODER_JSON_SHA256" && valid "$dir/vocab.bpe" "$
   exit 0
 fi
 
-command -v npm >/dev/null || { echo "error: npm not found; install Node.js (Debian: apt-get install nodejs npm)" >&2; exit 1; }
+if ! command -v npm >/dev/null; then
+  echo "error: npm not found; install Node.js (Debian: apt-get install nodejs npm)" >&2
+  exit 1
+fi
 echo "Installing $PACKAGE@$VERSION into $deps"
 mkdir -p "$deps"
 rm -rf "$dir"  # npm would call a corrupted copy "up to date"; start clean
