@@ -173,6 +173,24 @@ TEST(SafeTensors, RoundTripThroughFile) {
   EXPECT_THROW(f.at("nope"), Error);
 }
 
+TEST(SafeTensors, DocExample) {  // docs/safetensors.md: keep in step
+  TempDir dir;
+  const std::string path = (dir / "ckpt.safetensors").string();
+  std::vector<float> w(6);
+  blu::SafeTensorsWriter out;
+  out.add("layer0.w", blu::DType::f32, {2, 3}, std::as_bytes(std::span(w)));
+  out.set_metadata("step", "100");
+  out.write(path);
+
+  auto f = blu::SafeTensorsFile::open(path);
+  const blu::TensorEntry& e = f.at("layer0.w");
+  std::span<const std::byte> bytes = f.bytes(e);
+  EXPECT_EQ(bytes.size(), 24u);
+  EXPECT_EQ(e.numel(), 6u);
+  EXPECT_EQ(f.entries().size(), 1u);
+  EXPECT_EQ(f.metadata().at("step"), "100");
+}
+
 TEST(SafeTensors, EntriesInFileOrderAndSortedLikeReference) {
   // The reference sorts by its Dtype enum descending (I64 > F64 > F32 > I32 > BF16 > F16 > U8 >
   // BOOL), then by name.
