@@ -79,7 +79,8 @@ void expect_error(Fn&& fn, std::initializer_list<std::string> parts) {
     fn();
   } catch (const blu::Error& e) {
     const std::string msg = e.what();
-    for (const auto& part : parts) EXPECT_NE(msg.find(part), std::string::npos) << "missing '" << part << "' in: " << msg;
+    for (const auto& part : parts)
+      EXPECT_NE(msg.find(part), std::string::npos) << "missing '" << part << "' in: " << msg;
     return;
   }
   ADD_FAILURE() << "expected a blu::Error";

@@ -23,7 +23,7 @@ struct Shards {
     for (size_t s = 0; s < sizes.size(); ++s) {
       std::vector<uint16_t> t(static_cast<size_t>(sizes[s]));
       for (int64_t i = 0; i < sizes[s]; ++i) t[i] = static_cast<uint16_t>(s * 10000 + i);
-      char num[8];
+      char num[32];
       std::snprintf(num, sizeof num, "%06zu", s);
       files.push_back(dir / (name + num + ".bin"));
       write_shard(files.back(), t);

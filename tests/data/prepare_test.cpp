@@ -92,7 +92,8 @@ TEST(Prepare, FirstShardIsValidation) {
   EXPECT_EQ(st.val_shards, 1);
   EXPECT_EQ(st.val_tokens, 16);
   EXPECT_EQ(st.train_shards, n_shards - 1);
-  EXPECT_EQ(st.files, (std::vector<fs::path>{tmp / "fortunes/alpha", tmp / "fortunes/beta", tmp / "fortunes/sub/gamma"}));
+  EXPECT_EQ(st.files,
+            (std::vector<fs::path>{tmp / "fortunes/alpha", tmp / "fortunes/beta", tmp / "fortunes/sub/gamma"}));
   EXPECT_EQ(st.skipped, (std::vector<fs::path>{tmp / "fortunes/alpha.dat", tmp / "fortunes/alpha.u8",
                                                tmp / "fortunes/beta.dat", tmp / "fortunes/nul_inside"}));
 

@@ -78,7 +78,8 @@ TEST(Shard, MissingFile) {
 TEST(Shard, ShorterThanHeader) {
   TempDir dir;
   test::write_bytes(dir / "short.bin", std::string(100, '\0'));
-  expect_error([&] { ShardReader r(dir / "short.bin"); }, {"short.bin", "100 bytes", "shorter than the 1024-byte header"});
+  expect_error([&] { ShardReader r(dir / "short.bin"); },
+               {"short.bin", "100 bytes", "shorter than the 1024-byte header"});
   expect_error([&] { read_shard_token_count(dir / "short.bin"); }, {"short.bin", "shorter"});
 }
 

@@ -72,7 +72,8 @@ class DataLoader {
   DataLoader& operator=(const DataLoader&) = delete;
 
   // Not thread-safe: one caller thread at a time. Errors from the prefetch thread are rethrown
-  // here, and again on every later call until restore() or reset().
+  // here, and again on every later call until restore() or reset(). Without prefetch an error is
+  // thrown directly and the position does not move.
   Batch next();
   void next(std::span<int32_t> inputs, std::span<int32_t> targets);
 
