@@ -45,7 +45,5 @@ struct KernelRegistrar {
 
 }  // namespace blu
 
-#define BLU_CONCAT_INNER(a, b) a##b
-#define BLU_CONCAT(a, b) BLU_CONCAT_INNER(a, b)
 #define BLU_REGISTER_KERNEL(device_type, op_name, fn) \
   static ::blu::KernelRegistrar BLU_CONCAT(blu_kernel_reg_, __COUNTER__)(::blu::DeviceType::device_type, op_name, fn)

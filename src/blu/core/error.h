@@ -60,3 +60,6 @@ std::string concat(const Args&... args) {
 #else
 #define BLU_DEBUG_ASSERT(cond, ...) BLU_ASSERT(cond, __VA_ARGS__)
 #endif
+
+#define BLU_CONCAT_INNER(a, b) a##b
+#define BLU_CONCAT(a, b) BLU_CONCAT_INNER(a, b)

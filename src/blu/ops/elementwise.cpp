@@ -194,11 +194,11 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
             " does not broadcast to ", x.shape());
   return where(mask, scalar_like(x, value), x);
 }
-Tensor& add_(Tensor& a, const Tensor& b) {
+const Tensor& add_(const Tensor& a, const Tensor& b) {
   dispatch(kAddInplace, {a, b});
   return a;
 }
-Tensor& mul_(Tensor& a, double s) {
+const Tensor& mul_(const Tensor& a, double s) {
   dispatch(kMulScalarInplace, {a}, Attrs{{"value", s}});
   return a;
 }

@@ -49,8 +49,8 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 
 // In place, no autograd: a += b (b broadcast to a), a *= s, a += alpha * b.
-Tensor& add_(Tensor& a, const Tensor& b);
-Tensor& mul_(Tensor& a, double s);
+const Tensor& add_(const Tensor& a, const Tensor& b);
+const Tensor& mul_(const Tensor& a, double s);
 
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }

@@ -37,7 +37,7 @@ Attrs shape_attrs(const Shape& shape, DType dtype, Device device) {
 Tensor empty(const Shape& shape, DType dtype, Device device) {
   return dispatch1(kEmpty, {}, shape_attrs(shape, dtype, device));
 }
-Tensor& fill_(Tensor& t, double value) {
+const Tensor& fill_(const Tensor& t, double value) {
   dispatch(kFill, {t}, Attrs{{"value", value}});
   return t;
 }

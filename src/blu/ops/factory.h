@@ -26,7 +26,7 @@ Tensor randn(const Shape& shape, DType dtype = DType::f32, Device device = kCPU,
 Tensor randint(int64_t low, int64_t high, const Shape& shape, DType dtype = DType::i64, Device device = kCPU,
                Generator* gen = nullptr);
 // Sets every element of t to value (in place).
-Tensor& fill_(Tensor& t, double value);
+const Tensor& fill_(const Tensor& t, double value);
 // A CPU tensor holding `values` (converted to dtype) in the given shape.
 Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType dtype = DType::f32);
 // All elements as doubles, in logical (row-major) order. CPU tensors only.

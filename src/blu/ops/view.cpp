@@ -228,7 +228,7 @@ Tensor squeeze(const Tensor& t, int64_t dim) {
 }
 Tensor clone(const Tensor& t) { return dispatch1(kClone, {t}); }
 Tensor contiguous(const Tensor& t) { return t.is_contiguous() ? t : clone(t); }
-Tensor& copy_(Tensor& dst, const Tensor& src) {
+const Tensor& copy_(const Tensor& dst, const Tensor& src) {
   dispatch(kCopy, {dst, src});
   return dst;
 }

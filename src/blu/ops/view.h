@@ -28,7 +28,7 @@ Tensor squeeze(const Tensor& t, int64_t dim);
 Tensor clone(const Tensor& t);
 Tensor contiguous(const Tensor& t);
 // Copies src (broadcast, any dtype) into dst in place. No autograd.
-Tensor& copy_(Tensor& dst, const Tensor& src);
+const Tensor& copy_(const Tensor& dst, const Tensor& src);
 // Cast to another dtype (a copy; the same tensor when dtype already matches).
 Tensor to_dtype(const Tensor& t, DType dtype);
 

@@ -1,0 +1,15 @@
+// ops/attention: scaled dot-product attention. The CPU reference here is the plain form
+// (softmax(q·kᵀ·scale + causal mask)·v written in other ops, so its gradient is automatic); the
+// CUDA backend supplies a fused flash-attention kernel for the same call.
+// Depends on ops/linalg, ops/nn, ops/elementwise. Keep: the same semantics as
+// torch.nn.functional.scaled_dot_product_attention (default scale 1/sqrt(head_dim)).
+#pragma once
+#include "blu/core/tensor.h"
+
+namespace blu {
+
+// q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv] → [..., Tq, Dv]. scale <= 0 means 1/sqrt(D).
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
+                                    double scale = 0.0);
+
+}  // namespace blu

@@ -1,0 +1,31 @@
+// ops/nn: the neural-network functions — softmax, log_softmax, cross-entropy, layer norm,
+// embedding, dropout — each a dedicated kernel with its own backward (they are the hot ops of
+// transformer training). Depends on ops/dispatch. Keep: numerics as torch.nn.functional.
+#pragma once
+#include "blu/core/rng.h"
+#include "blu/core/tensor.h"
+
+namespace blu {
+
+Tensor softmax(const Tensor& x, int64_t dim);
+Tensor log_softmax(const Tensor& x, int64_t dim);
+
+enum class Reduction { none, mean, sum };
+// logits [N, C] (or [C]), target [N] (or 0-d) of i32/i64 class ids. Entries equal to
+// ignore_index contribute nothing; `mean` divides by the number of non-ignored targets.
+// Targets outside [0, C) (other than ignore_index) are a BLU_CHECK error.
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100,
+                     Reduction reduction = Reduction::mean);
+
+// Normalises over the last dim; weight and bias ([C]) may be undefined.
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+
+// weight[V, C] rows picked by indices (i32/i64, any shape) → [..., C]. The gradient accumulates
+// rows of repeated indices. Indices outside [0, V) are a BLU_CHECK error naming the bad index.
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+
+// Zeroes each element with probability p and scales the rest by 1/(1-p); identity when
+// !training or p == 0. The mask comes from Philox (seed, offset) drawn from `gen`.
+Tensor dropout(const Tensor& x, double p, bool training = true, Generator* gen = nullptr);
+
+}  // namespace blu
