@@ -72,7 +72,7 @@ void gemm(const Mat<T>& a, const Mat<T>& b, T* c, bool accumulate) {
     if (!accumulate) std::fill(c, c + M * N, T(0));
     return;
   }
-  thread_local std::vector<T> abuf, bbuf;
+  std::vector<T> abuf, bbuf;  // only used (allocated) when a layout needs packing
   BlasLayout la = blas_layout(a), lb = blas_layout(b);
   const Mat<T> ap = la.ok ? a : pack(a, abuf);
   const Mat<T> bp = lb.ok ? b : pack(b, bbuf);
@@ -97,7 +97,7 @@ void gemm_any(const Mat<S>& a, const Mat<S>& b, S* c, const S* init, int64_t ini
     if (init) fill_rows(c);
     gemm<S>(a, b, c, init != nullptr);
   } else {
-    thread_local std::vector<float> abuf, bbuf, cbuf;
+    std::vector<float> abuf, bbuf, cbuf;
     const Mat<float> af = pack<float>(a, abuf), bf = pack<float>(b, bbuf);
     cbuf.resize(size_t(M * N));
     if (init) fill_rows(cbuf.data());
