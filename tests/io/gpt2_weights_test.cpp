@@ -107,7 +107,7 @@ TEST(Gpt2Weights, RefusesMissingWrongShapeAndUnexpected) {
   auto wide = cfg;
   wide.n_embd = 60;
   nn::GPT c(wide, 3);
-  expect_error([&] { import_hf_gpt2(good, c); }, {"'wpe.weight' has shape [16, 48], expected [16, 60]"});
+  expect_error([&] { import_hf_gpt2(good, c); }, {"'wte.weight' has shape [101, 48], expected [101, 60]"});
   // A c_attn stored in our [out, in] layout instead of Conv1D's [in, out].
   Tensor wrong = zeros({144, 48});
   rewrite(good, d.path + "/shape.safetensors", [](const std::string& n) { return n == "h.0.attn.c_attn.weight" ? "" : n; },
