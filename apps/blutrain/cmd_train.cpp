@@ -1,4 +1,8 @@
 // `blutrain train`: flags (and an optional TOML/INI config file) → train::TrainOptions → Trainer.
+// The config file is read with CLI11's TOML/INI reader but applied here, after parsing: CLI11
+// 2.1's own --config is processed for the top-level app only, and train's options live in a
+// subcommand. Same rules as CLI11's: keys are long flag names (top level or under [train]),
+// the command line wins over the file, and an unknown key is an error naming it.
 // Ctrl-C asks the trainer to stop after the current step and save a checkpoint; a second Ctrl-C
 // kills the process.
 #include <atomic>
@@ -34,7 +38,7 @@ extern "C" void on_sigint(int) {
 
 struct TrainArgs {
   train::TrainOptions o;
-  std::string data_dir, model = "demo", prompt;
+  std::string config, data_dir, model = "demo", prompt;
   train::ModelOverrides overrides;
 };
 
@@ -43,6 +47,27 @@ bool any_match(const std::string& pattern) {
     return !expand_shard_pattern(pattern).empty();
   } catch (const Error&) {
     return false;
+  }
+}
+
+void apply_config_file(CLI::App& app, const std::string& path) {
+  BLU_CHECK(std::filesystem::is_regular_file(path), "--config: expected a TOML/INI file, got '", path,
+            "' (not found)");
+  CLI::ConfigTOML reader;
+  for (const CLI::ConfigItem& item : reader.from_file(path)) {
+    if (item.name == "++" || item.name == "--") continue;  // section open / close markers
+    BLU_CHECK(item.parents.empty() || (item.parents.size() == 1 && item.parents[0] == "train"),
+              "unknown section '", item.fullname(), "' in the config file ", path,
+              ": expected keys at the top level or under [train]");
+    CLI::Option* op = app.get_option_no_throw("--" + item.name);
+    BLU_CHECK(op != nullptr && item.name != "config", "unknown key '", item.name, "' in the config file ", path,
+              " (expected a long option of `blutrain train`, e.g. lr, batch-size, steps)");
+    if (op->count() > 0) continue;  // given on the command line (or earlier in the file): that wins
+    if (op->get_expected_min() == 0)
+      op->add_result(op->get_flag_value(item.name, reader.to_flag(item)));
+    else
+      op->add_result(item.inputs);
+    op->run_callback();  // validators, then the bound variable
   }
 }
 
@@ -87,8 +112,9 @@ Command add_train(CLI::App& root) {
   auto a = std::make_shared<TrainArgs>();
   train::TrainOptions& o = a->o;
   CLI::App* app = root.add_subcommand("train", "Train a GPT on token shards");
-  app->set_config("--config", "", "TOML/INI file of train options (keys are the long flag names)");
-  app->allow_config_extras(false);  // an unknown key in the config file is an error naming the key
+  app->add_option("--config", a->config,
+                  "TOML/INI file of train options: keys are the long flag names (lr = 3e-4, batch-size = 16); "
+                  "flags given on the command line win; an unknown key is an error");
 
   // Data.
   app->add_option("--data-dir", a->data_dir, "Folder of shards: <dir>/*_train_*.bin and <dir>/*_val_*.bin");
@@ -104,7 +130,7 @@ Command add_train(CLI::App& root) {
   app->add_option("--block-size", a->overrides.block_size, "Override the preset's context length");
   // Batch and steps.
   app->add_option("-B,--batch-size", o.batch_size, "Sequences per micro-batch")->capture_default_str();
-  app->add_option("-T,--seq-len", o.seq_len, "Tokens per sequence (<= block size)")->capture_default_str();
+  app->add_option("-T,--seq-len", o.seq_len, "Tokens per sequence (default: the model's block size)");
   app->add_option("--grad-accum", o.grad_accum, "Micro-batches per optimizer step")->capture_default_str();
   app->add_option("--steps", o.steps, "Optimizer steps (the schedule's length)")->capture_default_str();
   // Optimizer.
@@ -138,7 +164,10 @@ Command add_train(CLI::App& root) {
       ->capture_default_str();
   app->add_option("--keep-last", o.keep_last, "Checkpoints kept in --out")->capture_default_str();
   app->add_option("--log-every", o.log_every, "Progress line every N steps")->capture_default_str();
-  return {app, [a] { return run_train(*a); }};
+  return {app, [a, app] {
+            if (!a->config.empty()) apply_config_file(*app, a->config);
+            return run_train(*a);
+          }};
 }
 
 }  // namespace blu::cli

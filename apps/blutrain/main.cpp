@@ -16,15 +16,6 @@ int main(int argc, char** argv) {
                                                    blu::cli::add_sample(app)};
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ConfigError& e) {
-    // CLI11 says "INI was not able to parse <key>" for a key no option takes.
-    const std::string msg = e.what(), prefix = "INI was not able to parse ";
-    if (msg.rfind(prefix, 0) == 0) {
-      std::fprintf(stderr, "error: unknown key '%s' in the config file (no option of that name)\n",
-                   msg.substr(prefix.size()).c_str());
-      return 2;
-    }
-    return app.exit(e);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const std::exception& e) {  // a blu::Error thrown by a validator or callback

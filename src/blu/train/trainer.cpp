@@ -151,6 +151,7 @@ double evaluate(nn::GPT& model, DataLoader& loader, int64_t batches, Device devi
 
 Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     : opt_s_(std::move(options)), cb_(std::move(callbacks)), device_(kCPU) {
+  if (opt_s_.seq_len == 0) opt_s_.seq_len = opt_s_.model.block_size;
   const TrainOptions& o = opt_s_;
   // 1. Options: every check before anything is built or touched.
   BLU_CHECK(o.batch_size > 0, "--batch-size must be positive, got ", o.batch_size);

@@ -34,7 +34,7 @@ struct TrainOptions {
   // Data: globs of token shards. val_pattern "" means no validation.
   std::string train_pattern, val_pattern;
   nn::GPTConfig model;  // see train/model_presets.h for named shapes
-  int64_t batch_size = 8, seq_len = 128, grad_accum = 1, steps = 100;
+  int64_t batch_size = 8, seq_len = 0, grad_accum = 1, steps = 100;  // seq_len 0: the model's block size
   double lr = 1e-3, min_lr = 1e-4;
   int64_t warmup = 20;
   std::string schedule = "cosine";  // cosine | linear | constant
