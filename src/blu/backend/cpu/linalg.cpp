@@ -1,0 +1,156 @@
+// CPU kernels for ops/linalg: every product is one OpenBLAS gemm per matrix.
+// Strided operands go to BLAS as they are when one of their two strides is 1 (row-major with a
+// leading dimension, or its transpose — so transposed views, as in linear's backward, cost no
+// copy); other layouts (stride 0 from expand, every-other-element views) are packed first.
+// f32/f64 call sgemm/dgemm directly; bf16/f16 are widened to fp32, multiplied with sgemm
+// (fp32 accumulation) and rounded once into the output, as PyTorch's CPU does.
+// OpenBLAS threads each gemm itself, so nothing here runs inside an OpenMP region.
+#include <cblas.h>
+
+#include <algorithm>
+#include <climits>
+#include <type_traits>
+#include <vector>
+
+#include "blu/backend/backend.h"
+#include "blu/backend/cpu/loops.h"
+
+namespace blu::cpu {
+
+namespace {
+
+// An operand of `rows` x `cols` whose element (i, j) sits at p[i*rs + j*cs].
+template <typename T>
+struct Mat {
+  const T* p;
+  int64_t rows, cols, rs, cs;
+};
+
+// How BLAS can read a Mat in row-major order: as it is (ld = row stride) or as the transpose of
+// a row-major matrix (ld = column stride). `ok` is false when neither stride is usable.
+struct BlasLayout {
+  bool ok = false;
+  CBLAS_TRANSPOSE trans = CblasNoTrans;
+  int64_t ld = 1;
+};
+template <typename T>
+BlasLayout blas_layout(const Mat<T>& m) {
+  // A stride along a size-1 dim is never used, so any value will do there.
+  if ((m.cols == 1 || m.cs == 1) && (m.rows == 1 || m.rs >= std::max<int64_t>(m.cols, 1)))
+    return {true, CblasNoTrans, m.rows == 1 ? std::max<int64_t>(m.cols, 1) : m.rs};
+  if ((m.rows == 1 || m.rs == 1) && (m.cols == 1 || m.cs >= std::max<int64_t>(m.rows, 1)))
+    return {true, CblasTrans, m.cols == 1 ? std::max<int64_t>(m.rows, 1) : m.cs};
+  return {};
+}
+
+// m copied into `buf` as a contiguous row-major matrix of U.
+template <typename U, typename T>
+Mat<U> pack(const Mat<T>& m, std::vector<U>& buf) {
+  buf.resize(size_t(m.rows * m.cols));
+  for (int64_t i = 0; i < m.rows; ++i)
+    for (int64_t j = 0; j < m.cols; ++j) buf[size_t(i * m.cols + j)] = U(acc_t<T>(m.p[i * m.rs + j * m.cs]));
+  return {buf.data(), m.rows, m.cols, m.cols, 1};
+}
+
+void cblas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta, tb, blasint(m), blasint(n), blasint(k), 1.0f, a, blasint(lda), b, blasint(ldb), beta,
+              c, blasint(ldc));
+}
+void cblas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, const double* a,
+                int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta, tb, blasint(m), blasint(n), blasint(k), 1.0, a, blasint(lda), b, blasint(ldb), beta,
+              c, blasint(ldc));
+}
+
+// c[M, N] (contiguous) = a[M, K] · b[K, N] + (accumulate ? c : 0), for T in {float, double}.
+template <typename T>
+void gemm(const Mat<T>& a, const Mat<T>& b, T* c, bool accumulate) {
+  const int64_t M = a.rows, K = a.cols, N = b.cols;
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // an empty sum: BLAS implementations disagree on this corner, so do it here
+    if (!accumulate) std::fill(c, c + M * N, T(0));
+    return;
+  }
+  std::vector<T> abuf, bbuf;  // only used (allocated) when a layout needs packing
+  BlasLayout la = blas_layout(a), lb = blas_layout(b);
+  const Mat<T> ap = la.ok ? a : pack(a, abuf);
+  const Mat<T> bp = lb.ok ? b : pack(b, bbuf);
+  if (!la.ok) la = blas_layout(ap);
+  if (!lb.ok) lb = blas_layout(bp);
+  for (int64_t v : {M, N, K, la.ld, lb.ld})
+    BLU_CHECK(v <= INT_MAX, "matmul: size ", v, " exceeds what this BLAS takes (", INT_MAX, ")");
+  cblas_gemm(la.trans, lb.trans, M, N, K, ap.p, la.ld, bp.p, lb.ld, T(accumulate ? 1 : 0), c, N);
+}
+
+// The same for every floating scalar_t; the 16-bit types go through an fp32 product.
+// `init` (optional, length N, stride init_stride) is added to every row of c (linear's bias).
+template <typename S>
+void gemm_any(const Mat<S>& a, const Mat<S>& b, S* c, const S* init, int64_t init_stride) {
+  const int64_t M = a.rows, N = b.cols;
+  using A = acc_t<S>;
+  auto fill_rows = [&](A* dst) {
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) dst[i * N + j] = A(init[j * init_stride]);
+  };
+  if constexpr (std::is_same_v<S, A>) {
+    if (init) fill_rows(c);
+    gemm<S>(a, b, c, init != nullptr);
+  } else {
+    std::vector<float> abuf, bbuf, cbuf;
+    const Mat<float> af = pack<float>(a, abuf), bf = pack<float>(b, bbuf);
+    cbuf.resize(size_t(M * N));
+    if (init) fill_rows(cbuf.data());
+    gemm<float>(af, bf, cbuf.data(), init != nullptr);
+    for (int64_t i = 0; i < M * N; ++i) c[i] = S(cbuf[size_t(i)]);
+  }
+}
+
+template <typename S>
+Mat<S> last_two(const Tensor& t, int64_t offset) {
+  const int64_t n = t.dim();
+  return {static_cast<const S*>(t.raw_data()) + offset, t.shape()[n - 2], t.shape()[n - 1], t.strides()[n - 2],
+          t.strides()[n - 1]};
+}
+
+// out[..., M, N] = a[..., M, K] · b[..., K, N], equal batch dims (any strides). One gemm per
+// batch element, serially: OpenBLAS parallelises inside each.
+void matmul_kernel(const KernelCall& c) {
+  const Tensor &a = c.in[0], &b = c.in[1];
+  Tensor& out = c.out[0];
+  const int64_t nb = a.dim() - 2, M = out.shape()[nb], N = out.shape()[nb + 1];
+  const Shape batch(out.shape().begin(), out.shape().begin() + nb);
+  const int64_t nbatch = numel(batch);
+  BLU_DISPATCH_FLOATING(a.dtype(), "matmul", {
+    scalar_t* o = out.data<scalar_t>();
+    for (int64_t bi = 0; bi < nbatch; ++bi) {
+      int64_t oa = 0, ob = 0, rem = bi;
+      for (int64_t d = nb - 1; d >= 0; --d) {
+        const int64_t i = rem % batch[d];
+        rem /= batch[d];
+        oa += i * a.strides()[d];
+        ob += i * b.strides()[d];
+      }
+      gemm_any<scalar_t>(last_two<scalar_t>(a, oa), last_two<scalar_t>(b, ob), o + bi * M * N, nullptr, 0);
+    }
+  });
+}
+BLU_REGISTER_KERNEL(cpu, "matmul", matmul_kernel);
+
+// out[R, out] = x[R, in] · w[out, in]ᵀ + bias: w read transposed in place, bias fused as the
+// initial value of the accumulation (beta = 1).
+void linear_kernel(const KernelCall& c) {
+  const Tensor &x = c.in[0], &w = c.in[1], &bias = c.in[2];
+  BLU_DISPATCH_FLOATING(x.dtype(), "linear", {
+    const scalar_t* wp = static_cast<const scalar_t*>(w.raw_data());
+    const Mat<scalar_t> wt{wp, w.shape()[1], w.shape()[0], w.strides()[1], w.strides()[0]};
+    const scalar_t* bp = bias.defined() ? static_cast<const scalar_t*>(bias.raw_data()) : nullptr;
+    gemm_any<scalar_t>(last_two<scalar_t>(x, 0), wt, c.out[0].data<scalar_t>(), bp,
+                       bias.defined() ? bias.strides()[0] : 0);
+  });
+}
+BLU_REGISTER_KERNEL(cpu, "linear", linear_kernel);
+
+}  // namespace
+
+}  // namespace blu::cpu

@@ -1,0 +1,212 @@
+// ops/nn: OpDefs of the neural-network functions and their dedicated backward ops. The wrappers
+// make inputs contiguous where the kernels index rows directly (softmax, cross-entropy, layer
+// norm); the backward ops have no backward of their own (no double backward through these).
+#include "blu/ops/nn.h"
+
+#include "blu/ops/dispatch.h"
+#include "blu/ops/view.h"
+
+namespace blu {
+
+namespace {
+
+// Statistics saved for backward (logsumexp, mean, rstd) are kept in f64 for f64 inputs and in
+// f32 otherwise (bf16/f16 inputs compute in f32).
+DType stat_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+
+void check_floating(const char* op, const char* what, const Tensor& t) {
+  BLU_CHECK(is_floating(t.dtype()), op, ": expected ", what, " of a floating dtype (f32, f64, bf16, f16), got ",
+            t.dtype());
+}
+void check_index(const char* op, const char* what, const Tensor& t) {
+  BLU_CHECK(t.dtype() == DType::i32 || t.dtype() == DType::i64, op, ": expected ", what,
+            " of an index dtype (i32 or i64), got ", t.dtype());
+}
+
+// --- softmax / log_softmax -------------------------------------------------------------------
+// Attrs: dim (already wrapped; 0 for a 0-d input). Input contiguous.
+std::vector<TensorMeta> infer_softmax(std::span<const Tensor> in, const Attrs&) {
+  check_floating("softmax", "input", in[0]);
+  return {TensorMeta{in[0].shape(), in[0].dtype(), in[0].device()}};
+}
+// Inputs (grad, output); the gradient of the input.
+std::vector<TensorMeta> infer_softmax_backward(std::span<const Tensor> in, const Attrs&) {
+  BLU_ASSERT(in[0].shape() == in[1].shape() && in[0].dtype() == in[1].dtype(), "softmax_backward: grad ",
+             in[0].str(), " vs output ", in[1].str());
+  return {TensorMeta{in[1].shape(), in[1].dtype(), in[1].device()}};
+}
+const OpDef kSoftmaxBackward{.name = "softmax_backward", .infer = infer_softmax_backward};
+const OpDef kLogSoftmaxBackward{.name = "log_softmax_backward", .infer = infer_softmax_backward};
+
+std::vector<Tensor> softmax_bw(const BackwardContext& c, std::span<const Tensor> g) {
+  return {dispatch1(kSoftmaxBackward, {contiguous(g[0]), c.output(0)}, Attrs{{"dim", c.attrs.i("dim")}})};
+}
+std::vector<Tensor> log_softmax_bw(const BackwardContext& c, std::span<const Tensor> g) {
+  return {dispatch1(kLogSoftmaxBackward, {contiguous(g[0]), c.output(0)}, Attrs{{"dim", c.attrs.i("dim")}})};
+}
+const OpDef kSoftmax{.name = "softmax", .infer = infer_softmax, .backward = softmax_bw, .save_outputs = 1};
+const OpDef kLogSoftmax{.name = "log_softmax", .infer = infer_softmax, .backward = log_softmax_bw, .save_outputs = 1};
+
+Tensor softmax_like(const OpDef& op, const Tensor& x, int64_t dim) {
+  BLU_CHECK(x.defined(), op.name, ": input must be defined");
+  return dispatch1(op, {contiguous(x)}, Attrs{{"dim", wrap_dim(dim, x.dim())}});
+}
+
+// --- cross_entropy ---------------------------------------------------------------------------
+// Inputs (logits [N, C] or [C], target [N] or 0-d); attrs ignore_index, reduction.
+// Outputs: the loss, and the per-row logsumexp [N] (not differentiable, saved for backward).
+std::vector<TensorMeta> infer_cross_entropy(std::span<const Tensor> in, const Attrs& a) {
+  const Tensor& x = in[0];
+  const Tensor& t = in[1];
+  check_floating("cross_entropy", "logits", x);
+  check_index("cross_entropy", "target", t);
+  BLU_CHECK(x.dim() == 1 || x.dim() == 2, "cross_entropy: expected logits [N, C] or [C], got ", x.shape());
+  BLU_CHECK(x.shape().back() > 0, "cross_entropy: expected at least one class, got logits ", x.shape());
+  if (x.dim() == 2) {
+    BLU_CHECK(t.dim() == 1 && t.shape()[0] == x.shape()[0], "cross_entropy: logits ", x.shape(),
+              " need a target of shape [", x.shape()[0], "], got ", t.shape());
+  } else {
+    BLU_CHECK(t.dim() == 0, "cross_entropy: logits ", x.shape(), " need a 0-d target, got ", t.shape());
+  }
+  const Shape rows = x.dim() == 2 ? Shape{x.shape()[0]} : Shape{};
+  const auto red = Reduction(a.i("reduction"));
+  return {TensorMeta{red == Reduction::none ? rows : Shape{}, x.dtype(), x.device()},
+          TensorMeta{rows, stat_dtype(x.dtype()), x.device()}};
+}
+// Inputs (grad of the loss, logits, target, logsumexp); the gradient of the logits.
+std::vector<TensorMeta> infer_cross_entropy_backward(std::span<const Tensor> in, const Attrs&) {
+  return {TensorMeta{in[1].shape(), in[1].dtype(), in[1].device()}};
+}
+const OpDef kCrossEntropyBackward{.name = "cross_entropy_backward", .infer = infer_cross_entropy_backward};
+
+std::vector<Tensor> cross_entropy_bw(const BackwardContext& c, std::span<const Tensor> g) {
+  Tensor gx = dispatch1(kCrossEntropyBackward, {contiguous(g[0]), c.input(0), c.input(1), c.output(1)}, c.attrs);
+  return {gx, Tensor()};
+}
+const OpDef kCrossEntropy{.name = "cross_entropy",
+                          .infer = infer_cross_entropy,
+                          .backward = cross_entropy_bw,
+                          .save_inputs = 0b11,
+                          .save_outputs = 0b10,
+                          .diff_outputs = 1};
+
+// --- layer_norm ------------------------------------------------------------------------------
+// Inputs (x [..., C] contiguous, weight [C] or undefined, bias [C] or undefined); attr eps.
+// Outputs: y, and mean and rstd of shape x.shape[:-1] (not differentiable, saved for backward).
+std::vector<TensorMeta> infer_layer_norm(std::span<const Tensor> in, const Attrs& a) {
+  const Tensor& x = in[0];
+  check_floating("layer_norm", "input", x);
+  BLU_CHECK(x.dim() >= 1, "layer_norm: expected an input with at least one dim, got a 0-d tensor");
+  BLU_CHECK(a.f("eps") >= 0, "layer_norm: expected eps >= 0, got ", a.f("eps"));
+  const int64_t C = x.shape().back();
+  for (int i : {1, 2}) {
+    const Tensor& p = in[size_t(i)];
+    if (!p.defined()) continue;
+    const char* what = i == 1 ? "weight" : "bias";
+    BLU_CHECK(p.shape() == Shape{C}, "layer_norm: expected ", what, " of shape [", C, "] for input ", x.shape(),
+              ", got ", p.shape());
+    BLU_CHECK(p.dtype() == x.dtype(), "layer_norm: ", what, " dtype ", p.dtype(), " differs from input dtype ",
+              x.dtype());
+  }
+  const Shape rows(x.shape().begin(), x.shape().end() - 1);
+  const DType sd = stat_dtype(x.dtype());
+  return {TensorMeta{x.shape(), x.dtype(), x.device()}, TensorMeta{rows, sd, x.device()},
+          TensorMeta{rows, sd, x.device()}};
+}
+// Inputs (grad, x, weight or undefined, mean, rstd); outputs grad_x, grad_weight, grad_bias.
+std::vector<TensorMeta> infer_layer_norm_backward(std::span<const Tensor> in, const Attrs&) {
+  const Tensor& x = in[1];
+  const TensorMeta p{Shape{x.shape().back()}, x.dtype(), x.device()};
+  return {TensorMeta{x.shape(), x.dtype(), x.device()}, p, p};
+}
+const OpDef kLayerNormBackward{
+    .name = "layer_norm_backward", .infer = infer_layer_norm_backward, .optional_inputs = 0b100};
+
+std::vector<Tensor> layer_norm_bw(const BackwardContext& c, std::span<const Tensor> g) {
+  const Tensor w = c.inputs.at(1);  // undefined when the call had no weight
+  auto gs = dispatch(kLayerNormBackward, {contiguous(g[0]), c.input(0), w, c.output(1), c.output(2)});
+  return {c.needs_grad[0] ? gs[0] : Tensor(), c.needs_grad[1] ? gs[1] : Tensor(),
+          c.needs_grad[2] ? gs[2] : Tensor()};
+}
+const OpDef kLayerNorm{.name = "layer_norm",
+                       .infer = infer_layer_norm,
+                       .backward = layer_norm_bw,
+                       .save_inputs = 0b011,
+                       .save_outputs = 0b110,
+                       .diff_outputs = 1,
+                       .optional_inputs = 0b110};
+
+// --- embedding -------------------------------------------------------------------------------
+// Inputs (weight [V, C], indices contiguous i32/i64); output [indices..., C].
+std::vector<TensorMeta> infer_embedding(std::span<const Tensor> in, const Attrs&) {
+  const Tensor& w = in[0];
+  check_floating("embedding", "weight", w);
+  check_index("embedding", "indices", in[1]);
+  BLU_CHECK(w.dim() == 2, "embedding: expected weight [V, C], got ", w.shape());
+  Shape s = in[1].shape();
+  s.push_back(w.shape()[1]);
+  return {TensorMeta{s, w.dtype(), w.device()}};
+}
+// Inputs (grad [indices..., C], indices); attr num_weights; output [V, C].
+std::vector<TensorMeta> infer_embedding_backward(std::span<const Tensor> in, const Attrs& a) {
+  const Tensor& g = in[0];
+  return {TensorMeta{Shape{a.i("num_weights"), g.shape().back()}, g.dtype(), g.device()}};
+}
+const OpDef kEmbeddingBackward{.name = "embedding_backward", .infer = infer_embedding_backward};
+
+std::vector<Tensor> embedding_bw(const BackwardContext& c, std::span<const Tensor> g) {
+  Tensor gw = dispatch1(kEmbeddingBackward, {contiguous(g[0]), c.input(1)},
+                        Attrs{{"num_weights", c.input_shape(0)[0]}});
+  return {gw, Tensor()};
+}
+const OpDef kEmbedding{.name = "embedding", .infer = infer_embedding, .backward = embedding_bw, .save_inputs = 0b10};
+
+// --- dropout ---------------------------------------------------------------------------------
+// Input x (any layout); attrs p, seed, offset. Element i (row-major) is kept iff the Philox
+// uniform of (seed, offset + i/4, lane i%4) is >= p; kept values are scaled by 1/(1-p).
+// The backward is the same op applied to the gradient: the mask is regenerated, never stored.
+std::vector<TensorMeta> infer_dropout(std::span<const Tensor> in, const Attrs& a) {
+  check_floating("dropout", "input", in[0]);
+  const double p = a.f("p");
+  BLU_CHECK(p >= 0 && p <= 1, "dropout: expected p in [0, 1], got ", p);
+  return {TensorMeta{in[0].shape(), in[0].dtype(), in[0].device()}};
+}
+const OpDef& dropout_def();
+std::vector<Tensor> dropout_bw(const BackwardContext& c, std::span<const Tensor> g) {
+  return {dispatch1(dropout_def(), {g[0]}, c.attrs)};
+}
+const OpDef kDropout{.name = "dropout", .infer = infer_dropout, .backward = dropout_bw};
+const OpDef& dropout_def() { return kDropout; }
+
+}  // namespace
+
+Tensor softmax(const Tensor& x, int64_t dim) { return softmax_like(kSoftmax, x, dim); }
+Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_like(kLogSoftmax, x, dim); }
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, Reduction reduction) {
+  BLU_CHECK(logits.defined() && target.defined(), "cross_entropy: logits and target must be defined");
+  return dispatch(kCrossEntropy, {contiguous(logits), contiguous(target)},
+                  Attrs{{"ignore_index", ignore_index}, {"reduction", int64_t(reduction)}})[0];
+}
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  BLU_CHECK(x.defined(), "layer_norm: input must be defined");
+  return dispatch(kLayerNorm, {contiguous(x), weight, bias}, Attrs{{"eps", eps}})[0];
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  BLU_CHECK(weight.defined() && indices.defined(), "embedding: weight and indices must be defined");
+  return dispatch1(kEmbedding, {weight, contiguous(indices)});
+}
+
+Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
+  BLU_CHECK(x.defined(), "dropout: input must be defined");
+  BLU_CHECK(p >= 0 && p <= 1, "dropout: expected p in [0, 1], got ", p);
+  if (!training || p == 0) return x;
+  Generator& g = gen ? *gen : default_generator();
+  const uint64_t offset = g.draw(uint64_t(x.numel()));
+  return dispatch1(kDropout, {x},
+                   Attrs{{"p", p}, {"seed", int64_t(g.seed())}, {"offset", int64_t(offset)}});
+}
+
+}  // namespace blu
