@@ -28,20 +28,11 @@ int run_sample(const SampleArgs& a) {
   const std::string ckpt = train::resolve_checkpoint(a.checkpoint);
   auto model = train::load_gpt(ckpt, Device(a.device));
   std::vector<int32_t> prompt = a.prompt.empty() ? std::vector<int32_t>{tok.eot()} : tok.encode(a.prompt);
-  const int64_t block = model->config().block_size;
-  BLU_CHECK(int64_t(prompt.size()) < block, "the prompt is ", prompt.size(),
-            " tokens: expected fewer than the model's block size ", block);
-  const int64_t n = std::min(a.max_new_tokens, block - int64_t(prompt.size()));
-  if (n < a.max_new_tokens)
-    std::cerr << "note: --max-new-tokens " << a.max_new_tokens << " capped at " << n << " (block size " << block
-              << ")\n";
+  const int64_t n = a.max_new_tokens;  // past the block size, generate() slides the window
   Generator gen(a.seed);
   NoGradGuard no_grad;
   for (int64_t i = 0; i < a.num_samples; ++i) {
-    std::vector<int32_t> ids = model->generate(prompt, n, a.temperature, a.top_k, gen);
-    // Keep only the new tokens whether or not generate() returned the prompt too.
-    if (ids.size() == prompt.size() + size_t(n) && std::equal(prompt.begin(), prompt.end(), ids.begin()))
-      ids.erase(ids.begin(), ids.begin() + prompt.size());
+    const std::vector<int32_t> ids = model->generate(prompt, n, a.temperature, a.top_k, gen);  // new tokens only
     if (a.num_samples > 1) std::cout << "--- sample " << i + 1 << " ---\n";
     std::cout << a.prompt << tok.decode(ids) << "\n";
   }

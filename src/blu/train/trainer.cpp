@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -281,28 +282,26 @@ double Trainer::train_step(StepStats& s) {
   s.grad_norm = optim::clip_grad_norm(model_->parameters(), max_norm);
   s.lr = schedule_.at(step_);
   opt_->set_lr(s.lr);
-  opt_->step();
+  if (std::isfinite(s.grad_norm)) {
+    opt_->step();
+  } else if (cb_.log) {  // clip_grad_norm leaves non-finite gradients alone: skip the update
+    *cb_.log << "warning: gradient norm is " << s.grad_norm << " at step " << step_ + 1 << "; update skipped\n";
+  }
   s.loss = loss_sum / double(o.grad_accum);
   return s.loss;
 }
 
 void Trainer::sample(int64_t step) {
-  const int64_t room = model_->config().block_size - int64_t(cb_.sample_prompt.size());
-  const int64_t n = std::min(opt_s_.sample_tokens, room);
-  if (n <= 0) return;
+  const int64_t n = opt_s_.sample_tokens;  // past the block size, generate() slides the window
   // Its own generator, seeded from (seed, step): sampling never moves the training stream.
   Generator gen(opt_s_.seed * 1000003ull + uint64_t(step), 0);
   std::vector<int32_t> ids;
   {
     NoGradGuard no_grad;
     model_->eval();
-    ids = model_->generate(cb_.sample_prompt, n, opt_s_.sample_temperature, opt_s_.sample_top_k, gen);
+    ids = model_->generate(cb_.sample_prompt, n, opt_s_.sample_temperature, opt_s_.sample_top_k, gen);  // new tokens
     model_->train();
   }
-  // Keep only the new tokens whether or not generate() returned the prompt too.
-  if (ids.size() == cb_.sample_prompt.size() + size_t(n) &&
-      std::equal(cb_.sample_prompt.begin(), cb_.sample_prompt.end(), ids.begin()))
-    ids.erase(ids.begin(), ids.begin() + cb_.sample_prompt.size());
   std::string text;
   if (cb_.decode) {
     text = cb_.decode(ids);
