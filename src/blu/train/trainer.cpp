@@ -299,7 +299,9 @@ void Trainer::sample(int64_t step) {
   {
     NoGradGuard no_grad;
     model_->eval();
-    ids = model_->generate(cb_.sample_prompt, n, opt_s_.sample_temperature, opt_s_.sample_top_k, gen);  // new tokens
+    std::vector<int32_t> prompt = cb_.sample_prompt;
+    if (prompt.empty()) prompt.push_back(model_->config().vocab_size > 50256 ? 50256 : 0);
+    ids = model_->generate(prompt, n, opt_s_.sample_temperature, opt_s_.sample_top_k, gen);  // new tokens
     model_->train();
   }
   std::string text;

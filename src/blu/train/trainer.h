@@ -58,7 +58,8 @@ struct TrainCallbacks {
   std::ostream* log = nullptr;  // progress lines, tables, samples; nullptr: silent
   // Turns sampled ids into text; without it samples print as ids.
   std::function<std::string(const std::vector<int32_t>&)> decode;
-  std::vector<int32_t> sample_prompt = {50256};  // GPT-2's <|endoftext|>
+  // Empty: GPT-2's <|endoftext|> (50256) when the vocabulary holds it, else token 0.
+  std::vector<int32_t> sample_prompt;
   std::function<void(const StepStats&)> on_step;
   std::function<void(int64_t step, double val_loss)> on_eval;
   // Polled after every step: when it reads true the trainer saves a checkpoint and returns.
