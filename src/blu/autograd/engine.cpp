@@ -13,11 +13,15 @@ namespace blu {
 
 namespace {
 
-void check_grad(const Node& node, size_t slot, const Tensor& g) {
-  const TensorMeta& m = node.out_metas[slot];
-  BLU_CHECK(g.shape() == m.shape && g.dtype() == m.dtype && g.device() == m.device, "backward of '",
-            node.name(), "': gradient for output ", slot, " is ", g.str(), " but the output was ",
-            to_string(m.shape), " ", m.dtype, " ", m.device);
+// `g` is the gradient for output `slot` of `to`, made by the backward of `from` (null: the root
+// gradient given to backward()). The message names the op whose backward made the bad gradient.
+void check_grad(const Node& to, uint32_t slot, const Tensor& g, const Node* from) {
+  const TensorMeta& m = to.out_metas[slot];
+  if (g.shape() == m.shape && g.dtype() == m.dtype && g.device() == m.device) return;
+  const std::string what = to_string(m.shape) + " " + std::string(dtype_name(m.dtype)) + " " + m.device.str();
+  BLU_CHECK(from, "backward(): the gradient given is ", g.str(), " but the tensor is ", what);
+  BLU_CHECK(false, "backward of '", from->name(), "' returned a gradient ", g.str(), " for an input that is ",
+            what, " (into '", to.name(), "')");
 }
 
 }  // namespace
@@ -51,16 +55,16 @@ void Tensor::backward(const Tensor& grad_root, bool retain_graph) const {
   }
 
   std::unordered_map<Node*, std::vector<Tensor>> buffers;
-  auto add_to_buffer = [&](Node* n, uint32_t slot, Tensor grad) {
+  auto add_to_buffer = [&](Node* n, uint32_t slot, Tensor grad, const Node* from) {
+    check_grad(*n, slot, grad, from);
     auto& buf = buffers[n];
     if (buf.empty()) buf.resize(n->out_metas.size());
-    check_grad(*n, slot, grad);
     buf[slot] = buf[slot].defined() ? add(buf[slot], grad) : std::move(grad);
   };
   auto later_first = [](Node* a, Node* b) { return a->seq < b->seq; };
   std::priority_queue<Node*, std::vector<Node*>, decltype(later_first)> ready(later_first);
 
-  add_to_buffer(root.fn.get(), root.input_nr, g);
+  add_to_buffer(root.fn.get(), root.input_nr, g, nullptr);
   ready.push(root.fn.get());
   // Keep nodes alive while they run even if their last owner releases them.
   std::vector<std::shared_ptr<Node>> keep{root.fn};
@@ -77,7 +81,7 @@ void Tensor::backward(const Tensor& grad_root, bool retain_graph) const {
     for (size_t i = 0; i < n->next.size(); ++i) {
       const Edge& e = n->next[i];
       if (!e.fn) continue;
-      if (i < in_grads.size() && in_grads[i].defined()) add_to_buffer(e.fn.get(), e.input_nr, std::move(in_grads[i]));
+      if (i < in_grads.size() && in_grads[i].defined()) add_to_buffer(e.fn.get(), e.input_nr, std::move(in_grads[i]), n);
       if (--deps[e.fn.get()] == 0) {
         keep.push_back(e.fn);
         ready.push(e.fn.get());

@@ -27,7 +27,7 @@ void OpNode::release_saved() {
 
 std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_out) {
   Tensor t(leaf);
-  Tensor g = grad_out[0];
+  Tensor g = std::move(grad_out[0]);  // a copy of the handle would defeat the `exclusive` test below
   AutogradMeta& meta = t.autograd_meta();
   if (!meta.grad) {
     // Keep the incoming gradient only when nothing else refers to it; otherwise own a copy, so a

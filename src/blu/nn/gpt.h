@@ -3,14 +3,25 @@
 // (50257 → 50304) and GPT-2's initialisation, plus generation with a key/value cache.
 // Parameter names follow Hugging Face's GPT-2 ("wte.weight", "h.0.attn.c_attn.weight", …) but
 // Linear weights are stored [out, in] (the HF Conv1D layout is transposed at import/export).
-// Depends on nn/module, ops/. Keep: forward(idx, targets) gives logits over the padded
+// Init (GPT-2's): Linear/Embedding weights normal(0, 0.02), each residual projection (c_proj)
+// normal(0, 0.02/sqrt(2·n_layer)), biases 0, LayerNorm weight 1 / bias 0, all drawn from a
+// Generator seeded by the constructor's seed, in registration order. The padded rows of wte
+// (vocab_size..padded_vocab_size) start at zero: no token selects them and, because loss and
+// sampling slice the logits to vocab_size, they never get a gradient, so they stay zero (also
+// under weight decay) and export/import round trips are exact. (llm.c leaves them random.)
+// Dropout applies to the embedding sum, the attention output projection and the MLP output;
+// there is no dropout on the attention probabilities (ops/attention has no dropout_p).
+// Depends on nn/module, nn/layers, ops/. Keep: forward(idx, targets) gives logits over the padded
 // vocabulary whose padded columns never win (loss and sampling use only the first vocab_size).
 #pragma once
 #include <nlohmann/json.hpp>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "blu/core/rng.h"
+#include "blu/nn/layers.h"
 #include "blu/nn/module.h"
 
 namespace blu::nn {
@@ -22,10 +33,50 @@ struct GPTConfig {
   int64_t n_layer = 12, n_head = 12, n_embd = 768;
   double dropout = 0.0;
   bool bias = true;
-  // "d12" (124M), "d24" (350M), "d36" (774M), "d48" (1558M); BLU_CHECK on unknown names.
+  // "d12" (124M), "d24" (350M), "d36" (774M), "d48" (1558M), and "tiny" for tests (2 layers,
+  // 3 heads, 48 channels, block 16, vocab 101 padded to 128); BLU_CHECK on unknown names.
   static GPTConfig preset(const std::string& name);
   nlohmann::json to_json() const;
   static GPTConfig from_json(const nlohmann::json& j);  // missing/unknown keys are errors
+  void validate() const;  // BLU_CHECK: positive sizes, n_embd % n_head == 0, padded >= vocab, ...
+  bool operator==(const GPTConfig&) const = default;
+};
+
+// Keys and values of every layer for the positions seen so far: k[l], v[l] are [B, H, T, D].
+struct KVCache {
+  std::vector<Tensor> k, v;
+  int64_t length() const { return k.empty() || !k[0].defined() ? 0 : k[0].size(2); }
+  void clear() { k.clear(), v.clear(); }
+};
+
+class CausalSelfAttention : public Module {
+ public:
+  CausalSelfAttention(const GPTConfig& cfg, Generator* dropout_gen);
+  // x [B, T, C] → [B, T, C]. With a cache: appends this call's keys/values to (k, v) and attends
+  // over all of them; T must be 1 unless the cache is empty (the causal mask of a longer query
+  // block would have to be offset by the cached length).
+  Tensor forward(const Tensor& x, Tensor* cache_k = nullptr, Tensor* cache_v = nullptr) const;
+  int64_t n_head, n_embd;
+  std::shared_ptr<Linear> c_attn, c_proj;  // [3C, C], [C, C]
+  std::shared_ptr<Dropout> resid_dropout;
+};
+
+class MLP : public Module {
+ public:
+  MLP(const GPTConfig& cfg, Generator* dropout_gen);
+  Tensor forward(const Tensor& x) const;  // c_proj(gelu_tanh(c_fc(x)))
+  std::shared_ptr<Linear> c_fc, c_proj;    // [4C, C], [C, 4C]
+  std::shared_ptr<Dropout> dropout;
+};
+
+// Pre-LN transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)).
+class Block : public Module {
+ public:
+  Block(const GPTConfig& cfg, Generator* dropout_gen);
+  Tensor forward(const Tensor& x, Tensor* cache_k = nullptr, Tensor* cache_v = nullptr) const;
+  std::shared_ptr<LayerNorm> ln_1, ln_2;
+  std::shared_ptr<CausalSelfAttention> attn;
+  std::shared_ptr<MLP> mlp;
 };
 
 struct GPTOutput {
@@ -40,9 +91,26 @@ class GPT : public Module {
   GPTOutput forward(const Tensor& idx, const Tensor& targets = Tensor());
   // Samples `max_new_tokens` after `prompt` with temperature and top-k (0 = all), using a
   // key/value cache so each new token costs one position, not the whole prefix.
+  // temperature <= 0 means greedy (argmax), as does top_k == 1. Runs without autograd and in
+  // eval mode (the training flag is restored afterwards). Once the sequence outgrows block_size
+  // the cache is rebuilt from the last block_size tokens (positions are absolute).
   std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int64_t max_new_tokens, double temperature,
                                 int64_t top_k, Generator& gen);
-  const GPTConfig& config() const;
+  // Logits [B, T, padded_vocab] for idx [B, T] placed after the cache's positions, extending the
+  // cache. T must be 1 unless the cache is empty; cache.length() + T <= block_size.
+  Tensor forward_cached(const Tensor& idx, KVCache& cache);
+  const GPTConfig& config() const { return cfg_; }
+
+  std::shared_ptr<Embedding> wte, wpe;  // wte [padded_vocab, C] is also the output projection
+  std::shared_ptr<Dropout> drop;
+  std::shared_ptr<ModuleList<Block>> h;
+  std::shared_ptr<LayerNorm> ln_f;
+
+ private:
+  // Final hidden states [B, T, C] for positions pos0..pos0+T-1.
+  Tensor hidden(const Tensor& idx, int64_t pos0, KVCache* cache);
+  GPTConfig cfg_;
+  Generator dropout_gen_;
 };
 
 }  // namespace blu::nn

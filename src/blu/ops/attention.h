@@ -1,8 +1,9 @@
 // ops/attention: scaled dot-product attention. The CPU reference here is the plain form
 // (softmax(q·kᵀ·scale + causal mask)·v written in other ops, so its gradient is automatic); the
 // CUDA backend supplies a fused flash-attention kernel for the same call.
-// Depends on ops/linalg, ops/nn, ops/elementwise. Keep: the same semantics as
-// torch.nn.functional.scaled_dot_product_attention (default scale 1/sqrt(head_dim)).
+// Depends on ops/linalg, ops/nn, ops/elementwise (ops/factory, ops/view for the mask).
+// Keep: the same semantics as torch.nn.functional.scaled_dot_product_attention (default scale
+// 1/sqrt(head_dim); is_causal masks key j from query i when j > i, aligned top-left).
 #pragma once
 #include "blu/core/tensor.h"
 

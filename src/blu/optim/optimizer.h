@@ -1,8 +1,19 @@
 // optim/optimizer: optimizers over parameter groups — AdamW (decoupled weight decay, exactly
 // torch.optim.AdamW's update) and SGD with momentum — plus global-norm gradient clipping,
 // learning-rate schedules and the optimizer state that checkpoints save.
-// Depends on core/, ops/. Keep: updates run under NoGradGuard through dispatched ops (so the
-// CUDA backend can supply fused kernels); state tensors are named so checkpoints can hold them.
+// Depends on core/, ops/ (ops/optim: the per-tensor update ops). Keep: updates run under
+// NoGradGuard through dispatched ops (so the CUDA backend can supply fused kernels); state tensors
+// are named so checkpoints can hold them; parameters whose grad is undefined are skipped (their
+// state and step count are left alone, as in PyTorch); state is fp32 and, until master copies
+// exist, parameters must be fp32 too (BLU_CHECK otherwise).
+//
+// State names (state() / load_state()):
+//   "step"                     0-d i64: optimizer steps taken (steps()); f64 is accepted on load
+//   "exp_avg.<param>"          AdamW first moment, the parameter's shape, f32
+//   "exp_avg_sq.<param>"       AdamW second moment
+//   "step.<param>"             AdamW: this parameter's update count (its bias correction), 0-d i64
+//   "momentum_buffer.<param>"  SGD with momentum != 0
+// A parameter has entries only once it has been updated (PyTorch creates state lazily too).
 #pragma once
 #include <memory>
 #include <string>
@@ -29,9 +40,13 @@ class Optimizer {
   void set_lr(double lr) { lr_ = lr; }
   double lr() const { return lr_; }
   int64_t steps() const { return steps_; }
-  // Named state ("exp_avg.h.0.mlp.c_fc.weight", …, and "step") for checkpoints.
+  // Named state ("exp_avg.h.0.mlp.c_fc.weight", …, and "step") for checkpoints: handles to the
+  // live tensors (no copy), so save them before the next step.
   virtual nn::NamedTensors state() const = 0;
-  virtual void load_state(const nn::NamedTensors& state) = 0;  // strict, like Module
+  // Copies state in. Strict, like Module: a missing "step", an unknown kind or parameter name, a
+  // parameter with only part of its entries, or a shape mismatch is a BLU_CHECK error naming the
+  // tensor — and nothing is changed in that case.
+  virtual void load_state(const nn::NamedTensors& state) = 0;
   const std::vector<ParamGroup>& groups() const { return groups_; }
 
  protected:
@@ -51,14 +66,19 @@ struct SGDOptions {
 std::unique_ptr<Optimizer> make_sgd(std::vector<ParamGroup> groups, SGDOptions opt);
 
 // Scales all gradients so their global L2 norm is at most max_norm; returns the norm before.
+// As torch.nn.utils.clip_grad_norm_: norm over every defined grad (accumulated in double here),
+// scale = max_norm / (norm + 1e-6) applied when < 1. A non-finite norm is returned and nothing is
+// scaled (the caller decides to skip the step). CPU grads only until a device copy op exists.
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
 
 struct LRSchedule {
   enum class Kind { constant, cosine, linear } kind = Kind::cosine;
   double max_lr = 6e-4, min_lr = 6e-5;
   int64_t warmup_steps = 0, total_steps = 1;
-  double at(int64_t step) const;  // linear warmup from 0, then decay to min_lr at total_steps
-  static Kind parse(const std::string& name);
+  // step < warmup_steps: max_lr * (step+1) / warmup_steps. Then constant: max_lr; cosine /
+  // linear: from max_lr at warmup_steps down to min_lr at total_steps, and min_lr after.
+  double at(int64_t step) const;
+  static Kind parse(const std::string& name);  // "constant", "cosine", "linear" 
 };
 
 }  // namespace blu::optim

@@ -246,8 +246,10 @@ void rand_kernel(const KernelCall& c) {
   Tensor& t = c.out[0];
   BLU_DISPATCH_FLOATING(t.dtype(), "rand", {
     scalar_t* p = t.data<scalar_t>();
+    // As many bits as the type holds: rounding 24 bits to bf16/f16 could give 1.0.
+    constexpr int bits = std::is_same_v<scalar_t, bf16> ? 8 : std::is_same_v<scalar_t, f16> ? 11 : 24;
     philox_fill(t, c.attrs, [&](int64_t i, const std::array<uint32_t, 4>& r, int lane) {
-      p[i] = scalar_t(Philox::uniform(r[lane]));
+      p[i] = scalar_t(Philox::uniform(r[lane], bits));
     });
   });
 }

@@ -1,0 +1,71 @@
+// CPU kernels for ops/optim: one pass over each parameter doing its whole optimizer update.
+// fp32 arithmetic in the order of torch.optim's single-tensor code (each PyTorch op rounds to
+// fp32 once; so does each step here), the scalar coefficients computed in double as Python does.
+#include <cmath>
+
+#include "blu/backend/backend.h"
+#include "blu/backend/cpu/loops.h"
+
+namespace blu::cpu {
+
+namespace {
+
+void adamw_step_kernel(const KernelCall& c) {
+  const Tensor& p = c.out[0];
+  const Tensor &g = c.in[1], &m = c.in[2], &v = c.in[3];
+  const Attrs& a = c.attrs;
+  const double lr = a.f("lr"), b1 = a.f("beta1"), b2 = a.f("beta2"), wd = a.f("weight_decay");
+  const double t = double(a.i("step"));
+  const double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
+  // PyTorch passes these Python floats to fp32 tensor ops, which round them to float.
+  const float decay = float(1 - lr * wd), fb1 = float(b1), fb2 = float(b2), one_m_b1 = float(1 - b1),
+              one_m_b2 = float(1 - b2), bc2_sqrt = float(std::sqrt(bc2)), eps = float(a.f("eps")),
+              neg_step_size = float(-(lr / bc1));
+  float* pp = p.data<float>();
+  const float* gp = g.data<float>();
+  float* mp = m.data<float>();
+  float* vp = v.data<float>();
+  const Shape& shape = p.shape();
+  std::array<Shape, 4> strides{p.strides(), g.strides(), m.strides(), v.strides()};
+  strided_loop(shape, strides, [&](int64_t, const std::array<int64_t, 4>& o) {
+    const float gi = gp[o[1]];
+    float pi = pp[o[0]] * decay;
+    const float mi = mp[o[2]] * fb1 + one_m_b1 * gi;
+    const float vi = vp[o[3]] * fb2 + one_m_b2 * gi * gi;
+    const float denom = std::sqrt(vi) / bc2_sqrt + eps;
+    pi = pi + neg_step_size * mi / denom;
+    pp[o[0]] = pi;
+    mp[o[2]] = mi;
+    vp[o[3]] = vi;
+  });
+}
+BLU_REGISTER_KERNEL(cpu, "adamw_step", adamw_step_kernel);
+
+void sgd_step_kernel(const KernelCall& c) {
+  const Tensor& p = c.out[0];
+  const Tensor& g = c.in[1];
+  const Attrs& a = c.attrs;
+  const float neg_lr = float(-a.f("lr")), mom = float(a.f("momentum")), wd = float(a.f("weight_decay"));
+  const bool nesterov = a.b("nesterov"), init = a.b("init_buffer"), use_wd = a.f("weight_decay") != 0;
+  const bool use_buf = c.in[2].defined();
+  float* pp = p.data<float>();
+  const float* gp = g.data<float>();
+  float* bp = use_buf ? c.in[2].data<float>() : nullptr;
+  // Without a buffer, point its operand at the parameter: never read or written then.
+  std::array<Shape, 3> strides{p.strides(), g.strides(), use_buf ? c.in[2].strides() : p.strides()};
+  strided_loop(p.shape(), strides, [&](int64_t, const std::array<int64_t, 3>& o) {
+    float d = gp[o[1]];
+    if (use_wd) d = d + wd * pp[o[0]];
+    if (use_buf) {
+      const float b = init ? d : bp[o[2]] * mom + d;
+      bp[o[2]] = b;
+      d = nesterov ? d + mom * b : b;
+    }
+    pp[o[0]] = pp[o[0]] + neg_lr * d;
+  });
+}
+BLU_REGISTER_KERNEL(cpu, "sgd_step", sgd_step_kernel);
+
+}  // namespace
+
+}  // namespace blu::cpu

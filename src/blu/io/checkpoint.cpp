@@ -1,0 +1,194 @@
+#include "blu/io/checkpoint.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include "blu/io/safetensors.h"
+#include "blu/ops/factory.h"
+#include "blu/ops/view.h"
+
+namespace blu {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kMetaKey = "train_state";
+constexpr const char* kModelPrefix = "model.";
+constexpr const char* kOptimPrefix = "optim.";
+
+nlohmann::json train_state_to_json(const TrainState& s) {
+  return {{"step", s.step},       {"rng_seed", s.rng_seed},         {"rng_offset", s.rng_offset},
+          {"loader", s.loader},   {"model_config", s.model_config}, {"run", s.run}};
+}
+
+TrainState train_state_from_json(const nlohmann::json& j, const std::string& path) {
+  BLU_CHECK(j.is_object(), "checkpoint ", path, ": metadata '", kMetaKey, "' is not a JSON object");
+  for (const char* key : {"step", "rng_seed", "rng_offset", "loader", "model_config", "run"})
+    BLU_CHECK(j.contains(key), "checkpoint ", path, ": metadata '", kMetaKey, "' lacks \"", key, "\"");
+  BLU_CHECK(j["step"].is_number_integer() && j["step"].get<int64_t>() >= 0, "checkpoint ", path,
+            ": train_state.step must be an integer >= 0, got ", j["step"].dump());
+  for (const char* key : {"rng_seed", "rng_offset"})
+    BLU_CHECK(j[key].is_number_unsigned() || (j[key].is_number_integer() && j[key].get<int64_t>() >= 0),
+              "checkpoint ", path, ": train_state.", key, " must be an unsigned integer, got ", j[key].dump());
+  TrainState s;
+  s.step = j["step"].get<int64_t>();
+  s.rng_seed = j["rng_seed"].get<uint64_t>();
+  s.rng_offset = j["rng_offset"].get<uint64_t>();
+  s.loader = j["loader"];
+  s.model_config = j["model_config"];
+  s.run = j["run"];
+  return s;
+}
+
+// "ckpt_00001234.safetensors" -> 1234; -1 for any other name (temp files included).
+int64_t checkpoint_step(const std::string& filename) {
+  static const std::string pre = "ckpt_", suf = ".safetensors";
+  if (filename.size() < pre.size() + 8 + suf.size() || filename.compare(0, pre.size(), pre) != 0 ||
+      filename.compare(filename.size() - suf.size(), suf.size(), suf) != 0)
+    return -1;
+  const std::string digits = filename.substr(pre.size(), filename.size() - pre.size() - suf.size());
+  if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return -1;
+  return std::stoll(digits);
+}
+
+// (step, path) of every checkpoint in dir, oldest first.
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const int64_t step = checkpoint_step(e.path().filename().string());
+    if (step >= 0 && e.is_regular_file(ec)) out.emplace_back(step, e.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Adds each tensor (CPU, made contiguous; kept alive in `keep` until the write) under prefix.
+void add_tensors(SafeTensorsWriter& w, const nn::NamedTensors& tensors, const std::string& prefix,
+                 std::vector<Tensor>& keep, const char* what) {
+  for (const auto& [name, t] : tensors) {
+    BLU_CHECK(t.defined(), "save_checkpoint: ", what, " tensor '", name, "' is undefined");
+    BLU_CHECK(t.device().is_cpu(), "save_checkpoint: ", what, " tensor '", name, "' is on ", t.device(),
+              "; checkpoints are written from CPU tensors (copy to the CPU first)");
+    Tensor c = contiguous(t.detach());
+    keep.push_back(c);
+    w.add(prefix + name, c.dtype(), c.shape(), {static_cast<const std::byte*>(c.raw_data()), c.nbytes()});
+  }
+}
+
+Tensor tensor_from(const SafeTensorsFile& f, const TensorEntry& e) {
+  Tensor t = empty(e.shape, e.dtype);
+  auto bytes = f.bytes(e);
+  if (!bytes.empty()) std::memcpy(t.raw_data(), bytes.data(), bytes.size());
+  return t;
+}
+
+// "n_layer: checkpoint 12, expected 6; vocab_size: checkpoint (absent), expected 50257"
+std::string config_diff(const nlohmann::json& got, const nlohmann::json& want) {
+  if (!got.is_object() || !want.is_object())
+    return got == want ? "" : "model_config: checkpoint " + got.dump() + ", expected " + want.dump();
+  std::set<std::string> keys;
+  for (auto it = got.begin(); it != got.end(); ++it) keys.insert(it.key());
+  for (auto it = want.begin(); it != want.end(); ++it) keys.insert(it.key());
+  std::string out;
+  for (const std::string& k : keys) {
+    const bool in_got = got.contains(k), in_want = want.contains(k);
+    if (in_got && in_want && got[k] == want[k]) continue;
+    out += (out.empty() ? "" : "; ") + k + ": checkpoint " + (in_got ? got[k].dump() : "(absent)") + ", expected " +
+           (in_want ? want[k].dump() : "(absent)");
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer* opt,
+                            const TrainState& st, int keep_last) {
+  BLU_CHECK(st.step >= 0, "save_checkpoint: step must be >= 0, got ", st.step);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  BLU_CHECK(!ec && fs::is_directory(dir), "save_checkpoint: cannot create directory '", dir, "'",
+            ec ? ": " + ec.message() : std::string());
+  char name[64];
+  std::snprintf(name, sizeof name, "ckpt_%08lld.safetensors", static_cast<long long>(st.step));
+  const std::string path = (fs::path(dir) / name).string();
+
+  SafeTensorsWriter w;
+  std::vector<Tensor> keep;
+  add_tensors(w, model.state_dict(), kModelPrefix, keep, "model");
+  if (opt) add_tensors(w, opt->state(), kOptimPrefix, keep, "optimizer");
+  w.set_metadata(kMetaKey, train_state_to_json(st).dump());
+  w.write(path);  // atomic; on failure it throws and nothing below runs
+
+  if (keep_last > 0) {
+    auto all = list_checkpoints(dir);
+    std::erase_if(all, [&](const auto& c) { return fs::equivalent(c.second, path, ec); });
+    // The new file counts as one of the kept.
+    const size_t keep_others = size_t(keep_last - 1);
+    for (size_t i = 0; i + keep_others < all.size(); ++i) fs::remove(all[i].second, ec);
+  }
+  return path;
+}
+
+std::string latest_checkpoint(const std::string& dir) {
+  auto all = list_checkpoints(dir);
+  return all.empty() ? std::string() : all.back().second;
+}
+
+TrainState load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* opt,
+                           const nlohmann::json& expected_model_config) {
+  // The reader validates the whole file (header, offsets, sizes) before anything is used.
+  SafeTensorsFile file = [&] {
+    try {
+      return SafeTensorsFile::open(path);
+    } catch (const Error& e) {
+      BLU_CHECK(false, "load_checkpoint: ", path, " is not a readable checkpoint: ", e.what());
+      throw;  // unreachable
+    }
+  }();
+  auto meta = file.metadata().find(kMetaKey);
+  BLU_CHECK(meta != file.metadata().end(), "load_checkpoint: ", path, " has no '", kMetaKey,
+            "' metadata (not a BluTrain checkpoint?)");
+  nlohmann::json j = nlohmann::json::parse(meta->second, nullptr, /*allow_exceptions=*/false);
+  BLU_CHECK(!j.is_discarded(), "load_checkpoint: ", path, ": metadata '", kMetaKey, "' is not valid JSON");
+  TrainState st = train_state_from_json(j, path);
+  if (!expected_model_config.is_null()) {
+    const std::string diff = config_diff(st.model_config, expected_model_config);
+    BLU_CHECK(diff.empty(), "load_checkpoint: ", path, " was written for another model configuration: ", diff);
+  }
+
+  nn::NamedTensors model_state, optim_state;
+  for (const TensorEntry& e : file.entries()) {
+    if (e.name.rfind(kModelPrefix, 0) == 0)
+      model_state.emplace_back(e.name.substr(std::strlen(kModelPrefix)), tensor_from(file, e));
+    else if (e.name.rfind(kOptimPrefix, 0) == 0)
+      optim_state.emplace_back(e.name.substr(std::strlen(kOptimPrefix)), tensor_from(file, e));
+    else
+      BLU_CHECK(false, "load_checkpoint: ", path, ": unexpected tensor '", e.name, "' (expected names starting with '",
+                kModelPrefix, "' or '", kOptimPrefix, "')");
+  }
+  // Each load is strict and changes nothing when it fails. The optimizer goes first: if the model
+  // then refuses its state, the optimizer gets its old state back (load_state made new tensors,
+  // so the handles saved here still hold the old values).
+  if (opt) {
+    const nn::NamedTensors previous = opt->state();
+    opt->load_state(optim_state);
+    try {
+      model.load_state_dict(model_state);
+    } catch (...) {
+      opt->load_state(previous);
+      throw;
+    }
+  } else {
+    model.load_state_dict(model_state);
+  }
+  return st;
+}
+
+}  // namespace blu

@@ -1,0 +1,73 @@
+// nn/layers: the basic modules GPT-2 is made of — Linear, Embedding, LayerNorm, Dropout — and
+// ModuleList, a numbered container ("h.0", "h.1", …). Each forward is one dispatched op (linear,
+// embedding, layer_norm, dropout), so the modules add names and state, never math.
+// Depends on nn/module, ops/. Keep: constructors allocate parameters with fixed values (Linear
+// and Embedding weights zero, LayerNorm weight one, biases zero); the owning model initialises
+// them (GPT: GPT-2's init) — call init_normal_ for a stand-alone layer. Linear weights are
+// [out, in], as torch.nn.Linear.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "blu/core/rng.h"
+#include "blu/nn/module.h"
+
+namespace blu::nn {
+
+// Fills w (in place, no autograd) with normal(0, std) drawn from gen.
+void init_normal_(const Tensor& w, double std, Generator& gen);
+
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true);
+  Tensor forward(const Tensor& x) const;  // x [..., in] → [..., out]
+  int64_t in_features, out_features;
+  Tensor weight;  // [out, in]
+  Tensor bias;    // [out], undefined without bias
+};
+
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t dim);
+  Tensor forward(const Tensor& idx) const;  // idx (i32/i64, any shape) → [..., dim]
+  Tensor weight;                            // [num_embeddings, dim]
+};
+
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(int64_t dim, bool bias = true, double eps = 1e-5);
+  Tensor forward(const Tensor& x) const;  // normalises the last dim
+  double eps;
+  Tensor weight;  // [dim], ones
+  Tensor bias;    // [dim], zeros; undefined without bias
+};
+
+// Active only while training (Module::train); draws its masks from `gen` (the default generator
+// when null). `gen` must outlive the module.
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p, Generator* gen = nullptr);
+  Tensor forward(const Tensor& x) const;
+  double p;
+
+ private:
+  Generator* gen_;
+};
+
+// Submodules named "0", "1", … in the order they are added.
+template <typename M>
+class ModuleList : public Module {
+ public:
+  M& push_back(std::shared_ptr<M> m) {
+    items_.push_back(m);
+    return register_module(std::to_string(items_.size() - 1), std::move(m));
+  }
+  int64_t size() const { return int64_t(items_.size()); }
+  M& operator[](int64_t i) const { return *items_.at(size_t(i)); }
+
+ private:
+  std::vector<std::shared_ptr<M>> items_;
+};
+
+}  // namespace blu::nn

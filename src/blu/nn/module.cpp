@@ -1,0 +1,123 @@
+#include "blu/nn/module.h"
+
+#include <map>
+#include <set>
+
+#include "blu/core/grad_mode.h"
+#include "blu/ops/factory.h"
+#include "blu/ops/view.h"
+
+namespace blu::nn {
+
+Tensor& Module::register_parameter(std::string name, Tensor& slot, Tensor value) {
+  BLU_CHECK(value.defined(), "register_parameter: parameter '", name, "' is undefined");
+  BLU_CHECK(is_floating(value.dtype()), "register_parameter: parameter '", name, "' must be floating, got ",
+            value.dtype());
+  for (auto& [n, _] : params_) BLU_CHECK(n != name, "register_parameter: '", name, "' is registered twice");
+  slot = value.detach();
+  slot.set_requires_grad(true);
+  params_.emplace_back(std::move(name), &slot);
+  return slot;
+}
+
+Tensor& Module::register_buffer(std::string name, Tensor& slot, Tensor value) {
+  BLU_CHECK(value.defined(), "register_buffer: buffer '", name, "' is undefined");
+  for (auto& [n, _] : buffers_) BLU_CHECK(n != name, "register_buffer: '", name, "' is registered twice");
+  slot = value.detach();
+  buffers_.emplace_back(std::move(name), &slot);
+  return slot;
+}
+
+void Module::visit(const std::string& prefix, bool params, NamedTensors& out) const {
+  for (auto& [name, slot] : params ? params_ : buffers_) out.emplace_back(prefix + name, *slot);
+  for (auto& [name, child] : children_) child->visit(prefix + name + ".", params, out);
+}
+
+void Module::each_slot(const std::function<void(Tensor&, bool is_param)>& f) {
+  for (auto& [_, slot] : params_) f(*slot, true);
+  for (auto& [_, slot] : buffers_) f(*slot, false);
+  for (auto& [_, child] : children_) child->each_slot(f);
+}
+
+NamedTensors Module::named_parameters() const {
+  NamedTensors out;
+  visit("", true, out);
+  return out;
+}
+
+std::vector<Tensor> Module::parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [_, t] : named_parameters()) out.push_back(t);
+  return out;
+}
+
+NamedTensors Module::named_buffers() const {
+  NamedTensors out;
+  visit("", false, out);
+  return out;
+}
+
+NamedTensors Module::state_dict() const {
+  NamedTensors out = named_parameters();
+  for (auto& nt : named_buffers()) out.push_back(std::move(nt));
+  return out;
+}
+
+void Module::load_state_dict(const NamedTensors& state) {
+  // Check everything first so a failed load changes nothing.
+  const NamedTensors mine = state_dict();
+  std::map<std::string, const Tensor*> given;
+  for (auto& [name, t] : state) {
+    BLU_CHECK(given.emplace(name, &t).second, "load_state_dict: '", name, "' appears twice in the state");
+  }
+  std::set<std::string> known;
+  for (auto& [name, t] : mine) {
+    known.insert(name);
+    auto it = given.find(name);
+    BLU_CHECK(it != given.end(), "load_state_dict: missing '", name, "' (expected shape ", t.shape(), ")");
+    BLU_CHECK(it->second->defined(), "load_state_dict: '", name, "' is an undefined tensor");
+    BLU_CHECK(it->second->shape() == t.shape(), "load_state_dict: '", name, "' has shape ", it->second->shape(),
+              ", expected ", t.shape());
+  }
+  for (auto& [name, _] : state) BLU_CHECK(known.count(name), "load_state_dict: unexpected '", name, "'");
+  NoGradGuard no_grad;
+  for (auto& [name, t] : mine) copy_(t, given.at(name)->detach());
+}
+
+int64_t Module::num_parameters() const {
+  int64_t n = 0;
+  for (auto& [_, t] : named_parameters()) n += t.numel();
+  return n;
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [_, child] : children_) child->train(on);
+}
+
+void Module::to(Device device) {
+  each_slot([&](Tensor& t, bool) {
+    // Copying between devices needs an op that ops/ does not have yet; fail loudly until it does.
+    BLU_CHECK(t.device() == device, "Module::to: moving a tensor from ", t.device(), " to ", device,
+              " is not supported yet (no cross-device copy op)");
+  });
+}
+
+void Module::to(DType dtype) {
+  BLU_CHECK(is_floating(dtype), "Module::to: expected a floating dtype, got ", dtype);
+  NoGradGuard no_grad;
+  each_slot([&](Tensor& t, bool is_param) {
+    if (!is_floating(t.dtype()) || t.dtype() == dtype) return;
+    Tensor cast = to_dtype(t.detach(), dtype);
+    if (is_param) cast.set_requires_grad(true);
+    t = cast;
+  });
+}
+
+void Module::zero_grad() {
+  each_slot([](Tensor& t, bool is_param) {
+    if (is_param) t.zero_grad();
+  });
+}
+
+}  // namespace blu::nn

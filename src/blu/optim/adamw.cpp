@@ -1,0 +1,98 @@
+// optim/adamw: torch.optim.AdamW — decoupled weight decay, bias-corrected moments, a step count
+// per parameter — with each parameter's update one adamw_step op (ops/optim.h).
+#include <cmath>
+
+#include "blu/core/grad_mode.h"
+#include "blu/ops/factory.h"
+#include "blu/ops/optim.h"
+#include "blu/optim/optimizer.h"
+#include "blu/optim/state_io.h"
+
+namespace blu::optim {
+
+namespace {
+
+constexpr const char* kName = "AdamW";
+
+class AdamW final : public Optimizer {
+ public:
+  AdamW(std::vector<ParamGroup> groups, AdamWOptions opt) : opt_(opt) {
+    BLU_CHECK(opt.lr >= 0 && std::isfinite(opt.lr), "AdamW: lr must be finite and >= 0, got ", opt.lr);
+    BLU_CHECK(opt.beta1 >= 0 && opt.beta1 < 1, "AdamW: beta1 must be in [0, 1), got ", opt.beta1);
+    BLU_CHECK(opt.beta2 >= 0 && opt.beta2 < 1, "AdamW: beta2 must be in [0, 1), got ", opt.beta2);
+    BLU_CHECK(opt.eps >= 0, "AdamW: eps must be >= 0, got ", opt.eps);
+    groups_ = std::move(groups);
+    lr_ = opt.lr;
+    params_ = detail::flatten_groups(groups_, kName);
+    state_.resize(params_.size());
+  }
+
+  void step() override {
+    NoGradGuard no_grad;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const detail::ParamRef& p = params_[i];
+      const Tensor g = p.param.grad();
+      if (!g.defined()) continue;
+      BLU_CHECK(g.dtype() == p.param.dtype() && g.shape() == p.param.shape(), "AdamW: gradient of '", p.name,
+                "' is ", g.str(), ", expected the parameter's shape and dtype (", p.param.str(), ")");
+      State& s = state_[i];
+      if (s.step == 0) {
+        s.exp_avg = zeros_like(p.param);
+        s.exp_avg_sq = zeros_like(p.param);
+      }
+      ++s.step;
+      adamw_step_(p.param, g, s.exp_avg, s.exp_avg_sq,
+                  {.lr = lr_, .beta1 = opt_.beta1, .beta2 = opt_.beta2, .eps = opt_.eps,
+                   .weight_decay = p.weight_decay, .step = s.step});
+    }
+    ++steps_;
+  }
+
+  nn::NamedTensors state() const override {
+    nn::NamedTensors out;
+    out.emplace_back("step", detail::count_tensor(steps_));
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const State& s = state_[i];
+      if (s.step == 0) continue;
+      out.emplace_back("exp_avg." + params_[i].name, s.exp_avg);
+      out.emplace_back("exp_avg_sq." + params_[i].name, s.exp_avg_sq);
+      out.emplace_back("step." + params_[i].name, detail::count_tensor(s.step));
+    }
+    return out;
+  }
+
+  void load_state(const nn::NamedTensors& state) override {
+    NoGradGuard no_grad;
+    detail::ParsedState parsed = detail::parse_state(
+        state, params_, {{"exp_avg", false}, {"exp_avg_sq", false}, {"step", true}}, kName);
+    std::vector<State> next(params_.size());
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const auto& t = parsed.per_param[i];
+      if (t.empty()) continue;
+      const std::string& name = params_[i].name;
+      next[i].step = detail::read_count(t[2], "step." + name);
+      BLU_CHECK(next[i].step > 0, "AdamW state: 'step.", name, "' is 0 but moments are present");
+      next[i].exp_avg = detail::f32_copy(t[0], params_[i].param);
+      next[i].exp_avg_sq = detail::f32_copy(t[1], params_[i].param);
+    }
+    state_ = std::move(next);
+    steps_ = parsed.step;
+  }
+
+ private:
+  struct State {
+    Tensor exp_avg, exp_avg_sq;
+    int64_t step = 0;  // updates this parameter has had (0: no state yet)
+  };
+  AdamWOptions opt_;
+  std::vector<detail::ParamRef> params_;
+  std::vector<State> state_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_adamw(std::vector<ParamGroup> groups, AdamWOptions opt) {
+  return std::make_unique<AdamW>(std::move(groups), opt);
+}
+
+}  // namespace blu::optim

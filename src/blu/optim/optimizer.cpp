@@ -1,0 +1,121 @@
+// optim/optimizer: what every optimizer shares — grouping, zero_grad, and the strict state
+// parsing of state_io.h.
+#include "blu/optim/optimizer.h"
+
+#include <cmath>
+#include <set>
+
+#include "blu/ops/factory.h"
+#include "blu/ops/view.h"
+#include "blu/optim/state_io.h"
+
+namespace blu::optim {
+
+std::vector<ParamGroup> decay_groups(const nn::NamedTensors& params, double weight_decay) {
+  ParamGroup decay{.params = {}, .weight_decay = weight_decay}, no_decay{.params = {}, .weight_decay = 0.0};
+  for (const auto& [name, p] : params) (p.dim() >= 2 ? decay : no_decay).params.emplace_back(name, p);
+  return {std::move(decay), std::move(no_decay)};
+}
+
+void Optimizer::zero_grad() {
+  for (auto& g : groups_)
+    for (auto& [name, p] : g.params) p.zero_grad();
+}
+
+namespace detail {
+
+std::vector<ParamRef> flatten_groups(const std::vector<ParamGroup>& groups, const char* optimizer) {
+  std::vector<ParamRef> out;
+  std::set<std::string> seen;
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    BLU_CHECK(std::isfinite(groups[gi].weight_decay) && groups[gi].weight_decay >= 0, optimizer, ": group ", gi,
+              " has weight_decay ", groups[gi].weight_decay, ", expected a finite value >= 0");
+    for (const auto& [name, p] : groups[gi].params) {
+      BLU_CHECK(p.defined(), optimizer, ": parameter '", name, "' is an undefined tensor");
+      BLU_CHECK(p.dtype() == DType::f32, optimizer, ": parameter '", name, "' is ", p.dtype(),
+                "; the optimizer keeps fp32 state and needs f32 parameters (no master copies yet)");
+      BLU_CHECK(!name.empty() && seen.insert(name).second, optimizer, ": parameter name '", name,
+                "' is empty or appears twice (state is keyed by name)");
+      out.push_back({name, p, groups[gi].weight_decay});
+    }
+  }
+  return out;
+}
+
+Tensor count_tensor(int64_t v) { return full({}, double(v), DType::i64); }
+
+int64_t read_count(const Tensor& t, const std::string& name) {
+  BLU_CHECK(t.defined() && t.numel() == 1 && t.dim() <= 1, "optimizer state '", name,
+            "': expected a 0-d count, got ", t.defined() ? t.str() : std::string("an undefined tensor"));
+  BLU_CHECK(t.dtype() == DType::i64 || t.dtype() == DType::i32 || t.dtype() == DType::f64, "optimizer state '",
+            name, "': expected dtype i64 (or f64), got ", t.dtype());
+  const double v = t.item();
+  BLU_CHECK(v >= 0 && v == std::floor(v) && v < 9.0e15, "optimizer state '", name,
+            "': expected a non-negative whole number, got ", v);
+  return int64_t(v);
+}
+
+Tensor f32_copy(const Tensor& src, const Tensor& like) {
+  Tensor dst = empty(like.shape(), DType::f32, like.device());
+  copy_(dst, src);
+  return dst;
+}
+
+ParsedState parse_state(const nn::NamedTensors& state, const std::vector<ParamRef>& params,
+                        const std::vector<StateKind>& kinds, const char* optimizer) {
+  std::map<std::string, size_t> param_index;
+  for (size_t i = 0; i < params.size(); ++i) param_index[params[i].name] = i;
+  ParsedState out;
+  out.per_param.assign(params.size(), {});
+  std::vector<std::vector<const std::pair<std::string, Tensor>*>> found(params.size(),
+                                                                       std::vector<const std::pair<std::string, Tensor>*>(kinds.size()));
+  bool have_step = false;
+  for (const auto& entry : state) {
+    const auto& [name, t] = entry;
+    if (name == "step") {
+      BLU_CHECK(!have_step, optimizer, " state: 'step' appears twice");
+      out.step = read_count(t, name);
+      have_step = true;
+      continue;
+    }
+    const size_t dot = name.find('.');
+    const std::string kind = dot == std::string::npos ? name : name.substr(0, dot);
+    size_t k = 0;
+    while (k < kinds.size() && kind != kinds[k].kind) ++k;
+    std::string known;
+    for (auto& sk : kinds) known += std::string(known.empty() ? "" : ", ") + sk.kind + ".<param>";
+    BLU_CHECK(k < kinds.size() && dot != std::string::npos, optimizer, " state: unexpected entry '", name,
+              "' (expected 'step'", known.empty() ? "" : " and ", known, ")");
+    const std::string pname = name.substr(dot + 1);
+    auto it = param_index.find(pname);
+    BLU_CHECK(it != param_index.end(), optimizer, " state: unexpected entry '", name, "': no parameter named '",
+              pname, "' in this optimizer");
+    const size_t pi = it->second;
+    BLU_CHECK(!found[pi][k], optimizer, " state: '", name, "' appears twice");
+    BLU_CHECK(t.defined(), optimizer, " state: '", name, "' is an undefined tensor");
+    if (kinds[k].scalar) {
+      read_count(t, name);
+    } else {
+      BLU_CHECK(is_floating(t.dtype()), optimizer, " state: '", name, "' must be a floating tensor, got ", t.dtype());
+      BLU_CHECK(t.shape() == params[pi].param.shape(), optimizer, " state: '", name, "' has shape ", t.shape(),
+                ", but parameter '", pname, "' has shape ", params[pi].param.shape());
+    }
+    found[pi][k] = &entry;
+  }
+  BLU_CHECK(have_step, optimizer, " state: missing 'step'");
+  for (size_t pi = 0; pi < params.size(); ++pi) {
+    size_t n = 0;
+    for (auto* e : found[pi]) n += e != nullptr;
+    if (n == 0) continue;  // never updated
+    for (size_t k = 0; k < kinds.size(); ++k) {
+      BLU_CHECK(found[pi][k], optimizer, " state: missing '", kinds[k].kind, ".", params[pi].name,
+                "' (the state has other entries for that parameter)");
+      out.per_param[pi].push_back(found[pi][k]->second);
+    }
+  }
+  return out;
+}
+
+}  // namespace detail
+
+}  // namespace blu::optim

@@ -1,0 +1,41 @@
+// optim/state_io (internal to optim/): the parts every optimizer shares — the flat list of
+// parameters behind its groups, and strict parsing of named state for load_state().
+// Depends on core/, nn/module.h (NamedTensors). Keep: parse_state checks everything and changes
+// nothing, so a load that fails leaves the optimizer as it was.
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "blu/optim/optimizer.h"
+
+namespace blu::optim::detail {
+
+struct ParamRef {
+  std::string name;
+  Tensor param;
+  double weight_decay;
+};
+// Every parameter of every group, in order. BLU_CHECK: defined, f32, names unique.
+std::vector<ParamRef> flatten_groups(const std::vector<ParamGroup>& groups, const char* optimizer);
+
+// One kind of per-parameter state: "<kind>.<param name>", shaped like the parameter or 0-d.
+struct StateKind {
+  const char* kind;
+  bool scalar;  // 0-d (a count) rather than the parameter's shape
+};
+struct ParsedState {
+  int64_t step = 0;
+  // per parameter (index into the flat list): one tensor per kind, or empty when it has no state
+  std::vector<std::vector<Tensor>> per_param;
+};
+ParsedState parse_state(const nn::NamedTensors& state, const std::vector<ParamRef>& params,
+                        const std::vector<StateKind>& kinds, const char* optimizer);
+
+// A 0-d i64 tensor holding v, and its inverse (accepts i64/f64/i32 holding an integral value).
+Tensor count_tensor(int64_t v);
+int64_t read_count(const Tensor& t, const std::string& name);
+// A fresh f32 copy of `src` on `like`'s device, shaped like `like`.
+Tensor f32_copy(const Tensor& src, const Tensor& like);
+
+}  // namespace blu::optim::detail

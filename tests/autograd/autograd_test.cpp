@@ -1,0 +1,150 @@
+// autograd: accumulation into leaves, retain_graph, no_grad, detach, hooks, fan-in (a leaf used
+// twice, a diamond), and the engine's errors (non-scalar root, integer leaves, a backward formula
+// that returns a gradient of the wrong shape).
+#include <gtest/gtest.h>
+
+#include "blu/backend/backend.h"
+#include "blu/blu.h"
+#include "blu/ops/dispatch.h"
+
+namespace blu {
+namespace {
+
+template <typename F>
+void expect_error(F&& f, std::initializer_list<std::string> parts) {
+  try {
+    f();
+    ADD_FAILURE() << "expected blu::Error";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    for (const auto& p : parts) EXPECT_NE(what.find(p), std::string::npos) << "'" << p << "' not in: " << what;
+  }
+}
+
+using Vec = std::vector<double>;
+
+TEST(Autograd, AccumulatesAcrossBackwardCalls) {
+  Tensor x = from_vector({1, 2, 3}, {3}).set_requires_grad();
+  sum(mul(x, 2.0)).backward();
+  EXPECT_EQ(to_vector(x.grad()), (Vec{2, 2, 2}));
+  sum(mul(x, x)).backward();  // a new graph: adds 2x
+  EXPECT_EQ(to_vector(x.grad()), (Vec{4, 6, 8}));
+  x.zero_grad();
+  EXPECT_FALSE(x.grad().defined());
+  sum(x).backward();
+  EXPECT_EQ(to_vector(x.grad()), (Vec{1, 1, 1}));
+}
+
+TEST(Autograd, RetainGraph) {
+  Tensor x = from_vector({1, 2}, {2}).set_requires_grad();
+  Tensor y = sum(mul(x, x));
+  y.backward();
+  expect_error([&] { y.backward(); }, {"second time", "retain_graph"});
+
+  Tensor z = sum(mul(x, x));
+  x.zero_grad();
+  z.backward(Tensor(), /*retain_graph=*/true);
+  EXPECT_EQ(to_vector(x.grad()), (Vec{2, 4}));
+  z.backward();
+  EXPECT_EQ(to_vector(x.grad()), (Vec{4, 8}));  // doubled
+}
+
+TEST(Autograd, NoGradAndDetach) {
+  Tensor x = from_vector({1, 2}, {2}).set_requires_grad();
+  {
+    NoGradGuard ng;
+    Tensor y = mul(x, 3.0);
+    EXPECT_FALSE(y.requires_grad());
+    EXPECT_EQ(y.grad_fn(), nullptr);
+    EXPECT_FALSE(GradMode::enabled());
+  }
+  EXPECT_TRUE(GradMode::enabled());
+  Tensor y = mul(x, 3.0);
+  EXPECT_TRUE(y.requires_grad());
+  EXPECT_NE(y.grad_fn(), nullptr);
+  EXPECT_FALSE(y.is_leaf());
+
+  Tensor d = y.detach();
+  EXPECT_FALSE(d.requires_grad());
+  EXPECT_TRUE(d.is_leaf());
+  EXPECT_EQ(d.storage(), y.storage());
+  // Only the path through y reaches x: the detached branch contributes nothing.
+  sum(add(mul(d, x), y)).backward();
+  EXPECT_EQ(to_vector(x.grad()), (Vec{3 + 3, 6 + 3}));  // d + 3
+  expect_error([&] { sum(d).backward(); }, {"does not require grad"});
+}
+
+TEST(Autograd, LeafHooksSeeTheAccumulatedGradOncePerBackward) {
+  Tensor x = from_vector({1, 2}, {2}).set_requires_grad();
+  std::vector<Vec> seen;
+  x.register_grad_hook([&](Tensor& g) { seen.push_back(to_vector(g)); });
+  sum(add(mul(x, 2.0), mul(x, 5.0))).backward();  // two paths, one accumulation
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0], (Vec{7, 7}));
+  sum(x).backward();
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[1], (Vec{8, 8}));  // accumulated, not just this call's gradient
+  expect_error([&] { mul(x, 2.0).register_grad_hook([](Tensor&) {}); }, {"leaves"});
+}
+
+TEST(Autograd, LeafUsedTwiceGetsTheSum) {
+  Tensor x = from_vector({-1, 0.5, 3}, {3}).set_requires_grad();
+  sum(mul(x, x)).backward();
+  EXPECT_EQ(to_vector(x.grad()), (Vec{-2, 1, 6}));
+}
+
+TEST(Autograd, Diamond) {
+  // a = 2x; b = a * 3; c = a * a; y = sum(b + c) → dy/dx = 2 * (3 + 2a) = 6 + 8x
+  Tensor x = from_vector({1, -2}, {2}).set_requires_grad();
+  Tensor a = mul(x, 2.0);
+  Tensor b = mul(a, 3.0);
+  Tensor c = mul(a, a);
+  sum(add(b, c)).backward();
+  EXPECT_EQ(to_vector(x.grad()), (Vec{14, -10}));
+}
+
+TEST(Autograd, FirstGradientIsAdoptedWithoutCopy) {
+  Tensor x = zeros({1000}).set_requires_grad();
+  Tensor y = mul(x, 3.0);
+  Tensor r = ones({1000});
+  const int64_t before = cpu_allocator().stats().allocs;
+  y.backward(r);
+  // The backward of mul-by-scalar makes one tensor, which the leaf keeps as its grad.
+  EXPECT_EQ(cpu_allocator().stats().allocs - before, 1);
+  EXPECT_EQ(to_vector(x.grad())[0], 3);
+  EXPECT_NE(x.grad().storage(), r.storage());
+}
+
+TEST(Autograd, Errors) {
+  Tensor x = from_vector({1, 2}, {2}).set_requires_grad();
+  expect_error([&] { mul(x, 2.0).backward(); }, {"1-element", "[2]"});
+  expect_error([&] { mul(x, 2.0).backward(ones({3})); }, {"gradient given", "[3]", "[2]"});
+  expect_error([&] { from_vector({1}, {1}, DType::i64).set_requires_grad(); }, {"floating", "i64"});
+  expect_error([&] { mul(x, 2.0).set_requires_grad(); }, {"leaf"});
+  Tensor y = from_vector({1, 2}, {2});
+  expect_error([&] { y.set_grad(zeros({3})); }, {"[3]", "[2]"});
+}
+
+// A deliberately broken op: identity forward, backward returns a gradient of the wrong shape.
+std::vector<TensorMeta> same_meta(std::span<const Tensor> in, const Attrs&) {
+  return {TensorMeta{in[0].shape(), in[0].dtype(), in[0].device()}};
+}
+std::vector<Tensor> wrong_shape_backward(const BackwardContext&, std::span<const Tensor> g) {
+  return {zeros({g[0].numel() + 1}, g[0].dtype(), g[0].device())};
+}
+const OpDef kBrokenIdentity{.name = "test_broken_identity", .infer = same_meta, .backward = wrong_shape_backward};
+void broken_identity_kernel(const KernelCall& c) { copy_(c.out[0], c.in[0]); }
+BLU_REGISTER_KERNEL(cpu, "test_broken_identity", broken_identity_kernel);
+
+TEST(Autograd, EngineRejectsWrongShapedGradient) {
+  Tensor x = from_vector({1, 2, 3}, {3}).set_requires_grad();
+  Tensor y = dispatch1(kBrokenIdentity, {x});
+  EXPECT_EQ(to_vector(y), (Vec{1, 2, 3}));
+  expect_error([&] { sum(y).backward(); }, {"test_broken_identity", "[4]", "[3]"});
+  // Through another op as well: the message names the op that made the bad gradient.
+  Tensor z = mul(dispatch1(kBrokenIdentity, {mul(x, 2.0)}), 1.0);
+  expect_error([&] { sum(z).backward(); }, {"backward of 'test_broken_identity'", "into 'mul_scalar'"});
+}
+
+}  // namespace
+}  // namespace blu

@@ -1,0 +1,233 @@
+// nn/module and nn/layers: registration order and dotted names, state dicts (round trip and the
+// strict errors), train/eval, to(dtype), zero_grad; the GPT-2 presets' parameter counts.
+#include <gtest/gtest.h>
+
+#include "blu/blu.h"
+#include "blu/nn/gpt.h"
+#include "blu/nn/layers.h"
+
+namespace blu::nn {
+namespace {
+
+class Tiny : public Module {
+ public:
+  Tiny() {
+    register_parameter("scale", scale, ones({3}));
+    fc = std::make_shared<Linear>(3, 2);
+    register_module("fc", fc);
+    register_buffer("steps", steps, zeros({1}, DType::i64));
+    inner = std::make_shared<ModuleList<LayerNorm>>();
+    inner->push_back(std::make_shared<LayerNorm>(2));
+    inner->push_back(std::make_shared<LayerNorm>(2, /*bias=*/false));
+    register_module("inner", inner);
+    drop = std::make_shared<Dropout>(0.5);
+    register_module("drop", drop);
+  }
+  Tensor scale, steps;
+  std::shared_ptr<Linear> fc;
+  std::shared_ptr<ModuleList<LayerNorm>> inner;
+  std::shared_ptr<Dropout> drop;
+};
+
+std::vector<std::string> names(const NamedTensors& nt) {
+  std::vector<std::string> out;
+  for (auto& [n, _] : nt) out.push_back(n);
+  return out;
+}
+
+void expect_throws_with(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an error mentioning '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(Module, RegistrationOrderAndNames) {
+  Tiny m;
+  EXPECT_EQ(names(m.named_parameters()),
+            (std::vector<std::string>{"scale", "fc.weight", "fc.bias", "inner.0.weight", "inner.0.bias",
+                                      "inner.1.weight"}));
+  EXPECT_EQ(names(m.named_buffers()), std::vector<std::string>{"steps"});
+  EXPECT_EQ(names(m.state_dict()).back(), "steps");
+  EXPECT_EQ(m.num_parameters(), 3 + 6 + 2 + 2 + 2 + 2);
+  for (auto& [n, p] : m.named_parameters()) {
+    EXPECT_TRUE(p.requires_grad()) << n;
+    EXPECT_TRUE(p.is_leaf()) << n;
+  }
+  // Handles: the parameter list shares the module's tensors.
+  EXPECT_TRUE(m.parameters()[1].is_same(m.fc->weight));
+}
+
+TEST(Module, StateDictRoundTrip) {
+  Tiny a, b;
+  Generator gen(3);
+  for (auto& p : a.parameters()) init_normal_(p, 1.0, gen);
+  {
+    NoGradGuard ng;
+    fill_(a.steps, 7);
+  }
+  b.load_state_dict(a.state_dict());
+  auto sa = a.state_dict(), sb = b.state_dict();
+  ASSERT_EQ(sa.size(), sb.size());
+  for (size_t i = 0; i < sa.size(); ++i) {
+    EXPECT_EQ(to_vector(sa[i].second), to_vector(sb[i].second)) << sa[i].first;
+    EXPECT_FALSE(sa[i].second.is_same(sb[i].second)) << "load copies values, it does not share tensors";
+  }
+  EXPECT_TRUE(b.fc->weight.requires_grad());
+}
+
+TEST(Module, StrictLoadErrorsChangeNothing) {
+  Tiny m;
+  const auto before = to_vector(m.fc->weight);
+  auto st = m.state_dict();
+  for (auto& [n, t] : st)
+    if (is_floating(t.dtype())) t = add(t.detach(), 1.0);
+
+  auto missing = st;
+  missing.erase(missing.begin() + 1);
+  expect_throws_with([&] { m.load_state_dict(missing); }, "missing 'fc.weight'");
+
+  auto extra = st;
+  extra.emplace_back("fc.extra", zeros({1}));
+  expect_throws_with([&] { m.load_state_dict(extra); }, "unexpected 'fc.extra'");
+
+  auto wrong = st;
+  wrong[4].second = zeros({3});  // inner.0.bias is [2]
+  expect_throws_with([&] { m.load_state_dict(wrong); }, "'inner.0.bias' has shape [3], expected [2]");
+
+  auto twice = st;
+  twice.push_back(st[0]);
+  expect_throws_with([&] { m.load_state_dict(twice); }, "'scale' appears twice");
+
+  EXPECT_EQ(to_vector(m.fc->weight), before);
+}
+
+TEST(Module, TrainEvalReachesEveryModule) {
+  Tiny m;
+  EXPECT_TRUE(m.is_training());
+  EXPECT_TRUE(m.drop->is_training());
+  m.eval();
+  EXPECT_FALSE(m.is_training());
+  EXPECT_FALSE(m.inner->is_training());
+  EXPECT_FALSE((*m.inner)[1].is_training());
+  Tensor x = ones({4, 8});
+  EXPECT_TRUE(m.drop->forward(x).is_same(x)) << "dropout is the identity in eval mode";
+  m.train();
+  EXPECT_TRUE(m.drop->is_training());
+}
+
+TEST(Module, ToDtypeKeepsLeavesAndNames) {
+  Tiny m;
+  Tensor old = m.fc->weight;
+  m.to(DType::f64);
+  EXPECT_EQ(m.fc->weight.dtype(), DType::f64);
+  EXPECT_FALSE(m.fc->weight.is_same(old));
+  EXPECT_EQ(m.steps.dtype(), DType::i64) << "integer buffers are not cast";
+  for (auto& [n, p] : m.named_parameters()) {
+    EXPECT_EQ(p.dtype(), DType::f64) << n;
+    EXPECT_TRUE(p.requires_grad() && p.is_leaf()) << n;
+  }
+  EXPECT_EQ(to_vector(m.fc->weight), to_vector(old));
+  m.to(kCPU);  // no-op
+  expect_throws_with([&] { m.to(DType::i32); }, "floating");
+}
+
+TEST(Module, ZeroGrad) {
+  Tiny m;
+  m.scale.set_grad(ones({3}));
+  m.zero_grad();
+  EXPECT_FALSE(m.scale.grad().defined());
+}
+
+TEST(Layers, InitNormalIsSeeded) {
+  Linear a(4, 5), b(4, 5);
+  Generator g1(11), g2(11);
+  init_normal_(a.weight, 0.02, g1);
+  init_normal_(b.weight, 0.02, g2);
+  EXPECT_EQ(to_vector(a.weight), to_vector(b.weight));
+  EXPECT_EQ(to_vector(a.bias), std::vector<double>(5, 0.0));
+  EXPECT_TRUE(a.weight.requires_grad());
+}
+
+TEST(GPTConfig, PresetsAndJson) {
+  auto d12 = GPTConfig::preset("d12");
+  EXPECT_EQ(d12.n_layer, 12);
+  EXPECT_EQ(GPTConfig::preset("d48").n_embd, 1600);
+  EXPECT_EQ(GPTConfig::from_json(d12.to_json()), d12);
+  expect_throws_with([] { GPTConfig::preset("d13"); }, "unknown preset 'd13'");
+  auto j = d12.to_json();
+  j["extra"] = 1;
+  expect_throws_with([&] { GPTConfig::from_json(j); }, "unknown key 'extra'");
+  j = d12.to_json();
+  j.erase("n_head");
+  expect_throws_with([&] { GPTConfig::from_json(j); }, "missing key 'n_head'");
+  auto bad = GPTConfig::preset("tiny");
+  bad.n_head = 5;
+  expect_throws_with([&] { GPT m(bad); }, "not a multiple of n_head");
+}
+
+TEST(GPT, ParameterNamesFollowHuggingFace) {
+  GPT m(GPTConfig::preset("tiny"));
+  auto n = names(m.named_parameters());
+  std::vector<std::string> want = {"wte.weight", "wpe.weight"};
+  for (int i = 0; i < 2; ++i) {
+    const std::string p = "h." + std::to_string(i) + ".";
+    for (const char* s : {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
+                          "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
+                          "mlp.c_proj.weight", "mlp.c_proj.bias"})
+      want.push_back(p + s);
+  }
+  want.push_back("ln_f.weight");
+  want.push_back("ln_f.bias");
+  EXPECT_EQ(n, want);
+  EXPECT_EQ(m.wte->weight.shape(), (Shape{128, 48}));
+  EXPECT_EQ(m.h->size(), 2);
+  EXPECT_EQ((*m.h)[0].attn->c_attn->weight.shape(), (Shape{144, 48}));
+}
+
+// GPT-2 124M has 124,439,808 parameters with its 50257-row wte; padding to 50304 rows adds
+// 47·768 = 36,096. Counted without building the model (the d12 weights are half a gigabyte).
+int64_t count_gpt_params(const GPTConfig& c) {
+  const int64_t C = c.n_embd;
+  const int64_t block = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (4 * C * C + 4 * C) + (4 * C * C + C);
+  return c.padded_vocab_size * C + c.block_size * C + c.n_layer * block + 2 * C;
+}
+
+TEST(GPT, ParameterCounts) {
+  EXPECT_EQ(count_gpt_params(GPTConfig::preset("d12")), 124'475'904);
+  GPTConfig unpadded = GPTConfig::preset("d12");
+  unpadded.padded_vocab_size = unpadded.vocab_size;
+  EXPECT_EQ(count_gpt_params(unpadded), 124'439'808);
+  // The model agrees with the formula (tiny builds in no time; d12 is built once, f32, ~0.5 GB).
+  EXPECT_EQ(GPT(GPTConfig::preset("tiny")).num_parameters(), count_gpt_params(GPTConfig::preset("tiny")));
+  EXPECT_EQ(GPT(GPTConfig::preset("d12")).num_parameters(), 124'475'904);
+}
+
+TEST(GPT, InitIsGpt2s) {
+  auto cfg = GPTConfig::preset("tiny");
+  cfg.n_layer = 4;
+  GPT a(cfg, 7), b(cfg, 7), c(cfg, 8);
+  EXPECT_EQ(to_vector(a.wte->weight), to_vector(b.wte->weight)) << "same seed, same init";
+  EXPECT_NE(to_vector(a.wte->weight), to_vector(c.wte->weight));
+  auto stddev = [](const Tensor& t) {
+    auto v = to_vector(t);
+    double s = 0;
+    for (double x : v) s += x * x;
+    return std::sqrt(s / double(v.size()));
+  };
+  EXPECT_NEAR(stddev(a.wpe->weight), 0.02, 0.002);
+  EXPECT_NEAR(stddev((*a.h)[0].mlp->c_fc->weight), 0.02, 0.001);
+  const double proj = 0.02 / std::sqrt(8.0);
+  EXPECT_NEAR(stddev((*a.h)[1].mlp->c_proj->weight), proj, 0.1 * proj);
+  EXPECT_NEAR(stddev((*a.h)[1].attn->c_proj->weight), proj, 0.1 * proj);
+  EXPECT_EQ(to_vector((*a.h)[0].attn->c_attn->bias), std::vector<double>(144, 0.0));
+  EXPECT_EQ(to_vector(a.ln_f->weight), std::vector<double>(48, 1.0));
+  // Real rows random, padded rows zero.
+  EXPECT_NEAR(stddev(narrow(a.wte->weight, 0, 0, 101)), 0.02, 0.002);
+  EXPECT_EQ(to_vector(narrow(a.wte->weight, 0, 101, 27)), std::vector<double>(27 * 48, 0.0));
+}
+
+}  // namespace
+}  // namespace blu::nn
