@@ -34,11 +34,11 @@ fi
 "$bin" train \
   --data-dir data/fortunes \
   --model demo \
-  --batch-size 8 --seq-len 128 \
-  --steps 300 --lr 1e-3 --min-lr 1e-4 --warmup 30 --schedule cosine \
+  --batch-size 4 --seq-len 128 \
+  --steps 200 --lr 2e-3 --min-lr 2e-4 --warmup 10 --schedule cosine \
   --weight-decay 0.1 --grad-clip 1.0 \
-  --val-every 100 --val-batches 10 \
-  --sample-every 100 --sample-tokens 48 \
+  --val-every 50 --val-batches 10 \
+  --sample-every 50 --sample-tokens 40 \
   --ckpt-every 100 --log-every 10 \
   --out runs/demo --overwrite \
   "$@"
