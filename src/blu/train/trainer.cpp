@@ -308,7 +308,10 @@ void Trainer::sample(int64_t step) {
   if (cb_.decode) {
     text = cb_.decode(ids);
   } else {
-    for (size_t i = 0; i < ids.size(); ++i) text += (i ? " " : "") + std::to_string(ids[i]);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i) text += ' ';
+      text += std::to_string(ids[i]);
+    }
   }
   if (cb_.log) *cb_.log << "--- sample at step " << step << " ---\n" << text << "\n---\n";
   metrics_.write({{"event", "sample"}, {"step", step}, {"text", text}});
@@ -369,10 +372,10 @@ TrainSummary Trainer::run() {
                     {"lr", s.lr},        {"norm", s.grad_norm},  {"ms", s.ms},
                     {"tok_per_s", s.tokens_per_s}, {"mem_bytes", s.mem_bytes}});
     if (cb_.on_step) cb_.on_step(s);
-    if (cb_.log && (step_ % o.log_every == 0 || step_ == o.steps || step_ == sum.start_step + 1))
+    const bool stopping = cb_.stop && cb_.stop->load();
+    if (cb_.log && (step_ % o.log_every == 0 || step_ == o.steps || step_ == sum.start_step + 1 || stopping))
       *cb_.log << format_progress_line(s) << "\n" << std::flush;
 
-    const bool stopping = cb_.stop && cb_.stop->load();
     if (val_loader_ && o.val_every > 0 && step_ % o.val_every == 0) run_eval();
     if (o.sample_every > 0 && step_ % o.sample_every == 0 && !stopping) sample(step_);
     if (o.ckpt_every > 0 && step_ % o.ckpt_every == 0 && step_ < o.steps) {
