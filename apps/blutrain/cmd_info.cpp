@@ -42,7 +42,7 @@ std::string blas_description() {
   auto config = reinterpret_cast<ConfigFn>(::dlsym(RTLD_DEFAULT, "openblas_get_config"));
   auto threads = reinterpret_cast<ThreadsFn>(::dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
   if (config) {
-    std::string s = std::string("OpenBLAS ") + config();
+    std::string s = config();  // "OpenBLAS 0.3.21 DYNAMIC_ARCH ..."
     if (threads) s += ", " + std::to_string(threads()) + " threads";
     return s;
   }
