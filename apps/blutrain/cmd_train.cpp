@@ -148,6 +148,9 @@ Command add_train(CLI::App& root) {
       ->capture_default_str();
   app->add_option("--seed", o.seed, "Seed of the model init, the default generator and samples")->capture_default_str();
   app->add_option("--device", o.device, "cpu or cuda[:N]")->capture_default_str();
+  app->add_option("--precision", o.precision, "fp32 (IEEE matmuls), tf32, bf16 or fp16 (16-bit compute over fp32 master weights; fp16 with dynamic loss scaling)")
+      ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}))
+      ->capture_default_str();
   // Run directory.
   app->add_option("--out", o.out, "Run directory: metrics.jsonl, run.json, checkpoints");
   app->add_flag("--overwrite", o.overwrite, "Replace the run in --out (removes its metrics, run.json, checkpoints)");

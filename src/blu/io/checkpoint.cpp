@@ -74,9 +74,7 @@ void add_tensors(SafeTensorsWriter& w, const nn::NamedTensors& tensors, const st
                  std::vector<Tensor>& keep, const char* what) {
   for (const auto& [name, t] : tensors) {
     BLU_CHECK(t.defined(), "save_checkpoint: ", what, " tensor '", name, "' is undefined");
-    BLU_CHECK(t.device().is_cpu(), "save_checkpoint: ", what, " tensor '", name, "' is on ", t.device(),
-              "; checkpoints are written from CPU tensors (copy to the CPU first)");
-    Tensor c = contiguous(t.detach());
+    Tensor c = contiguous(to_device(t.detach(), kCPU));  // device tensors are copied to the host
     keep.push_back(c);
     w.add(prefix + name, c.dtype(), c.shape(), {static_cast<const std::byte*>(c.raw_data()), c.nbytes()});
   }

@@ -81,7 +81,7 @@ void Module::load_state_dict(const NamedTensors& state) {
   }
   for (auto& [name, _] : state) BLU_CHECK(known.count(name), "load_state_dict: unexpected '", name, "'");
   NoGradGuard no_grad;
-  for (auto& [name, t] : mine) copy_(t, given.at(name)->detach());
+  for (auto& [name, t] : mine) copy_(t, to_device(given.at(name)->detach(), t.device()));
 }
 
 int64_t Module::num_parameters() const {

@@ -57,7 +57,7 @@ int64_t read_count(const Tensor& t, const std::string& name) {
 
 Tensor f32_copy(const Tensor& src, const Tensor& like) {
   Tensor dst = empty(like.shape(), DType::f32, like.device());
-  copy_(dst, src);
+  copy_(dst, to_device(src, like.device()));
   return dst;
 }
 

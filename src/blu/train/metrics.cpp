@@ -54,7 +54,9 @@ std::string format_progress_line(const StepStats& s) {
   std::snprintf(buf, sizeof buf, "step %*lld/%lld | loss %.4f | lr %.2e | norm %.2f | %.1f ms | %.0f tok/s | mem %s", w,
                 static_cast<long long>(s.step), static_cast<long long>(s.total_steps), s.loss, s.lr, s.grad_norm, s.ms,
                 s.tokens_per_s, format_bytes(s.mem_bytes).c_str());
-  return buf;
+  std::string line = buf;
+  if (s.skipped >= 0) line += " | skipped " + std::to_string(s.skipped);
+  return line;
 }
 
 void print_parameter_table(std::ostream& os, const nn::NamedTensors& params) {

@@ -25,6 +25,7 @@ struct StepStats {
   double tokens_per_s = 0;
   int64_t tokens = 0;       // tokens processed by this step (B * T * grad_accum)
   int64_t mem_bytes = 0;    // allocator peak during the step
+  int64_t skipped = -1;     // fp16: steps skipped for inf/NaN gradients so far (-1: not fp16)
 };
 
 // "step  12/200 | loss 4.1234 | lr 3.00e-04 | norm 1.23 | 152.3 ms | 3360 tok/s | mem 210 MiB"

@@ -12,6 +12,7 @@
 #include "blu/core/error.h"
 #include "blu/core/grad_mode.h"
 #include "blu/io/checkpoint.h"
+#include "blu/ops/precision.h"
 #include "blu/memory/allocator.h"
 #include "blu/ops/elementwise.h"
 #include "blu/ops/factory.h"
@@ -97,7 +98,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"steps", steps},                 {"lr", lr},                     {"min_lr", min_lr},
           {"warmup", warmup},               {"schedule", schedule},         {"weight_decay", weight_decay},
           {"grad_clip", grad_clip},         {"optimizer", optimizer},       {"seed", seed},
-          {"device", device},               {"out", out},                   {"val_every", val_every},
+          {"device", device},               {"precision", precision},       {"out", out},                   {"val_every", val_every},
           {"val_batches", val_batches},     {"sample_every", sample_every}, {"sample_tokens", sample_tokens},
           {"sample_temperature", sample_temperature}, {"sample_top_k", sample_top_k},
           {"ckpt_every", ckpt_every},       {"keep_last", keep_last},       {"log_every", log_every}};
@@ -212,6 +213,8 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   model_ = std::make_unique<nn::GPT>(o.model, o.seed);
   if (!device_.is_cpu()) model_->to(device_);
   model_->train();
+  apply_precision(*model_, o.precision);
+  if (o.precision == "fp16") scaler_ = std::make_unique<optim::LossScaler>();
   auto groups = optim::decay_groups(model_->named_parameters(), o.weight_decay);
   if (o.optimizer == "adamw") {
     optim::AdamWOptions a;
@@ -265,6 +268,18 @@ void Trainer::print_header() {
   os.flush();
 }
 
+void apply_precision(nn::GPT& model, const std::string& precision) {
+  if (precision == "fp32" || precision == "tf32") {
+    set_matmul_precision(precision == "tf32" ? "tf32" : "ieee");
+  } else if (precision == "bf16") {
+    model.set_compute_dtype(DType::bf16);
+  } else if (precision == "fp16") {
+    model.set_compute_dtype(DType::f16);
+  } else {
+    BLU_CHECK(false, "unknown precision '", precision, "' (expected fp32, tf32, bf16 or fp16)");
+  }
+}
+
 double Trainer::train_step(StepStats& s) {
   const TrainOptions& o = opt_s_;
   opt_->zero_grad();
@@ -274,10 +289,21 @@ double Trainer::train_step(StepStats& s) {
     const auto out = model_->forward(ids_tensor(b.inputs, o.batch_size, o.seq_len, device_),
                                      ids_tensor(b.targets, o.batch_size, o.seq_len, device_));
     loss_sum += scalar_value(out.loss);
-    // Gradients of the mean over all micro-batches: each micro-batch's loss scaled by 1/grad_accum.
-    const Tensor scaled = o.grad_accum > 1 ? mul(out.loss, 1.0 / double(o.grad_accum)) : out.loss;
+    // Gradients of the mean over all micro-batches: each micro-batch's loss scaled by 1/grad_accum
+    // (and by the fp16 loss scale).
+    const double factor = (scaler_ ? scaler_->scale() : 1.0) / double(o.grad_accum);
+    const Tensor scaled = factor != 1.0 ? mul(out.loss, factor) : out.loss;
     scaled.backward();
   }
+  if (scaler_ && !scaler_->unscale_and_check(model_->parameters())) {
+    // fp16 overflow: no update this step; the scale has backed off.
+    s.skipped = scaler_->skipped_steps();
+    s.lr = schedule_.at(step_);
+    s.loss = loss_sum / double(o.grad_accum);
+    s.grad_norm = std::numeric_limits<double>::infinity();
+    return s.loss;
+  }
+  if (scaler_) s.skipped = scaler_->skipped_steps();
   const double max_norm = o.grad_clip > 0 ? o.grad_clip : std::numeric_limits<double>::infinity();
   s.grad_norm = optim::clip_grad_norm(model_->parameters(), max_norm);
   s.lr = schedule_.at(step_);

@@ -25,6 +25,7 @@
 #include "blu/core/rng.h"
 #include "blu/data/loader.h"
 #include "blu/nn/gpt.h"
+#include "blu/optim/loss_scaler.h"
 #include "blu/optim/optimizer.h"
 #include "blu/train/metrics.h"
 
@@ -42,6 +43,9 @@ struct TrainOptions {
   std::string optimizer = "adamw";             // adamw | sgd
   uint64_t seed = 1337;                         // model init, default generator, sampling
   std::string device = "cpu";
+  // fp32 (IEEE matmuls) | tf32 | bf16 | fp16: bf16/fp16 run activations and matmuls in 16 bits
+  // over fp32 master weights and optimizer state; fp16 adds dynamic loss scaling.
+  std::string precision = "fp32";
   std::string out;  // run directory; "" writes nothing (no metrics, no checkpoints)
   bool overwrite = false, resume = false;
   int64_t val_every = 0, val_batches = 20;      // 0: never (a final validation still runs when val data exists)
@@ -86,6 +90,9 @@ std::string resolve_checkpoint(const std::string& file_or_run_dir);
 // loaded, on `device`, in eval mode.
 std::unique_ptr<nn::GPT> load_gpt(const std::string& checkpoint, Device device);
 
+// Sets the model's compute dtype and the matmul precision for a --precision name.
+void apply_precision(nn::GPT& model, const std::string& precision);
+
 // The run directory already holds a run: a metrics file or checkpoints.
 bool holds_run(const std::string& dir);
 
@@ -117,6 +124,7 @@ class Trainer {
   std::unique_ptr<nn::GPT> model_;
   std::unique_ptr<optim::Optimizer> opt_;
   optim::LRSchedule schedule_;
+  std::unique_ptr<optim::LossScaler> scaler_;  // fp16 only
   std::unique_ptr<DataLoader> train_loader_, val_loader_;
   MetricsLog metrics_;
   int64_t step_ = 0;

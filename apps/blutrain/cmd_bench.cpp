@@ -1,0 +1,103 @@
+// `blutrain bench`: times GPT training steps on random tokens the way ../shared/peers/torch_gpt2.py
+// does (forward, backward, clip at 1.0, AdamW, zero grads; the step ends when its loss is on the
+// host) and prints one JSON line: tok/s and ms of the median step after warm-up, MFU against a
+// given peak, and the allocator's peak memory.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "blu/blu.h"
+#include "blu/nn/gpt.h"
+#include "blu/optim/loss_scaler.h"
+#include "blu/optim/optimizer.h"
+#include "blu/train/model_presets.h"
+#include "blu/train/trainer.h"
+#include "commands.h"
+
+namespace blu::cli {
+
+namespace {
+
+struct BenchOptions {
+  std::string model = "d12", device = "cuda", precision = "bf16";
+  int64_t batch = 16, seq = 1024, steps = 24;
+  double peak_tflops = 0;  // the GPU's measured bf16 (or tf32/fp32) matmul peak, for MFU
+};
+
+int run_bench(const BenchOptions& o) {
+  const Device dev(o.device);
+  nn::GPTConfig cfg = train::model_preset(o.model);
+  cfg.block_size = std::max(cfg.block_size, o.seq);
+  nn::GPT model(cfg, 0);
+  model.to(dev);
+  model.train();
+  train::apply_precision(model, o.precision);
+  optim::LossScaler scaler;
+  const bool fp16 = o.precision == "fp16";
+  optim::AdamWOptions ao;
+  ao.lr = 6e-4;
+  auto opt = optim::make_adamw(optim::decay_groups(model.named_parameters(), 0.1), ao);
+  const auto params = model.parameters();
+  Generator gen(1);
+  allocator_for(dev).reset_peak();
+  std::vector<double> ms;
+  double first_loss = 0, last_loss = 0;
+  for (int64_t i = 0; i < o.steps; ++i) {
+    Tensor x = randint(0, cfg.vocab_size, {o.batch, o.seq}, DType::i64, dev, &gen);
+    Tensor y = randint(0, cfg.vocab_size, {o.batch, o.seq}, DType::i64, dev, &gen);
+    (void)to_vector(sum(x));  // the previous step and the batch are done before the clock starts
+    const auto t0 = std::chrono::steady_clock::now();
+    nn::GPTOutput out = model.forward(x, y);
+    (fp16 ? mul(out.loss, scaler.scale()) : out.loss).backward();
+    if (!fp16 || scaler.unscale_and_check(params)) {
+      optim::clip_grad_norm(params, 1.0);
+      opt->step();
+    }
+    opt->zero_grad();
+    const double loss = to_vector(to_dtype(out.loss, DType::f32))[0];  // synchronises
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    if (i == 0) first_loss = loss;
+    last_loss = loss;
+  }
+  std::vector<double> warm(ms.begin() + std::min<int64_t>(std::max<int64_t>(3, o.steps / 4), int64_t(ms.size()) - 1),
+                           ms.end());
+  std::sort(warm.begin(), warm.end());
+  const double med = warm[warm.size() / 2];
+  const double tok_s = double(o.batch * o.seq) / (med / 1e3);
+  // Training FLOPs per token: 6 per parameter (embeddings included, as the tied head is a matmul)
+  // plus attention's 12·L·C·T (PaLM's estimate; causal masking is not subtracted).
+  const double n_params = double(model.num_parameters()) - double(cfg.block_size * cfg.n_embd);
+  const double flops_tok = 6.0 * n_params + 12.0 * double(cfg.n_layer * cfg.n_embd * o.seq);
+  const AllocatorStats st = allocator_for(dev).stats();
+  nlohmann::json j = {{"impl", "blutrain-" BLU_VERSION}, {"mode", o.precision},  {"B", o.batch},
+                      {"T", o.seq},                       {"steps", o.steps},     {"step_ms", med},
+                      {"tok_s", std::round(tok_s)},       {"peak_alloc_mib", st.peak_bytes >> 20},
+                      {"peak_reserved_mib", st.reserved_bytes >> 20},
+                      {"first_loss", first_loss},         {"last_loss", last_loss}};
+  if (o.peak_tflops > 0) j["mfu"] = tok_s * flops_tok / (o.peak_tflops * 1e12);
+  if (fp16) j["skipped_steps"] = scaler.skipped_steps();
+  std::cout << j.dump() << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+Command add_bench(CLI::App& root) {
+  auto o = std::make_shared<BenchOptions>();
+  CLI::App* app = root.add_subcommand("bench", "Time GPT training steps on random tokens (one JSON line)");
+  app->add_option("--model", o->model, "Model preset (d12 = GPT-2 124M)")->capture_default_str();
+  app->add_option("-B,--batch-size", o->batch, "Batch size")->capture_default_str();
+  app->add_option("-T,--seq-len", o->seq, "Sequence length")->capture_default_str();
+  app->add_option("--steps", o->steps, "Steps (the first quarter, at least 3, are warm-up)")->capture_default_str();
+  app->add_option("--device", o->device, "cpu or cuda[:N]")->capture_default_str();
+  app->add_option("--precision", o->precision, "fp32 | tf32 | bf16 | fp16")
+      ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}))
+      ->capture_default_str();
+  app->add_option("--peak-tflops", o->peak_tflops, "The GPU's measured matmul peak for this precision (MFU)");
+  return {app, [o] { return run_bench(*o); }};
+}
+
+}  // namespace blu::cli

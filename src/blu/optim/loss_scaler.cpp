@@ -1,0 +1,36 @@
+#include "blu/optim/loss_scaler.h"
+
+#include <cmath>
+
+#include "blu/core/grad_mode.h"
+#include "blu/ops/elementwise.h"
+#include "blu/ops/factory.h"
+#include "blu/ops/reduce.h"
+#include "blu/ops/view.h"
+
+namespace blu::optim {
+
+bool LossScaler::unscale_and_check(const std::vector<Tensor>& params) {
+  NoGradGuard no_grad;
+  // One device-side sum of |g| per tensor (inf/NaN propagate), one number to the host.
+  Tensor total;
+  for (const Tensor& p : params) {
+    Tensor g = p.defined() ? p.grad() : Tensor();
+    if (!g.defined()) continue;
+    mul_(g, 1.0 / scale_);
+    Tensor s = sum(abs(to_dtype(g, DType::f32)));
+    total = total.defined() ? add(total, s) : s;
+  }
+  const bool finite = !total.defined() || std::isfinite(to_vector(total)[0]);
+  if (!finite) {
+    scale_ *= 0.5;
+    good_ = 0;
+    ++skipped_;
+  } else if (++good_ >= growth_interval_) {
+    scale_ *= 2.0;
+    good_ = 0;
+  }
+  return finite;
+}
+
+}  // namespace blu::optim
