@@ -1,0 +1,373 @@
+// backend/cuda/copy: CUDA kernels for the copy family — to_device (host <-> device <-> device),
+// copy_, clone, cast — and the factories empty, fill_, arange. Conversions follow the CPU kernels
+// bit for bit (backend/cpu/elementwise.cpp, core/dtype.h): a value goes through the source's
+// arithmetic type (float for bf16/f16) and is then converted to the destination; 16-bit floats
+// round to nearest even, NaN becoming the CPU's quiet NaN; double -> bf16/f16 goes through float.
+// Float -> integer conversions that overflow are undefined in C++; here they give what x86 gives
+// the CPU reference (the "integer indefinite" value), so both backends agree on every input.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstring>
+#include <type_traits>
+
+#include "blu/backend/backend.h"
+#include "blu/backend/cuda/runtime.h"
+#include "blu/backend/cuda/strided.cuh"
+#include "blu/memory/cuda_allocator.h"
+
+namespace blu::cuda {
+
+namespace {
+
+// Storage types as kernels see them: the 16-bit floats are their bits.
+struct Bf16Bits {
+  uint16_t bits;
+};
+struct F16Bits {
+  uint16_t bits;
+};
+template <typename T> struct device_type { using type = T; };
+template <> struct device_type<bf16> { using type = Bf16Bits; };
+template <> struct device_type<f16> { using type = F16Bits; };
+template <typename T> using device_t = typename device_type<T>::type;
+
+// The arithmetic type of a storage type (backend/cpu/loops.h acc_t).
+template <typename T> struct acc_type { using type = T; };
+template <> struct acc_type<Bf16Bits> { using type = float; };
+template <> struct acc_type<F16Bits> { using type = float; };
+template <typename T> using acc_t = typename acc_type<T>::type;
+
+__device__ __forceinline__ float bits_to_float(uint32_t u) { return __uint_as_float(u); }
+
+__device__ __forceinline__ float to_acc(Bf16Bits x) { return bits_to_float(uint32_t(x.bits) << 16); }
+__device__ __forceinline__ float to_acc(F16Bits x) {
+  // NaN keeps its payload, as core/dtype's f16::to_float does (the hardware may canonicalise it).
+  if ((x.bits & 0x7c00u) == 0x7c00u && (x.bits & 0x3ffu))
+    return bits_to_float((uint32_t(x.bits & 0x8000u) << 16) | 0x7f800000u | (uint32_t(x.bits & 0x3ffu) << 13));
+  return __half2float(__ushort_as_half(x.bits));
+}
+template <typename T>
+__device__ __forceinline__ T to_acc(T x) {
+  return x;
+}
+
+// double <-> float with x86's NaN handling (payload kept, quiet bit set); the hardware would
+// return a canonical NaN instead.
+__device__ __forceinline__ float narrow_to_float(double d) {
+  if (d != d) {
+    const uint64_t u = uint64_t(__double_as_longlong(d));
+    return bits_to_float(uint32_t(u >> 32 & 0x80000000u) | 0x7fc00000u | uint32_t(u >> 29 & 0x3fffffu));
+  }
+  return __double2float_rn(d);
+}
+__device__ __forceinline__ double widen_to_double(float f) {
+  if (f != f) {
+    const uint64_t u = __float_as_uint(f);
+    return __longlong_as_double(int64_t((u & 0x80000000u) << 32 | 0x7ff8000000000000ull | (u & 0x3fffffu) << 29));
+  }
+  return double(f);
+}
+
+// float -> 16-bit, as core/dtype.h rounds (RNE; the intrinsics agree except on NaN).
+__device__ __forceinline__ Bf16Bits make_bf16(float f) {
+  if (f != f) return Bf16Bits{0x7fc0};
+  return Bf16Bits{__bfloat16_as_ushort(__float2bfloat16_rn(f))};
+}
+__device__ __forceinline__ F16Bits make_f16(float f) {
+  if (f != f) return F16Bits{uint16_t((__float_as_uint(f) >> 16 & 0x8000u) | 0x7e00u)};
+  return F16Bits{__half_as_ushort(__float2half_rn(f))};
+}
+
+// Truncation to a signed integer; NaN and out-of-range give the minimum (x86 cvtt*2si).
+template <typename I, typename F>
+__device__ __forceinline__ I x86_truncate(F x) {
+  constexpr F lim = F(uint64_t(1) << (sizeof(I) * 8 - 1));  // 2^31 or 2^63, exact in float/double
+  if (!(x >= -lim && x < lim)) return I(uint64_t(1) << (sizeof(I) * 8 - 1));
+  return I(x);
+}
+
+// The CPU's Out(acc) for an arithmetic value `a` (float, double or an integer).
+template <typename Out, typename A>
+__device__ __forceinline__ Out from_acc(A a) {
+  if constexpr (std::is_same_v<Out, bool>) {
+    return a != A(0);
+  } else if constexpr (std::is_same_v<Out, Bf16Bits> || std::is_same_v<Out, F16Bits>) {
+    float f;
+    if constexpr (std::is_same_v<A, double>)
+      f = narrow_to_float(a);
+    else if constexpr (std::is_same_v<A, float>)
+      f = a;
+    else
+      f = float(a);  // integers round to nearest, like the CPU's implicit conversion
+    if constexpr (std::is_same_v<Out, Bf16Bits>)
+      return make_bf16(f);
+    else
+      return make_f16(f);
+  } else if constexpr (std::is_same_v<Out, float> && std::is_same_v<A, double>) {
+    return narrow_to_float(a);
+  } else if constexpr (std::is_same_v<Out, double> && std::is_same_v<A, float>) {
+    return widen_to_double(a);
+  } else if constexpr (std::is_floating_point_v<A> && std::is_integral_v<Out>) {
+    if constexpr (sizeof(Out) == 8)
+      return Out(x86_truncate<int64_t>(a));
+    else
+      return Out(x86_truncate<int32_t>(a));  // i32, and u8 as the low byte of an i32 (as gcc does)
+  } else {
+    return Out(a);
+  }
+}
+
+template <typename Out, typename In>
+__device__ __forceinline__ Out convert(In x) {
+  if constexpr (std::is_same_v<In, bool> && !std::is_same_v<Out, bool>)
+    return from_acc<Out>(acc_t<Out>(x ? 1 : 0));
+  else
+    return from_acc<Out>(to_acc(x));
+}
+
+constexpr int kThreads = 256;
+
+// dst[dl(i)] = convert(src[sl(i)]) for i < n.
+template <typename Out, typename In>
+__global__ void convert_kernel(Out* __restrict__ dst, StridedLayout dl, const In* __restrict__ src, StridedLayout sl,
+                               int64_t n, bool contiguous) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    if (contiguous)
+      dst[i] = convert<Out>(src[i]);
+    else
+      dst[dl.offset(i)] = convert<Out>(src[sl.offset(i)]);
+  }
+}
+
+// Same dtype: moves the bits (as the unsigned integer of the element's width).
+template <typename U>
+__global__ void gather_kernel(U* __restrict__ dst, StridedLayout dl, const U* __restrict__ src, StridedLayout sl, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[dl.offset(i)] = src[sl.offset(i)];
+}
+
+template <typename U>
+__global__ void fill_kernel(U* __restrict__ dst, StridedLayout dl, U value, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[dl.offset(i)] = value;
+}
+
+template <typename Out>
+__global__ void arange_kernel(Out* __restrict__ dst, double start, double step, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = from_acc<Out>(__dadd_rn(start, __dmul_rn(double(i), step)));  // no FMA: as the CPU rounds
+}
+
+// Runs f with U = the unsigned type of `size` bytes.
+template <typename F>
+void with_width(size_t size, F&& f) {
+  switch (size) {
+    case 1: f(uint8_t{}); break;
+    case 2: f(uint16_t{}); break;
+    case 4: f(uint32_t{}); break;
+    case 8: f(uint64_t{}); break;
+    default: BLU_ASSERT(false, "element size ", size);
+  }
+}
+
+// dst (any layout, on the device) = src (any layout broadcasting to dst, on the same device),
+// converting dtypes. Launched on the current stream.
+void strided_copy(const Tensor& dst, const Tensor& src) {
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  const auto layouts = coalesced_layouts<2>(dst.shape(), {dst.strides(), broadcast_strides_to(src, dst.shape())});
+  const StridedLayout& dl = layouts[0];
+  const StridedLayout& sl = layouts[1];
+  const bool contiguous = dl.contiguous() && sl.contiguous();
+  cudaStream_t stream = current_stream();
+  if (dst.dtype() == src.dtype()) {
+    if (contiguous) {
+      BLU_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(), cudaMemcpyDeviceToDevice, stream));
+      return;
+    }
+    with_width(dst.itemsize(), [&](auto u) {
+      using U = decltype(u);
+      gather_kernel<U><<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<U*>(dst.raw_data()), dl,
+                                                                      static_cast<const U*>(src.raw_data()), sl, n);
+      BLU_CUDA_CHECK_LAUNCH();
+    });
+    return;
+  }
+  BLU_DISPATCH_ALL(dst.dtype(), "copy", {
+    using Out = device_t<scalar_t>;
+    BLU_DISPATCH_ALL(src.dtype(), "copy", {
+      using In = device_t<scalar_t>;
+      convert_kernel<Out, In><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+          static_cast<Out*>(dst.raw_data()), dl, static_cast<const In*>(src.raw_data()), sl, n, contiguous);
+      BLU_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+// copy_(dst, src), clone(x), cast(x): in[1] (or in[0]) into out[0].
+void copy_kernel(const KernelCall& c) {
+  const Tensor& src = c.in.size() > 1 ? c.in[1] : c.in[0];
+  BLU_CHECK(src.device() == c.out[0].device(), c.op, ": source on ", src.device(), ", destination on ",
+            c.out[0].device(), " (use to_device)");
+  strided_copy(c.out[0], src);
+}
+
+void empty_kernel(const KernelCall&) {}
+
+void fill_kernel_host(const KernelCall& c) {
+  const Tensor& t = c.out[0];
+  const int64_t n = t.numel();
+  if (n == 0) return;
+  // The element's bits, made on the host by the very conversion the CPU kernel uses.
+  uint64_t pattern = 0;
+  const double v = c.attrs.f("value");
+  BLU_DISPATCH_ALL(t.dtype(), "fill_", {
+    const scalar_t x = scalar_t(v);
+    std::memcpy(&pattern, &x, sizeof x);
+  });
+  cudaStream_t stream = current_stream();
+  const size_t w = t.itemsize();
+  bool bytes_alike = true;
+  for (size_t b = 1; b < w; ++b) bytes_alike &= (pattern >> 8 * b & 0xff) == (pattern & 0xff);
+  if (t.is_contiguous() && bytes_alike) {
+    BLU_CUDA_CHECK(cudaMemsetAsync(t.raw_data(), int(pattern & 0xff), t.nbytes(), stream));
+    return;
+  }
+  const StridedLayout dl = coalesced_layouts<1>(t.shape(), {t.strides()})[0];
+  with_width(w, [&](auto u) {
+    using U = decltype(u);
+    fill_kernel<U><<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<U*>(t.raw_data()), dl, U(pattern), n);
+    BLU_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void arange_kernel_host(const KernelCall& c) {
+  const Tensor& t = c.out[0];
+  const int64_t n = t.numel();
+  if (n == 0) return;
+  const double start = c.attrs.f("start"), step = c.attrs.f("step");
+  cudaStream_t stream = current_stream();
+  BLU_DISPATCH_ALL(t.dtype(), "arange", {
+    using Out = device_t<scalar_t>;
+    arange_kernel<Out><<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<Out*>(t.raw_data()), start, step, n);
+    BLU_CUDA_CHECK_LAUNCH();
+  });
+}
+
+// Makes `device` current for a scope.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) : prev_(current_device()) {
+    if (prev_ != device) set_device(device);
+  }
+  ~DeviceGuard() {
+    if (current_device_nothrow() != prev_) cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  static int current_device_nothrow() {
+    int d = -1;
+    return cudaGetDevice(&d) == cudaSuccess ? d : -1;
+  }
+  int prev_;
+};
+
+// Host copy of any layout into contiguous `dst` (element by element, innermost dim in a run).
+void host_gather(void* dst, const Tensor& src) {
+  const size_t w = src.itemsize();
+  const int64_t n = src.numel();
+  if (src.is_contiguous()) {
+    std::memcpy(dst, src.raw_data(), size_t(n) * w);
+    return;
+  }
+  const StridedLayout sl = coalesced_layouts<1>(src.shape(), {src.strides()})[0];
+  with_width(w, [&](auto u) {
+    using U = decltype(u);
+    const U* s = static_cast<const U*>(src.raw_data());
+    U* d = static_cast<U*>(dst);
+    const int nd = sl.ndim;
+    const int64_t inner = nd ? sl.shape[nd - 1] : 1, istride = nd ? sl.strides[nd - 1] : 0;
+    int64_t coord[StridedLayout::kMaxDims] = {};
+    int64_t base = 0;
+    for (int64_t row = 0; row * inner < n; ++row) {
+      for (int64_t j = 0; j < inner; ++j) d[row * inner + j] = s[base + j * istride];
+      for (int k = nd - 2; k >= 0; --k) {  // next row
+        base += sl.strides[k];
+        if (++coord[k] < sl.shape[k]) break;
+        base -= coord[k] * sl.strides[k];
+        coord[k] = 0;
+      }
+    }
+  });
+}
+
+// A contiguous device copy of `src` (itself when already contiguous); `keep` owns the new bytes.
+const void* contiguous_on_device(const Tensor& src, DataPtr& keep) {
+  if (src.is_contiguous()) return src.raw_data();
+  keep = allocator_for(src.device()).allocate(src.nbytes());
+  auto storage = std::make_shared<Storage>(DataPtr(keep.get(), keep.nbytes(), keep.device(), nullptr, nullptr));
+  strided_copy(Tensor(storage, src.shape(), contiguous_strides(src.shape()), 0, src.dtype()), src);
+  return keep.get();
+}
+
+void to_device_kernel(const KernelCall& c) {
+  const Tensor& src = c.in[0];
+  const Tensor& dst = c.out[0];
+  BLU_ASSERT(dst.is_contiguous() && dst.dtype() == src.dtype() && dst.shape() == src.shape(), "to_device: output ",
+             dst.str(), " for input ", src.str());
+  const size_t nbytes = dst.nbytes();
+  if (nbytes == 0) return;
+  const Device from = src.device(), to = dst.device();
+
+  if (from.is_cpu()) {
+    // Host -> device through pinned staging: the DMA runs asynchronously on the current stream,
+    // and the staging block returns to the pinned cache once the stream has passed the copy.
+    BLU_ASSERT(to.is_cuda(), "to_device: ", from, " -> ", to);
+    DeviceGuard g(to.index);
+    cudaStream_t stream = current_stream();
+    PinnedAllocator& pinned = pinned_allocator();
+    DataPtr staging = pinned.allocate(nbytes);
+    host_gather(staging.get(), src);
+    BLU_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), staging.get(), nbytes, cudaMemcpyHostToDevice, stream));
+    pinned.record_stream(staging.get(), stream);
+    return;
+  }
+
+  DeviceGuard g(from.index);
+  DataPtr tmp;
+  if (to.is_cpu()) {
+    // Device -> host: the host reads the result as soon as we return, so wait for the stream.
+    cudaStream_t stream = current_stream();
+    const void* p = contiguous_on_device(src, tmp);
+    BLU_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), p, nbytes, cudaMemcpyDeviceToHost, stream));
+    BLU_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return;
+  }
+  if (from == to) {
+    strided_copy(dst, src);
+    return;
+  }
+  // Between two devices (rare: data parallelism uses NCCL). Ordered conservatively: the source
+  // stream finishes first, the copy runs on the destination's stream and is waited for.
+  const void* p = contiguous_on_device(src, tmp);
+  BLU_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
+  DeviceGuard g2(to.index);
+  cudaStream_t stream = current_stream();
+  BLU_CUDA_CHECK(cudaMemcpyPeerAsync(dst.raw_data(), to.index, p, from.index, nbytes, stream));
+  BLU_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+}  // namespace
+
+BLU_REGISTER_KERNEL(cuda, "to_device", to_device_kernel);
+BLU_REGISTER_KERNEL(cuda, "copy_", copy_kernel);
+BLU_REGISTER_KERNEL(cuda, "clone", copy_kernel);
+BLU_REGISTER_KERNEL(cuda, "cast", copy_kernel);
+BLU_REGISTER_KERNEL(cuda, "empty", empty_kernel);
+BLU_REGISTER_KERNEL(cuda, "fill_", fill_kernel_host);
+BLU_REGISTER_KERNEL(cuda, "arange", arange_kernel_host);
+
+}  // namespace blu::cuda
