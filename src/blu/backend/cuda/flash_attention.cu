@@ -169,13 +169,13 @@ __global__ void __launch_bounds__(kFwdThreads) flash_fwd_mma_kernel(FlashFwdPara
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float msub = mx == kNegInf ? 0.f : mx * sl2;  // a fully masked row so far stays at 0
-      const float alpha = exp2f(m[r] * sl2 - msub);
+      const float alpha = fast_exp2(m[r] * sl2 - msub);
       m[r] = mx;
       float rs = 0.f;
 #pragma unroll
       for (int j = 0; j < BK / 8; ++j) {
-        s[j][2 * r] = exp2f(s[j][2 * r] * sl2 - msub);
-        s[j][2 * r + 1] = exp2f(s[j][2 * r + 1] * sl2 - msub);
+        s[j][2 * r] = fast_exp2(s[j][2 * r] * sl2 - msub);
+        s[j][2 * r + 1] = fast_exp2(s[j][2 * r + 1] * sl2 - msub);
         rs += s[j][2 * r] + s[j][2 * r + 1];
       }
       l[r] = l[r] * alpha + rs;
@@ -239,11 +239,8 @@ void launch_fwd_simt(const FlashFwdParams& p, cudaStream_t stream) {
 template <typename T, int D>
 void launch_fwd_mma(const FlashFwdParams& p, cudaStream_t stream) {
   constexpr int smem = fwd_smem_bytes<D>();
-  static std::atomic<bool> configured{false};  // the attribute is per function, set once
-  if (!configured.load()) {
-    BLU_CUDA_CHECK(cudaFuncSetAttribute(flash_fwd_mma_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    configured.store(true);
-  }
+  static std::atomic<uint64_t> configured{0};  // one bit per device
+  ensure_smem_limit(flash_fwd_mma_kernel<T, D>, smem, configured);
   const int num_qt = (p.T + kFwdBQ - 1) / kFwdBQ;
   BLU_CHECK(num_qt <= 65535, "flash_attention: sequence too long (T = ", p.T, ")");
   const dim3 grid(unsigned(p.B) * unsigned(p.H), unsigned(num_qt));

@@ -7,9 +7,11 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "blu/backend/cuda/flash_attention.h"
+#include "blu/backend/cuda/runtime.h"
 
 namespace blu::cuda::flash {
 
@@ -121,6 +123,23 @@ __device__ __forceinline__ void load_tile_async(T* tile, const T* base, int64_t 
     const T* src = valid ? base + int64_t(r0 + r) * row_stride + c * 8 : base;
     cp_async_16(tile + swz<D>(r, c * 8), src, valid);
   }
+}
+
+// 2^x by the SFU (ex2.approx: ~2 ulp; 2^-inf = +0, which the masking relies on).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Raises a kernel's dynamic shared-memory limit once per device (the attribute is per device).
+template <typename Kernel>
+void ensure_smem_limit(Kernel kernel, int bytes, std::atomic<uint64_t>& done_mask) {
+  const int dev = current_device();
+  const uint64_t bit = uint64_t(1) << (dev & 63);
+  if (done_mask.load() & bit) return;
+  BLU_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  done_mask.fetch_or(bit);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

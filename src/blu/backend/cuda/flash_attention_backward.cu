@@ -263,7 +263,7 @@ __global__ void __launch_bounds__(kBwdThreads) flash_bwd_mma_kernel(FlashBwdPara
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int qi = j * 8 + 2 * t + (e & 1);
-        float pv = exp2f(st[j][e] * sl2 - l_s[qi]);
+        float pv = fast_exp2(st[j][e] * sl2 - l_s[qi]);
         if (need_mask) {
           const int key = key_lo + (e >> 1) * 8, q = q0 + qi;
           if (q >= p.T || key >= p.T || (p.causal && key > q)) pv = 0.f;
@@ -397,11 +397,8 @@ void launch_bwd_mma(const FlashBwdParams& p, cudaStream_t stream) {
   BLU_CUDA_CHECK_LAUNCH();
 
   constexpr int smem = bwd_smem_bytes<D>();
-  static std::atomic<bool> configured{false};
-  if (!configured.load()) {
-    BLU_CUDA_CHECK(cudaFuncSetAttribute(flash_bwd_mma_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    configured.store(true);
-  }
+  static std::atomic<uint64_t> configured{0};  // one bit per device
+  ensure_smem_limit(flash_bwd_mma_kernel<T, D>, smem, configured);
   const int num_kt = (p.T + kBwdBK - 1) / kBwdBK;
   BLU_CHECK(num_kt <= 65535, "flash_attention_backward: sequence too long (T = ", p.T, ")");
   const dim3 grid(unsigned(p.B) * unsigned(p.H), unsigned(num_kt));
