@@ -1,0 +1,160 @@
+// backend/cuda/flash_attention.cuh: device pieces shared by the flash-attention forward and
+// backward kernels — 16-bit element traits, the mma.sync/ldmatrix/cp.async wrappers, the swizzled
+// shared-memory tile layout and the tile loader.
+// Depends on flash_attention.h and the CUDA headers. Keep: fragment layouts are those of PTX
+// mma.m16n8k16 (documented at each use); g = lane / 4 and t = lane % 4 throughout.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "blu/backend/cuda/flash_attention.h"
+#include "blu/backend/cuda/runtime.h"
+
+namespace blu::cuda::flash {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kNegInf = -__builtin_huge_valf();
+
+// --- element traits --------------------------------------------------------------------------
+template <typename T> struct Elem;
+template <> struct Elem<float> {
+  static __device__ float load(const float* p) { return *p; }
+  static __device__ void store(float* p, float v) { *p = v; }
+};
+template <> struct Elem<__nv_bfloat16> {
+  static __device__ float load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+  static __device__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+  // Two floats as one 32-bit register: `lo` (the lower column/k index) in the low half.
+  static __device__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+};
+template <> struct Elem<__half> {
+  static __device__ float load(const __half* p) { return __half2float(*p); }
+  static __device__ void store(__half* p, float v) { *p = __float2half_rn(v); }
+  static __device__ uint32_t pack(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+};
+
+// --- PTX wrappers ----------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global → shared, bypassing L1; zero-fills the destination when !valid (src unread).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, and register i holds,
+// in lane l, row l/4, columns 2(l%4), 2(l%4)+1 of matrix i (of its transpose with .trans).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p))
+               : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p))
+               : "memory");
+}
+
+// D(16x8, f32) += A(16x16) · B(16x8).
+//   A regs: a0 (row g, k 2t..2t+1), a1 (row g+8, k 2t..), a2 (row g, k 2t+8..), a3 (row g+8, k 2t+8..)
+//   B regs: b0 (k 2t..2t+1, col g), b1 (k 2t+8..2t+9, col g)
+//   C/D:    c0,c1 (row g, cols 2t, 2t+1), c2,c3 (row g+8, cols 2t, 2t+1)
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// --- shared-memory tiles ---------------------------------------------------------------------
+// A [rows][W] tile of 16-bit elements (W = 64 or 128: 8 or 16 chunks of 16 bytes per row). Chunk c
+// of row r is stored at chunk c ^ (r % 8), so the 8 row addresses of an ldmatrix (same logical
+// chunk, 8 consecutive rows) fall in 8 different 16-byte bank groups: conflict-free.
+template <int W>
+__device__ __forceinline__ int swz(int row, int col) {
+  static_assert(W % 64 == 0, "swizzled rows hold a multiple of 8 chunks");
+  return row * W + ((((col >> 3) ^ (row & 7)) << 3) | (col & 7));
+}
+
+// Rows [r0, r0 + ROWS) of one (b, h) slice of an operand into a swizzled tile; rows >= T are
+// zero-filled. Issues cp.async only: the caller commits and waits.
+template <typename T, int D, int ROWS, int THREADS>
+__device__ __forceinline__ void load_tile_async(T* tile, const T* base, int64_t row_stride, int r0, int T_len,
+                                                int tid) {
+  constexpr int kChunks = D / 8;
+  static_assert(ROWS * kChunks % THREADS == 0, "every thread copies the same number of chunks");
+#pragma unroll
+  for (int i = 0; i < ROWS * kChunks / THREADS; ++i) {
+    const int idx = tid + i * THREADS;
+    const int r = idx / kChunks, c = idx % kChunks;
+    const bool valid = r0 + r < T_len;
+    const T* src = valid ? base + int64_t(r0 + r) * row_stride + c * 8 : base;
+    cp_async_16(tile + swz<D>(r, c * 8), src, valid);
+  }
+}
+
+// 2^x by the SFU (ex2.approx: ~2 ulp; 2^-inf = +0, which the masking relies on).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Raises a kernel's dynamic shared-memory limit once per device (the attribute is per device).
+template <typename Kernel>
+void ensure_smem_limit(Kernel kernel, int bytes, std::atomic<uint64_t>& done_mask) {
+  const int dev = current_device();
+  const uint64_t bit = uint64_t(1) << (dev & 63);
+  if (done_mask.load() & bit) return;
+  BLU_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  done_mask.fetch_or(bit);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+template <typename T>
+__device__ __forceinline__ const T* slice(const AttnOperand& a, int b, int h) {
+  return static_cast<const T*>(a.ptr) + int64_t(b) * a.sb + int64_t(h) * a.sh;
+}
+template <typename T>
+__device__ __forceinline__ T* slice_mut(const AttnOperand& a, int b, int h) {
+  return static_cast<T*>(a.ptr) + int64_t(b) * a.sb + int64_t(h) * a.sh;
+}
+
+}  // namespace blu::cuda::flash

@@ -1,0 +1,474 @@
+// Flash-attention backward on CUDA: the "flash_attention_backward" kernel of ops/attention.cpp.
+// With P = exp(S·scale − lse) recomputed from the saved logsumexp, and Dsum = rowsum(dO ∘ O):
+//   dV = Pᵀ·dO,  dP = dO·Vᵀ,  dS = P ∘ (dP − Dsum) · scale,  dQ = dS·K,  dK = dSᵀ·Q.
+//
+// 1. preprocess: Dsum per row (warp per row), and the fp32 dQ accumulator zeroed.
+// 2. Tensor-core kernel (bf16/f16), FlashAttention-2 style: a CTA of 4 warps owns 64 keys (16 per
+//    warp) and walks the query tiles of 64 rows that can see them (causal: from the diagonal on),
+//    Q and dO tiles double-buffered by cp.async. Each warp computes Sᵀ and dPᵀ for its 16 keys
+//    (keys as rows, so P and dS land in registers already shaped as A operands for dV += Pᵀ·dO
+//    and dK += dSᵀ·Q, which stay in registers for the whole walk). dSᵀ goes to shared memory once,
+//    and the 4 warps then compute dQ_tile = dS·K (16 query rows each) and add it to the fp32
+//    accumulator with float2 atomics.
+//    Determinism: dK and dV are deterministic; dQ is summed by atomics in an order that may vary
+//    between runs (differences at fp32 rounding level before the final cast).
+// 3. dQ = accumulator cast to the output dtype.
+// SIMT path (f32; bf16/f16 on request): warp per query row for dQ and warp per key row for dK, dV,
+// deterministic, recomputing scores in both.
+#include "blu/backend/backend.h"
+#include "blu/backend/cuda/flash_attention.cuh"
+#include "blu/backend/cuda/runtime.h"
+#include "blu/memory/allocator.h"
+
+#include <atomic>
+
+namespace blu::cuda {
+
+namespace flash {
+
+// ---------------------------------------------------------------------------------------------
+// Dsum[row] = Σ_d dO[row, d] · O[row, d]; warp per row.
+template <typename T, int D>
+__global__ void __launch_bounds__(128) flash_bwd_dsum_kernel(FlashBwdParams p) {
+  constexpr int E = D / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t row = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
+  if (row >= int64_t(p.B) * p.H * p.T) return;
+  const int i = int(row % p.T);
+  const int bh = int(row / p.T), b = bh / p.H, h = bh % p.H;
+  const T* op = slice<T>(p.o, b, h) + int64_t(i) * p.o.st + lane * E;
+  const T* dop = slice<T>(p.dout, b, h) + int64_t(i) * p.dout.st + lane * E;
+  float acc = 0.f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) acc += Elem<T>::load(op + e) * Elem<T>::load(dop + e);
+  acc = warp_sum(acc);
+  if (lane == 0) p.dsum[row] = acc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// SIMT dQ: warp per query row i, over the keys it sees.
+template <typename T, int D>
+__global__ void __launch_bounds__(128) flash_bwd_dq_simt_kernel(FlashBwdParams p) {
+  constexpr int E = D / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t row = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
+  if (row >= int64_t(p.B) * p.H * p.T) return;
+  const int i = int(row % p.T);
+  const int bh = int(row / p.T), b = bh / p.H, h = bh % p.H;
+  const T* qp = slice<T>(p.q, b, h) + int64_t(i) * p.q.st + lane * E;
+  const T* dop = slice<T>(p.dout, b, h) + int64_t(i) * p.dout.st + lane * E;
+  const T* kb = slice<T>(p.k, b, h) + lane * E;
+  const T* vb = slice<T>(p.v, b, h) + lane * E;
+  float q[E], dov[E], dq[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    q[e] = Elem<T>::load(qp + e);
+    dov[e] = Elem<T>::load(dop + e);
+    dq[e] = 0.f;
+  }
+  const float lse = p.lse[row], dsum = p.dsum[row];
+  const int jend = p.causal ? i + 1 : p.T;
+  for (int j = 0; j < jend; ++j) {
+    const T* kr = kb + int64_t(j) * p.k.st;
+    const T* vr = vb + int64_t(j) * p.v.st;
+    float kv[E], s = 0.f, dp = 0.f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      kv[e] = Elem<T>::load(kr + e);
+      s += q[e] * kv[e];
+      dp += dov[e] * Elem<T>::load(vr + e);
+    }
+    s = warp_sum(s);
+    dp = warp_sum(dp);
+    const float pij = __expf(s * p.scale - lse);
+    const float ds = pij * (dp - dsum) * p.scale;
+#pragma unroll
+    for (int e = 0; e < E; ++e) dq[e] += ds * kv[e];
+  }
+  T* dqp = slice_mut<T>(p.dq, b, h) + int64_t(i) * p.dq.st + lane * E;
+#pragma unroll
+  for (int e = 0; e < E; ++e) Elem<T>::store(dqp + e, dq[e]);
+}
+
+// SIMT dK, dV: warp per key row j, over the queries that see it.
+template <typename T, int D>
+__global__ void __launch_bounds__(128) flash_bwd_dkv_simt_kernel(FlashBwdParams p) {
+  constexpr int E = D / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t row = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
+  if (row >= int64_t(p.B) * p.H * p.T) return;
+  const int j = int(row % p.T);
+  const int bh = int(row / p.T), b = bh / p.H, h = bh % p.H;
+  const T* kp = slice<T>(p.k, b, h) + int64_t(j) * p.k.st + lane * E;
+  const T* vp = slice<T>(p.v, b, h) + int64_t(j) * p.v.st + lane * E;
+  const T* qb = slice<T>(p.q, b, h) + lane * E;
+  const T* dob = slice<T>(p.dout, b, h) + lane * E;
+  const float* lse = p.lse + int64_t(bh) * p.T;
+  const float* dsum = p.dsum + int64_t(bh) * p.T;
+  float k[E], v[E], dk[E], dv[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    k[e] = Elem<T>::load(kp + e);
+    v[e] = Elem<T>::load(vp + e);
+    dk[e] = dv[e] = 0.f;
+  }
+  for (int i = p.causal ? j : 0; i < p.T; ++i) {
+    const T* qr = qb + int64_t(i) * p.q.st;
+    const T* dor = dob + int64_t(i) * p.dout.st;
+    float qv[E], dov[E], s = 0.f, dp = 0.f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      qv[e] = Elem<T>::load(qr + e);
+      dov[e] = Elem<T>::load(dor + e);
+      s += qv[e] * k[e];
+      dp += dov[e] * v[e];
+    }
+    s = warp_sum(s);
+    dp = warp_sum(dp);
+    const float pij = __expf(s * p.scale - lse[i]);
+    const float ds = pij * (dp - dsum[i]) * p.scale;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      dv[e] += pij * dov[e];
+      dk[e] += ds * qv[e];
+    }
+  }
+  T* dkp = slice_mut<T>(p.dk, b, h) + int64_t(j) * p.dk.st + lane * E;
+  T* dvp = slice_mut<T>(p.dv, b, h) + int64_t(j) * p.dv.st + lane * E;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    Elem<T>::store(dkp + e, dk[e]);
+    Elem<T>::store(dvp + e, dv[e]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core backward.
+constexpr int kBwdBQ = 64, kBwdBK = 64, kBwdThreads = 128;
+
+template <int D>
+constexpr int bwd_smem_bytes() {
+  // K, V [BK][D]; Q, dO [2][BQ][D]; dSᵀ [BK][BQ] (16-bit); lse·log2e and Dsum [2][BQ] (fp32).
+  return (2 * kBwdBK * D + 4 * kBwdBQ * D + kBwdBK * kBwdBQ) * 2 + 4 * kBwdBQ * 4;
+}
+
+__device__ __forceinline__ void atomic_add2(float* dst, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(a, b));
+#else
+  atomicAdd(dst, a);
+  atomicAdd(dst + 1, b);
+#endif
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kBwdThreads) flash_bwd_mma_kernel(FlashBwdParams p) {
+  constexpr int BQ = kBwdBQ, BK = kBwdBK;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sK = reinterpret_cast<T*>(smem_raw);  // [BK][D]
+  T* sV = sK + BK * D;                     // [BK][D]
+  T* sQ = sV + BK * D;                     // [2][BQ][D]
+  T* sdO = sQ + 2 * BQ * D;                // [2][BQ][D]
+  T* sdS = sdO + 2 * BQ * D;               // [BK][BQ]: dSᵀ, keys as rows
+  float* sL = reinterpret_cast<float*>(sdS + BK * BQ);  // [2][BQ] lse · log2e
+  float* sDs = sL + 2 * BQ;                             // [2][BQ] Dsum
+
+  // Key tile in the slowest grid dimension: causal, the heavy tiles (small k0, most queries)
+  // are launched first.
+  const int kt = int(blockIdx.y);
+  const int b = int(blockIdx.x) / p.H, h = int(blockIdx.x) % p.H;
+  const int k0 = kt * BK;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t bh = int64_t(b) * p.H + h;
+
+  const T* Qg = slice<T>(p.q, b, h);
+  const T* dOg = slice<T>(p.dout, b, h);
+  const float* lse_g = p.lse + bh * p.T;
+  const float* dsum_g = p.dsum + bh * p.T;
+  float* dq_acc = p.dq_accum + bh * p.T * D;
+
+  const int qt_begin = p.causal ? k0 / BQ : 0;
+  const int num_qt = (p.T + BQ - 1) / BQ;
+
+  load_tile_async<T, D, BK, kBwdThreads>(sK, slice<T>(p.k, b, h), p.k.st, k0, p.T, tid);
+  load_tile_async<T, D, BK, kBwdThreads>(sV, slice<T>(p.v, b, h), p.v.st, k0, p.T, tid);
+  auto load_q_tile = [&](int qt, int stage) {
+    load_tile_async<T, D, BQ, kBwdThreads>(sQ + stage * BQ * D, Qg, p.q.st, qt * BQ, p.T, tid);
+    load_tile_async<T, D, BQ, kBwdThreads>(sdO + stage * BQ * D, dOg, p.dout.st, qt * BQ, p.T, tid);
+    for (int i = tid; i < BQ; i += kBwdThreads) {
+      const int q = qt * BQ + i;
+      sL[stage * BQ + i] = q < p.T ? lse_g[q] * kLog2e : 0.f;
+      sDs[stage * BQ + i] = q < p.T ? dsum_g[q] : 0.f;
+    }
+  };
+  load_q_tile(qt_begin, 0);
+  cp_async_commit();
+
+  float dk[D / 8][4], dv[D / 8][4];  // this warp's 16 keys x D; n-tile j holds columns 8j..8j+7
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.f;
+  const float sl2 = p.scale * kLog2e;
+  const int key_lo = k0 + warp * 16 + g;  // this thread's keys: key_lo and key_lo + 8
+
+  for (int qt = qt_begin, it = 0; qt < num_qt; ++qt, ++it) {
+    const int stage = it & 1;
+    if (qt + 1 < num_qt) {
+      load_q_tile(qt + 1, stage ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const T* q_s = sQ + stage * BQ * D;
+    const T* do_s = sdO + stage * BQ * D;
+    const float* l_s = sL + stage * BQ;
+    const float* ds_s = sDs + stage * BQ;
+    const int q0 = qt * BQ;
+
+    // Sᵀ = K_w·Qᵀ and dPᵀ = V_w·dOᵀ (16 keys x BQ queries). A = 16 rows of K (V) of this warp,
+    // (rows 0-7, d 0-7), (rows 8-15, d 0-7), (rows 0-7, d 8-15), (rows 8-15, d 8-15); B[k=d][n=q]
+    // = Q[q][d] (dO[q][d]): non-transposed blocks, as K in the forward.
+    float st[BQ / 8][4], dpt[BQ / 8][4];
+#pragma unroll
+    for (int j = 0; j < BQ / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[j][e] = dpt[j][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t ka[4], va[4];
+      const int arow = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, acol = kk * 16 + (lane >> 4) * 8;
+      ldmatrix_x4(ka, sK + swz<D>(arow, acol));
+      ldmatrix_x4(va, sV + swz<D>(arow, acol));
+#pragma unroll
+      for (int nn = 0; nn < BQ / 16; ++nn) {
+        const int brow = nn * 16 + (lane & 7) + (lane >> 4) * 8, bcol = kk * 16 + ((lane >> 3) & 1) * 8;
+        uint32_t r[4];
+        ldmatrix_x4(r, q_s + swz<D>(brow, bcol));
+        mma_16816<T>(st[2 * nn], ka, r[0], r[1]);
+        mma_16816<T>(st[2 * nn + 1], ka, r[2], r[3]);
+        ldmatrix_x4(r, do_s + swz<D>(brow, bcol));
+        mma_16816<T>(dpt[2 * nn], va, r[0], r[1]);
+        mma_16816<T>(dpt[2 * nn + 1], va, r[2], r[3]);
+      }
+    }
+
+    // Pᵀ and dSᵀ. Element (j, e): key key_lo + 8(e>>1), query q0 + 8j + 2t + (e&1).
+    const bool need_mask = q0 + BQ > p.T || k0 + BK > p.T || (p.causal && q0 < k0 + BK - 1);
+#pragma unroll
+    for (int j = 0; j < BQ / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qi = j * 8 + 2 * t + (e & 1);
+        float pv = fast_exp2(st[j][e] * sl2 - l_s[qi]);
+        if (need_mask) {
+          const int key = key_lo + (e >> 1) * 8, q = q0 + qi;
+          if (q >= p.T || key >= p.T || (p.causal && key > q)) pv = 0.f;
+        }
+        st[j][e] = pv;
+        dpt[j][e] = pv * (dpt[j][e] - ds_s[qi]) * p.scale;
+      }
+
+    // dV += Pᵀ·dO and dK += dSᵀ·Q. A from registers (k step kk = queries 16kk..16kk+15: n-tiles
+    // 2kk and 2kk+1); B[k=q][n=d] = dO[q][d] (Q[q][d]): transposed blocks, as V in the forward.
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; ++kk) {
+      uint32_t pa[4], dsa[4];
+      pa[0] = Elem<T>::pack(st[2 * kk][0], st[2 * kk][1]);
+      pa[1] = Elem<T>::pack(st[2 * kk][2], st[2 * kk][3]);
+      pa[2] = Elem<T>::pack(st[2 * kk + 1][0], st[2 * kk + 1][1]);
+      pa[3] = Elem<T>::pack(st[2 * kk + 1][2], st[2 * kk + 1][3]);
+      dsa[0] = Elem<T>::pack(dpt[2 * kk][0], dpt[2 * kk][1]);
+      dsa[1] = Elem<T>::pack(dpt[2 * kk][2], dpt[2 * kk][3]);
+      dsa[2] = Elem<T>::pack(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
+      dsa[3] = Elem<T>::pack(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
+#pragma unroll
+      for (int nn = 0; nn < D / 16; ++nn) {
+        const int brow = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, bcol = nn * 16 + (lane >> 4) * 8;
+        uint32_t r[4];
+        ldmatrix_x4_trans(r, do_s + swz<D>(brow, bcol));
+        mma_16816<T>(dv[2 * nn], pa, r[0], r[1]);
+        mma_16816<T>(dv[2 * nn + 1], pa, r[2], r[3]);
+        ldmatrix_x4_trans(r, q_s + swz<D>(brow, bcol));
+        mma_16816<T>(dk[2 * nn], dsa, r[0], r[1]);
+        mma_16816<T>(dk[2 * nn + 1], dsa, r[2], r[3]);
+      }
+      // dSᵀ to shared memory: rows = keys (warp*16 + g, +8), columns = queries.
+      *reinterpret_cast<uint32_t*>(sdS + swz<BQ>(warp * 16 + g, kk * 16 + 2 * t)) = dsa[0];
+      *reinterpret_cast<uint32_t*>(sdS + swz<BQ>(warp * 16 + g + 8, kk * 16 + 2 * t)) = dsa[1];
+      *reinterpret_cast<uint32_t*>(sdS + swz<BQ>(warp * 16 + g, kk * 16 + 8 + 2 * t)) = dsa[2];
+      *reinterpret_cast<uint32_t*>(sdS + swz<BQ>(warp * 16 + g + 8, kk * 16 + 8 + 2 * t)) = dsa[3];
+    }
+    __syncthreads();
+
+    // dQ_tile = dS·K: warp w takes query rows 16w..16w+15. A[q][key] = dSᵀ[key][q]: transposed
+    // blocks of sdS, matrices (q 0-7, keys 0-7), (q 8-15, keys 0-7), (q 0-7, keys 8-15),
+    // (q 8-15, keys 8-15). B[k=key][n=d] = K[key][d]: transposed blocks.
+    uint32_t dsq[BK / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk)
+      ldmatrix_x4_trans(dsq[kk], sdS + swz<BQ>(kk * 16 + (lane & 7) + (lane >> 4) * 8, warp * 16 + ((lane >> 3) & 1) * 8));
+    const int qrow = q0 + warp * 16 + g;
+#pragma unroll
+    for (int nn = 0; nn < D / 16; ++nn) {
+      float c[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        uint32_t r[4];
+        ldmatrix_x4_trans(r, sK + swz<D>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, nn * 16 + (lane >> 4) * 8));
+        mma_16816<T>(c[0], dsq[kk], r[0], r[1]);
+        mma_16816<T>(c[1], dsq[kk], r[2], r[3]);
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int col = nn * 16 + half * 8 + 2 * t;
+        if (qrow < p.T) atomic_add2(dq_acc + int64_t(qrow) * D + col, c[half][0], c[half][1]);
+        if (qrow + 8 < p.T) atomic_add2(dq_acc + int64_t(qrow + 8) * D + col, c[half][2], c[half][3]);
+      }
+    }
+    // The next iteration's first __syncthreads() orders these sdS reads before its sdS writes;
+    // its prefetch writes the stage this iteration read before the __syncthreads() above.
+  }
+
+  // Epilogue: dK, dV rows of this warp.
+  T* dKg = slice_mut<T>(p.dk, b, h);
+  T* dVg = slice_mut<T>(p.dv, b, h);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = key_lo + r * 8;
+    if (key >= p.T) continue;
+    T* dkr = dKg + int64_t(key) * p.dk.st;
+    T* dvr = dVg + int64_t(key) * p.dv.st;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      *reinterpret_cast<uint32_t*>(dkr + j * 8 + 2 * t) = Elem<T>::pack(dk[j][2 * r], dk[j][2 * r + 1]);
+      *reinterpret_cast<uint32_t*>(dvr + j * 8 + 2 * t) = Elem<T>::pack(dv[j][2 * r], dv[j][2 * r + 1]);
+    }
+  }
+}
+
+// dQ = the fp32 accumulator [B, H, T, D] (contiguous) cast into the strided output; 4 elements per thread.
+template <typename T, int D>
+__global__ void flash_bwd_dq_convert_kernel(FlashBwdParams p) {
+  const int64_t n4 = int64_t(p.B) * p.H * p.T * D / 4;
+  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < n4;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t e = idx * 4;
+    const int d = int(e % D);
+    const int64_t row = e / D;
+    const int i = int(row % p.T);
+    const int bh = int(row / p.T), b = bh / p.H, h = bh % p.H;
+    const float4 v = reinterpret_cast<const float4*>(p.dq_accum)[idx];
+    T* dst = slice_mut<T>(p.dq, b, h) + int64_t(i) * p.dq.st + d;
+    uint2 packed;
+    packed.x = Elem<T>::pack(v.x, v.y);
+    packed.y = Elem<T>::pack(v.z, v.w);
+    *reinterpret_cast<uint2*>(dst) = packed;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+unsigned row_blocks(const FlashBwdParams& p) {
+  const int64_t blocks = (int64_t(p.B) * p.H * p.T + 3) / 4;
+  BLU_CHECK(blocks <= 0x7fffffff, "flash_attention_backward: too many rows");
+  return unsigned(blocks);
+}
+
+template <typename T, int D>
+void launch_bwd_simt(const FlashBwdParams& p, cudaStream_t stream) {
+  const unsigned blocks = row_blocks(p);
+  flash_bwd_dsum_kernel<T, D><<<blocks, 128, 0, stream>>>(p);
+  BLU_CUDA_CHECK_LAUNCH();
+  flash_bwd_dq_simt_kernel<T, D><<<blocks, 128, 0, stream>>>(p);
+  BLU_CUDA_CHECK_LAUNCH();
+  flash_bwd_dkv_simt_kernel<T, D><<<blocks, 128, 0, stream>>>(p);
+  BLU_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T, int D>
+void launch_bwd_mma(const FlashBwdParams& p, cudaStream_t stream) {
+  BLU_ASSERT(p.dq_accum, "flash_attention_backward: the tensor-core path needs dq_accum");
+  const int64_t n = int64_t(p.B) * p.H * p.T * D;
+  BLU_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, size_t(n) * sizeof(float), stream));
+  flash_bwd_dsum_kernel<T, D><<<row_blocks(p), 128, 0, stream>>>(p);
+  BLU_CUDA_CHECK_LAUNCH();
+
+  constexpr int smem = bwd_smem_bytes<D>();
+  static std::atomic<uint64_t> configured{0};  // one bit per device
+  ensure_smem_limit(flash_bwd_mma_kernel<T, D>, smem, configured);
+  const int num_kt = (p.T + kBwdBK - 1) / kBwdBK;
+  BLU_CHECK(num_kt <= 65535, "flash_attention_backward: sequence too long (T = ", p.T, ")");
+  const dim3 grid(unsigned(p.B) * unsigned(p.H), unsigned(num_kt));
+  flash_bwd_mma_kernel<T, D><<<grid, kBwdThreads, smem, stream>>>(p);
+  BLU_CUDA_CHECK_LAUNCH();
+
+  flash_bwd_dq_convert_kernel<T, D><<<grid_for(n / 4), 256, 0, stream>>>(p);
+  BLU_CUDA_CHECK_LAUNCH();
+}
+
+template <int D>
+void bwd_dispatch_d(const FlashBwdParams& p, DType dtype, bool simt, cudaStream_t s) {
+  switch (dtype) {
+    case DType::f32: return launch_bwd_simt<float, D>(p, s);
+    case DType::bf16:
+      return simt ? launch_bwd_simt<__nv_bfloat16, D>(p, s) : launch_bwd_mma<__nv_bfloat16, D>(p, s);
+    case DType::f16: return simt ? launch_bwd_simt<__half, D>(p, s) : launch_bwd_mma<__half, D>(p, s);
+    default: BLU_ASSERT(false, "flash_attention_backward: unsupported dtype ", dtype);
+  }
+}
+
+}  // namespace flash
+
+void flash_attention_backward(const FlashBwdParams& p, DType dtype, cudaStream_t stream) {
+  BLU_ASSERT(flash_attention_supported(dtype, p.D), "flash_attention_backward: ", dtype, " D=", p.D);
+  if (int64_t(p.B) * p.H * p.T == 0) return;
+  const bool simt = !flash_attention_uses_tensor_cores(dtype);
+  if (p.D == 64) flash::bwd_dispatch_d<64>(p, dtype, simt, stream);
+  else flash::bwd_dispatch_d<128>(p, dtype, simt, stream);
+}
+
+namespace {
+
+// "flash_attention_backward": in dO, q, k, v, o (all [B, H, T, D], strided), lse [B, H, T];
+// attrs causal, scale. Out: dq, dk, dv, each a contiguous [B, T, H, D] buffer.
+void flash_attention_backward_kernel(const KernelCall& c) {
+  const Tensor& q = c.in[1];
+  FlashBwdParams p;
+  p.dout = operand_bhtd(c.in[0]);
+  p.q = operand_bhtd(q);
+  p.k = operand_bhtd(c.in[2]);
+  p.v = operand_bhtd(c.in[3]);
+  p.o = operand_bhtd(c.in[4]);
+  p.lse = static_cast<const float*>(c.in[5].raw_data());
+  p.dq = operand_bthd(c.out[0]);
+  p.dk = operand_bthd(c.out[1]);
+  p.dv = operand_bthd(c.out[2]);
+  p.B = int(q.size(0));
+  p.H = int(q.size(1));
+  p.T = int(q.size(2));
+  p.D = int(q.size(3));
+  p.scale = float(c.attrs.f("scale"));
+  p.causal = c.attrs.b("causal");
+  const int64_t rows = int64_t(p.B) * p.H * p.T;
+  if (rows == 0) return;
+  // Scratch from the device's (stream-ordered) allocator; released after the launches are queued
+  // on the current stream, which is where the allocator hands the bytes out next.
+  Allocator& alloc = allocator_for(q.device());
+  DataPtr dsum = alloc.allocate(size_t(rows) * sizeof(float));
+  DataPtr dq_accum;
+  p.dsum = static_cast<float*>(dsum.get());
+  if (flash_attention_uses_tensor_cores(q.dtype())) {
+    dq_accum = alloc.allocate(size_t(rows) * size_t(p.D) * sizeof(float));
+    p.dq_accum = static_cast<float*>(dq_accum.get());
+  }
+  flash_attention_backward(p, q.dtype(), current_stream());
+}
+
+BLU_REGISTER_KERNEL(cuda, "flash_attention_backward", flash_attention_backward_kernel);
+
+}  // namespace
+
+}  // namespace blu::cuda
