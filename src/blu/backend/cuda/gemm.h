@@ -13,8 +13,10 @@
 // determines them (shapes, strides, dtypes, transposes, epilogue, compute mode, pointer
 // alignment); pointers are set per call.
 // Depends on backend/cuda/runtime, core/dtype. Keep: launches on current_stream(), never
-// synchronises, uses the per-device 32 MiB workspace; no algorithm → BLU_CHECK, never a silent
-// fallback that changes results.
+// synchronises, uses the per-device 32 MiB workspace (shared by every stream of the device: gemms
+// on two streams at once would race on it — one stream per device until that changes); no
+// algorithm → BLU_CHECK, except a bias-gradient epilogue, which falls back (logged once) to a
+// plain gemm and a separate deterministic sum.
 #pragma once
 #include <cstdint>
 
