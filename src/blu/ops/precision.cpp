@@ -6,13 +6,21 @@
 
 namespace blu {
 
-static std::atomic<bool> g_tf32{false};
+namespace {
+std::atomic<MatmulPrecision> g_precision{MatmulPrecision::ieee};
+}  // namespace
 
-void set_matmul_precision(const std::string& mode) {
-  BLU_CHECK(mode == "ieee" || mode == "tf32", "matmul precision must be 'ieee' or 'tf32', got '", mode, "'");
-  g_tf32 = mode == "tf32";
+void set_matmul_precision(std::string_view name) {
+  if (name == "ieee" || name == "highest") {
+    set_matmul_precision(MatmulPrecision::ieee);
+  } else if (name == "tf32" || name == "high") {
+    set_matmul_precision(MatmulPrecision::tf32);
+  } else {
+    BLU_CHECK(false, "set_matmul_precision: expected \"ieee\" or \"tf32\", got \"", name, "\"");
+  }
 }
-
-bool matmul_allow_tf32() { return g_tf32; }
+void set_matmul_precision(MatmulPrecision p) { g_precision.store(p, std::memory_order_relaxed); }
+MatmulPrecision matmul_precision() { return g_precision.load(std::memory_order_relaxed); }
+std::string_view matmul_precision_name(MatmulPrecision p) { return p == MatmulPrecision::ieee ? "ieee" : "tf32"; }
 
 }  // namespace blu

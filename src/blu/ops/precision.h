@@ -1,12 +1,20 @@
-// ops/precision: process-wide numeric settings the kernels read — whether fp32 matmuls may use
-// TF32 tensor cores ("tf32") or must be IEEE fp32 ("ieee", the default). The CPU backend always
-// computes IEEE fp32. Depends on nothing. Keep: the default is IEEE, so results match the CPU.
+// ops/precision: process-wide numeric settings the backends read, in the spirit of
+// torch.set_float32_matmul_precision. "ieee" (the default) makes f32 matrix products exact fp32
+// (fp32 inputs, fp32 products and sums); "tf32" lets an accelerator round f32 inputs to TF32
+// (10-bit mantissa) inside its tensor cores while still accumulating in fp32.
+// Depends on nothing. Keep: backend-independent — the CPU backend ignores it, and it only ever
+// affects f32 operands (f64 stays f64; bf16/f16 always accumulate in fp32).
 #pragma once
-#include <string>
+#include <string_view>
 
 namespace blu {
 
-void set_matmul_precision(const std::string& mode);  // "ieee" | "tf32"; BLU_CHECK otherwise
-bool matmul_allow_tf32();
+enum class MatmulPrecision { ieee, tf32 };
+
+// BLU_CHECK: `name` is "ieee" or "tf32" ("highest" and "high" are accepted as PyTorch's names).
+void set_matmul_precision(std::string_view name);
+void set_matmul_precision(MatmulPrecision p);
+MatmulPrecision matmul_precision();
+std::string_view matmul_precision_name(MatmulPrecision p);
 
 }  // namespace blu

@@ -1,0 +1,323 @@
+// cuBLASLt plans: descriptors, layouts and the heuristic's algorithm, cached per thread by the
+// key of everything they depend on. See gemm.h for the row-major ↔ column-major mapping.
+#include "blu/backend/cuda/gemm.h"
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <unordered_map>
+
+#include "blu/backend/cuda/runtime.h"
+#include "blu/ops/precision.h"
+
+namespace blu::cuda {
+
+const char* gemm_epilogue_name(GemmEpilogue e) {
+  switch (e) {
+    case GemmEpilogue::none: return "none";
+    case GemmEpilogue::bias: return "bias";
+    case GemmEpilogue::gelu_bias: return "gelu_bias";
+    case GemmEpilogue::gelu_aux_bias: return "gelu_aux_bias";
+    case GemmEpilogue::bgrad_a: return "bgrad_a";
+    case GemmEpilogue::bgrad_b: return "bgrad_b";
+  }
+  return "?";
+}
+
+GemmCompute default_gemm_compute(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return matmul_precision() == MatmulPrecision::tf32 ? GemmCompute::f32_tf32 : GemmCompute::f32_ieee;
+    case DType::f64: return GemmCompute::f64;
+    case DType::bf16:
+    case DType::f16: return GemmCompute::f16_f32;
+    default: BLU_CHECK(false, "gemm: expected a floating dtype, got ", dtype);
+  }
+  return GemmCompute::f32_ieee;
+}
+
+namespace {
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::f64: return CUDA_R_64F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+    default: BLU_CHECK(false, "gemm: no cuBLAS type for ", t);
+  }
+  return CUDA_R_32F;
+}
+
+// How cuBLAS reads one of our row-major operands of rows × cols: as the column-major cols × rows
+// matrix (op N) when its column stride is 1, or as the column-major rows × cols matrix
+// transposed (op T) when its row stride is 1. (Single rows or columns fit both; any stride along
+// a size-1 dim is unused.)
+struct OperandLayout {
+  bool ok = false;
+  bool trans = false;       // cuBLAS op T
+  uint64_t cm_rows = 0, cm_cols = 0;  // the column-major matrix cuBLAS is given
+  int64_t ld = 0;
+};
+OperandLayout operand_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
+  const int64_t r1 = std::max<int64_t>(rows, 1), c1 = std::max<int64_t>(cols, 1);
+  if ((cols == 1 || cs == 1) && (rows == 1 || rs >= c1))
+    return {true, false, uint64_t(c1), uint64_t(r1), rows == 1 ? c1 : rs};
+  if ((rows == 1 || rs == 1) && (cols == 1 || cs >= r1))
+    return {true, true, uint64_t(r1), uint64_t(c1), cols == 1 ? r1 : cs};
+  return {};
+}
+
+int alignment_of(const void* p) {
+  const auto u = reinterpret_cast<uintptr_t>(p);
+  int a = 1;
+  while (a < 16 && (u % uintptr_t(a * 2)) == 0) a *= 2;
+  return p ? a : 16;
+}
+
+struct PlanKey {
+  int device;
+  DType dtype;
+  GemmCompute compute;
+  GemmEpilogue epilogue;
+  bool trans_a, trans_b, beta_nonzero;
+  int64_t M, N, K, batch, lda, ldb, ldc, sa, sb, sc, aux_ld;
+  int align_a, align_b, align_c, align_bias, align_aux;
+  bool operator==(const PlanKey&) const = default;
+};
+struct PlanKeyHash {
+  size_t operator()(const PlanKey& k) const {
+    size_t h = 1469598103934665603ull;
+    auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    mix(uint64_t(k.device));
+    mix(uint64_t(k.dtype) | uint64_t(k.compute) << 8 | uint64_t(k.epilogue) << 16 | uint64_t(k.trans_a) << 24 |
+        uint64_t(k.trans_b) << 25 | uint64_t(k.beta_nonzero) << 26);
+    for (int64_t v : {k.M, k.N, k.K, k.batch, k.lda, k.ldb, k.ldc, k.sa, k.sb, k.sc, k.aux_ld}) mix(uint64_t(v));
+    mix(uint64_t(k.align_a) | uint64_t(k.align_b) << 8 | uint64_t(k.align_c) << 16 | uint64_t(k.align_bias) << 24 |
+        uint64_t(k.align_aux) << 32);
+    return h;
+  }
+};
+
+// Owns its cuBLASLt objects (move-only by unique_ptr in the cache).
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;  // cuBLAS A (= our B), B (= our A), C/D
+  cublasLtMatmulAlgo_t algo{};
+  bool have_algo = false;
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+cublasLtMatrixLayout_t make_layout(cudaDataType_t t, uint64_t rows, uint64_t cols, int64_t ld, int64_t batch,
+                                   int64_t batch_stride) {
+  cublasLtMatrixLayout_t l = nullptr;
+  BLU_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, t, rows, cols, ld));
+  if (batch > 1) {
+    const int32_t count = int32_t(batch);
+    BLU_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+    BLU_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch_stride,
+                                                      sizeof(batch_stride)));
+  }
+  return l;
+}
+
+cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
+  switch (e) {
+    case GemmEpilogue::none: return CUBLASLT_EPILOGUE_DEFAULT;
+    case GemmEpilogue::bias: return CUBLASLT_EPILOGUE_BIAS;
+    case GemmEpilogue::gelu_bias: return CUBLASLT_EPILOGUE_GELU_BIAS;
+    case GemmEpilogue::gelu_aux_bias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case GemmEpilogue::bgrad_a: return CUBLASLT_EPILOGUE_BGRADB;  // our A is cuBLAS's B
+    case GemmEpilogue::bgrad_b: return CUBLASLT_EPILOGUE_BGRADA;  // our B is cuBLAS's A
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+template <typename T>
+void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const T& v) {
+  BLU_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof(v)));
+}
+
+std::unique_ptr<Plan> make_plan(const PlanKey& k, const GemmArgs& g, const OperandLayout& lA, const OperandLayout& lB) {
+  auto p = std::make_unique<Plan>();
+  const cudaDataType_t t = cuda_type(g.dtype);
+  cublasComputeType_t ct = CUBLAS_COMPUTE_32F;
+  cudaDataType_t scale = CUDA_R_32F;
+  switch (g.compute) {
+    case GemmCompute::f32_ieee: ct = CUBLAS_COMPUTE_32F; break;
+    case GemmCompute::f32_tf32: ct = CUBLAS_COMPUTE_32F_FAST_TF32; break;
+    case GemmCompute::f16_f32: ct = CUBLAS_COMPUTE_32F; break;
+    case GemmCompute::f64: ct = CUBLAS_COMPUTE_64F; scale = CUDA_R_64F; break;
+  }
+  BLU_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, ct, scale));
+  // cuBLAS A is our B (lB), cuBLAS B is our A (lA).
+  const int32_t opa = lB.trans ? CUBLAS_OP_T : CUBLAS_OP_N, opb = lA.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  set_desc(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, opa);
+  set_desc(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, opb);
+  const uint32_t epi = lt_epilogue(g.epilogue);
+  set_desc(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epi);
+  if (g.epilogue != GemmEpilogue::none) {
+    const int32_t bt = int32_t(t);
+    set_desc(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bt);
+    const void* bp = g.epilogue == GemmEpilogue::bgrad_a || g.epilogue == GemmEpilogue::bgrad_b ? g.bias_grad : g.bias;
+    set_desc(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bp);
+  }
+  if (g.epilogue == GemmEpilogue::gelu_aux_bias) {
+    set_desc(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<const void*>(g.aux));
+    set_desc(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, g.aux_ld);
+    const int32_t at = int32_t(t);
+    set_desc(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, at);
+  }
+  p->la = make_layout(t, lB.cm_rows, lB.cm_cols, lB.ld, g.batch, g.b.batch_stride);
+  p->lb = make_layout(t, lA.cm_rows, lA.cm_cols, lA.ld, g.batch, g.a.batch_stride);
+  p->lc = make_layout(t, uint64_t(g.N), uint64_t(g.M), g.ldc, g.batch, g.c_batch_stride);
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  BLU_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  size_t ws_bytes = 0;
+  (void)cublaslt_workspace(&ws_bytes);
+  const uint64_t ws64 = ws_bytes;
+  BLU_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws64, sizeof(ws64)));
+  const uint32_t al_a = uint32_t(k.align_b), al_b = uint32_t(k.align_a), al_c = uint32_t(k.align_c);
+  BLU_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
+  BLU_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
+  BLU_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
+  BLU_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
+  cublasLtMatmulHeuristicResult_t res{};
+  int found = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(cublaslt_handle(), p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
+    p->algo = res.algo;
+    p->have_algo = true;
+  }
+  return p;
+}
+
+using PlanCache = std::unordered_map<PlanKey, std::unique_ptr<Plan>, PlanKeyHash>;
+PlanCache& plan_cache() {
+  // Per thread: the plan's descriptor gets per-call pointers written into it.
+  thread_local PlanCache cache;
+  return cache;
+}
+
+// The product without the bias gradient, then the gradient by a separate deterministic sum: used
+// when cuBLASLt has no algorithm for a BGRAD epilogue (logged once).
+void gemm_bgrad_fallback(const GemmArgs& g) {
+  static bool logged = false;
+  if (!logged) {
+    std::fprintf(stderr, "blu: cuBLASLt has no algorithm for a bias-gradient epilogue (%s, dtype %s, M=%lld N=%lld "
+                 "K=%lld); using a plain gemm and a separate sum kernel\n",
+                 gemm_epilogue_name(g.epilogue), std::string(dtype_name(g.dtype)).c_str(), (long long)g.M,
+                 (long long)g.N, (long long)g.K);
+    logged = true;
+  }
+  GemmArgs plain = g;
+  plain.epilogue = GemmEpilogue::none;
+  plain.bias_grad = nullptr;
+  gemm(plain);
+  if (g.epilogue == GemmEpilogue::bgrad_a)  // Σ_k A[i, k]: out index i (row stride), sum over k (col stride)
+    strided_sum_launch(g.dtype, g.a.ptr, g.K, g.M, g.a.col_stride, g.a.row_stride, g.bias_grad);
+  else  // Σ_k B[k, j]
+    strided_sum_launch(g.dtype, g.b.ptr, g.K, g.N, g.b.row_stride, g.b.col_stride, g.bias_grad);
+}
+
+}  // namespace
+
+bool gemm_operand_ok(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride) {
+  return operand_layout(rows, cols, row_stride, col_stride).ok;
+}
+
+size_t gemm_plan_cache_size() { return plan_cache().size(); }
+
+void gemm(const GemmArgs& g) {
+  BLU_CHECK(g.M >= 0 && g.N >= 0 && g.K >= 0 && g.batch >= 1, "gemm: bad sizes M=", g.M, " N=", g.N, " K=", g.K,
+            " batch=", g.batch);
+  const bool bgrad = g.epilogue == GemmEpilogue::bgrad_a || g.epilogue == GemmEpilogue::bgrad_b;
+  const bool uses_bias = g.epilogue == GemmEpilogue::bias || g.epilogue == GemmEpilogue::gelu_bias ||
+                         g.epilogue == GemmEpilogue::gelu_aux_bias;
+  BLU_CHECK(!uses_bias || g.bias, "gemm: epilogue ", gemm_epilogue_name(g.epilogue), " needs a bias");
+  BLU_CHECK(!bgrad || (g.bias_grad && g.batch == 1), "gemm: epilogue ", gemm_epilogue_name(g.epilogue),
+            " needs a bias_grad pointer and batch 1 (batch ", g.batch, ")");
+  BLU_CHECK(g.epilogue != GemmEpilogue::gelu_aux_bias || (g.aux && g.aux_ld >= g.N && g.aux_ld % 8 == 0),
+            "gemm: gelu_aux_bias needs aux with a row stride >= N and divisible by 8 (cuBLASLt), got aux_ld ",
+            g.aux_ld, " for N ", g.N);
+  BLU_CHECK(g.ldc >= std::max<int64_t>(g.N, 1), "gemm: ldc ", g.ldc, " < N ", g.N);
+  BLU_CHECK(g.batch == 1 || g.c_batch_stride >= g.M * g.ldc, "gemm: output batch stride ", g.c_batch_stride,
+            " overlaps matrices of ", g.M, " x ldc ", g.ldc);
+  if (g.M == 0 || g.N == 0) {
+    if (bgrad && g.K > 0 && (g.epilogue == GemmEpilogue::bgrad_a ? g.M : g.N) > 0)
+      strided_sum_launch(g.dtype, g.epilogue == GemmEpilogue::bgrad_a ? g.a.ptr : g.b.ptr, g.K,
+                         g.epilogue == GemmEpilogue::bgrad_a ? g.M : g.N,
+                         g.epilogue == GemmEpilogue::bgrad_a ? g.a.col_stride : g.b.row_stride,
+                         g.epilogue == GemmEpilogue::bgrad_a ? g.a.row_stride : g.b.col_stride, g.bias_grad);
+    return;
+  }
+  if (g.K == 0) {  // an empty sum: C = beta·C (+ bias)
+    BLU_CHECK(g.beta == 0, "gemm: K == 0 with beta != 0 is not supported");
+    BLU_CHECK(g.epilogue == GemmEpilogue::none || g.epilogue == GemmEpilogue::bias || bgrad, "gemm: K == 0 with the ",
+              gemm_epilogue_name(g.epilogue), " epilogue is not supported");
+    fill_rows_launch(g.dtype, g.c, g.batch, g.M, g.N, g.ldc, g.c_batch_stride,
+                     g.epilogue == GemmEpilogue::bias ? g.bias : nullptr);
+    if (bgrad) {
+      const int64_t n = g.epilogue == GemmEpilogue::bgrad_a ? g.M : g.N;
+      BLU_CUDA_CHECK(cudaMemsetAsync(g.bias_grad, 0, size_t(n) * dtype_size(g.dtype), current_stream()));
+    }
+    return;
+  }
+  const OperandLayout lA = operand_layout(g.M, g.K, g.a.row_stride, g.a.col_stride);
+  const OperandLayout lB = operand_layout(g.K, g.N, g.b.row_stride, g.b.col_stride);
+  BLU_CHECK(lA.ok, "gemm: operand A [", g.M, ", ", g.K, "] with strides (", g.a.row_stride, ", ", g.a.col_stride,
+            ") has no unit stride; pack it first");
+  BLU_CHECK(lB.ok, "gemm: operand B [", g.K, ", ", g.N, "] with strides (", g.b.row_stride, ", ", g.b.col_stride,
+            ") has no unit stride; pack it first");
+  const bool f16ish = g.dtype == DType::bf16 || g.dtype == DType::f16;
+  BLU_CHECK((g.compute == GemmCompute::f16_f32) == f16ish &&
+                (g.compute != GemmCompute::f64 || g.dtype == DType::f64) &&
+                (g.compute == GemmCompute::f64 || g.compute == GemmCompute::f16_f32 || g.dtype == DType::f32),
+            "gemm: compute mode ", int(g.compute), " does not fit dtype ", g.dtype);
+
+  const void* bias_ptr = bgrad ? g.bias_grad : g.bias;
+  const PlanKey key{current_device(), g.dtype, g.compute, g.epilogue, lA.trans, lB.trans, g.beta != 0,
+                    g.M, g.N, g.K, g.batch, lA.ld, lB.ld, g.ldc,
+                    g.batch > 1 ? g.a.batch_stride : 0, g.batch > 1 ? g.b.batch_stride : 0,
+                    g.batch > 1 ? g.c_batch_stride : 0, g.aux_ld,
+                    alignment_of(g.a.ptr), alignment_of(g.b.ptr), alignment_of(g.c),
+                    alignment_of(g.epilogue == GemmEpilogue::none ? nullptr : bias_ptr), alignment_of(g.aux)};
+  PlanCache& cache = plan_cache();
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(key, make_plan(key, g, lA, lB)).first;
+  Plan& p = *it->second;
+  if (!p.have_algo) {
+    if (bgrad) return gemm_bgrad_fallback(g);
+    BLU_CHECK(false, "gemm: cuBLASLt found no algorithm for dtype ", g.dtype, " compute ", int(g.compute),
+              " epilogue ", gemm_epilogue_name(g.epilogue), " M=", g.M, " N=", g.N, " K=", g.K, " batch=", g.batch,
+              " lda=", lA.ld, (lA.trans ? " (A transposed)" : ""), " ldb=", lB.ld,
+              (lB.trans ? " (B transposed)" : ""), " ldc=", g.ldc);
+  }
+  if (g.epilogue != GemmEpilogue::none) set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_ptr);
+  if (g.epilogue == GemmEpilogue::gelu_aux_bias)
+    set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<const void*>(g.aux));
+  size_t ws_bytes = 0;
+  void* ws = cublaslt_workspace(&ws_bytes);
+  const double alpha_d = g.alpha, beta_d = g.beta;
+  const void* alpha = g.compute == GemmCompute::f64 ? static_cast<const void*>(&alpha_d) : &g.alpha;
+  const void* beta = g.compute == GemmCompute::f64 ? static_cast<const void*>(&beta_d) : &g.beta;
+  BLU_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(), p.desc, alpha, g.b.ptr, p.la, g.a.ptr, p.lb, beta, g.c, p.lc,
+                                  g.c, p.lc, &p.algo, ws, ws_bytes, current_stream()));
+}
+
+}  // namespace blu::cuda

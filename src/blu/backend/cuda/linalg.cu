@@ -1,0 +1,228 @@
+// CUDA kernels for ops/linalg ("matmul", "linear") over the cuBLASLt gemm of gemm.h, and the
+// small helper kernels gemm needs (fill rows with a bias, pack a strided operand, a
+// deterministic strided sum for the bias-gradient fallback).
+// Operands reach cuBLAS uncopied whenever one of their two matrix strides is 1 (transposed views
+// included); others (stride 0 from expand inside a matrix, every-other-element views) are packed
+// into a temporary from the caching allocator. Batch dims that are laid out as one are merged
+// into a single strided-batched call; the rest loop on the host (no synchronisation).
+#include <vector>
+
+#include "blu/backend/backend.h"
+#include "blu/backend/cuda/gemm.h"
+#include "blu/backend/cuda/nn_common.cuh"
+
+namespace blu::cuda {
+
+// --- helper kernels -------------------------------------------------------------------------
+
+namespace {
+
+template <typename T>
+__global__ void fill_rows_kernel(T* dst, int64_t batch, int64_t rows, int64_t cols, int64_t ldc, int64_t bs,
+                                 const T* bias) {
+  const int64_t total = batch * rows * cols;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t c = i % cols, r = (i / cols) % rows, b = i / (cols * rows);
+    dst[b * bs + r * ldc + c] = bias ? bias[c] : from_acc<T>(acc_of<T>(0));
+  }
+}
+
+template <typename U>
+__global__ void pack_strided_kernel(const U* src, U* dst, int64_t n, StridedIndex idx) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = src[idx.offset(i)];
+}
+
+template <typename T>
+__global__ void strided_sum_kernel(const T* src, int64_t n_sum, int64_t n_out, int64_t ss, int64_t os, T* dst) {
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < n_out; j += int64_t(gridDim.x) * blockDim.x) {
+    acc_of<T> s = 0;
+    for (int64_t i = 0; i < n_sum; ++i) s += to_acc(src[i * ss + j * os]);
+    dst[j] = from_acc<T>(s);
+  }
+}
+
+}  // namespace
+
+void fill_rows_launch(DType dtype, void* dst, int64_t batch, int64_t rows, int64_t cols, int64_t ldc, int64_t bs,
+                      const void* bias) {
+  const int64_t total = batch * rows * cols;
+  if (total == 0) return;
+  BLU_CUDA_DISPATCH_FLOATING(dtype, "fill_rows", {
+    fill_rows_kernel<scalar_t><<<grid_for(total), 256, 0, current_stream()>>>(
+        static_cast<scalar_t*>(dst), batch, rows, cols, ldc, bs, static_cast<const scalar_t*>(bias));
+    BLU_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void pack_strided_launch(size_t elem_size, const void* src, void* dst, int rank, const int64_t* shape,
+                         const int64_t* strides) {
+  BLU_CHECK(rank <= StridedIndex::kMaxRank, "pack: rank ", rank, " > ", StridedIndex::kMaxRank);
+  StridedIndex idx;
+  idx.rank = rank;
+  int64_t n = 1;
+  for (int d = 0; d < rank; ++d) {
+    idx.shape[d] = shape[d];
+    idx.strides[d] = strides[d];
+    n *= shape[d];
+  }
+  if (n == 0) return;
+  const unsigned grid = grid_for(n);
+  cudaStream_t s = current_stream();
+  switch (elem_size) {
+    case 2: pack_strided_kernel<<<grid, 256, 0, s>>>(static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), n, idx); break;
+    case 4: pack_strided_kernel<<<grid, 256, 0, s>>>(static_cast<const uint32_t*>(src), static_cast<uint32_t*>(dst), n, idx); break;
+    case 8: pack_strided_kernel<<<grid, 256, 0, s>>>(static_cast<const uint64_t*>(src), static_cast<uint64_t*>(dst), n, idx); break;
+    default: BLU_ASSERT(false, "pack: element size ", elem_size);
+  }
+  BLU_CUDA_CHECK_LAUNCH();
+}
+
+void strided_sum_launch(DType dtype, const void* src, int64_t n_sum, int64_t n_out, int64_t sum_stride,
+                        int64_t out_stride, void* dst) {
+  if (n_out == 0) return;
+  BLU_CUDA_DISPATCH_FLOATING(dtype, "strided_sum", {
+    strided_sum_kernel<scalar_t><<<grid_for(n_out), 256, 0, current_stream()>>>(
+        static_cast<const scalar_t*>(src), n_sum, n_out, sum_stride, out_stride, static_cast<scalar_t*>(dst));
+    BLU_CUDA_CHECK_LAUNCH();
+  });
+}
+
+StridedIndex strided_index(const Tensor& t) {
+  BLU_CHECK(t.dim() <= StridedIndex::kMaxRank, "CUDA kernels take tensors of rank <= ", StridedIndex::kMaxRank,
+            ", got ", t.shape());
+  StridedIndex idx;
+  idx.rank = int(t.dim());
+  for (int d = 0; d < idx.rank; ++d) {
+    idx.shape[d] = t.shape()[size_t(d)];
+    idx.strides[d] = t.strides()[size_t(d)];
+  }
+  return idx;
+}
+
+// --- op kernels -------------------------------------------------------------------------------
+
+namespace {
+
+// An operand as the kernels see it: the data pointer and strides, after packing when needed.
+struct Operand {
+  const void* ptr;
+  Shape strides;
+  std::shared_ptr<DeviceBuffer> packed;  // keeps a packed copy alive until the gemms are enqueued
+};
+
+Operand prepare(const Tensor& t) {
+  const int64_t n = t.dim();
+  if (gemm_operand_ok(t.shape()[n - 2], t.shape()[n - 1], t.strides()[n - 2], t.strides()[n - 1]))
+    return {t.raw_data(), t.strides(), nullptr};
+  auto buf = std::make_shared<DeviceBuffer>(t.device(), std::max<size_t>(t.nbytes(), 1));
+  pack_strided_launch(t.itemsize(), t.raw_data(), buf->data.get(), int(n), t.shape().data(), t.strides().data());
+  return {buf->data.get(), contiguous_strides(t.shape()), buf};
+}
+
+// out[..., M, N] = a[..., M, K] · b[..., K, N], equal batch dims, any strides.
+void matmul_kernel(const KernelCall& c) {
+  const Tensor &a = c.in[0], &b = c.in[1];
+  Tensor& out = c.out[0];
+  const int64_t nd = a.dim(), nb = nd - 2;
+  const int64_t M = a.shape()[nb], K = a.shape()[nb + 1], N = b.shape()[nb + 1];
+  if (out.numel() == 0) return;
+  const Operand pa = prepare(a), pb = prepare(b);
+  const Shape os = out.strides();
+  // Batch dims, size-1 ones dropped, merged where all three operands lay them out as one.
+  struct BDim { int64_t size, sa, sb, so; };
+  std::vector<BDim> dims;
+  for (int64_t d = 0; d < nb; ++d) {
+    const int64_t sz = out.shape()[d];
+    if (sz == 1) continue;
+    const BDim cur{sz, pa.strides[d], pb.strides[d], os[d]};
+    if (!dims.empty()) {
+      BDim& prev = dims.back();
+      if (prev.sa == cur.sa * cur.size && prev.sb == cur.sb * cur.size && prev.so == cur.so * cur.size) {
+        prev = {prev.size * cur.size, cur.sa, cur.sb, cur.so};
+        continue;
+      }
+    }
+    dims.push_back(cur);
+  }
+  GemmArgs g;
+  g.dtype = a.dtype();
+  g.compute = default_gemm_compute(a.dtype());
+  g.M = M;
+  g.N = N;
+  g.K = K;
+  g.ldc = N;
+  g.a = {nullptr, pa.strides[nb], pa.strides[nb + 1], 0};
+  g.b = {nullptr, pb.strides[nb], pb.strides[nb + 1], 0};
+  BDim inner{1, 0, 0, M * N};
+  if (!dims.empty()) {
+    inner = dims.back();
+    dims.pop_back();
+  }
+  g.batch = inner.size;
+  g.a.batch_stride = inner.sa;
+  g.b.batch_stride = inner.sb;
+  g.c_batch_stride = inner.so;
+  int64_t outer = 1;
+  for (const BDim& d : dims) outer *= d.size;
+  const size_t es = a.itemsize();
+  for (int64_t o = 0; o < outer; ++o) {
+    int64_t oa = 0, ob = 0, oo = 0, rem = o;
+    for (int64_t d = int64_t(dims.size()) - 1; d >= 0; --d) {
+      const int64_t i = rem % dims[size_t(d)].size;
+      rem /= dims[size_t(d)].size;
+      oa += i * dims[size_t(d)].sa;
+      ob += i * dims[size_t(d)].sb;
+      oo += i * dims[size_t(d)].so;
+    }
+    g.a.ptr = static_cast<const char*>(pa.ptr) + oa * int64_t(es);
+    g.b.ptr = static_cast<const char*>(pb.ptr) + ob * int64_t(es);
+    g.c = static_cast<char*>(out.raw_data()) + oo * int64_t(es);
+    gemm(g);
+  }
+}
+BLU_REGISTER_KERNEL(cuda, "matmul", matmul_kernel);
+
+// out[R, out] = x[R, in] · w[out, in]ᵀ + bias, the bias fused as a cuBLASLt epilogue (f64: the
+// rows are filled with the bias first and the product accumulated onto them, beta = 1).
+void linear_kernel(const KernelCall& c) {
+  const Tensor &x = c.in[0], &w = c.in[1], &bias = c.in[2];
+  Tensor& out = c.out[0];
+  if (out.numel() == 0) return;
+  const Operand px = prepare(x), pw = prepare(w);
+  std::shared_ptr<DeviceBuffer> bias_buf;
+  const void* bp = nullptr;
+  if (bias.defined()) {
+    bp = bias.raw_data();
+    if (bias.shape()[0] > 1 && bias.strides()[0] != 1) {
+      bias_buf = std::make_shared<DeviceBuffer>(bias.device(), bias.nbytes());
+      pack_strided_launch(bias.itemsize(), bias.raw_data(), bias_buf->data.get(), 1, bias.shape().data(),
+                          bias.strides().data());
+      bp = bias_buf->data.get();
+    }
+  }
+  GemmArgs g;
+  g.dtype = x.dtype();
+  g.compute = default_gemm_compute(x.dtype());
+  g.M = x.shape()[0];
+  g.K = x.shape()[1];
+  g.N = w.shape()[0];
+  g.a = {px.ptr, px.strides[0], px.strides[1], 0};
+  g.b = {pw.ptr, pw.strides[1], pw.strides[0], 0};  // B[k, n] = w[n, k]
+  g.c = out.raw_data();
+  g.ldc = g.N;
+  if (bp && x.dtype() == DType::f64) {
+    fill_rows_launch(g.dtype, g.c, 1, g.M, g.N, g.ldc, 0, bp);
+    if (g.K == 0) return;
+    g.beta = 1;
+  } else if (bp) {
+    g.epilogue = GemmEpilogue::bias;
+    g.bias = bp;
+  }
+  gemm(g);
+}
+BLU_REGISTER_KERNEL(cuda, "linear", linear_kernel);
+
+}  // namespace
+
+}  // namespace blu::cuda

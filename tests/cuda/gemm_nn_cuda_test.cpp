@@ -1,0 +1,636 @@
+// GPU tests for the CUDA gemm (cuBLASLt), the linalg/nn/optim kernels: each against the CPU
+// backend or a double reference on the host, at odd sizes and GPT-2 sizes, with the tolerances
+// justified where they are set, plus run-to-run determinism where the kernels promise it.
+// Every test skips when no CUDA device is present. Run: ctest -L cuda, or build-cuda/tests/test_cuda.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "blu/backend/cuda/gemm.h"
+#include "blu/backend/cuda/runtime.h"
+#include "blu/core/grad_mode.h"
+#include "blu/ops/dispatch.h"
+#include "blu/ops/elementwise.h"
+#include "blu/ops/factory.h"
+#include "blu/ops/linalg.h"
+#include "blu/ops/nn.h"
+#include "blu/ops/optim.h"
+#include "blu/ops/precision.h"
+#include "blu/ops/view.h"
+
+namespace blu {
+namespace {
+
+using cuda::GemmArgs;
+using cuda::GemmCompute;
+using cuda::GemmEpilogue;
+
+const Device kCuda{DeviceType::cuda, 0};
+
+#define SKIP_WITHOUT_CUDA()                     \
+  if (cuda::device_count() == 0) {              \
+    GTEST_SKIP() << "no CUDA device";           \
+  }
+
+Tensor dev(const Tensor& t) { return to_device(t, kCuda); }
+// Device → host, then wait for the device so the host reads finished data.
+Tensor host(const Tensor& t) {
+  Tensor h = to_device(t, kCPU);
+  BLU_CUDA_CHECK(cudaDeviceSynchronize());
+  return h;
+}
+std::vector<double> hvec(const Tensor& t) { return to_vector(t.device().is_cpu() ? t : host(t)); }
+Tensor f64(const Tensor& t) { return to_dtype(t.device().is_cpu() ? t : host(t), DType::f64); }
+// Random values exactly representable in dtype (drawn in f32, rounded once).
+Tensor rnd(const Shape& s, DType dt, double scale = 1.0) { return to_dtype(mul(randn(s), scale), dt); }
+
+// Element i passes when |got - ref| <= abs + rel_out·|ref| + rel_scale·scale_i (scale_i = |ref|
+// when no scale is given). Reports the worst element (by err/allowed) and the first failures.
+struct Tol {
+  double abs = 0, rel_out = 0, rel_scale = 0;
+};
+::testing::AssertionResult close(const std::string& what, const std::vector<double>& got,
+                                 const std::vector<double>& ref, Tol tol, const std::vector<double>* scale = nullptr) {
+  if (got.size() != ref.size())
+    return ::testing::AssertionFailure() << what << ": size " << got.size() << " vs reference " << ref.size();
+  size_t bad = 0, worst = 0;
+  double worst_ratio = 0, max_err = 0;
+  std::ostringstream first;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(got[i] - ref[i]);
+    const double s = scale ? (*scale)[i] : std::fabs(ref[i]);
+    const double allowed = tol.abs + tol.rel_out * std::fabs(ref[i]) + tol.rel_scale * s;
+    const bool ok = err <= allowed || (std::isnan(got[i]) && std::isnan(ref[i]));
+    const double ratio = ok ? 0.0 : allowed > 0 && !std::isnan(err) ? err / allowed : INFINITY;
+    if (ratio > worst_ratio) {
+      worst_ratio = ratio;
+      worst = i;
+    }
+    max_err = std::max(max_err, std::isnan(err) ? INFINITY : err);
+    if (!ok && bad++ < 5)
+      first << "\n  [" << i << "] got " << got[i] << " want " << ref[i] << " (err " << err << ", allowed " << allowed
+            << ")";
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << what << ": " << bad << " of " << got.size()
+                                       << " elements out of tolerance (abs " << tol.abs << ", rel_out " << tol.rel_out
+                                       << ", rel_scale " << tol.rel_scale << "); max |err| " << max_err
+                                       << "; worst at " << worst << " (err/allowed " << worst_ratio << ")"
+                                       << first.str();
+}
+::testing::AssertionResult bit_equal(const std::string& what, const Tensor& a, const Tensor& b) {
+  const Tensor ha = a.device().is_cpu() ? a : host(a), hb = b.device().is_cpu() ? b : host(b);
+  if (ha.nbytes() != hb.nbytes() || ha.dtype() != hb.dtype())
+    return ::testing::AssertionFailure() << what << ": " << ha.str() << " vs " << hb.str();
+  const Tensor ca = contiguous(ha), cb = contiguous(hb);
+  const auto* pa = static_cast<const unsigned char*>(ca.raw_data());
+  const auto* pb = static_cast<const unsigned char*>(cb.raw_data());
+  const size_t es = ca.itemsize();
+  size_t diff = 0, first = SIZE_MAX;
+  for (size_t i = 0; i < size_t(ca.numel()); ++i)
+    if (std::memcmp(pa + i * es, pb + i * es, es) != 0 && diff++ == 0) first = i;
+  if (diff == 0) return ::testing::AssertionSuccess();
+  const auto va = to_vector(ca), vb = to_vector(cb);
+  return ::testing::AssertionFailure() << what << ": " << diff << " of " << ca.numel()
+                                       << " elements differ bitwise; first at " << first << ": " << va[first]
+                                       << " vs " << vb[first];
+}
+
+// --- gemm ------------------------------------------------------------------------------------
+
+// Tolerances, relative to scale = Σ_k |a_ik|·|b_kj| (the size of the terms summed):
+//  - f32 IEEE: fp32 products and sums; the rounding error of a K-term sum grows like √K·2^-24 in
+//    practice (≈ 3e-6 at K = 3072): 1e-5 as the brief demands.
+//  - TF32: each input is rounded to 11 significant bits (relative error ≤ 2^-11), so each product
+//    is off by ≤ 2·2^-11 ≈ 1e-3 of its size; 2e-3 leaves room for the fp32 sums.
+//  - bf16 / f16: inputs are exact in the reference (it multiplies the same rounded values), sums
+//    are fp32 (1e-5 as f32), and the output is rounded once to 8 (bf16) / 11 (f16) significant
+//    bits: half an ulp is 2^-9 / 2^-12 of |ref|; we allow twice that.
+//  - f64: 1e-12.
+Tol gemm_tol(DType dt, GemmCompute c) {
+  switch (c) {
+    case GemmCompute::f32_ieee: return {0, 0, 1e-5};
+    case GemmCompute::f32_tf32: return {0, 0, 2e-3};
+    case GemmCompute::f64: return {0, 0, 1e-12};
+    case GemmCompute::f16_f32: return dt == DType::bf16 ? Tol{0, 1.0 / 256, 1e-5} : Tol{0, 1.0 / 2048, 1e-5};
+  }
+  return {};
+}
+const char* compute_name(GemmCompute c) {
+  switch (c) {
+    case GemmCompute::f32_ieee: return "f32-ieee";
+    case GemmCompute::f32_tf32: return "f32-tf32";
+    case GemmCompute::f16_f32: return "f16/bf16-f32acc";
+    case GemmCompute::f64: return "f64";
+  }
+  return "?";
+}
+
+double gelu_tanh(double x) { return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+
+struct GemmCase {
+  DType dtype;
+  GemmCompute compute;
+  bool ta, tb;  // A (B) stored transposed: the operand is a transposed view of a [K, M] ([N, K]) buffer
+  int64_t M, N, K;
+  GemmEpilogue epi;
+  std::string str() const {
+    std::ostringstream os;
+    os << dtype << " " << compute_name(compute) << (ta ? " Aᵀ" : " A") << (tb ? " Bᵀ" : " B") << " M=" << M
+       << " N=" << N << " K=" << K << " epilogue=" << cuda::gemm_epilogue_name(epi);
+    return os.str();
+  }
+};
+
+void run_gemm_case(const GemmCase& gc) {
+  SCOPED_TRACE(gc.str());
+  NoGradGuard ng;
+  const int64_t M = gc.M, N = gc.N, K = gc.K;
+  // Stored buffers on the host; logical operands are (transposed) views of them.
+  const Tensor a_store = gc.ta ? rnd({K, M}, gc.dtype) : rnd({M, K}, gc.dtype);
+  const Tensor b_store = gc.tb ? rnd({N, K}, gc.dtype) : rnd({K, N}, gc.dtype);
+  const Tensor a_log = gc.ta ? transpose(a_store, 0, 1) : a_store;
+  const Tensor b_log = gc.tb ? transpose(b_store, 0, 1) : b_store;
+  const Tensor bias = rnd({N}, gc.dtype);
+  const Tensor a_dev = dev(a_store), b_dev = dev(b_store), bias_dev = dev(bias);
+  const Tensor c_dev = empty({M, N}, gc.dtype, kCuda);
+  const Tensor aux_dev = empty({M, N}, gc.dtype, kCuda);
+  const int64_t bias_len = gc.epi == GemmEpilogue::bgrad_a ? M : N;
+  const Tensor bgrad_dev = empty({bias_len}, gc.dtype, kCuda);
+
+  GemmArgs g;
+  g.dtype = gc.dtype;
+  g.compute = gc.compute;
+  g.M = M;
+  g.N = N;
+  g.K = K;
+  g.a = {a_dev.raw_data(), gc.ta ? 1 : K, gc.ta ? M : 1, 0};
+  g.b = {b_dev.raw_data(), gc.tb ? 1 : N, gc.tb ? K : 1, 0};
+  g.c = c_dev.raw_data();
+  g.ldc = N;
+  g.epilogue = gc.epi;
+  g.bias = bias_dev.raw_data();
+  g.bias_grad = bgrad_dev.raw_data();
+  g.aux = aux_dev.raw_data();
+  g.aux_ld = N;
+  ASSERT_NO_THROW(cuda::gemm(g));
+
+  const Tensor a64 = f64(a_log), b64 = f64(b_log);
+  std::vector<double> ref = to_vector(matmul(a64, b64));
+  std::vector<double> scale = to_vector(matmul(abs(a64), abs(b64)));
+  const Tol tol = gemm_tol(gc.dtype, gc.compute);
+  const std::vector<double> bias_v = to_vector(bias);
+  const std::vector<double> got = hvec(c_dev);
+  if (gc.epi == GemmEpilogue::none || gc.epi == GemmEpilogue::bgrad_a || gc.epi == GemmEpilogue::bgrad_b) {
+    EXPECT_TRUE(close("C", got, ref, tol, &scale));
+  } else {
+    std::vector<double> pre(ref.size()), pre_scale(ref.size());
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        pre[size_t(i * N + j)] = ref[size_t(i * N + j)] + bias_v[size_t(j)];
+        pre_scale[size_t(i * N + j)] = scale[size_t(i * N + j)] + std::fabs(bias_v[size_t(j)]);
+      }
+    if (gc.epi == GemmEpilogue::bias) {
+      EXPECT_TRUE(close("C + bias", got, pre, tol, &pre_scale));
+    } else {
+      // GELU: |gelu'| <= 1.13 carries the pre-activation's error through; cuBLASLt may evaluate
+      // tanh with the hardware approximation (relative error about 2^-11), worth ≤ 5e-4·|x| more.
+      std::vector<double> post(pre.size()), post_scale(pre.size());
+      for (size_t i = 0; i < pre.size(); ++i) {
+        post[i] = gelu_tanh(pre[i]);
+        post_scale[i] = 1.13 * pre_scale[i] + (5e-4 / std::max(tol.rel_scale, 1e-12)) * std::fabs(pre[i]);
+      }
+      EXPECT_TRUE(close("gelu(C + bias)", got, post, Tol{1e-6, tol.rel_out, tol.rel_scale}, &post_scale));
+      if (gc.epi == GemmEpilogue::gelu_aux_bias) {
+        EXPECT_TRUE(close("aux = C + bias", hvec(aux_dev), pre, tol, &pre_scale));
+      }
+    }
+  }
+  if (gc.epi == GemmEpilogue::bgrad_a || gc.epi == GemmEpilogue::bgrad_b) {
+    // Σ over K of A's rows (bgrad_a) or B's columns (bgrad_b).
+    const std::vector<double> av = to_vector(contiguous(a64)), bv = to_vector(contiguous(b64));
+    std::vector<double> bref(size_t(bias_len), 0.0), bscale(size_t(bias_len), 0.0);
+    for (int64_t i = 0; i < bias_len; ++i)
+      for (int64_t k = 0; k < K; ++k) {
+        const double v = gc.epi == GemmEpilogue::bgrad_a ? av[size_t(i * K + k)] : bv[size_t(k * N + i)];
+        bref[size_t(i)] += v;
+        bscale[size_t(i)] += std::fabs(v);
+      }
+    EXPECT_TRUE(close("bias gradient", hvec(bgrad_dev), bref, tol, &bscale));
+  }
+}
+
+struct Mode {
+  DType dtype;
+  GemmCompute compute;
+};
+const Mode kModes[] = {{DType::f32, GemmCompute::f32_ieee},
+                       {DType::f32, GemmCompute::f32_tf32},
+                       {DType::bf16, GemmCompute::f16_f32},
+                       {DType::f16, GemmCompute::f16_f32}};
+
+TEST(CudaGemm, EveryDtypeTranspositionAndEpilogueAtOddSizes) {
+  SKIP_WITHOUT_CUDA();
+  manual_seed(1);
+  for (const Mode& m : kModes)
+    for (int t = 0; t < 4; ++t)
+      for (GemmEpilogue e : {GemmEpilogue::none, GemmEpilogue::bias, GemmEpilogue::gelu_bias, GemmEpilogue::bgrad_a,
+                             GemmEpilogue::bgrad_b})
+        run_gemm_case({m.dtype, m.compute, bool(t & 1), bool(t & 2), 37, 53, 71, e});
+  // GELU_AUX needs the aux row stride divisible by 8: N = 56.
+  for (const Mode& m : kModes)
+    for (int t = 0; t < 4; ++t)
+      run_gemm_case({m.dtype, m.compute, bool(t & 1), bool(t & 2), 37, 56, 71, GemmEpilogue::gelu_aux_bias});
+  // f64: the plain product (linear's f64 bias goes through a fill kernel and beta = 1).
+  for (int t = 0; t < 4; ++t) run_gemm_case({DType::f64, GemmCompute::f64, bool(t & 1), bool(t & 2), 37, 53, 71, GemmEpilogue::none});
+}
+
+TEST(CudaGemm, Gpt2Sizes) {
+  SKIP_WITHOUT_CUDA();
+  manual_seed(2);
+  const int64_t R = 2048;  // rows: 2 sequences of 1024 tokens
+  for (const Mode& m : kModes) {
+    if (m.dtype == DType::f16) continue;
+    run_gemm_case({m.dtype, m.compute, false, true, R, 2304, 768, GemmEpilogue::bias});           // qkv
+    run_gemm_case({m.dtype, m.compute, false, true, R, 3072, 768, GemmEpilogue::gelu_aux_bias});  // fc + gelu
+    run_gemm_case({m.dtype, m.compute, false, true, R, 768, 3072, GemmEpilogue::bias});           // proj
+    run_gemm_case({m.dtype, m.compute, false, false, R, 768, 3072, GemmEpilogue::none});          // grad x = g·w
+    run_gemm_case({m.dtype, m.compute, true, false, 768, 3072, R, GemmEpilogue::bgrad_a});       // grad w = gᵀ·x, grad b
+    run_gemm_case({m.dtype, m.compute, false, true, 512, 50304, 768, GemmEpilogue::none});        // lm head
+  }
+}
+
+TEST(CudaGemm, PlansAreCachedByShape) {
+  SKIP_WITHOUT_CUDA();
+  NoGradGuard ng;
+  const Tensor a = dev(rnd({33, 17}, DType::f32)), b = dev(rnd({17, 9}, DType::f32));
+  (void)matmul(a, b);
+  const size_t n1 = cuda::gemm_plan_cache_size();
+  (void)matmul(a, b);
+  EXPECT_EQ(cuda::gemm_plan_cache_size(), n1) << "the same product must reuse its plan";
+  (void)matmul(a, dev(rnd({17, 10}, DType::f32)));
+  EXPECT_EQ(cuda::gemm_plan_cache_size(), n1 + 1) << "a new shape adds one plan";
+}
+
+// --- matmul / linear ops against the CPU backend ---------------------------------------------
+
+Tol op_tol(DType dt) {
+  return dt == DType::f32 ? Tol{0, 0, 1e-5} : dt == DType::f64 ? Tol{0, 0, 1e-12} : gemm_tol(dt, GemmCompute::f16_f32);
+}
+
+TEST(CudaMatmul, BatchedTransposedBroadcastAndPackedOperands) {
+  SKIP_WITHOUT_CUDA();
+  manual_seed(3);
+  for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+    // Views are made on the device so the kernel sees their strides.
+    NoGradGuard ng;
+    const Tensor a = rnd({3, 37, 71}, dt), b = rnd({3, 53, 71}, dt);
+    const Tensor bt = transpose(b, 1, 2);
+    {
+      const Tensor got = matmul(dev(a), transpose(dev(b), 1, 2));
+      const auto sv = to_vector(matmul(abs(f64(a)), abs(f64(bt))));
+      EXPECT_TRUE(close(std::string("batched a·bᵀ ") + std::string(dtype_name(dt)), hvec(got),
+                        to_vector(matmul(f64(a), f64(bt))), op_tol(dt), &sv));
+    }
+    {  // batch broadcast: [4, 1, 37, 71] · [3, 71, 53] → a's dim 1 expanded (batch stride 0)
+      const Tensor a4 = rnd({4, 1, 37, 71}, dt), b3 = rnd({3, 71, 53}, dt);
+      const Tensor got = matmul(dev(a4), dev(b3));
+      const auto sv = to_vector(matmul(abs(f64(a4)), abs(f64(b3))));
+      EXPECT_TRUE(close(std::string("broadcast batch ") + std::string(dtype_name(dt)), hvec(got),
+                        to_vector(matmul(f64(a4), f64(b3))), op_tol(dt), &sv));
+    }
+    {  // a row expanded to a matrix (row stride 0: must be packed) times a transposed matrix
+      const Tensor row = rnd({1, 71}, dt), b2 = rnd({53, 71}, dt);
+      const Tensor got = matmul(expand(dev(row), {37, 71}), transpose(dev(b2), 0, 1));
+      const Tensor ra = expand(row, {37, 71}), rb = transpose(b2, 0, 1);
+      const auto sv = to_vector(matmul(abs(f64(ra)), abs(f64(rb))));
+      EXPECT_TRUE(close(std::string("packed operand ") + std::string(dtype_name(dt)), hvec(got),
+                        to_vector(matmul(f64(ra), f64(rb))), op_tol(dt), &sv));
+    }
+    {  // 1-D operands
+      const Tensor v = rnd({71}, dt), m = rnd({71, 53}, dt);
+      const auto sv = to_vector(matmul(abs(f64(v)), abs(f64(m))));
+      EXPECT_TRUE(close(std::string("vector·matrix ") + std::string(dtype_name(dt)), hvec(matmul(dev(v), dev(m))),
+                        to_vector(matmul(f64(v), f64(m))), op_tol(dt), &sv));
+    }
+  }
+}
+
+TEST(CudaLinear, WithAndWithoutBiasEveryDtype) {
+  SKIP_WITHOUT_CUDA();
+  manual_seed(4);
+  NoGradGuard ng;
+  for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+    for (bool with_bias : {true, false}) {
+      const Tensor x = rnd({2, 19, 71}, dt), w = rnd({53, 71}, dt), b = with_bias ? rnd({53}, dt) : Tensor();
+      const Tensor got = linear(dev(x), dev(w), with_bias ? dev(b) : Tensor());
+      const Tensor ref = linear(f64(x), f64(w), with_bias ? f64(b) : Tensor());
+      const Tensor scale = linear(abs(f64(x)), abs(f64(w)), with_bias ? abs(f64(b)) : Tensor());
+      const auto sv = to_vector(scale);
+      EXPECT_EQ(got.shape(), ref.shape());
+      EXPECT_TRUE(close(std::string("linear ") + std::string(dtype_name(dt)) + (with_bias ? " +bias" : ""), hvec(got),
+                        to_vector(ref), op_tol(dt), &sv));
+    }
+  }
+}
+
+// RAII: restores IEEE matmuls even when a check fails.
+struct PrecisionGuard {
+  ~PrecisionGuard() { set_matmul_precision(MatmulPrecision::ieee); }
+};
+
+TEST(CudaMatmul, Tf32PrecisionSettingIsHonoured) {
+  SKIP_WITHOUT_CUDA();
+  manual_seed(5);
+  NoGradGuard ng;
+  PrecisionGuard guard;
+  EXPECT_THROW(set_matmul_precision("fast"), Error);
+  const Tensor a = rnd({256, 768}, DType::f32), b = rnd({768, 256}, DType::f32);
+  const auto ref = to_vector(matmul(f64(a), f64(b)));
+  const auto sv = to_vector(matmul(abs(f64(a)), abs(f64(b))));
+  auto max_err = [&](const std::vector<double>& got) {
+    double e = 0;
+    for (size_t i = 0; i < got.size(); ++i) e = std::max(e, std::fabs(got[i] - ref[i]) / sv[i]);
+    return e;
+  };
+  set_matmul_precision("ieee");
+  const auto ieee = hvec(matmul(dev(a), dev(b)));
+  set_matmul_precision("tf32");
+  EXPECT_EQ(matmul_precision(), MatmulPrecision::tf32);
+  const auto tf32 = hvec(matmul(dev(a), dev(b)));
+  const double e_ieee = max_err(ieee), e_tf32 = max_err(tf32);
+  std::printf("max error / Σ|a||b|: ieee %.3g, tf32 %.3g\n", e_ieee, e_tf32);
+  EXPECT_LT(e_ieee, 1e-5);
+  EXPECT_LT(e_tf32, 2e-3);
+  // With K = 768 random inputs TF32 rounding is visible: it must not be silently IEEE.
+  EXPECT_GT(e_tf32, 4 * e_ieee) << "tf32 mode gave IEEE-accurate results: is CUBLAS_COMPUTE_32F_FAST_TF32 used?";
+}
+
+// --- nn ops ----------------------------------------------------------------------------------
+// Op definitions with the names of ops/nn.cpp's forward ops (every output) and backward ops, so
+// the tests can call the kernels directly and see the saved statistics.
+
+DType stat_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+std::vector<TensorMeta> infer_ce(std::span<const Tensor> in, const Attrs& a) {
+  const Tensor& x = in[0];
+  const Shape rows = x.dim() == 2 ? Shape{x.shape()[0]} : Shape{};
+  return {TensorMeta{Reduction(a.i("reduction")) == Reduction::none ? rows : Shape{}, x.dtype(), x.device()},
+          TensorMeta{rows, stat_dtype(x.dtype()), x.device()}};
+}
+std::vector<TensorMeta> like_input1(std::span<const Tensor> in, const Attrs&) {
+  return {TensorMeta{in[1].shape(), in[1].dtype(), in[1].device()}};
+}
+std::vector<TensorMeta> infer_ln(std::span<const Tensor> in, const Attrs&) {
+  const Tensor& x = in[0];
+  const Shape rows(x.shape().begin(), x.shape().end() - 1);
+  return {TensorMeta{x.shape(), x.dtype(), x.device()}, TensorMeta{rows, stat_dtype(x.dtype()), x.device()},
+          TensorMeta{rows, stat_dtype(x.dtype()), x.device()}};
+}
+std::vector<TensorMeta> infer_ln_bw(std::span<const Tensor> in, const Attrs&) {
+  const Tensor& x = in[1];
+  const TensorMeta p{Shape{x.shape().back()}, x.dtype(), x.device()};
+  return {TensorMeta{x.shape(), x.dtype(), x.device()}, p, p};
+}
+std::vector<TensorMeta> infer_emb_bw(std::span<const Tensor> in, const Attrs& a) {
+  return {TensorMeta{Shape{a.i("num_weights"), in[0].shape().back()}, in[0].dtype(), in[0].device()}};
+}
+const OpDef kCE{.name = "cross_entropy", .infer = infer_ce};
+const OpDef kCEBackward{.name = "cross_entropy_backward", .infer = like_input1};
+const OpDef kLN{.name = "layer_norm", .infer = infer_ln, .optional_inputs = 0b110};
+const OpDef kLNBackward{.name = "layer_norm_backward", .infer = infer_ln_bw, .optional_inputs = 0b100};
+const OpDef kSoftmaxBackward{.name = "softmax_backward", .infer = like_input1};
+const OpDef kLogSoftmaxBackward{.name = "log_softmax_backward", .infer = like_input1};
+const OpDef kEmbBackward{.name = "embedding_backward", .infer = infer_emb_bw};
+
+// Tolerance for a row op's outputs of O(1) against the CPU (which sums rows in double): fp32
+// sums of n terms err by ~√n·2^-24 relative; 16-bit outputs are rounded once on each side, so
+// the two may differ by one ulp of the type (2^-8 bf16, 2^-11 f16).
+Tol row_tol(DType dt) {
+  switch (dt) {
+    case DType::f64: return {1e-12, 1e-12, 0};
+    case DType::f32: return {2e-6, 2e-5, 0};
+    case DType::bf16: return {1e-6, 1.0 / 128, 0};
+    default: return {1e-6, 1.0 / 1024, 0};
+  }
+}
+
+TEST(CudaNN, SoftmaxAndLogSoftmaxForwardBackwardMatchCpu) {
+  SKIP_WITHOUT_CUDA();
+  manual_seed(6);
+  NoGradGuard ng;
+  for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64})
+    for (int64_t dim : {2, 1}) {  // the last dim (row kernel) and a middle dim (column kernel)
+      const std::string tag = std::string(dtype_name(dt)) + " dim " + std::to_string(dim);
+      const Tensor x = rnd({5, 37, 1030}, dt, 3.0);
+      const Tensor g = rnd({5, 37, 1030}, dt);
+      for (bool lg : {false, true}) {
+        const Tensor yc = lg ? log_softmax(x, dim) : softmax(x, dim);
+        const Tensor yd = lg ? log_softmax(dev(x), dim) : softmax(dev(x), dim);
+        EXPECT_TRUE(close((lg ? "log_softmax " : "softmax ") + tag, hvec(yd), to_vector(yc), row_tol(dt)));
+        const OpDef& bw = lg ? kLogSoftmaxBackward : kSoftmaxBackward;
+        const Tensor gc = dispatch1(bw, {g, yc}, Attrs{{"dim", dim}});
+        const Tensor gd = dispatch1(bw, {dev(g), yd}, Attrs{{"dim", dim}});
+        EXPECT_TRUE(close((lg ? "log_softmax_backward " : "softmax_backward ") + tag, hvec(gd), to_vector(gc),
+                          Tol{row_tol(dt).abs * 10, row_tol(dt).rel_out * 4, 0}));
+      }
+    }
+}
+
+// cross_entropy over GPT-2's padded vocabulary, some targets ignored, every reduction.
+TEST(CudaNN, CrossEntropyV50304MatchesCpu) {
+  SKIP_WITHOUT_CUDA();
+  manual_seed(7);
+  NoGradGuard ng;
+  const int64_t N = 64, V = 50304, ignore = -100;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const Tensor x = rnd({N, V}, dt, 4.0);
+    std::vector<double> tv(static_cast<size_t>(N));
+    const auto r = to_vector(randint(0, V, {N}));
+    for (int64_t i = 0; i < N; ++i) tv[size_t(i)] = i % 7 == 3 ? double(ignore) : r[size_t(i)];
+    for (DType it : {DType::i64, DType::i32}) {
+      const Tensor t = from_vector(tv, {N}, it);
+      const Tensor xd = dev(x), td = dev(t);
+      for (Reduction red : {Reduction::none, Reduction::mean, Reduction::sum}) {
+        const std::string tag = std::string(dtype_name(dt)) + " targets " + std::string(dtype_name(it)) +
+                                " reduction " + std::to_string(int(red));
+        const Attrs attrs{{"ignore_index", ignore}, {"reduction", int64_t(red)}};
+        const auto oc = dispatch(kCE, {x, t}, attrs);
+        const auto od = dispatch(kCE, {xd, td}, attrs);
+        // lse: fp32 online sum of 50304 terms vs the CPU's double sum.
+        EXPECT_TRUE(close("lse " + tag, hvec(od[1]), to_vector(oc[1]), Tol{1e-5, 1e-6, 0}));
+        // The loss is lse - x[t] (O(10)); bf16 outputs round to 8 bits on each side.
+        const Tol lt = dt == DType::f32 ? Tol{2e-5, 2e-6, 0} : Tol{1e-3, 1.0 / 128, 0};
+        EXPECT_TRUE(close("loss " + tag, hvec(od[0]), to_vector(oc[0]), lt));
+        // Backward from a random upstream gradient (a scalar for mean/sum).
+        const Tensor g = red == Reduction::none ? rnd({N}, dt) : rnd({}, dt);
+        const Tensor gc = dispatch1(kCEBackward, {g, x, t, oc[1]}, attrs);
+        const Tensor gd = dispatch1(kCEBackward, {dev(g), xd, td, od[1]}, attrs);
+        // softmax probabilities are ≤ 1: an absolute tolerance relative to |g| works.
+        const double gs = red == Reduction::mean ? 1.0 / N : 1.0;
+        const Tol gt = dt == DType::f32 ? Tol{1e-6 * gs * 4, 1e-5, 0} : Tol{1e-4 * gs * 4, 1.0 / 128, 0};
+        EXPECT_TRUE(close("dlogits " + tag, hvec(gd), to_vector(gc), gt));
+      }
+    }
+  }
+}
+
+TEST(CudaNN, LayerNormForwardBackwardMatchCpuAndIsDeterministic) {
+  SKIP_WITHOUT_CUDA();
+  manual_seed(8);
+  NoGradGuard ng;
+  struct Case {
+    int64_t R, C;
+    bool weight, bias;
+  };
+  for (DType dt : {DType::f32, DType::bf16, DType::f64})
+    for (Case cs : {Case{4096, 768, true, true}, Case{333, 100, true, false}, Case{65, 37, false, false}}) {
+      const std::string tag = std::string(dtype_name(dt)) + " R=" + std::to_string(cs.R) + " C=" +
+                              std::to_string(cs.C) + (cs.weight ? " +w" : "") + (cs.bias ? " +b" : "");
+      const Tensor x = add(rnd({cs.R, cs.C}, dt, 2.0), 0.5);
+      const Tensor w = cs.weight ? rnd({cs.C}, dt) : Tensor(), b = cs.bias ? rnd({cs.C}, dt) : Tensor();
+      const Tensor wd = cs.weight ? dev(w) : Tensor(), bd = cs.bias ? dev(b) : Tensor();
+      const Attrs attrs{{"eps", 1e-5}};
+      const auto oc = dispatch(kLN, {x, w, b}, attrs);
+      const auto od = dispatch(kLN, {dev(x), wd, bd}, attrs);
+      EXPECT_TRUE(close("y " + tag, hvec(od[0]), to_vector(oc[0]), row_tol(dt)));
+      EXPECT_TRUE(close("mean " + tag, hvec(od[1]), to_vector(oc[1]), Tol{1e-6, 1e-5, 0}));
+      EXPECT_TRUE(close("rstd " + tag, hvec(od[2]), to_vector(oc[2]), Tol{1e-6, 1e-5, 0}));
+      const Tensor g = rnd({cs.R, cs.C}, dt);
+      const auto gc = dispatch(kLNBackward, {g, x, w, oc[1], oc[2]});
+      const auto gd = dispatch(kLNBackward, {dev(g), dev(x), wd, od[1], od[2]});
+      EXPECT_TRUE(close("grad_x " + tag, hvec(gd[0]), to_vector(gc[0]),
+                        Tol{row_tol(dt).abs * 20, row_tol(dt).rel_out * 4, 0}));
+      // Column sums over R rows of O(1) terms: fp32 partial sums err by ~√R·2^-24 each.
+      const double sr = std::sqrt(double(cs.R));
+      const Tol pt = dt == DType::bf16 ? Tol{1e-3 * sr, 1.0 / 128, 0} : dt == DType::f32 ? Tol{1e-5 * sr, 1e-5, 0}
+                                                                                        : Tol{1e-10, 1e-10, 0};
+      EXPECT_TRUE(close("grad_w " + tag, hvec(gd[1]), to_vector(gc[1]), pt));
+      EXPECT_TRUE(close("grad_b " + tag, hvec(gd[2]), to_vector(gc[2]), pt));
+      const auto gd2 = dispatch(kLNBackward, {dev(g), dev(x), wd, od[1], od[2]});
+      EXPECT_TRUE(bit_equal("grad_w rerun " + tag, gd[1], gd2[1]));
+      EXPECT_TRUE(bit_equal("grad_b rerun " + tag, gd[2], gd2[2]));
+      EXPECT_TRUE(bit_equal("grad_x rerun " + tag, gd[0], gd2[0]));
+    }
+}
+
+TEST(CudaNN, EmbeddingForwardAndDeterministicBackward) {
+  SKIP_WITHOUT_CUDA();
+  manual_seed(9);
+  NoGradGuard ng;
+  const int64_t V = 50304, C = 768, B = 16, T = 1024;
+  // Many repeats: most tokens from a 64-word head, one token in 8 anywhere in the vocabulary,
+  // and token 0 at every 16th position (a run of 1024 repeats).
+  const auto head = to_vector(randint(0, 64, {B * T}));
+  const auto any = to_vector(randint(0, V, {B * T}));
+  std::vector<double> iv(size_t(B * T));
+  for (size_t i = 0; i < iv.size(); ++i) iv[i] = i % 16 == 0 ? 0.0 : i % 8 == 1 ? any[i] : head[i];
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const Tensor w = rnd({V, C}, dt), idx = from_vector(iv, {B, T}, DType::i64);
+    const Tensor wd = dev(w), idd = dev(idx);
+    EXPECT_TRUE(bit_equal(std::string("embedding forward ") + std::string(dtype_name(dt)), embedding(wd, idd),
+                          embedding(w, idx)));
+    const Tensor g = rnd({B, T, C}, dt), gdv = dev(g);
+    const Attrs attrs{{"num_weights", V}};
+    const Tensor r1 = dispatch1(kEmbBackward, {gdv, idd}, attrs);
+    const Tensor r2 = dispatch1(kEmbBackward, {gdv, idd}, attrs);
+    EXPECT_TRUE(bit_equal(std::string("embedding backward rerun ") + std::string(dtype_name(dt)), r1, r2));
+    // Same summation order as the CPU (stable sort, rows added in position order, fp32
+    // accumulation, one rounding): bit-identical to the CPU as well.
+    const Tensor rc = dispatch1(kEmbBackward, {g, idx}, attrs);
+    EXPECT_TRUE(bit_equal(std::string("embedding backward vs CPU ") + std::string(dtype_name(dt)), r1, rc));
+    // i32 indices take the same path.
+    const Tensor r32 = dispatch1(kEmbBackward, {gdv, dev(to_dtype(idx, DType::i32))}, attrs);
+    EXPECT_TRUE(bit_equal("embedding backward i32 indices", r1, r32));
+  }
+}
+
+TEST(CudaNN, DropoutMasksMatchCpuBitForBit) {
+  SKIP_WITHOUT_CUDA();
+  manual_seed(10);
+  NoGradGuard ng;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const Tensor x = rnd({1001, 333}, dt);
+    Generator gc(1234, 77), gd(1234, 77);
+    EXPECT_TRUE(bit_equal("dropout contiguous", dropout(dev(x), 0.1, true, &gd), dropout(x, 0.1, true, &gc)));
+    // A transposed (non-contiguous) input: the mask follows the logical row-major index.
+    EXPECT_TRUE(bit_equal("dropout transposed", dropout(transpose(dev(x), 0, 1), 0.3, true, &gd),
+                          dropout(transpose(x, 0, 1), 0.3, true, &gc)));
+    EXPECT_TRUE(bit_equal("dropout p=1", dropout(dev(x), 1.0, true, &gd), dropout(x, 1.0, true, &gc)));
+  }
+}
+
+// --- optimizer kernels -----------------------------------------------------------------------
+
+// Largest distance in units in the last place between two f32 tensors.
+int64_t max_ulp(const Tensor& a, const Tensor& b) {
+  const Tensor ca = contiguous(a.device().is_cpu() ? a : host(a)), cb = contiguous(b.device().is_cpu() ? b : host(b));
+  const float* pa = ca.data<float>();
+  const float* pb = cb.data<float>();
+  auto ord = [](float f) {
+    int32_t i;
+    std::memcpy(&i, &f, 4);
+    return i < 0 ? int64_t(INT32_MIN) - i : int64_t(i);
+  };
+  int64_t m = 0;
+  for (int64_t i = 0; i < ca.numel(); ++i) m = std::max<int64_t>(m, int64_t(std::llabs(ord(pa[i]) - ord(pb[i]))));
+  return m;
+}
+
+TEST(CudaOptim, AdamWTenStepsWithinOneUlpOfCpu) {
+  SKIP_WITHOUT_CUDA();
+  manual_seed(11);
+  NoGradGuard ng;
+  const Shape s{1000, 123};
+  Tensor pc = randn(s), mc = zeros(s), vc = zeros(s);
+  Tensor pd = dev(pc), md = dev(mc), vd = dev(vc);
+  const AdamWStepArgs base{6e-4, 0.9, 0.95, 1e-8, 0.1, 1};
+  for (int64_t step = 1; step <= 10; ++step) {
+    const Tensor g = mul(randn(s), 1e-2 * double(step));
+    AdamWStepArgs a = base;
+    a.step = step;
+    adamw_step_(pc, g, mc, vc, a);
+    adamw_step_(pd, dev(g), md, vd, a);
+    EXPECT_LE(max_ulp(pd, pc), 1) << "param after step " << step;
+    EXPECT_LE(max_ulp(md, mc), 1) << "exp_avg after step " << step;
+    EXPECT_LE(max_ulp(vd, vc), 1) << "exp_avg_sq after step " << step;
+  }
+  // Non-contiguous parameter views take the strided path.
+  Tensor pt = dev(randn({64, 32})), gt = dev(randn({64, 32}));
+  Tensor pth = host(pt), gth = host(gt);
+  Tensor mt = dev(zeros({32, 64})), vt = dev(zeros({32, 64}));
+  Tensor mth = zeros({32, 64}), vth = zeros({32, 64});
+  adamw_step_(transpose(pt, 0, 1), transpose(gt, 0, 1), mt, vt, base);
+  adamw_step_(transpose(pth, 0, 1), transpose(gth, 0, 1), mth, vth, base);
+  EXPECT_LE(max_ulp(pt, pth), 1) << "strided param";
+}
+
+TEST(CudaOptim, SgdMatchesCpu) {
+  SKIP_WITHOUT_CUDA();
+  manual_seed(12);
+  NoGradGuard ng;
+  const Shape s{777, 13};
+  for (bool nesterov : {false, true}) {
+    Tensor pc = randn(s), bc = zeros(s);
+    Tensor pd = dev(pc), bd = dev(bc);
+    for (int step = 0; step < 5; ++step) {
+      const Tensor g = randn(s);
+      const SGDStepArgs a{0.01, 0.9, 1e-4, nesterov, step == 0};
+      sgd_step_(pc, g, bc, a);
+      sgd_step_(pd, dev(g), bd, a);
+      EXPECT_LE(max_ulp(pd, pc), 1) << "param, nesterov " << nesterov << ", step " << step;
+      EXPECT_LE(max_ulp(bd, bc), 1) << "momentum buffer, nesterov " << nesterov << ", step " << step;
+    }
+    Tensor p2c = randn(s), p2d = dev(p2c);  // no momentum buffer
+    const Tensor g = randn(s);
+    sgd_step_(p2c, g, Tensor(), SGDStepArgs{0.1, 0, 0, false, false});
+    sgd_step_(p2d, dev(g), Tensor(), SGDStepArgs{0.1, 0, 0, false, false});
+    EXPECT_LE(max_ulp(p2d, p2c), 1) << "plain SGD";
+  }
+}
+
+}  // namespace
+}  // namespace blu
