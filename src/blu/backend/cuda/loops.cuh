@@ -23,14 +23,9 @@
 #include <vector>
 
 #include "blu/backend/backend.h"
+#include "blu/backend/cuda/int_div.h"
 #include "blu/backend/cuda/runtime.h"
 #include "blu/core/tensor.h"
-
-#if defined(__CUDACC__)
-#define BLU_HD __host__ __device__
-#else
-#define BLU_HD
-#endif
 
 namespace blu::cuda {
 
@@ -75,26 +70,6 @@ __device__ __forceinline__ double sub_rn(double a, double b) { return __dsub_rn(
 
 // --- index→offset maps ---
 inline constexpr int kMaxDims = 8;
-
-// n / d for n, d < 2^31 by a multiply-high and a shift (round-up magic number method):
-// s = ceil(log2 d), m = floor(2^32 (2^s - d) / d) + 1, n / d = (mulhi(n, m) + n) >> s.
-struct Div32 {
-  uint32_t d = 1, m = 1, s = 0;
-  Div32() = default;
-  explicit Div32(uint32_t divisor) : d(divisor) {
-    s = 0;
-    while ((uint64_t(1) << s) < divisor) ++s;
-    m = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << s) - divisor)) / divisor + 1);
-  }
-  BLU_HD uint32_t div(uint32_t n) const {
-#if defined(__CUDA_ARCH__)
-    const uint32_t t = __umulhi(n, m);
-#else
-    const uint32_t t = uint32_t((uint64_t(n) * m) >> 32);
-#endif
-    return (t + n) >> s;
-  }
-};
 
 // N operands over one iteration space of coalesced dims, innermost first. offsets(i) gives each
 // operand's element offset for linear (row-major) index i.
