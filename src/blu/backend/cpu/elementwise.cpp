@@ -263,9 +263,12 @@ void randn_kernel(const KernelCall& c) {
       const int pair = lane & ~1;
       const float u1 = 1.0f - Philox::uniform(r[pair]);  // (0, 1]
       const float u2 = Philox::uniform(r[pair + 1]);
-      const float rad = std::sqrt(-2.0f * std::log(u1));
+      // log, sin and cos in double, rounded once to float: glibc's float versions are not
+      // correctly rounded and CUDA's differ from them; these roundings agree on every input, so
+      // the CUDA kernel (backend/cuda/philox.cuh) draws the same bits (tests/cuda checks it).
+      const float rad = std::sqrt(-2.0f * float(std::log(double(u1))));
       const float ang = 2.0f * std::numbers::pi_v<float> * u2;
-      p[i] = scalar_t(rad * ((lane & 1) ? std::sin(ang) : std::cos(ang)));
+      p[i] = scalar_t(rad * float((lane & 1) ? std::sin(double(ang)) : std::cos(double(ang))));
     });
   });
 }

@@ -1,0 +1,279 @@
+// CUDA kernels for the pointwise ops of ops/elementwise: unary math, binary arithmetic,
+// comparisons, where, and the in-place add_ / mul_scalar_. Each op computes exactly what its CPU
+// kernel (backend/cpu/elementwise.cpp) computes, in the same type (float for bf16/f16, else the
+// dtype itself), with the same attributes. Where CUDA's math library and glibc differ (exp, log,
+// tanh, erf, pow: CUDA's are within 1-2 ulp, glibc's within ~1), results may differ in the last
+// float bit; add/sub/mul/div, sqrt and the comparisons are IEEE and match exactly.
+#include <cmath>
+
+#include "blu/backend/cuda/loops.cuh"
+
+namespace blu::cuda {
+
+// --- host helpers of loops.cuh ---
+Shape broadcast_strides(const Tensor& t, const Shape& shape) {
+  const int64_t lead = int64_t(shape.size()) - t.dim();
+  BLU_ASSERT(lead >= 0, "broadcast_strides: ", t.shape(), " to ", to_string(shape));
+  Shape s(shape.size(), 0);
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t sz = t.shape()[d];
+    BLU_ASSERT(sz == shape[lead + d] || sz == 1, "broadcast_strides: ", t.shape(), " to ", to_string(shape));
+    s[lead + d] = sz == 1 ? 0 : t.strides()[d];
+  }
+  return s;
+}
+
+Coalesced coalesce(const Shape& shape, const std::vector<Shape>& strides) {
+  Coalesced c;
+  const size_t nops = strides.size();
+  for (int64_t d = int64_t(shape.size()) - 1; d >= 0; --d) {
+    if (shape[d] == 1) continue;
+    if (!c.size.empty()) {
+      const int64_t inner = c.size.back();
+      bool merge = true;
+      for (size_t k = 0; k < nops && merge; ++k) merge = strides[k][d] == c.stride.back()[k] * inner;
+      if (merge) {
+        c.size.back() *= shape[d];
+        continue;
+      }
+    }
+    c.size.push_back(shape[d]);
+    std::vector<int64_t> s(nops);
+    for (size_t k = 0; k < nops; ++k) s[k] = strides[k][d];
+    c.stride.push_back(std::move(s));
+  }
+  return c;
+}
+
+int sm_count() {
+  static thread_local int device = -1, count = 0;
+  const int d = current_device();
+  if (d != device) {
+    BLU_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, d));
+    device = d;
+  }
+  return count;
+}
+
+namespace {
+
+// --- device math, one overload per accumulation type ---
+__device__ __forceinline__ float exp_(float x) { return ::expf(x); }
+__device__ __forceinline__ double exp_(double x) { return ::exp(x); }
+__device__ __forceinline__ float log_(float x) { return ::logf(x); }
+__device__ __forceinline__ double log_(double x) { return ::log(x); }
+__device__ __forceinline__ float sqrt_(float x) { return ::sqrtf(x); }
+__device__ __forceinline__ double sqrt_(double x) { return ::sqrt(x); }
+__device__ __forceinline__ float tanh_(float x) { return ::tanhf(x); }
+__device__ __forceinline__ double tanh_(double x) { return ::tanh(x); }
+__device__ __forceinline__ float erf_(float x) { return ::erff(x); }
+__device__ __forceinline__ double erf_(double x) { return ::erf(x); }
+__device__ __forceinline__ float abs_(float x) { return ::fabsf(x); }
+__device__ __forceinline__ double abs_(double x) { return ::fabs(x); }
+__device__ __forceinline__ float pow_(float x, float y) { return ::powf(x, y); }
+__device__ __forceinline__ double pow_(double x, double y) { return ::pow(x, y); }
+
+constexpr double kSqrt2 = 1.41421356237309504880;
+constexpr double kInvSqrtPi = 0.56418958354775628695;
+
+// The CPU's formulas (backend/cpu/elementwise.cpp), same association, no contraction.
+template <typename A>
+__device__ __forceinline__ A gelu_fwd(A x, bool approx) {
+  if (approx) {
+    const A k = A(kSqrt2 * kInvSqrtPi);
+    const A cube = mul_rn(mul_rn(mul_rn(A(0.044715), x), x), x);
+    return mul_rn(mul_rn(A(0.5), x), add_rn(A(1), tanh_(mul_rn(k, add_rn(x, cube)))));
+  }
+  return mul_rn(mul_rn(A(0.5), x), add_rn(A(1), erf_(mul_rn(x, A(kSqrt2 / 2)))));
+}
+template <typename A>
+__device__ __forceinline__ A gelu_bwd(A x, bool approx) {
+  if (approx) {
+    const A k = A(kSqrt2 * kInvSqrtPi);
+    const A u = mul_rn(k, add_rn(x, mul_rn(mul_rn(mul_rn(A(0.044715), x), x), x)));
+    const A th = tanh_(u);
+    const A du = mul_rn(k, add_rn(A(1), mul_rn(mul_rn(A(3 * 0.044715), x), x)));
+    const A left = mul_rn(A(0.5), add_rn(A(1), th));
+    const A right = mul_rn(mul_rn(mul_rn(A(0.5), x), sub_rn(A(1), mul_rn(th, th))), du);
+    return add_rn(left, right);
+  }
+  const A cdf = mul_rn(A(0.5), add_rn(A(1), erf_(mul_rn(x, A(kSqrt2 / 2)))));
+  const A pdf = mul_rn(exp_(mul_rn(mul_rn(A(-0.5), x), x)), A(kInvSqrtPi / kSqrt2));
+  return add_rn(cdf, mul_rn(x, pdf));
+}
+
+// --- unary ops: Op<A>(attrs) is built on the host, called on the device ---
+#define BLU_CUDA_UNARY(NAME, FIELDS, INIT, EXPR)                                  \
+  template <typename A>                                                           \
+  struct NAME##_op {                                                              \
+    FIELDS;                                                                       \
+    explicit NAME##_op(const Attrs& attrs) { (void)attrs; INIT; }                 \
+    __device__ __forceinline__ A operator()(A x) const { return EXPR; }           \
+  };
+
+BLU_CUDA_UNARY(neg, , , -x)
+BLU_CUDA_UNARY(exp, , , exp_(x))
+BLU_CUDA_UNARY(log, , , log_(x))
+BLU_CUDA_UNARY(sqrt, , , sqrt_(x))
+BLU_CUDA_UNARY(rsqrt, , , A(1) / sqrt_(x))
+BLU_CUDA_UNARY(tanh, , , tanh_(x))
+BLU_CUDA_UNARY(sigmoid, , , A(1) / (A(1) + exp_(-x)))
+BLU_CUDA_UNARY(relu, , , x > A(0) ? x : (isnan(x) ? x : A(0)))
+BLU_CUDA_UNARY(gelu, bool approx, approx = attrs.b("approximate"), gelu_fwd<A>(x, approx))
+BLU_CUDA_UNARY(abs, , , abs_(x))
+BLU_CUDA_UNARY(sign, , , A((x > A(0)) - (x < A(0))))
+// std::min(std::max(x, lo), hi): max keeps x unless x < lo, min keeps it unless hi < it.
+BLU_CUDA_UNARY(clamp, A lo; A hi, (lo = A(attrs.f("lo")), hi = A(attrs.f("hi"))),
+               isnan(x) ? x : (hi < (x < lo ? lo : x) ? hi : (x < lo ? lo : x)))
+BLU_CUDA_UNARY(pow_scalar, A e, e = A(attrs.f("value")), pow_(x, e))
+BLU_CUDA_UNARY(add_scalar, A s, s = A(attrs.f("value")), x + s)
+BLU_CUDA_UNARY(mul_scalar, A s, s = A(attrs.f("value")), x * s)
+
+template <template <typename> class Op>
+void unary(const KernelCall& c) {
+  const Tensor& out = c.out[0];
+  BLU_DISPATCH_FLOATING(out.dtype(), c.op, {
+    using T = dev_t<scalar_t>;
+    launch_map<T, T>(out, Op<acc_t<T>>(c.attrs), c.in[0]);
+  });
+}
+BLU_REGISTER_KERNEL(cuda, "neg", unary<neg_op>);
+BLU_REGISTER_KERNEL(cuda, "exp", unary<exp_op>);
+BLU_REGISTER_KERNEL(cuda, "log", unary<log_op>);
+BLU_REGISTER_KERNEL(cuda, "sqrt", unary<sqrt_op>);
+BLU_REGISTER_KERNEL(cuda, "rsqrt", unary<rsqrt_op>);
+BLU_REGISTER_KERNEL(cuda, "tanh", unary<tanh_op>);
+BLU_REGISTER_KERNEL(cuda, "sigmoid", unary<sigmoid_op>);
+BLU_REGISTER_KERNEL(cuda, "relu", unary<relu_op>);
+BLU_REGISTER_KERNEL(cuda, "gelu", unary<gelu_op>);
+BLU_REGISTER_KERNEL(cuda, "abs", unary<abs_op>);
+BLU_REGISTER_KERNEL(cuda, "sign", unary<sign_op>);
+BLU_REGISTER_KERNEL(cuda, "clamp", unary<clamp_op>);
+BLU_REGISTER_KERNEL(cuda, "pow_scalar", unary<pow_scalar_op>);
+BLU_REGISTER_KERNEL(cuda, "add_scalar", unary<add_scalar_op>);
+BLU_REGISTER_KERNEL(cuda, "mul_scalar", unary<mul_scalar_op>);
+
+// In place: out is input 0, read and written through its own strides.
+void mul_scalar_inplace(const KernelCall& c) {
+  const Tensor& a = c.out[0];
+  BLU_DISPATCH_FLOATING(a.dtype(), "mul_scalar_", {
+    using T = dev_t<scalar_t>;
+    launch_map<T, T>(a, mul_scalar_op<acc_t<T>>(c.attrs), a);
+  });
+}
+BLU_REGISTER_KERNEL(cuda, "mul_scalar_", mul_scalar_inplace);
+
+// --- gradient helpers reading (grad, x) ---
+template <typename A>
+struct gelu_backward_op {
+  bool approx;
+  explicit gelu_backward_op(const Attrs& a) : approx(a.b("approximate")) {}
+  __device__ __forceinline__ A operator()(A g, A x) const { return mul_rn(g, gelu_bwd<A>(x, approx)); }
+};
+template <typename A>
+struct clamp_backward_op {
+  A lo, hi;
+  explicit clamp_backward_op(const Attrs& a) : lo(A(a.f("lo"))), hi(A(a.f("hi"))) {}
+  __device__ __forceinline__ A operator()(A g, A x) const { return x >= lo && x <= hi ? g : A(0); }
+};
+template <template <typename> class Op>
+void grad_unary(const KernelCall& c) {
+  const Tensor& out = c.out[0];
+  BLU_DISPATCH_FLOATING(out.dtype(), c.op, {
+    using T = dev_t<scalar_t>;
+    launch_map<T, T, T>(out, Op<acc_t<T>>(c.attrs), c.in[0], c.in[1]);
+  });
+}
+BLU_REGISTER_KERNEL(cuda, "gelu_backward", grad_unary<gelu_backward_op>);
+BLU_REGISTER_KERNEL(cuda, "clamp_backward", grad_unary<clamp_backward_op>);
+
+// --- binary arithmetic over every non-bool dtype ---
+template <typename A>
+__device__ __forceinline__ A pow_any(A a, A b) {
+  if constexpr (std::is_floating_point_v<A>) return pow_(a, b);
+  else return A(::pow(double(a), double(b)));  // std::pow(int, int) computes in double
+}
+// Integer division by zero cannot throw on the device: its result is unspecified (the CPU throws).
+#define BLU_CUDA_BINARY(NAME, EXPR)                                                          \
+  struct NAME##_op {                                                                         \
+    template <typename A>                                                                    \
+    __device__ __forceinline__ A operator()(A a, A b) const { return A(EXPR); }              \
+  };
+BLU_CUDA_BINARY(add, a + b)
+BLU_CUDA_BINARY(sub, a - b)
+BLU_CUDA_BINARY(mul, a * b)
+BLU_CUDA_BINARY(div, a / b)
+BLU_CUDA_BINARY(pow, pow_any(a, b))
+
+template <typename Op>
+void binary(const KernelCall& c) {
+  const Tensor& out = c.out[0];
+  BLU_DISPATCH_ALL(c.in[0].dtype(), c.op, {
+    if constexpr (!std::is_same_v<scalar_t, bool>) {
+      using T = dev_t<scalar_t>;
+      launch_map<T, T, T>(out, Op{}, c.in[0], c.in[1]);
+    } else {
+      BLU_CHECK(false, c.op, ": arithmetic on bool tensors is not supported");
+    }
+  });
+}
+BLU_REGISTER_KERNEL(cuda, "add", binary<add_op>);
+BLU_REGISTER_KERNEL(cuda, "sub", binary<sub_op>);
+BLU_REGISTER_KERNEL(cuda, "mul", binary<mul_op>);
+BLU_REGISTER_KERNEL(cuda, "div", binary<div_op>);
+BLU_REGISTER_KERNEL(cuda, "pow", binary<pow_op>);
+
+void add_inplace(const KernelCall& c) {
+  const Tensor& a = c.out[0];
+  BLU_DISPATCH_ALL(a.dtype(), "add_", {
+    if constexpr (!std::is_same_v<scalar_t, bool>) {
+      using T = dev_t<scalar_t>;
+      launch_map<T, T, T>(a, add_op{}, a, c.in[1]);
+    } else {
+      BLU_CHECK(false, "add_: arithmetic on bool tensors is not supported");
+    }
+  });
+}
+BLU_REGISTER_KERNEL(cuda, "add_", add_inplace);
+
+// --- comparisons: bool out, any dtype ---
+#define BLU_CUDA_COMPARE(NAME, OP)                                                           \
+  struct NAME##_op {                                                                         \
+    template <typename A>                                                                    \
+    __device__ __forceinline__ bool operator()(A a, A b) const { return a OP b; }            \
+  };
+BLU_CUDA_COMPARE(eq, ==)
+BLU_CUDA_COMPARE(ne, !=)
+BLU_CUDA_COMPARE(lt, <)
+BLU_CUDA_COMPARE(le, <=)
+BLU_CUDA_COMPARE(gt, >)
+BLU_CUDA_COMPARE(ge, >=)
+
+template <typename Op>
+void compare(const KernelCall& c) {
+  BLU_DISPATCH_ALL(c.in[0].dtype(), c.op, {
+    using T = dev_t<scalar_t>;
+    launch_map<bool, T, T>(c.out[0], Op{}, c.in[0], c.in[1]);
+  });
+}
+BLU_REGISTER_KERNEL(cuda, "eq", compare<eq_op>);
+BLU_REGISTER_KERNEL(cuda, "ne", compare<ne_op>);
+BLU_REGISTER_KERNEL(cuda, "lt", compare<lt_op>);
+BLU_REGISTER_KERNEL(cuda, "le", compare<le_op>);
+BLU_REGISTER_KERNEL(cuda, "gt", compare<gt_op>);
+BLU_REGISTER_KERNEL(cuda, "ge", compare<ge_op>);
+
+// --- where: moves bits, so it dispatches on the element size (NaN payloads survive as on the CPU) ---
+struct select_op {
+  template <typename B>
+  __device__ __forceinline__ B operator()(bool cond, B a, B b) const { return cond ? a : b; }
+};
+void where_kernel(const KernelCall& c) {
+  const Tensor& out = c.out[0];
+  BLU_DISPATCH_BITS(out.itemsize(), "where", launch_map<bits_t, bool, bits_t, bits_t>(out, select_op{}, c.in[0], c.in[1], c.in[2]));
+}
+BLU_REGISTER_KERNEL(cuda, "where", where_kernel);
+
+}  // namespace
+
+}  // namespace blu::cuda
