@@ -101,6 +101,7 @@ int launch(const LaunchOptions& o, std::FILE* out, std::FILE* err) {
     const pid_t pid = ::fork();
     BLU_CHECK(pid >= 0, "launch: fork failed: ", std::strerror(errno));
     if (pid == 0) {
+      ::setpgid(0, 0);  // its own process group: stopping a rank stops what it started too
       ::signal(SIGINT, SIG_DFL);
       ::signal(SIGTERM, SIG_DFL);
       ::dup2(pipes[0][1], 1);
@@ -119,6 +120,7 @@ int launch(const LaunchOptions& o, std::FILE* out, std::FILE* err) {
       std::fprintf(stderr, "blutrain launch: cannot run '%s': %s\n", argv[0], std::strerror(errno));
       ::_exit(127);
     }
+    ::setpgid(pid, pid);  // also here, so a kill right after fork reaches the group
     ::close(pipes[0][1]);
     ::close(pipes[1][1]);
     Child& c = children[size_t(r)];
@@ -133,7 +135,7 @@ int launch(const LaunchOptions& o, std::FILE* out, std::FILE* err) {
   auto stop_deadline = std::chrono::steady_clock::time_point::max();
   auto signal_all = [&](int sig) {
     for (Child& c : children)
-      if (c.running) ::kill(c.pid, sig);
+      if (c.running) ::kill(-c.pid, sig);
   };
   auto begin_stop = [&] {
     if (stopping) return;
