@@ -1,6 +1,36 @@
+// blutrain: the command-line program — info, prepare, train, eval, sample (see docs/cli.md).
 #include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
 
-int main() {
-  std::printf("blutrain %s\n", BLU_VERSION);
+#include "blu/core/error.h"
+#include "commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"blutrain: GPT training with BluTrain", "blutrain"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("blutrain ") + BLU_VERSION);
+  const std::vector<blu::cli::Command> commands = {blu::cli::add_info(app), blu::cli::add_prepare(app),
+                                                   blu::cli::add_train(app), blu::cli::add_eval(app),
+                                                   blu::cli::add_sample(app)};
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {  // a blu::Error thrown by a validator or callback
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+  try {
+    for (const auto& c : commands)
+      if (c.app->parsed()) return c.run();
+  } catch (const blu::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
   return 0;
 }

@@ -21,7 +21,7 @@ Tensor rnd_positive(Generator& g, const Shape& shape, DType dtype, double lo) {
 Tensor noncontig(const Tensor& t) {
   if (t.dim() < 2) {
     // Every other element of a buffer twice as long.
-    Tensor big = zeros({std::max<int64_t>(t.numel(), 1) * 2}, t.dtype());
+    Tensor big = zeros({std::max<int64_t>(t.numel(), 1) * 2}, t.dtype(), t.device());
     Tensor v = t.dim() == 0 ? big.alias_with({}, {}, 1) : big.alias_with(t.shape(), {2}, 1);
     copy_(v, t);
     return v;

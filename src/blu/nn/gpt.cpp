@@ -178,7 +178,8 @@ Tensor GPT::hidden(const Tensor& idx, int64_t pos0, KVCache* cache) {
   BLU_CHECK(T > 0 && pos0 + T <= cfg_.block_size, "GPT: positions ", pos0, "..", pos0 + T - 1,
             " do not fit block_size ", cfg_.block_size);
   Tensor pos = arange(double(pos0), double(pos0 + T), 1, DType::i64, idx.device());
-  Tensor x = drop->forward(wte->forward(idx) + wpe->forward(pos));  // [B, T, C] + [T, C]
+  // The residual stream runs in the compute dtype (bf16/f16 for mixed precision).
+  Tensor x = drop->forward(to_dtype(wte->forward(idx) + wpe->forward(pos), compute_dtype()));  // [B, T, C]
   if (cache && cache->k.empty()) {
     cache->k.resize(size_t(cfg_.n_layer));
     cache->v.resize(size_t(cfg_.n_layer));
@@ -189,9 +190,15 @@ Tensor GPT::hidden(const Tensor& idx, int64_t pos0, KVCache* cache) {
   return ln_f->forward(x);
 }
 
+void GPT::set_compute_dtype(DType dtype) {
+  BLU_CHECK(is_floating(dtype), "GPT: compute dtype must be floating, got ", dtype);
+  compute_dtype_ = dtype;
+}
+
 GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets) {
   GPTOutput out;
-  out.logits = linear(hidden(idx, 0, nullptr), wte->weight);  // tied: x · wteᵀ → [B, T, padded_vocab]
+  Tensor x = hidden(idx, 0, nullptr);
+  out.logits = linear(x, to_dtype(wte->weight, x.dtype()));  // tied: x · wteᵀ → [B, T, padded_vocab]
   if (targets.defined()) {
     BLU_CHECK(targets.shape() == idx.shape(), "GPT: targets ", targets.shape(), " must have idx's shape ",
               idx.shape());
@@ -204,7 +211,8 @@ GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets) {
 }
 
 Tensor GPT::forward_cached(const Tensor& idx, KVCache& cache) {
-  return linear(hidden(idx, cache.length(), &cache), wte->weight);
+  Tensor x = hidden(idx, cache.length(), &cache);
+  return linear(x, to_dtype(wte->weight, x.dtype()));
 }
 
 namespace {

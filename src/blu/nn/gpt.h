@@ -100,6 +100,11 @@ class GPT : public Module {
   // cache. T must be 1 unless the cache is empty; cache.length() + T <= block_size.
   Tensor forward_cached(const Tensor& idx, KVCache& cache);
   const GPTConfig& config() const { return cfg_; }
+  // Mixed precision: activations (and matmuls) in `dtype` (f32, bf16 or f16) while parameters
+  // keep their own dtype as master weights; gradients arrive in the parameters' dtype.
+  void set_compute_dtype(DType dtype);
+  // Until set, the parameters' own dtype.
+  DType compute_dtype() const { return compute_dtype_.value_or(wte->weight.dtype()); }
 
   std::shared_ptr<Embedding> wte, wpe;  // wte [padded_vocab, C] is also the output projection
   std::shared_ptr<Dropout> drop;
@@ -111,6 +116,7 @@ class GPT : public Module {
   Tensor hidden(const Tensor& idx, int64_t pos0, KVCache* cache);
   GPTConfig cfg_;
   Generator dropout_gen_;
+  std::optional<DType> compute_dtype_;
 };
 
 }  // namespace blu::nn

@@ -21,7 +21,11 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias) : in_features(in), out_f
   if (with_bias) register_parameter("bias", bias, zeros({out}));
 }
 
-Tensor Linear::forward(const Tensor& x) const { return linear(x, weight, bias); }
+// Mixed precision: parameters stay in their own (master) dtype; the computation runs in x's
+// dtype, through casts whose backward brings the gradients back to the master dtype.
+static Tensor as_dtype_of(const Tensor& p, const Tensor& x) { return p.defined() ? to_dtype(p, x.dtype()) : p; }
+
+Tensor Linear::forward(const Tensor& x) const { return linear(x, as_dtype_of(weight, x), as_dtype_of(bias, x)); }
 
 Embedding::Embedding(int64_t num, int64_t dim) {
   BLU_CHECK(num > 0 && dim > 0, "Embedding: expected positive sizes, got ", num, " x ", dim);
@@ -36,7 +40,9 @@ LayerNorm::LayerNorm(int64_t dim, bool with_bias, double eps_) : eps(eps_) {
   if (with_bias) register_parameter("bias", bias, zeros({dim}));
 }
 
-Tensor LayerNorm::forward(const Tensor& x) const { return layer_norm(x, weight, bias, eps); }
+Tensor LayerNorm::forward(const Tensor& x) const {
+  return layer_norm(x, as_dtype_of(weight, x), as_dtype_of(bias, x), eps);
+}
 
 Dropout::Dropout(double p_, Generator* gen) : p(p_), gen_(gen) {
   BLU_CHECK(p >= 0.0 && p < 1.0, "Dropout: expected p in [0, 1), got ", p);

@@ -96,10 +96,12 @@ void Module::train(bool on) {
 }
 
 void Module::to(Device device) {
-  each_slot([&](Tensor& t, bool) {
-    // Copying between devices needs an op that ops/ does not have yet; fail loudly until it does.
-    BLU_CHECK(t.device() == device, "Module::to: moving a tensor from ", t.device(), " to ", device,
-              " is not supported yet (no cross-device copy op)");
+  NoGradGuard no_grad;
+  each_slot([&](Tensor& t, bool is_param) {
+    if (t.device() == device) return;
+    Tensor moved = to_device(t.detach(), device);
+    if (is_param) moved.set_requires_grad(true);
+    t = moved;
   });
 }
 

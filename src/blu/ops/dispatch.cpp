@@ -47,7 +47,7 @@ std::vector<Tensor> dispatch(const OpDef& op, std::vector<Tensor> in, const Attr
       device = in[i].device();
       have_device = true;
     }
-    BLU_CHECK(in[i].device() == device, op.name, ": inputs are on different devices (input 0 on ", device,
+    BLU_CHECK(op.cross_device || in[i].device() == device, op.name, ": inputs are on different devices (input 0 on ", device,
               ", input ", i, " on ", in[i].device(), ")");
     any_requires_grad |= in[i].requires_grad();
   }
@@ -65,15 +65,21 @@ std::vector<Tensor> dispatch(const OpDef& op, std::vector<Tensor> in, const Attr
                 ": in-place op on a tensor that requires grad (use it under NoGradGuard, or the out-of-place op)");
       out.push_back(in[0]);
     }
+    // Outputs live where infer says; the kernel runs on the accelerator when one is involved
+    // (a copy between host and device is the device backend's work).
+    Device kernel_device = have_device ? device : (metas.empty() ? kCPU : metas[0].device);
+    for (const TensorMeta& m : metas)
+      if (!m.device.is_cpu()) kernel_device = m.device;
+    for (const Tensor& t : in)
+      if (t.defined() && !t.device().is_cpu()) kernel_device = t.device();
     for (size_t j = out.size(); j < metas.size(); ++j) {
       const TensorMeta& m = metas[j];
-      const Device d = have_device ? device : m.device;
+      const Device d = m.device;
       auto storage = std::make_shared<Storage>(allocator_for(d).allocate(size_t(numel(m.shape)) * dtype_size(m.dtype)));
       out.emplace_back(std::move(storage), m.shape, contiguous_strides(m.shape), 0, m.dtype);
     }
-    const Device d = have_device ? device : (metas.empty() ? kCPU : metas[0].device);
-    Kernel k = backend(d.type).find(op.name);
-    BLU_CHECK(k, op.name, ": no kernel for device ", d);
+    Kernel k = backend(kernel_device.type).find(op.name);
+    BLU_CHECK(k, op.name, ": no kernel for device ", kernel_device);
     k(KernelCall{op.name, in, out, attrs});
   }
 

@@ -57,6 +57,7 @@ struct OpDef {
   bool inplace = false;           // output 0 is input 0, written by the kernel
   int diff_outputs = -1;          // outputs that carry gradients: the first n (-1: all)
   uint32_t optional_inputs = 0;   // bit i: input i may be undefined
+  bool cross_device = false;      // inputs/outputs may sit on different devices (copies)
 };
 
 std::vector<Tensor> dispatch(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs = {});

@@ -96,8 +96,7 @@ Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType 
 }
 
 std::vector<double> to_vector(const Tensor& t) {
-  BLU_CHECK(t.device().is_cpu(), "to_vector reads CPU tensors; got ", t.str());
-  Tensor c = contiguous(t);
+  Tensor c = contiguous(to_device(t, kCPU));
   std::vector<double> v(size_t(c.numel()));
   BLU_DISPATCH_ALL(c.dtype(), "to_vector", {
     const auto* p = c.data<scalar_t>();

@@ -29,7 +29,7 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, DType dtype = DTyp
 const Tensor& fill_(const Tensor& t, double value);
 // A CPU tensor holding `values` (converted to dtype) in the given shape.
 Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType dtype = DType::f32);
-// All elements as doubles, in logical (row-major) order. CPU tensors only.
+// All elements as doubles, in logical (row-major) order (copied to the host first).
 std::vector<double> to_vector(const Tensor& t);
 
 }  // namespace blu

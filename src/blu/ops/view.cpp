@@ -170,7 +170,21 @@ std::vector<Tensor> cast_backward(const BackwardContext& c, std::span<const Tens
 }
 const OpDef kCast{.name = "cast", .infer = infer_cast, .backward = cast_backward};
 
+std::vector<TensorMeta> infer_to_device(std::span<const Tensor> in, const Attrs& a) {
+  const int64_t dev = a.i("device");
+  return {TensorMeta{in[0].shape(), in[0].dtype(), Device(DeviceType(dev >> 16), int(dev & 0xffff))}};
+}
+std::vector<Tensor> to_device_backward(const BackwardContext& c, std::span<const Tensor> g) {
+  return {to_device(g[0], c.input_metas[0].device)};
+}
+const OpDef kToDevice{.name = "to_device", .infer = infer_to_device, .backward = to_device_backward, .cross_device = true};
+
 }  // namespace
+
+Tensor to_device(const Tensor& t, Device device) {
+  if (t.device() == device) return t;
+  return dispatch1(kToDevice, {t}, Attrs{{"device", int64_t(device.type) << 16 | device.index}});
+}
 
 Tensor view(const Tensor& t, Shape shape) {
   return dispatch1(kView, {t}, Attrs{{"shape", infer_view_shape(t, std::move(shape))}});

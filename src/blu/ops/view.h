@@ -29,6 +29,9 @@ Tensor clone(const Tensor& t);
 Tensor contiguous(const Tensor& t);
 // Copies src (broadcast, any dtype) into dst in place. No autograd.
 const Tensor& copy_(const Tensor& dst, const Tensor& src);
+// The same values on another device (a copy; the same tensor when already there). Gradients
+// flow back to the source device.
+Tensor to_device(const Tensor& t, Device device);
 // Cast to another dtype (a copy; the same tensor when dtype already matches).
 Tensor to_dtype(const Tensor& t, DType dtype);
 

@@ -1,0 +1,97 @@
+// `blutrain info`: what this binary is and what it can run on — version, build, CUDA, devices,
+// BLAS, allocators.
+#include <dlfcn.h>
+#include <omp.h>
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include "blu/memory/allocator.h"
+#include "blu/train/metrics.h"
+#include "commands.h"
+#ifdef BLU_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace blu::cli {
+
+namespace {
+
+std::string build_type() {
+  std::string s;
+#ifdef NDEBUG
+  s = "release (NDEBUG";
+#else
+  s = "debug (assertions on";
+#endif
+#ifdef __OPTIMIZE__
+  s += ", optimised";
+#else
+  s += ", not optimised";
+#endif
+  return s + ")";
+}
+
+// OpenBLAS exports its configuration; other BLAS libraries do not. Looked up at run time so the
+// program does not depend on which BLAS the system's alternatives picked.
+std::string blas_description() {
+  using ConfigFn = char* (*)();
+  using ThreadsFn = int (*)();
+  auto config = reinterpret_cast<ConfigFn>(::dlsym(RTLD_DEFAULT, "openblas_get_config"));
+  auto threads = reinterpret_cast<ThreadsFn>(::dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  if (config) {
+    std::string s = config();  // "OpenBLAS 0.3.21 DYNAMIC_ARCH ..."
+    if (threads) s += ", " + std::to_string(threads()) + " threads";
+    return s;
+  }
+  if (::dlsym(RTLD_DEFAULT, "cblas_sgemm")) return "a CBLAS library (not OpenBLAS; no version information)";
+  return "none loaded (no matmul kernel in this build yet)";
+}
+
+int run_info() {
+  std::cout << "blutrain " << BLU_VERSION << "\n";
+  std::cout << "build:      " << build_type() << ", C++ " << __cplusplus << ", compiler " << __VERSION__ << "\n";
+#ifdef BLU_HAVE_CUDA
+  std::cout << "CUDA:       built (runtime " << CUDART_VERSION << ")\n";
+#else
+  std::cout << "CUDA:       not built (configure with -DBLU_CUDA=ON on a machine with nvcc)\n";
+#endif
+  std::cout << "devices:\n";
+  std::cout << "  cpu       " << omp_get_max_threads() << " OpenMP threads, " << std::thread::hardware_concurrency()
+            << " hardware threads\n";
+#ifdef BLU_HAVE_CUDA
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+  if (n == 0) std::cout << "  cuda      none found\n";
+  for (int i = 0; i < n; ++i) {
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
+    std::cout << "  cuda:" << i << "    " << p.name << ", sm_" << p.major << p.minor << ", "
+              << train::format_bytes(int64_t(p.totalGlobalMem)) << "\n";
+  }
+#endif
+  std::cout << "BLAS:       " << blas_description() << "\n";
+  const AllocatorStats cpu = allocator_for(kCPU).stats();
+  std::cout << "allocators:\n  cpu       64-byte aligned host memory, no caching (now " << train::format_bytes(cpu.current_bytes)
+            << " live, " << cpu.allocs << " allocations)\n";
+#ifdef BLU_HAVE_CUDA
+  try {
+    allocator_for(Device(DeviceType::cuda, 0));
+    std::cout << "  cuda      caching allocator\n";
+  } catch (const std::exception& e) {
+    std::cout << "  cuda      unavailable: " << e.what() << "\n";
+  }
+#endif
+  return 0;
+}
+
+}  // namespace
+
+Command add_info(CLI::App& root) {
+  CLI::App* app = root.add_subcommand("info", "Version, build, devices, BLAS and allocators");
+  return {app, run_info};
+}
+
+}  // namespace blu::cli

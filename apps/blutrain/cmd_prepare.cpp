@@ -1,0 +1,76 @@
+// `blutrain prepare`: text files and folders → GPT-2 token shards (data/prepare.h does the work).
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "blu/core/error.h"
+#include "blu/data/prepare.h"
+#include "blu/data/tokenizer.h"
+#include "blu/train/metrics.h"
+#include "commands.h"
+
+namespace blu::cli {
+
+namespace {
+
+struct PrepareArgs {
+  std::vector<std::string> inputs;
+  std::string out, name = "data", vocab_dir, split = "auto";
+  double val_fraction = 0.0;
+  int64_t shard_tokens = 100'000'000;
+  uint64_t seed = 0;
+  bool overwrite = false;
+};
+
+int run_prepare(const PrepareArgs& a) {
+  const std::string vocab_dir = a.vocab_dir.empty() ? default_vocab_dir() : a.vocab_dir;
+  const Tokenizer tok = Tokenizer::load(vocab_dir);
+  PrepareOptions o;
+  o.name = a.name;
+  o.shard_tokens = a.shard_tokens;
+  o.val_fraction = a.val_fraction;
+  o.seed = a.seed;
+  o.overwrite = a.overwrite;
+  o.split = a.split == "fortune" ? DocSplit::fortune : a.split == "file" ? DocSplit::whole_file : DocSplit::auto_detect;
+  std::vector<std::filesystem::path> inputs(a.inputs.begin(), a.inputs.end());
+  const EncodeFn encode = [&tok](std::string_view text) { return tok.encode(text); };
+  const PrepareStats s = prepare(inputs, a.out, encode, tok.eot(), o);
+  std::cout << "read " << s.files.size() << " file(s)";
+  if (!s.skipped.empty()) std::cout << " (skipped " << s.skipped.size() << ": binary or duplicate links)";
+  std::cout << "\n"
+            << "documents: " << train::format_count(s.documents) << " (val " << train::format_count(s.val_documents)
+            << ", train " << train::format_count(s.train_documents) << ")\n"
+            << "tokens:    " << train::format_count(s.tokens) << " (val " << train::format_count(s.val_tokens)
+            << ", train " << train::format_count(s.train_tokens) << ")\n"
+            << "shards:    " << s.shards << " (val " << s.val_shards << ", train " << s.train_shards << ") in " << a.out
+            << "\n";
+  for (const auto& p : s.shard_paths) std::cout << "  " << p.string() << "\n";
+  return 0;
+}
+
+}  // namespace
+
+Command add_prepare(CLI::App& root) {
+  auto a = std::make_shared<PrepareArgs>();
+  CLI::App* app = root.add_subcommand("prepare", "Tokenize text files/folders into GPT-2 token shards");
+  app->add_option("-i,--input", a->inputs, "Text file or folder (repeatable; folders are walked)")->required();
+  app->add_option("-o,--out", a->out, "Output folder for the shards")->required();
+  app->add_option("--name", a->name, "Shard file prefix: <out>/<name>_{val,train}_NNNNNN.bin")->capture_default_str();
+  app->add_option("--val-fraction", a->val_fraction,
+                  "Fraction of documents set aside for validation; 0 = the first shard is validation (llm.c)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app->add_option("--shard-tokens", a->shard_tokens, "Tokens per shard at most")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app->add_option("--seed", a->seed, "Seed for picking validation documents")->capture_default_str();
+  app->add_option("--split", a->split, "Documents: auto (fortune entries for fortune files), file, fortune")
+      ->check(CLI::IsMember({"auto", "file", "fortune"}))
+      ->capture_default_str();
+  app->add_option("--vocab-dir", a->vocab_dir, "Folder with encoder.json and vocab.bpe (default: .deps)");
+  app->add_flag("--overwrite", a->overwrite, "Replace existing shards with the same prefix");
+  return {app, [a] { return run_prepare(*a); }};
+}
+
+}  // namespace blu::cli

@@ -1,0 +1,63 @@
+// `blutrain sample`: text from a checkpoint — prompt, then GPT::generate (key/value cache) with
+// temperature and top-k, decoded with the GPT-2 tokenizer.
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "blu/core/error.h"
+#include "blu/core/grad_mode.h"
+#include "blu/core/rng.h"
+#include "blu/data/tokenizer.h"
+#include "blu/train/trainer.h"
+#include "commands.h"
+
+namespace blu::cli {
+
+namespace {
+
+struct SampleArgs {
+  std::string checkpoint, prompt, device = "cpu", vocab_dir;
+  int64_t max_new_tokens = 100, top_k = 40, num_samples = 1;
+  double temperature = 1.0;
+  uint64_t seed = 1337;
+};
+
+int run_sample(const SampleArgs& a) {
+  const Tokenizer tok = Tokenizer::load(a.vocab_dir.empty() ? default_vocab_dir() : a.vocab_dir);
+  const std::string ckpt = train::resolve_checkpoint(a.checkpoint);
+  auto model = train::load_gpt(ckpt, Device(a.device));
+  std::vector<int32_t> prompt = a.prompt.empty() ? std::vector<int32_t>{tok.eot()} : tok.encode(a.prompt);
+  const int64_t n = a.max_new_tokens;  // past the block size, generate() slides the window
+  Generator gen(a.seed);
+  NoGradGuard no_grad;
+  for (int64_t i = 0; i < a.num_samples; ++i) {
+    const std::vector<int32_t> ids = model->generate(prompt, n, a.temperature, a.top_k, gen);  // new tokens only
+    if (a.num_samples > 1) std::cout << "--- sample " << i + 1 << " ---\n";
+    std::cout << a.prompt << tok.decode(ids) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command add_sample(CLI::App& root) {
+  auto a = std::make_shared<SampleArgs>();
+  CLI::App* app = root.add_subcommand("sample", "Generate text from a checkpoint");
+  app->add_option("--ckpt", a->checkpoint, "Checkpoint file, or a run directory (its latest checkpoint)")->required();
+  app->add_option("-p,--prompt", a->prompt, "Text to continue (default: start of a document)");
+  app->add_option("-n,--max-new-tokens", a->max_new_tokens, "Tokens to generate")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app->add_option("--temperature", a->temperature, "Softmax temperature (lower: more conservative)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app->add_option("--top-k", a->top_k, "Sample among the k most likely tokens (0 = all)")->capture_default_str();
+  app->add_option("--seed", a->seed, "Sampling seed")->capture_default_str();
+  app->add_option("--num-samples", a->num_samples, "How many samples")->check(CLI::PositiveNumber)->capture_default_str();
+  app->add_option("--device", a->device, "cpu or cuda[:N]")->capture_default_str();
+  app->add_option("--vocab-dir", a->vocab_dir, "Folder with encoder.json and vocab.bpe (default: .deps)");
+  return {app, [a] { return run_sample(*a); }};
+}
+
+}  // namespace blu::cli

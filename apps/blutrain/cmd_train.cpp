@@ -1,0 +1,173 @@
+// `blutrain train`: flags (and an optional TOML/INI config file) → train::TrainOptions → Trainer.
+// The config file is read with CLI11's TOML/INI reader but applied here, after parsing: CLI11
+// 2.1's own --config is processed for the top-level app only, and train's options live in a
+// subcommand. Same rules as CLI11's: keys are long flag names (top level or under [train]),
+// the command line wins over the file, and an unknown key is an error naming it.
+// Ctrl-C asks the trainer to stop after the current step and save a checkpoint; a second Ctrl-C
+// kills the process.
+#include <atomic>
+#include <csignal>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <unistd.h>
+
+#include "blu/core/error.h"
+#include "blu/data/loader.h"
+#include "blu/data/tokenizer.h"
+#include "blu/train/model_presets.h"
+#include "blu/train/trainer.h"
+#include "commands.h"
+
+namespace blu::cli {
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+extern "C" void on_sigint(int) {
+  if (g_stop.exchange(true)) {
+    std::signal(SIGINT, SIG_DFL);
+    std::raise(SIGINT);
+    return;
+  }
+  static const char msg[] = "\n[interrupt] finishing the current step, then saving a checkpoint (Ctrl-C again to kill)\n";
+  (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);
+}
+
+struct TrainArgs {
+  train::TrainOptions o;
+  std::string config, data_dir, model = "demo", prompt;
+  train::ModelOverrides overrides;
+};
+
+bool any_match(const std::string& pattern) {
+  try {
+    return !expand_shard_pattern(pattern).empty();
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+void apply_config_file(CLI::App& app, const std::string& path) {
+  BLU_CHECK(std::filesystem::is_regular_file(path), "--config: expected a TOML/INI file, got '", path,
+            "' (not found)");
+  CLI::ConfigTOML reader;
+  for (const CLI::ConfigItem& item : reader.from_file(path)) {
+    if (item.name == "++" || item.name == "--") continue;  // section open / close markers
+    BLU_CHECK(item.parents.empty() || (item.parents.size() == 1 && item.parents[0] == "train"),
+              "unknown section '", item.fullname(), "' in the config file ", path,
+              ": expected keys at the top level or under [train]");
+    CLI::Option* op = app.get_option_no_throw("--" + item.name);
+    BLU_CHECK(op != nullptr && item.name != "config", "unknown key '", item.name, "' in the config file ", path,
+              " (expected a long option of `blutrain train`, e.g. lr, batch-size, steps)");
+    if (op->count() > 0) continue;  // given on the command line (or earlier in the file): that wins
+    if (op->get_expected_min() == 0)
+      op->add_result(op->get_flag_value(item.name, reader.to_flag(item)));
+    else
+      op->add_result(item.inputs);
+    op->run_callback();  // validators, then the bound variable
+  }
+}
+
+int run_train(TrainArgs a) {
+  train::TrainOptions& o = a.o;
+  if (!a.data_dir.empty()) {
+    const std::filesystem::path d = a.data_dir;
+    BLU_CHECK(std::filesystem::is_directory(d), "--data-dir: expected a folder of token shards, got '", a.data_dir,
+              "' (not a folder)");
+    if (o.train_pattern.empty()) o.train_pattern = (d / "*_train_*.bin").string();
+    if (o.val_pattern.empty()) {
+      const std::string v = (d / "*_val_*.bin").string();
+      if (any_match(v))
+        o.val_pattern = v;
+      else
+        std::cout << "note: no validation shards match " << v << "; training without validation\n";
+    }
+  }
+  BLU_CHECK(!o.train_pattern.empty(), "no training data: expected --data-dir DIR or --train-pattern GLOB");
+  o.model = train::apply_overrides(train::model_preset(a.model), a.overrides);
+
+  train::TrainCallbacks cb;
+  cb.log = &std::cout;
+  cb.stop = &g_stop;
+  std::shared_ptr<Tokenizer> tok;
+  if (o.sample_every > 0) {
+    tok = std::make_shared<Tokenizer>(Tokenizer::load(default_vocab_dir()));
+    cb.decode = [tok](const std::vector<int32_t>& ids) { return tok->decode(ids); };
+    cb.sample_prompt = a.prompt.empty() ? std::vector<int32_t>{tok->eot()} : tok->encode(a.prompt);
+  }
+  train::Trainer trainer(o, cb);
+  g_stop = false;
+  std::signal(SIGINT, on_sigint);
+  trainer.run();  // prints the summary
+  std::signal(SIGINT, SIG_DFL);
+  return 0;
+}
+
+}  // namespace
+
+Command add_train(CLI::App& root) {
+  auto a = std::make_shared<TrainArgs>();
+  train::TrainOptions& o = a->o;
+  CLI::App* app = root.add_subcommand("train", "Train a GPT on token shards");
+  app->add_option("--config", a->config,
+                  "TOML/INI file of train options: keys are the long flag names (lr = 3e-4, batch-size = 16); "
+                  "flags given on the command line win; an unknown key is an error");
+
+  // Data.
+  app->add_option("--data-dir", a->data_dir, "Folder of shards: <dir>/*_train_*.bin and <dir>/*_val_*.bin");
+  app->add_option("--train-pattern", o.train_pattern, "Glob of training shards (overrides --data-dir)");
+  app->add_option("--val-pattern", o.val_pattern, "Glob of validation shards (overrides --data-dir)");
+  // Model.
+  std::string presets;
+  for (const auto& n : train::model_preset_names()) presets += (presets.empty() ? "" : ", ") + n;
+  app->add_option("--model", a->model, "Model preset: " + presets)->capture_default_str();
+  app->add_option("--n-layer", a->overrides.n_layer, "Override the preset's number of layers");
+  app->add_option("--n-head", a->overrides.n_head, "Override the preset's number of heads");
+  app->add_option("--n-embd", a->overrides.n_embd, "Override the preset's width");
+  app->add_option("--block-size", a->overrides.block_size, "Override the preset's context length");
+  // Batch and steps.
+  app->add_option("-B,--batch-size", o.batch_size, "Sequences per micro-batch")->capture_default_str();
+  app->add_option("-T,--seq-len", o.seq_len, "Tokens per sequence (default: the model's block size)");
+  app->add_option("--grad-accum", o.grad_accum, "Micro-batches per optimizer step")->capture_default_str();
+  app->add_option("--steps", o.steps, "Optimizer steps (the schedule's length)")->capture_default_str();
+  // Optimizer.
+  app->add_option("--lr", o.lr, "Peak learning rate")->capture_default_str();
+  app->add_option("--min-lr", o.min_lr, "Learning rate at the end of the schedule")->capture_default_str();
+  app->add_option("--warmup", o.warmup, "Linear warmup steps")->capture_default_str();
+  app->add_option("--schedule", o.schedule, "cosine, linear or constant")
+      ->check(CLI::IsMember({"cosine", "linear", "constant"}))
+      ->capture_default_str();
+  app->add_option("--weight-decay", o.weight_decay, "Decoupled weight decay of matrices and embeddings")
+      ->capture_default_str();
+  app->add_option("--grad-clip", o.grad_clip, "Clip the global gradient norm to this (0 = off)")->capture_default_str();
+  app->add_option("--optimizer", o.optimizer, "adamw (betas 0.9, 0.95) or sgd (momentum 0.9)")
+      ->check(CLI::IsMember({"adamw", "sgd"}))
+      ->capture_default_str();
+  app->add_option("--seed", o.seed, "Seed of the model init, the default generator and samples")->capture_default_str();
+  app->add_option("--device", o.device, "cpu or cuda[:N]")->capture_default_str();
+  // Run directory.
+  app->add_option("--out", o.out, "Run directory: metrics.jsonl, run.json, checkpoints");
+  app->add_flag("--overwrite", o.overwrite, "Replace the run in --out (removes its metrics, run.json, checkpoints)");
+  app->add_flag("--resume", o.resume, "Continue exactly from the latest checkpoint in --out");
+  // Events.
+  app->add_option("--val-every", o.val_every, "Validation loss every N steps (0 = only at the end)")
+      ->capture_default_str();
+  app->add_option("--val-batches", o.val_batches, "Batches per validation")->capture_default_str();
+  app->add_option("--sample-every", o.sample_every, "Print a text sample every N steps (0 = never)")
+      ->capture_default_str();
+  app->add_option("--sample-tokens", o.sample_tokens, "Tokens per sample")->capture_default_str();
+  app->add_option("--prompt", a->prompt, "Prompt for samples (default: <|endoftext|>)");
+  app->add_option("--ckpt-every", o.ckpt_every, "Checkpoint every N steps (0 = only at the end)")
+      ->capture_default_str();
+  app->add_option("--keep-last", o.keep_last, "Checkpoints kept in --out")->capture_default_str();
+  app->add_option("--log-every", o.log_every, "Progress line every N steps")->capture_default_str();
+  return {app, [a, app] {
+            if (!a->config.empty()) apply_config_file(*app, a->config);
+            return run_train(*a);
+          }};
+}
+
+}  // namespace blu::cli

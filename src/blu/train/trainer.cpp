@@ -1,0 +1,428 @@
+#include "blu/train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <ostream>
+
+#include "blu/core/error.h"
+#include "blu/core/grad_mode.h"
+#include "blu/io/checkpoint.h"
+#include "blu/memory/allocator.h"
+#include "blu/ops/elementwise.h"
+#include "blu/ops/factory.h"
+#include "blu/ops/view.h"
+#include "blu/train/model_presets.h"
+
+namespace blu::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// [B, T] int32 ids on `device` (a host tensor first; one explicit copy when the device is not the CPU).
+Tensor ids_tensor(const std::vector<int32_t>& ids, int64_t B, int64_t T, Device device) {
+  BLU_ASSERT(int64_t(ids.size()) == B * T, "batch holds ", ids.size(), " ids, expected ", B * T);
+  Tensor host = empty({B, T}, DType::i32, kCPU);
+  std::memcpy(host.data<int32_t>(), ids.data(), ids.size() * sizeof(int32_t));
+  if (device.is_cpu()) return host;
+  Tensor dev = empty({B, T}, DType::i32, device);
+  copy_(dev, host);
+  return dev;
+}
+
+// The value of a one-element tensor on any device.
+double scalar_value(const Tensor& t) {
+  if (t.device().is_cpu()) return t.item();
+  Tensor host = empty(t.shape(), t.dtype(), kCPU);
+  copy_(host, t);
+  return host.item();
+}
+
+bool is_checkpoint_file(const fs::path& p) {
+  const std::string name = p.filename().string();
+  return name.starts_with("ckpt_") && name.ends_with(".safetensors");
+}
+
+// Files this trainer writes into a run directory (and so the only ones --overwrite removes).
+std::vector<fs::path> own_files(const fs::path& dir) {
+  std::vector<fs::path> out;
+  if (!fs::is_directory(dir)) return out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name == "metrics.jsonl" || name == "run.json" || is_checkpoint_file(e.path())) out.push_back(e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Shards for a pattern, with an error that names the flag and the pattern.
+std::vector<fs::path> shard_files(const std::string& pattern, const char* what) {
+  BLU_CHECK(!pattern.empty(), "no ", what, " data: expected a shard pattern (--data-dir or --", what,
+            "-pattern), got none");
+  std::vector<fs::path> files;
+  try {
+    files = expand_shard_pattern(pattern);
+  } catch (const Error&) {
+  }
+  BLU_CHECK(!files.empty(), "no ", what, " shards: expected token shards matching --", what, "-pattern '", pattern,
+            "', found none (run `blutrain prepare` first, or check --data-dir)");
+  return files;
+}
+
+void write_json_file(const fs::path& path, const nlohmann::json& j) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << j.dump(2) << '\n';
+    out.flush();
+    BLU_CHECK(out.good(), "cannot write ", tmp.string());
+  }
+  fs::rename(tmp, path);
+}
+
+}  // namespace
+
+nlohmann::json TrainOptions::to_json() const {
+  return {{"train_pattern", train_pattern}, {"val_pattern", val_pattern},   {"model", model.to_json()},
+          {"batch_size", batch_size},       {"seq_len", seq_len},           {"grad_accum", grad_accum},
+          {"steps", steps},                 {"lr", lr},                     {"min_lr", min_lr},
+          {"warmup", warmup},               {"schedule", schedule},         {"weight_decay", weight_decay},
+          {"grad_clip", grad_clip},         {"optimizer", optimizer},       {"seed", seed},
+          {"device", device},               {"out", out},                   {"val_every", val_every},
+          {"val_batches", val_batches},     {"sample_every", sample_every}, {"sample_tokens", sample_tokens},
+          {"sample_temperature", sample_temperature}, {"sample_top_k", sample_top_k},
+          {"ckpt_every", ckpt_every},       {"keep_last", keep_last},       {"log_every", log_every}};
+}
+
+bool holds_run(const std::string& dir) {
+  if (dir.empty() || !fs::is_directory(dir)) return false;
+  for (const auto& p : own_files(dir))
+    if (p.filename() == "metrics.jsonl" || is_checkpoint_file(p)) return true;
+  return false;
+}
+
+std::string resolve_checkpoint(const std::string& path) {
+  BLU_CHECK(!path.empty(), "expected a checkpoint file or a run directory, got an empty path");
+  if (fs::is_directory(path)) {
+    const std::string latest = latest_checkpoint(path);
+    BLU_CHECK(!latest.empty(), "expected checkpoints (ckpt_*.safetensors) in the run directory ", path,
+              ", found none");
+    return latest;
+  }
+  BLU_CHECK(fs::is_regular_file(path), "checkpoint not found: expected a file or a run directory, got '", path, "'");
+  return path;
+}
+
+std::unique_ptr<nn::GPT> load_gpt(const std::string& checkpoint, Device device) {
+  const nn::GPTConfig cfg = checkpoint_model_config(checkpoint);
+  auto model = std::make_unique<nn::GPT>(cfg);
+  load_checkpoint(checkpoint, *model, nullptr, cfg.to_json());
+  if (!device.is_cpu()) model->to(device);
+  model->eval();
+  return model;
+}
+
+double evaluate(nn::GPT& model, DataLoader& loader, int64_t batches, Device device) {
+  const int64_t n = std::min(batches, loader.batches_per_epoch());
+  BLU_CHECK(n > 0, "evaluation needs at least one batch: asked for ", batches, ", the data holds ",
+            loader.batches_per_epoch(), " batches of ", loader.B(), "x", loader.T(), " tokens");
+  NoGradGuard no_grad;
+  const bool was_training = model.is_training();
+  model.eval();
+  loader.reset();
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const Batch b = loader.next();
+    const auto out = model.forward(ids_tensor(b.inputs, loader.B(), loader.T(), device),
+                                   ids_tensor(b.targets, loader.B(), loader.T(), device));
+    sum += scalar_value(out.loss);
+  }
+  model.train(was_training);
+  return sum / double(n);
+}
+
+Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
+    : opt_s_(std::move(options)), cb_(std::move(callbacks)), device_(kCPU) {
+  if (opt_s_.seq_len == 0) opt_s_.seq_len = opt_s_.model.block_size;
+  const TrainOptions& o = opt_s_;
+  // 1. Options: every check before anything is built or touched.
+  BLU_CHECK(o.batch_size > 0, "--batch-size must be positive, got ", o.batch_size);
+  BLU_CHECK(o.seq_len > 0, "--seq-len must be positive, got ", o.seq_len);
+  BLU_CHECK(o.seq_len <= o.model.block_size, "--seq-len must be at most the model's block size ", o.model.block_size,
+            ", got ", o.seq_len);
+  BLU_CHECK(o.grad_accum >= 1, "--grad-accum must be at least 1, got ", o.grad_accum);
+  BLU_CHECK(o.steps >= 1, "--steps must be at least 1, got ", o.steps);
+  BLU_CHECK(o.lr > 0 && o.min_lr >= 0, "learning rates must be positive: got --lr ", o.lr, ", --min-lr ", o.min_lr);
+  BLU_CHECK(o.warmup >= 0, "--warmup must be >= 0, got ", o.warmup);
+  BLU_CHECK(o.optimizer == "adamw" || o.optimizer == "sgd", "--optimizer must be adamw or sgd, got '", o.optimizer,
+            "'");
+  BLU_CHECK(o.val_batches >= 1, "--val-batches must be at least 1, got ", o.val_batches);
+  BLU_CHECK(o.log_every >= 1, "--log-every must be at least 1, got ", o.log_every);
+  BLU_CHECK(o.keep_last >= 1, "--keep-last must be at least 1, got ", o.keep_last);
+  BLU_CHECK(o.val_every >= 0 && o.sample_every >= 0 && o.ckpt_every >= 0,
+            "--val-every, --sample-every and --ckpt-every must be >= 0 (0 = off)");
+  BLU_CHECK(!(o.resume && o.overwrite), "--resume and --overwrite contradict each other: give one");
+  schedule_.kind = optim::LRSchedule::parse(o.schedule);
+  schedule_.max_lr = o.lr;
+  schedule_.min_lr = o.min_lr;
+  schedule_.warmup_steps = o.warmup;
+  schedule_.total_steps = o.steps;
+  device_ = Device(o.device);
+#ifndef BLU_HAVE_CUDA
+  BLU_CHECK(device_.is_cpu(), "--device ", o.device, ": this build has no CUDA backend (expected cpu)");
+#endif
+
+  // 2. The run directory.
+  std::string resume_from;
+  if (!o.out.empty()) {
+    if (o.resume) {
+      resume_from = latest_checkpoint(o.out);
+      BLU_CHECK(!resume_from.empty(), "--resume: expected a checkpoint (ckpt_*.safetensors) in ", o.out,
+                ", found none");
+    } else {
+      BLU_CHECK(o.overwrite || !holds_run(o.out), "the run directory ", o.out,
+                " already holds a run (metrics.jsonl or checkpoints): pass --overwrite to replace it, --resume to "
+                "continue it, or choose another --out");
+    }
+  } else {
+    BLU_CHECK(!o.resume, "--resume needs --out (the run directory to resume)");
+  }
+
+  // 3. Data (shards are validated here, still before anything is written).
+  LoaderOptions lo;
+  lo.vocab_size = o.model.vocab_size;
+  train_loader_ = std::make_unique<DataLoader>(shard_files(o.train_pattern, "train"), o.batch_size, o.seq_len, 0, 1, lo);
+  if (!o.val_pattern.empty()) {
+    LoaderOptions vo = lo;
+    vo.prefetch = 0;  // read on demand: evaluation is occasional and resets the loader
+    val_loader_ = std::make_unique<DataLoader>(shard_files(o.val_pattern, "val"), o.batch_size, o.seq_len, 0, 1, vo);
+  }
+
+  // 4. Model and optimizer.
+  manual_seed(o.seed);
+  model_ = std::make_unique<nn::GPT>(o.model, o.seed);
+  if (!device_.is_cpu()) model_->to(device_);
+  model_->train();
+  auto groups = optim::decay_groups(model_->named_parameters(), o.weight_decay);
+  if (o.optimizer == "adamw") {
+    optim::AdamWOptions a;
+    a.lr = o.lr;
+    a.beta1 = 0.9;
+    a.beta2 = 0.95;  // GPT-2 / llm.c
+    opt_ = optim::make_adamw(std::move(groups), a);
+  } else {
+    optim::SGDOptions s;
+    s.lr = o.lr;
+    s.momentum = 0.9;
+    opt_ = optim::make_sgd(std::move(groups), s);
+  }
+
+  // 5. Only now touch the disk.
+  if (o.out.empty()) return;
+  if (o.overwrite)
+    for (const auto& p : own_files(o.out)) fs::remove(p);
+  fs::create_directories(o.out);
+  const std::string metrics_path = (fs::path(o.out) / "metrics.jsonl").string();
+  if (!resume_from.empty()) {
+    const TrainState st = load_checkpoint(resume_from, *model_, opt_.get(), o.model.to_json());
+    step_ = st.step;
+    default_generator().set_state(st.rng_seed, st.rng_offset);
+    train_loader_->restore(st.loader.get<LoaderState>());
+    last_checkpoint_ = resume_from;
+    MetricsLog::truncate_after(metrics_path, step_);
+    if (cb_.log) *cb_.log << "resumed from " << resume_from << " at step " << step_ << "\n";
+  }
+  write_json_file(fs::path(o.out) / "run.json", {{"blutrain_version", BLU_VERSION},
+                                                  {"model_config", o.model.to_json()},
+                                                  {"options", o.to_json()}});
+  metrics_ = MetricsLog(metrics_path);
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::print_header() {
+  if (!cb_.log) return;
+  std::ostream& os = *cb_.log;
+  const TrainOptions& o = opt_s_;
+  os << "config:\n" << o.to_json().dump(2) << "\n\n";
+  print_parameter_table(os, model_->named_parameters());
+  os << "\ndata: " << train_loader_->files().size() << " train shard(s), " << train_loader_->batches_per_epoch()
+     << " batches per epoch";
+  if (val_loader_) os << "; " << val_loader_->files().size() << " val shard(s)";
+  os << "\ntokens per step: " << format_count(o.batch_size * o.seq_len * o.grad_accum) << " (B " << o.batch_size
+     << " x T " << o.seq_len << " x grad_accum " << o.grad_accum << ")\n";
+  os << "device: " << device_.str() << ", optimizer: " << o.optimizer << ", schedule: " << o.schedule
+     << " (warmup " << o.warmup << ")\n\n";
+  os.flush();
+}
+
+double Trainer::train_step(StepStats& s) {
+  const TrainOptions& o = opt_s_;
+  opt_->zero_grad();
+  double loss_sum = 0;
+  for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
+    const Batch b = train_loader_->next();
+    const auto out = model_->forward(ids_tensor(b.inputs, o.batch_size, o.seq_len, device_),
+                                     ids_tensor(b.targets, o.batch_size, o.seq_len, device_));
+    loss_sum += scalar_value(out.loss);
+    // Gradients of the mean over all micro-batches: each micro-batch's loss scaled by 1/grad_accum.
+    const Tensor scaled = o.grad_accum > 1 ? mul(out.loss, 1.0 / double(o.grad_accum)) : out.loss;
+    scaled.backward();
+  }
+  const double max_norm = o.grad_clip > 0 ? o.grad_clip : std::numeric_limits<double>::infinity();
+  s.grad_norm = optim::clip_grad_norm(model_->parameters(), max_norm);
+  s.lr = schedule_.at(step_);
+  opt_->set_lr(s.lr);
+  if (std::isfinite(s.grad_norm)) {
+    opt_->step();
+  } else if (cb_.log) {  // clip_grad_norm leaves non-finite gradients alone: skip the update
+    *cb_.log << "warning: gradient norm is " << s.grad_norm << " at step " << step_ + 1 << "; update skipped\n";
+  }
+  s.loss = loss_sum / double(o.grad_accum);
+  return s.loss;
+}
+
+void Trainer::sample(int64_t step) {
+  const int64_t n = opt_s_.sample_tokens;  // past the block size, generate() slides the window
+  // Its own generator, seeded from (seed, step): sampling never moves the training stream.
+  Generator gen(opt_s_.seed * 1000003ull + uint64_t(step), 0);
+  std::vector<int32_t> ids;
+  {
+    NoGradGuard no_grad;
+    model_->eval();
+    std::vector<int32_t> prompt = cb_.sample_prompt;
+    if (prompt.empty()) prompt.push_back(model_->config().vocab_size > 50256 ? 50256 : 0);
+    ids = model_->generate(prompt, n, opt_s_.sample_temperature, opt_s_.sample_top_k, gen);  // new tokens
+    model_->train();
+  }
+  std::string text;
+  if (cb_.decode) {
+    text = cb_.decode(ids);
+  } else {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i) text += ' ';
+      text += std::to_string(ids[i]);
+    }
+  }
+  if (cb_.log) *cb_.log << "--- sample at step " << step << " ---\n" << text << "\n---\n";
+  metrics_.write({{"event", "sample"}, {"step", step}, {"text", text}});
+}
+
+std::string Trainer::save(int64_t step) {
+  if (opt_s_.out.empty()) return "";
+  TrainState st;
+  st.step = step;
+  st.rng_seed = default_generator().seed();
+  st.rng_offset = default_generator().offset();
+  st.loader = train_loader_->state();
+  st.model_config = opt_s_.model.to_json();
+  st.run = opt_s_.to_json();
+  last_checkpoint_ = save_checkpoint(opt_s_.out, *model_, opt_.get(), st, int(opt_s_.keep_last));
+  metrics_.write({{"event", "checkpoint"}, {"step", step}, {"path", last_checkpoint_}});
+  if (cb_.log) *cb_.log << "checkpoint: " << last_checkpoint_ << "\n";
+  return last_checkpoint_;
+}
+
+TrainSummary Trainer::run() {
+  const TrainOptions& o = opt_s_;
+  TrainSummary sum;
+  sum.start_step = step_;
+  print_header();
+  Allocator& alloc = allocator_for(device_);
+  const auto t_run = Clock::now();
+  int64_t last_eval = -1, last_save = last_checkpoint_.empty() ? -1 : step_;
+  const auto run_eval = [&] {
+    const double v = evaluate(*model_, *val_loader_, o.val_batches, device_);
+    last_eval = step_;
+    sum.final_val_loss = v;
+    metrics_.write({{"event", "eval"}, {"step", step_}, {"val_loss", v}});
+    if (cb_.log) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "val   %lld | val loss %.4f\n", static_cast<long long>(step_), v);
+      *cb_.log << buf << std::flush;
+    }
+    if (cb_.on_eval) cb_.on_eval(step_, v);
+  };
+
+  while (step_ < o.steps) {
+    StepStats s;
+    s.total_steps = o.steps;
+    alloc.reset_peak();
+    const auto t0 = Clock::now();
+    train_step(s);
+    s.ms = seconds_since(t0) * 1e3;
+    ++step_;
+    s.step = step_;
+    s.tokens = o.batch_size * o.seq_len * o.grad_accum;
+    s.tokens_per_s = double(s.tokens) / (s.ms / 1e3);
+    s.mem_bytes = alloc.stats().peak_bytes;
+    sum.tokens += s.tokens;
+    sum.peak_mem_bytes = std::max(sum.peak_mem_bytes, s.mem_bytes);
+    sum.final_train_loss = s.loss;
+    metrics_.write({{"event", "step"},   {"step", s.step},       {"loss", s.loss},
+                    {"lr", s.lr},        {"norm", s.grad_norm},  {"ms", s.ms},
+                    {"tok_per_s", s.tokens_per_s}, {"mem_bytes", s.mem_bytes}});
+    if (cb_.on_step) cb_.on_step(s);
+    const bool stopping = cb_.stop && cb_.stop->load();
+    if (cb_.log && (step_ % o.log_every == 0 || step_ == o.steps || step_ == sum.start_step + 1 || stopping))
+      *cb_.log << format_progress_line(s) << "\n" << std::flush;
+
+    if (val_loader_ && o.val_every > 0 && step_ % o.val_every == 0) run_eval();
+    if (o.sample_every > 0 && step_ % o.sample_every == 0 && !stopping) sample(step_);
+    if (o.ckpt_every > 0 && step_ % o.ckpt_every == 0 && step_ < o.steps) {
+      save(step_);
+      last_save = step_;
+    }
+    if (stopping && step_ < o.steps) {
+      sum.interrupted = true;
+      if (cb_.log) *cb_.log << "stop requested: finishing at step " << step_ << "\n";
+      break;
+    }
+  }
+  if (val_loader_ && last_eval != step_ && !sum.interrupted) run_eval();
+  if (last_save != step_) save(step_);
+
+  sum.end_step = step_;
+  sum.seconds = seconds_since(t_run);
+  sum.tokens_per_s = sum.seconds > 0 ? double(sum.tokens) / sum.seconds : 0;
+  sum.checkpoint = last_checkpoint_;
+  metrics_.write({{"event", "summary"},
+                  {"step", step_},
+                  {"interrupted", sum.interrupted},
+                  {"train_loss", sum.final_train_loss},
+                  {"val_loss", sum.final_val_loss},
+                  {"tokens", sum.tokens},
+                  {"seconds", sum.seconds},
+                  {"tok_per_s", sum.tokens_per_s},
+                  {"peak_mem_bytes", sum.peak_mem_bytes},
+                  {"checkpoint", sum.checkpoint}});
+  if (cb_.log) {
+    std::ostream& os = *cb_.log;
+    char buf[160];
+    os << "\nsummary" << (sum.interrupted ? " (interrupted)" : "") << ":\n";
+    os << "  steps        " << sum.start_step << " -> " << sum.end_step << " of " << o.steps << "\n";
+    std::snprintf(buf, sizeof buf, "  train loss   %.4f\n", sum.final_train_loss);
+    os << buf;
+    if (sum.final_val_loss >= 0) {
+      std::snprintf(buf, sizeof buf, "  val loss     %.4f\n", sum.final_val_loss);
+      os << buf;
+    }
+    std::snprintf(buf, sizeof buf, "  tokens       %s in %.1f s (%.0f tok/s)\n", format_count(sum.tokens).c_str(),
+                  sum.seconds, sum.tokens_per_s);
+    os << buf;
+    os << "  peak memory  " << format_bytes(sum.peak_mem_bytes) << " (" << device_.str() << " allocator)\n";
+    os << "  checkpoint   " << (sum.checkpoint.empty() ? "(none: no --out)" : sum.checkpoint) << "\n" << std::flush;
+  }
+  return sum;
+}
+
+}  // namespace blu::train

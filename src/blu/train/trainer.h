@@ -1,0 +1,126 @@
+// train/trainer: the GPT training loop as a library, shared by `blutrain train` and the tests.
+//   One step: zero the gradients; for each of grad_accum micro-batches, forward, scale the loss by
+//   1/grad_accum, backward; clip the global gradient norm; set the scheduled learning rate; update.
+//   Around the steps: validation loss every val_every steps, a text sample every sample_every
+//   steps, a checkpoint every ckpt_every steps and at the end (or on a stop request), a progress
+//   line every log_every steps, and <out>/metrics.jsonl.
+// Depends on nn/gpt, optim/optimizer, data/loader, io/checkpoint, train/metrics.
+// Keep: resuming is exact — `steps` straight and `k` steps + checkpoint + resume give bitwise the
+// same weights and losses. Everything a step reads that changes over a run (weights, optimizer
+// state, step, the default generator's (seed, offset), the train loader's position) is in the
+// checkpoint; samples and validation use their own generator / a loader reset to its start, so
+// they never perturb training. A run directory that already holds a run is never touched unless
+// `overwrite` (which removes only this trainer's own files) or `resume`.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "blu/core/device.h"
+#include "blu/core/rng.h"
+#include "blu/data/loader.h"
+#include "blu/nn/gpt.h"
+#include "blu/optim/optimizer.h"
+#include "blu/train/metrics.h"
+
+namespace blu::train {
+
+struct TrainOptions {
+  // Data: globs of token shards. val_pattern "" means no validation.
+  std::string train_pattern, val_pattern;
+  nn::GPTConfig model;  // see train/model_presets.h for named shapes
+  int64_t batch_size = 8, seq_len = 0, grad_accum = 1, steps = 100;  // seq_len 0: the model's block size
+  double lr = 1e-3, min_lr = 1e-4;
+  int64_t warmup = 20;
+  std::string schedule = "cosine";  // cosine | linear | constant
+  double weight_decay = 0.1, grad_clip = 1.0;  // grad_clip <= 0: no clipping (the norm is still reported)
+  std::string optimizer = "adamw";             // adamw | sgd
+  uint64_t seed = 1337;                         // model init, default generator, sampling
+  std::string device = "cpu";
+  std::string out;  // run directory; "" writes nothing (no metrics, no checkpoints)
+  bool overwrite = false, resume = false;
+  int64_t val_every = 0, val_batches = 20;      // 0: never (a final validation still runs when val data exists)
+  int64_t sample_every = 0, sample_tokens = 64;
+  double sample_temperature = 1.0;
+  int64_t sample_top_k = 40;
+  int64_t ckpt_every = 0, keep_last = 3;        // ckpt_every 0: only at the end
+  int64_t log_every = 1;
+
+  nlohmann::json to_json() const;  // recorded in run.json and in checkpoints
+};
+
+struct TrainCallbacks {
+  std::ostream* log = nullptr;  // progress lines, tables, samples; nullptr: silent
+  // Turns sampled ids into text; without it samples print as ids.
+  std::function<std::string(const std::vector<int32_t>&)> decode;
+  // Empty: GPT-2's <|endoftext|> (50256) when the vocabulary holds it, else token 0.
+  std::vector<int32_t> sample_prompt;
+  std::function<void(const StepStats&)> on_step;
+  std::function<void(int64_t step, double val_loss)> on_eval;
+  // Polled after every step: when it reads true the trainer saves a checkpoint and returns.
+  const std::atomic<bool>* stop = nullptr;
+};
+
+struct TrainSummary {
+  int64_t start_step = 0, end_step = 0;  // steps done before this run / after it
+  bool interrupted = false;              // stopped by the stop flag before `steps`
+  double final_train_loss = 0, final_val_loss = -1;  // -1: no validation data
+  int64_t tokens = 0;                    // trained in this run
+  double seconds = 0, tokens_per_s = 0;
+  int64_t peak_mem_bytes = 0;
+  std::string checkpoint;                // the last checkpoint written ("" when out is "")
+};
+
+// Mean loss over the first `batches` batches of `loader` (reset to its start first), without
+// gradients and in eval mode. `batches` is capped at one epoch of the loader.
+double evaluate(nn::GPT& model, DataLoader& loader, int64_t batches, Device device);
+
+// A checkpoint file as given, or the latest checkpoint in a run directory. BLU_CHECK when none.
+std::string resolve_checkpoint(const std::string& file_or_run_dir);
+// A GPT built from a checkpoint's model configuration (train/model_presets.h) with its weights
+// loaded, on `device`, in eval mode.
+std::unique_ptr<nn::GPT> load_gpt(const std::string& checkpoint, Device device);
+
+// The run directory already holds a run: a metrics file or checkpoints.
+bool holds_run(const std::string& dir);
+
+class Trainer {
+ public:
+  // Checks the options and the run directory (nothing on disk changes when a check fails), builds
+  // the model, optimizer and loaders, and, with `resume`, restores the latest checkpoint.
+  Trainer(TrainOptions options, TrainCallbacks callbacks = {});
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  TrainSummary run();
+
+  nn::GPT& model() { return *model_; }
+  optim::Optimizer& optimizer() { return *opt_; }
+  int64_t step() const { return step_; }
+  const TrainOptions& options() const { return opt_s_; }
+
+ private:
+  double train_step(StepStats& stats);
+  std::string save(int64_t step);
+  void print_header();
+  void sample(int64_t step);
+
+  TrainOptions opt_s_;
+  TrainCallbacks cb_;
+  Device device_;
+  std::unique_ptr<nn::GPT> model_;
+  std::unique_ptr<optim::Optimizer> opt_;
+  optim::LRSchedule schedule_;
+  std::unique_ptr<DataLoader> train_loader_, val_loader_;
+  MetricsLog metrics_;
+  int64_t step_ = 0;
+  std::string last_checkpoint_;
+};
+
+}  // namespace blu::train

@@ -1,0 +1,185 @@
+// Runs the built `blutrain` binary: $BLU_BLUTRAIN_BIN when set, else ../blutrain next to this test
+// binary's folder (build/tests/test_train → build/blutrain).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "blu/data/shard.h"
+#include "blu/data/tokenizer.h"
+#include "data/data_test_util.h"
+
+namespace blu {
+namespace {
+
+namespace fs = std::filesystem;
+using test::TempDir;
+
+fs::path blutrain_path() {
+  if (const char* env = std::getenv("BLU_BLUTRAIN_BIN"); env && *env) return env;
+  return fs::canonical("/proc/self/exe").parent_path().parent_path() / "blutrain";
+}
+
+std::string quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+struct Result {
+  int status = -1;
+  std::string output;  // stdout and stderr together
+};
+
+Result run(const std::vector<std::string>& args) {
+  std::string cmd = quote(blutrain_path().string());
+  for (const auto& a : args) cmd += " " + quote(a);
+  cmd += " 2>&1";
+  Result r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  const int st = ::pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(blutrain_path())) GTEST_SKIP() << "blutrain not built at " << blutrain_path();
+  }
+  // A small shard of GPT-2 ids.
+  static void write_tokens(const fs::path& path, size_t n) {
+    std::vector<uint16_t> t(n);
+    for (size_t i = 0; i < n; ++i) t[i] = uint16_t((i * 131) % 50000);
+    write_shard(path, t);
+  }
+};
+
+TEST_F(Cli, Info) {
+  const Result r = run({"info"});
+  EXPECT_EQ(r.status, 0) << r.output;
+  for (const char* part : {"blutrain", "build:", "CUDA:", "cpu", "BLAS:", "allocators:"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << "missing '" << part << "' in:\n" << r.output;
+}
+
+TEST_F(Cli, HelpListsSubcommands) {
+  const Result r = run({"--help"});
+  EXPECT_EQ(r.status, 0) << r.output;
+  for (const char* part : {"info", "prepare", "train", "eval", "sample"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part;
+}
+
+TEST_F(Cli, TrainRefusesExistingRunWithoutOverwrite) {
+  TempDir dir;
+  write_tokens(dir / "d_train_000000.bin", 4096);
+  const fs::path out = dir / "run";
+  fs::create_directories(out);
+  test::write_bytes(out / "metrics.jsonl", "{\"event\":\"step\",\"step\":3}\n");
+  test::write_bytes(out / "ckpt_00000003.safetensors", "not really a checkpoint");
+  const auto before = test::list_dir(out);
+
+  const Result r = run({"train", "--train-pattern", (dir / "d_train_*.bin").string(), "--model", "tiny", "--out",
+                        out.string(), "--steps", "1"});
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("already holds a run"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--overwrite"), std::string::npos) << r.output;
+  EXPECT_EQ(test::list_dir(out), before);
+  EXPECT_EQ(test::read_bytes(out / "metrics.jsonl"), "{\"event\":\"step\",\"step\":3}\n");
+  EXPECT_EQ(test::read_bytes(out / "ckpt_00000003.safetensors"), "not really a checkpoint");
+}
+
+TEST_F(Cli, UnknownConfigKeyIsRefusedByName) {
+  TempDir dir;
+  test::write_bytes(dir / "train.toml", "steps = 5\nlearning_rate = 0.1\n");
+  const Result r = run({"train", "--config", (dir / "train.toml").string()});
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("learning_rate"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("unknown key"), std::string::npos) << r.output;
+}
+
+TEST_F(Cli, KnownConfigKeysAreRead) {
+  // A valid config gets past parsing: the error is then about the (missing) data, not the file.
+  TempDir dir;
+  test::write_bytes(dir / "train.toml", "steps = 5\nlr = 0.01\nbatch-size = 2\nmodel = \"tiny\"\n");
+  const Result r = run({"train", "--config", (dir / "train.toml").string()});
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("no training data"), std::string::npos) << r.output;
+}
+
+TEST_F(Cli, MissingDataIsRefusedClearly) {
+  TempDir dir;
+  Result r = run({"train", "--model", "tiny"});
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("no training data"), std::string::npos) << r.output;
+
+  const std::string pattern = (dir / "missing_train_*.bin").string();
+  r = run({"train", "--model", "tiny", "--train-pattern", pattern, "--out", (dir / "run").string()});
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("no train shards"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(pattern), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "run"));
+
+  r = run({"train", "--model", "tiny", "--data-dir", (dir / "nope").string()});
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("--data-dir"), std::string::npos) << r.output;
+}
+
+TEST_F(Cli, UnknownModelPresetIsRefused) {
+  TempDir dir;
+  write_tokens(dir / "d_train_000000.bin", 4096);
+  const Result r = run({"train", "--model", "d13", "--train-pattern", (dir / "d_train_*.bin").string()});
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("d13"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("demo"), std::string::npos) << r.output;
+}
+
+// prepare → train (a few steps) → eval → sample, on a tiny model. Needs the GPT-2 vocabulary.
+TEST_F(Cli, EndToEndTiny) {
+  if (!fs::exists(fs::path(default_vocab_dir()) / "encoder.json"))
+    GTEST_SKIP() << "GPT-2 vocabulary not fetched (scripts/fetch_gpt2_vocab.sh)";
+  TempDir dir;
+  fs::create_directories(dir / "text");
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "The quick brown fox jumps over the lazy dog number " + std::to_string(i) + ".\n";
+  test::write_bytes(dir / "text" / "a.txt", text);
+  test::write_bytes(dir / "text" / "b.txt", text);
+  Result r = run({"prepare", "--input", (dir / "text").string(), "--out", (dir / "data").string(), "--name", "toy",
+              "--val-fraction", "0.5"});
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("shards:"), std::string::npos) << r.output;
+
+  const std::string out = (dir / "run").string();
+  r = run({"train", "--data-dir", (dir / "data").string(), "--model", "tiny", "--n-embd", "32", "-B", "2", "-T", "16",
+           "--steps", "3", "--val-every", "2", "--val-batches", "1", "--out", out});
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (const char* part : {"step 1/3 | loss ", " tok/s | mem ", "val loss", "summary", "ckpt_00000003"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << "missing '" << part << "' in:\n" << r.output;
+  EXPECT_TRUE(fs::exists(dir / "run" / "metrics.jsonl"));
+
+  r = run({"eval", "--ckpt", out, "--data-dir", (dir / "data").string(), "-B", "2", "-T", "16", "--batches", "2"});
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("val loss"), std::string::npos) << r.output;
+
+  r = run({"sample", "--ckpt", out, "--prompt", "The quick", "-n", "5", "--seed", "1"});
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("The quick", 0), 0u) << r.output;
+
+  r = run({"train", "--data-dir", (dir / "data").string(), "--model", "tiny", "--n-embd", "32", "-B", "2", "-T", "16",
+           "--steps", "4", "--out", out, "--resume"});
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step 4/4"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace blu
