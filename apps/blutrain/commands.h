@@ -18,5 +18,6 @@ Command add_prepare(CLI::App& root);
 Command add_train(CLI::App& root);
 Command add_eval(CLI::App& root);
 Command add_sample(CLI::App& root);
+Command add_launch(CLI::App& root);
 
 }  // namespace blu::cli

@@ -5,7 +5,9 @@
 //   reduce_scatter(out, in, op)    out ← chunk `rank` of op over ranks of in; in.numel = size·out.numel
 //   all_gather(out, in)            out ← cat over ranks of in;                  out.numel = size·in.numel
 //   broadcast(t, root)             t ← root's t
-//   send(t, dst, tag) / recv(t, src, tag)   point to point; tags pair a send with its recv
+//   send(t, dst, tag) / recv(t, src, tag)   point to point; tags pair a send with its recv; these
+//                                  start at once on the caller's thread (not in the queue), and
+//                                  is_completed() turns true only once wait() has returned
 //   barrier()                      returns once every rank has entered it
 // Every call is asynchronous: it checks its arguments, queues the operation and returns a Work;
 // wait() blocks until it is done and rethrows its failure as blu::Error. Operations run in the

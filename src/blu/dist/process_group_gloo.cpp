@@ -75,6 +75,43 @@ class GlooWork final : public Work {
   std::string error_;
 };
 
+class P2PWork final : public Work {
+ public:
+  P2PWork(std::unique_ptr<gloo::transport::UnboundBuffer> buf, Tensor t, bool is_send,
+          std::chrono::milliseconds timeout, int rank, int peer)
+      : buf_(std::move(buf)), tensor_(std::move(t)), send_(is_send), timeout_(timeout), rank_(rank), peer_(peer) {}
+  void wait() override {
+    std::lock_guard lock(mu_);
+    if (!done_) {
+      try {
+        const bool ok = send_ ? buf_->waitSend(timeout_) : buf_->waitRecv(timeout_);
+        if (!ok) error_ = "aborted";
+      } catch (const std::exception& e) {
+        error_ = e.what();
+      }
+      done_ = true;
+    }
+    if (!error_.empty())
+      throw Error(std::string("gloo ") + (send_ ? "send to rank " : "recv from rank ") + std::to_string(peer_) +
+                  " failed on rank " + std::to_string(rank_) + " (timeout " + std::to_string(timeout_.count()) +
+                  " ms): " + error_);
+  }
+  bool is_completed() const override {  // known only once waited for
+    std::lock_guard lock(mu_);
+    return done_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::unique_ptr<gloo::transport::UnboundBuffer> buf_;
+  Tensor tensor_;  // kept alive until the transfer is done
+  bool send_;
+  std::chrono::milliseconds timeout_;
+  int rank_, peer_;
+  bool done_ = false;
+  std::string error_;
+};
+
 constexpr uint8_t kReduceScatterSlot = 0xB0, kP2PSlot = 0xB1;
 
 class GlooGroup final : public ProcessGroup {
@@ -171,28 +208,21 @@ class GlooGroup final : public ProcessGroup {
     });
   }
 
+  // Point to point goes straight to Gloo on the caller's thread (an unbound buffer's send/recv
+  // is itself asynchronous); the Work's wait() waits for it. So a send and a recv between two
+  // ranks never wait for each other's turn in the queue.
   WorkPtr send(const Tensor& t, int dst, int tag) override {
-    check_tensor(t, "send");
-    check_rank(dst, "send destination");
-    BLU_CHECK(dst != rank_, "send: destination is this rank (", rank_, ")");
-    BLU_CHECK(tag >= 0, "send: tag must be >= 0, got ", tag);
-    return enqueue("send", [this, t, dst, tag](uint32_t) {
-      auto buf = ctx_->createUnboundBuffer(t.raw_data(), t.nbytes());
-      buf->send(dst, gloo::Slot::build(kP2PSlot, uint32_t(tag)));
-      wait_send(*buf, "send");
-    });
+    check_p2p(t, dst, tag, "send");
+    auto buf = ctx_->createUnboundBuffer(t.raw_data(), t.nbytes());
+    buf->send(dst, gloo::Slot::build(kP2PSlot, uint32_t(tag)));
+    return std::make_shared<P2PWork>(std::move(buf), t, true, timeout_, rank_, dst);
   }
 
   WorkPtr recv(const Tensor& t, int src, int tag) override {
-    check_tensor(t, "recv");
-    check_rank(src, "recv source");
-    BLU_CHECK(src != rank_, "recv: source is this rank (", rank_, ")");
-    BLU_CHECK(tag >= 0, "recv: tag must be >= 0, got ", tag);
-    return enqueue("recv", [this, t, src, tag](uint32_t) {
-      auto buf = ctx_->createUnboundBuffer(t.raw_data(), t.nbytes());
-      buf->recv(src, gloo::Slot::build(kP2PSlot, uint32_t(tag)));
-      wait_recv(*buf, "recv");
-    });
+    check_p2p(t, src, tag, "recv");
+    auto buf = ctx_->createUnboundBuffer(t.raw_data(), t.nbytes());
+    buf->recv(src, gloo::Slot::build(kP2PSlot, uint32_t(tag)));
+    return std::make_shared<P2PWork>(std::move(buf), t, false, timeout_, rank_, src);
   }
 
   WorkPtr barrier() override {
@@ -228,6 +258,12 @@ class GlooGroup final : public ProcessGroup {
               t.dtype());
     BLU_CHECK(t.is_contiguous(), "gloo ", op, ": expected a contiguous tensor, got ", t.str(), " with strides ",
               t.strides());
+  }
+  void check_p2p(const Tensor& t, int peer, int tag, const char* op) const {
+    check_tensor(t, op);
+    check_rank(peer, op);
+    BLU_CHECK(peer != rank_, op, ": the peer is this rank (", rank_, ")");
+    BLU_CHECK(tag >= 0, op, ": tag must be >= 0, got ", tag);
   }
   void check_rank(int r, const char* what) const {
     BLU_CHECK(r >= 0 && r < size_, "gloo: ", what, " must be a rank in [0, ", size_, "), got ", r);
