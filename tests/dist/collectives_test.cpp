@@ -24,5 +24,11 @@ TEST(GlooCollectives, DeadPeerIsAnErrorOnEverySurvivorWithinTheTimeout) {
   EXPECT_LT(r.seconds, 15.0);
 }
 
+TEST(GlooCollectives, StalledPeerIsATimeoutErrorNotAHang) {
+  const LaunchResult r = run_workers("peer_stalls", 2);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("[rank 0] survivor error after"), std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace blu::dist::test

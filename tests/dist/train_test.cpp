@@ -41,13 +41,16 @@ TrainRun train(const TempDir& dir, const std::string& tag, const std::string& mo
 void expect_close(const TrainRun& a, const TrainRun& b, double rel_loss, double abs_param, const std::string& what) {
   ASSERT_EQ(a.losses.size(), b.losses.size()) << what;
   ASSERT_FALSE(a.losses.empty()) << what;
-  for (size_t i = 0; i < a.losses.size(); ++i)
+  double worst_loss = 0;
+  for (size_t i = 0; i < a.losses.size(); ++i) {
     EXPECT_NEAR(a.losses[i], b.losses[i], rel_loss * std::abs(a.losses[i])) << what << " step " << i;
+    worst_loss = std::max(worst_loss, std::abs(a.losses[i] - b.losses[i]) / std::abs(a.losses[i]));
+  }
   ASSERT_EQ(a.params.size(), b.params.size()) << what;
   double worst = 0;
   for (size_t i = 0; i < a.params.size(); ++i) worst = std::max(worst, double(std::abs(a.params[i] - b.params[i])));
   EXPECT_LE(worst, abs_param) << what;
-  std::printf("%s: max |param diff| %.3g\n", what.c_str(), worst);
+  std::printf("%s: max relative loss diff %.3g, max |param diff| %.3g\n", what.c_str(), worst_loss, worst);
 }
 
 constexpr double kLossRel = 1e-5, kParamAbs = 2e-5;

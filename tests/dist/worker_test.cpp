@@ -160,11 +160,35 @@ void peer_dies() {
   ::_exit(::testing::Test::HasFailure() ? 1 : 0);  // skip the group's destructor (its peer is gone)
 }
 
+// Rank 1 stops answering (alive, sockets open) for longer than the 1 s timeout: the others must
+// fail by timeout, not hang.
+void peer_stalls() {
+  Rank rk(1000ms);
+  ProcessGroup& pg = *rk.pg;
+  Tensor t = ones({4});
+  pg.all_reduce(t)->wait();
+  if (pg.rank() == 1) {
+    std::this_thread::sleep_for(2500ms);
+    std::fflush(nullptr);
+    ::_exit(0);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string e = error_of([&] { pg.all_reduce(t)->wait(); });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("survivor error after %.2f s: %s\n", s, e.c_str());
+  EXPECT_NE(e.find("timeout 1000 ms"), std::string::npos) << e;
+  EXPECT_GE(s, 0.9);
+  EXPECT_LT(s, 2.4);
+  std::fflush(nullptr);
+  ::_exit(::testing::Test::HasFailure() ? 1 : 0);
+}
+
 TEST(DistWorker, Run) {
   const std::string scenario = env_or("BLU_DIST_SCENARIO", "");
   if (scenario.empty()) GTEST_SKIP() << "only runs as a rank of a multi-process test";
   if (scenario == "collectives") return collectives();
   if (scenario == "peer_dies") return peer_dies();
+  if (scenario == "peer_stalls") return peer_stalls();
   if (scenario == "train") return test::train_worker();
   FAIL() << "unknown scenario " << scenario;
 }
