@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <map>
 
 #include "blu/core/grad_mode.h"
@@ -161,7 +162,7 @@ void ZeroAdamW::load_state(const nn::NamedTensors& state) {
 }
 
 std::string save_sharded_checkpoint(const std::string& dir, const nn::Module& model, ZeroAdamW& opt,
-                                    const TrainState& st) {
+                                    const TrainState& st, int keep_last) {
   ProcessGroup& pg = opt.process_group();
   const fs::path step_dir = fs::path(dir) / step_dir_name(st.step);
   fs::create_directories(step_dir);
@@ -191,6 +192,15 @@ std::string save_sharded_checkpoint(const std::string& dir, const nn::Module& mo
       BLU_CHECK(f.good(), "save_sharded_checkpoint: cannot write ", tmp.string());
     }
     fs::rename(tmp, step_dir / kCommit);
+    if (keep_last > 0) {  // prune only after the new checkpoint is committed
+      std::vector<fs::path> committed;
+      for (const auto& e : fs::directory_iterator(dir))
+        if (e.is_directory() && e.path().filename().string().rfind("ckpt_", 0) == 0 && fs::exists(e.path() / kCommit))
+          committed.push_back(e.path());
+      std::sort(committed.begin(), committed.end());
+      for (size_t i = 0; i + size_t(keep_last) < committed.size(); ++i)
+        if (committed[i] != step_dir) fs::remove_all(committed[i]);
+    }
   }
   pg.barrier()->wait();  // nobody reads the checkpoint before it is committed
   return step_dir.string();

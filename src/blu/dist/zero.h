@@ -80,9 +80,10 @@ class ZeroAdamW final : public optim::Optimizer {
 };
 
 // Writes this rank's part of a sharded checkpoint (collective: every rank calls it with the same
-// step). Returns the checkpoint directory.
+// step). Then rank 0 removes all but the newest keep_last committed checkpoints (<= 0: keeps all).
+// Returns the checkpoint directory.
 std::string save_sharded_checkpoint(const std::string& dir, const nn::Module& model, ZeroAdamW& opt,
-                                    const TrainState& st);
+                                    const TrainState& st, int keep_last = 0);
 // The committed sharded checkpoint with the highest step in dir; "" when none.
 std::string latest_sharded_checkpoint(const std::string& dir);
 // Loads the model and this rank's slice of the moments, re-slicing when the checkpoint was saved
