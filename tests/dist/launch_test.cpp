@@ -35,9 +35,9 @@ TEST(Launch, OneFailingRankStopsTheOthers) {
 
 TEST(Launch, RankThatIgnoresSigtermIsKilledAfterTheGracePeriod) {
   const LaunchResult r = run_command(
-      2, {"/bin/sh", "-c", "trap '' TERM; if [ $RANK = 0 ]; then exit 3; fi; while :; do sleep 0.1; done"});
+      2, {"/bin/sh", "-c", "trap '' TERM; if [ $RANK = 0 ]; then sleep 0.5; exit 3; fi; while :; do sleep 0.1; done"});
   EXPECT_EQ(r.status, 3);
-  EXPECT_GE(r.seconds, 1.5);  // the 2 s grace period of run_command
+  EXPECT_GE(r.seconds, 2.0);  // rank 0's 0.5 s (rank 1 sets its trap meanwhile) + most of the 2 s grace
   EXPECT_LT(r.seconds, 10.0);
 }
 
