@@ -56,7 +56,7 @@ inline void train_worker() {
   std::shared_ptr<ProcessGroup> pg;
   if (mode != "single") {
     store = std::make_unique<TcpStore>(env.master_addr, env.master_port, r == 0, 10000ms);
-    pg = make_gloo_group(*store, r, W, {.timeout = 10000ms});
+    pg = make_gloo_group(*store, r, W, GlooOptions{.timeout = 10000ms, .hostname = "", .prefix = "default_pg"});
   }
   const nn::GPTConfig cfg = nn::GPTConfig::preset("tiny");
   nn::GPT model(cfg, 1234 + uint64_t(r));  // different per rank on purpose: DDP/ZeRO broadcast rank 0's

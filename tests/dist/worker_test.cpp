@@ -29,7 +29,7 @@ struct Rank {
   std::shared_ptr<ProcessGroup> pg;
   explicit Rank(std::chrono::milliseconds timeout) {
     store = std::make_unique<TcpStore>(env.master_addr, env.master_port, env.rank == 0, 10000ms);
-    pg = make_gloo_group(*store, env.rank, env.world_size, {.timeout = timeout});
+    pg = make_gloo_group(*store, env.rank, env.world_size, GlooOptions{.timeout = timeout, .hostname = "", .prefix = "default_pg"});
   }
 };
 
