@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
   libgtest-dev libgmock-dev libopenblas-dev libomp-dev libcli11-dev nlohmann-json3-dev
+  libgloo-dev                     # CPU collectives (src/blu/dist)
   python3 python3-torch           # the CPU oracle (/usr/bin/python3 with PyTorch)
   fortunes fortunes-min           # the demo corpus
 )

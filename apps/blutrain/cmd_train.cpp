@@ -167,6 +167,15 @@ Command add_train(CLI::App& root) {
       ->capture_default_str();
   app->add_option("--keep-last", o.keep_last, "Checkpoints kept in --out")->capture_default_str();
   app->add_option("--log-every", o.log_every, "Progress line every N steps")->capture_default_str();
+  // Data parallel.
+  app->add_option("--dp", o.dp,
+                  "Data-parallel ranks; must equal the launcher's WORLD_SIZE (blutrain launch -n N -- blutrain "
+                  "train --dp N ...); --batch-size is per rank")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app->add_option("--zero", o.zero, "ZeRO stage with --dp > 1: 0 (DDP), 1 (shard optimizer state), 2 (and gradients)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 2));
   return {app, [a, app] {
             if (!a->config.empty()) apply_config_file(*app, a->config);
             return run_train(*a);

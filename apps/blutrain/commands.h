@@ -19,5 +19,6 @@ Command add_train(CLI::App& root);
 Command add_eval(CLI::App& root);
 Command add_sample(CLI::App& root);
 Command add_bench(CLI::App& root);
+Command add_launch(CLI::App& root);
 
 }  // namespace blu::cli

@@ -13,7 +13,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("blutrain ") + BLU_VERSION);
   const std::vector<blu::cli::Command> commands = {blu::cli::add_info(app), blu::cli::add_prepare(app),
                                                    blu::cli::add_train(app), blu::cli::add_eval(app),
-                                                   blu::cli::add_sample(app), blu::cli::add_bench(app)};
+                                                   blu::cli::add_sample(app), blu::cli::add_bench(app),
+                                                   blu::cli::add_launch(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -7,10 +7,14 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <ostream>
 
 #include "blu/core/error.h"
 #include "blu/core/grad_mode.h"
+#include "blu/dist/ddp.h"
+#include "blu/dist/env.h"
+#include "blu/dist/zero.h"
 #include "blu/io/checkpoint.h"
 #include "blu/ops/precision.h"
 #include "blu/memory/allocator.h"
@@ -59,7 +63,9 @@ std::vector<fs::path> own_files(const fs::path& dir) {
   if (!fs::is_directory(dir)) return out;
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string name = e.path().filename().string();
-    if (name == "metrics.jsonl" || name == "run.json" || is_checkpoint_file(e.path())) out.push_back(e.path());
+    if (name == "metrics.jsonl" || name == "run.json" || is_checkpoint_file(e.path()) ||
+        (e.is_directory() && name.starts_with("ckpt_")))  // a sharded checkpoint (dist/zero.h)
+      out.push_back(e.path());
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -101,13 +107,14 @@ nlohmann::json TrainOptions::to_json() const {
           {"device", device},               {"precision", precision},       {"out", out},                   {"val_every", val_every},
           {"val_batches", val_batches},     {"sample_every", sample_every}, {"sample_tokens", sample_tokens},
           {"sample_temperature", sample_temperature}, {"sample_top_k", sample_top_k},
-          {"ckpt_every", ckpt_every},       {"keep_last", keep_last},       {"log_every", log_every}};
+          {"ckpt_every", ckpt_every},       {"keep_last", keep_last},       {"log_every", log_every},
+          {"dp", dp},                       {"zero", zero}};
 }
 
 bool holds_run(const std::string& dir) {
   if (dir.empty() || !fs::is_directory(dir)) return false;
   for (const auto& p : own_files(dir))
-    if (p.filename() == "metrics.jsonl" || is_checkpoint_file(p)) return true;
+    if (p.filename() == "metrics.jsonl" || p.filename().string().starts_with("ckpt_")) return true;
   return false;
 }
 
@@ -172,6 +179,18 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   BLU_CHECK(o.val_every >= 0 && o.sample_every >= 0 && o.ckpt_every >= 0,
             "--val-every, --sample-every and --ckpt-every must be >= 0 (0 = off)");
   BLU_CHECK(!(o.resume && o.overwrite), "--resume and --overwrite contradict each other: give one");
+  BLU_CHECK(o.dp >= 1, "--dp must be at least 1, got ", o.dp);
+  BLU_CHECK(o.zero >= 0 && o.zero <= 2, "--zero must be 0, 1 or 2 (stage 3 is not implemented), got ", o.zero);
+  BLU_CHECK(o.zero == 0 || o.dp > 1, "--zero ", o.zero, " shards over data-parallel ranks: it needs --dp > 1");
+  BLU_CHECK(o.zero == 0 || o.optimizer == "adamw", "--zero ", o.zero, " is implemented for adamw, got --optimizer ",
+            o.optimizer);
+  const dist::DistEnv env = dist::detect_env();
+  BLU_CHECK(env.world_size == o.dp, "--dp ", o.dp, " must equal the number of launched processes (WORLD_SIZE=",
+            env.world_size, " from ", env.source, "); start with `blutrain launch -n ", o.dp, " -- blutrain train ...`");
+  BLU_CHECK(o.dp == 1 || o.device == "cpu", "--dp ", o.dp, " runs over Gloo, CPU tensors only; got --device ",
+            o.device, " (NCCL is not implemented yet)");
+  rank_ = env.rank;
+  if (rank_ != 0) cb_.log = nullptr;  // rank 0 speaks for the job
   schedule_.kind = optim::LRSchedule::parse(o.schedule);
   schedule_.max_lr = o.lr;
   schedule_.min_lr = o.min_lr;
@@ -186,9 +205,10 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   std::string resume_from;
   if (!o.out.empty()) {
     if (o.resume) {
-      resume_from = latest_checkpoint(o.out);
-      BLU_CHECK(!resume_from.empty(), "--resume: expected a checkpoint (ckpt_*.safetensors) in ", o.out,
-                ", found none");
+      resume_from = o.zero > 0 ? dist::latest_sharded_checkpoint(o.out) : latest_checkpoint(o.out);
+      BLU_CHECK(!resume_from.empty(), "--resume: expected a ",
+                o.zero > 0 ? "committed sharded checkpoint (ckpt_*/COMMIT)" : "checkpoint (ckpt_*.safetensors)",
+                " in ", o.out, ", found none");
     } else {
       BLU_CHECK(o.overwrite || !holds_run(o.out), "the run directory ", o.out,
                 " already holds a run (metrics.jsonl or checkpoints): pass --overwrite to replace it, --resume to "
@@ -201,11 +221,14 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   // 3. Data (shards are validated here, still before anything is written).
   LoaderOptions lo;
   lo.vocab_size = o.model.vocab_size;
-  train_loader_ = std::make_unique<DataLoader>(shard_files(o.train_pattern, "train"), o.batch_size, o.seq_len, 0, 1, lo);
+  const int world = int(o.dp);
+  train_loader_ =
+      std::make_unique<DataLoader>(shard_files(o.train_pattern, "train"), o.batch_size, o.seq_len, rank_, world, lo);
   if (!o.val_pattern.empty()) {
     LoaderOptions vo = lo;
     vo.prefetch = 0;  // read on demand: evaluation is occasional and resets the loader
-    val_loader_ = std::make_unique<DataLoader>(shard_files(o.val_pattern, "val"), o.batch_size, o.seq_len, 0, 1, vo);
+    val_loader_ =
+        std::make_unique<DataLoader>(shard_files(o.val_pattern, "val"), o.batch_size, o.seq_len, rank_, world, vo);
   }
 
   // 4. Model and optimizer.
@@ -216,12 +239,22 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   apply_precision(*model_, o.precision);
   if (o.precision == "fp16") scaler_ = std::make_unique<optim::LossScaler>();
   auto groups = optim::decay_groups(model_->named_parameters(), o.weight_decay);
+  if (o.dp > 1) {  // the job's process group: rendezvous through rank 0's store
+    store_ = std::make_unique<dist::TcpStore>(env.master_addr, env.master_port, rank_ == 0);
+    pg_ = dist::make_gloo_group(*store_, rank_, world);
+  }
   if (o.optimizer == "adamw") {
     optim::AdamWOptions a;
     a.lr = o.lr;
     a.beta1 = 0.9;
     a.beta2 = 0.95;  // GPT-2 / llm.c
-    opt_ = optim::make_adamw(std::move(groups), a);
+    if (o.zero > 0) {
+      auto z = std::make_unique<dist::ZeroAdamW>(std::move(groups), a, pg_, o.zero);
+      zero_ = z.get();
+      opt_ = std::move(z);
+    } else {
+      opt_ = optim::make_adamw(std::move(groups), a);
+    }
   } else {
     optim::SGDOptions s;
     s.lr = o.lr;
@@ -229,21 +262,31 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     opt_ = optim::make_sgd(std::move(groups), s);
   }
 
-  // 5. Only now touch the disk.
+  if (pg_) {  // rank 0's weights everywhere; ZeRO-2 reduces gradients itself, the others through DDP
+    if (o.zero == 2)
+      dist::broadcast_parameters(*model_, *pg_);
+    else
+      ddp_ = std::make_unique<dist::DistributedDataParallel>(*model_, pg_);
+  }
+
+  // 5. Only now touch the disk (rank 0's files; every rank has checked the directory by now).
   if (o.out.empty()) return;
-  if (o.overwrite)
-    for (const auto& p : own_files(o.out)) fs::remove(p);
-  fs::create_directories(o.out);
+  if (pg_) pg_->barrier()->wait();
+  if (o.overwrite && rank_ == 0)
+    for (const auto& p : own_files(o.out)) fs::remove_all(p);
+  if (rank_ == 0) fs::create_directories(o.out);
   const std::string metrics_path = (fs::path(o.out) / "metrics.jsonl").string();
   if (!resume_from.empty()) {
-    const TrainState st = load_checkpoint(resume_from, *model_, opt_.get(), o.model.to_json());
+    const TrainState st = zero_ ? dist::load_sharded_checkpoint(resume_from, *model_, *zero_, o.model.to_json())
+                                : load_checkpoint(resume_from, *model_, opt_.get(), o.model.to_json());
     step_ = st.step;
     default_generator().set_state(st.rng_seed, st.rng_offset);
     train_loader_->restore(st.loader.get<LoaderState>());
     last_checkpoint_ = resume_from;
-    MetricsLog::truncate_after(metrics_path, step_);
+    if (rank_ == 0) MetricsLog::truncate_after(metrics_path, step_);
     if (cb_.log) *cb_.log << "resumed from " << resume_from << " at step " << step_ << "\n";
   }
+  if (rank_ != 0) return;
   write_json_file(fs::path(o.out) / "run.json", {{"blutrain_version", BLU_VERSION},
                                                   {"model_config", o.model.to_json()},
                                                   {"options", o.to_json()}});
@@ -264,7 +307,13 @@ void Trainer::print_header() {
   os << "\ntokens per step: " << format_count(o.batch_size * o.seq_len * o.grad_accum) << " (B " << o.batch_size
      << " x T " << o.seq_len << " x grad_accum " << o.grad_accum << ")\n";
   os << "device: " << device_.str() << ", optimizer: " << o.optimizer << ", schedule: " << o.schedule
-     << " (warmup " << o.warmup << ")\n\n";
+     << " (warmup " << o.warmup << ")\n";
+  if (o.dp > 1)
+    os << "data parallel: " << o.dp << " ranks (gloo), " << (o.zero > 0 ? "ZeRO stage " + std::to_string(o.zero)
+                                                                         : std::string("DDP all-reduce"))
+       << "; batch per rank " << o.batch_size << ", tokens per step across ranks "
+       << format_count(o.batch_size * o.seq_len * o.grad_accum * o.dp) << "\n";
+  os << "\n";
   os.flush();
 }
 
@@ -285,6 +334,9 @@ double Trainer::train_step(StepStats& s) {
   opt_->zero_grad();
   double loss_sum = 0;
   for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
+    // Data parallel: only the last micro-batch's backward communicates.
+    std::optional<dist::DistributedDataParallel::NoSync> no_sync;
+    if (ddp_ && micro + 1 < o.grad_accum) no_sync.emplace(*ddp_);
     const Batch b = train_loader_->next();
     const auto out = model_->forward(ids_tensor(b.inputs, o.batch_size, o.seq_len, device_),
                                      ids_tensor(b.targets, o.batch_size, o.seq_len, device_));
@@ -305,7 +357,8 @@ double Trainer::train_step(StepStats& s) {
   }
   if (scaler_) s.skipped = scaler_->skipped_steps();
   const double max_norm = o.grad_clip > 0 ? o.grad_clip : std::numeric_limits<double>::infinity();
-  s.grad_norm = optim::clip_grad_norm(model_->parameters(), max_norm);
+  if (ddp_) ddp_->finish();
+  s.grad_norm = zero_ ? zero_->clip_grad_norm(max_norm) : optim::clip_grad_norm(model_->parameters(), max_norm);
   s.lr = schedule_.at(step_);
   opt_->set_lr(s.lr);
   if (std::isfinite(s.grad_norm)) {
@@ -313,8 +366,22 @@ double Trainer::train_step(StepStats& s) {
   } else if (cb_.log) {  // clip_grad_norm leaves non-finite gradients alone: skip the update
     *cb_.log << "warning: gradient norm is " << s.grad_norm << " at step " << step_ + 1 << "; update skipped\n";
   }
-  s.loss = loss_sum / double(o.grad_accum);
+  s.loss = mean_over_ranks(loss_sum / double(o.grad_accum));
   return s.loss;
+}
+
+double Trainer::mean_over_ranks(double v) {
+  if (!pg_) return v;
+  Tensor t = full({1}, v, DType::f64);
+  pg_->all_reduce(t, dist::ReduceOp::avg)->wait();
+  return t.item();
+}
+
+bool Trainer::any_rank(bool v) {
+  if (!pg_) return v;
+  Tensor t = full({1}, v ? 1.0 : 0.0, DType::f64);
+  pg_->all_reduce(t, dist::ReduceOp::max)->wait();
+  return t.item() > 0;
 }
 
 void Trainer::sample(int64_t step) {
@@ -352,7 +419,13 @@ std::string Trainer::save(int64_t step) {
   st.loader = train_loader_->state();
   st.model_config = opt_s_.model.to_json();
   st.run = opt_s_.to_json();
-  last_checkpoint_ = save_checkpoint(opt_s_.out, *model_, opt_.get(), st, int(opt_s_.keep_last));
+  if (zero_) {
+    last_checkpoint_ = dist::save_sharded_checkpoint(opt_s_.out, *model_, *zero_, st, int(opt_s_.keep_last));
+  } else if (rank_ == 0) {
+    last_checkpoint_ = save_checkpoint(opt_s_.out, *model_, opt_.get(), st, int(opt_s_.keep_last));
+  } else {
+    return "";  // the model is replicated: rank 0's file is the checkpoint
+  }
   metrics_.write({{"event", "checkpoint"}, {"step", step}, {"path", last_checkpoint_}});
   if (cb_.log) *cb_.log << "checkpoint: " << last_checkpoint_ << "\n";
   return last_checkpoint_;
@@ -367,7 +440,7 @@ TrainSummary Trainer::run() {
   const auto t_run = Clock::now();
   int64_t last_eval = -1, last_save = last_checkpoint_.empty() ? -1 : step_;
   const auto run_eval = [&] {
-    const double v = evaluate(*model_, *val_loader_, o.val_batches, device_);
+    const double v = mean_over_ranks(evaluate(*model_, *val_loader_, o.val_batches, device_));
     last_eval = step_;
     sum.final_val_loss = v;
     metrics_.write({{"event", "eval"}, {"step", step_}, {"val_loss", v}});
@@ -388,7 +461,7 @@ TrainSummary Trainer::run() {
     s.ms = seconds_since(t0) * 1e3;
     ++step_;
     s.step = step_;
-    s.tokens = o.batch_size * o.seq_len * o.grad_accum;
+    s.tokens = o.batch_size * o.seq_len * o.grad_accum * o.dp;  // all ranks; mem_bytes is this rank's
     s.tokens_per_s = double(s.tokens) / (s.ms / 1e3);
     s.mem_bytes = alloc.stats().peak_bytes;
     sum.tokens += s.tokens;
@@ -398,12 +471,12 @@ TrainSummary Trainer::run() {
                     {"lr", s.lr},        {"norm", s.grad_norm},  {"ms", s.ms},
                     {"tok_per_s", s.tokens_per_s}, {"mem_bytes", s.mem_bytes}});
     if (cb_.on_step) cb_.on_step(s);
-    const bool stopping = cb_.stop && cb_.stop->load();
+    const bool stopping = any_rank(cb_.stop && cb_.stop->load());  // ranks stop at the same step
     if (cb_.log && (step_ % o.log_every == 0 || step_ == o.steps || step_ == sum.start_step + 1 || stopping))
       *cb_.log << format_progress_line(s) << "\n" << std::flush;
 
     if (val_loader_ && o.val_every > 0 && step_ % o.val_every == 0) run_eval();
-    if (o.sample_every > 0 && step_ % o.sample_every == 0 && !stopping) sample(step_);
+    if (o.sample_every > 0 && step_ % o.sample_every == 0 && !stopping && rank_ == 0) sample(step_);
     if (o.ckpt_every > 0 && step_ % o.ckpt_every == 0 && step_ < o.steps) {
       save(step_);
       last_save = step_;

@@ -4,7 +4,12 @@
 //   Around the steps: validation loss every val_every steps, a text sample every sample_every
 //   steps, a checkpoint every ckpt_every steps and at the end (or on a stop request), a progress
 //   line every log_every steps, and <out>/metrics.jsonl.
-// Depends on nn/gpt, optim/optimizer, data/loader, io/checkpoint, train/metrics.
+// Data parallel (dp > 1, under `blutrain launch -n dp` or another launcher: dist/env.h): every
+// rank runs this loop on its slice of the data (batch_size is per rank, so a step trains on
+// batch_size·seq_len·grad_accum·dp tokens); gradients are averaged by dist::DistributedDataParallel
+// (zero 0, 1) or reduce-scattered by dist::ZeroAdamW (zero 2); only rank 0 prints and writes
+// metrics; checkpoints are rank 0's ordinary file (zero 0) or sharded (zero 1, 2; dist/zero.h).
+// Depends on nn/gpt, optim/optimizer, data/loader, io/checkpoint, train/metrics, dist/.
 // Keep: resuming is exact — `steps` straight and `k` steps + checkpoint + resume give bitwise the
 // same weights and losses. Everything a step reads that changes over a run (weights, optimizer
 // state, step, the default generator's (seed, offset), the train loader's position) is in the
@@ -28,6 +33,13 @@
 #include "blu/optim/loss_scaler.h"
 #include "blu/optim/optimizer.h"
 #include "blu/train/metrics.h"
+
+namespace blu::dist {
+class TcpStore;
+class ProcessGroup;
+class DistributedDataParallel;
+class ZeroAdamW;
+}  // namespace blu::dist
 
 namespace blu::train {
 
@@ -54,6 +66,8 @@ struct TrainOptions {
   int64_t sample_top_k = 40;
   int64_t ckpt_every = 0, keep_last = 3;        // ckpt_every 0: only at the end
   int64_t log_every = 1;
+  int64_t dp = 1;  // data-parallel degree; > 1 must equal the launcher's WORLD_SIZE (CPU, Gloo)
+  int zero = 0;    // 0: DDP + optimizer; 1, 2: ZeRO stage (AdamW only, dp > 1)
 
   nlohmann::json to_json() const;  // recorded in run.json and in checkpoints
 };
@@ -114,6 +128,8 @@ class Trainer {
 
  private:
   double train_step(StepStats& stats);
+  double mean_over_ranks(double v);  // v itself when not data parallel
+  bool any_rank(bool v);
   std::string save(int64_t step);
   void print_header();
   void sample(int64_t step);
@@ -129,6 +145,12 @@ class Trainer {
   MetricsLog metrics_;
   int64_t step_ = 0;
   std::string last_checkpoint_;
+  // Data parallel: rank 0 serves the store; zero_ points into opt_ when ZeRO is on.
+  int rank_ = 0;
+  std::unique_ptr<dist::TcpStore> store_;
+  std::shared_ptr<dist::ProcessGroup> pg_;
+  std::unique_ptr<dist::DistributedDataParallel> ddp_;
+  dist::ZeroAdamW* zero_ = nullptr;
 };
 
 }  // namespace blu::train

@@ -1,0 +1,210 @@
+// dist/launch: fork/exec of the ranks, a poll loop over their output pipes, failure handling.
+#include "blu/dist/launch.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "blu/core/error.h"
+
+namespace blu::dist {
+
+namespace {
+
+std::atomic<int> g_signal{0};
+void on_signal(int sig) { g_signal = sig; }
+
+struct Stream {
+  int fd = -1;
+  std::string pending;  // a partial line
+  std::FILE* sink = nullptr;
+};
+
+struct Child {
+  pid_t pid = -1;
+  bool running = false;
+  int status = 0;  // exit code, or 128 + signal
+  Stream streams[2];
+};
+
+// Writes every complete line of `data` (plus, at eof, the rest) with the rank prefix.
+void forward(Stream& s, int rank, const char* data, size_t n, bool eof) {
+  s.pending.append(data, n);
+  size_t start = 0;
+  for (;;) {
+    const size_t nl = s.pending.find('\n', start);
+    if (nl == std::string::npos) break;
+    std::fprintf(s.sink, "[rank %d] %.*s\n", rank, int(nl - start), s.pending.data() + start);
+    start = nl + 1;
+  }
+  s.pending.erase(0, start);
+  if (eof && !s.pending.empty()) {
+    std::fprintf(s.sink, "[rank %d] %s\n", rank, s.pending.c_str());
+    s.pending.clear();
+  }
+  std::fflush(s.sink);
+}
+
+int decode_status(int st) { return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0); }
+
+std::string describe(int st) {
+  if (WIFEXITED(st)) return "exit status " + std::to_string(WEXITSTATUS(st));
+  if (WIFSIGNALED(st)) return std::string("signal ") + std::to_string(WTERMSIG(st)) + " (" + strsignal(WTERMSIG(st)) + ")";
+  return "status " + std::to_string(st);
+}
+
+}  // namespace
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  BLU_CHECK(fd >= 0, "free_port: socket() failed: ", std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  ::close(fd);
+  BLU_CHECK(ok, "free_port: could not bind a port: ", std::strerror(errno));
+  return ntohs(addr.sin_port);
+}
+
+int launch(const LaunchOptions& o, std::FILE* out, std::FILE* err) {
+  BLU_CHECK(o.nproc >= 1, "launch: -n must be >= 1, got ", o.nproc);
+  BLU_CHECK(!o.command.empty(), "launch: expected a command to run after `--`, got none");
+  const int port = o.master_port > 0 ? o.master_port : free_port();
+
+  struct sigaction sa{}, old_int{}, old_term{};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  g_signal = 0;
+  ::sigaction(SIGINT, &sa, &old_int);
+  ::sigaction(SIGTERM, &sa, &old_term);
+
+  std::vector<Child> children(size_t(o.nproc));
+  std::fflush(out);
+  std::fflush(err);
+  for (int r = 0; r < o.nproc; ++r) {
+    int pipes[2][2];
+    BLU_CHECK(::pipe2(pipes[0], O_CLOEXEC) == 0 && ::pipe2(pipes[1], O_CLOEXEC) == 0, "launch: pipe failed: ",
+              std::strerror(errno));
+    const pid_t pid = ::fork();
+    BLU_CHECK(pid >= 0, "launch: fork failed: ", std::strerror(errno));
+    if (pid == 0) {
+      ::setpgid(0, 0);  // its own process group: stopping a rank stops what it started too
+      ::signal(SIGINT, SIG_DFL);
+      ::signal(SIGTERM, SIG_DFL);
+      ::dup2(pipes[0][1], 1);
+      ::dup2(pipes[1][1], 2);
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(o.nproc).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc).c_str(), 1);
+      ::setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      for (const auto& [k, v] : o.env) ::setenv(k.c_str(), v.c_str(), 1);
+      std::vector<char*> argv;
+      for (const std::string& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execvp(argv[0], argv.data());
+      std::fprintf(stderr, "blutrain launch: cannot run '%s': %s\n", argv[0], std::strerror(errno));
+      ::_exit(127);
+    }
+    ::setpgid(pid, pid);  // also here, so a kill right after fork reaches the group
+    ::close(pipes[0][1]);
+    ::close(pipes[1][1]);
+    Child& c = children[size_t(r)];
+    c.pid = pid;
+    c.running = true;
+    c.streams[0] = {pipes[0][0], {}, out};
+    c.streams[1] = {pipes[1][0], {}, err};
+  }
+
+  int failed_rank = -1, failed_status = 0;
+  bool stopping = false;
+  auto stop_deadline = std::chrono::steady_clock::time_point::max();
+  auto signal_all = [&](int sig) {
+    for (Child& c : children)
+      if (c.running) ::kill(-c.pid, sig);
+  };
+  auto begin_stop = [&] {
+    if (stopping) return;
+    stopping = true;
+    signal_all(SIGTERM);
+    stop_deadline = std::chrono::steady_clock::now() + o.grace;
+  };
+
+  for (;;) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<int, int>> which;  // (rank, stream)
+    for (int r = 0; r < o.nproc; ++r)
+      for (int s = 0; s < 2; ++s)
+        if (children[size_t(r)].streams[s].fd >= 0) {
+          fds.push_back({children[size_t(r)].streams[s].fd, POLLIN, 0});
+          which.emplace_back(r, s);
+        }
+    bool any_running = false;
+    for (const Child& c : children) any_running |= c.running;
+    if (fds.empty() && !any_running) break;
+    if (!fds.empty()) {
+      ::poll(fds.data(), fds.size(), 50);
+    } else {
+      ::usleep(20000);
+    }
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      auto [r, s] = which[i];
+      Stream& st = children[size_t(r)].streams[s];
+      char buf[65536];
+      const ssize_t n = ::read(st.fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        forward(st, r, buf, 0, true);
+        ::close(st.fd);
+        st.fd = -1;
+      } else {
+        forward(st, r, buf, size_t(n), false);
+      }
+    }
+    for (int r = 0; r < o.nproc; ++r) {
+      Child& c = children[size_t(r)];
+      if (!c.running) continue;
+      int st = 0;
+      if (::waitpid(c.pid, &st, WNOHANG) != c.pid) continue;
+      c.running = false;
+      c.status = decode_status(st);
+      if (c.status != 0 && failed_rank < 0 && !stopping) {
+        failed_rank = r;
+        failed_status = c.status;
+        std::fprintf(err, "blutrain launch: rank %d failed (%s); stopping the other ranks\n", r,
+                     describe(st).c_str());
+        std::fflush(err);
+        begin_stop();
+      }
+    }
+    if (g_signal != 0 && !stopping) {
+      std::fprintf(err, "blutrain launch: got signal %d; stopping all ranks\n", int(g_signal));
+      failed_status = 128 + g_signal;
+      begin_stop();
+    }
+    if (stopping && std::chrono::steady_clock::now() >= stop_deadline) {
+      signal_all(SIGKILL);
+      stop_deadline = std::chrono::steady_clock::time_point::max();
+    }
+  }
+  ::sigaction(SIGINT, &old_int, nullptr);
+  ::sigaction(SIGTERM, &old_term, nullptr);
+  return failed_status;
+}
+
+}  // namespace blu::dist

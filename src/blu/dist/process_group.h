@@ -1,0 +1,72 @@
+// dist/process_group: collectives between the ranks of a job behind one interface, so the
+// data-parallel and ZeRO code never names an engine. Gloo (CPU tensors, over TCP) is implemented
+// in process_group_gloo.cpp; NCCL (CUDA tensors) plugs in as another ProcessGroup subclass.
+//   all_reduce(t, op)              t ← op over ranks of t                       (in place)
+//   reduce_scatter(out, in, op)    out ← chunk `rank` of op over ranks of in; in.numel = size·out.numel
+//   all_gather(out, in)            out ← cat over ranks of in;                  out.numel = size·in.numel
+//   broadcast(t, root)             t ← root's t
+//   send(t, dst, tag) / recv(t, src, tag)   point to point; tags pair a send with its recv; these
+//                                  start at once on the caller's thread (not in the queue), and
+//                                  is_completed() turns true only once wait() has returned
+//   barrier()                      returns once every rank has entered it
+// Every call is asynchronous: it checks its arguments, queues the operation and returns a Work;
+// wait() blocks until it is done and rethrows its failure as blu::Error. Operations run in the
+// order they were issued (one worker thread per group), so every rank must issue the same
+// collectives in the same order — as with NCCL and torch.distributed.
+// Depends on core/tensor, dist/tcp_store (bootstrap). Keep: tensors are contiguous, f32 or f64
+// (BLU_CHECK otherwise) and must stay alive and untouched until their Work completes; a peer that
+// dies or stalls becomes an error on every surviving rank within the group's timeout, never a
+// hang; after a failure the group is broken and every later call fails too.
+#pragma once
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "blu/core/tensor.h"
+#include "blu/dist/tcp_store.h"
+
+namespace blu::dist {
+
+enum class ReduceOp { sum, avg, max };
+const char* reduce_op_name(ReduceOp op);
+
+// A queued or running operation.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until done; throws blu::Error if the operation failed (also on every later wait).
+  virtual void wait() = 0;
+  virtual bool is_completed() const = 0;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;  // "gloo", "nccl"
+
+  virtual WorkPtr all_reduce(const Tensor& t, ReduceOp op = ReduceOp::sum) = 0;
+  virtual WorkPtr reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op = ReduceOp::sum) = 0;
+  virtual WorkPtr all_gather(const Tensor& out, const Tensor& in) = 0;
+  virtual WorkPtr broadcast(const Tensor& t, int root) = 0;
+  virtual WorkPtr send(const Tensor& t, int dst, int tag = 0) = 0;
+  virtual WorkPtr recv(const Tensor& t, int src, int tag = 0) = 0;
+  virtual WorkPtr barrier() = 0;
+};
+
+struct GlooOptions {
+  // Every operation (and the connection set-up) fails with an error after this long.
+  std::chrono::milliseconds timeout{30000};
+  // Interface address the ranks' sockets bind to; "" uses the address that reaches MASTER_ADDR
+  // ("127.0.0.1" on one node).
+  std::string hostname;
+  std::string prefix = "default_pg";  // store key prefix: several groups can share one store
+};
+
+// Connects `size` ranks full mesh over TCP, rendezvousing through `store` (which must outlive the
+// set-up only). BLU_CHECK on bad arguments; blu::Error when a peer does not show up in time.
+std::shared_ptr<ProcessGroup> make_gloo_group(TcpStore& store, int rank, int size, GlooOptions options = {});
+
+}  // namespace blu::dist

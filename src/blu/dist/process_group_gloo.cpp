@@ -1,0 +1,380 @@
+// dist/process_group_gloo: ProcessGroup over Gloo's TCP transport for CPU f32/f64 tensors.
+// Each group owns one worker thread fed by a FIFO queue: a call checks its arguments on the
+// caller's thread, queues a task and returns its Work at once; the worker runs the tasks in
+// order (so every rank issues the same sequence of Gloo operations) and records a failure in the
+// Work. all_reduce, all_gather, broadcast and barrier are Gloo's algorithms; reduce_scatter is a
+// ring over Gloo's unbound buffers (size-1 steps, each rank sending and receiving one chunk per
+// step: the same traffic as NCCL's, half an all-reduce's). Every Gloo wait carries the group's
+// timeout, so a dead peer (connection reset) or a stalled one (timeout) ends as blu::Error.
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/types.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <unistd.h>
+#include <algorithm>
+
+#include "blu/dist/gloo_store.h"
+#include "blu/dist/process_group.h"
+
+namespace blu::dist {
+
+// Gloo's algorithms are templates over the element type; f32 and f64 are the types it sums.
+#define BLU_DISPATCH_GLOO(dtype, ...)                       \
+  switch (dtype) {                                          \
+    case DType::f32: { using scalar_t = float; __VA_ARGS__; break; }  \
+    case DType::f64: { using scalar_t = double; __VA_ARGS__; break; } \
+    default: BLU_ASSERT(false, "gloo: unchecked dtype ", dtype);      \
+  }
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::avg: return "avg";
+    case ReduceOp::max: return "max";
+  }
+  return "?";
+}
+
+namespace {
+
+class GlooWork final : public Work {
+ public:
+  void wait() override {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+    if (!error_.empty()) throw Error(error_);
+  }
+  bool is_completed() const override {
+    std::lock_guard lock(mu_);
+    return done_;
+  }
+  void finish(std::string error) {
+    {
+      std::lock_guard lock(mu_);
+      done_ = true;
+      error_ = std::move(error);
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::string error_;
+};
+
+class P2PWork final : public Work {
+ public:
+  P2PWork(std::unique_ptr<gloo::transport::UnboundBuffer> buf, Tensor t, bool is_send,
+          std::chrono::milliseconds timeout, int rank, int peer)
+      : buf_(std::move(buf)), tensor_(std::move(t)), send_(is_send), timeout_(timeout), rank_(rank), peer_(peer) {}
+  void wait() override {
+    std::lock_guard lock(mu_);
+    if (!done_) {
+      try {
+        const bool ok = send_ ? buf_->waitSend(timeout_) : buf_->waitRecv(timeout_);
+        if (!ok) error_ = "aborted";
+      } catch (const std::exception& e) {
+        error_ = e.what();
+      }
+      done_ = true;
+    }
+    if (!error_.empty())
+      throw Error(std::string("gloo ") + (send_ ? "send to rank " : "recv from rank ") + std::to_string(peer_) +
+                  " failed on rank " + std::to_string(rank_) + " (timeout " + std::to_string(timeout_.count()) +
+                  " ms): " + error_);
+  }
+  bool is_completed() const override {  // known only once waited for
+    std::lock_guard lock(mu_);
+    return done_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::unique_ptr<gloo::transport::UnboundBuffer> buf_;
+  Tensor tensor_;  // kept alive until the transfer is done
+  bool send_;
+  std::chrono::milliseconds timeout_;
+  int rank_, peer_;
+  bool done_ = false;
+  std::string error_;
+};
+
+constexpr uint8_t kReduceScatterSlot = 0xB0, kP2PSlot = 0xB1;
+
+class GlooGroup final : public ProcessGroup {
+ public:
+  GlooGroup(TcpStore& store, int rank, int size, const GlooOptions& options)
+      : rank_(rank), size_(size), timeout_(options.timeout) {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options.hostname.empty() ? default_hostname(store.host()) : options.hostname;
+    try {
+      auto device = gloo::transport::tcp::CreateDevice(attr);
+      auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+      ctx->setTimeout(timeout_);
+      GlooStore adapter(store);
+      gloo::rendezvous::PrefixStore prefixed(options.prefix, adapter);
+      ctx->connectFullMesh(prefixed, device);
+      ctx_ = std::move(ctx);
+    } catch (const std::exception& e) {
+      BLU_CHECK(false, "gloo: rank ", rank, " of ", size, " could not connect to its peers within ",
+                timeout_.count(), " ms: ", e.what());
+    }
+    worker_ = std::thread([this] { run(); });
+  }
+
+  ~GlooGroup() override {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "gloo"; }
+
+  WorkPtr all_reduce(const Tensor& t, ReduceOp op) override {
+    check_tensor(t, "all_reduce");
+    return enqueue("all_reduce", [this, t, op](uint32_t tag) {
+      BLU_DISPATCH_GLOO(t.dtype(), {
+        gloo::AllreduceOptions o(ctx_);
+        o.setOutput<scalar_t>(t.data<scalar_t>(), size_t(t.numel()));
+        using ReduceFn = void (*)(void*, const void*, const void*, size_t);
+        o.setReduceFunction(op == ReduceOp::max ? ReduceFn(&gloo::max<scalar_t>) : ReduceFn(&gloo::sum<scalar_t>));
+        o.setTag(tag);
+        o.setTimeout(timeout_);
+        gloo::allreduce(o);
+        if (op == ReduceOp::avg) scale(t.data<scalar_t>(), t.numel(), scalar_t(1) / scalar_t(size_));
+      });
+    });
+  }
+
+  WorkPtr reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op) override {
+    check_tensor(out, "reduce_scatter");
+    check_tensor(in, "reduce_scatter");
+    BLU_CHECK(in.dtype() == out.dtype(), "reduce_scatter: input is ", in.dtype(), " but output is ", out.dtype());
+    BLU_CHECK(in.numel() == out.numel() * size_, "reduce_scatter: input must hold size (", size_,
+              ") × output elements (", out.numel(), " → ", out.numel() * size_, "), got ", in.numel());
+    return enqueue("reduce_scatter", [this, out, in, op](uint32_t tag) {
+      BLU_DISPATCH_GLOO(in.dtype(), { ring_reduce_scatter<scalar_t>(out, in, op, tag); });
+    });
+  }
+
+  WorkPtr all_gather(const Tensor& out, const Tensor& in) override {
+    check_tensor(out, "all_gather");
+    check_tensor(in, "all_gather");
+    BLU_CHECK(in.dtype() == out.dtype(), "all_gather: input is ", in.dtype(), " but output is ", out.dtype());
+    BLU_CHECK(out.numel() == in.numel() * size_, "all_gather: output must hold size (", size_,
+              ") × input elements (", in.numel(), " → ", in.numel() * size_, "), got ", out.numel());
+    return enqueue("all_gather", [this, out, in](uint32_t tag) {
+      BLU_DISPATCH_GLOO(in.dtype(), {
+        gloo::AllgatherOptions o(ctx_);
+        o.setInput<scalar_t>(in.data<scalar_t>(), size_t(in.numel()));
+        o.setOutput<scalar_t>(out.data<scalar_t>(), size_t(out.numel()));
+        o.setTag(tag);
+        o.setTimeout(timeout_);
+        gloo::allgather(o);
+      });
+    });
+  }
+
+  WorkPtr broadcast(const Tensor& t, int root) override {
+    check_tensor(t, "broadcast");
+    check_rank(root, "broadcast root");
+    return enqueue("broadcast", [this, t, root](uint32_t tag) {
+      BLU_DISPATCH_GLOO(t.dtype(), {
+        gloo::BroadcastOptions o(ctx_);
+        o.setOutput<scalar_t>(t.data<scalar_t>(), size_t(t.numel()));
+        o.setRoot(root);
+        o.setTag(tag);
+        o.setTimeout(timeout_);
+        gloo::broadcast(o);
+      });
+    });
+  }
+
+  // Point to point goes straight to Gloo on the caller's thread (an unbound buffer's send/recv
+  // is itself asynchronous); the Work's wait() waits for it. So a send and a recv between two
+  // ranks never wait for each other's turn in the queue.
+  WorkPtr send(const Tensor& t, int dst, int tag) override {
+    check_p2p(t, dst, tag, "send");
+    auto buf = ctx_->createUnboundBuffer(t.raw_data(), t.nbytes());
+    buf->send(dst, gloo::Slot::build(kP2PSlot, uint32_t(tag)));
+    return std::make_shared<P2PWork>(std::move(buf), t, true, timeout_, rank_, dst);
+  }
+
+  WorkPtr recv(const Tensor& t, int src, int tag) override {
+    check_p2p(t, src, tag, "recv");
+    auto buf = ctx_->createUnboundBuffer(t.raw_data(), t.nbytes());
+    buf->recv(src, gloo::Slot::build(kP2PSlot, uint32_t(tag)));
+    return std::make_shared<P2PWork>(std::move(buf), t, false, timeout_, rank_, src);
+  }
+
+  WorkPtr barrier() override {
+    return enqueue("barrier", [this](uint32_t tag) {
+      gloo::BarrierOptions o(ctx_);
+      o.setTag(tag);
+      o.setTimeout(timeout_);
+      gloo::barrier(o);
+    });
+  }
+
+ private:
+  struct Task {
+    std::function<void(uint32_t)> fn;
+    std::shared_ptr<GlooWork> work;
+    const char* name;
+  };
+
+  static std::string default_hostname(const std::string& master) {
+    return master == "localhost" || master.rfind("127.", 0) == 0 ? "127.0.0.1" : gloo_default_host();
+  }
+  static std::string gloo_default_host() {
+    char buf[256] = {};
+    ::gethostname(buf, sizeof buf - 1);
+    return buf;
+  }
+
+  void check_tensor(const Tensor& t, const char* op) const {
+    BLU_CHECK(t.defined(), "gloo ", op, ": undefined tensor");
+    BLU_CHECK(t.device().is_cpu(), "gloo ", op, ": expected a CPU tensor, got ", t.str(),
+              " (CUDA tensors need the NCCL process group)");
+    BLU_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64, "gloo ", op, ": expected dtype f32 or f64, got ",
+              t.dtype());
+    BLU_CHECK(t.is_contiguous(), "gloo ", op, ": expected a contiguous tensor, got ", t.str(), " with strides ",
+              t.strides());
+  }
+  void check_p2p(const Tensor& t, int peer, int tag, const char* op) const {
+    check_tensor(t, op);
+    check_rank(peer, op);
+    BLU_CHECK(peer != rank_, op, ": the peer is this rank (", rank_, ")");
+    BLU_CHECK(tag >= 0, op, ": tag must be >= 0, got ", tag);
+  }
+  void check_rank(int r, const char* what) const {
+    BLU_CHECK(r >= 0 && r < size_, "gloo: ", what, " must be a rank in [0, ", size_, "), got ", r);
+  }
+
+  template <typename T>
+  static void scale(T* p, int64_t n, T s) {
+    for (int64_t i = 0; i < n; ++i) p[i] *= s;
+  }
+
+  void wait_send(gloo::transport::UnboundBuffer& buf, const char* what) {
+    if (!buf.waitSend(timeout_)) throw Error(std::string("gloo ") + what + ": send aborted");
+  }
+  void wait_recv(gloo::transport::UnboundBuffer& buf, const char* what) {
+    if (!buf.waitRecv(timeout_)) throw Error(std::string("gloo ") + what + ": receive aborted");
+  }
+
+  // Ring reduce-scatter. Chunk c is in[c·n, (c+1)·n). At step s rank r sends its running sum of
+  // chunk (r-s-1) mod size to rank r+1 and adds what rank r-1 sends — chunk (r-s-2) mod size —
+  // into its own; after size-1 steps chunk r holds every rank's contribution.
+  template <typename T>
+  void ring_reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op, uint32_t tag) {
+    const size_t n = size_t(out.numel());
+    const T* src = in.data<T>();
+    T* dst = out.data<T>();
+    if (size_ == 1) {
+      std::copy(src, src + n, dst);
+      return;
+    }
+    std::vector<T> acc(src, src + n * size_t(size_)), incoming(n);
+    auto acc_buf = ctx_->createUnboundBuffer(acc.data(), acc.size() * sizeof(T));
+    auto in_buf = ctx_->createUnboundBuffer(incoming.data(), n * sizeof(T));
+    const int right = (rank_ + 1) % size_, left = (rank_ + size_ - 1) % size_;
+    auto mod = [&](int x) { return size_t(((x % size_) + size_) % size_); };
+    for (int s = 0; s < size_ - 1; ++s) {
+      const size_t send_c = mod(rank_ - s - 1), recv_c = mod(rank_ - s - 2);
+      const auto slot = gloo::Slot::build(kReduceScatterSlot, tag) + uint8_t(s);
+      acc_buf->send(right, slot, send_c * n * sizeof(T), n * sizeof(T));
+      in_buf->recv(left, slot, 0, n * sizeof(T));
+      wait_recv(*in_buf, "reduce_scatter");
+      T* a = acc.data() + recv_c * n;
+      if (op == ReduceOp::max) {
+        for (size_t i = 0; i < n; ++i) a[i] = std::max(a[i], incoming[i]);
+      } else {
+        for (size_t i = 0; i < n; ++i) a[i] += incoming[i];
+      }
+      wait_send(*acc_buf, "reduce_scatter");
+    }
+    const T* mine = acc.data() + size_t(rank_) * n;
+    std::copy(mine, mine + n, dst);
+    if (op == ReduceOp::avg) scale(dst, int64_t(n), T(1) / T(size_));
+  }
+
+  WorkPtr enqueue(const char* name, std::function<void(uint32_t)> fn) {
+    auto work = std::make_shared<GlooWork>();
+    {
+      std::lock_guard lock(mu_);
+      queue_.push_back({std::move(fn), work, name});
+    }
+    cv_.notify_all();
+    return work;
+  }
+
+  void run() {
+    uint32_t tag = 0;
+    for (;;) {
+      Task task;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping, and nothing left to run
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      std::string error;
+      if (!broken_.empty()) {
+        error = "gloo " + std::string(task.name) + " on rank " + std::to_string(rank_) +
+                ": the process group failed earlier: " + broken_;
+      } else {
+        try {
+          task.fn(tag++);
+        } catch (const std::exception& e) {
+          error = "gloo " + std::string(task.name) + " failed on rank " + std::to_string(rank_) + " of " +
+                  std::to_string(size_) + " (timeout " + std::to_string(timeout_.count()) +
+                  " ms; a peer exited or stalled?): " + e.what();
+          broken_ = error;
+        }
+      }
+      task.work->finish(std::move(error));
+    }
+  }
+#undef BLU_DISPATCH_GLOO
+
+  int rank_, size_;
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<gloo::Context> ctx_;
+  std::thread worker_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  bool stop_ = false;
+  std::string broken_;  // worker thread only
+};
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> make_gloo_group(TcpStore& store, int rank, int size, GlooOptions options) {
+  BLU_CHECK(size >= 1, "make_gloo_group: size must be >= 1, got ", size);
+  BLU_CHECK(rank >= 0 && rank < size, "make_gloo_group: rank must be in [0, ", size, "), got ", rank);
+  BLU_CHECK(options.timeout.count() > 0, "make_gloo_group: timeout must be > 0 ms, got ", options.timeout.count());
+  return std::make_shared<GlooGroup>(store, rank, size, options);
+}
+
+}  // namespace blu::dist

@@ -1,0 +1,90 @@
+// `blutrain launch -n 2 -- blutrain train --dp 2 --zero Z`: rank 0 alone prints and writes
+// metrics, ZeRO checkpoints are sharded and committed, and a resumed run continues exactly.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "blu/data/shard.h"
+#include "dist_test_util.h"
+
+namespace blu::dist::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path blutrain() { return fs::path(self_exe()).parent_path().parent_path() / "blutrain"; }
+
+// step → loss from a run's metrics.jsonl
+std::map<int64_t, double> losses(const fs::path& run) {
+  std::map<int64_t, double> out;
+  std::ifstream f(run / "metrics.jsonl");
+  for (std::string line; std::getline(f, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.value("event", "") == "step") out[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  return out;
+}
+
+class DistCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(blutrain())) GTEST_SKIP() << blutrain() << " not built";
+    std::vector<uint16_t> t(8192);
+    for (size_t i = 0; i < t.size(); ++i) t[i] = uint16_t((i * 131 + i / 7) % 50000);
+    write_shard(dir.path / "d_train_000000.bin", t);
+  }
+  LaunchResult train(int zero, int steps, const std::string& run, std::vector<std::string> extra = {}) {
+    std::vector<std::string> cmd = {blutrain().string(), "launch", "-n", "2", "--", blutrain().string(), "train",
+                                    "--train-pattern", (dir.path / "d_train_*.bin").string(), "--model", "tiny",
+                                    "--dp", "2", "--zero", std::to_string(zero), "-B", "2", "-T", "32",
+                                    "--steps", std::to_string(steps), "--schedule", "constant", "--warmup", "0",
+                                    "--lr", "1e-3", "--out", (dir.path / run).string()};
+    cmd.insert(cmd.end(), extra.begin(), extra.end());
+    return run_command(1, cmd, {{"OMP_NUM_THREADS", "1"}});
+  }
+  TempDir dir;
+};
+
+TEST_F(DistCli, Zero1TrainsPrintsOnRankZeroAndResumesExactly) {
+  const LaunchResult a = train(1, 4, "straight");
+  ASSERT_EQ(a.status, 0) << a.out << a.err;
+  EXPECT_NE(a.out.find("[rank 0] [rank 0] data parallel: 2 ranks (gloo), ZeRO stage 1"), std::string::npos) << a.out;
+  EXPECT_NE(a.out.find("[rank 0] [rank 0] step 4/4"), std::string::npos) << a.out;
+  EXPECT_EQ(a.out.find("[rank 1] step"), std::string::npos) << a.out;  // only rank 0 reports
+  EXPECT_TRUE(fs::exists(dir.path / "straight/ckpt_00000004/COMMIT"));
+  EXPECT_TRUE(fs::exists(dir.path / "straight/ckpt_00000004/optim_00001_of_00002.safetensors"));
+
+  const LaunchResult b = train(1, 2, "split");
+  ASSERT_EQ(b.status, 0) << b.out << b.err;
+  const LaunchResult c = train(1, 4, "split", {"--resume"});
+  ASSERT_EQ(c.status, 0) << c.out << c.err;
+  EXPECT_NE(c.out.find("resumed from"), std::string::npos) << c.out;
+  const auto straight = losses(dir.path / "straight"), split = losses(dir.path / "split");
+  ASSERT_EQ(straight.size(), 4u);
+  ASSERT_EQ(split.size(), 4u);
+  for (const auto& [step, loss] : straight) EXPECT_EQ(split.at(step), loss) << "step " << step;
+}
+
+TEST_F(DistCli, DdpAndZero2Train) {
+  for (int zero : {0, 2}) {
+    const std::string run = "z" + std::to_string(zero);
+    const LaunchResult r = train(zero, 2, run, {"--grad-accum", "2"});
+    ASSERT_EQ(r.status, 0) << r.out << r.err;
+    EXPECT_EQ(losses(dir.path / run).size(), 2u);
+  }
+  EXPECT_TRUE(fs::exists(dir.path / "z0/ckpt_00000002.safetensors"));  // DDP: rank 0's ordinary checkpoint
+  EXPECT_TRUE(fs::exists(dir.path / "z2/ckpt_00000002/COMMIT"));
+}
+
+TEST_F(DistCli, DpMustMatchTheLauncher) {
+  const LaunchResult r = run_command(1, {blutrain().string(), "train", "--train-pattern",
+                                         (dir.path / "d_train_*.bin").string(), "--model", "tiny", "--dp", "2"});
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("--dp 2 must equal the number of launched processes (WORLD_SIZE=1"), std::string::npos)
+      << r.err;
+}
+
+}  // namespace
+}  // namespace blu::dist::test

@@ -1,0 +1,58 @@
+// blutrain launch: rank variables, prefixed output, and stopping everyone when one rank fails.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "dist_test_util.h"
+
+namespace blu::dist::test {
+namespace {
+
+TEST(Launch, SetsRankVariablesAndPrefixesEveryLine) {
+  const LaunchResult r = run_command(
+      3, {"/bin/sh", "-c", "echo \"r=$RANK w=$WORLD_SIZE l=$LOCAL_RANK a=$MASTER_ADDR\"; printf 'no newline'; "
+                           "echo oops >&2; [ -n \"$MASTER_PORT\" ]"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  for (int k = 0; k < 3; ++k) {
+    const std::string p = "[rank " + std::to_string(k) + "] ";
+    EXPECT_NE(r.out.find(p + "r=" + std::to_string(k) + " w=3 l=" + std::to_string(k) + " a=127.0.0.1\n"),
+              std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find(p + "no newline\n"), std::string::npos) << r.out;
+    EXPECT_NE(r.err.find(p + "oops\n"), std::string::npos) << r.err;
+  }
+}
+
+TEST(Launch, OneFailingRankStopsTheOthers) {
+  // Rank 1 fails at once; the others would sleep for a minute (and ignore nothing).
+  const LaunchResult r =
+      run_command(3, {"/bin/sh", "-c", "echo started; if [ $RANK = 1 ]; then exit 7; fi; exec sleep 60"});
+  EXPECT_EQ(r.status, 7);
+  EXPECT_NE(r.err.find("blutrain launch: rank 1 failed (exit status 7); stopping the other ranks"), std::string::npos)
+      << r.err;
+  EXPECT_LT(r.seconds, 10.0);
+}
+
+TEST(Launch, RankThatIgnoresSigtermIsKilledAfterTheGracePeriod) {
+  const LaunchResult r = run_command(
+      2, {"/bin/sh", "-c", "trap '' TERM; if [ $RANK = 0 ]; then sleep 0.5; exit 3; fi; while :; do sleep 0.1; done"});
+  EXPECT_EQ(r.status, 3);
+  EXPECT_GE(r.seconds, 2.0);  // rank 0's 0.5 s (rank 1 sets its trap meanwhile) + most of the 2 s grace
+  EXPECT_LT(r.seconds, 10.0);
+}
+
+TEST(Launch, BlutrainLaunchCommand) {
+  // build/tests/test_dist → build/blutrain
+  const auto exe = std::filesystem::path(self_exe()).parent_path().parent_path() / "blutrain";
+  if (!std::filesystem::exists(exe)) GTEST_SKIP() << exe << " not built";
+  const LaunchResult r = run_command(1, {exe.string(), "launch", "-n", "2", "--", "/bin/sh", "-c",
+                                         "echo hi $RANK; [ $RANK = 0 ] || exit 5; sleep 30"});
+  EXPECT_EQ(r.status, 5);
+  EXPECT_NE(r.out.find("[rank 0] [rank 0] hi 0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[rank 0] [rank 1] hi 1"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("rank 1 failed (exit status 5)"), std::string::npos) << r.err;
+  EXPECT_LT(r.seconds, 10.0);
+}
+
+}  // namespace
+}  // namespace blu::dist::test

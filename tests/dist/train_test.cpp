@@ -1,0 +1,102 @@
+// Data parallelism end to end: N processes on loopback train the tiny GPT and must match one
+// process training on the same global batch (fp32 rounding differences only), reproduce
+// themselves bit for bit, agree across DDP / ZeRO-1 / ZeRO-2, and resume a 4-rank sharded
+// checkpoint on 2 ranks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "dist_test_util.h"
+
+namespace blu::dist::test {
+namespace {
+
+struct TrainRun {
+  std::vector<double> losses;
+  std::vector<float> params;
+};
+
+TrainRun train(const TempDir& dir, const std::string& tag, const std::string& mode, int n, int steps, int accum,
+          std::vector<std::pair<std::string, std::string>> extra = {}) {
+  const std::string out = dir.str() + "/" + tag;
+  extra.insert(extra.end(), {{"BLU_DIST_MODE", mode},
+                             {"BLU_DIST_STEPS", std::to_string(steps)},
+                             {"BLU_DIST_ACCUM", std::to_string(accum)},
+                             {"BLU_DIST_OUT", out}});
+  const LaunchResult r = run_workers("train", n, extra);
+  EXPECT_EQ(r.status, 0) << tag << "\nstdout:\n" << r.out << "\nstderr:\n" << r.err;
+  TrainRun run;
+  std::ifstream lf(out + ".losses");
+  for (double l; lf >> l;) run.losses.push_back(l);
+  std::ifstream pf(out + ".params", std::ios::binary);
+  pf.seekg(0, std::ios::end);
+  run.params.resize(size_t(pf.tellg()) / 4);
+  pf.seekg(0);
+  pf.read(reinterpret_cast<char*>(run.params.data()), std::streamsize(run.params.size() * 4));
+  return run;
+}
+
+// Losses within rel_loss relative; parameters within abs_param (they are O(0.02..1)).
+void expect_close(const TrainRun& a, const TrainRun& b, double rel_loss, double abs_param, const std::string& what) {
+  ASSERT_EQ(a.losses.size(), b.losses.size()) << what;
+  ASSERT_FALSE(a.losses.empty()) << what;
+  double worst_loss = 0;
+  for (size_t i = 0; i < a.losses.size(); ++i) {
+    EXPECT_NEAR(a.losses[i], b.losses[i], rel_loss * std::abs(a.losses[i])) << what << " step " << i;
+    worst_loss = std::max(worst_loss, std::abs(a.losses[i] - b.losses[i]) / std::abs(a.losses[i]));
+  }
+  ASSERT_EQ(a.params.size(), b.params.size()) << what;
+  double worst = 0;
+  for (size_t i = 0; i < a.params.size(); ++i) worst = std::max(worst, double(std::abs(a.params[i] - b.params[i])));
+  EXPECT_LE(worst, abs_param) << what;
+  std::printf("%s: max relative loss diff %.3g, max |param diff| %.3g\n", what.c_str(), worst_loss, worst);
+}
+
+constexpr double kLossRel = 1e-5, kParamAbs = 2e-5;
+
+TEST(DataParallel, DDPMatchesSingleProcessAndRepeatsExactly) {
+  TempDir dir;
+  const TrainRun single = train(dir, "single", "single", 1, 4, 2);
+  const TrainRun two = train(dir, "ddp2", "ddp", 2, 4, 2);
+  const TrainRun four = train(dir, "ddp4", "ddp", 4, 4, 2);
+  expect_close(single, two, kLossRel, kParamAbs, "ddp 2 ranks vs 1 process");
+  expect_close(single, four, kLossRel, kParamAbs, "ddp 4 ranks vs 1 process");
+  // The loss goes down (the run trains).
+  EXPECT_LT(single.losses.back(), single.losses.front());
+  const TrainRun again = train(dir, "ddp2b", "ddp", 2, 4, 2);
+  EXPECT_EQ(two.losses, again.losses);
+  EXPECT_TRUE(two.params == again.params) << "two runs of DDP on 2 ranks differ";
+}
+
+TEST(DataParallel, ZeroStagesMatchDDP) {
+  TempDir dir;
+  const TrainRun ddp = train(dir, "ddp", "ddp", 2, 4, 1);
+  const TrainRun z1 = train(dir, "z1", "zero1", 2, 4, 1);
+  const TrainRun z2 = train(dir, "z2", "zero2", 4, 4, 1);
+  // ZeRO-1 uses DDP's averaged gradients and the same AdamW kernel: bitwise equal.
+  EXPECT_EQ(ddp.losses, z1.losses);
+  EXPECT_TRUE(ddp.params == z1.params) << "ZeRO-1 differs from DDP";
+  const TrainRun ddp4 = train(dir, "ddp4", "ddp", 4, 4, 1);
+  expect_close(ddp4, z2, kLossRel, kParamAbs, "zero2 4 ranks vs ddp 4 ranks");
+}
+
+TEST(DataParallel, ShardedCheckpointFrom4RanksResumesOn2) {
+  TempDir dir;
+  const std::string ckpt = dir.str() + "/ckpt";
+  const TrainRun straight = train(dir, "straight", "zero2", 4, 6, 1);
+  const TrainRun first = train(dir, "first", "zero2", 4, 3, 1, {{"BLU_DIST_SAVE_DIR", ckpt}, {"BLU_DIST_SAVE_AT", "3"}});
+  ASSERT_TRUE(std::filesystem::exists(ckpt + "/ckpt_00000003/COMMIT"));
+  for (int q = 0; q < 4; ++q)
+    EXPECT_TRUE(std::filesystem::exists(ckpt + "/ckpt_00000003/optim_0000" + std::to_string(q) + "_of_00004.safetensors"));
+  TrainRun resumed = train(dir, "resumed", "zero2", 2, 6, 1, {{"BLU_DIST_RESUME_DIR", ckpt}});
+  ASSERT_EQ(resumed.losses.size(), 3u);
+  TrainRun tail = straight;
+  tail.losses.erase(tail.losses.begin(), tail.losses.begin() + 3);
+  expect_close(tail, resumed, kLossRel, kParamAbs, "4 ranks → checkpoint → 2 ranks vs 4 ranks straight");
+  // The first three steps were those of the straight run.
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(first.losses[i], straight.losses[i]);
+}
+
+}  // namespace
+}  // namespace blu::dist::test

@@ -1,0 +1,197 @@
+// The worker side of the multi-process tests: DistWorker.Run does nothing unless the parent test
+// set BLU_DIST_SCENARIO (dist_test_util.h); then it is one rank of that scenario.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+
+#include "blu/blu.h"
+#include "blu/dist/env.h"
+#include "blu/dist/process_group.h"
+#include "blu/dist/tcp_store.h"
+#include "train_harness.h"
+
+namespace blu::dist {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v ? v : fallback;
+}
+
+struct Rank {
+  DistEnv env = detect_env();
+  std::unique_ptr<TcpStore> store;
+  std::shared_ptr<ProcessGroup> pg;
+  explicit Rank(std::chrono::milliseconds timeout) {
+    store = std::make_unique<TcpStore>(env.master_addr, env.master_port, env.rank == 0, 10000ms);
+    pg = make_gloo_group(*store, env.rank, env.world_size, GlooOptions{.timeout = timeout, .hostname = "", .prefix = "default_pg"});
+  }
+};
+
+std::vector<double> values(const Tensor& t) { return to_vector(t); }
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Each collective on f32 and f64, checked against its definition. Rank r's tensors hold
+// values that depend on r so a wrong source shows.
+void collectives() {
+  Rank rk(5000ms);
+  ProcessGroup& pg = *rk.pg;
+  const int r = pg.rank(), W = pg.size();
+  for (DType dt : {DType::f32, DType::f64}) {
+    const int64_t n = 7;
+    auto mine = [&](int rank) {
+      std::vector<double> v;
+      for (int64_t i = 0; i < n * W; ++i) v.push_back(double(rank + 1) * 0.5 + double(i));
+      return v;
+    };
+    // all_reduce sum / avg / max
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
+      Tensor t = from_vector(mine(r), {n * W}, dt);
+      pg.all_reduce(t, op)->wait();
+      std::vector<double> got = values(t);
+      for (int64_t i = 0; i < n * W; ++i) {
+        double s = 0, m = -1e30;
+        for (int q = 0; q < W; ++q) s += mine(q)[size_t(i)], m = std::max(m, mine(q)[size_t(i)]);
+        const double want = op == ReduceOp::sum ? s : op == ReduceOp::avg ? s / W : m;
+        ASSERT_NEAR(got[size_t(i)], want, 1e-5 * std::abs(want)) << reduce_op_name(op) << " " << dt << " i=" << i;
+      }
+    }
+    // reduce_scatter: chunk r of the sum
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+      Tensor in = from_vector(mine(r), {n * W}, dt), out = zeros({n}, dt);
+      pg.reduce_scatter(out, in, op)->wait();
+      std::vector<double> got = values(out);
+      for (int64_t i = 0; i < n; ++i) {
+        double s = 0;
+        for (int q = 0; q < W; ++q) s += mine(q)[size_t(r * n + i)];
+        if (op == ReduceOp::avg) s /= W;
+        ASSERT_NEAR(got[size_t(i)], s, 1e-5 * std::abs(s)) << "reduce_scatter " << dt << " i=" << i;
+      }
+    }
+    // all_gather
+    {
+      Tensor in = full({n}, double(r) + 0.25, dt), out = zeros({n * W}, dt);
+      pg.all_gather(out, in)->wait();
+      std::vector<double> got = values(out);
+      for (int q = 0; q < W; ++q)
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[size_t(q * n + i)], double(q) + 0.25);
+    }
+    // broadcast from the last rank
+    {
+      Tensor t = full({n}, double(r), dt);
+      pg.broadcast(t, W - 1)->wait();
+      for (double v : values(t)) ASSERT_EQ(v, double(W - 1));
+    }
+    // send/recv around a ring: every rank sends first, then receives (p2p does not queue)
+    {
+      Tensor s = full({n}, double(r) * 10, dt), got = zeros({n}, dt);
+      const int right = (r + 1) % W, left = (r + W - 1) % W;
+      WorkPtr a = pg.send(s, right, 5);
+      WorkPtr b = pg.recv(got, left, 5);
+      a->wait();
+      b->wait();
+      for (double v : values(got)) ASSERT_EQ(v, double(left) * 10);
+    }
+  }
+  // Many queued operations complete in order; is_completed turns true.
+  std::vector<Tensor> ts;
+  std::vector<WorkPtr> ws;
+  for (int i = 0; i < 20; ++i) {
+    ts.push_back(full({3}, double(i), DType::f32));
+    ws.push_back(pg.all_reduce(ts.back(), ReduceOp::sum));
+  }
+  ws.push_back(pg.barrier());
+  for (auto& w : ws) w->wait();
+  for (int i = 0; i < 20; ++i) ASSERT_EQ(values(ts[size_t(i)])[0], double(i) * W);
+  ASSERT_TRUE(ws.back()->is_completed());
+  // Argument errors are immediate and name what was expected.
+  std::string e = error_of([&] { pg.all_reduce(zeros({2}, DType::bf16)); });
+  EXPECT_NE(e.find("expected dtype f32 or f64, got bf16"), std::string::npos) << e;
+  e = error_of([&] { pg.all_reduce(transpose(zeros({2, 3}), 0, 1)); });
+  EXPECT_NE(e.find("expected a contiguous tensor"), std::string::npos) << e;
+  e = error_of([&] { pg.all_gather(zeros({5}), zeros({2})); });
+  EXPECT_NE(e.find("output must hold size"), std::string::npos) << e;
+  e = error_of([&] { pg.broadcast(zeros({1}), W); });
+  EXPECT_NE(e.find("broadcast root must be a rank in [0, " + std::to_string(W) + ")"), std::string::npos) << e;
+  pg.barrier()->wait();
+}
+
+// Rank 1 leaves after one all-reduce; the others must get an error from their next collective
+// within the timeout (2 s) and say so.
+void peer_dies() {
+  Rank rk(2000ms);
+  ProcessGroup& pg = *rk.pg;
+  Tensor t = ones({4});
+  pg.all_reduce(t)->wait();
+  if (pg.rank() == 1) {
+    std::fflush(nullptr);
+    ::_exit(0);  // exit 0, so the launcher lets the others report
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string e;
+  try {
+    for (int i = 0; i < 1000; ++i) pg.all_reduce(t)->wait();
+  } catch (const Error& err) {
+    e = err.what();
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("survivor error after %.2f s: %s\n", s, e.c_str());
+  ASSERT_FALSE(e.empty()) << "no error although rank 1 exited";
+  EXPECT_NE(e.find("gloo all_reduce failed on rank " + std::to_string(pg.rank())), std::string::npos) << e;
+  EXPECT_LT(s, 2.0 + 1.5);
+  // The group is broken now: later calls fail too, at once.
+  const std::string again = error_of([&] { pg.barrier()->wait(); });
+  EXPECT_NE(again.find("failed earlier"), std::string::npos) << again;
+  std::fflush(nullptr);
+  ::_exit(::testing::Test::HasFailure() ? 1 : 0);  // skip the group's destructor (its peer is gone)
+}
+
+// Rank 1 stops answering (alive, sockets open) for longer than the 1 s timeout: the others must
+// fail by timeout, not hang.
+void peer_stalls() {
+  Rank rk(1000ms);
+  ProcessGroup& pg = *rk.pg;
+  Tensor t = ones({4});
+  pg.all_reduce(t)->wait();
+  if (pg.rank() == 1) {
+    std::this_thread::sleep_for(2500ms);
+    std::fflush(nullptr);
+    ::_exit(0);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string e = error_of([&] { pg.all_reduce(t)->wait(); });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("survivor error after %.2f s: %s\n", s, e.c_str());
+  EXPECT_NE(e.find("timeout 1000 ms"), std::string::npos) << e;
+  EXPECT_GE(s, 0.9);
+  EXPECT_LT(s, 2.4);
+  std::fflush(nullptr);
+  ::_exit(::testing::Test::HasFailure() ? 1 : 0);
+}
+
+TEST(DistWorker, Run) {
+  const std::string scenario = env_or("BLU_DIST_SCENARIO", "");
+  if (scenario.empty()) GTEST_SKIP() << "only runs as a rank of a multi-process test";
+  if (scenario == "collectives") return collectives();
+  if (scenario == "peer_dies") return peer_dies();
+  if (scenario == "peer_stalls") return peer_stalls();
+  if (scenario == "train") return test::train_worker();
+  FAIL() << "unknown scenario " << scenario;
+}
+
+}  // namespace
+}  // namespace blu::dist
