@@ -7,10 +7,16 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
+#ifdef BLU_HAVE_CUDA
+#include "blu/backend/cuda/runtime.h"
+#endif
 
 #include "blu/blu.h"
 #include "blu/nn/gpt.h"
+#include "blu/ops/dispatch.h"
 #include "blu/optim/loss_scaler.h"
 #include "blu/optim/optimizer.h"
 #include "blu/train/model_presets.h"
@@ -25,7 +31,44 @@ struct BenchOptions {
   std::string model = "d12", device = "cuda", precision = "bf16";
   int64_t batch = 16, seq = 1024, steps = 24;
   double peak_tflops = 0;  // the GPU's measured bf16 (or tf32/fp32) matmul peak, for MFU
+  bool profile = false;    // time each op of one extra step (synchronising after every op)
 };
+
+void device_sync(Device dev) {
+#ifdef BLU_HAVE_CUDA
+  if (dev.is_cuda()) BLU_CUDA_CHECK(cudaDeviceSynchronize());
+#endif
+}
+
+// Where one step's time goes, by op name: every op is followed by a device synchronisation (so
+// the sum exceeds a normal step) and the time since the previous op ends is charged to it.
+nlohmann::json profile_step(const std::function<void()>& step, Device dev) {
+  std::map<std::string, std::pair<double, int64_t>> by_op;
+  auto last = std::chrono::steady_clock::now();
+  device_sync(dev);
+  const int h = add_op_observer([&](const OpDef& op, std::span<const Tensor>, std::span<const Tensor>, const Attrs&) {
+    device_sync(dev);
+    const auto now = std::chrono::steady_clock::now();
+    auto& e = by_op[op.name];
+    e.first += std::chrono::duration<double, std::milli>(now - last).count();
+    e.second += 1;
+    last = now;
+  });
+  step();
+  remove_op_observer(h);
+  std::vector<std::pair<double, std::string>> rows;
+  double total = 0;
+  for (auto& [name, e] : by_op) {
+    rows.emplace_back(e.first, name);
+    total += e.first;
+  }
+  std::sort(rows.rbegin(), rows.rend());
+  nlohmann::json j = nlohmann::json::array();
+  for (auto& [ms, name] : rows)
+    j.push_back({{"op", name}, {"ms", std::round(ms * 1000) / 1000}, {"calls", by_op[name].second},
+                 {"share", std::round(ms / total * 1000) / 1000}});
+  return j;
+}
 
 int run_bench(const BenchOptions& o) {
   const Device dev(o.device);
@@ -45,11 +88,8 @@ int run_bench(const BenchOptions& o) {
   allocator_for(dev).reset_peak();
   std::vector<double> ms;
   double first_loss = 0, last_loss = 0;
-  for (int64_t i = 0; i < o.steps; ++i) {
-    Tensor x = randint(0, cfg.vocab_size, {o.batch, o.seq}, DType::i64, dev, &gen);
-    Tensor y = randint(0, cfg.vocab_size, {o.batch, o.seq}, DType::i64, dev, &gen);
-    (void)to_vector(sum(x));  // the previous step and the batch are done before the clock starts
-    const auto t0 = std::chrono::steady_clock::now();
+  Tensor loss_t;
+  auto step = [&](const Tensor& x, const Tensor& y) {
     nn::GPTOutput out = model.forward(x, y);
     (fp16 ? mul(out.loss, scaler.scale()) : out.loss).backward();
     if (!fp16 || scaler.unscale_and_check(params)) {
@@ -57,7 +97,15 @@ int run_bench(const BenchOptions& o) {
       opt->step();
     }
     opt->zero_grad();
-    const double loss = to_vector(to_dtype(out.loss, DType::f32))[0];  // synchronises
+    loss_t = out.loss;
+  };
+  for (int64_t i = 0; i < o.steps; ++i) {
+    Tensor x = randint(0, cfg.vocab_size, {o.batch, o.seq}, DType::i64, dev, &gen);
+    Tensor y = randint(0, cfg.vocab_size, {o.batch, o.seq}, DType::i64, dev, &gen);
+    (void)to_vector(sum(x));  // the previous step and the batch are done before the clock starts
+    const auto t0 = std::chrono::steady_clock::now();
+    step(x, y);
+    const double loss = to_vector(to_dtype(loss_t, DType::f32))[0];  // synchronises
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     if (i == 0) first_loss = loss;
     last_loss = loss;
@@ -79,6 +127,11 @@ int run_bench(const BenchOptions& o) {
                       {"first_loss", first_loss},         {"last_loss", last_loss}};
   if (o.peak_tflops > 0) j["mfu"] = tok_s * flops_tok / (o.peak_tflops * 1e12);
   if (fp16) j["skipped_steps"] = scaler.skipped_steps();
+  if (o.profile) {
+    Tensor x = randint(0, cfg.vocab_size, {o.batch, o.seq}, DType::i64, dev, &gen);
+    Tensor y = randint(0, cfg.vocab_size, {o.batch, o.seq}, DType::i64, dev, &gen);
+    j["profile"] = profile_step([&] { step(x, y); }, dev);
+  }
   std::cout << j.dump() << std::endl;
   return 0;
 }
@@ -96,6 +149,7 @@ Command add_bench(CLI::App& root) {
   app->add_option("--precision", o->precision, "fp32 | tf32 | bf16 | fp16")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}))
       ->capture_default_str();
+  app->add_flag("--profile", o->profile, "Also time each op of one extra step (by op name)");
   app->add_option("--peak-tflops", o->peak_tflops, "The GPU's measured matmul peak for this precision (MFU)");
   return {app, [o] { return run_bench(*o); }};
 }

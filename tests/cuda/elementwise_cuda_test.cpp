@@ -72,7 +72,9 @@ int64_t ordered(uint64_t bits, DType dt) {
   const uint64_t mag = bits & (sign - 1);
   return (bits & sign) ? -int64_t(mag) : int64_t(mag);
 }
-::testing::AssertionResult within_ulps(const Tensor& expected_cpu, const Tensor& got_cuda, int64_t ulps) {
+// `atol`: differences this small pass whatever their ulp count (see the GELU checks).
+::testing::AssertionResult within_ulps(const Tensor& expected_cpu, const Tensor& got_cuda, int64_t ulps,
+                                       double atol = 0) {
   const Tensor got = cpu(got_cuda);
   if (expected_cpu.shape() != got.shape() || expected_cpu.dtype() != got.dtype())
     return ::testing::AssertionFailure() << "meta: expected " << expected_cpu.str() << " got " << got.str();
@@ -85,7 +87,7 @@ int64_t ordered(uint64_t bits, DType dt) {
     ++differ;
     const int64_t d = std::llabs(ordered(a[i], expected_cpu.dtype()) - ordered(b[i], expected_cpu.dtype()));
     worst = std::max(worst, d);
-    if (d <= ulps) continue;
+    if (d <= ulps || std::abs(va[i] - vb[i]) <= atol) continue;
     if (bad < 8) os << "\n  [" << i << "] cpu " << va[i] << " cuda " << vb[i] << " (" << d << " ulp)";
     ++bad;
   }
@@ -273,8 +275,12 @@ TEST(CudaElementwise, UnaryMathAgainstCpu) {
     EXPECT_TRUE(within_ulps(log(abs(x)), log(abs(gx)), u16)) << "log " << dt;
     EXPECT_TRUE(within_ulps(tanh(x), tanh(gx), u16)) << "tanh " << dt;
     EXPECT_TRUE(within_ulps(sigmoid(x), sigmoid(gx), u16)) << "sigmoid " << dt;
-    EXPECT_TRUE(within_ulps(gelu(x, true), gelu(gx, true), u16)) << "gelu tanh " << dt;
-    EXPECT_TRUE(within_ulps(gelu(x, false), gelu(gx, false), u16)) << "gelu erf " << dt;
+    // GELU's 1 + erf(·) and 1 + tanh(·) cancel in the negative tail, so there both devices carry
+    // an absolute error of a few float ulps of 1 (~1e-7 in f32) and ulp counts of the tiny
+    // result measure that cancellation, not the kernel: allow it as an absolute bound.
+    const double gelu_atol = dt == DType::f32 ? 4e-7 : (dt == DType::f64 ? 1e-15 : 0.0);
+    EXPECT_TRUE(within_ulps(gelu(x, true), gelu(gx, true), u16, gelu_atol)) << "gelu tanh " << dt;
+    EXPECT_TRUE(within_ulps(gelu(x, false), gelu(gx, false), u16, gelu_atol)) << "gelu erf " << dt;
     EXPECT_TRUE(within_ulps(pow(abs(x), 1.7), pow(abs(gx), 1.7), u16 + 4)) << "pow_scalar " << dt;
   }
 }
@@ -309,7 +315,9 @@ TEST(CudaElementwise, GradHelpers) {
       gelu(xc, approx).backward(gr);
       gelu(xg, approx).backward(gpu(gr));
       const int64_t u = (dt == DType::bf16 || dt == DType::f16) ? 1 : 8;
-      EXPECT_TRUE(within_ulps(xc.grad(), xg.grad(), u)) << "gelu_backward " << dt << " approx=" << approx;
+      // As for the forward (above): cancellation in the tail, bounded absolutely (|grad| ~ 3).
+      const double atol = dt == DType::f32 ? 1.2e-6 : (dt == DType::f64 ? 4e-15 : 0.0);
+      EXPECT_TRUE(within_ulps(xc.grad(), xg.grad(), u, atol)) << "gelu_backward " << dt << " approx=" << approx;
     }
     Tensor xc = clone(x).set_requires_grad(), xg = gpu(x).set_requires_grad();
     clamp(xc, -1.0, 2.0).backward(gr);

@@ -109,14 +109,17 @@ struct Tol {
 //    is off by ≤ 2·2^-11 ≈ 1e-3 of its size; 2e-3 leaves room for the fp32 sums.
 //  - bf16 / f16: inputs are exact in the reference (it multiplies the same rounded values), sums
 //    are fp32 (1e-5 as f32), and the output is rounded once to 8 (bf16) / 11 (f16) significant
-//    bits: half an ulp is 2^-9 / 2^-12 of |ref|; we allow twice that.
+//    bits. Measured on an H200: cuBLASLt rounds the product to the output type before a bias or
+//    GELU epilogue is applied (a second rounding), and its fp32 sums run in another order than
+//    ours, so results land up to ~2 (bf16) / ~3 (f16) ulps from the reference: we allow 2^-7 and
+//    2^-8 of |ref| (2 bf16 ulps, 4 f16 ulps).
 //  - f64: 1e-12.
 Tol gemm_tol(DType dt, GemmCompute c) {
   switch (c) {
     case GemmCompute::f32_ieee: return {0, 0, 1e-5};
     case GemmCompute::f32_tf32: return {0, 0, 2e-3};
     case GemmCompute::f64: return {0, 0, 1e-12};
-    case GemmCompute::f16_f32: return dt == DType::bf16 ? Tol{0, 1.0 / 256, 1e-5} : Tol{0, 1.0 / 2048, 1e-5};
+    case GemmCompute::f16_f32: return dt == DType::bf16 ? Tol{0, 1.0 / 128, 1e-5} : Tol{0, 1.0 / 256, 1e-5};
   }
   return {};
 }

@@ -89,7 +89,7 @@ BLU_OPINFO(UNARY("neg", neg(x[0]), "-x0"),
                     auto f = [&](const Tensor& b) { return unsqueeze(to_dtype(b, x[0].dtype()), -1); };
                     Tensor parts[] = {f(eq(x[0], x[1])), f(ne(x[0], x[1])), f(lt(x[0], x[1])),
                                       f(le(x[0], x[1])), f(gt(x[0], x[1])), f(ge(x[0], x[1]))};
-                    Tensor out = zeros({}, x[0].dtype());
+                    Tensor out = zeros({}, x[0].dtype(), x[0].device());
                     for (int k = 0; k < 6; ++k) out = add(mul(out, 2.0), parts[k]);
                     return out;
                   },

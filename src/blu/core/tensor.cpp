@@ -31,6 +31,7 @@ int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim())]; }
 int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, dim())]; }
 
 bool Tensor::is_contiguous() const {
+  if (numel() == 0) return true;  // no element to lay out
   int64_t expected = 1;
   for (int64_t i = dim() - 1; i >= 0; --i) {
     if (shape()[i] == 1) continue;

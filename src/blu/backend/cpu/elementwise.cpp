@@ -197,9 +197,27 @@ void convert_into(Tensor& out, const Tensor& src) {
     }
   });
 }
+// Same-dtype copies move bits (NaN payloads included), as cudaMemcpy and the CUDA kernels do.
+template <typename T>
+void copy_bits(Tensor& out, const Tensor& src) {
+  const Shape& shape = out.shape();
+  std::array<Shape, 2> strides{out.strides(), broadcast_strides(src, shape)};
+  T* o = static_cast<T*>(out.raw_data());
+  const T* s = static_cast<const T*>(src.raw_data());
+  strided_loop(shape, strides, [&](int64_t, const std::array<int64_t, 2>& off) { o[off[0]] = s[off[1]]; });
+}
+
 void copy_kernel(const KernelCall& c) {
   Tensor& out = c.out[0];
   const Tensor& src = c.in.size() > 1 ? c.in[1] : c.in[0];
+  if (src.dtype() == out.dtype()) {
+    switch (dtype_size(out.dtype())) {
+      case 1: return copy_bits<uint8_t>(out, src);
+      case 2: return copy_bits<uint16_t>(out, src);
+      case 4: return copy_bits<uint32_t>(out, src);
+      default: return copy_bits<uint64_t>(out, src);
+    }
+  }
   BLU_DISPATCH_ALL(out.dtype(), "copy", convert_into<scalar_t>(out, src));
 }
 BLU_REGISTER_KERNEL(cpu, "copy_", copy_kernel);

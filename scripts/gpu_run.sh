@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (device tool) from the repo root, with .devpack carried (made here by
+# scripts/gpu_pack.sh): unpacks the prebuilt binaries and the host libraries they need, then runs
+# the steps named in $@, logging to $OUT:
+#   tests — test_cuda: every CUDA op against the CPU, allocator, copies, flash attention
+#   ceil  — the GPU's measured ceilings (../shared/peers/ceilings.py)
+#   bench — blutrain bench per precision beside the PyTorch peer in the same run
+#   attn  — flash-attention timing beside PyTorch's SDPA peer
+set -uo pipefail
+pack=/tmp/blupack
+mkdir -p "$pack" && tar -xJf .devpack/devpack.tar.xz -C "$pack"
+export LD_LIBRARY_PATH="$pack:${LD_LIBRARY_PATH:-}"
+out="${OUT:-/tmp/out}"
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+B="${B:-16}"; T="${T:-1024}"; STEPS="${STEPS:-20}"
+for step in "$@"; do
+  case "$step" in
+    tests)
+      timeout "${TEST_TIMEOUT:-300}" "$pack/test_cuda" --gtest_brief=1 ${TEST_FILTER:+--gtest_filter=$TEST_FILTER} 2>&1 \
+        | tee "$out/test_cuda.log" | grep -vE "^\[ +(OK|RUN) " | tail -${TEST_TAIL:-80} ;;
+    ceil)
+      timeout 120 python3 .devpack/peers/ceilings.py 2>&1 | tee "$out/ceilings.log" ;;
+    bench)
+      for p in ${MODES:-fp32 tf32 bf16}; do
+        timeout 150 "$pack/blutrain" bench --device cuda --precision "$p" -B "$B" -T "$T" --steps "$STEPS" \
+          --peak-tflops "${PEAK:-0}" ${BENCH_ARGS:-} 2>&1 | tee -a "$out/bench.log" | tail -3
+      done
+      timeout 300 python3 .devpack/peers/torch_gpt2.py "${PEER_MODES:-fp32,tf32,bf16,bf16c}" "$B" "$T" "$STEPS" 2>&1 \
+        | tee -a "$out/bench.log" | tail -8 ;;
+    attn)
+      timeout 120 "$pack/test_cuda" --gtest_filter='FlashAttentionPerf*' 2>&1 | tee "$out/attn.log" | tail -15
+      timeout 120 python3 .devpack/peers/attention.py 16 12 1024 64 2>&1 | tee -a "$out/attn.log" | tail -12 ;;
+  esac
+done
