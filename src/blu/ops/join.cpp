@@ -44,6 +44,32 @@ std::vector<Tensor> cat_backward(const BackwardContext& c, std::span<const Tenso
 
 const OpDef kCat{.name = "cat", .infer = infer_cat, .backward = cat_backward};
 
+// split: one view op with a piece per output, so its backward is a single cat of the pieces'
+// gradients (the engine supplies zeros for unused pieces) instead of one zero-filled buffer and a
+// copy per piece.
+std::vector<TensorMeta> infer_split(std::span<const Tensor>, const Attrs&) { return {}; }
+std::vector<Tensor> split_view(std::span<const Tensor> in, const Attrs& a) {
+  const Tensor& t = in[0];
+  const int64_t d = a.i("dim");
+  std::vector<Tensor> pieces;
+  int64_t start = 0;
+  for (int64_t s : a.get<Shape>("sizes")) {
+    Shape shape = t.shape();
+    shape[d] = s;
+    pieces.push_back(t.alias_with(shape, t.strides(), t.offset() + start * t.strides()[d]));
+    start += s;
+  }
+  return pieces;
+}
+std::vector<Tensor> split_backward(const BackwardContext& c, std::span<const Tensor> g) {
+  return {cat(std::vector<Tensor>(g.begin(), g.end()), c.attrs.i("dim"))};
+}
+const OpDef kSplit{.name = "split", .infer = infer_split, .backward = split_backward, .view = split_view};
+
+std::vector<Tensor> split_sizes(const Tensor& t, const Shape& sizes, int64_t d) {
+  return dispatch(kSplit, {t}, Attrs{{"sizes", sizes}, {"dim", d}});
+}
+
 }  // namespace
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
@@ -76,10 +102,10 @@ std::vector<Tensor> split(const Tensor& t, int64_t size, int64_t dim) {
   const int64_t n = t.shape()[d];
   BLU_CHECK(size > 0 || (size == 0 && n == 0), "split: size must be positive, got ", size, " for dim ", d,
             " of size ", n);
-  std::vector<Tensor> pieces;
   if (n == 0) return {narrow(t, d, 0, 0)};
-  for (int64_t start = 0; start < n; start += size) pieces.push_back(narrow(t, d, start, std::min(size, n - start)));
-  return pieces;
+  Shape sizes;
+  for (int64_t start = 0; start < n; start += size) sizes.push_back(std::min(size, n - start));
+  return split_sizes(t, sizes, d);
 }
 
 std::vector<Tensor> split(const Tensor& t, const std::vector<int64_t>& sizes, int64_t dim) {
@@ -92,13 +118,7 @@ std::vector<Tensor> split(const Tensor& t, const std::vector<int64_t>& sizes, in
   }
   BLU_CHECK(total == t.shape()[d], "split: sizes ", sizes, " sum to ", total, " but dim ", d, " of ", t.shape(),
             " has size ", t.shape()[d]);
-  std::vector<Tensor> pieces;
-  int64_t start = 0;
-  for (int64_t s : sizes) {
-    pieces.push_back(narrow(t, d, start, s));
-    start += s;
-  }
-  return pieces;
+  return split_sizes(t, Shape(sizes.begin(), sizes.end()), d);
 }
 
 std::vector<Tensor> chunk(const Tensor& t, int64_t chunks, int64_t dim) {
