@@ -31,11 +31,19 @@ if ! compgen -G "data/fortunes/fortunes_train_*.bin" >/dev/null; then
   "$bin" prepare --input "$fortunes" --out data/fortunes --name fortunes --val-fraction 0.05
 fi
 
+# On a machine whose blutrain was built with CUDA and that has a GPU, train there in bf16 with a
+# bigger batch and more steps (a few seconds a hundred steps); else the CPU settings.
+device_args=(--device cpu --batch-size 4 --seq-len 128 --steps 200)
+if "$bin" info 2>/dev/null | grep -qE '^  cuda:0 '; then
+  device_args=(--device cuda --precision bf16 --batch-size 32 --seq-len 128 --steps 1000)
+  echo "demo: training on the GPU"
+fi
+
 "$bin" train \
   --data-dir data/fortunes \
   --model demo \
-  --batch-size 4 --seq-len 128 \
-  --steps 200 --lr 2e-3 --min-lr 2e-4 --warmup 10 --schedule cosine \
+  "${device_args[@]}" \
+  --lr 2e-3 --min-lr 2e-4 --warmup 10 --schedule cosine \
   --weight-decay 0.1 --grad-clip 1.0 \
   --val-every 50 --val-batches 10 \
   --sample-every 50 --sample-tokens 40 \
@@ -43,4 +51,4 @@ fi
   --out runs/demo --overwrite \
   "$@"
 
-"$bin" sample --ckpt runs/demo --prompt "The" --max-new-tokens 64 --temperature 0.8 --top-k 40 --seed 7
+"$bin" sample --ckpt runs/demo "${device_args[@]:0:2}" --prompt "The" --max-new-tokens 64 --temperature 0.8 --top-k 40 --seed 7
