@@ -7,6 +7,7 @@
 #include "blu/ops/attention.h"
 #include "blu/ops/elementwise.h"
 #include "blu/ops/factory.h"
+#include "blu/ops/fused.h"
 #include "blu/ops/join.h"
 #include "blu/ops/linalg.h"
 #include "blu/ops/nn.h"

@@ -68,3 +68,18 @@ BLU_OPINFO(OpInfo{.name = "matmul",
 
 }  // namespace
 }  // namespace blu::test
+
+// ops/fused: gelu_linear against the unfused composition in PyTorch.
+namespace blu::test {
+namespace {
+BLU_OPINFO(OpInfo{.name = "gelu_linear",
+                  .fn = [](const std::vector<Tensor>& x) { return gelu_linear(x[0], x[1], x[2]); },
+                  .samples = [](DType dt, Generator& g) {
+                    return std::vector<Sample>{
+                        {{rnd(g, {5, 7}, dt), rnd(g, {3, 7}, dt), rnd(g, {3}, dt)}, "2-D with bias"},
+                        {{rnd(g, {2, 3, 4}, dt), noncontig(rnd(g, {5, 4}, dt)), rnd(g, {5}, dt)}, "3-D, transposed weight"},
+                        {{rnd(g, {4}, dt), rnd(g, {2, 4}, dt), Tensor()}, "1-D, no bias"}};
+                  },
+                  .torch = "F.linear(F.gelu(x0, approximate='tanh'), x1, x2)"});
+}  // namespace
+}  // namespace blu::test

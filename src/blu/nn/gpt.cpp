@@ -7,6 +7,7 @@
 #include "blu/ops/attention.h"
 #include "blu/ops/elementwise.h"
 #include "blu/ops/factory.h"
+#include "blu/ops/fused.h"
 #include "blu/ops/join.h"
 #include "blu/ops/linalg.h"
 #include "blu/ops/nn.h"
@@ -121,7 +122,10 @@ MLP::MLP(const GPTConfig& cfg, Generator* gen) {
 }
 
 Tensor MLP::forward(const Tensor& x) const {
-  return dropout->forward(c_proj->forward(gelu(c_fc->forward(x), /*approximate=*/true)));
+  // c_proj(gelu_tanh(c_fc(x))) with the GELU output recomputed in backward (ops/fused.h).
+  const Tensor u = c_fc->forward(x);
+  const Tensor b = c_proj->bias.defined() ? to_dtype(c_proj->bias, u.dtype()) : Tensor();
+  return dropout->forward(gelu_linear(u, to_dtype(c_proj->weight, u.dtype()), b));
 }
 
 Block::Block(const GPTConfig& cfg, Generator* gen) {

@@ -53,7 +53,9 @@ struct OpDef {
   BackwardFn backward = nullptr;  // null: not differentiable
   uint32_t save_inputs = 0;       // bit i: the backward reads input i
   uint32_t save_outputs = 0;      // bit j: the backward reads output j
-  ViewFn view = nullptr;          // view ops make their outputs here; no kernel runs
+  // Ops that make their own outputs — views of their inputs, or composites computed from other
+  // ops under no-grad (so the composite records one node with its own backward). No kernel runs.
+  ViewFn view = nullptr;
   bool inplace = false;           // output 0 is input 0, written by the kernel
   int diff_outputs = -1;          // outputs that carry gradients: the first n (-1: all)
   uint32_t optional_inputs = 0;   // bit i: input i may be undefined

@@ -164,6 +164,9 @@ Tensor tanh(const Tensor& x) { return dispatch1(kTanh, {x}); }
 Tensor sigmoid(const Tensor& x) { return dispatch1(kSigmoid, {x}); }
 Tensor relu(const Tensor& x) { return dispatch1(kRelu, {x}); }
 Tensor gelu(const Tensor& x, bool approximate) { return dispatch1(kGelu, {x}, Attrs{{"approximate", approximate}}); }
+Tensor gelu_backward(const Tensor& grad, const Tensor& x, bool approximate) {
+  return dispatch1(kGeluBackward, {grad, x}, Attrs{{"approximate", approximate}});
+}
 Tensor abs(const Tensor& x) { return dispatch1(kAbs, {x}); }
 Tensor sign(const Tensor& x) { return dispatch1(kSign, {x}); }
 Tensor clamp(const Tensor& x, double lo, double hi) {

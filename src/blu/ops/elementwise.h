@@ -18,6 +18,8 @@ Tensor sigmoid(const Tensor& x);
 Tensor relu(const Tensor& x);
 // approximate=false: x·Φ(x) with erf; true: the tanh form GPT-2 uses.
 Tensor gelu(const Tensor& x, bool approximate = false);
+// d gelu(x)/dx · grad, the kernel gelu's backward uses (for ops that recompute GELU).
+Tensor gelu_backward(const Tensor& grad, const Tensor& x, bool approximate = false);
 Tensor abs(const Tensor& x);
 Tensor sign(const Tensor& x);  // not differentiable (zero gradient)
 Tensor clamp(const Tensor& x, double lo, double hi);  // pass ±infinity for no bound
