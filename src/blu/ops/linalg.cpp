@@ -2,6 +2,7 @@
 //   "matmul": a[..., M, K] · b[..., K, N] -> [..., M, N] with *equal* batch dims (any strides,
 //             stride 0 included, so expanded and transposed operands reach the kernel uncopied).
 //   "linear": x[R, in] · w[out, in]ᵀ (+ bias[out]) -> [R, out], one gemm with the bias fused.
+//   "linear_weight_grad": linear's weight and bias gradients from one gemm (its backward).
 // Everything else — 1-D promotion, batch broadcasting, folding a batched·2-D product into one
 // gemm, flattening linear's leading dims — is done here with view ops, so their gradients come
 // from the view ops' own backward formulas (expand's backward is the sum over broadcast dims).
@@ -62,14 +63,40 @@ std::vector<TensorMeta> infer_linear(std::span<const Tensor> in, const Attrs&) {
   }
   return {TensorMeta{{x.shape()[0], w.shape()[0]}, x.dtype(), x.device()}};
 }
-// y = x·wᵀ + b: grad_x = g·w, grad_w = gᵀ·x, grad_b = Σ_rows g.
+// --- linear_weight_grad: (gᵀ·x, Σ_rows g) in one pass ---
+// g[R, out], x[R, in] -> grad_w[out, in], grad_b[out]: linear's weight and bias gradients
+// together, so a backend can take the bias gradient from the gemm that reads g anyway (CUDA: the
+// cuBLASLt BGRAD epilogue) instead of a separate reduction over g.
+std::vector<TensorMeta> infer_linear_weight_grad(std::span<const Tensor> in, const Attrs&) {
+  const Tensor &g = in[0], &x = in[1];
+  BLU_ASSERT(g.dim() == 2 && x.dim() == 2 && g.shape()[0] == x.shape()[0] && g.dtype() == x.dtype(),
+             "linear_weight_grad: g ", g.str(), " and x ", x.str());
+  return {TensorMeta{{g.shape()[1], x.shape()[1]}, g.dtype(), g.device()},
+          TensorMeta{{g.shape()[1]}, g.dtype(), g.device()}};
+}
+Tensor linear_prim(const Tensor& x, const Tensor& w, const Tensor& bias);
+// grad_w = gᵀ·x, grad_b = Σ_rows g: d/dg = x·Gwᵀ + Gb (a linear), d/dx = g·Gw.
+std::vector<Tensor> linear_weight_grad_bw(Ctx c, Grads gr) {
+  return {c.needs_grad[0] ? linear_prim(c.input(1), gr[0], gr[1]) : Tensor(),
+          c.needs_grad[1] ? matmul_prim(c.input(0), gr[0]) : Tensor()};
+}
+const OpDef kLinearWeightGrad{.name = "linear_weight_grad", .infer = infer_linear_weight_grad,
+                              .backward = linear_weight_grad_bw, .save_inputs = 0b11};
+
+// y = x·wᵀ + b: grad_x = g·w, grad_w = gᵀ·x, grad_b = Σ_rows g (the last two in one op when both
+// are needed).
 std::vector<Tensor> linear_bw(Ctx c, Grads g) {
-  return {c.needs_grad[0] ? matmul_prim(g[0], c.input(1)) : Tensor(),
-          c.needs_grad[1] ? matmul_prim(mT(g[0]), c.input(0)) : Tensor(),
+  Tensor gx = c.needs_grad[0] ? matmul_prim(g[0], c.input(1)) : Tensor();
+  if (c.needs_grad[1] && c.needs_grad[2]) {
+    std::vector<Tensor> wb = dispatch(kLinearWeightGrad, {g[0], c.input(0)});
+    return {gx, wb[0], wb[1]};
+  }
+  return {gx, c.needs_grad[1] ? matmul_prim(mT(g[0]), c.input(0)) : Tensor(),
           c.needs_grad[2] ? sum(g[0], {0}) : Tensor()};
 }
 const OpDef kLinear{.name = "linear", .infer = infer_linear, .backward = linear_bw, .save_inputs = 0b011,
                     .optional_inputs = 0b100};
+Tensor linear_prim(const Tensor& x, const Tensor& w, const Tensor& bias) { return dispatch1(kLinear, {x, w, bias}); }
 
 void check_operands(const char* op, const Tensor& a, const Tensor& b) {
   BLU_CHECK(a.defined() && b.defined(), op, ": undefined operand");

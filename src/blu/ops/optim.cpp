@@ -1,6 +1,7 @@
 #include "blu/ops/optim.h"
 
 #include "blu/ops/dispatch.h"
+#include "blu/ops/view.h"
 
 namespace blu {
 
@@ -21,6 +22,15 @@ std::vector<TensorMeta> infer_optim_step(std::span<const Tensor> in, const Attrs
 }
 
 const OpDef kAdamWStep{.name = "adamw_step", .infer = infer_optim_step, .inplace = true};
+std::vector<TensorMeta> infer_sum_squares(std::span<const Tensor> in, const Attrs&) {
+  BLU_CHECK(!in.empty(), "sum_squares: expected at least one tensor");
+  for (const Tensor& t : in)
+    BLU_CHECK(is_floating(t.dtype()), "sum_squares: expected floating tensors, got ", t.str());
+  const Device d = in[0].device();
+  return {TensorMeta{{}, d.is_cpu() ? DType::f64 : DType::f32, d}};
+}
+const OpDef kSumSquares{.name = "sum_squares", .infer = infer_sum_squares};
+
 const OpDef kSGDStep{.name = "sgd_step", .infer = infer_optim_step, .inplace = true, .optional_inputs = 1u << 2};
 
 }  // namespace
@@ -47,6 +57,16 @@ void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& momentum_b
                  {"weight_decay", a.weight_decay},
                  {"nesterov", a.nesterov},
                  {"init_buffer", a.init_buffer}});
+}
+
+Tensor sum_squares(const std::vector<Tensor>& tensors) {
+  std::vector<Tensor> in;
+  in.reserve(tensors.size());
+  for (const Tensor& t : tensors) {
+    BLU_CHECK(t.defined(), "sum_squares: undefined tensor");
+    in.push_back(t.is_contiguous() ? t : contiguous(t));
+  }
+  return dispatch1(kSumSquares, std::move(in));
 }
 
 }  // namespace blu

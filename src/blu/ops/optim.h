@@ -30,4 +30,10 @@ struct SGDStepArgs {
 //   p += -lr * d.
 void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, const SGDStepArgs& args);
 
+// Σ over every element of every tensor of x², as one op (one or two kernels on CUDA, however many
+// tensors): a 0-d tensor on their device, f64 on the CPU (double sums), f32 on CUDA (fp32 block
+// partials, combined in a fixed order: deterministic). Floating tensors of any dtypes, at least
+// one, all on one device; non-contiguous ones are copied first. No autograd (clip_grad_norm).
+Tensor sum_squares(const std::vector<Tensor>& tensors);
+
 }  // namespace blu

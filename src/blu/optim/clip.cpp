@@ -4,6 +4,7 @@
 #include "blu/core/grad_mode.h"
 #include "blu/ops/elementwise.h"
 #include "blu/ops/factory.h"
+#include "blu/ops/optim.h"
 #include "blu/ops/reduce.h"
 #include "blu/ops/view.h"
 #include "blu/optim/optimizer.h"
@@ -17,18 +18,14 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   for (const Tensor& p : params) {
     if (!p.defined()) continue;
     Tensor g = p.grad();
-    if (g.defined()) grads.push_back(g);
-  }
-  // Sum of squares per gradient, accumulated on the gradients' device so only one number crosses
-  // to the host. On the CPU in double (no fp32 rounding of the partial sums); on a GPU the sum
-  // kernels accumulate fp32 in fp32, as torch.nn.utils.clip_grad_norm_ does there.
-  Tensor total;
-  for (const Tensor& g : grads) {
+    if (!g.defined()) continue;
     BLU_CHECK(is_floating(g.dtype()), "clip_grad_norm: gradient ", g.str(), " is not floating");
-    const Tensor gd = to_dtype(g, g.device().is_cpu() ? DType::f64 : DType::f32);
-    Tensor s = sum(mul(gd, gd));
-    total = total.defined() ? add(total, s) : s;
+    grads.push_back(g);
   }
+  // One sum-of-squares op over every gradient, on their device, so only one number crosses to the
+  // host: double sums on the CPU; on a GPU fp32 block partials in a fixed order (two launches).
+  Tensor total;
+  if (!grads.empty()) total = sum_squares(grads);
   const double norm = total.defined() ? std::sqrt(to_vector(total)[0]) : 0.0;
   if (!std::isfinite(norm)) return norm;  // reported, not applied: scaling by NaN/0 would destroy the grads
   const double scale = max_norm / (norm + 1e-6);

@@ -151,6 +151,25 @@ void linear_kernel(const KernelCall& c) {
 }
 BLU_REGISTER_KERNEL(cpu, "linear", linear_kernel);
 
+// grad_w[out, in] = g[R, out]ᵀ · x[R, in] (g read transposed in place), grad_b[o] = Σ_r g[r, o]
+// accumulated in double in row order and rounded once (as the CPU "sum" kernel does).
+void linear_weight_grad_kernel(const KernelCall& c) {
+  const Tensor &g = c.in[0], &x = c.in[1];
+  Tensor &gw = c.out[0], &gb = c.out[1];
+  BLU_DISPATCH_FLOATING(g.dtype(), "linear_weight_grad", {
+    const scalar_t* gp = static_cast<const scalar_t*>(g.raw_data());
+    const int64_t R = g.shape()[0], O = g.shape()[1], rs = g.strides()[0], cs = g.strides()[1];
+    const Mat<scalar_t> gt{gp, O, R, cs, rs};
+    gemm_any<scalar_t>(gt, last_two<scalar_t>(x, 0), gw.data<scalar_t>(), nullptr, 0);
+    scalar_t* bp = gb.data<scalar_t>();
+    std::vector<double> acc(size_t(O), 0.0);
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t o = 0; o < O; ++o) acc[size_t(o)] += double(gp[r * rs + o * cs]);
+    for (int64_t o = 0; o < O; ++o) bp[o] = scalar_t(acc[size_t(o)]);
+  });
+}
+BLU_REGISTER_KERNEL(cpu, "linear_weight_grad", linear_weight_grad_kernel);
+
 }  // namespace
 
 }  // namespace blu::cpu

@@ -1,4 +1,5 @@
-// CPU kernels for ops/optim: one pass over each parameter doing its whole optimizer update.
+// CPU kernels for ops/optim: one pass over each parameter doing its whole optimizer update, and
+// the gradients' sum of squares for clip_grad_norm.
 // fp32 arithmetic in the order of torch.optim's single-tensor code (each PyTorch op rounds to
 // fp32 once; so does each step here), the scalar coefficients computed in double as Python does.
 #include <cmath>
@@ -65,6 +66,22 @@ void sgd_step_kernel(const KernelCall& c) {
   });
 }
 BLU_REGISTER_KERNEL(cpu, "sgd_step", sgd_step_kernel);
+
+// Σ x² over every (contiguous) input, in double, tensor after tensor in element order.
+void sum_squares_kernel(const KernelCall& c) {
+  double s = 0;
+  for (const Tensor& t : c.in) {
+    BLU_DISPATCH_FLOATING(t.dtype(), "sum_squares", {
+      const scalar_t* p = static_cast<const scalar_t*>(t.raw_data());
+      for (int64_t i = 0, n = t.numel(); i < n; ++i) {
+        const double v = double(p[i]);
+        s += v * v;
+      }
+    });
+  }
+  *c.out[0].data<double>() = s;
+}
+BLU_REGISTER_KERNEL(cpu, "sum_squares", sum_squares_kernel);
 
 }  // namespace
 

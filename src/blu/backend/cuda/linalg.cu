@@ -1,10 +1,11 @@
-// CUDA kernels for ops/linalg ("matmul", "linear") over the cuBLASLt gemm of gemm.h, and the
+// CUDA kernels for ops/linalg ("matmul", "linear", "linear_weight_grad") over the cuBLASLt gemm of gemm.h, and the
 // small helper kernels gemm needs (fill rows with a bias, pack a strided operand, a
 // deterministic strided sum for the bias-gradient fallback).
 // Operands reach cuBLAS uncopied whenever one of their two matrix strides is 1 (transposed views
 // included); others (stride 0 from expand inside a matrix, every-other-element views) are packed
 // into a temporary from the caching allocator. Batch dims that are laid out as one are merged
 // into a single strided-batched call; the rest loop on the host (no synchronisation).
+#include <algorithm>
 #include <vector>
 
 #include "blu/backend/backend.h"
@@ -222,6 +223,34 @@ void linear_kernel(const KernelCall& c) {
   gemm(g);
 }
 BLU_REGISTER_KERNEL(cuda, "linear", linear_kernel);
+
+// grad_w[out, in] = g[R, out]ᵀ · x[R, in] with grad_b[o] = Σ_r g[r, o] from the same gemm: the
+// bias gradient is the row sum of A = gᵀ, cuBLASLt's BGRAD epilogue (gemm falls back to a plain
+// gemm and a deterministic sum kernel where cuBLASLt has no algorithm for it, e.g. f64).
+void linear_weight_grad_kernel(const KernelCall& c) {
+  const Tensor &g = c.in[0], &x = c.in[1];
+  Tensor &gw = c.out[0], &gb = c.out[1];
+  if (gb.numel() == 0) return;  // out == 0: both outputs empty
+  const Operand pg = prepare(g), px = prepare(x);
+  GemmArgs a;
+  a.dtype = g.dtype();
+  a.compute = default_gemm_compute(g.dtype());
+  a.M = g.shape()[1];
+  a.K = g.shape()[0];
+  a.N = x.shape()[1];
+  a.a = {pg.ptr, pg.strides[1], pg.strides[0], 0};  // A[m, k] = g[k, m]
+  a.b = {px.ptr, px.strides[0], px.strides[1], 0};
+  a.c = gw.raw_data();
+  a.ldc = std::max<int64_t>(a.N, 1);
+  a.epilogue = GemmEpilogue::bgrad_a;
+  a.bias_grad = gb.raw_data();
+  if (a.K == 0 && a.N == 0) {  // gemm returns at once on an empty C: the bias gradient is Σ of nothing
+    BLU_CUDA_CHECK(cudaMemsetAsync(gb.raw_data(), 0, gb.nbytes(), current_stream()));
+    return;
+  }
+  gemm(a);
+}
+BLU_REGISTER_KERNEL(cuda, "linear_weight_grad", linear_weight_grad_kernel);
 
 }  // namespace
 

@@ -1,11 +1,13 @@
-// CUDA kernels for ops/optim ("adamw_step", "sgd_step"): one pass over each parameter doing its
+// CUDA kernels for ops/optim ("sum_squares" at the end). "adamw_step", "sgd_step": one pass over each parameter doing its
 // whole update in place, with the CPU kernel's arithmetic (backend/cpu/optim.cpp) operation for
 // operation: fp32 values, each product, sum, quotient and square root rounded once
 // (__fmul_rn/__fadd_rn/__fdiv_rn/__fsqrt_rn, so nvcc cannot contract them into FMAs), the
 // scalar coefficients computed on the host in double exactly as the CPU does. So the GPU and
 // the CPU agree bit for bit, step after step.
 // Depends on backend/cuda/nn_common. Keep: the operation order of the CPU kernel.
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "blu/backend/backend.h"
 #include "blu/backend/cuda/nn_common.cuh"
@@ -99,6 +101,114 @@ void sgd_step_kernel(const KernelCall& c) {
   BLU_CUDA_CHECK_LAUNCH();
 }
 BLU_REGISTER_KERNEL(cuda, "sgd_step", sgd_step_kernel);
+
+// --- sum_squares: Σ x² over many tensors in two launches ---
+// Launch 1 (one per kMaxTensors tensors): each tensor gets a fixed number of blocks, set by its
+// size alone; block b of tensor t sums the squares of its grid-stride share in fp32 and writes
+// one partial. The table of (pointer, numel, dtype, first block) travels as the kernel parameter
+// (under the 4 KiB parameter limit). Launch 2: one block sums all the partials in a fixed order
+// (double, rounded to f32 once). No atomics: the result depends only on the shapes, so reruns
+// are bit-identical.
+constexpr int kSqThreads = 256;
+constexpr int kMaxTensors = 160;
+constexpr int64_t kSqElemsPerBlock = 16384;  // a block covers at least this many elements
+constexpr int64_t kSqMaxBlocksPerTensor = 256;
+
+struct SumSquaresTable {
+  const void* ptr[kMaxTensors];
+  int64_t numel[kMaxTensors];
+  int32_t first_block[kMaxTensors + 1];  // tensor i owns blocks [first_block[i], first_block[i+1])
+  uint8_t dtype[kMaxTensors];            // DType value
+  int32_t count;
+};
+static_assert(sizeof(SumSquaresTable) <= 4000, "kernel parameters are limited to 4 KiB");
+
+template <typename T>
+__device__ __forceinline__ float sq_sum_range(const T* p, int64_t n, int64_t start, int64_t step) {
+  float s = 0;
+  for (int64_t i = start; i < n; i += step) {
+    const float v = float(to_acc(p[i]));
+    s = fmaf(v, v, s);
+  }
+  return s;
+}
+
+__global__ void sum_squares_partial_kernel(SumSquaresTable tab, float* partials) {
+  __shared__ float shared[32];
+  const int b = blockIdx.x;
+  int t = 0;  // the tensor owning block b: binary search over first_block
+  for (int lo = 0, hi = tab.count - 1; lo <= hi;) {
+    const int mid = (lo + hi) / 2;
+    if (tab.first_block[mid] <= b) {
+      t = mid;
+      lo = mid + 1;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int64_t nblocks = tab.first_block[t + 1] - tab.first_block[t];
+  const int64_t start = int64_t(b - tab.first_block[t]) * kSqThreads + threadIdx.x, step = nblocks * kSqThreads;
+  float s = 0;
+  switch (DType(tab.dtype[t])) {  // uniform over the block
+    case DType::f32: s = sq_sum_range(static_cast<const float*>(tab.ptr[t]), tab.numel[t], start, step); break;
+    case DType::f64: s = sq_sum_range(static_cast<const double*>(tab.ptr[t]), tab.numel[t], start, step); break;
+    case DType::bf16: s = sq_sum_range(static_cast<const __nv_bfloat16*>(tab.ptr[t]), tab.numel[t], start, step); break;
+    case DType::f16: s = sq_sum_range(static_cast<const __half*>(tab.ptr[t]), tab.numel[t], start, step); break;
+    default: break;
+  }
+  s = block_sum(s, shared);
+  if (threadIdx.x == 0) partials[b] = s;
+}
+
+__global__ void sum_squares_final_kernel(const float* partials, int64_t n, float* out) {
+  __shared__ double shared[32];
+  double s = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += double(partials[i]);
+  s = block_sum(s, shared);
+  if (threadIdx.x == 0) *out = float(s);
+}
+
+void sum_squares_kernel(const KernelCall& c) {
+  float* out = static_cast<float*>(c.out[0].raw_data());
+  std::vector<const Tensor*> ts;
+  std::vector<int64_t> blocks;
+  int64_t total = 0;
+  for (const Tensor& t : c.in) {
+    if (t.numel() == 0) continue;
+    BLU_ASSERT(t.is_contiguous(), "sum_squares: ", t.str(), " is not contiguous (ops/optim copies first)");
+    const int64_t nb = std::min(kSqMaxBlocksPerTensor, (t.numel() + kSqElemsPerBlock - 1) / kSqElemsPerBlock);
+    ts.push_back(&t);
+    blocks.push_back(nb);
+    total += nb;
+  }
+  cudaStream_t stream = current_stream();
+  if (ts.empty()) {
+    BLU_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float), stream));
+    return;
+  }
+  DeviceBuffer partials(c.out[0].device(), size_t(total) * sizeof(float));
+  int64_t done = 0;  // blocks launched so far = offset of this launch's partials
+  for (size_t first = 0; first < ts.size(); first += kMaxTensors) {
+    SumSquaresTable tab{};
+    tab.count = int32_t(std::min<size_t>(kMaxTensors, ts.size() - first));
+    int32_t nb = 0;
+    for (int i = 0; i < tab.count; ++i) {
+      const Tensor& t = *ts[first + size_t(i)];
+      tab.ptr[i] = t.raw_data();
+      tab.numel[i] = t.numel();
+      tab.dtype[i] = uint8_t(t.dtype());
+      tab.first_block[i] = nb;
+      nb += int32_t(blocks[first + size_t(i)]);
+    }
+    tab.first_block[tab.count] = nb;
+    sum_squares_partial_kernel<<<unsigned(nb), kSqThreads, 0, stream>>>(tab, partials.as<float>() + done);
+    BLU_CUDA_CHECK_LAUNCH();
+    done += nb;
+  }
+  sum_squares_final_kernel<<<1, 1024, 0, stream>>>(partials.as<float>(), total, out);
+  BLU_CUDA_CHECK_LAUNCH();
+}
+BLU_REGISTER_KERNEL(cuda, "sum_squares", sum_squares_kernel);
 
 }  // namespace
 
