@@ -3,7 +3,8 @@
 // 64/128, causal and not, T in {1, 17, 64, 200, 1024}, f32/bf16/f16, in the contiguous [B, H, T, D]
 // layout and in GPT's layout (q, k, v as strided views of one [B, T, 3C] buffer). bf16/f16 run
 // both the tensor-core kernels and the SIMT kernels (forced), so a failure says which one is off.
-// A "Perf" test times GPT-2's shape (B16 H12 T1024 D64, causal, bf16) forward and forward+backward.
+// "Perf" tests time GPT-2's shape (B16 H12 T1024 D64, causal; bf16 and f32) forward and
+// forward+backward.
 //
 // Run on the GPU machine: ./build-cuda/tests/test_cuda --gtest_filter='FlashAttention*'
 // (or ctest -L cuda -R FlashAttention); Perf: --gtest_filter='*FlashAttentionPerf*'.
@@ -186,6 +187,7 @@ TEST(FlashAttention, Bf16TensorCores) { run_sweep(DType::bf16, false); }
 TEST(FlashAttention, F16TensorCores) { run_sweep(DType::f16, false); }
 TEST(FlashAttention, Bf16Simt) { run_sweep(DType::bf16, true); }
 TEST(FlashAttention, F16Simt) { run_sweep(DType::f16, true); }
+TEST(FlashAttention, F32Simt) { run_sweep(DType::f32, true); }
 
 // The tensor-core backward sums dQ with fp32 atomics: runs may differ at rounding level, never
 // more. dK and dV are deterministic.
@@ -226,16 +228,16 @@ TEST(FlashAttention, FallbackShapes) {
   }
 }
 
-// GPT-2 124M attention: B16 H12 T1024 D64, causal, bf16. Prints ms and TFLOP/s (flops counted as
-// FlashAttention does: forward 4·B·H·T²·D, halved for causal; backward 2.5x the forward).
-TEST(FlashAttentionPerf, Gpt2Bf16Causal) {
+// GPT-2 124M attention: B16 H12 T1024 D64, causal, in `dtype`. Prints ms and TFLOP/s (flops counted
+// as FlashAttention does: forward 4·B·H·T²·D, halved for causal; backward 2.5x the forward).
+void time_gpt2_causal(DType dtype) {
   ASSERT_GT(cuda::device_count(), 0) << "no CUDA device";
   const int64_t B = 16, H = 12, T = 1024, D = 64;
   const Shape shape{B, H, T, D};
   Generator gen(11);
   std::vector<Tensor> qkv;
-  for (int i = 0; i < 3; ++i) qkv.push_back(to_device(randn(shape, DType::bf16, kCPU, &gen), kGPU));
-  Tensor dout = to_device(randn(shape, DType::bf16, kCPU, &gen), kGPU);
+  for (int i = 0; i < 3; ++i) qkv.push_back(to_device(randn(shape, dtype, kCPU, &gen), kGPU));
+  Tensor dout = to_device(randn(shape, dtype, kCPU, &gen), kGPU);
   cudaStream_t stream = cuda::current_stream();
   cuda::Event start(true), stop(true);
   const double fwd_flops = 4.0 * B * H * T * T * D / 2;
@@ -261,12 +263,15 @@ TEST(FlashAttentionPerf, Gpt2Bf16Causal) {
     for (Tensor& t : in) t.zero_grad();
     scaled_dot_product_attention(in[0], in[1], in[2], true).backward(dout);
   });
-  std::printf("flash attention bf16 B16 H12 T1024 D64 causal: fwd %.4f ms (%.1f TFLOP/s), fwd+bwd %.4f ms "
+  std::printf("flash attention %s B16 H12 T1024 D64 causal: fwd %.4f ms (%.1f TFLOP/s), fwd+bwd %.4f ms "
               "(%.1f TFLOP/s), bwd alone ~%.4f ms\n",
-              fwd_ms, fwd_flops / (fwd_ms * 1e-3) / 1e12, fwdbwd_ms, 3.5 * fwd_flops / (fwdbwd_ms * 1e-3) / 1e12,
-              fwdbwd_ms - fwd_ms);
-  SUCCEED();
+              std::string(dtype_name(dtype)).c_str(), fwd_ms, fwd_flops / (fwd_ms * 1e-3) / 1e12, fwdbwd_ms,
+              3.5 * fwd_flops / (fwdbwd_ms * 1e-3) / 1e12, fwdbwd_ms - fwd_ms);
 }
+
+TEST(FlashAttentionPerf, Gpt2Bf16Causal) { time_gpt2_causal(DType::bf16); }
+// fp32 (IEEE, CUDA cores): the register-blocked kernels of flash_attention_f32.cu.
+TEST(FlashAttentionPerf, Gpt2F32Causal) { time_gpt2_causal(DType::f32); }
 
 }  // namespace
 }  // namespace blu::test

@@ -9,10 +9,12 @@
 // registers. Causal: a query tile stops at the diagonal tile (fully masked tiles are skipped) and
 // CTAs are launched heaviest-first (q-tile index reversed, in the slowest grid dimension).
 //
-// SIMT kernel (f32, and bf16/f16 on request): one warp per query row, each lane holding D/32
+// f32: register-blocked SIMT kernels in flash_attention_f32.cu.
+// SIMT kernel (bf16/f16 on request, f32 too): one warp per query row, each lane holding D/32
 // columns of q and of the accumulator; keys one by one with a warp-shuffle dot product.
 #include "blu/backend/backend.h"
 #include "blu/backend/cuda/flash_attention.cuh"
+#include "blu/backend/cuda/flash_attention_f32.h"
 #include "blu/backend/cuda/runtime.h"
 
 #include <atomic>
@@ -251,7 +253,7 @@ void launch_fwd_mma(const FlashFwdParams& p, cudaStream_t stream) {
 template <int D>
 void fwd_dispatch_d(const FlashFwdParams& p, DType dtype, bool simt, cudaStream_t s) {
   switch (dtype) {
-    case DType::f32: return launch_fwd_simt<float, D>(p, s);
+    case DType::f32: return simt ? launch_fwd_simt<float, D>(p, s) : flash_attention_forward_f32(p, s);
     case DType::bf16:
       return simt ? launch_fwd_simt<__nv_bfloat16, D>(p, s) : launch_fwd_mma<__nv_bfloat16, D>(p, s);
     case DType::f16: return simt ? launch_fwd_simt<__half, D>(p, s) : launch_fwd_mma<__half, D>(p, s);
@@ -278,7 +280,7 @@ bool flash_attention_uses_tensor_cores(DType dtype) {
 void flash_attention_forward(const FlashFwdParams& p, DType dtype, cudaStream_t stream) {
   BLU_ASSERT(flash_attention_supported(dtype, p.D), "flash_attention_forward: ", dtype, " D=", p.D);
   if (int64_t(p.B) * p.H * p.T == 0) return;
-  const bool simt = !flash_attention_uses_tensor_cores(dtype);
+  const bool simt = dtype == DType::f32 ? flash_attention_force_simt() : !flash_attention_uses_tensor_cores(dtype);
   if (p.D == 64) flash::fwd_dispatch_d<64>(p, dtype, simt, stream);
   else flash::fwd_dispatch_d<128>(p, dtype, simt, stream);
 }

@@ -13,10 +13,12 @@
 //    Determinism: dK and dV are deterministic; dQ is summed by atomics in an order that may vary
 //    between runs (differences at fp32 rounding level before the final cast).
 // 3. dQ = accumulator cast to the output dtype.
-// SIMT path (f32; bf16/f16 on request): warp per query row for dQ and warp per key row for dK, dV,
-// deterministic, recomputing scores in both.
+// f32: register-blocked SIMT kernels in flash_attention_f32.cu (the plain ones when forced).
+// SIMT path (bf16/f16 on request; f32 when forced): warp per query row for dQ and warp per key
+// row for dK, dV, deterministic, recomputing scores in both.
 #include "blu/backend/backend.h"
 #include "blu/backend/cuda/flash_attention.cuh"
+#include "blu/backend/cuda/flash_attention_f32.h"
 #include "blu/backend/cuda/runtime.h"
 #include "blu/memory/allocator.h"
 
@@ -412,7 +414,7 @@ void launch_bwd_mma(const FlashBwdParams& p, cudaStream_t stream) {
 template <int D>
 void bwd_dispatch_d(const FlashBwdParams& p, DType dtype, bool simt, cudaStream_t s) {
   switch (dtype) {
-    case DType::f32: return launch_bwd_simt<float, D>(p, s);
+    case DType::f32: return simt ? launch_bwd_simt<float, D>(p, s) : flash_attention_backward_f32(p, s);
     case DType::bf16:
       return simt ? launch_bwd_simt<__nv_bfloat16, D>(p, s) : launch_bwd_mma<__nv_bfloat16, D>(p, s);
     case DType::f16: return simt ? launch_bwd_simt<__half, D>(p, s) : launch_bwd_mma<__half, D>(p, s);
@@ -425,7 +427,7 @@ void bwd_dispatch_d(const FlashBwdParams& p, DType dtype, bool simt, cudaStream_
 void flash_attention_backward(const FlashBwdParams& p, DType dtype, cudaStream_t stream) {
   BLU_ASSERT(flash_attention_supported(dtype, p.D), "flash_attention_backward: ", dtype, " D=", p.D);
   if (int64_t(p.B) * p.H * p.T == 0) return;
-  const bool simt = !flash_attention_uses_tensor_cores(dtype);
+  const bool simt = dtype == DType::f32 ? flash_attention_force_simt() : !flash_attention_uses_tensor_cores(dtype);
   if (p.D == 64) flash::bwd_dispatch_d<64>(p, dtype, simt, stream);
   else flash::bwd_dispatch_d<128>(p, dtype, simt, stream);
 }
