@@ -5,8 +5,9 @@
 // 1. preprocess: Dsum per row (warp per row), and the fp32 dQ accumulator zeroed.
 // 2. Tensor-core kernel (bf16/f16), FlashAttention-2 style: a CTA of 4 warps owns 64 keys (16 per
 //    warp) and walks the query tiles of 64 rows that can see them (causal: from the diagonal on),
-//    Q and dO tiles double-buffered by cp.async. Each warp computes Sᵀ and dPᵀ for its 16 keys
-//    (keys as rows, so P and dS land in registers already shaped as A operands for dV += Pᵀ·dO
+//    Q and dO tiles (with their lse and Dsum) double-buffered by cp.async; each tile is taken in
+//    slices of 16 queries to bound registers (168 at D = 64: 3 CTAs per SM). Each warp computes
+//    Sᵀ and dPᵀ for its 16 keys (keys as rows, so P and dS land in registers already shaped as A operands for dV += Pᵀ·dO
 //    and dK += dSᵀ·Q, which stay in registers for the whole walk). dSᵀ goes to shared memory once,
 //    and the 4 warps then compute dQ_tile = dS·K (16 query rows each) and add it to the fp32
 //    accumulator with float2 atomics.
@@ -147,10 +148,15 @@ __global__ void __launch_bounds__(128) flash_bwd_dkv_simt_kernel(FlashBwdParams 
 // ---------------------------------------------------------------------------------------------
 // Tensor-core backward.
 constexpr int kBwdBQ = 64, kBwdBK = 64, kBwdThreads = 128;
+// Sᵀ, dPᵀ and their dV/dK products go through the query tile in kBwdSplit slices of
+// BQ / kBwdSplit queries: with dK and dV resident (64 registers at D = 64), the live set of a
+// whole tile of Sᵀ and dPᵀ (64 more) held the kernel at 2 CTAs per SM. Slices of 16 fit 168
+// registers (3 CTAs) at the price of reloading the K/V A fragments per slice.
+constexpr int kBwdSplit = 4;
 
 template <int D>
 constexpr int bwd_smem_bytes() {
-  // K, V [BK][D]; Q, dO [2][BQ][D]; dSᵀ [BK][BQ] (16-bit); lse·log2e and Dsum [2][BQ] (fp32).
+  // K, V [BK][D]; Q, dO [2][BQ][D]; dSᵀ [BK][BQ] (16-bit); lse and Dsum [2][BQ] (fp32).
   return (2 * kBwdBK * D + 4 * kBwdBQ * D + kBwdBK * kBwdBQ) * 2 + 4 * kBwdBQ * 4;
 }
 
@@ -163,8 +169,19 @@ __device__ __forceinline__ void atomic_add2(float* dst, float a, float b) {
 #endif
 }
 
+// 4 bytes global → shared (cp.async, through L1); zero-fills the destination when !valid.
+__device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(valid ? 4 : 0)
+               : "memory");
+}
+
+// Registers capped for 3 CTAs (12 warps) per SM at D = 64; D = 128 keeps the 2-CTA budget.
+template <int D>
+constexpr int bwd_min_blocks() { return D == 64 ? 3 : 2; }
+
 template <typename T, int D>
-__global__ void __launch_bounds__(kBwdThreads) flash_bwd_mma_kernel(FlashBwdParams p) {
+__global__ void __launch_bounds__(kBwdThreads, bwd_min_blocks<D>()) flash_bwd_mma_kernel(FlashBwdParams p) {
   constexpr int BQ = kBwdBQ, BK = kBwdBK;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(smem_raw);  // [BK][D]
@@ -172,7 +189,7 @@ __global__ void __launch_bounds__(kBwdThreads) flash_bwd_mma_kernel(FlashBwdPara
   T* sQ = sV + BK * D;                     // [2][BQ][D]
   T* sdO = sQ + 2 * BQ * D;                // [2][BQ][D]
   T* sdS = sdO + 2 * BQ * D;               // [BK][BQ]: dSᵀ, keys as rows
-  float* sL = reinterpret_cast<float*>(sdS + BK * BQ);  // [2][BQ] lse · log2e
+  float* sL = reinterpret_cast<float*>(sdS + BK * BQ);  // [2][BQ] lse
   float* sDs = sL + 2 * BQ;                             // [2][BQ] Dsum
 
   // Key tile in the slowest grid dimension: causal, the heavy tiles (small k0, most queries)
@@ -200,8 +217,8 @@ __global__ void __launch_bounds__(kBwdThreads) flash_bwd_mma_kernel(FlashBwdPara
     load_tile_async<T, D, BQ, kBwdThreads>(sdO + stage * BQ * D, dOg, p.dout.st, qt * BQ, p.T, tid);
     for (int i = tid; i < BQ; i += kBwdThreads) {
       const int q = qt * BQ + i;
-      sL[stage * BQ + i] = q < p.T ? lse_g[q] * kLog2e : 0.f;
-      sDs[stage * BQ + i] = q < p.T ? dsum_g[q] : 0.f;
+      cp_async_4(sL + stage * BQ + i, lse_g + (q < p.T ? q : 0), q < p.T);
+      cp_async_4(sDs + stage * BQ + i, dsum_g + (q < p.T ? q : 0), q < p.T);
     }
   };
   load_q_tile(qt_begin, 0);
@@ -231,78 +248,85 @@ __global__ void __launch_bounds__(kBwdThreads) flash_bwd_mma_kernel(FlashBwdPara
     const float* ds_s = sDs + stage * BQ;
     const int q0 = qt * BQ;
 
-    // Sᵀ = K_w·Qᵀ and dPᵀ = V_w·dOᵀ (16 keys x BQ queries). A = 16 rows of K (V) of this warp,
-    // (rows 0-7, d 0-7), (rows 8-15, d 0-7), (rows 0-7, d 8-15), (rows 8-15, d 8-15); B[k=d][n=q]
-    // = Q[q][d] (dO[q][d]): non-transposed blocks, as K in the forward.
-    float st[BQ / 8][4], dpt[BQ / 8][4];
-#pragma unroll
-    for (int j = 0; j < BQ / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) st[j][e] = dpt[j][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t ka[4], va[4];
-      const int arow = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, acol = kk * 16 + (lane >> 4) * 8;
-      ldmatrix_x4(ka, sK + swz<D>(arow, acol));
-      ldmatrix_x4(va, sV + swz<D>(arow, acol));
-#pragma unroll
-      for (int nn = 0; nn < BQ / 16; ++nn) {
-        const int brow = nn * 16 + (lane & 7) + (lane >> 4) * 8, bcol = kk * 16 + ((lane >> 3) & 1) * 8;
-        uint32_t r[4];
-        ldmatrix_x4(r, q_s + swz<D>(brow, bcol));
-        mma_16816<T>(st[2 * nn], ka, r[0], r[1]);
-        mma_16816<T>(st[2 * nn + 1], ka, r[2], r[3]);
-        ldmatrix_x4(r, do_s + swz<D>(brow, bcol));
-        mma_16816<T>(dpt[2 * nn], va, r[0], r[1]);
-        mma_16816<T>(dpt[2 * nn + 1], va, r[2], r[3]);
-      }
-    }
-
-    // Pᵀ and dSᵀ. Element (j, e): key key_lo + 8(e>>1), query q0 + 8j + 2t + (e&1).
+    // The query tile in kBwdSplit slices of HQ queries (see kBwdSplit).
     const bool need_mask = q0 + BQ > p.T || k0 + BK > p.T || (p.causal && q0 < k0 + BK - 1);
 #pragma unroll
-    for (int j = 0; j < BQ / 8; ++j)
+    for (int hq = 0; hq < kBwdSplit; ++hq) {
+      constexpr int HQ = BQ / kBwdSplit;
+      // Sᵀ = K_w·Qᵀ and dPᵀ = V_w·dOᵀ (16 keys x HQ queries). A = 16 rows of K (V) of this warp,
+      // (rows 0-7, d 0-7), (rows 8-15, d 0-7), (rows 0-7, d 8-15), (rows 8-15, d 8-15); B[k=d][n=q]
+      // = Q[q][d] (dO[q][d]): non-transposed blocks, as K in the forward.
+      float st[HQ / 8][4], dpt[HQ / 8][4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int qi = j * 8 + 2 * t + (e & 1);
-        float pv = fast_exp2(st[j][e] * sl2 - l_s[qi]);
-        if (need_mask) {
-          const int key = key_lo + (e >> 1) * 8, q = q0 + qi;
-          if (q >= p.T || key >= p.T || (p.causal && key > q)) pv = 0.f;
+      for (int j = 0; j < HQ / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[j][e] = dpt[j][e] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t ka[4], va[4];
+        const int arow = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, acol = kk * 16 + (lane >> 4) * 8;
+        ldmatrix_x4(ka, sK + swz<D>(arow, acol));
+        ldmatrix_x4(va, sV + swz<D>(arow, acol));
+#pragma unroll
+        for (int nn = 0; nn < HQ / 16; ++nn) {
+          const int brow = hq * HQ + nn * 16 + (lane & 7) + (lane >> 4) * 8, bcol = kk * 16 + ((lane >> 3) & 1) * 8;
+          uint32_t r[4], s[4];
+          ldmatrix_x4(r, q_s + swz<D>(brow, bcol));
+          ldmatrix_x4(s, do_s + swz<D>(brow, bcol));
+          mma_16816<T>(st[2 * nn], ka, r[0], r[1]);
+          mma_16816<T>(st[2 * nn + 1], ka, r[2], r[3]);
+          mma_16816<T>(dpt[2 * nn], va, s[0], s[1]);
+          mma_16816<T>(dpt[2 * nn + 1], va, s[2], s[3]);
         }
-        st[j][e] = pv;
-        dpt[j][e] = pv * (dpt[j][e] - ds_s[qi]) * p.scale;
       }
 
-    // dV += Pᵀ·dO and dK += dSᵀ·Q. A from registers (k step kk = queries 16kk..16kk+15: n-tiles
-    // 2kk and 2kk+1); B[k=q][n=d] = dO[q][d] (Q[q][d]): transposed blocks, as V in the forward.
+      // Pᵀ and dSᵀ. Element (j, e): key key_lo + 8(e>>1), query q0 + hq·HQ + 8j + 2t + (e&1).
 #pragma unroll
-    for (int kk = 0; kk < BQ / 16; ++kk) {
-      uint32_t pa[4], dsa[4];
-      pa[0] = Elem<T>::pack(st[2 * kk][0], st[2 * kk][1]);
-      pa[1] = Elem<T>::pack(st[2 * kk][2], st[2 * kk][3]);
-      pa[2] = Elem<T>::pack(st[2 * kk + 1][0], st[2 * kk + 1][1]);
-      pa[3] = Elem<T>::pack(st[2 * kk + 1][2], st[2 * kk + 1][3]);
-      dsa[0] = Elem<T>::pack(dpt[2 * kk][0], dpt[2 * kk][1]);
-      dsa[1] = Elem<T>::pack(dpt[2 * kk][2], dpt[2 * kk][3]);
-      dsa[2] = Elem<T>::pack(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
-      dsa[3] = Elem<T>::pack(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
+      for (int j = 0; j < HQ / 8; ++j)
 #pragma unroll
-      for (int nn = 0; nn < D / 16; ++nn) {
-        const int brow = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, bcol = nn * 16 + (lane >> 4) * 8;
-        uint32_t r[4];
-        ldmatrix_x4_trans(r, do_s + swz<D>(brow, bcol));
-        mma_16816<T>(dv[2 * nn], pa, r[0], r[1]);
-        mma_16816<T>(dv[2 * nn + 1], pa, r[2], r[3]);
-        ldmatrix_x4_trans(r, q_s + swz<D>(brow, bcol));
-        mma_16816<T>(dk[2 * nn], dsa, r[0], r[1]);
-        mma_16816<T>(dk[2 * nn + 1], dsa, r[2], r[3]);
+        for (int e = 0; e < 4; ++e) {
+          const int qi = hq * HQ + j * 8 + 2 * t + (e & 1);
+          float pv = fast_exp2(st[j][e] * sl2 - l_s[qi] * kLog2e);
+          if (need_mask) {
+            const int key = key_lo + (e >> 1) * 8, q = q0 + qi;
+            if (q >= p.T || key >= p.T || (p.causal && key > q)) pv = 0.f;
+          }
+          st[j][e] = pv;
+          dpt[j][e] = pv * (dpt[j][e] - ds_s[qi]) * p.scale;
+        }
+
+      // dV += Pᵀ·dO and dK += dSᵀ·Q. A from registers (k step kk = queries hq·HQ + 16kk.. +15:
+      // n-tiles 2kk and 2kk+1); B[k=q][n=d] = dO[q][d] (Q[q][d]): transposed blocks, as V in the
+      // forward.
+#pragma unroll
+      for (int kk = 0; kk < HQ / 16; ++kk) {
+        uint32_t pa[4], dsa[4];
+        pa[0] = Elem<T>::pack(st[2 * kk][0], st[2 * kk][1]);
+        pa[1] = Elem<T>::pack(st[2 * kk][2], st[2 * kk][3]);
+        pa[2] = Elem<T>::pack(st[2 * kk + 1][0], st[2 * kk + 1][1]);
+        pa[3] = Elem<T>::pack(st[2 * kk + 1][2], st[2 * kk + 1][3]);
+        dsa[0] = Elem<T>::pack(dpt[2 * kk][0], dpt[2 * kk][1]);
+        dsa[1] = Elem<T>::pack(dpt[2 * kk][2], dpt[2 * kk][3]);
+        dsa[2] = Elem<T>::pack(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
+        dsa[3] = Elem<T>::pack(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
+        // dSᵀ to shared memory: rows = keys (warp*16 + g, +8), columns = queries.
+        const int qc = hq * HQ + kk * 16 + 2 * t;
+        *reinterpret_cast<uint32_t*>(sdS + swz<BQ>(warp * 16 + g, qc)) = dsa[0];
+        *reinterpret_cast<uint32_t*>(sdS + swz<BQ>(warp * 16 + g + 8, qc)) = dsa[1];
+        *reinterpret_cast<uint32_t*>(sdS + swz<BQ>(warp * 16 + g, qc + 8)) = dsa[2];
+        *reinterpret_cast<uint32_t*>(sdS + swz<BQ>(warp * 16 + g + 8, qc + 8)) = dsa[3];
+#pragma unroll
+        for (int nn = 0; nn < D / 16; ++nn) {
+          const int brow = hq * HQ + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, bcol = nn * 16 + (lane >> 4) * 8;
+          uint32_t r[4], s[4];
+          ldmatrix_x4_trans(r, do_s + swz<D>(brow, bcol));
+          ldmatrix_x4_trans(s, q_s + swz<D>(brow, bcol));
+          mma_16816<T>(dv[2 * nn], pa, r[0], r[1]);
+          mma_16816<T>(dv[2 * nn + 1], pa, r[2], r[3]);
+          mma_16816<T>(dk[2 * nn], dsa, s[0], s[1]);
+          mma_16816<T>(dk[2 * nn + 1], dsa, s[2], s[3]);
+        }
       }
-      // dSᵀ to shared memory: rows = keys (warp*16 + g, +8), columns = queries.
-      *reinterpret_cast<uint32_t*>(sdS + swz<BQ>(warp * 16 + g, kk * 16 + 2 * t)) = dsa[0];
-      *reinterpret_cast<uint32_t*>(sdS + swz<BQ>(warp * 16 + g + 8, kk * 16 + 2 * t)) = dsa[1];
-      *reinterpret_cast<uint32_t*>(sdS + swz<BQ>(warp * 16 + g, kk * 16 + 8 + 2 * t)) = dsa[2];
-      *reinterpret_cast<uint32_t*>(sdS + swz<BQ>(warp * 16 + g + 8, kk * 16 + 8 + 2 * t)) = dsa[3];
     }
     __syncthreads();
 
