@@ -69,6 +69,9 @@ std::vector<Sample> ce_classes_samples(DType dt, Generator& g) {
           {{noncontig(rnd(g, {6, 8}, dt)), ids({0, 4, 1, 3, -100, 2}, {6})}, "non-contiguous 6x8, 5 classes"},
           {{rnd(g, {8}, dt), ids({4}, {})}, "[C] logits, 5 classes, 0-d target"}};
 }
+std::vector<Sample> ce_all_classes_samples(DType dt, Generator& g) {
+  return {{{rnd(g, {5, 7}, dt), ids({3, 0, 6, 6, 2}, {5})}, "5x7, 7 classes"}};
+}
 std::vector<Sample> ce_one_class_samples(DType dt, Generator& g) {
   return {{{rnd(g, {3, 4}, dt), ids({0, 0, -100}, {3})}, "3x4, 1 class"}};
 }
@@ -82,9 +85,7 @@ BLU_OPINFO(CE_K("cross_entropy_classes_mean", cross_entropy(x[0], x[1], -100, Re
            CE_K("cross_entropy_classes_none", cross_entropy(x[0], x[1], -100, Reduction::none, 5),
                 "F.cross_entropy(x0[..., :5], x1.long(), reduction='none')", ce_classes_samples),
            CE_K("cross_entropy_classes_all", cross_entropy(x[0], x[1], -100, Reduction::mean, 7),
-                "F.cross_entropy(x0, x1.long())", [](DType dt, Generator& g) {
-                  return std::vector<Sample>{{{rnd(g, {5, 7}, dt), ids({3, 0, 6, 6, 2}, {5})}, "5x7, 7 classes"}};
-                }),
+                "F.cross_entropy(x0, x1.long())", ce_all_classes_samples),
            CE_K("cross_entropy_classes_one", cross_entropy(x[0], x[1], -100, Reduction::sum, 1),
                 "F.cross_entropy(x0[..., :1], x1.long(), reduction='sum')", ce_one_class_samples));
 
