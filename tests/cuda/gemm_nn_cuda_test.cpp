@@ -445,42 +445,53 @@ TEST(CudaNN, SoftmaxAndLogSoftmaxForwardBackwardMatchCpu) {
     }
 }
 
-// cross_entropy over GPT-2's padded vocabulary, some targets ignored, every reduction.
+// cross_entropy over GPT-2's padded vocabulary, some targets ignored, every reduction: all 50304
+// columns as classes, and (as GPT::forward calls it) only the first 50257 — the padded columns'
+// gradient must then be written as exact zeros.
 TEST(CudaNN, CrossEntropyV50304MatchesCpu) {
   SKIP_WITHOUT_CUDA();
   manual_seed(7);
   NoGradGuard ng;
   const int64_t N = 64, V = 50304, ignore = -100;
-  for (DType dt : {DType::f32, DType::bf16}) {
-    const Tensor x = rnd({N, V}, dt, 4.0);
-    std::vector<double> tv(static_cast<size_t>(N));
-    const auto r = to_vector(randint(0, V, {N}));
-    for (int64_t i = 0; i < N; ++i) tv[size_t(i)] = i % 7 == 3 ? double(ignore) : r[size_t(i)];
-    for (DType it : {DType::i64, DType::i32}) {
-      const Tensor t = from_vector(tv, {N}, it);
-      const Tensor xd = dev(x), td = dev(t);
-      for (Reduction red : {Reduction::none, Reduction::mean, Reduction::sum}) {
-        const std::string tag = std::string(dtype_name(dt)) + " targets " + std::string(dtype_name(it)) +
-                                " reduction " + std::to_string(int(red));
-        const Attrs attrs{{"ignore_index", ignore}, {"reduction", int64_t(red)}};
-        const auto oc = dispatch(kCE, {x, t}, attrs);
-        const auto od = dispatch(kCE, {xd, td}, attrs);
-        // lse: fp32 online sum of 50304 terms vs the CPU's double sum.
-        EXPECT_TRUE(close("lse " + tag, hvec(od[1]), to_vector(oc[1]), Tol{1e-5, 1e-6, 0}));
-        // The loss is lse - x[t] (O(10)); bf16 outputs round to 8 bits on each side.
-        const Tol lt = dt == DType::f32 ? Tol{2e-5, 2e-6, 0} : Tol{1e-3, 1.0 / 128, 0};
-        EXPECT_TRUE(close("loss " + tag, hvec(od[0]), to_vector(oc[0]), lt));
-        // Backward from a random upstream gradient (a scalar for mean/sum).
-        const Tensor g = red == Reduction::none ? rnd({N}, dt) : rnd({}, dt);
-        const Tensor gc = dispatch1(kCEBackward, {g, x, t, oc[1]}, attrs);
-        const Tensor gd = dispatch1(kCEBackward, {dev(g), xd, td, od[1]}, attrs);
-        // softmax probabilities are ≤ 1: an absolute tolerance relative to |g| works.
-        const double gs = red == Reduction::mean ? 1.0 / N : 1.0;
-        const Tol gt = dt == DType::f32 ? Tol{1e-6 * gs * 4, 1e-5, 0} : Tol{1e-4 * gs * 4, 1.0 / 128, 0};
-        EXPECT_TRUE(close("dlogits " + tag, hvec(gd), to_vector(gc), gt));
+  for (DType dt : {DType::f32, DType::bf16})
+    for (int64_t K : {V, int64_t(50257)}) {
+      const Tensor x = rnd({N, V}, dt, 4.0);
+      std::vector<double> tv(static_cast<size_t>(N));
+      const auto r = to_vector(randint(0, K, {N}));
+      for (int64_t i = 0; i < N; ++i) tv[size_t(i)] = i % 7 == 3 ? double(ignore) : r[size_t(i)];
+      tv[0] = double(K - 1);  // the last class (in the vector loads' scalar tail when K = 50257)
+      for (DType it : {DType::i64, DType::i32}) {
+        const Tensor t = from_vector(tv, {N}, it);
+        const Tensor xd = dev(x), td = dev(t);
+        for (Reduction red : {Reduction::none, Reduction::mean, Reduction::sum}) {
+          const std::string tag = std::string(dtype_name(dt)) + " classes " + std::to_string(K) + " targets " +
+                                  std::string(dtype_name(it)) + " reduction " + std::to_string(int(red));
+          const Attrs attrs{{"ignore_index", ignore}, {"reduction", int64_t(red)}, {"classes", K}};
+          const auto oc = dispatch(kCE, {x, t}, attrs);
+          const auto od = dispatch(kCE, {xd, td}, attrs);
+          // lse: fp32 online sum of ~50304 terms vs the CPU's double sum.
+          EXPECT_TRUE(close("lse " + tag, hvec(od[1]), to_vector(oc[1]), Tol{1e-5, 1e-6, 0}));
+          // The loss is lse - x[t] (O(10)); bf16 outputs round to 8 bits on each side.
+          const Tol lt = dt == DType::f32 ? Tol{2e-5, 2e-6, 0} : Tol{1e-3, 1.0 / 128, 0};
+          EXPECT_TRUE(close("loss " + tag, hvec(od[0]), to_vector(oc[0]), lt));
+          // Backward from a random upstream gradient (a scalar for mean/sum).
+          const Tensor g = red == Reduction::none ? rnd({N}, dt) : rnd({}, dt);
+          const Tensor gc = dispatch1(kCEBackward, {g, x, t, oc[1]}, attrs);
+          const Tensor gd = dispatch1(kCEBackward, {dev(g), xd, td, od[1]}, attrs);
+          // softmax probabilities are ≤ 1: an absolute tolerance relative to |g| works.
+          const double gs = red == Reduction::mean ? 1.0 / N : 1.0;
+          const Tol gt = dt == DType::f32 ? Tol{1e-6 * gs * 4, 1e-5, 0} : Tol{1e-4 * gs * 4, 1.0 / 128, 0};
+          const auto gdv = hvec(gd);
+          EXPECT_TRUE(close("dlogits " + tag, gdv, to_vector(gc), gt));
+          if (K < V) {
+            int64_t nonzero = 0;
+            for (int64_t n = 0; n < N; ++n)
+              for (int64_t k = K; k < V; ++k) nonzero += gdv[size_t(n * V + k)] != 0.0 ? 1 : 0;
+            EXPECT_EQ(nonzero, 0) << "padded columns of dlogits must be exactly 0, " << tag;
+          }
+        }
       }
     }
-  }
 }
 
 TEST(CudaNN, LayerNormForwardBackwardMatchCpuAndIsDeterministic) {

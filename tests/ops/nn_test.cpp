@@ -169,6 +169,14 @@ TEST(CrossEntropy, Errors) {
                {"target 4", "position 1", "[0, 4)"});
   expect_error([] { cross_entropy(zeros({3, 4}), ids({0, 1, -1}, {3})); }, {"target -1", "position 2"});
   expect_error([] { cross_entropy(zeros({4}), ids({7}, {})); }, {"target 7", "position 0"});
+  // num_classes: targets must be classes, not padded columns; K must lie in [1, C] (or be -1).
+  expect_error([] { cross_entropy(zeros({3, 8}), ids({0, 5, 1}, {3}), -100, Reduction::mean, 5); },
+               {"target 5", "position 1", "[0, 5)"});
+  expect_error([] { cross_entropy(zeros({8}), ids({6}, {}), -100, Reduction::sum, 5); }, {"target 6", "[0, 5)"});
+  expect_error([] { cross_entropy(zeros({3, 4}), ids({0, 1, 2}, {3}), -100, Reduction::mean, 5); },
+               {"num_classes", "[1, 4]", "got 5"});
+  expect_error([] { cross_entropy(zeros({3, 4}), ids({0, 1, 2}, {3}), -100, Reduction::mean, 0); },
+               {"num_classes", "got 0"});
   expect_error([] { cross_entropy(zeros({3, 4}), ids({0, 1}, {2})); }, {"target of shape [3]", "[2]"});
   expect_error([] { cross_entropy(zeros({4}), ids({0}, {1})); }, {"0-d target", "[1]"});
   expect_error([] { cross_entropy(zeros({2, 3, 4}), ids({0, 1}, {2})); }, {"[N, C] or [C]", "[2, 3, 4]"});

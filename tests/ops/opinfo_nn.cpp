@@ -61,6 +61,34 @@ BLU_OPINFO(CE("cross_entropy_mean", cross_entropy(x[0], x[1]), "F.cross_entropy(
                   },
                   .torch = "F.cross_entropy(x0, x1.long(), ignore_index=1, reduction='sum')"});
 
+// num_classes K < C: only the first K columns are classes (GPT-2's padded vocabulary); the oracle
+// narrows the logits, so PyTorch's gradient of the columns ≥ K is exactly 0, as ours must be.
+std::vector<Sample> ce_classes_samples(DType dt, Generator& g) {
+  return {{{rnd(g, {5, 7}, dt), ids({3, 0, -100, 4, 2}, {5})}, "5x7, 5 classes, an ignored row"},
+          {{rnd(g, {4, 9}, dt), ids({0, 4, 4, 1}, {4}, DType::i32)}, "4x9, 5 classes, i32 target"},
+          {{noncontig(rnd(g, {6, 8}, dt)), ids({0, 4, 1, 3, -100, 2}, {6})}, "non-contiguous 6x8, 5 classes"},
+          {{rnd(g, {8}, dt), ids({4}, {})}, "[C] logits, 5 classes, 0-d target"}};
+}
+std::vector<Sample> ce_all_classes_samples(DType dt, Generator& g) {
+  return {{{rnd(g, {5, 7}, dt), ids({3, 0, 6, 6, 2}, {5})}, "5x7, 7 classes"}};
+}
+std::vector<Sample> ce_one_class_samples(DType dt, Generator& g) {
+  return {{{rnd(g, {3, 4}, dt), ids({0, 0, -100}, {3})}, "3x4, 1 class"}};
+}
+#define CE_K(NAME, CALL, TORCH, SAMPLES) \
+  OpInfo { .name = NAME, .fn = [](const V& x) { return CALL; }, .samples = SAMPLES, .torch = TORCH }
+
+BLU_OPINFO(CE_K("cross_entropy_classes_mean", cross_entropy(x[0], x[1], -100, Reduction::mean, 5),
+                "F.cross_entropy(x0[..., :5], x1.long())", ce_classes_samples),
+           CE_K("cross_entropy_classes_sum", cross_entropy(x[0], x[1], -100, Reduction::sum, 5),
+                "F.cross_entropy(x0[..., :5], x1.long(), reduction='sum')", ce_classes_samples),
+           CE_K("cross_entropy_classes_none", cross_entropy(x[0], x[1], -100, Reduction::none, 5),
+                "F.cross_entropy(x0[..., :5], x1.long(), reduction='none')", ce_classes_samples),
+           CE_K("cross_entropy_classes_all", cross_entropy(x[0], x[1], -100, Reduction::mean, 7),
+                "F.cross_entropy(x0, x1.long())", ce_all_classes_samples),
+           CE_K("cross_entropy_classes_one", cross_entropy(x[0], x[1], -100, Reduction::sum, 1),
+                "F.cross_entropy(x0[..., :1], x1.long(), reduction='sum')", ce_one_class_samples));
+
 // --- layer_norm ---
 // (C == 1 is degenerate — the output is the bias — and tested in nn_test.cpp: PyTorch's f32
 // gradient there is rounding noise, not a reference.)

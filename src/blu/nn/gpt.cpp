@@ -207,9 +207,11 @@ GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets) {
     BLU_CHECK(targets.shape() == idx.shape(), "GPT: targets ", targets.shape(), " must have idx's shape ",
               idx.shape());
     const int64_t B = idx.size(0), T = idx.size(1), V = cfg_.vocab_size;
-    // Only the real vocabulary takes part in the loss (a view: [B, T, V] of [B, T, Vp] merges to [B·T, V]).
-    Tensor real = reshape(narrow(out.logits, -1, 0, V), {B * T, V});
-    out.loss = cross_entropy(real, reshape(targets, {B * T}), /*ignore_index=*/-1);
+    // Only the real vocabulary takes part in the loss: the first V of the padded_vocab columns are
+    // the classes (num_classes), so the logits go in as a view [B·T, Vp] with no copy (narrowing to
+    // V columns first could not merge B and T without cloning the logits).
+    Tensor flat = reshape(out.logits, {B * T, out.logits.size(-1)});
+    out.loss = cross_entropy(flat, reshape(targets, {B * T}), /*ignore_index=*/-1, Reduction::mean, V);
   }
   return out;
 }

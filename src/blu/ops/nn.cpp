@@ -53,7 +53,9 @@ Tensor softmax_like(const OpDef& op, const Tensor& x, int64_t dim) {
 }
 
 // --- cross_entropy ---------------------------------------------------------------------------
-// Inputs (logits [N, C] or [C], target [N] or 0-d); attrs ignore_index, reduction.
+// Inputs (logits [N, C] or [C], target [N] or 0-d); attrs ignore_index, reduction, classes
+// (1 ≤ classes ≤ C): only the first `classes` columns of a row are classes (GPT-2's padded
+// vocabulary); the rest take no part in the loss and get a zero gradient.
 // Outputs: the loss, and the per-row logsumexp [N] (not differentiable, saved for backward).
 std::vector<TensorMeta> infer_cross_entropy(std::span<const Tensor> in, const Attrs& a) {
   const Tensor& x = in[0];
@@ -68,6 +70,9 @@ std::vector<TensorMeta> infer_cross_entropy(std::span<const Tensor> in, const At
   } else {
     BLU_CHECK(t.dim() == 0, "cross_entropy: logits ", x.shape(), " need a 0-d target, got ", t.shape());
   }
+  const int64_t k = a.i("classes");
+  BLU_CHECK(k >= 1 && k <= x.shape().back(), "cross_entropy: expected num_classes in [1, ", x.shape().back(),
+            "] (the logits' last dim) or -1, got ", k);
   const Shape rows = x.dim() == 2 ? Shape{x.shape()[0]} : Shape{};
   const auto red = Reduction(a.i("reduction"));
   return {TensorMeta{red == Reduction::none ? rows : Shape{}, x.dtype(), x.device()},
@@ -183,10 +188,12 @@ const OpDef& dropout_def() { return kDropout; }
 Tensor softmax(const Tensor& x, int64_t dim) { return softmax_like(kSoftmax, x, dim); }
 Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_like(kLogSoftmax, x, dim); }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, Reduction reduction) {
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, Reduction reduction,
+                     int64_t num_classes) {
   BLU_CHECK(logits.defined() && target.defined(), "cross_entropy: logits and target must be defined");
+  const int64_t classes = num_classes == -1 && logits.dim() > 0 ? logits.shape().back() : num_classes;
   return dispatch(kCrossEntropy, {contiguous(logits), contiguous(target)},
-                  Attrs{{"ignore_index", ignore_index}, {"reduction", int64_t(reduction)}})[0];
+                  Attrs{{"ignore_index", ignore_index}, {"reduction", int64_t(reduction)}, {"classes", classes}})[0];
 }
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {

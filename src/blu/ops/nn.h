@@ -13,9 +13,13 @@ Tensor log_softmax(const Tensor& x, int64_t dim);
 enum class Reduction { none, mean, sum };
 // logits [N, C] (or [C]), target [N] (or 0-d) of i32/i64 class ids. Entries equal to
 // ignore_index contribute nothing; `mean` divides by the number of non-ignored targets.
-// Targets outside [0, C) (other than ignore_index) are a BLU_CHECK error.
+// Targets outside [0, C) (other than ignore_index) are a BLU_CHECK error. num_classes K (1 ≤ K ≤ C,
+// -1 means C) makes only the first K columns of each row classes: the softmax runs over those, the
+// other columns get a zero gradient and targets must lie in [0, K) — the same as
+// cross_entropy(narrow(logits, -1, 0, K), ...) without copying the narrowed logits (GPT-2's
+// padded vocabulary).
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100,
-                     Reduction reduction = Reduction::mean);
+                     Reduction reduction = Reduction::mean, int64_t num_classes = -1);
 
 // Normalises over the last dim; weight and bias ([C]) may be undefined.
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);

@@ -116,18 +116,19 @@ int64_t check_targets(const I* t, int64_t n, int64_t classes, int64_t ignore) {
   return count;
 }
 
-// Inputs (logits [N, C] or [C], target [N] or 0-d), contiguous. Outputs loss and lse [N].
+// Inputs (logits [N, C] or [C], target [N] or 0-d), contiguous; the classes are columns [0, K)
+// (attr classes). Outputs loss and lse [N] (the logsumexp over the K classes).
 void cross_entropy_kernel(const KernelCall& c) {
   const Tensor& x = c.in[0];
   const Tensor& t = c.in[1];
   BLU_ASSERT(x.is_contiguous() && t.is_contiguous(), "cross_entropy: inputs must be contiguous");
-  const int64_t C = x.shape().back(), N = x.numel() / C;
+  const int64_t C = x.shape().back(), N = x.numel() / C, K = c.attrs.i("classes");
   const int64_t ignore = c.attrs.i("ignore_index");
   const auto red = Reduction(c.attrs.i("reduction"));
   BLU_DISPATCH_INDEX(t.dtype(), "cross_entropy", {
     using I = scalar_t;
     const I* tp = cdata<I>(t);
-    const int64_t count = check_targets(tp, N, C, ignore);
+    const int64_t count = check_targets(tp, N, K, ignore);
     BLU_DISPATCH_FLOATING(x.dtype(), "cross_entropy", {
       using A = acc_t<scalar_t>;
       using S = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;  // stat dtype
@@ -139,9 +140,9 @@ void cross_entropy_kernel(const KernelCall& c) {
       for (int64_t n = 0; n < N; ++n) {
         const scalar_t* row = xp + n * C;
         A m = -std::numeric_limits<A>::infinity();
-        for (int64_t k = 0; k < C; ++k) m = std::max(m, A(row[k]));
+        for (int64_t k = 0; k < K; ++k) m = std::max(m, A(row[k]));
         double s = 0;
-        for (int64_t k = 0; k < C; ++k) s += std::exp(double(A(row[k])) - double(m));
+        for (int64_t k = 0; k < K; ++k) s += std::exp(double(A(row[k])) - double(m));
         const double l = double(m) + std::log(s);
         lse[n] = S(l);
         const int64_t tv = int64_t(tp[n]);
@@ -161,19 +162,20 @@ void cross_entropy_kernel(const KernelCall& c) {
 BLU_REGISTER_KERNEL(cpu, "cross_entropy", cross_entropy_kernel);
 
 // Inputs (g, logits, target, lse). gx[n, k] = (exp(x[n, k] - lse[n]) - [k == t[n]]) * scale[n],
-// scale = g[n] (none), g (sum) or g / count (mean); zero for ignored rows.
+// scale = g[n] (none), g (sum) or g / count (mean), for k < K (attr classes); zero for ignored
+// rows and for the columns k ≥ K that are not classes.
 void cross_entropy_backward_kernel(const KernelCall& c) {
   const Tensor& g = c.in[0];
   const Tensor& x = c.in[1];
   const Tensor& t = c.in[2];
   const Tensor& lse_t = c.in[3];
-  const int64_t C = x.shape().back(), N = x.numel() / C;
+  const int64_t C = x.shape().back(), N = x.numel() / C, K = c.attrs.i("classes");
   const int64_t ignore = c.attrs.i("ignore_index");
   const auto red = Reduction(c.attrs.i("reduction"));
   BLU_DISPATCH_INDEX(t.dtype(), "cross_entropy_backward", {
     using I = scalar_t;
     const I* tp = cdata<I>(t);
-    const int64_t count = check_targets(tp, N, C, ignore);
+    const int64_t count = check_targets(tp, N, K, ignore);
     BLU_DISPATCH_FLOATING(x.dtype(), "cross_entropy_backward", {
       using A = acc_t<scalar_t>;
       using S = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
@@ -194,10 +196,11 @@ void cross_entropy_backward_kernel(const KernelCall& c) {
         if (red == Reduction::mean) scale = A(double(scale) / double(count));
         const scalar_t* row = xp + n * C;
         const A l = A(lse[n]);
-        for (int64_t k = 0; k < C; ++k) {
+        for (int64_t k = 0; k < K; ++k) {
           const A p = std::exp(A(row[k]) - l);
           orow[k] = scalar_t((p - A(k == tv ? 1 : 0)) * scale);
         }
+        std::fill(orow + K, orow + C, scalar_t(A(0)));
       }
     });
   });

@@ -201,11 +201,13 @@ __device__ __forceinline__ MaxSum<A> block_merge(MaxSum<A> v, A* sm, A* ss) {
   return v;
 }
 
-// One block per row: lse[n] = logsumexp(x[n, :]); row_loss[n] = lse - x[n, t] (0 when ignored,
-// NaN when t is out of range). One pass over the row, 16-byte loads when the row is aligned.
+// One block per row of C columns whose first K are classes: lse[n] = logsumexp(x[n, :K]);
+// row_loss[n] = lse - x[n, t] (0 when ignored, NaN when t is outside [0, K)). One pass over the
+// K classes, 16-byte loads when the row is aligned.
 template <typename T, typename I>
 __global__ void cross_entropy_rows_kernel(const T* __restrict__ x, const I* __restrict__ target, int64_t C,
-                                          int64_t ignore, acc_of<T>* __restrict__ lse, acc_of<T>* __restrict__ loss) {
+                                          int64_t K, int64_t ignore, acc_of<T>* __restrict__ lse,
+                                          acc_of<T>* __restrict__ loss) {
   using A = acc_of<T>;
   __shared__ A sm[32], ss[32];
   const int64_t row = blockIdx.x;
@@ -223,7 +225,7 @@ __global__ void cross_entropy_rows_kernel(const T* __restrict__ x, const I* __re
   int64_t k0 = 0;
   if (aligned16(xr)) {
     constexpr int V = Vec<T>::kN;
-    const int64_t nv = C / V;
+    const int64_t nv = K / V;
     const Vec<T>* xv = reinterpret_cast<const Vec<T>*>(xr);
     for (int64_t j = threadIdx.x; j < nv; j += blockDim.x) {
       const Vec<T> p = xv[j];
@@ -245,7 +247,7 @@ __global__ void cross_entropy_rows_kernel(const T* __restrict__ x, const I* __re
     }
     k0 = nv * V;
   }
-  for (int64_t k = k0 + threadIdx.x; k < C; k += blockDim.x) add(to_acc(xr[k]));
+  for (int64_t k = k0 + threadIdx.x; k < K; k += blockDim.x) add(to_acc(xr[k]));
   acc = block_merge(acc, sm, ss);
   if (threadIdx.x == 0) {
     const A l = acc.m + log_acc(acc.s);
@@ -253,7 +255,7 @@ __global__ void cross_entropy_rows_kernel(const T* __restrict__ x, const I* __re
     const int64_t t = int64_t(target[row]);
     A lo;
     if (t == ignore) lo = A(0);
-    else if (t < 0 || t >= C) lo = A(NAN);
+    else if (t < 0 || t >= K) lo = A(NAN);
     else lo = l - to_acc(xr[t]);
     loss[row] = lo;
   }
@@ -290,12 +292,14 @@ __global__ void count_targets_kernel(const I* target, int64_t n, int64_t ignore,
   if (threadIdx.x == 0) count[0] = cnt;
 }
 
-// gx[n, k] = (exp(x[n, k] - lse[n]) - [k == t[n]]) * scale, scale = g[n] (none), g[0] (sum) or
-// g[0] / count (mean); zero rows where t is ignored. One block per row, vector loads and stores.
+// gx[n, k] = (exp(x[n, k] - lse[n]) - [k == t[n]]) * scale for the classes k < K, scale = g[n]
+// (none), g[0] (sum) or g[0] / count (mean); zero rows where t is ignored and zero columns k ≥ K
+// (not classes: the padded columns are written, never left as they were). One block per row of
+// C columns, vector loads and stores.
 template <typename T, typename I>
 __global__ void cross_entropy_backward_kernel(const T* __restrict__ g, const T* __restrict__ x,
                                               const I* __restrict__ target, const acc_of<T>* __restrict__ lse,
-                                              const double* count, int red, int64_t C, int64_t ignore,
+                                              const double* count, int red, int64_t C, int64_t K, int64_t ignore,
                                               T* __restrict__ gx) {
   using A = acc_of<T>;
   const int64_t row = blockIdx.x;
@@ -307,7 +311,7 @@ __global__ void cross_entropy_backward_kernel(const T* __restrict__ g, const T* 
   if (!ignored) {
     scale = red == int(Reduction::none) ? to_acc(g[row]) : to_acc(g[0]);
     if (red == int(Reduction::mean)) scale = A(double(scale) / count[0]);
-    if (t < 0 || t >= C) scale = A(NAN);
+    if (t < 0 || t >= K) scale = A(NAN);
   }
   const A l = lse[row];
   int64_t k0 = 0;
@@ -318,7 +322,7 @@ __global__ void cross_entropy_backward_kernel(const T* __restrict__ g, const T* 
     Vec<T>* gv = reinterpret_cast<Vec<T>*>(gr);
     for (int64_t j = threadIdx.x; j < nv; j += blockDim.x) {
       Vec<T> o;
-      if (ignored) {
+      if (ignored || j * V >= K) {
 #pragma unroll
         for (int i = 0; i < V; ++i) o.v[i] = from_acc<T>(A(0));
       } else {
@@ -326,7 +330,7 @@ __global__ void cross_entropy_backward_kernel(const T* __restrict__ g, const T* 
 #pragma unroll
         for (int i = 0; i < V; ++i) {
           const int64_t k = j * V + i;
-          o.v[i] = from_acc<T>((exp_acc(to_acc(p.v[i]) - l) - A(k == t ? 1 : 0)) * scale);
+          o.v[i] = k < K ? from_acc<T>((exp_acc(to_acc(p.v[i]) - l) - A(k == t ? 1 : 0)) * scale) : from_acc<T>(A(0));
         }
       }
       gv[j] = o;
@@ -334,14 +338,15 @@ __global__ void cross_entropy_backward_kernel(const T* __restrict__ g, const T* 
     k0 = nv * V;
   }
   for (int64_t k = k0 + threadIdx.x; k < C; k += blockDim.x)
-    gr[k] = ignored ? from_acc<T>(A(0)) : from_acc<T>((exp_acc(to_acc(xr[k]) - l) - A(k == t ? 1 : 0)) * scale);
+    gr[k] = ignored || k >= K ? from_acc<T>(A(0))
+                              : from_acc<T>((exp_acc(to_acc(xr[k]) - l) - A(k == t ? 1 : 0)) * scale);
 }
 
 void cross_entropy_kernel(const KernelCall& c) {
   const Tensor& x = c.in[0];
   const Tensor& t = c.in[1];
   BLU_ASSERT(x.is_contiguous() && t.is_contiguous(), "cross_entropy: inputs must be contiguous");
-  const int64_t C = x.shape().back(), N = x.numel() / C;
+  const int64_t C = x.shape().back(), N = x.numel() / C, K = c.attrs.i("classes");
   const int64_t ignore = c.attrs.i("ignore_index");
   const auto red = Reduction(c.attrs.i("reduction"));
   cudaStream_t s = current_stream();
@@ -355,7 +360,7 @@ void cross_entropy_kernel(const KernelCall& c) {
       DeviceBuffer loss(x.device(), size_t(std::max<int64_t>(N, 1)) * sizeof(A));
       if (N > 0) {
         cross_entropy_rows_kernel<scalar_t, I><<<unsigned(N), 256, 0, s>>>(
-            static_cast<const scalar_t*>(x.raw_data()), tp, C, ignore, lse, loss.as<A>());
+            static_cast<const scalar_t*>(x.raw_data()), tp, C, K, ignore, lse, loss.as<A>());
         BLU_CUDA_CHECK_LAUNCH();
       }
       if (red == Reduction::none) {
@@ -380,7 +385,7 @@ void cross_entropy_backward_kernel_entry(const KernelCall& c) {
   const Tensor& lse_t = c.in[3];
   BLU_ASSERT(g.is_contiguous() && x.is_contiguous() && t.is_contiguous() && lse_t.is_contiguous(),
              "cross_entropy_backward: inputs must be contiguous");
-  const int64_t C = x.shape().back(), N = x.numel() / C;
+  const int64_t C = x.shape().back(), N = x.numel() / C, K = c.attrs.i("classes");
   if (N == 0) return;
   const int64_t ignore = c.attrs.i("ignore_index");
   const auto red = Reduction(c.attrs.i("reduction"));
@@ -397,7 +402,7 @@ void cross_entropy_backward_kernel_entry(const KernelCall& c) {
       using A = acc_of<scalar_t>;
       cross_entropy_backward_kernel<scalar_t, I><<<unsigned(N), 256, 0, s>>>(
           static_cast<const scalar_t*>(g.raw_data()), static_cast<const scalar_t*>(x.raw_data()), tp,
-          static_cast<const A*>(lse_t.raw_data()), count.as<double>(), int(red), C, ignore,
+          static_cast<const A*>(lse_t.raw_data()), count.as<double>(), int(red), C, K, ignore,
           static_cast<scalar_t*>(c.out[0].raw_data()));
       BLU_CUDA_CHECK_LAUNCH();
     });
