@@ -2,6 +2,10 @@
 // does (forward, backward, clip at 1.0, AdamW, zero grads; the step ends when its loss is on the
 // host) and prints one JSON line: tok/s and ms of the median step after warm-up, MFU against a
 // given peak, and the allocator's peak memory.
+// Data parallel: `blutrain launch -n N -- blutrain bench --dp N ...` runs one rank per GPU
+// (cuda:LOCAL_RANK), NCCL through rank 0's TCP store (MASTER_ADDR/MASTER_PORT), the model under
+// DistributedDataParallel (--zero 1: ZeRO-1 AdamW); every rank draws its own batches of B rows;
+// rank 0 prints the line with the global tok/s (world·B·T per median step) and its own memory.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -15,6 +19,9 @@
 #endif
 
 #include "blu/blu.h"
+#include "blu/dist/ddp.h"
+#include "blu/dist/env.h"
+#include "blu/dist/zero.h"
 #include "blu/nn/gpt.h"
 #include "blu/ops/dispatch.h"
 #include "blu/optim/loss_scaler.h"
@@ -32,6 +39,7 @@ struct BenchOptions {
   int64_t batch = 16, seq = 1024, steps = 24;
   double peak_tflops = 0;  // the GPU's measured bf16 (or tf32/fp32) matmul peak, for MFU
   bool profile = false;    // time each op of one extra step (synchronising after every op)
+  int dp = 1, zero = 0;    // data-parallel ranks (launched processes), ZeRO stage (0 or 1)
 };
 
 void device_sync(Device dev) {
@@ -71,7 +79,25 @@ nlohmann::json profile_step(const std::function<void()>& step, Device dev) {
 }
 
 int run_bench(const BenchOptions& o) {
-  const Device dev(o.device);
+  const dist::DistEnv env = dist::detect_env();
+  BLU_CHECK(env.world_size == o.dp, "--dp ", o.dp, " must equal the number of launched processes (WORLD_SIZE=",
+            env.world_size, "); start with `blutrain launch -n ", o.dp, " -- blutrain bench --dp ", o.dp, " ...`");
+  BLU_CHECK(o.zero == 0 || o.zero == 1, "--zero must be 0 or 1 in bench, got ", o.zero);
+  BLU_CHECK(o.zero == 0 || o.dp > 1, "--zero 1 needs --dp > 1");
+  Device dev(o.device);
+  BLU_CHECK(o.dp == 1 || o.device == "cuda", "--dp ", o.dp, " runs on --device cuda (one GPU per rank), got ", o.device);
+  std::unique_ptr<dist::TcpStore> store;
+  std::shared_ptr<dist::ProcessGroup> pg;
+  if (o.dp > 1) {
+#ifdef BLU_HAVE_CUDA
+    dev = Device(DeviceType::cuda, env.local_rank);
+    cuda::set_device(dev.index);
+    store = std::make_unique<dist::TcpStore>(env.master_addr, env.master_port, env.rank == 0);
+    pg = dist::make_nccl_group(*store, env.rank, env.world_size, dist::NcclOptions{.device = dev.index});
+#else
+    BLU_CHECK(false, "--dp needs a CUDA build (NCCL)");
+#endif
+  }
   nn::GPTConfig cfg = train::model_preset(o.model);
   cfg.block_size = std::max(cfg.block_size, o.seq);
   nn::GPT model(cfg, 0);
@@ -80,11 +106,18 @@ int run_bench(const BenchOptions& o) {
   train::apply_precision(model, o.precision);
   optim::LossScaler scaler;
   const bool fp16 = o.precision == "fp16";
+  BLU_CHECK(!fp16 || o.dp == 1, "--precision fp16 with --dp is not supported (the loss scaler's skip is per rank)");
   optim::AdamWOptions ao;
   ao.lr = 6e-4;
-  auto opt = optim::make_adamw(optim::decay_groups(model.named_parameters(), 0.1), ao);
+  std::unique_ptr<dist::DistributedDataParallel> ddp;
+  if (pg) ddp = std::make_unique<dist::DistributedDataParallel>(model, pg);
+  std::unique_ptr<optim::Optimizer> opt;
+  if (o.zero == 1)
+    opt = std::make_unique<dist::ZeroAdamW>(optim::decay_groups(model.named_parameters(), 0.1), ao, pg, 1);
+  else
+    opt = optim::make_adamw(optim::decay_groups(model.named_parameters(), 0.1), ao);
   const auto params = model.parameters();
-  Generator gen(1);
+  Generator gen(1 + uint64_t(env.rank));  // each rank its own batches
   allocator_for(dev).reset_peak();
   std::vector<double> ms;
   double first_loss = 0, last_loss = 0;
@@ -92,6 +125,7 @@ int run_bench(const BenchOptions& o) {
   auto step = [&](const Tensor& x, const Tensor& y) {
     nn::GPTOutput out = model.forward(x, y);
     (fp16 ? mul(out.loss, scaler.scale()) : out.loss).backward();
+    if (ddp) ddp->finish();  // the buckets' all-reduces, issued during backward, are done
     if (!fp16 || scaler.unscale_and_check(params)) {
       optim::clip_grad_norm(params, 1.0);
       opt->step();
@@ -114,7 +148,7 @@ int run_bench(const BenchOptions& o) {
                            ms.end());
   std::sort(warm.begin(), warm.end());
   const double med = warm[warm.size() / 2];
-  const double tok_s = double(o.batch * o.seq) / (med / 1e3);
+  const double tok_s = double(o.dp) * double(o.batch * o.seq) / (med / 1e3);  // global
   // Training FLOPs per token: 6 per parameter (embeddings included, as the tied head is a matmul)
   // plus attention's 12·L·C·T (PaLM's estimate; causal masking is not subtracted).
   const double n_params = double(model.num_parameters()) - double(cfg.block_size * cfg.n_embd);
@@ -125,14 +159,20 @@ int run_bench(const BenchOptions& o) {
                       {"tok_s", std::round(tok_s)},       {"peak_alloc_mib", st.peak_bytes >> 20},
                       {"peak_reserved_mib", st.reserved_bytes >> 20},
                       {"first_loss", first_loss},         {"last_loss", last_loss}};
-  if (o.peak_tflops > 0) j["mfu"] = tok_s * flops_tok / (o.peak_tflops * 1e12);
+  if (o.dp > 1) {
+    j["world"] = o.dp;
+    j["backend"] = pg->backend();
+    if (o.zero) j["zero"] = o.zero;
+  }
+  if (o.peak_tflops > 0) j["mfu"] = tok_s * flops_tok / (o.peak_tflops * 1e12 * o.dp);  // per GPU
   if (fp16) j["skipped_steps"] = scaler.skipped_steps();
   if (o.profile) {
     Tensor x = randint(0, cfg.vocab_size, {o.batch, o.seq}, DType::i64, dev, &gen);
     Tensor y = randint(0, cfg.vocab_size, {o.batch, o.seq}, DType::i64, dev, &gen);
     j["profile"] = profile_step([&] { step(x, y); }, dev);
   }
-  std::cout << j.dump() << std::endl;
+  if (env.rank == 0) std::cout << j.dump() << std::endl;
+  if (pg) pg->barrier()->wait();
   return 0;
 }
 
@@ -148,6 +188,10 @@ Command add_bench(CLI::App& root) {
   app->add_option("--device", o->device, "cpu or cuda[:N]")->capture_default_str();
   app->add_option("--precision", o->precision, "fp32 | tf32 | bf16 | fp16")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}))
+      ->capture_default_str();
+  app->add_option("--dp", o->dp, "Data-parallel ranks: run under `blutrain launch -n N` (NCCL, GPU = LOCAL_RANK)")
+      ->capture_default_str();
+  app->add_option("--zero", o->zero, "ZeRO stage with --dp: 0 (DDP + AdamW) or 1 (optimizer state sharded)")
       ->capture_default_str();
   app->add_flag("--profile", o->profile, "Also time each op of one extra step (by op name)");
   app->add_option("--peak-tflops", o->peak_tflops, "The GPU's measured matmul peak for this precision (MFU)");

@@ -7,7 +7,8 @@
 //   (roughly the order backward produces their gradients). A grad hook on each parameter copies
 //   its gradient into the bucket's flat buffer; when every parameter of a bucket has its gradient
 //   the bucket's all-reduce (average) is issued at once and runs on the group's worker thread
-//   while backward goes on. Buckets are issued strictly in bucket order, so every rank issues the
+//   (Gloo) or communication stream (NCCL: CUDA parameters, buckets on their device) while
+//   backward goes on. Buckets are issued strictly in bucket order, so every rank issues the
 //   same sequence of collectives whatever order its hooks fire in.
 //   finish() — call after the last backward of a step, before clipping and the optimizer — issues
 //   the buckets still waiting, waits for all of them and copies the averaged gradients back.

@@ -1,6 +1,6 @@
 // dist/process_group: collectives between the ranks of a job behind one interface, so the
 // data-parallel and ZeRO code never names an engine. Gloo (CPU tensors, over TCP) is implemented
-// in process_group_gloo.cpp; NCCL (CUDA tensors) plugs in as another ProcessGroup subclass.
+// in process_group_gloo.cpp; NCCL (CUDA tensors, CUDA builds only) in process_group_nccl.cpp.
 //   all_reduce(t, op)              t ← op over ranks of t                       (in place)
 //   reduce_scatter(out, in, op)    out ← chunk `rank` of op over ranks of in; in.numel = size·out.numel
 //   all_gather(out, in)            out ← cat over ranks of in;                  out.numel = size·in.numel
@@ -13,8 +13,11 @@
 // wait() blocks until it is done and rethrows its failure as blu::Error. Operations run in the
 // order they were issued (one worker thread per group), so every rank must issue the same
 // collectives in the same order — as with NCCL and torch.distributed.
+// NCCL differs in when "done" means: its operations are queued on the group's communication
+// stream (after the work already queued on the caller's current stream) and wait() makes the
+// caller's current stream wait for them, without blocking the host (process_group_nccl.cpp).
 // Depends on core/tensor, dist/tcp_store (bootstrap). Keep: tensors are contiguous, f32 or f64
-// (BLU_CHECK otherwise) and must stay alive and untouched until their Work completes; a peer that
+// for Gloo, bf16/f16/f32/f64/i32/i64 on this rank's device for NCCL (BLU_CHECK otherwise) and must stay alive and untouched until their Work completes; a peer that
 // dies or stalls becomes an error on every surviving rank within the group's timeout, never a
 // hang; after a failure the group is broken and every later call fails too.
 #pragma once
@@ -68,5 +71,18 @@ struct GlooOptions {
 // Connects `size` ranks full mesh over TCP, rendezvousing through `store` (which must outlive the
 // set-up only). BLU_CHECK on bad arguments; blu::Error when a peer does not show up in time.
 std::shared_ptr<ProcessGroup> make_gloo_group(TcpStore& store, int rank, int size, GlooOptions options = {});
+
+struct NcclOptions {
+  // An operation not done after this long aborts the communicator and breaks the group (every
+  // later wait() and call throws blu::Error); 0 turns the watchdog off (a dead peer then hangs).
+  std::chrono::milliseconds timeout{600000};
+  int device = -1;             // the CUDA device of this rank; -1: LOCAL_RANK (dist/env)
+  bool blocking_wait = false;  // wait() also blocks the host until the operation is done
+  std::string prefix = "default_pg";  // store key prefix: several groups can share one store
+};
+
+// CUDA builds only (BLU_HAVE_CUDA). Makes `device` current, shares rank 0's ncclUniqueId through
+// `store` and creates the communicator. BLU_CHECK on bad arguments; blu::Error from NCCL.
+std::shared_ptr<ProcessGroup> make_nccl_group(TcpStore& store, int rank, int size, NcclOptions options = {});
 
 }  // namespace blu::dist

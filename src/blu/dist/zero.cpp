@@ -72,14 +72,19 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOptions 
     const int64_t hi = std::min(end_, params_[i].offset + params_[i].tensor.numel());
     if (lo < hi) segments_.push_back({i, lo - params_[i].offset, lo - begin_, hi - lo});
   }
-  exp_avg_ = zeros({end_ - begin_});
-  exp_avg_sq_ = zeros({end_ - begin_});
+  // Shards, state and staging buffers live on the parameters' device (NCCL for CUDA tensors).
+  device_ = params_.empty() ? kCPU : params_[0].tensor.device();
+  for (const Param& p : params_)
+    BLU_CHECK(p.tensor.device() == device_, "ZeroAdamW: parameter '", p.name, "' is on ", p.tensor.device(),
+              ", the first one on ", device_, " (one device per rank)");
+  exp_avg_ = zeros({end_ - begin_}, DType::f32, device_);
+  exp_avg_sq_ = zeros({end_ - begin_}, DType::f32, device_);
 }
 
 void ZeroAdamW::reduce_gradients() {
   if (stage_ != 2 || reduced_) return;
   NoGradGuard no_grad;
-  Tensor all = zeros({chunk_ * pg_->size()});
+  Tensor all = zeros({chunk_ * pg_->size()}, DType::f32, device_);
   for (Param& p : params_) {
     const Tensor g = p.tensor.grad();
     if (!g.defined()) continue;  // unused on this rank: contributes zeros
@@ -87,7 +92,7 @@ void ZeroAdamW::reduce_gradients() {
               "' is ", g.str(), ", expected ", p.tensor.str());
     copy_(narrow(all, 0, p.offset, p.tensor.numel()), reshape(g, {g.numel()}));
   }
-  shard_grad_ = empty({chunk_});
+  shard_grad_ = empty({chunk_}, DType::f32, device_);
   pg_->reduce_scatter(shard_grad_, all, ReduceOp::avg)->wait();
   for (Param& p : params_) p.tensor.zero_grad();  // stage 2 keeps only the slice
   reduced_ = true;
@@ -103,9 +108,9 @@ double ZeroAdamW::clip_grad_norm(double max_norm) {
   reduce_gradients();
   NoGradGuard no_grad;
   const Tensor mine = to_dtype(narrow(shard_grad_, 0, 0, end_ - begin_), DType::f64);
-  Tensor sumsq = full({1}, end_ > begin_ ? sum(mul(mine, mine)).item() : 0.0, DType::f64);
+  Tensor sumsq = end_ > begin_ ? reshape(sum(mul(mine, mine)), {1}) : zeros({1}, DType::f64, device_);
   pg_->all_reduce(sumsq, ReduceOp::sum)->wait();
-  const double norm = std::sqrt(sumsq.item());
+  const double norm = std::sqrt(to_device(sumsq, kCPU).item());
   if (!std::isfinite(norm)) return norm;
   const double scale = max_norm / (norm + 1e-6);
   if (scale < 1.0) mul_(shard_grad_, scale);
@@ -133,7 +138,7 @@ void ZeroAdamW::step() {
                  .weight_decay = p.weight_decay, .step = t});
   }
   // Every rank contributes its updated slice; all receive the whole vector.
-  Tensor send = zeros({chunk_}), recv = empty({chunk_ * pg_->size()});
+  Tensor send = zeros({chunk_}, DType::f32, device_), recv = empty({chunk_ * pg_->size()}, DType::f32, device_);
   for (const Segment& s : segments_)
     copy_(narrow(send, 0, s.shard_offset, s.length), narrow(flat(params_[s.param].tensor), 0, s.param_offset, s.length));
   pg_->all_gather(recv, send)->wait();
@@ -174,9 +179,12 @@ std::string save_sharded_checkpoint(const std::string& dir, const nn::Module& mo
     for (const auto& np : g.params) params.push_back(np);
   const nn::NamedTensors state = opt.state();
   SafeTensorsWriter w;
+  std::vector<Tensor> host;  // the writer keeps views of these bytes until write()
   for (const auto& [name, t] : state) {
     if (name == "step") continue;
-    w.add(name, t.dtype(), t.shape(), {static_cast<const std::byte*>(t.raw_data()), t.nbytes()});
+    host.push_back(t.device().is_cpu() ? t : to_device(t, kCPU));
+    const Tensor& h = host.back();
+    w.add(name, h.dtype(), h.shape(), {static_cast<const std::byte*>(h.raw_data()), h.nbytes()});
   }
   const nlohmann::json meta = {{"rank", pg.rank()},       {"world_size", pg.size()}, {"begin", opt.shard_begin()},
                                {"end", opt.shard_end()},  {"total", opt.total_numel()}, {"step", opt.steps()},

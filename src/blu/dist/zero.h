@@ -74,6 +74,7 @@ class ZeroAdamW final : public optim::Optimizer {
   std::shared_ptr<ProcessGroup> pg_;
   int stage_;
   int64_t total_ = 0, chunk_ = 0, begin_ = 0, end_ = 0;
+  Device device_ = kCPU;         // the parameters' device: shards, state and buffers live there
   Tensor exp_avg_, exp_avg_sq_;  // [end - begin]
   Tensor shard_grad_;            // stage 2: [chunk] averaged gradient of the slice, once reduced
   bool reduced_ = false;

@@ -22,6 +22,9 @@
 #include "blu/ops/factory.h"
 #include "blu/ops/view.h"
 #include "blu/train/model_presets.h"
+#ifdef BLU_HAVE_CUDA
+#include "blu/backend/cuda/runtime.h"
+#endif
 
 namespace blu::train {
 
@@ -187,8 +190,9 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   const dist::DistEnv env = dist::detect_env();
   BLU_CHECK(env.world_size == o.dp, "--dp ", o.dp, " must equal the number of launched processes (WORLD_SIZE=",
             env.world_size, " from ", env.source, "); start with `blutrain launch -n ", o.dp, " -- blutrain train ...`");
-  BLU_CHECK(o.dp == 1 || o.device == "cpu", "--dp ", o.dp, " runs over Gloo, CPU tensors only; got --device ",
-            o.device, " (NCCL is not implemented yet)");
+  BLU_CHECK(o.dp == 1 || o.device == "cpu" || o.device == "cuda", "--dp ", o.dp,
+            " runs on --device cpu (Gloo) or --device cuda (NCCL, each rank on cuda:LOCAL_RANK); got --device ",
+            o.device);
   rank_ = env.rank;
   if (rank_ != 0) cb_.log = nullptr;  // rank 0 speaks for the job
   schedule_.kind = optim::LRSchedule::parse(o.schedule);
@@ -199,6 +203,9 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   device_ = Device(o.device);
 #ifndef BLU_HAVE_CUDA
   BLU_CHECK(device_.is_cpu(), "--device ", o.device, ": this build has no CUDA backend (expected cpu)");
+#else
+  if (device_.is_cuda() && o.dp > 1) device_ = Device(DeviceType::cuda, env.local_rank);  // one GPU per rank
+  if (device_.is_cuda()) cuda::set_device(device_.index);
 #endif
 
   // 2. The run directory.
@@ -241,7 +248,12 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   auto groups = optim::decay_groups(model_->named_parameters(), o.weight_decay);
   if (o.dp > 1) {  // the job's process group: rendezvous through rank 0's store
     store_ = std::make_unique<dist::TcpStore>(env.master_addr, env.master_port, rank_ == 0);
-    pg_ = dist::make_gloo_group(*store_, rank_, world);
+#ifdef BLU_HAVE_CUDA
+    if (device_.is_cuda())  // CUDA tensors: NCCL on this rank's device
+      pg_ = dist::make_nccl_group(*store_, rank_, world, dist::NcclOptions{.device = device_.index});
+    else
+#endif
+      pg_ = dist::make_gloo_group(*store_, rank_, world);
   }
   if (o.optimizer == "adamw") {
     optim::AdamWOptions a;
@@ -309,7 +321,7 @@ void Trainer::print_header() {
   os << "device: " << device_.str() << ", optimizer: " << o.optimizer << ", schedule: " << o.schedule
      << " (warmup " << o.warmup << ")\n";
   if (o.dp > 1)
-    os << "data parallel: " << o.dp << " ranks (gloo), " << (o.zero > 0 ? "ZeRO stage " + std::to_string(o.zero)
+    os << "data parallel: " << o.dp << " ranks (" << (pg_ ? pg_->backend() : "gloo") << "), " << (o.zero > 0 ? "ZeRO stage " + std::to_string(o.zero)
                                                                          : std::string("DDP all-reduce"))
        << "; batch per rank " << o.batch_size << ", tokens per step across ranks "
        << format_count(o.batch_size * o.seq_len * o.grad_accum * o.dp) << "\n";
@@ -372,16 +384,16 @@ double Trainer::train_step(StepStats& s) {
 
 double Trainer::mean_over_ranks(double v) {
   if (!pg_) return v;
-  Tensor t = full({1}, v, DType::f64);
+  Tensor t = full({1}, v, DType::f64, pg_->backend() == "nccl" ? device_ : kCPU);
   pg_->all_reduce(t, dist::ReduceOp::avg)->wait();
-  return t.item();
+  return scalar_value(t);
 }
 
 bool Trainer::any_rank(bool v) {
   if (!pg_) return v;
-  Tensor t = full({1}, v ? 1.0 : 0.0, DType::f64);
+  Tensor t = full({1}, v ? 1.0 : 0.0, DType::f64, pg_->backend() == "nccl" ? device_ : kCPU);
   pg_->all_reduce(t, dist::ReduceOp::max)->wait();
-  return t.item() > 0;
+  return scalar_value(t) > 0;
 }
 
 void Trainer::sample(int64_t step) {

@@ -1,0 +1,197 @@
+// NCCL process group and DDP on two GPUs. Skipped unless at least two CUDA devices are visible.
+// The parent test re-runs this binary as 2 ranks under dist::launch (tests/dist/dist_test_util.h)
+// with --gtest_filter=NcclWorker.Run and BLU_NCCL_SCENARIO naming what the ranks do; each rank
+// uses cuda:LOCAL_RANK and reports through its exit status.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+
+#include "blu/backend/cuda/runtime.h"
+#include "blu/blu.h"
+#include "blu/dist/ddp.h"
+#include "blu/dist/env.h"
+#include "blu/dist/process_group.h"
+#include "blu/dist/tcp_store.h"
+#include "blu/dist/zero.h"
+#include "blu/nn/gpt.h"
+#include "blu/optim/optimizer.h"
+#include "blu/train/trainer.h"
+#include "dist/dist_test_util.h"
+
+namespace blu::dist {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string scenario() {
+  const char* v = std::getenv("BLU_NCCL_SCENARIO");
+  return v ? v : "";
+}
+
+std::vector<double> host(const Tensor& t) { return to_vector(to_device(t, kCPU)); }
+
+struct Rank {
+  DistEnv env = detect_env();
+  Device dev{DeviceType::cuda, 0};
+  std::unique_ptr<TcpStore> store;
+  std::shared_ptr<ProcessGroup> pg;
+  Rank() {
+    dev = Device(DeviceType::cuda, env.local_rank);
+    cuda::set_device(dev.index);
+    store = std::make_unique<TcpStore>(env.master_addr, env.master_port, env.rank == 0, 20000ms);
+    pg = make_nccl_group(*store, env.rank, env.world_size, NcclOptions{.timeout = 60000ms, .device = dev.index});
+  }
+};
+
+// Every collective on device tensors of several dtypes, checked against its definition. Values
+// are small integers (exact in bf16/f16) that depend on the rank, so a wrong source shows.
+void collectives() {
+  Rank rk;
+  ProcessGroup& pg = *rk.pg;
+  ASSERT_EQ(pg.backend(), "nccl");
+  const int r = pg.rank(), W = pg.size();
+  const int64_t n = 6;
+  auto mine = [&](int rank) {
+    std::vector<double> v;
+    for (int64_t i = 0; i < n * W; ++i) v.push_back(double(rank + 1) + double(i));
+    return v;
+  };
+  for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64, DType::i32, DType::i64}) {
+    SCOPED_TRACE(dtype_name(dt));
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::avg}) {
+      if (op == ReduceOp::avg && !is_floating(dt)) continue;
+      Tensor t = to_device(from_vector(mine(r), {n * W}, dt), rk.dev);
+      pg.all_reduce(t, op)->wait();
+      const std::vector<double> got = host(t);
+      for (int64_t i = 0; i < n * W; ++i) {
+        double want = 0;
+        for (int q = 0; q < W; ++q) want = op == ReduceOp::max ? std::max(want, mine(q)[i]) : want + mine(q)[i];
+        if (op == ReduceOp::avg) want /= W;
+        EXPECT_EQ(got[i], want) << reduce_op_name(op) << " at " << i;
+      }
+    }
+    {  // all_gather: rank q's n elements land at [q·n, (q+1)·n)
+      Tensor in = to_device(from_vector(std::vector<double>(mine(r).begin(), mine(r).begin() + n), {n}, dt), rk.dev);
+      Tensor out = zeros({n * W}, dt, rk.dev);
+      pg.all_gather(out, in)->wait();
+      const std::vector<double> got = host(out);
+      for (int q = 0; q < W; ++q)
+        for (int64_t i = 0; i < n; ++i) EXPECT_EQ(got[q * n + i], mine(q)[i]) << "all_gather";
+    }
+    {  // reduce_scatter: chunk r of the sum
+      Tensor in = to_device(from_vector(mine(r), {n * W}, dt), rk.dev);
+      Tensor out = zeros({n}, dt, rk.dev);
+      pg.reduce_scatter(out, in, ReduceOp::sum)->wait();
+      const std::vector<double> got = host(out);
+      for (int64_t i = 0; i < n; ++i) {
+        double want = 0;
+        for (int q = 0; q < W; ++q) want += mine(q)[r * n + i];
+        EXPECT_EQ(got[i], want) << "reduce_scatter";
+      }
+    }
+    {  // broadcast from the last rank
+      Tensor t = to_device(from_vector(mine(r), {n * W}, dt), rk.dev);
+      pg.broadcast(t, W - 1)->wait();
+      EXPECT_EQ(host(t), mine(W - 1)) << "broadcast";
+    }
+  }
+  // Point to point: rank 0 sends to rank 1.
+  if (W >= 2 && r < 2) {
+    Tensor t = r == 0 ? to_device(from_vector(mine(0), {n * W}, DType::f32), rk.dev) : zeros({n * W}, DType::f32, rk.dev);
+    WorkPtr w = r == 0 ? pg.send(t, 1) : pg.recv(t, 0);
+    w->wait();
+    if (r == 1) EXPECT_EQ(host(t), mine(0)) << "send/recv";
+  }
+  // Wrong device / dtype are argument errors, not hangs.
+  EXPECT_THROW(pg.all_reduce(zeros({2}, DType::f32, kCPU)), Error);
+  EXPECT_THROW(pg.reduce_scatter(zeros({2}, DType::f32, rk.dev), zeros({3}, DType::f32, rk.dev)), Error);
+  pg.barrier()->wait();
+}
+
+// Tiny GPT, 3 AdamW steps on a fixed global batch of 8 rows × 16 tokens: DDP over the ranks (rank
+// r takes rows [r·8/W, (r+1)·8/W)) against one GPU training on all 8 rows (rank 0 runs it too).
+constexpr int64_t kRows = 8, kT = 16, kSteps = 3;
+
+int32_t token(int64_t step, int64_t row, int64_t t) {
+  uint64_t x = uint64_t(step * 1000003 + row * 131 + t) * 0x9E3779B97F4A7C15ull;
+  x ^= x >> 29;
+  return int32_t(x % 101);
+}
+
+Tensor batch(int64_t step, int64_t row0, int64_t rows, int64_t shift, Device dev) {
+  std::vector<double> v;
+  for (int64_t row = row0; row < row0 + rows; ++row)
+    for (int64_t t = 0; t < kT; ++t) v.push_back(token(step, row, t + shift));
+  return to_device(from_vector(v, {rows, kT}, DType::i32), dev);
+}
+
+std::vector<double> train(nn::GPT& model, ProcessGroup* pg, int zero, int r, int W, Device dev) {
+  const optim::AdamWOptions adam{.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
+  auto groups = optim::decay_groups(model.named_parameters(), 0.1);
+  std::unique_ptr<DistributedDataParallel> ddp;
+  std::shared_ptr<ProcessGroup> shared(pg, [](ProcessGroup*) {});
+  if (pg) ddp = std::make_unique<DistributedDataParallel>(model, shared, DDPOptions{.bucket_mib = 0.02});
+  std::unique_ptr<optim::Optimizer> opt;
+  if (zero) opt = std::make_unique<ZeroAdamW>(groups, adam, shared, 1);
+  else opt = optim::make_adamw(groups, adam);
+  const int64_t rows = kRows / W;
+  for (int64_t step = 0; step < kSteps; ++step) {
+    opt->zero_grad();
+    model.forward(batch(step, r * rows, rows, 0, dev), batch(step, r * rows, rows, 1, dev)).loss.backward();
+    if (ddp) ddp->finish();
+    optim::clip_grad_norm(model.parameters(), 1.0);
+    opt->step();
+  }
+  std::vector<double> all;
+  for (const Tensor& p : model.parameters())
+    for (double v : host(p)) all.push_back(v);
+  return all;
+}
+
+void ddp_matches_single(int zero) {
+  Rank rk;
+  const int r = rk.env.rank, W = rk.env.world_size;
+  const nn::GPTConfig cfg = nn::GPTConfig::preset("tiny");
+  nn::GPT model(cfg, 1234 + uint64_t(r));  // different per rank on purpose: DDP broadcasts rank 0's
+  model.to(rk.dev);
+  model.train();
+  train::apply_precision(model, "fp32");  // IEEE matmuls: the comparison is at fp32 tolerance
+  const std::vector<double> dist_params = train(model, rk.pg.get(), zero, r, W, rk.dev);
+  if (r == 0) {
+    nn::GPT ref(cfg, 1234);
+    ref.to(rk.dev);
+    ref.train();
+    const std::vector<double> ref_params = train(ref, nullptr, 0, 0, 1, rk.dev);
+    ASSERT_EQ(dist_params.size(), ref_params.size());
+    double worst = 0;
+    for (size_t i = 0; i < ref_params.size(); ++i) worst = std::max(worst, std::abs(dist_params[i] - ref_params[i]));
+    EXPECT_LT(worst, 2e-4) << "largest parameter difference, DDP (" << W << " GPUs) vs one GPU";
+  }
+  rk.pg->barrier()->wait();
+}
+
+TEST(NcclWorker, Run) {
+  const std::string s = scenario();
+  if (s.empty()) GTEST_SKIP() << "only runs as a rank of a multi-GPU test";
+  if (s == "collectives") return collectives();
+  if (s == "ddp") return ddp_matches_single(0);
+  if (s == "zero1") return ddp_matches_single(1);
+  FAIL() << "unknown scenario " << s;
+}
+
+void run_two_ranks(const std::string& s) {
+  if (cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs, " << cuda::device_count() << " visible";
+  const test::LaunchResult res = test::run_command(
+      2, {test::self_exe(), "--gtest_filter=NcclWorker.Run", "--gtest_brief=1"},
+      {{"BLU_NCCL_SCENARIO", s}, {"OMP_NUM_THREADS", "2"}});
+  EXPECT_EQ(res.status, 0) << "stdout:\n" << res.out << "\nstderr:\n" << res.err;
+}
+
+TEST(Nccl, CollectivesOnDeviceTensors) { run_two_ranks("collectives"); }
+TEST(Nccl, DdpMatchesSingleGpu) { run_two_ranks("ddp"); }
+TEST(Nccl, Zero1MatchesSingleGpu) { run_two_ranks("zero1"); }
+
+}  // namespace
+}  // namespace blu::dist
