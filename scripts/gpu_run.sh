@@ -13,7 +13,7 @@ export LD_LIBRARY_PATH="$pack:${LD_LIBRARY_PATH:-}"
 # NCCL is too large to carry: use the one PyTorch's wheels bring if the system has none.
 if ldd "$pack/blutrain" | grep -q "not found"; then
   for mod in nvidia.nccl nvidia.cu13 nvidia.cublas nvidia.cuda_runtime; do
-    d=$(python3 -c "import $mod, os; print(os.path.join(os.path.dirname($mod.__file__), 'lib'))" 2>/dev/null) &&
+    d=$(python3 -c "import importlib; print(list(importlib.import_module('$mod').__path__)[0] + '/lib')" 2>/dev/null) &&
       [ -d "$d" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
   done
   ldd "$pack/blutrain" | grep "not found" || true
