@@ -6,6 +6,8 @@
 #   ceil  — the GPU's measured ceilings (../shared/peers/ceilings.py)
 #   bench — blutrain bench per precision beside the PyTorch peer in the same run
 #   attn  — flash-attention timing beside PyTorch's SDPA peer
+#   dist  — (2 GPUs) NCCL tests; bench on 1 GPU, on 2 with DDP and with ZeRO-1, beside PyTorch
+#           single-GPU and DDP under torchrun
 set -uo pipefail
 pack=/tmp/blupack
 mkdir -p "$pack" && tar -xJf .devpack/devpack.tar.xz -C "$pack"
@@ -36,6 +38,17 @@ for step in "$@"; do
       done
       timeout 300 python3 .devpack/peers/torch_gpt2.py "${PEER_MODES:-fp32,tf32,bf16,bf16c}" "$B" "$T" "$STEPS" 2>&1 \
         | tee -a "$out/bench.log" | tail -8 ;;
+    dist)
+      # 2 GPUs: NCCL tests, then single-GPU vs 2-GPU data parallel (and ZeRO-1) beside PyTorch DDP.
+      timeout 180 "$pack/test_cuda" --gtest_filter='Nccl.*' 2>&1 | tee "$out/nccl.log" | grep -vE "^\[ +(OK|RUN) " | tail -20
+      for args in "" "--dp 2" "--dp 2 --zero 1"; do
+        if [ -z "$args" ]; then cmd=("$pack/blutrain"); else cmd=("$pack/blutrain" launch -n 2 -- "$pack/blutrain"); fi
+        timeout 200 "${cmd[@]}" bench --device cuda --precision "${MODE:-bf16}" -B "$B" -T "$T" --steps "$STEPS" $args \
+          2>&1 | tee -a "$out/dist.log" | grep -E '^\{|^\[rank 0\] \{|rror' | tail -3
+      done
+      timeout 200 python3 .devpack/peers/torch_gpt2.py "${MODE:-bf16}" "$B" "$T" "$STEPS" 2>&1 | tee -a "$out/dist.log" | tail -2
+      timeout 300 python3 -m torch.distributed.run --standalone --nproc_per_node 2 .devpack/peers/torch_gpt2.py \
+        "${MODE:-bf16}" "$B" "$T" "$STEPS" 2>&1 | tee -a "$out/dist.log" | grep -E '^\{|rror' | tail -3 ;;
     attn)
       timeout 120 "$pack/test_cuda" --gtest_filter='FlashAttentionPerf*' 2>&1 | tee "$out/attn.log" | tail -15
       timeout 120 python3 .devpack/peers/attention.py 16 12 1024 64 2>&1 | tee -a "$out/attn.log" | tail -12 ;;

@@ -73,7 +73,8 @@ void collectives() {
       }
     }
     {  // all_gather: rank q's n elements land at [q·n, (q+1)·n)
-      Tensor in = to_device(from_vector(std::vector<double>(mine(r).begin(), mine(r).begin() + n), {n}, dt), rk.dev);
+      const std::vector<double> m = mine(r);
+      Tensor in = to_device(from_vector(std::vector<double>(m.begin(), m.begin() + n), {n}, dt), rk.dev);
       Tensor out = zeros({n * W}, dt, rk.dev);
       pg.all_gather(out, in)->wait();
       const std::vector<double> got = host(out);
