@@ -3,6 +3,7 @@
 // that returns a gradient of the wrong shape).
 #include <gtest/gtest.h>
 
+#include "common/expect_error.h"
 #include "blu/backend/backend.h"
 #include "blu/blu.h"
 #include "blu/ops/dispatch.h"
@@ -10,16 +11,7 @@
 namespace blu {
 namespace {
 
-template <typename F>
-void expect_error(F&& f, std::initializer_list<std::string> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected blu::Error";
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    for (const auto& p : parts) EXPECT_NE(what.find(p), std::string::npos) << "'" << p << "' not in: " << what;
-  }
-}
+using test::expect_error;
 
 using Vec = std::vector<double>;
 

@@ -2,21 +2,13 @@
 // narrow/select/permute, when reshape copies, and the messages of the shape errors.
 #include <gtest/gtest.h>
 
+#include "common/expect_error.h"
 #include "blu/blu.h"
 
 namespace blu {
 namespace {
 
-template <typename F>
-void expect_error(F&& f, std::initializer_list<std::string> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected blu::Error";
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    for (const auto& p : parts) EXPECT_NE(what.find(p), std::string::npos) << "'" << p << "' not in: " << what;
-  }
-}
+using test::expect_error;
 
 TEST(Shape, StridesAndNumel) {
   EXPECT_EQ(contiguous_strides({2, 3, 4}), (Shape{12, 4, 1}));

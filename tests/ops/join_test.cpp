@@ -2,22 +2,14 @@
 // split/chunk, and cat of non-floating dtypes.
 #include <gtest/gtest.h>
 
+#include "common/expect_error.h"
 #include "blu/blu.h"
 
 namespace blu {
 namespace {
 
 // Runs f, expects blu::Error, and checks its message contains every one of `parts`.
-template <typename F>
-void expect_error(F&& f, std::initializer_list<std::string> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected blu::Error";
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    for (const auto& p : parts) EXPECT_NE(what.find(p), std::string::npos) << "'" << p << "' not in: " << what;
-  }
-}
+using test::expect_error;
 
 // [1, 3] as every other element of [1, 2, 3, 4].
 Tensor noncontig_bf16() { return from_vector({1, 2, 3, 4}, {4}, DType::bf16).alias_with({2}, {2}, 0); }
