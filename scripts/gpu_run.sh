@@ -6,6 +6,7 @@
 #   ceil  — the GPU's measured ceilings (../shared/peers/ceilings.py)
 #   bench — blutrain bench per precision beside the PyTorch peer in the same run
 #   attn  — flash-attention timing beside PyTorch's SDPA peer
+#   gpt2  — GPT-2 124M on the GPU vs PyTorch on the same GPU (same weights and batch)
 #   dist  — (2 GPUs) NCCL tests; bench on 1 GPU, on 2 with DDP and with ZeRO-1, beside PyTorch
 #           single-GPU and DDP under torchrun
 set -uo pipefail
@@ -26,6 +27,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 B="${B:-16}"; T="${T:-1024}"; STEPS="${STEPS:-20}"
 for step in "$@"; do
   case "$step" in
+    gpt2)
+      # GPT-2 124M on the GPU against PyTorch on the same GPU (fp32 and bf16).
+      BLU_TEST_DIR="$PWD/tests" BLU_TORCH_PYTHON=python3 timeout 400 "$pack/test_cuda" \
+        --gtest_filter='Gpt2OracleCuda.*' 2>&1 | tee "$out/gpt2.log" | grep -vE "^\[ +(OK|RUN) " | tail -40 ;;
     tests)
       timeout "${TEST_TIMEOUT:-300}" "$pack/test_cuda" --gtest_brief=1 ${TEST_FILTER:+--gtest_filter=$TEST_FILTER} 2>&1 \
         | tee "$out/test_cuda.log" | grep -vE "^\[ +(OK|RUN) " | tail -${TEST_TAIL:-80} ;;

@@ -57,7 +57,10 @@ TorchResults TorchOracle::run(const std::string& script, const nlohmann::json& m
     throw Error("the PyTorch oracle needs " + python + " with torch (Debian: apt-get install python3-torch; "
                 "scripts/setup.sh installs it)");
   }
-  const std::string cmd = python + " " + std::string(BLU_TEST_DIR) + "/" + script + " " + in + " " + man + " " + out +
+  // BLU_TEST_DIR (environment) points at the tests when the binary runs away from its source
+  // tree (the GPU machine); otherwise the compiled-in path.
+  const char* test_dir = std::getenv("BLU_TEST_DIR");
+  const std::string cmd = python + " " + std::string(test_dir ? test_dir : BLU_TEST_DIR) + "/" + script + " " + in + " " + man + " " + out +
                           " > " + dir_ + "/log.txt 2>&1";
   if (std::system(cmd.c_str()) != 0) {
     std::ifstream log(dir_ + "/log.txt");

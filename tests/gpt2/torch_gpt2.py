@@ -34,7 +34,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-        mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
+        mask = torch.tril(torch.ones(T, T, dtype=torch.bool, device=x.device))
         att = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1)
         return self.c_proj((att @ v).transpose(1, 2).contiguous().view(B, T, C))
 
@@ -72,7 +72,7 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets):
         T = idx.size(1)
-        x = self.wte(idx) + self.wpe(torch.arange(T))
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
         for block in self.h:
             x = block(x)
         logits = self.ln_f(x) @ self.wte.weight.t()  # tied output projection
@@ -90,13 +90,19 @@ def main(inputs_path, manifest_path, out_path):
     for name, t in weights.items():
         state[name] = t.t().contiguous() if name.endswith(CONV1D) else t
     model.load_state_dict(state, strict=True)
+    # "device": "cuda" runs the reference on the GPU in IEEE fp32 (no TF32 anywhere).
+    device = manifest.get("device", "cpu")
+    if device != "cpu":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        model = model.to(device)
 
-    idx, targets = inputs["idx"].long(), inputs["targets"].long()
+    idx, targets = inputs["idx"].long().to(device), inputs["targets"].long().to(device)
     logits, loss = model(idx, targets)
     loss.backward()
-    out = {"logits": logits.detach(), "loss": loss.detach()}
+    out = {"logits": logits.detach().cpu(), "loss": loss.detach().cpu()}
     for name, p in model.named_parameters():
-        out["grad." + name] = p.grad.detach().clone()
+        out["grad." + name] = p.grad.detach().cpu().clone()
 
     adamw = manifest.get("adamw")
     if adamw:
@@ -115,7 +121,7 @@ def main(inputs_path, manifest_path, out_path):
             opt.step()
         out["losses"] = torch.tensor(losses, dtype=torch.float64)
         for name, p in model.named_parameters():
-            out["param." + name] = p.detach().clone()
+            out["param." + name] = p.detach().cpu().clone()
     st_py.write(out_path, out)
 
 
