@@ -103,7 +103,9 @@ void collectives() {
     Tensor t = r == 0 ? to_device(from_vector(mine(0), {n * W}, DType::f32), rk.dev) : zeros({n * W}, DType::f32, rk.dev);
     WorkPtr w = r == 0 ? pg.send(t, 1) : pg.recv(t, 0);
     w->wait();
-    if (r == 1) EXPECT_EQ(host(t), mine(0)) << "send/recv";
+    if (r == 1) {
+      EXPECT_EQ(host(t), mine(0)) << "send/recv";
+    }
   }
   // Wrong device / dtype are argument errors, not hangs.
   EXPECT_THROW(pg.all_reduce(zeros({2}, DType::f32, kCPU)), Error);

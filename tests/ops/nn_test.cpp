@@ -65,7 +65,9 @@ TEST(Dropout, GradientIsTheSameMaskScaled) {
   for (size_t i = 0; i < xv.size(); ++i) {
     const bool kept = yv[i] != 0;
     EXPECT_DOUBLE_EQ(gv[i], kept ? rv[i] / 0.7 : 0.0) << i;
-    if (kept) EXPECT_DOUBLE_EQ(yv[i], xv[i] / 0.7) << i;
+    if (kept) {
+      EXPECT_DOUBLE_EQ(yv[i], xv[i] / 0.7) << i;
+    }
   }
 }
 
