@@ -46,7 +46,10 @@ TEST(Launch, BlutrainLaunchCommand) {
   const auto exe = std::filesystem::path(self_exe()).parent_path().parent_path() / "blutrain";
   if (!std::filesystem::exists(exe)) GTEST_SKIP() << exe << " not built";
   const LaunchResult r = run_command(1, {exe.string(), "launch", "-n", "2", "--", "/bin/sh", "-c",
-                                         "echo hi $RANK; [ $RANK = 0 ] || exit 5; sleep 30"});
+                                         // rank 1 fails a second after both have printed
+                                         // (without the pause a loaded machine could stop rank 0
+                                         // before its echo ran)
+                                         "echo hi $RANK; [ $RANK = 0 ] || { sleep 1; exit 5; }; sleep 30"});
   EXPECT_EQ(r.status, 5);
   EXPECT_NE(r.out.find("[rank 0] [rank 0] hi 0"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("[rank 0] [rank 1] hi 1"), std::string::npos) << r.out;
