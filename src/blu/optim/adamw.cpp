@@ -31,10 +31,8 @@ class AdamW final : public Optimizer {
     NoGradGuard no_grad;
     for (size_t i = 0; i < params_.size(); ++i) {
       const detail::ParamRef& p = params_[i];
-      const Tensor g = p.param.grad();
+      const Tensor g = detail::checked_grad(p, kName);
       if (!g.defined()) continue;
-      BLU_CHECK(g.dtype() == p.param.dtype() && g.shape() == p.param.shape(), "AdamW: gradient of '", p.name,
-                "' is ", g.str(), ", expected the parameter's shape and dtype (", p.param.str(), ")");
       State& s = state_[i];
       if (s.step == 0) {
         s.exp_avg = zeros_like(p.param);

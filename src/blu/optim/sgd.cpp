@@ -31,10 +31,8 @@ class SGD final : public Optimizer {
     NoGradGuard no_grad;
     for (size_t i = 0; i < params_.size(); ++i) {
       const detail::ParamRef& p = params_[i];
-      const Tensor g = p.param.grad();
+      const Tensor g = detail::checked_grad(p, kName);
       if (!g.defined()) continue;
-      BLU_CHECK(g.dtype() == p.param.dtype() && g.shape() == p.param.shape(), "SGD: gradient of '", p.name,
-                "' is ", g.str(), ", expected the parameter's shape and dtype (", p.param.str(), ")");
       const bool init = opt_.momentum != 0 && !buffers_[i].defined();
       if (init) buffers_[i] = empty_like(p.param);
       sgd_step_(p.param, g, buffers_[i],

@@ -18,6 +18,14 @@ struct ParamRef {
 };
 // Every parameter of every group, in order. BLU_CHECK: defined, f32, names unique.
 std::vector<ParamRef> flatten_groups(const std::vector<ParamGroup>& groups, const char* optimizer);
+// The parameter's gradient (undefined when it has none), checked to have its shape and dtype.
+inline Tensor checked_grad(const ParamRef& p, const char* optimizer) {
+  const Tensor g = p.param.grad();
+  BLU_CHECK(!g.defined() || (g.dtype() == p.param.dtype() && g.shape() == p.param.shape()), optimizer,
+            ": gradient of '", p.name, "' is ", g.str(), ", expected the parameter's shape and dtype (",
+            p.param.str(), ")");
+  return g;
+}
 
 // One kind of per-parameter state: "<kind>.<param name>", shaped like the parameter or 0-d.
 struct StateKind {
