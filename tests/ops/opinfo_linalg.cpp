@@ -61,6 +61,16 @@ BLU_OPINFO(OpInfo{.name = "matmul",
                   .fn = [](const V& x) { return linear(x[0], x[1], x[2]); },
                   .samples = [](DType dt, Generator& g) { return linear_samples(dt, g, true); },
                   .torch = "F.linear(x0, x1, x2)"},
+           OpInfo{.name = "linear_weight_grad",  // both outputs, flattened into one
+                  .fn = [](const V& x) {
+                    const V wb = linear_weight_grad(x[0], x[1]);
+                    return cat({flatten(wb[0]), wb[1]});
+                  },
+                  .samples = [](DType dt, Generator& g) {
+                    return std::vector<Sample>{{{rnd(g, {6, 3}, dt), rnd(g, {6, 4}, dt)}, "g [6,3], x [6,4]"},
+                                               {{noncontig(rnd(g, {5, 2}, dt)), rnd(g, {5, 3}, dt)}, "transposed g"}};
+                  },
+                  .torch = "torch.cat([(x0.t() @ x1).flatten(), x0.sum(0)])"},
            OpInfo{.name = "linear_no_bias",
                   .fn = [](const V& x) { return linear(x[0], x[1]); },
                   .samples = [](DType dt, Generator& g) { return linear_samples(dt, g, false); },

@@ -30,8 +30,14 @@ std::vector<Tensor> gelu_linear_backward(const BackwardContext& c, std::span<con
   const Tensor h = gelu(u, true);  // recomputed: never saved
   Tensor gu, gw, gb;
   if (c.needs_grad[0]) gu = gelu_backward(matmul(g[0], w), u, true);
-  if (c.needs_grad[1]) gw = matmul(transpose(g[0], 0, 1), h);
-  if (c.needs_grad[2]) gb = sum(g[0], {0});
+  if (c.needs_grad[1] && c.needs_grad[2]) {
+    std::vector<Tensor> wb = linear_weight_grad(g[0], h);  // the bias gradient from the same GEMM
+    gw = wb[0];
+    gb = wb[1];
+  } else {
+    if (c.needs_grad[1]) gw = matmul(transpose(g[0], 0, 1), h);
+    if (c.needs_grad[2]) gb = sum(g[0], {0});
+  }
   return {gu, gw, gb};
 }
 

@@ -98,6 +98,17 @@ const OpDef kLinear{.name = "linear", .infer = infer_linear, .backward = linear_
                     .optional_inputs = 0b100};
 Tensor linear_prim(const Tensor& x, const Tensor& w, const Tensor& bias) { return dispatch1(kLinear, {x, w, bias}); }
 
+}  // namespace
+
+std::vector<Tensor> linear_weight_grad(const Tensor& g, const Tensor& x) {
+  BLU_CHECK(g.defined() && x.defined() && g.dim() == 2 && x.dim() == 2 && g.shape()[0] == x.shape()[0],
+            "linear_weight_grad: expected g [R, out] and x [R, in], got ", g.str(), " and ", x.str());
+  BLU_CHECK(g.dtype() == x.dtype(), "linear_weight_grad: dtype mismatch: ", g.str(), " and ", x.str());
+  return dispatch(kLinearWeightGrad, {g, x});
+}
+
+namespace {
+
 void check_operands(const char* op, const Tensor& a, const Tensor& b) {
   BLU_CHECK(a.defined() && b.defined(), op, ": undefined operand");
   BLU_CHECK(a.dim() >= 1 && b.dim() >= 1, op, ": expected operands with at least 1 dim, got ", a.shape(), " and ",

@@ -45,6 +45,18 @@ Coalesced coalesce(const Shape& shape, const std::vector<Shape>& strides) {
   return c;
 }
 
+std::optional<Coalesced> rows_as_vectors(const Coalesced& co, int v) {
+  if (co.size.empty() || co.size[0] % v != 0) return std::nullopt;
+  Coalesced out = co;
+  out.size[0] /= v;
+  for (size_t d = 0; d < co.size.size(); ++d)
+    for (int64_t& s : out.stride[d]) {
+      if (d == 0 ? s != 1 : s % v != 0) return std::nullopt;
+      s = d == 0 ? 1 : s / v;
+    }
+  return out;
+}
+
 int sm_count() {
   static thread_local int device = -1, count = 0;
   const int d = current_device();

@@ -1,8 +1,10 @@
 // backend/cuda/loops: the elementwise machinery every CUDA pointwise kernel builds on — device
 // element types and their conversions, dim coalescing, index→offset maps, and `launch_map`, which
 // runs out[i] = f(in...[i]) with the inputs broadcast to the output's shape.
-// Two paths: all operands contiguous, same shape and 16-byte aligned → vectorised 16-byte loads
-// and stores in a grid-stride loop; anything else (broadcast, strided, misaligned) → a strided
+// Three paths: all operands contiguous, same shape and 16-byte aligned → vectorised 16-byte loads
+// and stores in a grid-stride loop; strided, but with the innermost dim contiguous in every
+// operand and rows of whole 16-byte vectors (a slice of rows, cat along the last dim, a permute
+// of outer dims) → the strided index map over 16-byte vectors; anything else (broadcast, strided, misaligned) → a strided
 // kernel over coalesced dims (at most kMaxDims after coalescing) whose index→offset map divides
 // by precomputed 32-bit magic numbers (64-bit division only past 2^31 elements).
 // Depends on backend/cuda/runtime and core/. Keep: 16-bit floats compute in float and round once,
@@ -17,6 +19,7 @@
 
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <cstdint>
 #include <type_traits>
 #include <utility>
@@ -202,7 +205,31 @@ __global__ void map_strided_kernel(int64_t n, F f, Out* out, InPtrs<sizeof...(In
   }
 }
 
+// Strided operands whose innermost dim is contiguous in every one of them (rows of a slice, a
+// permute that keeps the last dim): the same index map over vectors of V elements (the caller
+// divided the innermost size and the outer strides by V), each a 16-byte load or store.
+template <int V, typename F, typename Out, typename... Ins>
+__global__ void map_rowvec_kernel(int64_t nvec, F f, Out* out, InPtrs<sizeof...(Ins)> in,
+                                  Indexer<sizeof...(Ins) + 1> ix) {
+  const int64_t step = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < nvec; i += step) {
+    int64_t off[sizeof...(Ins) + 1];
+    ix.offsets(i, off);
+    [&]<size_t... I>(std::index_sequence<I...>) {
+      const auto vs = ::cuda::std::make_tuple(reinterpret_cast<const Vec<Ins, V>*>(in.p[I])[off[I + 1]]...);
+      Vec<Out, V> r;
+#pragma unroll
+      for (int j = 0; j < V; ++j) r.v[j] = from_acc<Out>(f(to_acc(::cuda::std::get<I>(vs).v[j])...));
+      reinterpret_cast<Vec<Out, V>*>(out)[off[0]] = r;
+    }(std::index_sequence_for<Ins...>{});
+  }
+}
+
 inline bool aligned_to(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// The coalesced space in units of V-element vectors when every operand's innermost dim is
+// contiguous (stride 1), its size and every outer stride are multiples of V; else nothing.
+std::optional<Coalesced> rows_as_vectors(const Coalesced& co, int v);
 
 // out[i] = from_acc<Out>(f(to_acc(in_k[i])...)) over out's shape, inputs broadcast to it. Out and
 // Ins are device element types (dev_t<...>). `out` may be strided (in-place ops); inputs may
@@ -233,6 +260,20 @@ void launch_map(const Tensor& out, F f, const Ts&... in) {
       map_vec_kernel<V, F, Out, Ins...><<<blocks_for(work), 256, 0, stream>>>(n, f, optr, ptrs);
       BLU_CUDA_CHECK_LAUNCH();
       return;
+    }
+  }
+  if (V > 1 && co.size.size() > 1) {
+    if (const std::optional<Coalesced> cv = rows_as_vectors(co, V)) {
+      bool aligned = aligned_to(optr, sizeof(Out) * V);
+      const size_t in_align[] = {sizeof(Ins) * V...};
+      for (int k = 0; k < NIN; ++k) aligned = aligned && aligned_to(ptrs.p[k], in_align[k]);
+      if (aligned) {
+        const int64_t nvec = n / V;
+        const auto ix = make_indexer<NIN + 1>(*cv, nvec);
+        map_rowvec_kernel<V, F, Out, Ins...><<<blocks_for(nvec), 256, 0, stream>>>(nvec, f, optr, ptrs, ix);
+        BLU_CUDA_CHECK_LAUNCH();
+        return;
+      }
     }
   }
   const auto ix = make_indexer<NIN + 1>(co, n);
