@@ -415,5 +415,31 @@ TEST(CudaElementwise, CatManyInputs) {
   EXPECT_TRUE(same_bits(cat({big, narrow(big, 0, 3, 1000)}), cat({gpu(big), narrow(gpu(big), 0, 3, 1000)})));
 }
 
+// Strided operands whose rows are contiguous take the 16-byte row path (loops.cuh): cat along the
+// last dim (split's backward in attention), a permute of outer dims, a broadcast row; rows that
+// are not whole vectors or not aligned fall back to the element path. All bit-exact vs the CPU.
+TEST(CudaElementwise, RowContiguousStridedCopies) {
+  REQUIRE_GPU();
+  Generator g(9);
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    auto r = [&](const Shape& s) { return to_dtype(randn(s, DType::f32, kCPU, &g), dt); };
+    const Tensor q = r({4, 33, 96}), k = r({4, 33, 96}), v = r({4, 33, 96});
+    EXPECT_TRUE(same_bits(cat({q, k, v}, 2), cat({gpu(q), gpu(k), gpu(v)}, 2))) << "cat last dim " << dt;
+    const Tensor h = r({3, 17, 5, 64});  // [B, T, H, D] -> [B, H, T, D] and back
+    EXPECT_TRUE(same_bits(contiguous(permute(h, {0, 2, 1, 3})), contiguous(permute(gpu(h), {0, 2, 1, 3}))))
+        << "permute outer dims " << dt;
+    const Tensor row = r({64});
+    EXPECT_TRUE(same_bits(add(permute(h, {0, 2, 1, 3}), row), add(permute(gpu(h), {0, 2, 1, 3}), gpu(row))))
+        << "strided + broadcast row " << dt;
+    const Tensor odd = r({7, 45});  // 45-element rows: not whole vectors
+    EXPECT_TRUE(same_bits(cat({odd, odd}, 1), cat({gpu(odd), gpu(odd)}, 1))) << "odd rows " << dt;
+    const Tensor wide = r({9, 40});  // rows start 1 element in: misaligned
+    EXPECT_TRUE(same_bits(contiguous(narrow(wide, 1, 1, 32)), contiguous(narrow(gpu(wide), 1, 1, 32))))
+        << "misaligned rows " << dt;
+    EXPECT_TRUE(same_bits(contiguous(narrow(wide, 1, 8, 32)), contiguous(narrow(gpu(wide), 1, 8, 32))))
+        << "aligned slice of rows " << dt;
+  }
+}
+
 }  // namespace
 }  // namespace blu

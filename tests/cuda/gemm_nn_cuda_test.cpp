@@ -503,7 +503,10 @@ TEST(CudaNN, LayerNormForwardBackwardMatchCpuAndIsDeterministic) {
     bool weight, bias;
   };
   for (DType dt : {DType::f32, DType::bf16, DType::f64})
-    for (Case cs : {Case{4096, 768, true, true}, Case{333, 100, true, false}, Case{65, 37, false, false}}) {
+    // The vectorised path at several widths (1 to 8 vectors a lane; 5000 rows: several rows per
+    // warp in the backward), and the general kernels (100 bf16 and 37 columns, f64).
+    for (Case cs : {Case{4096, 768, true, true}, Case{5000, 1600, true, true}, Case{1000, 1024, true, false},
+                    Case{100, 64, false, true}, Case{333, 100, true, false}, Case{65, 37, false, false}}) {
       const std::string tag = std::string(dtype_name(dt)) + " R=" + std::to_string(cs.R) + " C=" +
                               std::to_string(cs.C) + (cs.weight ? " +w" : "") + (cs.bias ? " +b" : "");
       const Tensor x = add(rnd({cs.R, cs.C}, dt, 2.0), 0.5);

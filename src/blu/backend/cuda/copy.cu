@@ -181,11 +181,12 @@ void strided_copy(const Tensor& dst, const Tensor& src) {
   const StridedLayout& sl = layouts[1];
   const bool contiguous = dl.contiguous() && sl.contiguous();
   cudaStream_t stream = current_stream();
+  if (dst.dtype() == src.dtype() && contiguous) {
+    BLU_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(), cudaMemcpyDeviceToDevice, stream));
+    return;
+  }
+  if (copy_through_map(dst, src)) return;  // 16-byte vectors where the layouts allow
   if (dst.dtype() == src.dtype()) {
-    if (contiguous) {
-      BLU_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(), cudaMemcpyDeviceToDevice, stream));
-      return;
-    }
     with_width(dst.itemsize(), [&](auto u) {
       using U = decltype(u);
       gather_kernel<U><<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<U*>(dst.raw_data()), dl,

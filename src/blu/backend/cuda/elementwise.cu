@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "blu/backend/cuda/loops.cuh"
+#include "blu/backend/cuda/strided.cuh"
 
 namespace blu::cuda {
 
@@ -55,6 +56,34 @@ std::optional<Coalesced> rows_as_vectors(const Coalesced& co, int v) {
       s = d == 0 ? 1 : s / v;
     }
   return out;
+}
+
+namespace {
+struct identity_map {
+  template <typename A>
+  __device__ __forceinline__ A operator()(A x) const { return x; }
+};
+bool map_float(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+}  // namespace
+
+bool copy_through_map(const Tensor& dst, const Tensor& src) {
+  if (dst.dtype() == src.dtype()) {
+    BLU_DISPATCH_BITS(dst.itemsize(), "copy", launch_map<bits_t, bits_t>(dst, identity_map{}, src));
+    return true;
+  }
+  // Not f16 -> f32: the hardware conversion makes every NaN canonical where the CPU keeps the
+  // payload (the copy kernels follow the CPU).
+  if (!map_float(dst.dtype()) || !map_float(src.dtype()) || (src.dtype() == DType::f16 && dst.dtype() == DType::f32))
+    return false;
+  auto with_float = [](DType t, auto&& f) {
+    if (t == DType::f32) f(float{});
+    else if (t == DType::bf16) f(__nv_bfloat16{});
+    else f(__half{});
+  };
+  with_float(dst.dtype(), [&](auto o) {
+    with_float(src.dtype(), [&](auto i) { launch_map<decltype(o), decltype(i)>(dst, identity_map{}, src); });
+  });
+  return true;
 }
 
 int sm_count() {

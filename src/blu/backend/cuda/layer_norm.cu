@@ -1,11 +1,19 @@
 // CUDA kernels for ops/nn, part 2: layer_norm and layer_norm_backward, with the CPU kernel's
 // semantics (backend/cpu/nn.cpp): inputs (x [R, C] contiguous, weight or undefined, bias or
 // undefined), attr eps; outputs y, mean [R], rstd [R] (f32; f64 for f64 inputs).
-// Forward and grad_x: one warp per row (8 rows per 256-thread block), row sums in fp32 (f64 for
-// f64; the CPU uses double), mean and variance in two passes (the second pass reads L1).
-// grad_weight and grad_bias are deterministic: a first kernel has each block sum a 32-column
-// tile over a chunk of rows into per-chunk partials (in a fixed order), a second sums the
-// partials of each column over the chunks in order, in double. No atomics anywhere.
+// Fast path (fp32/bf16/f16 with C a multiple of one 16-byte vector and at most 2048 columns,
+// contiguous weight and bias): a warp owns a row and keeps it in registers — lane l holds the
+// 16-byte vectors l, l + 32, … — so the forward reads x once (mean, then the variance around it,
+// from registers) and the backward reads g and x once: grad_x from the two row sums, and each
+// lane adds g·x̂ and g into per-column accumulators it keeps across the rows its warp visits.
+// A block's 8 warps then add their accumulators into shared memory one warp after another, the
+// block writes one partial row for grad_weight and grad_bias, and a last kernel sums the
+// partials of each column in block order, in double. The grid size depends only on R, so
+// reruns are bit-identical.
+// General path (f64, other widths): one warp per row (8 rows per 256-thread block), row sums in
+// fp32 (f64 for f64; the CPU uses double), mean and variance in two passes (the second pass
+// reads L1); grad_weight and grad_bias from a kernel that sums 32-column tiles over chunks of
+// rows into per-chunk partials, then the same last kernel. No atomics anywhere.
 #include "blu/backend/backend.h"
 #include "blu/backend/cuda/nn_common.cuh"
 
@@ -115,24 +123,266 @@ __global__ void layer_norm_grad_wb_partial_kernel(const T* __restrict__ g, const
   }
 }
 
+// --- fast path ---
+template <typename T>
+constexpr int kVec = 16 / int(sizeof(T));  // elements per 16-byte vector
+constexpr int kMaxVecsPerLane = 8;            // C ≤ 32·8·V: 2048 bf16/f16 columns, 1024 fp32
+constexpr int kFastMaxBlocks = 1024;          // partial rows of the weight gradients
+
+template <typename T>
+struct alignas(16) Vec16 {
+  T v[kVec<T>];
+};
+
+// Loads lane's NV vectors of a row (those past C / V are zeros and never stored).
+template <typename T, int NV>
+__device__ __forceinline__ void load_row(const T* row, int nvec, int lane, float (&out)[NV][kVec<T>]) {
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const int vi = lane + 32 * j;
+    if (vi < nvec) {
+      const Vec16<T> v = reinterpret_cast<const Vec16<T>*>(row)[vi];
+#pragma unroll
+      for (int e = 0; e < kVec<T>; ++e) out[j][e] = float(to_acc(v.v[e]));
+    } else {
+#pragma unroll
+      for (int e = 0; e < kVec<T>; ++e) out[j][e] = 0.f;
+    }
+  }
+}
+
+template <typename T, int NV>
+__global__ void __launch_bounds__(256) layer_norm_forward_vec_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                                                                     const T* __restrict__ b, int64_t R, int C,
+                                                                     float eps, T* __restrict__ y,
+                                                                     float* __restrict__ mean_out,
+                                                                     float* __restrict__ rstd_out) {
+  constexpr int V = kVec<T>;
+  const int lane = threadIdx.x % 32, nvec = C / V;
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if (row >= R) return;
+  float xv[NV][V];
+  load_row<T, NV>(x + row * C, nvec, lane, xv);
+  float s = 0.f;
+#pragma unroll
+  for (int j = 0; j < NV; ++j)
+#pragma unroll
+    for (int e = 0; e < V; ++e) s += xv[j][e];
+  const float mean = warp_sum(s) / float(C);
+  float v = 0.f;
+#pragma unroll
+  for (int j = 0; j < NV; ++j)
+    if (lane + 32 * j < nvec)
+#pragma unroll
+      for (int e = 0; e < V; ++e) v += (xv[j][e] - mean) * (xv[j][e] - mean);
+  const float rstd = 1.f / sqrtf(warp_sum(v) / float(C) + eps);
+  if (lane == 0) {
+    mean_out[row] = mean;
+    rstd_out[row] = rstd;
+  }
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const int vi = lane + 32 * j;
+    if (vi >= nvec) continue;
+    Vec16<T> wv, bv, o;
+    if (w) wv = reinterpret_cast<const Vec16<T>*>(w)[vi];
+    if (b) bv = reinterpret_cast<const Vec16<T>*>(b)[vi];
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      float r = (xv[j][e] - mean) * rstd;
+      if (w) r = r * float(to_acc(wv.v[e]));
+      if (b) r = r + float(to_acc(bv.v[e]));
+      o.v[e] = from_acc<T>(r);
+    }
+    reinterpret_cast<Vec16<T>*>(y + row * C)[vi] = o;
+  }
+}
+
+// grad_x per row (as layer_norm_grad_x_kernel) and this block's partial column sums of g·x̂
+// (grad_weight) and g (grad_bias), written to partial_w/partial_b[blockIdx.x][C]. Each warp adds
+// its rows' terms into its own shared-memory column sums (a lane owns its columns, so no two
+// threads touch one address), stored lane-minor — element e of the lane's vector j at
+// (j·V + e)·32 + lane — so a warp's 32 accesses hit 32 banks; the block then adds the warps'
+// sums in warp order.
+constexpr int kBwdWarps = 4;
+template <typename T, int NV>
+__global__ void __launch_bounds__(32 * kBwdWarps) layer_norm_backward_vec_kernel(
+    const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ mean_in,
+    const float* __restrict__ rstd_in, int64_t R, int C, T* __restrict__ gx, float* __restrict__ partial_w,
+    float* __restrict__ partial_b) {
+  constexpr int V = kVec<T>, S = NV * V * 32;  // S: one warp's sums of one kind
+  extern __shared__ float smem[];                // [kBwdWarps][2][S]
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nvec = C / V;
+  float* sw = smem + warp * 2 * S;
+  float* sb = sw + S;
+  for (int i = lane; i < S; i += 32) sw[i] = sb[i] = 0.f;
+  Vec16<T> wv[NV];  // the weight, packed: the same for every row
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const int vi = lane + 32 * j;
+#pragma unroll
+    for (int e = 0; e < V; ++e) wv[j].v[e] = from_acc<T>(1.f);
+    if (w && vi < nvec) wv[j] = reinterpret_cast<const Vec16<T>*>(w)[vi];
+  }
+  __syncwarp();
+  for (int64_t row = int64_t(blockIdx.x) * kBwdWarps + warp; row < R; row += int64_t(gridDim.x) * kBwdWarps) {
+    float gv[NV][V], xh[NV][V];
+    load_row<T, NV>(g + row * C, nvec, lane, gv);
+    load_row<T, NV>(x + row * C, nvec, lane, xh);
+    const float mean = mean_in[row], rstd = rstd_in[row];
+    float sg = 0.f, sgx = 0.f;
+#pragma unroll
+    for (int j = 0; j < NV; ++j)
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        xh[j][e] = (xh[j][e] - mean) * rstd;  // padding lanes: g = 0 cancels whatever this is
+        const float gh = gv[j][e] * float(to_acc(wv[j].v[e]));
+        sg += gh;
+        sgx += gh * xh[j][e];
+      }
+    sg = warp_sum(sg) / float(C);
+    sgx = warp_sum(sgx) / float(C);
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int vi = lane + 32 * j;
+      if (vi >= nvec) continue;
+      Vec16<T> o;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float gh = gv[j][e] * float(to_acc(wv[j].v[e]));
+        o.v[e] = from_acc<T>(rstd * (gh - sg - xh[j][e] * sgx));
+        sw[(j * V + e) * 32 + lane] += gv[j][e] * xh[j][e];
+        sb[(j * V + e) * 32 + lane] += gv[j][e];
+      }
+      reinterpret_cast<Vec16<T>*>(gx + row * C)[vi] = o;
+    }
+  }
+  __syncthreads();
+  for (int col = threadIdx.x; col < C; col += blockDim.x) {
+    const int vi = col / V, idx = ((vi / 32) * V + col % V) * 32 + vi % 32;
+    float tw = 0.f, tb = 0.f;
+    for (int k = 0; k < kBwdWarps; ++k) {
+      tw += smem[k * 2 * S + idx];
+      tb += smem[k * 2 * S + S + idx];
+    }
+    partial_w[int64_t(blockIdx.x) * C + col] = tw;
+    partial_b[int64_t(blockIdx.x) * C + col] = tb;
+  }
+}
+
+// Blocks for the fast backward: a function of R alone (reruns and other GPUs sum alike).
+inline int64_t fast_backward_blocks(int64_t R) {
+  return std::min<int64_t>((R + kBwdWarps - 1) / kBwdWarps, kFastMaxBlocks);
+}
+
+// Vectors per lane the fast path needs for C columns (0: it does not apply).
+template <typename T>
+int fast_vecs_per_lane(int64_t C) {
+  if constexpr (sizeof(T) == 8) {
+    return 0;
+  } else {
+    if (C % kVec<T> != 0) return 0;
+    const int64_t nv = (C / kVec<T> + 31) / 32;
+    return nv <= kMaxVecsPerLane ? int(nv) : 0;
+  }
+}
+
+#define BLU_LN_VECS(nv, ...)                                   \
+  switch (nv) {                                                \
+    case 1: { constexpr int NV = 1; __VA_ARGS__; break; }      \
+    case 2: { constexpr int NV = 2; __VA_ARGS__; break; }      \
+    case 3: { constexpr int NV = 3; __VA_ARGS__; break; }      \
+    case 4: { constexpr int NV = 4; __VA_ARGS__; break; }      \
+    case 5: case 6: { constexpr int NV = 6; __VA_ARGS__; break; } \
+    default: { constexpr int NV = 8; __VA_ARGS__; break; }     \
+  }
+
+// Column sums of the partial rows in double: block (32, Y ≤ 32) over 32 columns, thread (tx, ty)
+// sums chunks ty, ty + Y, … in order, then the Y sums are added in ty order.
 template <typename T>
 __global__ void layer_norm_grad_wb_final_kernel(const acc_of<T>* __restrict__ partial_w,
                                                 const acc_of<T>* __restrict__ partial_b, int64_t chunks, int64_t C,
                                                 T* __restrict__ gw, T* __restrict__ gb) {
-  for (int64_t col = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; col < C; col += int64_t(gridDim.x) * blockDim.x) {
-    double tw = 0, tb = 0;
-    for (int64_t i = 0; i < chunks; ++i) {
+  __shared__ double sw[32][33], sb[32][33];
+  const int64_t col = int64_t(blockIdx.x) * 32 + threadIdx.x;
+  double tw = 0, tb = 0;
+  if (col < C)
+    for (int64_t i = threadIdx.y; i < chunks; i += blockDim.y) {
       tw += double(partial_w[i * C + col]);
       tb += double(partial_b[i * C + col]);
     }
-    gw[col] = from_acc<T>(acc_of<T>(tw));
-    gb[col] = from_acc<T>(acc_of<T>(tb));
+  sw[threadIdx.y][threadIdx.x] = tw;
+  sb[threadIdx.y][threadIdx.x] = tb;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < C) {
+    tw = tb = 0;
+    for (unsigned i = 0; i < blockDim.y; ++i) {
+      tw += sw[i][threadIdx.x];
+      tb += sb[i][threadIdx.x];
+    }
+    if (gw) gw[col] = from_acc<T>(acc_of<T>(tw));
+    if (gb) gb[col] = from_acc<T>(acc_of<T>(tb));
   }
 }
 
 template <typename T>
 const T* opt_ptr(const Tensor& t) {
   return t.defined() ? static_cast<const T*>(t.raw_data()) : nullptr;
+}
+
+// The fast path's operand rules: contiguous, 16-byte aligned (undefined operands pass).
+bool fast_operands(std::initializer_list<Tensor> ts) {
+  for (const Tensor& t : ts)
+    if (t.defined() && (!t.is_contiguous() || reinterpret_cast<uintptr_t>(t.raw_data()) % 16 != 0)) return false;
+  return true;
+}
+
+// The fast path when it applies (see the header); false: use the general kernels.
+template <typename T>
+bool layer_norm_forward_fast(const KernelCall& c, int64_t R, int64_t C, double eps) {
+  const int nv = fast_vecs_per_lane<T>(C);
+  if constexpr (sizeof(T) == 8) {
+    return false;
+  } else {
+    if (nv == 0 || !fast_operands({c.in[0], c.in[1], c.in[2]})) return false;
+    const unsigned blocks = unsigned((R + kRowsPerBlock - 1) / kRowsPerBlock);
+    BLU_LN_VECS(nv, layer_norm_forward_vec_kernel<T, NV><<<blocks, 32 * kRowsPerBlock, 0, current_stream()>>>(
+                        static_cast<const T*>(c.in[0].raw_data()), opt_ptr<T>(c.in[1]), opt_ptr<T>(c.in[2]), R,
+                        int(C), float(eps), static_cast<T*>(c.out[0].raw_data()),
+                        static_cast<float*>(c.out[1].raw_data()), static_cast<float*>(c.out[2].raw_data())));
+    BLU_CUDA_CHECK_LAUNCH();
+    return true;
+  }
+}
+
+template <typename T>
+bool layer_norm_backward_fast(const KernelCall& c, int64_t R, int64_t C) {
+  const int nv = fast_vecs_per_lane<T>(C);
+  if constexpr (sizeof(T) == 8) {
+    return false;
+  } else {
+    if (R == 0 || nv == 0 || !fast_operands({c.in[0], c.in[1], c.in[2], c.out[0]})) return false;
+    cudaStream_t s = current_stream();
+    const int64_t nb = fast_backward_blocks(R);
+    DeviceBuffer partial(c.in[1].device(), size_t(2 * nb * C) * sizeof(float));
+    float* pw = partial.as<float>();
+    BLU_LN_VECS(nv, {
+      const size_t smem = size_t(kBwdWarps * 2 * NV * kVec<T> * 32) * sizeof(float);  // ≤ 64 KiB
+      if (smem > (48u << 10))  // past the default: opt in (cheap; per device)
+        BLU_CUDA_CHECK(cudaFuncSetAttribute(layer_norm_backward_vec_kernel<T, NV>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      layer_norm_backward_vec_kernel<T, NV><<<unsigned(nb), 32 * kBwdWarps, smem, s>>>(
+                        static_cast<const T*>(c.in[0].raw_data()), static_cast<const T*>(c.in[1].raw_data()),
+                        opt_ptr<T>(c.in[2]), static_cast<const float*>(c.in[3].raw_data()),
+                        static_cast<const float*>(c.in[4].raw_data()), R, int(C),
+                        static_cast<T*>(c.out[0].raw_data()), pw, pw + nb * C);
+    });
+    BLU_CUDA_CHECK_LAUNCH();
+    layer_norm_grad_wb_final_kernel<T><<<unsigned((C + 31) / 32), dim3(32, 32), 0, s>>>(
+        pw, pw + nb * C, nb, C, static_cast<T*>(c.out[1].raw_data()), static_cast<T*>(c.out[2].raw_data()));
+    BLU_CUDA_CHECK_LAUNCH();
+    return true;
+  }
 }
 
 void layer_norm_kernel(const KernelCall& c) {
@@ -144,6 +394,7 @@ void layer_norm_kernel(const KernelCall& c) {
   const unsigned blocks = unsigned((R + kRowsPerBlock - 1) / kRowsPerBlock);
   BLU_CUDA_DISPATCH_FLOATING(x.dtype(), "layer_norm", {
     using A = acc_of<scalar_t>;
+    if (layer_norm_forward_fast<scalar_t>(c, R, C, eps)) return;
     layer_norm_forward_kernel<scalar_t><<<blocks, 32 * kRowsPerBlock, 0, current_stream()>>>(
         static_cast<const scalar_t*>(x.raw_data()), opt_ptr<scalar_t>(c.in[1]),
         c.in[1].defined() ? c.in[1].stride(0) : 0, opt_ptr<scalar_t>(c.in[2]),
@@ -172,6 +423,7 @@ void layer_norm_backward_kernel(const KernelCall& c) {
     const A* rp = static_cast<const A*>(c.in[4].raw_data());
     auto* gwp = static_cast<scalar_t*>(c.out[1].raw_data());
     auto* gbp = static_cast<scalar_t*>(c.out[2].raw_data());
+    if (layer_norm_backward_fast<scalar_t>(c, R, C)) return;
     if (R > 0) {
       layer_norm_grad_x_kernel<scalar_t><<<unsigned((R + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0,
                                            s>>>(gp, xp, opt_ptr<scalar_t>(w), w.defined() ? w.stride(0) : 0, mp, rp,
@@ -186,7 +438,7 @@ void layer_norm_backward_kernel(const KernelCall& c) {
     layer_norm_grad_wb_partial_kernel<scalar_t>
         <<<dim3(unsigned((C + 31) / 32), unsigned(chunks)), dim3(32, 8), 0, s>>>(gp, xp, mp, rp, R, C, pw, pb);
     BLU_CUDA_CHECK_LAUNCH();
-    layer_norm_grad_wb_final_kernel<scalar_t><<<grid_for(C), 256, 0, s>>>(pw, pb, chunks, C, gwp, gbp);
+    layer_norm_grad_wb_final_kernel<scalar_t><<<unsigned((C + 31) / 32), dim3(32, 8), 0, s>>>(pw, pb, chunks, C, gwp, gbp);
     BLU_CUDA_CHECK_LAUNCH();
   });
 }

@@ -87,4 +87,10 @@ std::array<StridedLayout, N> coalesced_layouts(const Shape& shape, const std::ar
   return out;
 }
 
+// dst = src (src broadcast to dst's shape, same device) through loops.cuh's launch_map — its
+// 16-byte contiguous and row paths — when the dtypes allow it: the same dtype (bits moved), or
+// both among f32/bf16/f16 (where its conversion is the copy kernels' bit for bit). Returns false
+// (nothing launched) for the other pairs. Defined in elementwise.cu.
+bool copy_through_map(const Tensor& dst, const Tensor& src);
+
 }  // namespace blu::cuda
