@@ -3,8 +3,12 @@
 // 64/128, causal and not, T in {1, 17, 64, 200, 1024}, f32/bf16/f16, in the contiguous [B, H, T, D]
 // layout and in GPT's layout (q, k, v as strided views of one [B, T, 3C] buffer). bf16/f16 run
 // both the tensor-core kernels and the SIMT kernels (forced), so a failure says which one is off.
-// "Perf" tests time GPT-2's shape (B16 H12 T1024 D64, causal; bf16 and f32) forward and
-// forward+backward.
+// f32 runs each of its kernel families: the TF32 tensor-core kernels under matmul precision
+// "ieee" (3xTF32) and "tf32" (1xTF32), the register-blocked CUDA-core kernels and the plain SIMT
+// ones; the FlashAttentionF32 tests also check the saved logsumexp and bound the errors both in
+// norm and elementwise.
+// "Perf" tests time GPT-2's shape (B16 H12 T1024 D64, causal; bf16, and f32 in each mode) forward
+// and forward+backward.
 //
 // Run on the GPU machine: ./build-cuda/tests/test_cuda --gtest_filter='FlashAttention*'
 // (or ctest -L cuda -R FlashAttention); Perf: --gtest_filter='*FlashAttentionPerf*'.
@@ -20,6 +24,7 @@
 #include "blu/backend/cuda/flash_attention.h"
 #include "blu/backend/cuda/runtime.h"
 #include "blu/blu.h"
+#include "blu/ops/precision.h"
 
 namespace blu::test {
 namespace {
@@ -30,7 +35,9 @@ const Device kGPU("cuda:0");
 // from those rounded values, so only the kernel's own arithmetic is measured. Errors are checked
 // elementwise as |got − want| <= atol + rtol·|want|.
 //  f32:  fp32 accumulation over <= 1024 terms of O(1) values and __expf (a few ulp): ~1e-6
-//        relative in practice; 1e-4 leaves room for long rows.
+//        relative in practice; 1e-4 leaves room for long rows. (The TF32 kernels at 3xTF32 reach
+//        the same level; run_sweep runs f32 under matmul precision "ieee". 1xTF32 is checked by
+//        the FlashAttentionF32 tests with their own bounds.)
 //  bf16: 8 significant bits (unit roundoff 2^-9 ≈ 2e-3). The kernels round P (forward) and P, dS
 //        (backward) to bf16 before the tensor-core products, and the outputs once; the forward
 //        output (O(1): a convex mix of N(0,1) rows) gets ~2 roundings → 1e-2 + 1e-2·|want|.
@@ -169,9 +176,24 @@ struct ForceSimt {
   ~ForceSimt() { cuda::set_flash_attention_force_simt(false); }
 };
 
+// The f32 kernel family and numeric mode for the scope; restores the defaults (TF32 kernels,
+// "ieee") even when a check fails.
+enum class F32Path { ieee_3xtf32, tf32_1x, cuda_cores };
+struct F32PathScope {
+  explicit F32PathScope(F32Path path) {
+    set_matmul_precision(path == F32Path::tf32_1x ? MatmulPrecision::tf32 : MatmulPrecision::ieee);
+    cuda::set_flash_attention_f32_cuda_cores(path == F32Path::cuda_cores);
+  }
+  ~F32PathScope() {
+    set_matmul_precision(MatmulPrecision::ieee);
+    cuda::set_flash_attention_f32_cuda_cores(false);
+  }
+};
+
 void run_sweep(DType dtype, bool simt) {
   ASSERT_GT(cuda::device_count(), 0) << "no CUDA device";
   ForceSimt force(simt);
+  F32PathScope ieee(F32Path::ieee_3xtf32);
   uint64_t seed = 100;
   for (int64_t D : {64, 128})
     for (bool causal : {true, false})
@@ -182,12 +204,266 @@ void run_sweep(DType dtype, bool simt) {
       }
 }
 
-TEST(FlashAttention, F32) { run_sweep(DType::f32, false); }
+TEST(FlashAttention, F32) { run_sweep(DType::f32, false); }  // TF32 kernels, 3xTF32 ("ieee")
 TEST(FlashAttention, Bf16TensorCores) { run_sweep(DType::bf16, false); }
 TEST(FlashAttention, F16TensorCores) { run_sweep(DType::f16, false); }
 TEST(FlashAttention, Bf16Simt) { run_sweep(DType::bf16, true); }
 TEST(FlashAttention, F16Simt) { run_sweep(DType::f16, true); }
 TEST(FlashAttention, F32Simt) { run_sweep(DType::f32, true); }
+
+// --- f32 paths: out, lse and the three gradients, bounded in norm and elementwise -------------
+//
+// Bounds (inputs are f32 values; the reference is the f64 composite path on the CPU):
+//   norm:  ‖got − want‖₂ ≤ rel·‖want‖₂ per tensor: the brief's accuracy target of each mode.
+//          3xTF32 carries ~2^-22 relative per operand plus fp32 accumulation (~1e-6 seen in the
+//          CPU emulation of the kernels): rel 1e-5. 1xTF32 rounds every operand to 11
+//          significant bits (2^-12 relative each; ~3e-4 to 5e-4 on the outputs in the emulation):
+//          rel 5e-3. The CUDA-core kernels are IEEE fp32: the 3xTF32 bound.
+//   elem:  |got − want| ≤ elem·(|want| + rms(want)) for every element, so that one wrong row or
+//          tail element cannot hide in the norm of a large tensor: elem = 10x (ieee) / 4x (tf32)
+//          the norm bound. A reference that is exactly 0 (dq, dk at T = 1: attention over one key
+//          is the identity on v) gets rms 0.1 in that formula and no norm check.
+struct F32Tol {
+  double rel, elem;
+};
+F32Tol f32_tolerance(F32Path path) { return path == F32Path::tf32_1x ? F32Tol{5e-3, 2e-2} : F32Tol{1e-5, 1e-4}; }
+
+// Largest norm-relative error seen per tensor over a sweep (printed, to show the margins).
+struct ErrStats {
+  std::vector<std::pair<std::string, double>> worst;
+  void add(const std::string& what, double e) {
+    for (auto& [name, v] : worst)
+      if (name == what) {
+        v = std::max(v, e);
+        return;
+      }
+    worst.emplace_back(what, e);
+  }
+  double get(const std::string& what) const {
+    for (const auto& [name, v] : worst)
+      if (name == what) return v;
+    return 0;
+  }
+  std::string str() const {
+    std::ostringstream os;
+    os.precision(3);
+    for (const auto& [name, v] : worst) os << " " << name << " " << v;
+    return os.str();
+  }
+};
+
+// "" when `got` is within `tol` of the f64 reference `want` (same number of elements), else what
+// is off. Adds the norm-relative error to `stats`.
+std::string check_norm(const std::string& what, const Tensor& got, const Tensor& want, const F32Tol& tol,
+                       ErrStats& stats) {
+  const std::vector<double> a = to_vector(got), b = to_vector(want);
+  if (a.size() != b.size()) return what + ": " + got.str() + " vs " + want.str();
+  double err2 = 0, want2 = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    err2 += (a[i] - b[i]) * (a[i] - b[i]);
+    want2 += b[i] * b[i];
+  }
+  const double n = double(std::max<size_t>(a.size(), 1));
+  const double rms = want2 > 0 ? std::sqrt(want2 / n) : 0.1;
+  const double rel = want2 > 0 ? std::sqrt(err2 / want2) : 0;
+  std::ostringstream os;
+  os.precision(4);
+  if (!(err2 == err2)) os << what << ": NaN in the result. ";
+  if (want2 > 0) {
+    stats.add(what, rel);
+    if (!(rel <= tol.rel)) os << what << ": norm-relative error " << rel << " > " << tol.rel << ". ";
+  }
+  int64_t bad = 0, at = -1;
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double r = std::abs(a[i] - b[i]) / (tol.elem * (std::abs(b[i]) + rms));
+    if (!(r <= 1)) {
+      ++bad;
+      if (at < 0 || !(r <= worst)) {
+        worst = r;
+        at = int64_t(i);
+      }
+    }
+  }
+  if (bad) {
+    const Shape& s = want.shape();
+    std::vector<int64_t> idx(s.size());
+    int64_t r = at;
+    for (int64_t d = int64_t(s.size()) - 1; d >= 0; --d) {
+      idx[size_t(d)] = r % s[size_t(d)];
+      r /= s[size_t(d)];
+    }
+    os << what << ": " << bad << " of " << a.size() << " elements off by more than " << tol.elem
+       << "·(|want| + rms " << rms << "); worst at [";
+    for (size_t d = 0; d < idx.size(); ++d) os << (d ? ", " : "") << idx[d];
+    os << "]: got " << a[size_t(at)] << " want " << b[size_t(at)] << " (" << worst << "x)";
+  }
+  return os.str();
+}
+
+// logsumexp over the visible keys of each row of scale·q·kᵀ, in f64; q, k [B, H, T, D] on the CPU.
+Tensor reference_lse(const Tensor& q, const Tensor& k, bool causal, double scale) {
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
+  const std::vector<double> qv = to_vector(q), kv = to_vector(k);
+  std::vector<double> out(static_cast<size_t>(B * H * T)), s(static_cast<size_t>(T));
+  for (int64_t bh = 0; bh < B * H; ++bh)
+    for (int64_t i = 0; i < T; ++i) {
+      const double* qi = qv.data() + (bh * T + i) * D;
+      const int64_t n = causal ? i + 1 : T;
+      double mx = -INFINITY;
+      for (int64_t j = 0; j < n; ++j) {
+        const double* kj = kv.data() + (bh * T + j) * D;
+        double dot = 0;
+        for (int64_t d = 0; d < D; ++d) dot += qi[d] * kj[d];
+        s[size_t(j)] = dot * scale;
+        mx = std::max(mx, s[size_t(j)]);
+      }
+      double sum = 0;
+      for (int64_t j = 0; j < n; ++j) sum += std::exp(s[size_t(j)] - mx);
+      out[size_t(bh * T + i)] = mx + std::log(sum);
+    }
+  return from_vector(out, {B, H, T}, DType::f64);
+}
+
+// One f32 case on the path of `path`: out and dq, dk, dv through the op and autograd, the lse
+// through a direct call of the forward launcher on the same (possibly strided) q, k, v.
+void run_f32_case(const Case& c, uint64_t seed, F32Path path, ErrStats& stats) {
+  SCOPED_TRACE(c.str());
+  Generator gen(seed);
+  const Shape shape{c.B, c.H, c.T, c.D};
+  std::vector<Tensor> vals;  // f32 values, CPU
+  for (int i = 0; i < 3; ++i) vals.push_back(randn(shape, DType::f32, kCPU, &gen));
+  Tensor dout = randn(shape, DType::f32, kCPU, &gen);
+  const double scale = 1.0 / std::sqrt(double(c.D));
+
+  std::vector<Tensor> ref_in;
+  for (const Tensor& t : vals) ref_in.push_back(to_dtype(t, DType::f64).set_requires_grad(true));
+  Tensor ref_out = scaled_dot_product_attention(ref_in[0], ref_in[1], ref_in[2], c.causal);
+  ref_out.backward(to_dtype(dout, DType::f64));
+  const Tensor ref_lse = reference_lse(ref_in[0].detach(), ref_in[1].detach(), c.causal, scale);
+
+  std::vector<Tensor> in = make_qkv(vals, c.layout, kGPU);
+  for (Tensor& t : in) {
+    t = t.detach();
+    t.set_requires_grad(true);
+  }
+  Tensor out = scaled_dot_product_attention(in[0], in[1], in[2], c.causal);
+  ASSERT_TRUE(out.device().is_cuda());
+  out.backward(to_device(dout, kGPU));
+
+  // The launcher itself, for the lse (the op keeps it as a saved output).
+  Tensor o_bthd = empty({c.B, c.T, c.H, c.D}, DType::f32, kGPU);
+  Tensor lse = empty({c.B, c.H, c.T}, DType::f32, kGPU);
+  cuda::FlashFwdParams p;
+  p.q = cuda::operand_bhtd(in[0]);
+  p.k = cuda::operand_bhtd(in[1]);
+  p.v = cuda::operand_bhtd(in[2]);
+  p.o = cuda::operand_bthd(o_bthd);
+  p.lse = static_cast<float*>(lse.raw_data());
+  p.B = int(c.B), p.H = int(c.H), p.T = int(c.T), p.D = int(c.D);
+  p.scale = float(scale);
+  p.causal = c.causal;
+  cuda::flash_attention_forward(p, DType::f32, cuda::current_stream());
+  BLU_CUDA_CHECK(cudaDeviceSynchronize());
+
+  const F32Tol tol = f32_tolerance(path);
+  EXPECT_EQ(check_norm("out", out.detach(), ref_out.detach(), tol, stats), "");
+  EXPECT_EQ(check_norm("out(launcher)", transpose(o_bthd, 1, 2), ref_out.detach(), tol, stats), "");
+  EXPECT_EQ(check_norm("lse", lse, ref_lse, tol, stats), "");
+  const char* names[] = {"dq", "dk", "dv"};
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(in[size_t(i)].grad().defined()) << "no gradient for " << names[i];
+    EXPECT_EQ(check_norm(names[i], in[size_t(i)].grad(), ref_in[size_t(i)].grad(), tol, stats), "");
+  }
+}
+
+// D 64/128 x causal or not x T (ragged tails: 1, 17, 100, 200; whole tiles: 64, 1024), contiguous,
+// and GPT's strided layout for T 17, 100, 200.
+ErrStats run_f32_sweep(F32Path path) {
+  ErrStats stats;
+  if (cuda::device_count() == 0) {
+    ADD_FAILURE() << "no CUDA device";
+    return stats;
+  }
+  F32PathScope scope(path);
+  uint64_t seed = 1000;
+  for (int64_t D : {64, 128})
+    for (bool causal : {true, false})
+      for (int64_t T : {1, 17, 64, 100, 200, 1024}) {
+        const int64_t B = T >= 1024 ? 1 : 2, H = T >= 1024 ? 2 : 3;
+        run_f32_case({B, H, T, D, causal, DType::f32, Layout::contiguous}, seed++, path, stats);
+        if (T == 17 || T == 100 || T == 200)
+          run_f32_case({B, H, T, D, causal, DType::f32, Layout::gpt}, seed++, path, stats);
+      }
+  std::printf("worst norm-relative errors:%s\n", stats.str().c_str());
+  return stats;
+}
+
+// The test's own yardsticks, on the CPU: exp(scale·q·kᵀ − lse) is the composite path's softmax
+// (so reference_lse is the logsumexp the kernels must save), and check_norm passes an exact
+// match but flags one wrong element that the norm alone would let through.
+TEST(FlashAttentionF32, ReferenceAndCheckerSelfTest) {
+  Generator gen(3);
+  const int64_t B = 2, H = 2, T = 37, D = 64;
+  const double scale = 0.125;
+  const Tensor q = randn({B, H, T, D}, DType::f64, kCPU, &gen), k = randn({B, H, T, D}, DType::f64, kCPU, &gen);
+  for (bool causal : {true, false}) {
+    Tensor scores = mul(matmul(q, transpose(k, -2, -1)), scale);
+    const Tensor pos = arange(0, double(T), 1, DType::i64, kCPU);
+    const Tensor above_diagonal = gt(pos, reshape(pos, {T, 1}));  // key j > query i
+    Tensor probs = softmax(causal ? masked_fill(scores, above_diagonal, -INFINITY) : scores, -1);
+    const Tensor lse = reshape(reference_lse(q, k, causal, scale), {B, H, T, 1});
+    Tensor mine = exp(sub(scores, lse));
+    if (causal) mine = mul(mine, to_dtype(gt(probs, 0.0), DType::f64));  // exp(−inf) is 0 in both
+    EXPECT_EQ(check_close(causal ? "softmax via lse (causal)" : "softmax via lse", mine, probs, 1e-12, 1e-12), "");
+  }
+  ErrStats stats;
+  const F32Tol tol{1e-5, 1e-4};
+  const Tensor want = randn({4, 1000}, DType::f64, kCPU, &gen);
+  EXPECT_EQ(check_norm("same", want, want, tol, stats), "");
+  std::vector<double> v = to_vector(want);
+  v[1234] += 0.01;  // ~1.6e-4 norm-relative in a tensor of norm ~63: over the norm bound
+  EXPECT_NE(check_norm("one off", from_vector(v, {4, 1000}, DType::f64), want, tol, stats), "");
+  v[1234] -= 0.01 - 1e-3;  // 1e-3 on one element: inside a norm bound of 1e-3, not elementwise
+  const F32Tol loose_norm{1e-3, 1e-4};
+  EXPECT_NE(check_norm("one off", from_vector(v, {4, 1000}, DType::f64), want, loose_norm, stats), "");
+  EXPECT_EQ(check_norm("zero ref", zeros({10}, DType::f64), zeros({10}, DType::f64), tol, stats), "");
+}
+
+TEST(FlashAttentionF32, Ieee3xTf32) { run_f32_sweep(F32Path::ieee_3xtf32); }
+TEST(FlashAttentionF32, Tf32) {
+  const ErrStats stats = run_f32_sweep(F32Path::tf32_1x);
+  // The precision setting reaches the kernels: 1xTF32 is measurably less exact than 3xTF32
+  // (which stays near 1e-6), so this fails if "tf32" were silently run as 3xTF32.
+  EXPECT_GT(stats.get("out"), 2e-5) << "matmul precision \"tf32\" did not select 1xTF32";
+}
+TEST(FlashAttentionF32, CudaCores) { run_f32_sweep(F32Path::cuda_cores); }
+
+// TF32 backward: dK and dV bitwise reproducible, dQ (fp32 atomics) equal up to summation order.
+// The CUDA-core backward is bitwise reproducible throughout.
+TEST(FlashAttentionF32, RepeatedBackward) {
+  ASSERT_GT(cuda::device_count(), 0) << "no CUDA device";
+  for (F32Path path : {F32Path::ieee_3xtf32, F32Path::tf32_1x, F32Path::cuda_cores}) {
+    F32PathScope scope(path);
+    SCOPED_TRACE(path == F32Path::cuda_cores ? "cuda cores" : path == F32Path::tf32_1x ? "1xTF32" : "3xTF32");
+    Generator gen(17);
+    const Shape shape{2, 3, 300, 64};
+    std::vector<Tensor> vals;
+    for (int i = 0; i < 3; ++i) vals.push_back(to_device(randn(shape, DType::f32, kCPU, &gen), kGPU));
+    Tensor dout = to_device(randn(shape, DType::f32, kCPU, &gen), kGPU);
+    std::vector<std::vector<Tensor>> grads;
+    for (int run = 0; run < 2; ++run) {
+      std::vector<Tensor> in;
+      for (const Tensor& t : vals) in.push_back(t.detach().set_requires_grad(true));
+      scaled_dot_product_attention(in[0], in[1], in[2], true).backward(dout);
+      grads.push_back({in[0].grad(), in[1].grad(), in[2].grad()});
+    }
+    const double dq_tol = path == F32Path::cuda_cores ? 0 : 1e-5;
+    EXPECT_EQ(check_close("dq run 2 vs 1", grads[1][0], grads[0][0], dq_tol, dq_tol), "");
+    EXPECT_EQ(check_close("dk run 2 vs 1", grads[1][1], grads[0][1], 0, 0), "") << "dK must be deterministic";
+    EXPECT_EQ(check_close("dv run 2 vs 1", grads[1][2], grads[0][2], 0, 0), "") << "dV must be deterministic";
+  }
+}
 
 // The tensor-core backward sums dQ with fp32 atomics: runs may differ at rounding level, never
 // more. dK and dV are deterministic.
@@ -229,8 +505,9 @@ TEST(FlashAttention, FallbackShapes) {
 }
 
 // GPT-2 124M attention: B16 H12 T1024 D64, causal, in `dtype`. Prints ms and TFLOP/s (flops counted
-// as FlashAttention does: forward 4·B·H·T²·D, halved for causal; backward 2.5x the forward).
-void time_gpt2_causal(DType dtype) {
+// as FlashAttention does: forward 4·B·H·T²·D, halved for causal; backward 2.5x the forward; at
+// 3xTF32 the tensor cores do three times that work).
+void time_gpt2_causal(DType dtype, const char* label = "") {
   ASSERT_GT(cuda::device_count(), 0) << "no CUDA device";
   const int64_t B = 16, H = 12, T = 1024, D = 64;
   const Shape shape{B, H, T, D};
@@ -263,15 +540,28 @@ void time_gpt2_causal(DType dtype) {
     for (Tensor& t : in) t.zero_grad();
     scaled_dot_product_attention(in[0], in[1], in[2], true).backward(dout);
   });
-  std::printf("flash attention %s B16 H12 T1024 D64 causal: fwd %.4f ms (%.1f TFLOP/s), fwd+bwd %.4f ms "
+  std::printf("flash attention %s%s B16 H12 T1024 D64 causal: fwd %.4f ms (%.1f TFLOP/s), fwd+bwd %.4f ms "
               "(%.1f TFLOP/s), bwd alone ~%.4f ms\n",
-              std::string(dtype_name(dtype)).c_str(), fwd_ms, fwd_flops / (fwd_ms * 1e-3) / 1e12, fwdbwd_ms,
+              std::string(dtype_name(dtype)).c_str(), label, fwd_ms, fwd_flops / (fwd_ms * 1e-3) / 1e12, fwdbwd_ms,
               3.5 * fwd_flops / (fwdbwd_ms * 1e-3) / 1e12, fwdbwd_ms - fwd_ms);
 }
 
 TEST(FlashAttentionPerf, Gpt2Bf16Causal) { time_gpt2_causal(DType::bf16); }
-// fp32 (IEEE, CUDA cores): the register-blocked kernels of flash_attention_f32.cu.
-TEST(FlashAttentionPerf, Gpt2F32Causal) { time_gpt2_causal(DType::f32); }
+// fp32, the default ("ieee"): TF32 tensor cores at 3xTF32 (flash_attention_tf32.cu).
+TEST(FlashAttentionPerf, Gpt2F32Causal) {
+  F32PathScope scope(F32Path::ieee_3xtf32);
+  time_gpt2_causal(DType::f32, " [ieee: 3xTF32]");
+}
+// fp32 under matmul precision "tf32": 1xTF32.
+TEST(FlashAttentionPerf, Gpt2F32Tf32Causal) {
+  F32PathScope scope(F32Path::tf32_1x);
+  time_gpt2_causal(DType::f32, " [tf32: 1xTF32]");
+}
+// fp32 on CUDA cores (the register-blocked kernels of flash_attention_f32.cu), for comparison.
+TEST(FlashAttentionPerf, Gpt2F32CudaCoresCausal) {
+  F32PathScope scope(F32Path::cuda_cores);
+  time_gpt2_causal(DType::f32, " [CUDA cores]");
+}
 
 }  // namespace
 }  // namespace blu::test

@@ -9,8 +9,9 @@
 // registers. Causal: a query tile stops at the diagonal tile (fully masked tiles are skipped) and
 // CTAs are launched heaviest-first (q-tile index reversed, in the slowest grid dimension).
 //
-// f32: register-blocked SIMT kernels in flash_attention_f32.cu.
-// SIMT kernel (bf16/f16 on request, f32 too): one warp per query row, each lane holding D/32
+// f32: TF32 tensor-core kernels (flash_attention_tf32.cu) or, on request, register-blocked
+// CUDA-core kernels; flash_attention_f32.cu picks.
+// SIMT kernel (any dtype, on request): one warp per query row, each lane holding D/32
 // columns of q and of the accumulator; keys one by one with a warp-shuffle dot product.
 #include "blu/backend/backend.h"
 #include "blu/backend/cuda/flash_attention.cuh"
@@ -265,22 +266,25 @@ void fwd_dispatch_d(const FlashFwdParams& p, DType dtype, bool simt, cudaStream_
 
 namespace {
 std::atomic<bool> g_force_simt{false};
+std::atomic<bool> g_f32_cuda_cores{false};
 }
 
 void set_flash_attention_force_simt(bool on) { g_force_simt.store(on); }
 bool flash_attention_force_simt() { return g_force_simt.load(); }
+void set_flash_attention_f32_cuda_cores(bool on) { g_f32_cuda_cores.store(on); }
+bool flash_attention_f32_cuda_cores() { return g_f32_cuda_cores.load(); }
 
 bool flash_attention_supported(DType dtype, int64_t head_dim) {
   return (dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16) && (head_dim == 64 || head_dim == 128);
 }
-bool flash_attention_uses_tensor_cores(DType dtype) {
+bool flash_attention_needs_dq_accum(DType dtype) {
   return (dtype == DType::bf16 || dtype == DType::f16) && !flash_attention_force_simt();
 }
 
 void flash_attention_forward(const FlashFwdParams& p, DType dtype, cudaStream_t stream) {
   BLU_ASSERT(flash_attention_supported(dtype, p.D), "flash_attention_forward: ", dtype, " D=", p.D);
   if (int64_t(p.B) * p.H * p.T == 0) return;
-  const bool simt = dtype == DType::f32 ? flash_attention_force_simt() : !flash_attention_uses_tensor_cores(dtype);
+  const bool simt = flash_attention_force_simt();
   if (p.D == 64) flash::fwd_dispatch_d<64>(p, dtype, simt, stream);
   else flash::fwd_dispatch_d<128>(p, dtype, simt, stream);
 }

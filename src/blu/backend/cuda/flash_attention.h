@@ -2,9 +2,11 @@
 // ("flash_attention", "flash_attention_backward"; OpDefs in ops/attention.cpp). Attention is
 // computed tile by tile with an online softmax, so the T×T score matrix never exists in memory;
 // the forward saves only the per-row logsumexp, and the backward recomputes the probabilities.
-// Two kernel families: tensor-core kernels (mma.sync m16n8k16, fp32 accumulation, ldmatrix,
-// cp.async double buffering; bf16/f16, head dim 64 or 128) and a plain SIMT path (one warp per
-// row; every dtype but f64, same head dims) kept for fp32 and as a cross-check.
+// Kernel families: tensor-core kernels for bf16/f16 (mma.sync m16n8k16, fp32 accumulation,
+// ldmatrix, cp.async double buffering) and for f32 (TF32 mma.sync m16n8k8: 1xTF32 under
+// matmul_precision() "tf32", 3xTF32 — fp32-level accuracy — under "ieee"), all for head dim 64 or
+// 128; register-blocked CUDA-core kernels for f32 (IEEE fp32, deterministic; on request); and a
+// plain SIMT path (one warp per row; every dtype but f64) kept as a cross-check.
 // Depends on backend/cuda/runtime and core/dtype. Keep: every operand is [B, H, T, D] addressed by
 // element strides for batch, head and time with unit stride along D; row strides and base pointers
 // are 16-byte aligned (the op checks this); lse is natural-log logsumexp of the *scaled* scores,
@@ -42,7 +44,7 @@ struct FlashBwdParams {
   AttnOperand q, k, v, o, dout, dq, dk, dv;
   const float* lse = nullptr;  // [B, H, T], from the forward
   float* dsum = nullptr;       // scratch [B, H, T]: rowsum(dO ∘ O)
-  float* dq_accum = nullptr;   // scratch [B, H, T, D] fp32 (tensor-core path only; may be null otherwise)
+  float* dq_accum = nullptr;   // scratch [B, H, T, D] fp32 (bf16/f16 tensor cores only; may be null otherwise)
   int B = 0, H = 0, T = 0, D = 0;
   float scale = 1.f;
   bool causal = false;
@@ -50,15 +52,20 @@ struct FlashBwdParams {
 
 // Whether the fused kernels take this problem (dtype f32/bf16/f16, head dim 64 or 128).
 bool flash_attention_supported(DType dtype, int64_t head_dim);
-// Whether the backward of `dtype` uses the tensor-core path (and so needs dq_accum).
-bool flash_attention_uses_tensor_cores(DType dtype);
+// Whether the backward of `dtype` needs the dq_accum scratch (the bf16/f16 tensor-core path; the
+// f32 paths accumulate into dq itself or need no accumulator).
+bool flash_attention_needs_dq_accum(DType dtype);
 
 // Launch on `stream`. The caller checked flash_attention_supported and the layout contract.
 void flash_attention_forward(const FlashFwdParams& p, DType dtype, cudaStream_t stream);
 void flash_attention_backward(const FlashBwdParams& p, DType dtype, cudaStream_t stream);
 
-// Test hook: route bf16/f16 through the SIMT kernels too (to cross-check the tensor-core path).
+// Test hook: route every dtype through the plain SIMT kernels (to cross-check the others).
 void set_flash_attention_force_simt(bool on);
 bool flash_attention_force_simt();
+// Test hook: route f32 through the register-blocked CUDA-core kernels (IEEE fp32, no TF32, no
+// atomics) instead of the TF32 tensor-core kernels. force_simt takes precedence.
+void set_flash_attention_f32_cuda_cores(bool on);
+bool flash_attention_f32_cuda_cores();
 
 }  // namespace blu::cuda

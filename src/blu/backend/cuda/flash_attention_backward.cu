@@ -14,8 +14,9 @@
 //    Determinism: dK and dV are deterministic; dQ is summed by atomics in an order that may vary
 //    between runs (differences at fp32 rounding level before the final cast).
 // 3. dQ = accumulator cast to the output dtype.
-// f32: register-blocked SIMT kernels in flash_attention_f32.cu (the plain ones when forced).
-// SIMT path (bf16/f16 on request; f32 when forced): warp per query row for dQ and warp per key
+// f32: TF32 tensor-core kernels (flash_attention_tf32.cu) or, on request, register-blocked
+// CUDA-core kernels; flash_attention_f32.cu picks (the plain SIMT ones when forced).
+// SIMT path (any dtype, on request): warp per query row for dQ and warp per key
 // row for dK, dV, deterministic, recomputing scores in both.
 #include "blu/backend/backend.h"
 #include "blu/backend/cuda/flash_attention.cuh"
@@ -451,7 +452,7 @@ void bwd_dispatch_d(const FlashBwdParams& p, DType dtype, bool simt, cudaStream_
 void flash_attention_backward(const FlashBwdParams& p, DType dtype, cudaStream_t stream) {
   BLU_ASSERT(flash_attention_supported(dtype, p.D), "flash_attention_backward: ", dtype, " D=", p.D);
   if (int64_t(p.B) * p.H * p.T == 0) return;
-  const bool simt = dtype == DType::f32 ? flash_attention_force_simt() : !flash_attention_uses_tensor_cores(dtype);
+  const bool simt = flash_attention_force_simt();
   if (p.D == 64) flash::bwd_dispatch_d<64>(p, dtype, simt, stream);
   else flash::bwd_dispatch_d<128>(p, dtype, simt, stream);
 }
@@ -486,7 +487,7 @@ void flash_attention_backward_kernel(const KernelCall& c) {
   DataPtr dsum = alloc.allocate(size_t(rows) * sizeof(float));
   DataPtr dq_accum;
   p.dsum = static_cast<float*>(dsum.get());
-  if (flash_attention_uses_tensor_cores(q.dtype())) {
+  if (flash_attention_needs_dq_accum(q.dtype())) {
     dq_accum = alloc.allocate(size_t(rows) * size_t(p.D) * sizeof(float));
     p.dq_accum = static_cast<float*>(dq_accum.get());
   }

@@ -1,5 +1,8 @@
-// Flash attention in IEEE fp32 on CUDA cores (no TF32): the f32 path of flash_attention_forward /
-// flash_attention_backward (flash_attention.cu, flash_attention_backward.cu route f32 here).
+// Flash attention in IEEE fp32 on CUDA cores (no TF32), and the router of the f32 path
+// (flash_attention.cu, flash_attention_backward.cu send f32 here): by default f32 runs the TF32
+// tensor-core kernels of flash_attention_tf32.cu, 1xTF32 or 3xTF32 as matmul_precision() says
+// ("tf32" / "ieee", read at each launch); these CUDA-core kernels run when
+// set_flash_attention_f32_cuda_cores(true) asks for them (exact IEEE fp32 products, deterministic).
 //
 // Written like a register-blocked SGEMM. A CTA of 256 threads works on 64x64 score tiles; thread
 // (ty, tx) = (tid / 16, tid % 16) owns rows 4ty..4ty+3 and columns tx + 16j (j < 4) of a score
@@ -24,6 +27,7 @@
 #include "blu/backend/cuda/flash_attention.cuh"
 #include "blu/backend/cuda/flash_attention_f32.h"
 #include "blu/backend/cuda/runtime.h"
+#include "blu/ops/precision.h"
 
 #include <atomic>
 
@@ -449,12 +453,19 @@ void bwd_f32(const FlashBwdParams& p, cudaStream_t stream) {
 
 }  // namespace
 
+namespace {
+// 1xTF32 under "tf32", 3xTF32 (fp32-level accuracy) under "ieee".
+int tf32_split() { return matmul_precision() == MatmulPrecision::tf32 ? 1 : 3; }
+}  // namespace
+
 void flash_attention_forward_f32(const FlashFwdParams& p, cudaStream_t stream) {
+  if (!flash_attention_f32_cuda_cores()) return flash_attention_forward_tf32(p, tf32_split(), stream);
   if (p.D == 64) fwd_f32<64>(p, stream);
   else fwd_f32<128>(p, stream);
 }
 
 void flash_attention_backward_f32(const FlashBwdParams& p, cudaStream_t stream) {
+  if (!flash_attention_f32_cuda_cores()) return flash_attention_backward_tf32(p, tf32_split(), stream);
   if (p.D == 64) bwd_f32<64>(p, stream);
   else bwd_f32<128>(p, stream);
 }
