@@ -348,6 +348,26 @@ struct PrecisionGuard {
   ~PrecisionGuard() { set_matmul_precision(MatmulPrecision::ieee); }
 };
 
+// linear_weight_grad at GPT-2-like sizes: the plain GEMM + deterministic column-sum path (rows
+// not a multiple of the row chunk, 8-aligned widths) and the BGRAD-epilogue path (odd width).
+TEST(CudaLinear, WeightGradColumnSumPathsMatchCpu) {
+  SKIP_WITHOUT_CUDA();
+  manual_seed(12);
+  NoGradGuard ng;
+  for (DType dt : {DType::f32, DType::bf16})
+    for (auto [R, N, K] : {std::tuple{1000, 768, 96}, std::tuple{4100, 2304, 64}, std::tuple{300, 37, 40}}) {
+      const std::string tag = std::string(dtype_name(dt)) + " R=" + std::to_string(R) + " N=" + std::to_string(N);
+      const Tensor g = rnd({R, N}, dt), x = rnd({R, K}, dt);
+      const std::vector<Tensor> c = linear_weight_grad(g, x), d = linear_weight_grad(dev(g), dev(x));
+      const double sr = std::sqrt(double(R));
+      const Tol t = dt == DType::bf16 ? Tol{2e-2 * sr, 1.0 / 64, 0} : Tol{1e-4 * sr, 1e-5, 0};
+      EXPECT_TRUE(close("grad_w " + tag, hvec(d[0]), to_vector(c[0]), t));
+      EXPECT_TRUE(close("grad_b " + tag, hvec(d[1]), to_vector(c[1]), t));
+      const std::vector<Tensor> d2 = linear_weight_grad(dev(g), dev(x));
+      EXPECT_TRUE(bit_equal("grad_b rerun " + tag, d[1], d2[1]));
+    }
+}
+
 TEST(CudaMatmul, Tf32PrecisionSettingIsHonoured) {
   SKIP_WITHOUT_CUDA();
   manual_seed(5);
