@@ -1,4 +1,4 @@
-// autograd: accumulation into leaves, retain_graph, no_grad, detach, hooks, fan-in (a leaf used
+// autograd: accumulation into leaves (and into a grad slot), retain_graph, no_grad, detach, hooks, fan-in (a leaf used
 // twice, a diamond), and the engine's errors (non-scalar root, integer leaves, a backward formula
 // that returns a gradient of the wrong shape).
 #include <gtest/gtest.h>
@@ -105,6 +105,42 @@ TEST(Autograd, FirstGradientIsAdoptedWithoutCopy) {
   EXPECT_EQ(cpu_allocator().stats().allocs - before, 1);
   EXPECT_EQ(to_vector(x.grad())[0], 3);
   EXPECT_NE(x.grad().storage(), r.storage());
+}
+
+// A grad slot (DDP's bucket view) receives the first gradient by copy and becomes the grad; later
+// backwards add into it in place; zero_grad() forgets the grad but keeps the slot, so the next
+// gradient overwrites the stale values instead of adding to them.
+TEST(Autograd, GradSlotReceivesTheGradientInPlace) {
+  Tensor x = from_vector({1, 2, 3}, {3}).set_requires_grad();
+  Tensor buffer = full({5}, 7.0);  // the slot is a view into a larger buffer
+  const Tensor slot = narrow(buffer, 0, 1, 3);
+  x.set_grad_slot(slot);
+  EXPECT_EQ(x.grad_slot().raw_data(), slot.raw_data());
+  sum(mul(x, 2.0)).backward();
+  EXPECT_EQ(x.grad().raw_data(), slot.raw_data());
+  EXPECT_EQ(to_vector(buffer), (Vec{7, 2, 2, 2, 7}));
+  sum(mul(x, x)).backward();
+  EXPECT_EQ(x.grad().raw_data(), slot.raw_data());
+  EXPECT_EQ(to_vector(buffer), (Vec{7, 4, 6, 8, 7}));
+  x.zero_grad();
+  EXPECT_FALSE(x.grad().defined());
+  sum(x).backward();
+  EXPECT_EQ(to_vector(buffer), (Vec{7, 1, 1, 1, 7}));
+  // A grad set by hand is used (added into) instead of the slot.
+  x.set_grad(zeros({3}));
+  sum(x).backward();
+  EXPECT_NE(x.grad().raw_data(), slot.raw_data());
+  EXPECT_EQ(to_vector(x.grad()), (Vec{1, 1, 1}));
+  EXPECT_EQ(to_vector(buffer), (Vec{7, 1, 1, 1, 7}));
+  // Removing the slot restores the ordinary behaviour.
+  x.set_grad_slot(Tensor());
+  x.zero_grad();
+  sum(x).backward();
+  EXPECT_FALSE(x.grad_slot().defined());
+  EXPECT_NE(x.grad().storage(), buffer.storage());
+  expect_error([&] { x.set_grad_slot(zeros({4})); }, {"set_grad_slot", "must be contiguous and match"});
+  expect_error([&] { x.set_grad_slot(transpose(zeros({3, 1}), 0, 1)); }, {"set_grad_slot"});
+  expect_error([&] { mul(x, 2.0).set_grad_slot(zeros({3})); }, {"only leaves"});
 }
 
 TEST(Autograd, Errors) {

@@ -29,7 +29,11 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_out) {
   Tensor t(leaf);
   Tensor g = std::move(grad_out[0]);  // a copy of the handle would defeat the `exclusive` test below
   AutogradMeta& meta = t.autograd_meta();
-  if (!meta.grad) {
+  if (!meta.grad && meta.grad_slot) {
+    // Preassigned memory (DDP's bucket view): the gradient goes there, so the bucket needs no copy.
+    copy_(*meta.grad_slot, g);
+    meta.grad = std::make_shared<Tensor>(*meta.grad_slot);
+  } else if (!meta.grad) {
     // Keep the incoming gradient only when nothing else refers to it; otherwise own a copy, so a
     // later in-place accumulation cannot change another tensor.
     const bool exclusive = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous();

@@ -38,6 +38,9 @@ struct OpNode final : Node {
   void release_saved() override;
 };
 
+// A leaf's gradient sink: grad ← the incoming gradient (kept when nothing else refers to it, else
+// cloned; copied into the leaf's grad_slot when it has one) the first time, grad += incoming after
+// (in place), then the leaf's grad hooks.
 struct AccumulateGrad final : Node {
   std::shared_ptr<TensorImpl> leaf;
   std::vector<Tensor> apply(std::vector<Tensor>&& grad_out) override;
