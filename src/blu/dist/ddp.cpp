@@ -2,6 +2,7 @@
 // all-reduces, finish().
 #include "blu/dist/ddp.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <mutex>
 
@@ -138,16 +139,23 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, std::shared
   }
   NoGradGuard no_grad;
   for (size_t b = 0; b < members.size(); ++b) {
+    // Each gradient starts on a 16-byte boundary, so the CUDA kernels' vectorised path (which
+    // needs aligned operands) serves every gradient; the gaps stay zero through the all-reduces.
+    const int64_t align = std::max<int64_t>(1, 16 / int64_t(dtype_size(dtypes[b])));
+    auto aligned = [&](int64_t n) { return (n + align - 1) / align * align; };
     State::Bucket bucket;
+    std::vector<int64_t> offsets;
     int64_t n = 0;
-    for (size_t k : members[b]) n += s.params[k].tensor.numel();
-    bucket.buffer = zeros({n}, dtypes[b], s.params[members[b][0]].tensor.device());
-    int64_t offset = 0;
     for (size_t k : members[b]) {
-      State::Param& p = s.params[k];
+      n = aligned(n);
+      offsets.push_back(n);
+      n += s.params[k].tensor.numel();
+    }
+    bucket.buffer = zeros({n}, dtypes[b], s.params[members[b][0]].tensor.device());
+    for (size_t j = 0; j < members[b].size(); ++j) {
+      State::Param& p = s.params[members[b][j]];
       p.bucket = b;
-      p.view = view(narrow(bucket.buffer, 0, offset, p.tensor.numel()), p.tensor.shape());
-      offset += p.tensor.numel();
+      p.view = view(narrow(bucket.buffer, 0, offsets[j], p.tensor.numel()), p.tensor.shape());
       // A gradient that already exists moves into the bucket; from now on the engine writes there.
       if (const Tensor g = p.tensor.grad(); g.defined()) {
         copy_(p.view, g);
