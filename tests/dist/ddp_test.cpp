@@ -83,12 +83,17 @@ TEST(DdpBuckets, FirstBucketFollowsTheOption) {
                      {"first_bucket_mib must be > 0"});
 }
 
-TEST(DdpGradViews, GradsAliasTheBucketBuffersThroughSteps) {
+// Over three steps with zero_grad(): every .grad aliases its bucket after construction (a
+// gradient that existed moves in), after backward and after finish(), and equals, bit for bit, the
+// gradient of the same model without DDP (one rank: the average is the gradient itself). With 16-bit
+// compute the master weights' casts write their gradients straight into the buckets.
+void grads_alias_buckets(DType compute) {
   OneRank rk;
   const nn::GPTConfig cfg = nn::GPTConfig::preset("tiny");
   nn::GPT model(cfg, 7), plain(cfg, 7);
+  model.set_compute_dtype(compute);
+  plain.set_compute_dtype(compute);
   const std::vector<Tensor> params = model.parameters(), plain_params = plain.parameters();
-  // A gradient that exists before DDP moves into its bucket, value kept.
   Tensor first = params[0];
   first.set_grad(full(first.shape(), 0.5));
   DistributedDataParallel ddp(model, rk.pg, {.bucket_mib = 0.02, .first_bucket_mib = 0.001});
@@ -100,26 +105,37 @@ TEST(DdpGradViews, GradsAliasTheBucketBuffersThroughSteps) {
   EXPECT_TRUE(aliases(first.grad(), buffer_of[named[0].first]));
   EXPECT_EQ(to_vector(first.grad())[0], 0.5);
   for (size_t i = 1; i < params.size(); ++i) EXPECT_FALSE(params[i].grad().defined()) << named[i].first;
-  model.zero_grad();
 
   for (int64_t step = 0; step < 3; ++step) {
     auto [in, tg] = micro_batch(step, 0, 0, kRows);
     model.zero_grad();
     plain.zero_grad();
-    model.forward(in, tg).loss.backward();
-    plain.forward(in, tg).loss.backward();
+    const Tensor loss = model.forward(in, tg).loss, plain_loss = plain.forward(in, tg).loss;
+    int64_t allocs = cpu_allocator().stats().allocs;
+    loss.backward();
+    const int64_t ddp_allocs = cpu_allocator().stats().allocs - allocs;
+    allocs = cpu_allocator().stats().allocs;
+    plain_loss.backward();
+    const int64_t plain_allocs = cpu_allocator().stats().allocs - allocs;
+    if (compute == DType::f32) {
+      EXPECT_EQ(ddp_allocs, plain_allocs) << "step " << step;  // the slots take the gradients by copy
+    } else {  // each cast's gradient (all but wpe's, which has no cast) goes straight into the bucket
+      EXPECT_LE(ddp_allocs, plain_allocs - int64_t(params.size()) + 1) << "step " << step;
+    }
     // After backward (before finish) the gradients are already the views: nothing was copied.
     for (size_t i = 0; i < params.size(); ++i)
       ASSERT_TRUE(aliases(params[i].grad(), buffer_of[named[i].first])) << "step " << step << " " << named[i].first;
     ddp.finish();
     for (size_t i = 0; i < params.size(); ++i) {
       ASSERT_TRUE(aliases(params[i].grad(), buffer_of[named[i].first])) << "step " << step << " " << named[i].first;
-      // One rank: the average is the gradient itself, bit for bit.
       EXPECT_EQ(to_vector(params[i].grad()), to_vector(plain_params[i].grad())) << "step " << step << " " << named[i].first;
     }
   }
   EXPECT_EQ(ddp.copied_gradients(), 0);
 }
+
+TEST(DdpGradViews, GradsAliasTheBucketBuffersThroughSteps) { grads_alias_buckets(DType::f32); }
+TEST(DdpGradViews, GradsAliasTheBucketBuffersWithBf16Compute) { grads_alias_buckets(DType::bf16); }
 
 // A module whose second layer is unused: after finish() its gradients are zeros (bucket views),
 // and the optimizer reads them through .grad as usual.
