@@ -9,9 +9,12 @@
 //   Gradients are bucket views (PyTorch's gradient_as_bucket_view): a bucket is one flat buffer,
 //   and each parameter's gradient *is* its slice of it. DDP gives each parameter that slice as its
 //   grad slot (Tensor::set_grad_slot): when backward delivers a gradient while .grad is undefined
-//   (after zero_grad(), or the first time), the engine copies it straight into the slot and makes
-//   the slot the .grad; later micro-batches add into it in place. So the bucket is filled by the
-//   engine's own accumulation: nothing is copied into the bucket and nothing back out of it.
+//   (after zero_grad(), or the first time), the engine puts it straight into the slot and makes
+//   the slot the .grad — with 16-bit compute the master weight's cast converts directly into it;
+//   otherwise the fresh gradient is copied there — and later micro-batches add into it in place.
+//   So the bucket is filled by the engine's own accumulation: the hook copies nothing into the
+//   bucket and finish() copies nothing back out of it. A .grad handle kept across steps is bucket
+//   memory: it sees the next step's gradient.
 //   A grad hook on each parameter marks it ready; when every parameter of a bucket is ready the
 //   bucket's all-reduce (average, in place) is issued at once and runs on the group's worker
 //   thread (Gloo) or communication stream (NCCL: CUDA parameters, buckets on their device) while
