@@ -4,7 +4,8 @@
 // given peak, and the allocator's peak memory.
 // Data parallel: `blutrain launch -n N -- blutrain bench --dp N ...` runs one rank per GPU
 // (cuda:LOCAL_RANK), NCCL through rank 0's TCP store (MASTER_ADDR/MASTER_PORT), the model under
-// DistributedDataParallel (--zero 1: ZeRO-1 AdamW); every rank draws its own batches of B rows;
+// DistributedDataParallel (--zero 1: ZeRO-1 AdamW; --bucket-mib, --first-bucket-mib and
+// --comm-priority to compare DDP settings); every rank draws its own batches of B rows;
 // rank 0 prints the line with the global tok/s (world·B·T per median step) and its own memory.
 #include <algorithm>
 #include <chrono>
@@ -40,6 +41,8 @@ struct BenchOptions {
   double peak_tflops = 0;  // the GPU's measured bf16 (or tf32/fp32) matmul peak, for MFU
   bool profile = false;    // time each op of one extra step (device time by op name)
   int dp = 1, zero = 0;    // data-parallel ranks (launched processes), ZeRO stage (0 or 1)
+  dist::DDPOptions ddp;    // bucket sizes, to compare settings on the same machine
+  std::string comm_priority = "high";  // the NCCL stream's priority: high | default
 };
 
 void device_sync(Device dev) {
@@ -123,7 +126,10 @@ int run_bench(const BenchOptions& o) {
     dev = Device(DeviceType::cuda, env.local_rank);
     cuda::set_device(dev.index);
     store = std::make_unique<dist::TcpStore>(env.master_addr, env.master_port, env.rank == 0);
-    pg = dist::make_nccl_group(*store, env.rank, env.world_size, dist::NcclOptions{.device = dev.index});
+    dist::NcclOptions no;
+    no.device = dev.index;
+    no.high_priority_stream = o.comm_priority == "high";
+    pg = dist::make_nccl_group(*store, env.rank, env.world_size, no);
 #else
     BLU_CHECK(false, "--dp needs a CUDA build (NCCL)");
 #endif
@@ -140,7 +146,7 @@ int run_bench(const BenchOptions& o) {
   optim::AdamWOptions ao;
   ao.lr = 6e-4;
   std::unique_ptr<dist::DistributedDataParallel> ddp;
-  if (pg) ddp = std::make_unique<dist::DistributedDataParallel>(model, pg);
+  if (pg) ddp = std::make_unique<dist::DistributedDataParallel>(model, pg, o.ddp);
   std::unique_ptr<optim::Optimizer> opt;
   if (o.zero == 1)
     opt = std::make_unique<dist::ZeroAdamW>(optim::decay_groups(model.named_parameters(), 0.1), ao, pg, 1);
@@ -193,6 +199,10 @@ int run_bench(const BenchOptions& o) {
     j["world"] = o.dp;
     j["backend"] = pg->backend();
     if (o.zero) j["zero"] = o.zero;
+    j["bucket_mib"] = o.ddp.bucket_mib;
+    j["first_bucket_mib"] = o.ddp.first_bucket_mib;
+    j["comm_priority"] = o.comm_priority;
+    j["buckets"] = ddp->bucket_layout().size();
   }
   if (o.peak_tflops > 0) j["mfu"] = tok_s * flops_tok / (o.peak_tflops * 1e12 * o.dp);  // per GPU
   if (fp16) j["skipped_steps"] = scaler.skipped_steps();
@@ -222,6 +232,13 @@ Command add_bench(CLI::App& root) {
   app->add_option("--dp", o->dp, "Data-parallel ranks: run under `blutrain launch -n N` (NCCL, GPU = LOCAL_RANK)")
       ->capture_default_str();
   app->add_option("--zero", o->zero, "ZeRO stage with --dp: 0 (DDP + AdamW) or 1 (optimizer state sharded)")
+      ->capture_default_str();
+  app->add_option("--bucket-mib", o->ddp.bucket_mib, "With --dp: DDP bucket capacity (MiB)")->capture_default_str();
+  app->add_option("--first-bucket-mib", o->ddp.first_bucket_mib,
+                  "With --dp: capacity of DDP's first bucket (MiB; >= --bucket-mib: no special first bucket)")
+      ->capture_default_str();
+  app->add_option("--comm-priority", o->comm_priority, "With --dp: priority of the NCCL stream, high or default")
+      ->check(CLI::IsMember({"high", "default"}))
       ->capture_default_str();
   app->add_flag("--profile", o->profile, "Also time each op of one extra step (by op name)");
   app->add_option("--peak-tflops", o->peak_tflops, "The GPU's measured matmul peak for this precision (MFU)");

@@ -1,4 +1,4 @@
-// autograd: accumulation into leaves, retain_graph, no_grad, detach, hooks, fan-in (a leaf used
+// autograd: accumulation into leaves (and into a grad slot), retain_graph, no_grad, detach, hooks, fan-in (a leaf used
 // twice, a diamond), and the engine's errors (non-scalar root, integer leaves, a backward formula
 // that returns a gradient of the wrong shape).
 #include <gtest/gtest.h>
@@ -105,6 +105,77 @@ TEST(Autograd, FirstGradientIsAdoptedWithoutCopy) {
   EXPECT_EQ(cpu_allocator().stats().allocs - before, 1);
   EXPECT_EQ(to_vector(x.grad())[0], 3);
   EXPECT_NE(x.grad().storage(), r.storage());
+}
+
+// A grad slot (DDP's bucket view) receives the first gradient by copy and becomes the grad; later
+// backwards add into it in place; zero_grad() forgets the grad but keeps the slot, so the next
+// gradient overwrites the stale values instead of adding to them.
+TEST(Autograd, GradSlotReceivesTheGradientInPlace) {
+  Tensor x = from_vector({1, 2, 3}, {3}).set_requires_grad();
+  Tensor buffer = full({5}, 7.0);  // the slot is a view into a larger buffer
+  const Tensor slot = narrow(buffer, 0, 1, 3);
+  x.set_grad_slot(slot);
+  EXPECT_EQ(x.grad_slot().raw_data(), slot.raw_data());
+  sum(mul(x, 2.0)).backward();
+  EXPECT_EQ(x.grad().raw_data(), slot.raw_data());
+  EXPECT_EQ(to_vector(buffer), (Vec{7, 2, 2, 2, 7}));
+  sum(mul(x, x)).backward();
+  EXPECT_EQ(x.grad().raw_data(), slot.raw_data());
+  EXPECT_EQ(to_vector(buffer), (Vec{7, 4, 6, 8, 7}));
+  x.zero_grad();
+  EXPECT_FALSE(x.grad().defined());
+  sum(x).backward();
+  EXPECT_EQ(to_vector(buffer), (Vec{7, 1, 1, 1, 7}));
+  // A grad set by hand is used (added into) instead of the slot.
+  x.set_grad(zeros({3}));
+  sum(x).backward();
+  EXPECT_NE(x.grad().raw_data(), slot.raw_data());
+  EXPECT_EQ(to_vector(x.grad()), (Vec{1, 1, 1}));
+  EXPECT_EQ(to_vector(buffer), (Vec{7, 1, 1, 1, 7}));
+  // Removing the slot restores the ordinary behaviour.
+  x.set_grad_slot(Tensor());
+  x.zero_grad();
+  sum(x).backward();
+  EXPECT_FALSE(x.grad_slot().defined());
+  EXPECT_NE(x.grad().storage(), buffer.storage());
+  expect_error([&] { x.set_grad_slot(zeros({4})); }, {"set_grad_slot", "must be contiguous and match"});
+  expect_error([&] { x.set_grad_slot(transpose(zeros({3, 1}), 0, 1)); }, {"set_grad_slot"});
+  expect_error([&] { mul(x, 2.0).set_grad_slot(zeros({3})); }, {"only leaves"});
+}
+
+// The engine offers an empty grad slot to the node making the leaf's first gradient: a cast (the
+// master weight of 16-bit compute) writes straight into it, and later contributions are summed
+// there in place. Same values as without a slot, one tensor fewer per backward.
+TEST(Autograd, CastWritesTheFirstGradientIntoTheSlot) {
+  auto run = [](bool with_slot, bool twice) {
+    Tensor x = from_vector({1, 2, 3}, {3}).set_requires_grad();
+    Tensor buffer = zeros({4});
+    if (with_slot) x.set_grad_slot(narrow(buffer, 0, 1, 3));
+    Tensor w = from_vector({0.5, 0.25, 2}, {3}, DType::f64);
+    // x·x first (its backward runs last), then x as a master weight in f64 compute: the cast's
+    // backward runs first and makes the first gradient.
+    const Tensor square = twice ? to_dtype(sum(mul(x, x)), DType::f64) : Tensor();
+    Tensor loss = sum(mul(to_dtype(x, DType::f64), w));
+    if (twice) loss = add(loss, square);
+    const int64_t before = cpu_allocator().stats().allocs;
+    loss.backward();
+    const int64_t allocs = cpu_allocator().stats().allocs - before;
+    if (with_slot) {
+      EXPECT_EQ(x.grad().raw_data(), narrow(buffer, 0, 1, 3).raw_data());
+      EXPECT_EQ(to_vector(buffer)[0], 0.0);
+    }
+    return std::make_pair(to_vector(x.grad()), allocs);
+  };
+  const auto [plain, plain_allocs] = run(false, false);
+  const auto [slotted, slot_allocs] = run(true, false);
+  EXPECT_EQ(plain, (Vec{0.5, 0.25, 2}));
+  EXPECT_EQ(slotted, plain);
+  EXPECT_EQ(slot_allocs, plain_allocs - 1) << "the cast's gradient was not written into the slot";
+  const auto [plain2, plain2_allocs] = run(false, true);
+  const auto [slotted2, slot2_allocs] = run(true, true);
+  EXPECT_EQ(plain2, (Vec{2.5, 4.25, 8}));
+  EXPECT_EQ(slotted2, plain2);
+  EXPECT_LT(slot2_allocs, plain2_allocs) << "the second contribution was not summed into the slot";
 }
 
 TEST(Autograd, Errors) {

@@ -1,9 +1,11 @@
-// NCCL process group and DDP on two GPUs. Skipped unless at least two CUDA devices are visible.
+// NCCL process group and DDP on two GPUs (fp32 against one GPU; bf16: gradients are bucket views).
+// Skipped unless at least two CUDA devices are visible.
 // The parent test re-runs this binary as 2 ranks under dist::launch (tests/dist/dist_test_util.h)
 // with --gtest_filter=NcclWorker.Run and BLU_NCCL_SCENARIO naming what the ranks do; each rank
 // uses cuda:LOCAL_RANK and reports through its exit status.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -175,12 +177,58 @@ void ddp_matches_single(int zero) {
   rk.pg->barrier()->wait();
 }
 
+// bf16 compute under DDP on the GPUs: every .grad is a view of a bucket buffer after finish()
+// (the master weights' casts wrote into the buckets; nothing had to be copied), and the averaged
+// gradients match one GPU's on the whole batch to bf16 accuracy.
+void ddp_bf16_views() {
+  Rank rk;
+  const int r = rk.env.rank, W = rk.env.world_size;
+  const nn::GPTConfig cfg = nn::GPTConfig::preset("tiny");
+  nn::GPT model(cfg, 1234 + uint64_t(r));
+  model.to(rk.dev);
+  model.set_compute_dtype(DType::bf16);
+  DistributedDataParallel ddp(model, rk.pg, DDPOptions{.bucket_mib = 0.02, .first_bucket_mib = 0.001});
+  std::vector<const Storage*> buckets;
+  for (size_t b = 0; b < ddp.bucket_layout().size(); ++b) buckets.push_back(ddp.bucket_buffer(b).storage().get());
+  nn::GPT ref(cfg, 1234);
+  ref.to(rk.dev);
+  ref.set_compute_dtype(DType::bf16);
+  const int64_t rows = kRows / W;
+  for (int64_t step = 0; step < 2; ++step) {
+    model.zero_grad();
+    model.forward(batch(step, r * rows, rows, 0, rk.dev), batch(step, r * rows, rows, 1, rk.dev)).loss.backward();
+    ddp.finish();
+    for (const auto& [name, p] : model.named_parameters()) {
+      const Tensor g = p.grad();
+      ASSERT_TRUE(g.defined()) << name;
+      EXPECT_NE(std::find(buckets.begin(), buckets.end(), g.storage().get()), buckets.end())
+          << name << " is not a bucket view";
+    }
+    if (r != 0) continue;
+    ref.zero_grad();
+    ref.forward(batch(step, 0, kRows, 0, rk.dev), batch(step, 0, kRows, 1, rk.dev)).loss.backward();
+    double worst = 0, scale = 0;
+    const auto got = model.parameters(), want = ref.parameters();
+    for (size_t i = 0; i < want.size(); ++i) {
+      const std::vector<double> a = host(got[i].grad()), b = host(want[i].grad());
+      for (size_t k = 0; k < b.size(); ++k) {
+        worst = std::max(worst, std::abs(a[k] - b[k]));
+        scale = std::max(scale, std::abs(b[k]));
+      }
+    }
+    EXPECT_LE(worst, 0.05 * scale) << "step " << step << ": DDP bf16 gradients vs one GPU";
+  }
+  EXPECT_EQ(ddp.copied_gradients(), 0);
+  rk.pg->barrier()->wait();
+}
+
 TEST(NcclWorker, Run) {
   const std::string s = scenario();
   if (s.empty()) GTEST_SKIP() << "only runs as a rank of a multi-GPU test";
   if (s == "collectives") return collectives();
   if (s == "ddp") return ddp_matches_single(0);
   if (s == "zero1") return ddp_matches_single(1);
+  if (s == "ddp_bf16_views") return ddp_bf16_views();
   FAIL() << "unknown scenario " << s;
 }
 
@@ -195,6 +243,7 @@ void run_two_ranks(const std::string& s) {
 TEST(Nccl, CollectivesOnDeviceTensors) { run_two_ranks("collectives"); }
 TEST(Nccl, DdpMatchesSingleGpu) { run_two_ranks("ddp"); }
 TEST(Nccl, Zero1MatchesSingleGpu) { run_two_ranks("zero1"); }
+TEST(Nccl, DdpBf16GradsAreBucketViews) { run_two_ranks("ddp_bf16_views"); }
 
 }  // namespace
 }  // namespace blu::dist

@@ -11,6 +11,7 @@
 #include "blu/dist/env.h"
 #include "blu/dist/process_group.h"
 #include "blu/dist/tcp_store.h"
+#include "ddp_harness.h"
 #include "train_harness.h"
 
 namespace blu::dist {
@@ -190,6 +191,7 @@ TEST(DistWorker, Run) {
   if (scenario == "peer_dies") return peer_dies();
   if (scenario == "peer_stalls") return peer_stalls();
   if (scenario == "train") return test::train_worker();
+  if (scenario == "ddp_grads") return test::ddp_grads_worker();
   FAIL() << "unknown scenario " << scenario;
 }
 

@@ -1,6 +1,8 @@
 // The backward engine: from the root's node, count how many edges lead into each reachable node,
 // then run nodes when all their incoming gradients are in, latest-created first. Each incoming
-// gradient is checked against the metadata the node recorded for that output.
+// gradient is checked against the metadata the node recorded for that output. A leaf with a grad
+// slot (Tensor::set_grad_slot) and no grad yet has its slot offered to the node that makes its
+// first gradient, and later contributions are summed into the slot in place.
 #include <queue>
 #include <unordered_map>
 
@@ -59,7 +61,14 @@ void Tensor::backward(const Tensor& grad_root, bool retain_graph) const {
     check_grad(*n, slot, grad, from);
     auto& buf = buffers[n];
     if (buf.empty()) buf.resize(n->out_metas.size());
-    buf[slot] = buf[slot].defined() ? add(buf[slot], grad) : std::move(grad);
+    if (!buf[slot].defined()) {
+      buf[slot] = std::move(grad);
+    } else if (const Tensor fresh = n->fresh_grad_slot();
+               fresh.defined() && buf[slot].raw_data() == fresh.raw_data() && buf[slot].storage() == fresh.storage()) {
+      add_(buf[slot], grad);  // the first contribution was written into the leaf's grad slot: sum there
+    } else {
+      buf[slot] = add(buf[slot], grad);
+    }
   };
   auto later_first = [](Node* a, Node* b) { return a->seq < b->seq; };
   std::priority_queue<Node*, std::vector<Node*>, decltype(later_first)> ready(later_first);
@@ -76,6 +85,18 @@ void Tensor::backward(const Tensor& grad_root, bool retain_graph) const {
     grads.resize(n->out_metas.size());
     for (int j = 0; j < n->diff_outputs; ++j)
       if (!grads[j].defined()) grads[j] = zeros(n->out_metas[j].shape, n->out_metas[j].dtype, n->out_metas[j].device);
+    // A leaf whose grad slot is still empty and has no gradient waiting yet: offer the slot as the
+    // place for this input's gradient (to one edge only), so a backward that can write it there
+    // does and AccumulateGrad has nothing to copy (dist/ddp.h: gradients as bucket views).
+    for (size_t i = 0; i < n->next.size(); ++i) {
+      Node* to = n->next[i].fn.get();
+      if (!to) continue;
+      Tensor dst = to->fresh_grad_slot();
+      if (!dst.defined() || buffers.count(to)) continue;
+      bool first_edge = true;
+      for (size_t j = 0; j < i; ++j) first_edge &= n->next[j].fn.get() != to;
+      if (first_edge) n->offer_grad_destination(i, dst);
+    }
     std::vector<Tensor> in_grads = n->apply(std::move(grads));
     if (!retain_graph) n->release_saved();
     for (size_t i = 0; i < n->next.size(); ++i) {

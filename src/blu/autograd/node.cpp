@@ -16,7 +16,14 @@ uint64_t next_node_seq() {
 std::vector<Tensor> OpNode::apply(std::vector<Tensor>&& grad_out) {
   BLU_CHECK(!released, "backward through the graph of '", ctx.op->name,
             "' a second time: its saved tensors were freed; pass retain_graph=true to the first backward");
-  return ctx.op->backward(ctx, grad_out);
+  std::vector<Tensor> in_grads = ctx.op->backward(ctx, grad_out);
+  ctx.grad_dst.clear();  // offered for this run only
+  return in_grads;
+}
+
+void OpNode::offer_grad_destination(size_t input, const Tensor& dst) {
+  if (ctx.grad_dst.size() < next.size()) ctx.grad_dst.resize(next.size());
+  ctx.grad_dst.at(input) = dst;
 }
 
 void OpNode::release_saved() {
@@ -29,7 +36,14 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_out) {
   Tensor t(leaf);
   Tensor g = std::move(grad_out[0]);  // a copy of the handle would defeat the `exclusive` test below
   AutogradMeta& meta = t.autograd_meta();
-  if (!meta.grad) {
+  if (!meta.grad && meta.grad_slot) {
+    // Preassigned memory (DDP's bucket view): the gradient goes there, so the bucket needs no copy.
+    // The engine has usually had it written there already (a cast's backward, or a sum of several
+    // contributions): then there is nothing to copy.
+    const Tensor& slot = *meta.grad_slot;
+    if (g.storage() != slot.storage() || g.raw_data() != slot.raw_data()) copy_(slot, g);
+    meta.grad = std::make_shared<Tensor>(slot);
+  } else if (!meta.grad) {
     // Keep the incoming gradient only when nothing else refers to it; otherwise own a copy, so a
     // later in-place accumulation cannot change another tensor.
     const bool exclusive = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous();
@@ -39,6 +53,11 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_out) {
   }
   for (auto& hook : meta.grad_hooks) hook(*meta.grad);
   return {};
+}
+
+Tensor AccumulateGrad::fresh_grad_slot() const {
+  const AutogradMeta* meta = leaf->autograd.get();
+  return meta && meta->grad_slot && !meta->grad ? *meta->grad_slot : Tensor();
 }
 
 Edge gradient_edge(const Tensor& t) {

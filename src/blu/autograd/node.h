@@ -24,6 +24,11 @@ struct Node {
   virtual std::vector<Tensor> apply(std::vector<Tensor>&& grad_out) = 0;
   virtual std::string name() const = 0;
   virtual void release_saved() {}
+  // The engine offers `dst` as where input `input`'s gradient may be written (see
+  // BackwardContext::grad_dst); only ops can use it.
+  virtual void offer_grad_destination(size_t /*input*/, const Tensor& /*dst*/) {}
+  // A leaf's grad slot while its grad is undefined (AccumulateGrad); undefined otherwise.
+  virtual Tensor fresh_grad_slot() const { return {}; }
   uint64_t seq = 0;                    // creation order; later nodes run first
   std::vector<Edge> next;              // one per input
   std::vector<TensorMeta> out_metas;   // to check incoming gradients
@@ -36,12 +41,17 @@ struct OpNode final : Node {
   std::vector<Tensor> apply(std::vector<Tensor>&& grad_out) override;
   std::string name() const override { return ctx.op->name; }
   void release_saved() override;
+  void offer_grad_destination(size_t input, const Tensor& dst) override;
 };
 
+// A leaf's gradient sink: grad ← the incoming gradient (kept when nothing else refers to it, else
+// cloned; with a grad slot: the slot, into which the gradient was written or is copied) the first
+// time, grad += incoming after (in place), then the leaf's grad hooks.
 struct AccumulateGrad final : Node {
   std::shared_ptr<TensorImpl> leaf;
   std::vector<Tensor> apply(std::vector<Tensor>&& grad_out) override;
   std::string name() const override { return "AccumulateGrad"; }
+  Tensor fresh_grad_slot() const override;
 };
 
 // The edge through which a gradient reaches `t` (its producer, or its leaf accumulator).

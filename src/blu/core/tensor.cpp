@@ -91,6 +91,22 @@ void Tensor::set_grad(const Tensor& g) {
   }
 }
 
+void Tensor::set_grad_slot(const Tensor& slot) {
+  if (slot.defined()) {
+    BLU_CHECK(is_leaf(), "set_grad_slot: only leaves take a gradient slot; got ", str());
+    BLU_CHECK(slot.shape() == shape() && slot.dtype() == dtype() && slot.device() == device() && slot.is_contiguous(),
+              "set_grad_slot: the slot ", slot.str(), " must be contiguous and match tensor ", str());
+    autograd_meta().grad_slot = std::make_shared<Tensor>(slot);
+  } else if (impl().autograd) {
+    impl().autograd->grad_slot.reset();
+  }
+}
+
+Tensor Tensor::grad_slot() const {
+  const auto& a = impl().autograd;
+  return a && a->grad_slot ? *a->grad_slot : Tensor();
+}
+
 Tensor Tensor::detach() const {
   const auto& s = impl();
   return Tensor(s.storage, s.shape, s.strides, s.offset, s.dtype);

@@ -28,6 +28,7 @@ struct AutogradMeta {
   uint32_t output_nr = 0;                 // which output of grad_fn this tensor is
   std::weak_ptr<Node> grad_accumulator;   // leaves: the node that accumulates into `grad`
   std::vector<std::function<void(Tensor&)>> grad_hooks;  // leaves: run after each accumulation
+  std::shared_ptr<Tensor> grad_slot;      // leaves: where a fresh gradient goes (set_grad_slot)
 };
 
 struct TensorImpl {
@@ -83,6 +84,13 @@ class Tensor {
   Tensor grad() const;  // undefined when none has been accumulated
   void set_grad(const Tensor& g);
   void zero_grad() { set_grad(Tensor()); }
+  // Leaves: preassigned memory for the gradient (DistributedDataParallel's bucket view). When a
+  // gradient arrives while grad() is undefined, the engine copies it into the slot and makes the
+  // slot the grad, instead of keeping the incoming tensor; later arrivals add into it in place as
+  // usual. zero_grad() leaves the slot alone. BLU_CHECK: a contiguous tensor of this leaf's
+  // shape, dtype and device; an undefined one removes the slot.
+  void set_grad_slot(const Tensor& slot);
+  Tensor grad_slot() const;  // undefined when none is set
   // A tensor sharing this data with no autograd history.
   Tensor detach() const;
   // Runs `hook(grad)` each time a gradient has been accumulated into this leaf's grad.

@@ -1,6 +1,9 @@
-// dist/ddp: buckets, grad hooks, in-order issue of the bucket all-reduces, finish().
+// dist/ddp: buckets whose slices are the gradients, grad hooks, in-order issue of the bucket
+// all-reduces, finish().
 #include "blu/dist/ddp.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <mutex>
 
 #include "blu/core/grad_mode.h"
@@ -22,12 +25,21 @@ void broadcast_parameters(nn::Module& module, ProcessGroup& pg, int root) {
   for (auto& w : works) w->wait();
 }
 
+namespace {
+
+// `g` is the bucket view `v` itself (or another handle to the same elements).
+bool is_view_of(const Tensor& g, const Tensor& v) {
+  return g.storage() == v.storage() && g.raw_data() == v.raw_data() && g.is_contiguous();
+}
+
+}  // namespace
+
 struct DistributedDataParallel::State {
   struct Param {
     std::string name;
     Tensor tensor;
+    Tensor view;  // its slice of the bucket buffer, the parameter's shape: its grad slot
     size_t bucket = 0;
-    int64_t offset = 0;  // in the bucket's buffer, elements
     bool ready = false;  // its gradient for this step is in the bucket buffer
   };
   struct Bucket {
@@ -41,6 +53,7 @@ struct DistributedDataParallel::State {
   std::vector<Bucket> buckets;
   size_t next_issue = 0;  // buckets [0, next_issue) are issued
   bool sync = true;
+  int64_t copied = 0;  // gradients that were not their bucket view (copied_gradients())
   std::mutex mu;
 
   void reset_step() {
@@ -52,20 +65,21 @@ struct DistributedDataParallel::State {
     next_issue = 0;
   }
 
-  Tensor slot(const Param& p) const {
-    return view(narrow(buckets[p.bucket].buffer, 0, p.offset, p.tensor.numel()), p.tensor.shape());
-  }
-
-  // Puts p's gradient (zeros when it has none) into its bucket slot.
+  // Makes sure p's bucket slice holds its gradient (zeros when it has none) and marks it ready.
+  // The fast path does nothing: the engine accumulated straight into the view.
   void stage(Param& p) {
     const Tensor g = p.tensor.grad();
-    const Tensor s = slot(p);
-    if (g.defined()) {
+    if (!g.defined()) {
+      fill_(p.view, 0.0);
+    } else if (!is_view_of(g, p.view)) {
       BLU_CHECK(g.shape() == p.tensor.shape() && g.dtype() == p.tensor.dtype(), "DDP: gradient of '", p.name,
                 "' is ", g.str(), ", expected the parameter's shape and dtype (", p.tensor.str(), ")");
-      copy_(s, g);
-    } else {
-      fill_(s, 0.0);
+      copy_(p.view, g);
+      if (copied++ == 0)
+        std::fprintf(stderr,
+                     "DDP: the gradient of '%s' is not its bucket view (was .grad replaced?); copying it into the "
+                     "bucket, and finish() makes .grad the view again (reported once)\n",
+                     p.name.c_str());
     }
     p.ready = true;
     --buckets[p.bucket].pending;
@@ -95,23 +109,27 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, std::shared
     : module_(module), pg_(std::move(pg)), state_(std::make_shared<State>()) {
   BLU_CHECK(pg_, "DistributedDataParallel: null process group");
   BLU_CHECK(options.bucket_mib > 0, "DistributedDataParallel: bucket_mib must be > 0, got ", options.bucket_mib);
+  BLU_CHECK(options.first_bucket_mib > 0, "DistributedDataParallel: first_bucket_mib must be > 0, got ",
+            options.first_bucket_mib);
   broadcast_parameters(module_, *pg_);
   State& s = *state_;
   s.pg = pg_;
   const nn::NamedTensors named = module_.named_parameters();
   for (const auto& [name, t] : named) {
     BLU_CHECK(t.requires_grad(), "DistributedDataParallel: parameter '", name, "' does not require grad");
-    s.params.push_back({name, t});
+    s.params.push_back({.name = name, .tensor = t, .view = Tensor(), .bucket = 0, .ready = false});
   }
-  // Buckets over the parameters in reverse registration order; a bucket holds one dtype.
-  const double cap = options.bucket_mib * 1024 * 1024;
+  // Buckets over the parameters in reverse registration order; a bucket holds one dtype. A
+  // parameter that would overflow the open bucket opens the next one (unless the bucket is empty).
+  const double first_cap = options.first_bucket_mib * 1024 * 1024, cap_rest = options.bucket_mib * 1024 * 1024;
   std::vector<std::vector<size_t>> members;
   std::vector<DType> dtypes;
-  double filled = 0;
+  double filled = 0, cap = first_cap;
   for (size_t k = s.params.size(); k-- > 0;) {
     const Tensor& t = s.params[k].tensor;
     const double bytes = double(t.nbytes());
     if (members.empty() || dtypes.back() != t.dtype() || (filled > 0 && filled + bytes > cap)) {
+      cap = members.empty() ? first_cap : cap_rest;
       members.emplace_back();
       dtypes.push_back(t.dtype());
       filled = 0;
@@ -119,15 +137,32 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, std::shared
     members.back().push_back(k);
     filled += bytes;
   }
+  NoGradGuard no_grad;
   for (size_t b = 0; b < members.size(); ++b) {
+    // Each gradient starts on a 16-byte boundary, so the CUDA kernels' vectorised path (which
+    // needs aligned operands) serves every gradient; the gaps stay zero through the all-reduces.
+    const int64_t align = std::max<int64_t>(1, 16 / int64_t(dtype_size(dtypes[b])));
+    auto aligned = [&](int64_t n) { return (n + align - 1) / align * align; };
     State::Bucket bucket;
+    std::vector<int64_t> offsets;
     int64_t n = 0;
     for (size_t k : members[b]) {
-      s.params[k].bucket = b;
-      s.params[k].offset = n;
+      n = aligned(n);
+      offsets.push_back(n);
       n += s.params[k].tensor.numel();
     }
     bucket.buffer = zeros({n}, dtypes[b], s.params[members[b][0]].tensor.device());
+    for (size_t j = 0; j < members[b].size(); ++j) {
+      State::Param& p = s.params[members[b][j]];
+      p.bucket = b;
+      p.view = view(narrow(bucket.buffer, 0, offsets[j], p.tensor.numel()), p.tensor.shape());
+      // A gradient that already exists moves into the bucket; from now on the engine writes there.
+      if (const Tensor g = p.tensor.grad(); g.defined()) {
+        copy_(p.view, g);
+        p.tensor.set_grad(p.view);
+      }
+      p.tensor.set_grad_slot(p.view);
+    }
     bucket.params = members[b];
     s.buckets.push_back(std::move(bucket));
   }
@@ -145,6 +180,10 @@ DistributedDataParallel::~DistributedDataParallel() {
         b.work->wait();
       } catch (const std::exception&) {
       }
+  // The engine stops writing into the buckets (unless another DDP has put its own slot there).
+  for (auto& p : state_->params)
+    if (const Tensor slot = p.tensor.grad_slot(); slot.defined() && is_view_of(slot, p.view))
+      p.tensor.set_grad_slot(Tensor());
 }
 
 void DistributedDataParallel::set_sync(bool on) {
@@ -163,7 +202,7 @@ void DistributedDataParallel::finish() {
   if (!s.sync) return;
   NoGradGuard no_grad;
   // Parameters whose hook did not fire this step: their local gradient (from earlier no_sync
-  // micro-batches) or zeros.
+  // micro-batches, already in the bucket) or zeros.
   for (auto& p : s.params)
     if (!p.ready) s.stage(p);
   s.issue_ready();
@@ -178,14 +217,10 @@ void DistributedDataParallel::finish() {
     s.reset_step();
     std::rethrow_exception(failure);
   }
-  for (auto& p : s.params) {
-    Tensor g = p.tensor.grad();
-    if (g.defined()) {
-      copy_(g, s.slot(p));
-    } else {
-      p.tensor.set_grad(clone(s.slot(p)));
-    }
-  }
+  // The averages are in the buckets. Gradients that are the views already hold them (the usual
+  // case: only pointers are compared); the others (none, or a replaced tensor) become the view.
+  for (auto& p : s.params)
+    if (const Tensor g = p.tensor.grad(); !g.defined() || !is_view_of(g, p.view)) p.tensor.set_grad(p.view);
   s.reset_step();
 }
 
@@ -196,6 +231,16 @@ std::vector<std::vector<std::string>> DistributedDataParallel::bucket_layout() c
     for (size_t k : b.params) out.back().push_back(state_->params[k].name);
   }
   return out;
+}
+
+Tensor DistributedDataParallel::bucket_buffer(size_t b) const {
+  BLU_CHECK(b < state_->buckets.size(), "DDP: bucket ", b, " does not exist (", state_->buckets.size(), " buckets)");
+  return state_->buckets[b].buffer;
+}
+
+int64_t DistributedDataParallel::copied_gradients() const {
+  std::lock_guard lock(state_->mu);
+  return state_->copied;
 }
 
 }  // namespace blu::dist

@@ -2,18 +2,34 @@
 // own slice of the global batch, and gradients are averaged across ranks before the optimizer
 // step, so all ranks take the same step (PyTorch's DistributedDataParallel, without a forward
 // wrapper: call the module as usual).
-//   Construction broadcasts rank 0's parameters (and floating buffers) to every rank.
-//   Parameters are grouped into buckets of about bucket_mib MiB, in reverse registration order
-//   (roughly the order backward produces their gradients). A grad hook on each parameter copies
-//   its gradient into the bucket's flat buffer; when every parameter of a bucket has its gradient
-//   the bucket's all-reduce (average) is issued at once and runs on the group's worker thread
-//   (Gloo) or communication stream (NCCL: CUDA parameters, buckets on their device) while
-//   backward goes on. Buckets are issued strictly in bucket order, so every rank issues the
-//   same sequence of collectives whatever order its hooks fire in.
-//   finish() — call after the last backward of a step, before clipping and the optimizer — issues
-//   the buckets still waiting, waits for all of them and copies the averaged gradients back.
+//   Construction broadcasts rank 0's parameters (and floating buffers) to every rank, then groups
+//   the parameters into buckets in reverse registration order (roughly the order backward
+//   produces their gradients): the first bucket holds about first_bucket_mib MiB, so the first
+//   all-reduce starts as soon as the last layers' gradients exist; the others about bucket_mib.
+//   Gradients are bucket views (PyTorch's gradient_as_bucket_view): a bucket is one flat buffer,
+//   and each parameter's gradient *is* its slice of it. DDP gives each parameter that slice as its
+//   grad slot (Tensor::set_grad_slot): when backward delivers a gradient while .grad is undefined
+//   (after zero_grad(), or the first time), the engine puts it straight into the slot and makes
+//   the slot the .grad — with 16-bit compute the master weight's cast converts directly into it;
+//   otherwise the fresh gradient is copied there — and later micro-batches add into it in place.
+//   So the bucket is filled by the engine's own accumulation: the hook copies nothing into the
+//   bucket and finish() copies nothing back out of it. A .grad handle kept across steps is bucket
+//   memory: it sees the next step's gradient.
+//   A grad hook on each parameter marks it ready; when every parameter of a bucket is ready the
+//   bucket's all-reduce (average, in place) is issued at once and runs on the group's worker
+//   thread (Gloo) or communication stream (NCCL: CUDA parameters, buckets on their device) while
+//   backward goes on. Buckets are issued strictly in bucket order, so every rank issues the same
+//   sequence of collectives whatever order its hooks fire in.
+//   finish() — call after the last backward of a step, before unscaling, clipping and the
+//   optimizer — issues the buckets still waiting and waits for all of them; then every .grad is
+//   the averaged bucket view. On NCCL the wait is stream-ordered (no host synchronisation).
 //   no_sync() (or set_sync(false)) for the micro-batches of gradient accumulation before the last:
-//   backward only accumulates locally; the last micro-batch's backward (sync on) communicates.
+//   backward only accumulates locally (into the bucket views); the last micro-batch's backward
+//   (sync on) communicates.
+// A replaced gradient is never lost: a hook (or finish()) that finds a parameter's .grad is not
+// its bucket view — the user called set_grad() with another tensor — copies that gradient into
+// the bucket (counted by copied_gradients(), reported once on stderr), and finish() points .grad
+// back at the view, which then holds the average.
 // Unused parameters: a parameter with no gradient on this rank at finish() contributes zeros, so
 // the average is over all ranks with zeros for the ranks that did not use it. A parameter unused
 // on every rank ends up with a zero gradient (not an undefined one): AdamW then still decays its
@@ -21,8 +37,10 @@
 // find_unused_parameters=True for this; here it is always on and costs nothing extra.)
 // Depends on dist/process_group, nn/module, ops/. Keep: each parameter's hook fires once per
 // backward (the engine sums a leaf's incoming gradients before accumulating), so two synced
-// backwards without finish() in between are an error; hooks hold only a weak reference, so a
-// destroyed DDP leaves inert hooks behind.
+// backwards without finish() in between are an error; between a synced backward and finish()
+// the gradients are being reduced in place — read or write them only after finish(); hooks hold
+// only a weak reference, so a destroyed DDP leaves inert hooks behind (and removes its grad
+// slots; gradients that are views keep their bucket alive).
 #pragma once
 #include <memory>
 #include <string>
@@ -35,6 +53,9 @@ namespace blu::dist {
 
 struct DDPOptions {
   double bucket_mib = 25.0;  // bucket capacity; a parameter larger than this gets a bucket alone
+  // Capacity of the first bucket (the gradients backward makes first), as PyTorch's 1 MiB: a
+  // small first all-reduce starts while the rest of backward runs. >= bucket_mib: no special case.
+  double first_bucket_mib = 1.0;
 };
 
 // Copies rank `root`'s parameters and floating buffers into every rank's module (in place).
@@ -63,14 +84,20 @@ class DistributedDataParallel {
   };
   NoSync no_sync() { return NoSync(*this); }
 
-  // Averages the step's gradients across ranks (see the header comment). A no-op while sync is
-  // off. Throws blu::Error if a collective failed (a peer died, the timeout passed).
+  // Averages the step's gradients across ranks (see the header comment); afterwards every
+  // parameter's .grad is its bucket view. A no-op while sync is off. Throws blu::Error if a
+  // collective failed (a peer died, the timeout passed).
   void finish();
 
   nn::Module& module() { return module_; }
   ProcessGroup& process_group() { return *pg_; }
   // Parameter names per bucket, in bucket order (for tests and logs).
   std::vector<std::vector<std::string>> bucket_layout() const;
+  // Bucket b's flat buffer (1-d): its parameters' gradients are views into it, in layout order.
+  Tensor bucket_buffer(size_t b) const;
+  // Gradients that were not their bucket view and had to be copied into the bucket (a .grad the
+  // user replaced); stays 0 on the fast path.
+  int64_t copied_gradients() const;
 
  private:
   struct State;

@@ -78,6 +78,10 @@ struct NcclOptions {
   std::chrono::milliseconds timeout{600000};
   int device = -1;             // the CUDA device of this rank; -1: LOCAL_RANK (dist/env)
   bool blocking_wait = false;  // wait() also blocks the host until the operation is done
+  // The communication stream gets the device's highest priority: when compute kernels fill the
+  // GPU, the block scheduler starts a queued collective's blocks first, so a DDP bucket's
+  // all-reduce runs beside backward instead of waiting for SMs to drain (false: default priority).
+  bool high_priority_stream = true;
   std::string prefix = "default_pg";  // store key prefix: several groups can share one store
 };
 

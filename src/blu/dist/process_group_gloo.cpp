@@ -16,11 +16,13 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
 
+#include <csignal>
 #include <condition_variable>
 #include <deque>
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <signal.h>
 #include <unistd.h>
 #include <algorithm>
 
@@ -374,6 +376,13 @@ std::shared_ptr<ProcessGroup> make_gloo_group(TcpStore& store, int rank, int siz
   BLU_CHECK(size >= 1, "make_gloo_group: size must be >= 1, got ", size);
   BLU_CHECK(rank >= 0 && rank < size, "make_gloo_group: rank must be in [0, ", size, "), got ", rank);
   BLU_CHECK(options.timeout.count() > 0, "make_gloo_group: timeout must be > 0 ms, got ", options.timeout.count());
+  // Gloo's TCP pairs write to sockets without MSG_NOSIGNAL: a write to a peer that has just exited
+  // raises SIGPIPE, whose default action kills this rank silently instead of letting the write
+  // fail with EPIPE and surface as the error the failure contract promises. (Python ignores
+  // SIGPIPE at start-up, which is why PyTorch's Gloo never meets this.) Left alone if the program
+  // installed its own handler.
+  if (struct sigaction sa{}; ::sigaction(SIGPIPE, nullptr, &sa) == 0 && sa.sa_handler == SIG_DFL)
+    ::signal(SIGPIPE, SIG_IGN);
   return std::make_shared<GlooGroup>(store, rank, size, options);
 }
 

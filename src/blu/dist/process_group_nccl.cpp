@@ -4,8 +4,10 @@
 // it in the TcpStore under "<prefix>/nccl_id"; the other ranks read it (waiting up to the store's
 // timeout) and every rank calls ncclCommInitRank.
 //
-// Streams. Every operation runs on the group's own communication stream, so a collective
-// overlaps the compute the caller queues after it:
+// Streams. Every operation runs on the group's own communication stream (of the device's highest
+// priority unless NcclOptions::high_priority_stream is off: a collective issued during backward
+// must not queue behind the compute kernels' blocks for SMs), so a collective overlaps the compute
+// the caller queues after it:
 //   caller's current stream  ──record(ready)──▶ comm stream waits(ready) ─▶ NCCL op ─▶ record(done)
 // The comm stream first waits on an event recorded on the caller's current stream (the inputs
 // are written there). The tensors are recorded on the comm stream (cuda::record_stream), so the
@@ -133,7 +135,7 @@ class NcclProcessGroup final : public ProcessGroup {
     BLU_CHECK(device_ >= 0 && device_ < cuda::device_count(), "make_nccl_group: rank ", rank, " asks for CUDA device ",
               device_, " but ", cuda::device_count(), " are visible");
     cuda::set_device(device_);
-    stream_ = std::make_unique<cuda::Stream>();
+    stream_ = std::make_unique<cuda::Stream>(o.high_priority_stream ? cuda::highest_stream_priority() : 0);
     ncclUniqueId id;
     const std::string key = o.prefix + "/nccl_id";
     if (rank == 0) {

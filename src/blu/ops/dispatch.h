@@ -29,6 +29,10 @@ struct OpDef;
 
 // What a backward formula sees: the attributes, the inputs and outputs the op chose to save (the
 // others are undefined), every input's metadata, and which inputs need a gradient.
+// grad_dst: where the engine would like input i's gradient written (a leaf's grad slot, see
+// Tensor::set_grad_slot; undefined for most inputs). A formula that can produce that gradient in
+// place writes it there and returns that very tensor, saving the copy into the slot; the others
+// ignore it.
 struct BackwardContext {
   const OpDef* op = nullptr;
   Attrs attrs;
@@ -36,9 +40,11 @@ struct BackwardContext {
   std::vector<Tensor> outputs;
   std::vector<TensorMeta> input_metas;
   std::vector<bool> needs_grad;
+  std::vector<Tensor> grad_dst;  // empty, or one per input; set only while the backward runs
   const Tensor& input(size_t i) const;
   const Tensor& output(size_t i) const;
   const Shape& input_shape(size_t i) const { return input_metas.at(i).shape; }
+  Tensor grad_destination(size_t i) const { return i < grad_dst.size() ? grad_dst[i] : Tensor(); }
 };
 
 using InferFn = std::vector<TensorMeta> (*)(std::span<const Tensor> in, const Attrs& attrs);

@@ -166,6 +166,8 @@ std::vector<TensorMeta> infer_cast(std::span<const Tensor> in, const Attrs& a) {
   return {TensorMeta{in[0].shape(), a.get<DType>("dtype"), in[0].device()}};
 }
 std::vector<Tensor> cast_backward(const BackwardContext& c, std::span<const Tensor> g) {
+  // A master weight's grad slot (16-bit compute, DDP): cast straight into the bucket.
+  if (const Tensor dst = c.grad_destination(0); dst.defined()) return {copy_(dst, g[0])};
   return {to_dtype(g[0], c.input_metas[0].dtype)};
 }
 const OpDef kCast{.name = "cast", .infer = infer_cast, .backward = cast_backward};

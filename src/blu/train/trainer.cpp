@@ -359,6 +359,9 @@ double Trainer::train_step(StepStats& s) {
     const Tensor scaled = factor != 1.0 ? mul(out.loss, factor) : out.loss;
     scaled.backward();
   }
+  // DDP first: the averaged gradients are the same on every rank, so unscaling and the overflow
+  // check agree everywhere, and nothing touches a bucket while its all-reduce may still run.
+  if (ddp_) ddp_->finish();
   if (scaler_ && !scaler_->unscale_and_check(model_->parameters())) {
     // fp16 overflow: no update this step; the scale has backed off.
     s.skipped = scaler_->skipped_steps();
@@ -369,7 +372,6 @@ double Trainer::train_step(StepStats& s) {
   }
   if (scaler_) s.skipped = scaler_->skipped_steps();
   const double max_norm = o.grad_clip > 0 ? o.grad_clip : std::numeric_limits<double>::infinity();
-  if (ddp_) ddp_->finish();
   s.grad_norm = zero_ ? zero_->clip_grad_norm(max_norm) : optim::clip_grad_norm(model_->parameters(), max_norm);
   s.lr = schedule_.at(step_);
   opt_->set_lr(s.lr);

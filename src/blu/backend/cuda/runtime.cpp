@@ -35,6 +35,12 @@ void set_device(int index) {
   BLU_CUDA_CHECK(cudaSetDevice(index));
 }
 
+int highest_stream_priority() {
+  int least = 0, greatest = 0;
+  BLU_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  return greatest;
+}
+
 Stream::Stream() { BLU_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
 Stream::Stream(int priority) { BLU_CUDA_CHECK(cudaStreamCreateWithPriority(&s_, cudaStreamNonBlocking, priority)); }
 Stream& Stream::operator=(Stream&& o) noexcept {

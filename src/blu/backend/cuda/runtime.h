@@ -38,11 +38,14 @@ int device_count();  // 0 when no driver/device (never throws)
 int current_device();
 void set_device(int index);
 
+// The current device's greatest stream priority (numerically the lowest; 0 is the default).
+int highest_stream_priority();
+
 // A stream owned by this object (non-blocking w.r.t. the legacy default stream).
 class Stream {
  public:
   Stream();
-  explicit Stream(int priority);
+  explicit Stream(int priority);  // see highest_stream_priority()
   Stream(Stream&& o) noexcept : s_(o.s_) { o.s_ = nullptr; }
   Stream& operator=(Stream&& o) noexcept;
   Stream(const Stream&) = delete;
