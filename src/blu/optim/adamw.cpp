@@ -1,6 +1,9 @@
 // optim/adamw: torch.optim.AdamW — decoupled weight decay, bias-corrected moments, a step count
-// per parameter — with each parameter's update one adamw_step op (ops/optim.h).
+// per parameter — as few adamw_step ops as the coefficients allow (ops/optim.h): one per
+// (weight decay, step count), each over all the parameters that share them.
 #include <cmath>
+#include <map>
+#include <tuple>
 
 #include "blu/core/grad_mode.h"
 #include "blu/ops/factory.h"
@@ -29,6 +32,8 @@ class AdamW final : public Optimizer {
 
   void step() override {
     NoGradGuard no_grad;
+    // Parameters with equal coefficients go into one op; map order keeps the ops deterministic.
+    std::map<std::tuple<double, int64_t>, std::vector<AdamWTensors>> batches;
     for (size_t i = 0; i < params_.size(); ++i) {
       const detail::ParamRef& p = params_[i];
       const Tensor g = detail::checked_grad(p, kName);
@@ -39,10 +44,11 @@ class AdamW final : public Optimizer {
         s.exp_avg_sq = zeros_like(p.param);
       }
       ++s.step;
-      adamw_step_(p.param, g, s.exp_avg, s.exp_avg_sq,
-                  {.lr = lr_, .beta1 = opt_.beta1, .beta2 = opt_.beta2, .eps = opt_.eps,
-                   .weight_decay = p.weight_decay, .step = s.step});
+      batches[{p.weight_decay, s.step}].push_back({p.param, g, s.exp_avg, s.exp_avg_sq});
     }
+    for (const auto& [key, tensors] : batches)
+      adamw_step_(tensors, {.lr = lr_, .beta1 = opt_.beta1, .beta2 = opt_.beta2, .eps = opt_.eps,
+                            .weight_decay = std::get<0>(key), .step = std::get<1>(key)});
     ++steps_;
   }
 

@@ -1,11 +1,11 @@
 // optim/optimizer: optimizers over parameter groups — AdamW (decoupled weight decay, exactly
 // torch.optim.AdamW's update) and SGD with momentum — plus global-norm gradient clipping,
 // learning-rate schedules and the optimizer state that checkpoints save.
-// Depends on core/, ops/ (ops/optim: the per-tensor update ops). Keep: updates run under
+// Depends on core/, ops/ (ops/optim: the update ops), nn/ (names). Keep: updates run under
 // NoGradGuard through dispatched ops (so the CUDA backend can supply fused kernels); state tensors
 // are named so checkpoints can hold them; parameters whose grad is undefined are skipped (their
-// state and step count are left alone, as in PyTorch); state is fp32 and, until master copies
-// exist, parameters must be fp32 too (BLU_CHECK otherwise).
+// state and step count are left alone, as in PyTorch); state and parameters are fp32 (BLU_CHECK
+// otherwise): in mixed precision the parameters are the fp32 master weights.
 //
 // State names (state() / load_state()):
 //   "step"                     0-d i64: optimizer steps taken (steps()); f64 is accepted on load
