@@ -1,9 +1,11 @@
-// GPU tests for the many-tensor AdamW kernel: the CUDA "adamw_step" equals the CPU kernel bit for
-// bit on random data (more tensors than one launch's table holds, sizes that are not multiples
-// of 4, views at offsets that break 16-byte alignment, a transposed view, compute copies
-// none/bf16/f16).
+// GPU tests for the many-tensor AdamW kernel and the compute copies it writes: the CUDA
+// "adamw_step" equals the CPU kernel bit for bit on random data (more tensors than one launch's
+// table holds, sizes that are not multiples of 4, views at offsets that break 16-byte alignment,
+// a transposed view, compute copies none/bf16/f16); and on a tiny bf16 GPT on the GPU, every
+// compute copy equals to_dtype(param) after each AdamW step, an SGD step leaves them to be
+// re-cast, and the forward gives the same logits with copies on and off.
 // Every test skips when no CUDA device is present. Run: build-cuda/tests/test_cuda
-// --gtest_filter='CudaAdamWMulti.*'
+// --gtest_filter='CudaAdamWMulti.*:CudaComputeCopy.*'
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -11,7 +13,9 @@
 
 #include "blu/backend/cuda/runtime.h"
 #include "blu/blu.h"
+#include "blu/nn/gpt.h"
 #include "blu/ops/optim.h"
+#include "blu/optim/optimizer.h"
 
 namespace blu {
 namespace {
@@ -113,6 +117,60 @@ TEST(CudaAdamWMulti, MatchesCpuBitwise) {
         EXPECT_TRUE(bit_equal("device copy vs device cast" + at, c[i].d, host(to_dtype(p[i].d, copy_dtype))));
       }
     }
+  }
+}
+
+struct GptRun {
+  std::unique_ptr<nn::GPT> model;
+  std::unique_ptr<optim::Optimizer> opt;
+};
+GptRun tiny_gpt(bool adamw) {
+  GptRun r;
+  r.model = std::make_unique<nn::GPT>(nn::GPTConfig::preset("tiny"), 3);
+  r.model->to(kCuda);
+  r.model->set_compute_dtype(DType::bf16);
+  auto groups = optim::decay_groups(r.model->named_parameters(), 0.1);
+  r.opt = adamw ? optim::make_adamw(groups, {.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8})
+                : optim::make_sgd(groups, {.lr = 3e-2, .momentum = 0.9});
+  r.opt->attach_compute_copies(r.model->compute_copies());
+  return r;
+}
+
+TEST(CudaComputeCopy, GptCopiesEqualTheCastAfterEveryStep) {
+  SKIP_WITHOUT_CUDA();
+  for (bool adamw : {true, false}) {
+    SCOPED_TRACE(adamw ? "adamw" : "sgd");
+    GptRun r = tiny_gpt(adamw);
+    Generator data(5);
+    for (int step = 0; step < 3; ++step) {
+      const Tensor idx = randint(0, 101, {2, 16}, DType::i64, kCuda, &data);
+      const Tensor tgt = randint(0, 101, {2, 16}, DType::i64, kCuda, &data);
+      r.opt->zero_grad();
+      r.model->forward(idx, tgt).loss.backward();
+      r.opt->step();
+      int copies = 0;
+      for (const auto& [p, c] : r.model->compute_copies()) {
+        if (!c->tensor().defined()) continue;  // wpe is read in fp32
+        ++copies;
+        EXPECT_EQ(c->current(p), adamw);  // AdamW wrote it; SGD's update made it stale
+        if (adamw) {
+          EXPECT_TRUE(
+              bit_equal("copy after step " + std::to_string(step), c->tensor(), host(to_dtype(p, DType::bf16))));
+        }
+      }
+      EXPECT_EQ(copies, 27);  // every weight but wpe's
+    }
+    // Logits with the (written or re-cast) copies equal those of plain casts.
+    NoGradGuard ng;
+    const Tensor idx = randint(0, 101, {2, 16}, DType::i64, kCuda, &data);
+    const Tensor on = r.model->forward(idx).logits;
+    for (const auto& [p, c] : r.model->compute_copies()) {
+      if (c->tensor().defined()) {
+        EXPECT_TRUE(bit_equal("copy after the forward", c->tensor(), host(to_dtype(p, DType::bf16))));
+      }
+    }
+    r.model->set_compute_copies(false);
+    EXPECT_TRUE(bit_equal("logits with copies vs casts", on, host(r.model->forward(idx).logits)));
   }
 }
 
