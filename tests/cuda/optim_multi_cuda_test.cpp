@@ -1,7 +1,7 @@
 // GPU tests for the many-tensor AdamW kernel and the compute copies it writes: the CUDA
 // "adamw_step" equals the CPU kernel bit for bit on random data (more tensors than one launch's
 // table holds, sizes that are not multiples of 4, views at offsets that break 16-byte alignment,
-// a transposed view, compute copies none/bf16/f16); and on a tiny bf16 GPT on the GPU, every
+// a transposed view, compute copies none/bf16/f16); and on a small bf16 GPT on the GPU, every
 // compute copy equals to_dtype(param) after each AdamW step, an SGD step leaves them to be
 // re-cast, and the forward gives the same logits with copies on and off.
 // Every test skips when no CUDA device is present. Run: build-cuda/tests/test_cuda
@@ -126,7 +126,10 @@ struct GptRun {
 };
 GptRun tiny_gpt(bool adamw) {
   GptRun r;
-  r.model = std::make_unique<nn::GPT>(nn::GPTConfig::preset("tiny"), 3);
+  nn::GPTConfig cfg = nn::GPTConfig::preset("tiny");
+  cfg.n_embd = 128;  // head dim 64: the flash-attention path GPT-2 takes
+  cfg.n_head = 2;
+  r.model = std::make_unique<nn::GPT>(cfg, 3);
   r.model->to(kCuda);
   r.model->set_compute_dtype(DType::bf16);
   auto groups = optim::decay_groups(r.model->named_parameters(), 0.1);
