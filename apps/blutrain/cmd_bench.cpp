@@ -152,6 +152,7 @@ int run_bench(const BenchOptions& o) {
     opt = std::make_unique<dist::ZeroAdamW>(optim::decay_groups(model.named_parameters(), 0.1), ao, pg, 1);
   else
     opt = optim::make_adamw(optim::decay_groups(model.named_parameters(), 0.1), ao);
+  opt->attach_compute_copies(model.compute_copies());
   const auto params = model.parameters();
   Generator gen(1 + uint64_t(env.rank));  // each rank its own batches
   allocator_for(dev).reset_peak();

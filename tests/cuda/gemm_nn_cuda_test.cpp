@@ -631,8 +631,8 @@ TEST(CudaOptim, AdamWTenStepsWithinOneUlpOfCpu) {
     const Tensor g = mul(randn(s), 1e-2 * double(step));
     AdamWStepArgs a = base;
     a.step = step;
-    adamw_step_(pc, g, mc, vc, a);
-    adamw_step_(pd, dev(g), md, vd, a);
+    adamw_step_({{pc, g, mc, vc}}, a);
+    adamw_step_({{pd, dev(g), md, vd}}, a);
     EXPECT_LE(max_ulp(pd, pc), 1) << "param after step " << step;
     EXPECT_LE(max_ulp(md, mc), 1) << "exp_avg after step " << step;
     EXPECT_LE(max_ulp(vd, vc), 1) << "exp_avg_sq after step " << step;
@@ -642,8 +642,8 @@ TEST(CudaOptim, AdamWTenStepsWithinOneUlpOfCpu) {
   Tensor pth = host(pt), gth = host(gt);
   Tensor mt = dev(zeros({32, 64})), vt = dev(zeros({32, 64}));
   Tensor mth = zeros({32, 64}), vth = zeros({32, 64});
-  adamw_step_(transpose(pt, 0, 1), transpose(gt, 0, 1), mt, vt, base);
-  adamw_step_(transpose(pth, 0, 1), transpose(gth, 0, 1), mth, vth, base);
+  adamw_step_({{transpose(pt, 0, 1), transpose(gt, 0, 1), mt, vt}}, base);
+  adamw_step_({{transpose(pth, 0, 1), transpose(gth, 0, 1), mth, vth}}, base);
   EXPECT_LE(max_ulp(pt, pth), 1) << "strided param";
 }
 

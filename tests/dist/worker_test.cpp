@@ -62,7 +62,9 @@ void collectives() {
     // all_reduce sum / avg / max
     for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
       Tensor t = from_vector(mine(r), {n * W}, dt);
+      const uint64_t v0 = t.storage()->version();
       pg.all_reduce(t, op)->wait();
+      ASSERT_EQ(t.storage()->version(), v0 + 1);  // Note [Storage versions]: a collective's write counts
       std::vector<double> got = values(t);
       for (int64_t i = 0; i < n * W; ++i) {
         double s = 0, m = -1e30;
@@ -74,7 +76,10 @@ void collectives() {
     // reduce_scatter: chunk r of the sum
     for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
       Tensor in = from_vector(mine(r), {n * W}, dt), out = zeros({n}, dt);
+      const uint64_t in0 = in.storage()->version(), out0 = out.storage()->version();
       pg.reduce_scatter(out, in, op)->wait();
+      ASSERT_EQ(in.storage()->version(), in0);
+      ASSERT_EQ(out.storage()->version(), out0 + 1);
       std::vector<double> got = values(out);
       for (int64_t i = 0; i < n; ++i) {
         double s = 0;
@@ -86,7 +91,10 @@ void collectives() {
     // all_gather
     {
       Tensor in = full({n}, double(r) + 0.25, dt), out = zeros({n * W}, dt);
+      const uint64_t in0 = in.storage()->version(), out0 = out.storage()->version();
       pg.all_gather(out, in)->wait();
+      ASSERT_EQ(in.storage()->version(), in0);
+      ASSERT_EQ(out.storage()->version(), out0 + 1);
       std::vector<double> got = values(out);
       for (int q = 0; q < W; ++q)
         for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[size_t(q * n + i)], double(q) + 0.25);
@@ -94,18 +102,22 @@ void collectives() {
     // broadcast from the last rank
     {
       Tensor t = full({n}, double(r), dt);
+      const uint64_t v0 = t.storage()->version();
       pg.broadcast(t, W - 1)->wait();
+      ASSERT_EQ(t.storage()->version(), v0 + 1);  // also on the root: conservative
       for (double v : values(t)) ASSERT_EQ(v, double(W - 1));
     }
     // send/recv around a ring: every rank sends first, then receives (p2p does not queue)
     {
       Tensor s = full({n}, double(r) * 10, dt), got = zeros({n}, dt);
+      const uint64_t got0 = got.storage()->version();
       const int right = (r + 1) % W, left = (r + W - 1) % W;
       WorkPtr a = pg.send(s, right, 5);
       WorkPtr b = pg.recv(got, left, 5);
       a->wait();
       b->wait();
       for (double v : values(got)) ASSERT_EQ(v, double(left) * 10);
+      ASSERT_EQ(got.storage()->version(), got0 + 1);
     }
   }
   // Many queued operations complete in order; is_completed turns true.

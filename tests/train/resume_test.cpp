@@ -1,4 +1,5 @@
-// Trainer tests: exact resume (20 steps straight == 10 + checkpoint + resume + 10, bitwise),
+// Trainer tests: exact resume (20 steps straight == 10 + checkpoint + resume + 10, bitwise; fp32,
+// and bf16 with AdamW writing the compute copies),
 // gradient accumulation (B=4 == 2 micro-batches of B=2 on the same tokens), and the run directory
 // rules (refused without --overwrite, --overwrite removes only the trainer's own files).
 #include <gtest/gtest.h>
@@ -37,8 +38,10 @@ void write_data(const TempDir& dir) {
   write_shard(dir / "toy_train_000000.bin", pattern_tokens(8192, 2));
 }
 
-TrainOptions tiny_options(const TempDir& data, const std::filesystem::path& out) {
+TrainOptions tiny_options(const TempDir& data, const std::filesystem::path& out,
+                          const std::string& precision = "fp32") {
   TrainOptions o;
+  o.precision = precision;
   o.train_pattern = (data / "toy_train_*.bin").string();
   o.val_pattern = (data / "toy_val_*.bin").string();
   o.model.n_layer = 2;
@@ -77,7 +80,7 @@ bool bitwise_equal(const std::vector<double>& a, const std::vector<double>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
 }
 
-TEST(Trainer, ResumeIsBitwiseExact) {
+void check_resume_is_bitwise_exact(const std::string& precision) {
   TempDir data, runs;
   write_data(data);
 
@@ -86,7 +89,7 @@ TEST(Trainer, ResumeIsBitwiseExact) {
   TrainCallbacks cb;
   cb.on_step = [&](const StepStats& s) { straight_losses.push_back(s.loss); };
   cb.on_eval = [&](int64_t, double v) { straight_val.push_back(v); };
-  Trainer a(tiny_options(data, runs / "a"), cb);
+  Trainer a(tiny_options(data, runs / "a", precision), cb);
   const TrainSummary sa = a.run();
   EXPECT_EQ(sa.end_step, 20);
   EXPECT_FALSE(sa.interrupted);
@@ -104,13 +107,13 @@ TEST(Trainer, ResumeIsBitwiseExact) {
   };
   cb1.on_eval = [&](int64_t, double v) { split_val.push_back(v); };
   {
-    Trainer b(tiny_options(data, runs / "b"), cb1);
+    Trainer b(tiny_options(data, runs / "b", precision), cb1);
     const TrainSummary sb = b.run();
     EXPECT_TRUE(sb.interrupted);
     EXPECT_EQ(sb.end_step, 10);
     EXPECT_NE(sb.checkpoint.find("ckpt_00000010"), std::string::npos) << sb.checkpoint;
   }
-  TrainOptions resumed = tiny_options(data, runs / "b");
+  TrainOptions resumed = tiny_options(data, runs / "b", precision);
   resumed.resume = true;
   TrainCallbacks cb2;
   cb2.on_step = [&](const StepStats& s) { split_losses.push_back(s.loss); };
@@ -135,6 +138,10 @@ TEST(Trainer, ResumeIsBitwiseExact) {
   EXPECT_TRUE(std::filesystem::exists(runs / "b" / "metrics.jsonl"));
   EXPECT_TRUE(std::filesystem::exists(runs / "b" / "run.json"));
 }
+
+TEST(Trainer, ResumeIsBitwiseExact) { check_resume_is_bitwise_exact("fp32"); }
+// bf16: AdamW writes the compute copies; the resumed run re-casts them from the loaded weights.
+TEST(Trainer, ResumeIsBitwiseExactBf16) { check_resume_is_bitwise_exact("bf16"); }
 
 TEST(Trainer, GradAccumMatchesOneBigBatch) {
   // Two micro-batches of B=2 read the same 64 consecutive tokens as one batch of B=4, so one

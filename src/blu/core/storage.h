@@ -1,8 +1,10 @@
 // core/storage: a block of bytes on one device that tensors view. The bytes come from an
 // allocator (memory/), which the core does not know: a DataPtr carries its own release function.
 // Depends on core/device. Keep: Storage is shared (shared_ptr) by every tensor viewing it, and
-// frees its bytes exactly once when the last view goes.
+// frees its bytes exactly once when the last view goes; every write to existing bytes bumps the
+// version (Note [Storage versions]).
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -49,12 +51,29 @@ class DataPtr {
   void* ctx_ = nullptr;
 };
 
+// Note [Storage versions]
+// A storage counts the writes made to its bytes after they were first produced: version() is 0
+// for a fresh allocation (an op's output) and every later write bumps it — ops/dispatch after
+// each in-place kernel (copy_, fill_, add_, optimizer steps: every input the op writes, see
+// OpDef::writes), the process groups for the tensors a collective fills (dist/), and any other
+// code that writes through raw_data() into a storage someone may already read. What reads it:
+// a value derived from a storage can remember (storage, version) and know it is still current
+// while the version has not moved — nn/compute_copy.h keeps the 16-bit compute copies of
+// parameters that way. Views share their storage, so a write through any view bumps them all
+// (conservative: a copy of one view is re-made after a write to another). The bump happens on
+// the host when the write is issued (a device kernel or collective may still be running); readers
+// that go through ops are ordered after it on the stream.
 struct Storage {
   DataPtr data;
   explicit Storage(DataPtr d) : data(std::move(d)) {}
   void* ptr() const { return data.get(); }
   size_t nbytes() const { return data.nbytes(); }
   Device device() const { return data.device(); }
+  uint64_t version() const { return version_.load(std::memory_order_relaxed); }
+  void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint64_t> version_{0};
 };
 
 }  // namespace blu

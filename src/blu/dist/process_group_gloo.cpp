@@ -152,6 +152,7 @@ class GlooGroup final : public ProcessGroup {
 
   WorkPtr all_reduce(const Tensor& t, ReduceOp op) override {
     check_tensor(t, "all_reduce");
+    t.storage()->bump_version();  // Note [Storage versions]
     return enqueue("all_reduce", [this, t, op](uint32_t tag) {
       BLU_DISPATCH_GLOO(t.dtype(), {
         gloo::AllreduceOptions o(ctx_);
@@ -172,6 +173,7 @@ class GlooGroup final : public ProcessGroup {
     BLU_CHECK(in.dtype() == out.dtype(), "reduce_scatter: input is ", in.dtype(), " but output is ", out.dtype());
     BLU_CHECK(in.numel() == out.numel() * size_, "reduce_scatter: input must hold size (", size_,
               ") × output elements (", out.numel(), " → ", out.numel() * size_, "), got ", in.numel());
+    out.storage()->bump_version();  // Note [Storage versions]
     return enqueue("reduce_scatter", [this, out, in, op](uint32_t tag) {
       BLU_DISPATCH_GLOO(in.dtype(), { ring_reduce_scatter<scalar_t>(out, in, op, tag); });
     });
@@ -183,6 +185,7 @@ class GlooGroup final : public ProcessGroup {
     BLU_CHECK(in.dtype() == out.dtype(), "all_gather: input is ", in.dtype(), " but output is ", out.dtype());
     BLU_CHECK(out.numel() == in.numel() * size_, "all_gather: output must hold size (", size_,
               ") × input elements (", in.numel(), " → ", in.numel() * size_, "), got ", out.numel());
+    out.storage()->bump_version();  // Note [Storage versions]
     return enqueue("all_gather", [this, out, in](uint32_t tag) {
       BLU_DISPATCH_GLOO(in.dtype(), {
         gloo::AllgatherOptions o(ctx_);
@@ -198,6 +201,7 @@ class GlooGroup final : public ProcessGroup {
   WorkPtr broadcast(const Tensor& t, int root) override {
     check_tensor(t, "broadcast");
     check_rank(root, "broadcast root");
+    t.storage()->bump_version();  // Note [Storage versions]
     return enqueue("broadcast", [this, t, root](uint32_t tag) {
       BLU_DISPATCH_GLOO(t.dtype(), {
         gloo::BroadcastOptions o(ctx_);
@@ -222,6 +226,7 @@ class GlooGroup final : public ProcessGroup {
 
   WorkPtr recv(const Tensor& t, int src, int tag) override {
     check_p2p(t, src, tag, "recv");
+    t.storage()->bump_version();  // Note [Storage versions]
     auto buf = ctx_->createUnboundBuffer(t.raw_data(), t.nbytes());
     buf->recv(src, gloo::Slot::build(kP2PSlot, uint32_t(tag)));
     return std::make_shared<P2PWork>(std::move(buf), t, false, timeout_, rank_, src);

@@ -176,6 +176,7 @@ class NcclProcessGroup final : public ProcessGroup {
 
   WorkPtr all_reduce(const Tensor& t, ReduceOp op) override {
     check_tensor(t, "all_reduce");
+    t.storage()->bump_version();  // Note [Storage versions]
     return launch("all_reduce", {t}, [&](cudaStream_t s) {
       BLU_NCCL_CHECK(ncclAllReduce(t.raw_data(), t.raw_data(), size_t(t.numel()), nccl_dtype(t.dtype()),
                                    nccl_op(op), sh_->comm, s),
@@ -189,6 +190,7 @@ class NcclProcessGroup final : public ProcessGroup {
     BLU_CHECK(in.dtype() == out.dtype(), "reduce_scatter: input is ", in.dtype(), " but output is ", out.dtype());
     BLU_CHECK(in.numel() == out.numel() * size_, "reduce_scatter: input must hold size (", size_,
               ") × output elements (", out.numel(), "), got ", in.numel());
+    out.storage()->bump_version();  // Note [Storage versions]
     return launch("reduce_scatter", {out, in}, [&](cudaStream_t s) {
       BLU_NCCL_CHECK(ncclReduceScatter(in.raw_data(), out.raw_data(), size_t(out.numel()), nccl_dtype(in.dtype()),
                                        nccl_op(op), sh_->comm, s),
@@ -202,6 +204,7 @@ class NcclProcessGroup final : public ProcessGroup {
     BLU_CHECK(in.dtype() == out.dtype(), "all_gather: input is ", in.dtype(), " but output is ", out.dtype());
     BLU_CHECK(out.numel() == in.numel() * size_, "all_gather: output must hold size (", size_,
               ") × input elements (", in.numel(), "), got ", out.numel());
+    out.storage()->bump_version();  // Note [Storage versions]
     return launch("all_gather", {out, in}, [&](cudaStream_t s) {
       BLU_NCCL_CHECK(ncclAllGather(in.raw_data(), out.raw_data(), size_t(in.numel()), nccl_dtype(in.dtype()),
                                    sh_->comm, s),
@@ -212,6 +215,7 @@ class NcclProcessGroup final : public ProcessGroup {
   WorkPtr broadcast(const Tensor& t, int root) override {
     check_tensor(t, "broadcast");
     check_rank(root, "broadcast root");
+    t.storage()->bump_version();  // Note [Storage versions]
     return launch("broadcast", {t}, [&](cudaStream_t s) {
       BLU_NCCL_CHECK(ncclBroadcast(t.raw_data(), t.raw_data(), size_t(t.numel()), nccl_dtype(t.dtype()), root,
                                    sh_->comm, s),
@@ -230,6 +234,7 @@ class NcclProcessGroup final : public ProcessGroup {
   WorkPtr recv(const Tensor& t, int src, int tag) override {
     check_tensor(t, "recv");
     check_peer(src, tag, "recv");
+    t.storage()->bump_version();  // Note [Storage versions]
     return launch("recv", {t}, [&](cudaStream_t s) {
       BLU_NCCL_CHECK(ncclRecv(t.raw_data(), size_t(t.numel()), nccl_dtype(t.dtype()), src, sh_->comm, s), "recv");
     });

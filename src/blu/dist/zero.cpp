@@ -121,6 +121,7 @@ void ZeroAdamW::step() {
   NoGradGuard no_grad;
   reduce_gradients();
   const int64_t t = steps_ + 1;
+  std::map<double, std::vector<AdamWTensors>> by_decay;  // one adamw_step op per weight decay
   for (const Segment& s : segments_) {
     const Param& p = params_[s.param];
     Tensor g;
@@ -132,11 +133,13 @@ void ZeroAdamW::step() {
                 "call DistributedDataParallel::finish() before step()");
       g = narrow(reshape(full_grad, {full_grad.numel()}), 0, s.param_offset, s.length);
     }
-    adamw_step_(narrow(flat(p.tensor), 0, s.param_offset, s.length), g,
-                narrow(exp_avg_, 0, s.shard_offset, s.length), narrow(exp_avg_sq_, 0, s.shard_offset, s.length),
-                {.lr = lr_, .beta1 = options_.beta1, .beta2 = options_.beta2, .eps = options_.eps,
-                 .weight_decay = p.weight_decay, .step = t});
+    by_decay[p.weight_decay].push_back({narrow(flat(p.tensor), 0, s.param_offset, s.length), g,
+                                        narrow(exp_avg_, 0, s.shard_offset, s.length),
+                                        narrow(exp_avg_sq_, 0, s.shard_offset, s.length), Tensor()});
   }
+  for (const auto& [wd, tensors] : by_decay)
+    adamw_step_(tensors, {.lr = lr_, .beta1 = options_.beta1, .beta2 = options_.beta2, .eps = options_.eps,
+                          .weight_decay = wd, .step = t});
   // Every rank contributes its updated slice; all receive the whole vector.
   Tensor send = zeros({chunk_}, DType::f32, device_), recv = empty({chunk_ * pg_->size()}, DType::f32, device_);
   for (const Segment& s : segments_)

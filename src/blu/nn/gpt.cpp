@@ -124,8 +124,8 @@ MLP::MLP(const GPTConfig& cfg, Generator* gen) {
 Tensor MLP::forward(const Tensor& x) const {
   // c_proj(gelu_tanh(c_fc(x))) with the GELU output recomputed in backward (ops/fused.h).
   const Tensor u = c_fc->forward(x);
-  const Tensor b = c_proj->bias.defined() ? to_dtype(c_proj->bias, u.dtype()) : Tensor();
-  return dropout->forward(gelu_linear(u, to_dtype(c_proj->weight, u.dtype()), b));
+  return dropout->forward(
+      gelu_linear(u, c_proj->cast_param(c_proj->weight, u.dtype()), c_proj->cast_param(c_proj->bias, u.dtype())));
 }
 
 Block::Block(const GPTConfig& cfg, Generator* gen) {
@@ -202,7 +202,7 @@ void GPT::set_compute_dtype(DType dtype) {
 GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets) {
   GPTOutput out;
   Tensor x = hidden(idx, 0, nullptr);
-  out.logits = linear(x, to_dtype(wte->weight, x.dtype()));  // tied: x · wteᵀ → [B, T, padded_vocab]
+  out.logits = linear(x, wte->cast_param(wte->weight, x.dtype()));  // tied: x · wteᵀ → [B, T, padded_vocab]
   if (targets.defined()) {
     BLU_CHECK(targets.shape() == idx.shape(), "GPT: targets ", targets.shape(), " must have idx's shape ",
               idx.shape());
@@ -218,7 +218,7 @@ GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets) {
 
 Tensor GPT::forward_cached(const Tensor& idx, KVCache& cache) {
   Tensor x = hidden(idx, cache.length(), &cache);
-  return linear(x, to_dtype(wte->weight, x.dtype()));
+  return linear(x, wte->cast_param(wte->weight, x.dtype()));
 }
 
 namespace {

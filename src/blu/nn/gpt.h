@@ -101,7 +101,9 @@ class GPT : public Module {
   Tensor forward_cached(const Tensor& idx, KVCache& cache);
   const GPTConfig& config() const { return cfg_; }
   // Mixed precision: activations (and matmuls) in `dtype` (f32, bf16 or f16) while parameters
-  // keep their own dtype as master weights; gradients arrive in the parameters' dtype.
+  // keep their own dtype as master weights; gradients arrive in the parameters' dtype. The
+  // forward reads each weight through its compute copy (Module::cast_param, Note [Compute
+  // copies]); hand them to AdamW (attach_compute_copies) so its step writes them.
   void set_compute_dtype(DType dtype);
   // Until set, the parameters' own dtype.
   DType compute_dtype() const { return compute_dtype_.value_or(wte->weight.dtype()); }

@@ -22,10 +22,11 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias) : in_features(in), out_f
 }
 
 // Mixed precision: parameters stay in their own (master) dtype; the computation runs in x's
-// dtype, through casts whose backward brings the gradients back to the master dtype.
-static Tensor as_dtype_of(const Tensor& p, const Tensor& x) { return p.defined() ? to_dtype(p, x.dtype()) : p; }
-
-Tensor Linear::forward(const Tensor& x) const { return linear(x, as_dtype_of(weight, x), as_dtype_of(bias, x)); }
+// dtype, on the parameters' compute copies, whose backward brings the gradients back to the
+// master dtype (Module::cast_param).
+Tensor Linear::forward(const Tensor& x) const {
+  return linear(x, cast_param(weight, x.dtype()), cast_param(bias, x.dtype()));
+}
 
 Embedding::Embedding(int64_t num, int64_t dim) {
   BLU_CHECK(num > 0 && dim > 0, "Embedding: expected positive sizes, got ", num, " x ", dim);
@@ -41,7 +42,7 @@ LayerNorm::LayerNorm(int64_t dim, bool with_bias, double eps_) : eps(eps_) {
 }
 
 Tensor LayerNorm::forward(const Tensor& x) const {
-  return layer_norm(x, as_dtype_of(weight, x), as_dtype_of(bias, x), eps);
+  return layer_norm(x, cast_param(weight, x.dtype()), cast_param(bias, x.dtype()), eps);
 }
 
 Dropout::Dropout(double p_, Generator* gen) : p(p_), gen_(gen) {

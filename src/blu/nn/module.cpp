@@ -13,10 +13,10 @@ Tensor& Module::register_parameter(std::string name, Tensor& slot, Tensor value)
   BLU_CHECK(value.defined(), "register_parameter: parameter '", name, "' is undefined");
   BLU_CHECK(is_floating(value.dtype()), "register_parameter: parameter '", name, "' must be floating, got ",
             value.dtype());
-  for (auto& [n, _] : params_) BLU_CHECK(n != name, "register_parameter: '", name, "' is registered twice");
+  for (auto& p : params_) BLU_CHECK(p.name != name, "register_parameter: '", name, "' is registered twice");
   slot = value.detach();
   slot.set_requires_grad(true);
-  params_.emplace_back(std::move(name), &slot);
+  params_.push_back({std::move(name), &slot, std::make_shared<ComputeCopy>()});
   return slot;
 }
 
@@ -29,14 +29,23 @@ Tensor& Module::register_buffer(std::string name, Tensor& slot, Tensor value) {
 }
 
 void Module::visit(const std::string& prefix, bool params, NamedTensors& out) const {
-  for (auto& [name, slot] : params ? params_ : buffers_) out.emplace_back(prefix + name, *slot);
+  if (params) {
+    for (auto& p : params_) out.emplace_back(prefix + p.name, *p.slot);
+  } else {
+    for (auto& [name, slot] : buffers_) out.emplace_back(prefix + name, *slot);
+  }
   for (auto& [name, child] : children_) child->visit(prefix + name + ".", params, out);
 }
 
 void Module::each_slot(const std::function<void(Tensor&, bool is_param)>& f) {
-  for (auto& [_, slot] : params_) f(*slot, true);
+  for (auto& p : params_) f(*p.slot, true);
   for (auto& [_, slot] : buffers_) f(*slot, false);
   for (auto& [_, child] : children_) child->each_slot(f);
+}
+
+void Module::each_module(const std::function<void(Module&)>& f) {
+  f(*this);
+  for (auto& [_, child] : children_) child->each_module(f);
 }
 
 NamedTensors Module::named_parameters() const {
@@ -95,8 +104,37 @@ void Module::train(bool on) {
   for (auto& [_, child] : children_) child->train(on);
 }
 
+Tensor Module::cast_param(const Tensor& param, DType dtype) const {
+  if (!param.defined() || param.dtype() == dtype) return param;
+  for (const ParamSlot& p : params_) {
+    if (p.slot != &param && !p.slot->is_same(param)) continue;
+    return compute_copies_ ? p.copy->cast(*p.slot, dtype) : to_dtype(*p.slot, dtype);
+  }
+  BLU_CHECK(false, "cast_param: ", param.str(), " is not a parameter of this module");
+}
+
+void Module::set_compute_copies(bool on) {
+  each_module([on](Module& m) { m.compute_copies_ = on; });
+  if (!on) drop_compute_copies();
+}
+
+void Module::drop_compute_copies() {
+  each_module([](Module& m) {
+    for (ParamSlot& p : m.params_) p.copy->reset();
+  });
+}
+
+ComputeCopies Module::compute_copies() const {
+  ComputeCopies out;
+  for (const ParamSlot& p : params_) out.emplace_back(*p.slot, p.copy);
+  for (auto& [_, child] : children_)
+    for (auto& e : child->compute_copies()) out.push_back(std::move(e));
+  return out;
+}
+
 void Module::to(Device device) {
   NoGradGuard no_grad;
+  drop_compute_copies();  // copies of the tensors being replaced: never current again
   each_slot([&](Tensor& t, bool is_param) {
     if (t.device() == device) return;
     Tensor moved = to_device(t.detach(), device);
@@ -108,6 +146,7 @@ void Module::to(Device device) {
 void Module::to(DType dtype) {
   BLU_CHECK(is_floating(dtype), "Module::to: expected a floating dtype, got ", dtype);
   NoGradGuard no_grad;
+  drop_compute_copies();
   each_slot([&](Tensor& t, bool is_param) {
     if (!is_floating(t.dtype()) || t.dtype() == dtype) return;
     Tensor cast = to_dtype(t.detach(), dtype);

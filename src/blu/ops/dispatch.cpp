@@ -40,7 +40,7 @@ std::vector<Tensor> dispatch(const OpDef& op, std::vector<Tensor> in, const Attr
   bool any_requires_grad = false;
   for (size_t i = 0; i < in.size(); ++i) {
     if (!in[i].defined()) {
-      BLU_CHECK(op.optional_inputs >> i & 1u, op.name, ": input ", i, " is undefined");
+      BLU_CHECK(i < 32 && (op.optional_inputs >> i & 1u), op.name, ": input ", i, " is undefined");
       continue;
     }
     if (!have_device) {
@@ -81,6 +81,9 @@ std::vector<Tensor> dispatch(const OpDef& op, std::vector<Tensor> in, const Attr
     Kernel k = backend(kernel_device.type).find(op.name);
     BLU_CHECK(k, op.name, ": no kernel for device ", kernel_device);
     k(KernelCall{op.name, in, out, attrs});
+    if (op.inplace)
+      for (size_t i = 0; i < in.size(); ++i)
+        if (in[i].defined() && (op.writes ? op.writes(i, attrs) : i == 0)) in[i].storage()->bump_version();
   }
 
   // 3. Observers.

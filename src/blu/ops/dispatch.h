@@ -6,6 +6,8 @@
 //   3. tells the observers (profiling, graph capture) what ran;
 //   4. records autograd history through the recorder autograd/ installs, when grad mode is on
 //      and an input requires grad.
+// After an in-place kernel it bumps the version of every storage the op wrote (Note [Storage
+// versions], core/storage.h).
 // An op is an OpDef: a name, shape rules, and its backward formula written in other ops, with
 // the inputs/outputs the backward needs declared so nothing else is saved.
 // Depends on core/, memory/, backend/. Keep: no op computes outside this path.
@@ -63,6 +65,10 @@ struct OpDef {
   // ops under no-grad (so the composite records one node with its own backward). No kernel runs.
   ViewFn view = nullptr;
   bool inplace = false;           // output 0 is input 0, written by the kernel
+  // In-place ops: whether the kernel writes input i (null: input 0 only). Every written input's
+  // storage version is bumped after the kernel ran, so a kernel must never write an input this
+  // does not name.
+  bool (*writes)(size_t i, const Attrs& attrs) = nullptr;
   int diff_outputs = -1;          // outputs that carry gradients: the first n (-1: all)
   uint32_t optional_inputs = 0;   // bit i: input i may be undefined
   bool cross_device = false;      // inputs/outputs may sit on different devices (copies)

@@ -1,23 +1,37 @@
-// ops/optim: the per-tensor optimizer updates as single in-place ops, so a backend can run each
-// parameter's whole update in one pass (one kernel on CUDA) and the compiler sees one node per
-// parameter. optim/ builds the optimizers on these.
+// ops/optim: the optimizer updates as single in-place ops, so a backend can run a whole update in
+// one pass (on CUDA, AdamW over many parameters per launch) and the compiler sees one node per
+// update. optim/ builds the optimizers on these.
 // Depends on ops/dispatch. Keep: param, grad and state tensors have one shape and dtype f32 (the
 // optimizer's state dtype); math is fp32 in the order torch.optim's single-tensor path uses, so
-// results match PyTorch to rounding; no autograd (call under NoGradGuard).
+// results match PyTorch to rounding, and every backend does the same operations (CUDA matches the
+// CPU bit for bit); no autograd (call under NoGradGuard).
 #pragma once
+#include <vector>
+
 #include "blu/core/tensor.h"
 
 namespace blu {
 
 struct AdamWStepArgs {
   double lr, beta1, beta2, eps, weight_decay;
-  int64_t step;  // this parameter's update count including this one (>= 1)
+  int64_t step;  // the parameters' update count including this one (>= 1)
 };
-// torch.optim.AdamW for one tensor, in place on param, exp_avg, exp_avg_sq:
+// One parameter's tensors for adamw_step_. `compute_copy` (optional) is a bf16/f16 tensor of the
+// parameter's shape that receives the updated parameter rounded to its dtype, exactly what
+// to_dtype(param) would give, in the same pass (nn/compute_copy.h, Note [Compute copies]).
+struct AdamWTensors {
+  Tensor param, grad, exp_avg, exp_avg_sq;
+  Tensor compute_copy;
+};
+// torch.optim.AdamW, in place on each tensor's param, exp_avg, exp_avg_sq (and compute copy), all
+// with the same coefficients:
 //   p *= 1 - lr*wd;  m = b1*m + (1-b1)*g;  v = b2*v + ((1-b2)*g)*g;
-//   p += (-(lr/bc1) * m) / (sqrt(v)/sqrt(bc2) + eps),  bc_i = 1 - b_i^step (in double).
-void adamw_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                 const AdamWStepArgs& args);
+//   p += (-(lr/bc1) * m) / (sqrt(v)/sqrt(bc2) + eps),  bc_i = 1 - b_i^step (in double);
+//   copy = round(p).
+// One op however many tensors (one CUDA launch per 64 contiguous ones). Either every tensor has a
+// compute copy, all of one dtype, or none has (group the calls: optim/adamw.cpp). The tensors may
+// be any views (non-contiguous ones take a strided path), but must not overlap one another.
+void adamw_step_(const std::vector<AdamWTensors>& tensors, const AdamWStepArgs& args);
 
 struct SGDStepArgs {
   double lr, momentum, weight_decay;

@@ -172,6 +172,26 @@ std::vector<Tensor> cast_backward(const BackwardContext& c, std::span<const Tens
 }
 const OpDef kCast{.name = "cast", .infer = infer_cast, .backward = cast_backward};
 
+std::vector<TensorMeta> infer_cast_with_copy(std::span<const Tensor> in, const Attrs&) {
+  const Tensor &t = in[0], &copy = in[1];
+  BLU_CHECK(is_floating(t.dtype()) && is_floating(copy.dtype()), "cast_with_copy: expected floating tensors, got ",
+            t.str(), " and copy ", copy.str());
+  BLU_CHECK(copy.shape() == t.shape(), "cast_with_copy: copy ", copy.str(), " must have the shape of ", t.str());
+  return {};
+}
+// The forward is the copy itself, seen through a new handle (its own autograd state).
+std::vector<Tensor> cast_with_copy_view(std::span<const Tensor> in, const Attrs&) {
+  const Tensor& copy = in[1];
+  return {copy.alias_with(copy.shape(), copy.strides(), copy.offset())};
+}
+std::vector<Tensor> cast_with_copy_backward(const BackwardContext& c, std::span<const Tensor> g) {
+  return {to_dtype(g[0], c.input_metas[0].dtype), Tensor()};
+}
+const OpDef kCastWithCopy{.name = "cast_with_copy",
+                          .infer = infer_cast_with_copy,
+                          .backward = cast_with_copy_backward,
+                          .view = cast_with_copy_view};
+
 std::vector<TensorMeta> infer_to_device(std::span<const Tensor> in, const Attrs& a) {
   const int64_t dev = a.i("device");
   return {TensorMeta{in[0].shape(), in[0].dtype(), Device(DeviceType(dev >> 16), int(dev & 0xffff))}};
@@ -252,5 +272,6 @@ Tensor to_dtype(const Tensor& t, DType dtype) {
   if (t.dtype() == dtype) return t;
   return dispatch1(kCast, {t}, Attrs{{"dtype", dtype}});
 }
+Tensor cast_with_copy(const Tensor& t, const Tensor& copy) { return dispatch1(kCastWithCopy, {t, copy}); }
 
 }  // namespace blu

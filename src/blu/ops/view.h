@@ -34,5 +34,9 @@ const Tensor& copy_(const Tensor& dst, const Tensor& src);
 Tensor to_device(const Tensor& t, Device device);
 // Cast to another dtype (a copy; the same tensor when dtype already matches).
 Tensor to_dtype(const Tensor& t, DType dtype);
+// to_dtype(t, copy.dtype()) when `copy` already holds exactly those values: returns an alias of
+// `copy` (no kernel) that autograd links to t — the gradient comes back cast to t's dtype, none
+// goes to `copy`. The caller vouches for the values (nn/compute_copy.h, Note [Compute copies]).
+Tensor cast_with_copy(const Tensor& t, const Tensor& copy);
 
 }  // namespace blu

@@ -1,6 +1,9 @@
 // optim/adamw: torch.optim.AdamW — decoupled weight decay, bias-corrected moments, a step count
-// per parameter — with each parameter's update one adamw_step op (ops/optim.h).
+// per parameter — as few adamw_step ops as the coefficients allow (ops/optim.h): one per
+// (weight decay, step count, compute-copy dtype), each over all the parameters that share them.
 #include <cmath>
+#include <map>
+#include <tuple>
 
 #include "blu/core/grad_mode.h"
 #include "blu/ops/factory.h"
@@ -25,10 +28,14 @@ class AdamW final : public Optimizer {
     lr_ = opt.lr;
     params_ = detail::flatten_groups(groups_, kName);
     state_.resize(params_.size());
+    copies_.resize(params_.size());
   }
 
   void step() override {
     NoGradGuard no_grad;
+    // Parameters with equal coefficients go into one op; map order keeps the ops deterministic.
+    std::map<std::tuple<double, int64_t, DType>, std::vector<AdamWTensors>> batches;
+    std::vector<size_t> copies_written;
     for (size_t i = 0; i < params_.size(); ++i) {
       const detail::ParamRef& p = params_[i];
       const Tensor g = detail::checked_grad(p, kName);
@@ -39,11 +46,23 @@ class AdamW final : public Optimizer {
         s.exp_avg_sq = zeros_like(p.param);
       }
       ++s.step;
-      adamw_step_(p.param, g, s.exp_avg, s.exp_avg_sq,
-                  {.lr = lr_, .beta1 = opt_.beta1, .beta2 = opt_.beta2, .eps = opt_.eps,
-                   .weight_decay = p.weight_decay, .step = s.step});
+      const Tensor copy = copies_[i] ? copies_[i]->target(p.param) : Tensor();
+      if (copy.defined()) copies_written.push_back(i);
+      batches[{p.weight_decay, s.step, copy.defined() ? copy.dtype() : DType::f32}].push_back(
+          {p.param, g, s.exp_avg, s.exp_avg_sq, copy});
     }
+    for (const auto& [key, tensors] : batches)
+      adamw_step_(tensors, {.lr = lr_, .beta1 = opt_.beta1, .beta2 = opt_.beta2, .eps = opt_.eps,
+                            .weight_decay = std::get<0>(key), .step = std::get<1>(key)});
+    // After all the ops: parameters viewing one storage are current only once all are written.
+    for (size_t i : copies_written) copies_[i]->mark_written(params_[i].param);
     ++steps_;
+  }
+
+  void attach_compute_copies(const nn::ComputeCopies& copies) override {
+    for (size_t i = 0; i < params_.size(); ++i)
+      for (const auto& [t, c] : copies)
+        if (t.is_same(params_[i].param)) copies_[i] = c;
   }
 
   nn::NamedTensors state() const override {
@@ -85,6 +104,7 @@ class AdamW final : public Optimizer {
   AdamWOptions opt_;
   std::vector<detail::ParamRef> params_;
   std::vector<State> state_;
+  std::vector<std::shared_ptr<nn::ComputeCopy>> copies_;  // null: none attached
 };
 
 }  // namespace

@@ -27,15 +27,19 @@ namespace detail {
 std::vector<ParamRef> flatten_groups(const std::vector<ParamGroup>& groups, const char* optimizer) {
   std::vector<ParamRef> out;
   std::set<std::string> seen;
+  std::set<const TensorImpl*> tensors;
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     BLU_CHECK(std::isfinite(groups[gi].weight_decay) && groups[gi].weight_decay >= 0, optimizer, ": group ", gi,
               " has weight_decay ", groups[gi].weight_decay, ", expected a finite value >= 0");
     for (const auto& [name, p] : groups[gi].params) {
       BLU_CHECK(p.defined(), optimizer, ": parameter '", name, "' is an undefined tensor");
       BLU_CHECK(p.dtype() == DType::f32, optimizer, ": parameter '", name, "' is ", p.dtype(),
-                "; the optimizer keeps fp32 state and needs f32 parameters (no master copies yet)");
+                "; the optimizer keeps fp32 state and needs f32 (master) parameters — for mixed precision "
+                "set the model's compute dtype instead");
       BLU_CHECK(!name.empty() && seen.insert(name).second, optimizer, ": parameter name '", name,
                 "' is empty or appears twice (state is keyed by name)");
+      BLU_CHECK(tensors.insert(p.impl_ptr().get()).second, optimizer, ": parameter '", name,
+                "' is a tensor already given under another name (it would be updated twice)");
       out.push_back({name, p, groups[gi].weight_decay});
     }
   }

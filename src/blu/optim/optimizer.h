@@ -1,11 +1,12 @@
 // optim/optimizer: optimizers over parameter groups — AdamW (decoupled weight decay, exactly
 // torch.optim.AdamW's update) and SGD with momentum — plus global-norm gradient clipping,
 // learning-rate schedules and the optimizer state that checkpoints save.
-// Depends on core/, ops/ (ops/optim: the per-tensor update ops). Keep: updates run under
-// NoGradGuard through dispatched ops (so the CUDA backend can supply fused kernels); state tensors
-// are named so checkpoints can hold them; parameters whose grad is undefined are skipped (their
-// state and step count are left alone, as in PyTorch); state is fp32 and, until master copies
-// exist, parameters must be fp32 too (BLU_CHECK otherwise).
+// Depends on core/, ops/ (ops/optim: the update ops), nn/ (names, compute copies). Keep: updates
+// run under NoGradGuard through dispatched ops (so the CUDA backend can supply fused kernels);
+// state tensors are named so checkpoints can hold them; parameters whose grad is undefined are
+// skipped (their state and step count are left alone, as in PyTorch); state and parameters are
+// fp32 (BLU_CHECK otherwise) — in mixed precision the parameters are the fp32 master weights and
+// the 16-bit side is the model's compute copies, which AdamW writes as it updates.
 //
 // State names (state() / load_state()):
 //   "step"                     0-d i64: optimizer steps taken (steps()); f64 is accepted on load
@@ -48,6 +49,11 @@ class Optimizer {
   // tensor — and nothing is changed in that case.
   virtual void load_state(const nn::NamedTensors& state) = 0;
   const std::vector<ParamGroup>& groups() const { return groups_; }
+  // Mixed precision (Note [Compute copies], nn/compute_copy.h): the model's compute copies
+  // (Module::compute_copies), for an optimizer that writes them in the pass that updates the
+  // parameters (AdamW). The others (SGD, ZeroAdamW) ignore them; the next forward re-casts what
+  // they updated. Entries for tensors that are not this optimizer's parameters are ignored.
+  virtual void attach_compute_copies(const nn::ComputeCopies& copies) {}
 
  protected:
   std::vector<ParamGroup> groups_;

@@ -16,7 +16,7 @@ struct ParamRef {
   Tensor param;
   double weight_decay;
 };
-// Every parameter of every group, in order. BLU_CHECK: defined, f32, names unique.
+// Every parameter of every group, in order. BLU_CHECK: defined, f32, names and tensors unique.
 std::vector<ParamRef> flatten_groups(const std::vector<ParamGroup>& groups, const char* optimizer);
 // The parameter's gradient (undefined when it has none), checked to have its shape and dtype.
 inline Tensor checked_grad(const ParamRef& p, const char* optimizer) {

@@ -273,6 +273,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     s.momentum = 0.9;
     opt_ = optim::make_sgd(std::move(groups), s);
   }
+  opt_->attach_compute_copies(model_->compute_copies());  // AdamW writes them (bf16/fp16 runs)
 
   if (pg_) {  // rank 0's weights everywhere; ZeRO-2 reduces gradients itself, the others through DDP
     if (o.zero == 2)

@@ -1,5 +1,6 @@
-// CPU kernels for ops/optim: one pass over each parameter doing its whole optimizer update, and
-// the gradients' sum of squares for clip_grad_norm.
+// CPU kernels for ops/optim: one pass over each parameter doing its whole optimizer update (AdamW
+// also writing the parameter's compute copy when given one), and the gradients' sum of squares
+// for clip_grad_norm.
 // fp32 arithmetic in the order of torch.optim's single-tensor code (each PyTorch op rounds to
 // fp32 once; so does each step here), the scalar coefficients computed in double as Python does.
 #include <cmath>
@@ -11,24 +12,21 @@ namespace blu::cpu {
 
 namespace {
 
-void adamw_step_kernel(const KernelCall& c) {
-  const Tensor& p = c.out[0];
-  const Tensor &g = c.in[1], &m = c.in[2], &v = c.in[3];
-  const Attrs& a = c.attrs;
-  const double lr = a.f("lr"), b1 = a.f("beta1"), b2 = a.f("beta2"), wd = a.f("weight_decay");
-  const double t = double(a.i("step"));
-  const double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
-  // PyTorch passes these Python floats to fp32 tensor ops, which round them to float.
-  const float decay = float(1 - lr * wd), fb1 = float(b1), fb2 = float(b2), one_m_b1 = float(1 - b1),
-              one_m_b2 = float(1 - b2), bc2_sqrt = float(std::sqrt(bc2)), eps = float(a.f("eps")),
-              neg_step_size = float(-(lr / bc1));
+// adamw_step: inputs in groups of (param, grad, exp_avg, exp_avg_sq[, compute copy]) (ops/optim.cpp),
+// one tensor after the other.
+template <typename Copy>
+void adamw_one(const Tensor* t, bool with_copy, float decay, float fb1, float fb2, float one_m_b1, float one_m_b2,
+               float bc2_sqrt, float eps, float neg_step_size) {
+  const Tensor &p = t[0], &g = t[1], &m = t[2], &v = t[3];
   float* pp = p.data<float>();
   const float* gp = g.data<float>();
   float* mp = m.data<float>();
   float* vp = v.data<float>();
-  const Shape& shape = p.shape();
-  std::array<Shape, 4> strides{p.strides(), g.strides(), m.strides(), v.strides()};
-  strided_loop(shape, strides, [&](int64_t, const std::array<int64_t, 4>& o) {
+  Copy* cp = with_copy ? t[4].data<Copy>() : nullptr;
+  // Without a copy, point its operand at the parameter: never read or written then.
+  std::array<Shape, 5> strides{p.strides(), g.strides(), m.strides(), v.strides(),
+                               with_copy ? t[4].strides() : p.strides()};
+  strided_loop(p.shape(), strides, [&](int64_t, const std::array<int64_t, 5>& o) {
     const float gi = gp[o[1]];
     float pi = pp[o[0]] * decay;
     const float mi = mp[o[2]] * fb1 + one_m_b1 * gi;
@@ -38,7 +36,28 @@ void adamw_step_kernel(const KernelCall& c) {
     pp[o[0]] = pi;
     mp[o[2]] = mi;
     vp[o[3]] = vi;
+    if (cp) cp[o[4]] = Copy(pi);  // rounds as the cast kernel does (core/dtype.h)
   });
+}
+
+void adamw_step_kernel(const KernelCall& c) {
+  const Attrs& a = c.attrs;
+  const double lr = a.f("lr"), b1 = a.f("beta1"), b2 = a.f("beta2"), wd = a.f("weight_decay");
+  const double t = double(a.i("step"));
+  const double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
+  // PyTorch passes these Python floats to fp32 tensor ops, which round them to float.
+  const float decay = float(1 - lr * wd), fb1 = float(b1), fb2 = float(b2), one_m_b1 = float(1 - b1),
+              one_m_b2 = float(1 - b2), bc2_sqrt = float(std::sqrt(bc2)), eps = float(a.f("eps")),
+              neg_step_size = float(-(lr / bc1));
+  const bool copies = a.b("copies");
+  const size_t stride = copies ? 5 : 4;
+  for (size_t i = 0; i < c.in.size(); i += stride) {
+    const Tensor* ts = &c.in[i];
+    if (copies && ts[4].dtype() == DType::f16)
+      adamw_one<f16>(ts, true, decay, fb1, fb2, one_m_b1, one_m_b2, bc2_sqrt, eps, neg_step_size);
+    else
+      adamw_one<bf16>(ts, copies, decay, fb1, fb2, one_m_b1, one_m_b2, bc2_sqrt, eps, neg_step_size);
+  }
 }
 BLU_REGISTER_KERNEL(cpu, "adamw_step", adamw_step_kernel);
 

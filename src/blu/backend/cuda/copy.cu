@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "blu/backend/backend.h"
+#include "blu/backend/cuda/round16.cuh"
 #include "blu/backend/cuda/runtime.h"
 #include "blu/backend/cuda/strided.cuh"
 #include "blu/memory/cuda_allocator.h"
@@ -69,15 +70,9 @@ __device__ __forceinline__ double widen_to_double(float f) {
   return double(f);
 }
 
-// float -> 16-bit, as core/dtype.h rounds (RNE; the intrinsics agree except on NaN).
-__device__ __forceinline__ Bf16Bits make_bf16(float f) {
-  if (f != f) return Bf16Bits{0x7fc0};
-  return Bf16Bits{__bfloat16_as_ushort(__float2bfloat16_rn(f))};
-}
-__device__ __forceinline__ F16Bits make_f16(float f) {
-  if (f != f) return F16Bits{uint16_t((__float_as_uint(f) >> 16 & 0x8000u) | 0x7e00u)};
-  return F16Bits{__half_as_ushort(__float2half_rn(f))};
-}
+// float -> 16-bit, as core/dtype.h rounds (round16.cuh).
+__device__ __forceinline__ Bf16Bits make_bf16(float f) { return Bf16Bits{bf16_bits_rn(f)}; }
+__device__ __forceinline__ F16Bits make_f16(float f) { return F16Bits{f16_bits_rn(f)}; }
 
 // Truncation to a signed integer; NaN and out-of-range give the minimum (x86 cvtt*2si).
 template <typename I, typename F>

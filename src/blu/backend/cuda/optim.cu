@@ -1,43 +1,29 @@
-// CUDA kernels for ops/optim ("sum_squares" at the end). "adamw_step", "sgd_step": one pass over each parameter doing its
-// whole update in place, with the CPU kernel's arithmetic (backend/cpu/optim.cpp) operation for
-// operation: fp32 values, each product, sum, quotient and square root rounded once
-// (__fmul_rn/__fadd_rn/__fdiv_rn/__fsqrt_rn, so nvcc cannot contract them into FMAs), the
-// scalar coefficients computed on the host in double exactly as the CPU does. So the GPU and
-// the CPU agree bit for bit, step after step.
-// Depends on backend/cuda/nn_common. Keep: the operation order of the CPU kernel.
+// CUDA kernels for ops/optim ("sum_squares" at the end). "adamw_step", "sgd_step": one pass over
+// each parameter doing its whole update in place, with the CPU kernel's arithmetic
+// (backend/cpu/optim.cpp) operation for operation: fp32 values, each product, sum, quotient and
+// square root rounded once (__fmul_rn/__fadd_rn/__fdiv_rn/__fsqrt_rn, so nvcc cannot contract
+// them into FMAs), the scalar coefficients computed on the host in double exactly as the CPU
+// does, and a compute copy rounded as the cast kernels round (round16.cuh). So the GPU and the
+// CPU agree bit for bit, step after step.
+// AdamW runs many tensors per launch: a table of up to 64 contiguous tensors travels as the
+// kernel parameter (under the 4 KiB limit), each tensor split into blocks of kAdamWChunk elements;
+// a tensor whose operands are all 16-byte aligned (its compute copy 8-byte) moves float4 vectors,
+// others go element by element. A tensor with a non-contiguous operand gets a strided launch of
+// its own.
+// Depends on backend/cuda/nn_common, round16. Keep: the operation order of the CPU kernel.
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "blu/backend/backend.h"
 #include "blu/backend/cuda/nn_common.cuh"
+#include "blu/backend/cuda/round16.cuh"
 
 namespace blu::cuda {
 
 namespace {
-
-struct AdamWCoef {
-  float decay, b1, b2, one_m_b1, one_m_b2, bc2_sqrt, eps, neg_step_size;
-};
-
-// Operands: 0 param, 1 grad, 2 exp_avg, 3 exp_avg_sq (offsets from their StridedIndex unless
-// all are contiguous).
-__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, bool contiguous,
-                             StridedIndex ip, StridedIndex ig, StridedIndex im, StridedIndex iv, AdamWCoef k) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t op = contiguous ? i : ip.offset(i), og = contiguous ? i : ig.offset(i),
-                  om = contiguous ? i : im.offset(i), ov = contiguous ? i : iv.offset(i);
-    const float gi = g[og];
-    float pi = __fmul_rn(p[op], k.decay);
-    const float mi = __fadd_rn(__fmul_rn(m[om], k.b1), __fmul_rn(k.one_m_b1, gi));
-    const float vi = __fadd_rn(__fmul_rn(v[ov], k.b2), __fmul_rn(__fmul_rn(k.one_m_b2, gi), gi));
-    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), k.bc2_sqrt), k.eps);
-    pi = __fadd_rn(pi, __fdiv_rn(__fmul_rn(k.neg_step_size, mi), denom));
-    p[op] = pi;
-    m[om] = mi;
-    v[ov] = vi;
-  }
-}
 
 bool all_contiguous(std::initializer_list<const Tensor*> ts) {
   for (const Tensor* t : ts)
@@ -45,24 +31,184 @@ bool all_contiguous(std::initializer_list<const Tensor*> ts) {
   return true;
 }
 
+// --- adamw_step ---
+
+struct AdamWCoef {
+  float decay, b1, b2, one_m_b1, one_m_b2, bc2_sqrt, eps, neg_step_size;
+};
+
+// One element, in the CPU kernel's order.
+__device__ __forceinline__ void adamw_update(float& p, float g, float& m, float& v, const AdamWCoef& k) {
+  p = __fmul_rn(p, k.decay);
+  m = __fadd_rn(__fmul_rn(m, k.b1), __fmul_rn(k.one_m_b1, g));
+  v = __fadd_rn(__fmul_rn(v, k.b2), __fmul_rn(__fmul_rn(k.one_m_b2, g), g));
+  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), k.bc2_sqrt), k.eps);
+  p = __fadd_rn(p, __fdiv_rn(__fmul_rn(k.neg_step_size, m), denom));
+}
+
+enum class CopyKind { none, bf16, f16 };
+template <CopyKind C>
+__device__ __forceinline__ uint16_t round_copy(float p) {
+  if constexpr (C == CopyKind::f16)
+    return f16_bits_rn(p);
+  else
+    return bf16_bits_rn(p);
+}
+
+constexpr int kAdamWThreads = 256;
+constexpr int kAdamWMaxTensors = 64;
+constexpr int64_t kAdamWChunk = 4 * 4 * kAdamWThreads;  // elements per block: 4 float4 per thread
+
+struct AdamWTable {
+  float* p[kAdamWMaxTensors];
+  const float* g[kAdamWMaxTensors];
+  float* m[kAdamWMaxTensors];
+  float* v[kAdamWMaxTensors];
+  uint16_t* c[kAdamWMaxTensors];  // compute copies (bf16/f16 bits); unused with CopyKind::none
+  int64_t numel[kAdamWMaxTensors];
+  int32_t first_block[kAdamWMaxTensors + 1];  // tensor i owns blocks [first_block[i], first_block[i+1])
+  uint8_t vec[kAdamWMaxTensors];              // 1: every operand aligned for float4 (copy: 4 × 16 bits)
+  int32_t count;
+};
+static_assert(sizeof(AdamWTable) + sizeof(AdamWCoef) <= 4000, "kernel parameters are limited to 4 KiB");
+
+template <CopyKind C>
+__global__ void __launch_bounds__(kAdamWThreads) adamw_multi_kernel(AdamWTable tab, AdamWCoef k) {
+  const int b = blockIdx.x;
+  int t = 0;  // the tensor owning block b: binary search over first_block
+  for (int lo = 0, hi = tab.count - 1; lo <= hi;) {
+    const int mid = (lo + hi) / 2;
+    if (tab.first_block[mid] <= b) {
+      t = mid;
+      lo = mid + 1;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  float* p = tab.p[t];
+  const float* g = tab.g[t];
+  float* m = tab.m[t];
+  float* v = tab.v[t];
+  uint16_t* c = tab.c[t];
+  const int64_t begin = int64_t(b - tab.first_block[t]) * kAdamWChunk;
+  const int64_t end = min(tab.numel[t], begin + kAdamWChunk);
+  int64_t rest = begin;  // first element of the element-wise part
+  if (tab.vec[t]) {      // begin is a multiple of 4: aligned bases stay aligned
+    const int64_t vec_end = begin + (end - begin) / 4 * 4;
+    for (int64_t i = begin + 4 * int64_t(threadIdx.x); i < vec_end; i += 4 * int64_t(blockDim.x)) {
+      float4 p4 = *reinterpret_cast<const float4*>(p + i);
+      const float4 g4 = *reinterpret_cast<const float4*>(g + i);
+      float4 m4 = *reinterpret_cast<const float4*>(m + i);
+      float4 v4 = *reinterpret_cast<const float4*>(v + i);
+      adamw_update(p4.x, g4.x, m4.x, v4.x, k);
+      adamw_update(p4.y, g4.y, m4.y, v4.y, k);
+      adamw_update(p4.z, g4.z, m4.z, v4.z, k);
+      adamw_update(p4.w, g4.w, m4.w, v4.w, k);
+      *reinterpret_cast<float4*>(p + i) = p4;
+      *reinterpret_cast<float4*>(m + i) = m4;
+      *reinterpret_cast<float4*>(v + i) = v4;
+      if constexpr (C != CopyKind::none) {  // element i at the lower address: the low half (little endian)
+        const uint2 c4{uint32_t(round_copy<C>(p4.x)) | uint32_t(round_copy<C>(p4.y)) << 16,
+                       uint32_t(round_copy<C>(p4.z)) | uint32_t(round_copy<C>(p4.w)) << 16};
+        *reinterpret_cast<uint2*>(c + i) = c4;
+      }
+    }
+    rest = vec_end;
+  }
+  for (int64_t i = rest + threadIdx.x; i < end; i += blockDim.x) {
+    float pi = p[i], mi = m[i], vi = v[i];
+    adamw_update(pi, g[i], mi, vi, k);
+    p[i] = pi;
+    m[i] = mi;
+    v[i] = vi;
+    if constexpr (C != CopyKind::none) c[i] = round_copy<C>(pi);
+  }
+}
+
+// A tensor with a non-contiguous operand: offsets from each operand's StridedIndex.
+template <CopyKind C>
+__global__ void adamw_strided_kernel(float* p, const float* g, float* m, float* v, uint16_t* c, int64_t n,
+                                     StridedIndex ip, StridedIndex ig, StridedIndex im, StridedIndex iv,
+                                     StridedIndex ic, AdamWCoef k) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t op = ip.offset(i), om = im.offset(i), ov = iv.offset(i);
+    float pi = p[op], mi = m[om], vi = v[ov];
+    adamw_update(pi, g[ig.offset(i)], mi, vi, k);
+    p[op] = pi;
+    m[om] = mi;
+    v[ov] = vi;
+    if constexpr (C != CopyKind::none) c[ic.offset(i)] = round_copy<C>(pi);
+  }
+}
+
+const Tensor kNoTensor;
+bool aligned(const void* ptr, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
+
+template <CopyKind C>
+void adamw_launch(const KernelCall& call, const AdamWCoef& k) {
+  const size_t stride = C == CopyKind::none ? 4 : 5;
+  cudaStream_t stream = current_stream();
+  AdamWTable tab{};
+  int32_t blocks = 0;
+  auto flush = [&] {
+    if (tab.count == 0) return;
+    tab.first_block[tab.count] = blocks;
+    adamw_multi_kernel<C><<<unsigned(blocks), kAdamWThreads, 0, stream>>>(tab, k);
+    BLU_CUDA_CHECK_LAUNCH();
+    tab = AdamWTable{};
+    blocks = 0;
+  };
+  for (size_t i = 0; i < call.in.size(); i += stride) {
+    const Tensor &p = call.in[i], &g = call.in[i + 1], &m = call.in[i + 2], &v = call.in[i + 3];
+    const Tensor& c = C == CopyKind::none ? kNoTensor : call.in[i + 4];
+    const int64_t n = p.numel();
+    if (n == 0) continue;
+    auto* pp = static_cast<float*>(p.raw_data());
+    auto* gp = static_cast<const float*>(g.raw_data());
+    auto* mp = static_cast<float*>(m.raw_data());
+    auto* vp = static_cast<float*>(v.raw_data());
+    auto* cp = c.defined() ? static_cast<uint16_t*>(c.raw_data()) : nullptr;
+    if (!all_contiguous({&p, &g, &m, &v, &c})) {
+      adamw_strided_kernel<C><<<grid_for(n), 256, 0, stream>>>(
+          pp, gp, mp, vp, cp, n, strided_index(p), strided_index(g), strided_index(m), strided_index(v),
+          c.defined() ? strided_index(c) : StridedIndex{}, k);
+      BLU_CUDA_CHECK_LAUNCH();
+      continue;
+    }
+    const int64_t nb = (n + kAdamWChunk - 1) / kAdamWChunk;
+    if (tab.count == kAdamWMaxTensors || int64_t(blocks) + nb > INT32_MAX) flush();
+    BLU_CHECK(nb <= INT32_MAX, "adamw_step: a tensor of ", n, " elements is too large for one launch");
+    const int j = tab.count++;
+    tab.p[j] = pp;
+    tab.g[j] = gp;
+    tab.m[j] = mp;
+    tab.v[j] = vp;
+    tab.c[j] = cp;
+    tab.numel[j] = n;
+    tab.first_block[j] = blocks;
+    tab.vec[j] = aligned(pp, 16) && aligned(gp, 16) && aligned(mp, 16) && aligned(vp, 16) && (!cp || aligned(cp, 8));
+    blocks += int32_t(nb);
+  }
+  flush();
+}
+
 void adamw_step_kernel(const KernelCall& c) {
-  const Tensor& p = c.out[0];
-  const Tensor &g = c.in[1], &m = c.in[2], &v = c.in[3];
-  const int64_t n = p.numel();
-  if (n == 0) return;
   const Attrs& a = c.attrs;
   const double lr = a.f("lr"), b1 = a.f("beta1"), b2 = a.f("beta2"), wd = a.f("weight_decay");
   const double t = double(a.i("step"));
   const double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
   const AdamWCoef k{float(1 - lr * wd), float(b1), float(b2), float(1 - b1), float(1 - b2), float(std::sqrt(bc2)),
                     float(a.f("eps")), float(-(lr / bc1))};
-  adamw_kernel<<<grid_for(n), 256, 0, current_stream()>>>(
-      static_cast<float*>(p.raw_data()), static_cast<const float*>(g.raw_data()), static_cast<float*>(m.raw_data()),
-      static_cast<float*>(v.raw_data()), n, all_contiguous({&p, &g, &m, &v}), strided_index(p), strided_index(g),
-      strided_index(m), strided_index(v), k);
-  BLU_CUDA_CHECK_LAUNCH();
+  if (!a.b("copies"))
+    adamw_launch<CopyKind::none>(c, k);
+  else if (c.in[4].dtype() == DType::f16)
+    adamw_launch<CopyKind::f16>(c, k);
+  else
+    adamw_launch<CopyKind::bf16>(c, k);
 }
 BLU_REGISTER_KERNEL(cuda, "adamw_step", adamw_step_kernel);
+
+// --- sgd_step ---
 
 struct SGDCoef {
   float neg_lr, mom, wd;
