@@ -185,7 +185,7 @@ std::vector<Tensor> cast_with_copy_view(std::span<const Tensor> in, const Attrs&
   return {copy.alias_with(copy.shape(), copy.strides(), copy.offset())};
 }
 std::vector<Tensor> cast_with_copy_backward(const BackwardContext& c, std::span<const Tensor> g) {
-  return {to_dtype(g[0], c.input_metas[0].dtype), Tensor()};
+  return {cast_backward(c, g)[0], Tensor()};  // into the grad slot when there is one, as cast does
 }
 const OpDef kCastWithCopy{.name = "cast_with_copy",
                           .infer = infer_cast_with_copy,
