@@ -5,7 +5,7 @@
 #   tests — test_cuda: every CUDA op against the CPU, allocator, copies, flash attention
 #   ceil  — the GPU's measured ceilings (../shared/peers/ceilings.py)
 #   bench — blutrain bench per precision beside the PyTorch peer in the same run
-#   attn  — flash-attention timing beside PyTorch's SDPA peer
+#   attn  — flash-attention timing beside PyTorch's SDPA peer (each backend, and the default pick)
 #   gpt2  — GPT-2 124M on the GPU vs PyTorch on the same GPU (same weights and batch)
 #   dist  — (2 GPUs) NCCL tests; bench on 1 GPU, on 2 with DDP and with ZeRO-1, beside PyTorch
 #           single-GPU and DDP under torchrun
@@ -56,6 +56,7 @@ for step in "$@"; do
         "${MODE:-bf16}" "$B" "$T" "$STEPS" 2>&1 | tee -a "$out/dist.log" | grep -E '^\{|rror' | tail -3 ;;
     attn)
       timeout 120 "$pack/test_cuda" --gtest_filter='FlashAttentionPerf*' 2>&1 | tee "$out/attn.log" | tail -15
-      timeout 120 python3 .devpack/peers/attention.py 16 12 1024 64 2>&1 | tee -a "$out/attn.log" | tail -12 ;;
+      timeout 120 python3 .devpack/peers/attention.py 16 12 1024 64 2>&1 | tee -a "$out/attn.log" | tail -12
+      timeout 120 python3 scripts/sdpa_default.py 16 12 1024 64 2>&1 | grep '^{' | tee -a "$out/attn.log" ;;
   esac
 done
