@@ -56,7 +56,9 @@ Tensor softmax_like(const OpDef& op, const Tensor& x, int64_t dim) {
 // Inputs (logits [N, C] or [C], target [N] or 0-d); attrs ignore_index, reduction, classes
 // (1 ≤ classes ≤ C): only the first `classes` columns of a row are classes (GPT-2's padded
 // vocabulary); the rest take no part in the loss and get a zero gradient.
-// Outputs: the loss, and the per-row logsumexp [N] (not differentiable, saved for backward).
+// Outputs: the loss, and the per-row logsumexp [N] (not differentiable, saved for backward),
+// both in the statistics dtype — fp32 for fp32/bf16/f16 logits (as PyTorch's autocast computes
+// cross-entropy in fp32: a bf16 loss would round to 8 bits), f64 for f64.
 std::vector<TensorMeta> infer_cross_entropy(std::span<const Tensor> in, const Attrs& a) {
   const Tensor& x = in[0];
   const Tensor& t = in[1];
@@ -75,10 +77,11 @@ std::vector<TensorMeta> infer_cross_entropy(std::span<const Tensor> in, const At
             "] (the logits' last dim) or -1, got ", k);
   const Shape rows = x.dim() == 2 ? Shape{x.shape()[0]} : Shape{};
   const auto red = Reduction(a.i("reduction"));
-  return {TensorMeta{red == Reduction::none ? rows : Shape{}, x.dtype(), x.device()},
+  return {TensorMeta{red == Reduction::none ? rows : Shape{}, stat_dtype(x.dtype()), x.device()},
           TensorMeta{rows, stat_dtype(x.dtype()), x.device()}};
 }
-// Inputs (grad of the loss, logits, target, logsumexp); the gradient of the logits.
+// Inputs (grad of the loss (statistics dtype), logits, target, logsumexp); the gradient of the
+// logits, in their dtype.
 std::vector<TensorMeta> infer_cross_entropy_backward(std::span<const Tensor> in, const Attrs&) {
   return {TensorMeta{in[1].shape(), in[1].dtype(), in[1].device()}};
 }

@@ -148,13 +148,13 @@ void cross_entropy_kernel(const KernelCall& c) {
         const int64_t tv = int64_t(tp[n]);
         loss[size_t(n)] = tv == ignore ? 0.0 : l - double(A(row[tv]));
       }
-      scalar_t* out = c.out[0].data<scalar_t>();
+      S* out = c.out[0].data<S>();  // the loss in the statistics dtype (fp32 for 16-bit logits)
       if (red == Reduction::none) {
-        for (int64_t n = 0; n < N; ++n) out[n] = scalar_t(A(loss[size_t(n)]));
+        for (int64_t n = 0; n < N; ++n) out[n] = S(loss[size_t(n)]);
       } else {
         const double total = std::accumulate(loss.begin(), loss.end(), 0.0);
         // mean over zero counted rows is 0/0 = NaN, as in PyTorch.
-        out[0] = scalar_t(A(red == Reduction::sum ? total : total / double(count)));
+        out[0] = S(red == Reduction::sum ? total : total / double(count));
       }
     });
   });
@@ -180,7 +180,7 @@ void cross_entropy_backward_kernel(const KernelCall& c) {
       using A = acc_t<scalar_t>;
       using S = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
       const scalar_t* xp = cdata<scalar_t>(x);
-      const scalar_t* gp = cdata<scalar_t>(g);
+      const S* gp = cdata<S>(g);  // the loss's gradient: statistics dtype
       const S* lse = cdata<S>(lse_t);
       scalar_t* op = c.out[0].data<scalar_t>();
       const int nt = row_threads(N, x.numel());

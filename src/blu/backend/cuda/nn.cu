@@ -297,7 +297,7 @@ __global__ void count_targets_kernel(const I* target, int64_t n, int64_t ignore,
 // (not classes: the padded columns are written, never left as they were). One block per row of
 // C columns, vector loads and stores.
 template <typename T, typename I>
-__global__ void cross_entropy_backward_kernel(const T* __restrict__ g, const T* __restrict__ x,
+__global__ void cross_entropy_backward_kernel(const acc_of<T>* __restrict__ g, const T* __restrict__ x,
                                               const I* __restrict__ target, const acc_of<T>* __restrict__ lse,
                                               const double* count, int red, int64_t C, int64_t K, int64_t ignore,
                                               T* __restrict__ gx) {
@@ -309,7 +309,7 @@ __global__ void cross_entropy_backward_kernel(const T* __restrict__ g, const T* 
   const bool ignored = t == ignore;
   A scale = A(0);
   if (!ignored) {
-    scale = red == int(Reduction::none) ? to_acc(g[row]) : to_acc(g[0]);
+    scale = red == int(Reduction::none) ? g[row] : g[0];
     if (red == int(Reduction::mean)) scale = A(double(scale) / count[0]);
     if (t < 0 || t >= K) scale = A(NAN);
   }
@@ -355,7 +355,7 @@ void cross_entropy_kernel(const KernelCall& c) {
     const I* tp = static_cast<const I*>(t.raw_data());
     BLU_CUDA_DISPATCH_FLOATING(x.dtype(), "cross_entropy", {
       using A = acc_of<scalar_t>;
-      scalar_t* out = static_cast<scalar_t*>(c.out[0].raw_data());
+      A* out = static_cast<A*>(c.out[0].raw_data());  // the loss: statistics dtype (fp32 for 16-bit)
       A* lse = static_cast<A*>(c.out[1].raw_data());
       DeviceBuffer loss(x.device(), size_t(std::max<int64_t>(N, 1)) * sizeof(A));
       if (N > 0) {
@@ -365,11 +365,11 @@ void cross_entropy_kernel(const KernelCall& c) {
       }
       if (red == Reduction::none) {
         if (N > 0) {
-          cross_entropy_none_kernel<scalar_t, A><<<grid_for(N), 256, 0, s>>>(loss.as<A>(), out, N);
+          cross_entropy_none_kernel<A, A><<<grid_for(N), 256, 0, s>>>(loss.as<A>(), out, N);
           BLU_CUDA_CHECK_LAUNCH();
         }
       } else {
-        cross_entropy_reduce_kernel<scalar_t, A, I>
+        cross_entropy_reduce_kernel<A, A, I>
             <<<1, 1024, 0, s>>>(loss.as<A>(), tp, N, ignore, red == Reduction::mean, out);
         BLU_CUDA_CHECK_LAUNCH();
       }
@@ -401,7 +401,7 @@ void cross_entropy_backward_kernel_entry(const KernelCall& c) {
     BLU_CUDA_DISPATCH_FLOATING(x.dtype(), "cross_entropy_backward", {
       using A = acc_of<scalar_t>;
       cross_entropy_backward_kernel<scalar_t, I><<<unsigned(N), 256, 0, s>>>(
-          static_cast<const scalar_t*>(g.raw_data()), static_cast<const scalar_t*>(x.raw_data()), tp,
+          static_cast<const A*>(g.raw_data()), static_cast<const scalar_t*>(x.raw_data()), tp,
           static_cast<const A*>(lse_t.raw_data()), count.as<double>(), int(red), C, K, ignore,
           static_cast<scalar_t*>(c.out[0].raw_data()));
       BLU_CUDA_CHECK_LAUNCH();
