@@ -164,8 +164,8 @@ void ZeroAdamW::load_state(const nn::NamedTensors& state) {
               ", this rank's slice is [", end_ - begin_, "] (another world size? use load_sharded_checkpoint)");
   const int64_t step = optim::detail::read_count(m["step"], "step");
   NoGradGuard no_grad;
-  copy_(exp_avg_, m["exp_avg"]);
-  copy_(exp_avg_sq_, m["exp_avg_sq"]);
+  copy_(exp_avg_, to_device(m["exp_avg"], exp_avg_.device()));  // loaded on the host; the state may be on a GPU
+  copy_(exp_avg_sq_, to_device(m["exp_avg_sq"], exp_avg_sq_.device()));
   steps_ = step;
 }
 

@@ -272,8 +272,10 @@ std::vector<int32_t> GPT::generate(const std::vector<int32_t>& prompt, int64_t m
 
   std::vector<int32_t> tokens = prompt;
   KVCache cache;
-  auto ids = [](const int32_t* p, int64_t n) {
-    return from_vector(std::vector<double>(p, p + n), {1, n}, DType::i32);
+  const Device device = wte->weight.device();
+  auto ids = [&](const int32_t* p, int64_t n) {
+    const Tensor host = from_vector(std::vector<double>(p, p + n), {1, n}, DType::i32);
+    return device.is_cpu() ? host : to_device(host, device);  // the model's device (a GPU: one copy)
   };
   Tensor logits;
   for (int64_t step = 0; step < max_new_tokens; ++step) {

@@ -36,23 +36,17 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// [B, T] int32 ids on `device` (a host tensor first; one explicit copy when the device is not the CPU).
+// [B, T] int32 ids on `device` (a host tensor first; one to_device when the device is not the CPU).
 Tensor ids_tensor(const std::vector<int32_t>& ids, int64_t B, int64_t T, Device device) {
   BLU_ASSERT(int64_t(ids.size()) == B * T, "batch holds ", ids.size(), " ids, expected ", B * T);
   Tensor host = empty({B, T}, DType::i32, kCPU);
   std::memcpy(host.data<int32_t>(), ids.data(), ids.size() * sizeof(int32_t));
-  if (device.is_cpu()) return host;
-  Tensor dev = empty({B, T}, DType::i32, device);
-  copy_(dev, host);
-  return dev;
+  return device.is_cpu() ? host : to_device(host, device);  // copy_ stays on one device
 }
 
 // The value of a one-element tensor on any device.
 double scalar_value(const Tensor& t) {
-  if (t.device().is_cpu()) return t.item();
-  Tensor host = empty(t.shape(), t.dtype(), kCPU);
-  copy_(host, t);
-  return host.item();
+  return t.device().is_cpu() ? t.item() : to_device(t, kCPU).item();
 }
 
 bool is_checkpoint_file(const fs::path& p) {
