@@ -32,7 +32,8 @@ for step in "$@"; do
       BLU_TEST_DIR="$PWD/tests" BLU_TORCH_PYTHON=python3 timeout 400 "$pack/test_cuda" \
         --gtest_filter='Gpt2OracleCuda.*' 2>&1 | tee "$out/gpt2.log" | grep -vE "^\[ +(OK|RUN) " | tail -40 ;;
     tests)
-      timeout "${TEST_TIMEOUT:-300}" "$pack/test_cuda" --gtest_brief=1 ${TEST_FILTER:+--gtest_filter=$TEST_FILTER} 2>&1 \
+      # The GPT-2 oracle tests run PyTorch (python3 here) on the test data of this checkout.
+      BLU_TEST_DIR="$PWD/tests" BLU_TORCH_PYTHON=python3 timeout "${TEST_TIMEOUT:-300}" "$pack/test_cuda" --gtest_brief=1 ${TEST_FILTER:+--gtest_filter=$TEST_FILTER} 2>&1 \
         | tee "$out/test_cuda.log" | grep -vE "^\[ +(OK|RUN) " | tail -${TEST_TAIL:-80} ;;
     ceil)
       timeout 120 python3 .devpack/peers/ceilings.py 2>&1 | tee "$out/ceilings.log" ;;
