@@ -12,9 +12,9 @@
 
 #include "blu/backend/cuda/runtime.h"
 #include "blu/blu.h"
-#include "blu/data/shard.h"
 #include "blu/train/trainer.h"
 #include "data/data_test_util.h"
+#include "train/train_test_util.h"
 
 namespace blu::train {
 namespace {
@@ -24,51 +24,30 @@ constexpr int64_t kVocab = 512;
 #define SKIP_WITHOUT_GPU() \
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
 
-std::vector<uint16_t> counting_tokens(size_t n, uint32_t seed) {
-  std::vector<uint16_t> t(n);
-  uint32_t s = seed;
-  for (size_t i = 0; i < n; ++i) {
-    s = s * 1664525u + 1013904223u;
-    t[i] = (s >> 24) < 32 ? uint16_t((s >> 8) % kVocab) : uint16_t((i * 7 + i / 13) % kVocab);
-  }
-  return t;
-}
-
 TrainOptions gpu_options(const test::TempDir& data, const std::filesystem::path& out, const std::string& precision) {
-  TrainOptions o;
+  TrainOptions o = test_util::toy_run(data.path(), out, kVocab, precision);
   o.device = "cuda";
-  o.precision = precision;
-  o.train_pattern = (data / "toy_train_*.bin").string();
-  o.val_pattern = (data / "toy_val_*.bin").string();
   o.model.n_layer = 2;
   o.model.n_head = 2;
   o.model.n_embd = 128;  // head dim 64: the flash-attention kernels
   o.model.block_size = 64;
-  o.model.vocab_size = kVocab;
-  o.model.padded_vocab_size = kVocab;
   o.batch_size = 8;
   o.seq_len = 64;
   o.steps = 20;
   o.lr = 3e-3;
   o.min_lr = 3e-4;
-  o.warmup = 3;
-  o.schedule = "cosine";
-  o.weight_decay = 0.1;
-  o.grad_clip = 1.0;
   o.seed = 7;
   o.val_every = 10;
   o.val_batches = 2;
   o.sample_every = 10;
   o.sample_tokens = 8;
-  o.out = out.string();
   return o;
 }
 
 void train_resume_and_sample(const std::string& precision) {
   SKIP_WITHOUT_GPU();
   test::TempDir data, runs;
-  write_shard(data / "toy_val_000000.bin", counting_tokens(8192, 1));
-  write_shard(data / "toy_train_000000.bin", counting_tokens(65536, 2));
+  test_util::write_toy_shards(data.path(), kVocab, 8192, 65536);
 
   std::vector<double> straight;
   TrainCallbacks cb;

@@ -14,6 +14,7 @@
 #include "blu/ops/factory.h"
 #include "blu/train/trainer.h"
 #include "data/data_test_util.h"
+#include "train/train_test_util.h"
 
 namespace blu::train {
 namespace {
@@ -22,50 +23,26 @@ using test::TempDir;
 
 constexpr int64_t kVocab = 256;
 
-// Tokens with structure a small model can pick up (a noisy counting pattern), from a fixed LCG.
-std::vector<uint16_t> pattern_tokens(size_t n, uint32_t seed) {
-  std::vector<uint16_t> t(n);
-  uint32_t s = seed;
-  for (size_t i = 0; i < n; ++i) {
-    s = s * 1664525u + 1013904223u;
-    t[i] = (s >> 24) < 32 ? uint16_t((s >> 8) % kVocab) : uint16_t((i * 7 + i / 13) % kVocab);
-  }
-  return t;
-}
-
-void write_data(const TempDir& dir) {
-  write_shard(dir / "toy_val_000000.bin", pattern_tokens(2048, 1));
-  write_shard(dir / "toy_train_000000.bin", pattern_tokens(8192, 2));
-}
+void write_data(const TempDir& dir) { test_util::write_toy_shards(dir.path(), kVocab, 2048, 8192); }
 
 TrainOptions tiny_options(const TempDir& data, const std::filesystem::path& out,
                           const std::string& precision = "fp32") {
-  TrainOptions o;
-  o.precision = precision;
-  o.train_pattern = (data / "toy_train_*.bin").string();
-  o.val_pattern = (data / "toy_val_*.bin").string();
+  TrainOptions o = test_util::toy_run(data.path(), out, kVocab, precision);
   o.model.n_layer = 2;
   o.model.n_head = 2;
   o.model.n_embd = 32;
   o.model.block_size = 32;
-  o.model.vocab_size = kVocab;
-  o.model.padded_vocab_size = kVocab;
   o.batch_size = 2;
   o.seq_len = 16;
   o.grad_accum = 2;
   o.steps = 20;
   o.lr = 1e-2;
   o.min_lr = 1e-3;
-  o.warmup = 3;
-  o.schedule = "cosine";
-  o.weight_decay = 0.1;
-  o.grad_clip = 1.0;
   o.seed = 42;
   o.val_every = 5;
   o.val_batches = 2;
   o.sample_every = 7;
   o.sample_tokens = 4;
-  o.out = out.string();
   return o;
 }
 

@@ -37,6 +37,22 @@ struct AdamWCoef {
   float decay, b1, b2, one_m_b1, one_m_b2, bc2_sqrt, eps, neg_step_size;
 };
 
+// The tensor that owns block b of a multi-tensor launch: the last i with first_block[i] <= b
+// (binary search; first_block ascending, first_block[0] = 0).
+__device__ __forceinline__ int owning_tensor(const int32_t* first_block, int count, int b) {
+  int t = 0;
+  for (int lo = 0, hi = count - 1; lo <= hi;) {
+    const int mid = (lo + hi) / 2;
+    if (first_block[mid] <= b) {
+      t = mid;
+      lo = mid + 1;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return t;
+}
+
 // One element, in the CPU kernel's order.
 __device__ __forceinline__ void adamw_update(float& p, float g, float& m, float& v, const AdamWCoef& k) {
   p = __fmul_rn(p, k.decay);
@@ -75,16 +91,7 @@ static_assert(sizeof(AdamWTable) + sizeof(AdamWCoef) <= 4000, "kernel parameters
 template <CopyKind C>
 __global__ void __launch_bounds__(kAdamWThreads) adamw_multi_kernel(AdamWTable tab, AdamWCoef k) {
   const int b = blockIdx.x;
-  int t = 0;  // the tensor owning block b: binary search over first_block
-  for (int lo = 0, hi = tab.count - 1; lo <= hi;) {
-    const int mid = (lo + hi) / 2;
-    if (tab.first_block[mid] <= b) {
-      t = mid;
-      lo = mid + 1;
-    } else {
-      hi = mid - 1;
-    }
-  }
+  const int t = owning_tensor(tab.first_block, tab.count, b);
   float* p = tab.p[t];
   const float* g = tab.g[t];
   float* m = tab.m[t];
@@ -282,16 +289,7 @@ __device__ __forceinline__ float sq_sum_range(const T* p, int64_t n, int64_t sta
 __global__ void sum_squares_partial_kernel(SumSquaresTable tab, float* partials) {
   __shared__ float shared[32];
   const int b = blockIdx.x;
-  int t = 0;  // the tensor owning block b: binary search over first_block
-  for (int lo = 0, hi = tab.count - 1; lo <= hi;) {
-    const int mid = (lo + hi) / 2;
-    if (tab.first_block[mid] <= b) {
-      t = mid;
-      lo = mid + 1;
-    } else {
-      hi = mid - 1;
-    }
-  }
+  const int t = owning_tensor(tab.first_block, tab.count, b);
   const int64_t nblocks = tab.first_block[t + 1] - tab.first_block[t];
   const int64_t start = int64_t(b - tab.first_block[t]) * kSqThreads + threadIdx.x, step = nblocks * kSqThreads;
   float s = 0;
