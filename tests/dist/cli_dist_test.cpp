@@ -82,10 +82,12 @@ TEST_F(DistCli, DdpAndZero2Train) {
 
 // fp16 with DDP: the loss scaler unscales the averaged gradients (after finish()), so the logged
 // gradient norm is the true one, not 65536 times it.
-TEST_F(DistCli, DdpFp16UnscalesTheAveragedGradients) {
-  const LaunchResult r = train(0, 3, "fp16", {"--precision", "fp16"});
+// fp16 under DDP (averaged gradients checked) and under ZeRO-2 (each rank checks its own
+// gradients; the overflow verdict is all-reduced so all ranks skip together — without that a
+// rank skipping alone would leave the others in the reduce-scatter until the timeout).
+void check_fp16_run(const LaunchResult& r, const std::filesystem::path& metrics) {
   ASSERT_EQ(r.status, 0) << r.out << r.err;
-  std::ifstream f(dir.path / "fp16/metrics.jsonl");
+  std::ifstream f(metrics);
   int steps = 0, updates = 0;
   for (std::string line; std::getline(f, line);) {
     const auto j = nlohmann::json::parse(line);
@@ -98,6 +100,14 @@ TEST_F(DistCli, DdpFp16UnscalesTheAveragedGradients) {
   }
   EXPECT_EQ(steps, 3);
   EXPECT_GE(updates, 1);
+}
+
+TEST_F(DistCli, DdpFp16UnscalesTheAveragedGradients) {
+  check_fp16_run(train(0, 3, "fp16", {"--precision", "fp16"}), dir.path / "fp16/metrics.jsonl");
+}
+
+TEST_F(DistCli, Zero2Fp16SkipsOverflowsTogether) {
+  check_fp16_run(train(2, 3, "fp16z2", {"--precision", "fp16"}), dir.path / "fp16z2/metrics.jsonl");
 }
 
 TEST_F(DistCli, DpMustMatchTheLauncher) {

@@ -16,6 +16,12 @@ TEST(GlooCollectives, FourRanks) {
   EXPECT_EQ(r.status, 0) << r.out << r.err;
 }
 
+// The fp16 overflow verdict, all-reduced: one rank's inf gradient makes every rank skip.
+TEST(GlooCollectives, LossScalerOverflowOnOneRankSkipsOnAll) {
+  const LaunchResult r = run_workers("scaler_agree", 3);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+}
+
 TEST(GlooCollectives, DeadPeerIsAnErrorOnEverySurvivorWithinTheTimeout) {
   const LaunchResult r = run_workers("peer_dies", 3);
   EXPECT_EQ(r.status, 0) << r.out << r.err;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <limits>
 #include <cstdlib>
 #include <thread>
 
@@ -11,6 +12,7 @@
 #include "blu/dist/env.h"
 #include "blu/dist/process_group.h"
 #include "blu/dist/tcp_store.h"
+#include "blu/optim/loss_scaler.h"
 #include "ddp_harness.h"
 #include "train_harness.h"
 
@@ -196,6 +198,27 @@ void peer_stalls() {
   ::_exit(::testing::Test::HasFailure() ? 1 : 0);
 }
 
+// fp16 loss scaling where each rank checks its own gradients (as under ZeRO-2): only the last rank
+// overflows, and with the all-reduced verdict every rank skips the step and halves its scale.
+void scaler_agree() {
+  Rank rk(5000ms);
+  ProcessGroup& pg = *rk.pg;
+  const bool last = pg.rank() == pg.size() - 1;
+  Tensor p = zeros({3});
+  p.set_requires_grad(true);
+  p.set_grad(from_vector({1.0, last ? std::numeric_limits<double>::infinity() : 2.0, 3.0}, {3}));
+  optim::LossScaler s(1024.0, 2000);
+  const bool finite = s.unscale_and_check({p}, [&](bool local) {
+    const Tensor bad = full({1}, local ? 0.0 : 1.0);
+    pg.all_reduce(bad, ReduceOp::max)->wait();
+    return bad.item() == 0.0;
+  });
+  EXPECT_FALSE(finite) << "rank " << pg.rank();
+  EXPECT_EQ(s.scale(), 512.0);
+  EXPECT_EQ(s.skipped_steps(), 1);
+  pg.barrier()->wait();
+}
+
 TEST(DistWorker, Run) {
   const std::string scenario = env_or("BLU_DIST_SCENARIO", "");
   if (scenario.empty()) GTEST_SKIP() << "only runs as a rank of a multi-process test";
@@ -204,6 +227,7 @@ TEST(DistWorker, Run) {
   if (scenario == "peer_stalls") return peer_stalls();
   if (scenario == "train") return test::train_worker();
   if (scenario == "ddp_grads") return test::ddp_grads_worker();
+  if (scenario == "scaler_agree") return scaler_agree();
   FAIL() << "unknown scenario " << scenario;
 }
 

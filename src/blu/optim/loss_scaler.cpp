@@ -10,7 +10,7 @@
 
 namespace blu::optim {
 
-bool LossScaler::unscale_and_check(const std::vector<Tensor>& params) {
+bool LossScaler::unscale_and_check(const std::vector<Tensor>& params, const std::function<bool(bool)>& agree) {
   NoGradGuard no_grad;
   // One device-side sum of |g| per tensor (inf/NaN propagate), one number to the host.
   Tensor total;
@@ -21,7 +21,8 @@ bool LossScaler::unscale_and_check(const std::vector<Tensor>& params) {
     Tensor s = sum(abs(to_dtype(g, DType::f32)));
     total = total.defined() ? add(total, s) : s;
   }
-  const bool finite = !total.defined() || std::isfinite(to_vector(total)[0]);
+  bool finite = !total.defined() || std::isfinite(to_vector(total)[0]);
+  if (agree) finite = agree(finite);
   if (!finite) {
     scale_ *= 0.5;
     good_ = 0;

@@ -4,6 +4,7 @@
 // scale halves; after `growth_interval` good steps in a row it doubles (torch.cuda.amp.GradScaler's
 // policy). Depends on core/, ops/. Keep: the scale is a power of two, so scaling is exact.
 #pragma once
+#include <functional>
 #include <cstdint>
 #include <vector>
 
@@ -17,8 +18,11 @@ class LossScaler {
       : scale_(init_scale), growth_interval_(growth_interval) {}
   double scale() const { return scale_; }
   // Divides every gradient by the scale; returns false (and backs off) if any is inf/NaN, in
-  // which case the caller skips the optimizer step.
-  bool unscale_and_check(const std::vector<Tensor>& params);
+  // which case the caller skips the optimizer step. `agree`, when given, turns this process's
+  // verdict into the one every data-parallel rank takes (true: all finite) before the scale
+  // changes — needed wherever ranks check different gradients (ZeRO-2 checks its local ones):
+  // a rank that skipped alone would leave the others waiting in the next collective.
+  bool unscale_and_check(const std::vector<Tensor>& params, const std::function<bool(bool)>& agree = {});
   int64_t skipped_steps() const { return skipped_; }
   void set_state(double scale, int64_t good_steps, int64_t skipped) {
     scale_ = scale;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -357,7 +358,16 @@ double Trainer::train_step(StepStats& s) {
   // DDP first: the averaged gradients are the same on every rank, so unscaling and the overflow
   // check agree everywhere, and nothing touches a bucket while its all-reduce may still run.
   if (ddp_) ddp_->finish();
-  if (scaler_ && !scaler_->unscale_and_check(model_->parameters())) {
+  // Without DDP (ZeRO-2 reduces the gradients later, itself) each rank checks its own gradients:
+  // the ranks take the overflow decision together, or one would skip while the others wait.
+  std::function<bool(bool)> agree;
+  if (pg_ && !ddp_)
+    agree = [this](bool finite) {
+      const Tensor bad = full({1}, finite ? 0.0 : 1.0, DType::f32, device_);
+      pg_->all_reduce(bad, dist::ReduceOp::max)->wait();
+      return scalar_value(bad) == 0.0;
+    };
+  if (scaler_ && !scaler_->unscale_and_check(model_->parameters(), agree)) {
     // fp16 overflow: no update this step; the scale has backed off.
     s.skipped = scaler_->skipped_steps();
     s.lr = schedule_.at(step_);
