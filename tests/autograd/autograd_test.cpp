@@ -3,7 +3,7 @@
 // that returns a gradient of the wrong shape).
 #include <gtest/gtest.h>
 
-#include "common/expect_error.h"
+#include "common/checks.h"
 #include "blu/backend/backend.h"
 #include "blu/blu.h"
 #include "blu/ops/dispatch.h"

@@ -2,7 +2,7 @@
 // narrow/select/permute, when reshape copies, and the messages of the shape errors.
 #include <gtest/gtest.h>
 
-#include "common/expect_error.h"
+#include "common/checks.h"
 #include "blu/blu.h"
 
 namespace blu {

@@ -12,7 +12,7 @@
 #include "blu/dist/ddp.h"
 #include "blu/nn/gpt.h"
 #include "blu/nn/layers.h"
-#include "common/expect_error.h"
+#include "common/checks.h"
 #include "ddp_harness.h"
 #include "dist_test_util.h"
 

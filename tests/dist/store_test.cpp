@@ -8,20 +8,14 @@
 #include "blu/core/error.h"
 #include "blu/dist/launch.h"
 #include "blu/dist/tcp_store.h"
+#include "common/checks.h"
 
 namespace blu::dist {
 namespace {
 
-using namespace std::chrono_literals;
+using blu::test::error_of;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using namespace std::chrono_literals;
 
 TEST(TcpStore, SetGetAddCheckRemove) {
   TcpStore server("127.0.0.1", 0, true, 5000ms);

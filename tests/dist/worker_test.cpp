@@ -15,9 +15,12 @@
 #include "blu/optim/loss_scaler.h"
 #include "ddp_harness.h"
 #include "train_harness.h"
+#include "common/checks.h"
 
 namespace blu::dist {
 namespace {
+
+using blu::test::error_of;
 
 using namespace std::chrono_literals;
 
@@ -37,16 +40,6 @@ struct Rank {
 };
 
 std::vector<double> values(const Tensor& t) { return to_vector(t); }
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // Each collective on f32 and f64, checked against its definition. Rank r's tensors hold
 // values that depend on r so a wrong source shows.

@@ -12,11 +12,15 @@
 #include <fstream>
 
 #include "blu/blu.h"
+#include "common/checks.h"
 
 namespace fs = std::filesystem;
 
 namespace blu {
 namespace {
+
+using test::bitwise_equal;
+using test::error_of;
 
 class Block : public nn::Module {
  public:
@@ -50,12 +54,6 @@ void train_steps(nn::Module& m, optim::Optimizer& opt, Generator& gen, int n) {
   }
 }
 
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
-  const Tensor ca = contiguous(a), cb = contiguous(b);
-  return std::memcmp(ca.raw_data(), cb.raw_data(), ca.nbytes()) == 0;
-}
-
 void expect_same_tensors(const nn::NamedTensors& a, const nn::NamedTensors& b) {
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) {
@@ -69,16 +67,6 @@ nn::NamedTensors snapshot(const nn::NamedTensors& s) {
   nn::NamedTensors out;
   for (auto& [n, t] : s) out.emplace_back(n, clone(t.detach()));
   return out;
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 class CheckpointTest : public ::testing::Test {

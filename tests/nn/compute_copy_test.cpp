@@ -11,15 +11,12 @@
 #include "blu/nn/gpt.h"
 #include "blu/ops/dispatch.h"
 #include "blu/optim/optimizer.h"
+#include "common/checks.h"
 
 namespace blu::nn {
 namespace {
 
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
-  const Tensor ca = contiguous(a), cb = contiguous(b);
-  return std::memcmp(ca.raw_data(), cb.raw_data(), ca.nbytes()) == 0;
-}
+using test::bitwise_equal;
 
 // Counts the "cast" ops dispatched while alive.
 struct CastCounter {

@@ -2,7 +2,7 @@
 // split/chunk, and cat of non-floating dtypes.
 #include <gtest/gtest.h>
 
-#include "common/expect_error.h"
+#include "common/checks.h"
 #include "blu/blu.h"
 
 namespace blu {

@@ -9,20 +9,12 @@
 
 #include "blu/ops/dispatch.h"
 #include "common/opinfo.h"
+#include "common/checks.h"
 
 namespace blu::test {
 namespace {
 
 // The message of the blu::Error that f throws ("" if it throws none).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 #define EXPECT_ERROR_MENTIONS(call, ...)                                                   \
   do {                                                                                     \
     const std::string msg = error_of([&] { (void)(call); });                               \

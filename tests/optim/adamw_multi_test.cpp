@@ -10,25 +10,10 @@
 #include "blu/blu.h"
 #include "blu/ops/optim.h"
 #include "common/opinfo.h"
+#include "common/checks.h"
 
 namespace blu::test {
 namespace {
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
-  const Tensor ca = contiguous(a), cb = contiguous(b);
-  return std::memcmp(ca.raw_data(), cb.raw_data(), ca.nbytes()) == 0;
-}
 
 // One parameter's tensors, built so that two sets can start from the same values.
 struct Slot {

@@ -8,28 +8,13 @@
 #include "blu/blu.h"
 #include "blu/optim/optimizer.h"
 #include "common/opinfo.h"
+#include "common/checks.h"
 
 namespace blu::test {
 namespace {
 
 using optim::LRSchedule;
 using optim::ParamGroup;
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
-  const Tensor ca = contiguous(a), cb = contiguous(b);
-  return std::memcmp(ca.raw_data(), cb.raw_data(), ca.nbytes()) == 0;
-}
 
 TEST(LRSchedule, KeyStepsCosine) {
   const LRSchedule s{.kind = LRSchedule::Kind::cosine, .max_lr = 6e-4, .min_lr = 6e-5, .warmup_steps = 10,
