@@ -9,6 +9,7 @@
 #   gpt2  — GPT-2 124M on the GPU vs PyTorch on the same GPU (same weights and batch)
 #   dist  — (2 GPUs) NCCL tests; bench on 1 GPU, on 2 with DDP and with ZeRO-1, beside PyTorch
 #           single-GPU and DDP under torchrun
+#   variants — more bench runs with other environments/arguments (VARIANTS, see below)
 set -uo pipefail
 pack=/tmp/blupack
 mkdir -p "$pack" && tar -xJf .devpack/devpack.tar.xz -C "$pack"
@@ -55,6 +56,18 @@ for step in "$@"; do
       timeout 200 python3 .devpack/peers/torch_gpt2.py "${MODE:-bf16}" "$B" "$T" "$STEPS" 2>&1 | tee -a "$out/dist.log" | tail -2
       timeout 300 python3 -m torch.distributed.run --standalone --nproc_per_node 2 .devpack/peers/torch_gpt2.py \
         "${MODE:-bf16}" "$B" "$T" "$STEPS" 2>&1 | tee -a "$out/dist.log" | grep -E '^\{|rror' | tail -3 ;;
+    variants)
+      # Extra multi-GPU bench runs to compare settings in one call: VARIANTS is a ';'-separated
+      # list of "ENV=V ... | bench args", e.g. "NCCL_MAX_CTAS=8 | --dp 2;  | --dp 2 --bucket-mib 100".
+      IFS=';' read -ra runs <<< "${VARIANTS:-}"
+      for v in "${runs[@]}"; do
+        envs="${v%%|*}"; args="${v#*|}"
+        n=$(sed -n 's/.*--dp \([0-9]*\).*/\1/p' <<< "$args"); n="${n:-1}"
+        echo "== ${envs} | ${args}" | tee -a "$out/variants.log"
+        if [ "$n" = 1 ]; then cmd=("$pack/blutrain"); else cmd=("$pack/blutrain" launch -n "$n" -- "$pack/blutrain"); fi
+        env $envs timeout 200 "${cmd[@]}" bench --device cuda --precision "${MODE:-bf16}" -B "$B" -T "$T" \
+          --steps "$STEPS" $args 2>&1 | tee -a "$out/variants.log" | grep -E '^\{|^\[rank 0\] \{|rror' | tail -3
+      done ;;
     attn)
       timeout 120 "$pack/test_cuda" --gtest_filter='FlashAttentionPerf*' 2>&1 | tee "$out/attn.log" | tail -15
       timeout 120 python3 .devpack/peers/attention.py 16 12 1024 64 2>&1 | tee -a "$out/attn.log" | tail -12

@@ -8,6 +8,7 @@
 // --comm-priority to compare DDP settings); every rank draws its own batches of B rows;
 // rank 0 prints the line with the global tok/s (world·B·T per median step) and its own memory.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -159,15 +160,34 @@ int run_bench(const BenchOptions& o) {
   std::vector<double> ms;
   double first_loss = 0, last_loss = 0;
   Tensor loss_t;
+  // CUDA: device-time phases of each step from events on the compute stream — forward+backward,
+  // the wait for the gradient all-reduces after backward (DDP's exposed communication), and the
+  // optimizer — to tell a communication tail from kernels slowed down by the overlap.
+  std::vector<std::array<double, 3>> phases;
+#ifdef BLU_HAVE_CUDA
+  std::vector<cuda::Event> marks;
+  if (dev.is_cuda())
+    for (int i = 0; i < 4; ++i) marks.emplace_back(true);
+#endif
+  auto mark = [&](int i) {
+#ifdef BLU_HAVE_CUDA
+    if (dev.is_cuda()) marks[size_t(i)].record(cuda::current_stream());
+#endif
+    (void)i;
+  };
   auto step = [&](const Tensor& x, const Tensor& y) {
+    mark(0);
     nn::GPTOutput out = model.forward(x, y);
     (fp16 ? mul(out.loss, scaler.scale()) : out.loss).backward();
+    mark(1);
     if (ddp) ddp->finish();  // the buckets' all-reduces, issued during backward, are done
+    mark(2);
     if (!fp16 || scaler.unscale_and_check(params)) {
       optim::clip_grad_norm(params, 1.0);
       opt->step();
     }
     opt->zero_grad();
+    mark(3);
     loss_t = out.loss;
   };
   for (int64_t i = 0; i < o.steps; ++i) {
@@ -178,6 +198,10 @@ int run_bench(const BenchOptions& o) {
     step(x, y);
     const double loss = to_vector(to_dtype(loss_t, DType::f32))[0];  // synchronises
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+#ifdef BLU_HAVE_CUDA
+    if (dev.is_cuda())
+      phases.push_back({marks[1].elapsed_ms(marks[0]), marks[2].elapsed_ms(marks[1]), marks[3].elapsed_ms(marks[2])});
+#endif
     if (i == 0) first_loss = loss;
     last_loss = loss;
   }
@@ -204,6 +228,16 @@ int run_bench(const BenchOptions& o) {
     j["first_bucket_mib"] = o.ddp.first_bucket_mib;
     j["comm_priority"] = o.comm_priority;
     j["buckets"] = ddp->bucket_layout().size();
+  }
+  if (!phases.empty()) {  // medians over the warm steps
+    const size_t skip = ms.size() - warm.size();
+    auto median = [&](int k) {
+      std::vector<double> v;
+      for (size_t i = skip; i < phases.size(); ++i) v.push_back(phases[i][size_t(k)]);
+      std::sort(v.begin(), v.end());
+      return std::round(v[v.size() / 2] * 1000) / 1000;
+    };
+    j["phases_ms"] = {{"fwd_bwd", median(0)}, {"comm_wait", median(1)}, {"optimizer", median(2)}};
   }
   if (o.peak_tflops > 0) j["mfu"] = tok_s * flops_tok / (o.peak_tflops * 1e12 * o.dp);  // per GPU
   if (fp16) j["skipped_steps"] = scaler.skipped_steps();

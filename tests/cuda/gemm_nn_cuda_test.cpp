@@ -18,6 +18,7 @@
 #include "blu/ops/factory.h"
 #include "blu/ops/linalg.h"
 #include "blu/ops/nn.h"
+#include "blu/ops/reduce.h"
 #include "blu/ops/optim.h"
 #include "blu/ops/precision.h"
 #include "blu/ops/view.h"
@@ -366,6 +367,44 @@ TEST(CudaLinear, WeightGradColumnSumPathsMatchCpu) {
       const std::vector<Tensor> d2 = linear_weight_grad(dev(g), dev(x));
       EXPECT_TRUE(bit_equal("grad_b rerun " + tag, d[1], d2[1]));
     }
+}
+
+// linear_weight_grad_into with fp32 outputs for bf16/f16 g (Note [Wide gradients]): the GEMM's
+// fp32 sums stored unrounded and the bias gradient from the column-sum kernels (8-aligned width)
+// or the strided-sum fallback (odd width), against the f64 products of the same 16-bit operands;
+// and through linear's backward, an fp32 master weight cast to bf16 gets an fp32 gradient.
+TEST(CudaLinear, WeightGradIntoFp32MatchesF64) {
+  SKIP_WITHOUT_CUDA();
+  manual_seed(13);
+  NoGradGuard ng;
+  for (DType dt : {DType::bf16, DType::f16})
+    for (auto [R, N, K] : {std::tuple{1000, 768, 96}, std::tuple{300, 37, 40}, std::tuple{0, 16, 8}}) {
+      const std::string tag = std::string(dtype_name(dt)) + " R=" + std::to_string(R) + " N=" + std::to_string(N);
+      const Tensor g = rnd({R, N}, dt), x = rnd({R, K}, dt);
+      Tensor gw = dev(full({N, K}, 7.0)), gb = dev(full({N}, 7.0));  // overwritten, not accumulated
+      linear_weight_grad_into(gw, dev(g), dev(x), gb);
+      const Tensor g64 = to_dtype(g, DType::f64), x64 = to_dtype(x, DType::f64);
+      const std::vector<double> sv = to_vector(matmul(transpose(abs(g64), 0, 1), abs(x64)));
+      EXPECT_TRUE(close("grad_w " + tag, hvec(gw), to_vector(matmul(transpose(g64, 0, 1), x64)), Tol{0, 0, 1e-5}, &sv));
+      EXPECT_TRUE(close("grad_b " + tag, hvec(gb), to_vector(sum(g64, {0})), Tol{1e-5, 1e-6, 0}));
+      Tensor gw_only = dev(zeros({N, K}));
+      linear_weight_grad_into(gw_only, dev(g), dev(x));
+      EXPECT_TRUE(bit_equal("grad_w without gb " + tag, gw_only, gw));
+    }
+}
+
+TEST(CudaLinear, Bf16BackwardGivesFp32MasterWeightsFp32Gradients) {
+  SKIP_WITHOUT_CUDA();
+  manual_seed(14);
+  Tensor w = dev(rnd({64, 96}, DType::f32)).set_requires_grad(), b = dev(rnd({64}, DType::f32)).set_requires_grad();
+  const Tensor x = rnd({128, 96}, DType::bf16), g = rnd({128, 64}, DType::bf16);
+  linear(dev(x), to_dtype(w, DType::bf16), to_dtype(b, DType::bf16)).backward(dev(g));
+  ASSERT_EQ(w.grad().dtype(), DType::f32);
+  ASSERT_EQ(b.grad().dtype(), DType::f32);
+  const Tensor g64 = to_dtype(g, DType::f64);
+  EXPECT_TRUE(close("linear backward grad_w", hvec(w.grad()),
+                    to_vector(matmul(transpose(g64, 0, 1), to_dtype(x, DType::f64))), Tol{1e-5, 1e-6, 0}));
+  EXPECT_TRUE(close("linear backward grad_b", hvec(b.grad()), to_vector(sum(g64, {0})), Tol{1e-5, 1e-6, 0}));
 }
 
 TEST(CudaMatmul, Tf32PrecisionSettingIsHonoured) {

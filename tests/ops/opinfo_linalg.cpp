@@ -71,6 +71,16 @@ BLU_OPINFO(OpInfo{.name = "matmul",
                                                {{noncontig(rnd(g, {5, 2}, dt)), rnd(g, {5, 3}, dt)}, "transposed g"}};
                   },
                   .torch = "torch.cat([(x0.t() @ x1).flatten(), x0.sum(0)])"},
+           OpInfo{.name = "linear_residual",  // residual + linear(x, w, b) in one GEMM
+                  .fn = [](const V& x) { return linear(x[0], x[1], x[2], x[3]); },
+                  .samples = [](DType dt, Generator& g) {
+                    auto r = [&](const Shape& s) { return rnd(g, s, dt); };
+                    return std::vector<Sample>{{{r({3, 5}), r({4, 5}), r({4}), r({3, 4})}, "2-D"},
+                                               {{r({2, 3, 5}), r({4, 5}), r({4}), r({2, 3, 4})}, "3-D"},
+                                               {{r({3, 5}), noncontig(r({4, 5})), Tensor(), noncontig(r({3, 4}))},
+                                                "no bias, non-contiguous weight and residual"}};
+                  },
+                  .torch = "x3 + F.linear(x0, x1, x2)"},
            OpInfo{.name = "linear_no_bias",
                   .fn = [](const V& x) { return linear(x[0], x[1]); },
                   .samples = [](DType dt, Generator& g) { return linear_samples(dt, g, false); },
@@ -90,6 +100,15 @@ BLU_OPINFO(OpInfo{.name = "gelu_linear",
                         {{rnd(g, {2, 3, 4}, dt), noncontig(rnd(g, {5, 4}, dt)), rnd(g, {5}, dt)}, "3-D, transposed weight"},
                         {{rnd(g, {4}, dt), rnd(g, {2, 4}, dt), Tensor()}, "1-D, no bias"}};
                   },
-                  .torch = "F.linear(F.gelu(x0, approximate='tanh'), x1, x2)"});
+                  .torch = "F.linear(F.gelu(x0, approximate='tanh'), x1, x2)"},
+           OpInfo{.name = "gelu_linear_residual",
+                  .fn = [](const std::vector<Tensor>& x) { return gelu_linear(x[0], x[1], x[2], x[3]); },
+                  .samples = [](DType dt, Generator& g) {
+                    return std::vector<Sample>{
+                        {{rnd(g, {5, 7}, dt), rnd(g, {3, 7}, dt), rnd(g, {3}, dt), rnd(g, {5, 3}, dt)}, "2-D"},
+                        {{rnd(g, {2, 3, 4}, dt), rnd(g, {5, 4}, dt), Tensor(), noncontig(rnd(g, {2, 3, 5}, dt))},
+                         "3-D, no bias, non-contiguous residual"}};
+                  },
+                  .torch = "x3 + F.linear(F.gelu(x0, approximate='tanh'), x1, x2)"});
 }  // namespace
 }  // namespace blu::test

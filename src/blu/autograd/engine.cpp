@@ -10,6 +10,7 @@
 #include "blu/core/grad_mode.h"
 #include "blu/ops/elementwise.h"
 #include "blu/ops/factory.h"
+#include "blu/ops/view.h"
 
 namespace blu {
 
@@ -19,7 +20,8 @@ namespace {
 // gradient given to backward()). The message names the op whose backward made the bad gradient.
 void check_grad(const Node& to, uint32_t slot, const Tensor& g, const Node* from) {
   const TensorMeta& m = to.out_metas[slot];
-  if (g.shape() == m.shape && g.dtype() == m.dtype && g.device() == m.device) return;
+  const bool dtype_ok = g.dtype() == m.dtype || (slot == 0 && to.grad_source_dtype() == g.dtype());
+  if (g.shape() == m.shape && dtype_ok && g.device() == m.device) return;
   const std::string what = to_string(m.shape) + " " + std::string(dtype_name(m.dtype)) + " " + m.device.str();
   BLU_CHECK(from, "backward(): the gradient given is ", g.str(), " but the tensor is ", what);
   BLU_CHECK(false, "backward of '", from->name(), "' returned a gradient ", g.str(), " for an input that is ",
@@ -63,6 +65,9 @@ void Tensor::backward(const Tensor& grad_root, bool retain_graph) const {
     if (buf.empty()) buf.resize(n->out_metas.size());
     if (!buf[slot].defined()) {
       buf[slot] = std::move(grad);
+    } else if (buf[slot].dtype() != grad.dtype()) {  // a widened and a plain gradient of a cast's output
+      const DType wide = *n->grad_source_dtype();
+      buf[slot] = add(to_dtype(buf[slot], wide), to_dtype(grad, wide));
     } else if (const Tensor fresh = n->fresh_grad_slot();
                fresh.defined() && buf[slot].raw_data() == fresh.raw_data() && buf[slot].storage() == fresh.storage()) {
       add_(buf[slot], grad);  // the first contribution was written into the leaf's grad slot: sum there
@@ -88,10 +93,17 @@ void Tensor::backward(const Tensor& grad_root, bool retain_graph) const {
     // A leaf whose grad slot is still empty and has no gradient waiting yet: offer the slot as the
     // place for this input's gradient (to one edge only), so a backward that can write it there
     // does and AccumulateGrad has nothing to copy (dist/ddp.h: gradients as bucket views).
+    // An input that is a cast of a wider leaf, to an op that can make its gradient in the wider
+    // dtype: ask for that dtype, and offer the leaf's slot through the cast (Note [Wide gradients]).
     for (size_t i = 0; i < n->next.size(); ++i) {
       Node* to = n->next[i].fn.get();
       if (!to) continue;
       Tensor dst = to->fresh_grad_slot();
+      if (const std::optional<DType> wide = to->grad_source_dtype(); wide && n->can_widen_grad(i)) {
+        n->offer_grad_dtype(i, *wide);
+        Node* leaf = to->next.empty() ? nullptr : to->next[0].fn.get();
+        dst = leaf && !buffers.count(leaf) ? leaf->fresh_grad_slot() : Tensor();
+      }
       if (!dst.defined() || buffers.count(to)) continue;
       bool first_edge = true;
       for (size_t j = 0; j < i; ++j) first_edge &= n->next[j].fn.get() != to;

@@ -18,12 +18,27 @@ std::vector<Tensor> OpNode::apply(std::vector<Tensor>&& grad_out) {
             "' a second time: its saved tensors were freed; pass retain_graph=true to the first backward");
   std::vector<Tensor> in_grads = ctx.op->backward(ctx, grad_out);
   ctx.grad_dst.clear();  // offered for this run only
+  ctx.grad_dtypes.clear();
   return in_grads;
 }
 
 void OpNode::offer_grad_destination(size_t input, const Tensor& dst) {
   if (ctx.grad_dst.size() < next.size()) ctx.grad_dst.resize(next.size());
   ctx.grad_dst.at(input) = dst;
+}
+
+void OpNode::offer_grad_dtype(size_t input, DType dtype) {
+  if (ctx.grad_dtypes.size() < next.size()) {
+    ctx.grad_dtypes.resize(next.size());
+    for (size_t i = 0; i < next.size(); ++i) ctx.grad_dtypes[i] = ctx.input_metas[i].dtype;
+  }
+  ctx.grad_dtypes.at(input) = dtype;
+}
+
+std::optional<DType> OpNode::grad_source_dtype() const {
+  if (!ctx.op->grad_in_source_dtype || ctx.input_metas.empty()) return std::nullopt;
+  const DType src = ctx.input_metas[0].dtype;
+  return src != out_metas.at(0).dtype ? std::optional<DType>(src) : std::nullopt;
 }
 
 void OpNode::release_saved() {

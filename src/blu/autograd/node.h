@@ -5,6 +5,7 @@
 // (edges are shared_ptr), never their outputs, so a graph is freed with its last output.
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,12 @@ struct Node {
   // The engine offers `dst` as where input `input`'s gradient may be written (see
   // BackwardContext::grad_dst); only ops can use it.
   virtual void offer_grad_destination(size_t /*input*/, const Tensor& /*dst*/) {}
+  // Whether the backward can return input `input`'s gradient in a wider dtype, and the engine's
+  // request that it do so (Note [Wide gradients], ops/dispatch.h); only ops can.
+  virtual bool can_widen_grad(size_t /*input*/) const { return false; }
+  virtual void offer_grad_dtype(size_t /*input*/, DType /*dtype*/) {}
+  // A cast node whose output gradient may arrive in its source dtype: that dtype (else nullopt).
+  virtual std::optional<DType> grad_source_dtype() const { return std::nullopt; }
   // A leaf's grad slot while its grad is undefined (AccumulateGrad); undefined otherwise.
   virtual Tensor fresh_grad_slot() const { return {}; }
   uint64_t seq = 0;                    // creation order; later nodes run first
@@ -42,6 +49,9 @@ struct OpNode final : Node {
   std::string name() const override { return ctx.op->name; }
   void release_saved() override;
   void offer_grad_destination(size_t input, const Tensor& dst) override;
+  bool can_widen_grad(size_t input) const override { return input < 32 && (ctx.op->wide_grads >> input & 1u); }
+  void offer_grad_dtype(size_t input, DType dtype) override;
+  std::optional<DType> grad_source_dtype() const override;
 };
 
 // A leaf's gradient sink: grad ← the incoming gradient (kept when nothing else refers to it, else

@@ -87,7 +87,7 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& cfg, Generator* gen)
   register_module("resid_dropout", resid_dropout);
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& x, Tensor* cache_k, Tensor* cache_v) const {
+Tensor CausalSelfAttention::forward(const Tensor& x, Tensor* cache_k, Tensor* cache_v, const Tensor& residual) const {
   BLU_CHECK(x.dim() == 3 && x.size(2) == n_embd, "CausalSelfAttention: expected x [B, T, ", n_embd, "], got ",
             x.shape());
   const int64_t B = x.size(0), T = x.size(1), D = n_embd / n_head;
@@ -109,7 +109,9 @@ Tensor CausalSelfAttention::forward(const Tensor& x, Tensor* cache_k, Tensor* ca
   }
   Tensor y = scaled_dot_product_attention(q, k, v, causal);  // [B, H, T, D]
   y = reshape(transpose(y, 1, 2), {B, T, n_embd});
-  return resid_dropout->forward(c_proj->forward(y));
+  if (!residual.defined()) return resid_dropout->forward(c_proj->forward(y));
+  if (resid_dropout->active()) return residual + resid_dropout->forward(c_proj->forward(y));
+  return c_proj->forward(y, residual);
 }
 
 MLP::MLP(const GPTConfig& cfg, Generator* gen) {
@@ -121,11 +123,13 @@ MLP::MLP(const GPTConfig& cfg, Generator* gen) {
   register_module("dropout", dropout);
 }
 
-Tensor MLP::forward(const Tensor& x) const {
+Tensor MLP::forward(const Tensor& x, const Tensor& residual) const {
   // c_proj(gelu_tanh(c_fc(x))) with the GELU output recomputed in backward (ops/fused.h).
   const Tensor u = c_fc->forward(x);
-  return dropout->forward(
-      gelu_linear(u, c_proj->cast_param(c_proj->weight, u.dtype()), c_proj->cast_param(c_proj->bias, u.dtype())));
+  const Tensor w = c_proj->cast_param(c_proj->weight, u.dtype()), b = c_proj->cast_param(c_proj->bias, u.dtype());
+  if (!residual.defined()) return dropout->forward(gelu_linear(u, w, b));
+  if (dropout->active()) return residual + dropout->forward(gelu_linear(u, w, b));
+  return gelu_linear(u, w, b, residual);
 }
 
 Block::Block(const GPTConfig& cfg, Generator* gen) {
@@ -140,8 +144,9 @@ Block::Block(const GPTConfig& cfg, Generator* gen) {
 }
 
 Tensor Block::forward(const Tensor& x, Tensor* cache_k, Tensor* cache_v) const {
-  Tensor y = x + attn->forward(ln_1->forward(x), cache_k, cache_v);
-  return y + mlp->forward(ln_2->forward(y));
+  // The skip connections are added by the projections' GEMMs (linear's residual).
+  const Tensor y = attn->forward(ln_1->forward(x), cache_k, cache_v, x);
+  return mlp->forward(ln_2->forward(y), y);
 }
 
 // --- GPT ---

@@ -54,8 +54,10 @@ class CausalSelfAttention : public Module {
   CausalSelfAttention(const GPTConfig& cfg, Generator* dropout_gen);
   // x [B, T, C] → [B, T, C]. With a cache: appends this call's keys/values to (k, v) and attends
   // over all of them; T must be 1 unless the cache is empty (the causal mask of a longer query
-  // block would have to be offset by the cached length).
-  Tensor forward(const Tensor& x, Tensor* cache_k = nullptr, Tensor* cache_v = nullptr) const;
+  // block would have to be offset by the cached length). With `residual` ([B, T, C]): residual +
+  // the attention output, added by the output projection's GEMM when dropout is off.
+  Tensor forward(const Tensor& x, Tensor* cache_k = nullptr, Tensor* cache_v = nullptr,
+                 const Tensor& residual = Tensor()) const;
   int64_t n_head, n_embd;
   std::shared_ptr<Linear> c_attn, c_proj;  // [3C, C], [C, C]
   std::shared_ptr<Dropout> resid_dropout;
@@ -64,7 +66,8 @@ class CausalSelfAttention : public Module {
 class MLP : public Module {
  public:
   MLP(const GPTConfig& cfg, Generator* dropout_gen);
-  Tensor forward(const Tensor& x) const;  // c_proj(gelu_tanh(c_fc(x)))
+  // c_proj(gelu_tanh(c_fc(x))) (+ residual, added by c_proj's GEMM when dropout is off).
+  Tensor forward(const Tensor& x, const Tensor& residual = Tensor()) const;
   std::shared_ptr<Linear> c_fc, c_proj;    // [4C, C], [C, 4C]
   std::shared_ptr<Dropout> dropout;
 };

@@ -27,6 +27,9 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias) : in_features(in), out_f
 Tensor Linear::forward(const Tensor& x) const {
   return linear(x, cast_param(weight, x.dtype()), cast_param(bias, x.dtype()));
 }
+Tensor Linear::forward(const Tensor& x, const Tensor& residual) const {
+  return linear(x, cast_param(weight, x.dtype()), cast_param(bias, x.dtype()), residual);
+}
 
 Embedding::Embedding(int64_t num, int64_t dim) {
   BLU_CHECK(num > 0 && dim > 0, "Embedding: expected positive sizes, got ", num, " x ", dim);
@@ -50,7 +53,7 @@ Dropout::Dropout(double p_, Generator* gen) : p(p_), gen_(gen) {
 }
 
 Tensor Dropout::forward(const Tensor& x) const {
-  if (!is_training() || p == 0.0) return x;
+  if (!active()) return x;
   return dropout(x, p, true, gen_);
 }
 

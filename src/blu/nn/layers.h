@@ -22,6 +22,8 @@ class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true);
   Tensor forward(const Tensor& x) const;  // x [..., in] → [..., out]
+  // residual + forward(x) in one GEMM (ops/linalg.h: linear's residual); residual [..., out].
+  Tensor forward(const Tensor& x, const Tensor& residual) const;
   int64_t in_features, out_features;
   Tensor weight;  // [out, in]
   Tensor bias;    // [out], undefined without bias
@@ -49,6 +51,7 @@ class Dropout : public Module {
  public:
   explicit Dropout(double p, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) const;
+  bool active() const { return is_training() && p != 0.0; }  // forward is not the identity
   double p;
 
  private:

@@ -5,6 +5,7 @@
 #include "blu/backend/backend.h"
 #include "blu/core/grad_mode.h"
 #include "blu/memory/allocator.h"
+#include "blu/ops/factory.h"
 
 namespace blu {
 
@@ -17,6 +18,12 @@ const Tensor& BackwardContext::output(size_t i) const {
   BLU_ASSERT(i < outputs.size() && outputs[i].defined(), op->name, ": backward reads output ", i,
              " which was not saved (add it to save_outputs)");
   return outputs[i];
+}
+
+Tensor BackwardContext::grad_buffer(size_t i) const {
+  if (Tensor dst = grad_destination(i); dst.defined()) return dst;
+  const TensorMeta& m = input_metas.at(i);
+  return empty(m.shape, grad_dtype(i), m.device);
 }
 
 static GradRecorder g_recorder = nullptr;

@@ -43,11 +43,32 @@ struct BackwardContext {
   std::vector<TensorMeta> input_metas;
   std::vector<bool> needs_grad;
   std::vector<Tensor> grad_dst;  // empty, or one per input; set only while the backward runs
+  // grad_dtypes: the dtype in which input i's gradient is wanted when it is wider than the input's
+  // (Note [Wide gradients]); empty, or one per input (the input's own dtype where not widened).
+  std::vector<DType> grad_dtypes;
   const Tensor& input(size_t i) const;
   const Tensor& output(size_t i) const;
   const Shape& input_shape(size_t i) const { return input_metas.at(i).shape; }
   Tensor grad_destination(size_t i) const { return i < grad_dst.size() ? grad_dst[i] : Tensor(); }
+  DType grad_dtype(size_t i) const { return i < grad_dtypes.size() ? grad_dtypes[i] : input_metas.at(i).dtype; }
+  // Whether input i's gradient should be written somewhere given (a destination, or a wider
+  // dtype than the input's), and where: the destination, else a new tensor in grad_dtype(i).
+  bool grad_is_directed(size_t i) const {
+    return grad_destination(i).defined() || grad_dtype(i) != input_metas.at(i).dtype;
+  }
+  Tensor grad_buffer(size_t i) const;
 };
+
+// Note [Wide gradients]
+// Under mixed precision a 16-bit weight is a cast of an fp32 master parameter, and the cast's
+// backward widens the weight's gradient back to fp32 — one extra kernel and one 16-bit temporary
+// per parameter. An op whose backward can produce input i's gradient in fp32 directly (a GEMM
+// writing fp32, a reduction that accumulates in fp32 anyway) sets bit i of OpDef::wide_grads.
+// When such an input comes straight from a cast of a wider dtype (OpDef::grad_in_source_dtype),
+// the engine sets ctx.grad_dtypes[i] to that wider dtype and, when the cast's source is a leaf
+// with an empty grad slot (DDP's bucket view), offers the slot itself as grad_destination(i). The
+// backward then returns the gradient in grad_dtype(i) (or in the input's dtype: either is
+// accepted), and the cast passes a gradient already in its source dtype through untouched.
 
 using InferFn = std::vector<TensorMeta> (*)(std::span<const Tensor> in, const Attrs& attrs);
 using ViewFn = std::vector<Tensor> (*)(std::span<const Tensor> in, const Attrs& attrs);
@@ -72,6 +93,8 @@ struct OpDef {
   int diff_outputs = -1;          // outputs that carry gradients: the first n (-1: all)
   uint32_t optional_inputs = 0;   // bit i: input i may be undefined
   bool cross_device = false;      // inputs/outputs may sit on different devices (copies)
+  uint32_t wide_grads = 0;        // bit i: the backward honours ctx.grad_dtype(i) (Note [Wide gradients])
+  bool grad_in_source_dtype = false;  // a cast: output 0's gradient may arrive in input 0's dtype
 };
 
 std::vector<Tensor> dispatch(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs = {});

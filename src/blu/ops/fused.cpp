@@ -22,7 +22,7 @@ std::vector<TensorMeta> infer_gelu_linear(std::span<const Tensor> in, const Attr
 // this op (with the backward below) replaces the two it would otherwise leave.
 std::vector<Tensor> gelu_linear_compute(std::span<const Tensor> in, const Attrs&) {
   NoGradGuard no_grad;
-  return {linear(gelu(in[0], /*approximate=*/true), in[1], in[2])};
+  return {linear(gelu(in[0], /*approximate=*/true), in[1], in[2], in[3])};
 }
 
 std::vector<Tensor> gelu_linear_backward(const BackwardContext& c, std::span<const Tensor> g) {
@@ -30,7 +30,11 @@ std::vector<Tensor> gelu_linear_backward(const BackwardContext& c, std::span<con
   const Tensor h = gelu(u, true);  // recomputed: never saved
   Tensor gu, gw, gb;
   if (c.needs_grad[0]) gu = gelu_backward(matmul(g[0], w), u, true);
-  if (c.needs_grad[1] && c.needs_grad[2]) {
+  if (c.needs_grad[1] && (c.grad_is_directed(1) || (c.needs_grad[2] && c.grad_is_directed(2)))) {
+    gw = c.grad_buffer(1);  // fp32 or in place (Note [Wide gradients])
+    gb = c.needs_grad[2] ? c.grad_buffer(2) : Tensor();
+    linear_weight_grad_into(gw, g[0], h, gb);
+  } else if (c.needs_grad[1] && c.needs_grad[2]) {
     std::vector<Tensor> wb = linear_weight_grad(g[0], h);  // the bias gradient from the same GEMM
     gw = wb[0];
     gb = wb[1];
@@ -38,7 +42,7 @@ std::vector<Tensor> gelu_linear_backward(const BackwardContext& c, std::span<con
     if (c.needs_grad[1]) gw = matmul(transpose(g[0], 0, 1), h);
     if (c.needs_grad[2]) gb = sum(g[0], {0});
   }
-  return {gu, gw, gb};
+  return {gu, gw, gb, c.needs_grad[3] ? g[0] : Tensor()};
 }
 
 const OpDef kGeluLinear{.name = "gelu_linear",
@@ -46,16 +50,23 @@ const OpDef kGeluLinear{.name = "gelu_linear",
                         .backward = gelu_linear_backward,
                         .save_inputs = 0b011,
                         .view = gelu_linear_compute,
-                        .optional_inputs = 0b100};
+                        .optional_inputs = 0b1100,
+                        .wide_grads = 0b110};
 
 }  // namespace
 
-Tensor gelu_linear(const Tensor& u, const Tensor& w, const Tensor& bias) {
+Tensor gelu_linear(const Tensor& u, const Tensor& w, const Tensor& bias, const Tensor& residual) {
   BLU_CHECK(u.dim() >= 1, "gelu_linear: expected an input with at least one dim, got 0-d");
   BLU_CHECK(w.dim() == 2, "gelu_linear: expected a 2-D weight [out, in], got ", w.shape());
   Shape out_shape = u.shape();
   out_shape.back() = w.shape()[0];
-  Tensor y = dispatch1(kGeluLinear, {reshape(u, {-1, u.shape().back()}), w, bias});
+  Tensor r;
+  if (residual.defined()) {
+    BLU_CHECK(residual.shape() == out_shape, "gelu_linear: expected a residual of shape ", out_shape,
+              " (the output's), got ", residual.shape());
+    r = reshape(residual, {-1, w.shape()[0]});
+  }
+  Tensor y = dispatch1(kGeluLinear, {reshape(u, {-1, u.shape().back()}), w, bias, r});
   return reshape(y, out_shape);
 }
 

@@ -49,7 +49,7 @@ Tensor matmul_prim(const Tensor& a, const Tensor& b) { return dispatch1(kMatmul,
 
 // --- linear primitive ---
 std::vector<TensorMeta> infer_linear(std::span<const Tensor> in, const Attrs&) {
-  const Tensor &x = in[0], &w = in[1], &bias = in[2];
+  const Tensor &x = in[0], &w = in[1], &bias = in[2], &residual = in[3];
   BLU_CHECK(w.dim() == 2, "linear: expected a 2-D weight [out, in], got ", w.shape());
   BLU_ASSERT(x.dim() == 2, "linear primitive: x ", x.shape());
   BLU_CHECK(x.dtype() == w.dtype(), "linear: dtype mismatch: input ", x.str(), " and weight ", w.str());
@@ -60,6 +60,13 @@ std::vector<TensorMeta> infer_linear(std::span<const Tensor> in, const Attrs&) {
     BLU_CHECK(bias.dtype() == x.dtype(), "linear: dtype mismatch: bias ", bias.str(), " and input ", x.str());
     BLU_CHECK(bias.dim() == 1 && bias.shape()[0] == w.shape()[0], "linear: expected a bias of shape [",
               w.shape()[0], "] for weight ", w.shape(), ", got ", bias.shape());
+  }
+  if (residual.defined()) {
+    BLU_CHECK(residual.dtype() == x.dtype(), "linear: dtype mismatch: residual ", residual.str(), " and input ",
+              x.str());
+    BLU_CHECK(residual.shape() == Shape({x.shape()[0], w.shape()[0]}), "linear: expected a residual of shape [",
+              x.shape()[0], ", ", w.shape()[0], "], got ", residual.shape());
+    BLU_ASSERT(residual.is_contiguous(), "linear primitive: residual ", residual.str());
   }
   return {TensorMeta{{x.shape()[0], w.shape()[0]}, x.dtype(), x.device()}};
 }
@@ -74,7 +81,7 @@ std::vector<TensorMeta> infer_linear_weight_grad(std::span<const Tensor> in, con
   return {TensorMeta{{g.shape()[1], x.shape()[1]}, g.dtype(), g.device()},
           TensorMeta{{g.shape()[1]}, g.dtype(), g.device()}};
 }
-Tensor linear_prim(const Tensor& x, const Tensor& w, const Tensor& bias);
+Tensor linear_prim(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& residual = Tensor());
 // grad_w = gᵀ·x, grad_b = Σ_rows g: d/dg = x·Gwᵀ + Gb (a linear), d/dx = g·Gw.
 std::vector<Tensor> linear_weight_grad_bw(Ctx c, Grads gr) {
   return {c.needs_grad[0] ? linear_prim(c.input(1), gr[0], gr[1]) : Tensor(),
@@ -83,20 +90,54 @@ std::vector<Tensor> linear_weight_grad_bw(Ctx c, Grads gr) {
 const OpDef kLinearWeightGrad{.name = "linear_weight_grad", .infer = infer_linear_weight_grad,
                               .backward = linear_weight_grad_bw, .save_inputs = 0b11};
 
-// y = x·wᵀ + b: grad_x = g·w, grad_w = gᵀ·x, grad_b = Σ_rows g (the last two in one op when both
-// are needed).
+// --- linear_weight_grad_into: (gw, g, x[, gb]), gw and gb written in place ---
+std::vector<TensorMeta> infer_linear_weight_grad_into(std::span<const Tensor> in, const Attrs&) {
+  const Tensor &gw = in[0], &g = in[1], &x = in[2], &gb = in[3];
+  BLU_CHECK(g.dim() == 2 && x.dim() == 2 && g.shape()[0] == x.shape()[0],
+            "linear_weight_grad_into: expected g [R, out] and x [R, in], got ", g.str(), " and ", x.str());
+  BLU_CHECK(g.dtype() == x.dtype() && is_floating(g.dtype()), "linear_weight_grad_into: g ", g.str(), " and x ",
+            x.str(), " must share one floating dtype");
+  const bool narrow = g.dtype() == DType::bf16 || g.dtype() == DType::f16;
+  auto check_out = [&](const Tensor& t, const Shape& shape, const char* what) {
+    BLU_CHECK(t.shape() == shape, "linear_weight_grad_into: ", what, " ", t.str(), " must have shape ", shape);
+    BLU_CHECK(t.dtype() == g.dtype() || (narrow && t.dtype() == DType::f32), "linear_weight_grad_into: ", what,
+              " ", t.str(), " must be ", g.dtype(), narrow ? " or f32" : "");
+    BLU_CHECK(t.is_contiguous(), "linear_weight_grad_into: ", what, " ", t.str(), " must be contiguous");
+  };
+  check_out(gw, {g.shape()[1], x.shape()[1]}, "gw");
+  if (gb.defined()) check_out(gb, {g.shape()[1]}, "gb");
+  return {TensorMeta{gw.shape(), gw.dtype(), gw.device()}};
+}
+bool linear_weight_grad_into_writes(size_t i, const Attrs&) { return i == 0 || i == 3; }
+const OpDef kLinearWeightGradInto{.name = "linear_weight_grad_into",
+                                  .infer = infer_linear_weight_grad_into,
+                                  .inplace = true,
+                                  .writes = linear_weight_grad_into_writes,
+                                  .optional_inputs = 0b1000};
+
+// y = x·wᵀ + b (+ residual): grad_x = g·w, grad_w = gᵀ·x, grad_b = Σ_rows g (the last two in one
+// op when both are needed), grad_residual = g. A weight or bias gradient wanted in fp32 or in a
+// given place (Note [Wide gradients]) is written there by linear_weight_grad_into.
 std::vector<Tensor> linear_bw(Ctx c, Grads g) {
   Tensor gx = c.needs_grad[0] ? matmul_prim(g[0], c.input(1)) : Tensor();
+  Tensor gr = c.needs_grad.size() > 3 && c.needs_grad[3] ? g[0] : Tensor();
+  if (c.needs_grad[1] && (c.grad_is_directed(1) || (c.needs_grad[2] && c.grad_is_directed(2)))) {
+    Tensor gw = c.grad_buffer(1), gb = c.needs_grad[2] ? c.grad_buffer(2) : Tensor();
+    linear_weight_grad_into(gw, g[0], c.input(0), gb);
+    return {gx, gw, gb, gr};
+  }
   if (c.needs_grad[1] && c.needs_grad[2]) {
     std::vector<Tensor> wb = dispatch(kLinearWeightGrad, {g[0], c.input(0)});
-    return {gx, wb[0], wb[1]};
+    return {gx, wb[0], wb[1], gr};
   }
   return {gx, c.needs_grad[1] ? matmul_prim(mT(g[0]), c.input(0)) : Tensor(),
-          c.needs_grad[2] ? sum(g[0], {0}) : Tensor()};
+          c.needs_grad[2] ? sum(g[0], {0}) : Tensor(), gr};
 }
 const OpDef kLinear{.name = "linear", .infer = infer_linear, .backward = linear_bw, .save_inputs = 0b011,
-                    .optional_inputs = 0b100};
-Tensor linear_prim(const Tensor& x, const Tensor& w, const Tensor& bias) { return dispatch1(kLinear, {x, w, bias}); }
+                    .optional_inputs = 0b1100, .wide_grads = 0b110};
+Tensor linear_prim(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& residual) {
+  return dispatch1(kLinear, {x, w, bias, residual});
+}
 
 }  // namespace
 
@@ -105,6 +146,11 @@ std::vector<Tensor> linear_weight_grad(const Tensor& g, const Tensor& x) {
             "linear_weight_grad: expected g [R, out] and x [R, in], got ", g.str(), " and ", x.str());
   BLU_CHECK(g.dtype() == x.dtype(), "linear_weight_grad: dtype mismatch: ", g.str(), " and ", x.str());
   return dispatch(kLinearWeightGrad, {g, x});
+}
+
+void linear_weight_grad_into(const Tensor& gw, const Tensor& g, const Tensor& x, const Tensor& gb) {
+  BLU_CHECK(gw.defined() && g.defined() && x.defined(), "linear_weight_grad_into: gw, g and x must be defined");
+  dispatch(kLinearWeightGradInto, {gw, g, x, gb});
 }
 
 namespace {
@@ -154,17 +200,23 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return finish(matmul_prim(a2.shape() == sa ? a2 : expand(a2, sa), b2.shape() == sb ? b2 : expand(b2, sb)));
 }
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& residual) {
   check_operands("linear", x, w);
   BLU_CHECK(w.dim() == 2, "linear: expected a 2-D weight [out, in], got ", w.shape());
   BLU_CHECK(x.shape().back() == w.shape()[1], "linear: input features ", x.shape().back(), " (input ", x.shape(),
             ") differ from the weight's ", w.shape()[1], " (weight ", w.shape(), ")");
-  if (x.dim() == 2) return dispatch1(kLinear, {x, w, bias});
   // Leading dims flattened into rows: one gemm, not a batched one.
   Shape out_shape(x.shape().begin(), x.shape().end() - 1);
   const int64_t rows = numel(out_shape);
   out_shape.push_back(w.shape()[0]);
-  return reshape(dispatch1(kLinear, {reshape(x, {rows, w.shape()[1]}), w, bias}), out_shape);
+  Tensor r;
+  if (residual.defined()) {
+    BLU_CHECK(residual.shape() == out_shape, "linear: expected a residual of shape ", out_shape, " (the output's), got ",
+              residual.shape());
+    r = reshape(contiguous(residual), {rows, w.shape()[0]});
+  }
+  if (x.dim() == 2) return dispatch1(kLinear, {x, w, bias, r});
+  return reshape(dispatch1(kLinear, {reshape(x, {rows, w.shape()[1]}), w, bias, r}), out_shape);
 }
 
 }  // namespace blu

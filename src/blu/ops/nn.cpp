@@ -121,10 +121,14 @@ std::vector<TensorMeta> infer_layer_norm(std::span<const Tensor> in, const Attrs
   return {TensorMeta{x.shape(), x.dtype(), x.device()}, TensorMeta{rows, sd, x.device()},
           TensorMeta{rows, sd, x.device()}};
 }
-// Inputs (grad, x, weight or undefined, mean, rstd); outputs grad_x, grad_weight, grad_bias.
-std::vector<TensorMeta> infer_layer_norm_backward(std::span<const Tensor> in, const Attrs&) {
+// Inputs (grad, x, weight or undefined, mean, rstd); outputs grad_x, grad_weight, grad_bias. Attr
+// param_dtype (optional): f32 for the last two under a 16-bit x (Note [Wide gradients]).
+std::vector<TensorMeta> infer_layer_norm_backward(std::span<const Tensor> in, const Attrs& a) {
   const Tensor& x = in[1];
-  const TensorMeta p{Shape{x.shape().back()}, x.dtype(), x.device()};
+  const DType pd = a.has("param_dtype") ? a.get<DType>("param_dtype") : x.dtype();
+  BLU_ASSERT(pd == x.dtype() || (pd == DType::f32 && (x.dtype() == DType::bf16 || x.dtype() == DType::f16)),
+             "layer_norm_backward: parameter gradients in ", pd, " for input ", x.str());
+  const TensorMeta p{Shape{x.shape().back()}, pd, x.device()};
   return {TensorMeta{x.shape(), x.dtype(), x.device()}, p, p};
 }
 const OpDef kLayerNormBackward{
@@ -132,9 +136,17 @@ const OpDef kLayerNormBackward{
 
 std::vector<Tensor> layer_norm_bw(const BackwardContext& c, std::span<const Tensor> g) {
   const Tensor w = c.inputs.at(1);  // undefined when the call had no weight
-  auto gs = dispatch(kLayerNormBackward, {contiguous(g[0]), c.input(0), w, c.output(1), c.output(2)});
-  return {c.needs_grad[0] ? gs[0] : Tensor(), c.needs_grad[1] ? gs[1] : Tensor(),
-          c.needs_grad[2] ? gs[2] : Tensor()};
+  // Parameter gradients in fp32 when asked for (the column sums are fp32 anyway).
+  Attrs attrs;
+  const DType xd = c.input_metas[0].dtype;
+  if ((c.needs_grad[1] && c.grad_dtype(1) != xd) || (c.needs_grad[2] && c.grad_dtype(2) != xd))
+    attrs = Attrs{{"param_dtype", DType::f32}};
+  auto gs = dispatch(kLayerNormBackward, {contiguous(g[0]), c.input(0), w, c.output(1), c.output(2)}, attrs);
+  auto param = [&](size_t i) {
+    if (!c.needs_grad[i]) return Tensor();
+    return gs[i].dtype() == c.grad_dtype(i) ? gs[i] : to_dtype(gs[i], c.grad_dtype(i));
+  };
+  return {c.needs_grad[0] ? gs[0] : Tensor(), param(1), param(2)};
 }
 const OpDef kLayerNorm{.name = "layer_norm",
                        .infer = infer_layer_norm,
@@ -142,7 +154,8 @@ const OpDef kLayerNorm{.name = "layer_norm",
                        .save_inputs = 0b011,
                        .save_outputs = 0b110,
                        .diff_outputs = 1,
-                       .optional_inputs = 0b110};
+                       .optional_inputs = 0b110,
+                       .wide_grads = 0b110};
 
 // --- embedding -------------------------------------------------------------------------------
 // Inputs (weight [V, C], indices contiguous i32/i64); output [indices..., C].

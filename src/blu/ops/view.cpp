@@ -166,11 +166,15 @@ std::vector<TensorMeta> infer_cast(std::span<const Tensor> in, const Attrs& a) {
   return {TensorMeta{in[0].shape(), a.get<DType>("dtype"), in[0].device()}};
 }
 std::vector<Tensor> cast_backward(const BackwardContext& c, std::span<const Tensor> g) {
-  // A master weight's grad slot (16-bit compute, DDP): cast straight into the bucket.
-  if (const Tensor dst = c.grad_destination(0); dst.defined()) return {copy_(dst, g[0])};
-  return {to_dtype(g[0], c.input_metas[0].dtype)};
+  // A master weight's grad slot (16-bit compute, DDP): cast straight into the bucket, unless the
+  // gradient was already written there (Note [Wide gradients]).
+  if (const Tensor dst = c.grad_destination(0); dst.defined()) {
+    if (g[0].storage() == dst.storage() && g[0].raw_data() == dst.raw_data() && g[0].dtype() == dst.dtype()) return {g[0]};
+    return {copy_(dst, g[0])};
+  }
+  return {g[0].dtype() == c.input_metas[0].dtype ? g[0] : to_dtype(g[0], c.input_metas[0].dtype)};
 }
-const OpDef kCast{.name = "cast", .infer = infer_cast, .backward = cast_backward};
+const OpDef kCast{.name = "cast", .infer = infer_cast, .backward = cast_backward, .grad_in_source_dtype = true};
 
 std::vector<TensorMeta> infer_cast_with_copy(std::span<const Tensor> in, const Attrs&) {
   const Tensor &t = in[0], &copy = in[1];
@@ -190,7 +194,8 @@ std::vector<Tensor> cast_with_copy_backward(const BackwardContext& c, std::span<
 const OpDef kCastWithCopy{.name = "cast_with_copy",
                           .infer = infer_cast_with_copy,
                           .backward = cast_with_copy_backward,
-                          .view = cast_with_copy_view};
+                          .view = cast_with_copy_view,
+                          .grad_in_source_dtype = true};
 
 std::vector<TensorMeta> infer_to_device(std::span<const Tensor> in, const Attrs& a) {
   const int64_t dev = a.i("device");

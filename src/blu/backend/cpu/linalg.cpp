@@ -85,24 +85,29 @@ void gemm(const Mat<T>& a, const Mat<T>& b, T* c, bool accumulate) {
 
 // The same for every floating scalar_t; the 16-bit types go through an fp32 product.
 // `init` (optional, length N, stride init_stride) is added to every row of c (linear's bias).
-template <typename S>
-void gemm_any(const Mat<S>& a, const Mat<S>& b, S* c, const S* init, int64_t init_stride) {
+// O is S, or float for a 16-bit S (the fp32 product stored unrounded). `resid` (optional,
+// contiguous [M, N]) is added too, before the one rounding (linear's residual).
+template <typename S, typename O = S>
+void gemm_any(const Mat<S>& a, const Mat<S>& b, O* c, const S* init, int64_t init_stride, const S* resid = nullptr) {
   const int64_t M = a.rows, N = b.cols;
   using A = acc_t<S>;
   auto fill_rows = [&](A* dst) {
     for (int64_t i = 0; i < M; ++i)
-      for (int64_t j = 0; j < N; ++j) dst[i * N + j] = A(init[j * init_stride]);
+      for (int64_t j = 0; j < N; ++j)
+        dst[i * N + j] = (init ? A(init[j * init_stride]) : A(0)) + (resid ? A(resid[i * N + j]) : A(0));
   };
+  const bool accumulate = init || resid;
   if constexpr (std::is_same_v<S, A>) {
-    if (init) fill_rows(c);
-    gemm<S>(a, b, c, init != nullptr);
+    static_assert(std::is_same_v<O, S>, "fp32/f64 products are stored in their own dtype");
+    if (accumulate) fill_rows(c);
+    gemm<S>(a, b, c, accumulate);
   } else {
     std::vector<float> abuf, bbuf, cbuf;
     const Mat<float> af = pack<float>(a, abuf), bf = pack<float>(b, bbuf);
     cbuf.resize(size_t(M * N));
-    if (init) fill_rows(cbuf.data());
-    gemm<float>(af, bf, cbuf.data(), init != nullptr);
-    for (int64_t i = 0; i < M * N; ++i) c[i] = S(cbuf[size_t(i)]);
+    if (accumulate) fill_rows(cbuf.data());
+    gemm<float>(af, bf, cbuf.data(), accumulate);
+    for (int64_t i = 0; i < M * N; ++i) c[i] = O(cbuf[size_t(i)]);
   }
 }
 
@@ -137,37 +142,53 @@ void matmul_kernel(const KernelCall& c) {
 }
 BLU_REGISTER_KERNEL(cpu, "matmul", matmul_kernel);
 
-// out[R, out] = x[R, in] · w[out, in]ᵀ + bias: w read transposed in place, bias fused as the
-// initial value of the accumulation (beta = 1).
+// out[R, out] = x[R, in] · w[out, in]ᵀ + bias (+ residual): w read transposed in place, bias and
+// residual the initial value of the accumulation (beta = 1).
 void linear_kernel(const KernelCall& c) {
-  const Tensor &x = c.in[0], &w = c.in[1], &bias = c.in[2];
+  const Tensor &x = c.in[0], &w = c.in[1], &bias = c.in[2], &residual = c.in[3];
   BLU_DISPATCH_FLOATING(x.dtype(), "linear", {
     const scalar_t* wp = static_cast<const scalar_t*>(w.raw_data());
     const Mat<scalar_t> wt{wp, w.shape()[1], w.shape()[0], w.strides()[1], w.strides()[0]};
     const scalar_t* bp = bias.defined() ? static_cast<const scalar_t*>(bias.raw_data()) : nullptr;
     gemm_any<scalar_t>(last_two<scalar_t>(x, 0), wt, c.out[0].data<scalar_t>(), bp,
-                       bias.defined() ? bias.strides()[0] : 0);
+                       bias.defined() ? bias.strides()[0] : 0,
+                       residual.defined() ? static_cast<const scalar_t*>(residual.raw_data()) : nullptr);
   });
 }
 BLU_REGISTER_KERNEL(cpu, "linear", linear_kernel);
 
 // grad_w[out, in] = g[R, out]ᵀ · x[R, in] (g read transposed in place), grad_b[o] = Σ_r g[r, o]
-// accumulated in double in row order and rounded once (as the CPU "sum" kernel does).
-void linear_weight_grad_kernel(const KernelCall& c) {
-  const Tensor &g = c.in[0], &x = c.in[1];
-  Tensor &gw = c.out[0], &gb = c.out[1];
+// accumulated in double in row order and rounded once (as the CPU "sum" kernel does); each output
+// in its own dtype: g's, or f32 for a 16-bit g (linear_weight_grad_into). gb may be undefined.
+void weight_grads(const Tensor& g, const Tensor& x, Tensor& gw, Tensor* gb) {
   BLU_DISPATCH_FLOATING(g.dtype(), "linear_weight_grad", {
     const scalar_t* gp = static_cast<const scalar_t*>(g.raw_data());
     const int64_t R = g.shape()[0], O = g.shape()[1], rs = g.strides()[0], cs = g.strides()[1];
     const Mat<scalar_t> gt{gp, O, R, cs, rs};
-    gemm_any<scalar_t>(gt, last_two<scalar_t>(x, 0), gw.data<scalar_t>(), nullptr, 0);
-    scalar_t* bp = gb.data<scalar_t>();
-    std::vector<double> acc(size_t(O), 0.0);
-    for (int64_t r = 0; r < R; ++r)
-      for (int64_t o = 0; o < O; ++o) acc[size_t(o)] += double(gp[r * rs + o * cs]);
-    for (int64_t o = 0; o < O; ++o) bp[o] = scalar_t(acc[size_t(o)]);
+    if constexpr (sizeof(scalar_t) == 2) {
+      if (gw.dtype() == DType::f32) gemm_any<scalar_t, float>(gt, last_two<scalar_t>(x, 0), gw.data<float>(), nullptr, 0);
+      else gemm_any<scalar_t>(gt, last_two<scalar_t>(x, 0), gw.data<scalar_t>(), nullptr, 0);
+    } else {
+      gemm_any<scalar_t>(gt, last_two<scalar_t>(x, 0), gw.data<scalar_t>(), nullptr, 0);
+    }
+    if (gb) {
+      std::vector<double> acc(size_t(O), 0.0);
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t o = 0; o < O; ++o) acc[size_t(o)] += double(gp[r * rs + o * cs]);
+      for (int64_t o = 0; o < O; ++o) {
+        if (gb->dtype() == g.dtype()) gb->data<scalar_t>()[o] = scalar_t(acc[size_t(o)]);
+        else gb->data<float>()[o] = float(acc[size_t(o)]);
+      }
+    }
   });
 }
+void linear_weight_grad_kernel(const KernelCall& c) { weight_grads(c.in[0], c.in[1], c.out[0], &c.out[1]); }
+// In place: (gw, g, x[, gb]).
+void linear_weight_grad_into_kernel(const KernelCall& c) {
+  Tensor gw = c.in[0], gb = c.in[3];
+  weight_grads(c.in[1], c.in[2], gw, gb.defined() ? &gb : nullptr);
+}
+BLU_REGISTER_KERNEL(cpu, "linear_weight_grad_into", linear_weight_grad_into_kernel);
 BLU_REGISTER_KERNEL(cpu, "linear_weight_grad", linear_weight_grad_kernel);
 
 }  // namespace

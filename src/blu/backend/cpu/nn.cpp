@@ -299,12 +299,14 @@ void layer_norm_backward_kernel(const KernelCall& c) {
         gb[size_t(k)] += gv;
       }
     }
-    scalar_t* gwp = c.out[1].data<scalar_t>();
-    scalar_t* gbp = c.out[2].data<scalar_t>();
-    for (int64_t k = 0; k < C; ++k) {
-      gwp[k] = scalar_t(A(gw[size_t(k)]));
-      gbp[k] = scalar_t(A(gb[size_t(k)]));
-    }
+    auto store = [&](Tensor& out, const std::vector<double>& v) {  // in x's dtype, or f32 (param_dtype)
+      for (int64_t k = 0; k < C; ++k) {
+        if (out.dtype() == DType::f32) out.data<float>()[k] = float(v[size_t(k)]);
+        else out.data<scalar_t>()[k] = scalar_t(A(v[size_t(k)]));
+      }
+    };
+    store(c.out[1], gw);
+    store(c.out[2], gb);
   });
 }
 BLU_REGISTER_KERNEL(cpu, "layer_norm_backward", layer_norm_backward_kernel);

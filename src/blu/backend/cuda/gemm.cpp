@@ -77,6 +77,7 @@ int alignment_of(const void* p) {
 struct PlanKey {
   int device;
   DType dtype;
+  bool c_f32;
   GemmCompute compute;
   GemmEpilogue epilogue;
   bool trans_a, trans_b, beta_nonzero;
@@ -90,7 +91,7 @@ struct PlanKeyHash {
     auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
     mix(uint64_t(k.device));
     mix(uint64_t(k.dtype) | uint64_t(k.compute) << 8 | uint64_t(k.epilogue) << 16 | uint64_t(k.trans_a) << 24 |
-        uint64_t(k.trans_b) << 25 | uint64_t(k.beta_nonzero) << 26);
+        uint64_t(k.trans_b) << 25 | uint64_t(k.beta_nonzero) << 26 | uint64_t(k.c_f32) << 27);
     for (int64_t v : {k.M, k.N, k.K, k.batch, k.lda, k.ldb, k.ldc, k.sa, k.sb, k.sc, k.aux_ld}) mix(uint64_t(v));
     mix(uint64_t(k.align_a) | uint64_t(k.align_b) << 8 | uint64_t(k.align_c) << 16 | uint64_t(k.align_bias) << 24 |
         uint64_t(k.align_aux) << 32);
@@ -177,7 +178,7 @@ std::unique_ptr<Plan> make_plan(const PlanKey& k, const GemmArgs& g, const Opera
   }
   p->la = make_layout(t, lB.cm_rows, lB.cm_cols, lB.ld, g.batch, g.b.batch_stride);
   p->lb = make_layout(t, lA.cm_rows, lA.cm_cols, lA.ld, g.batch, g.a.batch_stride);
-  p->lc = make_layout(t, uint64_t(g.N), uint64_t(g.M), g.ldc, g.batch, g.c_batch_stride);
+  p->lc = make_layout(g.c_f32 ? CUDA_R_32F : t, uint64_t(g.N), uint64_t(g.M), g.ldc, g.batch, g.c_batch_stride);
 
   cublasLtMatmulPreference_t pref = nullptr;
   BLU_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -266,12 +267,13 @@ void gemm(const GemmArgs& g) {
                          g.epilogue == GemmEpilogue::bgrad_a ? g.a.row_stride : g.b.col_stride, g.bias_grad);
     return;
   }
-  if (g.K == 0) {  // an empty sum: C = beta·C (+ bias)
-    BLU_CHECK(g.beta == 0, "gemm: K == 0 with beta != 0 is not supported");
+  if (g.K == 0) {  // an empty sum: D = beta·C (+ bias)
+    BLU_CHECK(g.beta == 0 || (g.beta == 1 && g.c_in && g.batch == 1),
+              "gemm: K == 0 with beta != 0 is supported only for beta = 1 with a separate C");
     BLU_CHECK(g.epilogue == GemmEpilogue::none || g.epilogue == GemmEpilogue::bias || bgrad, "gemm: K == 0 with the ",
               gemm_epilogue_name(g.epilogue), " epilogue is not supported");
-    fill_rows_launch(g.dtype, g.c, g.batch, g.M, g.N, g.ldc, g.c_batch_stride,
-                     g.epilogue == GemmEpilogue::bias ? g.bias : nullptr);
+    fill_rows_launch(g.c_f32 ? DType::f32 : g.dtype, g.c, g.batch, g.M, g.N, g.ldc, g.c_batch_stride,
+                     g.epilogue == GemmEpilogue::bias ? g.bias : nullptr, g.beta != 0 ? g.c_in : nullptr);
     if (bgrad) {
       const int64_t n = g.epilogue == GemmEpilogue::bgrad_a ? g.M : g.N;
       BLU_CUDA_CHECK(cudaMemsetAsync(g.bias_grad, 0, size_t(n) * dtype_size(g.dtype), current_stream()));
@@ -285,17 +287,20 @@ void gemm(const GemmArgs& g) {
   BLU_CHECK(lB.ok, "gemm: operand B [", g.K, ", ", g.N, "] with strides (", g.b.row_stride, ", ", g.b.col_stride,
             ") has no unit stride; pack it first");
   const bool f16ish = g.dtype == DType::bf16 || g.dtype == DType::f16;
+  BLU_CHECK(!g.c_f32 || (f16ish && g.epilogue == GemmEpilogue::none), "gemm: an f32 C takes bf16/f16 operands and ",
+            "no epilogue, got dtype ", g.dtype, " and epilogue ", gemm_epilogue_name(g.epilogue));
   BLU_CHECK((g.compute == GemmCompute::f16_f32) == f16ish &&
                 (g.compute != GemmCompute::f64 || g.dtype == DType::f64) &&
                 (g.compute == GemmCompute::f64 || g.compute == GemmCompute::f16_f32 || g.dtype == DType::f32),
             "gemm: compute mode ", int(g.compute), " does not fit dtype ", g.dtype);
 
   const void* bias_ptr = bgrad ? g.bias_grad : g.bias;
-  const PlanKey key{current_device(), g.dtype, g.compute, g.epilogue, lA.trans, lB.trans, g.beta != 0,
+  const PlanKey key{current_device(), g.dtype, g.c_f32, g.compute, g.epilogue, lA.trans, lB.trans, g.beta != 0,
                     g.M, g.N, g.K, g.batch, lA.ld, lB.ld, g.ldc,
                     g.batch > 1 ? g.a.batch_stride : 0, g.batch > 1 ? g.b.batch_stride : 0,
                     g.batch > 1 ? g.c_batch_stride : 0, g.aux_ld,
-                    alignment_of(g.a.ptr), alignment_of(g.b.ptr), alignment_of(g.c),
+                    alignment_of(g.a.ptr), alignment_of(g.b.ptr),
+                    std::min(alignment_of(g.c), alignment_of(g.c_in)),
                     alignment_of(g.epilogue == GemmEpilogue::none ? nullptr : bias_ptr), alignment_of(g.aux)};
   PlanCache& cache = plan_cache();
   auto it = cache.find(key);
@@ -316,8 +321,8 @@ void gemm(const GemmArgs& g) {
   const double alpha_d = g.alpha, beta_d = g.beta;
   const void* alpha = g.compute == GemmCompute::f64 ? static_cast<const void*>(&alpha_d) : &g.alpha;
   const void* beta = g.compute == GemmCompute::f64 ? static_cast<const void*>(&beta_d) : &g.beta;
-  BLU_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(), p.desc, alpha, g.b.ptr, p.la, g.a.ptr, p.lb, beta, g.c, p.lc,
-                                  g.c, p.lc, &p.algo, ws, ws_bytes, current_stream()));
+  BLU_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(), p.desc, alpha, g.b.ptr, p.la, g.a.ptr, p.lb, beta,
+                                  g.c_in ? g.c_in : g.c, p.lc, g.c, p.lc, &p.algo, ws, ws_bytes, current_stream()));
 }
 
 }  // namespace blu::cuda

@@ -55,7 +55,9 @@ struct GemmArgs {
   int64_t M = 0, N = 0, K = 0, batch = 1;
   GemmOperand a, b;
   void* c = nullptr;  // row-major, row stride ldc (>= N), batch stride c_batch_stride
+  const void* c_in = nullptr;  // the C that beta scales, laid out as c (null: c itself; D is always c)
   int64_t ldc = 0, c_batch_stride = 0;
+  bool c_f32 = false;  // C in f32 while A and B are bf16/f16 (the fp32 sums stored unrounded; plain epilogue only)
   float alpha = 1, beta = 0;  // C = alpha·A·B + beta·C (beta != 0 reads C first)
   GemmEpilogue epilogue = GemmEpilogue::none;
   const void* bias = nullptr;  // bias / gelu_*: length N, contiguous; not batched
@@ -80,15 +82,17 @@ bool gemm_operand_ok(int64_t rows, int64_t cols, int64_t row_stride, int64_t col
 size_t gemm_plan_cache_size();
 
 // Kernels in linalg.cu used by gemm and the op kernels.
-// dst[r, c] (row-major, row stride ldc, `batch` matrices of batch stride bs) = bias[c] or 0.
+// dst[r, c] (row-major, row stride ldc, `batch` matrices of batch stride bs) = bias[c] or 0, plus
+// add[r, c] when `add` is given (laid out as dst).
 void fill_rows_launch(DType dtype, void* dst, int64_t batch, int64_t rows, int64_t cols, int64_t ldc, int64_t bs,
-                      const void* bias);
+                      const void* bias, const void* add = nullptr);
 // Packs a strided tensor (rank <= 8) into contiguous row-major memory: dst has numel elements.
 void pack_strided_launch(size_t elem_size, const void* src, void* dst, int rank, const int64_t* shape,
                          const int64_t* strides);
 // dst[j] = Σ_i src[i*sum_stride + j*out_stride], i < n_sum, j < n_out: deterministic (one thread
-// per output, fixed order), fp32 sums (f64 for f64); dst contiguous. The bias-gradient fallback.
+// per output, fixed order), fp32 sums (f64 for f64); dst contiguous, in `dtype` or (out_f32, a
+// 16-bit dtype) f32. The bias-gradient fallback.
 void strided_sum_launch(DType dtype, const void* src, int64_t n_sum, int64_t n_out, int64_t sum_stride,
-                        int64_t out_stride, void* dst);
+                        int64_t out_stride, void* dst, bool out_f32 = false);
 
 }  // namespace blu::cuda

@@ -299,10 +299,11 @@ int fast_vecs_per_lane(int64_t C) {
 
 // Column sums of the partial rows in double: block (32, Y ≤ 32) over 32 columns, thread (tx, ty)
 // sums chunks ty, ty + Y, … in order, then the Y sums are added in ty order.
-template <typename T>
+// O: T, or float (param_dtype f32: the sums unrounded).
+template <typename T, typename O>
 __global__ void layer_norm_grad_wb_final_kernel(const acc_of<T>* __restrict__ partial_w,
                                                 const acc_of<T>* __restrict__ partial_b, int64_t chunks, int64_t C,
-                                                T* __restrict__ gw, T* __restrict__ gb) {
+                                                O* __restrict__ gw, O* __restrict__ gb) {
   __shared__ double sw[32][33], sb[32][33];
   const int64_t col = int64_t(blockIdx.x) * 32 + threadIdx.x;
   double tw = 0, tb = 0;
@@ -320,9 +321,24 @@ __global__ void layer_norm_grad_wb_final_kernel(const acc_of<T>* __restrict__ pa
       tw += sw[i][threadIdx.x];
       tb += sb[i][threadIdx.x];
     }
-    if (gw) gw[col] = from_acc<T>(acc_of<T>(tw));
-    if (gb) gb[col] = from_acc<T>(acc_of<T>(tb));
+    if (gw) gw[col] = from_acc<O>(acc_of<O>(tw));
+    if (gb) gb[col] = from_acc<O>(acc_of<O>(tb));
   }
+}
+
+// The weight/bias gradient sums of `chunks` partial rows into out[1], out[2] (in T or f32).
+template <typename T>
+void layer_norm_grad_wb_final(const KernelCall& c, const acc_of<T>* pw, const acc_of<T>* pb, int64_t chunks,
+                              int64_t C, int threads_y) {
+  const dim3 grid(unsigned((C + 31) / 32)), block(32, unsigned(threads_y));
+  cudaStream_t s = current_stream();
+  if (c.out[1].dtype() == DType::f32 && !std::is_same_v<T, float>)
+    layer_norm_grad_wb_final_kernel<T, float><<<grid, block, 0, s>>>(
+        pw, pb, chunks, C, static_cast<float*>(c.out[1].raw_data()), static_cast<float*>(c.out[2].raw_data()));
+  else
+    layer_norm_grad_wb_final_kernel<T, T><<<grid, block, 0, s>>>(
+        pw, pb, chunks, C, static_cast<T*>(c.out[1].raw_data()), static_cast<T*>(c.out[2].raw_data()));
+  BLU_CUDA_CHECK_LAUNCH();
 }
 
 template <typename T>
@@ -378,9 +394,7 @@ bool layer_norm_backward_fast(const KernelCall& c, int64_t R, int64_t C) {
                         static_cast<T*>(c.out[0].raw_data()), pw, pw + nb * C);
     });
     BLU_CUDA_CHECK_LAUNCH();
-    layer_norm_grad_wb_final_kernel<T><<<unsigned((C + 31) / 32), dim3(32, 32), 0, s>>>(
-        pw, pw + nb * C, nb, C, static_cast<T*>(c.out[1].raw_data()), static_cast<T*>(c.out[2].raw_data()));
-    BLU_CUDA_CHECK_LAUNCH();
+    layer_norm_grad_wb_final<T>(c, pw, pw + nb * C, nb, C, 32);
     return true;
   }
 }
@@ -421,8 +435,6 @@ void layer_norm_backward_kernel(const KernelCall& c) {
     const auto* xp = static_cast<const scalar_t*>(x.raw_data());
     const A* mp = static_cast<const A*>(c.in[3].raw_data());
     const A* rp = static_cast<const A*>(c.in[4].raw_data());
-    auto* gwp = static_cast<scalar_t*>(c.out[1].raw_data());
-    auto* gbp = static_cast<scalar_t*>(c.out[2].raw_data());
     if (layer_norm_backward_fast<scalar_t>(c, R, C)) return;
     if (R > 0) {
       layer_norm_grad_x_kernel<scalar_t><<<unsigned((R + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0,
@@ -438,8 +450,7 @@ void layer_norm_backward_kernel(const KernelCall& c) {
     layer_norm_grad_wb_partial_kernel<scalar_t>
         <<<dim3(unsigned((C + 31) / 32), unsigned(chunks)), dim3(32, 8), 0, s>>>(gp, xp, mp, rp, R, C, pw, pb);
     BLU_CUDA_CHECK_LAUNCH();
-    layer_norm_grad_wb_final_kernel<scalar_t><<<unsigned((C + 31) / 32), dim3(32, 8), 0, s>>>(pw, pb, chunks, C, gwp, gbp);
-    BLU_CUDA_CHECK_LAUNCH();
+    layer_norm_grad_wb_final<scalar_t>(c, pw, pb, chunks, C, 8);
   });
 }
 BLU_REGISTER_KERNEL(cuda, "layer_norm_backward", layer_norm_backward_kernel);

@@ -1,4 +1,4 @@
-// CUDA kernels for ops/linalg ("matmul", "linear", "linear_weight_grad") over the cuBLASLt gemm of gemm.h, and the
+// CUDA kernels for ops/linalg ("matmul", "linear", "linear_weight_grad[_into]") over the cuBLASLt gemm of gemm.h, and the
 // small helper kernels gemm needs (fill rows with a bias, pack a strided operand, a
 // deterministic strided sum for the bias-gradient fallback).
 // Operands reach cuBLAS uncopied whenever one of their two matrix strides is 1 (transposed views
@@ -20,11 +20,12 @@ namespace {
 
 template <typename T>
 __global__ void fill_rows_kernel(T* dst, int64_t batch, int64_t rows, int64_t cols, int64_t ldc, int64_t bs,
-                                 const T* bias) {
+                                 const T* bias, const T* add) {
   const int64_t total = batch * rows * cols;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t c = i % cols, r = (i / cols) % rows, b = i / (cols * rows);
-    dst[b * bs + r * ldc + c] = bias ? bias[c] : from_acc<T>(acc_of<T>(0));
+    const int64_t at = b * bs + r * ldc + c;
+    dst[at] = from_acc<T>((bias ? to_acc(bias[c]) : acc_of<T>(0)) + (add ? to_acc(add[at]) : acc_of<T>(0)));
   }
 }
 
@@ -34,12 +35,13 @@ __global__ void pack_strided_kernel(const U* src, U* dst, int64_t n, StridedInde
     dst[i] = src[idx.offset(i)];
 }
 
-template <typename T>
-__global__ void strided_sum_kernel(const T* src, int64_t n_sum, int64_t n_out, int64_t ss, int64_t os, T* dst) {
+// O: T, or float (the fp32 sum unrounded).
+template <typename T, typename O>
+__global__ void strided_sum_kernel(const T* src, int64_t n_sum, int64_t n_out, int64_t ss, int64_t os, O* dst) {
   for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < n_out; j += int64_t(gridDim.x) * blockDim.x) {
     acc_of<T> s = 0;
     for (int64_t i = 0; i < n_sum; ++i) s += to_acc(src[i * ss + j * os]);
-    dst[j] = from_acc<T>(s);
+    dst[j] = from_acc<O>(acc_of<O>(s));
   }
 }
 
@@ -82,8 +84,8 @@ __global__ void __launch_bounds__(256) colsum_partial_kernel(const T* __restrict
   }
 }
 
-template <typename T>
-__global__ void colsum_final_kernel(const float* __restrict__ partial, int64_t chunks, int64_t N, T* __restrict__ out) {
+template <typename O>
+__global__ void colsum_final_kernel(const float* __restrict__ partial, int64_t chunks, int64_t N, O* __restrict__ out) {
   __shared__ double sm[32][33];
   const int64_t col = int64_t(blockIdx.x) * 32 + threadIdx.x;
   double t = 0;
@@ -94,12 +96,12 @@ __global__ void colsum_final_kernel(const float* __restrict__ partial, int64_t c
   if (threadIdx.y == 0 && col < N) {
     t = 0;
     for (unsigned i = 0; i < blockDim.y; ++i) t += sm[i][threadIdx.x];
-    out[col] = from_acc<T>(acc_of<T>(t));
+    out[col] = from_acc<O>(acc_of<O>(t));
   }
 }
 
 // out[N] = Σ_r g[r, :] through the kernels above when g suits them (contiguous, aligned,
-// N % V == 0, 16-bit or f32); false otherwise (nothing launched).
+// N % V == 0, 16-bit or f32); false otherwise (nothing launched). out is in g's dtype or f32.
 bool column_sum_fast(const Tensor& g, const Tensor& out) {
   const DType dt = g.dtype();
   if (g.dim() != 2 || !g.is_contiguous() || reinterpret_cast<uintptr_t>(g.raw_data()) % 16 != 0 ||
@@ -118,8 +120,12 @@ bool column_sum_fast(const Tensor& g, const Tensor& out) {
       colsum_partial_kernel<scalar_t><<<dim3(slabs, unsigned(chunks)), dim3(32, 8), 0, s>>>(
           static_cast<const scalar_t*>(g.raw_data()), R, N, partial.as<float>());
       BLU_CUDA_CHECK_LAUNCH();
-      colsum_final_kernel<scalar_t><<<unsigned((N + 31) / 32), dim3(32, 32), 0, s>>>(
-          partial.as<float>(), chunks, N, static_cast<scalar_t*>(out.raw_data()));
+      if (out.dtype() == DType::f32)
+        colsum_final_kernel<float><<<unsigned((N + 31) / 32), dim3(32, 32), 0, s>>>(
+            partial.as<float>(), chunks, N, static_cast<float*>(out.raw_data()));
+      else
+        colsum_final_kernel<scalar_t><<<unsigned((N + 31) / 32), dim3(32, 32), 0, s>>>(
+            partial.as<float>(), chunks, N, static_cast<scalar_t*>(out.raw_data()));
       BLU_CUDA_CHECK_LAUNCH();
     }
   });
@@ -129,12 +135,13 @@ bool column_sum_fast(const Tensor& g, const Tensor& out) {
 }  // namespace
 
 void fill_rows_launch(DType dtype, void* dst, int64_t batch, int64_t rows, int64_t cols, int64_t ldc, int64_t bs,
-                      const void* bias) {
+                      const void* bias, const void* add) {
   const int64_t total = batch * rows * cols;
   if (total == 0) return;
   BLU_CUDA_DISPATCH_FLOATING(dtype, "fill_rows", {
     fill_rows_kernel<scalar_t><<<grid_for(total), 256, 0, current_stream()>>>(
-        static_cast<scalar_t*>(dst), batch, rows, cols, ldc, bs, static_cast<const scalar_t*>(bias));
+        static_cast<scalar_t*>(dst), batch, rows, cols, ldc, bs, static_cast<const scalar_t*>(bias),
+        static_cast<const scalar_t*>(add));
     BLU_CUDA_CHECK_LAUNCH();
   });
 }
@@ -163,11 +170,15 @@ void pack_strided_launch(size_t elem_size, const void* src, void* dst, int rank,
 }
 
 void strided_sum_launch(DType dtype, const void* src, int64_t n_sum, int64_t n_out, int64_t sum_stride,
-                        int64_t out_stride, void* dst) {
+                        int64_t out_stride, void* dst, bool out_f32) {
   if (n_out == 0) return;
   BLU_CUDA_DISPATCH_FLOATING(dtype, "strided_sum", {
-    strided_sum_kernel<scalar_t><<<grid_for(n_out), 256, 0, current_stream()>>>(
-        static_cast<const scalar_t*>(src), n_sum, n_out, sum_stride, out_stride, static_cast<scalar_t*>(dst));
+    if (out_f32)
+      strided_sum_kernel<scalar_t, float><<<grid_for(n_out), 256, 0, current_stream()>>>(
+          static_cast<const scalar_t*>(src), n_sum, n_out, sum_stride, out_stride, static_cast<float*>(dst));
+    else
+      strided_sum_kernel<scalar_t, scalar_t><<<grid_for(n_out), 256, 0, current_stream()>>>(
+          static_cast<const scalar_t*>(src), n_sum, n_out, sum_stride, out_stride, static_cast<scalar_t*>(dst));
     BLU_CUDA_CHECK_LAUNCH();
   });
 }
@@ -267,10 +278,11 @@ void matmul_kernel(const KernelCall& c) {
 }
 BLU_REGISTER_KERNEL(cuda, "matmul", matmul_kernel);
 
-// out[R, out] = x[R, in] · w[out, in]ᵀ + bias, the bias fused as a cuBLASLt epilogue (f64: the
-// rows are filled with the bias first and the product accumulated onto them, beta = 1).
+// out[R, out] = x[R, in] · w[out, in]ᵀ + bias (+ residual), the bias fused as a cuBLASLt epilogue
+// and the residual read as C with beta = 1 (f64: the rows are filled with bias + residual first and
+// the product accumulated onto them).
 void linear_kernel(const KernelCall& c) {
-  const Tensor &x = c.in[0], &w = c.in[1], &bias = c.in[2];
+  const Tensor &x = c.in[0], &w = c.in[1], &bias = c.in[2], &residual = c.in[3];
   Tensor& out = c.out[0];
   if (out.numel() == 0) return;
   const Operand px = prepare(x), pw = prepare(w);
@@ -295,13 +307,20 @@ void linear_kernel(const KernelCall& c) {
   g.b = {pw.ptr, pw.strides[1], pw.strides[0], 0};  // B[k, n] = w[n, k]
   g.c = out.raw_data();
   g.ldc = g.N;
-  if (bp && x.dtype() == DType::f64) {
-    fill_rows_launch(g.dtype, g.c, 1, g.M, g.N, g.ldc, 0, bp);
+  const void* rp = residual.defined() ? residual.raw_data() : nullptr;
+  if ((bp || rp) && x.dtype() == DType::f64) {
+    fill_rows_launch(g.dtype, g.c, 1, g.M, g.N, g.ldc, 0, bp, rp);
     if (g.K == 0) return;
     g.beta = 1;
-  } else if (bp) {
-    g.epilogue = GemmEpilogue::bias;
-    g.bias = bp;
+  } else {
+    if (bp) {
+      g.epilogue = GemmEpilogue::bias;
+      g.bias = bp;
+    }
+    if (rp) {
+      g.c_in = rp;
+      g.beta = 1;
+    }
   }
   gemm(g);
 }
@@ -312,11 +331,10 @@ BLU_REGISTER_KERNEL(cuda, "linear", linear_kernel);
 // (GPT-2 124M on an H200: 434 TFLOP/s with it in bf16 vs ~600 for the plain GEMMs of the same
 // step; 156 vs ~300 in tf32). Otherwise the bias gradient is the row sum of A = gᵀ through the
 // BGRAD epilogue (gemm falls back to a plain gemm and a deterministic sum kernel where cuBLASLt
-// has no algorithm for it, e.g. f64).
-void linear_weight_grad_kernel(const KernelCall& c) {
-  const Tensor &g = c.in[0], &x = c.in[1];
-  Tensor &gw = c.out[0], &gb = c.out[1];
-  if (gb.numel() == 0) return;  // out == 0: both outputs empty
+// has no algorithm for it, e.g. f64). gw and gb (optional) are each in g's dtype or, for a 16-bit
+// g, in f32 (linear_weight_grad_into): then the GEMM stores its fp32 sums and the bias gradient
+// comes from the sum kernels.
+void weight_grads(const Tensor& g, const Tensor& x, const Tensor& gw, const Tensor* gb) {
   const Operand pg = prepare(g), px = prepare(x);
   GemmArgs a;
   a.dtype = g.dtype();
@@ -328,18 +346,32 @@ void linear_weight_grad_kernel(const KernelCall& c) {
   a.b = {px.ptr, px.strides[0], px.strides[1], 0};
   a.c = gw.raw_data();
   a.ldc = std::max<int64_t>(a.N, 1);
-  if (a.K > 0 && a.N > 0 && column_sum_fast(g, gb)) {
+  a.c_f32 = gw.dtype() != g.dtype();
+  if (!gb || gb->numel() == 0) return gemm(a);
+  const bool gb_f32 = gb->dtype() != g.dtype();
+  if (a.K > 0 && a.N > 0 && column_sum_fast(g, *gb)) return gemm(a);
+  if (a.c_f32 || gb_f32) {  // the epilogue writes C's dtype: a separate deterministic sum instead
     gemm(a);
-    return;
+    return strided_sum_launch(g.dtype(), pg.ptr, a.K, a.M, pg.strides[0], pg.strides[1], gb->raw_data(), gb_f32);
   }
   a.epilogue = GemmEpilogue::bgrad_a;
-  a.bias_grad = gb.raw_data();
+  a.bias_grad = gb->raw_data();
   if (a.K == 0 && a.N == 0) {  // gemm returns at once on an empty C: the bias gradient is Σ of nothing
-    BLU_CUDA_CHECK(cudaMemsetAsync(gb.raw_data(), 0, gb.nbytes(), current_stream()));
+    BLU_CUDA_CHECK(cudaMemsetAsync(gb->raw_data(), 0, gb->nbytes(), current_stream()));
     return;
   }
   gemm(a);
 }
+void linear_weight_grad_kernel(const KernelCall& c) {
+  if (c.out[1].numel() == 0) return;  // out == 0: both outputs empty
+  weight_grads(c.in[0], c.in[1], c.out[0], &c.out[1]);
+}
+// In place: (gw, g, x[, gb]).
+void linear_weight_grad_into_kernel(const KernelCall& c) {
+  if (c.in[0].numel() == 0 && !(c.in[3].defined() && c.in[3].numel() > 0)) return;
+  weight_grads(c.in[1], c.in[2], c.in[0], c.in[3].defined() ? &c.in[3] : nullptr);
+}
+BLU_REGISTER_KERNEL(cuda, "linear_weight_grad_into", linear_weight_grad_into_kernel);
 BLU_REGISTER_KERNEL(cuda, "linear_weight_grad", linear_weight_grad_kernel);
 
 }  // namespace
