@@ -7,8 +7,12 @@
 // "ieee" (3xTF32) and "tf32" (1xTF32), the register-blocked CUDA-core kernels and the plain SIMT
 // ones; the FlashAttentionF32 tests also check the saved logsumexp and bound the errors both in
 // norm and elementwise.
-// "Perf" tests time GPT-2's shape (B16 H12 T1024 D64, causal; bf16, and f32 in each mode) forward
-// and forward+backward.
+// On Hopper the bf16/f16 forward is the wgmma kernel (flash_attention_wgmma.cu): the sweeps above
+// run it (and the backward on its lse) by default, the "MmaSync" sweeps run the mma.sync forward,
+// and the FlashAttentionWgmma tests compare the two forwards' out and lse with each other and with
+// the f64 reference, on fresh data for T in {1, 17, 64, 100, 128, 1000, 1024} and a strided layout.
+// "Perf" tests time GPT-2's shape (B16 H12 T1024 D64, causal; bf16 on each forward kernel, and f32
+// in each mode) forward and forward+backward.
 //
 // Run on the GPU machine: ./build-cuda/tests/test_cuda --gtest_filter='FlashAttention*'
 // (or ctest -L cuda -R FlashAttention); Perf: --gtest_filter='*FlashAttentionPerf*'.
@@ -204,9 +208,24 @@ void run_sweep(DType dtype, bool simt) {
       }
 }
 
+// bf16/f16 forward on the mma.sync kernel even where the wgmma kernel is available (restored on exit).
+struct WgmmaScope {
+  explicit WgmmaScope(bool on) { cuda::set_flash_attention_wgmma(on); }
+  ~WgmmaScope() { cuda::set_flash_attention_wgmma(true); }
+};
+
 TEST(FlashAttention, F32) { run_sweep(DType::f32, false); }  // TF32 kernels, 3xTF32 ("ieee")
+// The default path: on Hopper the wgmma forward, elsewhere the mma.sync one; mma.sync backward.
 TEST(FlashAttention, Bf16TensorCores) { run_sweep(DType::bf16, false); }
 TEST(FlashAttention, F16TensorCores) { run_sweep(DType::f16, false); }
+TEST(FlashAttention, Bf16TensorCoresMmaSync) {
+  WgmmaScope mma(false);
+  run_sweep(DType::bf16, false);
+}
+TEST(FlashAttention, F16TensorCoresMmaSync) {
+  WgmmaScope mma(false);
+  run_sweep(DType::f16, false);
+}
 TEST(FlashAttention, Bf16Simt) { run_sweep(DType::bf16, true); }
 TEST(FlashAttention, F16Simt) { run_sweep(DType::f16, true); }
 TEST(FlashAttention, F32Simt) { run_sweep(DType::f32, true); }
@@ -494,6 +513,90 @@ TEST(FlashAttention, RepeatedBackwardAgrees) {
   EXPECT_EQ(check_close("dv run 2 vs 1", grads[1][2], grads[0][2], 0, 0), "") << "dV must be deterministic";
 }
 
+// --- the Hopper wgmma forward -----------------------------------------------------------------
+//
+// out and lse of the forward launcher on q, k, v (any layout), with the wgmma kernel on or off.
+// The outputs start as NaN, so a row the kernel fails to write shows up.
+std::pair<Tensor, Tensor> launch_forward(const std::vector<Tensor>& in, const Case& c, double scale, bool wgmma) {
+  WgmmaScope scope(wgmma);
+  Tensor o_bthd = full({c.B, c.T, c.H, c.D}, NAN, c.dtype, kGPU);
+  Tensor lse = full({c.B, c.H, c.T}, NAN, DType::f32, kGPU);
+  cuda::FlashFwdParams p;
+  p.q = cuda::operand_bhtd(in[0]);
+  p.k = cuda::operand_bhtd(in[1]);
+  p.v = cuda::operand_bhtd(in[2]);
+  p.o = cuda::operand_bthd(o_bthd);
+  p.lse = static_cast<float*>(lse.raw_data());
+  p.B = int(c.B), p.H = int(c.H), p.T = int(c.T), p.D = int(c.D);
+  p.scale = float(scale);
+  p.causal = c.causal;
+  cuda::flash_attention_forward(p, c.dtype, cuda::current_stream());
+  BLU_CUDA_CHECK(cudaDeviceSynchronize());
+  return {transpose(o_bthd, 1, 2), lse};
+}
+
+// out against the f64 reference (tolerance(dtype)) and against the mma.sync forward (the same
+// tolerance: each is within it of the reference); lse against both with 1e-3 + 1e-3·|want| — the
+// lse involves no 16-bit rounding, only fp32 sums of exact products and ex2.approx (~1e-6 seen).
+void run_wgmma_case(const Case& c, uint64_t seed) {
+  SCOPED_TRACE(c.str());
+  Generator gen(seed);
+  const Shape shape{c.B, c.H, c.T, c.D};
+  const double scale = 1.0 / std::sqrt(double(c.D));
+  std::vector<Tensor> vals;  // dtype-rounded values, CPU
+  for (int i = 0; i < 3; ++i) vals.push_back(to_dtype(randn(shape, DType::f64, kCPU, &gen), c.dtype));
+  std::vector<Tensor> ref;
+  for (const Tensor& t : vals) ref.push_back(to_dtype(t, DType::f64));
+  const Tensor ref_out = scaled_dot_product_attention(ref[0], ref[1], ref[2], c.causal);
+  const Tensor ref_lse = reference_lse(ref[0], ref[1], c.causal, scale);
+
+  const std::vector<Tensor> in = make_qkv(vals, c.layout, kGPU);
+  const auto [out, lse] = launch_forward(in, c, scale, true);
+  const auto [mma_out, mma_lse] = launch_forward(in, c, scale, false);
+
+  const Tol tol = tolerance(c.dtype);
+  const double lse_tol = 1e-3;
+  EXPECT_EQ(check_close("out (wgmma) vs reference", out, ref_out, tol.fwd_atol, tol.fwd_rtol), "");
+  EXPECT_EQ(check_close("out (wgmma) vs mma.sync", out, mma_out, tol.fwd_atol, tol.fwd_rtol), "");
+  EXPECT_EQ(check_close("out (mma.sync) vs reference", mma_out, ref_out, tol.fwd_atol, tol.fwd_rtol), "");
+  EXPECT_EQ(check_close("lse (wgmma) vs reference", lse, ref_lse, lse_tol, lse_tol), "");
+  EXPECT_EQ(check_close("lse (wgmma) vs mma.sync", lse, mma_lse, lse_tol, lse_tol), "");
+}
+
+// Whether this test can run the wgmma kernel; a compute-capability-9.0 device with a build that
+// lacks it (CMAKE_CUDA_ARCHITECTURES without "90a") fails, other devices skip.
+bool wgmma_testable() {
+  if (cuda::device_count() == 0) {
+    ADD_FAILURE() << "no CUDA device";
+    return false;
+  }
+  if (cuda::flash_attention_wgmma_available()) return true;
+  cudaDeviceProp prop{};
+  BLU_CUDA_CHECK(cudaGetDeviceProperties(&prop, cuda::current_device()));
+  if (prop.major == 9 && prop.minor == 0) ADD_FAILURE() << "compute capability 9.0 but the build has no sm_90a code";
+  return false;
+}
+
+void run_wgmma_sweep(DType dtype) {
+  uint64_t seed = 5000;
+  for (int64_t D : {64, 128})
+    for (bool causal : {true, false})
+      for (int64_t T : {1, 17, 64, 100, 128, 1000, 1024}) {
+        const int64_t B = T >= 1000 ? 1 : 2, H = T >= 1000 ? 2 : 3;
+        run_wgmma_case({B, H, T, D, causal, dtype, Layout::contiguous}, seed++);
+        if (T == 17 || T == 100 || T == 1000) run_wgmma_case({B, H, T, D, causal, dtype, Layout::gpt}, seed++);
+      }
+}
+
+TEST(FlashAttentionWgmma, Bf16) {
+  if (!wgmma_testable()) GTEST_SKIP() << "no sm_90a device";
+  run_wgmma_sweep(DType::bf16);
+}
+TEST(FlashAttentionWgmma, F16) {
+  if (!wgmma_testable()) GTEST_SKIP() << "no sm_90a device";
+  run_wgmma_sweep(DType::f16);
+}
+
 // Shapes the fused kernels do not take still give the composite result on the GPU.
 TEST(FlashAttention, FallbackShapes) {
   ASSERT_GT(cuda::device_count(), 0) << "no CUDA device";
@@ -554,7 +657,14 @@ void time_gpt2_causal(DType dtype, const char* label = "") {
               3.5 * fwd_flops / (fwdbwd_ms * 1e-3) / 1e12, fwdbwd_ms - fwd_ms);
 }
 
-TEST(FlashAttentionPerf, Gpt2Bf16Causal) { time_gpt2_causal(DType::bf16); }
+// The default bf16 forward (on Hopper the wgmma kernel), and the mma.sync forward for comparison.
+TEST(FlashAttentionPerf, Gpt2Bf16Causal) {
+  time_gpt2_causal(DType::bf16, cuda::flash_attention_wgmma_available() ? " [wgmma fwd]" : "");
+}
+TEST(FlashAttentionPerf, Gpt2Bf16CausalMmaSync) {
+  WgmmaScope mma(false);
+  time_gpt2_causal(DType::bf16, " [mma.sync fwd]");
+}
 // fp32, the default ("ieee"): TF32 tensor cores at 3xTF32 (flash_attention_tf32.cu).
 TEST(FlashAttentionPerf, Gpt2F32Causal) {
   F32PathScope scope(F32Path::ieee_3xtf32);

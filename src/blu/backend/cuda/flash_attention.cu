@@ -9,6 +9,9 @@
 // registers. Causal: a query tile stops at the diagonal tile (fully masked tiles are skipped) and
 // CTAs are launched heaviest-first (q-tile index reversed, in the slowest grid dimension).
 //
+// On Hopper (sm_90a build, compute capability 9.0) bf16/f16 go to the wgmma kernel of
+// flash_attention_wgmma.cu instead (set_flash_attention_wgmma(false) keeps them here).
+//
 // f32: TF32 tensor-core kernels (flash_attention_tf32.cu) or, on request, register-blocked
 // CUDA-core kernels; flash_attention_f32.cu picks.
 // SIMT kernel (any dtype, on request): one warp per query row, each lane holding D/32
@@ -16,6 +19,7 @@
 #include "blu/backend/backend.h"
 #include "blu/backend/cuda/flash_attention.cuh"
 #include "blu/backend/cuda/flash_attention_f32.h"
+#include "blu/backend/cuda/flash_attention_wgmma.h"
 #include "blu/backend/cuda/runtime.h"
 
 #include <atomic>
@@ -253,6 +257,9 @@ void launch_fwd_mma(const FlashFwdParams& p, cudaStream_t stream) {
 
 template <int D>
 void fwd_dispatch_d(const FlashFwdParams& p, DType dtype, bool simt, cudaStream_t s) {
+  if ((dtype == DType::bf16 || dtype == DType::f16) && !simt && flash_attention_wgmma() &&
+      flash_attention_wgmma_available())
+    return flash_attention_forward_wgmma(p, dtype, s);
   switch (dtype) {
     case DType::f32: return simt ? launch_fwd_simt<float, D>(p, s) : flash_attention_forward_f32(p, s);
     case DType::bf16:
@@ -267,7 +274,11 @@ void fwd_dispatch_d(const FlashFwdParams& p, DType dtype, bool simt, cudaStream_
 namespace {
 std::atomic<bool> g_force_simt{false};
 std::atomic<bool> g_f32_cuda_cores{false};
-}
+std::atomic<bool> g_wgmma{true};
+}  // namespace
+
+void set_flash_attention_wgmma(bool on) { g_wgmma.store(on); }
+bool flash_attention_wgmma() { return g_wgmma.load(); }
 
 void set_flash_attention_force_simt(bool on) { g_force_simt.store(on); }
 bool flash_attention_force_simt() { return g_force_simt.load(); }

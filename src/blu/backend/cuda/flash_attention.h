@@ -3,7 +3,7 @@
 // computed tile by tile with an online softmax, so the T×T score matrix never exists in memory;
 // the forward saves only the per-row logsumexp, and the backward recomputes the probabilities.
 // Kernel families: tensor-core kernels for bf16/f16 (mma.sync m16n8k16, fp32 accumulation,
-// ldmatrix, cp.async double buffering) and for f32 (TF32 mma.sync m16n8k8: 1xTF32 under
+// ldmatrix, cp.async double buffering; on Hopper the forward uses wgmma instead) and for f32 (TF32 mma.sync m16n8k8: 1xTF32 under
 // matmul_precision() "tf32", 3xTF32 — fp32-level accuracy — under "ieee"), all for head dim 64 or
 // 128; register-blocked CUDA-core kernels for f32 (IEEE fp32, deterministic; on request); and a
 // plain SIMT path (one warp per row; every dtype but f64) kept as a cross-check.
@@ -59,6 +59,14 @@ bool flash_attention_needs_dq_accum(DType dtype);
 // Launch on `stream`. The caller checked flash_attention_supported and the layout contract.
 void flash_attention_forward(const FlashFwdParams& p, DType dtype, cudaStream_t stream);
 void flash_attention_backward(const FlashBwdParams& p, DType dtype, cudaStream_t stream);
+
+// Whether the Hopper wgmma forward (flash_attention_wgmma.h) can run: the build has sm_90a code
+// (CMAKE_CUDA_ARCHITECTURES 90a) and the current device is of compute capability 9.0.
+bool flash_attention_wgmma_available();
+// Test hook: bf16/f16 forwards take the wgmma kernel when it is available (default on); off, the
+// mma.sync kernel. force_simt takes precedence.
+void set_flash_attention_wgmma(bool on);
+bool flash_attention_wgmma();
 
 // Test hook: route every dtype through the plain SIMT kernels (to cross-check the others).
 void set_flash_attention_force_simt(bool on);

@@ -1,0 +1,473 @@
+// Flash-attention forward for Hopper (sm_90a): warpgroup MMA (wgmma), the FlashAttention-3 scheme.
+//
+// A CTA owns 128 query rows of one (batch, head) and has three warpgroups (384 threads):
+//   warpgroup 0, the producer: loads the K and V tiles of 128 keys with cp.async into a two-stage
+//     ring in shared memory, then lowers its register budget (setmaxnreg) to hand registers to
+//   warpgroups 1 and 2, the consumers: each owns 64 query rows (wgmma's M), loads its Q rows once
+//     and walks the key tiles: S = Q·Kᵀ (wgmma m64n128k16, Q and K from shared memory), the online
+//     softmax on the fp32 accumulators, and O += P·V (wgmma m64nDk16, P from registers — the
+//     accumulator layout converted to 16-bit in place — and V from shared memory, N-major).
+// Pipeline per consumer (Note [wgmma forward pipeline]): tile n's S = Q·Kₙᵀ is issued together
+// with the previous tile's O += Pₙ₋₁·Vₙ₋₁, so that the softmax of tile n runs while the tensor
+// cores do Pₙ₋₁·Vₙ₋₁. K and V have separate full/empty barriers: Kₙ's stage is released as soon as
+// S is done, Vₙ's when P·V is done, and the producer refills each as soon as it is released.
+//
+// Shared-memory tiles are [rows][D] of 16-bit elements stored as D/64 blocks of [rows][64]: one
+// 128-byte row per row, the 16-byte chunks of each 8-row x 128-byte atom permuted by the hardware's
+// 128-byte swizzle (chunk c of row r at chunk c ^ r%8 — swz<64> of flash_attention.cuh), every block
+// 1024-byte aligned. wgmma reads them through matrix descriptors (make_desc): Q and K K-major
+// (stride byte offset 1024 = one 8-row atom; leading offset unused), V N-major (the key dimension
+// is wgmma's K; stride byte offset 1024 = 8 keys, leading byte offset = one [128][64] block, the
+// distance between the two 64-column halves at D = 128).
+//
+// Masking, rows and keys past T (zero-filled tiles, masked scores) and causal work (tiles past the
+// diagonal skipped, heaviest CTAs launched first) as in the mma.sync kernel of flash_attention.cu.
+// The kernel body exists only in the sm_90a compilation (__CUDA_ARCH_FEAT_SM90_ALL); the dispatch
+// asks flash_attention_wgmma_available() before launching it.
+//
+// Note [wgmma forward pipeline]
+// Named barriers (bar.sync/bar.arrive with a thread count; id 0 is __syncthreads) carry the
+// hand-offs: FULL_K[s], FULL_V[s] (producer arrives, 128 threads; consumers sync, 256) and
+// EMPTY_K[s], EMPTY_V[s] (consumers arrive; producer syncs), 384 threads each. Producer, tile n,
+// stage s = n % 2:
+//   n >= 2: sync EMPTY_K[s] (both consumers have S of tile n-2) · cp.async Kₙ · wait for all its
+//   copies (Kₙ, Vₙ₋₁) · fence.proxy.async (cp.async writes are generic-proxy, wgmma reads are
+//   async-proxy) · arrive FULL_V[s^1] (Vₙ₋₁; n >= 1), FULL_K[s] · n >= 2: sync EMPTY_V[s] (P·V of
+//   tile n-2 done) · cp.async Vₙ. After the last tile: wait, fence, arrive FULL_V of the last.
+// Consumer: tile 0: sync FULL_K[0], S₀, softmax, P₀. Tile n >= 1: sync FULL_K[s] · issue Sₙ ·
+//   sync FULL_V[s^1] · issue O += Pₙ₋₁·Vₙ₋₁ · wait for Sₙ · arrive EMPTY_K[s] · mask, max, exp ·
+//   wait for P·V · arrive EMPTY_V[s^1] · rescale O, l · Pₙ. Last: sync FULL_V, O += P·V.
+// The consumers arrive on an EMPTY barrier only for tiles the producer will refill (tile + 2 <
+// number of tiles), so that no barrier is left half-arrived when the CTA exits. Every wait is
+// matched: no side can run two phases ahead on one barrier, because each phase of FULL needs the
+// previous phase of EMPTY on the same stage and vice versa.
+#include "blu/backend/cuda/flash_attention.cuh"
+#include "blu/backend/cuda/flash_attention_wgmma.h"
+#include "blu/backend/cuda/runtime.h"
+
+#include <atomic>
+
+namespace blu::cuda {
+
+namespace flash {
+namespace {
+
+constexpr int kWgBQ = 128;       // query rows per CTA: two consumer warpgroups of 64
+constexpr int kWgBK = 128;       // keys per K/V tile
+constexpr int kWgThreads = 384;  // producer + 2 consumers
+template <int D>
+constexpr int wg_smem_bytes() {
+  // Q, two stages of K and of V, 16-bit elements; + 1024 to align the base to a swizzle atom.
+  return (kWgBQ * D + 4 * kWgBK * D) * 2 + 1024;
+}
+
+// Element (r, c) of a [ROWS][D] tile in the wgmma layout: column block c / 64, then swz<64>.
+template <int ROWS>
+__device__ __forceinline__ int wg_off(int r, int c) {
+  return (c >> 6) * ROWS * 64 + swz<64>(r, c & 63);
+}
+
+// Rows [r0, r0 + ROWS) of one (b, h) slice into a wgmma-layout tile by the 128 threads of a
+// warpgroup (tid 0..127); rows >= T_len are zero-filled. Issues cp.async only. Thread tid copies
+// chunk tid % (D/8) of rows tid / (D/8) + i·(1024/D). Not unrolled: the producer warpgroup runs
+// on a small register budget, and unrolled it keeps every chunk's address live across its loop.
+template <typename T, int D, int ROWS>
+__device__ __forceinline__ void load_wg_tile(T* tile, const T* base, int64_t row_stride, int r0, int T_len,
+                                             int tid) {
+  constexpr int kChunks = D / 8, kRowStep = 128 / kChunks;
+  static_assert(ROWS % kRowStep == 0, "every thread copies the same number of chunks");
+  const int c = tid % kChunks;
+  int r = tid / kChunks;
+  const T* src = base + int64_t(r0 + r) * row_stride + c * 8;
+  const int64_t src_step = int64_t(kRowStep) * row_stride;
+#pragma unroll 1
+  for (; r < ROWS; r += kRowStep, src += src_step) {
+    const bool valid = r0 + r < T_len;
+    cp_async_16(tile + wg_off<ROWS>(r, c * 8), valid ? src : base, valid);
+  }
+}
+
+// --- sm_90a instructions -------------------------------------------------------------------------
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// setmaxnreg budgets: 128·40 + 256·232 = 384·168, the registers the CTA starts with under
+// __launch_bounds__(384, 1) (65536 / 384, rounded down to a multiple of 8). The producer spills
+// below 40 (ptxas -v).
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+
+// Named barrier ids (+ stage or + consumer index).
+constexpr int kBarFullK = 1, kBarFullV = 3, kBarEmptyK = 5, kBarEmptyV = 7, kBarWg = 9;
+
+__device__ __forceinline__ void bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// Orders this thread's generic-proxy shared-memory writes (cp.async, st.shared) before later
+// async-proxy reads (wgmma) once a barrier has passed.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// wgmma matrix descriptor: start address, leading and stride byte offsets (each >> 4, 14 bits),
+// base offset 0 (blocks are 1024-byte aligned), layout 1 = 128-byte swizzle (bits 62-63).
+__device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lead_bytes, uint32_t stride_bytes) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t((lead_bytes >> 4) & 0x3FFF) << 16) |
+         (uint64_t((stride_bytes >> 4) & 0x3FFF) << 32) | (uint64_t(1) << 62);
+}
+// The descriptor of the same layout `bytes` further on (bytes % 16 == 0; stays in the address field).
+__device__ __forceinline__ uint64_t desc_add(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Pins registers at this point of the program (no instruction): a use after wgmma_wait cannot be
+// hoisted above it, a definition before a wgmma cannot sink below it.
+template <int N>
+__device__ __forceinline__ void pin(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+template <int Regs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs));
+}
+template <int Regs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Regs));
+}
+
+// Accumulator fragments of wgmma m64nNk16 with f32 D (N/2 registers per thread): warp w of the
+// warpgroup holds rows 16w..16w+15; d[4j + e] is row 16w + g + 8·(e / 2), column 8j + 2t + e % 2
+// (g = lane / 4, t = lane % 4): per 8 columns, the C layout of mma.sync m16n8k16.
+// A fragments (register A, 16-bit): a[0] row g, k 2t..2t+1; a[1] row g+8; a[2] row g, k 2t+8..;
+// a[3] row g+8, k 2t+8.. (the A layout of mma.sync m16n8k16).
+#define BLU_D8(d, i)                                                                                    \
+  "+f"(d[i + 0]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+#define BLU_D32(d) BLU_D8(d, 0), BLU_D8(d, 8), BLU_D8(d, 16), BLU_D8(d, 24)
+#define BLU_D64(d) BLU_D32(d), BLU_D8(d, 32), BLU_D8(d, 40), BLU_D8(d, 48), BLU_D8(d, 56)
+#define BLU_R32                                                                                       \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define BLU_R64                                                                                       \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "   \
+  "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, "   \
+  "%59, %60, %61, %62, %63}"
+
+// S(64x128, f32) (+)= A(64x16, smem, K-major) · B(16x128, smem, K-major): acc = 0 overwrites.
+template <typename T>
+__device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t a, uint64_t b, int acc);
+// O(64xN, f32) += A(64x16, registers) · B(16xN, smem, N-major), N = 64 or 128.
+template <typename T>
+__device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t b);
+template <typename T>
+__device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], const uint32_t (&a)[4], uint64_t b);
+
+#define BLU_DEFINE_WGMMA(ELEM, PTX)                                                                     \
+  template <>                                                                                          \
+  __device__ __forceinline__ void wgmma_ss_n128<ELEM>(float (&d)[64], uint64_t a, uint64_t b, int acc) { \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                          \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTX "." PTX " " BLU_R64                 \
+                 ", %64, %65, p, 1, 1, 0, 0;\n}\n"                                                      \
+                 : BLU_D64(d)                                                                           \
+                 : "l"(a), "l"(b), "r"(acc));                                                           \
+  }                                                                                                    \
+  template <>                                                                                          \
+  __device__ __forceinline__ void wgmma_rs_n64<ELEM>(float (&d)[32], const uint32_t (&a)[4], uint64_t b) { \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                          \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX "." PTX " " BLU_R32                  \
+                 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                                        \
+                 : BLU_D32(d)                                                                           \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));                         \
+  }                                                                                                    \
+  template <>                                                                                          \
+  __device__ __forceinline__ void wgmma_rs_n128<ELEM>(float (&d)[64], const uint32_t (&a)[4], uint64_t b) { \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                          \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTX "." PTX " " BLU_R64                 \
+                 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                                        \
+                 : BLU_D64(d)                                                                           \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));                         \
+  }
+BLU_DEFINE_WGMMA(__nv_bfloat16, "bf16")
+BLU_DEFINE_WGMMA(__half, "f16")
+#undef BLU_DEFINE_WGMMA
+#undef BLU_D8
+#undef BLU_D32
+#undef BLU_D64
+#undef BLU_R32
+#undef BLU_R64
+
+template <typename T, int D>
+__device__ __forceinline__ void wgmma_rs(float (&o)[D / 2], const uint32_t (&a)[4], uint64_t b) {
+  if constexpr (D == 64) wgmma_rs_n64<T>(o, a, b);
+  else wgmma_rs_n128<T>(o, a, b);
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// --- the kernel ----------------------------------------------------------------------------------
+template <typename T, int D>
+__global__ void __launch_bounds__(kWgThreads, 1) flash_fwd_wgmma_kernel(FlashFwdParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int BQ = kWgBQ, BK = kWgBK;
+  constexpr int NS = BK / 8;  // 8-column groups of S
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // Align to a 128-byte-swizzle atom (the swizzle is a function of the address bits).
+  const uint32_t raw = smem_u32(smem_raw);
+  T* sQ = reinterpret_cast<T*>(smem_raw + (((raw + 1023) & ~1023u) - raw));  // 2 x [64][D]
+  T* sK = sQ + BQ * D;                                                        // [2][BK][D]
+  T* sV = sK + 2 * BK * D;                                                    // [2][BK][D]
+
+  const int num_qt = gridDim.y;
+  const int qt = p.causal ? num_qt - 1 - int(blockIdx.y) : int(blockIdx.y);
+  const int b = int(blockIdx.x) / p.H, h = int(blockIdx.x) % p.H;
+  const int q0 = qt * BQ;
+  const int kv_end = p.causal ? min(p.T, q0 + BQ) : p.T;
+  const int num_kt = (kv_end + BK - 1) / BK;
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+
+  if (wg == 0) {
+    // ---- producer ----
+    setmaxnreg_dec<kProducerRegs>();
+    const T* Kg = slice<T>(p.k, b, h);
+    const T* Vg = slice<T>(p.v, b, h);
+    for (int n = 0; n < num_kt; ++n) {
+      const int s = n & 1;
+      if (n >= 2) bar_sync(kBarEmptyK + s, kWgThreads);
+      load_wg_tile<T, D, BK>(sK + s * BK * D, Kg, p.k.st, n * BK, p.T, tid);
+      cp_async_commit();
+      cp_async_wait<0>();  // Kₙ and Vₙ₋₁
+      fence_proxy_async();
+      if (n >= 1) bar_arrive(kBarFullV + (s ^ 1), kWgThreads);
+      bar_arrive(kBarFullK + s, kWgThreads);
+      if (n >= 2) bar_sync(kBarEmptyV + s, kWgThreads);
+      load_wg_tile<T, D, BK>(sV + s * BK * D, Vg, p.v.st, n * BK, p.T, tid);
+      cp_async_commit();
+    }
+    cp_async_wait<0>();
+    fence_proxy_async();
+    bar_arrive(kBarFullV + ((num_kt - 1) & 1), kWgThreads);
+    return;
+  }
+
+  // ---- consumers ----
+  setmaxnreg_inc<kConsumerRegs>();
+  const int c = wg - 1;  // consumer index: rows q0 + 64c .. q0 + 64c + 63
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int r_wg = q0 + 64 * c;
+  const int row_lo = r_wg + 16 * warp + g;  // this thread's rows: row_lo and row_lo + 8
+  T* sQc = sQ + c * 64 * D;
+
+  load_wg_tile<T, D, 64>(sQc, slice<T>(p.q, b, h), p.q.st, r_wg, p.T, tid);
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async();
+  bar_sync(kBarWg + c, 128);
+
+  // Descriptors. Q, K: K-major, a 16-column k step is +32 bytes within a 64-column block, the next
+  // block is ROWS·128 bytes on. V: N-major, a 16-key k step is +16 rows = 2048 bytes.
+  const uint64_t dQ = make_desc(smem_u32(sQc), 16, 1024);
+  const uint64_t dK0 = make_desc(smem_u32(sK), 16, 1024);
+  const uint64_t dV0 = make_desc(smem_u32(sV), BK * 128, 1024);
+  constexpr uint32_t kStageBytes = BK * D * 2;
+
+  float o[D / 2];  // O accumulator (64 x D per warpgroup)
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  float s[BK / 2];          // S accumulator (64 x BK)
+  uint32_t pf[BK / 16][4];  // P as A fragments, one per 16-key k step
+  float m[2] = {kNegInf, kNegInf};  // running max of the raw scores, rows row_lo and row_lo + 8
+  float l[2] = {0.f, 0.f};          // running sum of exp, this thread's columns only
+  const float sl2 = p.scale * kLog2e;
+
+  // S = Q·Kₙᵀ into s, issued (not waited for).
+  auto issue_s = [&](int n) {
+    const uint64_t dK = desc_add(dK0, uint32_t(n & 1) * kStageBytes);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wgmma_ss_n128<T>(s, desc_add(dQ, (kk / 4) * 64 * 128 + (kk % 4) * 32),
+                       desc_add(dK, (kk / 4) * BK * 128 + (kk % 4) * 32), kk > 0);
+    wgmma_commit();
+  };
+  // O += Pₙ·Vₙ, issued.
+  auto issue_pv = [&](int n) {
+    const uint64_t dV = desc_add(dV0, uint32_t(n & 1) * kStageBytes);
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) wgmma_rs<T, D>(o, pf[kk], desc_add(dV, kk * 2048));
+    wgmma_commit();
+  };
+  // Masks tile n (keys past T; causal: keys after the row), then the online-softmax update of the
+  // running max: s becomes exp2(s·sl2 − m·sl2), alpha the factor for the old O and l, rs the row
+  // sums of this thread's columns.
+  auto softmax = [&](int n, float (&alpha)[2], float (&rs)[2]) {
+    const int k0 = n * BK;
+    if (k0 + BK > p.T || (p.causal && k0 + BK - 1 > r_wg)) {
+#pragma unroll
+      for (int j = 0; j < NS; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = k0 + 8 * j + 2 * t + (e & 1);
+          const int row = row_lo + (e >> 1) * 8;
+          if (key >= p.T || (p.causal && key > row)) s[4 * j + e] = kNegInf;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = m[r];
+#pragma unroll
+      for (int j = 0; j < NS; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float msub = mx == kNegInf ? 0.f : mx * sl2;  // a fully masked row so far stays at 0
+      alpha[r] = fast_exp2(m[r] * sl2 - msub);
+      m[r] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < NS; ++j) {
+        s[4 * j + 2 * r] = fast_exp2(s[4 * j + 2 * r] * sl2 - msub);
+        s[4 * j + 2 * r + 1] = fast_exp2(s[4 * j + 2 * r + 1] * sl2 - msub);
+        sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
+      }
+      rs[r] = sum;
+    }
+  };
+  // P from s: k step kk covers keys 16kk..16kk+15 = column groups 2kk (a[0], a[1]) and 2kk+1.
+  auto convert_p = [&] {
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      pf[kk][0] = Elem<T>::pack(s[8 * kk + 0], s[8 * kk + 1]);
+      pf[kk][1] = Elem<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
+      pf[kk][2] = Elem<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
+      pf[kk][3] = Elem<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+  };
+
+  float alpha[2], rs[2];
+  // Tile 0.
+  bar_sync(kBarFullK + 0, kWgThreads);
+  wgmma_fence();
+  issue_s(0);
+  wgmma_wait<0>();
+  pin(s);
+  if (2 < num_kt) bar_arrive(kBarEmptyK + 0, kWgThreads);
+  softmax(0, alpha, rs);
+  l[0] = rs[0], l[1] = rs[1];
+  convert_p();
+
+  for (int n = 1; n < num_kt; ++n) {
+    const int st = n & 1;
+    bar_sync(kBarFullK + st, kWgThreads);
+    wgmma_fence();  // s, o and pf were written since the last wgmma
+    issue_s(n);
+    bar_sync(kBarFullV + (st ^ 1), kWgThreads);
+    issue_pv(n - 1);
+    wgmma_wait<1>();  // S of tile n
+    pin(s);
+    if (n + 2 < num_kt) bar_arrive(kBarEmptyK + st, kWgThreads);
+    softmax(n, alpha, rs);
+    wgmma_wait<0>();  // P·V of tile n-1
+    pin(o);
+    pin(s);
+    if (n + 1 < num_kt) bar_arrive(kBarEmptyV + (st ^ 1), kWgThreads);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l[r] = l[r] * alpha[r] + rs[r];
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        o[4 * j + 2 * r] *= alpha[r];
+        o[4 * j + 2 * r + 1] *= alpha[r];
+      }
+    }
+    convert_p();
+  }
+  bar_sync(kBarFullV + ((num_kt - 1) & 1), kWgThreads);
+  wgmma_fence();
+  issue_pv(num_kt - 1);
+  wgmma_wait<0>();
+  pin(o);
+
+  // Epilogue: complete the row sums across the quad, normalise, write the logsumexp; stage O
+  // through this warpgroup's Q tile (its last reader, S of the last tile, is done) and store it
+  // with 16-byte coalesced writes.
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float lr = l[r];
+    lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+    lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+    inv[r] = lr > 0.f ? 1.f / lr : 0.f;
+    const int row = row_lo + 8 * r;
+    if (t == 0 && row < p.T) p.lse[(int64_t(b) * p.H + h) * p.T + row] = lr > 0.f ? m[r] * p.scale + logf(lr) : kNegInf;
+  }
+  bar_sync(kBarWg + c, 128);  // every warp of this warpgroup is past its last wgmma
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      *reinterpret_cast<uint32_t*>(sQc + wg_off<64>(16 * warp + g + 8 * r, 8 * j + 2 * t)) =
+          Elem<T>::pack(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
+  bar_sync(kBarWg + c, 128);
+  T* Og = slice_mut<T>(p.o, b, h);
+  constexpr int kChunks = D / 8;
+#pragma unroll
+  for (int i = 0; i < 64 * kChunks / 128; ++i) {
+    const int idx = tid + i * 128;
+    const int r = idx / kChunks, ch = idx % kChunks;
+    if (r_wg + r < p.T)
+      *reinterpret_cast<uint4*>(Og + int64_t(r_wg + r) * p.o.st + ch * 8) =
+          *reinterpret_cast<const uint4*>(sQc + wg_off<64>(r, ch * 8));
+  }
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+}
+
+template <typename T, int D>
+void launch_fwd_wgmma(const FlashFwdParams& p, cudaStream_t stream) {
+  constexpr int smem = wg_smem_bytes<D>();
+  static std::atomic<uint64_t> configured{0};  // one bit per device
+  ensure_smem_limit(flash_fwd_wgmma_kernel<T, D>, smem, configured);
+  const int num_qt = (p.T + kWgBQ - 1) / kWgBQ;
+  BLU_CHECK(num_qt <= 65535, "flash_attention: sequence too long (T = ", p.T, ")");
+  const dim3 grid(unsigned(p.B) * unsigned(p.H), unsigned(num_qt));
+  flash_fwd_wgmma_kernel<T, D><<<grid, kWgThreads, smem, stream>>>(p);
+  BLU_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void flash_attention_forward_wgmma(const FlashFwdParams& p, DType dtype, cudaStream_t stream) {
+  BLU_ASSERT(p.D == 64 || p.D == 128, "flash_attention_forward_wgmma: D = ", p.D);
+  switch (dtype) {
+    case DType::bf16:
+      return p.D == 64 ? launch_fwd_wgmma<__nv_bfloat16, 64>(p, stream) : launch_fwd_wgmma<__nv_bfloat16, 128>(p, stream);
+    case DType::f16: return p.D == 64 ? launch_fwd_wgmma<__half, 64>(p, stream) : launch_fwd_wgmma<__half, 128>(p, stream);
+    default: BLU_ASSERT(false, "flash_attention_forward_wgmma: unsupported dtype ", dtype);
+  }
+}
+
+}  // namespace flash
+
+bool flash_attention_wgmma_available() {
+#if defined(BLU_CUDA_SM90A)
+  // Compute capability per device, looked up once (0: not yet known).
+  static std::atomic<int> cc[64];
+  const int dev = current_device();
+  int v = dev < 64 ? cc[dev].load() : 0;
+  if (v == 0) {
+    int major = 0, minor = 0;
+    BLU_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    BLU_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    v = major * 10 + minor;
+    if (dev < 64) cc[dev].store(v);
+  }
+  return v == 90;  // sm_90a code runs on compute capability 9.0 only
+#else
+  return false;
+#endif
+}
+
+}  // namespace blu::cuda
