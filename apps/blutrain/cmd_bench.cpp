@@ -164,6 +164,7 @@ int run_bench(const BenchOptions& o) {
   // the wait for the gradient all-reduces after backward (DDP's exposed communication), and the
   // optimizer — to tell a communication tail from kernels slowed down by the overlap.
   std::vector<std::array<double, 3>> phases;
+  std::vector<double> host_ms;  // the host's time to issue a step (no synchronisation inside)
 #ifdef BLU_HAVE_CUDA
   std::vector<cuda::Event> marks;
   if (dev.is_cuda())
@@ -196,6 +197,7 @@ int run_bench(const BenchOptions& o) {
     (void)to_vector(sum(x));  // the previous step and the batch are done before the clock starts
     const auto t0 = std::chrono::steady_clock::now();
     step(x, y);
+    host_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     const double loss = to_vector(to_dtype(loss_t, DType::f32))[0];  // synchronises
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
 #ifdef BLU_HAVE_CUDA
@@ -237,7 +239,10 @@ int run_bench(const BenchOptions& o) {
       std::sort(v.begin(), v.end());
       return std::round(v[v.size() / 2] * 1000) / 1000;
     };
-    j["phases_ms"] = {{"fwd_bwd", median(0)}, {"comm_wait", median(1)}, {"optimizer", median(2)}};
+    std::vector<double> h(host_ms.begin() + std::ptrdiff_t(skip), host_ms.end());
+    std::sort(h.begin(), h.end());
+    j["phases_ms"] = {{"fwd_bwd", median(0)}, {"comm_wait", median(1)}, {"optimizer", median(2)},
+                      {"host_issue", std::round(h[h.size() / 2] * 1000) / 1000}};
   }
   if (o.peak_tflops > 0) j["mfu"] = tok_s * flops_tok / (o.peak_tflops * 1e12 * o.dp);  // per GPU
   if (fp16) j["skipped_steps"] = scaler.skipped_steps();

@@ -55,6 +55,18 @@ BLU_OPINFO(UNARY("neg", neg(x[0]), "-x0"),
            UNARY("add_scalar", add(x[0], 1.5), "x0 + 1.5"),
            UNARY("mul_scalar", mul(x[0], -2.5), "x0 * -2.5"),
            UNARY("rsub_scalar", 2.0 - x[0], "2.0 - x0"),
+           OpInfo{.name = "gelu_and_backward",  // both outputs, flattened into one
+                  .fn = [](const V& x) {
+                    const V r = gelu_and_backward(x[0], x[1], true);
+                    return cat({flatten(r[0]), flatten(r[1])});
+                  },
+                  .samples = [](DType dt, Generator& g) {
+                    return std::vector<Sample>{{{rnd(g, {3, 37}, dt), rnd(g, {3, 37}, dt)}, "vectors and a tail"},
+                                               {{rnd(g, {4, 3}, dt), noncontig(rnd(g, {4, 3}, dt))}, "strided x"}};
+                  },
+                  .torch = "torch.cat([F.gelu(x1, approximate='tanh').flatten(), "
+                           "torch.ops.aten.gelu_backward(x0, x1, approximate='tanh').flatten()])",
+                  .differentiable = false},
            BINARY("add", add(x[0], x[1]), "x0 + x1"),
            BINARY("sub", sub(x[0], x[1]), "x0 - x1"),
            BINARY("mul", mul(x[0], x[1]), "x0 * x1"),

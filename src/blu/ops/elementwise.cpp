@@ -52,6 +52,11 @@ std::vector<Tensor> relu_bw(Ctx c, Grads g) {
   return {where(gt(c.output(0), 0.0), g[0], zeros({}, g[0].dtype(), g[0].device()))};
 }
 const OpDef kGeluBackward{.name = "gelu_backward", .infer = infer_unary_float};
+std::vector<TensorMeta> infer_gelu_and_backward(std::span<const Tensor> in, const Attrs& a) {
+  const TensorMeta m = infer_unary_float(in.subspan(1), a)[0];
+  return {m, m};
+}
+const OpDef kGeluAndBackward{.name = "gelu_and_backward", .infer = infer_gelu_and_backward};
 std::vector<Tensor> gelu_bw(Ctx c, Grads g) {
   return {dispatch1(kGeluBackward, {g[0], c.input(0)}, c.attrs)};
 }
@@ -166,6 +171,11 @@ Tensor relu(const Tensor& x) { return dispatch1(kRelu, {x}); }
 Tensor gelu(const Tensor& x, bool approximate) { return dispatch1(kGelu, {x}, Attrs{{"approximate", approximate}}); }
 Tensor gelu_backward(const Tensor& grad, const Tensor& x, bool approximate) {
   return dispatch1(kGeluBackward, {grad, x}, Attrs{{"approximate", approximate}});
+}
+std::vector<Tensor> gelu_and_backward(const Tensor& grad, const Tensor& x, bool approximate) {
+  BLU_CHECK(grad.defined() && x.defined() && grad.shape() == x.shape() && grad.dtype() == x.dtype(),
+            "gelu_and_backward: grad ", grad.str(), " and x ", x.str(), " must match");
+  return dispatch(kGeluAndBackward, {grad, x}, Attrs{{"approximate", approximate}});
 }
 Tensor abs(const Tensor& x) { return dispatch1(kAbs, {x}); }
 Tensor sign(const Tensor& x) { return dispatch1(kSign, {x}); }

@@ -20,6 +20,9 @@ Tensor relu(const Tensor& x);
 Tensor gelu(const Tensor& x, bool approximate = false);
 // d gelu(x)/dx · grad, the kernel gelu's backward uses (for ops that recompute GELU).
 Tensor gelu_backward(const Tensor& grad, const Tensor& x, bool approximate = false);
+// {gelu(x), gelu_backward(grad, x)} in one pass (CUDA: one read of x): for ops that recompute
+// GELU in their backward and need both (gelu_linear). Not differentiable.
+std::vector<Tensor> gelu_and_backward(const Tensor& grad, const Tensor& x, bool approximate = false);
 Tensor abs(const Tensor& x);
 Tensor sign(const Tensor& x);  // not differentiable (zero gradient)
 Tensor clamp(const Tensor& x, double lo, double hi);  // pass ±infinity for no bound

@@ -27,9 +27,17 @@ std::vector<Tensor> gelu_linear_compute(std::span<const Tensor> in, const Attrs&
 
 std::vector<Tensor> gelu_linear_backward(const BackwardContext& c, std::span<const Tensor> g) {
   const Tensor &u = c.input(0), &w = c.input(1);
-  const Tensor h = gelu(u, true);  // recomputed: never saved
-  Tensor gu, gw, gb;
-  if (c.needs_grad[0]) gu = gelu_backward(matmul(g[0], w), u, true);
+  // gelu(u) is recomputed (never saved), in the same pass as u's gradient when both are needed.
+  Tensor h, gu, gw, gb;
+  if (c.needs_grad[0] && c.needs_grad[1]) {
+    std::vector<Tensor> hg = gelu_and_backward(matmul(g[0], w), u, true);
+    h = hg[0];
+    gu = hg[1];
+  } else if (c.needs_grad[0]) {
+    gu = gelu_backward(matmul(g[0], w), u, true);
+  } else {
+    h = gelu(u, true);
+  }
   if (c.needs_grad[1] && (c.grad_is_directed(1) || (c.needs_grad[2] && c.grad_is_directed(2)))) {
     gw = c.grad_buffer(1);  // fp32 or in place (Note [Wide gradients])
     gb = c.needs_grad[2] ? c.grad_buffer(2) : Tensor();

@@ -116,6 +116,17 @@ struct gelu_backward_f {
   }
 };
 BLU_REGISTER_KERNEL(cpu, "gelu_backward", grad_unary<gelu_backward_f>);
+// Inputs (grad, x); outputs gelu(x) and grad·gelu'(x) (the CUDA backend fuses the two passes).
+void gelu_and_backward(const KernelCall& c) {
+  const bool approx = c.attrs.b("approximate");
+  BLU_DISPATCH_FLOATING(c.in[1].dtype(), c.op, {
+    using A = acc_t<scalar_t>;
+    map<scalar_t, scalar_t>(c.out[0], [approx](A x) -> A { return gelu_fwd<A>(x, approx); }, c.in[1]);
+    map<scalar_t, scalar_t>(c.out[1], [approx](A g, A x) -> A { return g * gelu_bwd<A>(x, approx); }, c.in[0],
+                            c.in[1]);
+  });
+}
+BLU_REGISTER_KERNEL(cpu, "gelu_and_backward", gelu_and_backward);
 struct clamp_backward_f {
   template <typename A> static auto make(const Attrs& a) {
     const A lo = A(a.f("lo")), hi = A(a.f("hi"));

@@ -23,6 +23,8 @@
 #include "blu/backend/cuda/runtime.h"
 
 #include <atomic>
+#include <cstdlib>
+#include <string_view>
 #include <cmath>
 
 namespace blu::cuda {
@@ -274,7 +276,11 @@ void fwd_dispatch_d(const FlashFwdParams& p, DType dtype, bool simt, cudaStream_
 namespace {
 std::atomic<bool> g_force_simt{false};
 std::atomic<bool> g_f32_cuda_cores{false};
-std::atomic<bool> g_wgmma{true};
+// BLU_FLASH_WGMMA=0 in the environment starts with the wgmma forward off (the mma.sync one runs).
+std::atomic<bool> g_wgmma{[] {
+  const char* e = std::getenv("BLU_FLASH_WGMMA");
+  return !(e && std::string_view(e) == "0");
+}()};
 }  // namespace
 
 void set_flash_attention_wgmma(bool on) { g_wgmma.store(on); }
