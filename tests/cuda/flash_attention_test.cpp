@@ -7,12 +7,13 @@
 // "ieee" (3xTF32) and "tf32" (1xTF32), the register-blocked CUDA-core kernels and the plain SIMT
 // ones; the FlashAttentionF32 tests also check the saved logsumexp and bound the errors both in
 // norm and elementwise.
-// On Hopper the bf16/f16 forward is the wgmma kernel (flash_attention_wgmma.cu): the sweeps above
-// run it (and the backward on its lse) by default, the "MmaSync" sweeps run the mma.sync forward,
-// and the FlashAttentionWgmma tests compare the two forwards' out and lse with each other and with
-// the f64 reference, on fresh data for T in {1, 17, 64, 100, 128, 1000, 1024} and a strided layout.
-// "Perf" tests time GPT-2's shape (B16 H12 T1024 D64, causal; bf16 on each forward kernel, and f32
-// in each mode) forward and forward+backward.
+// On Hopper the bf16/f16 forward and backward are the wgmma kernels (flash_attention_wgmma.cu,
+// flash_attention_wgmma_backward.cu): the sweeps above run them by default, the "MmaSync" sweeps
+// run the mma.sync kernels, the FlashAttentionWgmma tests compare the two forwards' out and lse
+// with each other and with the f64 reference, and the FlashAttentionWgmmaBackward tests the two
+// backwards' dq, dk, dv likewise, on fresh data for T in {1, 17, 64, 100, 128, 1000, 1024} and a
+// strided layout. "Perf" tests time GPT-2's shape (B16 H12 T1024 D64, causal; bf16 on each
+// kernel family, and f32 in each mode) forward and forward+backward.
 //
 // Run on the GPU machine: ./build-cuda/tests/test_cuda --gtest_filter='FlashAttention*'
 // (or ctest -L cuda -R FlashAttention); Perf: --gtest_filter='*FlashAttentionPerf*'.
@@ -208,14 +209,22 @@ void run_sweep(DType dtype, bool simt) {
       }
 }
 
-// bf16/f16 forward on the mma.sync kernel even where the wgmma kernel is available (restored on exit).
+// Whether bf16/f16 take the wgmma forward and backward where they are available; off, the
+// mma.sync kernels (both restored to on at exit).
 struct WgmmaScope {
-  explicit WgmmaScope(bool on) { cuda::set_flash_attention_wgmma(on); }
-  ~WgmmaScope() { cuda::set_flash_attention_wgmma(true); }
+  explicit WgmmaScope(bool fwd, bool bwd) {
+    cuda::set_flash_attention_wgmma(fwd);
+    cuda::set_flash_attention_wgmma_backward(bwd);
+  }
+  explicit WgmmaScope(bool on) : WgmmaScope(on, on) {}
+  ~WgmmaScope() {
+    cuda::set_flash_attention_wgmma(true);
+    cuda::set_flash_attention_wgmma_backward(true);
+  }
 };
 
 TEST(FlashAttention, F32) { run_sweep(DType::f32, false); }  // TF32 kernels, 3xTF32 ("ieee")
-// The default path: on Hopper the wgmma forward, elsewhere the mma.sync one; mma.sync backward.
+// The default path: on Hopper the wgmma forward and backward, elsewhere the mma.sync ones.
 TEST(FlashAttention, Bf16TensorCores) { run_sweep(DType::bf16, false); }
 TEST(FlashAttention, F16TensorCores) { run_sweep(DType::f16, false); }
 TEST(FlashAttention, Bf16TensorCoresMmaSync) {
@@ -518,7 +527,7 @@ TEST(FlashAttention, RepeatedBackwardAgrees) {
 // out and lse of the forward launcher on q, k, v (any layout), with the wgmma kernel on or off.
 // The outputs start as NaN, so a row the kernel fails to write shows up.
 std::pair<Tensor, Tensor> launch_forward(const std::vector<Tensor>& in, const Case& c, double scale, bool wgmma) {
-  WgmmaScope scope(wgmma);
+  WgmmaScope scope(wgmma, true);
   Tensor o_bthd = full({c.B, c.T, c.H, c.D}, NAN, c.dtype, kGPU);
   Tensor lse = full({c.B, c.H, c.T}, NAN, DType::f32, kGPU);
   cuda::FlashFwdParams p;
@@ -597,6 +606,95 @@ TEST(FlashAttentionWgmma, F16) {
   run_wgmma_sweep(DType::f16);
 }
 
+// --- the Hopper wgmma backward ----------------------------------------------------------------
+//
+// dq, dk, dv ([B, H, T, D] views of [B, T, H, D] buffers, as the op returns them) of the backward
+// launcher (dsum precompute, main kernel, dq cast) with the wgmma main kernel on or off. The
+// outputs start as NaN, so a row the kernels fail to write shows up.
+std::vector<Tensor> launch_backward(const std::vector<Tensor>& in, const Tensor& dout, const Tensor& o,
+                                    const Tensor& lse, const Case& c, double scale, bool wgmma) {
+  WgmmaScope scope(true, wgmma);
+  std::vector<Tensor> grads;
+  for (int i = 0; i < 3; ++i) grads.push_back(full({c.B, c.T, c.H, c.D}, NAN, c.dtype, kGPU));
+  Tensor dsum = full({c.B, c.H, c.T}, NAN, DType::f32, kGPU);
+  Tensor dq_accum = full({c.B, c.H, c.T, c.D}, NAN, DType::f32, kGPU);  // the launcher zeroes it
+  cuda::FlashBwdParams p;
+  p.dout = cuda::operand_bhtd(dout);
+  p.q = cuda::operand_bhtd(in[0]);
+  p.k = cuda::operand_bhtd(in[1]);
+  p.v = cuda::operand_bhtd(in[2]);
+  p.o = cuda::operand_bhtd(o);
+  p.lse = static_cast<const float*>(lse.raw_data());
+  p.dsum = static_cast<float*>(dsum.raw_data());
+  p.dq_accum = static_cast<float*>(dq_accum.raw_data());
+  p.dq = cuda::operand_bthd(grads[0]);
+  p.dk = cuda::operand_bthd(grads[1]);
+  p.dv = cuda::operand_bthd(grads[2]);
+  p.B = int(c.B), p.H = int(c.H), p.T = int(c.T), p.D = int(c.D);
+  p.scale = float(scale);
+  p.causal = c.causal;
+  cuda::flash_attention_backward(p, c.dtype, cuda::current_stream());
+  BLU_CUDA_CHECK(cudaDeviceSynchronize());
+  for (Tensor& g : grads) g = transpose(g, 1, 2);
+  return grads;
+}
+
+// dq, dk, dv of the wgmma backward against the f64 reference and against the mma.sync backward,
+// both run on the same forward outputs (the mma.sync forward's o and lse); the mma.sync backward
+// against the reference too, so a failure says which kernel is off. Tolerance: tolerance(dtype)'s
+// backward bounds for each (each kernel is within them of the reference). In the strided case
+// q, k, v are GPT's views of one [B, T, 3C] buffer and dO a [B, H, T, D] view of a [B, T, H, D]
+// buffer.
+void run_wgmma_bwd_case(const Case& c, uint64_t seed) {
+  SCOPED_TRACE(c.str());
+  Generator gen(seed);
+  const Shape shape{c.B, c.H, c.T, c.D};
+  const double scale = 1.0 / std::sqrt(double(c.D));
+  std::vector<Tensor> vals;  // dtype-rounded values, CPU
+  for (int i = 0; i < 3; ++i) vals.push_back(to_dtype(randn(shape, DType::f64, kCPU, &gen), c.dtype));
+  const Tensor dout = to_dtype(randn(shape, DType::f64, kCPU, &gen), c.dtype);
+
+  std::vector<Tensor> ref;
+  for (const Tensor& t : vals) ref.push_back(to_dtype(t, DType::f64).set_requires_grad(true));
+  scaled_dot_product_attention(ref[0], ref[1], ref[2], c.causal).backward(to_dtype(dout, DType::f64));
+
+  const std::vector<Tensor> in = make_qkv(vals, c.layout, kGPU);
+  const Tensor dout_dev = c.layout == Layout::gpt ? transpose(to_device(contiguous(transpose(dout, 1, 2)), kGPU), 1, 2)
+                                                  : to_device(dout, kGPU);
+  const auto [o, lse] = launch_forward(in, c, scale, false);
+  const std::vector<Tensor> wg = launch_backward(in, dout_dev, o, lse, c, scale, true);
+  const std::vector<Tensor> mma = launch_backward(in, dout_dev, o, lse, c, scale, false);
+
+  const Tol tol = tolerance(c.dtype);
+  const char* names[] = {"dq", "dk", "dv"};
+  for (size_t i = 0; i < 3; ++i) {
+    const std::string n = names[i];
+    EXPECT_EQ(check_close(n + " (wgmma) vs reference", wg[i], ref[i].grad(), tol.bwd_atol, tol.bwd_rtol), "");
+    EXPECT_EQ(check_close(n + " (wgmma) vs mma.sync", wg[i], mma[i], tol.bwd_atol, tol.bwd_rtol), "");
+    EXPECT_EQ(check_close(n + " (mma.sync) vs reference", mma[i], ref[i].grad(), tol.bwd_atol, tol.bwd_rtol), "");
+  }
+}
+
+void run_wgmma_bwd_sweep(DType dtype) {
+  uint64_t seed = 7000;
+  for (int64_t D : {64, 128})
+    for (bool causal : {true, false})
+      for (int64_t T : {1, 17, 64, 100, 128, 1000, 1024}) {
+        const int64_t B = T >= 1000 ? 1 : 2, H = T >= 1000 ? 2 : 3;
+        run_wgmma_bwd_case({B, H, T, D, causal, dtype, Layout::contiguous}, seed++);
+        if (T == 17 || T == 100 || T == 1000) run_wgmma_bwd_case({B, H, T, D, causal, dtype, Layout::gpt}, seed++);
+      }
+}
+
+TEST(FlashAttentionWgmmaBackward, Bf16) {
+  if (!wgmma_testable()) GTEST_SKIP() << "no sm_90a device";
+  run_wgmma_bwd_sweep(DType::bf16);
+}
+TEST(FlashAttentionWgmmaBackward, F16) {
+  if (!wgmma_testable()) GTEST_SKIP() << "no sm_90a device";
+  run_wgmma_bwd_sweep(DType::f16);
+}
+
 // Shapes the fused kernels do not take still give the composite result on the GPU.
 TEST(FlashAttention, FallbackShapes) {
   ASSERT_GT(cuda::device_count(), 0) << "no CUDA device";
@@ -657,13 +755,18 @@ void time_gpt2_causal(DType dtype, const char* label = "") {
               3.5 * fwd_flops / (fwdbwd_ms * 1e-3) / 1e12, fwdbwd_ms - fwd_ms);
 }
 
-// The default bf16 forward (on Hopper the wgmma kernel), and the mma.sync forward for comparison.
+// The default bf16 kernels (on Hopper the wgmma forward and backward), the mma.sync ones, and the
+// wgmma forward with the mma.sync backward (the backward alone compared on the same forward).
 TEST(FlashAttentionPerf, Gpt2Bf16Causal) {
-  time_gpt2_causal(DType::bf16, cuda::flash_attention_wgmma_available() ? " [wgmma fwd]" : "");
+  time_gpt2_causal(DType::bf16, cuda::flash_attention_wgmma_available() ? " [wgmma fwd, wgmma bwd]" : "");
 }
 TEST(FlashAttentionPerf, Gpt2Bf16CausalMmaSync) {
   WgmmaScope mma(false);
-  time_gpt2_causal(DType::bf16, " [mma.sync fwd]");
+  time_gpt2_causal(DType::bf16, " [mma.sync fwd, mma.sync bwd]");
+}
+TEST(FlashAttentionPerf, Gpt2Bf16CausalMmaSyncBwd) {
+  WgmmaScope mma(true, false);
+  time_gpt2_causal(DType::bf16, " [wgmma fwd, mma.sync bwd]");
 }
 // fp32, the default ("ieee"): TF32 tensor cores at 3xTF32 (flash_attention_tf32.cu).
 TEST(FlashAttentionPerf, Gpt2F32Causal) {

@@ -53,6 +53,13 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool val
                "r"(valid ? 16 : 0)
                : "memory");
 }
+// 4 bytes global → shared (cp.async, through L1); zero-fills the destination when !valid.
+__device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(valid ? 4 : 0)
+               : "memory");
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -123,6 +130,16 @@ __device__ __forceinline__ void load_tile_async(T* tile, const T* base, int64_t 
     const T* src = valid ? base + int64_t(r0 + r) * row_stride + c * 8 : base;
     cp_async_16(tile + swz<D>(r, c * 8), src, valid);
   }
+}
+
+// dst[0] += a, dst[1] += b (fp32 atomics; one 8-byte vector atomic on sm_90).
+__device__ __forceinline__ void atomic_add2(float* dst, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(a, b));
+#else
+  atomicAdd(dst, a);
+  atomicAdd(dst + 1, b);
+#endif
 }
 
 // 2^x by the SFU (ex2.approx: ~2 ulp; 2^-inf = +0, which the masking relies on).

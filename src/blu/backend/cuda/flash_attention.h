@@ -3,7 +3,7 @@
 // computed tile by tile with an online softmax, so the T×T score matrix never exists in memory;
 // the forward saves only the per-row logsumexp, and the backward recomputes the probabilities.
 // Kernel families: tensor-core kernels for bf16/f16 (mma.sync m16n8k16, fp32 accumulation,
-// ldmatrix, cp.async double buffering; on Hopper the forward uses wgmma instead) and for f32 (TF32 mma.sync m16n8k8: 1xTF32 under
+// ldmatrix, cp.async double buffering; on Hopper the forward and backward use wgmma instead) and for f32 (TF32 mma.sync m16n8k8: 1xTF32 under
 // matmul_precision() "tf32", 3xTF32 — fp32-level accuracy — under "ieee"), all for head dim 64 or
 // 128; register-blocked CUDA-core kernels for f32 (IEEE fp32, deterministic; on request); and a
 // plain SIMT path (one warp per row; every dtype but f64) kept as a cross-check.
@@ -67,6 +67,11 @@ bool flash_attention_wgmma_available();
 // mma.sync kernel. force_simt takes precedence.
 void set_flash_attention_wgmma(bool on);
 bool flash_attention_wgmma();
+// Test hook: bf16/f16 backwards take the wgmma kernel (flash_attention_wgmma_backward.cu) when it
+// is available (default on; BLU_FLASH_WGMMA_BWD=0 in the environment starts with it off); off, the
+// mma.sync kernel. force_simt takes precedence.
+void set_flash_attention_wgmma_backward(bool on);
+bool flash_attention_wgmma_backward();
 
 // Test hook: route every dtype through the plain SIMT kernels (to cross-check the others).
 void set_flash_attention_force_simt(bool on);

@@ -14,6 +14,8 @@
 //    Determinism: dK and dV are deterministic; dQ is summed by atomics in an order that may vary
 //    between runs (differences at fp32 rounding level before the final cast).
 // 3. dQ = accumulator cast to the output dtype.
+// On Hopper (sm_90a build, compute capability 9.0) step 2 is the wgmma kernel of
+// flash_attention_wgmma_backward.cu instead (set_flash_attention_wgmma_backward(false) keeps it here).
 // f32: TF32 tensor-core kernels (flash_attention_tf32.cu) or, on request, register-blocked
 // CUDA-core kernels; flash_attention_f32.cu picks (the plain SIMT ones when forced).
 // SIMT path (any dtype, on request): warp per query row for dQ and warp per key
@@ -21,10 +23,13 @@
 #include "blu/backend/backend.h"
 #include "blu/backend/cuda/flash_attention.cuh"
 #include "blu/backend/cuda/flash_attention_f32.h"
+#include "blu/backend/cuda/flash_attention_wgmma.h"
 #include "blu/backend/cuda/runtime.h"
 #include "blu/memory/allocator.h"
 
 #include <atomic>
+#include <cstdlib>
+#include <string_view>
 
 namespace blu::cuda {
 
@@ -159,22 +164,6 @@ template <int D>
 constexpr int bwd_smem_bytes() {
   // K, V [BK][D]; Q, dO [2][BQ][D]; dSᵀ [BK][BQ] (16-bit); lse and Dsum [2][BQ] (fp32).
   return (2 * kBwdBK * D + 4 * kBwdBQ * D + kBwdBK * kBwdBQ) * 2 + 4 * kBwdBQ * 4;
-}
-
-__device__ __forceinline__ void atomic_add2(float* dst, float a, float b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(a, b));
-#else
-  atomicAdd(dst, a);
-  atomicAdd(dst + 1, b);
-#endif
-}
-
-// 4 bytes global → shared (cp.async, through L1); zero-fills the destination when !valid.
-__device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(valid ? 4 : 0)
-               : "memory");
 }
 
 // Registers capped for 3 CTAs (12 warps) per SM at D = 64; D = 128 keeps the 2-CTA budget.
@@ -416,21 +405,25 @@ void launch_bwd_simt(const FlashBwdParams& p, cudaStream_t stream) {
 }
 
 template <typename T, int D>
-void launch_bwd_mma(const FlashBwdParams& p, cudaStream_t stream) {
+void launch_bwd_mma(const FlashBwdParams& p, DType dtype, cudaStream_t stream) {
   BLU_ASSERT(p.dq_accum, "flash_attention_backward: the tensor-core path needs dq_accum");
   const int64_t n = int64_t(p.B) * p.H * p.T * D;
   BLU_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, size_t(n) * sizeof(float), stream));
   flash_bwd_dsum_kernel<T, D><<<row_blocks(p), 128, 0, stream>>>(p);
   BLU_CUDA_CHECK_LAUNCH();
 
-  constexpr int smem = bwd_smem_bytes<D>();
-  static std::atomic<uint64_t> configured{0};  // one bit per device
-  ensure_smem_limit(flash_bwd_mma_kernel<T, D>, smem, configured);
-  const int num_kt = (p.T + kBwdBK - 1) / kBwdBK;
-  BLU_CHECK(num_kt <= 65535, "flash_attention_backward: sequence too long (T = ", p.T, ")");
-  const dim3 grid(unsigned(p.B) * unsigned(p.H), unsigned(num_kt));
-  flash_bwd_mma_kernel<T, D><<<grid, kBwdThreads, smem, stream>>>(p);
-  BLU_CUDA_CHECK_LAUNCH();
+  if (flash_attention_wgmma_backward() && flash_attention_wgmma_available()) {
+    flash_attention_backward_wgmma(p, dtype, stream);
+  } else {
+    constexpr int smem = bwd_smem_bytes<D>();
+    static std::atomic<uint64_t> configured{0};  // one bit per device
+    ensure_smem_limit(flash_bwd_mma_kernel<T, D>, smem, configured);
+    const int num_kt = (p.T + kBwdBK - 1) / kBwdBK;
+    BLU_CHECK(num_kt <= 65535, "flash_attention_backward: sequence too long (T = ", p.T, ")");
+    const dim3 grid(unsigned(p.B) * unsigned(p.H), unsigned(num_kt));
+    flash_bwd_mma_kernel<T, D><<<grid, kBwdThreads, smem, stream>>>(p);
+    BLU_CUDA_CHECK_LAUNCH();
+  }
 
   flash_bwd_dq_convert_kernel<T, D><<<grid_for(n / 4), 256, 0, stream>>>(p);
   BLU_CUDA_CHECK_LAUNCH();
@@ -441,13 +434,24 @@ void bwd_dispatch_d(const FlashBwdParams& p, DType dtype, bool simt, cudaStream_
   switch (dtype) {
     case DType::f32: return simt ? launch_bwd_simt<float, D>(p, s) : flash_attention_backward_f32(p, s);
     case DType::bf16:
-      return simt ? launch_bwd_simt<__nv_bfloat16, D>(p, s) : launch_bwd_mma<__nv_bfloat16, D>(p, s);
-    case DType::f16: return simt ? launch_bwd_simt<__half, D>(p, s) : launch_bwd_mma<__half, D>(p, s);
+      return simt ? launch_bwd_simt<__nv_bfloat16, D>(p, s) : launch_bwd_mma<__nv_bfloat16, D>(p, dtype, s);
+    case DType::f16: return simt ? launch_bwd_simt<__half, D>(p, s) : launch_bwd_mma<__half, D>(p, dtype, s);
     default: BLU_ASSERT(false, "flash_attention_backward: unsupported dtype ", dtype);
   }
 }
 
 }  // namespace flash
+
+namespace {
+// BLU_FLASH_WGMMA_BWD=0 in the environment starts with the wgmma backward off (the mma.sync one runs).
+std::atomic<bool> g_wgmma_bwd{[] {
+  const char* e = std::getenv("BLU_FLASH_WGMMA_BWD");
+  return !(e && std::string_view(e) == "0");
+}()};
+}  // namespace
+
+void set_flash_attention_wgmma_backward(bool on) { g_wgmma_bwd.store(on); }
+bool flash_attention_wgmma_backward() { return g_wgmma_bwd.load(); }
 
 void flash_attention_backward(const FlashBwdParams& p, DType dtype, cudaStream_t stream) {
   BLU_ASSERT(flash_attention_supported(dtype, p.D), "flash_attention_backward: ", dtype, " D=", p.D);

@@ -348,12 +348,6 @@ struct BwdCfg {
   static constexpr int kSmemBytes = (2 * BK * D + 4 * BQ * D + BK * kLdS + 4 * BQ) * 4;
 };
 
-// 4 bytes global → shared (cp.async, through L1); zero-fills the destination when !valid.
-__device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 4 : 0)
-               : "memory");
-}
-
 __device__ __forceinline__ void atomic_add4(float* dst, float a, float b, float c, float d) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   atomicAdd(reinterpret_cast<float4*>(dst), make_float4(a, b, c, d));

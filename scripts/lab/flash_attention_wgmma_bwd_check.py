@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""CPU cross-check of the index math of src/blu/backend/cuda/flash_attention_wgmma_backward.cu (no GPU).
+
+Uses the layout model of flash_attention_wgmma_check.py (the forward's check: canonical 128-byte
+swizzle layouts of the PTX ISA / CUTLASS, fetched through descriptor start address + leading/stride
+byte offsets). Two checks, written to mirror the kernel (keep them in step when it changes):
+  layout: places K, V (two [64][D] halves), Q, dO (two stages) and dSᵀ (two buffers, written by
+          the consumers' fragment stores) in a byte image of shared memory, then fetches every
+          wgmma operand through the descriptors the kernel builds and compares with the logical
+          sub-matrices: Sᵀ/dPᵀ (K-major A and B), dV/dK (N-major B), dQ (M-major A = dSᵀ, N-major
+          B = K columns c·D/2..). The M-major A is fetched with the N-major model (the same
+          canonical layout with M in place of N).
+  emu:    runs both consumers of every CTA thread by thread in numpy: accumulator and A-fragment
+          layouts of wgmma m64nNk16, the query-tile walk (causal: from the diagonal), masking,
+          16-bit Pᵀ and dSᵀ, dV, dK, dQ (dSᵀ through the shared buffer, each consumer's D/2
+          columns, accumulated per tile) and the dK, dV epilogue rows; compares with float64.
+Usage: /usr/bin/python3 scripts/lab/flash_attention_wgmma_bwd_check.py layout
+       /usr/bin/python3 scripts/lab/flash_attention_wgmma_bwd_check.py emu T,D,causal ...
+       e.g. emu 1,64,1 100,64,1 300,128,0 200,64,0
+"""
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from flash_attention_wgmma_check import bf16, fetch_kmajor, fetch_nmajor, frag_pos, place, swz64  # noqa: E402
+
+BK, BQ = 128, 64
+LOG2E = 1.4426950408889634
+
+
+def koff(kk):  # k step of a K-major [64][D] tile
+    return (kk // 4) * 64 * 128 + (kk % 4) * 32
+
+
+def store_dst(img, base, c, dst):
+    """The consumer-c fragment stores of dSᵀ (64 keys x 64 queries, float) into a [128][64] buffer."""
+    tid = np.arange(128)
+    warp, g, t = tid // 32, (tid % 32) // 4, tid % 4
+    for kk in range(BQ // 16):
+        for reg in range(4):
+            r = 64 * c + 16 * warp + g + 8 * (reg & 1)  # dsf[kk][reg]: rows r, r+8, r, r+8
+            qc = 16 * kk + 2 * t + 8 * (reg >> 1)
+            for h in range(2):
+                img[(base + 2 * swz64(r, qc + h)) // 2] = dst[r - 64 * c, qc + h]
+
+
+def check_layout():
+    rng = np.random.default_rng(0)
+    for D in (64, 128):
+        kb = 0
+        v_b = kb + BK * D * 2
+        q_b = v_b + BK * D * 2
+        do_b = q_b + 2 * BQ * D * 2
+        ds_b = do_b + 2 * BQ * D * 2
+        end = ds_b + 2 * BK * BQ * 2
+        tile, half, dsb = BQ * D * 2, 64 * D * 2, BK * BQ * 2
+        for base in (v_b, q_b, do_b, ds_b):
+            assert base % 1024 == 0
+        img = np.full(end // 2, np.nan, np.float32)
+        K, V = (rng.standard_normal((BK, D)).astype(np.float32) for _ in range(2))
+        Q, dO = (rng.standard_normal((2, BQ, D)).astype(np.float32) for _ in range(2))
+        dST = rng.standard_normal((2, BK, BQ)).astype(np.float32)  # [buffer][key][query]
+        for c in range(2):
+            place(img, kb + c * half, K[64 * c:64 * c + 64])
+            place(img, v_b + c * half, V[64 * c:64 * c + 64])
+        for s in range(2):
+            place(img, q_b + s * tile, Q[s])
+            place(img, do_b + s * tile, dO[s])
+            for c in range(2):
+                store_dst(img, ds_b + s * dsb, c, dST[s, 64 * c:64 * c + 64])
+        bad = 0
+        for c in range(2):
+            for s in range(2):
+                for kk in range(D // 16):  # Sᵀ = K_c·Qᵀ, dPᵀ = V_c·dOᵀ
+                    cols = slice(16 * kk, 16 * kk + 16)
+                    bad += not np.array_equal(fetch_kmajor(img, kb + c * half + koff(kk), 1024, 64), K[64 * c:64 * c + 64, cols])
+                    bad += not np.array_equal(fetch_kmajor(img, v_b + c * half + koff(kk), 1024, 64), V[64 * c:64 * c + 64, cols])
+                    bad += not np.array_equal(fetch_kmajor(img, q_b + s * tile + koff(kk), 1024, 64), Q[s][:, cols])
+                    bad += not np.array_equal(fetch_kmajor(img, do_b + s * tile + koff(kk), 1024, 64), dO[s][:, cols])
+                for kk in range(BQ // 16):  # dV += Pᵀ·dO, dK += dSᵀ·Q: B N-major
+                    rows = slice(16 * kk, 16 * kk + 16)
+                    bad += not np.array_equal(fetch_nmajor(img, do_b + s * tile + kk * 2048, 64 * 128, 1024, D), dO[s][rows])
+                    bad += not np.array_equal(fetch_nmajor(img, q_b + s * tile + kk * 2048, 64 * 128, 1024, D), Q[s][rows])
+                kcol = 64 * c if D == 64 else 8192 * c
+                for kk in range(BK // 16):  # dQ = dS·K: A M-major (dSᵀ), B N-major (K columns c·D/2..)
+                    a = fetch_nmajor(img, ds_b + s * dsb + kk * 2048, 64 * 128, 1024, 64)  # [k=key][m=query]
+                    bad += not np.array_equal(a, dST[s, 16 * kk:16 * kk + 16])
+                    b = fetch_nmajor(img, kb + kcol + (kk // 4) * half + (kk % 4) * 2048, 64 * 128, 1024, D // 2)
+                    bad += not np.array_equal(b, K[16 * kk:16 * kk + 16, c * D // 2:(c + 1) * D // 2])
+        print(f"layout D={D}: {'ok' if bad == 0 else f'{bad} operand fetches differ'}")
+        if bad:
+            sys.exit(1)
+
+
+def a_frag_matrix(x):
+    """The 64x64 16-bit A operand a warpgroup feeds from accumulator registers x [128, 32] (to_frag)."""
+    tid = np.arange(128)
+    warp, g, t = tid // 32, (tid % 32) // 4, tid % 4
+    M = np.full((64, BQ), np.nan, np.float32)
+    for kk in range(BQ // 16):
+        for reg in range(4):
+            for h in range(2):
+                i = 8 * kk + 2 * reg + h
+                M[16 * warp + g + 8 * (reg & 1), 16 * kk + 2 * t + 8 * (reg >> 1) + h] = bf16(x[:, i])
+    return M
+
+
+def emu_case(T, D, causal):
+    rng = np.random.default_rng(T * 1000 + D + causal)
+    q, k, v, do = (bf16(rng.standard_normal((T, D))) for _ in range(4))
+    scale = 1.0 / np.sqrt(D)
+    sl2 = np.float32(scale * LOG2E)
+    # Reference forward (float64), the saved lse (fp32) and O rounded to 16 bits, Dsum from it.
+    S = (q.astype(np.float64) @ k.astype(np.float64).T) * scale
+    if causal:
+        S = np.where(np.triu(np.ones((T, T), bool), 1), -np.inf, S)
+    mx = S.max(axis=1, keepdims=True)
+    E = np.exp(S - mx)
+    Pref = E / E.sum(axis=1, keepdims=True)
+    O = bf16(Pref @ v)
+    lse = (mx[:, 0] + np.log(E.sum(axis=1))).astype(np.float32)
+    dsum = (do.astype(np.float64) * O).sum(axis=1).astype(np.float32)
+    dP = do.astype(np.float64) @ v.astype(np.float64).T
+    dS = Pref * (dP - dsum[:, None]) * scale
+    ref = {"dq": dS @ k, "dk": dS.T @ q, "dv": Pref.T @ do}
+
+    pad = lambda x, rows: np.concatenate([x, np.zeros((rows,) + x.shape[1:], x.dtype)])
+    qp, kp, vp, dop = (pad(x, BK + BQ) for x in (q, k, v, do))
+    lsep, dsump = pad(lse, BK + BQ), pad(dsum, BK + BQ)  # zero-filled past T
+    got = {n: np.full((T, D), np.nan, np.float32) for n in ("dk", "dv")}
+    dq_acc = np.zeros((T, D), np.float32)
+    srow, scol = frag_pos(BQ)  # Sᵀ, dPᵀ: rows keys, columns queries
+    orow, ocol = frag_pos(D)  # dK, dV
+    qrow_f, qcol_f = frag_pos(D // 2)  # dQ
+    num_qt = (T + BQ - 1) // BQ
+    for kb in range((T + BK - 1) // BK):
+        k0 = kb * BK
+        qt_begin = k0 // BQ if causal else 0
+        acc = {c: {"dk": np.zeros((128, D // 2), np.float32), "dv": np.zeros((128, D // 2), np.float32)} for c in (0, 1)}
+        for qt in range(qt_begin, num_qt):
+            q0 = qt * BQ
+            Qt, dOt = qp[q0:q0 + BQ], dop[q0:q0 + BQ]
+            sdS = np.full((BK, BQ), np.nan, np.float32)
+            for c in (0, 1):
+                kw0 = k0 + 64 * c
+                s = (kp[kw0:kw0 + 64].astype(np.float64) @ Qt.astype(np.float64).T).astype(np.float32)[srow, scol]
+                dp = (vp[kw0:kw0 + 64].astype(np.float64) @ dOt.astype(np.float64).T).astype(np.float32)[srow, scol]
+                key = kw0 + srow
+                qq = q0 + scol
+                with np.errstate(over="ignore"):
+                    pv = np.exp2(s * sl2 - lsep[qq] * np.float32(LOG2E))
+                need_mask = q0 + BQ > T or kw0 + 64 > T or (causal and q0 < kw0 + 63)
+                if need_mask:
+                    pv = np.where((qq >= T) | (key >= T) | (causal & (key > qq)), 0, pv)
+                Pm = a_frag_matrix(pv)
+                acc[c]["dv"] += (Pm.astype(np.float64) @ dOt.astype(np.float64)).astype(np.float32)[orow, ocol]
+                ds = pv * (dp - dsump[qq]) * np.float32(scale)
+                dSm = a_frag_matrix(ds)
+                acc[c]["dk"] += (dSm.astype(np.float64) @ Qt.astype(np.float64)).astype(np.float32)[orow, ocol]
+                sdS[64 * c:64 * c + 64] = dSm  # the fragment stores write exactly the A operand's values
+            assert not np.isnan(sdS).any()
+            Kfull = kp[k0:k0 + BK]
+            for c in (0, 1):
+                cols = slice(c * D // 2, (c + 1) * D // 2)
+                dq = (sdS.T.astype(np.float64) @ Kfull[:, cols].astype(np.float64)).astype(np.float32)[qrow_f, qcol_f]
+                rows = q0 + qrow_f
+                ok = rows < T
+                np.add.at(dq_acc, (rows[ok], c * D // 2 + qcol_f[ok]), dq[ok])
+        for c in (0, 1):
+            kw0 = k0 + 64 * c
+            for n in ("dk", "dv"):
+                out = np.zeros((64, D), np.float32)
+                out[orow, ocol] = bf16(acc[c][n])
+                nrows = max(0, min(64, T - kw0))
+                got[n][kw0:kw0 + nrows] = out[:nrows]
+    got["dq"] = bf16(dq_acc)
+    ok = True
+    msg = []
+    for n in ("dq", "dk", "dv"):
+        err = np.abs(got[n] - ref[n])
+        tol = 4e-2 + 4e-2 * np.abs(ref[n])
+        good = not np.isnan(got[n]).any() and (err <= tol).all()
+        ok &= good
+        msg.append(f"max|{n} err| {np.nanmax(err):.3g}")
+    print(f"emu T={T} D={D} causal={causal}: {', '.join(msg)} {'ok' if ok else 'FAIL'}")
+    return ok
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] not in ("layout", "emu"):
+        sys.exit(__doc__)
+    if sys.argv[1] == "layout":
+        check_layout()
+    else:
+        cases = sys.argv[2:] or ["1,64,1", "100,64,1", "300,128,0", "200,64,0", "129,128,1"]
+        fails = sum(not emu_case(*map(int, c.split(","))) for c in cases)
+        sys.exit(1 if fails else 0)

@@ -1,0 +1,339 @@
+// Flash-attention backward for Hopper (sm_90a): warpgroup MMA (wgmma), the FlashAttention-3 scheme.
+// The main kernel of the bf16/f16 backward; the Dsum precompute, the zeroing of the fp32 dQ
+// accumulator and the final dQ cast are those of the mma.sync backward (flash_attention_backward.cu,
+// which dispatches here). With P = exp(S·scale − lse) and Dsum = rowsum(dO ∘ O):
+//   dV = Pᵀ·dO,  dP = dO·Vᵀ,  dS = P ∘ (dP − Dsum) · scale,  dQ = dS·K,  dK = dSᵀ·Q.
+//
+// A CTA owns 128 keys of one (batch, head) and has three warpgroups (384 threads):
+//   warpgroup 0, the producer: walks the query tiles of 64 rows that see these keys (causal: from
+//     the diagonal on) and loads Q, dO (cp.async, wgmma layout) and lse, Dsum of each into a
+//     two-stage ring, then lowers its register budget (setmaxnreg) for
+//   warpgroups 1 and 2, the consumers: consumer c owns keys 64c..64c+63 of the CTA (wgmma's M), loads
+//     its K and V rows once, keeps its dK and dV (64 x D, fp32) in registers, and per query tile:
+//       Sᵀ = K_c·Qᵀ and dPᵀ = V_c·dOᵀ   wgmma m64n64k16 SS (K, V and Q, dO K-major)
+//       Pᵀ = exp(Sᵀ·scale − lse)         masked: keys or queries past T, causal keys after the query
+//       dV += Pᵀ·dO                      wgmma m64nDk16 RS: Pᵀ from the accumulator registers
+//                                        converted to 16-bit in place (as P in the forward), dO N-major
+//       dSᵀ = Pᵀ ∘ (dPᵀ − Dsum)·scale   to registers (16-bit A fragments) and to shared memory
+//       dK += dSᵀ·Q                      wgmma RS, Q N-major
+//       dQ_tile[:, c·D/2 + (0..D/2)) = dS·K over all 128 keys: wgmma m64n(D/2)k16 SS with dS as an
+//                                        M-major (transposed) A — the dSᵀ tile of both consumers —
+//                                        and K N-major; added to the fp32 accumulator with float2
+//                                        atomics (dQ is the only atomic output).
+//     Working with keys as wgmma's M is what lets Pᵀ and dSᵀ feed the dV, dK products straight
+//     from the accumulator registers. At the end dK, dV are cast and stored through the consumer's
+//     V tile (no atomics: each key belongs to one CTA).
+//
+// Shared memory (16-bit tiles in the wgmma layout of flash_attention_wgmma.cuh: 64-column blocks of
+// 128-byte rows under the 128-byte swizzle, every block 1024-byte aligned):
+//   K, V     2 x [64][D] each, consumer c's rows at + c·64·D
+//   Q, dO    [2 stages][64][D]
+//   dSᵀ      [2 buffers][128 keys][64 queries], consumer c writes rows 64c..64c+63
+//   lse, Dsum [2 stages][64] fp32
+// Descriptors: K-major operands (K, V as A of Sᵀ, dPᵀ; Q, dO as B) with stride byte offset 1024 (an
+// 8-row atom), a 16-column k step +32 bytes within a 64-column block, the next block 64·128 bytes on.
+// N-major B (Q, dO of dK, dV; K of dQ) and M-major A (dSᵀ of dQ): stride byte offset 1024 (8 rows of
+// the k dimension), leading byte offset 64·128 (the next 64-column block; unused where N or M is
+// 64 or less), a 16-row k step +2048 bytes. dQ's B starts at column c·D/2 of K: + 64c bytes within
+// the block at D = 64, block c at D = 128. scripts/lab/flash_attention_wgmma_bwd_check.py models
+// this layout and the fragment math on the CPU.
+//
+// Causal: key block kb visits query tiles from 2kb on (the first one contains its diagonal and is
+// masked; for consumer 1 that tile is entirely masked and yields zeros); the grid's slowest
+// dimension is the key block, so the heaviest CTAs (small kb) launch first. The kernel body exists
+// only in the sm_90a compilation (__CUDA_ARCH_FEAT_SM90_ALL).
+//
+// Note [wgmma backward pipeline]
+// Named barriers (bar.sync / bar.arrive with a thread count; id 0 is __syncthreads):
+//   FULL[s]  (s = stage): producer arrives (128), consumers sync (256); 384 threads.
+//   EMPTY[s]: consumers arrive, producer syncs; 384 threads.
+//   DS: both consumers sync; 256 threads. WG[c]: consumer c alone; 128 threads.
+// Producer, tile i (of this CTA's n tiles), stage s = i % 2:
+//   i >= 1: wait for all its copies (tile i-1) · fence.proxy.async (cp.async writes are
+//   generic-proxy, wgmma reads async-proxy) · arrive FULL[s^1]. i >= 2: sync EMPTY[s] (tile i-2
+//   consumed). cp.async Q, dO, lse, Dsum of tile i into stage s. After the loop: wait, fence,
+//   arrive FULL of the last tile. Tile i's copies are in flight while the consumers work on i-1.
+// Consumer, tile i: sync FULL[s] · issue Sᵀ, dPᵀ (two commit groups) · wait Sᵀ · Pᵀ · issue dV
+//   (RS) · wait dPᵀ · dSᵀ to registers and to dSᵀ buffer i % 2 · fence.proxy.async · issue dK (RS) ·
+//   sync DS (both halves of dSᵀ written) · issue dQ (SS) · wait all · arrive EMPTY[s] if i + 2 < n
+//   (only for tiles the producer refills, so no barrier is left half-arrived at exit) · dQ atomics.
+// Every wait is matched: FULL[s] and EMPTY[s] alternate (a phase of one needs the previous phase of
+// the other), so no side runs two phases ahead. DS needs no partner barrier: a consumer writes
+// dSᵀ buffer i % 2 after it passed DS of tile i-1, which the other consumer reached only after its
+// dQ of tile i-2 — the last reader of that buffer — completed. K is read by both consumers' dQ:
+// each consumer's K rows are fenced before its first DS, so they are visible to the other's first
+// dQ; nothing writes K afterwards. V is read only by its own consumer, so the epilogue stages dK
+// and dV through it (WG barriers).
+#include "blu/backend/cuda/flash_attention.cuh"
+#include "blu/backend/cuda/flash_attention_wgmma.cuh"
+#include "blu/backend/cuda/flash_attention_wgmma.h"
+#include "blu/backend/cuda/runtime.h"
+
+#include <atomic>
+
+namespace blu::cuda {
+
+namespace flash {
+namespace {
+
+constexpr int kWbBK = 128;       // keys per CTA: two consumer warpgroups of 64
+constexpr int kWbBQ = 64;        // queries per tile
+constexpr int kWbThreads = 384;  // producer + 2 consumers
+template <int D>
+constexpr int wb_smem_bytes() {
+  // K, V [128][D]; Q, dO [2][64][D]; dSᵀ [2][128][64] (16-bit); lse, Dsum [2][64] (fp32); + 1024
+  // to align the base to a swizzle atom.
+  return (2 * kWbBK * D + 4 * kWbBQ * D + 2 * kWbBK * kWbBQ) * 2 + 4 * kWbBQ * 4 + 1024;
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// setmaxnreg budgets as in the forward: 128·40 + 256·232 = 384·168.
+constexpr int kWbProducerRegs = 40, kWbConsumerRegs = 232;
+// Named barrier ids (+ stage or + consumer index).
+constexpr int kBarFull = 1, kBarEmpty = 3, kBarDs = 5, kBarWg = 6;
+#endif
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwdParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int BK = kWbBK, BQ = kWbBQ;
+  constexpr uint32_t kTileBytes = BQ * D * 2;  // one stage of Q or dO
+  constexpr uint32_t kHalfBytes = 64 * D * 2;  // one consumer's K (V) rows
+  constexpr uint32_t kDsBytes = BK * BQ * 2;   // one dSᵀ buffer
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  T* sK = reinterpret_cast<T*>(smem_raw + (((raw + 1023) & ~1023u) - raw));  // 2 x [64][D]
+  T* sV = sK + BK * D;                                                        // 2 x [64][D]
+  T* sQ = sV + BK * D;                                                        // [2][64][D]
+  T* sdO = sQ + 2 * BQ * D;                                                   // [2][64][D]
+  T* sdS = sdO + 2 * BQ * D;                                                  // [2][128][64]
+  float* sL = reinterpret_cast<float*>(sdS + 2 * BK * BQ);                    // [2][64] lse
+  float* sDs = sL + 2 * BQ;                                                   // [2][64] Dsum
+
+  const int kb = int(blockIdx.y);  // causal: small kb (the most query tiles) launches first
+  const int b = int(blockIdx.x) / p.H, h = int(blockIdx.x) % p.H;
+  const int64_t bh = int64_t(b) * p.H + h;
+  const int k0 = kb * BK;
+  const int qt_begin = p.causal ? k0 / BQ : 0;  // k0 < T, so at least one tile
+  const int n_tiles = (p.T + BQ - 1) / BQ - qt_begin;
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+
+  if (wg == 0) {
+    // ---- producer ----
+    setmaxnreg_dec<kWbProducerRegs>();
+    const T* Qg = slice<T>(p.q, b, h);
+    const T* dOg = slice<T>(p.dout, b, h);
+    // Threads 0..63 copy lse, 64..127 Dsum: element tid % 64 of the tile.
+    const float* vec_g = (tid < BQ ? p.lse : p.dsum) + bh * p.T;
+    float* vec_s = (tid < BQ ? sL : sDs) + tid % BQ;
+    for (int i = 0; i < n_tiles; ++i) {
+      const int s = i & 1, q0 = (qt_begin + i) * BQ;
+      if (i >= 1) {
+        cp_async_wait<0>();  // tile i-1
+        fence_proxy_async();
+        bar_arrive(kBarFull + (s ^ 1), kWbThreads);
+      }
+      if (i >= 2) bar_sync(kBarEmpty + s, kWbThreads);
+      load_wg_tile<T, D, BQ>(sQ + s * BQ * D, Qg, p.q.st, q0, p.T, tid);
+      load_wg_tile<T, D, BQ>(sdO + s * BQ * D, dOg, p.dout.st, q0, p.T, tid);
+      const int q = q0 + tid % BQ;
+      cp_async_4(vec_s + s * BQ, vec_g + (q < p.T ? q : 0), q < p.T);
+      cp_async_commit();
+    }
+    cp_async_wait<0>();
+    fence_proxy_async();
+    bar_arrive(kBarFull + ((n_tiles - 1) & 1), kWbThreads);
+    return;
+  }
+
+  // ---- consumers ----
+  setmaxnreg_inc<kWbConsumerRegs>();
+  const int c = wg - 1;  // consumer index: keys k0 + 64c .. k0 + 64c + 63
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int kw0 = k0 + 64 * c;
+  const int key_lo = kw0 + 16 * warp + g;  // this thread's keys (rows of Sᵀ, dK, dV): key_lo, key_lo + 8
+  T* sKc = sK + c * 64 * D;
+  T* sVc = sV + c * 64 * D;
+
+  load_wg_tile<T, D, 64>(sKc, slice<T>(p.k, b, h), p.k.st, kw0, p.T, tid);
+  load_wg_tile<T, D, 64>(sVc, slice<T>(p.v, b, h), p.v.st, kw0, p.T, tid);
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async();
+  bar_sync(kBarWg + c, 128);
+
+  // Descriptors (see the header comment). koff: k step kk (16 columns of D) of a K-major [64][D] tile.
+  const uint64_t dKa = make_desc(smem_u32(sKc), 16, 1024);              // A of Sᵀ
+  const uint64_t dVa = make_desc(smem_u32(sVc), 16, 1024);              // A of dPᵀ
+  const uint64_t dQk = make_desc(smem_u32(sQ), 16, 1024);               // B of Sᵀ
+  const uint64_t dOk = make_desc(smem_u32(sdO), 16, 1024);              // B of dPᵀ
+  const uint64_t dQn = make_desc(smem_u32(sQ), 64 * 128, 1024);         // B of dK
+  const uint64_t dOn = make_desc(smem_u32(sdO), 64 * 128, 1024);        // B of dV
+  const uint64_t dSm = make_desc(smem_u32(sdS), 64 * 128, 1024);        // A of dQ (M-major)
+  const uint32_t kcol = D == 64 ? 64u * c : 8192u * c;                  // K column c·D/2
+  const uint64_t dKn = make_desc(smem_u32(sK) + kcol, 64 * 128, 1024);  // B of dQ
+  auto koff = [](int kk) { return uint32_t((kk / 4) * 64 * 128 + (kk % 4) * 32); };
+
+  float dk[D / 2], dv[D / 2];  // 64 keys x D: d[4j + e] = row 16·warp + g + 8(e/2), column 8j + 2t + e%2
+  float s[BQ / 2], dp[BQ / 2];  // Sᵀ (then Pᵀ), dPᵀ (then dSᵀ): 64 keys x 64 queries, same layout
+  float dq[D / 4];              // 64 queries x D/2 (columns c·D/2 + ...), same layout
+  // (s, dp and dq are written by the first k step of their products: wgmma_ss_first.)
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+  uint32_t pf[BQ / 16][4], dsf[BQ / 16][4];  // Pᵀ, dSᵀ as A fragments, one per 16-query k step
+  const float sl2 = p.scale * kLog2e;
+  float* dq_acc = p.dq_accum + bh * p.T * D;
+
+  // Columns 16kk..16kk+15 of an accumulator as an A fragment (k step kk): column groups 2kk, 2kk+1.
+  auto to_frag = [](const float (&x)[BQ / 2], uint32_t (&f)[BQ / 16][4]) {
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) f[kk][i] = Elem<T>::pack(x[8 * kk + 2 * i], x[8 * kk + 2 * i + 1]);
+  };
+
+  for (int i = 0; i < n_tiles; ++i) {
+    const int st = i & 1, q0 = (qt_begin + i) * BQ;
+    const float* l_s = sL + st * BQ;
+    const float* ds_s = sDs + st * BQ;
+    bar_sync(kBarFull + st, kWbThreads);
+    wgmma_fence();  // s, dp, dq, dk, dv, pf, dsf were accessed since the last wgmma
+    wgmma_ss_first<T, 64, 0, 0>(s, dKa, desc_add(dQk, st * kTileBytes));
+#pragma unroll
+    for (int kk = 1; kk < D / 16; ++kk)
+      wgmma_ss<T, 64, 0, 0>(s, desc_add(dKa, koff(kk)), desc_add(dQk, st * kTileBytes + koff(kk)), 1);
+    wgmma_commit();
+    wgmma_ss_first<T, 64, 0, 0>(dp, dVa, desc_add(dOk, st * kTileBytes));
+#pragma unroll
+    for (int kk = 1; kk < D / 16; ++kk)
+      wgmma_ss<T, 64, 0, 0>(dp, desc_add(dVa, koff(kk)), desc_add(dOk, st * kTileBytes + koff(kk)), 1);
+    wgmma_commit();
+    wgmma_wait<1>();  // Sᵀ
+    pin(s);
+
+    // Pᵀ: element 4j + e is key key_lo + 8(e/2), query q0 + 8j + 2t + e%2.
+    const bool need_mask = q0 + BQ > p.T || kw0 + 64 > p.T || (p.causal && q0 < kw0 + 63);
+#pragma unroll
+    for (int j = 0; j < BQ / 8; ++j) {
+      const float2 l2 = *reinterpret_cast<const float2*>(l_s + 8 * j + 2 * t);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float pv = fast_exp2(s[4 * j + e] * sl2 - ((e & 1) ? l2.y : l2.x) * kLog2e);
+        if (need_mask) {
+          const int key = key_lo + (e >> 1) * 8, q = q0 + 8 * j + 2 * t + (e & 1);
+          if (q >= p.T || key >= p.T || (p.causal && key > q)) pv = 0.f;
+        }
+        s[4 * j + e] = pv;
+      }
+    }
+    to_frag(s, pf);
+    wgmma_fence();  // pf
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; ++kk) wgmma_rs<T, D>(dv, pf[kk], desc_add(dOn, st * kTileBytes + kk * 2048));
+    wgmma_commit();
+    wgmma_wait<1>();  // dPᵀ (dV may still run)
+    pin(dp);
+
+    // dSᵀ = Pᵀ ∘ (dPᵀ − Dsum)·scale, into registers and into dSᵀ buffer st: rows 64c + 16·warp + g
+    // (+8), columns 16kk + 2t (+8) — the positions of the fragment registers.
+#pragma unroll
+    for (int j = 0; j < BQ / 8; ++j) {
+      const float2 d2 = *reinterpret_cast<const float2*>(ds_s + 8 * j + 2 * t);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d2.y : d2.x)) * p.scale;
+    }
+    to_frag(dp, dsf);
+    T* sdSb = sdS + st * BK * BQ;
+    const int r = 64 * c + 16 * warp + g;
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; ++kk) {
+      const int qc = 16 * kk + 2 * t;
+      *reinterpret_cast<uint32_t*>(sdSb + swz<64>(r, qc)) = dsf[kk][0];
+      *reinterpret_cast<uint32_t*>(sdSb + swz<64>(r + 8, qc)) = dsf[kk][1];
+      *reinterpret_cast<uint32_t*>(sdSb + swz<64>(r, qc + 8)) = dsf[kk][2];
+      *reinterpret_cast<uint32_t*>(sdSb + swz<64>(r + 8, qc + 8)) = dsf[kk][3];
+    }
+    fence_proxy_async();  // the dSᵀ stores, for the dQ wgmma of both consumers
+    wgmma_fence();        // dsf
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; ++kk) wgmma_rs<T, D>(dk, dsf[kk], desc_add(dQn, st * kTileBytes + kk * 2048));
+    wgmma_commit();
+    bar_sync(kBarDs, 256);  // both halves of dSᵀ are in buffer st
+    wgmma_ss_first<T, D / 2, 1, 1>(dq, desc_add(dSm, st * kDsBytes), dKn);
+#pragma unroll
+    for (int kk = 1; kk < BK / 16; ++kk)
+      wgmma_ss<T, D / 2, 1, 1>(dq, desc_add(dSm, st * kDsBytes + kk * 2048),
+                               desc_add(dKn, (kk / 4) * kHalfBytes + (kk % 4) * 2048), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin(dq);
+    pin(dk);
+    pin(dv);
+    if (i + 2 < n_tiles) bar_arrive(kBarEmpty + st, kWbThreads);
+
+    // dQ rows q0 + 16·warp + g (+8), columns c·D/2 + 8j + 2t.
+    const int qrow = q0 + 16 * warp + g;
+#pragma unroll
+    for (int j = 0; j < D / 16; ++j) {
+      float* dst = dq_acc + int64_t(qrow) * D + c * (D / 2) + 8 * j + 2 * t;
+      if (qrow < p.T) atomic_add2(dst, dq[4 * j], dq[4 * j + 1]);
+      if (qrow + 8 < p.T) atomic_add2(dst + 8 * D, dq[4 * j + 2], dq[4 * j + 3]);
+    }
+  }
+
+  // Epilogue: dV, then dK, cast and staged through this consumer's V tile (its only reader, dPᵀ,
+  // is done once every warp of the warpgroup passes the first barrier), stored with 16-byte
+  // coalesced writes.
+  constexpr int kChunks = D / 8;
+  auto store = [&](const float (&acc)[D / 2], const AttnOperand& out) {
+    bar_sync(kBarWg + c, 128);
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr)
+        *reinterpret_cast<uint32_t*>(sVc + wg_off<64>(16 * warp + g + 8 * rr, 8 * j + 2 * t)) =
+            Elem<T>::pack(acc[4 * j + 2 * rr], acc[4 * j + 2 * rr + 1]);
+    bar_sync(kBarWg + c, 128);
+    T* dst = slice_mut<T>(out, b, h);
+#pragma unroll
+    for (int it = 0; it < 64 * kChunks / 128; ++it) {
+      const int idx = tid + it * 128;
+      const int rr = idx / kChunks, ch = idx % kChunks;
+      if (kw0 + rr < p.T)
+        *reinterpret_cast<uint4*>(dst + int64_t(kw0 + rr) * out.st + ch * 8) =
+            *reinterpret_cast<const uint4*>(sVc + wg_off<64>(rr, ch * 8));
+    }
+  };
+  store(dv, p.dv);
+  store(dk, p.dk);
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+}
+
+template <typename T, int D>
+void launch_bwd_wgmma(const FlashBwdParams& p, cudaStream_t stream) {
+  constexpr int smem = wb_smem_bytes<D>();
+  static std::atomic<uint64_t> configured{0};  // one bit per device
+  ensure_smem_limit(flash_bwd_wgmma_kernel<T, D>, smem, configured);
+  const int num_kb = (p.T + kWbBK - 1) / kWbBK;
+  BLU_CHECK(num_kb <= 65535, "flash_attention_backward: sequence too long (T = ", p.T, ")");
+  const dim3 grid(unsigned(p.B) * unsigned(p.H), unsigned(num_kb));
+  flash_bwd_wgmma_kernel<T, D><<<grid, kWbThreads, smem, stream>>>(p);
+  BLU_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void flash_attention_backward_wgmma(const FlashBwdParams& p, DType dtype, cudaStream_t stream) {
+  BLU_ASSERT(p.D == 64 || p.D == 128, "flash_attention_backward_wgmma: D = ", p.D);
+  BLU_ASSERT(p.dq_accum && p.dsum, "flash_attention_backward_wgmma: needs dq_accum and dsum");
+  switch (dtype) {
+    case DType::bf16:
+      return p.D == 64 ? launch_bwd_wgmma<__nv_bfloat16, 64>(p, stream) : launch_bwd_wgmma<__nv_bfloat16, 128>(p, stream);
+    case DType::f16: return p.D == 64 ? launch_bwd_wgmma<__half, 64>(p, stream) : launch_bwd_wgmma<__half, 128>(p, stream);
+    default: BLU_ASSERT(false, "flash_attention_backward_wgmma: unsupported dtype ", dtype);
+  }
+}
+
+}  // namespace flash
+
+}  // namespace blu::cuda
