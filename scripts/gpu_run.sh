@@ -7,8 +7,8 @@
 #   bench — blutrain bench per precision beside the PyTorch peer in the same run
 #   attn  — flash-attention timing beside PyTorch's SDPA peer (each backend, and the default pick)
 #   gpt2  — GPT-2 124M on the GPU vs PyTorch on the same GPU (same weights and batch)
-#   dist  — (2 GPUs) NCCL tests; bench on 1 GPU, on 2 with DDP and with ZeRO-1, beside PyTorch
-#           single-GPU and DDP under torchrun
+#   dist  — (DIST_N GPUs, default 2) NCCL tests; bench on 1 GPU, on DIST_N with DDP and with
+#           ZeRO-1, beside PyTorch single-GPU and DDP under torchrun
 #   variants — more bench runs with other environments/arguments (VARIANTS, see below)
 set -uo pipefail
 pack=/tmp/blupack
@@ -47,14 +47,15 @@ for step in "$@"; do
         | tee -a "$out/bench.log" | tail -8 ;;
     dist)
       # 2 GPUs: NCCL tests, then single-GPU vs 2-GPU data parallel (and ZeRO-1) beside PyTorch DDP.
+      n="${DIST_N:-2}"
       timeout 180 "$pack/test_cuda" --gtest_filter='Nccl.*' 2>&1 | tee "$out/nccl.log" | grep -vE "^\[ +(OK|RUN) " | tail -20
-      for args in "" "--dp 2" "--dp 2 --zero 1"; do
-        if [ -z "$args" ]; then cmd=("$pack/blutrain"); else cmd=("$pack/blutrain" launch -n 2 -- "$pack/blutrain"); fi
+      for args in "" "--dp $n" "--dp $n --zero 1"; do
+        if [ -z "$args" ]; then cmd=("$pack/blutrain"); else cmd=("$pack/blutrain" launch -n "$n" -- "$pack/blutrain"); fi
         timeout 200 "${cmd[@]}" bench --device cuda --precision "${MODE:-bf16}" -B "$B" -T "$T" --steps "$STEPS" $args \
           2>&1 | tee -a "$out/dist.log" | grep -E '^\{|^\[rank 0\] \{|rror' | tail -3
       done
       timeout 200 python3 .devpack/peers/torch_gpt2.py "${MODE:-bf16}" "$B" "$T" "$STEPS" 2>&1 | tee -a "$out/dist.log" | tail -2
-      timeout 300 python3 -m torch.distributed.run --standalone --nproc_per_node 2 .devpack/peers/torch_gpt2.py \
+      timeout 300 python3 -m torch.distributed.run --standalone --nproc_per_node "$n" .devpack/peers/torch_gpt2.py \
         "${MODE:-bf16}" "$B" "$T" "$STEPS" 2>&1 | tee -a "$out/dist.log" | grep -E '^\{|rror' | tail -3 ;;
     variants)
       # Extra multi-GPU bench runs to compare settings in one call: VARIANTS is a ';'-separated
