@@ -247,14 +247,7 @@ void launch_fwd_simt(const FlashFwdParams& p, cudaStream_t stream) {
 
 template <typename T, int D>
 void launch_fwd_mma(const FlashFwdParams& p, cudaStream_t stream) {
-  constexpr int smem = fwd_smem_bytes<D>();
-  static std::atomic<uint64_t> configured{0};  // one bit per device
-  ensure_smem_limit(flash_fwd_mma_kernel<T, D>, smem, configured);
-  const int num_qt = (p.T + kFwdBQ - 1) / kFwdBQ;
-  BLU_CHECK(num_qt <= 65535, "flash_attention: sequence too long (T = ", p.T, ")");
-  const dim3 grid(unsigned(p.B) * unsigned(p.H), unsigned(num_qt));
-  flash_fwd_mma_kernel<T, D><<<grid, kFwdThreads, smem, stream>>>(p);
-  BLU_CUDA_CHECK_LAUNCH();
+  launch_tiles<flash_fwd_mma_kernel<T, D>>(p, kFwdBQ, kFwdThreads, fwd_smem_bytes<D>(), "flash_attention", stream);
 }
 
 template <int D>

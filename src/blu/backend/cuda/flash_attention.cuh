@@ -159,6 +159,19 @@ void ensure_smem_limit(Kernel kernel, int bytes, std::atomic<uint64_t>& done_mas
   done_mask.fetch_or(bit);
 }
 
+// Launches Kernel over a (B·H, ⌈T / tile⌉) grid of `threads`-thread CTAs with `smem` bytes of
+// dynamic shared memory, raising the kernel's shared-memory limit once per device. `op` names the
+// op in the error for a sequence whose tiles do not fit the grid's second dimension.
+template <auto Kernel, typename Params>
+void launch_tiles(const Params& p, int tile, int threads, int smem, const char* op, cudaStream_t stream) {
+  static std::atomic<uint64_t> configured{0};  // one bit per device, per kernel
+  ensure_smem_limit(Kernel, smem, configured);
+  const int tiles = (p.T + tile - 1) / tile;
+  BLU_CHECK(tiles <= 65535, op, ": sequence too long (T = ", p.T, ")");
+  Kernel<<<dim3(unsigned(p.B) * unsigned(p.H), unsigned(tiles)), threads, smem, stream>>>(p);
+  BLU_CUDA_CHECK_LAUNCH();
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -415,14 +415,8 @@ void launch_bwd_mma(const FlashBwdParams& p, DType dtype, cudaStream_t stream) {
   if (flash_attention_wgmma_backward() && flash_attention_wgmma_available()) {
     flash_attention_backward_wgmma(p, dtype, stream);
   } else {
-    constexpr int smem = bwd_smem_bytes<D>();
-    static std::atomic<uint64_t> configured{0};  // one bit per device
-    ensure_smem_limit(flash_bwd_mma_kernel<T, D>, smem, configured);
-    const int num_kt = (p.T + kBwdBK - 1) / kBwdBK;
-    BLU_CHECK(num_kt <= 65535, "flash_attention_backward: sequence too long (T = ", p.T, ")");
-    const dim3 grid(unsigned(p.B) * unsigned(p.H), unsigned(num_kt));
-    flash_bwd_mma_kernel<T, D><<<grid, kBwdThreads, smem, stream>>>(p);
-    BLU_CUDA_CHECK_LAUNCH();
+    launch_tiles<flash_bwd_mma_kernel<T, D>>(p, kBwdBK, kBwdThreads, bwd_smem_bytes<D>(), "flash_attention_backward",
+                                             stream);
   }
 
   flash_bwd_dq_convert_kernel<T, D><<<grid_for(n / 4), 256, 0, stream>>>(p);

@@ -416,39 +416,17 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) fa32_bwd_dkv_kernel
   store_rows<D>(slice_mut<float>(p.dv, b, h), p.dv.st, k0, T, dv, one, tx, ty);
 }
 
-dim3 tile_grid(int B, int H, int T, const char* what) {
-  const int nt = (T + kTile - 1) / kTile;
-  BLU_CHECK(nt <= 65535, what, ": sequence too long (T = ", T, ")");
-  return dim3(unsigned(B) * unsigned(H), unsigned(nt));
-}
-
 template <int D>
 void fwd_f32(const FlashFwdParams& p, cudaStream_t stream) {
-  constexpr int smem = fwd_smem_bytes<D>();
-  static std::atomic<uint64_t> configured{0};
-  ensure_smem_limit(fa32_fwd_kernel<D>, smem, configured);
-  fa32_fwd_kernel<D><<<tile_grid(p.B, p.H, p.T, "flash_attention"), kThreads, smem, stream>>>(p);
-  BLU_CUDA_CHECK_LAUNCH();
+  launch_tiles<fa32_fwd_kernel<D>>(p, kTile, kThreads, fwd_smem_bytes<D>(), "flash_attention", stream);
 }
 
 template <int D>
 void bwd_f32(const FlashBwdParams& p, cudaStream_t stream) {
   BLU_ASSERT(p.dsum, "flash_attention_backward: the f32 path needs the dsum scratch");
-  const dim3 grid = tile_grid(p.B, p.H, p.T, "flash_attention_backward");
-  {
-    constexpr int smem = bwd_dq_smem_bytes<D>();
-    static std::atomic<uint64_t> configured{0};
-    ensure_smem_limit(fa32_bwd_dq_kernel<D>, smem, configured);
-    fa32_bwd_dq_kernel<D><<<grid, kThreads, smem, stream>>>(p);
-    BLU_CUDA_CHECK_LAUNCH();
-  }
-  {
-    constexpr int smem = bwd_dkv_smem_bytes<D>();
-    static std::atomic<uint64_t> configured{0};
-    ensure_smem_limit(fa32_bwd_dkv_kernel<D>, smem, configured);
-    fa32_bwd_dkv_kernel<D><<<grid, kThreads, smem, stream>>>(p);
-    BLU_CUDA_CHECK_LAUNCH();
-  }
+  launch_tiles<fa32_bwd_dq_kernel<D>>(p, kTile, kThreads, bwd_dq_smem_bytes<D>(), "flash_attention_backward", stream);
+  launch_tiles<fa32_bwd_dkv_kernel<D>>(p, kTile, kThreads, bwd_dkv_smem_bytes<D>(), "flash_attention_backward",
+                                       stream);
 }
 
 }  // namespace

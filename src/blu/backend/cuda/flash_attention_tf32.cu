@@ -568,14 +568,8 @@ __global__ void __launch_bounds__(kThreads, BwdCfg<D>::kMinBlocks) fa_tf32_bwd_k
 // ---------------------------------------------------------------------------------------------
 template <int D, int kSplit>
 void launch_fwd(const FlashFwdParams& p, cudaStream_t stream) {
-  constexpr int smem = FwdCfg<D>::kSmemBytes;
-  static std::atomic<uint64_t> configured{0};  // one bit per device
-  ensure_smem_limit(fa_tf32_fwd_kernel<D, kSplit>, smem, configured);
-  const int num_qt = (p.T + FwdCfg<D>::BQ - 1) / FwdCfg<D>::BQ;
-  BLU_CHECK(num_qt <= 65535, "flash_attention: sequence too long (T = ", p.T, ")");
-  const dim3 grid(unsigned(p.B) * unsigned(p.H), unsigned(num_qt));
-  fa_tf32_fwd_kernel<D, kSplit><<<grid, kThreads, smem, stream>>>(p);
-  BLU_CUDA_CHECK_LAUNCH();
+  launch_tiles<fa_tf32_fwd_kernel<D, kSplit>>(p, FwdCfg<D>::BQ, kThreads, FwdCfg<D>::kSmemBytes, "flash_attention",
+                                              stream);
 }
 
 template <int D, int kSplit>
@@ -586,15 +580,8 @@ void launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   BLU_CHECK(prep_blocks <= 0x7fffffff, "flash_attention_backward: too many rows (", rows, ")");
   fa_tf32_bwd_prep_kernel<D><<<unsigned(prep_blocks), 128, 0, stream>>>(p);
   BLU_CUDA_CHECK_LAUNCH();
-
-  constexpr int smem = BwdCfg<D>::kSmemBytes;
-  static std::atomic<uint64_t> configured{0};
-  ensure_smem_limit(fa_tf32_bwd_kernel<D, kSplit>, smem, configured);
-  const int num_kt = (p.T + BwdCfg<D>::BK - 1) / BwdCfg<D>::BK;
-  BLU_CHECK(num_kt <= 65535, "flash_attention_backward: sequence too long (T = ", p.T, ")");
-  const dim3 grid(unsigned(p.B) * unsigned(p.H), unsigned(num_kt));
-  fa_tf32_bwd_kernel<D, kSplit><<<grid, kThreads, smem, stream>>>(p);
-  BLU_CUDA_CHECK_LAUNCH();
+  launch_tiles<fa_tf32_bwd_kernel<D, kSplit>>(p, BwdCfg<D>::BK, kThreads, BwdCfg<D>::kSmemBytes,
+                                              "flash_attention_backward", stream);
 }
 
 }  // namespace
