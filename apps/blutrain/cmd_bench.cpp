@@ -4,8 +4,8 @@
 // given peak, and the allocator's peak memory.
 // Data parallel: `blutrain launch -n N -- blutrain bench --dp N ...` runs one rank per GPU
 // (cuda:LOCAL_RANK), NCCL through rank 0's TCP store (MASTER_ADDR/MASTER_PORT), the model under
-// DistributedDataParallel (--zero 1: ZeRO-1 AdamW; --bucket-mib, --first-bucket-mib and
-// --comm-priority to compare DDP settings); every rank draws its own batches of B rows;
+// DistributedDataParallel (--zero 1: ZeRO-1 AdamW; --bucket-mib, --first-bucket-mib,
+// --comm-priority and --no-row-exchange to compare DDP settings); every rank draws its own batches of B rows;
 // rank 0 prints the line with the global tok/s (world·B·T per median step) and its own memory.
 #include <algorithm>
 #include <array>
@@ -44,6 +44,8 @@ struct BenchOptions {
   int dp = 1, zero = 0;    // data-parallel ranks (launched processes), ZeRO stage (0 or 1)
   dist::DDPOptions ddp;    // bucket sizes, to compare settings on the same machine
   std::string comm_priority = "high";  // the NCCL stream's priority: high | default
+  bool row_exchange = true;  // DDP exchanges the tied embedding's rows apart (dist/ddp.h)
+  bool comm_timeline = false;  // one extra DDP step: when each bucket's all-reduce completes
 };
 
 void device_sync(Device dev) {
@@ -147,7 +149,9 @@ int run_bench(const BenchOptions& o) {
   optim::AdamWOptions ao;
   ao.lr = 6e-4;
   std::unique_ptr<dist::DistributedDataParallel> ddp;
-  if (pg) ddp = std::make_unique<dist::DistributedDataParallel>(model, pg, o.ddp);
+  dist::DDPOptions ddp_options = o.ddp;
+  if (o.row_exchange) ddp_options.exchange_rows = {model.wte.get()};
+  if (pg) ddp = std::make_unique<dist::DistributedDataParallel>(model, pg, ddp_options);
   std::unique_ptr<optim::Optimizer> opt;
   if (o.zero == 1)
     opt = std::make_unique<dist::ZeroAdamW>(optim::decay_groups(model.named_parameters(), 0.1), ao, pg, 1);
@@ -213,6 +217,45 @@ int run_bench(const BenchOptions& o) {
     if (i == 0) first_loss = loss;
     last_loss = loss;
   }
+  // --comm-timeline: when each bucket's all-reduce completes, in ms after backward's start on the
+  // device (host polling, ~0.01 ms resolution), beside backward's end: buckets done before the end
+  // were hidden by backward.
+  nlohmann::json timeline;
+#ifdef BLU_HAVE_CUDA
+  if (o.comm_timeline && ddp && dev.is_cuda()) {
+    Tensor x = randint(0, cfg.vocab_size, {o.batch, o.seq}, DType::i64, dev, &gen);
+    Tensor y = randint(0, cfg.vocab_size, {o.batch, o.seq}, DType::i64, dev, &gen);
+    (void)to_vector(sum(x));
+    cuda::Event fwd_end, bwd_end;
+    nn::GPTOutput out = model.forward(x, y);
+    fwd_end.record(cuda::current_stream());
+    out.loss.backward();
+    bwd_end.record(cuda::current_stream());
+    using clock = std::chrono::steady_clock;
+    const auto t0 = clock::now();
+    auto now_ms = [&] { return std::chrono::duration<double, std::milli>(clock::now() - t0).count(); };
+    double t_fwd = -1, t_bwd = -1;
+    std::vector<double> done(ddp->bucket_layout().size(), -1.0);
+    while (now_ms() < 5000) {
+      if (t_fwd < 0 && fwd_end.query()) t_fwd = now_ms();
+      if (t_bwd < 0 && bwd_end.query()) t_bwd = now_ms();
+      const std::vector<int> st = ddp->bucket_states();
+      bool all = t_bwd >= 0;
+      for (size_t b = 0; b < st.size(); ++b) {
+        if (done[b] < 0 && st[b] == 2) done[b] = now_ms();
+        all &= st[b] != 1;
+      }
+      if (all) break;
+    }
+    ddp->finish();
+    opt->zero_grad();
+    device_sync(dev);
+    timeline["backward_ms"] = t_bwd - t_fwd;
+    for (size_t b = 0; b < done.size(); ++b)
+      timeline["buckets"].push_back({{"mib", double(ddp->bucket_buffer(b).nbytes()) / (1 << 20)},
+                                     {"done_ms", done[b] < 0 ? -1.0 : done[b] - t_fwd}});
+  }
+#endif
   std::vector<double> warm(ms.begin() + std::min<int64_t>(std::max<int64_t>(3, o.steps / 4), int64_t(ms.size()) - 1),
                            ms.end());
   std::sort(warm.begin(), warm.end());
@@ -236,6 +279,8 @@ int run_bench(const BenchOptions& o) {
     j["first_bucket_mib"] = o.ddp.first_bucket_mib;
     j["comm_priority"] = o.comm_priority;
     j["buckets"] = ddp->bucket_layout().size();
+    j["row_exchange"] = o.row_exchange ? ddp->row_exchange_paths().at(0) : "off";
+    if (!timeline.is_null()) j["comm_timeline"] = timeline;
   }
   if (!phases.empty()) {  // medians over the warm steps
     const size_t skip = ms.size() - warm.size();
@@ -289,6 +334,12 @@ Command add_bench(CLI::App& root) {
   app->add_option("--comm-priority", o->comm_priority, "With --dp: priority of the NCCL stream, high or default")
       ->check(CLI::IsMember({"high", "default"}))
       ->capture_default_str();
+  app->add_flag("!--no-row-exchange", o->row_exchange,
+                 "With --dp: reduce the tied embedding's whole gradient at the end of backward instead of its "
+                 "LM-head part early and its rows apart");
+  app->add_flag("--comm-timeline", o->comm_timeline,
+                "With --dp on CUDA: one extra step that polls when each DDP bucket's all-reduce completes, against "
+                "the start and end of backward on the device");
   app->add_flag("--profile", o->profile, "Also time each op of one extra step (by op name)");
   app->add_option("--peak-tflops", o->peak_tflops, "The GPU's measured matmul peak for this precision (MFU)");
   return {app, [o] { return run_bench(*o); }};

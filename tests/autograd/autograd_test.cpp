@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "common/checks.h"
+#include "blu/autograd/node.h"
 #include "blu/backend/backend.h"
 #include "blu/blu.h"
 #include "blu/ops/dispatch.h"
@@ -176,6 +177,56 @@ TEST(Autograd, CastWritesTheFirstGradientIntoTheSlot) {
   EXPECT_EQ(plain2, (Vec{2.5, 4.25, 8}));
   EXPECT_EQ(slotted2, plain2);
   EXPECT_LT(slot2_allocs, plain2_allocs) << "the second contribution was not summed into the slot";
+}
+
+// Note [Sinks run first]: a leaf's accumulator (and its hooks) runs as soon as its gradient is
+// complete, before the backward of earlier ops — also when the previous step's graph is still
+// alive, so the accumulators are older than every node of this step.
+TEST(Autograd, LeafAccumulatorsRunAsSoonAsTheirGradientIsReady) {
+  const Tensor x = from_vector({1, 2, 3}, {3}, DType::f64);
+  Tensor w1 = from_vector({4, 5, 6}, {3}, DType::f64), w2 = from_vector({7, 8, 9}, {3}, DType::f64);
+  w1.set_requires_grad(true);
+  w2.set_requires_grad(true);
+  auto forward = [&] { return sum(mul(mul(x, w1), w2)); };
+  const Tensor kept = forward();  // the previous step's loss, kept (and its graph with it)
+  kept.backward();
+  w1.zero_grad();
+  w2.zero_grad();
+  int64_t muls = 0, muls_at_hook = -1;
+  const int h = add_op_observer([&](const OpDef& op, std::span<const Tensor>, std::span<const Tensor>, const Attrs&) {
+    muls += std::string(op.name) == "mul";
+  });
+  w2.register_grad_hook([&](Tensor&) { muls_at_hook = muls; });
+  const Tensor loss = forward();
+  muls = 0;
+  loss.backward();
+  remove_op_observer(h);
+  // w2's gradient is complete after the outer mul's backward; the inner mul's backward (w1's
+  // gradient) must come after its hook.
+  ASSERT_GE(muls_at_hook, 0);
+  EXPECT_LT(muls_at_hook, muls);
+  EXPECT_EQ(to_vector(w2.grad()), (std::vector<double>{4, 10, 18}));
+  EXPECT_EQ(to_vector(w1.grad()), (std::vector<double>{7, 16, 27}));
+}
+
+// attach_grad_sink: the alias's gradient goes to the sink, not into the graph behind it; the
+// rest of the graph is untouched.
+TEST(Autograd, GradSinkTakesTheGradientOfItsAlias) {
+  Tensor a = from_vector({1, 2, 3}, {3}, DType::f64), b = from_vector({4, 5, 6}, {3}, DType::f64);
+  a.set_requires_grad(true);
+  b.set_requires_grad(true);
+  std::vector<std::vector<double>> seen;
+  const Tensor x = mul(a, 2.0);
+  const Tensor y = attach_grad_sink(x, [&](const Tensor& g) { seen.push_back(to_vector(g)); }, "test sink");
+  EXPECT_TRUE(y.requires_grad());
+  EXPECT_EQ(y.raw_data(), x.raw_data());
+  sum(mul(add(y, b), 3.0)).backward();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0], (std::vector<double>{3, 3, 3}));
+  EXPECT_FALSE(a.grad().defined());  // nothing flowed behind the sink
+  EXPECT_EQ(to_vector(b.grad()), (std::vector<double>{3, 3, 3}));
+  blu::test::expect_error([] { attach_grad_sink(zeros({2}, DType::i64), [](const Tensor&) {}, "int sink"); },
+                          {"int sink", "floating", "i64"});
 }
 
 TEST(Autograd, Errors) {

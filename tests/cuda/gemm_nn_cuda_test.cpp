@@ -625,6 +625,21 @@ TEST(CudaNN, EmbeddingForwardAndDeterministicBackward) {
     // i32 indices take the same path.
     const Tensor r32 = dispatch1(kEmbBackward, {gdv, dev(to_dtype(idx, DType::i32))}, attrs);
     EXPECT_TRUE(bit_equal("embedding backward i32 indices", r1, r32));
+    // embedding_backward_add_ (DDP's row exchange): scale · the rows added into a gradient that
+    // holds values, deterministic on the GPU, and the CPU's up to the GPU's fused multiply-add.
+    const Tensor base = rnd({V, C}, dt);
+    Tensor a1 = dev(base), a2 = dev(base), ac = clone(base);
+    embedding_backward_add_(a1, gdv, idd, 0.5);
+    embedding_backward_add_(a2, gdv, idd, 0.5);
+    embedding_backward_add_(ac, g, idx, 0.5);
+    EXPECT_TRUE(bit_equal(std::string("embedding_backward_add_ rerun ") + std::string(dtype_name(dt)), a1, a2));
+    const auto got = to_vector(to_device(a1, kCPU)), want = to_vector(ac);
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      worst = std::max(worst, std::abs(got[i] - want[i]));
+      scale = std::max(scale, std::abs(want[i]));
+    }
+    EXPECT_LE(worst, (dt == DType::f32 ? 1e-6 : 1e-2) * scale) << "embedding_backward_add_ vs CPU " << dtype_name(dt);
   }
 }
 

@@ -132,12 +132,22 @@ Tensor batch(int64_t step, int64_t row0, int64_t rows, int64_t shift, Device dev
   return to_device(from_vector(v, {rows, kT}, DType::i32), dev);
 }
 
-std::vector<double> train(nn::GPT& model, ProcessGroup* pg, int zero, int r, int W, Device dev) {
+// Row exchange of the tied embedding (dist/ddp.h): "" off, "gather" or "dense" forced.
+DDPOptions ddp_options(nn::GPT& model, const std::string& rows, DDPOptions o) {
+  if (rows.empty()) return o;
+  o.exchange_rows = {model.wte.get()};
+  o.rows_gather_limit = rows == "gather" ? 1e9 : 0.0;
+  return o;
+}
+
+std::vector<double> train(nn::GPT& model, ProcessGroup* pg, int zero, const std::string& row_path, int r, int W,
+                          Device dev) {
   const optim::AdamWOptions adam{.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
   auto groups = optim::decay_groups(model.named_parameters(), 0.1);
   std::unique_ptr<DistributedDataParallel> ddp;
   std::shared_ptr<ProcessGroup> shared(pg, [](ProcessGroup*) {});
-  if (pg) ddp = std::make_unique<DistributedDataParallel>(model, shared, DDPOptions{.bucket_mib = 0.02});
+  if (pg)
+    ddp = std::make_unique<DistributedDataParallel>(model, shared, ddp_options(model, row_path, {.bucket_mib = 0.02}));
   std::unique_ptr<optim::Optimizer> opt;
   if (zero) opt = std::make_unique<ZeroAdamW>(groups, adam, shared, 1);
   else opt = optim::make_adamw(groups, adam);
@@ -146,6 +156,9 @@ std::vector<double> train(nn::GPT& model, ProcessGroup* pg, int zero, int r, int
     opt->zero_grad();
     model.forward(batch(step, r * rows, rows, 0, dev), batch(step, r * rows, rows, 1, dev)).loss.backward();
     if (ddp) ddp->finish();
+    if (ddp && !row_path.empty()) {
+      EXPECT_EQ(ddp->row_exchange_paths(), std::vector<std::string>{row_path});
+    }
     optim::clip_grad_norm(model.parameters(), 1.0);
     opt->step();
   }
@@ -155,7 +168,7 @@ std::vector<double> train(nn::GPT& model, ProcessGroup* pg, int zero, int r, int
   return all;
 }
 
-void ddp_matches_single(int zero) {
+void ddp_matches_single(int zero, const std::string& row_path = "") {
   Rank rk;
   const int r = rk.env.rank, W = rk.env.world_size;
   const nn::GPTConfig cfg = nn::GPTConfig::preset("tiny");
@@ -163,31 +176,32 @@ void ddp_matches_single(int zero) {
   model.to(rk.dev);
   model.train();
   train::apply_precision(model, "fp32");  // IEEE matmuls: the comparison is at fp32 tolerance
-  const std::vector<double> dist_params = train(model, rk.pg.get(), zero, r, W, rk.dev);
+  const std::vector<double> dist_params = train(model, rk.pg.get(), zero, row_path, r, W, rk.dev);
   if (r == 0) {
     nn::GPT ref(cfg, 1234);
     ref.to(rk.dev);
     ref.train();
-    const std::vector<double> ref_params = train(ref, nullptr, 0, 0, 1, rk.dev);
+    const std::vector<double> ref_params = train(ref, nullptr, 0, "", 0, 1, rk.dev);
     ASSERT_EQ(dist_params.size(), ref_params.size());
     double worst = 0;
     for (size_t i = 0; i < ref_params.size(); ++i) worst = std::max(worst, std::abs(dist_params[i] - ref_params[i]));
-    EXPECT_LT(worst, 2e-4) << "largest parameter difference, DDP (" << W << " GPUs) vs one GPU";
+    EXPECT_LT(worst, 2e-4) << "largest parameter difference, DDP (" << W << " GPUs, rows '" << row_path << "') vs one GPU";
   }
   rk.pg->barrier()->wait();
 }
 
 // bf16 compute under DDP on the GPUs: every .grad is a view of a bucket buffer after finish()
 // (the master weights' casts wrote into the buckets; nothing had to be copied), and the averaged
-// gradients match one GPU's on the whole batch to bf16 accuracy.
-void ddp_bf16_views() {
+// gradients match one GPU's on the whole batch to bf16 accuracy — with the embedding's rows
+// exchanged apart too (`rows`).
+void ddp_bf16_views(const std::string& row_path) {
   Rank rk;
   const int r = rk.env.rank, W = rk.env.world_size;
   const nn::GPTConfig cfg = nn::GPTConfig::preset("tiny");
   nn::GPT model(cfg, 1234 + uint64_t(r));
   model.to(rk.dev);
   model.set_compute_dtype(DType::bf16);
-  DistributedDataParallel ddp(model, rk.pg, DDPOptions{.bucket_mib = 0.02, .first_bucket_mib = 0.001});
+  DistributedDataParallel ddp(model, rk.pg, ddp_options(model, row_path, {.bucket_mib = 0.02, .first_bucket_mib = 0.001}));
   std::vector<const Storage*> buckets;
   for (size_t b = 0; b < ddp.bucket_layout().size(); ++b) buckets.push_back(ddp.bucket_buffer(b).storage().get());
   nn::GPT ref(cfg, 1234);
@@ -228,7 +242,11 @@ TEST(NcclWorker, Run) {
   if (s == "collectives") return collectives();
   if (s == "ddp") return ddp_matches_single(0);
   if (s == "zero1") return ddp_matches_single(1);
-  if (s == "ddp_bf16_views") return ddp_bf16_views();
+  if (s == "ddp_bf16_views") return ddp_bf16_views("");
+  if (s == "ddp_bf16_views_rows") return ddp_bf16_views("gather");
+  if (s == "ddp_rows_gather") return ddp_matches_single(0, "gather");
+  if (s == "ddp_rows_dense") return ddp_matches_single(0, "dense");
+  if (s == "zero1_rows") return ddp_matches_single(1, "gather");
   FAIL() << "unknown scenario " << s;
 }
 
@@ -244,6 +262,11 @@ TEST(Nccl, CollectivesOnDeviceTensors) { run_two_ranks("collectives"); }
 TEST(Nccl, DdpMatchesSingleGpu) { run_two_ranks("ddp"); }
 TEST(Nccl, Zero1MatchesSingleGpu) { run_two_ranks("zero1"); }
 TEST(Nccl, DdpBf16GradsAreBucketViews) { run_two_ranks("ddp_bf16_views"); }
+// The tied embedding's rows exchanged apart (DDPOptions::exchange_rows), gathered or dense.
+TEST(Nccl, DdpRowExchangeGatherMatchesSingleGpu) { run_two_ranks("ddp_rows_gather"); }
+TEST(Nccl, DdpRowExchangeDenseMatchesSingleGpu) { run_two_ranks("ddp_rows_dense"); }
+TEST(Nccl, Zero1RowExchangeMatchesSingleGpu) { run_two_ranks("zero1_rows"); }
+TEST(Nccl, DdpRowExchangeBf16GradsAreBucketViews) { run_two_ranks("ddp_bf16_views_rows"); }
 
 }  // namespace
 }  // namespace blu::dist

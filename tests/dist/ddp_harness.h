@@ -4,6 +4,8 @@
 // each finish() to <BLU_DIST_OUT>.grads (f32, parameter order, step after step). With
 // BLU_DIST_REPLACE=1 a third of the parameters get a new .grad before backward, a third between
 // micro-batches and a third after the synced backward: the averages must come out the same.
+// BLU_DIST_ROWS=gather|dense exchanges the tied embedding's rows apart (DDPOptions::exchange_rows),
+// gathered or as a dense all-reduce; the no_sync micro-batches then add their rows locally.
 // Every rank checks that each gradient aliases a bucket buffer after finish(). reference_grads()
 // computes the same gradients in one process on the concatenated batch (24 rows per step).
 #pragma once
@@ -17,7 +19,7 @@
 namespace blu::dist::test {
 
 inline constexpr int64_t kGradSteps = 2, kGradMicro = 3;
-inline constexpr DDPOptions kGradBuckets{.bucket_mib = 0.02, .first_bucket_mib = 0.001};
+inline const DDPOptions kGradBuckets{.bucket_mib = 0.02, .first_bucket_mib = 0.001};
 
 // Rows [row0, row0 + rows) of micro-batch `micro` of step `step`: inputs and targets.
 inline std::pair<Tensor, Tensor> micro_batch(int64_t step, int64_t micro, int64_t row0, int64_t rows) {
@@ -68,7 +70,13 @@ inline void ddp_grads_worker() {
   TcpStore store(env.master_addr, env.master_port, r == 0, 10000ms);
   auto pg = make_gloo_group(store, r, W, GlooOptions{.timeout = 10000ms, .hostname = "", .prefix = "default_pg"});
   nn::GPT model(nn::GPTConfig::preset("tiny"), 1234 + uint64_t(r));  // DDP broadcasts rank 0's
-  DistributedDataParallel ddp(model, pg, kGradBuckets);
+  const std::string rows_path = getenv_or("BLU_DIST_ROWS", "");
+  DDPOptions options = kGradBuckets;
+  if (!rows_path.empty()) {
+    options.exchange_rows = {model.wte.get()};
+    options.rows_gather_limit = rows_path == "gather" ? 1e9 : 0.0;
+  }
+  DistributedDataParallel ddp(model, pg, options);
   std::set<const Storage*> buckets;
   for (size_t b = 0; b < ddp.bucket_layout().size(); ++b) buckets.insert(ddp.bucket_buffer(b).storage().get());
   const std::vector<Tensor> params = model.parameters();
@@ -94,6 +102,7 @@ inline void ddp_grads_worker() {
     }
     if (replace) replace_grads(2);
     ddp.finish();
+    if (!rows_path.empty()) EXPECT_EQ(ddp.row_exchange_paths(), std::vector<std::string>{rows_path});
     for (size_t i = 0; i < params.size(); ++i)
       ASSERT_TRUE(params[i].grad().defined() && buckets.count(params[i].grad().storage().get()))
           << "step " << step << ": the gradient of parameter " << i << " is not a bucket view after finish()";

@@ -216,6 +216,41 @@ TEST(DdpGradViews, NoSyncAccumulationOverThreeMicroBatchesMatchesConcatenatedBat
   }
 }
 
+TEST(DdpRowExchange, GatheredAndDenseRowsMatchConcatenatedBatch) {
+  TempDir dir;
+  for (const char* path : {"gather", "dense"})
+    for (int n : {2, 4}) {
+      const std::string out = dir.str() + "/rows_" + path + std::to_string(n);
+      const LaunchResult r = run_workers("ddp_grads", n, {{"BLU_DIST_OUT", out}, {"BLU_DIST_ROWS", path}});
+      ASSERT_EQ(r.status, 0) << "stdout:\n" << r.out << "\nstderr:\n" << r.err;
+      EXPECT_EQ(r.err.find("row exchange for"), std::string::npos) << r.err;  // the dense part came first
+      expect_reference_grads(out + ".grads", n, std::string("rows ") + path + ", no_sync x3");
+    }
+}
+
+// The exchanged weight's bucket is alone and first; the others follow the usual rule; the sink
+// is removed with the DDP; a weight outside the model, or listed twice, is refused.
+TEST(DdpRowExchange, OwnFirstBucketAndSinkLifetime) {
+  OneRank rk;
+  nn::GPT model(nn::GPTConfig::preset("tiny"), 1);
+  {
+    DistributedDataParallel ddp(model, rk.pg, {.bucket_mib = 0.02, .first_bucket_mib = 0.001,
+                                               .exchange_rows = {model.wte.get()}});
+    const auto layout = ddp.bucket_layout();
+    EXPECT_EQ(layout[0], std::vector<std::string>{"wte.weight"});
+    EXPECT_EQ(layout[1], (std::vector<std::string>{"ln_f.bias", "ln_f.weight", "h.1.mlp.c_proj.bias"}));
+    EXPECT_TRUE(model.wte->has_row_grad_sink());
+    EXPECT_EQ(ddp.row_exchange_paths(), std::vector<std::string>{""});
+    nn::Embedding other(8, 4);
+    blu::test::expect_error([&] { DistributedDataParallel(model, rk.pg, {.exchange_rows = {&other}}); },
+                            {"exchange_rows embedding", "is not part of the wrapped model"});
+    blu::test::expect_error(
+        [&] { DistributedDataParallel(model, rk.pg, {.exchange_rows = {model.wte.get()}}); },
+        {"'wte.weight' already has a row sink"});
+  }
+  EXPECT_FALSE(model.wte->has_row_grad_sink());
+}
+
 TEST(DdpGradViews, ReplacedGradsAreStillAveraged) {
   TempDir dir;
   const std::string out = dir.str() + "/replaced";

@@ -128,7 +128,7 @@ void collectives() {
   ASSERT_TRUE(ws.back()->is_completed());
   // Argument errors are immediate and name what was expected.
   std::string e = error_of([&] { pg.all_reduce(zeros({2}, DType::bf16)); });
-  EXPECT_NE(e.find("expected dtype f32 or f64, got bf16"), std::string::npos) << e;
+  EXPECT_NE(e.find("expected dtype f32, f64, i32 or i64, got bf16"), std::string::npos) << e;
   e = error_of([&] { pg.all_reduce(transpose(zeros({2, 3}), 0, 1)); });
   EXPECT_NE(e.find("expected a contiguous tensor"), std::string::npos) << e;
   e = error_of([&] { pg.all_gather(zeros({5}), zeros({2})); });

@@ -134,6 +134,37 @@ TEST(Module, ToDtypeKeepsLeavesAndNames) {
   expect_throws_with([&] { m.to(DType::i32); }, "floating");
 }
 
+// Embedding's row sink: backward hands the output gradient and the ids to the sink; the weight
+// gets only the gradients of its other uses; no sink under no-grad; removing it restores the
+// usual gradient.
+TEST(Module, EmbeddingRowSinkTakesTheRows) {
+  nn::Embedding emb(5, 2);
+  emb.weight = from_vector({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, {5, 2});
+  emb.weight.set_requires_grad(true);
+  const Tensor idx = from_vector({3, 1, 3}, {3}, DType::i64);
+  std::vector<double> ids, rows;
+  emb.set_row_grad_sink([&](const Tensor& i, const Tensor& g) {
+    ids = to_vector(i);
+    rows = to_vector(g);
+  });
+  const Tensor y = emb.forward(idx);
+  EXPECT_EQ(to_vector(y), (std::vector<double>{7, 8, 3, 4, 7, 8}));
+  // A second, dense use of the weight (as a tied output layer would be).
+  sum(add(mul(y, 2.0), sum(emb.weight))).backward();
+  EXPECT_EQ(ids, (std::vector<double>{3, 1, 3}));
+  EXPECT_EQ(rows, (std::vector<double>{2, 2, 2, 2, 2, 2}));
+  EXPECT_EQ(to_vector(emb.weight.grad()), std::vector<double>(10, 6.0));  // the dense use only: 6 = 3 rows · 2 cols
+  {
+    NoGradGuard no_grad;
+    EXPECT_FALSE(emb.forward(idx).requires_grad());
+  }
+  emb.set_row_grad_sink({});
+  EXPECT_FALSE(emb.has_row_grad_sink());
+  emb.weight.set_grad(Tensor());
+  sum(emb.forward(idx)).backward();
+  EXPECT_EQ(to_vector(emb.weight.grad()), (std::vector<double>{0, 0, 1, 1, 0, 0, 2, 2, 0, 0}));
+}
+
 TEST(Module, ZeroGrad) {
   Tiny m;
   m.scale.set_grad(ones({3}));

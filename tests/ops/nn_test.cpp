@@ -253,6 +253,34 @@ TEST(Embedding, ParallelBackwardMatchesSerialSum) {
   EXPECT_EQ(to_vector(w.grad()), want);
 }
 
+TEST(Embedding, BackwardAddScalesRowsIntoAnExistingGradient) {
+  const int64_t V = 7, C = 3;
+  Generator gen(5);
+  const Tensor idx = ids({2, 0, 2, 6, 2, 0}, {2, 3});
+  const Tensor g = randn({2, 3, C}, DType::f64, kCPU, &gen), base = randn({V, C}, DType::f64, kCPU, &gen);
+  Tensor out = clone(base);
+  EXPECT_EQ(embedding_backward_add_(out, g, idx, 0.25).raw_data(), out.raw_data());
+  const auto iv = to_vector(idx), gv = to_vector(g);
+  std::vector<double> want = to_vector(base);
+  for (int64_t v = 0; v < V; ++v) {  // rows summed in position order, scaled, added once
+    std::vector<double> acc(size_t(C), 0.0);
+    bool named = false;
+    for (size_t m = 0; m < iv.size(); ++m)
+      if (int64_t(iv[m]) == v) {
+        named = true;
+        for (int64_t k = 0; k < C; ++k) acc[size_t(k)] += gv[m * size_t(C) + size_t(k)];
+      }
+    if (named)
+      for (int64_t k = 0; k < C; ++k) want[size_t(v * C + k)] += 0.25 * acc[size_t(k)];
+  }
+  EXPECT_EQ(to_vector(out), want);
+  expect_error([&] { embedding_backward_add_(out, to_dtype(g, DType::f32), idx); }, {"grad_out [6, 3] f64", "f32"});
+  expect_error([&] { embedding_backward_add_(out, zeros({6, 4}, DType::f64), idx); }, {"grad_out [6, 3]", "[6, 4]"});
+  expect_error([&] { embedding_backward_add_(transpose(zeros({3, 7}, DType::f64), 0, 1), g, idx); },
+               {"contiguous grad_weight"});
+  expect_error([&] { embedding_backward_add_(out, g, ids({0, 9, 1, 1, 1, 1}, {6})); }, {"index 9", "7 rows"});
+}
+
 TEST(Embedding, Errors) {
   expect_error([] { embedding(zeros({5, 3}), ids({0, 5, 1}, {3})); }, {"index 5", "position 1", "5 rows"});
   expect_error([] { embedding(zeros({5, 3}), ids({-1}, {1}, DType::i32)); }, {"index -1", "position 0"});

@@ -75,6 +75,28 @@ Tensor AccumulateGrad::fresh_grad_slot() const {
   return meta && meta->grad_slot && !meta->grad ? *meta->grad_slot : Tensor();
 }
 
+std::vector<Tensor> GradSinkNode::apply(std::vector<Tensor>&& grad_out) {
+  sink(grad_out[0]);
+  return {};
+}
+
+Tensor attach_grad_sink(const Tensor& x, std::function<void(const Tensor& grad)> sink, std::string name) {
+  BLU_CHECK(x.defined() && is_floating(x.dtype()), "attach_grad_sink (", name, "): expected a floating tensor, got ",
+            x.defined() ? x.str() : std::string("an undefined tensor"));
+  auto node = std::make_shared<GradSinkNode>();
+  node->seq = next_node_seq();
+  node->sink = std::move(sink);
+  node->label = std::move(name);
+  node->out_metas.push_back({x.shape(), x.dtype(), x.device()});
+  node->diff_outputs = 1;
+  Tensor out = x.detach();
+  AutogradMeta& m = out.autograd_meta();
+  m.requires_grad = true;
+  m.grad_fn = std::move(node);
+  m.output_nr = 0;
+  return out;
+}
+
 Edge gradient_edge(const Tensor& t) {
   if (!t.defined() || !t.requires_grad()) return {};
   auto& meta = const_cast<Tensor&>(t).autograd_meta();

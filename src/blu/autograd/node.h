@@ -4,6 +4,7 @@
 // Depends on ops/dispatch (OpDef, BackwardContext). Keep: nodes own their inputs' producers
 // (edges are shared_ptr), never their outputs, so a graph is freed with its last output.
 #pragma once
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,6 +37,8 @@ struct Node {
   virtual std::optional<DType> grad_source_dtype() const { return std::nullopt; }
   // A leaf's grad slot while its grad is undefined (AccumulateGrad); undefined otherwise.
   virtual Tensor fresh_grad_slot() const { return {}; }
+  // Run as soon as ready, before any op node (Note [Sinks run first], engine.cpp).
+  virtual bool is_sink() const { return false; }
   uint64_t seq = 0;                    // creation order; later nodes run first
   std::vector<Edge> next;              // one per input
   std::vector<TensorMeta> out_metas;   // to check incoming gradients
@@ -62,7 +65,23 @@ struct AccumulateGrad final : Node {
   std::vector<Tensor> apply(std::vector<Tensor>&& grad_out) override;
   std::string name() const override { return "AccumulateGrad"; }
   Tensor fresh_grad_slot() const override;
+  bool is_sink() const override { return true; }
 };
+
+// A node with no inputs that hands the gradient of its one output to `sink` (attach_grad_sink).
+struct GradSinkNode final : Node {
+  std::function<void(const Tensor&)> sink;
+  std::string label;
+  std::vector<Tensor> apply(std::vector<Tensor>&& grad_out) override;
+  std::string name() const override { return label; }
+  bool is_sink() const override { return true; }
+};
+
+// An alias of floating `x` that requires grad and whose gradient, when backward reaches it, is
+// passed to `sink` (with grad mode off, on the backward's thread) instead of flowing into x's
+// graph — x's own producers get nothing from it. `name` labels the node in errors. For a module
+// that hands its gradient to someone else (nn::Embedding's row sink, DDP's row exchange).
+Tensor attach_grad_sink(const Tensor& x, std::function<void(const Tensor& grad)> sink, std::string name);
 
 // The edge through which a gradient reaches `t` (its producer, or its leaf accumulator).
 Edge gradient_edge(const Tensor& t);

@@ -1,5 +1,5 @@
 // dist/ddp: buckets whose slices are the gradients, grad hooks, in-order issue of the bucket
-// all-reduces, finish().
+// all-reduces, the embedding row exchange, finish().
 #include "blu/dist/ddp.h"
 
 #include <algorithm>
@@ -7,7 +7,9 @@
 #include <mutex>
 
 #include "blu/core/grad_mode.h"
+#include "blu/ops/elementwise.h"
 #include "blu/ops/factory.h"
+#include "blu/ops/nn.h"
 #include "blu/ops/view.h"
 
 namespace blu::dist {
@@ -48,9 +50,23 @@ struct DistributedDataParallel::State {
     size_t pending = 0;  // parameters whose gradient has not arrived yet
     WorkPtr work;        // set once issued
   };
+  // An exchange_rows embedding (Row exchange in ddp.h).
+  struct Rows {
+    nn::Embedding* emb = nullptr;
+    size_t param = 0;          // its weight's index in params
+    Tensor idx, grad;          // this step's rows from the sink: ids [M], output gradient [M, C]
+    bool issued = false;
+    Tensor idx_all, grad_all;  // "gather": every rank's ids and rows, rank after rank
+    Tensor dense;              // "dense": the rows summed into [V, C], then averaged
+    std::vector<WorkPtr> works;
+    std::string path;          // how the last synced step exchanged them
+    bool warned = false;
+  };
   std::shared_ptr<ProcessGroup> pg;
   std::vector<Param> params;
   std::vector<Bucket> buckets;
+  std::vector<Rows> rows;
+  double gather_limit = 1.0;
   size_t next_issue = 0;  // buckets [0, next_issue) are issued
   bool sync = true;
   int64_t copied = 0;  // gradients that were not their bucket view (copied_gradients())
@@ -61,6 +77,11 @@ struct DistributedDataParallel::State {
     for (Bucket& b : buckets) {
       b.pending = b.params.size();
       b.work.reset();
+    }
+    for (Rows& r : rows) {
+      r.idx = r.grad = r.idx_all = r.grad_all = r.dense = Tensor();
+      r.issued = false;
+      r.works.clear();
     }
     next_issue = 0;
   }
@@ -85,11 +106,69 @@ struct DistributedDataParallel::State {
     --buckets[p.bucket].pending;
   }
 
+  // Buckets in order as they complete; after the last bucket, the rows in order as they arrive.
   void issue_ready() {
     while (next_issue < buckets.size() && buckets[next_issue].pending == 0) {
       Bucket& b = buckets[next_issue++];
       b.work = pg->all_reduce(b.buffer, ReduceOp::avg);
     }
+    if (next_issue < buckets.size()) return;
+    for (Rows& r : rows) {
+      if (r.issued) continue;
+      if (!r.idx.defined()) return;
+      issue_rows(r);
+    }
+  }
+
+  void issue_rows(Rows& r) {
+    const int64_t world = pg->size(), M = r.idx.numel(), C = r.grad.shape()[1];
+    const int64_t V = params[r.param].tensor.shape()[0];
+    if (double(world) * double(M) <= gather_limit * double(V)) {
+      r.path = "gather";
+      r.idx_all = empty({world * M}, r.idx.dtype(), r.idx.device());
+      r.grad_all = empty({world * M, C}, r.grad.dtype(), r.grad.device());
+      r.works.push_back(pg->all_gather(r.idx_all, r.idx));
+      r.works.push_back(pg->all_gather(r.grad_all, r.grad));
+    } else {
+      r.path = "dense";
+      r.dense = zeros({V, C}, r.grad.dtype(), r.grad.device());
+      embedding_backward_add_(r.dense, r.grad, r.idx);
+      r.works.push_back(pg->all_reduce(r.dense, ReduceOp::avg));
+    }
+    r.issued = true;
+  }
+
+  // The row sink of rows[k]'s embedding: the gradient of its output for ids `idx`.
+  void on_rows(size_t k, const Tensor& idx, const Tensor& g) {
+    std::lock_guard lock(mu);
+    NoGradGuard no_grad;
+    Rows& r = rows[k];
+    Param& p = params[r.param];
+    const Tensor ids = reshape(contiguous(idx), {idx.numel()});
+    const Tensor rows_g = reshape(contiguous(g), {idx.numel(), g.shape().back()});
+    if (!sync) {  // gradient accumulation: into the local gradient (the bucket view) now
+      Tensor gw = p.tensor.grad();
+      if (!gw.defined()) {
+        fill_(p.view, 0.0);
+        p.tensor.set_grad(p.view);
+        gw = p.view;
+      }
+      embedding_backward_add_(gw, rows_g, ids);
+      return;
+    }
+    BLU_CHECK(!r.idx.defined(), "DDP: the embedding rows of '", p.name, "' arrived twice before finish(); ",
+              "for gradient accumulation run the earlier micro-batches under no_sync()");
+    if (!p.ready && !r.warned) {
+      r.warned = true;
+      std::fprintf(stderr,
+                   "DDP: row exchange for '%s': its dense gradient had not arrived when its rows did, so its "
+                   "bucket (issued first) held the others back during backward; exchange_rows is meant for a tied "
+                   "embedding (reported once)\n",
+                   p.name.c_str());
+    }
+    r.idx = ids;
+    r.grad = rows_g;
+    issue_ready();
   }
 
   void on_grad(size_t i) {
@@ -114,22 +193,47 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, std::shared
   broadcast_parameters(module_, *pg_);
   State& s = *state_;
   s.pg = pg_;
+  s.gather_limit = options.rows_gather_limit;
   const nn::NamedTensors named = module_.named_parameters();
   for (const auto& [name, t] : named) {
     BLU_CHECK(t.requires_grad(), "DistributedDataParallel: parameter '", name, "' does not require grad");
     s.params.push_back({.name = name, .tensor = t, .view = Tensor(), .bucket = 0, .ready = false});
+  }
+  std::vector<bool> exchanged(s.params.size(), false);
+  for (nn::Embedding* emb : options.exchange_rows) {
+    BLU_CHECK(emb, "DistributedDataParallel: exchange_rows holds a null embedding");
+    size_t k = 0;
+    while (k < s.params.size() && !(s.params[k].tensor.storage() == emb->weight.storage() &&
+                                    s.params[k].tensor.raw_data() == emb->weight.raw_data()))
+      ++k;
+    BLU_CHECK(k < s.params.size(), "DistributedDataParallel: an exchange_rows embedding (weight ", emb->weight.str(),
+              ") is not part of the wrapped model");
+    BLU_CHECK(!exchanged[k] && !emb->has_row_grad_sink(), "DistributedDataParallel: the embedding '",
+              s.params[k].name, "' already has a row sink (listed twice, or under another DDP)");
+    exchanged[k] = true;
+    State::Rows r;
+    r.emb = emb;
+    r.param = k;
+    s.rows.push_back(std::move(r));
   }
   // Buckets over the parameters in reverse registration order; a bucket holds one dtype. A
   // parameter that would overflow the open bucket opens the next one (unless the bucket is empty).
   const double first_cap = options.first_bucket_mib * 1024 * 1024, cap_rest = options.bucket_mib * 1024 * 1024;
   std::vector<std::vector<size_t>> members;
   std::vector<DType> dtypes;
+  // Row-exchange weights first, one bucket each: their dense gradient comes first in backward.
+  for (const State::Rows& r : s.rows) {
+    members.push_back({r.param});
+    dtypes.push_back(s.params[r.param].tensor.dtype());
+  }
+  const size_t n_row_buckets = members.size();
   double filled = 0, cap = first_cap;
   for (size_t k = s.params.size(); k-- > 0;) {
+    if (exchanged[k]) continue;
     const Tensor& t = s.params[k].tensor;
     const double bytes = double(t.nbytes());
-    if (members.empty() || dtypes.back() != t.dtype() || (filled > 0 && filled + bytes > cap)) {
-      cap = members.empty() ? first_cap : cap_rest;
+    if (members.size() == n_row_buckets || dtypes.back() != t.dtype() || (filled > 0 && filled + bytes > cap)) {
+      cap = members.size() == n_row_buckets ? first_cap : cap_rest;
       members.emplace_back();
       dtypes.push_back(t.dtype());
       filled = 0;
@@ -172,6 +276,10 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, std::shared
     s.params[i].tensor.register_grad_hook([weak, i](Tensor&) {
       if (auto st = weak.lock()) st->on_grad(i);
     });
+  for (size_t k = 0; k < s.rows.size(); ++k)
+    s.rows[k].emb->set_row_grad_sink([weak, k](const Tensor& idx, const Tensor& g) {
+      if (auto st = weak.lock()) st->on_rows(k, idx, g);
+    });
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
@@ -180,6 +288,13 @@ DistributedDataParallel::~DistributedDataParallel() {
         b.work->wait();
       } catch (const std::exception&) {
       }
+  for (auto& r : state_->rows) {
+    for (auto& w : r.works) try {
+        w->wait();
+      } catch (const std::exception&) {
+      }
+    r.emb->set_row_grad_sink({});  // its gradient flows into the weight again
+  }
   // The engine stops writing into the buckets (unless another DDP has put its own slot there).
   for (auto& p : state_->params)
     if (const Tensor slot = p.tensor.grad_slot(); slot.defined() && is_view_of(slot, p.view))
@@ -207,20 +322,39 @@ void DistributedDataParallel::finish() {
     if (!p.ready) s.stage(p);
   s.issue_ready();
   BLU_ASSERT(s.next_issue == s.buckets.size(), "DDP: not every bucket was issued");
+  std::string missing;
+  for (auto& r : s.rows)
+    if (!r.issued) missing += (missing.empty() ? "'" : ", '") + s.params[r.param].name + "'";
   std::exception_ptr failure;
-  for (auto& b : s.buckets) try {
-      b.work->wait();
+  auto wait = [&](const WorkPtr& w) {
+    try {
+      w->wait();
     } catch (...) {
       if (!failure) failure = std::current_exception();
     }
-  if (failure) {
+  };
+  for (auto& b : s.buckets) wait(b.work);
+  for (auto& r : s.rows)
+    for (auto& w : r.works) wait(w);
+  if (failure || !missing.empty()) {
     s.reset_step();
-    std::rethrow_exception(failure);
+    if (failure) std::rethrow_exception(failure);
+    BLU_CHECK(false, "DDP: no embedding rows arrived this step for ", missing,
+              " (exchange_rows needs the embedding used in every synced backward, on every rank)");
   }
   // The averages are in the buckets. Gradients that are the views already hold them (the usual
   // case: only pointers are compared); the others (none, or a replaced tensor) become the view.
   for (auto& p : s.params)
     if (const Tensor g = p.tensor.grad(); !g.defined() || !is_view_of(g, p.view)) p.tensor.set_grad(p.view);
+  // The rows, averaged, into their weights' averaged dense gradients.
+  for (auto& r : s.rows) {
+    const Tensor& gw = s.params[r.param].view;
+    if (r.path == "gather") {
+      embedding_backward_add_(gw, r.grad_all, r.idx_all, 1.0 / double(s.pg->size()));
+    } else {
+      add_(gw, r.dense);
+    }
+  }
   s.reset_step();
 }
 
@@ -236,6 +370,20 @@ std::vector<std::vector<std::string>> DistributedDataParallel::bucket_layout() c
 Tensor DistributedDataParallel::bucket_buffer(size_t b) const {
   BLU_CHECK(b < state_->buckets.size(), "DDP: bucket ", b, " does not exist (", state_->buckets.size(), " buckets)");
   return state_->buckets[b].buffer;
+}
+
+std::vector<int> DistributedDataParallel::bucket_states() const {
+  std::lock_guard lock(state_->mu);
+  std::vector<int> out;
+  for (const auto& b : state_->buckets) out.push_back(!b.work ? 0 : b.work->is_completed() ? 2 : 1);
+  return out;
+}
+
+std::vector<std::string> DistributedDataParallel::row_exchange_paths() const {
+  std::lock_guard lock(state_->mu);
+  std::vector<std::string> out;
+  for (const auto& r : state_->rows) out.push_back(r.path);
+  return out;
 }
 
 int64_t DistributedDataParallel::copied_gradients() const {

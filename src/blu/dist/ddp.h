@@ -35,7 +35,21 @@
 // on every rank ends up with a zero gradient (not an undefined one): AdamW then still decays its
 // moments and applies weight decay, where single-process training would skip it. (PyTorch needs
 // find_unused_parameters=True for this; here it is always on and costs nothing extra.)
-// Depends on dist/process_group, nn/module, ops/. Keep: each parameter's hook fires once per
+// Row exchange (DDPOptions::exchange_rows), for a tied token embedding such as GPT's wte: its
+// weight gets two gradients — the LM head's, dense, made by the first op of backward, and the
+// embedding's, a few rows, made by the last. Summed into one .grad, the whole [V, C] gradient is
+// ready only when backward ends and its all-reduce (the largest of the step) cannot overlap
+// anything. With row exchange the embedding hands its output gradient to DDP (nn::Embedding's row
+// sink) instead: the weight's bucket — its own, issued first — holds only the LM head's part and
+// is reduced while backward goes on; the rows are exchanged after the last bucket — every rank's
+// token ids and output-gradient rows all-gathered when world × tokens ≤ rows_gather_limit ×
+// vocabulary (fewer bytes than the dense gradient), else summed locally into a dense [V, C]
+// gradient and all-reduced — and finish() adds them, averaged, into the weight's gradient
+// (embedding_backward_add_, deterministic: every rank adds the same rows in the same order). The
+// result is the same average as without it, up to fp32 rounding. Under no_sync the rows are added
+// into the local gradient at once. Every rank's batch must hold the same number of tokens, and the
+// embedding must be used in every synced step (finish() raises an error otherwise).
+// Depends on dist/process_group, nn/module, nn/layers (Embedding), ops/. Keep: each parameter's hook fires once per
 // backward (the engine sums a leaf's incoming gradients before accumulating), so two synced
 // backwards without finish() in between are an error; between a synced backward and finish()
 // the gradients are being reduced in place — read or write them only after finish(); hooks hold
@@ -47,6 +61,7 @@
 #include <vector>
 
 #include "blu/dist/process_group.h"
+#include "blu/nn/layers.h"
 #include "blu/nn/module.h"
 
 namespace blu::dist {
@@ -56,6 +71,12 @@ struct DDPOptions {
   // Capacity of the first bucket (the gradients backward makes first), as PyTorch's 1 MiB: a
   // small first all-reduce starts while the rest of backward runs. >= bucket_mib: no special case.
   double first_bucket_mib = 1.0;
+  // Embeddings of the wrapped model (alive as long as the DDP) whose gradient is exchanged as
+  // rows (see the header comment); meant for tied embeddings.
+  std::vector<nn::Embedding*> exchange_rows;
+  // Row exchange gathers the rows while world × tokens ≤ this × num_embeddings; above, it
+  // all-reduces them as a dense gradient.
+  double rows_gather_limit = 1.0;
 };
 
 // Copies rank `root`'s parameters and floating buffers into every rank's module (in place).
@@ -98,6 +119,12 @@ class DistributedDataParallel {
   // Gradients that were not their bucket view and had to be copied into the bucket (a .grad the
   // user replaced); stays 0 on the fast path.
   int64_t copied_gradients() const;
+  // Each bucket's all-reduce in this step so far: 0 not issued, 1 issued, 2 complete (polled by
+  // `blutrain bench --comm-timeline` between backward and finish()).
+  std::vector<int> bucket_states() const;
+  // How the last synced step exchanged each exchange_rows embedding's rows: "gather" or "dense"
+  // ("" before the first).
+  std::vector<std::string> row_exchange_paths() const;
 
  private:
   struct State;

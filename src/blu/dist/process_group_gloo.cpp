@@ -31,11 +31,14 @@
 
 namespace blu::dist {
 
-// Gloo's algorithms are templates over the element type; f32 and f64 are the types it sums.
+// Gloo's algorithms are templates over the element type: f32, f64 and the index types (i32, i64:
+// token ids gathered by DDP's row exchange; summed, never averaged).
 #define BLU_DISPATCH_GLOO(dtype, ...)                       \
   switch (dtype) {                                          \
     case DType::f32: { using scalar_t = float; __VA_ARGS__; break; }  \
     case DType::f64: { using scalar_t = double; __VA_ARGS__; break; } \
+    case DType::i32: { using scalar_t = int32_t; __VA_ARGS__; break; } \
+    case DType::i64: { using scalar_t = int64_t; __VA_ARGS__; break; } \
     default: BLU_ASSERT(false, "gloo: unchecked dtype ", dtype);      \
   }
 
@@ -152,6 +155,7 @@ class GlooGroup final : public ProcessGroup {
 
   WorkPtr all_reduce(const Tensor& t, ReduceOp op) override {
     check_tensor(t, "all_reduce");
+    check_avg(t, op, "all_reduce");
     t.storage()->bump_version();  // Note [Storage versions]
     return enqueue("all_reduce", [this, t, op](uint32_t tag) {
       BLU_DISPATCH_GLOO(t.dtype(), {
@@ -171,6 +175,7 @@ class GlooGroup final : public ProcessGroup {
     check_tensor(out, "reduce_scatter");
     check_tensor(in, "reduce_scatter");
     BLU_CHECK(in.dtype() == out.dtype(), "reduce_scatter: input is ", in.dtype(), " but output is ", out.dtype());
+    check_avg(in, op, "reduce_scatter");
     BLU_CHECK(in.numel() == out.numel() * size_, "reduce_scatter: input must hold size (", size_,
               ") × output elements (", out.numel(), " → ", out.numel() * size_, "), got ", in.numel());
     out.storage()->bump_version();  // Note [Storage versions]
@@ -261,10 +266,14 @@ class GlooGroup final : public ProcessGroup {
     BLU_CHECK(t.defined(), "gloo ", op, ": undefined tensor");
     BLU_CHECK(t.device().is_cpu(), "gloo ", op, ": expected a CPU tensor, got ", t.str(),
               " (CUDA tensors need the NCCL process group)");
-    BLU_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64, "gloo ", op, ": expected dtype f32 or f64, got ",
-              t.dtype());
+    BLU_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64 || t.dtype() == DType::i32 || t.dtype() == DType::i64,
+              "gloo ", op, ": expected dtype f32, f64, i32 or i64, got ", t.dtype());
     BLU_CHECK(t.is_contiguous(), "gloo ", op, ": expected a contiguous tensor, got ", t.str(), " with strides ",
               t.strides());
+  }
+  static void check_avg(const Tensor& t, ReduceOp op, const char* what) {
+    BLU_CHECK(op != ReduceOp::avg || is_floating(t.dtype()), "gloo ", what, ": avg needs a floating dtype, got ",
+              t.dtype());
   }
   void check_p2p(const Tensor& t, int peer, int tag, const char* op) const {
     check_tensor(t, op);

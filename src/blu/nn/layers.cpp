@@ -1,5 +1,6 @@
 #include "blu/nn/layers.h"
 
+#include "blu/autograd/node.h"
 #include "blu/core/grad_mode.h"
 #include "blu/ops/elementwise.h"
 #include "blu/ops/factory.h"
@@ -36,7 +37,15 @@ Embedding::Embedding(int64_t num, int64_t dim) {
   register_parameter("weight", weight, zeros({num, dim}));
 }
 
-Tensor Embedding::forward(const Tensor& idx) const { return embedding(weight, idx); }
+Tensor Embedding::forward(const Tensor& idx) const {
+  if (!row_sink_ || !weight.requires_grad() || !GradMode::enabled()) return embedding(weight, idx);
+  Tensor rows;
+  {
+    NoGradGuard no_grad;
+    rows = embedding(weight, idx);
+  }
+  return attach_grad_sink(rows, [sink = row_sink_, idx](const Tensor& g) { sink(idx, g); }, "Embedding row sink");
+}
 
 LayerNorm::LayerNorm(int64_t dim, bool with_bias, double eps_) : eps(eps_) {
   BLU_CHECK(dim > 0, "LayerNorm: expected a positive size, got ", dim);

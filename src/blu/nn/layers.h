@@ -6,6 +6,7 @@
 // them (GPT: GPT-2's init) — call init_normal_ for a stand-alone layer. Linear weights are
 // [out, in], as torch.nn.Linear.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +35,18 @@ class Embedding : public Module {
   Embedding(int64_t num_embeddings, int64_t dim);
   Tensor forward(const Tensor& idx) const;  // idx (i32/i64, any shape) → [..., dim]
   Tensor weight;                            // [num_embeddings, dim]
+
+  // Row sink: while one is set, a forward that records gradients hands backward's gradient of
+  // its output ([idx..., dim], with the forward's idx) to the sink instead of adding it into
+  // weight's gradient — weight then gets only the gradients of its other uses (a tied LM head).
+  // The sink owns the rows: DDP exchanges them across ranks (DDPOptions::exchange_rows) and adds
+  // them itself. An empty function removes the sink.
+  using RowGradSink = std::function<void(const Tensor& idx, const Tensor& grad)>;
+  void set_row_grad_sink(RowGradSink sink) { row_sink_ = std::move(sink); }
+  bool has_row_grad_sink() const { return bool(row_sink_); }
+
+ private:
+  RowGradSink row_sink_;
 };
 
 class LayerNorm : public Module {

@@ -182,6 +182,22 @@ std::vector<Tensor> embedding_bw(const BackwardContext& c, std::span<const Tenso
 }
 const OpDef kEmbedding{.name = "embedding", .infer = infer_embedding, .backward = embedding_bw, .save_inputs = 0b10};
 
+// Inputs (grad_weight [V, C] contiguous, written; grad [M, C] contiguous, indices [M]); attr scale.
+std::vector<TensorMeta> infer_embedding_backward_add(std::span<const Tensor> in, const Attrs&) {
+  const Tensor &w = in[0], &g = in[1];
+  check_floating("embedding_backward_add_", "grad_weight", w);
+  check_index("embedding_backward_add_", "indices", in[2]);
+  BLU_CHECK(w.dim() == 2 && w.is_contiguous(), "embedding_backward_add_: expected a contiguous grad_weight [V, C], got ",
+            w.str());
+  BLU_CHECK(g.dtype() == w.dtype() && g.device() == w.device() && g.dim() == 2 && g.shape()[1] == w.shape()[1] &&
+                g.shape()[0] == in[2].numel(),
+            "embedding_backward_add_: expected grad_out [", in[2].numel(), ", ", w.shape()[1], "] ",
+            dtype_name(w.dtype()), " on ", w.device().str(), " (one row per index), got ", g.str());
+  return {TensorMeta{w.shape(), w.dtype(), w.device()}};
+}
+const OpDef kEmbeddingBackwardAdd{.name = "embedding_backward_add_", .infer = infer_embedding_backward_add,
+                                  .inplace = true};
+
 // --- dropout ---------------------------------------------------------------------------------
 // Input x (any layout); attrs p, seed, offset. Element i (row-major) is kept iff the Philox
 // uniform of (seed, offset + i/4, lane i%4) is >= p; kept values are scaled by 1/(1-p).
@@ -220,6 +236,16 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
   BLU_CHECK(weight.defined() && indices.defined(), "embedding: weight and indices must be defined");
   return dispatch1(kEmbedding, {weight, contiguous(indices)});
+}
+
+const Tensor& embedding_backward_add_(const Tensor& grad_weight, const Tensor& grad_out, const Tensor& indices,
+                                      double scale) {
+  BLU_CHECK(grad_weight.defined() && grad_out.defined() && indices.defined(),
+            "embedding_backward_add_: grad_weight, grad_out and indices must be defined");
+  const int64_t C = grad_out.dim() > 0 ? grad_out.shape().back() : 0;
+  dispatch(kEmbeddingBackwardAdd, {grad_weight, reshape(contiguous(grad_out), {indices.numel(), C}), contiguous(indices)},
+           Attrs{{"scale", scale}});
+  return grad_weight;
 }
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {

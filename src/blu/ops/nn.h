@@ -27,6 +27,12 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 // weight[V, C] rows picked by indices (i32/i64, any shape) → [..., C]. The gradient accumulates
 // rows of repeated indices. Indices outside [0, V) are a BLU_CHECK error naming the bad index.
 Tensor embedding(const Tensor& weight, const Tensor& indices);
+// In place: grad_weight[indices[j]] += scale · grad_out[j] for every position j — embedding's
+// backward added into an existing gradient (grad_weight [V, C] contiguous, grad_out [indices..., C]
+// of its dtype). Each row's contributions are summed in position order in the accumulation type,
+// scaled, and added once: deterministic. Not differentiable (DDP's embedding row exchange).
+const Tensor& embedding_backward_add_(const Tensor& grad_weight, const Tensor& grad_out, const Tensor& indices,
+                                      double scale = 1.0);
 
 // Zeroes each element with probability p and scales the rest by 1/(1-p); identity when
 // !training or p == 0. The mask comes from Philox (seed, offset) drawn from `gen`.

@@ -106,7 +106,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"val_batches", val_batches},     {"sample_every", sample_every}, {"sample_tokens", sample_tokens},
           {"sample_temperature", sample_temperature}, {"sample_top_k", sample_top_k},
           {"ckpt_every", ckpt_every},       {"keep_last", keep_last},       {"log_every", log_every},
-          {"dp", dp},                       {"zero", zero}};
+          {"dp", dp},                       {"zero", zero}, {"row_exchange", row_exchange}};
 }
 
 bool holds_run(const std::string& dir) {
@@ -274,7 +274,9 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     if (o.zero == 2)
       dist::broadcast_parameters(*model_, *pg_);
     else
-      ddp_ = std::make_unique<dist::DistributedDataParallel>(*model_, pg_);
+      ddp_ = std::make_unique<dist::DistributedDataParallel>(
+          *model_, pg_, dist::DDPOptions{.exchange_rows = o.row_exchange ? std::vector<nn::Embedding*>{model_->wte.get()}
+                                                                         : std::vector<nn::Embedding*>{}});
   }
 
   // 5. Only now touch the disk (rank 0's files; every rank has checked the directory by now).

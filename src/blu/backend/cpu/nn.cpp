@@ -345,13 +345,11 @@ void embedding_kernel(const KernelCall& c) {
 }
 BLU_REGISTER_KERNEL(cpu, "embedding", embedding_kernel);
 
-// Inputs (g [M, C] contiguous, indices [M]); out [V, C] = sum of g's rows per index. Sort-based:
-// positions are stably sorted by index, then each distinct index sums its rows in order in the
-// accumulation type and writes once — deterministic for any thread count, one rounding per row.
-void embedding_backward_kernel(const KernelCall& c) {
-  const Tensor& g = c.in[0];
-  const Tensor& idx = c.in[1];
-  Tensor& out = c.out[0];
+// out [V, C] = sum of g's rows per index (g [M, C] contiguous, indices [M]), or with `accumulate`
+// out[v] += scale · that sum (rows no index names untouched). Sort-based: positions are stably
+// sorted by index, then each distinct index sums its rows in order in the accumulation type and
+// writes once — deterministic for any thread count, one rounding per row.
+void embedding_backward_rows(const Tensor& g, const Tensor& idx, const Tensor& out, bool accumulate, double scale) {
   BLU_ASSERT(g.is_contiguous() && idx.is_contiguous(), "embedding_backward: inputs must be contiguous");
   const int64_t V = out.shape()[0], C = out.shape()[1], M = idx.numel();
   BLU_DISPATCH_INDEX(idx.dtype(), "embedding_backward", {
@@ -370,7 +368,7 @@ void embedding_backward_kernel(const KernelCall& c) {
       using A = acc_t<scalar_t>;
       const scalar_t* gp = cdata<scalar_t>(g);
       scalar_t* op = out.data<scalar_t>();
-      std::fill(op, op + out.numel(), scalar_t(A(0)));
+      if (!accumulate) std::fill(op, op + out.numel(), scalar_t(A(0)));
       const int nt = row_threads(groups, M * C);
       _Pragma("omp parallel num_threads(nt)")
       {
@@ -383,13 +381,25 @@ void embedding_backward_kernel(const KernelCall& c) {
             for (int64_t k = 0; k < C; ++k) acc[size_t(k)] += A(src[k]);
           }
           scalar_t* dst = op + int64_t(ip[order[size_t(starts[size_t(q)])]]) * C;
-          for (int64_t k = 0; k < C; ++k) dst[k] = scalar_t(acc[size_t(k)]);
+          if (accumulate) {
+            for (int64_t k = 0; k < C; ++k) dst[k] = scalar_t(A(dst[k]) + A(scale) * acc[size_t(k)]);
+          } else {
+            for (int64_t k = 0; k < C; ++k) dst[k] = scalar_t(acc[size_t(k)]);
+          }
         }
       }
     });
   });
 }
+
+void embedding_backward_kernel(const KernelCall& c) { embedding_backward_rows(c.in[0], c.in[1], c.out[0], false, 1.0); }
 BLU_REGISTER_KERNEL(cpu, "embedding_backward", embedding_backward_kernel);
+
+// Inputs (grad_weight, written; g [M, C]; indices [M]); attr scale.
+void embedding_backward_add_kernel(const KernelCall& c) {
+  embedding_backward_rows(c.in[1], c.in[2], c.in[0], true, c.attrs.f("scale"));
+}
+BLU_REGISTER_KERNEL(cpu, "embedding_backward_add_", embedding_backward_add_kernel);
 
 // --- dropout -----------------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 // CUDA kernels for ops/nn, part 3: embedding (gather), its deterministic backward, and dropout.
 // Semantics as backend/cpu/nn.cpp.
-// embedding_backward is sort-based, like the CPU kernel: positions are stably radix-sorted by
+// embedding_backward (and embedding_backward_add_, which adds scale · the rows into an existing
+// gradient instead of writing a zeroed one) is sort-based, like the CPU kernel: positions are stably radix-sorted by
 // index (cub), then one block per distinct index sums its gradient rows in position order in the
 // accumulation type and writes the row once. So the result is the same on every run and, for
 // f32 and the 16-bit types, bit-identical to the CPU's. Rows no index names are zero.
@@ -44,7 +45,7 @@ __global__ void embedding_keys_kernel(const I* __restrict__ idx, int64_t M, int6
 template <typename T>
 __global__ void embedding_backward_segments_kernel(const T* __restrict__ g, const uint32_t* __restrict__ keys,
                                                    const int32_t* __restrict__ pos, int64_t M, int64_t V, int64_t C,
-                                                   T* __restrict__ out) {
+                                                   bool accumulate, acc_of<T> scale, T* __restrict__ out) {
   using A = acc_of<T>;
   const int64_t j = blockIdx.x;
   const uint32_t key = keys[j];
@@ -55,7 +56,7 @@ __global__ void embedding_backward_segments_kernel(const T* __restrict__ g, cons
   for (int64_t k = threadIdx.x; k < C; k += blockDim.x) {
     A acc = 0;
     for (int64_t p = j; p < end; ++p) acc += to_acc(g[int64_t(pos[p]) * C + k]);
-    dst[k] = from_acc<T>(acc);
+    dst[k] = accumulate ? from_acc<T>(to_acc(dst[k]) + scale * acc) : from_acc<T>(acc);
   }
 }
 
@@ -84,17 +85,15 @@ int bits_for(int64_t v) {  // bits needed to hold 0..v
   return b;
 }
 
-// Inputs (g [M, C] contiguous, indices [M]); out [V, C].
-void embedding_backward_kernel(const KernelCall& c) {
-  const Tensor& g = c.in[0];
-  const Tensor& idx = c.in[1];
-  Tensor& out = c.out[0];
+// out [V, C] = the sum of g's rows per index (g [M, C] contiguous, indices [M]); with `accumulate`
+// out[v] += scale · that sum instead, rows no index names untouched.
+void embedding_backward_rows(const Tensor& g, const Tensor& idx, const Tensor& out, bool accumulate, double scale) {
   BLU_ASSERT(g.is_contiguous() && idx.is_contiguous(), "embedding_backward: inputs must be contiguous");
   const int64_t V = out.shape()[0], C = out.shape()[1], M = idx.numel();
   BLU_CHECK(M < (int64_t(1) << 31) && V < (int64_t(1) << 32) - 1, "embedding_backward: ", M, " indices into ", V,
             " rows exceed the CUDA kernel's 32-bit sort keys");
   cudaStream_t s = current_stream();
-  if (out.numel() > 0) BLU_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0, out.nbytes(), s));
+  if (!accumulate && out.numel() > 0) BLU_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0, out.nbytes(), s));
   if (M == 0 || C == 0) return;
   const Device dev = out.device();
   DeviceBuffer keys(dev, size_t(M) * 4 * 2), vals(dev, size_t(M) * 4 * 2);  // in and out halves
@@ -116,12 +115,20 @@ void embedding_backward_kernel(const KernelCall& c) {
                                                  int(M), 0, end_bit, s));
   BLU_CUDA_DISPATCH_FLOATING(out.dtype(), "embedding_backward", {
     embedding_backward_segments_kernel<scalar_t><<<unsigned(M), 128, 0, s>>>(
-        static_cast<const scalar_t*>(g.raw_data()), keys_out, vals_out, M, V, C,
-        static_cast<scalar_t*>(out.raw_data()));
+        static_cast<const scalar_t*>(g.raw_data()), keys_out, vals_out, M, V, C, accumulate,
+        acc_of<scalar_t>(scale), static_cast<scalar_t*>(out.raw_data()));
     BLU_CUDA_CHECK_LAUNCH();
   });
 }
+
+void embedding_backward_kernel(const KernelCall& c) { embedding_backward_rows(c.in[0], c.in[1], c.out[0], false, 1.0); }
 BLU_REGISTER_KERNEL(cuda, "embedding_backward", embedding_backward_kernel);
+
+// Inputs (grad_weight, written; g [M, C]; indices [M]); attr scale.
+void embedding_backward_add_kernel(const KernelCall& c) {
+  embedding_backward_rows(c.in[1], c.in[2], c.in[0], true, c.attrs.f("scale"));
+}
+BLU_REGISTER_KERNEL(cuda, "embedding_backward_add_", embedding_backward_add_kernel);
 
 // --- dropout ---------------------------------------------------------------------------------
 
