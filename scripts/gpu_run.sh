@@ -3,6 +3,7 @@
 # scripts/gpu_pack.sh): unpacks the prebuilt binaries and the host libraries they need, then runs
 # the steps named in $@, logging to $OUT:
 #   tests — test_cuda: every CUDA op against the CPU, allocator, copies, flash attention
+#           (TEST_BIN: another test_cuda, e.g. a branch's, unpacked beside; TEST_FILTER, TEST_TIMEOUT)
 #   ceil  — the GPU's measured ceilings (../shared/peers/ceilings.py)
 #   bench — blutrain bench per precision beside the PyTorch peer in the same run
 #   attn  — flash-attention timing beside PyTorch's SDPA peer (each backend, and the default pick)
@@ -34,7 +35,7 @@ for step in "$@"; do
         --gtest_filter='Gpt2OracleCuda.*' 2>&1 | tee "$out/gpt2.log" | grep -vE "^\[ +(OK|RUN) " | tail -40 ;;
     tests)
       # The GPT-2 oracle tests run PyTorch (python3 here) on the test data of this checkout.
-      BLU_TEST_DIR="$PWD/tests" BLU_TORCH_PYTHON=python3 timeout "${TEST_TIMEOUT:-300}" "$pack/test_cuda" --gtest_brief=1 ${TEST_FILTER:+--gtest_filter=$TEST_FILTER} 2>&1 \
+      BLU_TEST_DIR="$PWD/tests" BLU_TORCH_PYTHON=python3 timeout "${TEST_TIMEOUT:-300}" "${TEST_BIN:-$pack/test_cuda}" --gtest_brief=1 ${TEST_FILTER:+--gtest_filter=$TEST_FILTER} 2>&1 \
         | tee "$out/test_cuda.log" | grep -vE "^\[ +(OK|RUN) " | tail -${TEST_TAIL:-80} ;;
     ceil)
       timeout 120 python3 .devpack/peers/ceilings.py 2>&1 | tee "$out/ceilings.log" ;;
