@@ -12,7 +12,8 @@
 // run the mma.sync kernels, the FlashAttentionWgmma tests compare the two forwards' out and lse
 // with each other and with the f64 reference, and the FlashAttentionWgmmaBackward tests the two
 // backwards' dq, dk, dv likewise, on fresh data for T in {1, 17, 64, 100, 128, 1000, 1024} and a
-// strided layout. "Perf" tests time GPT-2's shape (B16 H12 T1024 D64, causal; bf16 on each
+// strided layout; the ...NoPipeline / NoRed4 ones rerun that sweep with a FlashVariant switch of the
+// wgmma backward off (cuda::set_flash_attention_variant). "Perf" tests time GPT-2's shape (B16 H12 T1024 D64, causal; bf16 on each
 // kernel family, and f32 in each mode) forward and forward+backward.
 //
 // Run on the GPU machine: ./build-cuda/tests/test_cuda --gtest_filter='FlashAttention*'
@@ -22,8 +23,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <initializer_list>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "blu/backend/cuda/flash_attention.h"
@@ -220,6 +223,20 @@ struct WgmmaScope {
   ~WgmmaScope() {
     cuda::set_flash_attention_wgmma(true);
     cuda::set_flash_attention_wgmma_backward(true);
+  }
+};
+
+// Sets FlashVariant switches for a scope, restoring what they were.
+struct VariantScope {
+  std::vector<std::pair<cuda::FlashVariant, bool>> saved;
+  VariantScope(std::initializer_list<std::pair<cuda::FlashVariant, bool>> set) {
+    for (const auto& [v, on] : set) {
+      saved.push_back({v, cuda::flash_attention_variant(v)});
+      cuda::set_flash_attention_variant(v, on);
+    }
+  }
+  ~VariantScope() {
+    for (const auto& [v, on] : saved) cuda::set_flash_attention_variant(v, on);
   }
 };
 
@@ -694,6 +711,22 @@ TEST(FlashAttentionWgmmaBackward, F16) {
   if (!wgmma_testable()) GTEST_SKIP() << "no sm_90a device";
   run_wgmma_bwd_sweep(DType::f16);
 }
+// The wgmma backward's variants (Bf16 and F16 above run the defaults: every switch on).
+TEST(FlashAttentionWgmmaBackward, Bf16NoPipeline) {
+  if (!wgmma_testable()) GTEST_SKIP() << "no sm_90a device";
+  VariantScope v({{cuda::FlashVariant::bwd_pipeline, false}});
+  run_wgmma_bwd_sweep(DType::bf16);
+}
+TEST(FlashAttentionWgmmaBackward, Bf16NoRed4) {
+  if (!wgmma_testable()) GTEST_SKIP() << "no sm_90a device";
+  VariantScope v({{cuda::FlashVariant::bwd_red4, false}});
+  run_wgmma_bwd_sweep(DType::bf16);
+}
+TEST(FlashAttentionWgmmaBackward, F16NoPipelineNoRed4) {
+  if (!wgmma_testable()) GTEST_SKIP() << "no sm_90a device";
+  VariantScope v({{cuda::FlashVariant::bwd_pipeline, false}, {cuda::FlashVariant::bwd_red4, false}});
+  run_wgmma_bwd_sweep(DType::f16);
+}
 
 // Shapes the fused kernels do not take still give the composite result on the GPU.
 TEST(FlashAttention, FallbackShapes) {
@@ -767,6 +800,19 @@ TEST(FlashAttentionPerf, Gpt2Bf16CausalMmaSync) {
 TEST(FlashAttentionPerf, Gpt2Bf16CausalMmaSyncBwd) {
   WgmmaScope mma(true, false);
   time_gpt2_causal(DType::bf16, " [wgmma fwd, mma.sync bwd]");
+}
+// A/B of the wgmma backward's variants (cuda::FlashVariant) against the default above.
+TEST(FlashAttentionPerf, Gpt2Bf16CausalBwdNoPipeline) {
+  VariantScope v({{cuda::FlashVariant::bwd_pipeline, false}});
+  time_gpt2_causal(DType::bf16, " [wgmma bwd, BLU_FLASH_BWD_PIPE=0]");
+}
+TEST(FlashAttentionPerf, Gpt2Bf16CausalBwdNoRed4) {
+  VariantScope v({{cuda::FlashVariant::bwd_red4, false}});
+  time_gpt2_causal(DType::bf16, " [wgmma bwd, BLU_FLASH_BWD_RED4=0]");
+}
+TEST(FlashAttentionPerf, Gpt2Bf16CausalBwdBaseline) {
+  VariantScope v({{cuda::FlashVariant::bwd_pipeline, false}, {cuda::FlashVariant::bwd_red4, false}});
+  time_gpt2_causal(DType::bf16, " [wgmma bwd, both switches off: the previous kernel]");
 }
 // fp32, the default ("ieee"): TF32 tensor cores at 3xTF32 (flash_attention_tf32.cu).
 TEST(FlashAttentionPerf, Gpt2F32Causal) {

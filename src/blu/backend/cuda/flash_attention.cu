@@ -24,6 +24,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <iterator>
 #include <string_view>
 #include <cmath>
 
@@ -274,7 +275,26 @@ std::atomic<bool> g_wgmma{[] {
   const char* e = std::getenv("BLU_FLASH_WGMMA");
   return !(e && std::string_view(e) == "0");
 }()};
+// FlashVariant switches, read on first use: on unless the variable beside it is "0".
+constexpr const char* kVariantEnv[] = {"BLU_FLASH_BWD_PIPE", "BLU_FLASH_BWD_RED4"};
+static_assert(std::size(kVariantEnv) == size_t(FlashVariant::kCount), "one variable per variant");
+struct Variants {
+  std::atomic<bool> on[size_t(FlashVariant::kCount)];
+  Variants() {
+    for (size_t i = 0; i < std::size(kVariantEnv); ++i) {
+      const char* e = std::getenv(kVariantEnv[i]);
+      on[i].store(!(e && std::string_view(e) == "0"));
+    }
+  }
+};
+std::atomic<bool>& variant_flag(FlashVariant v) {
+  static Variants variants;
+  return variants.on[size_t(v)];
+}
 }  // namespace
+
+void set_flash_attention_variant(FlashVariant v, bool on) { variant_flag(v).store(on); }
+bool flash_attention_variant(FlashVariant v) { return variant_flag(v).load(); }
 
 void set_flash_attention_wgmma(bool on) { g_wgmma.store(on); }
 bool flash_attention_wgmma() { return g_wgmma.load(); }

@@ -73,6 +73,21 @@ bool flash_attention_wgmma();
 void set_flash_attention_wgmma_backward(bool on);
 bool flash_attention_wgmma_backward();
 
+// Test hooks: variants inside the Hopper (wgmma) kernels, each on by default; the environment
+// variable named beside it set to 0 starts it off (read once), so one run can time both sides.
+enum class FlashVariant {
+  // BLU_FLASH_BWD_PIPE: the wgmma backward waits for a tile's dQ product and adds it to dq_accum
+  // during the next tile (after that tile's Sᵀ, dPᵀ are issued), with a three-stage Q/dO ring;
+  // off: it waits at the end of each tile, two stages (Note [wgmma backward pipeline]).
+  bwd_pipeline,
+  // BLU_FLASH_BWD_RED4: the wgmma backward adds dQ with 16-byte vector atomics (lane pairs swap
+  // halves first); off: 8-byte ones.
+  bwd_red4,
+  kCount
+};
+void set_flash_attention_variant(FlashVariant v, bool on);
+bool flash_attention_variant(FlashVariant v);
+
 // Test hook: route every dtype through the plain SIMT kernels (to cross-check the others).
 void set_flash_attention_force_simt(bool on);
 bool flash_attention_force_simt();

@@ -106,11 +106,13 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 // S(64x128, f32) (+)= A(64x16, smem, K-major) · B(16x128, smem, K-major): acc = 0 overwrites.
 template <typename T>
 __device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t a, uint64_t b, int acc);
-// O(64xN, f32) += A(64x16, registers) · B(16xN, smem, N-major), N = 64 or 128.
+// O(64xN, f32) += A(64x16, registers) · B(16xN, smem, N-major), N = 64 or 128; acc = 0 overwrites
+// (the way to start an accumulator whose registers a wgmma may still hold across a loop: zeroing
+// them with moves before the loop makes ptxas serialise the loop's wgmmas).
 template <typename T>
-__device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t b);
+__device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int acc = 1);
 template <typename T>
-__device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], const uint32_t (&a)[4], uint64_t b);
+__device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int acc = 1);
 
 #define BLU_DEFINE_WGMMA(ELEM, PTX)                                                                     \
   template <>                                                                                          \
@@ -122,20 +124,20 @@ __device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], const uint32_t (&a
                  : "l"(a), "l"(b), "r"(acc));                                                           \
   }                                                                                                    \
   template <>                                                                                          \
-  __device__ __forceinline__ void wgmma_rs_n64<ELEM>(float (&d)[32], const uint32_t (&a)[4], uint64_t b) { \
+  __device__ __forceinline__ void wgmma_rs_n64<ELEM>(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int acc) { \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                          \
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX "." PTX " " BLU_R32                  \
                  ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                                        \
                  : BLU_D32(d)                                                                           \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));                         \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));                         \
   }                                                                                                    \
   template <>                                                                                          \
-  __device__ __forceinline__ void wgmma_rs_n128<ELEM>(float (&d)[64], const uint32_t (&a)[4], uint64_t b) { \
+  __device__ __forceinline__ void wgmma_rs_n128<ELEM>(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int acc) { \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                          \
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTX "." PTX " " BLU_R64                 \
                  ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                                        \
                  : BLU_D64(d)                                                                           \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));                         \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));                         \
   }
 BLU_DEFINE_WGMMA(__nv_bfloat16, "bf16")
 BLU_DEFINE_WGMMA(__half, "f16")
@@ -192,9 +194,9 @@ __device__ __forceinline__ void wgmma_ss_first(float (&d)[N / 2], uint64_t a, ui
 #undef BLU_R64
 
 template <typename T, int D>
-__device__ __forceinline__ void wgmma_rs(float (&o)[D / 2], const uint32_t (&a)[4], uint64_t b) {
-  if constexpr (D == 64) wgmma_rs_n64<T>(o, a, b);
-  else wgmma_rs_n128<T>(o, a, b);
+__device__ __forceinline__ void wgmma_rs(float (&o)[D / 2], const uint32_t (&a)[4], uint64_t b, int acc = 1) {
+  if constexpr (D == 64) wgmma_rs_n64<T>(o, a, b, acc);
+  else wgmma_rs_n128<T>(o, a, b, acc);
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL

@@ -30,6 +30,7 @@
 //   Q, dO    [2 stages][64][D]
 //   dSᵀ      [2 buffers][128 keys][64 queries], consumer c writes rows 64c..64c+63
 //   lse, Dsum [2 stages][64] fp32
+// (3 stages of Q, dO, lse, Dsum in the pipelined variant below.)
 // Descriptors: K-major operands (K, V as A of Sᵀ, dPᵀ; Q, dO as B) with stride byte offset 1024 (an
 // 8-row atom), a 16-column k step +32 bytes within a 64-column block, the next block 64·128 bytes on.
 // N-major B (Q, dO of dK, dV; K of dQ) and M-major A (dSᵀ of dQ): stride byte offset 1024 (8 rows of
@@ -64,6 +65,17 @@
 // each consumer's K rows are fenced before its first DS, so they are visible to the other's first
 // dQ; nothing writes K afterwards. V is read only by its own consumer, so the epilogue stages dK
 // and dV through it (WG barriers).
+// Pipelined variant (template Pipe; D = 64 only, FlashVariant::bwd_pipeline, BLU_FLASH_BWD_PIPE=0
+// turns it off): NS = 3 stages. Per tile the consumer issues dQ before dK, waits for dV and dQ only
+// (wait<1>), adds dQ while dK runs, and goes on to the next tile with dK in flight: the next
+// tile's Sᵀ, dPᵀ queue behind it, so the tensor cores do not drain at each tile's end. Tile i-1's
+// stage is released (EMPTY) in tile i after the Sᵀ wait, which also completes dK of tile i-1, its
+// last reader; the consumer arrives iff (i-1) + NS < n, the producer syncs EMPTY for tiles NS..n-1
+// (tile j's stage before loading tile j + NS): matched as before. The third stage keeps the
+// producer's lead of one tile despite the later release. dSᵀ buffers: as above (each consumer's
+// dQ of tile i-2 completed within tile i-2). dK and dV are started by the first tile's products
+// with acc = 0 rather than zeroed before the loop: a zeroing move of an accumulator whose wgmma
+// crosses the loop's back edge makes ptxas serialise every wgmma of the loop (C7515).
 #include "blu/backend/cuda/flash_attention.cuh"
 #include "blu/backend/cuda/flash_attention_wgmma.cuh"
 #include "blu/backend/cuda/flash_attention_wgmma.h"
@@ -79,24 +91,47 @@ namespace {
 constexpr int kWbBK = 128;       // keys per CTA: two consumer warpgroups of 64
 constexpr int kWbBQ = 64;        // queries per tile
 constexpr int kWbThreads = 384;  // producer + 2 consumers
-template <int D>
+// Stages of the Q, dO, lse, Dsum ring: 3 when the dQ wait is deferred (Pipe), which releases a
+// stage one tile later (Note [wgmma backward pipeline]).
+template <bool Pipe>
+constexpr int wb_stages() { return Pipe ? 3 : 2; }
+template <int D, bool Pipe>
 constexpr int wb_smem_bytes() {
-  // K, V [128][D]; Q, dO [2][64][D]; dSᵀ [2][128][64] (16-bit); lse, Dsum [2][64] (fp32); + 1024
+  // K, V [128][D]; Q, dO [NS][64][D]; dSᵀ [2][128][64] (16-bit); lse, Dsum [NS][64] (fp32); + 1024
   // to align the base to a swizzle atom.
-  return (2 * kWbBK * D + 4 * kWbBQ * D + 2 * kWbBK * kWbBQ) * 2 + 4 * kWbBQ * 4 + 1024;
+  constexpr int NS = wb_stages<Pipe>();
+  return (2 * kWbBK * D + 2 * NS * kWbBQ * D + 2 * kWbBK * kWbBQ) * 2 + 2 * NS * kWbBQ * 4 + 1024;
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // setmaxnreg budgets as in the forward: 128·40 + 256·232 = 384·168.
 constexpr int kWbProducerRegs = 40, kWbConsumerRegs = 232;
-// Named barrier ids (+ stage or + consumer index).
-constexpr int kBarFull = 1, kBarEmpty = 3, kBarDs = 5, kBarWg = 6;
+// Named barrier ids (+ stage or + consumer index): FULL 1.., EMPTY after the NS FULL ones, then DS,
+// then WG[2]; at most 3 stages, so ids stay below 16.
+template <bool Pipe>
+struct WbBars {
+  static constexpr int kFull = 1, kEmpty = kFull + wb_stages<Pipe>(), kDs = kEmpty + wb_stages<Pipe>(), kWg = kDs + 1;
+  static_assert(kWg + 1 < 16, "named barrier ids");
+};
+
+// p ? a : b as one selp: a plain ?: on accumulator registers may become a branch whose copies
+// write those registers while another wgmma is in flight, and ptxas then serialises the wgmmas.
+__device__ __forceinline__ float select(bool p, float a, float b) {
+  float r;
+  asm("{\n.reg .pred q;\nsetp.ne.b32 q, %3, 0;\nselp.f32 %0, %1, %2, q;\n}\n" : "=f"(r) : "f"(a), "f"(b), "r"(int(p)));
+  return r;
+}
+// dst[0..3] += v (one 16-byte vector atomic, sm_90).
+__device__ __forceinline__ void atomic_add4(float* dst, float4 v) { atomicAdd(reinterpret_cast<float4*>(dst), v); }
 #endif
 
-template <typename T, int D>
-__global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwdParams p) {
+// Pipe: Note [wgmma backward pipeline]; red4: dQ by 16-byte atomics (FlashVariant::bwd_red4).
+template <typename T, int D, bool Pipe>
+__global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwdParams p, bool red4) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int BK = kWbBK, BQ = kWbBQ;
+  constexpr int BK = kWbBK, BQ = kWbBQ, NS = wb_stages<Pipe>();
+  constexpr int kBarFull = WbBars<Pipe>::kFull, kBarEmpty = WbBars<Pipe>::kEmpty, kBarDs = WbBars<Pipe>::kDs,
+                kBarWg = WbBars<Pipe>::kWg;
   constexpr uint32_t kTileBytes = BQ * D * 2;  // one stage of Q or dO
   constexpr uint32_t kHalfBytes = 64 * D * 2;  // one consumer's K (V) rows
   constexpr uint32_t kDsBytes = BK * BQ * 2;   // one dSᵀ buffer
@@ -104,11 +139,11 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
   const uint32_t raw = smem_u32(smem_raw);
   T* sK = reinterpret_cast<T*>(smem_raw + (((raw + 1023) & ~1023u) - raw));  // 2 x [64][D]
   T* sV = sK + BK * D;                                                        // 2 x [64][D]
-  T* sQ = sV + BK * D;                                                        // [2][64][D]
-  T* sdO = sQ + 2 * BQ * D;                                                   // [2][64][D]
-  T* sdS = sdO + 2 * BQ * D;                                                  // [2][128][64]
-  float* sL = reinterpret_cast<float*>(sdS + 2 * BK * BQ);                    // [2][64] lse
-  float* sDs = sL + 2 * BQ;                                                   // [2][64] Dsum
+  T* sQ = sV + BK * D;                                                        // [NS][64][D]
+  T* sdO = sQ + NS * BQ * D;                                                  // [NS][64][D]
+  T* sdS = sdO + NS * BQ * D;                                                 // [2][128][64]
+  float* sL = reinterpret_cast<float*>(sdS + 2 * BK * BQ);                    // [NS][64] lse
+  float* sDs = sL + NS * BQ;                                                  // [NS][64] Dsum
 
   const int kb = int(blockIdx.y);  // causal: small kb (the most query tiles) launches first
   const int b = int(blockIdx.x) / p.H, h = int(blockIdx.x) % p.H;
@@ -127,13 +162,13 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
     const float* vec_g = (tid < BQ ? p.lse : p.dsum) + bh * p.T;
     float* vec_s = (tid < BQ ? sL : sDs) + tid % BQ;
     for (int i = 0; i < n_tiles; ++i) {
-      const int s = i & 1, q0 = (qt_begin + i) * BQ;
+      const int s = i % NS, q0 = (qt_begin + i) * BQ;
       if (i >= 1) {
         cp_async_wait<0>();  // tile i-1
         fence_proxy_async();
-        bar_arrive(kBarFull + (s ^ 1), kWbThreads);
+        bar_arrive(kBarFull + (i - 1) % NS, kWbThreads);
       }
-      if (i >= 2) bar_sync(kBarEmpty + s, kWbThreads);
+      if (i >= NS) bar_sync(kBarEmpty + s, kWbThreads);  // tile i-NS consumed
       load_wg_tile<T, D, BQ>(sQ + s * BQ * D, Qg, p.q.st, q0, p.T, tid);
       load_wg_tile<T, D, BQ>(sdO + s * BQ * D, dOg, p.dout.st, q0, p.T, tid);
       const int q = q0 + tid % BQ;
@@ -142,7 +177,7 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
     }
     cp_async_wait<0>();
     fence_proxy_async();
-    bar_arrive(kBarFull + ((n_tiles - 1) & 1), kWbThreads);
+    bar_arrive(kBarFull + (n_tiles - 1) % NS, kWbThreads);
     return;
   }
 
@@ -178,8 +213,14 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
   float s[BQ / 2], dp[BQ / 2];  // Sᵀ (then Pᵀ), dPᵀ (then dSᵀ): 64 keys x 64 queries, same layout
   float dq[D / 4];              // 64 queries x D/2 (columns c·D/2 + ...), same layout
   // (s, dp and dq are written by the first k step of their products: wgmma_ss_first.)
+  // Pipe: dK of a tile is still in flight at the loop's back edge, so dk and dv are started by the
+  // first tile's products (acc = 0) instead of zeroing moves (wgmma_rs_n64). The empty asm only
+  // gives them a definition.
 #pragma unroll
-  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+  for (int i = 0; i < D / 2; ++i) {
+    if constexpr (Pipe) asm volatile("" : "=f"(dk[i]), "=f"(dv[i]));
+    else dk[i] = dv[i] = 0.f;
+  }
   uint32_t pf[BQ / 16][4], dsf[BQ / 16][4];  // Pᵀ, dSᵀ as A fragments, one per 16-query k step
   const float sl2 = p.scale * kLog2e;
   float* dq_acc = p.dq_accum + bh * p.T * D;
@@ -192,8 +233,37 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
       for (int i = 0; i < 4; ++i) f[kk][i] = Elem<T>::pack(x[8 * kk + 2 * i], x[8 * kk + 2 * i + 1]);
   };
 
+  // dq (the dQ product of the query tile at q0, complete) into dq_accum: rows q0 + 16·warp + g
+  // (+8), columns c·D/2 + 8j + 2t (+1). red4: lanes t and t^1 first swap halves so that an even t
+  // holds columns 8j + 2t .. +3 of row g and an odd t those of row g + 8 (from 8j + 2t − 2): one
+  // 16-byte atomic per 8 columns instead of two 8-byte ones.
+  auto add_dq = [&](int q0) {
+    const int qrow = q0 + 16 * warp + g;
+    float* dst0 = dq_acc + int64_t(qrow) * D + c * (D / 2);
+    if (red4) {
+      const bool odd = t & 1;
+      const int row = qrow + (odd ? 8 : 0);
+      float* dst = dst0 + (odd ? 8 * D : 0) + 2 * (t & ~1);
+#pragma unroll
+      for (int j = 0; j < D / 16; ++j) {
+        const float r0 = __shfl_xor_sync(0xffffffffu, select(odd, dq[4 * j], dq[4 * j + 2]), 1);
+        const float r1 = __shfl_xor_sync(0xffffffffu, select(odd, dq[4 * j + 1], dq[4 * j + 3]), 1);
+        const float4 v = make_float4(select(odd, r0, dq[4 * j]), select(odd, r1, dq[4 * j + 1]),
+                                     select(odd, dq[4 * j + 2], r0), select(odd, dq[4 * j + 3], r1));
+        if (row < p.T) atomic_add4(dst + 8 * j, v);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < D / 16; ++j) {
+        float* dst = dst0 + 8 * j + 2 * t;
+        if (qrow < p.T) atomic_add2(dst, dq[4 * j], dq[4 * j + 1]);
+        if (qrow + 8 < p.T) atomic_add2(dst + 8 * D, dq[4 * j + 2], dq[4 * j + 3]);
+      }
+    }
+  };
+
   for (int i = 0; i < n_tiles; ++i) {
-    const int st = i & 1, q0 = (qt_begin + i) * BQ;
+    const int st = i % NS, q0 = (qt_begin + i) * BQ;
     const float* l_s = sL + st * BQ;
     const float* ds_s = sDs + st * BQ;
     bar_sync(kBarFull + st, kWbThreads);
@@ -208,8 +278,10 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
     for (int kk = 1; kk < D / 16; ++kk)
       wgmma_ss<T, 64, 0, 0>(dp, desc_add(dVa, koff(kk)), desc_add(dOk, st * kTileBytes + koff(kk)), 1);
     wgmma_commit();
-    wgmma_wait<1>();  // Sᵀ
+    wgmma_wait<1>();  // Sᵀ (Pipe: and dK of tile i-1, committed before it)
     pin(s);
+    // Pipe: tile i-1's stage is free once its dK (the last reader) is done.
+    if (Pipe && i >= 1 && i - 1 + NS < n_tiles) bar_arrive(kBarEmpty + (i - 1) % NS, kWbThreads);
 
     // Pᵀ: element 4j + e is key key_lo + 8(e/2), query q0 + 8j + 2t + e%2.
     const bool need_mask = q0 + BQ > p.T || kw0 + 64 > p.T || (p.causal && q0 < kw0 + 63);
@@ -229,7 +301,8 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
     to_frag(s, pf);
     wgmma_fence();  // pf
 #pragma unroll
-    for (int kk = 0; kk < BQ / 16; ++kk) wgmma_rs<T, D>(dv, pf[kk], desc_add(dOn, st * kTileBytes + kk * 2048));
+    for (int kk = 0; kk < BQ / 16; ++kk)
+      wgmma_rs<T, D>(dv, pf[kk], desc_add(dOn, st * kTileBytes + kk * 2048), !Pipe || i > 0 || kk > 0);
     wgmma_commit();
     wgmma_wait<1>();  // dPᵀ (dV may still run)
     pin(dp);
@@ -243,7 +316,7 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
       for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d2.y : d2.x)) * p.scale;
     }
     to_frag(dp, dsf);
-    T* sdSb = sdS + st * BK * BQ;
+    T* sdSb = sdS + (i & 1) * BK * BQ;
     const int r = 64 * c + 16 * warp + g;
 #pragma unroll
     for (int kk = 0; kk < BQ / 16; ++kk) {
@@ -255,30 +328,38 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
     }
     fence_proxy_async();  // the dSᵀ stores, for the dQ wgmma of both consumers
     wgmma_fence();        // dsf
+    auto issue_dk = [&] {
 #pragma unroll
-    for (int kk = 0; kk < BQ / 16; ++kk) wgmma_rs<T, D>(dk, dsf[kk], desc_add(dQn, st * kTileBytes + kk * 2048));
-    wgmma_commit();
-    bar_sync(kBarDs, 256);  // both halves of dSᵀ are in buffer st
-    wgmma_ss_first<T, D / 2, 1, 1>(dq, desc_add(dSm, st * kDsBytes), dKn);
+      for (int kk = 0; kk < BQ / 16; ++kk)
+        wgmma_rs<T, D>(dk, dsf[kk], desc_add(dQn, st * kTileBytes + kk * 2048), !Pipe || i > 0 || kk > 0);
+      wgmma_commit();
+    };
+    if constexpr (!Pipe) issue_dk();
+    bar_sync(kBarDs, 256);  // both halves of dSᵀ are in buffer i % 2
+    const uint32_t ds_off = uint32_t(i & 1) * kDsBytes;
+    wgmma_ss_first<T, D / 2, 1, 1>(dq, desc_add(dSm, ds_off), dKn);
 #pragma unroll
     for (int kk = 1; kk < BK / 16; ++kk)
-      wgmma_ss<T, D / 2, 1, 1>(dq, desc_add(dSm, st * kDsBytes + kk * 2048),
+      wgmma_ss<T, D / 2, 1, 1>(dq, desc_add(dSm, ds_off + kk * 2048),
                                desc_add(dKn, (kk / 4) * kHalfBytes + (kk % 4) * 2048), 1);
     wgmma_commit();
+    if constexpr (Pipe) {
+      issue_dk();  // after dQ, so that dQ's atomics below overlap it (and it the next tile's start)
+      wgmma_wait<1>();  // dV, dQ
+      pin(dq);
+    } else {
+      wgmma_wait<0>();
+      pin(dq);
+      pin(dk);
+      pin(dv);
+      if (i + NS < n_tiles) bar_arrive(kBarEmpty + st, kWbThreads);
+    }
+    add_dq(q0);
+  }
+  if constexpr (Pipe) {  // the last tile's dK
     wgmma_wait<0>();
-    pin(dq);
     pin(dk);
     pin(dv);
-    if (i + 2 < n_tiles) bar_arrive(kBarEmpty + st, kWbThreads);
-
-    // dQ rows q0 + 16·warp + g (+8), columns c·D/2 + 8j + 2t.
-    const int qrow = q0 + 16 * warp + g;
-#pragma unroll
-    for (int j = 0; j < D / 16; ++j) {
-      float* dst = dq_acc + int64_t(qrow) * D + c * (D / 2) + 8 * j + 2 * t;
-      if (qrow < p.T) atomic_add2(dst, dq[4 * j], dq[4 * j + 1]);
-      if (qrow + 8 < p.T) atomic_add2(dst + 8 * D, dq[4 * j + 2], dq[4 * j + 3]);
-    }
   }
 
   // Epilogue: dV, then dK, cast and staged through this consumer's V tile (its only reader, dPᵀ,
@@ -309,16 +390,26 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
-template <typename T, int D>
-void launch_bwd_wgmma(const FlashBwdParams& p, cudaStream_t stream) {
-  constexpr int smem = wb_smem_bytes<D>();
+template <typename T, int D, bool Pipe>
+void launch_bwd_wgmma_variant(const FlashBwdParams& p, cudaStream_t stream) {
+  constexpr int smem = wb_smem_bytes<D, Pipe>();
   static std::atomic<uint64_t> configured{0};  // one bit per device
-  ensure_smem_limit(flash_bwd_wgmma_kernel<T, D>, smem, configured);
+  ensure_smem_limit(flash_bwd_wgmma_kernel<T, D, Pipe>, smem, configured);
   const int num_kb = (p.T + kWbBK - 1) / kWbBK;
   BLU_CHECK(num_kb <= 65535, "flash_attention_backward: sequence too long (T = ", p.T, ")");
   const dim3 grid(unsigned(p.B) * unsigned(p.H), unsigned(num_kb));
-  flash_bwd_wgmma_kernel<T, D><<<grid, kWbThreads, smem, stream>>>(p);
+  const bool red4 = flash_attention_variant(FlashVariant::bwd_red4);
+  flash_bwd_wgmma_kernel<T, D, Pipe><<<grid, kWbThreads, smem, stream>>>(p, red4);
   BLU_CUDA_CHECK_LAUNCH();
+}
+// The pipelined kernel at D = 64 only: at D = 128 its live registers (dK, dV of 64 each) exceed the
+// consumers' budget and ptxas serialises the wgmmas.
+template <typename T, int D>
+void launch_bwd_wgmma(const FlashBwdParams& p, cudaStream_t stream) {
+  if constexpr (D == 64) {
+    if (flash_attention_variant(FlashVariant::bwd_pipeline)) return launch_bwd_wgmma_variant<T, D, true>(p, stream);
+  }
+  launch_bwd_wgmma_variant<T, D, false>(p, stream);
 }
 
 }  // namespace
