@@ -12,7 +12,7 @@
 // run the mma.sync kernels, the FlashAttentionWgmma tests compare the two forwards' out and lse
 // with each other and with the f64 reference, and the FlashAttentionWgmmaBackward tests the two
 // backwards' dq, dk, dv likewise, on fresh data for T in {1, 17, 64, 100, 128, 1000, 1024} and a
-// strided layout; the ...NoPipeline / NoRed4 ones rerun that sweep with a FlashVariant switch of the
+// strided layout; the ...NoPipeline ones rerun that sweep with a FlashVariant switch of the
 // wgmma backward off (cuda::set_flash_attention_variant). "Perf" tests time GPT-2's shape (B16 H12 T1024 D64, causal; bf16 on each
 // kernel family, and f32 in each mode) forward and forward+backward.
 //
@@ -717,14 +717,9 @@ TEST(FlashAttentionWgmmaBackward, Bf16NoPipeline) {
   VariantScope v({{cuda::FlashVariant::bwd_pipeline, false}});
   run_wgmma_bwd_sweep(DType::bf16);
 }
-TEST(FlashAttentionWgmmaBackward, Bf16NoRed4) {
+TEST(FlashAttentionWgmmaBackward, F16NoPipeline) {
   if (!wgmma_testable()) GTEST_SKIP() << "no sm_90a device";
-  VariantScope v({{cuda::FlashVariant::bwd_red4, false}});
-  run_wgmma_bwd_sweep(DType::bf16);
-}
-TEST(FlashAttentionWgmmaBackward, F16NoPipelineNoRed4) {
-  if (!wgmma_testable()) GTEST_SKIP() << "no sm_90a device";
-  VariantScope v({{cuda::FlashVariant::bwd_pipeline, false}, {cuda::FlashVariant::bwd_red4, false}});
+  VariantScope v({{cuda::FlashVariant::bwd_pipeline, false}});
   run_wgmma_bwd_sweep(DType::f16);
 }
 
@@ -805,14 +800,6 @@ TEST(FlashAttentionPerf, Gpt2Bf16CausalMmaSyncBwd) {
 TEST(FlashAttentionPerf, Gpt2Bf16CausalBwdNoPipeline) {
   VariantScope v({{cuda::FlashVariant::bwd_pipeline, false}});
   time_gpt2_causal(DType::bf16, " [wgmma bwd, BLU_FLASH_BWD_PIPE=0]");
-}
-TEST(FlashAttentionPerf, Gpt2Bf16CausalBwdNoRed4) {
-  VariantScope v({{cuda::FlashVariant::bwd_red4, false}});
-  time_gpt2_causal(DType::bf16, " [wgmma bwd, BLU_FLASH_BWD_RED4=0]");
-}
-TEST(FlashAttentionPerf, Gpt2Bf16CausalBwdBaseline) {
-  VariantScope v({{cuda::FlashVariant::bwd_pipeline, false}, {cuda::FlashVariant::bwd_red4, false}});
-  time_gpt2_causal(DType::bf16, " [wgmma bwd, both switches off: the previous kernel]");
 }
 // fp32, the default ("ieee"): TF32 tensor cores at 3xTF32 (flash_attention_tf32.cu).
 TEST(FlashAttentionPerf, Gpt2F32Causal) {

@@ -80,9 +80,6 @@ enum class FlashVariant {
   // during the next tile (after that tile's Sᵀ, dPᵀ are issued), with a three-stage Q/dO ring;
   // off: it waits at the end of each tile, two stages (Note [wgmma backward pipeline]).
   bwd_pipeline,
-  // BLU_FLASH_BWD_RED4: the wgmma backward adds dQ with 16-byte vector atomics (lane pairs swap
-  // halves first); off: 8-byte ones.
-  bwd_red4,
   kCount
 };
 void set_flash_attention_variant(FlashVariant v, bool on);

@@ -113,21 +113,11 @@ struct WbBars {
   static constexpr int kFull = 1, kEmpty = kFull + wb_stages<Pipe>(), kDs = kEmpty + wb_stages<Pipe>(), kWg = kDs + 1;
   static_assert(kWg + 1 < 16, "named barrier ids");
 };
-
-// p ? a : b as one selp: a plain ?: on accumulator registers may become a branch whose copies
-// write those registers while another wgmma is in flight, and ptxas then serialises the wgmmas.
-__device__ __forceinline__ float select(bool p, float a, float b) {
-  float r;
-  asm("{\n.reg .pred q;\nsetp.ne.b32 q, %3, 0;\nselp.f32 %0, %1, %2, q;\n}\n" : "=f"(r) : "f"(a), "f"(b), "r"(int(p)));
-  return r;
-}
-// dst[0..3] += v (one 16-byte vector atomic, sm_90).
-__device__ __forceinline__ void atomic_add4(float* dst, float4 v) { atomicAdd(reinterpret_cast<float4*>(dst), v); }
 #endif
 
-// Pipe: Note [wgmma backward pipeline]; red4: dQ by 16-byte atomics (FlashVariant::bwd_red4).
+// Pipe: Note [wgmma backward pipeline].
 template <typename T, int D, bool Pipe>
-__global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwdParams p, bool red4) {
+__global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BK = kWbBK, BQ = kWbBQ, NS = wb_stages<Pipe>();
   constexpr int kBarFull = WbBars<Pipe>::kFull, kBarEmpty = WbBars<Pipe>::kEmpty, kBarDs = WbBars<Pipe>::kDs,
@@ -234,31 +224,16 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
   };
 
   // dq (the dQ product of the query tile at q0, complete) into dq_accum: rows q0 + 16·warp + g
-  // (+8), columns c·D/2 + 8j + 2t (+1). red4: lanes t and t^1 first swap halves so that an even t
-  // holds columns 8j + 2t .. +3 of row g and an odd t those of row g + 8 (from 8j + 2t − 2): one
-  // 16-byte atomic per 8 columns instead of two 8-byte ones.
+  // (+8), columns c·D/2 + 8j + 2t (+1). (16-byte atomics after a lane-pair swap were tried: no
+  // faster, docs/performance.md session 4.)
   auto add_dq = [&](int q0) {
     const int qrow = q0 + 16 * warp + g;
     float* dst0 = dq_acc + int64_t(qrow) * D + c * (D / 2);
-    if (red4) {
-      const bool odd = t & 1;
-      const int row = qrow + (odd ? 8 : 0);
-      float* dst = dst0 + (odd ? 8 * D : 0) + 2 * (t & ~1);
 #pragma unroll
-      for (int j = 0; j < D / 16; ++j) {
-        const float r0 = __shfl_xor_sync(0xffffffffu, select(odd, dq[4 * j], dq[4 * j + 2]), 1);
-        const float r1 = __shfl_xor_sync(0xffffffffu, select(odd, dq[4 * j + 1], dq[4 * j + 3]), 1);
-        const float4 v = make_float4(select(odd, r0, dq[4 * j]), select(odd, r1, dq[4 * j + 1]),
-                                     select(odd, dq[4 * j + 2], r0), select(odd, dq[4 * j + 3], r1));
-        if (row < p.T) atomic_add4(dst + 8 * j, v);
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < D / 16; ++j) {
-        float* dst = dst0 + 8 * j + 2 * t;
-        if (qrow < p.T) atomic_add2(dst, dq[4 * j], dq[4 * j + 1]);
-        if (qrow + 8 < p.T) atomic_add2(dst + 8 * D, dq[4 * j + 2], dq[4 * j + 3]);
-      }
+    for (int j = 0; j < D / 16; ++j) {
+      float* dst = dst0 + 8 * j + 2 * t;
+      if (qrow < p.T) atomic_add2(dst, dq[4 * j], dq[4 * j + 1]);
+      if (qrow + 8 < p.T) atomic_add2(dst + 8 * D, dq[4 * j + 2], dq[4 * j + 3]);
     }
   };
 
@@ -398,8 +373,7 @@ void launch_bwd_wgmma_variant(const FlashBwdParams& p, cudaStream_t stream) {
   const int num_kb = (p.T + kWbBK - 1) / kWbBK;
   BLU_CHECK(num_kb <= 65535, "flash_attention_backward: sequence too long (T = ", p.T, ")");
   const dim3 grid(unsigned(p.B) * unsigned(p.H), unsigned(num_kb));
-  const bool red4 = flash_attention_variant(FlashVariant::bwd_red4);
-  flash_bwd_wgmma_kernel<T, D, Pipe><<<grid, kWbThreads, smem, stream>>>(p, red4);
+  flash_bwd_wgmma_kernel<T, D, Pipe><<<grid, kWbThreads, smem, stream>>>(p);
   BLU_CUDA_CHECK_LAUNCH();
 }
 // The pipelined kernel at D = 64 only: at D = 128 its live registers (dK, dV of 64 each) exceed the
