@@ -622,12 +622,24 @@ TEST(FlashAttentionWgmma, F16) {
   if (!wgmma_testable()) GTEST_SKIP() << "no sm_90a device";
   run_wgmma_sweep(DType::f16);
 }
+// The sweeps above run the one-warpgroup forward at D = 64 (the default); these the
+// producer/two-consumer kernel it replaces there (still the one at D = 128).
+TEST(FlashAttentionWgmma, Bf16ThreeWarpgroups) {
+  if (!wgmma_testable()) GTEST_SKIP() << "no sm_90a device";
+  VariantScope v({{cuda::FlashVariant::fwd_solo, false}});
+  run_wgmma_sweep(DType::bf16);
+}
+TEST(FlashAttentionWgmma, F16ThreeWarpgroups) {
+  if (!wgmma_testable()) GTEST_SKIP() << "no sm_90a device";
+  VariantScope v({{cuda::FlashVariant::fwd_solo, false}});
+  run_wgmma_sweep(DType::f16);
+}
 
 // --- the Hopper wgmma backward ----------------------------------------------------------------
 //
 // dq, dk, dv ([B, H, T, D] views of [B, T, H, D] buffers, as the op returns them) of the backward
 // launcher (dsum precompute, main kernel, dq cast) with the wgmma main kernel on or off. The
-// outputs start as NaN, so a row the kernels fail to write shows up.
+// outputs and scratch start as NaN, so a row the kernels fail to write or clear shows up.
 std::vector<Tensor> launch_backward(const std::vector<Tensor>& in, const Tensor& dout, const Tensor& o,
                                     const Tensor& lse, const Case& c, double scale, bool wgmma) {
   WgmmaScope scope(true, wgmma);
@@ -747,11 +759,14 @@ TEST(FlashAttention, FallbackShapes) {
 void time_gpt2_causal(DType dtype, const char* label = "") {
   ASSERT_GT(cuda::device_count(), 0) << "no CUDA device";
   const int64_t B = 16, H = 12, T = 1024, D = 64;
-  const Shape shape{B, H, T, D};
+  // q, k, v are [B, H, T, D] views of [B, T, H, D] leaves, as in GPT (heads split off c_attn's
+  // output): the backward's dq, dk, dv buffers ([B, T, H, D]) then become the leaves' gradients as
+  // they are, and the time is the kernels' alone, as PyTorch's with its contiguous inputs.
+  const Shape shape{B, T, H, D};
   Generator gen(11);
   std::vector<Tensor> qkv;
   for (int i = 0; i < 3; ++i) qkv.push_back(to_device(randn(shape, dtype, kCPU, &gen), kGPU));
-  Tensor dout = to_device(randn(shape, dtype, kCPU, &gen), kGPU);
+  Tensor dout = to_device(randn({B, H, T, D}, dtype, kCPU, &gen), kGPU);
   cudaStream_t stream = cuda::current_stream();
   cuda::Event start(true), stop(true);
   const double fwd_flops = 4.0 * B * H * T * T * D / 2;
@@ -769,13 +784,14 @@ void time_gpt2_causal(DType dtype, const char* label = "") {
 
   const double fwd_ms = time_it([&] {
     NoGradGuard ng;
-    (void)scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], true);
+    (void)scaled_dot_product_attention(transpose(qkv[0], 1, 2), transpose(qkv[1], 1, 2), transpose(qkv[2], 1, 2), true);
   });
   std::vector<Tensor> in;
   for (const Tensor& t : qkv) in.push_back(t.detach().set_requires_grad(true));
   const double fwdbwd_ms = time_it([&] {
     for (Tensor& t : in) t.zero_grad();
-    scaled_dot_product_attention(in[0], in[1], in[2], true).backward(dout);
+    scaled_dot_product_attention(transpose(in[0], 1, 2), transpose(in[1], 1, 2), transpose(in[2], 1, 2), true)
+        .backward(dout);
   });
   std::printf("flash attention %s%s B16 H12 T1024 D64 causal: fwd %.4f ms (%.1f TFLOP/s), fwd+bwd %.4f ms "
               "(%.1f TFLOP/s), bwd alone ~%.4f ms\n",
@@ -800,6 +816,10 @@ TEST(FlashAttentionPerf, Gpt2Bf16CausalMmaSyncBwd) {
 TEST(FlashAttentionPerf, Gpt2Bf16CausalBwdNoPipeline) {
   VariantScope v({{cuda::FlashVariant::bwd_pipeline, false}});
   time_gpt2_causal(DType::bf16, " [wgmma bwd, BLU_FLASH_BWD_PIPE=0]");
+}
+TEST(FlashAttentionPerf, Gpt2Bf16CausalFwdThreeWarpgroups) {
+  VariantScope v({{cuda::FlashVariant::fwd_solo, false}});
+  time_gpt2_causal(DType::bf16, " [wgmma fwd of three warpgroups, BLU_FLASH_FWD_SOLO=0]");
 }
 // fp32, the default ("ieee"): TF32 tensor cores at 3xTF32 (flash_attention_tf32.cu).
 TEST(FlashAttentionPerf, Gpt2F32Causal) {

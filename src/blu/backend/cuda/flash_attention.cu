@@ -276,7 +276,7 @@ std::atomic<bool> g_wgmma{[] {
   return !(e && std::string_view(e) == "0");
 }()};
 // FlashVariant switches, read on first use: on unless the variable beside it is "0".
-constexpr const char* kVariantEnv[] = {"BLU_FLASH_BWD_PIPE"};
+constexpr const char* kVariantEnv[] = {"BLU_FLASH_BWD_PIPE", "BLU_FLASH_FWD_SOLO"};
 static_assert(std::size(kVariantEnv) == size_t(FlashVariant::kCount), "one variable per variant");
 struct Variants {
   std::atomic<bool> on[size_t(FlashVariant::kCount)];

@@ -80,6 +80,10 @@ enum class FlashVariant {
   // during the next tile (after that tile's Sᵀ, dPᵀ are issued), with a three-stage Q/dO ring;
   // off: it waits at the end of each tile, two stages (Note [wgmma backward pipeline]).
   bwd_pipeline,
+  // BLU_FLASH_FWD_SOLO: the wgmma forward at D = 64 runs CTAs of one warpgroup, 64 query rows and
+  // 64-key tiles that load their own tiles, four to a multiprocessor (Note [wgmma solo forward]);
+  // off: the producer/two-consumer kernel, one CTA of 128 rows a multiprocessor (as at D = 128).
+  fwd_solo,
   kCount
 };
 void set_flash_attention_variant(FlashVariant v, bool on);

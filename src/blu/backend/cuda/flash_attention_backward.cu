@@ -2,7 +2,8 @@
 // With P = exp(S·scale − lse) recomputed from the saved logsumexp, and Dsum = rowsum(dO ∘ O):
 //   dV = Pᵀ·dO,  dP = dO·Vᵀ,  dS = P ∘ (dP − Dsum) · scale,  dQ = dS·K,  dK = dSᵀ·Q.
 //
-// 1. preprocess: Dsum per row (warp per row), and the fp32 dQ accumulator zeroed.
+// 1. preprocess: Dsum per row (one 16-byte vector of O and dO per thread), and the fp32 dQ accumulator
+//    zeroed by the same kernel.
 // 2. Tensor-core kernel (bf16/f16), FlashAttention-2 style: a CTA of 4 warps owns 64 keys (16 per
 //    warp) and walks the query tiles of 64 rows that can see them (causal: from the diagonal on),
 //    Q and dO tiles (with their lse and Dsum) double-buffered by cp.async; each tile is taken in
@@ -36,22 +37,50 @@ namespace blu::cuda {
 namespace flash {
 
 // ---------------------------------------------------------------------------------------------
-// Dsum[row] = Σ_d dO[row, d] · O[row, d]; warp per row.
+// Dsum[row] = Σ_d dO[row, d] · O[row, d], and (when dq_accum is set) the row of the fp32 dQ
+// accumulator zeroed, in one pass: D/V threads per row, each with one 16-byte vector (V elements)
+// of O and of dO, summed across its row's threads by shuffles, and V floats of dq_accum cleared.
+// One kernel instead of a memset plus a warp-per-row kernel of 4-byte loads: on an H200 at GPT-2
+// shapes (B16 H12 T1024 D64, bf16) the two took 37.3 µs + the memset's ~12 µs (ncu).
 template <typename T, int D>
-__global__ void __launch_bounds__(128) flash_bwd_dsum_kernel(FlashBwdParams p) {
-  constexpr int E = D / 32;
-  const int lane = threadIdx.x % 32;
-  const int64_t row = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
-  if (row >= int64_t(p.B) * p.H * p.T) return;
-  const int i = int(row % p.T);
-  const int bh = int(row / p.T), b = bh / p.H, h = bh % p.H;
-  const T* op = slice<T>(p.o, b, h) + int64_t(i) * p.o.st + lane * E;
-  const T* dop = slice<T>(p.dout, b, h) + int64_t(i) * p.dout.st + lane * E;
+__global__ void __launch_bounds__(256) flash_bwd_dsum_kernel(FlashBwdParams p) {
+  constexpr int V = 16 / int(sizeof(T));  // elements per 16-byte vector
+  constexpr int TPR = D / V;              // threads per row: 8 (16-bit, D 64) to 32 (f32, D 128)
+  static_assert(TPR <= 32 && 32 % TPR == 0 && V % 4 == 0, "a row's threads within one warp");
+  const int64_t rows = int64_t(p.B) * p.H * p.T;
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / TPR;
+  const int part = int(threadIdx.x) % TPR;
+  const bool valid = row < rows;  // a row's threads are all valid or all not (shuffles below)
   float acc = 0.f;
+  if (valid) {
+    const int i = int(row % p.T);
+    const int bh = int(row / p.T), b = bh / p.H, h = bh % p.H;
+    union {
+      uint4 u;
+      T e[V];
+    } o, d;
+    o.u = __ldg(reinterpret_cast<const uint4*>(slice<T>(p.o, b, h) + int64_t(i) * p.o.st) + part);
+    d.u = __ldg(reinterpret_cast<const uint4*>(slice<T>(p.dout, b, h) + int64_t(i) * p.dout.st) + part);
 #pragma unroll
-  for (int e = 0; e < E; ++e) acc += Elem<T>::load(op + e) * Elem<T>::load(dop + e);
-  acc = warp_sum(acc);
-  if (lane == 0) p.dsum[row] = acc;
+    for (int e = 0; e < V; ++e) acc += Elem<T>::load(&o.e[e]) * Elem<T>::load(&d.e[e]);
+    if (p.dq_accum) {
+      float4* z = reinterpret_cast<float4*>(p.dq_accum + row * D) + part * (V / 4);
+#pragma unroll
+      for (int j = 0; j < V / 4; ++j) z[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
+#pragma unroll
+  for (int off = TPR / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (valid && part == 0) p.dsum[row] = acc;
+}
+
+// Blocks of 256 threads for flash_bwd_dsum_kernel<T, D>.
+template <typename T, int D>
+unsigned dsum_blocks(const FlashBwdParams& p) {
+  const int64_t threads = int64_t(p.B) * p.H * p.T * (D * int64_t(sizeof(T)) / 16);
+  const int64_t blocks = (threads + 255) / 256;
+  BLU_CHECK(blocks <= 0x7fffffff, "flash_attention_backward: too many rows");
+  return unsigned(blocks);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -396,7 +425,9 @@ unsigned row_blocks(const FlashBwdParams& p) {
 template <typename T, int D>
 void launch_bwd_simt(const FlashBwdParams& p, cudaStream_t stream) {
   const unsigned blocks = row_blocks(p);
-  flash_bwd_dsum_kernel<T, D><<<blocks, 128, 0, stream>>>(p);
+  FlashBwdParams pd = p;
+  pd.dq_accum = nullptr;  // the SIMT kernels need no accumulator
+  flash_bwd_dsum_kernel<T, D><<<dsum_blocks<T, D>(p), 256, 0, stream>>>(pd);
   BLU_CUDA_CHECK_LAUNCH();
   flash_bwd_dq_simt_kernel<T, D><<<blocks, 128, 0, stream>>>(p);
   BLU_CUDA_CHECK_LAUNCH();
@@ -408,8 +439,7 @@ template <typename T, int D>
 void launch_bwd_mma(const FlashBwdParams& p, DType dtype, cudaStream_t stream) {
   BLU_ASSERT(p.dq_accum, "flash_attention_backward: the tensor-core path needs dq_accum");
   const int64_t n = int64_t(p.B) * p.H * p.T * D;
-  BLU_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, size_t(n) * sizeof(float), stream));
-  flash_bwd_dsum_kernel<T, D><<<row_blocks(p), 128, 0, stream>>>(p);
+  flash_bwd_dsum_kernel<T, D><<<dsum_blocks<T, D>(p), 256, 0, stream>>>(p);  // also zeroes dq_accum
   BLU_CUDA_CHECK_LAUNCH();
 
   if (flash_attention_wgmma_backward() && flash_attention_wgmma_available()) {
