@@ -11,6 +11,11 @@
 #   dist  — (DIST_N GPUs, default 2) NCCL tests; bench on 1 GPU, on DIST_N with DDP and with
 #           ZeRO-1, beside PyTorch single-GPU and DDP under torchrun
 #   variants — more bench runs with other environments/arguments (VARIANTS, see below)
+#   trainval — blutrain train beside scripts/torch_train_peer.py (same model, shards, order, steps
+#           and schedule) per precision in MODES; each prints its validation loss at the end
+#           (DATA: a folder of shards carried in .devpack; TRAIN_ARGS: more arguments to both)
+#   attnprof — the time of each kernel of BluTrain's bf16 attention forward+backward (ncu), beside
+#           PyTorch's per-kernel times (scripts/sdpa_default.py)
 set -uo pipefail
 pack=/tmp/blupack
 mkdir -p "$pack" && tar -xJf .devpack/devpack.tar.xz -C "$pack"
@@ -74,5 +79,19 @@ for step in "$@"; do
       timeout 120 "$pack/test_cuda" --gtest_filter='FlashAttentionPerf*' 2>&1 | tee "$out/attn.log" | tail -15
       timeout 120 python3 .devpack/peers/attention.py 16 12 1024 64 2>&1 | tee -a "$out/attn.log" | tail -12
       timeout 120 python3 scripts/sdpa_default.py 16 12 1024 64 2>&1 | grep '^{' | tee -a "$out/attn.log" ;;
+    trainval)
+      data="${DATA:-.devpack/fortunes}"
+      for m in ${MODES:-bf16 tf32 fp32}; do
+        timeout 300 "$pack/blutrain" train --model d12 --data-dir "$data" --device cuda --precision "$m" -B "$B" -T "$T" \
+          --steps "$STEPS" ${TRAIN_ARGS:-} 2>&1 | tee -a "$out/trainval.log" | grep -E "^  (train loss|val loss|tokens|peak)|rror"
+        timeout 300 python3 scripts/torch_train_peer.py --peers .devpack/peers --data-dir "$data" --mode "$m" -B "$B" \
+          -T "$T" --steps "$STEPS" ${TRAIN_ARGS:-} 2>&1 | tee -a "$out/trainval.log" | grep -E "^\{|rror"
+      done ;;
+    attnprof)
+      timeout 300 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
+        --launch-skip "${NCU_SKIP:-0}" --launch-count "${NCU_COUNT:-400}" "$pack/test_cuda" \
+        --gtest_filter="${NCU_FILTER:-FlashAttentionPerf.Gpt2Bf16Causal}" > "$out/ncu_attn.csv" 2> "$out/ncu_attn.err"
+      python3 scripts/lab/ncu_summary.py "$out/ncu_attn.csv" | tee "$out/attnprof.log"
+      timeout 120 python3 scripts/sdpa_default.py 16 12 1024 64 2>&1 | grep '^{' | tee -a "$out/attnprof.log" ;;
   esac
 done
