@@ -92,10 +92,7 @@ __global__ void __launch_bounds__(kFwdThreads) flash_fwd_mma_kernel(FlashFwdPara
   T* sK = sQ + BQ * D;                     // [2][BK][D]
   T* sV = sK + 2 * BK * D;                 // [2][BK][D]
 
-  const int num_qt = gridDim.y;
-  const int qt = p.causal ? num_qt - 1 - int(blockIdx.y) : int(blockIdx.y);
-  const int b = int(blockIdx.x) / p.H, h = int(blockIdx.x) % p.H;
-  const int q0 = qt * BQ;
+  const auto [b, h, q0] = fwd_tile<BQ>(p);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
 

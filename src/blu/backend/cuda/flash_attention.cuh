@@ -187,4 +187,17 @@ __device__ __forceinline__ T* slice_mut(const AttnOperand& a, int b, int h) {
   return static_cast<T*>(a.ptr) + int64_t(b) * a.sb + int64_t(h) * a.sh;
 }
 
+// The (batch, head) and first query row of this CTA of a forward kernel launched over a
+// (B·H, ⌈T/BQ⌉) grid. Under causal the grid's slow dimension runs from the last query tile (the
+// most key tiles) down, so the heaviest CTAs launch first.
+struct FwdTile {
+  int b, h, q0;
+};
+template <int BQ>
+__device__ __forceinline__ FwdTile fwd_tile(const FlashFwdParams& p) {
+  const int num_qt = int(gridDim.y);
+  const int qt = p.causal ? num_qt - 1 - int(blockIdx.y) : int(blockIdx.y);
+  return {int(blockIdx.x) / p.H, int(blockIdx.x) % p.H, qt * BQ};
+}
+
 }  // namespace blu::cuda::flash

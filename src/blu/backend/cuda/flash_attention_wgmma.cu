@@ -67,6 +67,116 @@ constexpr int wg_smem_bytes() {
   return (kWgBQ * D + 4 * kWgBK * D) * 2 + 1024;
 }
 
+// --- one consumer warpgroup's softmax and epilogue, shared by both kernels ---------------------
+// A thread holds rows row_lo and row_lo + 8 of its warpgroup's 64 (row_lo = first + 16·warp + g)
+// and, of a 64 x BK score tile in the wgmma accumulator layout, columns 8j + 2t (+1).
+
+// Masks score tile s of keys k0.. (keys past T; causal: keys after the row; `first` is the
+// warpgroup's first row), then the online-softmax update: s becomes exp2(s·sl2 − m·sl2), alpha the
+// factor for the old O and l, rs the row sums of this thread's columns, m the new running max.
+template <int BK>
+__device__ __forceinline__ void wg_softmax(float (&s)[BK / 2], int k0, int first, int row_lo, int t,
+                                           const FlashFwdParams& p, float sl2, float (&m)[2], float (&alpha)[2],
+                                           float (&rs)[2]) {
+  constexpr int NS = BK / 8;  // 8-column groups
+  if (k0 + BK > p.T || (p.causal && k0 + BK - 1 > first)) {
+#pragma unroll
+    for (int j = 0; j < NS; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = k0 + 8 * j + 2 * t + (e & 1);
+        const int row = row_lo + (e >> 1) * 8;
+        if (key >= p.T || (p.causal && key > row)) s[4 * j + e] = kNegInf;
+      }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = m[r];
+#pragma unroll
+    for (int j = 0; j < NS; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float msub = mx == kNegInf ? 0.f : mx * sl2;  // a fully masked row so far stays at 0
+    alpha[r] = fast_exp2(m[r] * sl2 - msub);
+    m[r] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < NS; ++j) {
+      s[4 * j + 2 * r] = fast_exp2(s[4 * j + 2 * r] * sl2 - msub);
+      s[4 * j + 2 * r + 1] = fast_exp2(s[4 * j + 2 * r + 1] * sl2 - msub);
+      sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
+    }
+    rs[r] = sum;
+  }
+}
+
+// P from s as A fragments: k step kk covers keys 16kk..16kk+15 = column groups 2kk (a[0], a[1])
+// and 2kk+1.
+template <typename T, int BK>
+__device__ __forceinline__ void wg_p_frags(const float (&s)[BK / 2], uint32_t (&pf)[BK / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < BK / 16; ++kk) {
+    pf[kk][0] = Elem<T>::pack(s[8 * kk + 0], s[8 * kk + 1]);
+    pf[kk][1] = Elem<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
+    pf[kk][2] = Elem<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
+    pf[kk][3] = Elem<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+// l = l·alpha + rs and O scaled by alpha, per row.
+template <int D>
+__device__ __forceinline__ void wg_rescale(float (&o)[D / 2], float (&l)[2], const float (&alpha)[2],
+                                           const float (&rs)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] = l[r] * alpha[r] + rs[r];
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      o[4 * j + 2 * r] *= alpha[r];
+      o[4 * j + 2 * r + 1] *= alpha[r];
+    }
+  }
+}
+
+// Epilogue: completes the row sums across the quad, writes the logsumexp, normalises O and stores
+// it — staged through `stage` (the warpgroup's Q tile, [64][D] in the wgmma layout, whose last
+// reader is done once every warp passes the first `wg_sync`) and written with 16-byte coalesced
+// stores. `first` is the warpgroup's first row; tid its thread index (0..127).
+template <typename T, int D, typename Sync>
+__device__ __forceinline__ void wg_store_o(const float (&o)[D / 2], const float (&m)[2], const float (&l)[2], T* stage,
+                                           int first, int b, int h, int tid, const FlashFwdParams& p, Sync wg_sync) {
+  const int warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
+  const int row_lo = first + 16 * warp + g;
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float lr = l[r];
+    lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+    lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+    inv[r] = lr > 0.f ? 1.f / lr : 0.f;
+    const int row = row_lo + 8 * r;
+    if (t == 0 && row < p.T) p.lse[(int64_t(b) * p.H + h) * p.T + row] = lr > 0.f ? m[r] * p.scale + logf(lr) : kNegInf;
+  }
+  wg_sync();  // every warp of this warpgroup is past its last wgmma
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      *reinterpret_cast<uint32_t*>(stage + wg_off<64>(16 * warp + g + 8 * r, 8 * j + 2 * t)) =
+          Elem<T>::pack(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
+  wg_sync();
+  T* Og = slice_mut<T>(p.o, b, h);
+  constexpr int kChunks = D / 8;
+#pragma unroll
+  for (int i = 0; i < 64 * kChunks / 128; ++i) {
+    const int idx = tid + i * 128;
+    const int r = idx / kChunks, ch = idx % kChunks;
+    if (first + r < p.T)
+      *reinterpret_cast<uint4*>(Og + int64_t(first + r) * p.o.st + ch * 8) =
+          *reinterpret_cast<const uint4*>(stage + wg_off<64>(r, ch * 8));
+  }
+}
+
 // --- sm_90a instructions -------------------------------------------------------------------------
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -85,7 +195,6 @@ template <typename T, int D>
 __global__ void __launch_bounds__(kWgThreads, 1) flash_fwd_wgmma_kernel(FlashFwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BQ = kWgBQ, BK = kWgBK;
-  constexpr int NS = BK / 8;  // 8-column groups of S
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Align to a 128-byte-swizzle atom (the swizzle is a function of the address bits).
   const uint32_t raw = smem_u32(smem_raw);
@@ -93,10 +202,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) flash_fwd_wgmma_kernel(FlashFwd
   T* sK = sQ + BQ * D;                                                        // [2][BK][D]
   T* sV = sK + 2 * BK * D;                                                    // [2][BK][D]
 
-  const int num_qt = gridDim.y;
-  const int qt = p.causal ? num_qt - 1 - int(blockIdx.y) : int(blockIdx.y);
-  const int b = int(blockIdx.x) / p.H, h = int(blockIdx.x) % p.H;
-  const int q0 = qt * BQ;
+  const auto [b, h, q0] = fwd_tile<BQ>(p);
   const int kv_end = p.causal ? min(p.T, q0 + BQ) : p.T;
   const int num_kt = (kv_end + BK - 1) / BK;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
@@ -171,52 +277,6 @@ __global__ void __launch_bounds__(kWgThreads, 1) flash_fwd_wgmma_kernel(FlashFwd
     for (int kk = 0; kk < BK / 16; ++kk) wgmma_rs<T, D>(o, pf[kk], desc_add(dV, kk * 2048));
     wgmma_commit();
   };
-  // Masks tile n (keys past T; causal: keys after the row), then the online-softmax update of the
-  // running max: s becomes exp2(s·sl2 − m·sl2), alpha the factor for the old O and l, rs the row
-  // sums of this thread's columns.
-  auto softmax = [&](int n, float (&alpha)[2], float (&rs)[2]) {
-    const int k0 = n * BK;
-    if (k0 + BK > p.T || (p.causal && k0 + BK - 1 > r_wg)) {
-#pragma unroll
-      for (int j = 0; j < NS; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = k0 + 8 * j + 2 * t + (e & 1);
-          const int row = row_lo + (e >> 1) * 8;
-          if (key >= p.T || (p.causal && key > row)) s[4 * j + e] = kNegInf;
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = m[r];
-#pragma unroll
-      for (int j = 0; j < NS; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float msub = mx == kNegInf ? 0.f : mx * sl2;  // a fully masked row so far stays at 0
-      alpha[r] = fast_exp2(m[r] * sl2 - msub);
-      m[r] = mx;
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < NS; ++j) {
-        s[4 * j + 2 * r] = fast_exp2(s[4 * j + 2 * r] * sl2 - msub);
-        s[4 * j + 2 * r + 1] = fast_exp2(s[4 * j + 2 * r + 1] * sl2 - msub);
-        sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
-      }
-      rs[r] = sum;
-    }
-  };
-  // P from s: k step kk covers keys 16kk..16kk+15 = column groups 2kk (a[0], a[1]) and 2kk+1.
-  auto convert_p = [&] {
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) {
-      pf[kk][0] = Elem<T>::pack(s[8 * kk + 0], s[8 * kk + 1]);
-      pf[kk][1] = Elem<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
-      pf[kk][2] = Elem<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
-      pf[kk][3] = Elem<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
-    }
-  };
-
   float alpha[2], rs[2];
   // Tile 0.
   bar_sync(kBarFullK + 0, kWgThreads);
@@ -225,9 +285,9 @@ __global__ void __launch_bounds__(kWgThreads, 1) flash_fwd_wgmma_kernel(FlashFwd
   wgmma_wait<0>();
   pin(s);
   if (2 < num_kt) bar_arrive(kBarEmptyK + 0, kWgThreads);
-  softmax(0, alpha, rs);
+  wg_softmax<BK>(s, 0, r_wg, row_lo, t, p, sl2, m, alpha, rs);
   l[0] = rs[0], l[1] = rs[1];
-  convert_p();
+  wg_p_frags<T, BK>(s, pf);
 
   for (int n = 1; n < num_kt; ++n) {
     const int st = n & 1;
@@ -239,21 +299,13 @@ __global__ void __launch_bounds__(kWgThreads, 1) flash_fwd_wgmma_kernel(FlashFwd
     wgmma_wait<1>();  // S of tile n
     pin(s);
     if (n + 2 < num_kt) bar_arrive(kBarEmptyK + st, kWgThreads);
-    softmax(n, alpha, rs);
+    wg_softmax<BK>(s, n * BK, r_wg, row_lo, t, p, sl2, m, alpha, rs);
     wgmma_wait<0>();  // P·V of tile n-1
     pin(o);
     pin(s);
     if (n + 1 < num_kt) bar_arrive(kBarEmptyV + (st ^ 1), kWgThreads);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      l[r] = l[r] * alpha[r] + rs[r];
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        o[4 * j + 2 * r] *= alpha[r];
-        o[4 * j + 2 * r + 1] *= alpha[r];
-      }
-    }
-    convert_p();
+    wg_rescale<D>(o, l, alpha, rs);
+    wg_p_frags<T, BK>(s, pf);
   }
   bar_sync(kBarFullV + ((num_kt - 1) & 1), kWgThreads);
   wgmma_fence();
@@ -261,37 +313,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) flash_fwd_wgmma_kernel(FlashFwd
   wgmma_wait<0>();
   pin(o);
 
-  // Epilogue: complete the row sums across the quad, normalise, write the logsumexp; stage O
-  // through this warpgroup's Q tile (its last reader, S of the last tile, is done) and store it
-  // with 16-byte coalesced writes.
-  float inv[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float lr = l[r];
-    lr += __shfl_xor_sync(0xffffffffu, lr, 1);
-    lr += __shfl_xor_sync(0xffffffffu, lr, 2);
-    inv[r] = lr > 0.f ? 1.f / lr : 0.f;
-    const int row = row_lo + 8 * r;
-    if (t == 0 && row < p.T) p.lse[(int64_t(b) * p.H + h) * p.T + row] = lr > 0.f ? m[r] * p.scale + logf(lr) : kNegInf;
-  }
-  bar_sync(kBarWg + c, 128);  // every warp of this warpgroup is past its last wgmma
-#pragma unroll
-  for (int j = 0; j < D / 8; ++j)
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-      *reinterpret_cast<uint32_t*>(sQc + wg_off<64>(16 * warp + g + 8 * r, 8 * j + 2 * t)) =
-          Elem<T>::pack(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
-  bar_sync(kBarWg + c, 128);
-  T* Og = slice_mut<T>(p.o, b, h);
-  constexpr int kChunks = D / 8;
-#pragma unroll
-  for (int i = 0; i < 64 * kChunks / 128; ++i) {
-    const int idx = tid + i * 128;
-    const int r = idx / kChunks, ch = idx % kChunks;
-    if (r_wg + r < p.T)
-      *reinterpret_cast<uint4*>(Og + int64_t(r_wg + r) * p.o.st + ch * 8) =
-          *reinterpret_cast<const uint4*>(sQc + wg_off<64>(r, ch * 8));
-  }
+  // Epilogue: O staged through this warpgroup's Q tile (its last reader, S of the last tile, is done).
+  wg_store_o<T, D>(o, m, l, sQc, r_wg, b, h, tid, p, [c] { bar_sync(kBarWg + c, 128); });
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
@@ -323,17 +346,13 @@ template <typename T, int D>
 __global__ void __launch_bounds__(kSoloThreads, 4) flash_fwd_wgmma_solo_kernel(FlashFwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BQ = kSoloBQ, BK = kSoloBK;
-  constexpr int NS = BK / 8;  // 8-column groups of S
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   T* sQ = reinterpret_cast<T*>(smem_raw + (((raw + 1023) & ~1023u) - raw));  // [64][D]
   T* sK = sQ + BQ * D;                                                        // [2][BK][D]
   T* sV = sK + 2 * BK * D;                                                    // [2][BK][D]
 
-  const int num_qt = gridDim.y;
-  const int qt = p.causal ? num_qt - 1 - int(blockIdx.y) : int(blockIdx.y);
-  const int b = int(blockIdx.x) / p.H, h = int(blockIdx.x) % p.H;
-  const int q0 = qt * BQ;
+  const auto [b, h, q0] = fwd_tile<BQ>(p);
   const int kv_end = p.causal ? min(p.T, q0 + BQ) : p.T;
   const int num_kt = (kv_end + BK - 1) / BK;
   const int tid = threadIdx.x;
@@ -384,57 +403,15 @@ __global__ void __launch_bounds__(kSoloThreads, 4) flash_fwd_wgmma_solo_kernel(F
     for (int kk = 0; kk < BK / 16; ++kk) wgmma_rs<T, D>(o, pf[kk], desc_add(dV, kk * 2048));
     wgmma_commit();
   };
-  auto softmax = [&](int n, float (&alpha)[2], float (&rs)[2]) {
-    const int k0 = n * BK;
-    if (k0 + BK > p.T || (p.causal && k0 + BK - 1 > q0)) {
-#pragma unroll
-      for (int j = 0; j < NS; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = k0 + 8 * j + 2 * t + (e & 1);
-          const int row = row_lo + (e >> 1) * 8;
-          if (key >= p.T || (p.causal && key > row)) s[4 * j + e] = kNegInf;
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = m[r];
-#pragma unroll
-      for (int j = 0; j < NS; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float msub = mx == kNegInf ? 0.f : mx * sl2;
-      alpha[r] = fast_exp2(m[r] * sl2 - msub);
-      m[r] = mx;
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < NS; ++j) {
-        s[4 * j + 2 * r] = fast_exp2(s[4 * j + 2 * r] * sl2 - msub);
-        s[4 * j + 2 * r + 1] = fast_exp2(s[4 * j + 2 * r + 1] * sl2 - msub);
-        sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
-      }
-      rs[r] = sum;
-    }
-  };
-  auto convert_p = [&] {
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) {
-      pf[kk][0] = Elem<T>::pack(s[8 * kk + 0], s[8 * kk + 1]);
-      pf[kk][1] = Elem<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
-      pf[kk][2] = Elem<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
-      pf[kk][3] = Elem<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
-    }
-  };
-
   float alpha[2], rs[2];
   next_tiles(0);
   wgmma_fence();
   issue_s(0);
   wgmma_wait<0>();
   pin(s);
-  softmax(0, alpha, rs);
+  wg_softmax<BK>(s, 0, q0, row_lo, t, p, sl2, m, alpha, rs);
   l[0] = rs[0], l[1] = rs[1];
-  convert_p();
+  wg_p_frags<T, BK>(s, pf);
   for (int n = 1; n < num_kt; ++n) {
     next_tiles(n);
     wgmma_fence();
@@ -442,20 +419,12 @@ __global__ void __launch_bounds__(kSoloThreads, 4) flash_fwd_wgmma_solo_kernel(F
     issue_pv(n - 1);
     wgmma_wait<1>();
     pin(s);
-    softmax(n, alpha, rs);
+    wg_softmax<BK>(s, n * BK, q0, row_lo, t, p, sl2, m, alpha, rs);
     wgmma_wait<0>();
     pin(o);
     pin(s);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      l[r] = l[r] * alpha[r] + rs[r];
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        o[4 * j + 2 * r] *= alpha[r];
-        o[4 * j + 2 * r + 1] *= alpha[r];
-      }
-    }
-    convert_p();
+    wg_rescale<D>(o, l, alpha, rs);
+    wg_p_frags<T, BK>(s, pf);
   }
   next_tiles(num_kt);  // V of the last tile
   wgmma_fence();
@@ -463,63 +432,19 @@ __global__ void __launch_bounds__(kSoloThreads, 4) flash_fwd_wgmma_solo_kernel(F
   wgmma_wait<0>();
   pin(o);
 
-  // Epilogue, as in the kernel above: O staged through the Q tile.
-  float inv[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float lr = l[r];
-    lr += __shfl_xor_sync(0xffffffffu, lr, 1);
-    lr += __shfl_xor_sync(0xffffffffu, lr, 2);
-    inv[r] = lr > 0.f ? 1.f / lr : 0.f;
-    const int row = row_lo + 8 * r;
-    if (t == 0 && row < p.T) p.lse[(int64_t(b) * p.H + h) * p.T + row] = lr > 0.f ? m[r] * p.scale + logf(lr) : kNegInf;
-  }
-  __syncthreads();
-#pragma unroll
-  for (int j = 0; j < D / 8; ++j)
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-      *reinterpret_cast<uint32_t*>(sQ + wg_off<BQ>(16 * warp + g + 8 * r, 8 * j + 2 * t)) =
-          Elem<T>::pack(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
-  __syncthreads();
-  T* Og = slice_mut<T>(p.o, b, h);
-  constexpr int kChunks = D / 8;
-#pragma unroll
-  for (int i = 0; i < BQ * kChunks / 128; ++i) {
-    const int idx = tid + i * 128;
-    const int r = idx / kChunks, ch = idx % kChunks;
-    if (q0 + r < p.T)
-      *reinterpret_cast<uint4*>(Og + int64_t(q0 + r) * p.o.st + ch * 8) =
-          *reinterpret_cast<const uint4*>(sQ + wg_off<BQ>(r, ch * 8));
-  }
+  // Epilogue: O staged through the Q tile.
+  wg_store_o<T, D>(o, m, l, sQ, q0, b, h, tid, p, [] { __syncthreads(); });
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
-}
-
-template <typename T, int D>
-void launch_fwd_wgmma_solo(const FlashFwdParams& p, cudaStream_t stream) {
-  constexpr int smem = solo_smem_bytes<D>();
-  static std::atomic<uint64_t> configured{0};
-  ensure_smem_limit(flash_fwd_wgmma_solo_kernel<T, D>, smem, configured);
-  const int num_qt = (p.T + kSoloBQ - 1) / kSoloBQ;
-  BLU_CHECK(num_qt <= 65535, "flash_attention: sequence too long (T = ", p.T, ")");
-  const dim3 grid(unsigned(p.B) * unsigned(p.H), unsigned(num_qt));
-  flash_fwd_wgmma_solo_kernel<T, D><<<grid, kSoloThreads, smem, stream>>>(p);
-  BLU_CUDA_CHECK_LAUNCH();
 }
 
 template <typename T, int D>
 void launch_fwd_wgmma(const FlashFwdParams& p, cudaStream_t stream) {
   if constexpr (D == 64) {
-    if (flash_attention_variant(FlashVariant::fwd_solo)) return launch_fwd_wgmma_solo<T, D>(p, stream);
+    if (flash_attention_variant(FlashVariant::fwd_solo))
+      return launch_tiles<flash_fwd_wgmma_solo_kernel<T, D>>(p, kSoloBQ, kSoloThreads, solo_smem_bytes<D>(),
+                                                             "flash_attention", stream);
   }
-  constexpr int smem = wg_smem_bytes<D>();
-  static std::atomic<uint64_t> configured{0};  // one bit per device
-  ensure_smem_limit(flash_fwd_wgmma_kernel<T, D>, smem, configured);
-  const int num_qt = (p.T + kWgBQ - 1) / kWgBQ;
-  BLU_CHECK(num_qt <= 65535, "flash_attention: sequence too long (T = ", p.T, ")");
-  const dim3 grid(unsigned(p.B) * unsigned(p.H), unsigned(num_qt));
-  flash_fwd_wgmma_kernel<T, D><<<grid, kWgThreads, smem, stream>>>(p);
-  BLU_CUDA_CHECK_LAUNCH();
+  launch_tiles<flash_fwd_wgmma_kernel<T, D>>(p, kWgBQ, kWgThreads, wg_smem_bytes<D>(), "flash_attention", stream);
 }
 
 }  // namespace
