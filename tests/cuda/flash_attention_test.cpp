@@ -13,8 +13,10 @@
 // with each other and with the f64 reference, and the FlashAttentionWgmmaBackward tests the two
 // backwards' dq, dk, dv likewise, on fresh data for T in {1, 17, 64, 100, 128, 1000, 1024} and a
 // strided layout; the ...NoPipeline ones rerun that sweep with a FlashVariant switch of the
-// wgmma backward off (cuda::set_flash_attention_variant). "Perf" tests time GPT-2's shape (B16 H12 T1024 D64, causal; bf16 on each
-// kernel family, and f32 in each mode) forward and forward+backward.
+// wgmma backward off, the ...ThreeWarpgroups ones the forward sweep with the D = 64 one-warpgroup
+// forward off (cuda::set_flash_attention_variant). "Perf" tests time GPT-2's shape (B16 H12 T1024
+// D64, causal; bf16 on each kernel family and variant, and f32 in each mode) forward and
+// forward+backward, q, k, v being views of [B, T, H, D] leaves as in GPT.
 //
 // Run on the GPU machine: ./build-cuda/tests/test_cuda --gtest_filter='FlashAttention*'
 // (or ctest -L cuda -R FlashAttention); Perf: --gtest_filter='*FlashAttentionPerf*'.
