@@ -14,6 +14,8 @@
 #   trainval — blutrain train beside scripts/torch_train_peer.py (same model, shards, order, steps
 #           and schedule) per precision in MODES; each prints its validation loss at the end
 #           (DATA: a folder of shards carried in .devpack; TRAIN_ARGS: more arguments to both)
+#   attndetail — ncu sections (throughput, stalls, top stall sites) of our wgmma attention kernels
+#           beside cuDNN's (files ncu_ours.txt, ncu_cudnn.txt)
 #   attnprof — the time of each kernel of BluTrain's bf16 attention forward+backward (ncu), beside
 #           PyTorch's per-kernel times (scripts/sdpa_default.py)
 set -uo pipefail
@@ -93,5 +95,20 @@ for step in "$@"; do
         --gtest_filter="${NCU_FILTER:-FlashAttentionPerf.Gpt2Bf16Causal}" > "$out/ncu_attn.csv" 2> "$out/ncu_attn.err"
       python3 scripts/lab/ncu_summary.py "$out/ncu_attn.csv" | tee "$out/attnprof.log"
       timeout 120 python3 scripts/sdpa_default.py 16 12 1024 64 2>&1 | grep '^{' | tee -a "$out/attnprof.log" ;;
+    attndetail)
+      # The same ncu sections (throughput, warp stalls, top stall sites, memory) for our wgmma
+      # forward and backward kernels and for cuDNN's, the third launch of each, side by side.
+      secs="--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats
+        --section SourceCounters --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats"
+      for k in fwd_wgmma_solo bwd_wgmma; do
+        timeout 150 ncu $secs --clock-control none -k "regex:flash_$k" --launch-skip 2 --launch-count 1 "$pack/test_cuda" \
+          --gtest_filter="${NCU_FILTER:-FlashAttentionPerf.Gpt2Bf16Causal}" > "$out/ncu_ours_$k.txt" 2>&1
+      done
+      for k in fprop bprop; do
+        timeout 150 ncu $secs --clock-control none -k "regex:cudnn.*$k" --launch-skip 2 --launch-count 1 \
+          python3 scripts/sdpa_default.py 16 12 1024 64 > "$out/ncu_cudnn_$k.txt" 2>&1
+      done
+      grep -hE "^  [a-zA-Z_]|Duration|Throughput|Issue Slots|No Eligible|Registers Per|Achieved Occ|Executed Ipc" \
+        "$out"/ncu_ours_*.txt "$out"/ncu_cudnn_*.txt | head -120 ;;
   esac
 done

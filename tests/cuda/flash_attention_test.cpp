@@ -14,7 +14,8 @@
 // backwards' dq, dk, dv likewise, on fresh data for T in {1, 17, 64, 100, 128, 1000, 1024} and a
 // strided layout; the ...NoPipeline ones rerun that sweep with a FlashVariant switch of the
 // wgmma backward off, the ...ThreeWarpgroups ones the forward sweep with the D = 64 one-warpgroup
-// forward off (cuda::set_flash_attention_variant). "Perf" tests time GPT-2's shape (B16 H12 T1024
+// forward off (cuda::set_flash_attention_variant), the ...HeadGroups ones the sweeps with the CTAs
+// dealt out in groups of 4 heads (a partial last group). "Perf" tests time GPT-2's shape (B16 H12 T1024
 // D64, causal; bf16 on each kernel family and variant, and f32 in each mode) forward and
 // forward+backward, q, k, v being views of [B, T, H, D] leaves as in GPT.
 //
@@ -240,6 +241,13 @@ struct VariantScope {
   ~VariantScope() {
     for (const auto& [v, on] : saved) cuda::set_flash_attention_variant(v, on);
   }
+};
+
+// Sets the CTA order's head group (Note [head groups]) for a scope, restoring the previous one.
+struct HeadGroupScope {
+  int saved = cuda::flash_attention_head_group();
+  explicit HeadGroupScope(int heads) { cuda::set_flash_attention_head_group(heads); }
+  ~HeadGroupScope() { cuda::set_flash_attention_head_group(saved); }
 };
 
 TEST(FlashAttention, F32) { run_sweep(DType::f32, false); }  // TF32 kernels, 3xTF32 ("ieee")
@@ -637,6 +645,44 @@ TEST(FlashAttentionWgmma, F16ThreeWarpgroups) {
   run_wgmma_sweep(DType::f16);
 }
 
+// The CTA order (Note [head groups]), host-side: every (head, rank) cell exactly once; group g's
+// CTAs cover heads gG.. only, in non-decreasing rank, after every CTA of group g-1; G ≤ 0 or ≥ B·H
+// is the plain order (head = blockIdx.x, rank = blockIdx.y).
+TEST(FlashAttentionHost, TileSlotOrder) {
+  for (int bh = 1; bh <= 40; ++bh)
+    for (int ranks = 1; ranks <= 9; ++ranks)
+      for (int g : {-1, 0, 1, 2, 3, 4, 5, 7, 16, bh, bh + 3}) {
+        SCOPED_TRACE("bh " + std::to_string(bh) + " ranks " + std::to_string(ranks) + " group " + std::to_string(g));
+        const int G = g <= 0 || g > bh ? bh : g;
+        std::vector<int> seen(size_t(bh * ranks), 0);
+        int last_group = 0, last_rank = 0;
+        for (int lin = 0; lin < bh * ranks; ++lin) {
+          const cuda::TileSlot s = cuda::tile_slot_of(lin, bh, ranks, g);
+          ASSERT_TRUE(s.bh >= 0 && s.bh < bh && s.rank >= 0 && s.rank < ranks) << "lin " << lin;
+          ++seen[size_t(s.bh * ranks + s.rank)];
+          const int group = s.bh / G;
+          ASSERT_GE(group, last_group) << "lin " << lin;
+          if (group == last_group) {
+            ASSERT_GE(s.rank, last_rank) << "lin " << lin;
+          }
+          last_group = group;
+          last_rank = s.rank;
+          if (G == bh) {
+            ASSERT_TRUE(s.bh == lin % bh && s.rank == lin / bh) << "lin " << lin;
+          }
+        }
+        ASSERT_EQ(std::count(seen.begin(), seen.end(), 1), bh * ranks);
+      }
+}
+
+// Head groups of 4 over the sweep's 6 (batch, head) pairs: a full group and a partial one, so every
+// pair must still be visited exactly once (the sweeps above run one group, B·H ≤ 6 < the default).
+TEST(FlashAttentionWgmma, Bf16HeadGroups) {
+  if (!wgmma_testable()) GTEST_SKIP() << "no sm_90a device";
+  HeadGroupScope g(4);
+  run_wgmma_sweep(DType::bf16);
+}
+
 // --- the Hopper wgmma backward ----------------------------------------------------------------
 //
 // dq, dk, dv ([B, H, T, D] views of [B, T, H, D] buffers, as the op returns them) of the backward
@@ -737,6 +783,12 @@ TEST(FlashAttentionWgmmaBackward, F16NoPipeline) {
   run_wgmma_bwd_sweep(DType::f16);
 }
 
+TEST(FlashAttentionWgmmaBackward, Bf16HeadGroups) {
+  if (!wgmma_testable()) GTEST_SKIP() << "no sm_90a device";
+  HeadGroupScope g(4);
+  run_wgmma_bwd_sweep(DType::bf16);
+}
+
 // Shapes the fused kernels do not take still give the composite result on the GPU.
 TEST(FlashAttention, FallbackShapes) {
   ASSERT_GT(cuda::device_count(), 0) << "no CUDA device";
@@ -822,6 +874,13 @@ TEST(FlashAttentionPerf, Gpt2Bf16CausalBwdNoPipeline) {
 TEST(FlashAttentionPerf, Gpt2Bf16CausalFwdThreeWarpgroups) {
   VariantScope v({{cuda::FlashVariant::fwd_solo, false}});
   time_gpt2_causal(DType::bf16, " [wgmma fwd of three warpgroups, BLU_FLASH_FWD_SOLO=0]");
+}
+// The CTA order's head group (Note [head groups]): 0 is the plain grid order.
+TEST(FlashAttentionPerf, Gpt2Bf16CausalHeadGroups) {
+  for (int heads : {0, 4, 8, 12, 16, 24, 32, 48, 64}) {
+    HeadGroupScope g(heads);
+    time_gpt2_causal(DType::bf16, (" [head group " + std::to_string(heads) + "]").c_str());
+  }
 }
 // fp32, the default ("ieee"): TF32 tensor cores at 3xTF32 (flash_attention_tf32.cu).
 TEST(FlashAttentionPerf, Gpt2F32Causal) {

@@ -22,6 +22,7 @@
 #include "blu/backend/cuda/flash_attention_wgmma.h"
 #include "blu/backend/cuda/runtime.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <iterator>
@@ -296,6 +297,14 @@ bool flash_attention_variant(FlashVariant v) { return variant_flag(v).load(); }
 void set_flash_attention_wgmma(bool on) { g_wgmma.store(on); }
 bool flash_attention_wgmma() { return g_wgmma.load(); }
 
+std::atomic<int> g_head_group{[] {
+  const char* e = std::getenv("BLU_FLASH_HEAD_GROUP");
+  return e ? std::max(0, std::atoi(e)) : kDefaultHeadGroup;
+}()};
+
+void set_flash_attention_head_group(int heads) { g_head_group.store(std::max(0, heads)); }
+int flash_attention_head_group() { return g_head_group.load(); }
+
 void set_flash_attention_force_simt(bool on) { g_force_simt.store(on); }
 bool flash_attention_force_simt() { return g_force_simt.load(); }
 void set_flash_attention_f32_cuda_cores(bool on) { g_f32_cuda_cores.store(on); }
@@ -308,9 +317,11 @@ bool flash_attention_needs_dq_accum(DType dtype) {
   return (dtype == DType::bf16 || dtype == DType::f16) && !flash_attention_force_simt();
 }
 
-void flash_attention_forward(const FlashFwdParams& p, DType dtype, cudaStream_t stream) {
-  BLU_ASSERT(flash_attention_supported(dtype, p.D), "flash_attention_forward: ", dtype, " D=", p.D);
-  if (int64_t(p.B) * p.H * p.T == 0) return;
+void flash_attention_forward(const FlashFwdParams& params, DType dtype, cudaStream_t stream) {
+  BLU_ASSERT(flash_attention_supported(dtype, params.D), "flash_attention_forward: ", dtype, " D=", params.D);
+  if (int64_t(params.B) * params.H * params.T == 0) return;
+  FlashFwdParams p = params;
+  p.head_group = flash_attention_head_group();
   const bool simt = flash_attention_force_simt();
   if (p.D == 64) flash::fwd_dispatch_d<64>(p, dtype, simt, stream);
   else flash::fwd_dispatch_d<128>(p, dtype, simt, stream);

@@ -187,17 +187,36 @@ __device__ __forceinline__ T* slice_mut(const AttnOperand& a, int b, int h) {
   return static_cast<T*>(a.ptr) + int64_t(b) * a.sb + int64_t(h) * a.sh;
 }
 
+// Note [head groups]
+// A kernel over a (B·H, tiles) grid gives each CTA one (batch, head) pair and one tile rank; the
+// hardware starts CTAs in linear order (x fastest). Read plainly — rank = blockIdx.y — the CTAs
+// running at once share a rank and each touches a different head, so a wave streams the K, V (the
+// forward) or Q, dO and the fp32 dQ accumulator (the backward) of ~130 heads: ~50 MB at GPT-2's
+// shape, the size of the L2, and every head's data comes from DRAM again for each of its tiles
+// (ncu, H200: the backward moved 643 MB where cuDNN's moves 232 MB). Instead the linear index is
+// dealt out in groups of G heads: group g takes heads gG .. gG+G-1 (fewer in the last group), all
+// ranks of those heads, rank-major within the group — so the heaviest ranks of a group still start
+// first, and a group's working set (G heads) stays in the L2 while its CTAs run. G = 0 (or ≥ B·H)
+// is the plain order. The map itself is tile_slot_of (flash_attention.h, host-tested). Used by the
+// tensor-core forwards (fwd_tile) and the wgmma backward. The default stays 0 until the
+// FlashAttentionPerf.Gpt2Bf16CausalHeadGroups sweep has been run on a GPU (no device was lent
+// after this was written); the prediction is DRAM traffic near cuDNN's and a faster backward.
+__device__ __forceinline__ TileSlot tile_slot(int head_group) {
+  const int bh_count = int(gridDim.x);
+  return tile_slot_of(int(blockIdx.x) + bh_count * int(blockIdx.y), bh_count, int(gridDim.y), head_group);
+}
+
 // The (batch, head) and first query row of this CTA of a forward kernel launched over a
-// (B·H, ⌈T/BQ⌉) grid. Under causal the grid's slow dimension runs from the last query tile (the
-// most key tiles) down, so the heaviest CTAs launch first.
+// (B·H, ⌈T/BQ⌉) grid, in head groups. Under causal the ranks run from the last query tile (the most
+// key tiles) down, so the heaviest CTAs launch first.
 struct FwdTile {
   int b, h, q0;
 };
 template <int BQ>
 __device__ __forceinline__ FwdTile fwd_tile(const FlashFwdParams& p) {
-  const int num_qt = int(gridDim.y);
-  const int qt = p.causal ? num_qt - 1 - int(blockIdx.y) : int(blockIdx.y);
-  return {int(blockIdx.x) / p.H, int(blockIdx.x) % p.H, qt * BQ};
+  const TileSlot s = tile_slot(p.head_group);
+  const int qt = p.causal ? int(gridDim.y) - 1 - s.rank : s.rank;
+  return {s.bh / p.H, s.bh % p.H, qt * BQ};
 }
 
 }  // namespace blu::cuda::flash

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 
+#include "blu/backend/cuda/int_div.h"  // BLU_HD
 #include "blu/core/dtype.h"
 #include "blu/core/tensor.h"
 
@@ -38,6 +39,7 @@ struct FlashFwdParams {
   int B = 0, H = 0, T = 0, D = 0;
   float scale = 1.f;  // multiplies q·k
   bool causal = false;
+  int head_group = 0;  // CTA order (Note [head groups]); set by flash_attention_forward
 };
 
 struct FlashBwdParams {
@@ -48,6 +50,7 @@ struct FlashBwdParams {
   int B = 0, H = 0, T = 0, D = 0;
   float scale = 1.f;
   bool causal = false;
+  int head_group = 0;  // CTA order (Note [head groups]); set by flash_attention_backward
 };
 
 // Whether the fused kernels take this problem (dtype f32/bf16/f16, head dim 64 or 128).
@@ -88,6 +91,26 @@ enum class FlashVariant {
 };
 void set_flash_attention_variant(FlashVariant v, bool on);
 bool flash_attention_variant(FlashVariant v);
+
+// Tuning knob: how many (batch, head) pairs the tensor-core forwards and the wgmma backward work
+// through together (Note [head groups] in flash_attention.cuh); 0 takes all of them at once (the
+// plain grid order). Starts from BLU_FLASH_HEAD_GROUP when set, else kDefaultHeadGroup.
+constexpr int kDefaultHeadGroup = 0;  // until measured (docs/performance.md, session 6)
+void set_flash_attention_head_group(int heads);
+int flash_attention_head_group();
+
+// The CTA order of Note [head groups]: the (batch, head) pair and tile rank of the CTA with linear
+// index `lin` (x fastest) of a (bh_count, ranks) grid, heads dealt out in groups of `head_group`
+// (≤ 0 or ≥ bh_count: one group, the plain order). A bijection onto [0, bh_count) × [0, ranks).
+struct TileSlot {
+  int bh, rank;
+};
+BLU_HD inline TileSlot tile_slot_of(int lin, int bh_count, int ranks, int head_group) {
+  const int g = head_group <= 0 || head_group > bh_count ? bh_count : head_group;
+  const int group = lin / (g * ranks), r = lin - group * g * ranks;
+  const int rest = bh_count - group * g, size = rest < g ? rest : g;  // the last group may be smaller
+  return {group * g + r % size, r / size};
+}
 
 // Test hook: route every dtype through the plain SIMT kernels (to cross-check the others).
 void set_flash_attention_force_simt(bool on);

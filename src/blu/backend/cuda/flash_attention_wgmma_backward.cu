@@ -40,9 +40,10 @@
 // this layout and the fragment math on the CPU.
 //
 // Causal: key block kb visits query tiles from 2kb on (the first one contains its diagonal and is
-// masked; for consumer 1 that tile is entirely masked and yields zeros); the grid's slowest
-// dimension is the key block, so the heaviest CTAs (small kb) launch first. The kernel body exists
-// only in the sm_90a compilation (__CUDA_ARCH_FEAT_SM90_ALL).
+// masked; for consumer 1 that tile is entirely masked and yields zeros); the grid's ranks are the
+// key blocks, dealt out in head groups (Note [head groups]), so within a group the heaviest CTAs
+// (small kb) launch first. The kernel body exists only in the sm_90a compilation
+// (__CUDA_ARCH_FEAT_SM90_ALL).
 //
 // Note [wgmma backward pipeline]
 // Named barriers (bar.sync / bar.arrive with a thread count; id 0 is __syncthreads):
@@ -135,8 +136,11 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
   float* sL = reinterpret_cast<float*>(sdS + 2 * BK * BQ);                    // [NS][64] lse
   float* sDs = sL + NS * BQ;                                                  // [NS][64] Dsum
 
-  const int kb = int(blockIdx.y);  // causal: small kb (the most query tiles) launches first
-  const int b = int(blockIdx.x) / p.H, h = int(blockIdx.x) % p.H;
+  // Key block and head in head groups (Note [head groups]); causal: small kb (the most query tiles)
+  // launches first within a group.
+  const TileSlot slot = tile_slot(p.head_group);
+  const int kb = slot.rank;
+  const int b = slot.bh / p.H, h = slot.bh % p.H;
   const int64_t bh = int64_t(b) * p.H + h;
   const int k0 = kb * BK;
   const int qt_begin = p.causal ? k0 / BQ : 0;  // k0 < T, so at least one tile
@@ -388,7 +392,9 @@ void launch_bwd_wgmma(const FlashBwdParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-void flash_attention_backward_wgmma(const FlashBwdParams& p, DType dtype, cudaStream_t stream) {
+void flash_attention_backward_wgmma(const FlashBwdParams& params, DType dtype, cudaStream_t stream) {
+  FlashBwdParams p = params;
+  p.head_group = flash_attention_head_group();
   BLU_ASSERT(p.D == 64 || p.D == 128, "flash_attention_backward_wgmma: D = ", p.D);
   BLU_ASSERT(p.dq_accum && p.dsum, "flash_attention_backward_wgmma: needs dq_accum and dsum");
   switch (dtype) {
