@@ -212,6 +212,48 @@ TEST(Loader, ResumeGivesTheSameBatches) {
   }
 }
 
+// Note [Resuming on other ranks]: a state saved by 4 ranks of B=1 restores into 2 ranks of B=2
+// and into 1 rank of B=4, and every later round holds the same tokens, split differently.
+TEST(Loader, ResumesOnAnotherWorldSizeWithTheSameGlobalBatch) {
+  Shards sh(kUneven);
+  const int64_t T = 4, rounds = 2 * (6 + 4 + 3) + 3;  // rounds of 16 tokens: 6, 4, 3 a shard; past the wrap
+  // n rounds of `world` ranks of B rows (after restoring `from`, if given), each round as the
+  // inputs of rank 0, 1, ... then their targets.
+  auto read_rounds = [&](int world, int64_t B, const LoaderState* from, int64_t n) {
+    std::vector<std::vector<Batch>> per_rank;
+    for (int r = 0; r < world; ++r) {
+      DataLoader dl(sh.files, B, T, r, world, {.prefetch = 1});
+      if (from) dl.restore(*from);
+      per_rank.push_back(take(dl, n));
+    }
+    std::vector<std::vector<int32_t>> out(static_cast<size_t>(n));
+    for (size_t k = 0; k < out.size(); ++k) {
+      for (const auto& rank : per_rank) out[k].insert(out[k].end(), rank[k].inputs.begin(), rank[k].inputs.end());
+      for (const auto& rank : per_rank) out[k].insert(out[k].end(), rank[k].targets.begin(), rank[k].targets.end());
+    }
+    return out;
+  };
+  const auto straight = read_rounds(4, 1, nullptr, rounds);
+  for (int64_t k : {int64_t{0}, int64_t{3}, int64_t{6}, int64_t{14}}) {  // start, mid shard, shard edge, epoch 1
+    DataLoader first(sh.files, 1, T, 0, 4, {.prefetch = 2});
+    take(first, k);
+    const LoaderState saved = nlohmann::json(first.state()).get<LoaderState>();
+    for (auto [world, B] : {std::pair{2, int64_t{2}}, std::pair{1, int64_t{4}}}) {
+      SCOPED_TRACE("stopped after " + std::to_string(k) + " rounds, resumed on " + std::to_string(world) + " ranks");
+      const auto resumed = read_rounds(world, B, &saved, rounds - k);
+      for (int64_t j = 0; j < rounds - k; ++j) ASSERT_EQ(resumed[size_t(j)], straight[size_t(k + j)]) << "round " << k + j;
+    }
+  }
+  // Refused: another global batch, and any change of split in shuffle mode.
+  DataLoader four(sh.files, 1, T, 0, 4);
+  DataLoader two(sh.files, 1, T, 0, 2);
+  expect_error([&] { two.restore(four.state()); },
+               {"B=1 on world_size=4 (4 rows a round)", "B=1 on world_size=2 (2 rows)", "keep B x world_size"});
+  DataLoader four_shuffled(sh.files, 1, T, 0, 4, {.shuffle = true, .seed = 1});
+  DataLoader two_shuffled(sh.files, 2, T, 0, 2, {.shuffle = true, .seed = 1});
+  expect_error([&] { two_shuffled.restore(four_shuffled.state()); }, {"B=1", "this loader has B=2"});
+}
+
 TEST(Loader, StateJsonRoundTripAndReset) {
   Shards sh(kUneven);
   DataLoader dl(sh.files, 2, 4, 0, 1, {.shuffle = true, .seed = 5});

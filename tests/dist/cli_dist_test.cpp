@@ -1,6 +1,7 @@
 // `blutrain launch -n 2 -- blutrain train --dp 2 --zero Z`: rank 0 alone prints and writes
-// metrics, ZeRO checkpoints are sharded and committed, a resumed run continues exactly, and fp16
-// loss scaling unscales DDP's averaged gradients.
+// metrics, ZeRO checkpoints are sharded and committed, a resumed run continues exactly (also on
+// another number of ranks with the same global batch), and fp16 loss scaling unscales DDP's
+// averaged gradients.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -29,6 +30,11 @@ std::map<int64_t, double> losses(const fs::path& run) {
   return out;
 }
 
+std::string read_text(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), {}};
+}
+
 class DistCli : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -37,10 +43,12 @@ class DistCli : public ::testing::Test {
     for (size_t i = 0; i < t.size(); ++i) t[i] = uint16_t((i * 131 + i / 7) % 50000);
     write_shard(dir.path / "d_train_000000.bin", t);
   }
-  LaunchResult train(int zero, int steps, const std::string& run, std::vector<std::string> extra = {}) {
-    std::vector<std::string> cmd = {blutrain().string(), "launch", "-n", "2", "--", blutrain().string(), "train",
+  LaunchResult train(int zero, int steps, const std::string& run, std::vector<std::string> extra = {}, int ranks = 2,
+                     int batch = 2) {
+    const std::string n = std::to_string(ranks);
+    std::vector<std::string> cmd = {blutrain().string(), "launch", "-n", n, "--", blutrain().string(), "train",
                                     "--train-pattern", (dir.path / "d_train_*.bin").string(), "--model", "tiny",
-                                    "--dp", "2", "--zero", std::to_string(zero), "-B", "2", "-T", "32",
+                                    "--dp", n, "--zero", std::to_string(zero), "-B", std::to_string(batch), "-T", "32",
                                     "--steps", std::to_string(steps), "--schedule", "constant", "--warmup", "0",
                                     "--lr", "1e-3", "--out", (dir.path / run).string()};
     cmd.insert(cmd.end(), extra.begin(), extra.end());
@@ -67,6 +75,31 @@ TEST_F(DistCli, Zero1TrainsPrintsOnRankZeroAndResumesExactly) {
   ASSERT_EQ(straight.size(), 4u);
   ASSERT_EQ(split.size(), 4u);
   for (const auto& [step, loss] : straight) EXPECT_EQ(split.at(step), loss) << "step " << step;
+}
+
+// Note [Resuming on other ranks]: 4 ranks of B=1 stop at step 2 and 2 ranks of B=2 (the same global
+// batch) take over, through the re-sharded ZeRO state: the losses continue as the straight 4-rank
+// run's, up to fp32 summation order. Another global batch is refused before anything is written.
+TEST_F(DistCli, ResumesOnAnotherNumberOfRanks) {
+  const LaunchResult a = train(1, 4, "straight", {}, 4, 1);
+  ASSERT_EQ(a.status, 0) << a.out << a.err;
+  const LaunchResult b = train(1, 2, "split", {}, 4, 1);
+  ASSERT_EQ(b.status, 0) << b.out << b.err;
+  const std::string metrics_before = read_text(dir.path / "split/metrics.jsonl");
+  const LaunchResult refused = train(1, 4, "split", {"--resume"}, 2, 1);
+  EXPECT_NE(refused.status, 0);
+  EXPECT_NE((refused.out + refused.err).find("keep B x world_size, the global batch"), std::string::npos)
+      << refused.out << refused.err;
+  EXPECT_EQ(read_text(dir.path / "split/metrics.jsonl"), metrics_before);
+  EXPECT_FALSE(fs::exists(dir.path / "split/ckpt_00000004"));
+
+  const LaunchResult c = train(1, 4, "split", {"--resume"}, 2, 2);
+  ASSERT_EQ(c.status, 0) << c.out << c.err;
+  EXPECT_NE(c.out.find("resumed from"), std::string::npos) << c.out;
+  const auto straight = losses(dir.path / "straight"), split = losses(dir.path / "split");
+  ASSERT_EQ(straight.size(), 4u);
+  ASSERT_EQ(split.size(), 4u);
+  for (const auto& [step, loss] : straight) EXPECT_NEAR(split.at(step), loss, 1e-6 * loss) << "step " << step;
 }
 
 TEST_F(DistCli, DdpAndZero2Train) {

@@ -297,10 +297,17 @@ void DataLoader::restore(const LoaderState& s) {
     BLU_CHECK(saved == ours, "DataLoader::restore: the state was saved with ", what, "=", saved,
               ", this loader has ", what, "=", ours);
   };
-  mismatch("B", s.B, B_);
   mismatch("T", s.T, T_);
-  mismatch("world_size", s.world_size, static_cast<int64_t>(world_size_));
   mismatch("shuffle", s.shuffle, options_.shuffle);
+  if (options_.shuffle) {  // shuffled windows are B*T tokens: another B reorders them
+    mismatch("B", s.B, B_);
+    mismatch("world_size", s.world_size, static_cast<int64_t>(world_size_));
+  }
+  // Another split of the same rounds (Note [Resuming on other ranks]).
+  BLU_CHECK(s.B > 0 && s.world_size > 0 && s.B * s.world_size == B_ * world_size_,
+            "DataLoader::restore: the state was saved with B=", s.B, " on world_size=", s.world_size, " (",
+            s.B * s.world_size, " rows a round), this loader has B=", B_, " on world_size=", world_size_, " (",
+            B_ * world_size_, " rows): to resume on another number of ranks keep B x world_size, the global batch");
   mismatch("seed", s.seed, options_.seed);
   mismatch("num_shards", s.num_shards, static_cast<int64_t>(files_.size()));
   BLU_CHECK(s.epoch >= 0 && s.shard >= 0 && s.shard < s.num_shards, "DataLoader::restore: bad position epoch=",

@@ -11,6 +11,14 @@
 // Keep: state() describes the next batch the caller will receive (never the prefetch thread's
 // position), and restore(state()) followed by next() gives exactly the batches that would have
 // followed; the batch sequence is a pure function of (files, B, T, rank, world_size, shuffle, seed).
+//
+// Note [Resuming on other ranks]
+// In sequential mode a round is the B*T*world_size contiguous tokens from round_index*B*T*world_size
+// on, and rank r reads its r-th B*T; the rounds of a shard, and so the whole sequence of rounds,
+// depend only on B*world_size (and T). So a state restores into a loader with another world_size
+// and B as long as B*world_size is the same: the ranks then read the same rounds, split among them
+// differently — the same global batches, as data-parallel training averages them. Shuffle mode
+// permutes windows of B*T tokens, so there B and world_size must each match.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -35,7 +43,7 @@ struct LoaderOptions {
 };
 
 // Where the next batch comes from, plus the settings it is only meaningful under (restore checks
-// them). The same for every rank: ranks advance in lockstep.
+// them; Note [Resuming on other ranks]). The same for every rank: ranks advance in lockstep.
 struct LoaderState {
   int64_t epoch = 0;
   int64_t shard = 0;  // position in this epoch's shard order (the file order unless shuffling)
