@@ -19,6 +19,11 @@ Command add_launch(CLI::App& root) {
   app->add_option("--master-port", o->master_port, "rendezvous port (default: a free one)")->check(CLI::Range(0, 65535));
   app->add_option("--grace", *grace_s, "seconds between SIGTERM and SIGKILL when stopping ranks")
       ->check(CLI::Range(0.0, 3600.0));
+  app->add_option("--max-restarts", o->max_restarts,
+                  "start the whole job again after a rank fails, up to N times (BLU_RESTART_COUNT tells the ranks; "
+                  "pair with `blutrain train --auto-resume`)")
+      ->check(CLI::Range(0, 1000))
+      ->capture_default_str();
   app->add_option("command", o->command, "the command each rank runs (after --)")->required();
   app->positionals_at_end();
   return {app, [o, grace_s] {

@@ -155,6 +155,9 @@ Command add_train(CLI::App& root) {
   app->add_option("--out", o.out, "Run directory: metrics.jsonl, run.json, checkpoints");
   app->add_flag("--overwrite", o.overwrite, "Replace the run in --out (removes its metrics, run.json, checkpoints)");
   app->add_flag("--resume", o.resume, "Continue exactly from the latest checkpoint in --out");
+  app->add_flag("--auto-resume", o.auto_resume,
+                "Continue from the latest checkpoint in --out if there is one, else start there (a run of the "
+                "same model without a checkpoint starts over): for `blutrain launch --max-restarts`");
   // Events.
   app->add_option("--val-every", o.val_every, "Validation loss every N steps (0 = only at the end)")
       ->capture_default_str();

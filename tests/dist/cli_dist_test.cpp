@@ -1,7 +1,7 @@
 // `blutrain launch -n 2 -- blutrain train --dp 2 --zero Z`: rank 0 alone prints and writes
 // metrics, ZeRO checkpoints are sharded and committed, a resumed run continues exactly (also on
-// another number of ranks with the same global batch), and fp16 loss scaling unscales DDP's
-// averaged gradients.
+// another number of ranks with the same global batch, and after `launch --max-restarts` with
+// `--auto-resume`), and fp16 loss scaling unscales DDP's averaged gradients.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -100,6 +100,32 @@ TEST_F(DistCli, ResumesOnAnotherNumberOfRanks) {
   ASSERT_EQ(straight.size(), 4u);
   ASSERT_EQ(split.size(), 4u);
   for (const auto& [step, loss] : straight) EXPECT_NEAR(split.at(step), loss, 1e-6 * loss) << "step " << step;
+}
+
+// `blutrain launch --max-restarts 1` with `--auto-resume`: the first start trains 2 steps, writes
+// its checkpoint and then fails (exit 9, as a crash would after a checkpoint); the restart picks
+// the checkpoint up and trains to step 4 — the same losses as the straight run.
+TEST_F(DistCli, RestartedJobAutoResumes) {
+  const LaunchResult a = train(1, 4, "straight");
+  ASSERT_EQ(a.status, 0) << a.out << a.err;
+  std::string args;
+  for (const std::string& x : {std::string("--train-pattern"), (dir.path / "d_train_*.bin").string(),
+                               std::string("--model tiny --dp 2 --zero 1 -B 2 -T 32 --schedule constant --warmup 0 "
+                                           "--lr 1e-3 --auto-resume --out"),
+                               (dir.path / "elastic").string()})
+    args += " " + x;
+  const std::string train_cmd = blutrain().string() + " train" + args;
+  const std::string script = "if [ \"$BLU_RESTART_COUNT\" = 0 ]; then " + train_cmd + " --steps 2 && exit 9; else exec " +
+                             train_cmd + " --steps 4; fi";
+  const LaunchResult r = run_command(1, {blutrain().string(), "launch", "-n", "2", "--max-restarts", "1", "--",
+                                         "/bin/sh", "-c", script},
+                                     {{"OMP_NUM_THREADS", "1"}});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("restarting all 2 ranks (restart 1 of 1)"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("resumed from"), std::string::npos) << r.out;
+  const auto straight = losses(dir.path / "straight"), elastic = losses(dir.path / "elastic");
+  ASSERT_EQ(elastic.size(), 4u);
+  for (const auto& [step, loss] : straight) EXPECT_EQ(elastic.at(step), loss) << "step " << step;
 }
 
 TEST_F(DistCli, DdpAndZero2Train) {

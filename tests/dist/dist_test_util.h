@@ -37,9 +37,10 @@ inline std::string slurp(std::FILE* f) {
 }
 
 inline LaunchResult run_command(int n, std::vector<std::string> command,
-                                std::vector<std::pair<std::string, std::string>> env = {}) {
+                                std::vector<std::pair<std::string, std::string>> env = {}, int max_restarts = 0) {
   LaunchOptions o;
   o.nproc = n;
+  o.max_restarts = max_restarts;
   o.command = std::move(command);
   o.env = std::move(env);
   o.grace = std::chrono::milliseconds(2000);

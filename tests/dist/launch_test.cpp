@@ -1,4 +1,5 @@
-// blutrain launch: rank variables, prefixed output, and stopping everyone when one rank fails.
+// blutrain launch: rank variables, prefixed output, stopping everyone when one rank fails, and
+// restarting the whole job (--max-restarts).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -39,6 +40,34 @@ TEST(Launch, RankThatIgnoresSigtermIsKilledAfterTheGracePeriod) {
   EXPECT_EQ(r.status, 3);
   EXPECT_GE(r.seconds, 2.0);  // rank 0's 0.5 s (rank 1 sets its trap meanwhile) + most of the 2 s grace
   EXPECT_LT(r.seconds, 10.0);
+}
+
+// Rank 1 fails in the first start (a second in, so that rank 0 has printed) while rank 0 waits; the
+// second start (BLU_RESTART_COUNT=1) succeeds, so the job does.
+TEST(Launch, RestartsTheWholeJobAfterAFailure) {
+  const LaunchResult r = run_command(
+      2, {"/bin/sh", "-c", "echo try $BLU_RESTART_COUNT; [ $BLU_RESTART_COUNT = 0 ] || exit 0; "
+                           "[ $RANK = 1 ] && { sleep 1; exit 4; }; sleep 30"},
+      {}, 2);
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("rank 1 failed (exit status 4)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("blutrain launch: restarting all 2 ranks (restart 1 of 2)"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("restart 2 of 2"), std::string::npos) << r.err;
+  for (const char* line : {"[rank 0] try 0\n", "[rank 1] try 0\n", "[rank 0] try 1\n", "[rank 1] try 1\n"})
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << " in\n" << r.out;
+  EXPECT_EQ(r.out.find("try 2"), std::string::npos) << r.out;
+  EXPECT_LT(r.seconds, 10.0);
+}
+
+TEST(Launch, GivesUpAfterMaxRestarts) {
+  // Rank 0 fails at once, rank 1 (exit 4) a second later: every start ends with rank 0's status.
+  const LaunchResult r = run_command(
+      2, {"/bin/sh", "-c", "echo try $BLU_RESTART_COUNT; [ $RANK = 0 ] || sleep 1; exit $((RANK + 3))"}, {}, 2);
+  EXPECT_EQ(r.status, 3) << r.err;
+  EXPECT_NE(r.err.find("restart 2 of 2"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("restart 3"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("[rank 0] try 2\n"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("try 3"), std::string::npos) << r.out;
 }
 
 TEST(Launch, BlutrainLaunchCommand) {

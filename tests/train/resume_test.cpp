@@ -1,13 +1,15 @@
 // Trainer tests: exact resume (20 steps straight == 10 + checkpoint + resume + 10, bitwise; fp32,
 // and bf16 with AdamW writing the compute copies),
 // gradient accumulation (B=4 == 2 micro-batches of B=2 on the same tokens), and the run directory
-// rules (refused without --overwrite, --overwrite removes only the trainer's own files).
+// rules (refused without --overwrite, --overwrite removes only the trainer's own files,
+// --auto-resume).
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <sstream>
 #include <vector>
 
 #include "blu/data/shard.h"
@@ -179,6 +181,59 @@ TEST(Trainer, RunDirectoryRules) {
   EXPECT_EQ(test::read_bytes(out / "notes.txt"), "mine");  // not the trainer's: kept
   EXPECT_NE(test::read_bytes(out / "metrics.jsonl").find("\"summary\""), std::string::npos);
   EXPECT_EQ(test::read_bytes(out / "metrics.jsonl").find("{\"event\":\"step\",\"step\":1}\n"), std::string::npos);
+}
+
+// --auto-resume: starts in an empty directory; over a start that died before its first checkpoint
+// (run.json and metrics.jsonl only) starts again from step 0 with those metrics dropped; over a
+// checkpoint resumes; over a run of another model without a checkpoint, or a run without run.json,
+// refuses and touches nothing.
+TEST(Trainer, AutoResume) {
+  TempDir data, runs;
+  write_data(data);
+  TrainOptions o = tiny_options(data, runs / "a");
+  o.steps = 2;
+  o.val_every = 0;
+  o.sample_every = 0;
+  { Trainer died(o); }  // wrote run.json and an empty metrics.jsonl, then stopped before step 1
+  test::write_bytes(runs / "a" / "metrics.jsonl", "{\"event\":\"step\",\"step\":1,\"loss\":99}\n");
+  o.auto_resume = true;
+  std::ostringstream log;
+  {
+    Trainer t(o, {.log = &log});
+    EXPECT_EQ(t.step(), 0);
+    t.run();
+  }
+  EXPECT_NE(log.str().find("restarting the run in"), std::string::npos) << log.str();
+  const std::string metrics = test::read_bytes(runs / "a" / "metrics.jsonl");
+  EXPECT_EQ(metrics.find("\"loss\":99"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("\"step\":2"), std::string::npos) << metrics;
+
+  o.steps = 3;  // a checkpoint exists now: resumed
+  {
+    Trainer t(o);
+    EXPECT_EQ(t.step(), 2);
+  }
+
+  TrainOptions fresh = o;  // an empty directory: a new run
+  fresh.out = (runs / "new").string();
+  {
+    Trainer t(fresh);
+    EXPECT_EQ(t.step(), 0);
+  }
+
+  TrainOptions other = tiny_options(data, runs / "b");  // another model's start, no checkpoint
+  other.sample_every = 0;
+  { Trainer died(other); }
+  other.model.n_layer = 3;
+  other.auto_resume = true;
+  const auto before = test::list_dir(runs / "b");
+  test::expect_error([&] { Trainer t(other); }, {"--auto-resume", "names another model", "--overwrite"});
+  EXPECT_EQ(test::list_dir(runs / "b"), before);
+  std::filesystem::remove(runs / "b" / "run.json");
+  test::expect_error([&] { Trainer t(other); }, {"is missing or names no model"});
+
+  other.overwrite = true;
+  test::expect_error([&] { Trainer t(other); }, {"--auto-resume", "contradicts"});
 }
 
 TEST(Trainer, MissingDataIsRefusedClearly) {

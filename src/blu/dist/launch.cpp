@@ -79,9 +79,11 @@ int free_port() {
   return ntohs(addr.sin_port);
 }
 
-int launch(const LaunchOptions& o, std::FILE* out, std::FILE* err) {
-  BLU_CHECK(o.nproc >= 1, "launch: -n must be >= 1, got ", o.nproc);
-  BLU_CHECK(!o.command.empty(), "launch: expected a command to run after `--`, got none");
+namespace {
+
+// One start of the job (every rank); the result of launch(). `stopped` tells whether the launcher
+// itself was asked to stop (SIGINT/SIGTERM).
+int run_once(const LaunchOptions& o, int restart, std::FILE* out, std::FILE* err, bool& stopped) {
   const int port = o.master_port > 0 ? o.master_port : free_port();
 
   struct sigaction sa{}, old_int{}, old_term{};
@@ -112,6 +114,7 @@ int launch(const LaunchOptions& o, std::FILE* out, std::FILE* err) {
       ::setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc).c_str(), 1);
       ::setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
       ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      ::setenv("BLU_RESTART_COUNT", std::to_string(restart).c_str(), 1);
       for (const auto& [k, v] : o.env) ::setenv(k.c_str(), v.c_str(), 1);
       std::vector<char*> argv;
       for (const std::string& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));
@@ -195,6 +198,7 @@ int launch(const LaunchOptions& o, std::FILE* out, std::FILE* err) {
     if (g_signal != 0 && !stopping) {
       std::fprintf(err, "blutrain launch: got signal %d; stopping all ranks\n", int(g_signal));
       failed_status = 128 + g_signal;
+      stopped = true;
       begin_stop();
     }
     if (stopping && std::chrono::steady_clock::now() >= stop_deadline) {
@@ -205,6 +209,22 @@ int launch(const LaunchOptions& o, std::FILE* out, std::FILE* err) {
   ::sigaction(SIGINT, &old_int, nullptr);
   ::sigaction(SIGTERM, &old_term, nullptr);
   return failed_status;
+}
+
+}  // namespace
+
+int launch(const LaunchOptions& o, std::FILE* out, std::FILE* err) {
+  BLU_CHECK(o.nproc >= 1, "launch: -n must be >= 1, got ", o.nproc);
+  BLU_CHECK(!o.command.empty(), "launch: expected a command to run after `--`, got none");
+  BLU_CHECK(o.max_restarts >= 0, "launch: --max-restarts must be >= 0, got ", o.max_restarts);
+  for (int restart = 0;; ++restart) {
+    bool stopped = false;
+    const int status = run_once(o, restart, out, err, stopped);
+    if (status == 0 || stopped || restart == o.max_restarts) return status;
+    std::fprintf(err, "blutrain launch: restarting all %d ranks (restart %d of %d)\n", o.nproc, restart + 1,
+                 o.max_restarts);
+    std::fflush(err);
+  }
 }
 
 }  // namespace blu::dist

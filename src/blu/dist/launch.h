@@ -2,7 +2,10 @@
 // a command as ranks 0..N-1 of one job (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 // MASTER_ADDR, MASTER_PORT set, as torchrun sets them), forwards each one's stdout and stderr line
 // by line with a "[rank k] " prefix, and when one rank fails (non-zero exit or a signal) stops
-// the others: SIGTERM, then SIGKILL after a grace period.
+// the others: SIGTERM, then SIGKILL after a grace period. With max_restarts > 0 a failed job is
+// started again, every rank anew (BLU_RESTART_COUNT = 1, 2, ... tells them; 0 the first time), up
+// to max_restarts times — the command is expected to pick up its own checkpoint (`blutrain train
+// --auto-resume`). A stop asked for by SIGINT/SIGTERM to the launcher is never restarted.
 // Depends on core/error, POSIX (fork/exec, pipes, poll). Keep: the launcher never returns while a
 // child it started still runs; a whole line from one rank is never interleaved with another's.
 #pragma once
@@ -21,10 +24,11 @@ struct LaunchOptions {
   int master_port = 0;  // 0: a free port on this machine
   std::chrono::milliseconds grace{5000};  // SIGTERM → SIGKILL
   std::vector<std::pair<std::string, std::string>> env;  // extra variables for every rank
+  int max_restarts = 0;  // starts of the whole job after a failure (a fresh port each time when master_port is 0)
 };
 
-// Runs the job; returns 0 when every rank exited 0, else the first failed rank's exit status
-// (128 + signal when killed by one), after printing which rank failed to `err`. Rank output goes
+// Runs the job; returns 0 when every rank of an attempt exited 0, else the last attempt's first failed
+// rank's exit status (128 + signal when killed by one), after printing which rank failed to `err`. Rank output goes
 // to `out` (stdout lines) and `err` (stderr lines).
 int launch(const LaunchOptions& options, std::FILE* out = stdout, std::FILE* err = stderr);
 

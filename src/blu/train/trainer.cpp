@@ -94,6 +94,17 @@ void write_json_file(const fs::path& path, const nlohmann::json& j) {
   fs::rename(tmp, path);
 }
 
+nlohmann::json read_json_file(const fs::path& path) {
+  std::ifstream in(path);
+  BLU_CHECK(in.good(), "cannot read ", path.string());
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    BLU_CHECK(false, path.string(), " is not valid JSON: ", e.what());
+  }
+  return {};
+}
+
 }  // namespace
 
 nlohmann::json TrainOptions::to_json() const {
@@ -106,7 +117,8 @@ nlohmann::json TrainOptions::to_json() const {
           {"val_batches", val_batches},     {"sample_every", sample_every}, {"sample_tokens", sample_tokens},
           {"sample_temperature", sample_temperature}, {"sample_top_k", sample_top_k},
           {"ckpt_every", ckpt_every},       {"keep_last", keep_last},       {"log_every", log_every},
-          {"dp", dp},                       {"zero", zero}, {"row_exchange", row_exchange}};
+          {"dp", dp},                       {"zero", zero}, {"row_exchange", row_exchange},
+          {"auto_resume", auto_resume}};
 }
 
 bool holds_run(const std::string& dir) {
@@ -177,6 +189,8 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   BLU_CHECK(o.val_every >= 0 && o.sample_every >= 0 && o.ckpt_every >= 0,
             "--val-every, --sample-every and --ckpt-every must be >= 0 (0 = off)");
   BLU_CHECK(!(o.resume && o.overwrite), "--resume and --overwrite contradict each other: give one");
+  BLU_CHECK(!(o.auto_resume && (o.overwrite || o.resume)), "--auto-resume replaces --resume and contradicts ",
+            "--overwrite: give one of the three");
   BLU_CHECK(o.dp >= 1, "--dp must be at least 1, got ", o.dp);
   BLU_CHECK(o.zero >= 0 && o.zero <= 2, "--zero must be 0, 1 or 2 (stage 3 is not implemented), got ", o.zero);
   BLU_CHECK(o.zero == 0 || o.dp > 1, "--zero ", o.zero, " shards over data-parallel ranks: it needs --dp > 1");
@@ -205,19 +219,30 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
 
   // 2. The run directory.
   std::string resume_from;
+  bool restart = false;  // --auto-resume over a run of this model without a checkpoint: from step 0
   if (!o.out.empty()) {
-    if (o.resume) {
+    if (o.resume || o.auto_resume) {
       resume_from = o.zero > 0 ? dist::latest_sharded_checkpoint(o.out) : latest_checkpoint(o.out);
-      BLU_CHECK(!resume_from.empty(), "--resume: expected a ",
+      BLU_CHECK(!o.resume || !resume_from.empty(), "--resume: expected a ",
                 o.zero > 0 ? "committed sharded checkpoint (ckpt_*/COMMIT)" : "checkpoint (ckpt_*.safetensors)",
                 " in ", o.out, ", found none");
+      if (resume_from.empty() && holds_run(o.out)) {
+        const fs::path run_json = fs::path(o.out) / "run.json";
+        nlohmann::json saved;
+        if (fs::exists(run_json)) saved = read_json_file(run_json).value("model_config", nlohmann::json());
+        BLU_CHECK(saved == o.model.to_json(), "--auto-resume: the run directory ", o.out,
+                  " holds a run without a checkpoint whose run.json ",
+                  saved.is_null() ? std::string("is missing or names no model") : "names another model (" + saved.dump() + ")",
+                  "; pass --overwrite to replace it or choose another --out");
+        restart = true;
+      }
     } else {
       BLU_CHECK(o.overwrite || !holds_run(o.out), "the run directory ", o.out,
                 " already holds a run (metrics.jsonl or checkpoints): pass --overwrite to replace it, --resume to "
                 "continue it, or choose another --out");
     }
   } else {
-    BLU_CHECK(!o.resume, "--resume needs --out (the run directory to resume)");
+    BLU_CHECK(!o.resume && !o.auto_resume, "--resume and --auto-resume need --out (the run directory)");
   }
 
   // 3. Data (shards are validated here, still before anything is written).
@@ -295,6 +320,9 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     last_checkpoint_ = resume_from;
     if (rank_ == 0) MetricsLog::truncate_after(metrics_path, step_);
     if (cb_.log) *cb_.log << "resumed from " << resume_from << " at step " << step_ << "\n";
+  } else if (restart) {
+    if (rank_ == 0) fs::remove(metrics_path);  // the failed start's events, none of them kept
+    if (cb_.log) *cb_.log << "restarting the run in " << o.out << " from step 0 (it has no checkpoint yet)\n";
   }
   if (rank_ != 0) return;
   write_json_file(fs::path(o.out) / "run.json", {{"blutrain_version", BLU_VERSION},

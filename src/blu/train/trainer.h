@@ -15,7 +15,8 @@
 // state, step, the default generator's (seed, offset), the train loader's position) is in the
 // checkpoint; samples and validation use their own generator / a loader reset to its start, so
 // they never perturb training. A run directory that already holds a run is never touched unless
-// `overwrite` (which removes only this trainer's own files) or `resume`.
+// `overwrite` (which removes only this trainer's own files), `resume`, or `auto_resume` (which
+// continues it, or restarts a run of the same model that has no checkpoint yet).
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -60,6 +61,10 @@ struct TrainOptions {
   std::string precision = "fp32";
   std::string out;  // run directory; "" writes nothing (no metrics, no checkpoints)
   bool overwrite = false, resume = false;
+  // Resume when --out holds a checkpoint, else start there — also over a run of the same model that
+  // stopped before its first checkpoint (its metrics are dropped). For restarts under
+  // `blutrain launch --max-restarts` (dist/launch.h).
+  bool auto_resume = false;
   int64_t val_every = 0, val_batches = 20;      // 0: never (a final validation still runs when val data exists)
   int64_t sample_every = 0, sample_tokens = 64;
   double sample_temperature = 1.0;
