@@ -3,7 +3,8 @@
 // "zero1" (DDP + ZeroAdamW stage 1), "zero2" (ZeroAdamW stage 2) — on a fixed global batch of 8
 // rows × 16 tokens per micro-batch, rank r taking rows [r·8/W, (r+1)·8/W). Settings come from the
 // environment (BLU_DIST_MODE, _STEPS, _ACCUM, _OUT, _SAVE_DIR, _SAVE_AT, _RESUME_DIR); rank 0
-// writes <out>.losses (the global mean loss per step) and <out>.params (every parameter, f32).
+// writes <out>.losses (the global mean loss per step), <out>.params (every parameter, f32) and
+// <out>.peak (the CPU allocator's peak tensor bytes over the run).
 #pragma once
 #include <gtest/gtest.h>
 
@@ -70,7 +71,11 @@ inline void train_worker() {
   if (mode == "ddp" || mode == "zero1") ddp = std::make_unique<DistributedDataParallel>(model, pg, DDPOptions{.bucket_mib = 0.02});
   if (mode == "zero2") broadcast_parameters(model, *pg);
   if (mode == "zero1" || mode == "zero2") {
-    auto z = std::make_unique<ZeroAdamW>(groups, adam, pg, mode == "zero1" ? 1 : 2);
+    // Stage 2: small buckets (several, a parameter split across ranks' chunks) in the order
+    // backward completes the gradients, as the trainer gives it.
+    ZeroOptions zo{.bucket_mib = 0.02, .reduce_order = {}};
+    for (const auto& [name, t] : model.named_parameters()) zo.reduce_order.insert(zo.reduce_order.begin(), name);
+    auto z = std::make_unique<ZeroAdamW>(groups, adam, pg, mode == "zero1" ? 1 : 2, zo);
     zero = z.get();
     opt = std::move(z);
   } else {
@@ -99,6 +104,7 @@ inline void train_worker() {
       const Tensor idx = from_vector(in, {rows, kT}, DType::i32), targets = from_vector(tg, {rows, kT}, DType::i32);
       std::unique_ptr<DistributedDataParallel::NoSync> no_sync;
       if (ddp && m + 1 < accum) no_sync = std::make_unique<DistributedDataParallel::NoSync>(*ddp);
+      if (mode == "zero2") zero->set_sync(m + 1 == accum);  // only the last micro-batch reduces
       const Tensor loss = mul(model.forward(idx, targets).loss, 1.0 / double(accum));
       loss.backward();
       local += loss.item();
@@ -134,6 +140,7 @@ inline void train_worker() {
     }
     std::ofstream pf(out + ".params", std::ios::binary);
     for (const Tensor& p : params) pf.write(static_cast<const char*>(p.raw_data()), std::streamsize(p.nbytes()));
+    std::ofstream(out + ".peak") << cpu_allocator().stats().peak_bytes << "\n";  // tensor bytes, this rank
   }
   if (pg) pg->barrier()->wait();
 }

@@ -15,6 +15,7 @@ namespace {
 struct TrainRun {
   std::vector<double> losses;
   std::vector<float> params;
+  int64_t peak = 0;  // rank 0's peak tensor bytes
 };
 
 TrainRun train(const TempDir& dir, const std::string& tag, const std::string& mode, int n, int steps, int accum,
@@ -34,6 +35,7 @@ TrainRun train(const TempDir& dir, const std::string& tag, const std::string& mo
   run.params.resize(size_t(pf.tellg()) / 4);
   pf.seekg(0);
   pf.read(reinterpret_cast<char*>(run.params.data()), std::streamsize(run.params.size() * 4));
+  std::ifstream(out + ".peak") >> run.peak;
   return run;
 }
 
@@ -74,6 +76,20 @@ TEST(DataParallel, ZeroStagesMatchDDP) {
   const TrainRun ddp = train(dir, "ddp", "ddp", 2, 4, 1);
   const TrainRun z1 = train(dir, "z1", "zero1", 2, 4, 1);
   const TrainRun z2 = train(dir, "z2", "zero2", 4, 4, 1);
+  const TrainRun z2_two = train(dir, "z2two", "zero2", 2, 4, 1);
+  expect_close(ddp, z2_two, kLossRel, kParamAbs, "zero2 2 ranks vs ddp 2 ranks");
+  // Memory on 2 ranks (N parameters, 4 bytes each): DDP keeps N of gradient buckets and 2N of moments,
+  // ZeRO-1 N of buckets and N of moments, ZeRO-2 an N/2 shard gradient (plus buckets in flight)
+  // and N of moments.
+  const int64_t n_bytes = int64_t(ddp.params.size()) * 4;
+  std::printf("peak tensor bytes, 2 ranks, N = %lld bytes: DDP %lld, ZeRO-1 %lld, ZeRO-2 %lld\n",
+              static_cast<long long>(n_bytes), static_cast<long long>(ddp.peak), static_cast<long long>(z1.peak),
+              static_cast<long long>(z2_two.peak));
+  EXPECT_LT(z1.peak + n_bytes * 3 / 4, ddp.peak);
+  EXPECT_LT(z2_two.peak + n_bytes / 4, z1.peak);
+  const TrainRun z2_accum = train(dir, "z2a", "zero2", 2, 3, 2);  // two micro-batches, local accumulation first
+  const TrainRun ddp_accum = train(dir, "ddpa", "ddp", 2, 3, 2);
+  expect_close(ddp_accum, z2_accum, kLossRel, kParamAbs, "zero2 2 ranks vs ddp 2 ranks, 2 micro-batches");
   // ZeRO-1 uses DDP's averaged gradients and the same AdamW kernel: bitwise equal.
   EXPECT_EQ(ddp.losses, z1.losses);
   EXPECT_TRUE(ddp.params == z1.params) << "ZeRO-1 differs from DDP";
@@ -81,7 +97,7 @@ TEST(DataParallel, ZeroStagesMatchDDP) {
   expect_close(ddp4, z2, kLossRel, kParamAbs, "zero2 4 ranks vs ddp 4 ranks");
 }
 
-TEST(DataParallel, ShardedCheckpointFrom4RanksResumesOn2) {
+TEST(DataParallel, ShardedCheckpointFrom4RanksResumesOn2) {  // and from stage 1 under stage 2
   TempDir dir;
   const std::string ckpt = dir.str() + "/ckpt";
   const TrainRun straight = train(dir, "straight", "zero2", 4, 6, 1);
@@ -96,6 +112,11 @@ TEST(DataParallel, ShardedCheckpointFrom4RanksResumesOn2) {
   expect_close(tail, resumed, kLossRel, kParamAbs, "4 ranks → checkpoint → 2 ranks vs 4 ranks straight");
   // The first three steps were those of the straight run.
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(first.losses[i], straight.losses[i]);
+  // A stage-1 checkpoint (one flat slice a rank) resumes under stage 2 (a chunk of every bucket).
+  const std::string ckpt1 = dir.str() + "/ckpt1";
+  train(dir, "first1", "zero1", 4, 3, 1, {{"BLU_DIST_SAVE_DIR", ckpt1}, {"BLU_DIST_SAVE_AT", "3"}});
+  const TrainRun across = train(dir, "across", "zero2", 2, 6, 1, {{"BLU_DIST_RESUME_DIR", ckpt1}});
+  expect_close(tail, across, kLossRel, kParamAbs, "ZeRO-1 on 4 ranks → checkpoint → ZeRO-2 on 2 ranks vs ZeRO-2 straight");
 }
 
 }  // namespace

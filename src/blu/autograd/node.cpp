@@ -66,7 +66,9 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_out) {
   } else {
     add_(*meta.grad, g);
   }
-  for (auto& hook : meta.grad_hooks) hook(*meta.grad);
+  // A hook may release the gradient (ZeRO-2 moves it into its bucket): the later ones see none.
+  for (auto& hook : meta.grad_hooks)
+    if (meta.grad) hook(*meta.grad);
   return {};
 }
 

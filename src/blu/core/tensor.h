@@ -93,7 +93,8 @@ class Tensor {
   Tensor grad_slot() const;  // undefined when none is set
   // A tensor sharing this data with no autograd history.
   Tensor detach() const;
-  // Runs `hook(grad)` each time a gradient has been accumulated into this leaf's grad.
+  // Runs `hook(grad)` each time a gradient has been accumulated into this leaf's grad. A hook may
+  // release the gradient (zero_grad()); hooks after it then do not run for that gradient.
   void register_grad_hook(std::function<void(Tensor&)> hook);
   // Reverse-mode gradient of this (scalar unless `grad` is given) w.r.t. the leaves that need it.
   // Defined in autograd/engine.cpp.

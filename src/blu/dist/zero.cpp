@@ -8,6 +8,8 @@
 #include <fstream>
 #include <algorithm>
 #include <map>
+#include <mutex>
+#include <span>
 
 #include "blu/core/grad_mode.h"
 #include "blu/io/safetensors.h"
@@ -49,53 +51,255 @@ constexpr const char* kZeroMeta = "zero";
 
 }  // namespace
 
+// Note [ZeRO-2 buckets]
+// Stage 2 groups the parameters into buckets in reduction order (ZeroOptions::reduce_order: the
+// order backward completes gradients), each bucket about bucket_mib. Bucket b of n elements (its
+// parameters back to back) is split into W chunks of c = ceil(n / W); rank r owns chunk r, so its
+// shard is chunk r of every bucket, in bucket order — pieces of parameters that are not contiguous
+// in the flat vector, described by segments_ (and by shard_ranges() in checkpoints). A gradient
+// hook on each parameter does the work while backward runs: when a parameter's gradient is
+// complete (the engine has summed its contributions) and sync is on, it is copied into its
+// bucket's staging buffer [W·c] (allocated by the bucket's first gradient) and released; when the
+// bucket's last gradient has arrived and every earlier bucket has been issued, the buffer is
+// reduce-scattered (average) into [c] — in bucket order on every rank, so the collectives match
+// whatever order the hooks fire in; a full chunk is reduced straight into its place in the shard
+// gradient. At most kInFlight buckets are reduced at once: issuing one more first completes the
+// oldest (its staging buffer freed), which bounds the gradient memory to the shard gradient (N/W),
+// a few buckets, and the gradients backward has made but not yet completed.
+// reduce_gradients() stages what backward did not deliver (a gradient set by hand, or zeros for
+// a parameter without one), issues the rest and completes everything. The next synced gradient
+// opens a new round with a fresh shard gradient, so a skipped step (fp16 overflow) leaves nothing
+// behind.
+struct ZeroAdamW::Reducer {
+  static constexpr size_t kInFlight = 2;
+  struct Bucket {
+    std::vector<size_t> params;    // indices into params_, in bucket order
+    std::vector<int64_t> offsets;  // each parameter's offset in the bucket
+    int64_t numel = 0, chunk = 0;  // elements; chunk c = ceil(numel / W)
+    int64_t shard_offset = 0;      // where this rank's chunk starts in the shard
+    int64_t mine = 0;              // the real (unpadded) elements of this rank's chunk
+    Tensor staging, out;           // [W·c] gradients; [c] this rank's averaged chunk when padded
+    size_t pending = 0;            // parameters not staged yet this round
+    WorkPtr work;
+  };
+  std::shared_ptr<ProcessGroup> pg;
+  std::vector<Tensor> tensors;  // the parameters, in flat order
+  std::vector<std::string> names;
+  std::vector<Bucket> buckets;
+  std::vector<size_t> bucket_of, slot_of;  // per parameter: bucket, position in it
+  std::vector<bool> staged;
+  Tensor shard_grad;  // [shard numel] this round's averaged gradient
+  Device device = kCPU;
+  int64_t shard_numel = 0;
+  size_t next_issue = 0, next_done = 0;
+  bool sync = true, open = false, finished = false;
+  std::mutex mu;
+
+  void open_round() {
+    if (open) return;
+    open = true;
+    finished = false;
+    shard_grad = empty({shard_numel}, DType::f32, device);  // each bucket writes its chunk once a round
+    for (Bucket& b : buckets) b.pending = b.params.size();
+    std::fill(staged.begin(), staged.end(), false);
+    next_issue = next_done = 0;
+  }
+  // Copies parameter i's gradient (zeros without one) into its bucket slot and releases it.
+  void stage(size_t i) {
+    Bucket& b = buckets[bucket_of[i]];
+    if (!b.staging.defined()) b.staging = zeros({b.chunk * pg->size()}, DType::f32, device);
+    Tensor slot = narrow(b.staging, 0, b.offsets[slot_of[i]], tensors[i].numel());
+    if (const Tensor g = tensors[i].grad(); g.defined()) {
+      BLU_CHECK(g.shape() == tensors[i].shape() && g.dtype() == DType::f32, "ZeroAdamW: gradient of '", names[i],
+                "' is ", g.str(), ", expected ", tensors[i].str());
+      copy_(slot, reshape(g, {g.numel()}));
+      tensors[i].zero_grad();  // released: stage 2 keeps only the shard
+    }  // else: the staging buffer's zeros
+    staged[i] = true;
+    --b.pending;
+  }
+  void complete(size_t k) {
+    Bucket& b = buckets[k];
+    b.work->wait();
+    if (b.out.defined() && b.mine > 0) copy_(narrow(shard_grad, 0, b.shard_offset, b.mine), narrow(b.out, 0, 0, b.mine));
+    b.work.reset();
+    b.staging = b.out = Tensor();
+  }
+  void issue_ready() {
+    while (next_issue < buckets.size() && buckets[next_issue].pending == 0) {
+      Bucket& b = buckets[next_issue++];
+      // A whole chunk lands straight in the shard gradient; a padded one (the last ranks') via [c].
+      const Tensor dst = b.mine == b.chunk ? narrow(shard_grad, 0, b.shard_offset, b.chunk)
+                                           : (b.out = empty({b.chunk}, DType::f32, device));
+      b.work = pg->reduce_scatter(dst, b.staging, ReduceOp::avg);
+      while (next_issue - next_done > kInFlight) complete(next_done++);
+    }
+  }
+  void on_grad(size_t i) {
+    std::lock_guard lock(mu);
+    if (!sync) return;  // accumulation: the gradient stays in .grad until the synced backward
+    NoGradGuard no_grad;
+    open_round();
+    BLU_CHECK(!staged[i], "ZeroAdamW: parameter '", names[i], "' received a second gradient before the step; ",
+              "for gradient accumulation run the earlier micro-batches with set_sync(false)");
+    stage(i);
+    issue_ready();
+  }
+  void finish() {
+    std::lock_guard lock(mu);
+    if (finished) return;
+    NoGradGuard no_grad;
+    open_round();
+    for (size_t i = 0; i < tensors.size(); ++i)
+      if (!staged[i]) stage(i);
+    issue_ready();
+    while (next_done < next_issue) complete(next_done++);
+    open = false;
+    finished = true;
+  }
+  // The step has used the shard gradient: it is freed, and the next reduce_gradients() starts a new
+  // round even without a backward in between (gradients set by hand).
+  void consume() {
+    std::lock_guard lock(mu);
+    finished = false;
+    shard_grad = Tensor();  // not kept through the next forward
+  }
+};
+
 ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOptions options,
-                     std::shared_ptr<ProcessGroup> pg, int stage)
+                     std::shared_ptr<ProcessGroup> pg, int stage, ZeroOptions zero)
     : options_(options), pg_(std::move(pg)), stage_(stage) {
   BLU_CHECK(pg_, "ZeroAdamW: null process group");
   BLU_CHECK(stage == 1 || stage == 2, "ZeroAdamW: stage must be 1 or 2 (stage 3 is not implemented), got ", stage);
+  BLU_CHECK(zero.bucket_mib > 0, "ZeroAdamW: bucket_mib must be > 0, got ", zero.bucket_mib);
   // The same option checks as optim's AdamW (which this must match).
   optim::make_adamw({}, options);
   groups_ = std::move(groups);
   lr_ = options.lr;
   for (const auto& ref : optim::detail::flatten_groups(groups_, "ZeroAdamW")) {
     BLU_CHECK(ref.param.is_contiguous(), "ZeroAdamW: parameter '", ref.name, "' is not contiguous");
+    BLU_CHECK(ref.param.dtype() == DType::f32, "ZeroAdamW: parameter '", ref.name, "' is ", ref.param.dtype(),
+              ", expected f32 (master weights)");
     params_.push_back({ref.name, ref.param, ref.weight_decay, total_});
     total_ += ref.param.numel();
-  }
-  const int W = pg_->size(), r = pg_->rank();
-  chunk_ = std::max<int64_t>(1, (total_ + W - 1) / W);
-  begin_ = std::min(total_, int64_t(r) * chunk_);
-  end_ = std::min(total_, int64_t(r + 1) * chunk_);
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const int64_t lo = std::max(begin_, params_[i].offset);
-    const int64_t hi = std::min(end_, params_[i].offset + params_[i].tensor.numel());
-    if (lo < hi) segments_.push_back({i, lo - params_[i].offset, lo - begin_, hi - lo});
   }
   // Shards, state and staging buffers live on the parameters' device (NCCL for CUDA tensors).
   device_ = params_.empty() ? kCPU : params_[0].tensor.device();
   for (const Param& p : params_)
     BLU_CHECK(p.tensor.device() == device_, "ZeroAdamW: parameter '", p.name, "' is on ", p.tensor.device(),
               ", the first one on ", device_, " (one device per rank)");
-  exp_avg_ = zeros({end_ - begin_}, DType::f32, device_);
-  exp_avg_sq_ = zeros({end_ - begin_}, DType::f32, device_);
+  const int W = pg_->size(), r = pg_->rank();
+  if (stage == 1) {
+    chunk_ = std::max<int64_t>(1, (total_ + W - 1) / W);
+    const int64_t begin = std::min(total_, int64_t(r) * chunk_), end = std::min(total_, int64_t(r + 1) * chunk_);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const int64_t lo = std::max(begin, params_[i].offset);
+      const int64_t hi = std::min(end, params_[i].offset + params_[i].tensor.numel());
+      if (lo < hi) segments_.push_back({i, lo - params_[i].offset, lo - begin, hi - lo});
+    }
+    shard_numel_ = end - begin;
+  } else {
+    // Reduction order: the listed names, then the rest in reverse flat order.
+    std::vector<size_t> order;
+    std::vector<bool> placed(params_.size(), false);
+    for (const std::string& name : zero.reduce_order)
+      for (size_t i = 0; i < params_.size(); ++i)
+        if (!placed[i] && params_[i].name == name) {
+          order.push_back(i);
+          placed[i] = true;
+        }
+    for (size_t i = params_.size(); i-- > 0;)
+      if (!placed[i]) order.push_back(i);
+    auto red = std::make_shared<Reducer>();
+    red->pg = pg_;
+    red->device = device_;
+    for (const Param& p : params_) {
+      red->tensors.push_back(p.tensor);
+      red->names.push_back(p.name);
+    }
+    red->bucket_of.assign(params_.size(), 0);
+    red->slot_of.assign(params_.size(), 0);
+    red->staged.assign(params_.size(), false);
+    const int64_t cap = std::max<int64_t>(1, int64_t(zero.bucket_mib * 1024 * 1024 / 4));
+    for (size_t i : order) {
+      const int64_t n = params_[i].tensor.numel();
+      if (red->buckets.empty() || (red->buckets.back().numel > 0 && red->buckets.back().numel + n > cap))
+        red->buckets.emplace_back();
+      Reducer::Bucket& b = red->buckets.back();
+      red->bucket_of[i] = red->buckets.size() - 1;
+      red->slot_of[i] = b.params.size();
+      b.params.push_back(i);
+      b.offsets.push_back(b.numel);
+      b.numel += n;
+    }
+    for (Reducer::Bucket& b : red->buckets) {
+      b.chunk = std::max<int64_t>(1, (b.numel + W - 1) / W);
+      const int64_t lo = std::min(b.numel, int64_t(r) * b.chunk), hi = std::min(b.numel, int64_t(r + 1) * b.chunk);
+      b.shard_offset = shard_numel_;
+      b.mine = hi - lo;
+      for (size_t j = 0; j < b.params.size(); ++j) {  // this rank's chunk, as pieces of parameters
+        const int64_t p_lo = std::max(lo, b.offsets[j]);
+        const int64_t p_hi = std::min(hi, b.offsets[j] + params_[b.params[j]].tensor.numel());
+        if (p_lo < p_hi) segments_.push_back({b.params[j], p_lo - b.offsets[j], shard_numel_ + p_lo - lo, p_hi - p_lo});
+      }
+      shard_numel_ += b.mine;
+    }
+    red->shard_numel = shard_numel_;
+    reducer_ = red;
+    std::weak_ptr<Reducer> weak = red;
+    for (size_t i = 0; i < params_.size(); ++i)
+      params_[i].tensor.register_grad_hook([weak, i](Tensor&) {
+        if (auto st = weak.lock()) st->on_grad(i);
+      });
+  }
+  exp_avg_ = zeros({shard_numel_}, DType::f32, device_);
+  exp_avg_sq_ = zeros({shard_numel_}, DType::f32, device_);
 }
 
-void ZeroAdamW::reduce_gradients() {
-  if (stage_ != 2 || reduced_) return;
-  NoGradGuard no_grad;
-  Tensor all = zeros({chunk_ * pg_->size()}, DType::f32, device_);
-  for (Param& p : params_) {
-    const Tensor g = p.tensor.grad();
-    if (!g.defined()) continue;  // unused on this rank: contributes zeros
-    BLU_CHECK(g.shape() == p.tensor.shape() && g.dtype() == DType::f32, "ZeroAdamW: gradient of '", p.name,
-              "' is ", g.str(), ", expected ", p.tensor.str());
-    copy_(narrow(all, 0, p.offset, p.tensor.numel()), reshape(g, {g.numel()}));
+ZeroAdamW::~ZeroAdamW() {
+  if (!reducer_) return;
+  for (auto& b : reducer_->buckets)  // issued collectives finish before their buffers go
+    if (b.work) try {
+        b.work->wait();
+      } catch (const std::exception&) {
+      }
+}
+
+std::vector<std::pair<int64_t, int64_t>> ZeroAdamW::shard_ranges() const {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const Segment& s : segments_) {
+    const int64_t flat_offset = params_[s.param].offset + s.param_offset;
+    if (!out.empty() && out.back().first + out.back().second == flat_offset) out.back().second += s.length;
+    else out.emplace_back(flat_offset, s.length);
   }
-  shard_grad_ = empty({chunk_}, DType::f32, device_);
-  pg_->reduce_scatter(shard_grad_, all, ReduceOp::avg)->wait();
-  for (Param& p : params_) p.tensor.zero_grad();  // stage 2 keeps only the slice
-  reduced_ = true;
+  return out;
+}
+
+std::vector<std::vector<std::string>> ZeroAdamW::bucket_layout() const {
+  std::vector<std::vector<std::string>> out;
+  if (reducer_)
+    for (const auto& b : reducer_->buckets) {
+      out.emplace_back();
+      for (size_t i : b.params) out.back().push_back(params_[i].name);
+    }
+  return out;
+}
+
+void ZeroAdamW::set_sync(bool on) {
+  BLU_CHECK(stage_ == 2, "ZeroAdamW::set_sync: stage 1 communicates through DDP (use its no_sync)");
+  std::lock_guard lock(reducer_->mu);
+  reducer_->sync = on;
+}
+bool ZeroAdamW::sync() const { return !reducer_ || reducer_->sync; }
+
+void ZeroAdamW::reduce_gradients() {
+  if (stage_ == 2) reducer_->finish();
+}
+
+Tensor ZeroAdamW::shard_gradient() {
+  BLU_CHECK(stage_ == 2, "ZeroAdamW::shard_gradient: stage 2 only (stage 1's gradients are the parameters')");
+  reduce_gradients();
+  return reducer_->shard_grad;
 }
 
 double ZeroAdamW::clip_grad_norm(double max_norm) {
@@ -105,28 +309,30 @@ double ZeroAdamW::clip_grad_norm(double max_norm) {
     return optim::clip_grad_norm(ts, max_norm);
   }
   BLU_CHECK(max_norm > 0 && !std::isnan(max_norm), "clip_grad_norm: max_norm must be > 0, got ", max_norm);
-  reduce_gradients();
+  const Tensor g = shard_gradient();
   NoGradGuard no_grad;
-  const Tensor mine = to_dtype(narrow(shard_grad_, 0, 0, end_ - begin_), DType::f64);
-  Tensor sumsq = end_ > begin_ ? reshape(sum(mul(mine, mine)), {1}) : zeros({1}, DType::f64, device_);
+  // This rank's sum of squares (sum_squares: f64 sums on the CPU, no copy of the shard), then summed
+  // over the ranks in f64.
+  Tensor sumsq = shard_numel_ > 0 ? to_dtype(reshape(sum_squares({g}), {1}), DType::f64) : zeros({1}, DType::f64, device_);
   pg_->all_reduce(sumsq, ReduceOp::sum)->wait();
   const double norm = std::sqrt(to_device(sumsq, kCPU).item());
   if (!std::isfinite(norm)) return norm;
   const double scale = max_norm / (norm + 1e-6);
-  if (scale < 1.0) mul_(shard_grad_, scale);
+  if (scale < 1.0) mul_(g, scale);
   return norm;
 }
 
 void ZeroAdamW::step() {
   NoGradGuard no_grad;
-  reduce_gradients();
+  Tensor shard_grad;
+  if (stage_ == 2) shard_grad = shard_gradient();
   const int64_t t = steps_ + 1;
   std::map<double, std::vector<AdamWTensors>> by_decay;  // one adamw_step op per weight decay
   for (const Segment& s : segments_) {
     const Param& p = params_[s.param];
     Tensor g;
     if (stage_ == 2) {
-      g = narrow(shard_grad_, 0, s.shard_offset, s.length);
+      g = narrow(shard_grad, 0, s.shard_offset, s.length);
     } else {
       const Tensor full_grad = p.tensor.grad();
       BLU_CHECK(full_grad.defined(), "ZeroAdamW (stage 1): parameter '", p.name, "' has no gradient; ",
@@ -140,15 +346,52 @@ void ZeroAdamW::step() {
   for (const auto& [wd, tensors] : by_decay)
     adamw_step_(tensors, {.lr = lr_, .beta1 = options_.beta1, .beta2 = options_.beta2, .eps = options_.eps,
                           .weight_decay = wd, .step = t});
-  // Every rank contributes its updated slice; all receive the whole vector.
-  Tensor send = zeros({chunk_}, DType::f32, device_), recv = empty({chunk_ * pg_->size()}, DType::f32, device_);
-  for (const Segment& s : segments_)
-    copy_(narrow(send, 0, s.shard_offset, s.length), narrow(flat(params_[s.param].tensor), 0, s.param_offset, s.length));
-  pg_->all_gather(recv, send)->wait();
-  for (const Param& p : params_) copy_(flat(p.tensor), narrow(recv, 0, p.offset, p.tensor.numel()));
+  gather_parameters();
+  if (reducer_) reducer_->consume();
   ++steps_;
-  reduced_ = false;
-  shard_grad_ = Tensor();
+}
+
+// Every rank contributes its updated shard; all receive the whole parameters. Stage 1: the flat
+// slices, in rank order. Stage 2: chunk r of every bucket, rank r's send buffer padded to Σ c, so
+// the gathered [W][Σ c] holds bucket b's elements as rows q = 0..W-1 of its c columns.
+void ZeroAdamW::gather_parameters() {
+  const int W = pg_->size();
+  if (stage_ == 1) {
+    Tensor send = zeros({chunk_}, DType::f32, device_), recv = empty({chunk_ * W}, DType::f32, device_);
+    for (const Segment& s : segments_)
+      copy_(narrow(send, 0, s.shard_offset, s.length), narrow(flat(params_[s.param].tensor), 0, s.param_offset, s.length));
+    pg_->all_gather(recv, send)->wait();
+    for (const Param& p : params_) copy_(flat(p.tensor), narrow(recv, 0, p.offset, p.tensor.numel()));
+    return;
+  }
+  int64_t padded = 0;
+  for (const auto& b : reducer_->buckets) padded += b.chunk;
+  Tensor send = zeros({padded}, DType::f32, device_), recv = empty({padded * W}, DType::f32, device_);
+  int64_t col = 0;
+  std::vector<int64_t> cols;
+  for (const auto& b : reducer_->buckets) {
+    cols.push_back(col);
+    for (size_t j = 0; j < b.params.size(); ++j) {  // this rank's chunk of the bucket, from the parameters
+      const int64_t lo = std::min(b.numel, int64_t(pg_->rank()) * b.chunk);
+      const int64_t hi = std::min(b.numel, lo + b.chunk);
+      const int64_t p_lo = std::max(lo, b.offsets[j]);
+      const int64_t p_hi = std::min(hi, b.offsets[j] + params_[b.params[j]].tensor.numel());
+      if (p_lo < p_hi)
+        copy_(narrow(send, 0, col + p_lo - lo, p_hi - p_lo),
+              narrow(flat(params_[b.params[j]].tensor), 0, p_lo - b.offsets[j], p_hi - p_lo));
+    }
+    col += b.chunk;
+  }
+  pg_->all_gather(recv, send)->wait();
+  const Tensor rows = view(recv, {W, padded});
+  for (size_t k = 0; k < reducer_->buckets.size(); ++k) {
+    const auto& b = reducer_->buckets[k];
+    const Tensor whole = reshape(contiguous(narrow(rows, 1, cols[k], b.chunk)), {W * b.chunk});  // the bucket
+    for (size_t j = 0; j < b.params.size(); ++j) {
+      const Tensor& t = params_[b.params[j]].tensor;
+      copy_(flat(t), narrow(whole, 0, b.offsets[j], t.numel()));
+    }
+  }
 }
 
 nn::NamedTensors ZeroAdamW::state() const {
@@ -160,8 +403,8 @@ void ZeroAdamW::load_state(const nn::NamedTensors& state) {
   BLU_CHECK(m.size() == 3 && m.count("step") && m.count("exp_avg") && m.count("exp_avg_sq"),
             "ZeroAdamW state: expected exactly 'step', 'exp_avg', 'exp_avg_sq' (", state.size(), " entries given)");
   for (const char* k : {"exp_avg", "exp_avg_sq"})
-    BLU_CHECK(m[k].shape() == Shape{end_ - begin_}, "ZeroAdamW state: '", k, "' has shape ", m[k].shape(),
-              ", this rank's slice is [", end_ - begin_, "] (another world size? use load_sharded_checkpoint)");
+    BLU_CHECK(m[k].shape() == Shape{shard_numel_}, "ZeroAdamW state: '", k, "' has shape ", m[k].shape(),
+              ", this rank's shard is [", shard_numel_, "] (another world size or stage? use load_sharded_checkpoint)");
   const int64_t step = optim::detail::read_count(m["step"], "step");
   NoGradGuard no_grad;
   copy_(exp_avg_, to_device(m["exp_avg"], exp_avg_.device()));  // loaded on the host; the state may be on a GPU
@@ -189,9 +432,9 @@ std::string save_sharded_checkpoint(const std::string& dir, const nn::Module& mo
     const Tensor& h = host.back();
     w.add(name, h.dtype(), h.shape(), {static_cast<const std::byte*>(h.raw_data()), h.nbytes()});
   }
-  const nlohmann::json meta = {{"rank", pg.rank()},       {"world_size", pg.size()}, {"begin", opt.shard_begin()},
-                               {"end", opt.shard_end()},  {"total", opt.total_numel()}, {"step", opt.steps()},
-                               {"stage", opt.stage()},    {"layout", layout_json(params)}};
+  const nlohmann::json meta = {{"rank", pg.rank()},   {"world_size", pg.size()},          {"ranges", opt.shard_ranges()},
+                               {"total", opt.total_numel()}, {"step", opt.steps()}, {"stage", opt.stage()},
+                               {"layout", layout_json(params)}};
   w.set_metadata(kZeroMeta, meta.dump());
   w.write((step_dir / shard_file_name(pg.rank(), pg.size())).string());
   pg.barrier()->wait();  // every shard is on disk
@@ -244,9 +487,11 @@ TrainState load_sharded_checkpoint(const std::string& ckpt_dir, nn::Module& mode
   for (const auto& g : opt.groups())
     for (const auto& np : g.params) params.push_back(np);
   const nlohmann::json layout = layout_json(params);
-  // Assemble this rank's slice from every old shard that overlaps it (checks first, then copy).
-  const int64_t b = opt.shard_begin(), e = opt.shard_end();
-  std::vector<float> m(size_t(e - b)), v(size_t(e - b));
+  // Assemble this rank's shard from every old shard that overlaps it (checks first, then copy). A
+  // shard is a list of flat ranges in shard order (older checkpoints: one range, "begin".."end").
+  const auto mine = opt.shard_ranges();
+  const int64_t n = opt.shard_numel();
+  std::vector<float> m(static_cast<size_t>(n)), v(static_cast<size_t>(n));
   int64_t opt_step = -1, covered = 0;
   for (int q = 0; q < W; ++q) {
     const fs::path f = d / shard_file_name(q, W);
@@ -257,30 +502,56 @@ TrainState load_sharded_checkpoint(const std::string& ckpt_dir, nn::Module& mode
     const nlohmann::json meta = nlohmann::json::parse(it->second);
     BLU_CHECK(meta.at("layout") == layout, "load_sharded_checkpoint: ", f.string(),
               " was saved for other parameters (names or sizes differ from this model's)");
-    const int64_t qb = meta.at("begin").get<int64_t>(), qe = meta.at("end").get<int64_t>();
+    std::vector<std::pair<int64_t, int64_t>> theirs;
+    if (meta.contains("ranges")) {
+      theirs = meta.at("ranges").get<std::vector<std::pair<int64_t, int64_t>>>();
+    } else {
+      const int64_t qb = meta.at("begin").get<int64_t>(), qe = meta.at("end").get<int64_t>();
+      if (qe > qb) theirs.emplace_back(qb, qe - qb);
+    }
+    int64_t their_numel = 0;
+    for (const auto& [off, len] : theirs) {
+      BLU_CHECK(off >= 0 && len > 0 && off + len <= opt.total_numel(), "load_sharded_checkpoint: ", f.string(),
+                " names the range [", off, ", ", off + len, ") outside the ", opt.total_numel(), " elements");
+      their_numel += len;
+    }
     const int64_t s = meta.at("step").get<int64_t>();
     BLU_CHECK(opt_step < 0 || opt_step == s, "load_sharded_checkpoint: shards disagree on the step (", opt_step,
               " vs ", s, ")");
     opt_step = s;
-    const int64_t lo = std::max(b, qb), hi = std::min(e, qe);
-    if (lo >= hi) continue;
-    for (auto [name, dst] : {std::pair{"exp_avg", &m}, std::pair{"exp_avg_sq", &v}}) {
+    std::vector<std::span<const std::byte>> bytes;
+    for (const char* name : {"exp_avg", "exp_avg_sq"}) {
       const TensorEntry& te = file.at(name);
-      BLU_CHECK(te.dtype == DType::f32 && te.numel() == uint64_t(qe - qb), "load_sharded_checkpoint: ", f.string(),
-                " '", name, "' should be f32 [", qe - qb, "]");
-      std::memcpy(dst->data() + (lo - b), file.bytes(te).data() + (lo - qb) * 4, size_t(hi - lo) * 4);
+      BLU_CHECK(te.dtype == DType::f32 && te.numel() == uint64_t(their_numel), "load_sharded_checkpoint: ",
+                f.string(), " '", name, "' should be f32 [", their_numel, "]");
+      bytes.push_back(file.bytes(te));
     }
-    covered += hi - lo;
+    // Every overlap of one of our ranges with one of theirs (both lists walk their shard in order).
+    int64_t my_pos = 0;
+    for (const auto& [my_off, my_len] : mine) {
+      int64_t their_pos = 0;
+      for (const auto& [off, len] : theirs) {
+        const int64_t lo = std::max(my_off, off), hi = std::min(my_off + my_len, off + len);
+        if (lo < hi) {
+          const int64_t dst = my_pos + (lo - my_off), src = their_pos + (lo - off);
+          std::memcpy(m.data() + dst, bytes[0].data() + src * 4, size_t(hi - lo) * 4);
+          std::memcpy(v.data() + dst, bytes[1].data() + src * 4, size_t(hi - lo) * 4);
+          covered += hi - lo;
+        }
+        their_pos += len;
+      }
+      my_pos += my_len;
+    }
   }
-  BLU_CHECK(covered == e - b, "load_sharded_checkpoint: the shards cover ", covered, " of this rank's ", e - b,
-            " elements");
+  BLU_CHECK(covered == n, "load_sharded_checkpoint: the shards cover ", covered, " of this rank's ", n,
+            " elements (overlapping or missing ranges)");
   // The model (and TrainState) last: io/checkpoint checks it fully before changing anything.
   const fs::path model_file = d / (step_dir_name(step) + ".safetensors");
   TrainState st = load_checkpoint(model_file.string(), model, nullptr, expected_model_config);
   std::vector<double> md(m.begin(), m.end()), vd(v.begin(), v.end());
   opt.load_state({{"step", optim::detail::count_tensor(opt_step)},
-                  {"exp_avg", from_vector(md, {e - b})},
-                  {"exp_avg_sq", from_vector(vd, {e - b})}});
+                  {"exp_avg", from_vector(md, {n})},
+                  {"exp_avg_sq", from_vector(vd, {n})}});
   return st;
 }
 

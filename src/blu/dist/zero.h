@@ -1,21 +1,28 @@
 // dist/zero: ZeRO stages 1 and 2 for AdamW (stage 3, sharded parameters, is not implemented).
-// The parameters, in optimizer-group order, are seen as one flat vector of N elements; rank r of
-// W owns the contiguous slice [r·S, min((r+1)·S, N)), S = ceil(N / W), and keeps AdamW's moments
-// for that slice only (a W-th of the optimizer state per rank).
+// The parameters, in optimizer-group order, are seen as one flat vector of N elements (the
+// "flat" offsets below). Each rank owns a W-th of it — its shard — and keeps AdamW's moments for
+// the shard only (a W-th of the optimizer state per rank).
 //   Stage 1 — use with DistributedDataParallel: gradients arrive averaged (DDP's bucketed
-//     all-reduce overlapped with backward); step() updates the owned slice of the parameters.
-//   Stage 2 — use without DDP (call broadcast_parameters once): gradients are this rank's local
-//     ones; reduce_gradients() (called by step() or clip_grad_norm() when not yet done) reduce-
-//     scatters their average so each rank keeps only its slice of the averaged gradient, and the
-//     parameters' own gradients are released.
-//   Both: AdamW on the slice, each parameter's piece with its group's weight decay and the same
-//   fp32 kernel as optim's AdamW (adamw_step_), then an all-gather of the updated slices so every
+//     all-reduce overlapped with backward). Rank r owns the contiguous slice [r·S, min((r+1)·S, N)),
+//     S = ceil(N / W); step() updates it.
+//   Stage 2 — use without DDP (call broadcast_parameters once). Gradients are reduced while
+//     backward runs (Note [ZeRO-2 buckets]): the parameters are grouped into buckets in the order
+//     backward completes their gradients; when a bucket's last gradient arrives, the gradients are
+//     copied into a staging buffer and released, and the buffer is reduce-scattered (average), so
+//     rank r keeps the r-th chunk of every bucket — its shard — and no rank holds all gradients at
+//     once. Gradient accumulation: under set_sync(false) backward accumulates locally as usual; the
+//     synced backward (the last micro-batch) reduces. reduce_gradients() (called by step() and
+//     clip_grad_norm()) issues what backward left (a parameter with no gradient contributes zeros)
+//     and waits; shard_gradient() is then this rank's averaged gradient.
+//   Both: AdamW on the shard, each parameter's piece with its group's weight decay and the same
+//   fp32 kernel as optim's AdamW (adamw_step_), then an all-gather of the updated shards so every
 //   rank holds the whole new parameters.
 // Sharded checkpoints: <dir>/ckpt_<step, 8 digits>/ holds model.safetensors… (the replicated model
 // and TrainState, written by rank 0 through io/checkpoint), optim_<rank>_of_<W>.safetensors (each
-// rank's moments with its slice bounds), and COMMIT, written by rank 0 after a barrier once every
+// rank's moments with the flat ranges of its shard), and COMMIT, written by rank 0 after a barrier once every
 // shard is on disk: a directory without COMMIT is ignored. Loading re-slices the moments from all
-// shard files, so a checkpoint saved by W ranks resumes on any number of ranks.
+// shard files, so a checkpoint saved by W ranks (either stage) resumes on any number of ranks and
+// under either stage.
 // Depends on dist/process_group, optim/optimizer, ops/optim, io/checkpoint. Keep: the update of
 // each element is exactly optim's AdamW given the same averaged gradient; every parameter is
 // updated every step (bias correction uses the optimizer's step count: DDP gives unused
@@ -31,14 +38,30 @@
 
 namespace blu::dist {
 
+struct ZeroOptions {
+  double bucket_mib = 25.0;  // stage 2: gradient bucket capacity (a larger parameter gets a bucket alone)
+  // Stage 2: parameter names in the order backward is expected to complete their gradients (the
+  // reverse of the model's registration order, say); names not listed follow in reverse flat
+  // order. Empty: the reverse flat order. Every rank must give the same order.
+  std::vector<std::string> reduce_order;
+};
+
 class ZeroAdamW final : public optim::Optimizer {
  public:
   ZeroAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOptions options, std::shared_ptr<ProcessGroup> pg,
-            int stage);
+            int stage, ZeroOptions zero = {});
+  ~ZeroAdamW() override;
 
-  // Stage 2: reduce-scatters the average of the local gradients into this rank's slice and drops
-  // the parameters' gradients. Stage 1: nothing (DDP has averaged them).
+  // Stage 2: completes the reduction of this step's gradients (see the header comment); the
+  // parameters' gradients are released. Stage 1: nothing (DDP has averaged them).
   void reduce_gradients();
+  // Stage 2: off, backward only accumulates locally (the micro-batches of gradient accumulation
+  // before the last); on (the default), backward reduces the buckets as they complete.
+  void set_sync(bool on);
+  bool sync() const;
+  // Stage 2, after reduce_gradients(): this rank's averaged gradient, [shard_numel()] f32 (the
+  // fp16 loss scaler unscales and checks it in place).
+  Tensor shard_gradient();
   // Global L2 norm of the averaged gradient (the same value on every rank) and clipping to
   // max_norm as optim::clip_grad_norm does; stage 2 reduces first.
   double clip_grad_norm(double max_norm);
@@ -51,17 +74,21 @@ class ZeroAdamW final : public optim::Optimizer {
 
   int stage() const { return stage_; }
   int64_t total_numel() const { return total_; }
-  int64_t shard_begin() const { return begin_; }
-  int64_t shard_end() const { return end_; }
+  int64_t shard_numel() const { return shard_numel_; }
+  // The shard as flat ranges (offset, length), in shard order: one range in stage 1.
+  std::vector<std::pair<int64_t, int64_t>> shard_ranges() const;
+  // Stage 2: parameter names per bucket, in reduction order (for tests and logs).
+  std::vector<std::vector<std::string>> bucket_layout() const;
   ProcessGroup& process_group() { return *pg_; }
 
  private:
-  friend TrainState load_sharded_checkpoint(const std::string&, nn::Module&, ZeroAdamW&, const nlohmann::json&);
-  // The piece of parameter `param` inside the owned slice.
+  // A piece of parameter `param` inside this rank's shard.
   struct Segment {
     size_t param;
     int64_t param_offset, shard_offset, length;
   };
+  struct Reducer;  // stage 2 (zero.cpp)
+  void gather_parameters();
   struct Param {
     std::string name;
     Tensor tensor;
@@ -73,11 +100,11 @@ class ZeroAdamW final : public optim::Optimizer {
   optim::AdamWOptions options_;
   std::shared_ptr<ProcessGroup> pg_;
   int stage_;
-  int64_t total_ = 0, chunk_ = 0, begin_ = 0, end_ = 0;
+  int64_t total_ = 0, shard_numel_ = 0;
+  int64_t chunk_ = 0;            // stage 1: S
   Device device_ = kCPU;         // the parameters' device: shards, state and buffers live there
-  Tensor exp_avg_, exp_avg_sq_;  // [end - begin]
-  Tensor shard_grad_;            // stage 2: [chunk] averaged gradient of the slice, once reduced
-  bool reduced_ = false;
+  Tensor exp_avg_, exp_avg_sq_;  // [shard_numel]
+  std::shared_ptr<Reducer> reducer_;  // stage 2; its grad hooks hold it weakly
 };
 
 // Writes this rank's part of a sharded checkpoint (collective: every rank calls it with the same

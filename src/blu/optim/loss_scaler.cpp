@@ -11,11 +11,16 @@
 namespace blu::optim {
 
 bool LossScaler::unscale_and_check(const std::vector<Tensor>& params, const std::function<bool(bool)>& agree) {
+  std::vector<Tensor> grads;
+  for (const Tensor& p : params) grads.push_back(p.defined() ? p.grad() : Tensor());
+  return unscale_and_check_grads(grads, agree);
+}
+
+bool LossScaler::unscale_and_check_grads(const std::vector<Tensor>& grads, const std::function<bool(bool)>& agree) {
   NoGradGuard no_grad;
   // One device-side sum of |g| per tensor (inf/NaN propagate), one number to the host.
   Tensor total;
-  for (const Tensor& p : params) {
-    Tensor g = p.defined() ? p.grad() : Tensor();
+  for (Tensor g : grads) {
     if (!g.defined()) continue;
     mul_(g, 1.0 / scale_);
     Tensor s = sum(abs(to_dtype(g, DType::f32)));

@@ -23,6 +23,8 @@ class LossScaler {
   // changes — needed wherever ranks check different gradients (ZeRO-2 checks its local ones):
   // a rank that skipped alone would leave the others waiting in the next collective.
   bool unscale_and_check(const std::vector<Tensor>& params, const std::function<bool(bool)>& agree = {});
+  // The same on gradient tensors themselves (ZeRO-2's shard gradient); undefined ones are skipped.
+  bool unscale_and_check_grads(const std::vector<Tensor>& grads, const std::function<bool(bool)>& agree = {});
   int64_t skipped_steps() const { return skipped_; }
   void set_state(double scale, int64_t good_steps, int64_t skipped) {
     scale_ = scale;

@@ -281,7 +281,9 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     a.beta1 = 0.9;
     a.beta2 = 0.95;  // GPT-2 / llm.c
     if (o.zero > 0) {
-      auto z = std::make_unique<dist::ZeroAdamW>(std::move(groups), a, pg_, o.zero);
+      dist::ZeroOptions zo;  // stage 2 reduces in the order backward completes gradients: reverse registration
+      for (const auto& [name, t] : model_->named_parameters()) zo.reduce_order.insert(zo.reduce_order.begin(), name);
+      auto z = std::make_unique<dist::ZeroAdamW>(std::move(groups), a, pg_, o.zero, zo);
       zero_ = z.get();
       opt_ = std::move(z);
     } else {
@@ -375,6 +377,7 @@ double Trainer::train_step(StepStats& s) {
     // Data parallel: only the last micro-batch's backward communicates.
     std::optional<dist::DistributedDataParallel::NoSync> no_sync;
     if (ddp_ && micro + 1 < o.grad_accum) no_sync.emplace(*ddp_);
+    if (zero_ && zero_->stage() == 2) zero_->set_sync(micro + 1 == o.grad_accum);  // ZeRO-2 reduces in backward too
     const Batch b = train_loader_->next();
     const auto out = model_->forward(ids_tensor(b.inputs, o.batch_size, o.seq_len, device_),
                                      ids_tensor(b.targets, o.batch_size, o.seq_len, device_));
@@ -388,8 +391,9 @@ double Trainer::train_step(StepStats& s) {
   // DDP first: the averaged gradients are the same on every rank, so unscaling and the overflow
   // check agree everywhere, and nothing touches a bucket while its all-reduce may still run.
   if (ddp_) ddp_->finish();
-  // Without DDP (ZeRO-2 reduces the gradients later, itself) each rank checks its own gradients:
-  // the ranks take the overflow decision together, or one would skip while the others wait.
+  // Without DDP (ZeRO-2: each rank holds its shard of the averaged gradient) each rank checks its
+  // own gradients: the ranks take the overflow decision together, or one would skip while the
+  // others wait.
   std::function<bool(bool)> agree;
   if (pg_ && !ddp_)
     agree = [this](bool finite) {
@@ -397,7 +401,9 @@ double Trainer::train_step(StepStats& s) {
       pg_->all_reduce(bad, dist::ReduceOp::max)->wait();
       return scalar_value(bad) == 0.0;
     };
-  if (scaler_ && !scaler_->unscale_and_check(model_->parameters(), agree)) {
+  const bool zero2 = zero_ && zero_->stage() == 2;
+  if (scaler_ && !(zero2 ? scaler_->unscale_and_check_grads({zero_->shard_gradient()}, agree)
+                         : scaler_->unscale_and_check(model_->parameters(), agree))) {
     // fp16 overflow: no update this step; the scale has backed off.
     s.skipped = scaler_->skipped_steps();
     s.lr = schedule_.at(step_);

@@ -1,0 +1,101 @@
+// ZeroAdamW stage 2 in one process (a one-rank Gloo group; the multi-rank runs are in
+// train_test.cpp): the bucket layout follows the reduction order, backward releases every gradient
+// into the buckets as it goes (Note [ZeRO-2 buckets]), the updates are bitwise those of optim's
+// AdamW, accumulation under set_sync(false) reduces once, and a gradient set by hand is reduced by
+// reduce_gradients(). Memory against DDP and ZeRO-1 on 2 ranks: DataParallel.ZeroStagesMatchDDP.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "blu/blu.h"
+#include "blu/dist/zero.h"
+#include "blu/nn/gpt.h"
+#include "dist_test_util.h"
+
+namespace blu::dist::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct OneRank {
+  TcpStore store{"127.0.0.1", 0, true, 10000ms};
+  std::shared_ptr<ProcessGroup> pg =
+      make_gloo_group(store, 0, 1, GlooOptions{.timeout = 10000ms, .hostname = "", .prefix = "default_pg"});
+};
+
+nn::GPTConfig config() {
+  nn::GPTConfig c = nn::GPTConfig::preset("tiny");
+  c.n_layer = 4;
+  return c;
+}
+
+std::vector<std::string> reverse_names(const nn::Module& m) {
+  std::vector<std::string> out;
+  for (const auto& [name, t] : m.named_parameters()) out.insert(out.begin(), name);
+  return out;
+}
+
+const optim::AdamWOptions kAdam{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
+
+std::unique_ptr<ZeroAdamW> make_zero2(nn::GPT& model, const std::shared_ptr<ProcessGroup>& pg) {
+  return std::make_unique<ZeroAdamW>(optim::decay_groups(model.named_parameters(), 0.1), kAdam, pg, 2,
+                                     ZeroOptions{.bucket_mib = 0.05, .reduce_order = reverse_names(model)});
+}
+
+// Batch `k` of 4 rows × 16 tokens.
+std::pair<Tensor, Tensor> batch(int k) {
+  std::vector<double> in, tg;
+  for (int i = 0; i < 4 * 17; ++i) (i % 17 < 16 ? in : tg).push_back(double((i * 37 + k * 11) % 101));
+  std::vector<double> targets;
+  for (int r = 0; r < 4; ++r)
+    for (int t = 0; t < 16; ++t) targets.push_back(t + 1 < 16 ? in[size_t(r * 16 + t + 1)] : tg[size_t(r)]);
+  return {from_vector(in, {4, 16}, DType::i32), from_vector(targets, {4, 16}, DType::i32)};
+}
+
+TEST(Zero2, BucketsFollowTheReductionOrder) {
+  OneRank one;
+  nn::GPT model(config(), 7);
+  auto opt = make_zero2(model, one.pg);
+  const auto layout = opt->bucket_layout();
+  EXPECT_GE(layout.size(), 4u);
+  std::vector<std::string> flat;
+  for (const auto& b : layout) flat.insert(flat.end(), b.begin(), b.end());
+  EXPECT_EQ(flat, reverse_names(model));
+  EXPECT_EQ(opt->shard_numel(), model.num_parameters());  // one rank: the whole vector
+}
+
+// Two steps, the second with two micro-batches: ZeRO-2 on one rank gives bitwise the weights of
+// optim's AdamW on the same gradients, and no parameter keeps a gradient after a synced backward.
+TEST(Zero2, ReleasesGradientsAndMatchesAdamW) {
+  OneRank one;
+  nn::GPT a(config(), 7), b(config(), 7);
+  auto zero = make_zero2(a, one.pg);
+  auto plain = optim::make_adamw(optim::decay_groups(b.named_parameters(), 0.1), kAdam);
+  for (int step = 0; step < 2; ++step) {
+    zero->zero_grad();
+    plain->zero_grad();
+    const int micro = step + 1;
+    for (int m = 0; m < micro; ++m) {
+      const auto [idx, tgt] = batch(step * 2 + m);
+      zero->set_sync(m + 1 == micro);
+      mul(a.forward(idx, tgt).loss, 1.0 / micro).backward();
+      mul(b.forward(idx, tgt).loss, 1.0 / micro).backward();
+      for (const auto& [name, t] : a.named_parameters())
+        EXPECT_EQ(t.grad().defined(), m + 1 < micro) << name << " after micro-batch " << m;
+    }
+    zero->step();
+    plain->step();
+  }
+  const auto pa = a.named_parameters(), pb = b.named_parameters();
+  for (size_t i = 0; i < pa.size(); ++i)
+    EXPECT_EQ(to_vector(pa[i].second), to_vector(pb[i].second)) << pa[i].first;
+  // A parameter with a gradient but no backward (set by hand) is reduced by reduce_gradients().
+  zero->zero_grad();
+  Tensor w = a.named_parameters()[0].second;
+  w.set_grad(full(w.shape(), 2.0, DType::f32));
+  EXPECT_NEAR(zero->clip_grad_norm(1e9), 2.0 * std::sqrt(double(w.numel())), 1e-6);
+  EXPECT_FALSE(w.grad().defined());
+}
+
+}  // namespace
+}  // namespace blu::dist::test
