@@ -5,7 +5,8 @@
 // Data parallel: `blutrain launch -n N -- blutrain bench --dp N ...` runs one rank per GPU
 // (cuda:LOCAL_RANK), NCCL through rank 0's TCP store (MASTER_ADDR/MASTER_PORT), the model under
 // DistributedDataParallel (--zero 1: ZeRO-1 AdamW; --bucket-mib, --first-bucket-mib,
-// --comm-priority and --no-row-exchange to compare DDP settings); every rank draws its own batches of B rows;
+// --comm-priority and --no-row-exchange to compare DDP settings), or with --zero 2 under ZeRO-2
+// alone (gradients reduce-scattered during backward in --bucket-mib buckets); every rank draws its own batches of B rows;
 // rank 0 prints the line with the global tok/s (world·B·T per median step) and its own memory.
 #include <algorithm>
 #include <array>
@@ -118,8 +119,8 @@ int run_bench(const BenchOptions& o) {
   const dist::DistEnv env = dist::detect_env();
   BLU_CHECK(env.world_size == o.dp, "--dp ", o.dp, " must equal the number of launched processes (WORLD_SIZE=",
             env.world_size, "); start with `blutrain launch -n ", o.dp, " -- blutrain bench --dp ", o.dp, " ...`");
-  BLU_CHECK(o.zero == 0 || o.zero == 1, "--zero must be 0 or 1 in bench, got ", o.zero);
-  BLU_CHECK(o.zero == 0 || o.dp > 1, "--zero 1 needs --dp > 1");
+  BLU_CHECK(o.zero >= 0 && o.zero <= 2, "--zero must be 0, 1 or 2 in bench, got ", o.zero);
+  BLU_CHECK(o.zero == 0 || o.dp > 1, "--zero ", o.zero, " needs --dp > 1");
   Device dev(o.device);
   BLU_CHECK(o.dp == 1 || o.device == "cuda", "--dp ", o.dp, " runs on --device cuda (one GPU per rank), got ", o.device);
   std::unique_ptr<dist::TcpStore> store;
@@ -151,11 +152,17 @@ int run_bench(const BenchOptions& o) {
   std::unique_ptr<dist::DistributedDataParallel> ddp;
   dist::DDPOptions ddp_options = o.ddp;
   if (o.row_exchange) ddp_options.exchange_rows = {model.wte.get()};
-  if (pg) ddp = std::make_unique<dist::DistributedDataParallel>(model, pg, ddp_options);
+  if (pg && o.zero < 2) ddp = std::make_unique<dist::DistributedDataParallel>(model, pg, ddp_options);
+  if (pg && o.zero == 2) dist::broadcast_parameters(model, *pg);  // ZeRO-2 reduces the gradients itself
   std::unique_ptr<optim::Optimizer> opt;
-  if (o.zero == 1)
-    opt = std::make_unique<dist::ZeroAdamW>(optim::decay_groups(model.named_parameters(), 0.1), ao, pg, 1);
-  else
+  dist::ZeroAdamW* zero = nullptr;
+  if (o.zero > 0) {
+    dist::ZeroOptions zo{.bucket_mib = o.ddp.bucket_mib, .reduce_order = {}};
+    for (const auto& [name, t] : model.named_parameters()) zo.reduce_order.insert(zo.reduce_order.begin(), name);
+    auto z = std::make_unique<dist::ZeroAdamW>(optim::decay_groups(model.named_parameters(), 0.1), ao, pg, o.zero, zo);
+    zero = z.get();
+    opt = std::move(z);
+  } else
     opt = optim::make_adamw(optim::decay_groups(model.named_parameters(), 0.1), ao);
   opt->attach_compute_copies(model.compute_copies());
   const auto params = model.parameters();
@@ -192,9 +199,11 @@ int run_bench(const BenchOptions& o) {
     mark(1);
     host_bwd_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_t0).count());
     if (ddp) ddp->finish();  // the buckets' all-reduces, issued during backward, are done
+    if (zero) zero->reduce_gradients();  // ZeRO-2: its reduce-scatters, issued during backward
     mark(2);
     if (!fp16 || scaler.unscale_and_check(params)) {
-      optim::clip_grad_norm(params, 1.0);
+      if (zero) zero->clip_grad_norm(1.0);
+      else optim::clip_grad_norm(params, 1.0);
       opt->step();
     }
     opt->zero_grad();
@@ -278,8 +287,8 @@ int run_bench(const BenchOptions& o) {
     j["bucket_mib"] = o.ddp.bucket_mib;
     j["first_bucket_mib"] = o.ddp.first_bucket_mib;
     j["comm_priority"] = o.comm_priority;
-    j["buckets"] = ddp->bucket_layout().size();
-    j["row_exchange"] = o.row_exchange ? ddp->row_exchange_paths().at(0) : "off";
+    j["buckets"] = ddp ? ddp->bucket_layout().size() : zero->bucket_layout().size();
+    j["row_exchange"] = ddp && o.row_exchange ? ddp->row_exchange_paths().at(0) : "off";
     if (!timeline.is_null()) j["comm_timeline"] = timeline;
   }
   if (!phases.empty()) {  // medians over the warm steps
@@ -325,9 +334,11 @@ Command add_bench(CLI::App& root) {
       ->capture_default_str();
   app->add_option("--dp", o->dp, "Data-parallel ranks: run under `blutrain launch -n N` (NCCL, GPU = LOCAL_RANK)")
       ->capture_default_str();
-  app->add_option("--zero", o->zero, "ZeRO stage with --dp: 0 (DDP + AdamW) or 1 (optimizer state sharded)")
+  app->add_option("--zero", o->zero,
+                  "ZeRO stage with --dp: 0 (DDP + AdamW), 1 (optimizer state sharded), 2 (and gradients, reduced "
+                  "during backward in --bucket-mib buckets)")
       ->capture_default_str();
-  app->add_option("--bucket-mib", o->ddp.bucket_mib, "With --dp: DDP bucket capacity (MiB)")->capture_default_str();
+  app->add_option("--bucket-mib", o->ddp.bucket_mib, "With --dp: DDP (or ZeRO-2) bucket capacity (MiB)")->capture_default_str();
   app->add_option("--first-bucket-mib", o->ddp.first_bucket_mib,
                   "With --dp: capacity of DDP's first bucket (MiB; >= --bucket-mib: no special first bucket)")
       ->capture_default_str();
