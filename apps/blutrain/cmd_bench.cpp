@@ -122,21 +122,26 @@ int run_bench(const BenchOptions& o) {
   BLU_CHECK(o.zero >= 0 && o.zero <= 2, "--zero must be 0, 1 or 2 in bench, got ", o.zero);
   BLU_CHECK(o.zero == 0 || o.dp > 1, "--zero ", o.zero, " needs --dp > 1");
   Device dev(o.device);
-  BLU_CHECK(o.dp == 1 || o.device == "cuda", "--dp ", o.dp, " runs on --device cuda (one GPU per rank), got ", o.device);
+  BLU_CHECK(o.dp == 1 || o.device == "cuda" || o.device == "cpu", "--dp ", o.dp,
+            " runs on --device cuda (NCCL, one GPU per rank) or cpu (Gloo), got ", o.device);
   std::unique_ptr<dist::TcpStore> store;
   std::shared_ptr<dist::ProcessGroup> pg;
   if (o.dp > 1) {
-#ifdef BLU_HAVE_CUDA
-    dev = Device(DeviceType::cuda, env.local_rank);
-    cuda::set_device(dev.index);
     store = std::make_unique<dist::TcpStore>(env.master_addr, env.master_port, env.rank == 0);
-    dist::NcclOptions no;
-    no.device = dev.index;
-    no.high_priority_stream = o.comm_priority == "high";
-    pg = dist::make_nccl_group(*store, env.rank, env.world_size, no);
+    if (dev.is_cpu()) {
+      pg = dist::make_gloo_group(*store, env.rank, env.world_size);
+    } else {
+#ifdef BLU_HAVE_CUDA
+      dev = Device(DeviceType::cuda, env.local_rank);
+      cuda::set_device(dev.index);
+      dist::NcclOptions no;
+      no.device = dev.index;
+      no.high_priority_stream = o.comm_priority == "high";
+      pg = dist::make_nccl_group(*store, env.rank, env.world_size, no);
 #else
-    BLU_CHECK(false, "--dp needs a CUDA build (NCCL)");
+      BLU_CHECK(false, "--dp on --device cuda needs a CUDA build (NCCL)");
 #endif
+    }
   }
   nn::GPTConfig cfg = train::model_preset(o.model);
   cfg.block_size = std::max(cfg.block_size, o.seq);
@@ -157,7 +162,7 @@ int run_bench(const BenchOptions& o) {
   std::unique_ptr<optim::Optimizer> opt;
   dist::ZeroAdamW* zero = nullptr;
   if (o.zero > 0) {
-    dist::ZeroOptions zo{.bucket_mib = o.ddp.bucket_mib, .reduce_order = {}};
+    dist::ZeroOptions zo{.bucket_mib = o.ddp.bucket_mib, .reduce_order = {}, .solo = {"wte.weight"}};
     for (const auto& [name, t] : model.named_parameters()) zo.reduce_order.insert(zo.reduce_order.begin(), name);
     auto z = std::make_unique<dist::ZeroAdamW>(optim::decay_groups(model.named_parameters(), 0.1), ao, pg, o.zero, zo);
     zero = z.get();

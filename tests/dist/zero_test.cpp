@@ -39,7 +39,7 @@ const optim::AdamWOptions kAdam{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 
 
 std::unique_ptr<ZeroAdamW> make_zero2(nn::GPT& model, const std::shared_ptr<ProcessGroup>& pg) {
   return std::make_unique<ZeroAdamW>(optim::decay_groups(model.named_parameters(), 0.1), kAdam, pg, 2,
-                                     ZeroOptions{.bucket_mib = 0.05, .reduce_order = reverse_names(model)});
+                                     ZeroOptions{.bucket_mib = 0.05, .reduce_order = reverse_names(model), .solo = {"wte.weight"}});
 }
 
 // Batch `k` of 4 rows × 16 tokens.
@@ -61,6 +61,10 @@ TEST(Zero2, BucketsFollowTheReductionOrder) {
   std::vector<std::string> flat;
   for (const auto& b : layout) flat.insert(flat.end(), b.begin(), b.end());
   EXPECT_EQ(flat, reverse_names(model));
+  EXPECT_EQ(layout.back(), std::vector<std::string>{"wte.weight"});  // solo: alone, and last
+  EXPECT_THROW(ZeroAdamW(optim::decay_groups(model.named_parameters(), 0.1), kAdam, one.pg, 2,
+                         ZeroOptions{.bucket_mib = 1, .reduce_order = {}, .solo = {"no.such"}}),
+               Error);
   EXPECT_EQ(opt->shard_numel(), model.num_parameters());  // one rank: the whole vector
 }
 

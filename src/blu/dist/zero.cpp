@@ -59,7 +59,8 @@ constexpr const char* kZeroMeta = "zero";
 // in the flat vector, described by segments_ (and by shard_ranges() in checkpoints). A gradient
 // hook on each parameter does the work while backward runs: when a parameter's gradient is
 // complete (the engine has summed its contributions) and sync is on, it is copied into its
-// bucket's staging buffer [W·c] (allocated by the bucket's first gradient) and released; when the
+// bucket's staging buffer [W·c] (allocated by the bucket's first gradient; a parameter alone in its
+// bucket with no padding is reduced from its own gradient) and released; when the
 // bucket's last gradient has arrived and every earlier bucket has been issued, the buffer is
 // reduce-scattered (average) into [c] — in bucket order on every rank, so the collectives match
 // whatever order the hooks fire in; a full chunk is reduced straight into its place in the shard
@@ -107,6 +108,17 @@ struct ZeroAdamW::Reducer {
   // Copies parameter i's gradient (zeros without one) into its bucket slot and releases it.
   void stage(size_t i) {
     Bucket& b = buckets[bucket_of[i]];
+    const Tensor own = tensors[i].grad();
+    if (b.params.size() == 1 && b.numel == b.chunk * pg->size() && own.defined() && own.is_contiguous() &&
+        own.dtype() == DType::f32 && own.numel() == b.numel) {
+      // A parameter alone in its bucket with no padding (GPT's tied embedding): reduced from its
+      // gradient itself, no staging copy.
+      b.staging = reshape(own, {own.numel()});
+      tensors[i].zero_grad();
+      staged[i] = true;
+      --b.pending;
+      return;
+    }
     if (!b.staging.defined()) b.staging = zeros({b.chunk * pg->size()}, DType::f32, device);
     Tensor slot = narrow(b.staging, 0, b.offsets[slot_of[i]], tensors[i].numel());
     if (const Tensor g = tensors[i].grad(); g.defined()) {
@@ -221,10 +233,19 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOptions 
     red->slot_of.assign(params_.size(), 0);
     red->staged.assign(params_.size(), false);
     const int64_t cap = std::max<int64_t>(1, int64_t(zero.bucket_mib * 1024 * 1024 / 4));
+    for (const std::string& name : zero.solo)
+      BLU_CHECK(std::any_of(params_.begin(), params_.end(), [&](const Param& p) { return p.name == name; }),
+                "ZeroAdamW: ZeroOptions::solo names '", name, "', which is not one of the optimizer's parameters");
+    auto is_solo = [&](size_t i) {
+      return std::find(zero.solo.begin(), zero.solo.end(), params_[i].name) != zero.solo.end();
+    };
+    bool after_solo = false;
     for (size_t i : order) {
       const int64_t n = params_[i].tensor.numel();
-      if (red->buckets.empty() || (red->buckets.back().numel > 0 && red->buckets.back().numel + n > cap))
+      if (red->buckets.empty() || after_solo || is_solo(i) ||
+          (red->buckets.back().numel > 0 && red->buckets.back().numel + n > cap))
         red->buckets.emplace_back();
+      after_solo = is_solo(i);
       Reducer::Bucket& b = red->buckets.back();
       red->bucket_of[i] = red->buckets.size() - 1;
       red->slot_of[i] = b.params.size();
@@ -353,7 +374,7 @@ void ZeroAdamW::step() {
 
 // Every rank contributes its updated shard; all receive the whole parameters. Stage 1: the flat
 // slices, in rank order. Stage 2: chunk r of every bucket, rank r's send buffer padded to Σ c, so
-// the gathered [W][Σ c] holds bucket b's elements as rows q = 0..W-1 of its c columns.
+// the gathered [W][Σ c] holds chunk q of bucket b in row q, at b's columns.
 void ZeroAdamW::gather_parameters() {
   const int W = pg_->size();
   if (stage_ == 1) {
@@ -383,13 +404,17 @@ void ZeroAdamW::gather_parameters() {
     col += b.chunk;
   }
   pg_->all_gather(recv, send)->wait();
-  const Tensor rows = view(recv, {W, padded});
+  // Each rank's chunk of each bucket straight into the parameters' pieces (no bucket-sized copy).
   for (size_t k = 0; k < reducer_->buckets.size(); ++k) {
     const auto& b = reducer_->buckets[k];
-    const Tensor whole = reshape(contiguous(narrow(rows, 1, cols[k], b.chunk)), {W * b.chunk});  // the bucket
-    for (size_t j = 0; j < b.params.size(); ++j) {
-      const Tensor& t = params_[b.params[j]].tensor;
-      copy_(flat(t), narrow(whole, 0, b.offsets[j], t.numel()));
+    for (int q = 0; q < W; ++q) {
+      const int64_t lo = std::min(b.numel, int64_t(q) * b.chunk), hi = std::min(b.numel, lo + b.chunk);
+      for (size_t j = 0; j < b.params.size(); ++j) {
+        const Tensor& t = params_[b.params[j]].tensor;
+        const int64_t p_lo = std::max(lo, b.offsets[j]), p_hi = std::min(hi, b.offsets[j] + t.numel());
+        if (p_lo < p_hi)
+          copy_(narrow(flat(t), 0, p_lo - b.offsets[j], p_hi - p_lo), narrow(recv, 0, q * padded + cols[k] + p_lo - lo, p_hi - p_lo));
+      }
     }
   }
 }

@@ -44,6 +44,10 @@ struct ZeroOptions {
   // reverse of the model's registration order, say); names not listed follow in reverse flat
   // order. Empty: the reverse flat order. Every rank must give the same order.
   std::vector<std::string> reduce_order;
+  // Stage 2: parameters that get a bucket of their own — one whose gradient completes much later
+  // than its neighbours' in reduce_order (GPT's tied embedding: its LM-head part comes first, its
+  // rows last), which would otherwise hold its bucket's staging buffer through all of backward.
+  std::vector<std::string> solo;
 };
 
 class ZeroAdamW final : public optim::Optimizer {

@@ -283,6 +283,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     if (o.zero > 0) {
       dist::ZeroOptions zo;  // stage 2 reduces in the order backward completes gradients: reverse registration
       for (const auto& [name, t] : model_->named_parameters()) zo.reduce_order.insert(zo.reduce_order.begin(), name);
+      zo.solo = {"wte.weight"};  // the tied embedding: complete only at the end of backward
       auto z = std::make_unique<dist::ZeroAdamW>(std::move(groups), a, pg_, o.zero, zo);
       zero_ = z.get();
       opt_ = std::move(z);
