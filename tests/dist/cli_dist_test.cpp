@@ -169,6 +169,29 @@ TEST_F(DistCli, Zero2Fp16SkipsOverflowsTogether) {
   check_fp16_run(train(2, 3, "fp16z2", {"--precision", "fp16"}), dir.path / "fp16z2/metrics.jsonl");
 }
 
+// `blutrain bench --dp 2` on CPU ranks (Gloo) in each mode: DDP, ZeRO-1 and ZeRO-2 take the same
+// steps on the same batches, so the last losses agree to fp32 rounding.
+TEST_F(DistCli, BenchDataParallelOnCpuRanks) {
+  std::map<int, double> last;
+  for (int zero : {0, 1, 2}) {
+    const LaunchResult r = run_command(
+        1, {blutrain().string(), "launch", "-n", "2", "--", blutrain().string(), "bench", "--device", "cpu", "--precision",
+            "fp32", "--model", "tiny", "--dp", "2", "--zero", std::to_string(zero), "-B", "2", "-T", "16", "--steps", "4",
+            "--bucket-mib", "1"},
+        {{"OMP_NUM_THREADS", "1"}});
+    ASSERT_EQ(r.status, 0) << r.out << r.err;
+    const size_t at = r.out.find("[rank 0] [rank 0] {");
+    ASSERT_NE(at, std::string::npos) << r.out;
+    const auto j = nlohmann::json::parse(r.out.substr(at + 18, r.out.find('\n', at) - at - 18));
+    EXPECT_EQ(j["world"], 2);
+    EXPECT_EQ(j["backend"], "gloo");
+    EXPECT_GE(j["buckets"].get<int>(), 2) << j.dump();
+    last[zero] = j["last_loss"].get<double>();
+  }
+  EXPECT_NEAR(last[1], last[0], 1e-5 * last[0]);
+  EXPECT_NEAR(last[2], last[0], 1e-5 * last[0]);
+}
+
 TEST_F(DistCli, DpMustMatchTheLauncher) {
   const LaunchResult r = run_command(1, {blutrain().string(), "train", "--train-pattern",
                                          (dir.path / "d_train_*.bin").string(), "--model", "tiny", "--dp", "2"});
