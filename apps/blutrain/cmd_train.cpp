@@ -112,6 +112,9 @@ Command add_train(CLI::App& root) {
   auto a = std::make_shared<TrainArgs>();
   train::TrainOptions& o = a->o;
   CLI::App* app = root.add_subcommand("train", "Train a GPT on token shards");
+  // A flag given twice takes its last value, so scripts/demo.sh's defaults can be overridden by the
+  // arguments passed on to it (`scripts/demo.sh --steps 50`).
+  app->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app->add_option("--config", a->config,
                   "TOML/INI file of train options: keys are the long flag names (lr = 3e-4, batch-size = 16); "
                   "flags given on the command line win; an unknown key is an error");

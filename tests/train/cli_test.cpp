@@ -98,6 +98,18 @@ TEST_F(Cli, TrainRefusesExistingRunWithoutOverwrite) {
   EXPECT_EQ(test::read_bytes(out / "ckpt_00000003.safetensors"), "not really a checkpoint");
 }
 
+// A flag given twice takes its last value: scripts/demo.sh passes its defaults first and the
+// caller's arguments after them (`scripts/demo.sh --steps 50`).
+TEST_F(Cli, RepeatedTrainFlagTakesTheLastValue) {
+  TempDir dir;
+  write_tokens(dir / "d_train_000000.bin", 4096);
+  const Result r = run({"train", "--train-pattern", (dir / "d_train_*.bin").string(), "--model", "tiny", "-T", "16",
+                        "-B", "2", "--steps", "5", "--steps", "1"});
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("step 1/1"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step 2/"), std::string::npos) << r.output;
+}
+
 TEST_F(Cli, UnknownConfigKeyIsRefusedByName) {
   TempDir dir;
   test::write_bytes(dir / "train.toml", "steps = 5\nlearning_rate = 0.1\n");
