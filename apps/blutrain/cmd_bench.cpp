@@ -162,9 +162,8 @@ int run_bench(const BenchOptions& o) {
   std::unique_ptr<optim::Optimizer> opt;
   dist::ZeroAdamW* zero = nullptr;
   if (o.zero > 0) {
-    dist::ZeroOptions zo{.bucket_mib = o.ddp.bucket_mib, .reduce_order = {}, .solo = {"wte.weight"}};
-    for (const auto& [name, t] : model.named_parameters()) zo.reduce_order.insert(zo.reduce_order.begin(), name);
-    auto z = std::make_unique<dist::ZeroAdamW>(optim::decay_groups(model.named_parameters(), 0.1), ao, pg, o.zero, zo);
+    auto z = std::make_unique<dist::ZeroAdamW>(optim::decay_groups(model.named_parameters(), 0.1), ao, pg, o.zero,
+                                               dist::zero_options_for(model, o.ddp.bucket_mib, {"wte.weight"}));
     zero = z.get();
     opt = std::move(z);
   } else

@@ -73,9 +73,8 @@ inline void train_worker() {
   if (mode == "zero1" || mode == "zero2") {
     // Stage 2: small buckets (several, a parameter split across ranks' chunks) in the order
     // backward completes the gradients, as the trainer gives it.
-    ZeroOptions zo{.bucket_mib = 0.02, .reduce_order = {}, .solo = {"wte.weight"}};
-    for (const auto& [name, t] : model.named_parameters()) zo.reduce_order.insert(zo.reduce_order.begin(), name);
-    auto z = std::make_unique<ZeroAdamW>(groups, adam, pg, mode == "zero1" ? 1 : 2, zo);
+    auto z = std::make_unique<ZeroAdamW>(groups, adam, pg, mode == "zero1" ? 1 : 2,
+                                         zero_options_for(model, 0.02, {"wte.weight"}));
     zero = z.get();
     opt = std::move(z);
   } else {

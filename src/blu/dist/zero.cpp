@@ -105,28 +105,22 @@ struct ZeroAdamW::Reducer {
     std::fill(staged.begin(), staged.end(), false);
     next_issue = next_done = 0;
   }
-  // Copies parameter i's gradient (zeros without one) into its bucket slot and releases it.
+  // Copies parameter i's gradient (zeros without one) into its bucket slot and releases it. A
+  // parameter alone in its bucket with no padding (GPT's tied embedding) is reduced from its
+  // gradient itself, with no staging copy.
   void stage(size_t i) {
     Bucket& b = buckets[bucket_of[i]];
-    const Tensor own = tensors[i].grad();
-    if (b.params.size() == 1 && b.numel == b.chunk * pg->size() && own.defined() && own.is_contiguous() &&
-        own.dtype() == DType::f32 && own.numel() == b.numel) {
-      // A parameter alone in its bucket with no padding (GPT's tied embedding): reduced from its
-      // gradient itself, no staging copy.
-      b.staging = reshape(own, {own.numel()});
-      tensors[i].zero_grad();
-      staged[i] = true;
-      --b.pending;
-      return;
-    }
-    if (!b.staging.defined()) b.staging = zeros({b.chunk * pg->size()}, DType::f32, device);
-    Tensor slot = narrow(b.staging, 0, b.offsets[slot_of[i]], tensors[i].numel());
-    if (const Tensor g = tensors[i].grad(); g.defined()) {
+    const Tensor g = tensors[i].grad();
+    if (g.defined())
       BLU_CHECK(g.shape() == tensors[i].shape() && g.dtype() == DType::f32, "ZeroAdamW: gradient of '", names[i],
                 "' is ", g.str(), ", expected ", tensors[i].str());
-      copy_(slot, reshape(g, {g.numel()}));
-      tensors[i].zero_grad();  // released: stage 2 keeps only the shard
-    }  // else: the staging buffer's zeros
+    if (g.defined() && g.is_contiguous() && b.params.size() == 1 && b.numel == b.chunk * pg->size()) {
+      b.staging = reshape(g, {g.numel()});
+    } else {
+      if (!b.staging.defined()) b.staging = zeros({b.chunk * pg->size()}, DType::f32, device);
+      if (g.defined()) copy_(narrow(b.staging, 0, b.offsets[slot_of[i]], g.numel()), reshape(g, {g.numel()}));
+    }
+    if (g.defined()) tensors[i].zero_grad();  // released: stage 2 keeps only the shard
     staged[i] = true;
     --b.pending;
   }
@@ -177,6 +171,13 @@ struct ZeroAdamW::Reducer {
     shard_grad = Tensor();  // not kept through the next forward
   }
 };
+
+ZeroOptions zero_options_for(const nn::Module& model, double bucket_mib, std::vector<std::string> solo) {
+  ZeroOptions o{.bucket_mib = bucket_mib, .reduce_order = {}, .solo = std::move(solo)};
+  for (const auto& [name, t] : model.named_parameters()) o.reduce_order.push_back(name);
+  std::reverse(o.reduce_order.begin(), o.reduce_order.end());
+  return o;
+}
 
 ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOptions options,
                      std::shared_ptr<ProcessGroup> pg, int stage, ZeroOptions zero)
@@ -392,9 +393,8 @@ void ZeroAdamW::gather_parameters() {
   std::vector<int64_t> cols;
   for (const auto& b : reducer_->buckets) {
     cols.push_back(col);
+    const int64_t lo = std::min(b.numel, int64_t(pg_->rank()) * b.chunk), hi = std::min(b.numel, lo + b.chunk);
     for (size_t j = 0; j < b.params.size(); ++j) {  // this rank's chunk of the bucket, from the parameters
-      const int64_t lo = std::min(b.numel, int64_t(pg_->rank()) * b.chunk);
-      const int64_t hi = std::min(b.numel, lo + b.chunk);
       const int64_t p_lo = std::max(lo, b.offsets[j]);
       const int64_t p_hi = std::min(hi, b.offsets[j] + params_[b.params[j]].tensor.numel());
       if (p_lo < p_hi)

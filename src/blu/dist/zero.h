@@ -34,6 +34,7 @@
 
 #include "blu/dist/process_group.h"
 #include "blu/io/checkpoint.h"
+#include "blu/nn/module.h"
 #include "blu/optim/optimizer.h"
 
 namespace blu::dist {
@@ -49,6 +50,9 @@ struct ZeroOptions {
   // rows last), which would otherwise hold its bucket's staging buffer through all of backward.
   std::vector<std::string> solo;
 };
+// Options for `model` trained with ZeRO-2: reduce_order the reverse of its registration order (the
+// order backward roughly completes gradients in), the given bucket capacity and solo parameters.
+ZeroOptions zero_options_for(const nn::Module& model, double bucket_mib = 25.0, std::vector<std::string> solo = {});
 
 class ZeroAdamW final : public optim::Optimizer {
  public:

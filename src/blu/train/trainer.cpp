@@ -281,10 +281,9 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     a.beta1 = 0.9;
     a.beta2 = 0.95;  // GPT-2 / llm.c
     if (o.zero > 0) {
-      dist::ZeroOptions zo;  // stage 2 reduces in the order backward completes gradients: reverse registration
-      for (const auto& [name, t] : model_->named_parameters()) zo.reduce_order.insert(zo.reduce_order.begin(), name);
-      zo.solo = {"wte.weight"};  // the tied embedding: complete only at the end of backward
-      auto z = std::make_unique<dist::ZeroAdamW>(std::move(groups), a, pg_, o.zero, zo);
+      // Stage 2: the tied embedding's gradient is complete only at the end of backward: a bucket alone.
+      auto z = std::make_unique<dist::ZeroAdamW>(std::move(groups), a, pg_, o.zero,
+                                                 dist::zero_options_for(*model_, 25.0, {"wte.weight"}));
       zero_ = z.get();
       opt_ = std::move(z);
     } else {

@@ -1,0 +1,114 @@
+// Timings of the flash-attention kernels at GPT-2 124M's shape (B16 H12 T1024 D64, causal): bf16
+// on each kernel family, variant and CTA order, and f32 in each mode, forward and forward+backward,
+// with q, k, v as views of [B, T, H, D] leaves as in GPT. Correctness is flash_attention_test.cpp.
+// Run on the GPU machine: ./build-cuda/tests/test_cuda --gtest_filter='FlashAttentionPerf.*'
+// (scripts/gpu_run.sh attn runs them beside PyTorch's SDPA).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "blu/backend/cuda/flash_attention.h"
+#include "blu/backend/cuda/runtime.h"
+#include "blu/blu.h"
+#include "cuda/flash_attention_scopes.h"
+
+namespace blu::test {
+namespace {
+
+const Device kGPU("cuda:0");
+
+// GPT-2 124M attention: B16 H12 T1024 D64, causal, in `dtype`. Prints ms and TFLOP/s (flops counted
+// as FlashAttention does: forward 4·B·H·T²·D, halved for causal; backward 2.5x the forward; at
+// 3xTF32 the tensor cores do three times that work).
+void time_gpt2_causal(DType dtype, const char* label = "") {
+  ASSERT_GT(cuda::device_count(), 0) << "no CUDA device";
+  const int64_t B = 16, H = 12, T = 1024, D = 64;
+  // q, k, v are [B, H, T, D] views of [B, T, H, D] leaves, as in GPT (heads split off c_attn's
+  // output): the backward's dq, dk, dv buffers ([B, T, H, D]) then become the leaves' gradients as
+  // they are, and the time is the kernels' alone, as PyTorch's with its contiguous inputs.
+  const Shape shape{B, T, H, D};
+  Generator gen(11);
+  std::vector<Tensor> qkv;
+  for (int i = 0; i < 3; ++i) qkv.push_back(to_device(randn(shape, dtype, kCPU, &gen), kGPU));
+  Tensor dout = to_device(randn({B, H, T, D}, dtype, kCPU, &gen), kGPU);
+  cudaStream_t stream = cuda::current_stream();
+  cuda::Event start(true), stop(true);
+  const double fwd_flops = 4.0 * B * H * T * T * D / 2;
+  const int warmup = 5, iters = 20;
+
+  auto time_it = [&](auto&& body) {
+    for (int i = 0; i < warmup; ++i) body();
+    BLU_CUDA_CHECK(cudaStreamSynchronize(stream));
+    start.record(stream);
+    for (int i = 0; i < iters; ++i) body();
+    stop.record(stream);
+    stop.synchronize();
+    return double(stop.elapsed_ms(start)) / iters;
+  };
+
+  const double fwd_ms = time_it([&] {
+    NoGradGuard ng;
+    (void)scaled_dot_product_attention(transpose(qkv[0], 1, 2), transpose(qkv[1], 1, 2), transpose(qkv[2], 1, 2), true);
+  });
+  std::vector<Tensor> in;
+  for (const Tensor& t : qkv) in.push_back(t.detach().set_requires_grad(true));
+  const double fwdbwd_ms = time_it([&] {
+    for (Tensor& t : in) t.zero_grad();
+    scaled_dot_product_attention(transpose(in[0], 1, 2), transpose(in[1], 1, 2), transpose(in[2], 1, 2), true)
+        .backward(dout);
+  });
+  std::printf("flash attention %s%s B16 H12 T1024 D64 causal: fwd %.4f ms (%.1f TFLOP/s), fwd+bwd %.4f ms "
+              "(%.1f TFLOP/s), bwd alone ~%.4f ms\n",
+              std::string(dtype_name(dtype)).c_str(), label, fwd_ms, fwd_flops / (fwd_ms * 1e-3) / 1e12, fwdbwd_ms,
+              3.5 * fwd_flops / (fwdbwd_ms * 1e-3) / 1e12, fwdbwd_ms - fwd_ms);
+}
+
+// The default bf16 kernels (on Hopper the wgmma forward and backward), the mma.sync ones, and the
+// wgmma forward with the mma.sync backward (the backward alone compared on the same forward).
+TEST(FlashAttentionPerf, Gpt2Bf16Causal) {
+  time_gpt2_causal(DType::bf16, cuda::flash_attention_wgmma_available() ? " [wgmma fwd, wgmma bwd]" : "");
+}
+TEST(FlashAttentionPerf, Gpt2Bf16CausalMmaSync) {
+  WgmmaScope mma(false);
+  time_gpt2_causal(DType::bf16, " [mma.sync fwd, mma.sync bwd]");
+}
+TEST(FlashAttentionPerf, Gpt2Bf16CausalMmaSyncBwd) {
+  WgmmaScope mma(true, false);
+  time_gpt2_causal(DType::bf16, " [wgmma fwd, mma.sync bwd]");
+}
+// A/B of the wgmma backward's variants (cuda::FlashVariant) against the default above.
+TEST(FlashAttentionPerf, Gpt2Bf16CausalBwdNoPipeline) {
+  VariantScope v({{cuda::FlashVariant::bwd_pipeline, false}});
+  time_gpt2_causal(DType::bf16, " [wgmma bwd, BLU_FLASH_BWD_PIPE=0]");
+}
+TEST(FlashAttentionPerf, Gpt2Bf16CausalFwdThreeWarpgroups) {
+  VariantScope v({{cuda::FlashVariant::fwd_solo, false}});
+  time_gpt2_causal(DType::bf16, " [wgmma fwd of three warpgroups, BLU_FLASH_FWD_SOLO=0]");
+}
+// The CTA order's head group (Note [head groups]): 0 is the plain grid order.
+TEST(FlashAttentionPerf, Gpt2Bf16CausalHeadGroups) {
+  for (int heads : {0, 4, 8, 12, 16, 24, 32, 48, 64}) {
+    HeadGroupScope g(heads);
+    time_gpt2_causal(DType::bf16, (" [head group " + std::to_string(heads) + "]").c_str());
+  }
+}
+// fp32, the default ("ieee"): TF32 tensor cores at 3xTF32 (flash_attention_tf32.cu).
+TEST(FlashAttentionPerf, Gpt2F32Causal) {
+  F32PathScope scope(F32Path::ieee_3xtf32);
+  time_gpt2_causal(DType::f32, " [ieee: 3xTF32]");
+}
+// fp32 under matmul precision "tf32": 1xTF32.
+TEST(FlashAttentionPerf, Gpt2F32Tf32Causal) {
+  F32PathScope scope(F32Path::tf32_1x);
+  time_gpt2_causal(DType::f32, " [tf32: 1xTF32]");
+}
+// fp32 on CUDA cores (the register-blocked kernels of flash_attention_f32.cu), for comparison.
+TEST(FlashAttentionPerf, Gpt2F32CudaCoresCausal) {
+  F32PathScope scope(F32Path::cuda_cores);
+  time_gpt2_causal(DType::f32, " [CUDA cores]");
+}
+
+}  // namespace
+}  // namespace blu::test
