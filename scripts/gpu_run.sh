@@ -16,6 +16,9 @@
 #           (DATA: a folder of shards carried in .devpack; TRAIN_ARGS: more arguments to both)
 #   attndetail — ncu sections (throughput, stalls, top stall sites) of our wgmma attention kernels
 #           beside cuDNN's (files ncu_ours.txt, ncu_cudnn.txt)
+#   attnsass — per-instruction SASS of our wgmma attention kernels: executed instructions and
+#           warp-stall samples by reason (ncu source page, files sass_fwd.csv, sass_bwd.csv), for
+#           scripts/lab/sass_hotspots.py
 #   attnprof — the time of each kernel of BluTrain's bf16 attention forward+backward (ncu), beside
 #           PyTorch's per-kernel times (scripts/sdpa_default.py)
 set -uo pipefail
@@ -110,5 +113,14 @@ for step in "$@"; do
       done
       grep -hE "^  [a-zA-Z_]|Duration|Throughput|Issue Slots|No Eligible|Registers Per|Achieved Occ|Executed Ipc" \
         "$out"/ncu_ours_*.txt "$out"/ncu_cudnn_*.txt | head -120 ;;
+    attnsass)
+      for k in fwd_wgmma_solo bwd_wgmma; do
+        timeout 200 ncu --section SourceCounters --section WarpStateStats --section InstructionStats \
+          --import-source no --clock-control none -k "regex:flash_$k" --launch-skip 2 --launch-count 1 \
+          -f -o "/tmp/sass_$k" "$pack/test_cuda" --gtest_filter="${NCU_FILTER:-FlashAttentionPerf.Gpt2Bf16Causal}" \
+          > "$out/ncu_sass_$k.log" 2>&1
+        ncu -i "/tmp/sass_$k.ncu-rep" --page source --csv --print-source sass > "$out/sass_$k.csv" 2>> "$out/ncu_sass_$k.log"
+        tail -3 "$out/ncu_sass_$k.log"; wc -l "$out/sass_$k.csv"; head -c 600 "$out/sass_$k.csv"; echo
+      done ;;
   esac
 done

@@ -75,6 +75,20 @@ __device__ __forceinline__ void pin(float (&r)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 
+// The inverse of ldmatrix_x4 (flash_attention.cuh): four 8x8 b16 matrices from registers, lanes
+// 8i..8i+7 giving the shared-memory row addresses of matrix i (16 bytes a row). With the registers
+// of an accumulator's A fragment, matrix 0..3 are rows g / g+8 x columns 0..7 / 8..15 of it.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
+// The warpgroup of this thread as a value the compiler knows to be warp-uniform (a shuffle from
+// lane 0): what derives from it (shared-memory tiles, wgmma descriptors) then stays in uniform
+// registers instead of being moved into them before every wgmma.
+__device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0); }
+
 template <int Regs>
 __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs));

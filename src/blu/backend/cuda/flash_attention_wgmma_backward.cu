@@ -15,6 +15,7 @@
 //       dV += Pᵀ·dO                      wgmma m64nDk16 RS: Pᵀ from the accumulator registers
 //                                        converted to 16-bit in place (as P in the forward), dO N-major
 //       dSᵀ = Pᵀ ∘ (dPᵀ − Dsum)·scale   to registers (16-bit A fragments) and to shared memory
+//                                        (stmatrix at D = 64)
 //       dK += dSᵀ·Q                      wgmma RS, Q N-major
 //       dQ_tile[:, c·D/2 + (0..D/2)) = dS·K over all 128 keys: wgmma m64n(D/2)k16 SS with dS as an
 //                                        M-major (transposed) A — the dSᵀ tile of both consumers —
@@ -77,6 +78,23 @@
 // dQ of tile i-2 completed within tile i-2). dK and dV are started by the first tile's products
 // with acc = 0 rather than zeroed before the loop: a zeroing move of an accumulator whose wgmma
 // crosses the loop's back edge makes ptxas serialise every wgmma of the loop (C7515).
+//
+// Note [wgmma backward math]
+// The consumers issue every instruction of a tile's elementwise work, so it is kept to what the math
+// needs (ncu's per-instruction counts, docs/performance.md session 7, found ~815 a tile and warp):
+// - The mask is compiled only into the tiles that need it. Causal, those the diagonal crosses, which
+//   come first (i <= c); with keys past T, every tile. Queries past T need none: their Q, dO rows,
+//   lse and Dsum are zero-filled, so Pᵀ = 1 there and dSᵀ = 0, dV and dK gain Pᵀ·0 and dSᵀ·Q = 0,
+//   and their dQ rows are not stored. Keys past T must be masked: Pᵀ = 2^(−lse·log2 e) may
+//   overflow, and inf·0 would reach dQ through K's zero rows. (Left in every tile, if-converted by
+//   ptxas, the mask cost ~200 predicated instructions a tile.)
+// - The producer scales lse by log2 e and Dsum by the softmax scale in shared memory once they have
+//   landed, so Pᵀ = 2^(Sᵀ·scale·log2 e − lse') is one FFMA before the exp and dSᵀ = Pᵀ·(dPᵀ·scale −
+//   Dsum') one FFMA and one FMUL.
+// - dSᵀ goes to shared memory by four stmatrix (16 32-bit stores and their swizzled addresses before).
+// - The warpgroup index comes from a shuffle (warpgroup_index), so the descriptors of a consumer's
+//   own K, V rows stay in uniform registers.
+// - dQ's atomics test rows against T only in a last, partial query tile.
 #include "blu/backend/cuda/flash_attention.cuh"
 #include "blu/backend/cuda/flash_attention_wgmma.cuh"
 #include "blu/backend/cuda/flash_attention_wgmma.h"
@@ -145,23 +163,28 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
   const int k0 = kb * BK;
   const int qt_begin = p.causal ? k0 / BQ : 0;  // k0 < T, so at least one tile
   const int n_tiles = (p.T + BQ - 1) / BQ - qt_begin;
-  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  const int wg = warpgroup_index(), tid = threadIdx.x % 128;
 
   if (wg == 0) {
     // ---- producer ----
     setmaxnreg_dec<kWbProducerRegs>();
     const T* Qg = slice<T>(p.q, b, h);
     const T* dOg = slice<T>(p.dout, b, h);
-    // Threads 0..63 copy lse, 64..127 Dsum: element tid % 64 of the tile.
+    // Threads 0..63 copy lse, 64..127 Dsum: element tid % 64 of the tile, which they scale in place
+    // once it has landed (lse by log2 e, Dsum by the softmax scale: Note [wgmma backward math]).
     const float* vec_g = (tid < BQ ? p.lse : p.dsum) + bh * p.T;
     float* vec_s = (tid < BQ ? sL : sDs) + tid % BQ;
+    const float vec_scale = tid < BQ ? kLog2e : p.scale;
+    // Tile j's copies have landed: scale its lse, Dsum, make Q, dO visible to wgmma, hand it over.
+    auto publish = [&](int j) {
+      cp_async_wait<0>();
+      vec_s[(j % NS) * BQ] *= vec_scale;
+      fence_proxy_async();
+      bar_arrive(kBarFull + j % NS, kWbThreads);
+    };
     for (int i = 0; i < n_tiles; ++i) {
       const int s = i % NS, q0 = (qt_begin + i) * BQ;
-      if (i >= 1) {
-        cp_async_wait<0>();  // tile i-1
-        fence_proxy_async();
-        bar_arrive(kBarFull + (i - 1) % NS, kWbThreads);
-      }
+      if (i >= 1) publish(i - 1);
       if (i >= NS) bar_sync(kBarEmpty + s, kWbThreads);  // tile i-NS consumed
       load_wg_tile<T, D, BQ>(sQ + s * BQ * D, Qg, p.q.st, q0, p.T, tid);
       load_wg_tile<T, D, BQ>(sdO + s * BQ * D, dOg, p.dout.st, q0, p.T, tid);
@@ -169,9 +192,7 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
       cp_async_4(vec_s + s * BQ, vec_g + (q < p.T ? q : 0), q < p.T);
       cp_async_commit();
     }
-    cp_async_wait<0>();
-    fence_proxy_async();
-    bar_arrive(kBarFull + (n_tiles - 1) % NS, kWbThreads);
+    publish(n_tiles - 1);
     return;
   }
 
@@ -218,6 +239,11 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
   uint32_t pf[BQ / 16][4], dsf[BQ / 16][4];  // Pᵀ, dSᵀ as A fragments, one per 16-query k step
   const float sl2 = p.scale * kLog2e;
   float* dq_acc = p.dq_accum + bh * p.T * D;
+  // dSᵀ by stmatrix (Note [wgmma backward math]): this lane gives row 64c + 16·warp + lane % 8 +
+  // 8·(lane / 8 % 2), 16-byte chunk 2kk + lane / 16 of it, stored at chunk (2kk + lane / 16) ^ (row
+  // % 8) = 2kk ^ y: the address of k step kk is that of k step 0 with its bits 5-6 xor 32·kk.
+  const uint32_t ds_addr0 = smem_u32(sdS) + (64 * c + 16 * warp + lane % 8 + 8 * (lane / 8 % 2)) * 128 +
+                            (((lane / 16) ^ (lane % 8)) << 4);
 
   // Columns 16kk..16kk+15 of an accumulator as an A fragment (k step kk): column groups 2kk, 2kk+1.
   auto to_frag = [](const float (&x)[BQ / 2], uint32_t (&f)[BQ / 16][4]) {
@@ -229,22 +255,36 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
 
   // dq (the dQ product of the query tile at q0, complete) into dq_accum: rows q0 + 16·warp + g
   // (+8), columns c·D/2 + 8j + 2t (+1). (16-byte atomics after a lane-pair swap were tried: no
-  // faster, docs/performance.md session 4.)
+  // faster, docs/performance.md session 4.) Rows past T exist only in the last tile.
   auto add_dq = [&](int q0) {
     const int qrow = q0 + 16 * warp + g;
     float* dst0 = dq_acc + int64_t(qrow) * D + c * (D / 2);
+    if (q0 + BQ <= p.T) {
 #pragma unroll
-    for (int j = 0; j < D / 16; ++j) {
-      float* dst = dst0 + 8 * j + 2 * t;
-      if (qrow < p.T) atomic_add2(dst, dq[4 * j], dq[4 * j + 1]);
-      if (qrow + 8 < p.T) atomic_add2(dst + 8 * D, dq[4 * j + 2], dq[4 * j + 3]);
+      for (int j = 0; j < D / 16; ++j) {
+        atomic_add2(dst0 + 8 * j + 2 * t, dq[4 * j], dq[4 * j + 1]);
+        atomic_add2(dst0 + 8 * j + 2 * t + 8 * D, dq[4 * j + 2], dq[4 * j + 3]);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < D / 16; ++j) {
+        float* dst = dst0 + 8 * j + 2 * t;
+        if (qrow < p.T) atomic_add2(dst, dq[4 * j], dq[4 * j + 1]);
+        if (qrow + 8 < p.T) atomic_add2(dst + 8 * D, dq[4 * j + 2], dq[4 * j + 3]);
+      }
     }
   };
 
-  for (int i = 0; i < n_tiles; ++i) {
+  // The tiles that need the mask come first: with keys past T all of them, causal those the
+  // diagonal crosses (q0 < kw0 + 63: i <= c, as qt_begin·64 = k0).
+  const int n_masked = kw0 + 64 > p.T ? n_tiles : p.causal ? min(c + 1, n_tiles) : 0;
+  // Tile i. Masked: compiled with the mask, which zeroes Pᵀ where keys are past T or, causal, after
+  // the query (Note [wgmma backward math]).
+  auto tile = [&](auto masked, int i) {
+    constexpr bool Masked = decltype(masked)::value;
     const int st = i % NS, q0 = (qt_begin + i) * BQ;
-    const float* l_s = sL + st * BQ;
-    const float* ds_s = sDs + st * BQ;
+    const float* l_s = sL + st * BQ;   // lse·log2 e
+    const float* ds_s = sDs + st * BQ;  // Dsum·scale
     bar_sync(kBarFull + st, kWbThreads);
     wgmma_fence();  // s, dp, dq, dk, dv, pf, dsf were accessed since the last wgmma
     wgmma_ss_first<T, 64, 0, 0>(s, dKa, desc_add(dQk, st * kTileBytes));
@@ -263,16 +303,15 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
     if (Pipe && i >= 1 && i - 1 + NS < n_tiles) bar_arrive(kBarEmpty + (i - 1) % NS, kWbThreads);
 
     // Pᵀ: element 4j + e is key key_lo + 8(e/2), query q0 + 8j + 2t + e%2.
-    const bool need_mask = q0 + BQ > p.T || kw0 + 64 > p.T || (p.causal && q0 < kw0 + 63);
 #pragma unroll
     for (int j = 0; j < BQ / 8; ++j) {
       const float2 l2 = *reinterpret_cast<const float2*>(l_s + 8 * j + 2 * t);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float pv = fast_exp2(s[4 * j + e] * sl2 - ((e & 1) ? l2.y : l2.x) * kLog2e);
-        if (need_mask) {
+        float pv = fast_exp2(s[4 * j + e] * sl2 - ((e & 1) ? l2.y : l2.x));
+        if (Masked && i < n_masked) {
           const int key = key_lo + (e >> 1) * 8, q = q0 + 8 * j + 2 * t + (e & 1);
-          if (q >= p.T || key >= p.T || (p.causal && key > q)) pv = 0.f;
+          if (key >= p.T || (p.causal && key > q)) pv = 0.f;
         }
         s[4 * j + e] = pv;
       }
@@ -286,24 +325,27 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
     wgmma_wait<1>();  // dPᵀ (dV may still run)
     pin(dp);
 
-    // dSᵀ = Pᵀ ∘ (dPᵀ − Dsum)·scale, into registers and into dSᵀ buffer st: rows 64c + 16·warp + g
-    // (+8), columns 16kk + 2t (+8) — the positions of the fragment registers.
+    // dSᵀ = Pᵀ ∘ (dPᵀ·scale − Dsum·scale), into registers and into dSᵀ buffer i % 2.
 #pragma unroll
     for (int j = 0; j < BQ / 8; ++j) {
       const float2 d2 = *reinterpret_cast<const float2*>(ds_s + 8 * j + 2 * t);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d2.y : d2.x)) * p.scale;
+      for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * fmaf(dp[4 * j + e], p.scale, -((e & 1) ? d2.y : d2.x));
     }
     to_frag(dp, dsf);
-    T* sdSb = sdS + (i & 1) * BK * BQ;
-    const int r = 64 * c + 16 * warp + g;
+    const uint32_t ds_off = uint32_t(i & 1) * kDsBytes;
 #pragma unroll
     for (int kk = 0; kk < BQ / 16; ++kk) {
-      const int qc = 16 * kk + 2 * t;
-      *reinterpret_cast<uint32_t*>(sdSb + swz<64>(r, qc)) = dsf[kk][0];
-      *reinterpret_cast<uint32_t*>(sdSb + swz<64>(r + 8, qc)) = dsf[kk][1];
-      *reinterpret_cast<uint32_t*>(sdSb + swz<64>(r, qc + 8)) = dsf[kk][2];
-      *reinterpret_cast<uint32_t*>(sdSb + swz<64>(r + 8, qc + 8)) = dsf[kk][3];
+      if constexpr (D == 64) {
+        stmatrix_x4((ds_addr0 + ds_off) ^ uint32_t(32 * kk), dsf[kk]);
+      } else {  // at D = 128 stmatrix's four-register operands make ptxas spill: 32-bit stores
+        T* dst = sdS + (i & 1) * BK * BQ;
+        const int r = 64 * c + 16 * warp + g, qc = 16 * kk + 2 * t;
+        *reinterpret_cast<uint32_t*>(dst + swz<64>(r, qc)) = dsf[kk][0];
+        *reinterpret_cast<uint32_t*>(dst + swz<64>(r + 8, qc)) = dsf[kk][1];
+        *reinterpret_cast<uint32_t*>(dst + swz<64>(r, qc + 8)) = dsf[kk][2];
+        *reinterpret_cast<uint32_t*>(dst + swz<64>(r + 8, qc + 8)) = dsf[kk][3];
+      }
     }
     fence_proxy_async();  // the dSᵀ stores, for the dQ wgmma of both consumers
     wgmma_fence();        // dsf
@@ -315,7 +357,6 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
     };
     if constexpr (!Pipe) issue_dk();
     bar_sync(kBarDs, 256);  // both halves of dSᵀ are in buffer i % 2
-    const uint32_t ds_off = uint32_t(i & 1) * kDsBytes;
     wgmma_ss_first<T, D / 2, 1, 1>(dq, desc_add(dSm, ds_off), dKn);
 #pragma unroll
     for (int kk = 1; kk < BK / 16; ++kk)
@@ -334,6 +375,13 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
       if (i + NS < n_tiles) bar_arrive(kBarEmpty + st, kWbThreads);
     }
     add_dq(q0);
+  };
+  if constexpr (D == 64) {
+    int i = 0;
+    for (; i < n_masked; ++i) tile(std::true_type{}, i);
+    for (; i < n_tiles; ++i) tile(std::false_type{}, i);
+  } else {  // one copy of the loop: two make ptxas spill at D = 128
+    for (int i = 0; i < n_tiles; ++i) tile(std::true_type{}, i);
   }
   if constexpr (Pipe) {  // the last tile's dK
     wgmma_wait<0>();
