@@ -87,10 +87,10 @@ TEST(FlashAttentionPerf, Gpt2Bf16CausalFwdThreeWarpgroups) {
   VariantScope v({{cuda::FlashVariant::fwd_solo, false}});
   time_gpt2_causal(DType::bf16, " [wgmma fwd of three warpgroups, BLU_FLASH_FWD_SOLO=0]");
 }
-// The CTA order's head group (Note [head groups]): 0 is the plain grid order.
+// The CTA order's head group (Note [head groups]), forward and backward: 0 is the plain grid order.
 TEST(FlashAttentionPerf, Gpt2Bf16CausalHeadGroups) {
   for (int heads : {0, 4, 8, 12, 16, 24, 32, 48, 64}) {
-    HeadGroupScope g(heads);
+    HeadGroupScope g(heads, heads);
     time_gpt2_causal(DType::bf16, (" [head group " + std::to_string(heads) + "]").c_str());
   }
 }

@@ -53,11 +53,18 @@ struct VariantScope {
   }
 };
 
-// Sets the CTA order's head group (Note [head groups]) for a scope, restoring the previous one.
+// Sets the CTA order's head group (Note [head groups]) of the forwards and the backward for a
+// scope, restoring the previous ones.
 struct HeadGroupScope {
-  int saved = cuda::flash_attention_head_group();
-  explicit HeadGroupScope(int heads) { cuda::set_flash_attention_head_group(heads); }
-  ~HeadGroupScope() { cuda::set_flash_attention_head_group(saved); }
+  int saved[2] = {cuda::flash_attention_head_group(false), cuda::flash_attention_head_group(true)};
+  HeadGroupScope(int fwd, int bwd) {
+    cuda::set_flash_attention_head_group(false, fwd);
+    cuda::set_flash_attention_head_group(true, bwd);
+  }
+  ~HeadGroupScope() {
+    cuda::set_flash_attention_head_group(false, saved[0]);
+    cuda::set_flash_attention_head_group(true, saved[1]);
+  }
 };
 
 }  // namespace blu::test

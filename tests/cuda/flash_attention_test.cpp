@@ -630,7 +630,7 @@ TEST(FlashAttentionHost, TileSlotOrder) {
 // pair must still be visited exactly once (the sweeps above run one group, B·H ≤ 6 < the default).
 TEST(FlashAttentionWgmma, Bf16HeadGroups) {
   if (!wgmma_testable()) GTEST_SKIP() << "no sm_90a device";
-  HeadGroupScope g(4);
+  HeadGroupScope g(4, 4);
   run_wgmma_sweep(DType::bf16);
 }
 
@@ -645,7 +645,8 @@ std::vector<Tensor> launch_backward(const std::vector<Tensor>& in, const Tensor&
   std::vector<Tensor> grads;
   for (int i = 0; i < 3; ++i) grads.push_back(full({c.B, c.T, c.H, c.D}, NAN, c.dtype, kGPU));
   Tensor dsum = full({c.B, c.H, c.T}, NAN, DType::f32, kGPU);
-  Tensor dq_accum = full({c.B, c.H, c.T, c.D}, NAN, DType::f32, kGPU);  // the launcher zeroes it
+  // The launcher zeroes it; T rounded up to 64 rows for the wgmma backward's tiles.
+  Tensor dq_accum = full({cuda::flash_dq_accum_floats(c.B, c.H, c.T, c.D)}, NAN, DType::f32, kGPU);
   cuda::FlashBwdParams p;
   p.dout = cuda::operand_bhtd(dout);
   p.q = cuda::operand_bhtd(in[0]);
@@ -736,7 +737,7 @@ TEST(FlashAttentionWgmmaBackward, F16NoPipeline) {
 
 TEST(FlashAttentionWgmmaBackward, Bf16HeadGroups) {
   if (!wgmma_testable()) GTEST_SKIP() << "no sm_90a device";
-  HeadGroupScope g(4);
+  HeadGroupScope g(4, 4);
   run_wgmma_bwd_sweep(DType::bf16);
 }
 

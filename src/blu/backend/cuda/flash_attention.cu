@@ -297,13 +297,15 @@ bool flash_attention_variant(FlashVariant v) { return variant_flag(v).load(); }
 void set_flash_attention_wgmma(bool on) { g_wgmma.store(on); }
 bool flash_attention_wgmma() { return g_wgmma.load(); }
 
-std::atomic<int> g_head_group{[] {
+int head_group_from_env(int fallback) {
   const char* e = std::getenv("BLU_FLASH_HEAD_GROUP");
-  return e ? std::max(0, std::atoi(e)) : kDefaultHeadGroup;
-}()};
+  return e ? std::max(0, std::atoi(e)) : fallback;
+}
+std::atomic<int> g_head_group[2] = {head_group_from_env(kDefaultFwdHeadGroup),
+                                    head_group_from_env(kDefaultBwdHeadGroup)};
 
-void set_flash_attention_head_group(int heads) { g_head_group.store(std::max(0, heads)); }
-int flash_attention_head_group() { return g_head_group.load(); }
+void set_flash_attention_head_group(bool backward, int heads) { g_head_group[backward].store(std::max(0, heads)); }
+int flash_attention_head_group(bool backward) { return g_head_group[backward].load(); }
 
 void set_flash_attention_force_simt(bool on) { g_force_simt.store(on); }
 bool flash_attention_force_simt() { return g_force_simt.load(); }
@@ -321,7 +323,7 @@ void flash_attention_forward(const FlashFwdParams& params, DType dtype, cudaStre
   BLU_ASSERT(flash_attention_supported(dtype, params.D), "flash_attention_forward: ", dtype, " D=", params.D);
   if (int64_t(params.B) * params.H * params.T == 0) return;
   FlashFwdParams p = params;
-  p.head_group = flash_attention_head_group();
+  p.head_group = flash_attention_head_group(false);
   const bool simt = flash_attention_force_simt();
   if (p.D == 64) flash::fwd_dispatch_d<64>(p, dtype, simt, stream);
   else flash::fwd_dispatch_d<128>(p, dtype, simt, stream);

@@ -46,7 +46,10 @@ struct FlashBwdParams {
   AttnOperand q, k, v, o, dout, dq, dk, dv;
   const float* lse = nullptr;  // [B, H, T], from the forward
   float* dsum = nullptr;       // scratch [B, H, T]: rowsum(dO ∘ O)
-  float* dq_accum = nullptr;   // scratch [B, H, T, D] fp32 (bf16/f16 tensor cores only; may be null otherwise)
+  // Scratch fp32 dQ (bf16/f16 tensor cores only; may be null otherwise) of flash_dq_accum_floats
+  // floats: [B, H, T, D] rows for the mma.sync backward, 64-row tiles in fragment order for the
+  // wgmma one (Note [dQ tiles] in flash_attention_wgmma_backward.cu).
+  float* dq_accum = nullptr;
   int B = 0, H = 0, T = 0, D = 0;
   float scale = 1.f;
   bool causal = false;
@@ -58,6 +61,10 @@ bool flash_attention_supported(DType dtype, int64_t head_dim);
 // Whether the backward of `dtype` needs the dq_accum scratch (the bf16/f16 tensor-core path; the
 // f32 paths accumulate into dq itself or need no accumulator).
 bool flash_attention_needs_dq_accum(DType dtype);
+// Floats of that scratch: B·H·T·D with T rounded up to the 64-row tiles of the wgmma backward.
+inline int64_t flash_dq_accum_floats(int64_t B, int64_t H, int64_t T, int64_t D) {
+  return B * H * ((T + 63) / 64 * 64) * D;
+}
 
 // Launch on `stream`. The caller checked flash_attention_supported and the layout contract.
 void flash_attention_forward(const FlashFwdParams& p, DType dtype, cudaStream_t stream);
@@ -92,12 +99,15 @@ enum class FlashVariant {
 void set_flash_attention_variant(FlashVariant v, bool on);
 bool flash_attention_variant(FlashVariant v);
 
-// Tuning knob: how many (batch, head) pairs the tensor-core forwards and the wgmma backward work
-// through together (Note [head groups] in flash_attention.cuh); 0 takes all of them at once (the
-// plain grid order). Starts from BLU_FLASH_HEAD_GROUP when set, else kDefaultHeadGroup.
-constexpr int kDefaultHeadGroup = 0;  // until measured (docs/performance.md, session 6)
-void set_flash_attention_head_group(int heads);
-int flash_attention_head_group();
+// Tuning knob: how many (batch, head) pairs the tensor-core forwards (backward = false) and the
+// wgmma backward (true) work through together (Note [head groups] in flash_attention.cuh); 0 takes
+// all of them at once (the plain grid order). Both start from BLU_FLASH_HEAD_GROUP when it is set,
+// else from the defaults measured on an H200 at GPT-2 shapes (B16 H12 T1024 D64 causal bf16,
+// docs/performance.md, session 7): in groups of 24 to 64 heads a head's CTAs share its tiles in
+// the L2 — backward 0.2925 → 0.2755 ms, forward 0.0836 → 0.0824 ms at 48.
+constexpr int kDefaultFwdHeadGroup = 48, kDefaultBwdHeadGroup = 48;
+void set_flash_attention_head_group(bool backward, int heads);
+int flash_attention_head_group(bool backward);
 
 // The CTA order of Note [head groups]: the (batch, head) pair and tile rank of the CTA with linear
 // index `lin` (x fastest) of a (bh_count, ranks) grid, heads dealt out in groups of `head_group`

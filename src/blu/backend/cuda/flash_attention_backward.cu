@@ -442,13 +442,10 @@ void launch_bwd_mma(const FlashBwdParams& p, DType dtype, cudaStream_t stream) {
   flash_bwd_dsum_kernel<T, D><<<dsum_blocks<T, D>(p), 256, 0, stream>>>(p);  // also zeroes dq_accum
   BLU_CUDA_CHECK_LAUNCH();
 
-  if (flash_attention_wgmma_backward() && flash_attention_wgmma_available()) {
-    flash_attention_backward_wgmma(p, dtype, stream);
-  } else {
-    launch_tiles<flash_bwd_mma_kernel<T, D>>(p, kBwdBK, kBwdThreads, bwd_smem_bytes<D>(), "flash_attention_backward",
-                                             stream);
-  }
-
+  if (flash_attention_wgmma_backward() && flash_attention_wgmma_available())
+    return flash_attention_backward_wgmma(p, dtype, stream);  // casts dq itself
+  launch_tiles<flash_bwd_mma_kernel<T, D>>(p, kBwdBK, kBwdThreads, bwd_smem_bytes<D>(), "flash_attention_backward",
+                                           stream);
   flash_bwd_dq_convert_kernel<T, D><<<grid_for(n / 4), 256, 0, stream>>>(p);
   BLU_CUDA_CHECK_LAUNCH();
 }
@@ -516,7 +513,7 @@ void flash_attention_backward_kernel(const KernelCall& c) {
   DataPtr dq_accum;
   p.dsum = static_cast<float*>(dsum.get());
   if (flash_attention_needs_dq_accum(q.dtype())) {
-    dq_accum = alloc.allocate(size_t(rows) * size_t(p.D) * sizeof(float));
+    dq_accum = alloc.allocate(size_t(flash_dq_accum_floats(p.B, p.H, p.T, p.D)) * sizeof(float));
     p.dq_accum = static_cast<float*>(dq_accum.get());
   }
   flash_attention_backward(p, q.dtype(), current_stream());

@@ -362,8 +362,8 @@ __global__ void __launch_bounds__(kSoloThreads, 4) flash_fwd_wgmma_solo_kernel(F
   const T* Vg = slice<T>(p.v, b, h);
   constexpr uint32_t kStageBytes = BK * D * 2;
 
-  load_wg_tile<T, D, BQ>(sQ, slice<T>(p.q, b, h), p.q.st, q0, p.T, tid);
-  load_wg_tile<T, D, BK>(sK, Kg, p.k.st, 0, p.T, tid);
+  load_wg_tile<T, D, BQ, true>(sQ, slice<T>(p.q, b, h), p.q.st, q0, p.T, tid);
+  load_wg_tile<T, D, BK, true>(sK, Kg, p.k.st, 0, p.T, tid);
   cp_async_commit();
 
   const uint64_t dQ = make_desc(smem_u32(sQ), 16, 1024);
@@ -385,8 +385,8 @@ __global__ void __launch_bounds__(kSoloThreads, 4) flash_fwd_wgmma_solo_kernel(F
     cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();
-    if (n + 1 < num_kt) load_wg_tile<T, D, BK>(sK + ((n + 1) & 1) * BK * D, Kg, p.k.st, (n + 1) * BK, p.T, tid);
-    if (n < num_kt) load_wg_tile<T, D, BK>(sV + (n & 1) * BK * D, Vg, p.v.st, n * BK, p.T, tid);
+    if (n + 1 < num_kt) load_wg_tile<T, D, BK, true>(sK + ((n + 1) & 1) * BK * D, Kg, p.k.st, (n + 1) * BK, p.T, tid);
+    if (n < num_kt) load_wg_tile<T, D, BK, true>(sV + (n & 1) * BK * D, Vg, p.v.st, n * BK, p.T, tid);
     cp_async_commit();
   };
   auto issue_s = [&](int n) {

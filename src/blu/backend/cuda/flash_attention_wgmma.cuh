@@ -21,21 +21,29 @@ __device__ __forceinline__ int wg_off(int r, int c) {
 
 // Rows [r0, r0 + ROWS) of one (b, h) slice into a wgmma-layout tile by the 128 threads of a
 // warpgroup (tid 0..127); rows >= T_len are zero-filled. Issues cp.async only. Thread tid copies
-// chunk tid % (D/8) of rows tid / (D/8) + i·(1024/D). Not unrolled: the producer warpgroup runs
-// on a small register budget, and unrolled it keeps every chunk's address live across its loop.
-template <typename T, int D, int ROWS>
+// chunk tid % (D/8) of rows tid / (D/8) + i·(1024/D): a step of 1024/D rows (a multiple of 8)
+// keeps the row's swizzle, so the destination moves by whole rows. A tile with every row below
+// T_len (all but a last partial one) skips the row tests. Unroll: unrolled, ~6 instructions a
+// chunk instead of ~20 (ncu, session 7); not for the backward's producer warpgroup, whose small
+// register budget cannot hold every chunk's address.
+template <typename T, int D, int ROWS, bool Unroll = false>
 __device__ __forceinline__ void load_wg_tile(T* tile, const T* base, int64_t row_stride, int r0, int T_len,
                                              int tid) {
-  constexpr int kChunks = D / 8, kRowStep = 128 / kChunks;
-  static_assert(ROWS % kRowStep == 0, "every thread copies the same number of chunks");
-  const int c = tid % kChunks;
-  int r = tid / kChunks;
+  constexpr int kChunks = D / 8, kRowStep = 128 / kChunks, kIters = ROWS / kRowStep;
+  static_assert(ROWS % kRowStep == 0 && kRowStep % 8 == 0, "every thread copies whole-swizzle row steps");
+  const int r = tid / kChunks, c = tid % kChunks;
   const T* src = base + int64_t(r0 + r) * row_stride + c * 8;
   const int64_t src_step = int64_t(kRowStep) * row_stride;
+  T* dst = tile + wg_off<ROWS>(r, c * 8);
+  if (r0 + ROWS <= T_len) {
+#pragma unroll(Unroll ? kIters : 1)
+    for (int i = 0; i < kIters; ++i) cp_async_16(dst + i * kRowStep * 64, src + i * src_step, true);
+  } else {
 #pragma unroll 1
-  for (; r < ROWS; r += kRowStep, src += src_step) {
-    const bool valid = r0 + r < T_len;
-    cp_async_16(tile + wg_off<ROWS>(r, c * 8), valid ? src : base, valid);
+    for (int i = 0; i < kIters; ++i) {
+      const bool valid = r0 + r + i * kRowStep < T_len;
+      cp_async_16(dst + i * kRowStep * 64, valid ? src + i * src_step : base, valid);
+    }
   }
 }
 
@@ -82,6 +90,25 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4
   asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
                "r"(r[1]), "r"(r[2]), "r"(r[3])
                : "memory");
+}
+
+// Bulk reduction (the TMA unit, async proxy): dst[0, bytes/4) += src[0, bytes/4) in fp32, global
+// from shared memory; 16-byte aligned, bytes a multiple of 16. Grouped per thread like cp.async:
+// bulk_commit closes a group; bulk_wait_read<N> waits until at most N groups still read their
+// source, bulk_wait<N> until at most N are incomplete.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, const float* src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+               "r"(smem_u32(src)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // The warpgroup of this thread as a value the compiler knows to be warp-uniform (a shuffle from

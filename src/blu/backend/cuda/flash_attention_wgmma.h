@@ -17,9 +17,9 @@ namespace blu::cuda::flash {
 
 // Launch on `stream`; dtype bf16 or f16, p.D 64 or 128, flash_attention_wgmma_available().
 void flash_attention_forward_wgmma(const FlashFwdParams& p, DType dtype, cudaStream_t stream);
-// The main kernel of the backward: dk, dv, and dQ added into p.dq_accum (fp32 atomics). The caller
-// zeroed dq_accum and filled p.dsum before, and casts dq_accum into dq after (as for the mma.sync
-// kernel in flash_attention_backward.cu). Same conditions as the forward.
+// The backward after Dsum: dk, dv, and dQ through p.dq_accum in 64-row tiles (Note [dQ tiles]),
+// cast into dq at the end. The caller filled p.dsum and zeroed the first B·H·T·D floats of
+// dq_accum (flash_dq_accum_floats of them exist). Same conditions as the forward.
 void flash_attention_backward_wgmma(const FlashBwdParams& p, DType dtype, cudaStream_t stream);
 
 }  // namespace blu::cuda::flash

@@ -19,8 +19,9 @@
 //       dK += dSᵀ·Q                      wgmma RS, Q N-major
 //       dQ_tile[:, c·D/2 + (0..D/2)) = dS·K over all 128 keys: wgmma m64n(D/2)k16 SS with dS as an
 //                                        M-major (transposed) A — the dSᵀ tile of both consumers —
-//                                        and K N-major; added to the fp32 accumulator with float2
-//                                        atomics (dQ is the only atomic output).
+//                                        and K N-major; added to the fp32 dQ tile in global memory
+//                                        by a bulk reduction (Note [dQ tiles]; dQ is the only output
+//                                        that several CTAs add to).
 //     Working with keys as wgmma's M is what lets Pᵀ and dSᵀ feed the dV, dK products straight
 //     from the accumulator registers. At the end dK, dV are cast and stored through the consumer's
 //     V tile (no atomics: each key belongs to one CTA).
@@ -31,6 +32,7 @@
 //   Q, dO    [2 stages][64][D]
 //   dSᵀ      [2 buffers][128 keys][64 queries], consumer c writes rows 64c..64c+63
 //   lse, Dsum [2 stages][64] fp32
+//   dQ       [2 consumers][32·D] fp32, in fragment order (Note [dQ tiles])
 // (3 stages of Q, dO, lse, Dsum in the pipelined variant below.)
 // Descriptors: K-major operands (K, V as A of Sᵀ, dPᵀ; Q, dO as B) with stride byte offset 1024 (an
 // 8-row atom), a 16-column k step +32 bytes within a 64-column block, the next block 64·128 bytes on.
@@ -59,7 +61,9 @@
 // Consumer, tile i: sync FULL[s] · issue Sᵀ, dPᵀ (two commit groups) · wait Sᵀ · Pᵀ · issue dV
 //   (RS) · wait dPᵀ · dSᵀ to registers and to dSᵀ buffer i % 2 · fence.proxy.async · issue dK (RS) ·
 //   sync DS (both halves of dSᵀ written) · issue dQ (SS) · wait all · arrive EMPTY[s] if i + 2 < n
-//   (only for tiles the producer refills, so no barrier is left half-arrived at exit) · dQ atomics.
+//   (only for tiles the producer refills, so no barrier is left half-arrived at exit) · dQ to
+//   shared memory, sync WG[c], one thread adds it (Note [dQ tiles]; it waits for that read before
+//   the next DS).
 // Every wait is matched: FULL[s] and EMPTY[s] alternate (a phase of one needs the previous phase of
 // the other), so no side runs two phases ahead. DS needs no partner barrier: a consumer writes
 // dSᵀ buffer i % 2 after it passed DS of tile i-1, which the other consumer reached only after its
@@ -79,6 +83,25 @@
 // with acc = 0 rather than zeroed before the loop: a zeroing move of an accumulator whose wgmma
 // crosses the loop's back edge makes ptxas serialise every wgmma of the loop (C7515).
 //
+// Note [dQ tiles]
+// Every key block adds to the dQ of the query tiles it sees. Per-element float2 atomics (red.global)
+// from the registers cost 8 (D = 64) to 16 instructions a thread and tile, and their queue and their
+// source registers' release stalled the consumers (ncu, session 7). So dq_accum is laid out for
+// one bulk reduction per consumer and tile: per (b, h) ceil(T/64) tiles of 64·D floats; in a tile,
+// consumer c's half at c·32·D, and within it float4 number j·128 + tid holds registers 4j..4j+3 of
+// thread tid — rows 16w + g and 16w + g + 8, columns c·D/2 + 8j + 2t, +1 (w = tid / 32, g = tid %
+// 32 / 4, t = tid % 4; the accumulator layout of flash_attention_wgmma.cuh). A consumer stores its
+// registers there in shared memory (one 16-byte store per group, consecutive threads consecutive:
+// no bank conflicts), fences, syncs its warpgroup, and its thread 0 adds the 32·D floats with one
+// cp.reduce.async.bulk .add.f32. The next tile's dQ may overwrite the buffer once that read is
+// done: thread 0 waits for it before the dSᵀ barrier (DS), half a tile later, so every consumer
+// thread passes DS only after it; before exit it waits for the last addition to complete. Rows
+// past T (a last partial tile) add zeros: their dSᵀ is 0 (Note [wgmma backward math]).
+// flash_bwd_dq_tiles_convert_kernel puts a tile back in row order and casts it; the buffer has
+// flash_dq_accum_floats floats (T rounded up to 64), of which the Dsum kernel zeroes the first
+// B·H·T·D and flash_attention_backward_wgmma the rest. (One bulk reduction per 128-byte row,
+// session 6, was ~80 µs slower than the atomics.)
+//
 // Note [wgmma backward math]
 // The consumers issue every instruction of a tile's elementwise work, so it is kept to what the math
 // needs (ncu's per-instruction counts, docs/performance.md session 7, found ~815 a tile and warp):
@@ -94,7 +117,6 @@
 // - dSᵀ goes to shared memory by four stmatrix (16 32-bit stores and their swizzled addresses before).
 // - The warpgroup index comes from a shuffle (warpgroup_index), so the descriptors of a consumer's
 //   own K, V rows stay in uniform registers.
-// - dQ's atomics test rows against T only in a last, partial query tile.
 #include "blu/backend/cuda/flash_attention.cuh"
 #include "blu/backend/cuda/flash_attention_wgmma.cuh"
 #include "blu/backend/cuda/flash_attention_wgmma.h"
@@ -116,10 +138,10 @@ template <bool Pipe>
 constexpr int wb_stages() { return Pipe ? 3 : 2; }
 template <int D, bool Pipe>
 constexpr int wb_smem_bytes() {
-  // K, V [128][D]; Q, dO [NS][64][D]; dSᵀ [2][128][64] (16-bit); lse, Dsum [NS][64] (fp32); + 1024
-  // to align the base to a swizzle atom.
+  // K, V [128][D]; Q, dO [NS][64][D]; dSᵀ [2][128][64] (16-bit); lse, Dsum [NS][64], dQ [64·D]
+  // (fp32); + 1024 to align the base to a swizzle atom.
   constexpr int NS = wb_stages<Pipe>();
-  return (2 * kWbBK * D + 2 * NS * kWbBQ * D + 2 * kWbBK * kWbBQ) * 2 + 2 * NS * kWbBQ * 4 + 1024;
+  return (2 * kWbBK * D + 2 * NS * kWbBQ * D + 2 * kWbBK * kWbBQ) * 2 + (2 * NS * kWbBQ + kWbBQ * D) * 4 + 1024;
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -153,6 +175,7 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
   T* sdS = sdO + NS * BQ * D;                                                 // [2][128][64]
   float* sL = reinterpret_cast<float*>(sdS + 2 * BK * BQ);                    // [NS][64] lse
   float* sDs = sL + NS * BQ;                                                  // [NS][64] Dsum
+  float* sdQ = sDs + NS * BQ;  // [2 consumers][32·D]: a tile's dQ in fragment order (Note [dQ tiles])
 
   // Key block and head in head groups (Note [head groups]); causal: small kb (the most query tiles)
   // launches first within a group.
@@ -238,7 +261,7 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
   }
   uint32_t pf[BQ / 16][4], dsf[BQ / 16][4];  // Pᵀ, dSᵀ as A fragments, one per 16-query k step
   const float sl2 = p.scale * kLog2e;
-  float* dq_acc = p.dq_accum + bh * p.T * D;
+  float* dq_tiles = p.dq_accum + bh * ((p.T + BQ - 1) / BQ) * BQ * D;  // this head's dQ tiles
   // dSᵀ by stmatrix (Note [wgmma backward math]): this lane gives row 64c + 16·warp + lane % 8 +
   // 8·(lane / 8 % 2), 16-byte chunk 2kk + lane / 16 of it, stored at chunk (2kk + lane / 16) ^ (row
   // % 8) = 2kk ^ y: the address of k step kk is that of k step 0 with its bits 5-6 xor 32·kk.
@@ -253,25 +276,20 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
       for (int i = 0; i < 4; ++i) f[kk][i] = Elem<T>::pack(x[8 * kk + 2 * i], x[8 * kk + 2 * i + 1]);
   };
 
-  // dq (the dQ product of the query tile at q0, complete) into dq_accum: rows q0 + 16·warp + g
-  // (+8), columns c·D/2 + 8j + 2t (+1). (16-byte atomics after a lane-pair swap were tried: no
-  // faster, docs/performance.md session 4.) Rows past T exist only in the last tile.
+  // dq (the dQ product of the query tile at q0, complete) added to its dQ tile (Note [dQ tiles]):
+  // through shared memory in fragment order, 16 bytes a thread and register group, by one bulk
+  // reduction of this consumer's half (32·D floats) that thread 0 issues once the warpgroup has
+  // written it. It waits for the read of that bulk group before the next tile's dSᵀ barrier.
+  float* sdQc = sdQ + c * 32 * D;
   auto add_dq = [&](int q0) {
-    const int qrow = q0 + 16 * warp + g;
-    float* dst0 = dq_acc + int64_t(qrow) * D + c * (D / 2);
-    if (q0 + BQ <= p.T) {
 #pragma unroll
-      for (int j = 0; j < D / 16; ++j) {
-        atomic_add2(dst0 + 8 * j + 2 * t, dq[4 * j], dq[4 * j + 1]);
-        atomic_add2(dst0 + 8 * j + 2 * t + 8 * D, dq[4 * j + 2], dq[4 * j + 3]);
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < D / 16; ++j) {
-        float* dst = dst0 + 8 * j + 2 * t;
-        if (qrow < p.T) atomic_add2(dst, dq[4 * j], dq[4 * j + 1]);
-        if (qrow + 8 < p.T) atomic_add2(dst + 8 * D, dq[4 * j + 2], dq[4 * j + 3]);
-      }
+    for (int j = 0; j < D / 16; ++j)
+      *reinterpret_cast<float4*>(sdQc + (j * 128 + tid) * 4) = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+    fence_proxy_async();  // the stores, for the bulk copy
+    bar_sync(kBarWg + c, 128);
+    if (tid == 0) {
+      bulk_reduce_add_f32(dq_tiles + int64_t(q0) * D + c * 32 * D, sdQc, 32 * D * 4);
+      bulk_commit();
     }
   };
 
@@ -356,7 +374,8 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
       wgmma_commit();
     };
     if constexpr (!Pipe) issue_dk();
-    bar_sync(kBarDs, 256);  // both halves of dSᵀ are in buffer i % 2
+    if (tid == 0) bulk_wait_read<0>();  // tile i-1's dQ has left sdQc
+    bar_sync(kBarDs, 256);  // both halves of dSᵀ are in buffer i % 2; sdQ is free
     wgmma_ss_first<T, D / 2, 1, 1>(dq, desc_add(dSm, ds_off), dKn);
 #pragma unroll
     for (int kk = 1; kk < BK / 16; ++kk)
@@ -364,7 +383,7 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
                                desc_add(dKn, (kk / 4) * kHalfBytes + (kk % 4) * 2048), 1);
     wgmma_commit();
     if constexpr (Pipe) {
-      issue_dk();  // after dQ, so that dQ's atomics below overlap it (and it the next tile's start)
+      issue_dk();  // after dQ, so that dQ's addition below overlaps it (and it the next tile's start)
       wgmma_wait<1>();  // dV, dQ
       pin(dq);
     } else {
@@ -383,6 +402,7 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
   } else {  // one copy of the loop: two make ptxas spill at D = 128
     for (int i = 0; i < n_tiles; ++i) tile(std::true_type{}, i);
   }
+  if (tid == 0) bulk_wait<0>();  // the last dQ tile added before the shared memory goes
   if constexpr (Pipe) {  // the last tile's dK
     wgmma_wait<0>();
     pin(dk);
@@ -438,17 +458,64 @@ void launch_bwd_wgmma(const FlashBwdParams& p, cudaStream_t stream) {
   launch_bwd_wgmma_variant<T, D, false>(p, stream);
 }
 
+// dQ tiles (Note [dQ tiles]) cast into the strided dq: a block of 256 threads per 64-row tile reads
+// its 64·D floats as float4s in order, puts them in row order in shared memory, and writes whole
+// rows, 16 bytes a thread.
+template <typename T, int D>
+__global__ void __launch_bounds__(256) flash_bwd_dq_tiles_convert_kernel(FlashBwdParams p) {
+  __shared__ __align__(16) float rows[kWbBQ][D + 4];  // + 4: fewer bank conflicts on the scatter
+  const int n_qt = (p.T + kWbBQ - 1) / kWbBQ;
+  const int bh = int(blockIdx.x) / n_qt, qt = int(blockIdx.x) % n_qt;
+  const float4* src = reinterpret_cast<const float4*>(p.dq_accum + int64_t(blockIdx.x) * kWbBQ * D);
+  for (int f = threadIdx.x; f < kWbBQ * D / 4; f += 256) {
+    const float4 v = src[f];
+    // float4 f: consumer c, register group j, thread tid of the backward; its registers 4j..4j+3.
+    const int c = f / (8 * D), j = f % (8 * D) / 128, tid = f % 128;
+    const int r = 16 * (tid / 32) + (tid % 32) / 4, col = c * (D / 2) + 8 * j + 2 * (tid % 4);
+    rows[r][col] = v.x;
+    rows[r][col + 1] = v.y;
+    rows[r + 8][col] = v.z;
+    rows[r + 8][col + 1] = v.w;
+  }
+  __syncthreads();
+  T* dst = slice_mut<T>(p.dq, bh / p.H, bh % p.H);
+  for (int idx = threadIdx.x; idx < kWbBQ * D / 8; idx += 256) {
+    const int r = idx / (D / 8), ch = idx % (D / 8), q = qt * kWbBQ + r;
+    if (q >= p.T) continue;
+    const float4 lo = *reinterpret_cast<const float4*>(&rows[r][ch * 8]);
+    const float4 hi = *reinterpret_cast<const float4*>(&rows[r][ch * 8 + 4]);
+    const uint4 out{Elem<T>::pack(lo.x, lo.y), Elem<T>::pack(lo.z, lo.w), Elem<T>::pack(hi.x, hi.y),
+                    Elem<T>::pack(hi.z, hi.w)};
+    *reinterpret_cast<uint4*>(dst + int64_t(q) * p.dq.st + ch * 8) = out;
+  }
+}
+
+template <typename T, int D>
+void launch_bwd_wgmma_all(const FlashBwdParams& p, cudaStream_t stream) {
+  launch_bwd_wgmma<T, D>(p, stream);
+  const int64_t blocks = int64_t(p.B) * p.H * ((p.T + kWbBQ - 1) / kWbBQ);
+  BLU_CHECK(blocks <= 0x7fffffff, "flash_attention_backward: too many query tiles");
+  flash_bwd_dq_tiles_convert_kernel<T, D><<<unsigned(blocks), 256, 0, stream>>>(p);
+  BLU_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 void flash_attention_backward_wgmma(const FlashBwdParams& params, DType dtype, cudaStream_t stream) {
   FlashBwdParams p = params;
-  p.head_group = flash_attention_head_group();
+  p.head_group = flash_attention_head_group(true);
   BLU_ASSERT(p.D == 64 || p.D == 128, "flash_attention_backward_wgmma: D = ", p.D);
   BLU_ASSERT(p.dq_accum && p.dsum, "flash_attention_backward_wgmma: needs dq_accum and dsum");
+  // The caller zeroed B·H·T·D floats; the tiles of a T that is not a multiple of 64 have more.
+  const int64_t zeroed = int64_t(p.B) * p.H * p.T * p.D, floats = flash_dq_accum_floats(p.B, p.H, p.T, p.D);
+  if (floats > zeroed)
+    BLU_CUDA_CHECK(cudaMemsetAsync(p.dq_accum + zeroed, 0, size_t(floats - zeroed) * sizeof(float), stream));
   switch (dtype) {
     case DType::bf16:
-      return p.D == 64 ? launch_bwd_wgmma<__nv_bfloat16, 64>(p, stream) : launch_bwd_wgmma<__nv_bfloat16, 128>(p, stream);
-    case DType::f16: return p.D == 64 ? launch_bwd_wgmma<__half, 64>(p, stream) : launch_bwd_wgmma<__half, 128>(p, stream);
+      return p.D == 64 ? launch_bwd_wgmma_all<__nv_bfloat16, 64>(p, stream)
+                       : launch_bwd_wgmma_all<__nv_bfloat16, 128>(p, stream);
+    case DType::f16:
+      return p.D == 64 ? launch_bwd_wgmma_all<__half, 64>(p, stream) : launch_bwd_wgmma_all<__half, 128>(p, stream);
     default: BLU_ASSERT(false, "flash_attention_backward_wgmma: unsupported dtype ", dtype);
   }
 }
