@@ -62,8 +62,7 @@
 //   (RS) · wait dPᵀ · dSᵀ to registers and to dSᵀ buffer i % 2 · fence.proxy.async · issue dK (RS) ·
 //   sync DS (both halves of dSᵀ written) · issue dQ (SS) · wait all · arrive EMPTY[s] if i + 2 < n
 //   (only for tiles the producer refills, so no barrier is left half-arrived at exit) · dQ to
-//   shared memory, sync WG[c], one thread adds it (Note [dQ tiles]; it waits for that read before
-//   the next DS).
+//   shared memory, added from there after the next tile's Sᵀ, dPᵀ issue (Note [dQ tiles]).
 // Every wait is matched: FULL[s] and EMPTY[s] alternate (a phase of one needs the previous phase of
 // the other), so no side runs two phases ahead. DS needs no partner barrier: a consumer writes
 // dSᵀ buffer i % 2 after it passed DS of tile i-1, which the other consumer reached only after its
@@ -91,11 +90,13 @@
 // consumer c's half at c·32·D, and within it float4 number j·128 + tid holds registers 4j..4j+3 of
 // thread tid — rows 16w + g and 16w + g + 8, columns c·D/2 + 8j + 2t, +1 (w = tid / 32, g = tid %
 // 32 / 4, t = tid % 4; the accumulator layout of flash_attention_wgmma.cuh). A consumer stores its
-// registers there in shared memory (one 16-byte store per group, consecutive threads consecutive:
-// no bank conflicts), fences, syncs its warpgroup, and its thread 0 adds the 32·D floats with one
-// cp.reduce.async.bulk .add.f32. The next tile's dQ may overwrite the buffer once that read is
-// done: thread 0 waits for it before the dSᵀ barrier (DS), half a tile later, so every consumer
-// thread passes DS only after it; before exit it waits for the last addition to complete. Rows
+// registers there in shared memory at the end of a tile (one 16-byte store per group, consecutive
+// threads consecutive: no bank conflicts); at the start of the next, once its Sᵀ and dPᵀ products
+// are issued, it fences, syncs its warpgroup, and its thread 0 adds the 32·D floats with one
+// cp.reduce.async.bulk .add.f32 (so the stores' latency and the barrier hide under the products).
+// That tile's dQ may overwrite the buffer once the read is done: thread 0 waits for it before the
+// tile's dSᵀ barrier (DS), so every consumer thread passes DS only after it. After the last tile
+// the consumer flushes its dQ and waits for the addition to complete. Rows
 // past T (a last partial tile) add zeros: their dSᵀ is 0 (Note [wgmma backward math]).
 // flash_bwd_dq_tiles_convert_kernel puts a tile back in row order and casts it; the buffer has
 // flash_dq_accum_floats floats (T rounded up to 64), of which the Dsum kernel zeroes the first
@@ -276,15 +277,18 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
       for (int i = 0; i < 4; ++i) f[kk][i] = Elem<T>::pack(x[8 * kk + 2 * i], x[8 * kk + 2 * i + 1]);
   };
 
-  // dq (the dQ product of the query tile at q0, complete) added to its dQ tile (Note [dQ tiles]):
-  // through shared memory in fragment order, 16 bytes a thread and register group, by one bulk
-  // reduction of this consumer's half (32·D floats) that thread 0 issues once the warpgroup has
-  // written it. It waits for the read of that bulk group before the next tile's dSᵀ barrier.
+  // dq (the dQ product of a query tile, complete) added to its dQ tile (Note [dQ tiles]): staged in
+  // shared memory in fragment order, 16 bytes a thread and register group, at the end of the tile;
+  // flushed at the start of the next (or after the last), once that tile's products are issued:
+  // fence, warpgroup barrier, and thread 0's bulk reduction of this consumer's half (32·D floats).
+  // Thread 0 waits for its read before the next dSᵀ barrier.
   float* sdQc = sdQ + c * 32 * D;
-  auto add_dq = [&](int q0) {
+  auto stage_dq = [&] {
 #pragma unroll
     for (int j = 0; j < D / 16; ++j)
       *reinterpret_cast<float4*>(sdQc + (j * 128 + tid) * 4) = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+  };
+  auto flush_dq = [&](int q0) {
     fence_proxy_async();  // the stores, for the bulk copy
     bar_sync(kBarWg + c, 128);
     if (tid == 0) {
@@ -315,18 +319,27 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
     for (int kk = 1; kk < D / 16; ++kk)
       wgmma_ss<T, 64, 0, 0>(dp, desc_add(dVa, koff(kk)), desc_add(dOk, st * kTileBytes + koff(kk)), 1);
     wgmma_commit();
+    if (i > 0) flush_dq(q0 - BQ);
+    // lse·log2 e and Dsum·scale of this thread's queries, read while Sᵀ and dPᵀ run (at D = 128
+    // after the waits: no registers to spare).
+    float2 l2[BQ / 8], d2[BQ / 8];
+    auto read_vec = [&](const float* v, float2 (&x)[BQ / 8]) {
+#pragma unroll
+      for (int j = 0; j < BQ / 8; ++j) x[j] = *reinterpret_cast<const float2*>(v + 8 * j + 2 * t);
+    };
+    if constexpr (D == 64) read_vec(l_s, l2);
     wgmma_wait<1>();  // Sᵀ (Pipe: and dK of tile i-1, committed before it)
     pin(s);
+    if constexpr (D != 64) read_vec(l_s, l2);
     // Pipe: tile i-1's stage is free once its dK (the last reader) is done.
     if (Pipe && i >= 1 && i - 1 + NS < n_tiles) bar_arrive(kBarEmpty + (i - 1) % NS, kWbThreads);
 
     // Pᵀ: element 4j + e is key key_lo + 8(e/2), query q0 + 8j + 2t + e%2.
 #pragma unroll
     for (int j = 0; j < BQ / 8; ++j) {
-      const float2 l2 = *reinterpret_cast<const float2*>(l_s + 8 * j + 2 * t);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float pv = fast_exp2(s[4 * j + e] * sl2 - ((e & 1) ? l2.y : l2.x));
+        float pv = fast_exp2(s[4 * j + e] * sl2 - ((e & 1) ? l2[j].y : l2[j].x));
         if (Masked && i < n_masked) {
           const int key = key_lo + (e >> 1) * 8, q = q0 + 8 * j + 2 * t + (e & 1);
           if (key >= p.T || (p.causal && key > q)) pv = 0.f;
@@ -340,16 +353,16 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
     for (int kk = 0; kk < BQ / 16; ++kk)
       wgmma_rs<T, D>(dv, pf[kk], desc_add(dOn, st * kTileBytes + kk * 2048), !Pipe || i > 0 || kk > 0);
     wgmma_commit();
+    if constexpr (D == 64) read_vec(ds_s, d2);
     wgmma_wait<1>();  // dPᵀ (dV may still run)
     pin(dp);
+    if constexpr (D != 64) read_vec(ds_s, d2);
 
     // dSᵀ = Pᵀ ∘ (dPᵀ·scale − Dsum·scale), into registers and into dSᵀ buffer i % 2.
 #pragma unroll
-    for (int j = 0; j < BQ / 8; ++j) {
-      const float2 d2 = *reinterpret_cast<const float2*>(ds_s + 8 * j + 2 * t);
+    for (int j = 0; j < BQ / 8; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * fmaf(dp[4 * j + e], p.scale, -((e & 1) ? d2.y : d2.x));
-    }
+      for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * fmaf(dp[4 * j + e], p.scale, -((e & 1) ? d2[j].y : d2[j].x));
     to_frag(dp, dsf);
     const uint32_t ds_off = uint32_t(i & 1) * kDsBytes;
 #pragma unroll
@@ -393,7 +406,7 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
       pin(dv);
       if (i + NS < n_tiles) bar_arrive(kBarEmpty + st, kWbThreads);
     }
-    add_dq(q0);
+    stage_dq();
   };
   if constexpr (D == 64) {
     int i = 0;
@@ -402,6 +415,7 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
   } else {  // one copy of the loop: two make ptxas spill at D = 128
     for (int i = 0; i < n_tiles; ++i) tile(std::true_type{}, i);
   }
+  flush_dq((qt_begin + n_tiles - 1) * BQ);
   if (tid == 0) bulk_wait<0>();  // the last dQ tile added before the shared memory goes
   if constexpr (Pipe) {  // the last tile's dK
     wgmma_wait<0>();
