@@ -79,9 +79,9 @@ TEST(FlashAttentionPerf, Gpt2Bf16CausalMmaSyncBwd) {
   time_gpt2_causal(DType::bf16, " [wgmma fwd, mma.sync bwd]");
 }
 // A/B of the wgmma backward's variants (cuda::FlashVariant) against the default above.
-TEST(FlashAttentionPerf, Gpt2Bf16CausalBwdNoPipeline) {
-  VariantScope v({{cuda::FlashVariant::bwd_pipeline, false}});
-  time_gpt2_causal(DType::bf16, " [wgmma bwd, BLU_FLASH_BWD_PIPE=0]");
+TEST(FlashAttentionPerf, Gpt2Bf16CausalBwdPipeline) {
+  VariantScope v({{cuda::FlashVariant::bwd_pipeline, true}});
+  time_gpt2_causal(DType::bf16, " [wgmma bwd, BLU_FLASH_BWD_PIPE=1]");
 }
 TEST(FlashAttentionPerf, Gpt2Bf16CausalFwdThreeWarpgroups) {
   VariantScope v({{cuda::FlashVariant::fwd_solo, false}});

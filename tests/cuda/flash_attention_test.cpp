@@ -723,15 +723,15 @@ TEST(FlashAttentionWgmmaBackward, F16) {
   if (!wgmma_testable()) GTEST_SKIP() << "no sm_90a device";
   run_wgmma_bwd_sweep(DType::f16);
 }
-// The wgmma backward's variants (Bf16 and F16 above run the defaults: every switch on).
-TEST(FlashAttentionWgmmaBackward, Bf16NoPipeline) {
+// The wgmma backward's variants (Bf16 and F16 above run the defaults: the pipeline off).
+TEST(FlashAttentionWgmmaBackward, Bf16Pipeline) {
   if (!wgmma_testable()) GTEST_SKIP() << "no sm_90a device";
-  VariantScope v({{cuda::FlashVariant::bwd_pipeline, false}});
+  VariantScope v({{cuda::FlashVariant::bwd_pipeline, true}});
   run_wgmma_bwd_sweep(DType::bf16);
 }
-TEST(FlashAttentionWgmmaBackward, F16NoPipeline) {
+TEST(FlashAttentionWgmmaBackward, F16Pipeline) {
   if (!wgmma_testable()) GTEST_SKIP() << "no sm_90a device";
-  VariantScope v({{cuda::FlashVariant::bwd_pipeline, false}});
+  VariantScope v({{cuda::FlashVariant::bwd_pipeline, true}});
   run_wgmma_bwd_sweep(DType::f16);
 }
 

@@ -273,15 +273,19 @@ std::atomic<bool> g_wgmma{[] {
   const char* e = std::getenv("BLU_FLASH_WGMMA");
   return !(e && std::string_view(e) == "0");
 }()};
-// FlashVariant switches, read on first use: on unless the variable beside it is "0".
+// FlashVariant switches, read on first use: the variable beside each ("0" off, anything else on),
+// else its default.
 constexpr const char* kVariantEnv[] = {"BLU_FLASH_BWD_PIPE", "BLU_FLASH_FWD_SOLO"};
-static_assert(std::size(kVariantEnv) == size_t(FlashVariant::kCount), "one variable per variant");
+constexpr bool kVariantDefault[] = {false, true};
+static_assert(std::size(kVariantEnv) == size_t(FlashVariant::kCount) &&
+                  std::size(kVariantDefault) == size_t(FlashVariant::kCount),
+              "one variable and one default per variant");
 struct Variants {
   std::atomic<bool> on[size_t(FlashVariant::kCount)];
   Variants() {
     for (size_t i = 0; i < std::size(kVariantEnv); ++i) {
       const char* e = std::getenv(kVariantEnv[i]);
-      on[i].store(!(e && std::string_view(e) == "0"));
+      on[i].store(e ? std::string_view(e) != "0" : kVariantDefault[i]);
     }
   }
 };

@@ -83,12 +83,14 @@ bool flash_attention_wgmma();
 void set_flash_attention_wgmma_backward(bool on);
 bool flash_attention_wgmma_backward();
 
-// Test hooks: variants inside the Hopper (wgmma) kernels, each on by default; the environment
-// variable named beside it set to 0 starts it off (read once), so one run can time both sides.
+// Test hooks: variants inside the Hopper (wgmma) kernels; the environment variable named beside
+// each starts it off (0) or on (anything else; read once), so one run can time both sides.
 enum class FlashVariant {
-  // BLU_FLASH_BWD_PIPE: the wgmma backward waits for a tile's dQ product and adds it to dq_accum
-  // during the next tile (after that tile's Sᵀ, dPᵀ are issued), with a three-stage Q/dO ring;
-  // off: it waits at the end of each tile, two stages (Note [wgmma backward pipeline]).
+  // BLU_FLASH_BWD_PIPE (default off): the wgmma backward at D = 64 leaves a tile's dK product in
+  // flight into the next tile and waits only for dV and dQ, with a three-stage Q/dO ring; off: it
+  // waits for all at the end of each tile, two stages (Note [wgmma backward pipeline]). On was
+  // ~10% faster with per-element dQ atomics to overlap (session 4); with the bulk dQ addition
+  // (Note [dQ tiles]) off is ~6 µs faster (H200, docs/performance.md session 7).
   bwd_pipeline,
   // BLU_FLASH_FWD_SOLO: the wgmma forward at D = 64 runs CTAs of one warpgroup, 64 query rows and
   // 64-key tiles that load their own tiles, four to a multiprocessor (Note [wgmma solo forward]);

@@ -70,9 +70,10 @@
 // each consumer's K rows are fenced before its first DS, so they are visible to the other's first
 // dQ; nothing writes K afterwards. V is read only by its own consumer, so the epilogue stages dK
 // and dV through it (WG barriers).
-// Pipelined variant (template Pipe; D = 64 only, FlashVariant::bwd_pipeline, BLU_FLASH_BWD_PIPE=0
-// turns it off): NS = 3 stages. Per tile the consumer issues dQ before dK, waits for dV and dQ only
-// (wait<1>), adds dQ while dK runs, and goes on to the next tile with dK in flight: the next
+// Pipelined variant (template Pipe; D = 64 only, FlashVariant::bwd_pipeline, off by default since
+// dQ is added by bulk reductions, BLU_FLASH_BWD_PIPE=1 turns it on): NS = 3 stages. Per tile the
+// consumer issues dQ before dK, waits for dV and dQ only (wait<1>), stages dQ while dK runs, and
+// goes on to the next tile with dK in flight: the next
 // tile's Sᵀ, dPᵀ queue behind it, so the tensor cores do not drain at each tile's end. Tile i-1's
 // stage is released (EMPTY) in tile i after the Sᵀ wait, which also completes dK of tile i-1, its
 // last reader; the consumer arrives iff (i-1) + NS < n, the producer syncs EMPTY for tiles NS..n-1
