@@ -19,12 +19,12 @@ namespace {
 
 const Device kGPU("cuda:0");
 
-// GPT-2 124M attention: B16 H12 T1024 D64, causal, in `dtype`. Prints ms and TFLOP/s (flops counted
-// as FlashAttention does: forward 4·B·H·T²·D, halved for causal; backward 2.5x the forward; at
-// 3xTF32 the tensor cores do three times that work).
-void time_gpt2_causal(DType dtype, const char* label = "") {
+// GPT-2 124M attention: B16 H12 T1024 D64 (D: the head dim), causal, in `dtype`. Prints ms and
+// TFLOP/s (flops counted as FlashAttention does: forward 4·B·H·T²·D, halved for causal; backward
+// 2.5x the forward; at 3xTF32 the tensor cores do three times that work).
+void time_gpt2_causal(DType dtype, const char* label = "", int64_t D = 64) {
   ASSERT_GT(cuda::device_count(), 0) << "no CUDA device";
-  const int64_t B = 16, H = 12, T = 1024, D = 64;
+  const int64_t B = 16, H = 12, T = 1024;
   // q, k, v are [B, H, T, D] views of [B, T, H, D] leaves, as in GPT (heads split off c_attn's
   // output): the backward's dq, dk, dv buffers ([B, T, H, D]) then become the leaves' gradients as
   // they are, and the time is the kernels' alone, as PyTorch's with its contiguous inputs.
@@ -59,9 +59,9 @@ void time_gpt2_causal(DType dtype, const char* label = "") {
     scaled_dot_product_attention(transpose(in[0], 1, 2), transpose(in[1], 1, 2), transpose(in[2], 1, 2), true)
         .backward(dout);
   });
-  std::printf("flash attention %s%s B16 H12 T1024 D64 causal: fwd %.4f ms (%.1f TFLOP/s), fwd+bwd %.4f ms "
+  std::printf("flash attention %s%s B16 H12 T1024 D%d causal: fwd %.4f ms (%.1f TFLOP/s), fwd+bwd %.4f ms "
               "(%.1f TFLOP/s), bwd alone ~%.4f ms\n",
-              std::string(dtype_name(dtype)).c_str(), label, fwd_ms, fwd_flops / (fwd_ms * 1e-3) / 1e12, fwdbwd_ms,
+              std::string(dtype_name(dtype)).c_str(), label, int(D), fwd_ms, fwd_flops / (fwd_ms * 1e-3) / 1e12, fwdbwd_ms,
               3.5 * fwd_flops / (fwdbwd_ms * 1e-3) / 1e12, fwdbwd_ms - fwd_ms);
 }
 
@@ -86,6 +86,11 @@ TEST(FlashAttentionPerf, Gpt2Bf16CausalBwdPipeline) {
 TEST(FlashAttentionPerf, Gpt2Bf16CausalFwdThreeWarpgroups) {
   VariantScope v({{cuda::FlashVariant::fwd_solo, false}});
   time_gpt2_causal(DType::bf16, " [wgmma fwd of three warpgroups, BLU_FLASH_FWD_SOLO=0]");
+}
+// Head dim 128 (not GPT-2's; models with wider heads): the three-warpgroup forward and the plain
+// backward.
+TEST(FlashAttentionPerf, Bf16CausalD128) {
+  time_gpt2_causal(DType::bf16, cuda::flash_attention_wgmma_available() ? " [wgmma fwd, wgmma bwd]" : "", 128);
 }
 // The CTA order's head group (Note [head groups]), forward and backward: 0 is the plain grid order.
 TEST(FlashAttentionPerf, Gpt2Bf16CausalHeadGroups) {

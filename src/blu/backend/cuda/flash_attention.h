@@ -92,9 +92,10 @@ enum class FlashVariant {
   // ~10% faster with per-element dQ atomics to overlap (session 4); with the bulk dQ addition
   // (Note [dQ tiles]) off is ~6 µs faster (H200, docs/performance.md session 7).
   bwd_pipeline,
-  // BLU_FLASH_FWD_SOLO: the wgmma forward at D = 64 runs CTAs of one warpgroup, 64 query rows and
-  // 64-key tiles that load their own tiles, four to a multiprocessor (Note [wgmma solo forward]);
-  // off: the producer/two-consumer kernel, one CTA of 128 rows a multiprocessor (as at D = 128).
+  // BLU_FLASH_FWD_SOLO: the wgmma forward runs CTAs of one warpgroup, 64 query rows and 64-key
+  // tiles that load their own tiles, four (D = 64) or two (D = 128) to a multiprocessor (Note
+  // [wgmma solo forward]); off: the producer/two-consumer kernel, one CTA of 128 rows a
+  // multiprocessor.
   fwd_solo,
   kCount
 };

@@ -1,7 +1,7 @@
 // Flash-attention forward for Hopper (sm_90a): warpgroup MMA (wgmma), the FlashAttention-3 scheme.
-// Two kernels: at D = 64 (GPT-2) by default a one-warpgroup kernel, four CTAs to a multiprocessor
-// (Note [wgmma solo forward], below); at D = 128, and at D = 64 with FlashVariant::fwd_solo off,
-// the warp-specialised kernel described here.
+// Two kernels: by default a one-warpgroup kernel, four CTAs to a multiprocessor at D = 64 (GPT-2),
+// two at D = 128 (Note [wgmma solo forward], below); with FlashVariant::fwd_solo off the
+// warp-specialised kernel described here.
 //
 // A CTA owns 128 query rows of one (batch, head) and has three warpgroups (384 threads):
 //   warpgroup 0, the producer: loads the K and V tiles of 128 keys with cp.async into a two-stage
@@ -329,7 +329,9 @@ __global__ void __launch_bounds__(kWgThreads, 1) flash_fwd_wgmma_kernel(FlashFwd
 // Measured on an H200 (B16 H12 T1024 D64 causal bf16, ncu): three warpgroups 116 µs; this kernel
 // with 128-key tiles (three CTAs a multiprocessor) 104 µs, with 64-key tiles 99 µs. A deeper K/V
 // ring does not pay for the CTAs it evicts: three stages of 128 keys (two CTAs) 117 µs, four (one)
-// 183 µs.
+// 183 µs. Session 7 unrolled its loads (fwd 0.0945 → 0.0833 ms by events) and runs it at D = 128
+// too, two CTAs a multiprocessor (82 KB, 158 registers): 0.1621 → 0.1466 ms at B16 H12 T1024
+// (cuDNN 0.1174: the D = 128 forward is still 0.80× of it).
 // Per tile n, with K and V each in a two-stage ring and one cp.async group per tile:
 //   wait for group n-1 (Kₙ, Vₙ₋₁) · fence.proxy.async · __syncthreads (every warp is past Sₙ₋₁
 //   and Pₙ₋₂·Vₙ₋₂, the last readers of the stages refilled next) · issue group n: Kₙ₊₁ into
@@ -342,8 +344,12 @@ constexpr int solo_smem_bytes() {
   return (kSoloBQ * D + 4 * kSoloBK * D) * 2 + 1024;
 }
 
+// CTAs a multiprocessor: four at D = 64 (41 KB, ≤ 128 registers); two at D = 128 (82 KB).
+template <int D>
+constexpr int solo_min_blocks() { return D == 64 ? 4 : 2; }
+
 template <typename T, int D>
-__global__ void __launch_bounds__(kSoloThreads, 4) flash_fwd_wgmma_solo_kernel(FlashFwdParams p) {
+__global__ void __launch_bounds__(kSoloThreads, solo_min_blocks<D>()) flash_fwd_wgmma_solo_kernel(FlashFwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BQ = kSoloBQ, BK = kSoloBK;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -439,11 +445,9 @@ __global__ void __launch_bounds__(kSoloThreads, 4) flash_fwd_wgmma_solo_kernel(F
 
 template <typename T, int D>
 void launch_fwd_wgmma(const FlashFwdParams& p, cudaStream_t stream) {
-  if constexpr (D == 64) {
-    if (flash_attention_variant(FlashVariant::fwd_solo))
-      return launch_tiles<flash_fwd_wgmma_solo_kernel<T, D>>(p, kSoloBQ, kSoloThreads, solo_smem_bytes<D>(),
-                                                             "flash_attention", stream);
-  }
+  if (flash_attention_variant(FlashVariant::fwd_solo))
+    return launch_tiles<flash_fwd_wgmma_solo_kernel<T, D>>(p, kSoloBQ, kSoloThreads, solo_smem_bytes<D>(),
+                                                           "flash_attention", stream);
   launch_tiles<flash_fwd_wgmma_kernel<T, D>>(p, kWgBQ, kWgThreads, wg_smem_bytes<D>(), "flash_attention", stream);
 }
 
