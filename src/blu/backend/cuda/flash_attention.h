@@ -93,7 +93,7 @@ enum class FlashVariant {
   // (Note [dQ tiles]) off is ~6 µs faster (H200, docs/performance.md session 7).
   bwd_pipeline,
   // BLU_FLASH_FWD_SOLO: the wgmma forward runs CTAs of one warpgroup, 64 query rows and 64-key
-  // tiles that load their own tiles, four (D = 64) or two (D = 128) to a multiprocessor (Note
+  // (D = 64) or 32-key (D = 128) tiles that load their own tiles, four to a multiprocessor (Note
   // [wgmma solo forward]); off: the producer/two-consumer kernel, one CTA of 128 rows a
   // multiprocessor.
   fwd_solo,

@@ -1,7 +1,6 @@
 // Flash-attention forward for Hopper (sm_90a): warpgroup MMA (wgmma), the FlashAttention-3 scheme.
-// Two kernels: by default a one-warpgroup kernel, four CTAs to a multiprocessor at D = 64 (GPT-2),
-// two at D = 128 (Note [wgmma solo forward], below); with FlashVariant::fwd_solo off the
-// warp-specialised kernel described here.
+// Two kernels: by default a one-warpgroup kernel, four CTAs to a multiprocessor (Note [wgmma solo
+// forward], below); with FlashVariant::fwd_solo off the warp-specialised kernel described here.
 //
 // A CTA owns 128 query rows of one (batch, head) and has three warpgroups (384 threads):
 //   warpgroup 0, the producer: loads the K and V tiles of 128 keys with cp.async into a two-stage
@@ -330,28 +329,28 @@ __global__ void __launch_bounds__(kWgThreads, 1) flash_fwd_wgmma_kernel(FlashFwd
 // with 128-key tiles (three CTAs a multiprocessor) 104 µs, with 64-key tiles 99 µs. A deeper K/V
 // ring does not pay for the CTAs it evicts: three stages of 128 keys (two CTAs) 117 µs, four (one)
 // 183 µs. Session 7 unrolled its loads (fwd 0.0945 → 0.0833 ms by events) and runs it at D = 128
-// too, two CTAs a multiprocessor (82 KB, 158 registers): 0.1621 → 0.1466 ms at B16 H12 T1024
-// (cuDNN 0.1174: the D = 128 forward is still 0.80× of it).
+// too, with 32-key tiles (B16 H12 T1024 D128: three warpgroups 0.1621 ms; this kernel with 64-key
+// tiles, two CTAs a multiprocessor, 0.1466; with 32-key tiles, four, 0.1428; cuDNN 0.1168).
 // Per tile n, with K and V each in a two-stage ring and one cp.async group per tile:
 //   wait for group n-1 (Kₙ, Vₙ₋₁) · fence.proxy.async · __syncthreads (every warp is past Sₙ₋₁
 //   and Pₙ₋₂·Vₙ₋₂, the last readers of the stages refilled next) · issue group n: Kₙ₊₁ into
 //   stage (n+1)%2, Vₙ into stage n%2 · issue Sₙ = Q·Kₙᵀ and O += Pₙ₋₁·Vₙ₋₁ · wait Sₙ · softmax ·
 //   wait P·V · rescale · Pₙ.
 // Before tile 0: Q and K₀ (one group). After the last: wait, fence, sync, O += P·V.
-constexpr int kSoloBQ = 64, kSoloBK = 64, kSoloThreads = 128;
+// Keys a tile: 64, or 32 at D = 128 so that four CTAs (50 KB each, 128 registers) still share a
+// multiprocessor.
+constexpr int kSoloBQ = 64, kSoloThreads = 128;
+template <int D>
+constexpr int solo_bk() { return D == 64 ? 64 : 32; }
 template <int D>
 constexpr int solo_smem_bytes() {
-  return (kSoloBQ * D + 4 * kSoloBK * D) * 2 + 1024;
+  return (kSoloBQ * D + 4 * solo_bk<D>() * D) * 2 + 1024;
 }
 
-// CTAs a multiprocessor: four at D = 64 (41 KB, ≤ 128 registers); two at D = 128 (82 KB).
-template <int D>
-constexpr int solo_min_blocks() { return D == 64 ? 4 : 2; }
-
 template <typename T, int D>
-__global__ void __launch_bounds__(kSoloThreads, solo_min_blocks<D>()) flash_fwd_wgmma_solo_kernel(FlashFwdParams p) {
+__global__ void __launch_bounds__(kSoloThreads, 4) flash_fwd_wgmma_solo_kernel(FlashFwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int BQ = kSoloBQ, BK = kSoloBK;
+  constexpr int BQ = kSoloBQ, BK = solo_bk<D>();
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   T* sQ = reinterpret_cast<T*>(smem_raw + (((raw + 1023) & ~1023u) - raw));  // [64][D]
