@@ -11,9 +11,13 @@ byte offsets). Two checks, written to mirror the kernel (keep them in step when 
           B = K columns c·D/2..). The M-major A is fetched with the N-major model (the same
           canonical layout with M in place of N).
   emu:    runs both consumers of every CTA thread by thread in numpy: accumulator and A-fragment
-          layouts of wgmma m64nNk16, the query-tile walk (causal: from the diagonal), masking,
-          16-bit Pᵀ and dSᵀ, dV, dK, dQ (dSᵀ through the shared buffer, each consumer's D/2
-          columns, accumulated per tile) and the dK, dV epilogue rows; compares with float64.
+          layouts of wgmma m64nNk16, the query-tile walk (causal: from the diagonal), masking only
+          in the tiles the kernel masks (Note [wgmma backward math]: none for queries past T),
+          lse and Dsum pre-scaled as the producer does, 16-bit Pᵀ and dSᵀ, dV, dK, dQ (dSᵀ
+          through the shared buffer, each consumer's D/2 columns, added per tile into the
+          fragment-ordered dQ tiles of Note [dQ tiles], which a model of the convert kernel puts
+          back in row order) and the dK, dV epilogue rows; compares with float64. Also checks the
+          stmatrix addresses of the dSᵀ stores against the swizzled layout.
 Usage: /usr/bin/python3 scripts/lab/flash_attention_wgmma_bwd_check.py layout
        /usr/bin/python3 scripts/lab/flash_attention_wgmma_bwd_check.py emu T,D,causal ...
        e.g. emu 1,64,1 100,64,1 300,128,0 200,64,0
@@ -130,7 +134,10 @@ def emu_case(T, D, causal):
     qp, kp, vp, dop = (pad(x, BK + BQ) for x in (q, k, v, do))
     lsep, dsump = pad(lse, BK + BQ), pad(dsum, BK + BQ)  # zero-filled past T
     got = {n: np.full((T, D), np.nan, np.float32) for n in ("dk", "dv")}
-    dq_acc = np.zeros((T, D), np.float32)
+    num_tiles = (T + BQ - 1) // BQ
+    dq_tiles = np.zeros(num_tiles * BQ * D, np.float32)  # Note [dQ tiles]: zeroed, padded to 64 rows
+    lse2 = (lsep * np.float32(LOG2E)).astype(np.float32)  # the producer's in-place scaling
+    dsum_s = (dsump * np.float32(scale)).astype(np.float32)
     srow, scol = frag_pos(BQ)  # Sᵀ, dPᵀ: rows keys, columns queries
     orow, ocol = frag_pos(D)  # dK, dV
     qrow_f, qcol_f = frag_pos(D // 2)  # dQ
@@ -150,13 +157,12 @@ def emu_case(T, D, causal):
                 key = kw0 + srow
                 qq = q0 + scol
                 with np.errstate(over="ignore"):
-                    pv = np.exp2(s * sl2 - lsep[qq] * np.float32(LOG2E))
-                need_mask = q0 + BQ > T or kw0 + 64 > T or (causal and q0 < kw0 + 63)
-                if need_mask:
-                    pv = np.where((qq >= T) | (key >= T) | (causal & (key > qq)), 0, pv)
+                    pv = np.exp2(s * sl2 - lse2[qq])
+                if kw0 + 64 > T or (causal and q0 < kw0 + 63):  # the kernel's masked tiles
+                    pv = np.where((key >= T) | (causal & (key > qq)), 0, pv)
                 Pm = a_frag_matrix(pv)
                 acc[c]["dv"] += (Pm.astype(np.float64) @ dOt.astype(np.float64)).astype(np.float32)[orow, ocol]
-                ds = pv * (dp - dsump[qq]) * np.float32(scale)
+                ds = pv * (dp * np.float32(scale) - dsum_s[qq])
                 dSm = a_frag_matrix(ds)
                 acc[c]["dk"] += (dSm.astype(np.float64) @ Qt.astype(np.float64)).astype(np.float32)[orow, ocol]
                 sdS[64 * c:64 * c + 64] = dSm  # the fragment stores write exactly the A operand's values
@@ -165,9 +171,12 @@ def emu_case(T, D, causal):
             for c in (0, 1):
                 cols = slice(c * D // 2, (c + 1) * D // 2)
                 dq = (sdS.T.astype(np.float64) @ Kfull[:, cols].astype(np.float64)).astype(np.float32)[qrow_f, qcol_f]
-                rows = q0 + qrow_f
-                ok = rows < T
-                np.add.at(dq_acc, (rows[ok], c * D // 2 + qcol_f[ok]), dq[ok])
+                # Thread tid's registers 4j..4j+3 → float4 number j·128 + tid of consumer c's half.
+                tid = np.arange(128)[:, None]
+                reg = np.arange(D // 4)[None, :]
+                idx = q0 * D + c * 32 * D + ((reg // 4) * 128 + tid) * 4 + reg % 4
+                assert not np.isnan(dq).any(), "dQ of a tile (rows past T included) must be finite"
+                np.add.at(dq_tiles, idx, dq)
         for c in (0, 1):
             kw0 = k0 + 64 * c
             for n in ("dk", "dv"):
@@ -175,7 +184,18 @@ def emu_case(T, D, causal):
                 out[orow, ocol] = bf16(acc[c][n])
                 nrows = max(0, min(64, T - kw0))
                 got[n][kw0:kw0 + nrows] = out[:nrows]
-    got["dq"] = bf16(dq_acc)
+    # flash_bwd_dq_tiles_convert_kernel: float4 f of a tile → rows r, r+8, columns col, col+1.
+    dq_rows = np.full((num_tiles * BQ, D), np.nan, np.float32)
+    for qt in range(num_tiles):
+        tile = dq_tiles[qt * BQ * D:(qt + 1) * BQ * D].reshape(-1, 4)
+        for f in range(BQ * D // 4):
+            c, j, tid = f // (8 * D), f % (8 * D) // 128, f % 128
+            r = 16 * (tid // 32) + (tid % 32) // 4
+            col = c * (D // 2) + 8 * j + 2 * (tid % 4)
+            rr = qt * BQ + r
+            dq_rows[rr, col:col + 2] = tile[f, 0:2]
+            dq_rows[rr + 8, col:col + 2] = tile[f, 2:4]
+    got["dq"] = bf16(dq_rows[:T])
     ok = True
     msg = []
     for n in ("dq", "dk", "dv"):
@@ -188,11 +208,29 @@ def emu_case(T, D, causal):
     return ok
 
 
+def check_stmatrix():
+    """The dSᵀ stmatrix addresses (D = 64): lane l gives row 64c + 16w + l%8 + 8(l/8 % 2), chunk
+    2kk + l/16 of it, at (base + ((l/16) ^ (l%8))·16) ^ 32kk in buffer b — must be swz64's place."""
+    ok = True
+    for c in range(2):
+        for w in range(4):
+            for lane in range(32):
+                a0 = (64 * c + 16 * w + lane % 8 + 8 * (lane // 8 % 2)) * 128 + (((lane // 16) ^ (lane % 8)) << 4)
+                for b in range(2):
+                    for kk in range(4):
+                        m, rr = lane // 8, lane % 8
+                        row, col = 64 * c + 16 * w + rr + 8 * (m & 1), 16 * kk + 8 * (m >> 1)
+                        ok &= ((a0 + b * BK * BQ * 2) ^ (32 * kk)) == b * BK * BQ * 2 + 2 * swz64(row, col)
+    print(f"stmatrix addresses of the dSᵀ stores: {'ok' if ok else 'FAIL'}")
+    return ok
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in ("layout", "emu"):
         sys.exit(__doc__)
     if sys.argv[1] == "layout":
         check_layout()
+        sys.exit(0 if check_stmatrix() else 1)
     else:
         cases = sys.argv[2:] or ["1,64,1", "100,64,1", "300,128,0", "200,64,0", "129,128,1"]
         fails = sum(not emu_case(*map(int, c.split(","))) for c in cases)
