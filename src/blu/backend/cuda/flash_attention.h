@@ -62,7 +62,7 @@ bool flash_attention_supported(DType dtype, int64_t head_dim);
 // f32 paths accumulate into dq itself or need no accumulator).
 bool flash_attention_needs_dq_accum(DType dtype);
 // Floats of that scratch: B·H·T·D with T rounded up to the 64-row tiles of the wgmma backward.
-inline int64_t flash_dq_accum_floats(int64_t B, int64_t H, int64_t T, int64_t D) {
+BLU_HD inline int64_t flash_dq_accum_floats(int64_t B, int64_t H, int64_t T, int64_t D) {
   return B * H * ((T + 63) / 64 * 64) * D;
 }
 

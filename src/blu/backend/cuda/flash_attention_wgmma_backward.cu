@@ -133,6 +133,7 @@ namespace {
 
 constexpr int kWbBK = 128;       // keys per CTA: two consumer warpgroups of 64
 constexpr int kWbBQ = 64;        // queries per tile
+static_assert(kWbBQ == 64, "flash_dq_accum_floats rounds T up to these 64-row query tiles");
 constexpr int kWbThreads = 384;  // producer + 2 consumers
 // Stages of the Q, dO, lse, Dsum ring: 3 when the dQ wait is deferred (Pipe), which releases a
 // stage one tile later (Note [wgmma backward pipeline]).
@@ -263,7 +264,7 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
   }
   uint32_t pf[BQ / 16][4], dsf[BQ / 16][4];  // Pᵀ, dSᵀ as A fragments, one per 16-query k step
   const float sl2 = p.scale * kLog2e;
-  float* dq_tiles = p.dq_accum + bh * ((p.T + BQ - 1) / BQ) * BQ * D;  // this head's dQ tiles
+  float* dq_tiles = p.dq_accum + bh * flash_dq_accum_floats(1, 1, p.T, D);  // this head's dQ tiles
   // dSᵀ by stmatrix (Note [wgmma backward math]): this lane gives row 64c + 16·warp + lane % 8 +
   // 8·(lane / 8 % 2), 16-byte chunk 2kk + lane / 16 of it, stored at chunk (2kk + lane / 16) ^ (row
   // % 8) = 2kk ^ y: the address of k step kk is that of k step 0 with its bits 5-6 xor 32·kk.
