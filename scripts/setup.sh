@@ -12,6 +12,7 @@ packages=(
   libgtest-dev libgmock-dev libopenblas-dev libomp-dev libcli11-dev nlohmann-json3-dev
   libgloo-dev                     # CPU collectives (src/blu/dist)
   python3 python3-torch           # the CPU oracle (/usr/bin/python3 with PyTorch)
+  python3-numpy                   # the attention kernels' CPU models (FlashAttentionLab.*)
   fortunes fortunes-min           # the demo corpus
 )
 missing=()
