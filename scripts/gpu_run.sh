@@ -19,6 +19,8 @@
 #   attnsass — per-instruction SASS of our wgmma attention kernels: executed instructions and
 #           warp-stall samples by reason (ncu source page, files sass_fwd.csv, sass_bwd.csv), for
 #           scripts/lab/sass_hotspots.py
+#   profile — blutrain bench --profile (MODE, default bf16): device time per op, summarised by
+#           scripts/bench_summary.py
 #   attnprof — the time of each kernel of BluTrain's bf16 attention forward+backward (ncu), beside
 #           PyTorch's per-kernel times (scripts/sdpa_default.py)
 set -uo pipefail
@@ -92,6 +94,10 @@ for step in "$@"; do
         timeout 300 python3 scripts/torch_train_peer.py --peers .devpack/peers --data-dir "$data" --mode "$m" -B "$B" \
           -T "$T" --steps "$STEPS" ${TRAIN_ARGS:-} 2>&1 | tee -a "$out/trainval.log" | grep -E "^\{|rror"
       done ;;
+    profile)
+      timeout 150 "$pack/blutrain" bench --device cuda --precision "${MODE:-bf16}" -B "$B" -T "$T" --steps "$STEPS" \
+        --profile > "$out/profile.log" 2>&1
+      python3 scripts/bench_summary.py "$out/profile.log" ;;
     attnprof)
       timeout 300 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
         --launch-skip "${NCU_SKIP:-0}" --launch-count "${NCU_COUNT:-400}" "$pack/test_cuda" \
