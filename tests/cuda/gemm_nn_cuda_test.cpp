@@ -640,6 +640,17 @@ TEST(CudaNN, EmbeddingForwardAndDeterministicBackward) {
       scale = std::max(scale, std::abs(want[i]));
     }
     EXPECT_LE(worst, (dt == DType::f32 ? 1e-6 : 1e-2) * scale) << "embedding_backward_add_ vs CPU " << dtype_name(dt);
+    // Into the window of rows [V/3, V/3 + V/2) (ZeRO-2's row exchange): the CPU's window, and
+    // rows outside it untouched.
+    const int64_t first = V / 3, rows = V / 2;
+    Tensor wd1 = dev(narrow(base, 0, first, rows)), wc = clone(narrow(base, 0, first, rows));
+    embedding_backward_add_window_(wd1, gdv, idd, first, 0.5);
+    embedding_backward_add_window_(wc, g, idx, first, 0.5);
+    const auto wg = to_vector(to_device(wd1, kCPU)), ww = to_vector(wc);
+    double wworst = 0;
+    for (size_t i = 0; i < ww.size(); ++i) wworst = std::max(wworst, std::abs(wg[i] - ww[i]));
+    EXPECT_LE(wworst, (dt == DType::f32 ? 1e-6 : 1e-2) * scale) << "embedding_backward_add_window_ vs CPU " << dtype_name(dt);
+    EXPECT_NE(to_vector(wc), to_vector(clone(narrow(base, 0, first, rows)))) << "the window test adds no row";
   }
 }
 

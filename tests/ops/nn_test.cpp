@@ -274,6 +274,15 @@ TEST(Embedding, BackwardAddScalesRowsIntoAnExistingGradient) {
       for (int64_t k = 0; k < C; ++k) want[size_t(v * C + k)] += 0.25 * acc[size_t(k)];
   }
   EXPECT_EQ(to_vector(out), want);
+  // Into a window of rows [first, first + rows): the whole table's rows there, the other indices
+  // skipped (ZeRO-2's row exchange adds into a rank's slice of the embedding gradient).
+  for (const auto& [first, rows] : std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {1, 2}, {3, 2}, {5, 2}, {0, 7}}) {
+    Tensor win = clone(narrow(base, 0, first, rows));
+    embedding_backward_add_window_(win, g, idx, first, 0.25);
+    EXPECT_EQ(to_vector(win), std::vector<double>(want.begin() + first * C, want.begin() + (first + rows) * C))
+        << "window [" << first << ", " << first + rows << ")";
+  }
+  expect_error([&] { embedding_backward_add_window_(out, g, idx, -1); }, {"first_row must be >= 0", "-1"});
   expect_error([&] { embedding_backward_add_(out, to_dtype(g, DType::f32), idx); }, {"grad_out [6, 3] f64", "f32"});
   expect_error([&] { embedding_backward_add_(out, zeros({6, 4}, DType::f64), idx); }, {"grad_out [6, 3]", "[6, 4]"});
   expect_error([&] { embedding_backward_add_(transpose(zeros({3, 7}, DType::f64), 0, 1), g, idx); },

@@ -182,7 +182,9 @@ std::vector<Tensor> embedding_bw(const BackwardContext& c, std::span<const Tenso
 }
 const OpDef kEmbedding{.name = "embedding", .infer = infer_embedding, .backward = embedding_bw, .save_inputs = 0b10};
 
-// Inputs (grad_weight [V, C] contiguous, written; grad [M, C] contiguous, indices [M]); attr scale.
+// Inputs (grad_weight [V, C] contiguous, written; grad [M, C] contiguous, indices [M]); attrs scale,
+// first_row (-1: the whole table, an index outside [0, V) is an error; >= 0: grad_weight is the
+// window of rows [first_row, first_row + V), indices outside it are skipped).
 std::vector<TensorMeta> infer_embedding_backward_add(std::span<const Tensor> in, const Attrs&) {
   const Tensor &w = in[0], &g = in[1];
   check_floating("embedding_backward_add_", "grad_weight", w);
@@ -238,14 +240,27 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   return dispatch1(kEmbedding, {weight, contiguous(indices)});
 }
 
-const Tensor& embedding_backward_add_(const Tensor& grad_weight, const Tensor& grad_out, const Tensor& indices,
-                                      double scale) {
+namespace {
+const Tensor& embedding_backward_add_rows(const Tensor& grad_weight, const Tensor& grad_out, const Tensor& indices,
+                                          int64_t first_row, double scale) {
   BLU_CHECK(grad_weight.defined() && grad_out.defined() && indices.defined(),
             "embedding_backward_add_: grad_weight, grad_out and indices must be defined");
   const int64_t C = grad_out.dim() > 0 ? grad_out.shape().back() : 0;
   dispatch(kEmbeddingBackwardAdd, {grad_weight, reshape(contiguous(grad_out), {indices.numel(), C}), contiguous(indices)},
-           Attrs{{"scale", scale}});
+           Attrs{{"scale", scale}, {"first_row", first_row}});
   return grad_weight;
+}
+}  // namespace
+
+const Tensor& embedding_backward_add_(const Tensor& grad_weight, const Tensor& grad_out, const Tensor& indices,
+                                      double scale) {
+  return embedding_backward_add_rows(grad_weight, grad_out, indices, -1, scale);
+}
+
+const Tensor& embedding_backward_add_window_(const Tensor& grad_window, const Tensor& grad_out, const Tensor& indices,
+                                             int64_t first_row, double scale) {
+  BLU_CHECK(first_row >= 0, "embedding_backward_add_window_: first_row must be >= 0, got ", first_row);
+  return embedding_backward_add_rows(grad_window, grad_out, indices, first_row, scale);
 }
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {

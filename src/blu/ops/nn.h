@@ -33,6 +33,11 @@ Tensor embedding(const Tensor& weight, const Tensor& indices);
 // scaled, and added once: deterministic. Not differentiable (DDP's embedding row exchange).
 const Tensor& embedding_backward_add_(const Tensor& grad_weight, const Tensor& grad_out, const Tensor& indices,
                                       double scale = 1.0);
+// The same into a window of a larger table: grad_window [R, C] holds rows [first_row, first_row + R),
+// so grad_window[indices[j] - first_row] += scale · grad_out[j] for the indices inside the window;
+// the others (another rank's rows: ZeRO-2's row exchange) are skipped.
+const Tensor& embedding_backward_add_window_(const Tensor& grad_window, const Tensor& grad_out, const Tensor& indices,
+                                             int64_t first_row, double scale = 1.0);
 
 // Zeroes each element with probability p and scales the rest by 1/(1-p); identity when
 // !training or p == 0. The mask comes from Philox (seed, offset) drawn from `gen`.

@@ -349,20 +349,26 @@ BLU_REGISTER_KERNEL(cpu, "embedding", embedding_kernel);
 // out[v] += scale · that sum (rows no index names untouched). Sort-based: positions are stably
 // sorted by index, then each distinct index sums its rows in order in the accumulation type and
 // writes once — deterministic for any thread count, one rounding per row.
-void embedding_backward_rows(const Tensor& g, const Tensor& idx, const Tensor& out, bool accumulate, double scale) {
+// first_row >= 0: out is the window of rows [first_row, first_row + V) of a larger table, and
+// indices outside it are skipped (-1: the whole table, indices checked).
+void embedding_backward_rows(const Tensor& g, const Tensor& idx, const Tensor& out, bool accumulate, double scale,
+                             int64_t first_row = -1) {
   BLU_ASSERT(g.is_contiguous() && idx.is_contiguous(), "embedding_backward: inputs must be contiguous");
   const int64_t V = out.shape()[0], C = out.shape()[1], M = idx.numel();
+  const int64_t base = std::max<int64_t>(first_row, 0);
   BLU_DISPATCH_INDEX(idx.dtype(), "embedding_backward", {
     using I = scalar_t;
     const I* ip = cdata<I>(idx);
-    check_indices(ip, M, V);
-    std::vector<int64_t> order(static_cast<size_t>(M));
-    std::iota(order.begin(), order.end(), int64_t(0));
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return ip[a] < ip[b]; });
-    std::vector<int64_t> starts;  // first position in `order` of each distinct index
+    if (first_row < 0) check_indices(ip, M, V);
+    std::vector<int64_t> order;  // the positions whose index is in the window
     for (int64_t j = 0; j < M; ++j)
+      if (int64_t(ip[j]) >= base && int64_t(ip[j]) < base + V) order.push_back(j);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return ip[a] < ip[b]; });
+    const int64_t n = int64_t(order.size());
+    std::vector<int64_t> starts;  // first position in `order` of each distinct index
+    for (int64_t j = 0; j < n; ++j)
       if (j == 0 || ip[order[size_t(j)]] != ip[order[size_t(j - 1)]]) starts.push_back(j);
-    starts.push_back(M);
+    starts.push_back(n);
     const int64_t groups = int64_t(starts.size()) - 1;
     BLU_DISPATCH_FLOATING(out.dtype(), "embedding_backward", {
       using A = acc_t<scalar_t>;
@@ -380,7 +386,7 @@ void embedding_backward_rows(const Tensor& g, const Tensor& idx, const Tensor& o
             const scalar_t* src = gp + order[size_t(j)] * C;
             for (int64_t k = 0; k < C; ++k) acc[size_t(k)] += A(src[k]);
           }
-          scalar_t* dst = op + int64_t(ip[order[size_t(starts[size_t(q)])]]) * C;
+          scalar_t* dst = op + (int64_t(ip[order[size_t(starts[size_t(q)])]]) - base) * C;
           if (accumulate) {
             for (int64_t k = 0; k < C; ++k) dst[k] = scalar_t(A(dst[k]) + A(scale) * acc[size_t(k)]);
           } else {
@@ -395,9 +401,9 @@ void embedding_backward_rows(const Tensor& g, const Tensor& idx, const Tensor& o
 void embedding_backward_kernel(const KernelCall& c) { embedding_backward_rows(c.in[0], c.in[1], c.out[0], false, 1.0); }
 BLU_REGISTER_KERNEL(cpu, "embedding_backward", embedding_backward_kernel);
 
-// Inputs (grad_weight, written; g [M, C]; indices [M]); attr scale.
+// Inputs (grad_weight, written; g [M, C]; indices [M]); attrs scale, first_row.
 void embedding_backward_add_kernel(const KernelCall& c) {
-  embedding_backward_rows(c.in[1], c.in[2], c.in[0], true, c.attrs.f("scale"));
+  embedding_backward_rows(c.in[1], c.in[2], c.in[0], true, c.attrs.f("scale"), c.attrs.i("first_row"));
 }
 BLU_REGISTER_KERNEL(cpu, "embedding_backward_add_", embedding_backward_add_kernel);
 

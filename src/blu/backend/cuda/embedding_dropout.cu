@@ -30,12 +30,13 @@ __global__ void embedding_forward_kernel(const T* __restrict__ w, int64_t s0, in
   }
 }
 
-// keys[j] = idx[j] (V for an index out of range: sorted last, skipped), vals[j] = j.
+// keys[j] = idx[j] - first_row (V for an index outside the window [first_row, first_row + V):
+// sorted last, skipped), vals[j] = j.
 template <typename I>
-__global__ void embedding_keys_kernel(const I* __restrict__ idx, int64_t M, int64_t V, uint32_t* __restrict__ keys,
-                                      int32_t* __restrict__ vals) {
+__global__ void embedding_keys_kernel(const I* __restrict__ idx, int64_t M, int64_t first_row, int64_t V,
+                                      uint32_t* __restrict__ keys, int32_t* __restrict__ vals) {
   for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < M; j += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t v = int64_t(idx[j]);
+    const int64_t v = int64_t(idx[j]) - first_row;
     keys[j] = uint32_t(v >= 0 && v < V ? v : V);
     vals[j] = int32_t(j);
   }
@@ -86,8 +87,10 @@ int bits_for(int64_t v) {  // bits needed to hold 0..v
 }
 
 // out [V, C] = the sum of g's rows per index (g [M, C] contiguous, indices [M]); with `accumulate`
-// out[v] += scale · that sum instead, rows no index names untouched.
-void embedding_backward_rows(const Tensor& g, const Tensor& idx, const Tensor& out, bool accumulate, double scale) {
+// out[v] += scale · that sum instead, rows no index names untouched. out holds the rows
+// [first_row, first_row + V) of the table (indices outside are skipped).
+void embedding_backward_rows(const Tensor& g, const Tensor& idx, const Tensor& out, bool accumulate, double scale,
+                             int64_t first_row = 0) {
   BLU_ASSERT(g.is_contiguous() && idx.is_contiguous(), "embedding_backward: inputs must be contiguous");
   const int64_t V = out.shape()[0], C = out.shape()[1], M = idx.numel();
   BLU_CHECK(M < (int64_t(1) << 31) && V < (int64_t(1) << 32) - 1, "embedding_backward: ", M, " indices into ", V,
@@ -102,8 +105,8 @@ void embedding_backward_rows(const Tensor& g, const Tensor& idx, const Tensor& o
   int32_t* vals_in = vals.as<int32_t>();
   int32_t* vals_out = vals_in + M;
   BLU_CUDA_DISPATCH_INDEX(idx.dtype(), "embedding_backward", {
-    embedding_keys_kernel<scalar_t><<<grid_for(M), 256, 0, s>>>(static_cast<const scalar_t*>(idx.raw_data()), M, V,
-                                                                 keys_in, vals_in);
+    embedding_keys_kernel<scalar_t><<<grid_for(M), 256, 0, s>>>(static_cast<const scalar_t*>(idx.raw_data()), M,
+                                                                 first_row, V, keys_in, vals_in);
     BLU_CUDA_CHECK_LAUNCH();
   });
   const int end_bit = bits_for(V);
@@ -124,9 +127,9 @@ void embedding_backward_rows(const Tensor& g, const Tensor& idx, const Tensor& o
 void embedding_backward_kernel(const KernelCall& c) { embedding_backward_rows(c.in[0], c.in[1], c.out[0], false, 1.0); }
 BLU_REGISTER_KERNEL(cuda, "embedding_backward", embedding_backward_kernel);
 
-// Inputs (grad_weight, written; g [M, C]; indices [M]); attr scale.
+// Inputs (grad_weight, written; g [M, C]; indices [M]); attrs scale, first_row (-1: the whole table).
 void embedding_backward_add_kernel(const KernelCall& c) {
-  embedding_backward_rows(c.in[1], c.in[2], c.in[0], true, c.attrs.f("scale"));
+  embedding_backward_rows(c.in[1], c.in[2], c.in[0], true, c.attrs.f("scale"), std::max<int64_t>(c.attrs.i("first_row"), 0));
 }
 BLU_REGISTER_KERNEL(cuda, "embedding_backward_add_", embedding_backward_add_kernel);
 
