@@ -6,7 +6,8 @@
 // (cuda:LOCAL_RANK), NCCL through rank 0's TCP store (MASTER_ADDR/MASTER_PORT), the model under
 // DistributedDataParallel (--zero 1: ZeRO-1 AdamW; --bucket-mib, --first-bucket-mib,
 // --comm-priority and --no-row-exchange to compare DDP settings), or with --zero 2 under ZeRO-2
-// alone (gradients reduce-scattered during backward in --bucket-mib buckets); every rank draws its own batches of B rows;
+// alone (gradients reduce-scattered during backward in --bucket-mib buckets; the tied embedding's
+// rows exchanged apart unless --no-row-exchange); every rank draws its own batches of B rows;
 // rank 0 prints the line with the global tok/s (world·B·T per median step) and its own memory.
 #include <algorithm>
 #include <array>
@@ -162,8 +163,10 @@ int run_bench(const BenchOptions& o) {
   std::unique_ptr<optim::Optimizer> opt;
   dist::ZeroAdamW* zero = nullptr;
   if (o.zero > 0) {
+    dist::ZeroOptions zo = dist::zero_options_for(model, o.ddp.bucket_mib, {"wte.weight"});
+    if (o.zero == 2 && o.row_exchange) zo.exchange_rows = {model.wte.get()};
     auto z = std::make_unique<dist::ZeroAdamW>(optim::decay_groups(model.named_parameters(), 0.1), ao, pg, o.zero,
-                                               dist::zero_options_for(model, o.ddp.bucket_mib, {"wte.weight"}));
+                                               std::move(zo));
     zero = z.get();
     opt = std::move(z);
   } else
@@ -292,7 +295,7 @@ int run_bench(const BenchOptions& o) {
     j["first_bucket_mib"] = o.ddp.first_bucket_mib;
     j["comm_priority"] = o.comm_priority;
     j["buckets"] = ddp ? ddp->bucket_layout().size() : zero->bucket_layout().size();
-    j["row_exchange"] = ddp && o.row_exchange ? ddp->row_exchange_paths().at(0) : "off";
+    j["row_exchange"] = !o.row_exchange ? "off" : ddp ? ddp->row_exchange_paths().at(0) : zero->row_exchange_paths().at(0);
     if (!timeline.is_null()) j["comm_timeline"] = timeline;
   }
   if (!phases.empty()) {  // medians over the warm steps

@@ -183,7 +183,7 @@ Command add_train(CLI::App& root) {
       ->capture_default_str()
       ->check(CLI::Range(0, 2));
   app->add_flag("!--no-row-exchange", o.row_exchange,
-                "With --dp > 1 (ZeRO 0/1): reduce the tied embedding's whole gradient at the end of backward instead "
+                "With --dp > 1: reduce the tied embedding's whole gradient at the end of backward instead "
                 "of its LM-head part early and its rows apart (docs/distributed.md)");
   return {app, [a, app] {
             if (!a->config.empty()) apply_config_file(*app, a->config);

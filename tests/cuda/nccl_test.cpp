@@ -1,5 +1,7 @@
-// NCCL process group and DDP on two GPUs (fp32 against one GPU; bf16: gradients are bucket views).
-// Skipped unless at least two CUDA devices are visible.
+// NCCL process group, DDP and ZeRO on two GPUs (fp32 against one GPU; bf16: gradients are bucket
+// views). Skipped unless at least two CUDA devices are visible — except NcclOneRank.*, ZeRO-2 as a
+// one-rank NCCL group on one GPU: its buckets, staging buffers, row exchange and all-gather on the
+// device and the communication stream (the collectives themselves are copies at one rank).
 // The parent test re-runs this binary as 2 ranks under dist::launch (tests/dist/dist_test_util.h)
 // with --gtest_filter=NcclWorker.Run and BLU_NCCL_SCENARIO naming what the ranks do; each rank
 // uses cuda:LOCAL_RANK and reports through its exit status.
@@ -8,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 
 #include "blu/backend/cuda/runtime.h"
@@ -146,21 +149,36 @@ std::vector<double> train(nn::GPT& model, ProcessGroup* pg, int zero, const std:
   auto groups = optim::decay_groups(model.named_parameters(), 0.1);
   std::unique_ptr<DistributedDataParallel> ddp;
   std::shared_ptr<ProcessGroup> shared(pg, [](ProcessGroup*) {});
-  if (pg)
+  if (pg && zero < 2)
     ddp = std::make_unique<DistributedDataParallel>(model, shared, ddp_options(model, row_path, {.bucket_mib = 0.02}));
+  if (pg && zero == 2) broadcast_parameters(model, *pg);  // ZeRO-2 reduces the gradients itself
   std::unique_ptr<optim::Optimizer> opt;
-  if (zero) opt = std::make_unique<ZeroAdamW>(groups, adam, shared, 1);
-  else opt = optim::make_adamw(groups, adam);
+  ZeroAdamW* z2 = nullptr;
+  if (zero == 1) {
+    opt = std::make_unique<ZeroAdamW>(groups, adam, shared, 1);
+  } else if (zero == 2) {  // small buckets, as the CPU tests: parameters split across buckets and chunks
+    ZeroOptions zo = zero_options_for(model, 0.02, {"wte.weight"});
+    if (!row_path.empty()) {
+      zo.exchange_rows = {model.wte.get()};
+      zo.rows_gather_limit = row_path == "gather" ? 1e9 : 0.0;
+    }
+    auto z = std::make_unique<ZeroAdamW>(groups, adam, shared, 2, std::move(zo));
+    z2 = z.get();
+    opt = std::move(z);
+  } else {
+    opt = optim::make_adamw(groups, adam);
+  }
   const int64_t rows = kRows / W;
   for (int64_t step = 0; step < kSteps; ++step) {
     opt->zero_grad();
     model.forward(batch(step, r * rows, rows, 0, dev), batch(step, r * rows, rows, 1, dev)).loss.backward();
     if (ddp) ddp->finish();
-    if (ddp && !row_path.empty()) {
-      EXPECT_EQ(ddp->row_exchange_paths(), std::vector<std::string>{row_path});
-    }
-    optim::clip_grad_norm(model.parameters(), 1.0);
+    if (z2) z2->clip_grad_norm(1.0);
+    else optim::clip_grad_norm(model.parameters(), 1.0);
     opt->step();
+    if (pg && !row_path.empty()) {
+      EXPECT_EQ(ddp ? ddp->row_exchange_paths() : z2->row_exchange_paths(), std::vector<std::string>{row_path});
+    }
   }
   std::vector<double> all;
   for (const Tensor& p : model.parameters())
@@ -185,7 +203,10 @@ void ddp_matches_single(int zero, const std::string& row_path = "") {
     ASSERT_EQ(dist_params.size(), ref_params.size());
     double worst = 0;
     for (size_t i = 0; i < ref_params.size(); ++i) worst = std::max(worst, std::abs(dist_params[i] - ref_params[i]));
-    EXPECT_LT(worst, 2e-4) << "largest parameter difference, DDP (" << W << " GPUs, rows '" << row_path << "') vs one GPU";
+    EXPECT_LT(worst, 2e-4) << "largest parameter difference, " << (zero ? "ZeRO-" + std::to_string(zero) : "DDP")
+                           << " (" << W << " GPUs, rows '" << row_path << "') vs one GPU";
+    std::printf("%s on %d GPU(s), rows '%s': largest parameter difference vs one GPU %.3g\n",
+                zero ? ("ZeRO-" + std::to_string(zero)).c_str() : "DDP", W, row_path.c_str(), worst);
   }
   rk.pg->barrier()->wait();
 }
@@ -247,16 +268,20 @@ TEST(NcclWorker, Run) {
   if (s == "ddp_rows_gather") return ddp_matches_single(0, "gather");
   if (s == "ddp_rows_dense") return ddp_matches_single(0, "dense");
   if (s == "zero1_rows") return ddp_matches_single(1, "gather");
+  if (s == "zero2") return ddp_matches_single(2);
+  if (s == "zero2_rows_gather") return ddp_matches_single(2, "gather");
+  if (s == "zero2_rows_dense") return ddp_matches_single(2, "dense");
   FAIL() << "unknown scenario " << s;
 }
 
-void run_two_ranks(const std::string& s) {
-  if (cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs, " << cuda::device_count() << " visible";
+void run_ranks(const std::string& s, int n) {
+  if (cuda::device_count() < n) GTEST_SKIP() << "needs " << n << " GPUs, " << cuda::device_count() << " visible";
   const test::LaunchResult res = test::run_command(
-      2, {test::self_exe(), "--gtest_filter=NcclWorker.Run", "--gtest_brief=1"},
+      n, {test::self_exe(), "--gtest_filter=NcclWorker.Run", "--gtest_brief=1"},
       {{"BLU_NCCL_SCENARIO", s}, {"OMP_NUM_THREADS", "2"}});
   EXPECT_EQ(res.status, 0) << "stdout:\n" << res.out << "\nstderr:\n" << res.err;
 }
+void run_two_ranks(const std::string& s) { run_ranks(s, 2); }
 
 TEST(Nccl, CollectivesOnDeviceTensors) { run_two_ranks("collectives"); }
 TEST(Nccl, DdpMatchesSingleGpu) { run_two_ranks("ddp"); }
@@ -267,6 +292,13 @@ TEST(Nccl, DdpRowExchangeGatherMatchesSingleGpu) { run_two_ranks("ddp_rows_gathe
 TEST(Nccl, DdpRowExchangeDenseMatchesSingleGpu) { run_two_ranks("ddp_rows_dense"); }
 TEST(Nccl, Zero1RowExchangeMatchesSingleGpu) { run_two_ranks("zero1_rows"); }
 TEST(Nccl, DdpRowExchangeBf16GradsAreBucketViews) { run_two_ranks("ddp_bf16_views_rows"); }
+// ZeRO-2 (gradients reduce-scattered during backward), without and with the row exchange.
+TEST(Nccl, Zero2MatchesSingleGpu) { run_two_ranks("zero2"); }
+TEST(Nccl, Zero2RowExchangeGatherMatchesSingleGpu) { run_two_ranks("zero2_rows_gather"); }
+TEST(Nccl, Zero2RowExchangeDenseMatchesSingleGpu) { run_two_ranks("zero2_rows_dense"); }
+TEST(NcclOneRank, Zero2MatchesPlainAdamW) { run_ranks("zero2", 1); }
+TEST(NcclOneRank, Zero2RowExchangeGatherMatchesPlainAdamW) { run_ranks("zero2_rows_gather", 1); }
+TEST(NcclOneRank, Zero2RowExchangeDenseMatchesPlainAdamW) { run_ranks("zero2_rows_dense", 1); }
 
 }  // namespace
 }  // namespace blu::dist

@@ -1,6 +1,7 @@
 // Data-parallel training of the tiny GPT for the multi-process tests: one function runs a rank in
 // any mode — "single" (plain AdamW, one process), "ddp" (DistributedDataParallel + AdamW),
-// "zero1" (DDP + ZeroAdamW stage 1), "zero2" (ZeroAdamW stage 2) — on a fixed global batch of 8
+// "zero1" (DDP + ZeroAdamW stage 1), "zero2" (ZeroAdamW stage 2), "zero2rows" (stage 2 with the
+// tied embedding's row exchange; BLU_DIST_ROWS_LIMIT its gather limit) — on a fixed global batch of 8
 // rows × 16 tokens per micro-batch, rank r taking rows [r·8/W, (r+1)·8/W). Settings come from the
 // environment (BLU_DIST_MODE, _STEPS, _ACCUM, _OUT, _SAVE_DIR, _SAVE_AT, _RESUME_DIR); rank 0
 // writes <out>.losses (the global mean loss per step), <out>.params (every parameter, f32) and
@@ -49,6 +50,8 @@ inline void train_worker() {
   const std::string save_dir = getenv_or("BLU_DIST_SAVE_DIR", "");
   const int64_t save_at = std::stoll(getenv_or("BLU_DIST_SAVE_AT", "-1"));
   const std::string resume_dir = getenv_or("BLU_DIST_RESUME_DIR", "");
+  const double rows_limit = std::stod(getenv_or("BLU_DIST_ROWS_LIMIT", "1"));
+  const bool zero2 = mode == "zero2" || mode == "zero2rows";
   const int W = env.world_size, r = env.rank;
   ASSERT_EQ(kRows % W, 0);
   ASSERT_TRUE(mode == "single" ? W == 1 : true);
@@ -69,12 +72,16 @@ inline void train_worker() {
   std::unique_ptr<optim::Optimizer> opt;
   ZeroAdamW* zero = nullptr;
   if (mode == "ddp" || mode == "zero1") ddp = std::make_unique<DistributedDataParallel>(model, pg, DDPOptions{.bucket_mib = 0.02});
-  if (mode == "zero2") broadcast_parameters(model, *pg);
-  if (mode == "zero1" || mode == "zero2") {
+  if (zero2) broadcast_parameters(model, *pg);
+  if (mode == "zero1" || zero2) {
     // Stage 2: small buckets (several, a parameter split across ranks' chunks) in the order
     // backward completes the gradients, as the trainer gives it.
-    auto z = std::make_unique<ZeroAdamW>(groups, adam, pg, mode == "zero1" ? 1 : 2,
-                                         zero_options_for(model, 0.02, {"wte.weight"}));
+    ZeroOptions zo = zero_options_for(model, 0.02, {"wte.weight"});
+    if (mode == "zero2rows") {
+      zo.exchange_rows = {model.wte.get()};
+      zo.rows_gather_limit = rows_limit;
+    }
+    auto z = std::make_unique<ZeroAdamW>(groups, adam, pg, mode == "zero1" ? 1 : 2, std::move(zo));
     zero = z.get();
     opt = std::move(z);
   } else {
@@ -103,7 +110,7 @@ inline void train_worker() {
       const Tensor idx = from_vector(in, {rows, kT}, DType::i32), targets = from_vector(tg, {rows, kT}, DType::i32);
       std::unique_ptr<DistributedDataParallel::NoSync> no_sync;
       if (ddp && m + 1 < accum) no_sync = std::make_unique<DistributedDataParallel::NoSync>(*ddp);
-      if (mode == "zero2") zero->set_sync(m + 1 == accum);  // only the last micro-batch reduces
+      if (zero2) zero->set_sync(m + 1 == accum);  // only the last micro-batch reduces
       const Tensor loss = mul(model.forward(idx, targets).loss, 1.0 / double(accum));
       loss.backward();
       local += loss.item();
@@ -115,6 +122,10 @@ inline void train_worker() {
       optim::clip_grad_norm(params, 1.0);
     }
     opt->step();
+    if (mode == "zero2rows") {  // the path the limit asks for
+      const std::string want = double(W) * double(rows * kT) <= rows_limit * double(cfg.padded_vocab_size) ? "gather" : "dense";
+      EXPECT_EQ(zero->row_exchange_paths(), std::vector<std::string>{want});
+    }
     double global = local;
     if (pg) {
       Tensor l = full({1}, local, DType::f64);

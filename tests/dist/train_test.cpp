@@ -97,6 +97,24 @@ TEST(DataParallel, ZeroStagesMatchDDP) {
   expect_close(ddp4, z2, kLossRel, kParamAbs, "zero2 4 ranks vs ddp 4 ranks");
 }
 
+// ZeRO-2 with the tied embedding's row exchange (its LM-head part reduced first, its rows after
+// the last bucket, added into each rank's rows of the shard): the same steps as DDP, through the
+// gather path and the dense one, on 2 and 4 ranks, and with gradient accumulation (rows of the
+// earlier micro-batch added locally).
+TEST(DataParallel, Zero2RowExchangeMatchesDDP) {
+  TempDir dir;
+  const std::pair<std::string, std::string> dense = {"BLU_DIST_ROWS_LIMIT", "0.5"};
+  const TrainRun ddp = train(dir, "ddp", "ddp", 2, 4, 1);
+  expect_close(ddp, train(dir, "g2", "zero2rows", 2, 4, 1), kLossRel, kParamAbs, "zero2 rows gathered, 2 ranks vs ddp");
+  expect_close(ddp, train(dir, "d2", "zero2rows", 2, 4, 1, {dense}), kLossRel, kParamAbs, "zero2 rows dense, 2 ranks vs ddp");
+  const TrainRun ddp4 = train(dir, "ddp4", "ddp", 4, 4, 1);
+  expect_close(ddp4, train(dir, "g4", "zero2rows", 4, 4, 1), kLossRel, kParamAbs, "zero2 rows gathered, 4 ranks vs ddp");
+  expect_close(ddp4, train(dir, "d4", "zero2rows", 4, 4, 1, {dense}), kLossRel, kParamAbs, "zero2 rows dense, 4 ranks vs ddp");
+  const TrainRun ddp_accum = train(dir, "ddpa", "ddp", 2, 3, 2);
+  expect_close(ddp_accum, train(dir, "ga", "zero2rows", 2, 3, 2), kLossRel, kParamAbs,
+               "zero2 rows gathered, 2 ranks, 2 micro-batches vs ddp");
+}
+
 TEST(DataParallel, ShardedCheckpointFrom4RanksResumesOn2) {  // and from stage 1 under stage 2
   TempDir dir;
   const std::string ckpt = dir.str() + "/ckpt";

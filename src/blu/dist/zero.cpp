@@ -15,6 +15,7 @@
 #include "blu/io/safetensors.h"
 #include "blu/ops/elementwise.h"
 #include "blu/ops/factory.h"
+#include "blu/ops/nn.h"
 #include "blu/ops/optim.h"
 #include "blu/ops/reduce.h"
 #include "blu/ops/view.h"
@@ -71,22 +72,53 @@ constexpr const char* kZeroMeta = "zero";
 // a parameter without one), issues the rest and completes everything. The next synced gradient
 // opens a new round with a fresh shard gradient, so a skipped step (fp16 overflow) leaves nothing
 // behind.
+//
+// Note [ZeRO-2 row exchange]
+// A tied embedding (ZeroOptions::exchange_rows) gets two gradients: the LM head's, dense, from the
+// first op of backward, and the embedding's, a few rows, from the last. Summed by the engine, the
+// whole [V, C] gradient would be complete only when backward ends — held all the while, reduced
+// after everything else, and the embedding's backward would make a second dense [V, C] to add. So
+// the embedding hands its output gradient to the reducer instead (nn::Embedding's row sink): the
+// weight's gradient is then the LM head's part alone, complete early; its bucket — its own, first
+// in the reduction order — is reduce-scattered and released while backward goes on. The bucket's
+// chunks are whole rows (c = ceil(V / W) rows of C), so rank r's piece of the shard gradient is
+// rows [r·c/C, …) of the embedding. After the last bucket the rows are exchanged, as DDP does:
+// every rank's ids and rows all-gathered while W × tokens ≤ rows_gather_limit × V, each rank adding
+// those in its rows into its piece (embedding_backward_add_window_, scaled 1/W; deterministic);
+// above that, summed locally into a dense [W·c/C, C] and reduce-scattered (average) into [c/C, C]
+// that is added. Under set_sync(false) the rows are added into the local gradient at once (the
+// synced backward reduces it with the LM head's part). Every rank's batch must hold the same
+// number of tokens, and the embedding must be used in every synced backward.
 struct ZeroAdamW::Reducer {
   static constexpr size_t kInFlight = 2;
   struct Bucket {
     std::vector<size_t> params;    // indices into params_, in bucket order
     std::vector<int64_t> offsets;  // each parameter's offset in the bucket
-    int64_t numel = 0, chunk = 0;  // elements; chunk c = ceil(numel / W)
+    int64_t numel = 0, chunk = 0;  // elements; chunk c = ceil(numel / unit / W) · unit
+    int64_t unit = 1;              // a chunk is whole units: an exchanged embedding's row, else 1
     int64_t shard_offset = 0;      // where this rank's chunk starts in the shard
     int64_t mine = 0;              // the real (unpadded) elements of this rank's chunk
     Tensor staging, out;           // [W·c] gradients; [c] this rank's averaged chunk when padded
     size_t pending = 0;            // parameters not staged yet this round
     WorkPtr work;
   };
+  // An exchange_rows embedding (Note [ZeRO-2 row exchange]).
+  struct Rows {
+    nn::Embedding* emb = nullptr;
+    size_t param = 0, bucket = 0;  // its weight's index in tensors, the weight's bucket
+    Tensor idx, grad;              // this round's rows from the sink: ids [M], output gradient [M, C]
+    bool issued = false;
+    Tensor idx_all, grad_all;      // "gather": every rank's ids and rows, rank after rank
+    Tensor dense, dense_mine;      // "dense": the rows summed into [W·R, C]; this rank's [R, C] average
+    std::vector<WorkPtr> works;
+    std::string path;              // how the last synced round exchanged them
+  };
   std::shared_ptr<ProcessGroup> pg;
   std::vector<Tensor> tensors;  // the parameters, in flat order
   std::vector<std::string> names;
   std::vector<Bucket> buckets;
+  std::vector<Rows> rows;
+  double gather_limit = 1.0;
   std::vector<size_t> bucket_of, slot_of;  // per parameter: bucket, position in it
   std::vector<bool> staged;
   Tensor shard_grad;  // [shard numel] this round's averaged gradient
@@ -104,6 +136,12 @@ struct ZeroAdamW::Reducer {
     for (Bucket& b : buckets) b.pending = b.params.size();
     std::fill(staged.begin(), staged.end(), false);
     next_issue = next_done = 0;
+    for (Rows& r : rows) release_rows(r);
+  }
+  static void release_rows(Rows& r) {
+    r.idx = r.grad = r.idx_all = r.grad_all = r.dense = r.dense_mine = Tensor();
+    r.issued = false;
+    r.works.clear();
   }
   // Copies parameter i's gradient (zeros without one) into its bucket slot and releases it. A
   // parameter alone in its bucket with no padding (GPT's tied embedding) is reduced from its
@@ -131,6 +169,7 @@ struct ZeroAdamW::Reducer {
     b.work.reset();
     b.staging = b.out = Tensor();
   }
+  // Buckets in order as they complete; after the last bucket, the rows in order as they arrive.
   void issue_ready() {
     while (next_issue < buckets.size() && buckets[next_issue].pending == 0) {
       Bucket& b = buckets[next_issue++];
@@ -140,6 +179,72 @@ struct ZeroAdamW::Reducer {
       b.work = pg->reduce_scatter(dst, b.staging, ReduceOp::avg);
       while (next_issue - next_done > kInFlight) complete(next_done++);
     }
+    if (next_issue < buckets.size()) return;
+    for (Rows& r : rows) {
+      if (r.issued) continue;
+      if (!r.idx.defined()) return;
+      issue_rows(r);
+    }
+  }
+  void issue_rows(Rows& r) {
+    const int64_t W = pg->size(), M = r.idx.numel(), C = r.grad.shape()[1];
+    const int64_t V = tensors[r.param].shape()[0], R = buckets[r.bucket].chunk / C;
+    if (double(W) * double(M) <= gather_limit * double(V)) {
+      r.path = "gather";
+      r.idx_all = empty({W * M}, r.idx.dtype(), device);
+      r.grad_all = empty({W * M, C}, DType::f32, device);
+      r.works.push_back(pg->all_gather(r.idx_all, r.idx));
+      r.works.push_back(pg->all_gather(r.grad_all, r.grad));
+    } else {
+      r.path = "dense";
+      r.dense = zeros({W * R, C}, DType::f32, device);
+      embedding_backward_add_(narrow(r.dense, 0, 0, V), r.grad, r.idx);
+      r.dense_mine = empty({R, C}, DType::f32, device);
+      r.works.push_back(pg->reduce_scatter(reshape(r.dense_mine, {R * C}), reshape(r.dense, {W * R * C}), ReduceOp::avg));
+    }
+    r.issued = true;
+  }
+  // After every bucket is complete: the exchanged rows, averaged, into this rank's rows of the
+  // shard gradient.
+  void add_rows(Rows& r) {
+    for (const WorkPtr& w : r.works) w->wait();
+    const Bucket& b = buckets[r.bucket];
+    const int64_t C = b.unit, mine_rows = b.mine / C;
+    if (mine_rows > 0) {
+      const Tensor win = reshape(narrow(shard_grad, 0, b.shard_offset, b.mine), {mine_rows, C});
+      if (r.path == "gather")
+        embedding_backward_add_window_(win, r.grad_all, r.idx_all, int64_t(pg->rank()) * (b.chunk / C),
+                                       1.0 / double(pg->size()));
+      else
+        add_(win, narrow(r.dense_mine, 0, 0, mine_rows));
+    }
+    release_rows(r);
+  }
+  // The row sink of rows[k]'s embedding: the gradient of its output for ids `idx`.
+  void on_rows(size_t k, const Tensor& idx, const Tensor& g) {
+    std::lock_guard lock(mu);
+    NoGradGuard no_grad;
+    Rows& r = rows[k];
+    const std::string& name = names[r.param];
+    const Tensor ids = reshape(contiguous(idx), {idx.numel()});
+    const Tensor rows_g = reshape(contiguous(g), {idx.numel(), g.shape().back()});
+    BLU_CHECK(rows_g.dtype() == DType::f32, "ZeroAdamW: the embedding rows of '", name, "' are ", rows_g.dtype(),
+              ", expected f32 (the embedding of an f32 master weight)");
+    if (!sync) {  // gradient accumulation: into the local gradient now
+      Tensor gw = tensors[r.param].grad();
+      if (!gw.defined()) {
+        gw = zeros(tensors[r.param].shape(), DType::f32, device);
+        tensors[r.param].set_grad(gw);
+      }
+      embedding_backward_add_(gw, rows_g, ids);
+      return;
+    }
+    open_round();
+    BLU_CHECK(!r.idx.defined(), "ZeroAdamW: the embedding rows of '", name, "' arrived twice before the step; ",
+              "for gradient accumulation run the earlier micro-batches with set_sync(false)");
+    r.idx = ids;
+    r.grad = rows_g;
+    issue_ready();
   }
   void on_grad(size_t i) {
     std::lock_guard lock(mu);
@@ -161,6 +266,21 @@ struct ZeroAdamW::Reducer {
     issue_ready();
     while (next_done < next_issue) complete(next_done++);
     open = false;
+    std::string missing;
+    for (const Rows& r : rows)
+      if (!r.issued) missing += (missing.empty() ? "'" : ", '") + names[r.param] + "'";
+    if (!missing.empty()) {
+      for (Rows& r : rows) {
+        for (const WorkPtr& w : r.works) try {
+            w->wait();
+          } catch (const std::exception&) {
+          }
+        release_rows(r);
+      }
+      BLU_CHECK(false, "ZeroAdamW: no embedding rows arrived this step for ", missing,
+                " (exchange_rows needs the embedding used in every synced backward, on every rank)");
+    }
+    for (Rows& r : rows) add_rows(r);
     finished = true;
   }
   // The step has used the shard gradient: it is freed, and the next reduce_gradients() starts a new
@@ -173,7 +293,9 @@ struct ZeroAdamW::Reducer {
 };
 
 ZeroOptions zero_options_for(const nn::Module& model, double bucket_mib, std::vector<std::string> solo) {
-  ZeroOptions o{.bucket_mib = bucket_mib, .reduce_order = {}, .solo = std::move(solo)};
+  ZeroOptions o;
+  o.bucket_mib = bucket_mib;
+  o.solo = std::move(solo);
   for (const auto& [name, t] : model.named_parameters()) o.reduce_order.push_back(name);
   std::reverse(o.reduce_order.begin(), o.reduce_order.end());
   return o;
@@ -202,6 +324,8 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOptions 
     BLU_CHECK(p.tensor.device() == device_, "ZeroAdamW: parameter '", p.name, "' is on ", p.tensor.device(),
               ", the first one on ", device_, " (one device per rank)");
   const int W = pg_->size(), r = pg_->rank();
+  BLU_CHECK(stage == 2 || zero.exchange_rows.empty(), "ZeroAdamW: exchange_rows is for stage 2; stage 1 gets its ",
+            "gradients from DDP (give the embedding to DDPOptions::exchange_rows)");
   if (stage == 1) {
     chunk_ = std::max<int64_t>(1, (total_ + W - 1) / W);
     const int64_t begin = std::min(total_, int64_t(r) * chunk_), end = std::min(total_, int64_t(r + 1) * chunk_);
@@ -212,9 +336,29 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOptions 
     }
     shard_numel_ = end - begin;
   } else {
-    // Reduction order: the listed names, then the rest in reverse flat order.
+    auto red = std::make_shared<Reducer>();
+    // Row-exchange weights first, a bucket each: their gradient (the LM head's part) comes first.
     std::vector<size_t> order;
     std::vector<bool> placed(params_.size(), false);
+    for (nn::Embedding* emb : zero.exchange_rows) {
+      BLU_CHECK(emb, "ZeroAdamW: exchange_rows holds a null embedding");
+      size_t k = 0;
+      while (k < params_.size() && !(params_[k].tensor.storage() == emb->weight.storage() &&
+                                     params_[k].tensor.raw_data() == emb->weight.raw_data()))
+        ++k;
+      BLU_CHECK(k < params_.size(), "ZeroAdamW: an exchange_rows embedding (weight ", emb->weight.str(),
+                ") is not one of the optimizer's parameters");
+      BLU_CHECK(!placed[k] && !emb->has_row_grad_sink(), "ZeroAdamW: the embedding '", params_[k].name,
+                "' already has a row sink (listed twice, or under a DDP or another optimizer)");
+      order.push_back(k);
+      placed[k] = true;
+      Reducer::Rows rows;
+      rows.emb = emb;
+      rows.param = k;
+      red->rows.push_back(std::move(rows));
+    }
+    red->gather_limit = zero.rows_gather_limit;
+    // Then the listed names, then the rest in reverse flat order.
     for (const std::string& name : zero.reduce_order)
       for (size_t i = 0; i < params_.size(); ++i)
         if (!placed[i] && params_[i].name == name) {
@@ -223,7 +367,6 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOptions 
         }
     for (size_t i = params_.size(); i-- > 0;)
       if (!placed[i]) order.push_back(i);
-    auto red = std::make_shared<Reducer>();
     red->pg = pg_;
     red->device = device_;
     for (const Param& p : params_) {
@@ -237,8 +380,11 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOptions 
     for (const std::string& name : zero.solo)
       BLU_CHECK(std::any_of(params_.begin(), params_.end(), [&](const Param& p) { return p.name == name; }),
                 "ZeroAdamW: ZeroOptions::solo names '", name, "', which is not one of the optimizer's parameters");
+    auto exchanged = [&](size_t i) {
+      return std::any_of(red->rows.begin(), red->rows.end(), [&](const Reducer::Rows& rw) { return rw.param == i; });
+    };
     auto is_solo = [&](size_t i) {
-      return std::find(zero.solo.begin(), zero.solo.end(), params_[i].name) != zero.solo.end();
+      return exchanged(i) || std::find(zero.solo.begin(), zero.solo.end(), params_[i].name) != zero.solo.end();
     };
     bool after_solo = false;
     for (size_t i : order) {
@@ -253,9 +399,11 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOptions 
       b.params.push_back(i);
       b.offsets.push_back(b.numel);
       b.numel += n;
+      if (exchanged(i)) b.unit = params_[i].tensor.shape()[1];
     }
+    for (Reducer::Rows& rw : red->rows) rw.bucket = red->bucket_of[rw.param];
     for (Reducer::Bucket& b : red->buckets) {
-      b.chunk = std::max<int64_t>(1, (b.numel + W - 1) / W);
+      b.chunk = std::max<int64_t>(1, (b.numel / b.unit + W - 1) / W) * b.unit;
       const int64_t lo = std::min(b.numel, int64_t(r) * b.chunk), hi = std::min(b.numel, int64_t(r + 1) * b.chunk);
       b.shard_offset = shard_numel_;
       b.mine = hi - lo;
@@ -273,6 +421,10 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOptions 
       params_[i].tensor.register_grad_hook([weak, i](Tensor&) {
         if (auto st = weak.lock()) st->on_grad(i);
       });
+    for (size_t k = 0; k < red->rows.size(); ++k)
+      red->rows[k].emb->set_row_grad_sink([weak, k](const Tensor& idx, const Tensor& g) {
+        if (auto st = weak.lock()) st->on_rows(k, idx, g);
+      });
   }
   exp_avg_ = zeros({shard_numel_}, DType::f32, device_);
   exp_avg_sq_ = zeros({shard_numel_}, DType::f32, device_);
@@ -280,11 +432,17 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOptions 
 
 ZeroAdamW::~ZeroAdamW() {
   if (!reducer_) return;
-  for (auto& b : reducer_->buckets)  // issued collectives finish before their buffers go
-    if (b.work) try {
-        b.work->wait();
+  auto wait = [](const WorkPtr& w) {  // issued collectives finish before their buffers go
+    if (w) try {
+        w->wait();
       } catch (const std::exception&) {
       }
+  };
+  for (auto& b : reducer_->buckets) wait(b.work);
+  for (auto& r : reducer_->rows) {
+    for (auto& w : r.works) wait(w);
+    r.emb->set_row_grad_sink({});  // its gradient flows into the weight again
+  }
 }
 
 std::vector<std::pair<int64_t, int64_t>> ZeroAdamW::shard_ranges() const {
@@ -304,6 +462,15 @@ std::vector<std::vector<std::string>> ZeroAdamW::bucket_layout() const {
       out.emplace_back();
       for (size_t i : b.params) out.back().push_back(params_[i].name);
     }
+  return out;
+}
+
+std::vector<std::string> ZeroAdamW::row_exchange_paths() const {
+  std::vector<std::string> out;
+  if (reducer_) {
+    std::lock_guard lock(reducer_->mu);
+    for (const auto& r : reducer_->rows) out.push_back(r.path);
+  }
   return out;
 }
 

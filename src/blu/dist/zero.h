@@ -34,6 +34,7 @@
 
 #include "blu/dist/process_group.h"
 #include "blu/io/checkpoint.h"
+#include "blu/nn/layers.h"
 #include "blu/nn/module.h"
 #include "blu/optim/optimizer.h"
 
@@ -46,9 +47,18 @@ struct ZeroOptions {
   // order. Empty: the reverse flat order. Every rank must give the same order.
   std::vector<std::string> reduce_order;
   // Stage 2: parameters that get a bucket of their own — one whose gradient completes much later
-  // than its neighbours' in reduce_order (GPT's tied embedding: its LM-head part comes first, its
-  // rows last), which would otherwise hold its bucket's staging buffer through all of backward.
+  // than its neighbours' in reduce_order (GPT's tied embedding without row exchange: its LM-head
+  // part comes first, its rows last), which would otherwise hold its bucket's staging buffer
+  // through all of backward.
   std::vector<std::string> solo;
+  // Stage 2: tied embeddings (alive as long as the optimizer) whose gradient is reduced in two
+  // parts, as DDP's row exchange (Note [ZeRO-2 row exchange]): the LM head's dense part in a bucket
+  // of its own, first in the reduction order, while backward goes on; the embedding's rows after
+  // the last bucket.
+  std::vector<nn::Embedding*> exchange_rows;
+  // Row exchange gathers the rows while world × tokens ≤ this × num_embeddings; above, it
+  // reduce-scatters them as a dense gradient.
+  double rows_gather_limit = 1.0;
 };
 // Options for `model` trained with ZeRO-2: reduce_order the reverse of its registration order (the
 // order backward roughly completes gradients in), the given bucket capacity and solo parameters.
@@ -87,6 +97,9 @@ class ZeroAdamW final : public optim::Optimizer {
   std::vector<std::pair<int64_t, int64_t>> shard_ranges() const;
   // Stage 2: parameter names per bucket, in reduction order (for tests and logs).
   std::vector<std::vector<std::string>> bucket_layout() const;
+  // Stage 2: how the last synced step exchanged each exchange_rows embedding's rows: "gather" or
+  // "dense" ("" before the first).
+  std::vector<std::string> row_exchange_paths() const;
   ProcessGroup& process_group() { return *pg_; }
 
  private:

@@ -281,9 +281,11 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     a.beta1 = 0.9;
     a.beta2 = 0.95;  // GPT-2 / llm.c
     if (o.zero > 0) {
-      // Stage 2: the tied embedding's gradient is complete only at the end of backward: a bucket alone.
-      auto z = std::make_unique<dist::ZeroAdamW>(std::move(groups), a, pg_, o.zero,
-                                                 dist::zero_options_for(*model_, 25.0, {"wte.weight"}));
+      // Stage 2: the tied embedding in a bucket alone — its LM-head part reduced first and its rows
+      // exchanged at the end (row exchange), or its whole gradient complete only at the end.
+      dist::ZeroOptions zo = dist::zero_options_for(*model_, 25.0, {"wte.weight"});
+      if (o.zero == 2 && o.row_exchange) zo.exchange_rows = {model_->wte.get()};
+      auto z = std::make_unique<dist::ZeroAdamW>(std::move(groups), a, pg_, o.zero, std::move(zo));
       zero_ = z.get();
       opt_ = std::move(z);
     } else {
