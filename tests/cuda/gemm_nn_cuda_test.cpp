@@ -22,6 +22,7 @@
 #include "blu/ops/optim.h"
 #include "blu/ops/precision.h"
 #include "blu/ops/view.h"
+#include "ops/donated_logits_check.h"
 
 namespace blu {
 namespace {
@@ -595,6 +596,13 @@ TEST(CudaNN, LayerNormForwardBackwardMatchCpuAndIsDeterministic) {
       EXPECT_TRUE(bit_equal("grad_b rerun " + tag, gd[2], gd2[2]));
       EXPECT_TRUE(bit_equal("grad_x rerun " + tag, gd[0], gd2[0]));
     }
+}
+
+// Cross-entropy's backward over logits nobody holds any more (Note [Donated buffers]): GPT's
+// [B·T, V] logits take their own gradient, one such buffer fewer at the step's peak.
+TEST(CudaNN, CrossEntropyBackwardWritesOverDroppedLogits) {
+  SKIP_WITHOUT_CUDA();
+  for (DType dt : {DType::f32, DType::bf16}) test::check_donated_logits(kCuda, dt);
 }
 
 TEST(CudaNN, EmbeddingForwardAndDeterministicBackward) {

@@ -8,6 +8,7 @@
 
 #include "blu/blu.h"
 #include "blu/ops/nn.h"
+#include "donated_logits_check.h"
 
 namespace blu {
 namespace {
@@ -164,6 +165,12 @@ TEST(CrossEntropy, SixteenBitMatchesF32) {
     const auto gw = to_vector(xf.grad()), gg = to_vector(xh.grad());
     for (size_t i = 0; i < gw.size(); ++i) EXPECT_NEAR(gg[i], gw[i], 0.005) << dt << " element " << i;
   }
+}
+
+// Its backward writes over logits nobody holds any more (Note [Donated buffers]).
+TEST(CrossEntropy, BackwardWritesOverDroppedLogits) {
+  test::check_donated_logits(kCPU, DType::f32);
+  test::check_donated_logits(kCPU, DType::f64);
 }
 
 TEST(CrossEntropy, Errors) {

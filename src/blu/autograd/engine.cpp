@@ -123,6 +123,7 @@ void Tensor::backward(const Tensor& grad_root, bool retain_graph) const {
       for (size_t j = 0; j < i; ++j) first_edge &= n->next[j].fn.get() != to;
       if (first_edge) n->offer_grad_destination(i, dst);
     }
+    n->will_release_saved(!retain_graph);
     std::vector<Tensor> in_grads = n->apply(std::move(grads));
     if (!retain_graph) n->release_saved();
     for (size_t i = 0; i < n->next.size(); ++i) {

@@ -19,6 +19,7 @@ std::vector<Tensor> OpNode::apply(std::vector<Tensor>&& grad_out) {
   std::vector<Tensor> in_grads = ctx.op->backward(ctx, grad_out);
   ctx.grad_dst.clear();  // offered for this run only
   ctx.grad_dtypes.clear();
+  ctx.saved_released_after = false;
   return in_grads;
 }
 

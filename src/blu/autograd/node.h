@@ -26,6 +26,9 @@ struct Node {
   virtual std::vector<Tensor> apply(std::vector<Tensor>&& grad_out) = 0;
   virtual std::string name() const = 0;
   virtual void release_saved() {}
+  // The engine tells the next apply() whether it will release the saved tensors right after it
+  // (Note [Donated buffers], ops/dispatch.h); only ops can use it.
+  virtual void will_release_saved(bool /*yes*/) {}
   // The engine offers `dst` as where input `input`'s gradient may be written (see
   // BackwardContext::grad_dst); only ops can use it.
   virtual void offer_grad_destination(size_t /*input*/, const Tensor& /*dst*/) {}
@@ -51,6 +54,7 @@ struct OpNode final : Node {
   std::vector<Tensor> apply(std::vector<Tensor>&& grad_out) override;
   std::string name() const override { return ctx.op->name; }
   void release_saved() override;
+  void will_release_saved(bool yes) override { ctx.saved_released_after = yes; }
   void offer_grad_destination(size_t input, const Tensor& dst) override;
   bool can_widen_grad(size_t input) const override { return input < 32 && (ctx.op->wide_grads >> input & 1u); }
   void offer_grad_dtype(size_t input, DType dtype) override;

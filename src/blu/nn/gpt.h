@@ -82,6 +82,10 @@ class Block : public Module {
   std::shared_ptr<MLP> mlp;
 };
 
+// A training loop that reads only the loss should drop the logits before backward
+// (`out.logits = Tensor()`, or keep just `.loss`): cross-entropy's backward then writes their
+// gradient over them, one [B·T, padded_vocab] buffer fewer at the step's peak (Note [Donated
+// buffers], ops/dispatch.h). Logits still held are left as they are.
 struct GPTOutput {
   Tensor logits;  // [B, T, padded_vocab] (or only the last position when asked)
   Tensor loss;    // 0-d, defined when targets were given

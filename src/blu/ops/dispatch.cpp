@@ -20,6 +20,12 @@ const Tensor& BackwardContext::output(size_t i) const {
   return outputs[i];
 }
 
+Tensor BackwardContext::donated_input(size_t i) const {
+  if (!saved_released_after || i >= inputs.size()) return {};
+  const Tensor& t = inputs[i];
+  return t.defined() && t.storage().use_count() == 1 && t.is_contiguous() ? t : Tensor();
+}
+
 Tensor BackwardContext::grad_buffer(size_t i) const {
   if (Tensor dst = grad_destination(i); dst.defined()) return dst;
   const TensorMeta& m = input_metas.at(i);

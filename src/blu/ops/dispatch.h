@@ -46,7 +46,14 @@ struct BackwardContext {
   // grad_dtypes: the dtype in which input i's gradient is wanted when it is wider than the input's
   // (Note [Wide gradients]); empty, or one per input (the input's own dtype where not widened).
   std::vector<DType> grad_dtypes;
+  // Set by the engine while the backward runs when the saved tensors are freed right after it (no
+  // retain_graph): see donated_input().
+  bool saved_released_after = false;
   const Tensor& input(size_t i) const;
+  // Saved input i when this backward may write over it (Note [Donated buffers]): the saved tensors
+  // are freed after this backward and nothing else — no tensor, view or other node — refers to
+  // its storage. Undefined otherwise.
+  Tensor donated_input(size_t i) const;
   const Tensor& output(size_t i) const;
   const Shape& input_shape(size_t i) const { return input_metas.at(i).shape; }
   Tensor grad_destination(size_t i) const { return i < grad_dst.size() ? grad_dst[i] : Tensor(); }
@@ -58,6 +65,16 @@ struct BackwardContext {
   }
   Tensor grad_buffer(size_t i) const;
 };
+
+// Note [Donated buffers]
+// A saved input that only its node still refers to dies with the node's saved tensors right after
+// the backward — so the backward may write its result over it instead of allocating. GPT's logits
+// are the case that matters: [B·T, V] 16-bit, the largest tensor of the step, saved by
+// cross-entropy, whose backward makes a gradient of the same shape and dtype; written over the
+// logits, the step's peak holds one such buffer instead of two. The logits qualify only when the
+// caller has dropped its own handle to them before backward (the trainer and bench do) and the
+// graph is not retained; otherwise the backward allocates as usual. The storage's reference count
+// is the test: every tensor or view of the buffer, and every node that saved it, holds one.
 
 // Note [Wide gradients]
 // Under mixed precision a 16-bit weight is a cast of an fp32 master parameter, and the cast's

@@ -86,8 +86,19 @@ std::vector<TensorMeta> infer_cross_entropy_backward(std::span<const Tensor> in,
   return {TensorMeta{in[1].shape(), in[1].dtype(), in[1].device()}};
 }
 const OpDef kCrossEntropyBackward{.name = "cross_entropy_backward", .infer = infer_cross_entropy_backward};
+// The same written over the logits: inputs (logits, overwritten by their gradient; grad of the
+// loss, target, logsumexp). Each element is read before it is written, by the same thread.
+std::vector<TensorMeta> infer_cross_entropy_backward_inplace(std::span<const Tensor> in, const Attrs&) {
+  return {TensorMeta{in[0].shape(), in[0].dtype(), in[0].device()}};
+}
+const OpDef kCrossEntropyBackwardInplace{.name = "cross_entropy_backward_",
+                                         .infer = infer_cross_entropy_backward_inplace,
+                                         .inplace = true};
 
 std::vector<Tensor> cross_entropy_bw(const BackwardContext& c, std::span<const Tensor> g) {
+  // Logits no one else holds take their own gradient (Note [Donated buffers], ops/dispatch.h).
+  if (const Tensor x = c.donated_input(0); x.defined())
+    return {dispatch1(kCrossEntropyBackwardInplace, {x, contiguous(g[0]), c.input(1), c.output(1)}, c.attrs), Tensor()};
   Tensor gx = dispatch1(kCrossEntropyBackward, {contiguous(g[0]), c.input(0), c.input(1), c.output(1)}, c.attrs);
   return {gx, Tensor()};
 }

@@ -381,13 +381,16 @@ double Trainer::train_step(StepStats& s) {
     if (ddp_ && micro + 1 < o.grad_accum) no_sync.emplace(*ddp_);
     if (zero_ && zero_->stage() == 2) zero_->set_sync(micro + 1 == o.grad_accum);  // ZeRO-2 reduces in backward too
     const Batch b = train_loader_->next();
-    const auto out = model_->forward(ids_tensor(b.inputs, o.batch_size, o.seq_len, device_),
-                                     ids_tensor(b.targets, o.batch_size, o.seq_len, device_));
-    loss_sum += scalar_value(out.loss);
+    // Only the loss is kept: with no handle left on the logits, cross-entropy's backward writes
+    // their gradient over them (Note [Donated buffers], ops/dispatch.h).
+    const Tensor loss = model_->forward(ids_tensor(b.inputs, o.batch_size, o.seq_len, device_),
+                                        ids_tensor(b.targets, o.batch_size, o.seq_len, device_))
+                            .loss;
+    loss_sum += scalar_value(loss);
     // Gradients of the mean over all micro-batches: each micro-batch's loss scaled by 1/grad_accum
     // (and by the fp16 loss scale).
     const double factor = (scaler_ ? scaler_->scale() : 1.0) / double(o.grad_accum);
-    const Tensor scaled = factor != 1.0 ? mul(out.loss, factor) : out.loss;
+    const Tensor scaled = factor != 1.0 ? mul(loss, factor) : loss;
     scaled.backward();
   }
   // DDP first: the averaged gradients are the same on every rank, so unscaling and the overflow

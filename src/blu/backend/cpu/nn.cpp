@@ -161,17 +161,14 @@ void cross_entropy_kernel(const KernelCall& c) {
 }
 BLU_REGISTER_KERNEL(cpu, "cross_entropy", cross_entropy_kernel);
 
-// Inputs (g, logits, target, lse). gx[n, k] = (exp(x[n, k] - lse[n]) - [k == t[n]]) * scale[n],
-// scale = g[n] (none), g (sum) or g / count (mean), for k < K (attr classes); zero for ignored
-// rows and for the columns k ≥ K that are not classes.
-void cross_entropy_backward_kernel(const KernelCall& c) {
-  const Tensor& g = c.in[0];
-  const Tensor& x = c.in[1];
-  const Tensor& t = c.in[2];
-  const Tensor& lse_t = c.in[3];
-  const int64_t C = x.shape().back(), N = x.numel() / C, K = c.attrs.i("classes");
-  const int64_t ignore = c.attrs.i("ignore_index");
-  const auto red = Reduction(c.attrs.i("reduction"));
+// gx[n, k] = (exp(x[n, k] - lse[n]) - [k == t[n]]) * scale[n], scale = g[n] (none), g (sum) or
+// g / count (mean), for k < K (attr classes); zero for ignored rows and for the columns k ≥ K that
+// are not classes. gx may be x itself (each element is read before it is written).
+void cross_entropy_backward_into(const Tensor& g, const Tensor& x, const Tensor& t, const Tensor& lse_t,
+                                 const Attrs& attrs, const Tensor& gx) {
+  const int64_t C = x.shape().back(), N = x.numel() / C, K = attrs.i("classes");
+  const int64_t ignore = attrs.i("ignore_index");
+  const auto red = Reduction(attrs.i("reduction"));
   BLU_DISPATCH_INDEX(t.dtype(), "cross_entropy_backward", {
     using I = scalar_t;
     const I* tp = cdata<I>(t);
@@ -182,7 +179,7 @@ void cross_entropy_backward_kernel(const KernelCall& c) {
       const scalar_t* xp = cdata<scalar_t>(x);
       const S* gp = cdata<S>(g);  // the loss's gradient: statistics dtype
       const S* lse = cdata<S>(lse_t);
-      scalar_t* op = c.out[0].data<scalar_t>();
+      scalar_t* op = gx.data<scalar_t>();
       const int nt = row_threads(N, x.numel());
       _Pragma("omp parallel for num_threads(nt) schedule(static)")
       for (int64_t n = 0; n < N; ++n) {
@@ -205,7 +202,16 @@ void cross_entropy_backward_kernel(const KernelCall& c) {
     });
   });
 }
+// Inputs (g, logits, target, lse); out gx.
+void cross_entropy_backward_kernel(const KernelCall& c) {
+  cross_entropy_backward_into(c.in[0], c.in[1], c.in[2], c.in[3], c.attrs, c.out[0]);
+}
 BLU_REGISTER_KERNEL(cpu, "cross_entropy_backward", cross_entropy_backward_kernel);
+// Inputs (logits, overwritten by gx; g, target, lse).
+void cross_entropy_backward_inplace_kernel(const KernelCall& c) {
+  cross_entropy_backward_into(c.in[1], c.in[0], c.in[2], c.in[3], c.attrs, c.in[0]);
+}
+BLU_REGISTER_KERNEL(cpu, "cross_entropy_backward_", cross_entropy_backward_inplace_kernel);
 
 // --- layer_norm --------------------------------------------------------------------------------
 

@@ -295,12 +295,13 @@ __global__ void count_targets_kernel(const I* target, int64_t n, int64_t ignore,
 // gx[n, k] = (exp(x[n, k] - lse[n]) - [k == t[n]]) * scale for the classes k < K, scale = g[n]
 // (none), g[0] (sum) or g[0] / count (mean); zero rows where t is ignored and zero columns k ≥ K
 // (not classes: the padded columns are written, never left as they were). One block per row of
-// C columns, vector loads and stores.
+// C columns, vector loads and stores. gx may be x (Note [Donated buffers]): each element is read
+// and then written by the same thread, so x and gx are not __restrict__.
 template <typename T, typename I>
-__global__ void cross_entropy_backward_kernel(const acc_of<T>* __restrict__ g, const T* __restrict__ x,
+__global__ void cross_entropy_backward_kernel(const acc_of<T>* __restrict__ g, const T* x,
                                               const I* __restrict__ target, const acc_of<T>* __restrict__ lse,
                                               const double* count, int red, int64_t C, int64_t K, int64_t ignore,
-                                              T* __restrict__ gx) {
+                                              T* gx) {
   using A = acc_of<T>;
   const int64_t row = blockIdx.x;
   const T* xr = x + row * C;
@@ -378,17 +379,14 @@ void cross_entropy_kernel(const KernelCall& c) {
 }
 BLU_REGISTER_KERNEL(cuda, "cross_entropy", cross_entropy_kernel);
 
-void cross_entropy_backward_kernel_entry(const KernelCall& c) {
-  const Tensor& g = c.in[0];
-  const Tensor& x = c.in[1];
-  const Tensor& t = c.in[2];
-  const Tensor& lse_t = c.in[3];
+void cross_entropy_backward_into(const Tensor& g, const Tensor& x, const Tensor& t, const Tensor& lse_t,
+                                 const Attrs& attrs, const Tensor& gx) {
   BLU_ASSERT(g.is_contiguous() && x.is_contiguous() && t.is_contiguous() && lse_t.is_contiguous(),
              "cross_entropy_backward: inputs must be contiguous");
-  const int64_t C = x.shape().back(), N = x.numel() / C, K = c.attrs.i("classes");
+  const int64_t C = x.shape().back(), N = x.numel() / C, K = attrs.i("classes");
   if (N == 0) return;
-  const int64_t ignore = c.attrs.i("ignore_index");
-  const auto red = Reduction(c.attrs.i("reduction"));
+  const int64_t ignore = attrs.i("ignore_index");
+  const auto red = Reduction(attrs.i("reduction"));
   cudaStream_t s = current_stream();
   BLU_CUDA_DISPATCH_INDEX(t.dtype(), "cross_entropy_backward", {
     using I = scalar_t;
@@ -403,12 +401,21 @@ void cross_entropy_backward_kernel_entry(const KernelCall& c) {
       cross_entropy_backward_kernel<scalar_t, I><<<unsigned(N), 256, 0, s>>>(
           static_cast<const A*>(g.raw_data()), static_cast<const scalar_t*>(x.raw_data()), tp,
           static_cast<const A*>(lse_t.raw_data()), count.as<double>(), int(red), C, K, ignore,
-          static_cast<scalar_t*>(c.out[0].raw_data()));
+          static_cast<scalar_t*>(gx.raw_data()));
       BLU_CUDA_CHECK_LAUNCH();
     });
   });
 }
+// Inputs (g, logits, target, lse); out gx.
+void cross_entropy_backward_kernel_entry(const KernelCall& c) {
+  cross_entropy_backward_into(c.in[0], c.in[1], c.in[2], c.in[3], c.attrs, c.out[0]);
+}
 BLU_REGISTER_KERNEL(cuda, "cross_entropy_backward", cross_entropy_backward_kernel_entry);
+// Inputs (logits, overwritten by gx; g, target, lse).
+void cross_entropy_backward_inplace_entry(const KernelCall& c) {
+  cross_entropy_backward_into(c.in[1], c.in[0], c.in[2], c.in[3], c.attrs, c.in[0]);
+}
+BLU_REGISTER_KERNEL(cuda, "cross_entropy_backward_", cross_entropy_backward_inplace_entry);
 
 }  // namespace
 
