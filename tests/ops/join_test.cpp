@@ -4,6 +4,7 @@
 
 #include "common/checks.h"
 #include "blu/blu.h"
+#include "blu/ops/dispatch.h"
 
 namespace blu {
 namespace {
@@ -50,6 +51,36 @@ TEST(Join, StackErrors) {
   expect_error([&] { stack({zeros({2, 3}), zeros({2, 3})}, 3); }, {"dim 3", "out of range"});
   expect_error([&] { stack({}, 0); }, {"at least one tensor"});
   EXPECT_EQ(stack({zeros({2, 3}), zeros({2, 3})}, -1).shape(), (Shape{2, 3, 2}));
+}
+
+// split's backward joins the pieces' gradients; when they already lie side by side in one buffer
+// (here cat's backward hands out adjacent slices of its gradient; on CUDA the attention backward
+// writes dq, dk, dv so) the join is a view, no cat runs. In another order it is a cat. The
+// gradient is the same either way.
+TEST(Join, SplitBackwardOfAdjacentGradientsIsAView) {
+  Generator gen(3);
+  const Tensor w = randn({4, 6}, DType::f64, kCPU, &gen);
+  for (const bool in_order : {true, false}) {
+    Tensor x = randn({4, 6}, DType::f64, kCPU, &gen);
+    x.set_requires_grad(true);
+    auto p = split(x, 2, 1);
+    const Tensor y = in_order ? cat({p[0], p[1], p[2]}, 1) : cat({p[2], p[0], p[1]}, 1);
+    const Tensor loss = sum(mul(y, w));
+    int cats = 0;
+    const int h = add_op_observer([&](const OpDef& op, auto, auto, const Attrs&) { cats += std::string(op.name) == "cat"; });
+    loss.backward();
+    remove_op_observer(h);
+    EXPECT_EQ(cats, in_order ? 0 : 1) << (in_order ? "in order" : "out of order");
+    // d loss / dx: w's columns, moved back to where each piece came from.
+    const std::vector<double> wv = to_vector(w);
+    std::vector<double> want(24);
+    const int64_t src[3] = {0, 1, 2}, moved[3] = {1, 2, 0};  // out of order: piece k sits at block moved[k]
+    for (int64_t r = 0; r < 4; ++r)
+      for (int64_t k = 0; k < 3; ++k)
+        for (int64_t j = 0; j < 2; ++j)
+          want[size_t(r * 6 + k * 2 + j)] = wv[size_t(r * 6 + (in_order ? src[k] : moved[k]) * 2 + j)];
+    EXPECT_EQ(to_vector(x.grad()), want) << (in_order ? "in order" : "out of order");
+  }
 }
 
 TEST(Join, SplitAndChunkAreViews) {

@@ -77,8 +77,10 @@ std::vector<TensorMeta> infer_flash_attention_backward(std::span<const Tensor> i
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
   BLU_ASSERT(in[5].shape() == Shape({B, H, T}) && in[5].dtype() == DType::f32 && in[5].is_contiguous(),
              "flash_attention_backward: lse ", in[5].str());
-  const TensorMeta m{{B, T, H, D}, q.dtype(), q.device()};
-  return {m, m, m};
+  // dq, dk, dv side by side in one [B, T, 3, H, D] buffer: when q, k, v are the three pieces of
+  // one projection (GPT's qkv split), their gradients are then the pieces of that projection's
+  // gradient, and split's backward has nothing to copy (split_backward, ops/join.cpp).
+  return {TensorMeta{{B, T, 3, H, D}, q.dtype(), q.device()}};
 }
 const OpDef kFlashAttentionBackward{.name = "flash_attention_backward", .infer = infer_flash_attention_backward};
 
@@ -95,9 +97,9 @@ Tensor flash_ready(const Tensor& t) {
 
 // g[0] is the gradient of the [B, T, H, D] output buffer.
 std::vector<Tensor> flash_attention_bw(const BackwardContext& c, std::span<const Tensor> g) {
-  auto gs = dispatch(kFlashAttentionBackward,
-                     {flash_ready(bhtd(g[0])), c.input(0), c.input(1), c.input(2), bhtd(c.output(0)), c.output(1)}, c.attrs);
-  return {bhtd(gs[0]), bhtd(gs[1]), bhtd(gs[2])};
+  const Tensor dqkv = dispatch1(kFlashAttentionBackward, {flash_ready(bhtd(g[0])), c.input(0), c.input(1), c.input(2),
+                                                          bhtd(c.output(0)), c.output(1)}, c.attrs);
+  return {bhtd(select(dqkv, 2, 0)), bhtd(select(dqkv, 2, 1)), bhtd(select(dqkv, 2, 2))};
 }
 const OpDef kFlashAttention{.name = "flash_attention",
                             .infer = infer_flash_attention,

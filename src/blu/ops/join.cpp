@@ -61,8 +61,29 @@ std::vector<Tensor> split_view(std::span<const Tensor> in, const Attrs& a) {
   }
   return pieces;
 }
+// The pieces' gradients joined along d: when they already lie side by side in one buffer — same
+// storage, dtype and strides, each starting where the previous one ends along d (the attention
+// backward writes dq, dk, dv that way) — the join is a view of that buffer; otherwise a cat.
+Tensor adjacent_join(std::span<const Tensor> g, int64_t d) {
+  const Tensor& g0 = g[0];
+  int64_t next = g0.offset(), total = 0;
+  for (const Tensor& t : g) {
+    if (!t.defined() || t.storage() != g0.storage() || t.dtype() != g0.dtype() || t.strides() != g0.strides() ||
+        t.dim() != g0.dim() || t.offset() != next)
+      return {};
+    for (int64_t k = 0; k < t.dim(); ++k)
+      if (k != d && t.shape()[k] != g0.shape()[k]) return {};
+    next += t.shape()[d] * t.strides()[d];
+    total += t.shape()[d];
+  }
+  Shape shape = g0.shape();
+  shape[d] = total;
+  return g0.alias_with(shape, g0.strides(), g0.offset());
+}
 std::vector<Tensor> split_backward(const BackwardContext& c, std::span<const Tensor> g) {
-  return {cat(std::vector<Tensor>(g.begin(), g.end()), c.attrs.i("dim"))};
+  const int64_t d = c.attrs.i("dim");
+  if (Tensor joined = adjacent_join(g, d); joined.defined()) return {joined};
+  return {cat(std::vector<Tensor>(g.begin(), g.end()), d)};
 }
 const OpDef kSplit{.name = "split", .infer = infer_split, .backward = split_backward, .view = split_view};
 

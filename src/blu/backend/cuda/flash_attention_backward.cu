@@ -484,8 +484,14 @@ void flash_attention_backward(const FlashBwdParams& p, DType dtype, cudaStream_t
 
 namespace {
 
+// Piece i of a contiguous [B, T, 3, H, D] buffer as a [B, H, T, D] operand.
+AttnOperand operand_piece(const Tensor& bt3hd, int i) {
+  return {static_cast<char*>(bt3hd.raw_data()) + i * bt3hd.stride(2) * int64_t(bt3hd.itemsize()), bt3hd.stride(0),
+          bt3hd.stride(3), bt3hd.stride(1)};
+}
+
 // "flash_attention_backward": in dO, q, k, v, o (all [B, H, T, D], strided), lse [B, H, T];
-// attrs causal, scale. Out: dq, dk, dv, each a contiguous [B, T, H, D] buffer.
+// attrs causal, scale. Out: dq, dk, dv side by side in one contiguous [B, T, 3, H, D] buffer.
 void flash_attention_backward_kernel(const KernelCall& c) {
   const Tensor& q = c.in[1];
   FlashBwdParams p;
@@ -495,9 +501,9 @@ void flash_attention_backward_kernel(const KernelCall& c) {
   p.v = operand_bhtd(c.in[3]);
   p.o = operand_bhtd(c.in[4]);
   p.lse = static_cast<const float*>(c.in[5].raw_data());
-  p.dq = operand_bthd(c.out[0]);
-  p.dk = operand_bthd(c.out[1]);
-  p.dv = operand_bthd(c.out[2]);
+  p.dq = operand_piece(c.out[0], 0);
+  p.dk = operand_piece(c.out[0], 1);
+  p.dv = operand_piece(c.out[0], 2);
   p.B = int(q.size(0));
   p.H = int(q.size(1));
   p.T = int(q.size(2));
