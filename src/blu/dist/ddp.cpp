@@ -7,9 +7,9 @@
 #include <mutex>
 
 #include "blu/core/grad_mode.h"
+#include "blu/dist/row_exchange.h"
 #include "blu/ops/elementwise.h"
 #include "blu/ops/factory.h"
-#include "blu/ops/nn.h"
 #include "blu/ops/view.h"
 
 namespace blu::dist {
@@ -50,22 +50,11 @@ struct DistributedDataParallel::State {
     size_t pending = 0;  // parameters whose gradient has not arrived yet
     WorkPtr work;        // set once issued
   };
-  // An exchange_rows embedding (Row exchange in ddp.h).
-  struct Rows {
-    nn::Embedding* emb = nullptr;
-    size_t param = 0;          // its weight's index in params
-    Tensor idx, grad;          // this step's rows from the sink: ids [M], output gradient [M, C]
-    bool issued = false;
-    Tensor idx_all, grad_all;  // "gather": every rank's ids and rows, rank after rank
-    Tensor dense;              // "dense": the rows summed into [V, C], then averaged
-    std::vector<WorkPtr> works;
-    std::string path;          // how the last synced step exchanged them
-    bool warned = false;
-  };
   std::shared_ptr<ProcessGroup> pg;
   std::vector<Param> params;
   std::vector<Bucket> buckets;
-  std::vector<Rows> rows;
+  std::vector<RowExchange> rows;  // the exchange_rows embeddings (Row exchange in ddp.h)
+  std::vector<bool> rows_warned;
   double gather_limit = 1.0;
   size_t next_issue = 0;  // buckets [0, next_issue) are issued
   bool sync = true;
@@ -78,11 +67,7 @@ struct DistributedDataParallel::State {
       b.pending = b.params.size();
       b.work.reset();
     }
-    for (Rows& r : rows) {
-      r.idx = r.grad = r.idx_all = r.grad_all = r.dense = Tensor();
-      r.issued = false;
-      r.works.clear();
-    }
+    for (RowExchange& r : rows) r.reset();
     next_issue = 0;
   }
 
@@ -113,39 +98,19 @@ struct DistributedDataParallel::State {
       b.work = pg->all_reduce(b.buffer, ReduceOp::avg);
     }
     if (next_issue < buckets.size()) return;
-    for (Rows& r : rows) {
-      if (r.issued) continue;
-      if (!r.idx.defined()) return;
-      issue_rows(r);
+    for (RowExchange& r : rows) {
+      if (r.issued()) continue;
+      if (!r.received()) return;
+      r.issue(*pg, params[r.param()].tensor.shape()[0], gather_limit, 0);
     }
-  }
-
-  void issue_rows(Rows& r) {
-    const int64_t world = pg->size(), M = r.idx.numel(), C = r.grad.shape()[1];
-    const int64_t V = params[r.param].tensor.shape()[0];
-    if (double(world) * double(M) <= gather_limit * double(V)) {
-      r.path = "gather";
-      r.idx_all = empty({world * M}, r.idx.dtype(), r.idx.device());
-      r.grad_all = empty({world * M, C}, r.grad.dtype(), r.grad.device());
-      r.works.push_back(pg->all_gather(r.idx_all, r.idx));
-      r.works.push_back(pg->all_gather(r.grad_all, r.grad));
-    } else {
-      r.path = "dense";
-      r.dense = zeros({V, C}, r.grad.dtype(), r.grad.device());
-      embedding_backward_add_(r.dense, r.grad, r.idx);
-      r.works.push_back(pg->all_reduce(r.dense, ReduceOp::avg));
-    }
-    r.issued = true;
   }
 
   // The row sink of rows[k]'s embedding: the gradient of its output for ids `idx`.
   void on_rows(size_t k, const Tensor& idx, const Tensor& g) {
     std::lock_guard lock(mu);
     NoGradGuard no_grad;
-    Rows& r = rows[k];
-    Param& p = params[r.param];
-    const Tensor ids = reshape(contiguous(idx), {idx.numel()});
-    const Tensor rows_g = reshape(contiguous(g), {idx.numel(), g.shape().back()});
+    RowExchange& r = rows[k];
+    Param& p = params[r.param()];
     if (!sync) {  // gradient accumulation: into the local gradient (the bucket view) now
       Tensor gw = p.tensor.grad();
       if (!gw.defined()) {
@@ -153,21 +118,18 @@ struct DistributedDataParallel::State {
         p.tensor.set_grad(p.view);
         gw = p.view;
       }
-      embedding_backward_add_(gw, rows_g, ids);
+      RowExchange::add_locally(gw, idx, g);
       return;
     }
-    BLU_CHECK(!r.idx.defined(), "DDP: the embedding rows of '", p.name, "' arrived twice before finish(); ",
-              "for gradient accumulation run the earlier micro-batches under no_sync()");
-    if (!p.ready && !r.warned) {
-      r.warned = true;
+    r.receive(idx, g, "DDP: " + p.name, p.tensor.dtype());
+    if (!p.ready && !rows_warned[k]) {
+      rows_warned[k] = true;
       std::fprintf(stderr,
                    "DDP: row exchange for '%s': its dense gradient had not arrived when its rows did, so its "
                    "bucket (issued first) held the others back during backward; exchange_rows is meant for a tied "
                    "embedding (reported once)\n",
                    p.name.c_str());
     }
-    r.idx = ids;
-    r.grad = rows_g;
     issue_ready();
   }
 
@@ -200,21 +162,15 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, std::shared
     s.params.push_back({.name = name, .tensor = t, .view = Tensor(), .bucket = 0, .ready = false});
   }
   std::vector<bool> exchanged(s.params.size(), false);
+  std::vector<Tensor> tensors;
+  for (const State::Param& p : s.params) tensors.push_back(p.tensor);
   for (nn::Embedding* emb : options.exchange_rows) {
-    BLU_CHECK(emb, "DistributedDataParallel: exchange_rows holds a null embedding");
-    size_t k = 0;
-    while (k < s.params.size() && !(s.params[k].tensor.storage() == emb->weight.storage() &&
-                                    s.params[k].tensor.raw_data() == emb->weight.raw_data()))
-      ++k;
-    BLU_CHECK(k < s.params.size(), "DistributedDataParallel: an exchange_rows embedding (weight ", emb->weight.str(),
-              ") is not part of the wrapped model");
+    const size_t k = RowExchange::find_weight(tensors, emb, "DistributedDataParallel", "is not part of the wrapped model");
     BLU_CHECK(!exchanged[k] && !emb->has_row_grad_sink(), "DistributedDataParallel: the embedding '",
               s.params[k].name, "' already has a row sink (listed twice, or under another DDP)");
     exchanged[k] = true;
-    State::Rows r;
-    r.emb = emb;
-    r.param = k;
-    s.rows.push_back(std::move(r));
+    s.rows.emplace_back(emb, k);
+    s.rows_warned.push_back(false);
   }
   // Buckets over the parameters in reverse registration order; a bucket holds one dtype. A
   // parameter that would overflow the open bucket opens the next one (unless the bucket is empty).
@@ -222,9 +178,9 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, std::shared
   std::vector<std::vector<size_t>> members;
   std::vector<DType> dtypes;
   // Row-exchange weights first, one bucket each: their dense gradient comes first in backward.
-  for (const State::Rows& r : s.rows) {
-    members.push_back({r.param});
-    dtypes.push_back(s.params[r.param].tensor.dtype());
+  for (const RowExchange& r : s.rows) {
+    members.push_back({r.param()});
+    dtypes.push_back(s.params[r.param()].tensor.dtype());
   }
   const size_t n_row_buckets = members.size();
   double filled = 0, cap = first_cap;
@@ -277,7 +233,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, std::shared
       if (auto st = weak.lock()) st->on_grad(i);
     });
   for (size_t k = 0; k < s.rows.size(); ++k)
-    s.rows[k].emb->set_row_grad_sink([weak, k](const Tensor& idx, const Tensor& g) {
+    s.rows[k].embedding()->set_row_grad_sink([weak, k](const Tensor& idx, const Tensor& g) {
       if (auto st = weak.lock()) st->on_rows(k, idx, g);
     });
 }
@@ -289,11 +245,8 @@ DistributedDataParallel::~DistributedDataParallel() {
       } catch (const std::exception&) {
       }
   for (auto& r : state_->rows) {
-    for (auto& w : r.works) try {
-        w->wait();
-      } catch (const std::exception&) {
-      }
-    r.emb->set_row_grad_sink({});  // its gradient flows into the weight again
+    r.reset();  // waits for what was issued
+    r.embedding()->set_row_grad_sink({});  // its gradient flows into the weight again
   }
   // The engine stops writing into the buckets (unless another DDP has put its own slot there).
   for (auto& p : state_->params)
@@ -324,7 +277,7 @@ void DistributedDataParallel::finish() {
   BLU_ASSERT(s.next_issue == s.buckets.size(), "DDP: not every bucket was issued");
   std::string missing;
   for (auto& r : s.rows)
-    if (!r.issued) missing += (missing.empty() ? "'" : ", '") + s.params[r.param].name + "'";
+    if (!r.issued()) missing += (missing.empty() ? "'" : ", '") + s.params[r.param()].name + "'";
   std::exception_ptr failure;
   auto wait = [&](const WorkPtr& w) {
     try {
@@ -334,8 +287,6 @@ void DistributedDataParallel::finish() {
     }
   };
   for (auto& b : s.buckets) wait(b.work);
-  for (auto& r : s.rows)
-    for (auto& w : r.works) wait(w);
   if (failure || !missing.empty()) {
     s.reset_step();
     if (failure) std::rethrow_exception(failure);
@@ -347,13 +298,11 @@ void DistributedDataParallel::finish() {
   for (auto& p : s.params)
     if (const Tensor g = p.tensor.grad(); !g.defined() || !is_view_of(g, p.view)) p.tensor.set_grad(p.view);
   // The rows, averaged, into their weights' averaged dense gradients.
-  for (auto& r : s.rows) {
-    const Tensor& gw = s.params[r.param].view;
-    if (r.path == "gather") {
-      embedding_backward_add_(gw, r.grad_all, r.idx_all, 1.0 / double(s.pg->size()));
-    } else {
-      add_(gw, r.dense);
-    }
+  try {
+    for (auto& r : s.rows) r.add_into(s.params[r.param()].view, 0, s.pg->size());
+  } catch (...) {
+    s.reset_step();
+    throw;
   }
   s.reset_step();
 }
@@ -382,7 +331,7 @@ std::vector<int> DistributedDataParallel::bucket_states() const {
 std::vector<std::string> DistributedDataParallel::row_exchange_paths() const {
   std::lock_guard lock(state_->mu);
   std::vector<std::string> out;
-  for (const auto& r : state_->rows) out.push_back(r.path);
+  for (const auto& r : state_->rows) out.push_back(r.path());
   return out;
 }
 

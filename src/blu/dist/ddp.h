@@ -49,7 +49,7 @@
 // result is the same average as without it, up to fp32 rounding. Under no_sync the rows are added
 // into the local gradient at once. Every rank's batch must hold the same number of tokens, and the
 // embedding must be used in every synced step (finish() raises an error otherwise).
-// Depends on dist/process_group, nn/module, nn/layers (Embedding), ops/. Keep: each parameter's hook fires once per
+// Depends on dist/process_group, dist/row_exchange, nn/module, nn/layers (Embedding), ops/. Keep: each parameter's hook fires once per
 // backward (the engine sums a leaf's incoming gradients before accumulating), so two synced
 // backwards without finish() in between are an error; between a synced backward and finish()
 // the gradients are being reduced in place — read or write them only after finish(); hooks hold

@@ -12,10 +12,10 @@
 #include <span>
 
 #include "blu/core/grad_mode.h"
+#include "blu/dist/row_exchange.h"
 #include "blu/io/safetensors.h"
 #include "blu/ops/elementwise.h"
 #include "blu/ops/factory.h"
-#include "blu/ops/nn.h"
 #include "blu/ops/optim.h"
 #include "blu/ops/reduce.h"
 #include "blu/ops/view.h"
@@ -102,22 +102,11 @@ struct ZeroAdamW::Reducer {
     size_t pending = 0;            // parameters not staged yet this round
     WorkPtr work;
   };
-  // An exchange_rows embedding (Note [ZeRO-2 row exchange]).
-  struct Rows {
-    nn::Embedding* emb = nullptr;
-    size_t param = 0, bucket = 0;  // its weight's index in tensors, the weight's bucket
-    Tensor idx, grad;              // this round's rows from the sink: ids [M], output gradient [M, C]
-    bool issued = false;
-    Tensor idx_all, grad_all;      // "gather": every rank's ids and rows, rank after rank
-    Tensor dense, dense_mine;      // "dense": the rows summed into [W·R, C]; this rank's [R, C] average
-    std::vector<WorkPtr> works;
-    std::string path;              // how the last synced round exchanged them
-  };
   std::shared_ptr<ProcessGroup> pg;
   std::vector<Tensor> tensors;  // the parameters, in flat order
   std::vector<std::string> names;
   std::vector<Bucket> buckets;
-  std::vector<Rows> rows;
+  std::vector<RowExchange> rows;  // the exchange_rows embeddings (Note [ZeRO-2 row exchange])
   double gather_limit = 1.0;
   std::vector<size_t> bucket_of, slot_of;  // per parameter: bucket, position in it
   std::vector<bool> staged;
@@ -136,12 +125,7 @@ struct ZeroAdamW::Reducer {
     for (Bucket& b : buckets) b.pending = b.params.size();
     std::fill(staged.begin(), staged.end(), false);
     next_issue = next_done = 0;
-    for (Rows& r : rows) release_rows(r);
-  }
-  static void release_rows(Rows& r) {
-    r.idx = r.grad = r.idx_all = r.grad_all = r.dense = r.dense_mine = Tensor();
-    r.issued = false;
-    r.works.clear();
+    for (RowExchange& r : rows) r.reset();
   }
   // Copies parameter i's gradient (zeros without one) into its bucket slot and releases it. A
   // parameter alone in its bucket with no padding (GPT's tied embedding) is reduced from its
@@ -180,70 +164,38 @@ struct ZeroAdamW::Reducer {
       while (next_issue - next_done > kInFlight) complete(next_done++);
     }
     if (next_issue < buckets.size()) return;
-    for (Rows& r : rows) {
-      if (r.issued) continue;
-      if (!r.idx.defined()) return;
-      issue_rows(r);
+    for (RowExchange& r : rows) {
+      if (r.issued()) continue;
+      if (!r.received()) return;
+      const Bucket& b = buckets[bucket_of[r.param()]];
+      r.issue(*pg, tensors[r.param()].shape()[0], gather_limit, b.chunk / b.unit);
     }
-  }
-  void issue_rows(Rows& r) {
-    const int64_t W = pg->size(), M = r.idx.numel(), C = r.grad.shape()[1];
-    const int64_t V = tensors[r.param].shape()[0], R = buckets[r.bucket].chunk / C;
-    if (double(W) * double(M) <= gather_limit * double(V)) {
-      r.path = "gather";
-      r.idx_all = empty({W * M}, r.idx.dtype(), device);
-      r.grad_all = empty({W * M, C}, DType::f32, device);
-      r.works.push_back(pg->all_gather(r.idx_all, r.idx));
-      r.works.push_back(pg->all_gather(r.grad_all, r.grad));
-    } else {
-      r.path = "dense";
-      r.dense = zeros({W * R, C}, DType::f32, device);
-      embedding_backward_add_(narrow(r.dense, 0, 0, V), r.grad, r.idx);
-      r.dense_mine = empty({R, C}, DType::f32, device);
-      r.works.push_back(pg->reduce_scatter(reshape(r.dense_mine, {R * C}), reshape(r.dense, {W * R * C}), ReduceOp::avg));
-    }
-    r.issued = true;
   }
   // After every bucket is complete: the exchanged rows, averaged, into this rank's rows of the
-  // shard gradient.
-  void add_rows(Rows& r) {
-    for (const WorkPtr& w : r.works) w->wait();
-    const Bucket& b = buckets[r.bucket];
-    const int64_t C = b.unit, mine_rows = b.mine / C;
-    if (mine_rows > 0) {
-      const Tensor win = reshape(narrow(shard_grad, 0, b.shard_offset, b.mine), {mine_rows, C});
-      if (r.path == "gather")
-        embedding_backward_add_window_(win, r.grad_all, r.idx_all, int64_t(pg->rank()) * (b.chunk / C),
-                                       1.0 / double(pg->size()));
-      else
-        add_(win, narrow(r.dense_mine, 0, 0, mine_rows));
-    }
-    release_rows(r);
+  // shard gradient (its chunk of the weight's bucket: whole rows).
+  void add_rows(RowExchange& r) {
+    const Bucket& b = buckets[bucket_of[r.param()]];
+    const int64_t C = b.unit;
+    r.add_into(reshape(narrow(shard_grad, 0, b.shard_offset, b.mine), {b.mine / C, C}),
+               int64_t(pg->rank()) * (b.chunk / C), pg->size());
   }
   // The row sink of rows[k]'s embedding: the gradient of its output for ids `idx`.
   void on_rows(size_t k, const Tensor& idx, const Tensor& g) {
     std::lock_guard lock(mu);
     NoGradGuard no_grad;
-    Rows& r = rows[k];
-    const std::string& name = names[r.param];
-    const Tensor ids = reshape(contiguous(idx), {idx.numel()});
-    const Tensor rows_g = reshape(contiguous(g), {idx.numel(), g.shape().back()});
-    BLU_CHECK(rows_g.dtype() == DType::f32, "ZeroAdamW: the embedding rows of '", name, "' are ", rows_g.dtype(),
-              ", expected f32 (the embedding of an f32 master weight)");
+    RowExchange& r = rows[k];
+    Tensor& w = tensors[r.param()];
     if (!sync) {  // gradient accumulation: into the local gradient now
-      Tensor gw = tensors[r.param].grad();
+      Tensor gw = w.grad();
       if (!gw.defined()) {
-        gw = zeros(tensors[r.param].shape(), DType::f32, device);
-        tensors[r.param].set_grad(gw);
+        gw = zeros(w.shape(), DType::f32, device);
+        w.set_grad(gw);
       }
-      embedding_backward_add_(gw, rows_g, ids);
+      RowExchange::add_locally(gw, idx, g);
       return;
     }
     open_round();
-    BLU_CHECK(!r.idx.defined(), "ZeroAdamW: the embedding rows of '", name, "' arrived twice before the step; ",
-              "for gradient accumulation run the earlier micro-batches with set_sync(false)");
-    r.idx = ids;
-    r.grad = rows_g;
+    r.receive(idx, g, "ZeroAdamW: " + names[r.param()], DType::f32);
     issue_ready();
   }
   void on_grad(size_t i) {
@@ -267,20 +219,19 @@ struct ZeroAdamW::Reducer {
     while (next_done < next_issue) complete(next_done++);
     open = false;
     std::string missing;
-    for (const Rows& r : rows)
-      if (!r.issued) missing += (missing.empty() ? "'" : ", '") + names[r.param] + "'";
+    for (const RowExchange& r : rows)
+      if (!r.issued()) missing += (missing.empty() ? "'" : ", '") + names[r.param()] + "'";
     if (!missing.empty()) {
-      for (Rows& r : rows) {
-        for (const WorkPtr& w : r.works) try {
-            w->wait();
-          } catch (const std::exception&) {
-          }
-        release_rows(r);
-      }
+      for (RowExchange& r : rows) r.reset();
       BLU_CHECK(false, "ZeroAdamW: no embedding rows arrived this step for ", missing,
                 " (exchange_rows needs the embedding used in every synced backward, on every rank)");
     }
-    for (Rows& r : rows) add_rows(r);
+    try {
+      for (RowExchange& r : rows) add_rows(r);
+    } catch (...) {
+      for (RowExchange& r : rows) r.reset();
+      throw;
+    }
     finished = true;
   }
   // The step has used the shard gradient: it is freed, and the next reduce_gradients() starts a new
@@ -340,22 +291,15 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOptions 
     // Row-exchange weights first, a bucket each: their gradient (the LM head's part) comes first.
     std::vector<size_t> order;
     std::vector<bool> placed(params_.size(), false);
+    std::vector<Tensor> tensors;
+    for (const Param& p : params_) tensors.push_back(p.tensor);
     for (nn::Embedding* emb : zero.exchange_rows) {
-      BLU_CHECK(emb, "ZeroAdamW: exchange_rows holds a null embedding");
-      size_t k = 0;
-      while (k < params_.size() && !(params_[k].tensor.storage() == emb->weight.storage() &&
-                                     params_[k].tensor.raw_data() == emb->weight.raw_data()))
-        ++k;
-      BLU_CHECK(k < params_.size(), "ZeroAdamW: an exchange_rows embedding (weight ", emb->weight.str(),
-                ") is not one of the optimizer's parameters");
+      const size_t k = RowExchange::find_weight(tensors, emb, "ZeroAdamW", "is not one of the optimizer's parameters");
       BLU_CHECK(!placed[k] && !emb->has_row_grad_sink(), "ZeroAdamW: the embedding '", params_[k].name,
                 "' already has a row sink (listed twice, or under a DDP or another optimizer)");
       order.push_back(k);
       placed[k] = true;
-      Reducer::Rows rows;
-      rows.emb = emb;
-      rows.param = k;
-      red->rows.push_back(std::move(rows));
+      red->rows.emplace_back(emb, k);
     }
     red->gather_limit = zero.rows_gather_limit;
     // Then the listed names, then the rest in reverse flat order.
@@ -381,7 +325,7 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOptions 
       BLU_CHECK(std::any_of(params_.begin(), params_.end(), [&](const Param& p) { return p.name == name; }),
                 "ZeroAdamW: ZeroOptions::solo names '", name, "', which is not one of the optimizer's parameters");
     auto exchanged = [&](size_t i) {
-      return std::any_of(red->rows.begin(), red->rows.end(), [&](const Reducer::Rows& rw) { return rw.param == i; });
+      return std::any_of(red->rows.begin(), red->rows.end(), [&](const RowExchange& rw) { return rw.param() == i; });
     };
     auto is_solo = [&](size_t i) {
       return exchanged(i) || std::find(zero.solo.begin(), zero.solo.end(), params_[i].name) != zero.solo.end();
@@ -401,7 +345,6 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOptions 
       b.numel += n;
       if (exchanged(i)) b.unit = params_[i].tensor.shape()[1];
     }
-    for (Reducer::Rows& rw : red->rows) rw.bucket = red->bucket_of[rw.param];
     for (Reducer::Bucket& b : red->buckets) {
       b.chunk = std::max<int64_t>(1, (b.numel / b.unit + W - 1) / W) * b.unit;
       const int64_t lo = std::min(b.numel, int64_t(r) * b.chunk), hi = std::min(b.numel, int64_t(r + 1) * b.chunk);
@@ -422,7 +365,7 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOptions 
         if (auto st = weak.lock()) st->on_grad(i);
       });
     for (size_t k = 0; k < red->rows.size(); ++k)
-      red->rows[k].emb->set_row_grad_sink([weak, k](const Tensor& idx, const Tensor& g) {
+      red->rows[k].embedding()->set_row_grad_sink([weak, k](const Tensor& idx, const Tensor& g) {
         if (auto st = weak.lock()) st->on_rows(k, idx, g);
       });
   }
@@ -440,8 +383,8 @@ ZeroAdamW::~ZeroAdamW() {
   };
   for (auto& b : reducer_->buckets) wait(b.work);
   for (auto& r : reducer_->rows) {
-    for (auto& w : r.works) wait(w);
-    r.emb->set_row_grad_sink({});  // its gradient flows into the weight again
+    r.reset();  // waits for what was issued
+    r.embedding()->set_row_grad_sink({});  // its gradient flows into the weight again
   }
 }
 
@@ -469,7 +412,7 @@ std::vector<std::string> ZeroAdamW::row_exchange_paths() const {
   std::vector<std::string> out;
   if (reducer_) {
     std::lock_guard lock(reducer_->mu);
-    for (const auto& r : reducer_->rows) out.push_back(r.path);
+    for (const auto& r : reducer_->rows) out.push_back(r.path());
   }
   return out;
 }

@@ -23,7 +23,7 @@
 // shard is on disk: a directory without COMMIT is ignored. Loading re-slices the moments from all
 // shard files, so a checkpoint saved by W ranks (either stage) resumes on any number of ranks and
 // under either stage.
-// Depends on dist/process_group, optim/optimizer, ops/optim, io/checkpoint. Keep: the update of
+// Depends on dist/process_group, dist/row_exchange, optim/optimizer, ops/optim, io/checkpoint. Keep: the update of
 // each element is exactly optim's AdamW given the same averaged gradient; every parameter is
 // updated every step (bias correction uses the optimizer's step count: DDP gives unused
 // parameters a zero gradient, so plain AdamW steps them every step too); parameters are f32.
