@@ -14,6 +14,8 @@
 #   trainval — blutrain train beside scripts/torch_train_peer.py (same model, shards, order, steps
 #           and schedule) per precision in MODES; each prints its validation loss at the end
 #           (DATA: a folder of shards carried in .devpack; TRAIN_ARGS: more arguments to both)
+#   disttrainval — the same on DIST_N GPUs (default 2): `blutrain launch -n N -- blutrain train
+#           --dp N` beside scripts/torch_train_peer.py under torchrun (DDP), per precision in MODES
 #   attndetail — ncu sections (throughput, stalls, top stall sites) of our wgmma attention kernels
 #           beside cuDNN's (files ncu_ours.txt, ncu_cudnn.txt)
 #   attnsass — per-instruction SASS of our wgmma attention kernels: executed instructions and
@@ -98,6 +100,16 @@ for step in "$@"; do
       timeout 150 "$pack/blutrain" bench --device cuda --precision "${MODE:-bf16}" -B "$B" -T "$T" --steps "$STEPS" \
         --profile > "$out/profile.log" 2>&1
       python3 scripts/bench_summary.py "$out/profile.log" ;;
+    disttrainval)
+      data="${DATA:-.devpack/fortunes}"; n="${DIST_N:-2}"
+      for m in ${MODES:-bf16 tf32 fp32}; do
+        timeout 400 "$pack/blutrain" launch -n "$n" -- "$pack/blutrain" train --model d12 --data-dir "$data" \
+          --device cuda --dp "$n" --precision "$m" -B "$B" -T "$T" --steps "$STEPS" ${TRAIN_ARGS:-} 2>&1 \
+          | tee -a "$out/disttrainval.log" | grep -E "^\[rank 0\]   (train loss|val loss|tokens|peak)|rror"
+        timeout 400 python3 -m torch.distributed.run --standalone --nproc_per_node "$n" scripts/torch_train_peer.py \
+          --peers .devpack/peers --data-dir "$data" --device cuda --mode "$m" -B "$B" -T "$T" --steps "$STEPS" \
+          ${TRAIN_ARGS:-} 2>&1 | tee -a "$out/disttrainval.log" | grep -E "^\{|rror"
+      done ;;
     attnprof)
       timeout 300 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
         --launch-skip "${NCU_SKIP:-0}" --launch-count "${NCU_COUNT:-400}" "$pack/test_cuda" \
