@@ -3,8 +3,9 @@
 DataLoader without shuffling (window k·world + rank of B·T+1 tokens, shards in name order), with
 BluTrain's defaults: AdamW (betas 0.9/0.95, eps 1e-8, weight decay on ≥2-d parameters), gradient
 clipping at 1.0, linear warmup then cosine to --min-lr. At the end it prints one JSON line with the
-validation loss over the first --val-batches windows of the val shards (rank 0's windows), so
-it can be compared with `blutrain train ... --val-batches N` after the same number of steps.
+validation loss over the first --val-batches windows of the val shards each rank reads (at most one
+pass), averaged over the ranks as BluTrain's trainer does, so it can be compared with `blutrain
+train ... --val-batches N` after the same number of steps.
 Under torchrun it trains with DDP (B per GPU), like `blutrain launch -n N -- blutrain train --dp N`.
 
   python3 scripts/torch_train_peer.py --data-dir DIR --steps 200 -B 16 -T 1024 --mode bf16
@@ -110,9 +111,14 @@ val = windows(val_pattern, a.B, a.T, RANK, WORLD)
 with torch.no_grad(), torch.autocast(a.device, dtype=torch.bfloat16, enabled=bf16):
     vals = [step_fn(torch.from_numpy(x).to(dev), torch.from_numpy(y).to(dev)).item()
             for x, y in (next(val) for _ in range(n_val))]
+val_loss = sum(vals) / len(vals)
+if WORLD > 1:  # the mean over every rank's windows, as BluTrain's trainer reports it
+    v = torch.tensor([val_loss], dtype=torch.float64, device=dev)
+    dist.all_reduce(v)
+    val_loss = v.item() / WORLD
 if RANK == 0:
     print(json.dumps({"peer": "pytorch-" + torch.__version__, "mode": a.mode, "world": WORLD, "B": a.B, "T": a.T,
-                      "steps": a.steps, "last_loss": round(last, 4), "val_loss": round(sum(vals) / len(vals), 4), "val_batches": n_val,
+                      "steps": a.steps, "last_loss": round(last, 4), "val_loss": round(val_loss, 4), "val_batches": n_val * WORLD,
                       "train_s": round(train_s, 2), "tok_s": round(WORLD * a.B * a.T * a.steps / train_s)}))
 if WORLD > 1:
     dist.destroy_process_group()
