@@ -163,10 +163,9 @@ int run_bench(const BenchOptions& o) {
   std::unique_ptr<optim::Optimizer> opt;
   dist::ZeroAdamW* zero = nullptr;
   if (o.zero > 0) {
-    dist::ZeroOptions zo = dist::zero_options_for(model, o.ddp.bucket_mib, {"wte.weight"});
-    if (o.zero == 2 && o.row_exchange) zo.exchange_rows = {model.wte.get()};
-    auto z = std::make_unique<dist::ZeroAdamW>(optim::decay_groups(model.named_parameters(), 0.1), ao, pg, o.zero,
-                                               std::move(zo));
+    auto z = std::make_unique<dist::ZeroAdamW>(
+        optim::decay_groups(model.named_parameters(), 0.1), ao, pg, o.zero,
+        dist::zero_options_for(model, o.ddp.bucket_mib, model.wte.get(), o.zero == 2 && o.row_exchange));
     zero = z.get();
     opt = std::move(z);
   } else

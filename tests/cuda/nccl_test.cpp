@@ -157,11 +157,8 @@ std::vector<double> train(nn::GPT& model, ProcessGroup* pg, int zero, const std:
   if (zero == 1) {
     opt = std::make_unique<ZeroAdamW>(groups, adam, shared, 1);
   } else if (zero == 2) {  // small buckets, as the CPU tests: parameters split across buckets and chunks
-    ZeroOptions zo = zero_options_for(model, 0.02, {"wte.weight"});
-    if (!row_path.empty()) {
-      zo.exchange_rows = {model.wte.get()};
-      zo.rows_gather_limit = row_path == "gather" ? 1e9 : 0.0;
-    }
+    ZeroOptions zo = zero_options_for(model, 0.02, model.wte.get(), !row_path.empty());
+    zo.rows_gather_limit = row_path == "gather" ? 1e9 : 0.0;
     auto z = std::make_unique<ZeroAdamW>(groups, adam, shared, 2, std::move(zo));
     z2 = z.get();
     opt = std::move(z);

@@ -76,11 +76,8 @@ inline void train_worker() {
   if (mode == "zero1" || zero2) {
     // Stage 2: small buckets (several, a parameter split across ranks' chunks) in the order
     // backward completes the gradients, as the trainer gives it.
-    ZeroOptions zo = zero_options_for(model, 0.02, {"wte.weight"});
-    if (mode == "zero2rows") {
-      zo.exchange_rows = {model.wte.get()};
-      zo.rows_gather_limit = rows_limit;
-    }
+    ZeroOptions zo = zero_options_for(model, 0.02, model.wte.get(), mode == "zero2rows");
+    zo.rows_gather_limit = rows_limit;
     auto z = std::make_unique<ZeroAdamW>(groups, adam, pg, mode == "zero1" ? 1 : 2, std::move(zo));
     zero = z.get();
     opt = std::move(z);

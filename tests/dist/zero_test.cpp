@@ -39,7 +39,7 @@ const optim::AdamWOptions kAdam{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 
 
 std::unique_ptr<ZeroAdamW> make_zero2(nn::GPT& model, const std::shared_ptr<ProcessGroup>& pg) {
   return std::make_unique<ZeroAdamW>(optim::decay_groups(model.named_parameters(), 0.1), kAdam, pg, 2,
-                                     zero_options_for(model, 0.05, {"wte.weight"}));
+                                     zero_options_for(model, 0.05, model.wte.get()));
 }
 
 // Batch `k` of 4 rows × 16 tokens.

@@ -243,12 +243,19 @@ struct ZeroAdamW::Reducer {
   }
 };
 
-ZeroOptions zero_options_for(const nn::Module& model, double bucket_mib, std::vector<std::string> solo) {
+ZeroOptions zero_options_for(const nn::Module& model, double bucket_mib, nn::Embedding* tied, bool exchange_rows) {
   ZeroOptions o;
   o.bucket_mib = bucket_mib;
-  o.solo = std::move(solo);
-  for (const auto& [name, t] : model.named_parameters()) o.reduce_order.push_back(name);
+  for (const auto& [name, t] : model.named_parameters()) {
+    o.reduce_order.push_back(name);
+    if (tied && t.storage() == tied->weight.storage() && t.raw_data() == tied->weight.raw_data()) o.solo = {name};
+  }
   std::reverse(o.reduce_order.begin(), o.reduce_order.end());
+  if (tied) {
+    BLU_CHECK(!o.solo.empty(), "zero_options_for: the tied embedding (weight ", tied->weight.str(),
+              ") is not one of the model's parameters");
+    if (exchange_rows) o.exchange_rows = {tied};
+  }
   return o;
 }
 

@@ -61,8 +61,11 @@ struct ZeroOptions {
   double rows_gather_limit = 1.0;
 };
 // Options for `model` trained with ZeRO-2: reduce_order the reverse of its registration order (the
-// order backward roughly completes gradients in), the given bucket capacity and solo parameters.
-ZeroOptions zero_options_for(const nn::Module& model, double bucket_mib = 25.0, std::vector<std::string> solo = {});
+// order backward roughly completes gradients in) and the given bucket capacity. `tied`, a tied
+// embedding of the model (GPT's wte), gets a bucket of its own (solo) and, with exchange_rows,
+// its rows exchanged apart (stage 2 only).
+ZeroOptions zero_options_for(const nn::Module& model, double bucket_mib = 25.0, nn::Embedding* tied = nullptr,
+                             bool exchange_rows = false);
 
 class ZeroAdamW final : public optim::Optimizer {
  public:

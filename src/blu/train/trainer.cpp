@@ -283,9 +283,9 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     if (o.zero > 0) {
       // Stage 2: the tied embedding in a bucket alone — its LM-head part reduced first and its rows
       // exchanged at the end (row exchange), or its whole gradient complete only at the end.
-      dist::ZeroOptions zo = dist::zero_options_for(*model_, 25.0, {"wte.weight"});
-      if (o.zero == 2 && o.row_exchange) zo.exchange_rows = {model_->wte.get()};
-      auto z = std::make_unique<dist::ZeroAdamW>(std::move(groups), a, pg_, o.zero, std::move(zo));
+      auto z = std::make_unique<dist::ZeroAdamW>(
+          std::move(groups), a, pg_, o.zero,
+          dist::zero_options_for(*model_, 25.0, model_->wte.get(), o.zero == 2 && o.row_exchange));
       zero_ = z.get();
       opt_ = std::move(z);
     } else {
