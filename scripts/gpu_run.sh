@@ -8,7 +8,7 @@
 #   bench — blutrain bench per precision beside the PyTorch peer in the same run
 #   attn  — flash-attention timing beside PyTorch's SDPA peer (each backend, and the default pick)
 #   gpt2  — GPT-2 124M on the GPU vs PyTorch on the same GPU (same weights and batch)
-#   dist  — (DIST_N GPUs, default 2) NCCL tests; bench on 1 GPU, on DIST_N with DDP, ZeRO-1 and
+#   dist  — (DIST_N GPUs, default 2) NCCL tests (DIST_TESTS=0: skipped); bench on 1 GPU, on DIST_N with DDP, ZeRO-1 and
 #           ZeRO-2, beside PyTorch single-GPU and DDP under torchrun
 #   variants — more bench runs with other environments/arguments (VARIANTS, see below)
 #   trainval — blutrain train beside scripts/torch_train_peer.py (same model, shards, order, steps
@@ -63,7 +63,8 @@ for step in "$@"; do
     dist)
       # 2 GPUs: NCCL tests, then single-GPU vs 2-GPU data parallel (and ZeRO-1) beside PyTorch DDP.
       n="${DIST_N:-2}"
-      timeout 180 "$pack/test_cuda" --gtest_filter='Nccl.*' 2>&1 | tee "$out/nccl.log" | grep -vE "^\[ +(OK|RUN) " | tail -20
+      [ "${DIST_TESTS:-1}" = 1 ] && timeout 180 "$pack/test_cuda" --gtest_filter='Nccl.*' 2>&1 | tee "$out/nccl.log" |
+        grep -vE "^\[ +(OK|RUN) " | tail -20
       for args in "" "--dp $n" "--dp $n --zero 1" "--dp $n --zero 2"; do
         if [ -z "$args" ]; then cmd=("$pack/blutrain"); else cmd=("$pack/blutrain" launch -n "$n" -- "$pack/blutrain"); fi
         timeout 200 "${cmd[@]}" bench --device cuda --precision "${MODE:-bf16}" -B "$B" -T "$T" --steps "$STEPS" $args \

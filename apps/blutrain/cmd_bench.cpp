@@ -48,6 +48,7 @@ struct BenchOptions {
   std::string comm_priority = "high";  // the NCCL stream's priority: high | default
   bool row_exchange = true;  // DDP exchanges the tied embedding's rows apart (dist/ddp.h)
   bool comm_timeline = false;  // one extra DDP step: when each bucket's all-reduce completes
+  bool skip_comm = false;      // DDP without its collectives (ranks diverge): the compute of a DDP step
 };
 
 void device_sync(Device dev) {
@@ -159,6 +160,8 @@ int run_bench(const BenchOptions& o) {
   dist::DDPOptions ddp_options = o.ddp;
   if (o.row_exchange) ddp_options.exchange_rows = {model.wte.get()};
   if (pg && o.zero < 2) ddp = std::make_unique<dist::DistributedDataParallel>(model, pg, ddp_options);
+  BLU_CHECK(!o.skip_comm || (ddp && !o.zero), "--skip-comm needs --dp > 1 without --zero");
+  if (o.skip_comm) ddp->set_sync(false);
   if (pg && o.zero == 2) dist::broadcast_parameters(model, *pg);  // ZeRO-2 reduces the gradients itself
   std::unique_ptr<optim::Optimizer> opt;
   dist::ZeroAdamW* zero = nullptr;
@@ -289,6 +292,7 @@ int run_bench(const BenchOptions& o) {
                       {"first_loss", first_loss},         {"last_loss", last_loss}};
   if (o.dp > 1) {
     j["world"] = o.dp;
+    if (o.skip_comm) j["skip_comm"] = true;
     j["backend"] = pg->backend();
     if (o.zero) j["zero"] = o.zero;
     j["bucket_mib"] = o.ddp.bucket_mib;
@@ -358,6 +362,9 @@ Command add_bench(CLI::App& root) {
   app->add_flag("--comm-timeline", o->comm_timeline,
                 "With --dp on CUDA: one extra step that polls when each DDP bucket's all-reduce completes, against "
                 "the start and end of backward on the device");
+  app->add_flag("--skip-comm", o->skip_comm,
+                "With --dp: no gradient all-reduce (backward as under no_sync; the ranks' weights diverge), to "
+                "measure what overlapping the communication costs the compute");
   app->add_flag("--profile", o->profile, "Also time each op of one extra step (by op name)");
   app->add_option("--peak-tflops", o->peak_tflops, "The GPU's measured matmul peak for this precision (MFU)");
   return {app, [o] { return run_bench(*o); }};

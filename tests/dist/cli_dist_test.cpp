@@ -174,14 +174,16 @@ TEST_F(DistCli, Zero2Fp16SkipsOverflowsTogether) {
 // losses agree to fp32 rounding. Peak memory (rank 0; the tiny preset's embedding is 97% of its
 // parameters): ZeRO-1 no more than DDP, ZeRO-2 below ZeRO-1 — which takes the row exchange: without
 // it the embedding's dense gradient lives through backward, and its backward makes a second one.
+// --skip-comm (DDP's compute without its all-reduces; rows never exchanged) trains rank 0 on its
+// own gradients alone, so its loss leaves DDP's.
 TEST_F(DistCli, BenchDataParallelOnCpuRanks) {
   std::map<std::string, double> last;
   std::map<std::string, int64_t> peak;
-  for (const std::string mode : {"0", "1", "2", "2 --no-row-exchange"}) {
+  for (const std::string mode : {"0", "1", "2", "2 --no-row-exchange", "0 --skip-comm"}) {
     std::vector<std::string> cmd = {blutrain().string(), "launch", "-n", "2", "--", blutrain().string(), "bench",
                                     "--device", "cpu", "--precision", "fp32", "--model", "tiny", "--dp", "2",
                                     "-B", "2", "-T", "16", "--steps", "4", "--bucket-mib", "1", "--zero", mode.substr(0, 1)};
-    if (mode.size() > 1) cmd.push_back("--no-row-exchange");
+    if (mode.size() > 1) cmd.push_back(mode.substr(2));
     const LaunchResult r = run_command(1, cmd, {{"OMP_NUM_THREADS", "1"}});
     ASSERT_EQ(r.status, 0) << r.out << r.err;
     const size_t at = r.out.find("[rank 0] [rank 0] {");
@@ -190,12 +192,15 @@ TEST_F(DistCli, BenchDataParallelOnCpuRanks) {
     EXPECT_EQ(j["world"], 2);
     EXPECT_EQ(j["backend"], "gloo");
     EXPECT_GE(j["buckets"].get<int>(), 2) << j.dump();
-    EXPECT_EQ(j["row_exchange"], mode.size() > 1 ? "off" : "gather") << mode;
+    const bool skip = mode.find("--skip-comm") != std::string::npos;
+    EXPECT_EQ(j["row_exchange"], skip ? "" : mode.find("--no-row") != std::string::npos ? "off" : "gather") << mode;
+    EXPECT_EQ(j.value("skip_comm", false), skip) << mode;
     last[mode] = j["last_loss"].get<double>();
     peak[mode] = j["peak_alloc_mib"].get<int64_t>();
     std::printf("--zero %s: last loss %.9g, peak %lld MiB\n", mode.c_str(), last[mode], static_cast<long long>(peak[mode]));
   }
   for (const std::string mode : {"1", "2", "2 --no-row-exchange"}) EXPECT_NEAR(last[mode], last["0"], 1e-5 * last["0"]) << mode;
+  EXPECT_GT(std::abs(last["0 --skip-comm"] - last["0"]), 1e-4 * last["0"]);
   EXPECT_LE(peak["1"], peak["0"]);
   EXPECT_LT(peak["2"], peak["1"]);
   EXPECT_LT(peak["2"], peak["2 --no-row-exchange"]);
