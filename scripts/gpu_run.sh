@@ -10,7 +10,8 @@
 #   gpt2  — GPT-2 124M on the GPU vs PyTorch on the same GPU (same weights and batch)
 #   dist  — (DIST_N GPUs, default 2) NCCL tests (DIST_TESTS=0: skipped); bench on 1 GPU, on DIST_N with DDP, ZeRO-1 and
 #           ZeRO-2, beside PyTorch single-GPU and DDP under torchrun
-#   variants — more bench runs with other environments/arguments (VARIANTS, see below)
+#   variants — more bench runs with other environments/arguments (VARIANTS, see below; CLOCKS=1
+#           adds GPU 0's median SM clock and power during each run)
 #   trainval — blutrain train beside scripts/torch_train_peer.py (same model, shards, order, steps
 #           and schedule) per precision in MODES; each prints its validation loss at the end
 #           (DATA: a folder of shards carried in .devpack; TRAIN_ARGS: more arguments to both)
@@ -82,8 +83,19 @@ for step in "$@"; do
         n=$(sed -n 's/.*--dp \([0-9]*\).*/\1/p' <<< "$args"); n="${n:-1}"
         echo "== ${envs} | ${args}" | tee -a "$out/variants.log"
         if [ "$n" = 1 ]; then cmd=("$pack/blutrain"); else cmd=("$pack/blutrain" launch -n "$n" -- "$pack/blutrain"); fi
+        # CLOCKS=1: GPU 0 sampled every 50 ms; its median SM clock and power while busy are printed,
+        # and the share of those samples under the software power cap.
+        [ "${CLOCKS:-0}" = 1 ] && { nvidia-smi --query-gpu=index,utilization.gpu,clocks.sm,power.draw,clocks_event_reasons.sw_power_cap \
+          --format=csv,noheader,nounits -lms 50 > /tmp/smi.csv & smi=$!; }
         env $envs timeout 200 "${cmd[@]}" bench --device cuda --precision "${MODE:-bf16}" -B "$B" -T "$T" \
           --steps "$STEPS" $args 2>&1 | tee -a "$out/variants.log" | grep -E '^\{|^\[rank 0\] \{|rror' | tail -3
+        [ "${CLOCKS:-0}" = 1 ] && { kill $smi; wait $smi 2>/dev/null; python3 -c "
+import statistics as s
+b = [r.strip().split(', ') for r in open('/tmp/smi.csv') if r.startswith('0, ') and r.count(',') == 4]
+b = [r for r in b if r[1].isdigit() and int(r[1]) > 50]
+print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} MHz, {s.median(float(r[3]) for r in b):.0f} W, '
+      f'power-capped {sum(r[4] == \"Active\" for r in b) / len(b):.0%}' if b else 'GPU 0: no busy samples')
+" | tee -a "$out/variants.log"; }
       done ;;
     attn)
       timeout 120 "$pack/test_cuda" --gtest_filter='FlashAttentionPerf*' 2>&1 | tee "$out/attn.log" | tail -15
