@@ -3,9 +3,12 @@
 // table holds, sizes that are not multiples of 4, views at offsets that break 16-byte alignment,
 // a transposed view, compute copies none/bf16/f16); and on a small bf16 GPT on the GPU, every
 // compute copy equals to_dtype(param) after each AdamW step, an SGD step leaves them to be
-// re-cast, and the forward gives the same logits with copies on and off.
+// re-cast, and the forward gives the same logits with copies on and off. And copy_many_ (the
+// shard ↔ parameter copies of dist/zero): 230 pairs (three launches' tables), sizes from 1
+// element to several 64 KiB blocks, f32 and bf16, offsets that break 16- and 4-byte alignment —
+// every destination equals its source bit for bit, the bytes around them stay untouched.
 // Every test skips when no CUDA device is present. Run: build-cuda/tests/test_cuda
-// --gtest_filter='CudaAdamWMulti.*:CudaComputeCopy.*'
+// --gtest_filter='CudaAdamWMulti.*:CudaComputeCopy.*:CudaCopyMany.*'
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -174,6 +177,37 @@ TEST(CudaComputeCopy, GptCopiesEqualTheCastAfterEveryStep) {
     }
     r.model->set_compute_copies(false);
     EXPECT_TRUE(bit_equal("logits with copies vs casts", on, host(r.model->forward(idx).logits)));
+  }
+}
+
+TEST(CudaCopyMany, EveryPairBitExactWhateverItsSizeAndAlignment) {
+  SKIP_WITHOUT_CUDA();
+  Generator gen(11);
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    const int64_t total = 2'000'000;
+    const Tensor src_h = randn({total}, dt, kCPU, &gen);
+    const Tensor src = dev(src_h), dst = dev(zeros({total}, dt));
+    std::vector<Tensor> to, from;
+    std::vector<std::pair<int64_t, int64_t>> spans;  // (dst offset, length)
+    int64_t at = 1;                                   // odd: the first pair is misaligned
+    for (int i = 0; i < 230; ++i) {
+      const int64_t n = i % 7 == 0 ? 40'000 + 997 * i : 1 + (i * 37) % 300;  // bf16 40K+: > one 64 KiB block
+      const int64_t from_at = (int64_t(i) * 7919) % (total - n);
+      to.push_back(narrow(dst, 0, at, n));
+      from.push_back(narrow(src, 0, from_at, n));
+      spans.push_back({at, n});
+      at += n + 1 + i % 3;  // gaps stay zero
+    }
+    ASSERT_LT(at, total);
+    {
+      NoGradGuard no_grad;
+      copy_many_(to, from);
+    }
+    const Tensor got = host(dst);
+    Tensor want = zeros({total}, dt);
+    for (size_t i = 0; i < to.size(); ++i)
+      copy_(narrow(want, 0, spans[i].first, spans[i].second), host(from[i]));
+    EXPECT_TRUE(bit_equal(std::string("copy_many ") + std::string(dtype_name(dt)), got, want));
   }
 }
 

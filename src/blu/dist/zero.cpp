@@ -495,12 +495,26 @@ void ZeroAdamW::step() {
 // the gathered [W][Σ c] holds chunk q of bucket b in row q, at b's columns.
 void ZeroAdamW::gather_parameters() {
   const int W = pg_->size();
+  // Every piece moves in one copy_many_ each way (a copy_ per piece would be ~2 × 150 launches a
+  // step, issued after clip_grad_norm's host sync while the GPU waits).
+  std::vector<Tensor> to, from;
+  auto piece = [&](const Tensor& dst, const Tensor& src) {
+    to.push_back(dst);
+    from.push_back(src);
+  };
+  auto flush = [&] {
+    copy_many_(to, from);
+    to.clear();
+    from.clear();
+  };
   if (stage_ == 1) {
     Tensor send = zeros({chunk_}, DType::f32, device_), recv = empty({chunk_ * W}, DType::f32, device_);
     for (const Segment& s : segments_)
-      copy_(narrow(send, 0, s.shard_offset, s.length), narrow(flat(params_[s.param].tensor), 0, s.param_offset, s.length));
+      piece(narrow(send, 0, s.shard_offset, s.length), narrow(flat(params_[s.param].tensor), 0, s.param_offset, s.length));
+    flush();
     pg_->all_gather(recv, send)->wait();
-    for (const Param& p : params_) copy_(flat(p.tensor), narrow(recv, 0, p.offset, p.tensor.numel()));
+    for (const Param& p : params_) piece(flat(p.tensor), narrow(recv, 0, p.offset, p.tensor.numel()));
+    flush();
     return;
   }
   int64_t padded = 0;
@@ -515,11 +529,12 @@ void ZeroAdamW::gather_parameters() {
       const int64_t p_lo = std::max(lo, b.offsets[j]);
       const int64_t p_hi = std::min(hi, b.offsets[j] + params_[b.params[j]].tensor.numel());
       if (p_lo < p_hi)
-        copy_(narrow(send, 0, col + p_lo - lo, p_hi - p_lo),
+        piece(narrow(send, 0, col + p_lo - lo, p_hi - p_lo),
               narrow(flat(params_[b.params[j]].tensor), 0, p_lo - b.offsets[j], p_hi - p_lo));
     }
     col += b.chunk;
   }
+  flush();
   pg_->all_gather(recv, send)->wait();
   // Each rank's chunk of each bucket straight into the parameters' pieces (no bucket-sized copy).
   for (size_t k = 0; k < reducer_->buckets.size(); ++k) {
@@ -530,10 +545,11 @@ void ZeroAdamW::gather_parameters() {
         const Tensor& t = params_[b.params[j]].tensor;
         const int64_t p_lo = std::max(lo, b.offsets[j]), p_hi = std::min(hi, b.offsets[j] + t.numel());
         if (p_lo < p_hi)
-          copy_(narrow(flat(t), 0, p_lo - b.offsets[j], p_hi - p_lo), narrow(recv, 0, q * padded + cols[k] + p_lo - lo, p_hi - p_lo));
+          piece(narrow(flat(t), 0, p_lo - b.offsets[j], p_hi - p_lo), narrow(recv, 0, q * padded + cols[k] + p_lo - lo, p_hi - p_lo));
       }
     }
   }
+  flush();
 }
 
 nn::NamedTensors ZeroAdamW::state() const {

@@ -16,7 +16,7 @@
 // these are unchanged. Every write to p's bytes bumps the version — any in-place op through
 // ops/dispatch (the optimizers, copy_ in load_state_dict and checkpoint restore, fill_,
 // init_normal_), the process groups' collectives (DDP's broadcast, ZeRO's all-gather goes through
-// copy_) — and Module::to() replaces p by a tensor on another storage, so after any of them the
+// copy_many_) — and Module::to() replaces p by a tensor on another storage, so after any of them the
 // next forward re-casts. Only code that has just written p and c together in one op may re-stamp
 // c (mark_written): AdamW does, right after its adamw_step_ ops; SGD and ZeroAdamW do not, and
 // their updates make the copies re-cast on the next forward. Code that writes parameter bytes

@@ -3,6 +3,7 @@
 #include <numeric>
 #include <optional>
 
+#include "blu/core/grad_mode.h"
 #include "blu/ops/dispatch.h"
 #include "blu/ops/factory.h"
 #include "blu/ops/reduce.h"
@@ -162,6 +163,14 @@ std::vector<TensorMeta> infer_copy_(std::span<const Tensor> in, const Attrs&) {
 }
 const OpDef kCopy{.name = "copy_", .infer = infer_copy_, .inplace = true};
 
+// copy_many's inputs: the n destinations, then the n sources (contiguous, checked by copy_many_).
+std::vector<TensorMeta> infer_copy_many(std::span<const Tensor> in, const Attrs& a) {
+  BLU_ASSERT(int64_t(in.size()) == 2 * a.i("n") && !in.empty(), "copy_many: ", in.size(), " inputs for n = ", a.i("n"));
+  return {TensorMeta{in[0].shape(), in[0].dtype(), in[0].device()}};
+}
+bool copy_many_writes(size_t i, const Attrs& a) { return int64_t(i) < a.i("n"); }
+const OpDef kCopyMany{.name = "copy_many", .infer = infer_copy_many, .inplace = true, .writes = copy_many_writes};
+
 std::vector<TensorMeta> infer_cast(std::span<const Tensor> in, const Attrs& a) {
   return {TensorMeta{in[0].shape(), a.get<DType>("dtype"), in[0].device()}};
 }
@@ -272,6 +281,31 @@ Tensor contiguous(const Tensor& t) { return t.is_contiguous() ? t : clone(t); }
 const Tensor& copy_(const Tensor& dst, const Tensor& src) {
   dispatch(kCopy, {dst, src});
   return dst;
+}
+void copy_many_(const std::vector<Tensor>& dst, const std::vector<Tensor>& src) {
+  BLU_CHECK(dst.size() == src.size(), "copy_many_: ", dst.size(), " destinations but ", src.size(), " sources");
+  std::vector<Tensor> in, srcs;
+  for (size_t i = 0; i < dst.size(); ++i) {
+    const Tensor &d = dst[i], &s = src[i];
+    BLU_CHECK(d.defined() && s.defined(), "copy_many_: pair ", i, " has an undefined tensor");
+    BLU_CHECK(d.dtype() == s.dtype() && d.numel() == s.numel(), "copy_many_: pair ", i, ": destination ", d.str(),
+              " and source ", s.str(), " must have one dtype and numel");
+    BLU_CHECK(d.device() == dst[0].device() && s.device() == dst[0].device(), "copy_many_: pair ", i,
+              " is not on ", dst[0].device(), " (", d.str(), ", ", s.str(), ")");
+    BLU_CHECK(!GradMode::enabled() || (!d.requires_grad() && !s.requires_grad()), "copy_many_: pair ", i,
+              " requires grad; copy under NoGradGuard (no autograd)");
+    if (d.numel() == 0) continue;
+    if (!d.is_contiguous() || !s.is_contiguous()) {
+      copy_(d, s);
+      continue;
+    }
+    in.push_back(d);
+    srcs.push_back(s);
+  }
+  if (in.empty()) return;
+  const int64_t n = int64_t(in.size());
+  in.insert(in.end(), srcs.begin(), srcs.end());
+  dispatch(kCopyMany, std::move(in), Attrs{{"n", n}});
 }
 Tensor to_dtype(const Tensor& t, DType dtype) {
   if (t.dtype() == dtype) return t;

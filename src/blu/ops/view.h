@@ -29,6 +29,11 @@ Tensor clone(const Tensor& t);
 Tensor contiguous(const Tensor& t);
 // Copies src (broadcast, any dtype) into dst in place. No autograd.
 const Tensor& copy_(const Tensor& dst, const Tensor& src);
+// dst[i] = src[i] for every pair, as one op: on CUDA one launch per 96 pairs whatever their
+// sizes, so many small copies (dist/zero's shards ↔ parameters) do not leave the GPU waiting on
+// the host's launches. Pairs share a dtype (no conversion) and a numel, all on one device; a
+// non-contiguous pair is copied by copy_ apart. Pairs must not overlap. No autograd.
+void copy_many_(const std::vector<Tensor>& dst, const std::vector<Tensor>& src);
 // The same values on another device (a copy; the same tensor when already there). Gradients
 // flow back to the source device.
 Tensor to_device(const Tensor& t, Device device);

@@ -1,5 +1,6 @@
 // CPU kernels for ops/elementwise, ops/factory and the copies of ops/view.
 #include <cmath>
+#include <cstring>
 #include <numbers>
 
 #include "blu/backend/backend.h"
@@ -232,6 +233,13 @@ void copy_kernel(const KernelCall& c) {
   BLU_DISPATCH_ALL(out.dtype(), "copy", convert_into<scalar_t>(out, src));
 }
 BLU_REGISTER_KERNEL(cpu, "copy_", copy_kernel);
+
+// Contiguous pairs of one dtype (ops/view.cpp copy_many_): destinations in[0, n), sources in[n, 2n).
+void copy_many_kernel(const KernelCall& c) {
+  const size_t n = c.in.size() / 2;
+  for (size_t i = 0; i < n; ++i) std::memcpy(c.in[i].raw_data(), c.in[n + i].raw_data(), c.in[i].nbytes());
+}
+BLU_REGISTER_KERNEL(cpu, "copy_many", copy_many_kernel);
 BLU_REGISTER_KERNEL(cpu, "clone", copy_kernel);
 BLU_REGISTER_KERNEL(cpu, "cast", copy_kernel);
 

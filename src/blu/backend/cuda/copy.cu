@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "blu/backend/backend.h"
+#include "blu/backend/cuda/nn_common.cuh"
 #include "blu/backend/cuda/round16.cuh"
 #include "blu/backend/cuda/runtime.h"
 #include "blu/backend/cuda/strided.cuh"
@@ -360,6 +361,70 @@ void to_device_kernel(const KernelCall& c) {
 
 BLU_REGISTER_KERNEL(cuda, "to_device", to_device_kernel);
 BLU_REGISTER_KERNEL(cuda, "copy_", copy_kernel);
+
+namespace {
+
+// --- copy_many: many contiguous same-dtype copies in one launch per kCopyMaxPairs ---
+// Block b of pair t copies bytes [k·kCopyChunk, (k+1)·kCopyChunk) of it, k = b − first_block[t],
+// in 16-byte vectors when both pointers allow, else 4-byte words, else bytes (uniform per pair).
+constexpr int kCopyThreads = 256;
+constexpr int kCopyMaxPairs = 96;
+constexpr int64_t kCopyChunk = 64 << 10;  // bytes a block copies
+
+struct CopyTable {
+  const char* src[kCopyMaxPairs];
+  char* dst[kCopyMaxPairs];
+  int64_t bytes[kCopyMaxPairs];
+  int32_t first_block[kCopyMaxPairs + 1];
+  int32_t count;
+};
+static_assert(sizeof(CopyTable) <= 4000, "kernel parameters are limited to 4 KiB");
+
+template <typename W>
+__device__ __forceinline__ void copy_words(char* dst, const char* src, int64_t n) {
+  const int64_t words = n / int64_t(sizeof(W));
+  for (int64_t i = threadIdx.x; i < words; i += blockDim.x)
+    reinterpret_cast<W*>(dst)[i] = reinterpret_cast<const W*>(src)[i];
+  for (int64_t i = words * int64_t(sizeof(W)) + threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+}
+
+__global__ void __launch_bounds__(kCopyThreads) copy_many_cuda_kernel(CopyTable tab) {
+  const int t = owning_tensor(tab.first_block, tab.count, int(blockIdx.x));
+  const int64_t start = int64_t(int(blockIdx.x) - tab.first_block[t]) * kCopyChunk;
+  const int64_t n = min(kCopyChunk, tab.bytes[t] - start);
+  char* d = tab.dst[t] + start;
+  const char* s = tab.src[t] + start;
+  const uintptr_t align = reinterpret_cast<uintptr_t>(d) | reinterpret_cast<uintptr_t>(s);
+  if (align % 16 == 0) copy_words<uint4>(d, s, n);
+  else if (align % 4 == 0) copy_words<uint32_t>(d, s, n);
+  else copy_words<char>(d, s, n);
+}
+
+void copy_many_kernel(const KernelCall& c) {
+  const size_t n = c.in.size() / 2;
+  cudaStream_t stream = current_stream();
+  for (size_t first = 0; first < n; first += kCopyMaxPairs) {
+    CopyTable tab{};
+    tab.count = int32_t(std::min<size_t>(kCopyMaxPairs, n - first));
+    int32_t blocks = 0;
+    for (int i = 0; i < tab.count; ++i) {
+      const Tensor &d = c.in[first + size_t(i)], &s = c.in[n + first + size_t(i)];
+      BLU_ASSERT(d.is_contiguous() && s.is_contiguous(), "copy_many: non-contiguous pair (ops/view.cpp copies it apart)");
+      tab.dst[i] = static_cast<char*>(d.raw_data());
+      tab.src[i] = static_cast<const char*>(s.raw_data());
+      tab.bytes[i] = int64_t(d.nbytes());
+      tab.first_block[i] = blocks;
+      blocks += int32_t((tab.bytes[i] + kCopyChunk - 1) / kCopyChunk);
+    }
+    tab.first_block[tab.count] = blocks;
+    copy_many_cuda_kernel<<<unsigned(blocks), kCopyThreads, 0, stream>>>(tab);
+    BLU_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace
+
+BLU_REGISTER_KERNEL(cuda, "copy_many", copy_many_kernel);
 BLU_REGISTER_KERNEL(cuda, "clone", copy_kernel);
 BLU_REGISTER_KERNEL(cuda, "cast", copy_kernel);
 BLU_REGISTER_KERNEL(cuda, "empty", empty_kernel);

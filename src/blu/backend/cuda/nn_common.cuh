@@ -1,7 +1,7 @@
 // backend/cuda/nn_common: what the linalg/nn/optim kernels share — the device scalar type of each
 // floating DType (float, double, __nv_bfloat16, __half) with its accumulation type, conversions,
-// warp and block sum reductions in a fixed order (deterministic), a rank-8 strided index, and
-// temporary device buffers from the CUDA allocator.
+// warp and block sum reductions in a fixed order (deterministic), a rank-8 strided index, the
+// block → tensor map of multi-tensor launches, and temporary device buffers from the CUDA allocator.
 // Depends on backend/cuda/runtime, memory/allocator. Keep: 16-bit types compute in float;
 // reductions combine in an order fixed by the launch shape, so reruns are bit-identical.
 #pragma once
@@ -32,6 +32,22 @@ __device__ __forceinline__ T from_acc(A v) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(float(v));
   else if constexpr (std::is_same_v<T, __half>) return __float2half_rn(float(v));
   else return T(v);
+}
+
+// The tensor that owns block b of a multi-tensor launch: the last i with first_block[i] <= b
+// (binary search; first_block ascending, first_block[0] = 0).
+__device__ __forceinline__ int owning_tensor(const int32_t* first_block, int count, int b) {
+  int t = 0;
+  for (int lo = 0, hi = count - 1; lo <= hi;) {
+    const int mid = (lo + hi) / 2;
+    if (first_block[mid] <= b) {
+      t = mid;
+      lo = mid + 1;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return t;
 }
 
 template <typename A>

@@ -37,22 +37,6 @@ struct AdamWCoef {
   float decay, b1, b2, one_m_b1, one_m_b2, bc2_sqrt, eps, neg_step_size;
 };
 
-// The tensor that owns block b of a multi-tensor launch: the last i with first_block[i] <= b
-// (binary search; first_block ascending, first_block[0] = 0).
-__device__ __forceinline__ int owning_tensor(const int32_t* first_block, int count, int b) {
-  int t = 0;
-  for (int lo = 0, hi = count - 1; lo <= hi;) {
-    const int mid = (lo + hi) / 2;
-    if (first_block[mid] <= b) {
-      t = mid;
-      lo = mid + 1;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  return t;
-}
-
 // One element, in the CPU kernel's order.
 __device__ __forceinline__ void adamw_update(float& p, float g, float& m, float& v, const AdamWCoef& k) {
   p = __fmul_rn(p, k.decay);
