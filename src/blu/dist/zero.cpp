@@ -518,37 +518,31 @@ void ZeroAdamW::gather_parameters() {
     return;
   }
   int64_t padded = 0;
-  for (const auto& b : reducer_->buckets) padded += b.chunk;
-  Tensor send = zeros({padded}, DType::f32, device_), recv = empty({padded * W}, DType::f32, device_);
-  int64_t col = 0;
-  std::vector<int64_t> cols;
+  std::vector<int64_t> cols;  // each bucket's column in the send buffer and in each row of recv
   for (const auto& b : reducer_->buckets) {
-    cols.push_back(col);
-    const int64_t lo = std::min(b.numel, int64_t(pg_->rank()) * b.chunk), hi = std::min(b.numel, lo + b.chunk);
-    for (size_t j = 0; j < b.params.size(); ++j) {  // this rank's chunk of the bucket, from the parameters
-      const int64_t p_lo = std::max(lo, b.offsets[j]);
-      const int64_t p_hi = std::min(hi, b.offsets[j] + params_[b.params[j]].tensor.numel());
-      if (p_lo < p_hi)
-        piece(narrow(send, 0, col + p_lo - lo, p_hi - p_lo),
-              narrow(flat(params_[b.params[j]].tensor), 0, p_lo - b.offsets[j], p_hi - p_lo));
-    }
-    col += b.chunk;
+    cols.push_back(padded);
+    padded += b.chunk;
   }
+  // f(the piece of a parameter inside chunk q of bucket b, its offset in the chunk), per parameter.
+  auto chunk_pieces = [&](const Reducer::Bucket& b, int q, auto&& f) {
+    const int64_t lo = std::min(b.numel, int64_t(q) * b.chunk), hi = std::min(b.numel, lo + b.chunk);
+    for (size_t j = 0; j < b.params.size(); ++j) {
+      const Tensor& t = params_[b.params[j]].tensor;
+      const int64_t p_lo = std::max(lo, b.offsets[j]), p_hi = std::min(hi, b.offsets[j] + t.numel());
+      if (p_lo < p_hi) f(narrow(flat(t), 0, p_lo - b.offsets[j], p_hi - p_lo), p_lo - lo);
+    }
+  };
+  Tensor send = zeros({padded}, DType::f32, device_), recv = empty({padded * W}, DType::f32, device_);
+  for (size_t k = 0; k < reducer_->buckets.size(); ++k)  // this rank's chunk of each bucket, from the parameters
+    chunk_pieces(reducer_->buckets[k], pg_->rank(),
+                 [&](const Tensor& p, int64_t at) { piece(narrow(send, 0, cols[k] + at, p.numel()), p); });
   flush();
   pg_->all_gather(recv, send)->wait();
   // Each rank's chunk of each bucket straight into the parameters' pieces (no bucket-sized copy).
-  for (size_t k = 0; k < reducer_->buckets.size(); ++k) {
-    const auto& b = reducer_->buckets[k];
-    for (int q = 0; q < W; ++q) {
-      const int64_t lo = std::min(b.numel, int64_t(q) * b.chunk), hi = std::min(b.numel, lo + b.chunk);
-      for (size_t j = 0; j < b.params.size(); ++j) {
-        const Tensor& t = params_[b.params[j]].tensor;
-        const int64_t p_lo = std::max(lo, b.offsets[j]), p_hi = std::min(hi, b.offsets[j] + t.numel());
-        if (p_lo < p_hi)
-          piece(narrow(flat(t), 0, p_lo - b.offsets[j], p_hi - p_lo), narrow(recv, 0, q * padded + cols[k] + p_lo - lo, p_hi - p_lo));
-      }
-    }
-  }
+  for (size_t k = 0; k < reducer_->buckets.size(); ++k)
+    for (int q = 0; q < W; ++q)
+      chunk_pieces(reducer_->buckets[k], q,
+                   [&](const Tensor& p, int64_t at) { piece(p, narrow(recv, 0, q * padded + cols[k] + at, p.numel())); });
   flush();
 }
 
