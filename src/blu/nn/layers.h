@@ -76,8 +76,14 @@ template <typename M>
 class ModuleList : public Module {
  public:
   M& push_back(std::shared_ptr<M> m) {
+    const size_t i = items_.size();
     items_.push_back(m);
-    return register_module(std::to_string(items_.size() - 1), std::move(m));
+    register_child(std::to_string(i), m, [this, i](const std::shared_ptr<Module>& r) {
+      auto typed = std::dynamic_pointer_cast<M>(r);
+      if (typed) items_[i] = typed;
+      return bool(typed);
+    });
+    return *items_.back();
   }
   int64_t size() const { return int64_t(items_.size()); }
   M& operator[](int64_t i) const { return *items_.at(size_t(i)); }

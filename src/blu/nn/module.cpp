@@ -34,18 +34,18 @@ void Module::visit(const std::string& prefix, bool params, NamedTensors& out) co
   } else {
     for (auto& [name, slot] : buffers_) out.emplace_back(prefix + name, *slot);
   }
-  for (auto& [name, child] : children_) child->visit(prefix + name + ".", params, out);
+  for (auto& c : children_) c.module->visit(prefix + c.name + ".", params, out);
 }
 
 void Module::each_slot(const std::function<void(Tensor&, bool is_param)>& f) {
   for (auto& p : params_) f(*p.slot, true);
   for (auto& [_, slot] : buffers_) f(*slot, false);
-  for (auto& [_, child] : children_) child->each_slot(f);
+  for (auto& c : children_) c.module->each_slot(f);
 }
 
 void Module::each_module(const std::function<void(Module&)>& f) {
   f(*this);
-  for (auto& [_, child] : children_) child->each_module(f);
+  for (auto& c : children_) c.module->each_module(f);
 }
 
 NamedTensors Module::named_parameters() const {
@@ -93,6 +93,45 @@ void Module::load_state_dict(const NamedTensors& state) {
   for (auto& [name, t] : mine) copy_(t, to_device(given.at(name)->detach(), t.device()));
 }
 
+void Module::register_child(std::string name, std::shared_ptr<Module> m, ChildSetter set) {
+  BLU_CHECK(m, "register_module: module '", name, "' is null");
+  BLU_CHECK(name.find('.') == std::string::npos && !name.empty(), "register_module: expected a name without dots, got '",
+            name, "'");
+  for (auto& c : children_) BLU_CHECK(c.name != name, "register_module: '", name, "' is registered twice");
+  children_.push_back({std::move(name), std::move(m), std::move(set)});
+}
+
+std::vector<std::pair<std::string, Module*>> Module::named_modules() {
+  std::vector<std::pair<std::string, Module*>> out{{"", this}};
+  for (auto& c : children_)
+    for (auto& [path, m] : c.module->named_modules()) out.emplace_back(path.empty() ? c.name : c.name + "." + path, m);
+  return out;
+}
+
+Module* Module::find_module(const std::string& path) {
+  if (path.empty()) return this;
+  const size_t dot = path.find('.');
+  const std::string head = path.substr(0, dot);
+  for (auto& c : children_)
+    if (c.name == head) return dot == std::string::npos ? c.module.get() : c.module->find_module(path.substr(dot + 1));
+  return nullptr;
+}
+
+void Module::replace_module(const std::string& path, std::shared_ptr<Module> m) {
+  BLU_CHECK(m, "replace_module: the replacement for '", path, "' is null");
+  const size_t dot = path.rfind('.');
+  Module* owner = dot == std::string::npos ? this : find_module(path.substr(0, dot));
+  const std::string leaf = dot == std::string::npos ? path : path.substr(dot + 1);
+  BLU_CHECK(owner, "replace_module: no module at '", path.substr(0, dot), "'");
+  for (auto& c : owner->children_) {
+    if (c.name != leaf) continue;
+    BLU_CHECK(c.set(m), "replace_module: '", path, "' holds a module of another type than the replacement");
+    c.module = std::move(m);
+    return;
+  }
+  BLU_CHECK(false, "replace_module: no module at '", path, "'");
+}
+
 int64_t Module::num_parameters() const {
   int64_t n = 0;
   for (auto& [_, t] : named_parameters()) n += t.numel();
@@ -101,7 +140,7 @@ int64_t Module::num_parameters() const {
 
 void Module::train(bool on) {
   training_ = on;
-  for (auto& [_, child] : children_) child->train(on);
+  for (auto& c : children_) c.module->train(on);
 }
 
 Tensor Module::cast_param(const Tensor& param, DType dtype) const {
@@ -127,8 +166,8 @@ void Module::drop_compute_copies() {
 ComputeCopies Module::compute_copies() const {
   ComputeCopies out;
   for (const ParamSlot& p : params_) out.emplace_back(*p.slot, p.copy);
-  for (auto& [_, child] : children_)
-    for (auto& e : child->compute_copies()) out.push_back(std::move(e));
+  for (auto& c : children_)
+    for (auto& e : c.module->compute_copies()) out.push_back(std::move(e));
   return out;
 }
 

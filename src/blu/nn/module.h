@@ -36,6 +36,15 @@ class Module {
   void load_state_dict(const NamedTensors& state);
   int64_t num_parameters() const;
 
+  // This module ("") and every submodule by dotted path ("h.0.attn"), registration order.
+  std::vector<std::pair<std::string, Module*>> named_modules();
+  // The submodule at a dotted path; nullptr when there is none.
+  Module* find_module(const std::string& path);
+  // Puts `m` in place of the submodule at `path`. The slot keeps its declared type: `m` must be of
+  // the owner's member type (a subclass of it), else BLU_CHECK names the path; parameters, buffers
+  // and modes are the new module's own. What tensor parallelism uses to rewrite a model.
+  void replace_module(const std::string& path, std::shared_ptr<Module> m);
+
   virtual void train(bool on = true);
   void eval() { train(false); }
   bool is_training() const { return training_; }
@@ -60,11 +69,19 @@ class Module {
  protected:
   Tensor& register_parameter(std::string name, Tensor& slot, Tensor value);
   Tensor& register_buffer(std::string name, Tensor& slot, Tensor value);
+  // Registers the module held in `slot` (a member of the subclass); replace_module writes the slot.
   template <typename M>
-  M& register_module(std::string name, std::shared_ptr<M> m) {
-    children_.emplace_back(std::move(name), m);
-    return *m;
+  M& register_module(std::string name, std::shared_ptr<M>& slot) {
+    register_child(std::move(name), slot, [&slot](const std::shared_ptr<Module>& m) {
+      auto typed = std::dynamic_pointer_cast<M>(m);
+      if (typed) slot = typed;
+      return bool(typed);
+    });
+    return *slot;
   }
+  // A setter writes the owner's typed slot and says whether `m` has the slot's type.
+  using ChildSetter = std::function<bool(const std::shared_ptr<Module>& m)>;
+  void register_child(std::string name, std::shared_ptr<Module> m, ChildSetter set);
 
  private:
   struct ParamSlot {
@@ -78,7 +95,12 @@ class Module {
   void drop_compute_copies();
   std::vector<ParamSlot> params_;
   std::vector<std::pair<std::string, Tensor*>> buffers_;
-  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  struct Child {
+    std::string name;
+    std::shared_ptr<Module> module;
+    ChildSetter set;
+  };
+  std::vector<Child> children_;
   bool training_ = true;
   bool compute_copies_ = true;
 };
