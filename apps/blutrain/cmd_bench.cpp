@@ -23,7 +23,7 @@
 #endif
 
 #include "blu/blu.h"
-#include "blu/dist/ddp.h"
+#include "blu/dist/strategy.h"
 #include "blu/dist/env.h"
 #include "blu/dist/zero.h"
 #include "blu/models/registry.h"
@@ -149,35 +149,21 @@ int run_bench(const BenchOptions& o) {
   const std::unique_ptr<models::CausalLM> model_ptr = models::build_model(cfg, 0);
   models::CausalLM& model = *model_ptr;
   BLU_CHECK(o.seq <= model.max_seq_len(), "--seq ", o.seq, " is longer than the model's ", model.max_seq_len());
-  nn::Embedding* tied = model.tied_embeddings() ? &model.token_embedding() : nullptr;
   const int64_t vocab = model.vocab_size();
   model.to(dev);
   model.train();
   train::apply_precision(model, o.precision);
-  optim::LossScaler scaler;
   const bool fp16 = o.precision == "fp16";
   BLU_CHECK(!fp16 || o.dp == 1, "--precision fp16 with --dp is not supported (the loss scaler's skip is per rank)");
-  optim::AdamWOptions ao;
-  ao.lr = 6e-4;
-  std::unique_ptr<dist::DistributedDataParallel> ddp;
-  dist::DDPOptions ddp_options = o.ddp;
-  if (o.row_exchange && tied) ddp_options.exchange_rows = {tied};
-  if (pg && o.zero < 2) ddp = std::make_unique<dist::DistributedDataParallel>(model, pg, ddp_options);
-  BLU_CHECK(!o.skip_comm || (ddp && !o.zero), "--skip-comm needs --dp > 1 without --zero");
-  if (o.skip_comm) ddp->set_sync(false);
-  if (pg && o.zero == 2) dist::broadcast_parameters(model, *pg);  // ZeRO-2 reduces the gradients itself
-  std::unique_ptr<optim::Optimizer> opt;
-  dist::ZeroAdamW* zero = nullptr;
-  if (o.zero > 0) {
-    auto z = std::make_unique<dist::ZeroAdamW>(
-        optim::decay_groups(model.named_parameters(), 0.1), ao, pg, o.zero,
-        dist::zero_options_for(model, o.ddp.bucket_mib, tied, o.zero == 2 && o.row_exchange));
-    zero = z.get();
-    opt = std::move(z);
-  } else
-    opt = optim::make_adamw(optim::decay_groups(model.named_parameters(), 0.1), ao);
-  opt->attach_compute_copies(model.compute_copies());
-  const auto params = model.parameters();
+  dist::StrategyConfig sc;
+  sc.zero = o.zero;
+  sc.row_exchange = o.row_exchange;
+  sc.ddp = o.ddp;
+  sc.zero_bucket_mib = o.ddp.bucket_mib;
+  sc.fp16_loss_scaling = fp16;
+  sc.skip_comm = o.skip_comm;
+  dist::Strategy strategy(model, pg, sc, dist::OptimizerConfig{.lr = 6e-4, .weight_decay = 0.1, .beta2 = 0.999});
+  dist::DistributedDataParallel* ddp = strategy.ddp();
   Generator gen(1 + uint64_t(env.rank));  // each rank its own batches
   allocator_for(dev).reset_peak();
   std::vector<double> ms;
@@ -206,22 +192,17 @@ int run_bench(const BenchOptions& o) {
   auto step = [&](const Tensor& x, const Tensor& y) {
     step_t0 = std::chrono::steady_clock::now();
     mark(0);
-    models::LMOutput out = model.forward(x, y);
-    out.logits = Tensor();  // not read: cross-entropy's backward writes over them (Note [Donated buffers])
-    (fp16 ? mul(out.loss, scaler.scale()) : out.loss).backward();
-    mark(1);
-    host_bwd_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_t0).count());
-    if (ddp) ddp->finish();  // the buckets' all-reduces, issued during backward, are done
-    if (zero) zero->reduce_gradients();  // ZeRO-2: its reduce-scatters, issued during backward
-    mark(2);
-    if (!fp16 || scaler.unscale_and_check(params)) {
-      if (zero) zero->clip_grad_norm(1.0);
-      else optim::clip_grad_norm(params, 1.0);
-      opt->step();
-    }
-    opt->zero_grad();
-    mark(3);
-    loss_t = out.loss;
+    const auto loss_of = [&](int64_t) {
+      // Only the loss is kept: cross-entropy's backward writes over the logits (Note [Donated buffers]).
+      return model.forward(x, y).loss;
+    };
+    const dist::StepValues v = strategy.step(1, loss_of, 6e-4, 1.0, [&](int phase) {
+      mark(phase);
+      if (phase == 1)
+        host_bwd_ms.push_back(
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_t0).count());
+    });
+    loss_t = v.loss_sum;
   };
   for (int64_t i = 0; i < o.steps; ++i) {
     Tensor x = randint(0, vocab, {o.batch, o.seq}, DType::i64, dev, &gen);
@@ -270,7 +251,7 @@ int run_bench(const BenchOptions& o) {
       if (all) break;
     }
     ddp->finish();
-    opt->zero_grad();
+    strategy.optimizer().zero_grad();
     device_sync(dev);
     timeline["backward_ms"] = t_bwd - t_fwd;
     for (size_t b = 0; b < done.size(); ++b)
@@ -300,8 +281,8 @@ int run_bench(const BenchOptions& o) {
     j["bucket_mib"] = o.ddp.bucket_mib;
     j["first_bucket_mib"] = o.ddp.first_bucket_mib;
     j["comm_priority"] = o.comm_priority;
-    j["buckets"] = ddp ? ddp->bucket_layout().size() : zero->bucket_layout().size();
-    j["row_exchange"] = !o.row_exchange ? "off" : ddp ? ddp->row_exchange_paths().at(0) : zero->row_exchange_paths().at(0);
+    j["buckets"] = ddp ? ddp->bucket_layout().size() : strategy.zero()->bucket_layout().size();
+    j["row_exchange"] = !o.row_exchange ? "off" : ddp ? ddp->row_exchange_paths().at(0) : strategy.zero()->row_exchange_paths().at(0);
     if (!timeline.is_null()) j["comm_timeline"] = timeline;
   }
   if (!phases.empty()) {  // medians over the warm steps
@@ -321,7 +302,7 @@ int run_bench(const BenchOptions& o) {
                       {"host_fwd_bwd", host_median(host_bwd_ms)}, {"host_step", host_median(host_ms)}};
   }
   if (o.peak_tflops > 0) j["mfu"] = tok_s * flops_tok / (o.peak_tflops * 1e12 * o.dp);  // per GPU
-  if (fp16) j["skipped_steps"] = scaler.skipped_steps();
+  if (fp16) j["skipped_steps"] = strategy.loss_scaler()->skipped_steps();
   if (o.profile) {
     Tensor x = randint(0, vocab, {o.batch, o.seq}, DType::i64, dev, &gen);
     Tensor y = randint(0, vocab, {o.batch, o.seq}, DType::i64, dev, &gen);

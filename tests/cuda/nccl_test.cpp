@@ -17,6 +17,7 @@
 #include "blu/backend/cuda/runtime.h"
 #include "blu/blu.h"
 #include "blu/dist/ddp.h"
+#include "blu/dist/strategy.h"
 #include "blu/dist/env.h"
 #include "blu/dist/process_group.h"
 #include "blu/dist/tcp_store.h"
@@ -136,7 +137,7 @@ Tensor batch(int64_t step, int64_t row0, int64_t rows, int64_t shift, Device dev
   return to_device(from_vector(v, {rows, kT}, DType::i32), dev);
 }
 
-// Row exchange of the tied embedding (dist/ddp.h): "" off, "gather" or "dense" forced.
+// Row exchange of the tied embedding for a DDP of its own: "" off, "gather" or "dense" forced.
 DDPOptions ddp_options(models::GPT& model, const std::string& rows, DDPOptions o) {
   if (rows.empty()) return o;
   o.exchange_rows = {model.wte.get()};
@@ -144,38 +145,27 @@ DDPOptions ddp_options(models::GPT& model, const std::string& rows, DDPOptions o
   return o;
 }
 
+// Through dist::Strategy, as the trainer runs it. Row exchange of the tied embedding (dist/ddp.h):
+// "" off, "gather" or "dense" forced.
 std::vector<double> train(models::GPT& model, ProcessGroup* pg, int zero, const std::string& row_path, int r, int W,
                           Device dev) {
-  const optim::AdamWOptions adam{.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
-  auto groups = optim::decay_groups(model.named_parameters(), 0.1);
-  std::unique_ptr<DistributedDataParallel> ddp;
   std::shared_ptr<ProcessGroup> shared(pg, [](ProcessGroup*) {});
-  if (pg && zero < 2)
-    ddp = std::make_unique<DistributedDataParallel>(model, shared, ddp_options(model, row_path, {.bucket_mib = 0.02}));
-  if (pg && zero == 2) broadcast_parameters(model, *pg);  // ZeRO-2 reduces the gradients itself
-  std::unique_ptr<optim::Optimizer> opt;
-  ZeroAdamW* z2 = nullptr;
-  if (zero == 1) {
-    opt = std::make_unique<ZeroAdamW>(groups, adam, shared, 1);
-  } else if (zero == 2) {  // small buckets, as the CPU tests: parameters split across buckets and chunks
-    ZeroOptions zo = zero_options_for(model, 0.02, model.wte.get(), !row_path.empty());
-    zo.rows_gather_limit = row_path == "gather" ? 1e9 : 0.0;
-    auto z = std::make_unique<ZeroAdamW>(groups, adam, shared, 2, std::move(zo));
-    z2 = z.get();
-    opt = std::move(z);
-  } else {
-    opt = optim::make_adamw(groups, adam);
-  }
+  StrategyConfig sc;
+  sc.zero = zero;
+  sc.row_exchange = !row_path.empty();
+  sc.rows_gather_limit = row_path == "gather" ? 1e9 : 0.0;
+  sc.ddp.bucket_mib = 0.02;
+  sc.zero_bucket_mib = 0.02;  // small buckets, as the CPU tests: parameters split across buckets and chunks
+  Strategy strategy(model, pg ? shared : nullptr, sc,
+                    OptimizerConfig{.lr = 1e-3, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8});
   const int64_t rows = kRows / W;
   for (int64_t step = 0; step < kSteps; ++step) {
-    opt->zero_grad();
-    model.forward(batch(step, r * rows, rows, 0, dev), batch(step, r * rows, rows, 1, dev)).loss.backward();
-    if (ddp) ddp->finish();
-    if (z2) z2->clip_grad_norm(1.0);
-    else optim::clip_grad_norm(model.parameters(), 1.0);
-    opt->step();
+    strategy.step(1, [&](int64_t) {
+      return model.forward(batch(step, r * rows, rows, 0, dev), batch(step, r * rows, rows, 1, dev)).loss;
+    }, 1e-3, 1.0);
     if (pg && !row_path.empty()) {
-      EXPECT_EQ(ddp ? ddp->row_exchange_paths() : z2->row_exchange_paths(), std::vector<std::string>{row_path});
+      EXPECT_EQ(strategy.ddp() ? strategy.ddp()->row_exchange_paths() : strategy.zero()->row_exchange_paths(),
+                std::vector<std::string>{row_path});
     }
   }
   std::vector<double> all;

@@ -1,5 +1,5 @@
 // Data-parallel training of the tiny GPT for the multi-process tests: one function runs a rank in
-// any mode — "single" (plain AdamW, one process), "ddp" (DistributedDataParallel + AdamW),
+// any mode through dist::Strategy — "single" (plain AdamW, one process), "ddp" (DDP + AdamW),
 // "zero1" (DDP + ZeroAdamW stage 1), "zero2" (ZeroAdamW stage 2), "zero2rows" (stage 2 with the
 // tied embedding's row exchange; BLU_DIST_ROWS_LIMIT its gather limit) — on a fixed global batch of 8
 // rows × 16 tokens per micro-batch, rank r taking rows [r·8/W, (r+1)·8/W). Settings come from the
@@ -19,6 +19,7 @@
 #include "common/tiny_gpt.h"
 #include "blu/blu.h"
 #include "blu/dist/ddp.h"
+#include "blu/dist/strategy.h"
 #include "blu/dist/env.h"
 #include "blu/dist/zero.h"
 #include "blu/io/checkpoint.h"
@@ -67,38 +68,27 @@ inline void train_worker() {
   models::GPT model(cfg, 1234 + uint64_t(r));  // different per rank on purpose: DDP/ZeRO broadcast rank 0's
   if (mode == "single") model.load_state_dict(models::GPT(cfg, 1234).state_dict());
   std::vector<Tensor> params = model.parameters();
-  auto groups = optim::decay_groups(model.named_parameters(), 0.1);
-  const optim::AdamWOptions adam{.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
-  std::unique_ptr<DistributedDataParallel> ddp;
-  std::unique_ptr<optim::Optimizer> opt;
-  ZeroAdamW* zero = nullptr;
-  if (mode == "ddp" || mode == "zero1") ddp = std::make_unique<DistributedDataParallel>(model, pg, DDPOptions{.bucket_mib = 0.02});
-  if (zero2) broadcast_parameters(model, *pg);
-  if (mode == "zero1" || zero2) {
-    // Stage 2: small buckets (several, a parameter split across ranks' chunks) in the order
-    // backward completes the gradients, as the trainer gives it.
-    ZeroOptions zo = zero_options_for(model, 0.02, model.wte.get(), mode == "zero2rows");
-    zo.rows_gather_limit = rows_limit;
-    auto z = std::make_unique<ZeroAdamW>(groups, adam, pg, mode == "zero1" ? 1 : 2, std::move(zo));
-    zero = z.get();
-    opt = std::move(z);
-  } else {
-    opt = optim::make_adamw(groups, adam);
-  }
+  // Small buckets (several; under stage 2 a parameter split across ranks' chunks), in the order
+  // backward completes the gradients, as the trainer gives them.
+  StrategyConfig sc;
+  sc.zero = mode == "zero1" ? 1 : zero2 ? 2 : 0;
+  sc.row_exchange = mode == "zero2rows";
+  sc.rows_gather_limit = rows_limit;
+  sc.ddp.bucket_mib = 0.02;
+  sc.zero_bucket_mib = 0.02;
+  Strategy strategy(model, pg, sc, OptimizerConfig{.lr = 1e-3, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8});
   int64_t step = 0;
   if (!resume_dir.empty()) {
-    ASSERT_NE(zero, nullptr) << "resume is tested through sharded (ZeRO) checkpoints";
-    const std::string ckpt = latest_sharded_checkpoint(resume_dir);
+    ASSERT_NE(strategy.zero(), nullptr) << "resume is tested through sharded (ZeRO) checkpoints";
+    const std::string ckpt = strategy.latest_checkpoint(resume_dir);
     ASSERT_FALSE(ckpt.empty());
-    step = load_sharded_checkpoint(ckpt, model, *zero, cfg.to_json()).step;
+    step = strategy.load(ckpt, model, cfg.to_json()).step;
   }
 
   std::vector<double> losses;
   const int64_t rows = kRows / W;
   for (; step < steps; ++step) {
-    opt->zero_grad();
-    double local = 0;
-    for (int64_t m = 0; m < accum; ++m) {
+    const auto loss_of = [&](int64_t m) {
       std::vector<double> in, tg;
       for (int64_t row = r * rows; row < (r + 1) * rows; ++row)
         for (int64_t t = 0; t < kT; ++t) {
@@ -106,37 +96,20 @@ inline void train_worker() {
           tg.push_back(token(step, m, row, t + 1));
         }
       const Tensor idx = from_vector(in, {rows, kT}, DType::i32), targets = from_vector(tg, {rows, kT}, DType::i32);
-      std::unique_ptr<DistributedDataParallel::NoSync> no_sync;
-      if (ddp && m + 1 < accum) no_sync = std::make_unique<DistributedDataParallel::NoSync>(*ddp);
-      if (zero2) zero->set_sync(m + 1 == accum);  // only the last micro-batch reduces
-      const Tensor loss = mul(model.forward(idx, targets).loss, 1.0 / double(accum));
-      loss.backward();
-      local += loss.item();
-    }
-    if (ddp) ddp->finish();
-    if (zero) {
-      zero->clip_grad_norm(1.0);
-    } else {
-      optim::clip_grad_norm(params, 1.0);
-    }
-    opt->step();
+      return model.forward(idx, targets).loss;
+    };
+    const StepValues v = strategy.step(accum, loss_of, 1e-3, 1.0);
     if (mode == "zero2rows") {  // the path the limit asks for
       const std::string want = double(W) * double(rows * kT) <= rows_limit * double(cfg.padded_vocab_size) ? "gather" : "dense";
-      EXPECT_EQ(zero->row_exchange_paths(), std::vector<std::string>{want});
+      EXPECT_EQ(strategy.zero()->row_exchange_paths(), std::vector<std::string>{want});
     }
-    double global = local;
-    if (pg) {
-      Tensor l = full({1}, local, DType::f64);
-      pg->all_reduce(l, ReduceOp::avg)->wait();
-      global = l.item();
-    }
-    losses.push_back(global);
+    losses.push_back(strategy.read(v, false).loss);
     if (step + 1 == save_at) {
-      ASSERT_NE(zero, nullptr);
+      ASSERT_NE(strategy.zero(), nullptr);
       TrainState st;
       st.step = step + 1;
       st.model_config = cfg.to_json();
-      save_sharded_checkpoint(save_dir, model, *zero, st);
+      strategy.save(save_dir, model, st, 0);
     }
   }
   if (r == 0 && !out.empty()) {

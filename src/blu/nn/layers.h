@@ -44,9 +44,16 @@ class Embedding : public Module {
   using RowGradSink = std::function<void(const Tensor& idx, const Tensor& grad)>;
   void set_row_grad_sink(RowGradSink sink) { row_sink_ = std::move(sink); }
   bool has_row_grad_sink() const { return bool(row_sink_); }
+  // Declares that a strategy may take this embedding's gradient as rows through the sink and
+  // exchange them apart (dist/strategy.h; DDP's row exchange): what a model sets on a token
+  // embedding tied to its LM head, whose dense head gradient is ready at the start of backward and
+  // whose row gradient comes at the very end. Off by default.
+  void set_row_sparse_grad(bool on) { row_sparse_grad_ = on; }
+  bool row_sparse_grad() const { return row_sparse_grad_; }
 
  private:
   RowGradSink row_sink_;
+  bool row_sparse_grad_ = false;
 };
 
 class LayerNorm : public Module {

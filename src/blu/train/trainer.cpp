@@ -13,7 +13,7 @@
 
 #include "blu/core/error.h"
 #include "blu/core/grad_mode.h"
-#include "blu/dist/ddp.h"
+#include "blu/dist/strategy.h"
 #include "blu/dist/env.h"
 #include "blu/dist/zero.h"
 #include "blu/io/checkpoint.h"
@@ -268,62 +268,33 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   if (!device_.is_cpu()) model_->to(device_);
   model_->train();
   apply_precision(*model_, o.precision);
-  if (o.precision == "fp16") scaler_ = std::make_unique<optim::LossScaler>();
-  auto groups = optim::decay_groups(model_->named_parameters(), o.weight_decay);
+  std::shared_ptr<dist::ProcessGroup> pg;
   if (o.dp > 1) {  // the job's process group: rendezvous through rank 0's store
     store_ = std::make_unique<dist::TcpStore>(env.master_addr, env.master_port, rank_ == 0);
 #ifdef BLU_HAVE_CUDA
     if (device_.is_cuda())  // CUDA tensors: NCCL on this rank's device
-      pg_ = dist::make_nccl_group(*store_, rank_, world, dist::NcclOptions{.device = device_.index});
+      pg = dist::make_nccl_group(*store_, rank_, world, dist::NcclOptions{.device = device_.index});
     else
 #endif
-      pg_ = dist::make_gloo_group(*store_, rank_, world);
+      pg = dist::make_gloo_group(*store_, rank_, world);
   }
-  if (o.optimizer == "adamw") {
-    optim::AdamWOptions a;
-    a.lr = o.lr;
-    a.beta1 = 0.9;
-    a.beta2 = 0.95;  // GPT-2 / llm.c
-    if (o.zero > 0) {
-      nn::Embedding* tied = model_->tied_embeddings() ? &model_->token_embedding() : nullptr;
-      // Stage 2: the tied embedding in a bucket alone — its LM-head part reduced first and its rows
-      // exchanged at the end (row exchange), or its whole gradient complete only at the end.
-      auto z = std::make_unique<dist::ZeroAdamW>(
-          std::move(groups), a, pg_, o.zero,
-          dist::zero_options_for(*model_, 25.0, tied, o.zero == 2 && o.row_exchange));
-      zero_ = z.get();
-      opt_ = std::move(z);
-    } else {
-      opt_ = optim::make_adamw(std::move(groups), a);
-    }
-  } else {
-    optim::SGDOptions s;
-    s.lr = o.lr;
-    s.momentum = 0.9;
-    opt_ = optim::make_sgd(std::move(groups), s);
-  }
-  opt_->attach_compute_copies(model_->compute_copies());  // AdamW writes them (bf16/fp16 runs)
-
-  if (pg_) {  // rank 0's weights everywhere; ZeRO-2 reduces gradients itself, the others through DDP
-    if (o.zero == 2)
-      dist::broadcast_parameters(*model_, *pg_);
-    else
-      ddp_ = std::make_unique<dist::DistributedDataParallel>(
-          *model_, pg_, dist::DDPOptions{.exchange_rows = o.row_exchange && model_->tied_embeddings()
-                                                              ? std::vector<nn::Embedding*>{&model_->token_embedding()}
-                                                              : std::vector<nn::Embedding*>{}});
-  }
+  dist::StrategyConfig sc;
+  sc.zero = o.zero;
+  sc.row_exchange = o.row_exchange;
+  sc.fp16_loss_scaling = o.precision == "fp16";
+  strategy_ = std::make_unique<dist::Strategy>(
+      *model_, std::move(pg), sc,
+      dist::OptimizerConfig{.name = o.optimizer, .lr = o.lr, .weight_decay = o.weight_decay});
 
   // 5. Only now touch the disk (rank 0's files; every rank has checked the directory by now).
   if (o.out.empty()) return;
-  if (pg_) pg_->barrier()->wait();
+  strategy_->barrier();
   if (o.overwrite && rank_ == 0)
     for (const auto& p : own_files(o.out)) fs::remove_all(p);
   if (rank_ == 0) fs::create_directories(o.out);
   const std::string metrics_path = (fs::path(o.out) / "metrics.jsonl").string();
   if (!resume_from.empty()) {
-    const TrainState st = zero_ ? dist::load_sharded_checkpoint(resume_from, *model_, *zero_, o.model)
-                                : load_checkpoint(resume_from, *model_, opt_.get(), o.model);
+    const TrainState st = strategy_->load(resume_from, *model_, o.model);
     step_ = st.step;
     default_generator().set_state(st.rng_seed, st.rng_offset);
     train_loader_->restore(st.loader.get<LoaderState>());
@@ -357,8 +328,7 @@ void Trainer::print_header() {
   os << "device: " << device_.str() << ", optimizer: " << o.optimizer << ", schedule: " << o.schedule
      << " (warmup " << o.warmup << ")\n";
   if (o.dp > 1)
-    os << "data parallel: " << o.dp << " ranks (" << (pg_ ? pg_->backend() : "gloo") << "), " << (o.zero > 0 ? "ZeRO stage " + std::to_string(o.zero)
-                                                                         : std::string("DDP all-reduce"))
+    os << "data parallel: " << strategy_->describe()
        << "; batch per rank " << o.batch_size << ", tokens per step across ranks "
        << format_count(o.batch_size * o.seq_len * o.grad_accum * o.dp) << "\n";
   os << "\n";
@@ -377,77 +347,17 @@ void apply_precision(models::CausalLM& model, const std::string& precision) {
   }
 }
 
-double Trainer::train_step(StepStats& s) {
+dist::StepValues Trainer::train_step() {
   const TrainOptions& o = opt_s_;
-  opt_->zero_grad();
-  double loss_sum = 0;
-  for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
-    // Data parallel: only the last micro-batch's backward communicates.
-    std::optional<dist::DistributedDataParallel::NoSync> no_sync;
-    if (ddp_ && micro + 1 < o.grad_accum) no_sync.emplace(*ddp_);
-    if (zero_ && zero_->stage() == 2) zero_->set_sync(micro + 1 == o.grad_accum);  // ZeRO-2 reduces in backward too
+  // Only the loss is kept: with no handle left on the logits, cross-entropy's backward writes
+  // their gradient over them (Note [Donated buffers], ops/dispatch.h).
+  const auto loss_of = [&](int64_t) {
     const Batch b = train_loader_->next();
-    // Only the loss is kept: with no handle left on the logits, cross-entropy's backward writes
-    // their gradient over them (Note [Donated buffers], ops/dispatch.h).
-    const Tensor loss = model_->forward(ids_tensor(b.inputs, o.batch_size, o.seq_len, device_),
-                                        ids_tensor(b.targets, o.batch_size, o.seq_len, device_))
-                            .loss;
-    loss_sum += scalar_value(loss);
-    // Gradients of the mean over all micro-batches: each micro-batch's loss scaled by 1/grad_accum
-    // (and by the fp16 loss scale).
-    const double factor = (scaler_ ? scaler_->scale() : 1.0) / double(o.grad_accum);
-    const Tensor scaled = factor != 1.0 ? mul(loss, factor) : loss;
-    scaled.backward();
-  }
-  // DDP first: the averaged gradients are the same on every rank, so unscaling and the overflow
-  // check agree everywhere, and nothing touches a bucket while its all-reduce may still run.
-  if (ddp_) ddp_->finish();
-  // Without DDP (ZeRO-2: each rank holds its shard of the averaged gradient) each rank checks its
-  // own gradients: the ranks take the overflow decision together, or one would skip while the
-  // others wait.
-  std::function<bool(bool)> agree;
-  if (pg_ && !ddp_)
-    agree = [this](bool finite) {
-      const Tensor bad = full({1}, finite ? 0.0 : 1.0, DType::f32, device_);
-      pg_->all_reduce(bad, dist::ReduceOp::max)->wait();
-      return scalar_value(bad) == 0.0;
-    };
-  const bool zero2 = zero_ && zero_->stage() == 2;
-  if (scaler_ && !(zero2 ? scaler_->unscale_and_check_grads({zero_->shard_gradient()}, agree)
-                         : scaler_->unscale_and_check(model_->parameters(), agree))) {
-    // fp16 overflow: no update this step; the scale has backed off.
-    s.skipped = scaler_->skipped_steps();
-    s.lr = schedule_.at(step_);
-    s.loss = loss_sum / double(o.grad_accum);
-    s.grad_norm = std::numeric_limits<double>::infinity();
-    return s.loss;
-  }
-  if (scaler_) s.skipped = scaler_->skipped_steps();
-  const double max_norm = o.grad_clip > 0 ? o.grad_clip : std::numeric_limits<double>::infinity();
-  s.grad_norm = zero_ ? zero_->clip_grad_norm(max_norm) : optim::clip_grad_norm(model_->parameters(), max_norm);
-  s.lr = schedule_.at(step_);
-  opt_->set_lr(s.lr);
-  if (std::isfinite(s.grad_norm)) {
-    opt_->step();
-  } else if (cb_.log) {  // clip_grad_norm leaves non-finite gradients alone: skip the update
-    *cb_.log << "warning: gradient norm is " << s.grad_norm << " at step " << step_ + 1 << "; update skipped\n";
-  }
-  s.loss = mean_over_ranks(loss_sum / double(o.grad_accum));
-  return s.loss;
-}
-
-double Trainer::mean_over_ranks(double v) {
-  if (!pg_) return v;
-  Tensor t = full({1}, v, DType::f64, pg_->backend() == "nccl" ? device_ : kCPU);
-  pg_->all_reduce(t, dist::ReduceOp::avg)->wait();
-  return scalar_value(t);
-}
-
-bool Trainer::any_rank(bool v) {
-  if (!pg_) return v;
-  Tensor t = full({1}, v ? 1.0 : 0.0, DType::f64, pg_->backend() == "nccl" ? device_ : kCPU);
-  pg_->all_reduce(t, dist::ReduceOp::max)->wait();
-  return scalar_value(t) > 0;
+    return model_->forward(ids_tensor(b.inputs, o.batch_size, o.seq_len, device_),
+                           ids_tensor(b.targets, o.batch_size, o.seq_len, device_))
+        .loss;
+  };
+  return strategy_->step(o.grad_accum, loss_of, schedule_.at(step_), o.grad_clip);
 }
 
 void Trainer::sample(int64_t step) {
@@ -485,13 +395,9 @@ std::string Trainer::save(int64_t step) {
   st.loader = train_loader_->state();
   st.model_config = opt_s_.model;
   st.run = opt_s_.to_json();
-  if (zero_) {
-    last_checkpoint_ = dist::save_sharded_checkpoint(opt_s_.out, *model_, *zero_, st, int(opt_s_.keep_last));
-  } else if (rank_ == 0) {
-    last_checkpoint_ = save_checkpoint(opt_s_.out, *model_, opt_.get(), st, int(opt_s_.keep_last));
-  } else {
-    return "";  // the model is replicated: rank 0's file is the checkpoint
-  }
+  const std::string written = strategy_->save(opt_s_.out, *model_, st, int(opt_s_.keep_last));
+  if (written.empty()) return "";  // the model is replicated: rank 0's file is the checkpoint
+  last_checkpoint_ = written;
   metrics_.write({{"event", "checkpoint"}, {"step", step}, {"path", last_checkpoint_}});
   if (cb_.log) *cb_.log << "checkpoint: " << last_checkpoint_ << "\n";
   return last_checkpoint_;
@@ -506,7 +412,7 @@ TrainSummary Trainer::run() {
   const auto t_run = Clock::now();
   int64_t last_eval = -1, last_save = last_checkpoint_.empty() ? -1 : step_;
   const auto run_eval = [&] {
-    const double v = mean_over_ranks(evaluate(*model_, *val_loader_, o.val_batches, device_));
+    const double v = strategy_->mean_over_ranks(evaluate(*model_, *val_loader_, o.val_batches, device_));
     last_eval = step_;
     sum.final_val_loss = v;
     metrics_.write({{"event", "eval"}, {"step", step_}, {"val_loss", v}});
@@ -518,28 +424,55 @@ TrainSummary Trainer::run() {
     if (cb_.on_eval) cb_.on_eval(step_, v);
   };
 
+  // A step's loss and norm stay on the device until a logged step reads them (Strategy::read: one
+  // host read, and with several ranks one small collective that also combines the stop flags).
+  // Steps that evaluate, sample or checkpoint, the first and the last are logged steps too; the
+  // time and tokens of a logged step's line are the averages since the previous one.
+  auto t_read = Clock::now();
+  int64_t since_read = 0;
+  alloc.reset_peak();
   while (step_ < o.steps) {
+    const dist::StepValues v = train_step();
+    ++step_;
+    ++since_read;
+    const bool local_stop = cb_.stop && cb_.stop->load();
+    const bool read = step_ % o.log_every == 0 || step_ == o.steps || step_ == sum.start_step + 1 ||
+                      (o.val_every > 0 && step_ % o.val_every == 0) ||
+                      (o.sample_every > 0 && step_ % o.sample_every == 0) ||
+                      (o.ckpt_every > 0 && step_ % o.ckpt_every == 0) || (local_stop && !strategy_->process_group());
+    const int64_t step_tokens = o.batch_size * o.seq_len * o.grad_accum * o.dp;  // all ranks
+    sum.tokens += step_tokens;
+    if (v.overflow && cb_.log && rank_ == 0)
+      *cb_.log << "fp16: gradient overflow at step " << step_ << "; update skipped, loss scale now "
+               << strategy_->loss_scaler()->scale() << "\n";
+    if (!v.overflow && !std::isfinite(v.grad_norm) && cb_.log)
+      *cb_.log << "warning: gradient norm is " << v.grad_norm << " at step " << step_ << "; update skipped\n";
+    if (!read) continue;
+    const dist::StepReadout r = strategy_->read(v, local_stop);
     StepStats s;
     s.total_steps = o.steps;
-    alloc.reset_peak();
-    const auto t0 = Clock::now();
-    train_step(s);
-    s.ms = seconds_since(t0) * 1e3;
-    ++step_;
     s.step = step_;
-    s.tokens = o.batch_size * o.seq_len * o.grad_accum * o.dp;  // all ranks; mem_bytes is this rank's
+    s.loss = r.loss;
+    s.grad_norm = r.grad_norm;
+    s.lr = v.lr;
+    if (strategy_->loss_scaler()) s.skipped = strategy_->loss_scaler()->skipped_steps();
+    s.ms = seconds_since(t_read) * 1e3 / double(since_read);
+    s.tokens = step_tokens;  // mem_bytes is this rank's
     s.tokens_per_s = double(s.tokens) / (s.ms / 1e3);
     s.mem_bytes = alloc.stats().peak_bytes;
-    sum.tokens += s.tokens;
+    alloc.reset_peak();
+    t_read = Clock::now();
+    since_read = 0;
     sum.peak_mem_bytes = std::max(sum.peak_mem_bytes, s.mem_bytes);
     sum.final_train_loss = s.loss;
     metrics_.write({{"event", "step"},   {"step", s.step},       {"loss", s.loss},
                     {"lr", s.lr},        {"norm", s.grad_norm},  {"ms", s.ms},
                     {"tok_per_s", s.tokens_per_s}, {"mem_bytes", s.mem_bytes}});
     if (cb_.on_step) cb_.on_step(s);
-    const bool stopping = any_rank(cb_.stop && cb_.stop->load());  // ranks stop at the same step
-    if (cb_.log && (step_ % o.log_every == 0 || step_ == o.steps || step_ == sum.start_step + 1 || stopping))
-      *cb_.log << format_progress_line(s) << "\n" << std::flush;
+    // Every rank saw the same flags in read(), so the ranks stop at the same step; alone, a stop
+    // asked for during on_step counts at once.
+    const bool stopping = r.stop || (!strategy_->process_group() && cb_.stop && cb_.stop->load());
+    if (cb_.log) *cb_.log << format_progress_line(s) << "\n" << std::flush;
 
     if (val_loader_ && o.val_every > 0 && step_ % o.val_every == 0) run_eval();
     if (o.sample_every > 0 && step_ % o.sample_every == 0 && !stopping && rank_ == 0) sample(step_);

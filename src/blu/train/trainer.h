@@ -30,6 +30,7 @@
 #include "blu/core/device.h"
 #include "blu/core/rng.h"
 #include "blu/data/loader.h"
+#include "blu/dist/strategy.h"
 #include "blu/models/causal_lm.h"
 #include "blu/optim/loss_scaler.h"
 #include "blu/optim/optimizer.h"
@@ -37,9 +38,6 @@
 
 namespace blu::dist {
 class TcpStore;
-class ProcessGroup;
-class DistributedDataParallel;
-class ZeroAdamW;
 }  // namespace blu::dist
 
 namespace blu::train {
@@ -128,14 +126,13 @@ class Trainer {
   TrainSummary run();
 
   models::CausalLM& model() { return *model_; }
-  optim::Optimizer& optimizer() { return *opt_; }
+  optim::Optimizer& optimizer() { return strategy_->optimizer(); }
+  dist::Strategy& strategy() { return *strategy_; }
   int64_t step() const { return step_; }
   const TrainOptions& options() const { return opt_s_; }
 
  private:
-  double train_step(StepStats& stats);
-  double mean_over_ranks(double v);  // v itself when not data parallel
-  bool any_rank(bool v);
+  dist::StepValues train_step();
   std::string save(int64_t step);
   void print_header();
   void sample(int64_t step);
@@ -144,19 +141,15 @@ class Trainer {
   TrainCallbacks cb_;
   Device device_;
   std::unique_ptr<models::CausalLM> model_;
-  std::unique_ptr<optim::Optimizer> opt_;
   optim::LRSchedule schedule_;
-  std::unique_ptr<optim::LossScaler> scaler_;  // fp16 only
   std::unique_ptr<DataLoader> train_loader_, val_loader_;
   MetricsLog metrics_;
   int64_t step_ = 0;
   std::string last_checkpoint_;
-  // Data parallel: rank 0 serves the store; zero_ points into opt_ when ZeRO is on.
+  // Data parallel: rank 0 serves the store the strategy's process group rendezvoused through.
   int rank_ = 0;
   std::unique_ptr<dist::TcpStore> store_;
-  std::shared_ptr<dist::ProcessGroup> pg_;
-  std::unique_ptr<dist::DistributedDataParallel> ddp_;
-  dist::ZeroAdamW* zero_ = nullptr;
+  std::unique_ptr<dist::Strategy> strategy_;
 };
 
 }  // namespace blu::train

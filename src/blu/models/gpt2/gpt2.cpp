@@ -170,6 +170,7 @@ GPT::GPT(const GPTConfig& cfg, uint64_t seed) : cfg_(cfg), dropout_gen_(seed ^ 0
   h = std::make_shared<ModuleList<Block>>();
   for (int64_t i = 0; i < cfg_.n_layer; ++i) h->push_back(std::make_shared<Block>(cfg_, &dropout_gen_));
   ln_f = std::make_shared<LayerNorm>(cfg_.n_embd, cfg_.bias);
+  wte->set_row_sparse_grad(true);  // tied to the LM head: its rows may be exchanged apart
   register_module("wte", wte);
   register_module("wpe", wpe);
   register_module("drop", drop);

@@ -1,0 +1,204 @@
+#include "blu/dist/strategy.h"
+
+#include <cmath>
+#include <limits>
+#include <optional>
+
+#include "blu/core/error.h"
+#include "blu/core/grad_mode.h"
+#include "blu/dist/zero.h"
+#include "blu/nn/layers.h"
+#include "blu/ops/elementwise.h"
+#include "blu/ops/factory.h"
+#include "blu/ops/view.h"
+
+namespace blu::dist {
+
+namespace {
+
+double host_value(const Tensor& t) { return t.device().is_cpu() ? t.item() : to_device(t, kCPU).item(); }
+
+}  // namespace
+
+std::vector<nn::Embedding*> row_sparse_embeddings(nn::Module& model) {
+  std::vector<nn::Embedding*> out;
+  for (auto& [name, m] : model.named_modules())
+    if (auto* e = dynamic_cast<nn::Embedding*>(m); e && e->row_sparse_grad()) out.push_back(e);
+  return out;
+}
+
+Strategy::Strategy(nn::Module& model, std::shared_ptr<ProcessGroup> pg, StrategyConfig config,
+                   OptimizerConfig oc)
+    : model_(model), pg_(std::move(pg)), config_(std::move(config)) {
+  const int world = pg_ ? pg_->size() : 1;
+  BLU_CHECK(config_.zero >= 0 && config_.zero <= 2, "--zero must be 0, 1 or 2 (stage 3 is not implemented), got ",
+            config_.zero);
+  BLU_CHECK(config_.zero == 0 || world > 1, "--zero ", config_.zero, " shards over data-parallel ranks: it needs --dp > 1");
+  BLU_CHECK(config_.zero == 0 || oc.name == "adamw", "--zero ", config_.zero, " is implemented for adamw, got --optimizer ",
+            oc.name);
+  BLU_CHECK(oc.name == "adamw" || oc.name == "sgd", "--optimizer must be adamw or sgd, got '", oc.name, "'");
+  BLU_CHECK(!config_.skip_comm || (world > 1 && config_.zero == 0), "--skip-comm needs --dp > 1 without --zero");
+  name_ = world == 1 ? "single" : config_.zero == 0 ? "ddp" : "zero" + std::to_string(config_.zero);
+  if (config_.fp16_loss_scaling) scaler_ = std::make_unique<optim::LossScaler>();
+
+  const std::vector<nn::Embedding*> rows = config_.row_exchange ? row_sparse_embeddings(model_) : std::vector<nn::Embedding*>{};
+  auto groups = optim::decay_groups(model_.named_parameters(), oc.weight_decay);
+  if (oc.name == "adamw") {
+    optim::AdamWOptions a{.lr = oc.lr, .beta1 = oc.beta1, .beta2 = oc.beta2, .eps = oc.eps};
+    if (config_.zero > 0) {
+      // Stage 2: a row-sparse embedding in a bucket alone — its dense part reduced first and its
+      // rows exchanged at the end (row exchange), or its whole gradient complete only at the end.
+      nn::Embedding* tied = rows.empty() ? nullptr : rows.front();
+      ZeroOptions zo = zero_options_for(model_, config_.zero_bucket_mib, tied, config_.zero == 2 && config_.row_exchange);
+      zo.rows_gather_limit = config_.rows_gather_limit;
+      auto z = std::make_unique<ZeroAdamW>(std::move(groups), a, pg_, config_.zero, std::move(zo));
+      zero_ = z.get();
+      opt_ = std::move(z);
+    } else {
+      opt_ = optim::make_adamw(std::move(groups), a);
+    }
+  } else {
+    opt_ = optim::make_sgd(std::move(groups), optim::SGDOptions{.lr = oc.lr, .momentum = oc.momentum});
+  }
+  opt_->attach_compute_copies(model_.compute_copies());  // the update writes them (bf16/fp16 runs)
+
+  if (pg_) {  // rank 0's weights everywhere; ZeRO-2 reduces gradients itself, the others through DDP
+    if (config_.zero == 2) {
+      broadcast_parameters(model_, *pg_);
+    } else {
+      DDPOptions d = config_.ddp;
+      d.exchange_rows = rows;
+      d.rows_gather_limit = config_.rows_gather_limit;
+      ddp_ = std::make_unique<DistributedDataParallel>(model_, pg_, d);
+      if (config_.skip_comm) ddp_->set_sync(false);
+    }
+  }
+  params_ = model_.parameters();
+}
+
+Strategy::~Strategy() = default;
+
+int Strategy::rank() const { return pg_ ? pg_->rank() : 0; }
+int Strategy::world_size() const { return pg_ ? pg_->size() : 1; }
+
+std::string Strategy::describe() const {
+  if (!pg_) return "single device";
+  std::string s = std::to_string(pg_->size()) + " ranks (" + pg_->backend() + "), ";
+  s += config_.zero > 0 ? "ZeRO stage " + std::to_string(config_.zero) : std::string("DDP all-reduce");
+  return s;
+}
+
+StepValues Strategy::step(int64_t n, const std::function<Tensor(int64_t)>& loss_of, double lr, double max_norm,
+                          const std::function<void(int)>& phase) {
+  const auto mark = [&](int i) {
+    if (phase) phase(i);
+  };
+  BLU_CHECK(n >= 1, "Strategy::step: expected at least one micro-batch, got ", n);
+  StepValues v;
+  v.micro_batches = n;
+  v.lr = lr;
+  opt_->zero_grad();
+  for (int64_t micro = 0; micro < n; ++micro) {
+    const bool last = micro + 1 == n;
+    // Only the last micro-batch's backward communicates.
+    std::optional<DistributedDataParallel::NoSync> no_sync;
+    if (ddp_ && !last) no_sync.emplace(*ddp_);
+    if (zero_ && zero_->stage() == 2) zero_->set_sync(last);
+    const Tensor loss = loss_of(micro);
+    BLU_CHECK(loss.defined() && loss.numel() == 1, "Strategy::step: micro-batch ", micro,
+              " returned no scalar loss (got ", loss.defined() ? loss.str() : std::string("undefined"), ")");
+    {
+      NoGradGuard no_grad;
+      const Tensor l = to_dtype(loss.detach(), DType::f64);
+      v.loss_sum = micro == 0 ? l : add(v.loss_sum, l);
+    }
+    // Gradients of the mean over all micro-batches (and of the fp16 loss scale).
+    const double factor = (scaler_ ? scaler_->scale() : 1.0) / double(n);
+    (factor != 1.0 ? mul(loss, factor) : loss).backward();
+  }
+  // DDP first: the averaged gradients are the same on every rank, so unscaling and the overflow
+  // check agree everywhere, and nothing touches a bucket while its all-reduce may still run.
+  mark(1);
+  if (ddp_) ddp_->finish();
+  if (zero_) zero_->reduce_gradients();  // ZeRO-2: its reduce-scatters, issued during backward
+  mark(2);
+  if (scaler_) {
+    // Without DDP (ZeRO-2: each rank holds its shard of the averaged gradient) each rank checks its
+    // own gradients: the ranks take the overflow decision together, or one would skip while the
+    // others wait.
+    std::function<bool(bool)> agree;
+    if (pg_ && !ddp_)
+      agree = [this](bool finite) {
+        const Tensor bad = full({1}, finite ? 0.0 : 1.0, DType::f32, pg_->backend() == "nccl" ? params_[0].device() : kCPU);
+        pg_->all_reduce(bad, ReduceOp::max)->wait();
+        return host_value(bad) == 0.0;
+      };
+    const bool zero2 = zero_ && zero_->stage() == 2;
+    const bool finite = zero2 ? scaler_->unscale_and_check_grads({zero_->shard_gradient()}, agree)
+                              : scaler_->unscale_and_check(params_, agree);
+    if (!finite) {  // no update this step; the scale has backed off
+      v.overflow = true;
+      v.grad_norm = std::numeric_limits<double>::infinity();
+      mark(3);
+      return v;
+    }
+  }
+  const double clip = max_norm > 0 ? max_norm : std::numeric_limits<double>::infinity();
+  v.grad_norm = zero_ ? zero_->clip_grad_norm(clip) : optim::clip_grad_norm(params_, clip);
+  opt_->set_lr(lr);
+  if (std::isfinite(v.grad_norm)) opt_->step();  // clip_grad_norm leaves non-finite gradients alone
+  mark(3);
+  return v;
+}
+
+StepReadout Strategy::read(const StepValues& v, bool stop_requested) {
+  StepReadout r;
+  r.grad_norm = v.grad_norm;
+  double loss = host_value(v.loss_sum) / double(v.micro_batches);
+  if (!pg_) {
+    r.loss = loss;
+    r.stop = stop_requested;
+    return r;
+  }
+  // One collective: the loss averaged, the stop flags summed.
+  const Device dev = pg_->backend() == "nccl" ? params_[0].device() : kCPU;
+  Tensor t = from_vector({loss, stop_requested ? 1.0 : 0.0}, {2}, DType::f64);
+  if (!dev.is_cpu()) t = to_device(t, dev);
+  pg_->all_reduce(t, ReduceOp::sum)->wait();
+  const std::vector<double> got = to_vector(t);
+  r.loss = got[0] / double(pg_->size());
+  r.stop = got[1] > 0;
+  return r;
+}
+
+double Strategy::mean_over_ranks(double v) {
+  if (!pg_) return v;
+  Tensor t = full({1}, v, DType::f64, pg_->backend() == "nccl" ? params_[0].device() : kCPU);
+  pg_->all_reduce(t, ReduceOp::avg)->wait();
+  return host_value(t);
+}
+
+void Strategy::barrier() {
+  if (pg_) pg_->barrier()->wait();
+}
+
+std::string Strategy::save(const std::string& dir, const nn::Module& model, const TrainState& st, int keep_last) {
+  if (zero_) return save_sharded_checkpoint(dir, model, *zero_, st, keep_last);
+  if (rank() == 0) return save_checkpoint(dir, model, opt_.get(), st, keep_last);
+  return "";  // the model is replicated: rank 0's file is the checkpoint
+}
+
+TrainState Strategy::load(const std::string& path, nn::Module& model, const nlohmann::json& expected_model_config) {
+  return zero_ ? load_sharded_checkpoint(path, model, *zero_, expected_model_config)
+               : load_checkpoint(path, model, opt_.get(), expected_model_config);
+}
+
+std::string Strategy::latest_checkpoint(const std::string& dir) const {
+  return zero_ ? latest_sharded_checkpoint(dir) : ::blu::latest_checkpoint(dir);
+}
+
+std::string Strategy::checkpoint_kind() const {
+  return zero_ ? "committed sharded checkpoint (ckpt_*/COMMIT)" : "checkpoint (ckpt_*.safetensors)";
+}
+
+}  // namespace blu::dist

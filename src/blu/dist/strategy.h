@@ -1,0 +1,131 @@
+// dist/strategy: one object per parallel layout — a single device, DDP, ZeRO-1, ZeRO-2 — that the
+// trainer, `blutrain bench` and the tests drive the same way, so the wiring of each mode exists
+// once:
+//   construction prepares the model (rank 0's weights on every rank; DDP's bucketed all-reduce
+//     hooks, or ZeRO-2's reduce-scatter hooks) and builds the optimizer (AdamW, or SGD without
+//     ZeRO; ZeRO-1/2 shard AdamW's state);
+//   step() runs one optimizer step over its micro-batches: each micro-batch's forward (the caller's
+//     function, returning the loss), backward of loss / micro_batches (times the fp16 loss scale)
+//     with the mode's communication (only the last micro-batch's backward communicates), the
+//     gradients completed, unscaled and checked (fp16), clipped to the global norm, and the update;
+//   read() turns a step's device values into host numbers: the one host read of a logged step,
+//     the loss averaged over ranks and the stop flags combined in one small collective;
+//   save/load/latest_checkpoint: the mode's checkpoint (rank 0's file; ZeRO: sharded, resumable on
+//     any number of ranks: dist/zero.h).
+// dist/ knows no model type: it sees an nn::Module, and exchanges apart the rows of every
+// nn::Embedding that declares a row-sparse gradient (Embedding::set_row_sparse_grad; GPT-2's tied
+// wte does) when row_exchange is on.
+// Depends on dist/ddp, dist/zero, dist/process_group, optim/, io/checkpoint, nn/. Keep: every
+// rank calls step(), read() and save() the same number of times in the same order (they hold
+// collectives); losses and norms stay on the device until read(); the arithmetic of a step is the
+// same as the plain loop's (a single-device Strategy reproduces it bit for bit).
+#pragma once
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "blu/dist/ddp.h"
+#include "blu/dist/process_group.h"
+#include "blu/io/checkpoint.h"
+#include "blu/nn/module.h"
+#include "blu/optim/loss_scaler.h"
+#include "blu/optim/optimizer.h"
+
+namespace blu::dist {
+
+class ZeroAdamW;
+
+struct OptimizerConfig {
+  std::string name = "adamw";  // adamw | sgd
+  double lr = 1e-3, weight_decay = 0.1;  // weight decay on parameters of 2 or more dims (optim::decay_groups)
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;  // AdamW (GPT-2's / llm.c's betas)
+  double momentum = 0.9;                         // SGD
+};
+
+struct StrategyConfig {
+  int zero = 0;               // 0: DDP when the group has several ranks; 1, 2: ZeRO stage (AdamW)
+  bool row_exchange = true;   // row-sparse embeddings' rows exchanged apart (DDP, ZeRO-2)
+  double rows_gather_limit = 1.0;  // rows gathered while world × tokens ≤ this × rows (dist/ddp.h)
+  DDPOptions ddp;             // bucket sizes (DDP, ZeRO-1); exchange_rows is filled by the strategy
+  double zero_bucket_mib = 25.0;  // ZeRO-2's gradient buckets
+  bool fp16_loss_scaling = false;
+  bool skip_comm = false;     // DDP without its collectives (ranks diverge): `bench --skip-comm`
+};
+
+// One step's values, on the device until Strategy::read().
+struct StepValues {
+  Tensor loss_sum;   // 0-d f64: the sum of the micro-batches' losses on this rank
+  int64_t micro_batches = 0;
+  double grad_norm = 0;  // the global gradient norm before clipping
+  double lr = 0;
+  bool overflow = false;  // fp16: inf/NaN gradients, the update skipped and the scale backed off
+};
+
+struct StepReadout {
+  double loss = 0;       // mean over micro-batches and ranks
+  double grad_norm = 0;  // +inf when the fp16 step overflowed
+  bool stop = false;     // some rank asked to stop
+};
+
+class Strategy {
+ public:
+  // `pg` null: a single device. The model is on its device already.
+  Strategy(nn::Module& model, std::shared_ptr<ProcessGroup> pg, StrategyConfig config, OptimizerConfig optimizer);
+  ~Strategy();
+  Strategy(const Strategy&) = delete;
+  Strategy& operator=(const Strategy&) = delete;
+
+  // "single", "ddp", "zero1" or "zero2".
+  const std::string& name() const { return name_; }
+  std::string describe() const;  // for the run header: "2 ranks (gloo), ZeRO stage 1"
+  int rank() const;
+  int world_size() const;
+  ProcessGroup* process_group() const { return pg_.get(); }
+
+  // One optimizer step (see the header comment). `loss_of(i)` runs micro-batch i's forward and
+  // returns its loss (0-d); it must hold no handle on the logits. max_norm <= 0: no clipping (the
+  // norm is still measured). A non-finite norm skips the update (a warning is the caller's).
+  // `phase`, when given, is called after the last backward was issued (1), once the gradients are
+  // complete — reduced, for data parallelism (2) — and after the update (3): `bench` records
+  // events there.
+  StepValues step(int64_t micro_batches, const std::function<Tensor(int64_t)>& loss_of, double lr, double max_norm,
+                  const std::function<void(int)>& phase = {});
+  // The host numbers of a step (collective when there are several ranks).
+  StepReadout read(const StepValues& v, bool stop_requested);
+  // Mean of a host value over ranks (v itself on a single device), e.g. a validation loss.
+  double mean_over_ranks(double v);
+  void barrier();
+
+  optim::Optimizer& optimizer() { return *opt_; }
+  optim::LossScaler* loss_scaler() { return scaler_.get(); }
+  // Checkpoints (collective for ZeRO: every rank calls it; rank 0 writes the replicated parts).
+  // save returns the checkpoint written ("" on ranks that write nothing).
+  std::string save(const std::string& dir, const nn::Module& model, const TrainState& st, int keep_last);
+  TrainState load(const std::string& path, nn::Module& model, const nlohmann::json& expected_model_config);
+  std::string latest_checkpoint(const std::string& dir) const;
+  // What --resume looks for, for error messages.
+  std::string checkpoint_kind() const;
+
+  // The layout's parts, for tests and `bench --comm-timeline`: DDP (null without it), ZeRO (null
+  // without it).
+  DistributedDataParallel* ddp() { return ddp_.get(); }
+  ZeroAdamW* zero() { return zero_; }
+
+ private:
+  nn::Module& model_;
+  std::shared_ptr<ProcessGroup> pg_;
+  StrategyConfig config_;
+  std::string name_;
+  std::vector<Tensor> params_;
+  std::unique_ptr<optim::Optimizer> opt_;
+  ZeroAdamW* zero_ = nullptr;  // points into opt_ under ZeRO
+  std::unique_ptr<DistributedDataParallel> ddp_;
+  std::unique_ptr<optim::LossScaler> scaler_;
+};
+
+// Every nn::Embedding of `model` that declares a row-sparse gradient, in module order.
+std::vector<nn::Embedding*> row_sparse_embeddings(nn::Module& model);
+
+}  // namespace blu::dist
