@@ -427,23 +427,29 @@ void HfTokenizer::encode_stretch(std::string_view text, std::vector<int32_t>& ou
   });
 }
 
+template <typename OnText, typename OnToken>
+void HfTokenizer::for_each_stretch(std::string_view text, OnText&& on_text, OnToken&& on_token) const {
+  split_added(
+      text, raw_added_,
+      [&](std::string_view stretch) { split_added(stretch, normalized_added_, on_text, on_token); }, on_token);
+}
+
 std::vector<int32_t> HfTokenizer::encode(std::string_view text) const {
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 1);
-  auto push_token = [&](int32_t id) { out.push_back(id); };
-  split_added(
-      text, raw_added_,
-      [&](std::string_view stretch) {
-        split_added(
-            stretch, normalized_added_, [&](std::string_view inner) { encode_stretch(inner, out); }, push_token);
-      },
-      push_token);
+  for_each_stretch(
+      text, [&](std::string_view stretch) { encode_stretch(stretch, out); }, [&](int32_t id) { out.push_back(id); });
   return out;
 }
 
 std::vector<std::string> HfTokenizer::pretokenize(std::string_view text) const {
   std::vector<std::string> out;
-  for_each_piece(text, [&](std::string_view piece) { out.emplace_back(piece); });
+  for_each_stretch(
+      text,
+      [&](std::string_view stretch) {
+        for_each_piece(stretch, [&](std::string_view piece) { out.emplace_back(piece); });
+      },
+      [](int32_t) {});
   return out;
 }
 

@@ -50,7 +50,8 @@ class HfTokenizer final : public TextTokenizer {
   void set_bos(std::string_view content);
   void set_eos(std::string_view content);
 
-  // The pre-tokenisation pieces of `text` (no added tokens in it), as raw bytes: what BPE sees.
+  // The pre-tokenisation pieces of `text` as raw bytes, in order: what BPE sees of the stretches
+  // between the added tokens (which are left out).
   std::vector<std::string> pretokenize(std::string_view text) const;
 
   HfTokenizer(HfTokenizer&&) noexcept;
@@ -80,6 +81,9 @@ class HfTokenizer final : public TextTokenizer {
   // Calls text(stretch) / token(id) for the stretches and tokens of `text`, in order.
   template <typename OnText, typename OnToken>
   static void split_added(std::string_view text, const AddedSet& set, OnText&& on_text, OnToken&& on_token);
+  // split_added with the normalized=false tokens, then with the normalized=true ones.
+  template <typename OnText, typename OnToken>
+  void for_each_stretch(std::string_view text, OnText&& on_text, OnToken&& on_token) const;
   template <typename OnPiece>
   void for_each_piece(std::string_view text, OnPiece&& on_piece) const;
   void encode_stretch(std::string_view text, std::vector<int32_t>& out) const;
