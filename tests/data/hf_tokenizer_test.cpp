@@ -210,11 +210,12 @@ std::vector<std::string> extra_samples() {
       "nel\xC2\x85\xC2\x85x bom\xEF\xBB\xBF\xEF\xBB\xBFx a \xEF\xBB\xBF" "b a\xC2\x85\xC2\x85" "b \xC2\x85\n",
       "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nWhat's 2+2?<|eot_id|>"
       "<|start_header_id|>assistant<|end_header_id|>\n\n4<|eot_id|><|end_of_text|>",
-      "<|begin_of_text|<|begin_of_text|>> <|reserved_special_token_1|><|python_tag|>x blutrain blutrainer ablutrain",
+      "<|begin_of_text|<|begin_of_text|>> <|reserved_special_token_1|><|python_tag|>x blutrain blutrainer ablutrain blutrai bl",
       "<|im_start|>system\nYou are 42.<|im_end|>\n<|im_start|>user\nHi 123<|im_end|><|object_ref_start|><|box_start|>(1,2)",
       "<repo_name>blu<file_sep>a.py\n12+34=46<|endoftext|><reponame><filename>x<filename <gh_stars>10",
       "a <mask> b a   <mask>  <sep>   b <mask><sep> x \t<mask>\t <|endoftext|> <mask>",
       "<|endoftext|><|endoftext|> <|endoftext| <|endoftext|>",
+      "BluTrain BluTrain, BluTrains  BluTrain\n BluTrain",
   };
 }
 
@@ -223,7 +224,7 @@ std::vector<std::string> extra_samples() {
 std::vector<std::string> fragment_samples(uint32_t seed, int count) {
   static const char* frags[] = {
       "<|begin_of_text|>", "<|eot_id|>", "<|endoftext|>", "<mask>", "<sep>", "<|im_start|>", "<file_sep>",
-      "blutrain", " ", "  ", "   ", "\r\n", "\n", "\r", "\t", "'s", "'S", "'LL", "'", "1", "23", "4567",
+      "blutrain", "blu", "trai", " BluTrain", " ", "  ", "   ", "\r\n", "\n", "\r", "\t", "'s", "'S", "'LL", "'", "1", "23", "4567",
       "\xD9\xA3", "a", "Hello", "WORLD", "\xC5\xBF", "!", "?!", "(", "\xF0\x9F\x98\x80", "\xC3\xA9",
       "\xE4\xB8\xAD\xE6\x96\x87", "\xC2\x85", "\xEF\xBB\xBF", "\xC2\xA0", "<", "|", ">", ".", ","};
   std::mt19937 rng(seed);
@@ -403,7 +404,9 @@ TEST_F(HfTokenizerTest, KnownIdsAndSpecialTokens) {
     EXPECT_EQ(tok(f).encode("Hello world"), (std::vector<int32_t>{15496, 995})) << f;
   EXPECT_EQ(tok("gpt2_prefix").encode("Hello world"), (std::vector<int32_t>{18435, 995}));  // " Hello"
   EXPECT_EQ(tok("gpt2").vocab_size(), 50259);
-  EXPECT_EQ(tok("llama3").vocab_size(), 50268);
+  EXPECT_EQ(tok("llama3").vocab_size(), 50270);
+  // The longest added token at a position wins: "blutrain", not its prefix "blu".
+  EXPECT_EQ(tok("llama3").encode("blutrain blutrai"), (std::vector<int32_t>{50267, 220, 50268, 9535, 72}));
 
   EXPECT_EQ(tok("llama3").special_token_id("<|eot_id|>"), 50265);
   EXPECT_EQ(tok("llama3").special_token_id("<|endoftext|>"), std::nullopt);
@@ -430,8 +433,10 @@ TEST_F(HfTokenizerTest, KnownIdsAndSpecialTokens) {
 }
 
 TEST_F(HfTokenizerTest, IgnoreMergesTakesWholeVocabularyTokens) {
-  // "ĠHello" is token 18435; with ignore_merges a piece spelled like a token is that token.
-  EXPECT_EQ(tok("llama3").encode(" Hello"), (std::vector<int32_t>{18435}));
+  // "ĠBluTrain" (50269) is in the llama3 flavour's vocabulary, but no merge makes it.
+  EXPECT_EQ(tok("llama3").encode(" BluTrain"), (std::vector<int32_t>{50269}));
+  EXPECT_GT(tok("llama3").encode(" BluTrains").size(), 1u);  // not a token: BPE
+  EXPECT_GT(tok("qwen2").encode(" BluTrain").size(), 1u);     // not in its vocabulary
   EXPECT_EQ(tok("llama3").pretokenize("a 123456"), (V{"a", " ", "123", "456"}));
   EXPECT_EQ(tok("smollm").pretokenize("a 12"), (V{"a", " ", "1", "2"}));
 }
@@ -497,7 +502,7 @@ TEST_F(HfTokenizerTest, EncodesMegabytesInSeconds) {
 }
 
 TEST_F(HfTokenizerTest, BadIdsNameTheId) {
-  for (int32_t bad : {-1, 50268, 1 << 30}) {
+  for (int32_t bad : {-1, 50270, 1 << 30}) {
     try {
       tok("llama3").decode(std::vector<int32_t>{15496, bad});
       ADD_FAILURE() << "decode accepted id " << bad;
@@ -554,6 +559,17 @@ TEST(HfTokenizerErrors, SmallTokenizerWorks) {
   EXPECT_EQ(t.encode("ab<|end|>"), (std::vector<int32_t>{256, 258}));
   EXPECT_EQ(t.vocab_size(), 259);
   EXPECT_EQ(t.decode(t.encode("xabcy <|end|> z")), "xabcy <|end|> z");
+}
+
+TEST(HfTokenizerErrors, IgnoreMergesOption) {
+  json j = small_tokenizer();
+  j["model"]["vocab"]["xyz"] = 300;  // no merge makes it
+  EXPECT_EQ(HfTokenizer::from_json(j.dump()).encode("xyz"), (std::vector<int32_t>{'x', 'y', 'z'}));
+  j["model"]["ignore_merges"] = true;
+  EXPECT_EQ(HfTokenizer::from_json(j.dump()).encode("xyz"), (std::vector<int32_t>{300}));
+  EXPECT_EQ(HfTokenizer::from_json(j.dump()).encode("xyzw"), (std::vector<int32_t>{'x', 'y', 'z', 'w'}));
+  j["model"]["ignore_merges"] = "yes";
+  EXPECT_ERROR(j, R"(model.ignore_merges: expected true or false, got "yes")");
 }
 
 TEST(HfTokenizerErrors, UnsupportedModelsAndOptions) {

@@ -6,7 +6,8 @@
 //   gpt2_prefix/  gpt2 with ByteLevel's add_prefix_space
 //   llama3/       Split(Llama 3's regex) + ByteLevel(use_regex=false); merges as ["a", "b"] pairs;
 //                 ignore_merges; Llama 3's special tokens from id 50256 on; a TemplateProcessing
-//                 post-processor that starts texts with <|begin_of_text|>; a non-special added token
+//                 post-processor that starts texts with <|begin_of_text|>; non-special added tokens,
+//                 one ("blu") a prefix of another ("blutrain"); a vocabulary token no merge makes
 //   qwen2/        Split(Qwen2's regex) + ByteLevel(use_regex=false), Qwen's special tokens (and no
 //                 NFC normalizer, which the real Qwen2 file has)
 //   smollm/       Digits(individual_digits) + ByteLevel(use_regex) as SmolLM/SmolLM2 ship it, their
@@ -71,6 +72,9 @@ const llama3Added = [
   '<|eot_id|>', '<|python_tag|>',
 ].map((content, i) => added(50256 + i, content));
 llama3Added.push(added(50256 + llama3Added.length, 'blutrain', { special: false, normalized: true }));
+llama3Added.push(added(50256 + llama3Added.length, 'blu', { special: false, normalized: true }));  // a prefix of one
+// A vocabulary token no merge makes: only ignore_merges encodes " BluTrain" as one token.
+const llama3Vocab = { ...plainVocab, '\u0120BluTrain': 50256 + llama3Added.length };
 const qwen2Added = ['<|endoftext|>', '<|im_start|>', '<|im_end|>', '<|object_ref_start|>', '<|box_start|>']
   .map((content, i) => added(50256 + i, content));
 const smollmAdded = ['<|endoftext|>', '<|im_start|>', '<|im_end|>', '<repo_name>', '<reponame>', '<file_sep>',
@@ -86,7 +90,7 @@ const flavours = {
     addedTokens: gpt2Added, postProcessor: byteLevel(true),
   }),
   llama3: tokenizerJson({
-    vocab: plainVocab, mergesAsPairs: true, ignoreMerges: true,
+    vocab: llama3Vocab, mergesAsPairs: true, ignoreMerges: true,
     preTokenizer: { type: 'Sequence', pretokenizers: [split(LLAMA3_REGEX), byteLevel(false)] },
     addedTokens: llama3Added,
     postProcessor: {
