@@ -657,7 +657,9 @@ TEST(HfTokenizerErrors, BadJsonAndMissingFields) {
   EXPECT_ERROR(j, "model.merges: expected an array of merges, got nothing (the field is missing)");
   j = small_tokenizer();
   j["model"]["vocab"]["ab"] = "x";
-  EXPECT_ERROR(j, R"(model.vocab["ab"]: expected an id in [0, 2^31 - 1), got "x")");
+  EXPECT_ERROR(j, R"(model.vocab["ab"]: expected an id in [0, 2^24), got "x")");
+  j["model"]["vocab"]["ab"] = int64_t(1) << 40;
+  EXPECT_ERROR(j, R"(model.vocab["ab"]: expected an id in [0, 2^24), got 1099511627776)");
   j = small_tokenizer();
   j["model"]["vocab"]["ab"] = 257;
   EXPECT_ERROR(j, "model.vocab: expected distinct ids, got id 257 twice");
@@ -669,7 +671,7 @@ TEST(HfTokenizerErrors, BadJsonAndMissingFields) {
   EXPECT_ERROR(j, "added_tokens[0].content: expected the token's text, got nothing (the field is missing)");
   j = small_tokenizer();
   j["added_tokens"][0]["id"] = -3;
-  EXPECT_ERROR(j, "added_tokens[0].id: expected an id in [0, 2^31 - 1), got -3");
+  EXPECT_ERROR(j, "added_tokens[0].id: expected an id in [0, 2^24), got -3");
   j = small_tokenizer();
   j["added_tokens"].push_back(j["added_tokens"][0]);
   EXPECT_ERROR(j, R"(added_tokens[1].content: expected a text no other added token has, got "<|end|>" a second time)");

@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -14,6 +13,11 @@ namespace blu {
 namespace {
 
 using json = nlohmann::json;
+
+// Ids are dense enough in every real vocabulary; the bound keeps a corrupt id from sizing the
+// id -> bytes table at gigabytes.
+constexpr int64_t kMaxId = int64_t(1) << 24;
+const std::string kIdRange = "an id in [0, 2^24)";
 
 // A JSON value for an error message, cut short.
 std::string shown(const json& v) {
@@ -165,9 +169,8 @@ HfTokenizer HfTokenizer::from_json(std::string_view json_text, const std::string
   std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> id_of;  // spelling -> id
   int64_t max_id = -1;
   for (const auto& [spelling, value] : vocab.items()) {
-    if (!value.is_number_integer() || value.get<int64_t>() < 0 ||
-        value.get<int64_t>() >= std::numeric_limits<int32_t>::max())
-      f.fail("model.vocab[" + json_quoted(spelling) + "]", "an id in [0, 2^31 - 1)", shown(value));
+    if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() >= kMaxId)
+      f.fail("model.vocab[" + json_quoted(spelling) + "]", kIdRange, shown(value));
     id_of.emplace(spelling, value.get<int32_t>());
     max_id = std::max<int64_t>(max_id, value.get<int64_t>());
   }
@@ -183,8 +186,7 @@ HfTokenizer HfTokenizer::from_json(std::string_view json_text, const std::string
       const std::string field = "added_tokens[" + std::to_string(i) + "]";
       if (!a.is_object()) f.fail(field, "an object", shown(a));
       const json& id = f.require(a, "id", field + ".id", json::value_t::number_integer, "an integer id");
-      if (id.get<int64_t>() < 0 || id.get<int64_t>() >= std::numeric_limits<int32_t>::max())
-        f.fail(field + ".id", "an id in [0, 2^31 - 1)", shown(id));
+      if (id.get<int64_t>() < 0 || id.get<int64_t>() >= kMaxId) f.fail(field + ".id", kIdRange, shown(id));
       const std::string content =
           f.require(a, "content", field + ".content", json::value_t::string, "the token's text").get<std::string>();
       if (content.empty()) f.fail(field + ".content", "a non-empty text", "\"\"");
