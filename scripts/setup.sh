@@ -30,6 +30,7 @@ if ((${#missing[@]})); then
 fi
 
 bash scripts/fetch_gpt2_vocab.sh
+bash scripts/fetch_hf_tokenizers.sh  # @huggingface/tokenizers, the oracle of the tokenizer.json tests
 
 build="${BLU_BUILD_DIR:-build}"
 cuda_args=()
