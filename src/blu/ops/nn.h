@@ -1,6 +1,7 @@
 // ops/nn: the neural-network functions — softmax, log_softmax, cross-entropy, layer norm,
-// embedding, dropout — each a dedicated kernel with its own backward (they are the hot ops of
-// transformer training). Depends on ops/dispatch. Keep: numerics as torch.nn.functional.
+// embedding, dropout, and the Llama family's RMSNorm, rotary position embedding, SiLU and SwiGLU
+// — each a dedicated kernel with its own backward (they are the hot ops of transformer training).
+// Depends on ops/dispatch. Keep: numerics as torch.nn.functional.
 #pragma once
 #include "blu/core/rng.h"
 #include "blu/core/tensor.h"
@@ -42,5 +43,25 @@ const Tensor& embedding_backward_add_window_(const Tensor& grad_window, const Te
 // Zeroes each element with probability p and scales the rest by 1/(1-p); identity when
 // !training or p == 0. The mask comes from Philox (seed, offset) drawn from `gen`.
 Tensor dropout(const Tensor& x, double p, bool training = true, Generator* gen = nullptr);
+
+// --- the Llama family's ops (ops/norm_rotary.cpp, ops/swiglu.cpp) ---
+
+// y = weight * x / sqrt(mean(x², last dim) + eps). x [..., C] floating, weight [C] of x's dtype
+// (undefined: no weight). Statistics in fp32 (f64 for f64 inputs), output in x's dtype (bf16/f16
+// rounded once). The weight's gradient comes out in fp32 for the 16-bit cast of an fp32 master
+// weight (Note [Wide gradients], ops/dispatch.h).
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-5);
+// Rotary position embedding, Hugging Face's rotate-half layout: y = x·cos + rotate_half(x)·sin with
+// rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2]). x [B, T, H, D] (D even), cos/sin [T, D] (f32, or
+// x's dtype; the caller already selected the rows for the positions), computed in fp32 and rounded
+// once to x's dtype. Output contiguous [B, T, H, D]. Differentiable in x only. x may be any view
+// with unit stride along D (a head slice of a fused qkv projection) without a copy.
+Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin);
+Tensor silu(const Tensor& x);                          // x·sigmoid(x)
+// silu(gate)·up, same shapes, computed in fp32 and rounded once. gate and up may be row-strided
+// views (unit stride along the last dim), e.g. the two halves of one [N, 2I] projection taken
+// with split/chunk: then the backward writes both gradients side by side into one [N, 2I] buffer
+// and split's backward joins them as a view (no cat). The backward recomputes silu(gate).
+Tensor swiglu(const Tensor& gate, const Tensor& up);
 
 }  // namespace blu
