@@ -209,6 +209,19 @@ TEST(LlamaModel, InitIsNormal002AndNormsOne) {
   }
 }
 
+TEST(LlamaModel, FlopsPerTokenCountTheMatmulWeightsAndScores) {
+  // tiny: per layer q 48·48, k and v 48·16, o 48·48, MLP 3·48·80, norms 2·48 = 17,760; two layers,
+  // the final norm and the head (101·48): 40,416 weights a token multiplies through; the untied
+  // embedding table is a lookup, the tied one is the head.
+  for (bool tied : {false, true}) {
+    LlamaConfig cfg = LlamaConfig::preset("tiny");
+    cfg.tie_word_embeddings = tied;
+    Llama m(cfg, 1);
+    EXPECT_EQ(m.num_parameters(), tied ? 40416 : 45264);
+    EXPECT_DOUBLE_EQ(m.flops_per_token(16), 6.0 * 40416 + 12.0 * 2 * 48 * 16) << (tied ? "tied" : "untied");
+  }
+}
+
 TEST(LlamaModel, CachedForwardAndGenerationMatchTheUncachedArgmax) {
   LlamaConfig cfg = LlamaConfig::preset("tiny");
   cfg.max_position_embeddings = 24;

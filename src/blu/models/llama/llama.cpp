@@ -302,6 +302,12 @@ std::vector<BlockRef> Llama::blocks() const {
   return out;
 }
 
+double Llama::flops_per_token(int64_t T) const {
+  const double table = lm_head ? double(cfg_.vocab_size * cfg_.hidden_size) : 0.0;
+  return 6.0 * (double(num_parameters()) - table) +
+         12.0 * double(cfg_.num_hidden_layers * cfg_.num_attention_heads * cfg_.head_dim() * T);
+}
+
 std::pair<Tensor, Tensor> Llama::rope(int64_t pos0, int64_t T, DType dtype, Device device) {
   // f32 tables for every compute dtype but f64 (rotary_embedding reads f32 cos/sin under 16-bit x).
   const DType table_dtype = dtype == DType::f64 ? DType::f64 : DType::f32;

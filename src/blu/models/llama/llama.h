@@ -129,6 +129,9 @@ class Llama : public CausalLM {
   std::vector<BlockRef> blocks() const override;
   nn::Embedding& token_embedding() const override { return *model->embed_tokens; }
   Tensor output_weight() const override { return lm_head ? lm_head->weight : model->embed_tokens->weight; }
+  // 6 per weight a token multiplies through (every parameter but an untied embedding table, which
+  // is a lookup) plus the attention scores' 12·layers·(heads·head_dim)·T.
+  double flops_per_token(int64_t T) const;
   const LlamaConfig& llama_config() const { return cfg_; }
 
   std::shared_ptr<LlamaModel> model;
