@@ -1,4 +1,4 @@
-// `blutrain bench`: times GPT training steps on random tokens the way ../shared/peers/torch_gpt2.py
+// `blutrain bench`: times training steps of any registered model (--model gpt2:d12, llama:llama-250m, …) on random tokens the way ../shared/peers/torch_gpt2.py
 // does (forward, backward, clip at 1.0, AdamW, zero grads; the step ends when its loss is on the
 // host) and prints one JSON line: tok/s and ms of the median step after warm-up, MFU against a
 // given peak, and the allocator's peak memory.
@@ -26,11 +26,10 @@
 #include "blu/dist/ddp.h"
 #include "blu/dist/env.h"
 #include "blu/dist/zero.h"
-#include "blu/nn/gpt.h"
+#include "blu/models/registry.h"
 #include "blu/ops/dispatch.h"
 #include "blu/optim/loss_scaler.h"
 #include "blu/optim/optimizer.h"
-#include "blu/train/model_presets.h"
 #include "blu/train/trainer.h"
 #include "commands.h"
 
@@ -145,9 +144,13 @@ int run_bench(const BenchOptions& o) {
 #endif
     }
   }
-  nn::GPTConfig cfg = train::model_preset(o.model);
-  cfg.block_size = std::max(cfg.block_size, o.seq);
-  nn::GPT model(cfg, 0);
+  nlohmann::json cfg = models::resolve_model_config(o.model);
+  if (cfg.contains("block_size") && cfg["block_size"].get<int64_t>() < o.seq) cfg["block_size"] = o.seq;
+  const std::unique_ptr<models::CausalLM> model_ptr = models::build_model(cfg, 0);
+  models::CausalLM& model = *model_ptr;
+  BLU_CHECK(o.seq <= model.max_seq_len(), "--seq ", o.seq, " is longer than the model's ", model.max_seq_len());
+  nn::Embedding* tied = model.tied_embeddings() ? &model.token_embedding() : nullptr;
+  const int64_t vocab = model.vocab_size();
   model.to(dev);
   model.train();
   train::apply_precision(model, o.precision);
@@ -158,7 +161,7 @@ int run_bench(const BenchOptions& o) {
   ao.lr = 6e-4;
   std::unique_ptr<dist::DistributedDataParallel> ddp;
   dist::DDPOptions ddp_options = o.ddp;
-  if (o.row_exchange) ddp_options.exchange_rows = {model.wte.get()};
+  if (o.row_exchange && tied) ddp_options.exchange_rows = {tied};
   if (pg && o.zero < 2) ddp = std::make_unique<dist::DistributedDataParallel>(model, pg, ddp_options);
   BLU_CHECK(!o.skip_comm || (ddp && !o.zero), "--skip-comm needs --dp > 1 without --zero");
   if (o.skip_comm) ddp->set_sync(false);
@@ -168,7 +171,7 @@ int run_bench(const BenchOptions& o) {
   if (o.zero > 0) {
     auto z = std::make_unique<dist::ZeroAdamW>(
         optim::decay_groups(model.named_parameters(), 0.1), ao, pg, o.zero,
-        dist::zero_options_for(model, o.ddp.bucket_mib, model.wte.get(), o.zero == 2 && o.row_exchange));
+        dist::zero_options_for(model, o.ddp.bucket_mib, tied, o.zero == 2 && o.row_exchange));
     zero = z.get();
     opt = std::move(z);
   } else
@@ -203,7 +206,7 @@ int run_bench(const BenchOptions& o) {
   auto step = [&](const Tensor& x, const Tensor& y) {
     step_t0 = std::chrono::steady_clock::now();
     mark(0);
-    nn::GPTOutput out = model.forward(x, y);
+    models::LMOutput out = model.forward(x, y);
     out.logits = Tensor();  // not read: cross-entropy's backward writes over them (Note [Donated buffers])
     (fp16 ? mul(out.loss, scaler.scale()) : out.loss).backward();
     mark(1);
@@ -221,8 +224,8 @@ int run_bench(const BenchOptions& o) {
     loss_t = out.loss;
   };
   for (int64_t i = 0; i < o.steps; ++i) {
-    Tensor x = randint(0, cfg.vocab_size, {o.batch, o.seq}, DType::i64, dev, &gen);
-    Tensor y = randint(0, cfg.vocab_size, {o.batch, o.seq}, DType::i64, dev, &gen);
+    Tensor x = randint(0, vocab, {o.batch, o.seq}, DType::i64, dev, &gen);
+    Tensor y = randint(0, vocab, {o.batch, o.seq}, DType::i64, dev, &gen);
     (void)to_vector(sum(x));  // the previous step and the batch are done before the clock starts
     const auto t0 = std::chrono::steady_clock::now();
     step(x, y);
@@ -242,11 +245,11 @@ int run_bench(const BenchOptions& o) {
   nlohmann::json timeline;
 #ifdef BLU_HAVE_CUDA
   if (o.comm_timeline && ddp && dev.is_cuda()) {
-    Tensor x = randint(0, cfg.vocab_size, {o.batch, o.seq}, DType::i64, dev, &gen);
-    Tensor y = randint(0, cfg.vocab_size, {o.batch, o.seq}, DType::i64, dev, &gen);
+    Tensor x = randint(0, vocab, {o.batch, o.seq}, DType::i64, dev, &gen);
+    Tensor y = randint(0, vocab, {o.batch, o.seq}, DType::i64, dev, &gen);
     (void)to_vector(sum(x));
     cuda::Event fwd_end, bwd_end;
-    nn::GPTOutput out = model.forward(x, y);
+    models::LMOutput out = model.forward(x, y);
     fwd_end.record(cuda::current_stream());
     out.loss.backward();
     bwd_end.record(cuda::current_stream());
@@ -282,8 +285,7 @@ int run_bench(const BenchOptions& o) {
   const double tok_s = double(o.dp) * double(o.batch * o.seq) / (med / 1e3);  // global
   // Training FLOPs per token: 6 per parameter (embeddings included, as the tied head is a matmul)
   // plus attention's 12·L·C·T (PaLM's estimate; causal masking is not subtracted).
-  const double n_params = double(model.num_parameters()) - double(cfg.block_size * cfg.n_embd);
-  const double flops_tok = 6.0 * n_params + 12.0 * double(cfg.n_layer * cfg.n_embd * o.seq);
+  const double flops_tok = model.flops_per_token(o.seq);
   const AllocatorStats st = allocator_for(dev).stats();
   nlohmann::json j = {{"impl", "blutrain-" BLU_VERSION}, {"mode", o.precision},  {"B", o.batch},
                       {"T", o.seq},                       {"steps", o.steps},     {"step_ms", med},
@@ -321,8 +323,8 @@ int run_bench(const BenchOptions& o) {
   if (o.peak_tflops > 0) j["mfu"] = tok_s * flops_tok / (o.peak_tflops * 1e12 * o.dp);  // per GPU
   if (fp16) j["skipped_steps"] = scaler.skipped_steps();
   if (o.profile) {
-    Tensor x = randint(0, cfg.vocab_size, {o.batch, o.seq}, DType::i64, dev, &gen);
-    Tensor y = randint(0, cfg.vocab_size, {o.batch, o.seq}, DType::i64, dev, &gen);
+    Tensor x = randint(0, vocab, {o.batch, o.seq}, DType::i64, dev, &gen);
+    Tensor y = randint(0, vocab, {o.batch, o.seq}, DType::i64, dev, &gen);
     j["profile"] = profile_step([&] { step(x, y); }, dev);
   }
   if (env.rank == 0) std::cout << j.dump() << std::endl;

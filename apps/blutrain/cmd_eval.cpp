@@ -7,6 +7,7 @@
 
 #include "blu/core/error.h"
 #include "blu/data/loader.h"
+#include "blu/train/model_spec.h"
 #include "blu/train/trainer.h"
 #include "commands.h"
 
@@ -25,21 +26,20 @@ int run_eval(const EvalArgs& a) {
     BLU_CHECK(!a.data_dir.empty(), "no validation data: expected --data-dir DIR or --val-pattern GLOB");
     pattern = (std::filesystem::path(a.data_dir) / "*_val_*.bin").string();
   }
-  const std::string ckpt = train::resolve_checkpoint(a.checkpoint);
   const Device device(a.device);
-  auto model = train::load_gpt(ckpt, device);
-  const int64_t T = a.seq_len > 0 ? a.seq_len : model->config().block_size;
-  BLU_CHECK(T <= model->config().block_size, "--seq-len must be at most the model's block size ",
-            model->config().block_size, ", got ", T);
+  auto model = train::load_model(a.checkpoint, device);
+  const int64_t T = a.seq_len > 0 ? a.seq_len : model->max_seq_len();
+  BLU_CHECK(T <= model->max_seq_len(), "--seq-len must be at most the model's block size ",
+            model->max_seq_len(), ", got ", T);
   LoaderOptions lo;
   lo.prefetch = 0;
-  lo.vocab_size = model->config().vocab_size;
+  lo.vocab_size = model->vocab_size();
   DataLoader loader(pattern, a.batch_size, T, 0, 1, lo);
   const int64_t n = std::min(a.batches, loader.batches_per_epoch());
   const double loss = train::evaluate(*model, loader, a.batches, device);
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.4f", loss);
-  std::cout << "checkpoint " << ckpt << "\n"
+  std::cout << "model " << a.checkpoint << "\n"
             << "val loss " << buf << " over " << n << " batch(es) of " << a.batch_size << "x" << T << " tokens\n";
   return 0;
 }
@@ -49,7 +49,7 @@ int run_eval(const EvalArgs& a) {
 Command add_eval(CLI::App& root) {
   auto a = std::make_shared<EvalArgs>();
   CLI::App* app = root.add_subcommand("eval", "Validation loss of a checkpoint");
-  app->add_option("--ckpt", a->checkpoint, "Checkpoint file, or a run directory (its latest checkpoint)")->required();
+  app->add_option("--ckpt", a->checkpoint, "Checkpoint file, a run directory (its latest checkpoint), or a Hugging Face model folder")->required();
   app->add_option("--data-dir", a->data_dir, "Folder of shards (<dir>/*_val_*.bin)");
   app->add_option("--val-pattern", a->val_pattern, "Glob of validation shards (overrides --data-dir)");
   app->add_option("-B,--batch-size", a->batch_size, "Sequences per batch")->capture_default_str();

@@ -1,4 +1,4 @@
-// `blutrain sample`: text from a checkpoint — prompt, then GPT::generate (key/value cache) with
+// `blutrain sample`: text from a checkpoint — prompt, then CausalLM::generate (key/value cache) with
 // temperature and top-k, decoded with the GPT-2 tokenizer.
 #include <iostream>
 #include <memory>
@@ -9,6 +9,7 @@
 #include "blu/core/grad_mode.h"
 #include "blu/core/rng.h"
 #include "blu/data/tokenizer.h"
+#include "blu/train/model_spec.h"
 #include "blu/train/trainer.h"
 #include "commands.h"
 
@@ -25,8 +26,7 @@ struct SampleArgs {
 
 int run_sample(const SampleArgs& a) {
   const Tokenizer tok = Tokenizer::load(a.vocab_dir.empty() ? default_vocab_dir() : a.vocab_dir);
-  const std::string ckpt = train::resolve_checkpoint(a.checkpoint);
-  auto model = train::load_gpt(ckpt, Device(a.device));
+  auto model = train::load_model(a.checkpoint, Device(a.device));
   std::vector<int32_t> prompt = a.prompt.empty() ? std::vector<int32_t>{tok.eot()} : tok.encode(a.prompt);
   const int64_t n = a.max_new_tokens;  // past the block size, generate() slides the window
   Generator gen(a.seed);
@@ -44,7 +44,7 @@ int run_sample(const SampleArgs& a) {
 Command add_sample(CLI::App& root) {
   auto a = std::make_shared<SampleArgs>();
   CLI::App* app = root.add_subcommand("sample", "Generate text from a checkpoint");
-  app->add_option("--ckpt", a->checkpoint, "Checkpoint file, or a run directory (its latest checkpoint)")->required();
+  app->add_option("--ckpt", a->checkpoint, "Checkpoint file, a run directory (its latest checkpoint), or a Hugging Face model folder")->required();
   app->add_option("-p,--prompt", a->prompt, "Text to continue (default: start of a document)");
   app->add_option("-n,--max-new-tokens", a->max_new_tokens, "Tokens to generate")
       ->check(CLI::PositiveNumber)

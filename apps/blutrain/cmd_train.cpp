@@ -16,7 +16,8 @@
 #include "blu/core/error.h"
 #include "blu/data/loader.h"
 #include "blu/data/tokenizer.h"
-#include "blu/train/model_presets.h"
+#include "blu/models/registry.h"
+#include "blu/train/model_spec.h"
 #include "blu/train/trainer.h"
 #include "commands.h"
 
@@ -87,7 +88,8 @@ int run_train(TrainArgs a) {
     }
   }
   BLU_CHECK(!o.train_pattern.empty(), "no training data: expected --data-dir DIR or --train-pattern GLOB");
-  o.model = train::apply_overrides(train::model_preset(a.model), a.overrides);
+  o.model = train::apply_overrides(models::resolve_model_config(a.model), a.overrides);
+  if (models::is_hf_spec(a.model)) o.init_from = models::hf_folder(a.model);  // train from its weights
 
   train::TrainCallbacks cb;
   cb.log = &std::cout;
@@ -111,7 +113,7 @@ int run_train(TrainArgs a) {
 Command add_train(CLI::App& root) {
   auto a = std::make_shared<TrainArgs>();
   train::TrainOptions& o = a->o;
-  CLI::App* app = root.add_subcommand("train", "Train a GPT on token shards");
+  CLI::App* app = root.add_subcommand("train", "Train a causal language model on token shards");
   // A flag given twice takes its last value, so scripts/demo.sh's defaults can be overridden by the
   // arguments passed on to it (`scripts/demo.sh --steps 50`).
   app->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
@@ -125,8 +127,12 @@ Command add_train(CLI::App& root) {
   app->add_option("--val-pattern", o.val_pattern, "Glob of validation shards (overrides --data-dir)");
   // Model.
   std::string presets;
-  for (const auto& n : train::model_preset_names()) presets += (presets.empty() ? "" : ", ") + n;
-  app->add_option("--model", a->model, "Model preset: " + presets)->capture_default_str();
+  for (const auto& f : models::family_names())
+    for (const auto& n : models::family(f).presets) presets += (presets.empty() ? "" : ", ") + f + ":" + n;
+  app->add_option("--model", a->model,
+                  "FAMILY:PRESET (" + presets + "), a bare GPT-2 preset (d12, tiny, ...), or a Hugging Face model "
+                  "folder (config.json + safetensors: training starts from its weights)")
+      ->capture_default_str();
   app->add_option("--n-layer", a->overrides.n_layer, "Override the preset's number of layers");
   app->add_option("--n-head", a->overrides.n_head, "Override the preset's number of heads");
   app->add_option("--n-embd", a->overrides.n_embd, "Override the preset's width");

@@ -16,8 +16,8 @@
 
 #include "blu/backend/cuda/runtime.h"
 #include "blu/blu.h"
-#include "blu/io/gpt2_weights.h"
-#include "blu/nn/gpt.h"
+#include "blu/models/gpt2/hf.h"
+#include "blu/models/gpt2/gpt2.h"
 #include "blu/ops/precision.h"
 #include "blu/optim/optimizer.h"
 #include "common/torch_oracle.h"
@@ -39,17 +39,17 @@ double rel_norm_error(const Tensor& got, const Tensor& ref) {
 }
 
 struct Case {
-  nn::GPTConfig cfg = nn::GPTConfig::preset("d12");
-  std::unique_ptr<nn::GPT> model;
+  models::GPTConfig cfg = models::GPTConfig::preset("d12");
+  std::unique_ptr<models::GPT> model;
   Tensor idx, targets;
   TorchOracle oracle;
   nlohmann::json manifest;
   explicit Case(int64_t B, int64_t T) {
-    model = std::make_unique<nn::GPT>(cfg, 42);
+    model = std::make_unique<models::GPT>(cfg, 42);
     Generator g(7);
     idx = randint(0, cfg.vocab_size, {B, T}, DType::i64, kCPU, &g);
     targets = randint(0, cfg.vocab_size, {B, T}, DType::i64, kCPU, &g);
-    io::export_hf_gpt2(*model, oracle.dir() + "/weights.safetensors");
+    models::export_hf_gpt2(*model, oracle.dir() + "/weights.safetensors");
     oracle.put("idx", idx);
     oracle.put("targets", targets);
     manifest = {{"weights", oracle.dir() + "/weights.safetensors"},
@@ -66,7 +66,7 @@ struct Case {
   }
 };
 
-Tensor unpadded(const std::string& name, const Tensor& t, const nn::GPTConfig& cfg) {
+Tensor unpadded(const std::string& name, const Tensor& t, const models::GPTConfig& cfg) {
   return name == "wte.weight" ? narrow(t, 0, 0, cfg.vocab_size) : t;
 }
 

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "common/tiny_gpt.h"
 #include "blu/backend/cuda/runtime.h"
 #include "blu/blu.h"
 #include "blu/dist/ddp.h"
@@ -20,7 +21,7 @@
 #include "blu/dist/process_group.h"
 #include "blu/dist/tcp_store.h"
 #include "blu/dist/zero.h"
-#include "blu/nn/gpt.h"
+#include "blu/models/gpt2/gpt2.h"
 #include "blu/optim/optimizer.h"
 #include "blu/train/trainer.h"
 #include "dist/dist_test_util.h"
@@ -136,14 +137,14 @@ Tensor batch(int64_t step, int64_t row0, int64_t rows, int64_t shift, Device dev
 }
 
 // Row exchange of the tied embedding (dist/ddp.h): "" off, "gather" or "dense" forced.
-DDPOptions ddp_options(nn::GPT& model, const std::string& rows, DDPOptions o) {
+DDPOptions ddp_options(models::GPT& model, const std::string& rows, DDPOptions o) {
   if (rows.empty()) return o;
   o.exchange_rows = {model.wte.get()};
   o.rows_gather_limit = rows == "gather" ? 1e9 : 0.0;
   return o;
 }
 
-std::vector<double> train(nn::GPT& model, ProcessGroup* pg, int zero, const std::string& row_path, int r, int W,
+std::vector<double> train(models::GPT& model, ProcessGroup* pg, int zero, const std::string& row_path, int r, int W,
                           Device dev) {
   const optim::AdamWOptions adam{.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
   auto groups = optim::decay_groups(model.named_parameters(), 0.1);
@@ -186,14 +187,14 @@ std::vector<double> train(nn::GPT& model, ProcessGroup* pg, int zero, const std:
 void ddp_matches_single(int zero, const std::string& row_path = "") {
   Rank rk;
   const int r = rk.env.rank, W = rk.env.world_size;
-  const nn::GPTConfig cfg = nn::GPTConfig::preset("tiny");
-  nn::GPT model(cfg, 1234 + uint64_t(r));  // different per rank on purpose: DDP broadcasts rank 0's
+  const models::GPTConfig cfg = ::blu::test::tiny_gpt();
+  models::GPT model(cfg, 1234 + uint64_t(r));  // different per rank on purpose: DDP broadcasts rank 0's
   model.to(rk.dev);
   model.train();
   train::apply_precision(model, "fp32");  // IEEE matmuls: the comparison is at fp32 tolerance
   const std::vector<double> dist_params = train(model, rk.pg.get(), zero, row_path, r, W, rk.dev);
   if (r == 0) {
-    nn::GPT ref(cfg, 1234);
+    models::GPT ref(cfg, 1234);
     ref.to(rk.dev);
     ref.train();
     const std::vector<double> ref_params = train(ref, nullptr, 0, "", 0, 1, rk.dev);
@@ -215,14 +216,14 @@ void ddp_matches_single(int zero, const std::string& row_path = "") {
 void ddp_bf16_views(const std::string& row_path) {
   Rank rk;
   const int r = rk.env.rank, W = rk.env.world_size;
-  const nn::GPTConfig cfg = nn::GPTConfig::preset("tiny");
-  nn::GPT model(cfg, 1234 + uint64_t(r));
+  const models::GPTConfig cfg = ::blu::test::tiny_gpt();
+  models::GPT model(cfg, 1234 + uint64_t(r));
   model.to(rk.dev);
   model.set_compute_dtype(DType::bf16);
   DistributedDataParallel ddp(model, rk.pg, ddp_options(model, row_path, {.bucket_mib = 0.02, .first_bucket_mib = 0.001}));
   std::vector<const Storage*> buckets;
   for (size_t b = 0; b < ddp.bucket_layout().size(); ++b) buckets.push_back(ddp.bucket_buffer(b).storage().get());
-  nn::GPT ref(cfg, 1234);
+  models::GPT ref(cfg, 1234);
   ref.to(rk.dev);
   ref.set_compute_dtype(DType::bf16);
   const int64_t rows = kRows / W;

@@ -14,9 +14,10 @@
 #include <cstring>
 #include <vector>
 
+#include "common/tiny_gpt.h"
 #include "blu/backend/cuda/runtime.h"
 #include "blu/blu.h"
-#include "blu/nn/gpt.h"
+#include "blu/models/gpt2/gpt2.h"
 #include "blu/ops/optim.h"
 #include "blu/optim/optimizer.h"
 
@@ -124,15 +125,15 @@ TEST(CudaAdamWMulti, MatchesCpuBitwise) {
 }
 
 struct GptRun {
-  std::unique_ptr<nn::GPT> model;
+  std::unique_ptr<models::GPT> model;
   std::unique_ptr<optim::Optimizer> opt;
 };
 GptRun tiny_gpt(bool adamw) {
   GptRun r;
-  nn::GPTConfig cfg = nn::GPTConfig::preset("tiny");
+  models::GPTConfig cfg = ::blu::test::tiny_gpt();
   cfg.n_embd = 128;  // head dim 64: the flash-attention path GPT-2 takes
   cfg.n_head = 2;
-  r.model = std::make_unique<nn::GPT>(cfg, 3);
+  r.model = std::make_unique<models::GPT>(cfg, 3);
   r.model->to(kCuda);
   r.model->set_compute_dtype(DType::bf16);
   auto groups = optim::decay_groups(r.model->named_parameters(), 0.1);

@@ -12,6 +12,7 @@
 
 #include "blu/backend/cuda/runtime.h"
 #include "blu/blu.h"
+#include "blu/train/model_spec.h"
 #include "blu/train/trainer.h"
 #include "data/data_test_util.h"
 #include "train/train_test_util.h"
@@ -27,10 +28,10 @@ constexpr int64_t kVocab = 512;
 TrainOptions gpu_options(const test::TempDir& data, const std::filesystem::path& out, const std::string& precision) {
   TrainOptions o = test_util::toy_run(data.path(), out, kVocab, precision);
   o.device = "cuda";
-  o.model.n_layer = 2;
-  o.model.n_head = 2;
-  o.model.n_embd = 128;  // head dim 64: the flash-attention kernels
-  o.model.block_size = 64;
+  o.model["n_layer"] = 2;
+  o.model["n_head"] = 2;
+  o.model["n_embd"] = 128;  // head dim 64: the flash-attention kernels
+  o.model["block_size"] = 64;
   o.batch_size = 8;
   o.seq_len = 64;
   o.steps = 20;
@@ -84,7 +85,7 @@ void train_resume_and_sample(const std::string& precision) {
 
   // The checkpoint back on the GPU, generating.
   ASSERT_FALSE(sa.checkpoint.empty());
-  const auto model = load_gpt(sa.checkpoint, Device(DeviceType::cuda, 0));
+  const auto model = load_model(sa.checkpoint, Device(DeviceType::cuda, 0));
   Generator gen(3);
   const std::vector<int32_t> out = model->generate({1, 2, 3}, 8, 0.8, 20, gen);  // the new tokens only
   EXPECT_EQ(out.size(), 8u);

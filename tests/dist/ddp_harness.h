@@ -14,6 +14,7 @@
 #include <fstream>
 #include <set>
 
+#include "common/tiny_gpt.h"
 #include "train_harness.h"
 
 namespace blu::dist::test {
@@ -42,8 +43,8 @@ inline std::vector<float> flat_grads(const nn::Module& model) {
 // One process, every micro-batch of a step concatenated into one batch: the gradients DDP must
 // reproduce (step after step, as the worker writes them).
 inline std::vector<float> reference_grads() {
-  const nn::GPTConfig cfg = nn::GPTConfig::preset("tiny");
-  nn::GPT model(cfg, 1234);
+  const models::GPTConfig cfg = ::blu::test::tiny_gpt();
+  models::GPT model(cfg, 1234);
   std::vector<float> all;
   for (int64_t step = 0; step < kGradSteps; ++step) {
     model.zero_grad();
@@ -69,7 +70,7 @@ inline void ddp_grads_worker() {
   ASSERT_EQ(kRows % W, 0);
   TcpStore store(env.master_addr, env.master_port, r == 0, 10000ms);
   auto pg = make_gloo_group(store, r, W, GlooOptions{.timeout = 10000ms, .hostname = "", .prefix = "default_pg"});
-  nn::GPT model(nn::GPTConfig::preset("tiny"), 1234 + uint64_t(r));  // DDP broadcasts rank 0's
+  models::GPT model(::blu::test::tiny_gpt(), 1234 + uint64_t(r));  // DDP broadcasts rank 0's
   const std::string rows_path = getenv_or("BLU_DIST_ROWS", "");
   DDPOptions options = kGradBuckets;
   if (!rows_path.empty()) {

@@ -8,9 +8,10 @@
 #include <fstream>
 #include <map>
 
+#include "common/tiny_gpt.h"
 #include "blu/blu.h"
 #include "blu/dist/ddp.h"
-#include "blu/nn/gpt.h"
+#include "blu/models/gpt2/gpt2.h"
 #include "blu/nn/layers.h"
 #include "common/checks.h"
 #include "ddp_harness.h"
@@ -59,7 +60,7 @@ void expect_layout(const nn::Module& model, const DistributedDataParallel& ddp, 
 
 TEST(DdpBuckets, FirstBucketFollowsTheOption) {
   OneRank rk;
-  nn::GPT model(nn::GPTConfig::preset("tiny"), 1);
+  models::GPT model(::blu::test::tiny_gpt(), 1);
   {  // 1 KiB first bucket: only the last layer norm and the last projection's bias fit
     DistributedDataParallel ddp(model, rk.pg, {.bucket_mib = 0.02, .first_bucket_mib = 0.001});
     expect_layout(model, ddp, 0.001, 0.02);
@@ -89,8 +90,8 @@ TEST(DdpBuckets, FirstBucketFollowsTheOption) {
 // linear layers' GEMMs write their gradients straight into the buckets, with 16-bit compute too.
 void grads_alias_buckets(DType compute) {
   OneRank rk;
-  const nn::GPTConfig cfg = nn::GPTConfig::preset("tiny");
-  nn::GPT model(cfg, 7), plain(cfg, 7);
+  const models::GPTConfig cfg = ::blu::test::tiny_gpt();
+  models::GPT model(cfg, 7), plain(cfg, 7);
   model.set_compute_dtype(compute);
   plain.set_compute_dtype(compute);
   const std::vector<Tensor> params = model.parameters(), plain_params = plain.parameters();
@@ -173,7 +174,7 @@ TEST(DdpGradViews, UnusedParametersGetZeroGradientsInTheirBuckets) {
 
 TEST(DdpGradViews, DestroyedDdpRemovesItsGradSlots) {
   OneRank rk;
-  nn::GPT model(nn::GPTConfig::preset("tiny"), 3);
+  models::GPT model(::blu::test::tiny_gpt(), 3);
   {
     DistributedDataParallel ddp(model, rk.pg);
     for (const Tensor& p : model.parameters()) EXPECT_TRUE(p.grad_slot().defined());
@@ -232,7 +233,7 @@ TEST(DdpRowExchange, GatheredAndDenseRowsMatchConcatenatedBatch) {
 // is removed with the DDP; a weight outside the model, or listed twice, is refused.
 TEST(DdpRowExchange, OwnFirstBucketAndSinkLifetime) {
   OneRank rk;
-  nn::GPT model(nn::GPTConfig::preset("tiny"), 1);
+  models::GPT model(::blu::test::tiny_gpt(), 1);
   {
     DistributedDataParallel ddp(model, rk.pg, {.bucket_mib = 0.02, .first_bucket_mib = 0.001,
                                                .exchange_rows = {model.wte.get()}});

@@ -16,12 +16,13 @@
 #include <string>
 #include <vector>
 
+#include "common/tiny_gpt.h"
 #include "blu/blu.h"
 #include "blu/dist/ddp.h"
 #include "blu/dist/env.h"
 #include "blu/dist/zero.h"
 #include "blu/io/checkpoint.h"
-#include "blu/nn/gpt.h"
+#include "blu/models/gpt2/gpt2.h"
 #include "blu/optim/optimizer.h"
 
 namespace blu::dist::test {
@@ -62,9 +63,9 @@ inline void train_worker() {
     store = std::make_unique<TcpStore>(env.master_addr, env.master_port, r == 0, 10000ms);
     pg = make_gloo_group(*store, r, W, GlooOptions{.timeout = 10000ms, .hostname = "", .prefix = "default_pg"});
   }
-  const nn::GPTConfig cfg = nn::GPTConfig::preset("tiny");
-  nn::GPT model(cfg, 1234 + uint64_t(r));  // different per rank on purpose: DDP/ZeRO broadcast rank 0's
-  if (mode == "single") model.load_state_dict(nn::GPT(cfg, 1234).state_dict());
+  const models::GPTConfig cfg = ::blu::test::tiny_gpt();
+  models::GPT model(cfg, 1234 + uint64_t(r));  // different per rank on purpose: DDP/ZeRO broadcast rank 0's
+  if (mode == "single") model.load_state_dict(models::GPT(cfg, 1234).state_dict());
   std::vector<Tensor> params = model.parameters();
   auto groups = optim::decay_groups(model.named_parameters(), 0.1);
   const optim::AdamWOptions adam{.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};

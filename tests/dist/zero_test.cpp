@@ -7,9 +7,10 @@
 
 #include <set>
 
+#include "common/tiny_gpt.h"
 #include "blu/blu.h"
 #include "blu/dist/zero.h"
-#include "blu/nn/gpt.h"
+#include "blu/models/gpt2/gpt2.h"
 #include "dist_test_util.h"
 
 namespace blu::dist::test {
@@ -23,8 +24,8 @@ struct OneRank {
       make_gloo_group(store, 0, 1, GlooOptions{.timeout = 10000ms, .hostname = "", .prefix = "default_pg"});
 };
 
-nn::GPTConfig config() {
-  nn::GPTConfig c = nn::GPTConfig::preset("tiny");
+models::GPTConfig config() {
+  models::GPTConfig c = ::blu::test::tiny_gpt();
   c.n_layer = 4;
   return c;
 }
@@ -37,7 +38,7 @@ std::vector<std::string> reverse_names(const nn::Module& m) {
 
 const optim::AdamWOptions kAdam{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
 
-std::unique_ptr<ZeroAdamW> make_zero2(nn::GPT& model, const std::shared_ptr<ProcessGroup>& pg) {
+std::unique_ptr<ZeroAdamW> make_zero2(models::GPT& model, const std::shared_ptr<ProcessGroup>& pg) {
   return std::make_unique<ZeroAdamW>(optim::decay_groups(model.named_parameters(), 0.1), kAdam, pg, 2,
                                      zero_options_for(model, 0.05, model.wte.get()));
 }
@@ -54,7 +55,7 @@ std::pair<Tensor, Tensor> batch(int k) {
 
 TEST(Zero2, BucketsFollowTheReductionOrder) {
   OneRank one;
-  nn::GPT model(config(), 7);
+  models::GPT model(config(), 7);
   auto opt = make_zero2(model, one.pg);
   const auto layout = opt->bucket_layout();
   EXPECT_GE(layout.size(), 4u);
@@ -72,7 +73,7 @@ TEST(Zero2, BucketsFollowTheReductionOrder) {
 // optim's AdamW on the same gradients, and no parameter keeps a gradient after a synced backward.
 TEST(Zero2, ReleasesGradientsAndMatchesAdamW) {
   OneRank one;
-  nn::GPT a(config(), 7), b(config(), 7);
+  models::GPT a(config(), 7), b(config(), 7);
   auto zero = make_zero2(a, one.pg);
   auto plain = optim::make_adamw(optim::decay_groups(b.named_parameters(), 0.1), kAdam);
   for (int step = 0; step < 2; ++step) {

@@ -7,9 +7,10 @@
 // batch: the loss before each step and the parameters after the last must match PyTorch's.
 #include <gtest/gtest.h>
 
+#include "common/tiny_gpt.h"
 #include "blu/blu.h"
-#include "blu/io/gpt2_weights.h"
-#include "blu/nn/gpt.h"
+#include "blu/models/gpt2/hf.h"
+#include "blu/models/gpt2/gpt2.h"
 #include "blu/optim/optimizer.h"
 #include "common/opinfo.h"
 #include "common/torch_oracle.h"
@@ -20,8 +21,8 @@ namespace {
 constexpr double kAtol = 1e-5, kRtol = 1e-4;
 
 struct Gpt2Case {
-  nn::GPTConfig cfg = nn::GPTConfig::preset("tiny");  // n_layer 2, n_head 3, n_embd 48, T 16, V 101→128
-  nn::GPT model{cfg, 1234};
+  models::GPTConfig cfg = ::blu::test::tiny_gpt();  // n_layer 2, n_head 3, n_embd 48, T 16, V 101→128
+  models::GPT model{cfg, 1234};
   Tensor idx, targets;
   Gpt2Case() {
     Generator g(77);
@@ -50,14 +51,14 @@ struct Gpt2Case {
 };
 
 // Our tensor in the layout PyTorch reports it: wte without its padded rows.
-Tensor unpadded(const std::string& name, const Tensor& t, const nn::GPTConfig& cfg) {
+Tensor unpadded(const std::string& name, const Tensor& t, const models::GPTConfig& cfg) {
   return name == "wte.weight" ? narrow(t, 0, 0, cfg.vocab_size) : t;
 }
 
 TEST(Gpt2Oracle, LogitsLossAndGradientsMatchPyTorch) {
   Gpt2Case s;
   TorchOracle oracle;
-  io::export_hf_gpt2(s.model, oracle.dir() + "/weights.safetensors");
+  models::export_hf_gpt2(s.model, oracle.dir() + "/weights.safetensors");
   oracle.put("idx", s.idx);
   oracle.put("targets", s.targets);
   auto want = oracle.run("gpt2/torch_gpt2.py", s.manifest(oracle));
@@ -78,7 +79,7 @@ TEST(Gpt2Oracle, TenAdamWStepsMatchPyTorch) {
   constexpr int kSteps = 10;
   Gpt2Case s;
   TorchOracle oracle;
-  io::export_hf_gpt2(s.model, oracle.dir() + "/weights.safetensors");
+  models::export_hf_gpt2(s.model, oracle.dir() + "/weights.safetensors");
   oracle.put("idx", s.idx);
   oracle.put("targets", s.targets);
   nlohmann::json manifest = s.manifest(oracle);

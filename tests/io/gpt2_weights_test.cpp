@@ -6,8 +6,9 @@
 #include <cstring>
 #include <filesystem>
 
+#include "common/tiny_gpt.h"
 #include "blu/blu.h"
-#include "blu/io/gpt2_weights.h"
+#include "blu/models/gpt2/hf.h"
 #include "blu/io/safetensors.h"
 
 namespace blu::io {
@@ -53,8 +54,8 @@ void expect_error(const std::function<void()>& f, const std::vector<std::string>
 
 TEST(Gpt2Weights, ExportImportRoundTrip) {
   TmpDir d;
-  auto cfg = nn::GPTConfig::preset("tiny");
-  nn::GPT a(cfg, 1), b(cfg, 2);
+  auto cfg = ::blu::test::tiny_gpt();
+  models::GPT a(cfg, 1), b(cfg, 2);
   export_hf_gpt2(a, d.path + "/w.safetensors");
   SafeTensorsFile f = SafeTensorsFile::open(d.path + "/w.safetensors");
   EXPECT_EQ(f.at("wte.weight").shape, (std::vector<int64_t>{101, 48})) << "padding dropped";
@@ -74,8 +75,8 @@ TEST(Gpt2Weights, ExportImportRoundTrip) {
 
 TEST(Gpt2Weights, AcceptsPrefixBuffersAndTiedHead) {
   TmpDir d;
-  auto cfg = nn::GPTConfig::preset("tiny");
-  nn::GPT a(cfg, 1), b(cfg, 2);
+  auto cfg = ::blu::test::tiny_gpt();
+  models::GPT a(cfg, 1), b(cfg, 2);
   export_hf_gpt2(a, d.path + "/w.safetensors");
   SafeTensorsFile f = SafeTensorsFile::open(d.path + "/w.safetensors");
   Tensor wte = contiguous(narrow(a.wte->weight.detach(), 0, 0, 101));
@@ -93,8 +94,8 @@ TEST(Gpt2Weights, AcceptsPrefixBuffersAndTiedHead) {
 
 TEST(Gpt2Weights, RefusesMissingWrongShapeAndUnexpected) {
   TmpDir d;
-  auto cfg = nn::GPTConfig::preset("tiny");
-  nn::GPT a(cfg, 1), b(cfg, 2);
+  auto cfg = ::blu::test::tiny_gpt();
+  models::GPT a(cfg, 1), b(cfg, 2);
   const auto before = to_vector((*b.h)[0].ln_1->weight);
   const std::string good = d.path + "/w.safetensors";
   export_hf_gpt2(a, good);
@@ -106,7 +107,7 @@ TEST(Gpt2Weights, RefusesMissingWrongShapeAndUnexpected) {
   // A wrong shape: a model with another n_embd reads this file.
   auto wide = cfg;
   wide.n_embd = 60;
-  nn::GPT c(wide, 3);
+  models::GPT c(wide, 3);
   expect_error([&] { import_hf_gpt2(good, c); }, {"'wte.weight' has shape [101, 48], expected [101, 60]"});
   // A c_attn stored in our [out, in] layout instead of Conv1D's [in, out].
   Tensor wrong = zeros({144, 48});

@@ -7,14 +7,19 @@
 
 #include <cstring>
 
+#include "common/tiny_gpt.h"
 #include "blu/blu.h"
-#include "blu/nn/gpt.h"
+#include "blu/models/gpt2/gpt2.h"
 #include "blu/ops/dispatch.h"
 #include "blu/optim/optimizer.h"
 #include "common/checks.h"
 
 namespace blu::nn {
 namespace {
+
+using models::GPT;
+using models::GPTConfig;
+using models::KVCache;
 
 using test::bitwise_equal;
 
@@ -121,7 +126,7 @@ struct TrainRun {
 };
 TrainRun train(DType dtype, bool copies, bool adamw, int steps, bool check_copies = false) {
   TrainRun r;
-  const GPTConfig cfg = GPTConfig::preset("tiny");
+  const GPTConfig cfg = ::blu::test::tiny_gpt();
   r.model = std::make_unique<GPT>(cfg, 7);
   r.model->set_compute_dtype(dtype);
   r.model->set_compute_copies(copies);
@@ -135,7 +140,7 @@ TrainRun train(DType dtype, bool copies, bool adamw, int steps, bool check_copie
     const Tensor idx = randint(0, cfg.vocab_size, {2, 16}, DType::i64, kCPU, &data);
     const Tensor tgt = randint(0, cfg.vocab_size, {2, 16}, DType::i64, kCPU, &data);
     opt->zero_grad();
-    const GPTOutput out = r.model->forward(idx, tgt);
+    const models::LMOutput out = r.model->forward(idx, tgt);
     r.losses.push_back(out.loss.item());
     out.loss.backward();
     optim::clip_grad_norm(params, 1.0);
@@ -162,7 +167,7 @@ TEST(ComputeCopy, GptTrainingIsBitwiseTheSameWithAndWithoutCopies) {
       for (size_t i = 0; i < on.losses.size(); ++i) EXPECT_EQ(on.losses[i], off.losses[i]) << "step " << i;
       const NamedTensors a = on.model->named_parameters(), b = off.model->named_parameters();
       for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(bitwise_equal(a[i].second, b[i].second)) << a[i].first;
-      const GPT fresh(GPTConfig::preset("tiny"), 7);  // it trains: the weights moved
+      const GPT fresh(::blu::test::tiny_gpt(), 7);  // it trains: the weights moved
       EXPECT_FALSE(bitwise_equal((*on.model->h)[0].mlp->c_fc->weight, (*fresh.h)[0].mlp->c_fc->weight));
     }
   }

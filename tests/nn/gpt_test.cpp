@@ -5,11 +5,16 @@
 
 #include <cmath>
 
+#include "common/tiny_gpt.h"
 #include "blu/blu.h"
-#include "blu/nn/gpt.h"
+#include "blu/models/gpt2/gpt2.h"
 
 namespace blu::nn {
 namespace {
+
+using models::GPT;
+using models::GPTConfig;
+using models::KVCache;
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {
   auto x = to_vector(a), y = to_vector(b);
@@ -25,7 +30,7 @@ Tensor tokens(const GPTConfig& c, int64_t B, int64_t T, uint64_t seed) {
 }
 
 TEST(GPT, ForwardShapesAndLoss) {
-  auto cfg = GPTConfig::preset("tiny");
+  auto cfg = ::blu::test::tiny_gpt();
   GPT m(cfg);
   Tensor idx = tokens(cfg, 2, 16, 1), tgt = tokens(cfg, 2, 16, 2);
   auto out = m.forward(idx, tgt);
@@ -50,7 +55,7 @@ TEST(GPT, ForwardShapesAndLoss) {
 }
 
 TEST(GPT, PaddedRowsGetNoGradient) {
-  auto cfg = GPTConfig::preset("tiny");
+  auto cfg = ::blu::test::tiny_gpt();
   GPT m(cfg);
   auto out = m.forward(tokens(cfg, 2, 8, 3), tokens(cfg, 2, 8, 4));
   out.loss.backward();
@@ -62,7 +67,7 @@ TEST(GPT, PaddedRowsGetNoGradient) {
 }
 
 TEST(GPT, RejectsBadInputs) {
-  auto cfg = GPTConfig::preset("tiny");
+  auto cfg = ::blu::test::tiny_gpt();
   GPT m(cfg);
   EXPECT_THROW(m.forward(tokens(cfg, 1, 17, 1)), Error);  // longer than block_size
   EXPECT_THROW(m.forward(zeros({1, 4})), Error);          // float ids
@@ -70,7 +75,7 @@ TEST(GPT, RejectsBadInputs) {
 }
 
 TEST(GPT, CachedLogitsMatchFullForwardAtEveryPosition) {
-  auto cfg = GPTConfig::preset("tiny");
+  auto cfg = ::blu::test::tiny_gpt();
   GPT m(cfg, 5);
   m.eval();
   NoGradGuard ng;
@@ -94,7 +99,7 @@ TEST(GPT, CachedLogitsMatchFullForwardAtEveryPosition) {
 }
 
 TEST(GPT, GenerateGreedyIsDeterministicAndMatchesArgmax) {
-  auto cfg = GPTConfig::preset("tiny");
+  auto cfg = ::blu::test::tiny_gpt();
   GPT m(cfg, 5);
   Generator g1(1), g2(2);
   std::vector<int32_t> prompt = {3, 14, 15};
@@ -117,7 +122,7 @@ TEST(GPT, GenerateGreedyIsDeterministicAndMatchesArgmax) {
 }
 
 TEST(GPT, GenerateSamplesReproduciblyAndPastBlockSize) {
-  auto cfg = GPTConfig::preset("tiny");
+  auto cfg = ::blu::test::tiny_gpt();
   GPT m(cfg, 5);
   Generator g1(42), g2(42);
   auto a = m.generate({1, 2}, 30, 1.0, 0, g1);  // 32 tokens > block_size 16: the window slides
@@ -132,7 +137,7 @@ TEST(GPT, GenerateSamplesReproduciblyAndPastBlockSize) {
 }
 
 TEST(GPT, DropoutFollowsTrainEval) {
-  auto cfg = GPTConfig::preset("tiny");
+  auto cfg = ::blu::test::tiny_gpt();
   cfg.dropout = 0.5;
   GPT m(cfg, 5);
   Tensor idx = tokens(cfg, 1, 8, 1);
@@ -149,7 +154,7 @@ TEST(GPT, DropoutFollowsTrainEval) {
 }
 
 TEST(GPT, ToDouble) {
-  auto cfg = GPTConfig::preset("tiny");
+  auto cfg = ::blu::test::tiny_gpt();
   GPT m(cfg, 5);
   NoGradGuard ng;
   Tensor idx = tokens(cfg, 1, 8, 1);

@@ -2,12 +2,17 @@
 // strict errors), train/eval, to(dtype), zero_grad; the GPT-2 presets' parameter counts.
 #include <gtest/gtest.h>
 
+#include "common/tiny_gpt.h"
 #include "blu/blu.h"
-#include "blu/nn/gpt.h"
+#include "blu/models/gpt2/gpt2.h"
 #include "blu/nn/layers.h"
 
 namespace blu::nn {
 namespace {
+
+using models::GPT;
+using models::GPTConfig;
+using models::KVCache;
 
 class Tiny : public Module {
  public:
@@ -187,20 +192,20 @@ TEST(GPTConfig, PresetsAndJson) {
   EXPECT_EQ(d12.n_layer, 12);
   EXPECT_EQ(GPTConfig::preset("d48").n_embd, 1600);
   EXPECT_EQ(GPTConfig::from_json(d12.to_json()), d12);
-  expect_throws_with([] { GPTConfig::preset("d13"); }, "unknown preset 'd13'");
+  expect_throws_with([] { GPTConfig::preset("d13"); }, "unknown GPT-2 preset 'd13'");
   auto j = d12.to_json();
   j["extra"] = 1;
   expect_throws_with([&] { GPTConfig::from_json(j); }, "unknown key 'extra'");
   j = d12.to_json();
   j.erase("n_head");
   expect_throws_with([&] { GPTConfig::from_json(j); }, "missing key 'n_head'");
-  auto bad = GPTConfig::preset("tiny");
+  auto bad = ::blu::test::tiny_gpt();
   bad.n_head = 5;
   expect_throws_with([&] { GPT m(bad); }, "not a multiple of n_head");
 }
 
 TEST(GPT, ParameterNamesFollowHuggingFace) {
-  GPT m(GPTConfig::preset("tiny"));
+  GPT m(::blu::test::tiny_gpt());
   auto n = names(m.named_parameters());
   std::vector<std::string> want = {"wte.weight", "wpe.weight"};
   for (int i = 0; i < 2; ++i) {
@@ -232,12 +237,12 @@ TEST(GPT, ParameterCounts) {
   unpadded.padded_vocab_size = unpadded.vocab_size;
   EXPECT_EQ(count_gpt_params(unpadded), 124'439'808);
   // The model agrees with the formula (tiny builds in no time; d12 is built once, f32, ~0.5 GB).
-  EXPECT_EQ(GPT(GPTConfig::preset("tiny")).num_parameters(), count_gpt_params(GPTConfig::preset("tiny")));
+  EXPECT_EQ(GPT(::blu::test::tiny_gpt()).num_parameters(), count_gpt_params(::blu::test::tiny_gpt()));
   EXPECT_EQ(GPT(GPTConfig::preset("d12")).num_parameters(), 124'475'904);
 }
 
 TEST(GPT, InitIsGpt2s) {
-  auto cfg = GPTConfig::preset("tiny");
+  auto cfg = ::blu::test::tiny_gpt();
   cfg.n_layer = 4;
   GPT a(cfg, 7), b(cfg, 7), c(cfg, 8);
   EXPECT_EQ(to_vector(a.wte->weight), to_vector(b.wte->weight)) << "same seed, same init";

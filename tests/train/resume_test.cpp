@@ -30,10 +30,10 @@ void write_data(const TempDir& dir) { test_util::write_toy_shards(dir.path(), kV
 TrainOptions tiny_options(const TempDir& data, const std::filesystem::path& out,
                           const std::string& precision = "fp32") {
   TrainOptions o = test_util::toy_run(data.path(), out, kVocab, precision);
-  o.model.n_layer = 2;
-  o.model.n_head = 2;
-  o.model.n_embd = 32;
-  o.model.block_size = 32;
+  o.model["n_layer"] = 2;
+  o.model["n_head"] = 2;
+  o.model["n_embd"] = 32;
+  o.model["block_size"] = 32;
   o.batch_size = 2;
   o.seq_len = 16;
   o.grad_accum = 2;
@@ -49,7 +49,7 @@ TrainOptions tiny_options(const TempDir& data, const std::filesystem::path& out,
 }
 
 // Every weight as its exact float values (double holds a float exactly).
-std::vector<std::vector<double>> weights(nn::GPT& model) {
+std::vector<std::vector<double>> weights(models::CausalLM& model) {
   std::vector<std::vector<double>> out;
   for (const auto& [name, t] : model.state_dict()) out.push_back(to_vector(t));
   return out;
@@ -224,7 +224,7 @@ TEST(Trainer, AutoResume) {
   TrainOptions other = tiny_options(data, runs / "b");  // another model's start, no checkpoint
   other.sample_every = 0;
   { Trainer died(other); }
-  other.model.n_layer = 3;
+  other.model["n_layer"] = 3;
   other.auto_resume = true;
   const auto before = test::list_dir(runs / "b");
   test::expect_error([&] { Trainer t(other); }, {"--auto-resume", "names another model", "--overwrite"});

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "blu/data/shard.h"
+#include "blu/models/gpt2/gpt2.h"
 #include "blu/train/trainer.h"
 #include "data/data_test_util.h"
 
@@ -33,11 +34,12 @@ inline void write_toy_shards(const std::filesystem::path& dir, int64_t vocab, si
 inline TrainOptions toy_run(const std::filesystem::path& data, const std::filesystem::path& out, int64_t vocab,
                             const std::string& precision) {
   TrainOptions o;
+  o.model = models::GPTConfig().to_json();
   o.precision = precision;
   o.train_pattern = (data / "toy_train_*.bin").string();
   o.val_pattern = (data / "toy_val_*.bin").string();
-  o.model.vocab_size = vocab;
-  o.model.padded_vocab_size = vocab;
+  o.model["vocab_size"] = vocab;
+  o.model["padded_vocab_size"] = vocab;
   o.warmup = 3;
   o.schedule = "cosine";
   o.weight_decay = 0.1;

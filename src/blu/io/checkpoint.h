@@ -22,7 +22,7 @@ struct TrainState {
   int64_t step = 0;                       // optimizer steps completed
   uint64_t rng_seed = 0, rng_offset = 0;  // blu::default_generator() state
   nlohmann::json loader;                  // DataLoader::state() JSON
-  nlohmann::json model_config;            // GPTConfig::to_json()
+  nlohmann::json model_config;            // CausalLM::config()
   nlohmann::json run;                     // free-form run options (lr schedule, batch, …)
 };
 

@@ -67,6 +67,10 @@ class CausalLM : public nn::Module {
   virtual std::vector<BlockRef> blocks() const = 0;
   virtual nn::Embedding& token_embedding() const = 0;
   virtual Tensor output_weight() const = 0;  // [V', C]; token_embedding().weight when tied
+  // Training FLOPs per token at sequence length T (forward and backward, matmuls only, as the MFU
+  // of the PaLM paper counts them): 6 per weight that a token multiplies through, plus the
+  // attention scores' 12·layers·width·T.
+  virtual double flops_per_token(int64_t T) const = 0;
   bool tied_embeddings() const { return output_weight().is_same(token_embedding().weight); }
   // Mixed precision: activations and matmuls in `dtype` (f32, bf16, f16) over parameters kept in
   // their own dtype (master weights), read through their compute copies (Module::cast_param).

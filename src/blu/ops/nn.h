@@ -53,9 +53,9 @@ Tensor dropout(const Tensor& x, double p, bool training = true, Generator* gen =
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-5);
 // Rotary position embedding, Hugging Face's rotate-half layout: y = x·cos + rotate_half(x)·sin with
 // rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2]). x [B, T, H, D] (D even), cos/sin [T, D] (f32, or
-// x's dtype; the caller already selected the rows for the positions), computed in fp32 and rounded
-// once to x's dtype. Output contiguous [B, T, H, D]. Differentiable in x only. x may be any view
-// with unit stride along D (a head slice of a fused qkv projection) without a copy.
+// x's dtype; the caller already selected the rows for the positions), computed in fp32 (f64 for f64
+// x) and rounded once to x's dtype. Output contiguous [B, T, H, D]. Differentiable in x only. x may
+// be any view with unit stride along D (a head slice of a fused qkv projection): read in place.
 Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin);
 Tensor silu(const Tensor& x);                          // x·sigmoid(x)
 // silu(gate)·up, same shapes, computed in fp32 and rounded once. gate and up may be row-strided

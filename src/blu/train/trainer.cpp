@@ -22,7 +22,8 @@
 #include "blu/ops/elementwise.h"
 #include "blu/ops/factory.h"
 #include "blu/ops/view.h"
-#include "blu/train/model_presets.h"
+#include "blu/models/registry.h"
+#include "blu/train/model_spec.h"
 #ifdef BLU_HAVE_CUDA
 #include "blu/backend/cuda/runtime.h"
 #endif
@@ -108,7 +109,7 @@ nlohmann::json read_json_file(const fs::path& path) {
 }  // namespace
 
 nlohmann::json TrainOptions::to_json() const {
-  return {{"train_pattern", train_pattern}, {"val_pattern", val_pattern},   {"model", model.to_json()},
+  return {{"train_pattern", train_pattern}, {"val_pattern", val_pattern},   {"model", model},
           {"batch_size", batch_size},       {"seq_len", seq_len},           {"grad_accum", grad_accum},
           {"steps", steps},                 {"lr", lr},                     {"min_lr", min_lr},
           {"warmup", warmup},               {"schedule", schedule},         {"weight_decay", weight_decay},
@@ -118,7 +119,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"sample_temperature", sample_temperature}, {"sample_top_k", sample_top_k},
           {"ckpt_every", ckpt_every},       {"keep_last", keep_last},       {"log_every", log_every},
           {"dp", dp},                       {"zero", zero}, {"row_exchange", row_exchange},
-          {"auto_resume", auto_resume}};
+          {"auto_resume", auto_resume}, {"init_from", init_from}};
 }
 
 bool holds_run(const std::string& dir) {
@@ -140,16 +141,7 @@ std::string resolve_checkpoint(const std::string& path) {
   return path;
 }
 
-std::unique_ptr<nn::GPT> load_gpt(const std::string& checkpoint, Device device) {
-  const nn::GPTConfig cfg = checkpoint_model_config(checkpoint);
-  auto model = std::make_unique<nn::GPT>(cfg);
-  load_checkpoint(checkpoint, *model, nullptr, cfg.to_json());
-  if (!device.is_cpu()) model->to(device);
-  model->eval();
-  return model;
-}
-
-double evaluate(nn::GPT& model, DataLoader& loader, int64_t batches, Device device) {
+double evaluate(models::CausalLM& model, DataLoader& loader, int64_t batches, Device device) {
   const int64_t n = std::min(batches, loader.batches_per_epoch());
   BLU_CHECK(n > 0, "evaluation needs at least one batch: asked for ", batches, ", the data holds ",
             loader.batches_per_epoch(), " batches of ", loader.B(), "x", loader.T(), " tokens");
@@ -170,13 +162,22 @@ double evaluate(nn::GPT& model, DataLoader& loader, int64_t batches, Device devi
 
 Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     : opt_s_(std::move(options)), cb_(std::move(callbacks)), device_(kCPU) {
-  if (opt_s_.seq_len == 0) opt_s_.seq_len = opt_s_.model.block_size;
+  // The shards exist (the cheapest check, and the commonest mistake), then the model (on the CPU;
+  // nothing on disk is touched), whose shapes bound the options.
+  const std::vector<fs::path> train_files = shard_files(opt_s_.train_pattern, "train");
+  const std::vector<fs::path> val_files =
+      opt_s_.val_pattern.empty() ? std::vector<fs::path>{} : shard_files(opt_s_.val_pattern, "val");
+  manual_seed(opt_s_.seed);
+  if (opt_s_.model.is_null()) opt_s_.model = models::resolve_model_config("d12");  // the CLI's default
+  model_ = models::build_model(opt_s_.model, opt_s_.seed);
+  opt_s_.model = model_->config();
+  if (opt_s_.seq_len == 0) opt_s_.seq_len = model_->max_seq_len();
   const TrainOptions& o = opt_s_;
   // 1. Options: every check before anything is built or touched.
   BLU_CHECK(o.batch_size > 0, "--batch-size must be positive, got ", o.batch_size);
   BLU_CHECK(o.seq_len > 0, "--seq-len must be positive, got ", o.seq_len);
-  BLU_CHECK(o.seq_len <= o.model.block_size, "--seq-len must be at most the model's block size ", o.model.block_size,
-            ", got ", o.seq_len);
+  BLU_CHECK(o.seq_len <= model_->max_seq_len(), "--seq-len must be at most the model's longest sequence ",
+            model_->max_seq_len(), ", got ", o.seq_len);
   BLU_CHECK(o.grad_accum >= 1, "--grad-accum must be at least 1, got ", o.grad_accum);
   BLU_CHECK(o.steps >= 1, "--steps must be at least 1, got ", o.steps);
   BLU_CHECK(o.lr > 0 && o.min_lr >= 0, "learning rates must be positive: got --lr ", o.lr, ", --min-lr ", o.min_lr);
@@ -230,7 +231,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
         const fs::path run_json = fs::path(o.out) / "run.json";
         nlohmann::json saved;
         if (fs::exists(run_json)) saved = read_json_file(run_json).value("model_config", nlohmann::json());
-        BLU_CHECK(saved == o.model.to_json(), "--auto-resume: the run directory ", o.out,
+        BLU_CHECK(saved == o.model, "--auto-resume: the run directory ", o.out,
                   " holds a run without a checkpoint whose run.json ",
                   saved.is_null() ? std::string("is missing or names no model") : "names another model (" + saved.dump() + ")",
                   "; pass --overwrite to replace it or choose another --out");
@@ -247,20 +248,23 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
 
   // 3. Data (shards are validated here, still before anything is written).
   LoaderOptions lo;
-  lo.vocab_size = o.model.vocab_size;
+  lo.vocab_size = model_->vocab_size();
   const int world = int(o.dp);
   train_loader_ =
-      std::make_unique<DataLoader>(shard_files(o.train_pattern, "train"), o.batch_size, o.seq_len, rank_, world, lo);
+      std::make_unique<DataLoader>(train_files, o.batch_size, o.seq_len, rank_, world, lo);
   if (!o.val_pattern.empty()) {
     LoaderOptions vo = lo;
     vo.prefetch = 0;  // read on demand: evaluation is occasional and resets the loader
     val_loader_ =
-        std::make_unique<DataLoader>(shard_files(o.val_pattern, "val"), o.batch_size, o.seq_len, rank_, world, vo);
+        std::make_unique<DataLoader>(val_files, o.batch_size, o.seq_len, rank_, world, vo);
   }
 
   // 4. Model and optimizer.
-  manual_seed(o.seed);
-  model_ = std::make_unique<nn::GPT>(o.model, o.seed);
+  if (!o.init_from.empty()) {
+    const auto& fam = models::family(models::family_of(o.model));
+    BLU_CHECK(fam.import_hf, "--model ", o.init_from, ": the ", fam.name, " family has no Hugging Face weight import");
+    fam.import_hf(*model_, o.init_from);
+  }
   if (!device_.is_cpu()) model_->to(device_);
   model_->train();
   apply_precision(*model_, o.precision);
@@ -281,11 +285,12 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     a.beta1 = 0.9;
     a.beta2 = 0.95;  // GPT-2 / llm.c
     if (o.zero > 0) {
+      nn::Embedding* tied = model_->tied_embeddings() ? &model_->token_embedding() : nullptr;
       // Stage 2: the tied embedding in a bucket alone — its LM-head part reduced first and its rows
       // exchanged at the end (row exchange), or its whole gradient complete only at the end.
       auto z = std::make_unique<dist::ZeroAdamW>(
           std::move(groups), a, pg_, o.zero,
-          dist::zero_options_for(*model_, 25.0, model_->wte.get(), o.zero == 2 && o.row_exchange));
+          dist::zero_options_for(*model_, 25.0, tied, o.zero == 2 && o.row_exchange));
       zero_ = z.get();
       opt_ = std::move(z);
     } else {
@@ -304,8 +309,9 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
       dist::broadcast_parameters(*model_, *pg_);
     else
       ddp_ = std::make_unique<dist::DistributedDataParallel>(
-          *model_, pg_, dist::DDPOptions{.exchange_rows = o.row_exchange ? std::vector<nn::Embedding*>{model_->wte.get()}
-                                                                         : std::vector<nn::Embedding*>{}});
+          *model_, pg_, dist::DDPOptions{.exchange_rows = o.row_exchange && model_->tied_embeddings()
+                                                              ? std::vector<nn::Embedding*>{&model_->token_embedding()}
+                                                              : std::vector<nn::Embedding*>{}});
   }
 
   // 5. Only now touch the disk (rank 0's files; every rank has checked the directory by now).
@@ -316,8 +322,8 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   if (rank_ == 0) fs::create_directories(o.out);
   const std::string metrics_path = (fs::path(o.out) / "metrics.jsonl").string();
   if (!resume_from.empty()) {
-    const TrainState st = zero_ ? dist::load_sharded_checkpoint(resume_from, *model_, *zero_, o.model.to_json())
-                                : load_checkpoint(resume_from, *model_, opt_.get(), o.model.to_json());
+    const TrainState st = zero_ ? dist::load_sharded_checkpoint(resume_from, *model_, *zero_, o.model)
+                                : load_checkpoint(resume_from, *model_, opt_.get(), o.model);
     step_ = st.step;
     default_generator().set_state(st.rng_seed, st.rng_offset);
     train_loader_->restore(st.loader.get<LoaderState>());
@@ -330,7 +336,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   }
   if (rank_ != 0) return;
   write_json_file(fs::path(o.out) / "run.json", {{"blutrain_version", BLU_VERSION},
-                                                  {"model_config", o.model.to_json()},
+                                                  {"model_config", o.model},
                                                   {"options", o.to_json()}});
   metrics_ = MetricsLog(metrics_path);
 }
@@ -359,7 +365,7 @@ void Trainer::print_header() {
   os.flush();
 }
 
-void apply_precision(nn::GPT& model, const std::string& precision) {
+void apply_precision(models::CausalLM& model, const std::string& precision) {
   if (precision == "fp32" || precision == "tf32") {
     set_matmul_precision(precision == "tf32" ? "tf32" : "ieee");
   } else if (precision == "bf16") {
@@ -453,7 +459,7 @@ void Trainer::sample(int64_t step) {
     NoGradGuard no_grad;
     model_->eval();
     std::vector<int32_t> prompt = cb_.sample_prompt;
-    if (prompt.empty()) prompt.push_back(model_->config().vocab_size > 50256 ? 50256 : 0);
+    if (prompt.empty()) prompt.push_back(model_->vocab_size() > 50256 ? 50256 : 0);
     ids = model_->generate(prompt, n, opt_s_.sample_temperature, opt_s_.sample_top_k, gen);  // new tokens
     model_->train();
   }
@@ -477,7 +483,7 @@ std::string Trainer::save(int64_t step) {
   st.rng_seed = default_generator().seed();
   st.rng_offset = default_generator().offset();
   st.loader = train_loader_->state();
-  st.model_config = opt_s_.model.to_json();
+  st.model_config = opt_s_.model;
   st.run = opt_s_.to_json();
   if (zero_) {
     last_checkpoint_ = dist::save_sharded_checkpoint(opt_s_.out, *model_, *zero_, st, int(opt_s_.keep_last));

@@ -1,4 +1,4 @@
-// train/trainer: the GPT training loop as a library, shared by `blutrain train` and the tests.
+// train/trainer: the training loop of any models::CausalLM as a library, shared by `blutrain train` and the tests.
 //   One step: zero the gradients; for each of grad_accum micro-batches, forward, scale the loss by
 //   1/grad_accum, backward; clip the global gradient norm; set the scheduled learning rate; update.
 //   Around the steps: validation loss every val_every steps, a text sample every sample_every
@@ -9,7 +9,7 @@
 // batch_size·seq_len·grad_accum·dp tokens); gradients are averaged by dist::DistributedDataParallel
 // (zero 0, 1) or reduce-scattered by dist::ZeroAdamW (zero 2); only rank 0 prints and writes
 // metrics; checkpoints are rank 0's ordinary file (zero 0) or sharded (zero 1, 2; dist/zero.h).
-// Depends on nn/gpt, optim/optimizer, data/loader, io/checkpoint, train/metrics, dist/.
+// Depends on models/ (the causal-LM interface and registry), optim/optimizer, data/loader, io/checkpoint, train/metrics, dist/.
 // Keep: resuming is exact — `steps` straight and `k` steps + checkpoint + resume give bitwise the
 // same weights and losses. Everything a step reads that changes over a run (weights, optimizer
 // state, step, the default generator's (seed, offset), the train loader's position) is in the
@@ -30,7 +30,7 @@
 #include "blu/core/device.h"
 #include "blu/core/rng.h"
 #include "blu/data/loader.h"
-#include "blu/nn/gpt.h"
+#include "blu/models/causal_lm.h"
 #include "blu/optim/loss_scaler.h"
 #include "blu/optim/optimizer.h"
 #include "blu/train/metrics.h"
@@ -47,7 +47,11 @@ namespace blu::train {
 struct TrainOptions {
   // Data: globs of token shards. val_pattern "" means no validation.
   std::string train_pattern, val_pattern;
-  nn::GPTConfig model;  // see train/model_presets.h for named shapes
+  // The model's config (CausalLM::config(); models::resolve_model_config turns a --model spec
+  // into one). Set init_from to start from a Hugging Face folder's weights instead of the
+  // family's initialisation. Null: GPT-2 d12, as `blutrain train` defaults to.
+  nlohmann::json model;
+  std::string init_from;
   int64_t batch_size = 8, seq_len = 0, grad_accum = 1, steps = 100;  // seq_len 0: the model's block size
   double lr = 1e-3, min_lr = 1e-4;
   int64_t warmup = 20;
@@ -102,16 +106,12 @@ struct TrainSummary {
 
 // Mean loss over the first `batches` batches of `loader` (reset to its start first), without
 // gradients and in eval mode. `batches` is capped at one epoch of the loader.
-double evaluate(nn::GPT& model, DataLoader& loader, int64_t batches, Device device);
+double evaluate(models::CausalLM& model, DataLoader& loader, int64_t batches, Device device);
 
 // A checkpoint file as given, or the latest checkpoint in a run directory. BLU_CHECK when none.
 std::string resolve_checkpoint(const std::string& file_or_run_dir);
-// A GPT built from a checkpoint's model configuration (train/model_presets.h) with its weights
-// loaded, on `device`, in eval mode.
-std::unique_ptr<nn::GPT> load_gpt(const std::string& checkpoint, Device device);
-
 // Sets the model's compute dtype and the matmul precision for a --precision name.
-void apply_precision(nn::GPT& model, const std::string& precision);
+void apply_precision(models::CausalLM& model, const std::string& precision);
 
 // The run directory already holds a run: a metrics file or checkpoints.
 bool holds_run(const std::string& dir);
@@ -127,7 +127,7 @@ class Trainer {
 
   TrainSummary run();
 
-  nn::GPT& model() { return *model_; }
+  models::CausalLM& model() { return *model_; }
   optim::Optimizer& optimizer() { return *opt_; }
   int64_t step() const { return step_; }
   const TrainOptions& options() const { return opt_s_; }
@@ -143,7 +143,7 @@ class Trainer {
   TrainOptions opt_s_;
   TrainCallbacks cb_;
   Device device_;
-  std::unique_ptr<nn::GPT> model_;
+  std::unique_ptr<models::CausalLM> model_;
   std::unique_ptr<optim::Optimizer> opt_;
   optim::LRSchedule schedule_;
   std::unique_ptr<optim::LossScaler> scaler_;  // fp16 only

@@ -1,9 +1,11 @@
-#include "blu/nn/gpt.h"
+#include "blu/models/gpt2/gpt2.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "blu/core/grad_mode.h"
+#include "blu/models/gpt2/hf.h"
+#include "blu/models/registry.h"
 #include "blu/ops/attention.h"
 #include "blu/ops/elementwise.h"
 #include "blu/ops/factory.h"
@@ -13,7 +15,7 @@
 #include "blu/ops/nn.h"
 #include "blu/ops/view.h"
 
-namespace blu::nn {
+namespace blu::models {
 
 // --- config ---
 
@@ -28,13 +30,18 @@ GPTConfig GPTConfig::preset(const std::string& name) {
   } else if (name == "d48") {
     c.n_layer = 48, c.n_head = 25, c.n_embd = 1600;
   } else if (name == "tiny") {
-    c.block_size = 16, c.vocab_size = 101, c.padded_vocab_size = 128;
-    c.n_layer = 2, c.n_head = 3, c.n_embd = 48;
+    c.n_layer = 2, c.n_head = 2, c.n_embd = 64, c.block_size = 64;
+  } else if (name == "demo") {
+    c.n_layer = 4, c.n_head = 4, c.n_embd = 128, c.block_size = 128;
   } else {
-    BLU_CHECK(false, "GPTConfig::preset: unknown preset '", name, "' (expected d12, d24, d36, d48 or tiny)");
+    std::string known;
+    for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
+    BLU_CHECK(false, "unknown GPT-2 preset '", name, "': expected one of ", known);
   }
   return c;
 }
+
+std::vector<std::string> GPTConfig::preset_names() { return {"tiny", "demo", "d12", "d24", "d36", "d48"}; }
 
 void GPTConfig::validate() const {
   BLU_CHECK(block_size > 0 && vocab_size > 0 && n_layer > 0 && n_head > 0 && n_embd > 0,
@@ -47,7 +54,8 @@ void GPTConfig::validate() const {
 }
 
 nlohmann::json GPTConfig::to_json() const {
-  return {{"block_size", block_size}, {"vocab_size", vocab_size}, {"padded_vocab_size", padded_vocab_size},
+  return {{"family", "gpt2"},
+          {"block_size", block_size}, {"vocab_size", vocab_size}, {"padded_vocab_size", padded_vocab_size},
           {"n_layer", n_layer},       {"n_head", n_head},         {"n_embd", n_embd},
           {"dropout", dropout},       {"bias", bias}};
 }
@@ -57,7 +65,10 @@ GPTConfig GPTConfig::from_json(const nlohmann::json& j) {
   const GPTConfig defaults;
   const nlohmann::json keys = defaults.to_json();
   for (auto& [k, _] : j.items()) BLU_CHECK(keys.contains(k), "GPTConfig::from_json: unknown key '", k, "'");
-  for (auto& [k, _] : keys.items()) BLU_CHECK(j.contains(k), "GPTConfig::from_json: missing key '", k, "'");
+  for (auto& [k, _] : keys.items())
+    BLU_CHECK(k == "family" || j.contains(k), "GPTConfig::from_json: missing key '", k, "'");
+  if (j.contains("family"))
+    BLU_CHECK(j["family"] == "gpt2", "GPTConfig::from_json: expected family \"gpt2\", got ", j["family"].dump());
   GPTConfig c;
   try {
     c.block_size = j.at("block_size").get<int64_t>();
@@ -171,7 +182,7 @@ GPT::GPT(const GPTConfig& cfg, uint64_t seed) : cfg_(cfg), dropout_gen_(seed ^ 0
   for (auto& [name, p] : named_parameters()) {
     if (p.dim() < 2) continue;
     const bool residual_proj = name.ends_with(".c_proj.weight");
-    init_normal_(p, residual_proj ? proj_std : 0.02, gen);
+    nn::init_normal_(p, residual_proj ? proj_std : 0.02, gen);
   }
   if (cfg_.padded_vocab_size > cfg_.vocab_size) {
     NoGradGuard no_grad;
@@ -199,13 +210,20 @@ Tensor GPT::hidden(const Tensor& idx, int64_t pos0, KVCache* cache) {
   return ln_f->forward(x);
 }
 
-void GPT::set_compute_dtype(DType dtype) {
-  BLU_CHECK(is_floating(dtype), "GPT: compute dtype must be floating, got ", dtype);
-  compute_dtype_ = dtype;
+std::vector<BlockRef> GPT::blocks() const {
+  std::vector<BlockRef> out;
+  for (int64_t i = 0; i < h->size(); ++i) out.push_back({"h." + std::to_string(i), &(*h)[i]});
+  return out;
 }
 
-GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets) {
-  GPTOutput out;
+double GPT::flops_per_token(int64_t T) const {
+  // Every parameter but the position table multiplies each token once (wte as the LM head).
+  const double n = double(num_parameters()) - double(cfg_.block_size * cfg_.n_embd);
+  return 6.0 * n + 12.0 * double(cfg_.n_layer * cfg_.n_embd * T);
+}
+
+LMOutput GPT::forward(const Tensor& idx, const Tensor& targets) {
+  LMOutput out;
   Tensor x = hidden(idx, 0, nullptr);
   out.logits = linear(x, wte->cast_param(wte->weight, x.dtype()));  // tied: x · wteᵀ → [B, T, padded_vocab]
   if (targets.defined()) {
@@ -228,75 +246,31 @@ Tensor GPT::forward_cached(const Tensor& idx, KVCache& cache) {
 
 namespace {
 
-// Picks a token id from logits (already restricted to the real vocabulary).
-int32_t sample_token(std::vector<double> logits, double temperature, int64_t top_k, Generator& gen) {
-  const int64_t V = int64_t(logits.size());
-  if (temperature <= 0.0 || top_k == 1) {
-    return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());  // first maximum
-  }
-  if (top_k > 0 && top_k < V) {
-    std::vector<double> sorted = logits;
-    std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<>());
-    const double kth = sorted[size_t(top_k - 1)];
-    for (double& l : logits)
-      if (l < kth) l = -INFINITY;
-  }
-  const double mx = *std::max_element(logits.begin(), logits.end());
-  double total = 0.0;
-  for (double& l : logits) total += (l = std::exp((l - mx) / temperature));
-  const double u = rand({1}, DType::f32, kCPU, &gen).item() * total;
-  double acc = 0.0;
-  int32_t last = 0;
-  for (int64_t i = 0; i < V; ++i) {
-    if (logits[size_t(i)] == 0.0) continue;
-    acc += logits[size_t(i)];
-    last = int32_t(i);
-    if (u < acc) return last;
-  }
-  return last;  // rounding left u at the very top: the last token with non-zero probability
+ModelFamily gpt2_family() {
+  ModelFamily f;
+  f.name = "gpt2";
+  f.build = [](const nlohmann::json& config, uint64_t seed) -> std::unique_ptr<CausalLM> {
+    return std::make_unique<GPT>(GPTConfig::from_json(config), seed);
+  };
+  f.presets = GPTConfig::preset_names();
+  f.preset = [](const std::string& name) { return GPTConfig::preset(name).to_json(); };
+  f.hf_architectures = {"GPT2LMHeadModel", "GPT2Model"};
+  f.from_hf_config = gpt2_config_from_hf;
+  f.import_hf = [](CausalLM& model, const std::string& path) {
+    auto* gpt = dynamic_cast<GPT*>(&model);
+    BLU_CHECK(gpt, "import_hf_gpt2: expected a gpt2 model, got ", model.family());
+    import_hf_gpt2(hf_weights_file(path), *gpt);
+  };
+  f.export_hf = [](const CausalLM& model, const std::string& dir) {
+    auto* gpt = dynamic_cast<const GPT*>(&model);
+    BLU_CHECK(gpt, "export_hf_gpt2: expected a gpt2 model, got ", model.family());
+    export_hf_gpt2_folder(*gpt, dir);
+  };
+  return f;
 }
 
 }  // namespace
 
-std::vector<int32_t> GPT::generate(const std::vector<int32_t>& prompt, int64_t max_new_tokens, double temperature,
-                                   int64_t top_k, Generator& gen) {
-  BLU_CHECK(!prompt.empty(), "GPT::generate: the prompt is empty (start with a token, e.g. <|endoftext|>)");
-  BLU_CHECK(max_new_tokens >= 0 && top_k >= 0, "GPT::generate: expected max_new_tokens >= 0 and top_k >= 0, got ",
-            max_new_tokens, " and ", top_k);
-  for (int32_t t : prompt)
-    BLU_CHECK(t >= 0 && t < cfg_.vocab_size, "GPT::generate: prompt token ", t, " is outside [0, ",
-              cfg_.vocab_size, ")");
-  NoGradGuard no_grad;
-  const bool was_training = is_training();
-  eval();
-  struct Restore {
-    GPT* m;
-    bool on;
-    ~Restore() { m->train(on); }
-  } restore{this, was_training};
+BLU_REGISTER_MODEL_FAMILY(gpt2_family);
 
-  std::vector<int32_t> tokens = prompt;
-  KVCache cache;
-  const Device device = wte->weight.device();
-  auto ids = [&](const int32_t* p, int64_t n) {
-    const Tensor host = from_vector(std::vector<double>(p, p + n), {1, n}, DType::i32);
-    return device.is_cpu() ? host : to_device(host, device);  // the model's device (a GPU: one copy)
-  };
-  Tensor logits;
-  for (int64_t step = 0; step < max_new_tokens; ++step) {
-    const int64_t n = int64_t(tokens.size());
-    if (step == 0 || cache.length() + 1 > cfg_.block_size) {
-      // (Re)fill the cache with the last block_size tokens in one causal pass.
-      cache.clear();
-      const int64_t m = std::min(n, cfg_.block_size);
-      logits = forward_cached(ids(tokens.data() + (n - m), m), cache);
-    } else {
-      logits = forward_cached(ids(&tokens.back(), 1), cache);
-    }
-    Tensor last = narrow(select(select(logits, 0, 0), 0, logits.size(1) - 1), 0, 0, cfg_.vocab_size);
-    tokens.push_back(sample_token(to_vector(last), temperature, top_k, gen));
-  }
-  return std::vector<int32_t>(tokens.begin() + int64_t(prompt.size()), tokens.end());
-}
-
-}  // namespace blu::nn
+}  // namespace blu::models

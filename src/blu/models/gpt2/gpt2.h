@@ -1,4 +1,4 @@
-// nn/gpt: GPT-2 as modules — Linear, LayerNorm, CausalSelfAttention, MLP, Block, GPT — with
+// models/gpt2: GPT-2 as a models::CausalLM — Linear, LayerNorm, CausalSelfAttention, MLP, Block, GPT — with
 // GPT-2's configurations, tied token embedding / output projection, vocabulary padding
 // (50257 → 50304) and GPT-2's initialisation, plus generation with a key/value cache.
 // Parameter names follow Hugging Face's GPT-2 ("wte.weight", "h.0.attn.c_attn.weight", …) but
@@ -11,8 +11,11 @@
 // under weight decay) and export/import round trips are exact. (llm.c leaves them random.)
 // Dropout applies to the embedding sum, the attention output projection and the MLP output;
 // there is no dropout on the attention probabilities (ops/attention has no dropout_p).
-// Depends on nn/module, nn/layers, ops/. Keep: forward(idx, targets) gives logits over the padded
-// vocabulary whose padded columns never win (loss and sampling use only the first vocab_size).
+// Registered as the model family "gpt2" (presets tiny, demo, d12, d24, d36, d48; Hugging Face
+// GPT2LMHeadModel interop in models/gpt2/hf.h).
+// Depends on models/causal_lm, nn/module, nn/layers, ops/. Keep: forward(idx, targets) gives logits
+// over the padded vocabulary whose padded columns never win (loss and sampling use only the first
+// vocab_size).
 #pragma once
 #include <nlohmann/json.hpp>
 #include <memory>
@@ -21,10 +24,18 @@
 #include <vector>
 
 #include "blu/core/rng.h"
+#include "blu/models/causal_lm.h"
 #include "blu/nn/layers.h"
 #include "blu/nn/module.h"
 
-namespace blu::nn {
+namespace blu::models {
+
+using nn::Dropout;
+using nn::Embedding;
+using nn::LayerNorm;
+using nn::Linear;
+using nn::Module;
+using nn::ModuleList;
 
 struct GPTConfig {
   int64_t block_size = 1024;     // max sequence length
@@ -33,20 +44,18 @@ struct GPTConfig {
   int64_t n_layer = 12, n_head = 12, n_embd = 768;
   double dropout = 0.0;
   bool bias = true;
-  // "d12" (124M), "d24" (350M), "d36" (774M), "d48" (1558M), and "tiny" for tests (2 layers,
-  // 3 heads, 48 channels, block 16, vocab 101 padded to 128); BLU_CHECK on unknown names.
+  // GPT-2's "d12" (124M), "d24" (350M), "d36" (774M), "d48" (1558M), and two small shapes with
+  // GPT-2's vocabulary: "tiny" (2 layers, 2 heads, 64 wide, block 64: seconds per step on a
+  // laptop) and "demo" (4 layers, 4 heads, 128 wide, block 128: the README's fortunes run).
+  // BLU_CHECK on unknown names, listing the known ones.
   static GPTConfig preset(const std::string& name);
+  static std::vector<std::string> preset_names();
+  // {"family": "gpt2", block_size, vocab_size, …}. from_json takes it with or without "family"
+  // (checkpoints written before other families existed have none); missing/unknown keys are errors.
   nlohmann::json to_json() const;
-  static GPTConfig from_json(const nlohmann::json& j);  // missing/unknown keys are errors
+  static GPTConfig from_json(const nlohmann::json& j);
   void validate() const;  // BLU_CHECK: positive sizes, n_embd % n_head == 0, padded >= vocab, ...
   bool operator==(const GPTConfig&) const = default;
-};
-
-// Keys and values of every layer for the positions seen so far: k[l], v[l] are [B, H, T, D].
-struct KVCache {
-  std::vector<Tensor> k, v;
-  int64_t length() const { return k.empty() || !k[0].defined() ? 0 : k[0].size(2); }
-  void clear() { k.clear(), v.clear(); }
 };
 
 class CausalSelfAttention : public Module {
@@ -82,38 +91,21 @@ class Block : public Module {
   std::shared_ptr<MLP> mlp;
 };
 
-// A training loop that reads only the loss should drop the logits before backward
-// (`out.logits = Tensor()`, or keep just `.loss`): cross-entropy's backward then writes their
-// gradient over them, one [B·T, padded_vocab] buffer fewer at the step's peak (Note [Donated
-// buffers], ops/dispatch.h). Logits still held are left as they are.
-struct GPTOutput {
-  Tensor logits;  // [B, T, padded_vocab] (or only the last position when asked)
-  Tensor loss;    // 0-d, defined when targets were given
-};
-
-class GPT : public Module {
+class GPT : public CausalLM {
  public:
   explicit GPT(const GPTConfig& cfg, uint64_t seed = 1337);
+  std::string family() const override { return "gpt2"; }
+  nlohmann::json config() const override { return cfg_.to_json(); }
+  int64_t vocab_size() const override { return cfg_.vocab_size; }
+  int64_t max_seq_len() const override { return cfg_.block_size; }
   // idx [B, T] int (i32/i64); targets [B, T] or undefined; ignore_index -1 in targets.
-  GPTOutput forward(const Tensor& idx, const Tensor& targets = Tensor());
-  // Samples `max_new_tokens` after `prompt` with temperature and top-k (0 = all), using a
-  // key/value cache so each new token costs one position, not the whole prefix.
-  // temperature <= 0 means greedy (argmax), as does top_k == 1. Runs without autograd and in
-  // eval mode (the training flag is restored afterwards). Once the sequence outgrows block_size
-  // the cache is rebuilt from the last block_size tokens (positions are absolute).
-  std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int64_t max_new_tokens, double temperature,
-                                int64_t top_k, Generator& gen);
-  // Logits [B, T, padded_vocab] for idx [B, T] placed after the cache's positions, extending the
-  // cache. T must be 1 unless the cache is empty; cache.length() + T <= block_size.
-  Tensor forward_cached(const Tensor& idx, KVCache& cache);
-  const GPTConfig& config() const { return cfg_; }
-  // Mixed precision: activations (and matmuls) in `dtype` (f32, bf16 or f16) while parameters
-  // keep their own dtype as master weights; gradients arrive in the parameters' dtype. The
-  // forward reads each weight through its compute copy (Module::cast_param, Note [Compute
-  // copies]); hand them to AdamW (attach_compute_copies) so its step writes them.
-  void set_compute_dtype(DType dtype);
-  // Until set, the parameters' own dtype.
-  DType compute_dtype() const { return compute_dtype_.value_or(wte->weight.dtype()); }
+  LMOutput forward(const Tensor& idx, const Tensor& targets = Tensor()) override;
+  Tensor forward_cached(const Tensor& idx, KVCache& cache) override;
+  std::vector<BlockRef> blocks() const override;
+  Embedding& token_embedding() const override { return *wte; }
+  Tensor output_weight() const override { return wte->weight; }  // tied
+  double flops_per_token(int64_t T) const override;
+  const GPTConfig& gpt_config() const { return cfg_; }
 
   std::shared_ptr<Embedding> wte, wpe;  // wte [padded_vocab, C] is also the output projection
   std::shared_ptr<Dropout> drop;
@@ -125,7 +117,6 @@ class GPT : public Module {
   Tensor hidden(const Tensor& idx, int64_t pos0, KVCache* cache);
   GPTConfig cfg_;
   Generator dropout_gen_;
-  std::optional<DType> compute_dtype_;
 };
 
-}  // namespace blu::nn
+}  // namespace blu::models

@@ -1,0 +1,91 @@
+#include "blu/models/causal_lm.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "blu/core/grad_mode.h"
+#include "blu/ops/factory.h"
+#include "blu/ops/view.h"
+
+namespace blu::models {
+
+void CausalLM::set_compute_dtype(DType dtype) {
+  BLU_CHECK(is_floating(dtype), family(), ": compute dtype must be floating, got ", dtype);
+  compute_dtype_ = dtype;
+}
+
+DType CausalLM::compute_dtype() const { return compute_dtype_.value_or(token_embedding().weight.dtype()); }
+
+namespace {
+
+// Picks a token id from logits (already restricted to the real vocabulary).
+int32_t sample_token(std::vector<double> logits, double temperature, int64_t top_k, Generator& gen) {
+  const int64_t V = int64_t(logits.size());
+  if (temperature <= 0.0 || top_k == 1) {
+    return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());  // first maximum
+  }
+  if (top_k > 0 && top_k < V) {
+    std::vector<double> sorted = logits;
+    std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<>());
+    const double kth = sorted[size_t(top_k - 1)];
+    for (double& l : logits)
+      if (l < kth) l = -INFINITY;
+  }
+  const double mx = *std::max_element(logits.begin(), logits.end());
+  double total = 0.0;
+  for (double& l : logits) total += (l = std::exp((l - mx) / temperature));
+  const double u = rand({1}, DType::f32, kCPU, &gen).item() * total;
+  double acc = 0.0;
+  int32_t last = 0;
+  for (int64_t i = 0; i < V; ++i) {
+    if (logits[size_t(i)] == 0.0) continue;
+    acc += logits[size_t(i)];
+    last = int32_t(i);
+    if (u < acc) return last;
+  }
+  return last;  // rounding left u at the very top: the last token with non-zero probability
+}
+
+}  // namespace
+
+std::vector<int32_t> CausalLM::generate(const std::vector<int32_t>& prompt, int64_t max_new_tokens,
+                                        double temperature, int64_t top_k, Generator& gen) {
+  BLU_CHECK(!prompt.empty(), "generate: the prompt is empty (start with a token, e.g. <|endoftext|>)");
+  BLU_CHECK(max_new_tokens >= 0 && top_k >= 0, "generate: expected max_new_tokens >= 0 and top_k >= 0, got ",
+            max_new_tokens, " and ", top_k);
+  const int64_t V = vocab_size(), max_len = max_seq_len();
+  for (int32_t t : prompt) BLU_CHECK(t >= 0 && t < V, "generate: prompt token ", t, " is outside [0, ", V, ")");
+  NoGradGuard no_grad;
+  const bool was_training = is_training();
+  eval();
+  struct Restore {
+    CausalLM* m;
+    bool on;
+    ~Restore() { m->train(on); }
+  } restore{this, was_training};
+
+  std::vector<int32_t> tokens = prompt;
+  KVCache cache;
+  const Device device = token_embedding().weight.device();
+  auto ids = [&](const int32_t* p, int64_t n) {
+    const Tensor host = from_vector(std::vector<double>(p, p + n), {1, n}, DType::i32);
+    return device.is_cpu() ? host : to_device(host, device);  // the model's device (a GPU: one copy)
+  };
+  Tensor logits;
+  for (int64_t step = 0; step < max_new_tokens; ++step) {
+    const int64_t n = int64_t(tokens.size());
+    if (step == 0 || cache.length() + 1 > max_len) {
+      // (Re)fill the cache with the last max_len tokens in one causal pass.
+      cache.clear();
+      const int64_t m = std::min(n, max_len);
+      logits = forward_cached(ids(tokens.data() + (n - m), m), cache);
+    } else {
+      logits = forward_cached(ids(&tokens.back(), 1), cache);
+    }
+    Tensor last = narrow(select(select(logits, 0, 0), 0, logits.size(1) - 1), 0, 0, V);
+    tokens.push_back(sample_token(to_vector(last), temperature, top_k, gen));
+  }
+  return std::vector<int32_t>(tokens.begin() + int64_t(prompt.size()), tokens.end());
+}
+
+}  // namespace blu::models

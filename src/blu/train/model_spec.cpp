@@ -1,0 +1,91 @@
+#include "blu/train/model_spec.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "blu/core/error.h"
+#include "blu/io/checkpoint.h"
+#include "blu/io/safetensors.h"
+#include "blu/models/registry.h"
+
+namespace blu::train {
+
+namespace {
+
+// A "model_config" object inside a JSON value, at the top or one level down.
+const nlohmann::json* find_model_config(const nlohmann::json& j) {
+  if (!j.is_object()) return nullptr;
+  if (auto it = j.find("model_config"); it != j.end() && it->is_object()) return &*it;
+  for (const auto& [key, value] : j.items())
+    if (value.is_object())
+      if (auto it = value.find("model_config"); it != value.end() && it->is_object()) return &*it;
+  return nullptr;
+}
+
+}  // namespace
+
+nlohmann::json apply_overrides(nlohmann::json cfg, const ModelOverrides& o) {
+  const std::string fam = models::family_of(cfg);
+  auto set = [&](const char* key, const char* flag, int64_t v) {
+    if (v <= 0) return;
+    BLU_CHECK(cfg.contains(key), flag, ": the ", fam, " config has no '", key, "' to override");
+    cfg[key] = v;
+  };
+  set("n_layer", "--n-layer", o.n_layer);
+  set("n_head", "--n-head", o.n_head);
+  set("n_embd", "--n-embd", o.n_embd);
+  set("block_size", "--block-size", o.block_size);
+  models::build_model(cfg, 0).reset();  // the family validates the result (e.g. heads divide the width)
+  return cfg;
+}
+
+nlohmann::json checkpoint_model_config(const std::string& checkpoint_path) {
+  namespace fs = std::filesystem;
+  BLU_CHECK(fs::is_regular_file(checkpoint_path), "checkpoint file not found: ", checkpoint_path);
+  {
+    const SafeTensorsFile file = SafeTensorsFile::open(checkpoint_path);
+    for (const auto& [key, value] : file.metadata()) {
+      const auto j = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded()) continue;
+      if (key == "model_config" && j.is_object()) return j;
+      if (const auto* mc = find_model_config(j)) return *mc;
+    }
+  }
+  const fs::path run_json = fs::path(checkpoint_path).parent_path() / "run.json";
+  if (fs::is_regular_file(run_json)) {
+    std::ifstream in(run_json);
+    const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (const auto* mc = j.is_discarded() ? nullptr : find_model_config(j)) return *mc;
+  }
+  BLU_CHECK(false, "no model configuration found for checkpoint ", checkpoint_path,
+            ": expected a \"model_config\" in its metadata or in ", run_json.string());
+  return {};
+}
+
+std::unique_ptr<models::CausalLM> load_model(const std::string& path, Device device) {
+  namespace fs = std::filesystem;
+  std::unique_ptr<models::CausalLM> model;
+  if (fs::is_directory(path) && fs::is_regular_file(fs::path(path) / "config.json")) {
+    const nlohmann::json cfg = models::resolve_model_config(path);
+    model = models::build_model(cfg);
+    const auto& fam = models::family(models::family_of(cfg));
+    BLU_CHECK(fam.import_hf, path, ": the ", fam.name, " family has no Hugging Face weight import");
+    fam.import_hf(*model, path);
+  } else {
+    std::string ckpt = path;
+    if (fs::is_directory(path)) {
+      ckpt = latest_checkpoint(path);
+      BLU_CHECK(!ckpt.empty(), "expected checkpoints (ckpt_*.safetensors) or a config.json in ", path, ", found neither");
+    }
+    BLU_CHECK(fs::is_regular_file(ckpt), "checkpoint not found: expected a file or a run directory, got '", ckpt, "'");
+    const nlohmann::json cfg = checkpoint_model_config(ckpt);
+    model = models::build_model(cfg);
+    load_checkpoint(ckpt, *model, nullptr, cfg);
+  }
+  if (!device.is_cpu()) model->to(device);
+  model->eval();
+  return model;
+}
+
+}  // namespace blu::train

@@ -1,0 +1,35 @@
+// train/model_spec: how the trainer and the CLI arrive at a model — a spec (models/registry.h:
+// "gpt2:d12", "llama:smollm-135m", a bare GPT-2 preset, a Hugging Face folder) with explicit
+// overrides, the configuration a checkpoint was trained with, and a model loaded for eval/sample
+// from a checkpoint or a Hugging Face folder.
+// Depends on models/registry, io/checkpoint, io/safetensors, nlohmann::json.
+// Keep: a spec always maps to the same config (checkpoints record the config, not the spec).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "blu/core/device.h"
+#include "blu/models/causal_lm.h"
+
+namespace blu::train {
+
+// Explicit overrides of a config's shape; a value <= 0 keeps the config's. Each names a key of the
+// family's config (GPT-2: n_layer, n_head, n_embd, block_size; Llama: the same names); a key the
+// family's config does not have is an error naming the flag.
+struct ModelOverrides {
+  int64_t n_layer = 0, n_head = 0, n_embd = 0, block_size = 0;
+};
+nlohmann::json apply_overrides(nlohmann::json config, const ModelOverrides& o);
+
+// The model configuration stored with a checkpoint: looked for in the file's safetensors metadata
+// (a "model_config" entry, directly or inside a JSON-valued entry), then in run.json beside it.
+// BLU_CHECK when neither holds one.
+nlohmann::json checkpoint_model_config(const std::string& checkpoint_path);
+
+// A model for eval/sample on `device`, in eval mode: from a Hugging Face folder (its config.json and
+// weights), else from a checkpoint file or the latest checkpoint of a run directory.
+std::unique_ptr<models::CausalLM> load_model(const std::string& checkpoint_or_hf_folder, Device device);
+
+}  // namespace blu::train

@@ -1,0 +1,104 @@
+// GPT-2 training on the CPU against losses recorded before the model interface existed
+// (tests/train/data/gpt2_golden_1ccd84e.json, written by this test at commit 1ccd84e with
+// BLU_RECORD_GOLDEN=<file>): every step's loss and gradient norm, and the final validation loss,
+// must be bit for bit the recorded ones. Three runs cover what a refactoring of the model, the
+// trainer or the strategies could change: fp32 AdamW with dropout and gradient accumulation, bf16
+// compute over fp32 master weights, and SGD with momentum.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "blu/train/trainer.h"
+#include "data/data_test_util.h"
+#include "train/train_test_util.h"
+
+namespace blu::train {
+namespace {
+
+using test::TempDir;
+
+constexpr int64_t kVocab = 101;
+
+// The exact bits of a double, as text (JSON numbers would round-trip too, but hex says "bitwise").
+std::string bits(double v) {
+  uint64_t u;
+  std::memcpy(&u, &v, sizeof u);
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(u));
+  return buf;
+}
+
+struct GoldenRun {
+  const char* name;
+  const char* precision;
+  const char* optimizer;
+  double dropout;
+  int64_t grad_accum;
+};
+
+constexpr GoldenRun kRuns[] = {
+    {"fp32_adamw_dropout_accum", "fp32", "adamw", 0.1, 2},
+    {"bf16_adamw", "bf16", "adamw", 0.0, 1},
+    {"fp32_sgd", "fp32", "sgd", 0.0, 1},
+};
+
+nlohmann::json train(const GoldenRun& r) {
+  TempDir data, out;
+  test_util::write_toy_shards(data.path(), kVocab, 4096, 16384);
+  TrainOptions o = test_util::toy_run(data.path(), out.path() / "run", kVocab, r.precision);
+  o.model["padded_vocab_size"] = 128;
+  o.model["n_layer"] = 2;
+  o.model["n_head"] = 3;
+  o.model["n_embd"] = 48;
+  o.model["block_size"] = 32;
+  o.model["dropout"] = r.dropout;
+  o.optimizer = r.optimizer;
+  o.batch_size = 3;
+  o.seq_len = 24;
+  o.grad_accum = r.grad_accum;
+  o.steps = 10;
+  o.lr = 3e-3;
+  o.min_lr = 3e-4;
+  o.seed = 7;
+  o.val_batches = 3;
+  nlohmann::json steps = nlohmann::json::array();
+  TrainCallbacks cb;
+  cb.on_step = [&](const StepStats& s) { steps.push_back({bits(s.loss), bits(s.grad_norm)}); };
+  Trainer t(o, cb);
+  const TrainSummary sum = t.run();
+  return {{"steps", steps}, {"val_loss", bits(sum.final_val_loss)}};
+}
+
+TEST(Gpt2Golden, LossesMatchTheRecording) {
+  nlohmann::json got;
+  for (const GoldenRun& r : kRuns) got[r.name] = train(r);
+  if (const char* rec = std::getenv("BLU_RECORD_GOLDEN"); rec && *rec) {
+    std::ofstream(rec) << got.dump(1) << "\n";
+    GTEST_SKIP() << "recorded to " << rec;
+  }
+  const std::string path = std::string(BLU_TEST_DIR) + "/train/data/gpt2_golden_1ccd84e.json";
+  std::ifstream in(path);
+  ASSERT_TRUE(in.good()) << "cannot read " << path;
+  const nlohmann::json want = nlohmann::json::parse(in);
+  for (const GoldenRun& r : kRuns) {
+    SCOPED_TRACE(r.name);
+    ASSERT_TRUE(want.contains(r.name));
+    const auto& w = want[r.name];
+    const auto& g = got[r.name];
+    ASSERT_EQ(g["steps"].size(), w["steps"].size());
+    for (size_t i = 0; i < w["steps"].size(); ++i) {
+      EXPECT_EQ(g["steps"][i][0], w["steps"][i][0]) << "loss at step " << i + 1;
+      EXPECT_EQ(g["steps"][i][1], w["steps"][i][1]) << "gradient norm at step " << i + 1;
+    }
+    EXPECT_EQ(g["val_loss"], w["val_loss"]);
+  }
+}
+
+}  // namespace
+}  // namespace blu::train
