@@ -178,6 +178,16 @@ TEST(LlamaModel, RegistryBuildsItDeterministicallyWithHfNames) {
   EXPECT_EQ(names.back(), "lm_head.weight");
   EXPECT_EQ(a->state_dict().size(), names.size()) << "no buffers (the RoPE tables are not state)";
 
+  EXPECT_EQ(models::resolve_model_config("llama:tiny"), cfg);
+  expect_error([] { models::resolve_model_config("llama:llama-7b"); }, {"llama-7b", "smollm-135m"});
+  {  // An exported folder (and its config.json) as a --model spec.
+    TempDir tmp;
+    models::export_hf_llama(static_cast<Llama&>(*a), tmp.path + "/m");
+    EXPECT_TRUE(models::is_hf_spec(tmp.path + "/m"));
+    EXPECT_EQ(models::resolve_model_config(tmp.path + "/m"), cfg);
+    EXPECT_EQ(models::resolve_model_config(tmp.path + "/m/config.json"), cfg);
+  }
+
   auto blocks = a->blocks();
   ASSERT_EQ(blocks.size(), 2u);
   EXPECT_EQ(blocks[1].name, "model.layers.1");

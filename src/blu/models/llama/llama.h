@@ -131,7 +131,7 @@ class Llama : public CausalLM {
   Tensor output_weight() const override { return lm_head ? lm_head->weight : model->embed_tokens->weight; }
   // 6 per weight a token multiplies through (every parameter but an untied embedding table, which
   // is a lookup) plus the attention scores' 12·layers·(heads·head_dim)·T.
-  double flops_per_token(int64_t T) const;
+  double flops_per_token(int64_t T) const override;
   const LlamaConfig& llama_config() const { return cfg_; }
 
   std::shared_ptr<LlamaModel> model;
