@@ -1,6 +1,11 @@
 // OpInfo entries for ops/attention: scaled dot-product attention, causal and not, against
 // torch's F.scaled_dot_product_attention where it exists (PyTorch >= 2.0) and otherwise the same
-// computation written out (PyTorch 1.13, the CPU oracle, has no fused function).
+// computation written out (PyTorch 1.13, the CPU oracle, has no fused function). Grouped-query
+// attention (k, v with fewer heads than q) against the same expression on k and v repeated with
+// repeat_interleave over dim -3 (what enable_gqa=True means; 1.13 has no enable_gqa), and its
+// shape errors.
+#include <gtest/gtest.h>
+
 #include "common/opinfo.h"
 
 namespace blu::test {
@@ -32,6 +37,64 @@ S attention_samples(DType dt, Generator& g) {
             "non-contiguous"},
            {{rnd(g, {2, 1, 3, 4}, dt), rnd(g, {1, 2, 3, 4}, dt), rnd(g, {2, 2, 3, 1}, dt)}, "broadcast batch, Dv1"},
            {{rnd(g, {1, 1}, dt), rnd(g, {1, 1}, dt), rnd(g, {1, 1}, dt)}, "1 token"}};
+}
+
+// GQA: each query head h attends with key/value head h / (H / Hkv).
+std::string torch_gqa_expr(bool causal) {
+  return "(lambda x1, x2: " + torch_expr(causal) +
+         ")(x1.repeat_interleave(x0.shape[-3] // x1.shape[-3], -3), x2.repeat_interleave(x0.shape[-3] // "
+         "x2.shape[-3], -3))";
+}
+
+// (H, Hkv) = (6, 2), (9, 3), (3, 1), (4, 2); T not a power of two; a rank-3 call, Tq != Tk,
+// non-contiguous operands. In f32 also a head dim of 64, which the fused CUDA kernels take (the
+// CUDA-vs-CPU comparison of the table then runs them with GQA); f64 (gradcheck) keeps to small D.
+S gqa_samples(DType dt, Generator& g) {
+  S s{{{rnd(g, {2, 6, 5, 3}, dt), rnd(g, {2, 2, 5, 3}, dt), rnd(g, {2, 2, 5, 4}, dt)}, "H6 Hkv2 T5 D3 Dv4"},
+      {{rnd(g, {1, 9, 7, 4}, dt), rnd(g, {1, 3, 7, 4}, dt), rnd(g, {1, 3, 7, 4}, dt)}, "H9 Hkv3 T7"},
+      {{rnd(g, {2, 3, 6, 3}, dt), rnd(g, {2, 1, 6, 3}, dt), rnd(g, {2, 1, 6, 3}, dt)}, "H3 Hkv1 T6"},
+      {{rnd(g, {4, 5, 3}, dt), rnd(g, {2, 5, 3}, dt), rnd(g, {2, 5, 2}, dt)}, "rank 3, H4 Hkv2"},
+      {{rnd(g, {2, 4, 3, 3}, dt), rnd(g, {2, 2, 7, 3}, dt), rnd(g, {2, 2, 7, 3}, dt)}, "H4 Hkv2 Tq3 < Tk7"},
+      {{noncontig(rnd(g, {1, 6, 5, 4}, dt)), noncontig(rnd(g, {1, 3, 5, 4}, dt)), noncontig(rnd(g, {1, 3, 5, 4}, dt))},
+       "non-contiguous H6 Hkv3"}};
+  if (dt == DType::f32)
+    s.push_back({{rnd(g, {2, 6, 37, 64}, dt), rnd(g, {2, 2, 37, 64}, dt), rnd(g, {2, 2, 37, 64}, dt)},
+                 "H6 Hkv2 T37 D64"});
+  return s;
+}
+
+BLU_OPINFO(OpInfo{.name = "sdpa_gqa_causal",
+                  .fn = [](const V& x) { return scaled_dot_product_attention(x[0], x[1], x[2], true); },
+                  .samples = gqa_samples,
+                  .torch = torch_gqa_expr(true)},
+           OpInfo{.name = "sdpa_gqa_full",
+                  .fn = [](const V& x) { return scaled_dot_product_attention(x[0], x[1], x[2], false); },
+                  .samples = gqa_samples,
+                  .torch = torch_gqa_expr(false)});
+
+// GQA's shape errors name what was expected and what came.
+TEST(AttentionGqa, ShapeErrors) {
+  Generator g(1);
+  auto err = [](const Tensor& q, const Tensor& k, const Tensor& v) -> std::string {
+    try {
+      scaled_dot_product_attention(q, k, v, true);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const Tensor q = rnd(g, {2, 6, 5, 8}, DType::f32);
+  const std::string not_multiple = err(q, rnd(g, {2, 4, 5, 8}, DType::f32), rnd(g, {2, 4, 5, 8}, DType::f32));
+  EXPECT_NE(not_multiple.find("multiple of the key/value heads"), std::string::npos) << not_multiple;
+  EXPECT_NE(not_multiple.find("[2, 4, 5, 8] (4 heads)"), std::string::npos) << not_multiple;
+  const std::string kv_heads = err(q, rnd(g, {2, 2, 5, 8}, DType::f32), rnd(g, {2, 3, 5, 8}, DType::f32));
+  EXPECT_NE(kv_heads.find("k and v with the same number of heads"), std::string::npos) << kv_heads;
+  const std::string batch = err(q, rnd(g, {1, 2, 5, 8}, DType::f32), rnd(g, {1, 2, 5, 8}, DType::f32));
+  EXPECT_NE(batch.find("batch dims of q, k, v equal"), std::string::npos) << batch;
+  const std::string head_dim = err(q, rnd(g, {2, 2, 5, 4}, DType::f32), rnd(g, {2, 2, 5, 8}, DType::f32));
+  EXPECT_NE(head_dim.find("head dims differ"), std::string::npos) << head_dim;
+  // One key/value head is broadcasting (multi-query attention), not an error.
+  EXPECT_EQ(err(q, rnd(g, {2, 1, 5, 8}, DType::f32), rnd(g, {2, 1, 5, 8}, DType::f32)), "");
 }
 
 BLU_OPINFO(OpInfo{.name = "sdpa_causal",

@@ -30,13 +30,16 @@ Tensor causal_mask(int64_t tq, int64_t tk, Device device) {
 }
 
 // --- flash_attention (CUDA) ---------------------------------------------------------------------
-// Inputs q, k, v [B, H, T, D] of one dtype, any strides with unit stride along D, 16-byte aligned
-// rows (see flash_ready); attrs causal (bool), scale (double, > 0).
+// Inputs q [B, H, T, D], k, v [B, Hkv, T, D] (H % Hkv == 0: grouped-query attention when Hkv < H)
+// of one dtype, any strides with unit stride along D, 16-byte aligned rows (see flash_ready);
+// attrs causal (bool), scale (double, > 0).
 // Outputs: out as a contiguous [B, T, H, D] buffer (the wrapper returns its [B, H, T, D] transpose
 // view, so the usual transpose(1, 2).reshape(B, T, C) that follows is free), and lse [B, H, T]
 // f32, the logsumexp of each row of scaled scores (not differentiable, saved for backward).
-// The backward op takes (dO, q, k, v, out, lse) all in [B, H, T, D] form and returns dq, dk, dv as
-// contiguous [B, T, H, D] buffers (returned as [B, H, T, D] views).
+// The backward op takes (dO, q, k, v, out, lse) in [B, H, T, D] / [B, Hkv, T, D] form and an attr
+// `packed`; it returns dq, dk, dv either side by side in one contiguous buffer (packed: [B, T, 3,
+// H, D] when H == Hkv, else [B, T, H + 2·Hkv, D]) or, not packed, as three contiguous buffers
+// [B, T, H, D], [B, T, Hkv, D], [B, T, Hkv, D]; the wrapper returns [B, H, T, D] views.
 
 void check_flash_operand(const char* op, const char* what, const Tensor& t, const Shape& want) {
   BLU_CHECK(t.shape() == want, op, ": expected ", what, " of shape ", want, ", got ", t.shape());
@@ -49,6 +52,15 @@ void check_flash_operand(const char* op, const char* what, const Tensor& t, cons
   BLU_CHECK(reinterpret_cast<uintptr_t>(t.raw_data()) % 16 == 0, op, ": ", what, " data is not 16-byte aligned");
 }
 
+// The key/value shape [B, Hkv, T, D] that goes with q [B, H, T, D] and k's head count, checked.
+Shape flash_kv_shape(const char* op, const Tensor& q, const Tensor& k) {
+  BLU_CHECK(k.dim() == 4, op, ": expected k [B, Hkv, T, D], got ", k.shape());
+  const int64_t H = q.size(1), Hkv = k.size(1);
+  BLU_CHECK(Hkv > 0 && H % Hkv == 0, op, ": expected the query heads (", H, ") to be a multiple of the key/value heads (",
+            Hkv, ")");
+  return {q.size(0), Hkv, q.size(2), q.size(3)};
+}
+
 std::vector<TensorMeta> infer_flash_attention(std::span<const Tensor> in, const Attrs& a) {
   const Tensor& q = in[0];
   BLU_CHECK(q.dim() == 4, "flash_attention: expected q [B, H, T, D], got ", q.shape());
@@ -56,31 +68,40 @@ std::vector<TensorMeta> infer_flash_attention(std::span<const Tensor> in, const 
             q.dtype());
   BLU_CHECK(a.f("scale") > 0, "flash_attention: expected scale > 0, got ", a.f("scale"));
   (void)a.b("causal");
+  const Shape kv = flash_kv_shape("flash_attention", q, in[1]);
   const char* names[] = {"q", "k", "v"};
   for (size_t i = 0; i < 3; ++i) {
     BLU_CHECK(in[i].dtype() == q.dtype(), "flash_attention: ", names[i], " has dtype ", in[i].dtype(), ", q has ",
               q.dtype());
-    check_flash_operand("flash_attention", names[i], in[i], q.shape());
+    check_flash_operand("flash_attention", names[i], in[i], i == 0 ? q.shape() : kv);
   }
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
   return {TensorMeta{{B, T, H, D}, q.dtype(), q.device()}, TensorMeta{{B, H, T}, DType::f32, q.device()}};
 }
 
-std::vector<TensorMeta> infer_flash_attention_backward(std::span<const Tensor> in, const Attrs&) {
+std::vector<TensorMeta> infer_flash_attention_backward(std::span<const Tensor> in, const Attrs& a) {
   const Tensor& q = in[1];
+  const Shape kv = flash_kv_shape("flash_attention_backward", q, in[2]);
   const char* names[] = {"grad", "q", "k", "v", "out"};
   for (size_t i = 0; i < 5; ++i) {
     BLU_CHECK(in[i].dtype() == q.dtype(), "flash_attention_backward: ", names[i], " has dtype ", in[i].dtype(),
               ", q has ", q.dtype());
-    check_flash_operand("flash_attention_backward", names[i], in[i], q.shape());
+    check_flash_operand("flash_attention_backward", names[i], in[i], i == 2 || i == 3 ? kv : q.shape());
   }
-  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), Hkv = kv[1];
   BLU_ASSERT(in[5].shape() == Shape({B, H, T}) && in[5].dtype() == DType::f32 && in[5].is_contiguous(),
              "flash_attention_backward: lse ", in[5].str());
-  // dq, dk, dv side by side in one [B, T, 3, H, D] buffer: when q, k, v are the three pieces of
-  // one projection (GPT's qkv split), their gradients are then the pieces of that projection's
-  // gradient, and split's backward has nothing to copy (split_backward, ops/join.cpp).
-  return {TensorMeta{{B, T, 3, H, D}, q.dtype(), q.device()}};
+  // Packed: dq, dk, dv side by side in one buffer. When q, k, v are the pieces of one projection
+  // (GPT's qkv split; a fused q/k/v projection of a GQA model), their gradients are then the
+  // pieces of that projection's gradient, and split's backward has nothing to copy
+  // (split_backward, ops/join.cpp). Otherwise (GQA with separate projections) three buffers, each
+  // of which its [B, T, heads·D] view takes without a copy.
+  if (a.b("packed")) {
+    if (H == Hkv) return {TensorMeta{{B, T, 3, H, D}, q.dtype(), q.device()}};
+    return {TensorMeta{{B, T, H + 2 * Hkv, D}, q.dtype(), q.device()}};
+  }
+  return {TensorMeta{{B, T, H, D}, q.dtype(), q.device()}, TensorMeta{{B, T, Hkv, D}, q.dtype(), q.device()},
+          TensorMeta{{B, T, Hkv, D}, q.dtype(), q.device()}};
 }
 const OpDef kFlashAttentionBackward{.name = "flash_attention_backward", .infer = infer_flash_attention_backward};
 
@@ -95,11 +116,26 @@ Tensor flash_ready(const Tensor& t) {
   return ok ? t : clone(t);
 }
 
+// Whether k and v (of Hkv < H heads) are the head ranges right after q's in one [B, T, H + 2·Hkv,
+// D] buffer: the split of a fused q/k/v projection viewed as heads.
+bool adjacent_heads(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const int64_t H = q.size(1), Hkv = k.size(1), D = q.size(3);
+  return k.storage() == q.storage() && v.storage() == q.storage() && k.strides() == q.strides() &&
+         v.strides() == q.strides() && q.stride(3) == 1 && q.stride(1) == D && q.stride(2) == (H + 2 * Hkv) * D &&
+         k.offset() == q.offset() + H * D && v.offset() == k.offset() + Hkv * D;
+}
+
 // g[0] is the gradient of the [B, T, H, D] output buffer.
 std::vector<Tensor> flash_attention_bw(const BackwardContext& c, std::span<const Tensor> g) {
-  const Tensor dqkv = dispatch1(kFlashAttentionBackward, {flash_ready(bhtd(g[0])), c.input(0), c.input(1), c.input(2),
-                                                          bhtd(c.output(0)), c.output(1)}, c.attrs);
-  return {bhtd(select(dqkv, 2, 0)), bhtd(select(dqkv, 2, 1)), bhtd(select(dqkv, 2, 2))};
+  const Tensor &q = c.input(0), &k = c.input(1), &v = c.input(2);
+  const int64_t H = q.size(1), Hkv = k.size(1);
+  Attrs a = c.attrs;
+  a.set("packed", H == Hkv || adjacent_heads(q, k, v));
+  const std::vector<Tensor> d =
+      dispatch(kFlashAttentionBackward, {flash_ready(bhtd(g[0])), q, k, v, bhtd(c.output(0)), c.output(1)}, a);
+  if (d.size() == 3) return {bhtd(d[0]), bhtd(d[1]), bhtd(d[2])};
+  if (H == Hkv) return {bhtd(select(d[0], 2, 0)), bhtd(select(d[0], 2, 1)), bhtd(select(d[0], 2, 2))};
+  return {bhtd(narrow(d[0], 2, 0, H)), bhtd(narrow(d[0], 2, H, Hkv)), bhtd(narrow(d[0], 2, H + Hkv, Hkv))};
 }
 const OpDef kFlashAttention{.name = "flash_attention",
                             .infer = infer_flash_attention,
@@ -111,13 +147,46 @@ const OpDef kFlashAttention{.name = "flash_attention",
 // Why the fused CUDA path cannot take this call ("" when it can).
 std::string flash_unsupported(const Tensor& q, const Tensor& k, const Tensor& v) {
   if (!backend(DeviceType::cuda).supports("flash_attention")) return "no flash_attention kernel in this build";
-  if (q.dim() != 4) return "q is not 4-d [B, H, T, D]";
-  if (k.shape() != q.shape() || v.shape() != q.shape())
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return "q, k, v are not 4-d [B, H, T, D]";
+  const Shape kv{q.size(0), k.size(1), q.size(2), q.size(3)};
+  if (k.shape() != kv || v.shape() != kv)
     return "q, k, v shapes differ (Tq != Tk, Dv != D or broadcast batch dims)";
+  if (k.size(1) == 0 || q.size(1) % k.size(1) != 0) return "query heads not a multiple of the key/value heads";
   if (q.dtype() == DType::f64) return "dtype f64";
   if (q.size(3) != 64 && q.size(3) != 128) return "head dim " + std::to_string(q.size(3)) + " (supported: 64, 128)";
   if (q.size(0) * q.size(1) > int64_t(INT32_MAX) || q.size(2) > int64_t(INT32_MAX) / 2) return "sizes too large";
   return "";
+}
+
+// Grouped-query attention (ops/attention.h): k, v [..., Hkv, T, D] with Hkv heads other than q's
+// H, neither of them 1 (one head on either side is ordinary broadcasting). Checks the shapes.
+bool is_gqa(const Tensor& q, const Tensor& k, const Tensor& v) {
+  if (q.dim() < 3 || k.dim() < 3 || v.dim() < 3) return false;
+  const int64_t H = q.size(-3), Hk = k.size(-3), Hv = v.size(-3);
+  if (H <= 1 || ((Hk == H || Hk == 1) && (Hv == H || Hv == 1))) return false;
+  BLU_CHECK(Hk == Hv, "scaled_dot_product_attention: grouped-query attention needs k and v with the same number of ",
+            "heads (dim -3); got k ", k.shape(), ", v ", v.shape());
+  BLU_CHECK(Hk > 0 && H % Hk == 0, "scaled_dot_product_attention: grouped-query attention needs the query heads to be ",
+            "a multiple of the key/value heads; got q ", q.shape(), " (", H, " heads), k ", k.shape(), " (", Hk,
+            " heads)");
+  BLU_CHECK(q.dim() == k.dim() && q.dim() == v.dim(), "scaled_dot_product_attention: grouped-query attention needs ",
+            "q, k, v of one rank; got q ", q.shape(), ", k ", k.shape(), ", v ", v.shape());
+  for (int64_t d = 0; d < q.dim() - 3; ++d)
+    BLU_CHECK(k.size(d) == q.size(d) && v.size(d) == q.size(d), "scaled_dot_product_attention: grouped-query ",
+              "attention needs the batch dims of q, k, v equal; expected ", q.shape(), "'s in k ", k.shape(), " and v ",
+              v.shape());
+  return true;
+}
+
+// [..., Hkv, T, E] → [..., H, T, E], head h a copy of head h / (H / Hkv): viewed as [..., Hkv, 1,
+// T, E], expanded over the group and reshaped (so the gradient sums over each group).
+Tensor repeat_heads(const Tensor& t, int64_t H) {
+  const int64_t n = t.dim(), Hkv = t.size(-3);
+  Shape grouped = t.shape();
+  grouped.insert(grouped.begin() + (n - 2), H / Hkv);  // [..., Hkv, G, T, E]
+  Shape merged = t.shape();
+  merged[size_t(n - 3)] = H;
+  return reshape(expand(unsqueeze(t, n - 2), grouped), merged);
 }
 
 // One line per distinct reason, the first time it happens.
@@ -144,6 +213,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
             ", v ", v.shape());
   const int64_t tq = q.size(-2), tk = k.size(-2), d = q.size(-1);
   const double s = scale > 0 ? scale : 1.0 / std::sqrt(double(std::max<int64_t>(d, 1)));
+  const bool gqa = is_gqa(q, k, v);
   if (q.device().is_cuda()) {
     const std::string why = flash_unsupported(q, k, v);
     if (why.empty()) {
@@ -153,9 +223,10 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     }
     log_fallback_once(why);
   }
-  Tensor scores = mul(matmul(q, transpose(k, -2, -1)), s);  // [..., Tq, Tk]
+  const Tensor kh = gqa ? repeat_heads(k, q.size(-3)) : k, vh = gqa ? repeat_heads(v, q.size(-3)) : v;
+  Tensor scores = mul(matmul(q, transpose(kh, -2, -1)), s);  // [..., Tq, Tk]
   if (causal) scores = masked_fill(scores, causal_mask(tq, tk, q.device()), -std::numeric_limits<double>::infinity());
-  return matmul(softmax(scores, -1), v);
+  return matmul(softmax(scores, -1), vh);
 }
 
 }  // namespace blu
