@@ -27,15 +27,17 @@ const nlohmann::json* find_model_config(const nlohmann::json& j) {
 
 nlohmann::json apply_overrides(nlohmann::json cfg, const ModelOverrides& o) {
   const std::string fam = models::family_of(cfg);
-  auto set = [&](const char* key, const char* flag, int64_t v) {
+  // GPT-2's key, or Hugging Face's name of the same thing (Llama's config uses those).
+  auto set = [&](const char* key, const char* hf_key, const char* flag, int64_t v) {
     if (v <= 0) return;
-    BLU_CHECK(cfg.contains(key), flag, ": the ", fam, " config has no '", key, "' to override");
-    cfg[key] = v;
+    const char* k = cfg.contains(key) ? key : hf_key;
+    BLU_CHECK(cfg.contains(k), flag, ": the ", fam, " config has neither '", key, "' nor '", hf_key, "' to override");
+    cfg[k] = v;
   };
-  set("n_layer", "--n-layer", o.n_layer);
-  set("n_head", "--n-head", o.n_head);
-  set("n_embd", "--n-embd", o.n_embd);
-  set("block_size", "--block-size", o.block_size);
+  set("n_layer", "num_hidden_layers", "--n-layer", o.n_layer);
+  set("n_head", "num_attention_heads", "--n-head", o.n_head);
+  set("n_embd", "hidden_size", "--n-embd", o.n_embd);
+  set("block_size", "max_position_embeddings", "--block-size", o.block_size);
   models::build_model(cfg, 0).reset();  // the family validates the result (e.g. heads divide the width)
   return cfg;
 }

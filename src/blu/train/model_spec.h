@@ -15,9 +15,10 @@
 
 namespace blu::train {
 
-// Explicit overrides of a config's shape; a value <= 0 keeps the config's. Each names a key of the
-// family's config (GPT-2: n_layer, n_head, n_embd, block_size; Llama: the same names); a key the
-// family's config does not have is an error naming the flag.
+// Explicit overrides of a config's shape; a value <= 0 keeps the config's. Each sets GPT-2's key
+// (n_layer, n_head, n_embd, block_size) or Hugging Face's name for it (num_hidden_layers,
+// num_attention_heads, hidden_size, max_position_embeddings: Llama's); a config with neither is an
+// error naming the flag. The family then validates the result.
 struct ModelOverrides {
   int64_t n_layer = 0, n_head = 0, n_embd = 0, block_size = 0;
 };

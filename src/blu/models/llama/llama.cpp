@@ -288,6 +288,8 @@ Llama::Llama(const LlamaConfig& cfg, uint64_t seed) : cfg_(cfg) {
   if (!cfg_.tie_word_embeddings) {
     lm_head = std::make_shared<nn::Linear>(cfg_.hidden_size, cfg_.vocab_size, false);
     register_module("lm_head", lm_head);
+  } else {
+    model->embed_tokens->set_row_sparse_grad(true);  // tied to the LM head: its rows may be exchanged apart
   }
   // normal(0, 0.02) for every matrix, in registration order; the norms keep their ones.
   Generator gen(seed);
