@@ -15,6 +15,7 @@
 #include "blu/optim/loss_scaler.h"
 #include "ddp_harness.h"
 #include "train_harness.h"
+#include "zero_gate_harness.h"
 #include "common/checks.h"
 
 namespace blu::dist {
@@ -221,6 +222,7 @@ TEST(DistWorker, Run) {
   if (scenario == "train") return test::train_worker();
   if (scenario == "ddp_grads") return test::ddp_grads_worker();
   if (scenario == "scaler_agree") return scaler_agree();
+  if (scenario == "zero_gate") return test::zero_gate_worker();
   FAIL() << "unknown scenario " << scenario;
 }
 

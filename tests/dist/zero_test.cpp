@@ -3,6 +3,8 @@
 // into the buckets as it goes (Note [ZeRO-2 buckets]), the updates are bitwise those of optim's
 // AdamW, accumulation under set_sync(false) reduces once, and a gradient set by hand is reduced by
 // reduce_gradients(). Memory against DDP and ZeRO-1 on 2 ranks: DataParallel.ZeroStagesMatchDDP.
+// The norm gate (norm_gate + step(gate)) against clip_grad_norm + step(): on one rank here, on 2
+// and 3 ranks for both stages in ZeroGate.MatchesClipThenStepOnSeveralRanks (zero_gate_harness.h).
 #include <gtest/gtest.h>
 
 #include <set>
@@ -11,6 +13,7 @@
 #include "blu/blu.h"
 #include "blu/dist/zero.h"
 #include "blu/models/gpt2/gpt2.h"
+#include "common/checks.h"
 #include "dist_test_util.h"
 
 namespace blu::dist::test {
@@ -100,6 +103,45 @@ TEST(Zero2, ReleasesGradientsAndMatchesAdamW) {
   w.set_grad(full(w.shape(), 2.0, DType::f32));
   EXPECT_NEAR(zero->clip_grad_norm(1e9), 2.0 * std::sqrt(double(w.numel())), 1e-6);
   EXPECT_FALSE(w.grad().defined());
+}
+
+// One rank, stage 2: norm_gate + step(gate) equals clip_grad_norm + step() bit for bit with
+// clipping active, and a gradient set by hand is reduced by norm_gate as by clip_grad_norm.
+TEST(Zero2, NormGateMatchesClipThenStep) {
+  OneRank one;
+  models::GPT a(config(), 7), b(config(), 7);
+  auto ref = make_zero2(a, one.pg), gated = make_zero2(b, one.pg);
+  for (int step = 0; step < 2; ++step) {
+    const auto [idx, tgt] = batch(step);
+    a.forward(idx, tgt).loss.backward();
+    b.forward(idx, tgt).loss.backward();
+    const double norm = ref->clip_grad_norm(0.05);
+    EXPECT_GT(norm, 0.05);  // clipping active
+    ref->step();
+    const NormGate gate = gated->norm_gate(0.05);
+    EXPECT_EQ(gate.sum_squares.dim(), 0);
+    EXPECT_EQ(gate.max_norm, 0.05);
+    gated->step(gate);
+    EXPECT_EQ(optim::gate_norm(gate), norm);
+  }
+  const auto pa = a.named_parameters(), pb = b.named_parameters();
+  for (size_t i = 0; i < pa.size(); ++i)
+    EXPECT_TRUE(::blu::test::bitwise_equal(pa[i].second, pb[i].second)) << pa[i].first;
+  Tensor w = b.named_parameters()[0].second;
+  w.set_grad(full(w.shape(), 2.0, DType::f32));
+  EXPECT_NEAR(optim::gate_norm(gated->norm_gate(1e9)), 2.0 * std::sqrt(double(w.numel())), 1e-6);
+  EXPECT_FALSE(w.grad().defined());
+}
+
+// Several ranks, both stages (zero_gate_harness.h): the gated path equals the old one step after
+// step, clipping active and not, and a NaN on one rank leaves every rank's parameters and moments
+// as they were; no host read on the gated path.
+TEST(ZeroGate, MatchesClipThenStepOnSeveralRanks) {
+  for (const auto& [stage, ranks] : std::vector<std::pair<int, int>>{{1, 2}, {2, 2}, {2, 3}}) {
+    const LaunchResult r = run_workers("zero_gate", ranks, {{"BLU_DIST_STAGE", std::to_string(stage)}});
+    EXPECT_EQ(r.status, 0) << "stage " << stage << ", " << ranks << " ranks\nstdout:\n" << r.out << "\nstderr:\n"
+                           << r.err;
+  }
 }
 
 }  // namespace

@@ -48,6 +48,7 @@ void* Tensor::raw_data() const {
 double Tensor::item() const {
   BLU_CHECK(numel() == 1, "item() needs a tensor with one element, got shape ", shape());
   BLU_CHECK(device().is_cpu(), "item() reads CPU tensors; this one is on ", device(), " (copy it first)");
+  count_host_read();
   double v = 0;
   BLU_DISPATCH_ALL(dtype(), "item", v = double(*static_cast<const scalar_t*>(raw_data())));
   return v;

@@ -12,6 +12,7 @@
 #include "blu/core/device.h"
 #include "blu/core/dtype.h"
 #include "blu/core/error.h"
+#include "blu/core/host_reads.h"
 #include "blu/core/shape.h"
 #include "blu/core/storage.h"
 
@@ -69,7 +70,8 @@ class Tensor {
     BLU_CHECK(dtype_of<T>::value == dtype(), "tensor of dtype ", dtype(), " read as ", dtype_of<T>::value);
     return static_cast<T*>(raw_data());
   }
-  // The single element of a 1-element CPU tensor, converted to double.
+  // The single element of a 1-element CPU tensor, converted to double. Counts as a host read
+  // (core/host_reads.h).
   double item() const;
 
   // A view with other metadata over the same storage (no autograd link: see ops/view.h).

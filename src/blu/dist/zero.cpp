@@ -441,27 +441,44 @@ Tensor ZeroAdamW::shard_gradient() {
   return reducer_->shard_grad;
 }
 
-double ZeroAdamW::clip_grad_norm(double max_norm) {
-  if (stage_ == 1) {
-    std::vector<Tensor> ts;
-    for (const Param& p : params_) ts.push_back(p.tensor);
-    return optim::clip_grad_norm(ts, max_norm);
-  }
-  BLU_CHECK(max_norm > 0 && !std::isnan(max_norm), "clip_grad_norm: max_norm must be > 0, got ", max_norm);
+Tensor ZeroAdamW::shard_sum_squares() {
   const Tensor g = shard_gradient();
   NoGradGuard no_grad;
   // This rank's sum of squares (sum_squares: f64 sums on the CPU, no copy of the shard), then summed
-  // over the ranks in f64.
+  // over the ranks in f64 on the device.
   Tensor sumsq = shard_numel_ > 0 ? to_dtype(reshape(sum_squares({g}), {1}), DType::f64) : zeros({1}, DType::f64, device_);
   pg_->all_reduce(sumsq, ReduceOp::sum)->wait();
-  const double norm = std::sqrt(to_device(sumsq, kCPU).item());
+  return sumsq;
+}
+
+std::vector<Tensor> ZeroAdamW::parameter_tensors() const {
+  std::vector<Tensor> ts;
+  for (const Param& p : params_) ts.push_back(p.tensor);
+  return ts;
+}
+
+double ZeroAdamW::clip_grad_norm(double max_norm) {
+  if (stage_ == 1) return optim::clip_grad_norm(parameter_tensors(), max_norm);
+  BLU_CHECK(max_norm > 0 && !std::isnan(max_norm), "clip_grad_norm: max_norm must be > 0, got ", max_norm);
+  const Tensor sumsq = shard_sum_squares();
+  const double norm = std::sqrt(to_vector(sumsq)[0]);
   if (!std::isfinite(norm)) return norm;
   const double scale = max_norm / (norm + 1e-6);
-  if (scale < 1.0) mul_(g, scale);
+  if (scale < 1.0) {
+    NoGradGuard no_grad;
+    mul_(shard_gradient(), scale);
+  }
   return norm;
 }
 
-void ZeroAdamW::step() {
+NormGate ZeroAdamW::norm_gate(double max_norm) {
+  if (stage_ == 1) return optim::grad_norm_gate(parameter_tensors(), max_norm);
+  BLU_CHECK(max_norm > 0 && !std::isnan(max_norm), "norm_gate: max_norm must be > 0, got ", max_norm);
+  NoGradGuard no_grad;
+  return {.sum_squares = reshape(shard_sum_squares(), {}), .max_norm = max_norm};
+}
+
+void ZeroAdamW::step(const NormGate& gate) {
   NoGradGuard no_grad;
   Tensor shard_grad;
   if (stage_ == 2) shard_grad = shard_gradient();
@@ -484,7 +501,8 @@ void ZeroAdamW::step() {
   }
   for (const auto& [wd, tensors] : by_decay)
     adamw_step_(tensors, {.lr = lr_, .beta1 = options_.beta1, .beta2 = options_.beta2, .eps = options_.eps,
-                          .weight_decay = wd, .step = t});
+                          .weight_decay = wd, .step = t},
+                gate);
   gather_parameters();
   if (reducer_) reducer_->consume();
   ++steps_;

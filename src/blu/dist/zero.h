@@ -11,9 +11,9 @@
 //     copied into a staging buffer and released, and the buffer is reduce-scattered (average), so
 //     rank r keeps the r-th chunk of every bucket — its shard — and no rank holds all gradients at
 //     once. Gradient accumulation: under set_sync(false) backward accumulates locally as usual; the
-//     synced backward (the last micro-batch) reduces. reduce_gradients() (called by step() and
-//     clip_grad_norm()) issues what backward left (a parameter with no gradient contributes zeros)
-//     and waits; shard_gradient() is then this rank's averaged gradient.
+//     synced backward (the last micro-batch) reduces. reduce_gradients() (called by step(),
+//     clip_grad_norm() and norm_gate()) issues what backward left (a parameter with no gradient
+//     contributes zeros) and waits; shard_gradient() is then this rank's averaged gradient.
 //   Both: AdamW on the shard, each parameter's piece with its group's weight decay and the same
 //   fp32 kernel as optim's AdamW (adamw_step_), then an all-gather of the updated shards so every
 //   rank holds the whole new parameters.
@@ -84,9 +84,15 @@ class ZeroAdamW final : public optim::Optimizer {
   // fp16 loss scaler unscales and checks it in place).
   Tensor shard_gradient();
   // Global L2 norm of the averaged gradient (the same value on every rank) and clipping to
-  // max_norm as optim::clip_grad_norm does; stage 2 reduces first.
+  // max_norm as optim::clip_grad_norm does; stage 2 reduces first. Reads the norm on the host.
   double clip_grad_norm(double max_norm);
-  void step() override;
+  // The same clipping as a gate for step(gate), decided on the device (Note [Norm gate],
+  // ops/optim.h): the averaged gradient's sum of squares — stage 1 over the parameters' gradients
+  // (optim::grad_norm_gate), stage 2 over the shard after reducing, all-reduced in f64 on the
+  // device — the same total on every rank, no host read. optim::gate_norm reads its norm.
+  NormGate norm_gate(double max_norm);
+  using optim::Optimizer::step;
+  void step(const NormGate& gate) override;
 
   // This rank's state: "step", "exp_avg" and "exp_avg_sq" (1-d, the owned slice). Loading takes the
   // same layout; a different world size goes through load_sharded_checkpoint.
@@ -113,6 +119,9 @@ class ZeroAdamW final : public optim::Optimizer {
   };
   struct Reducer;  // stage 2 (zero.cpp)
   void gather_parameters();
+  std::vector<Tensor> parameter_tensors() const;
+  // Stage 2: reduces, then the averaged gradient's sum of squares over all ranks, [1] f64.
+  Tensor shard_sum_squares();
   struct Param {
     std::string name;
     Tensor tensor;

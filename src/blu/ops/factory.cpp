@@ -96,6 +96,7 @@ Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType 
 }
 
 std::vector<double> to_vector(const Tensor& t) {
+  if (t.device().is_cpu()) count_host_read();  // a device tensor's read is counted by its copy
   Tensor c = contiguous(to_device(t, kCPU));
   std::vector<double> v(size_t(c.numel()));
   BLU_DISPATCH_ALL(c.dtype(), "to_vector", {

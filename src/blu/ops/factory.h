@@ -29,7 +29,8 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, DType dtype = DTyp
 const Tensor& fill_(const Tensor& t, double value);
 // A CPU tensor holding `values` (converted to dtype) in the given shape.
 Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType dtype = DType::f32);
-// All elements as doubles, in logical (row-major) order (copied to the host first).
+// All elements as doubles, in logical (row-major) order (copied to the host first). One host read
+// (core/host_reads.h).
 std::vector<double> to_vector(const Tensor& t);
 
 }  // namespace blu

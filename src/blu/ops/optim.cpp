@@ -1,5 +1,7 @@
 #include "blu/ops/optim.h"
 
+#include <cmath>
+
 #include "blu/ops/dispatch.h"
 #include "blu/ops/view.h"
 
@@ -7,11 +9,29 @@ namespace blu {
 
 namespace {
 
-// SGD's inputs (param, grad, momentum buffer): defined ones have the parameter's shape, dtype f32.
-std::vector<TensorMeta> infer_sgd_step(std::span<const Tensor> in, const Attrs&) {
+// The gate's total (Note [Norm gate]), input `index` of `in` (attribute "gate"; -1: no gate).
+void check_gate(const char* op, std::span<const Tensor> in, const Attrs& a) {
+  const int64_t index = a.i("gate");
+  if (index < 0) return;
+  BLU_ASSERT(size_t(index) < in.size() && in[size_t(index)].defined(), op, ": gate input ", index, " missing");
+  const Tensor& t = in[size_t(index)];
+  BLU_CHECK(t.numel() == 1 && (t.dtype() == DType::f32 || t.dtype() == DType::f64), op,
+            ": the norm gate's sum of squares must be one f32 or f64 element (as sum_squares gives it), got ",
+            t.str());
+}
+void check_max_norm(const char* op, const NormGate& gate) {
+  BLU_CHECK(gate.max_norm > 0 && !std::isnan(gate.max_norm), op, ": the norm gate's max_norm must be > 0, got ",
+            gate.max_norm);
+}
+
+// SGD's inputs (param, grad, momentum buffer, gate): defined ones of the first three have the
+// parameter's shape, dtype f32.
+std::vector<TensorMeta> infer_sgd_step(std::span<const Tensor> in, const Attrs& a) {
   static const char* const kRole[] = {"param", "grad", "momentum buffer"};
+  BLU_ASSERT(in.size() == 4, "sgd_step: ", in.size(), " inputs, expected 4");
+  check_gate("sgd_step", in, a);
   const Tensor& p = in[0];
-  for (size_t i = 0; i < in.size(); ++i) {
+  for (size_t i = 0; i < 3; ++i) {
     if (!in[i].defined()) continue;
     BLU_CHECK(in[i].dtype() == DType::f32, "sgd_step: ", kRole[i], " must be f32 (the optimizer keeps fp32 "
               "state and fp32 master parameters), got ", in[i].str());
@@ -20,23 +40,27 @@ std::vector<TensorMeta> infer_sgd_step(std::span<const Tensor> in, const Attrs&)
   }
   return {TensorMeta{p.shape(), p.dtype(), p.device()}};
 }
-bool sgd_writes(size_t i, const Attrs&) { return i != 1; }  // all but the gradient
+bool sgd_writes(size_t i, const Attrs&) { return i == 0 || i == 2; }  // param and momentum buffer
 const OpDef kSGDStep{.name = "sgd_step",
                      .infer = infer_sgd_step,
                      .inplace = true,
                      .writes = sgd_writes,
-                     .optional_inputs = 1u << 2};
+                     .optional_inputs = 1u << 2 | 1u << 3};
 
 // adamw_step's inputs: per parameter, (param, grad, exp_avg, exp_avg_sq[, compute copy]) — the
-// stride is 5 when attr "copies" is set, else 4.
+// stride is 5 when attr "copies" is set, else 4 — then the gate's total when attr "gate" is its
+// index (>= 0).
 int64_t adamw_stride(const Attrs& a) { return a.b("copies") ? 5 : 4; }
 std::vector<TensorMeta> infer_adamw_step(std::span<const Tensor> in, const Attrs& a) {
   static const char* const kRole[] = {"param", "grad", "exp_avg", "exp_avg_sq", "compute copy"};
   const size_t stride = size_t(adamw_stride(a));
-  BLU_ASSERT(!in.empty() && in.size() % stride == 0, "adamw_step: ", in.size(), " inputs, expected groups of ",
-             stride);
+  const int64_t gate = a.i("gate");
+  const size_t n = gate >= 0 ? size_t(gate) : in.size();  // the per-parameter inputs
+  BLU_ASSERT(n > 0 && n % stride == 0 && (gate < 0 || n + 1 == in.size()), "adamw_step: ", in.size(),
+             " inputs with gate index ", gate, ", expected groups of ", stride, " and the gate last");
+  check_gate("adamw_step", in, a);
   const DType copy_dtype = stride == 5 ? in[4].dtype() : DType::f32;
-  for (size_t t = 0; t < in.size(); t += stride) {
+  for (size_t t = 0; t < n; t += stride) {
     const Tensor& p = in[t];
     for (size_t k = 0; k < stride; ++k) {
       const Tensor& x = in[t + k];
@@ -53,7 +77,10 @@ std::vector<TensorMeta> infer_adamw_step(std::span<const Tensor> in, const Attrs
   }
   return {TensorMeta{in[0].shape(), in[0].dtype(), in[0].device()}};
 }
-bool adamw_writes(size_t i, const Attrs& a) { return i % size_t(adamw_stride(a)) != 1; }  // all but grads
+// All but the gradients and the gate.
+bool adamw_writes(size_t i, const Attrs& a) {
+  return i % size_t(adamw_stride(a)) != 1 && int64_t(i) != a.i("gate");
+}
 const OpDef kAdamWStep{.name = "adamw_step", .infer = infer_adamw_step, .inplace = true, .writes = adamw_writes};
 
 std::vector<TensorMeta> infer_sum_squares(std::span<const Tensor> in, const Attrs&) {
@@ -67,12 +94,13 @@ const OpDef kSumSquares{.name = "sum_squares", .infer = infer_sum_squares};
 
 }  // namespace
 
-void adamw_step_(const std::vector<AdamWTensors>& tensors, const AdamWStepArgs& a) {
+void adamw_step_(const std::vector<AdamWTensors>& tensors, const AdamWStepArgs& a, const NormGate& gate) {
   BLU_CHECK(a.step >= 1, "adamw_step: step must be >= 1, got ", a.step);
+  if (gate.defined()) check_max_norm("adamw_step", gate);
   if (tensors.empty()) return;
   const bool copies = tensors[0].compute_copy.defined();
   std::vector<Tensor> in;
-  in.reserve(tensors.size() * (copies ? 5 : 4));
+  in.reserve(tensors.size() * (copies ? 5 : 4) + 1);
   for (size_t i = 0; i < tensors.size(); ++i) {
     const AdamWTensors& t = tensors[i];
     BLU_CHECK(t.compute_copy.defined() == copies, "adamw_step: tensor ", i, (copies ? " has no" : " has a"),
@@ -80,6 +108,8 @@ void adamw_step_(const std::vector<AdamWTensors>& tensors, const AdamWStepArgs& 
     in.insert(in.end(), {t.param, t.grad, t.exp_avg, t.exp_avg_sq});
     if (copies) in.push_back(t.compute_copy);
   }
+  const int64_t gate_index = gate.defined() ? int64_t(in.size()) : -1;
+  if (gate.defined()) in.push_back(gate.sum_squares);
   dispatch(kAdamWStep, std::move(in),
            Attrs{{"lr", a.lr},
                  {"beta1", a.beta1},
@@ -87,19 +117,25 @@ void adamw_step_(const std::vector<AdamWTensors>& tensors, const AdamWStepArgs& 
                  {"eps", a.eps},
                  {"weight_decay", a.weight_decay},
                  {"step", a.step},
-                 {"copies", copies}});
+                 {"copies", copies},
+                 {"gate", gate_index},
+                 {"max_norm", gate.max_norm}});
 }
 
-void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, const SGDStepArgs& a) {
+void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, const SGDStepArgs& a,
+               const NormGate& gate) {
   BLU_CHECK(a.momentum == 0 || momentum_buffer.defined(), "sgd_step: momentum ", a.momentum,
             " needs a momentum buffer");
   BLU_CHECK(!a.nesterov || a.momentum > 0, "sgd_step: nesterov needs momentum > 0, got ", a.momentum);
-  dispatch(kSGDStep, {param, grad, a.momentum == 0 ? Tensor() : momentum_buffer},
+  if (gate.defined()) check_max_norm("sgd_step", gate);
+  dispatch(kSGDStep, {param, grad, a.momentum == 0 ? Tensor() : momentum_buffer, gate.sum_squares},
            Attrs{{"lr", a.lr},
                  {"momentum", a.momentum},
                  {"weight_decay", a.weight_decay},
                  {"nesterov", a.nesterov},
-                 {"init_buffer", a.init_buffer}});
+                 {"init_buffer", a.init_buffer},
+                 {"gate", gate.defined() ? int64_t(3) : int64_t(-1)},
+                 {"max_norm", gate.max_norm}});
 }
 
 Tensor sum_squares(const std::vector<Tensor>& tensors) {

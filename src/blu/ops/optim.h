@@ -6,11 +6,35 @@
 // results match PyTorch to rounding, and every backend does the same operations (CUDA matches the
 // CPU bit for bit); no autograd (call under NoGradGuard).
 #pragma once
+#include <cmath>
 #include <vector>
 
 #include "blu/core/tensor.h"
 
 namespace blu {
+
+// Global-norm gradient clipping and the non-finite skip, decided on the device (Note [Norm gate]).
+// `sum_squares`: the global gradient norm's square — 0-d (or one element), f32 or f64, on the
+// gradients' device, as sum_squares() below gives it; undefined: no gate. `max_norm`: the
+// clipping threshold (> 0; infinity: no clipping, the gate only skips).
+struct NormGate {
+  Tensor sum_squares;
+  double max_norm = INFINITY;
+  bool defined() const { return sum_squares.defined(); }
+};
+
+// Note [Norm gate]
+// An update given a gate reads the total on the device, once per thread (CPU: once per op), with
+// no host read, and decides there, in double:
+//   norm = sqrt(total); if norm is not finite: change nothing (parameters, moments, compute
+//   copies, momentum buffers untouched);
+//   else coef = max_norm / (norm + 1e-6); when coef < 1 every gradient element g is used as
+//   g * float(coef), one fp32 product rounded as mul_(grad, coef) rounds it — without writing
+//   the gradient.
+// So grad_norm_gate + a gated update equals optim::clip_grad_norm's in-place scaling followed by
+// the plain update, bit for bit, and equals skipping the update when the norm is not finite. The
+// gate is an input of the op (the dispatcher, observers and the compiler see it), its index the
+// attribute "gate" (-1: none) and max_norm the attribute "max_norm".
 
 struct AdamWStepArgs {
   double lr, beta1, beta2, eps, weight_decay;
@@ -31,7 +55,9 @@ struct AdamWTensors {
 // One op however many tensors (one CUDA launch per 64 contiguous ones). Either every tensor has a
 // compute copy, all of one dtype, or none has (group the calls: optim/adamw.cpp). The tensors may
 // be any views (non-contiguous ones take a strided path), but must not overlap one another.
-void adamw_step_(const std::vector<AdamWTensors>& tensors, const AdamWStepArgs& args);
+// With a gate (Note [Norm gate]) the gradients are clipped, or the whole update skipped, on the
+// device.
+void adamw_step_(const std::vector<AdamWTensors>& tensors, const AdamWStepArgs& args, const NormGate& gate = {});
 
 struct SGDStepArgs {
   double lr, momentum, weight_decay;
@@ -42,12 +68,15 @@ struct SGDStepArgs {
 // (undefined when momentum == 0):
 //   d = g + wd*p;  buf = init ? d : momentum*buf + d;  d = nesterov ? d + momentum*buf : buf;
 //   p += -lr * d.
-void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, const SGDStepArgs& args);
+// With a gate (Note [Norm gate]) the gradient is clipped, or the update skipped, on the device.
+void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, const SGDStepArgs& args,
+               const NormGate& gate = {});
 
 // Σ over every element of every tensor of x², as one op (one or two kernels on CUDA, however many
 // tensors): a 0-d tensor on their device, f64 on the CPU (double sums), f32 on CUDA (fp32 block
 // partials, combined in a fixed order: deterministic). Floating tensors of any dtypes, at least
-// one, all on one device; non-contiguous ones are copied first. No autograd (clip_grad_norm).
+// one, all on one device; non-contiguous ones are copied first. No autograd (clip_grad_norm, and
+// the total of a NormGate).
 Tensor sum_squares(const std::vector<Tensor>& tensors);
 
 }  // namespace blu

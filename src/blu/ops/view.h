@@ -35,7 +35,8 @@ const Tensor& copy_(const Tensor& dst, const Tensor& src);
 // non-contiguous pair is copied by copy_ apart. Pairs must not overlap. No autograd.
 void copy_many_(const std::vector<Tensor>& dst, const std::vector<Tensor>& src);
 // The same values on another device (a copy; the same tensor when already there). Gradients
-// flow back to the source device.
+// flow back to the source device. A copy from a device to the CPU counts as a host read
+// (core/host_reads.h).
 Tensor to_device(const Tensor& t, Device device);
 // Cast to another dtype (a copy; the same tensor when dtype already matches).
 Tensor to_dtype(const Tensor& t, DType dtype);

@@ -31,7 +31,7 @@ class AdamW final : public Optimizer {
     copies_.resize(params_.size());
   }
 
-  void step() override {
+  void step(const NormGate& gate) override {
     NoGradGuard no_grad;
     // Parameters with equal coefficients go into one op; map order keeps the ops deterministic.
     std::map<std::tuple<double, int64_t, DType>, std::vector<AdamWTensors>> batches;
@@ -53,7 +53,8 @@ class AdamW final : public Optimizer {
     }
     for (const auto& [key, tensors] : batches)
       adamw_step_(tensors, {.lr = lr_, .beta1 = opt_.beta1, .beta2 = opt_.beta2, .eps = opt_.eps,
-                            .weight_decay = std::get<0>(key), .step = std::get<1>(key)});
+                            .weight_decay = std::get<0>(key), .step = std::get<1>(key)},
+                  gate);
     // After all the ops: parameters viewing one storage are current only once all are written.
     for (size_t i : copies_written) copies_[i]->mark_written(params_[i].param);
     ++steps_;

@@ -22,6 +22,7 @@
 
 #include "blu/core/tensor.h"
 #include "blu/nn/module.h"
+#include "blu/ops/optim.h"
 
 namespace blu::optim {
 
@@ -36,7 +37,15 @@ std::vector<ParamGroup> decay_groups(const nn::NamedTensors& params, double weig
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  virtual void step() = 0;  // uses lr()
+  // One update of every parameter that has a gradient, at lr().
+  void step() { step(NormGate{}); }
+  // With a gate (grad_norm_gate below): the gradients clipped, or the update skipped when their
+  // norm is not finite, decided on the device (Note [Norm gate], ops/optim.h) — no host read.
+  // The host does not learn whether the update was skipped, so the step counts advance either
+  // way: steps() and AdamW's per-parameter counts (its bias correction) count a skipped update
+  // too, and a parameter's state is created (moments zero, SGD's momentum buffer zero) by a
+  // skipped first update. Everything else a skipped update leaves bit for bit as it was.
+  virtual void step(const NormGate& gate) = 0;
   void zero_grad();
   void set_lr(double lr) { lr_ = lr; }
   double lr() const { return lr_; }
@@ -74,8 +83,17 @@ std::unique_ptr<Optimizer> make_sgd(std::vector<ParamGroup> groups, SGDOptions o
 // Scales all gradients so their global L2 norm is at most max_norm; returns the norm before.
 // As torch.nn.utils.clip_grad_norm_: norm over every defined grad (accumulated in double here),
 // scale = max_norm / (norm + 1e-6) applied when < 1. A non-finite norm is returned and nothing is
-// scaled (the caller decides to skip the step). CPU grads only until a device copy op exists.
+// scaled (the caller decides to skip the step). Reads the norm on the host (one host read, a
+// device synchronisation): a training step uses grad_norm_gate instead.
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
+// The same clipping decided on the device: one sum_squares op over every defined gradient of
+// `params` (no host read), for Optimizer::step(gate). The gate's sum_squares is undefined when no
+// parameter has a gradient (step(gate) then acts as step()). max_norm > 0 (infinity: only the
+// non-finite skip).
+NormGate grad_norm_gate(const std::vector<Tensor>& params, double max_norm);
+// The gate's norm, sqrt of its total, read on the host (one host read; 0 for an undefined total):
+// what clip_grad_norm returns, for logging.
+double gate_norm(const NormGate& gate);
 
 struct LRSchedule {
   enum class Kind { constant, cosine, linear } kind = Kind::cosine;

@@ -27,17 +27,20 @@ class SGD final : public Optimizer {
     buffers_.resize(params_.size());
   }
 
-  void step() override {
+  void step(const NormGate& gate) override {
     NoGradGuard no_grad;
     for (size_t i = 0; i < params_.size(); ++i) {
       const detail::ParamRef& p = params_[i];
       const Tensor g = detail::checked_grad(p, kName);
       if (!g.defined()) continue;
       const bool init = opt_.momentum != 0 && !buffers_[i].defined();
-      if (init) buffers_[i] = empty_like(p.param);
+      // Under a gate the first update may be skipped and the next one then reads the buffer as
+      // momentum * buf + d: it starts at zero.
+      if (init) buffers_[i] = gate.defined() ? zeros_like(p.param) : empty_like(p.param);
       sgd_step_(p.param, g, buffers_[i],
                 {.lr = lr_, .momentum = opt_.momentum, .weight_decay = p.weight_decay, .nesterov = opt_.nesterov,
-                 .init_buffer = init});
+                 .init_buffer = init},
+                gate);
     }
     ++steps_;
   }

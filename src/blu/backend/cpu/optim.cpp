@@ -1,6 +1,7 @@
 // CPU kernels for ops/optim: one pass over each parameter doing its whole optimizer update (AdamW
-// also writing the parameter's compute copy when given one), and the gradients' sum of squares
-// for clip_grad_norm.
+// also writing the parameter's compute copy when given one; with a norm gate, the gradient
+// clipped or the update skipped: Note [Norm gate], ops/optim.h), and the gradients' sum of
+// squares for clip_grad_norm.
 // fp32 arithmetic in the order of torch.optim's single-tensor code (each PyTorch op rounds to
 // fp32 once; so does each step here), the scalar coefficients computed in double as Python does.
 #include <cmath>
@@ -12,11 +13,28 @@ namespace blu::cpu {
 
 namespace {
 
+// What a norm gate decides (Note [Norm gate]): skip the update, or use each gradient element g
+// as g * coef (one fp32 product, as the mul_scalar_ kernel rounds it) when clip is set.
+struct GateDecision {
+  bool skip = false, clip = false;
+  float coef = 1;
+};
+GateDecision read_gate(const KernelCall& c) {
+  const int64_t index = c.attrs.i("gate");
+  if (index < 0) return {};
+  const Tensor& t = c.in[size_t(index)];
+  const double total = t.dtype() == DType::f64 ? *t.data<double>() : double(*t.data<float>());
+  const double norm = std::sqrt(total);
+  if (!std::isfinite(norm)) return {.skip = true};
+  const double coef = c.attrs.f("max_norm") / (norm + 1e-6);
+  return {.skip = false, .clip = coef < 1.0, .coef = float(coef)};
+}
+
 // adamw_step: inputs in groups of (param, grad, exp_avg, exp_avg_sq[, compute copy]) (ops/optim.cpp),
 // one tensor after the other.
 template <typename Copy>
-void adamw_one(const Tensor* t, bool with_copy, float decay, float fb1, float fb2, float one_m_b1, float one_m_b2,
-               float bc2_sqrt, float eps, float neg_step_size) {
+void adamw_one(const Tensor* t, bool with_copy, const GateDecision& gate, float decay, float fb1, float fb2,
+               float one_m_b1, float one_m_b2, float bc2_sqrt, float eps, float neg_step_size) {
   const Tensor &p = t[0], &g = t[1], &m = t[2], &v = t[3];
   float* pp = p.data<float>();
   const float* gp = g.data<float>();
@@ -27,7 +45,7 @@ void adamw_one(const Tensor* t, bool with_copy, float decay, float fb1, float fb
   std::array<Shape, 5> strides{p.strides(), g.strides(), m.strides(), v.strides(),
                                with_copy ? t[4].strides() : p.strides()};
   strided_loop(p.shape(), strides, [&](int64_t, const std::array<int64_t, 5>& o) {
-    const float gi = gp[o[1]];
+    const float gi = gate.clip ? gp[o[1]] * gate.coef : gp[o[1]];
     float pi = pp[o[0]] * decay;
     const float mi = mp[o[2]] * fb1 + one_m_b1 * gi;
     const float vi = vp[o[3]] * fb2 + one_m_b2 * gi * gi;
@@ -51,12 +69,15 @@ void adamw_step_kernel(const KernelCall& c) {
               neg_step_size = float(-(lr / bc1));
   const bool copies = a.b("copies");
   const size_t stride = copies ? 5 : 4;
-  for (size_t i = 0; i < c.in.size(); i += stride) {
+  const GateDecision gate = read_gate(c);
+  if (gate.skip) return;
+  const size_t n = a.i("gate") >= 0 ? size_t(a.i("gate")) : c.in.size();  // the gate comes last
+  for (size_t i = 0; i < n; i += stride) {
     const Tensor* ts = &c.in[i];
     if (copies && ts[4].dtype() == DType::f16)
-      adamw_one<f16>(ts, true, decay, fb1, fb2, one_m_b1, one_m_b2, bc2_sqrt, eps, neg_step_size);
+      adamw_one<f16>(ts, true, gate, decay, fb1, fb2, one_m_b1, one_m_b2, bc2_sqrt, eps, neg_step_size);
     else
-      adamw_one<bf16>(ts, copies, decay, fb1, fb2, one_m_b1, one_m_b2, bc2_sqrt, eps, neg_step_size);
+      adamw_one<bf16>(ts, copies, gate, decay, fb1, fb2, one_m_b1, one_m_b2, bc2_sqrt, eps, neg_step_size);
   }
 }
 BLU_REGISTER_KERNEL(cpu, "adamw_step", adamw_step_kernel);
@@ -68,13 +89,15 @@ void sgd_step_kernel(const KernelCall& c) {
   const float neg_lr = float(-a.f("lr")), mom = float(a.f("momentum")), wd = float(a.f("weight_decay"));
   const bool nesterov = a.b("nesterov"), init = a.b("init_buffer"), use_wd = a.f("weight_decay") != 0;
   const bool use_buf = c.in[2].defined();
+  const GateDecision gate = read_gate(c);
+  if (gate.skip) return;
   float* pp = p.data<float>();
   const float* gp = g.data<float>();
   float* bp = use_buf ? c.in[2].data<float>() : nullptr;
   // Without a buffer, point its operand at the parameter: never read or written then.
   std::array<Shape, 3> strides{p.strides(), g.strides(), use_buf ? c.in[2].strides() : p.strides()};
   strided_loop(p.shape(), strides, [&](int64_t, const std::array<int64_t, 3>& o) {
-    float d = gp[o[1]];
+    float d = gate.clip ? gp[o[1]] * gate.coef : gp[o[1]];
     if (use_wd) d = d + wd * pp[o[0]];
     if (use_buf) {
       const float b = init ? d : bp[o[2]] * mom + d;

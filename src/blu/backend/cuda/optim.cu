@@ -10,6 +10,10 @@
 // a tensor whose operands are all 16-byte aligned (its compute copy 8-byte) moves float4 vectors,
 // others go element by element. A tensor with a non-contiguous operand gets a strided launch of
 // its own.
+// Norm gate (Note [Norm gate], ops/optim.h): every thread reads the gate's total from device memory
+// and decides in double, with correctly rounded operations as the CPU's std::sqrt and division
+// are; a skipped update returns before touching anything, a clipped one multiplies each gradient
+// element by float(coef) (__fmul_rn: the mul_scalar_ kernel's single fp32 product). No host read.
 // Depends on backend/cuda/nn_common, round16. Keep: the operation order of the CPU kernel.
 #include <algorithm>
 #include <climits>
@@ -30,6 +34,34 @@ bool all_contiguous(std::initializer_list<const Tensor*> ts) {
     if (t->defined() && !t->is_contiguous()) return false;
   return true;
 }
+
+// --- the norm gate ---
+
+struct GateRef {
+  const void* total = nullptr;  // null: no gate
+  bool f64 = false;             // the total's dtype: f64, else f32
+  double max_norm = 0;
+};
+GateRef gate_ref(const KernelCall& c) {
+  const int64_t index = c.attrs.i("gate");
+  if (index < 0) return {};
+  const Tensor& t = c.in[size_t(index)];
+  return {t.raw_data(), t.dtype() == DType::f64, c.attrs.f("max_norm")};
+}
+struct GateDecision {
+  bool skip, clip;
+  float coef;
+};
+// The CPU kernel's read_gate (backend/cpu/optim.cpp), operation for operation.
+__device__ __forceinline__ GateDecision read_gate(const GateRef& r) {
+  if (!r.total) return {false, false, 1.0f};
+  const double total = r.f64 ? *static_cast<const double*>(r.total) : double(*static_cast<const float*>(r.total));
+  const double norm = __dsqrt_rn(total);
+  if (!isfinite(norm)) return {true, false, 1.0f};
+  const double coef = __ddiv_rn(r.max_norm, __dadd_rn(norm, 1e-6));
+  return {false, coef < 1.0, __double2float_rn(coef)};
+}
+__device__ __forceinline__ float gated(float g, const GateDecision& d) { return d.clip ? __fmul_rn(g, d.coef) : g; }
 
 // --- adamw_step ---
 
@@ -70,10 +102,13 @@ struct AdamWTable {
   uint8_t vec[kAdamWMaxTensors];              // 1: every operand aligned for float4 (copy: 4 × 16 bits)
   int32_t count;
 };
-static_assert(sizeof(AdamWTable) + sizeof(AdamWCoef) <= 4000, "kernel parameters are limited to 4 KiB");
+static_assert(sizeof(AdamWTable) + sizeof(AdamWCoef) + sizeof(GateRef) <= 4000,
+              "kernel parameters are limited to 4 KiB");
 
 template <CopyKind C>
-__global__ void __launch_bounds__(kAdamWThreads) adamw_multi_kernel(AdamWTable tab, AdamWCoef k) {
+__global__ void __launch_bounds__(kAdamWThreads) adamw_multi_kernel(AdamWTable tab, AdamWCoef k, GateRef gate) {
+  const GateDecision gd = read_gate(gate);
+  if (gd.skip) return;
   const int b = blockIdx.x;
   const int t = owning_tensor(tab.first_block, tab.count, b);
   float* p = tab.p[t];
@@ -88,7 +123,8 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_multi_kernel(AdamWTable t
     const int64_t vec_end = begin + (end - begin) / 4 * 4;
     for (int64_t i = begin + 4 * int64_t(threadIdx.x); i < vec_end; i += 4 * int64_t(blockDim.x)) {
       float4 p4 = *reinterpret_cast<const float4*>(p + i);
-      const float4 g4 = *reinterpret_cast<const float4*>(g + i);
+      float4 g4 = *reinterpret_cast<const float4*>(g + i);
+      g4 = make_float4(gated(g4.x, gd), gated(g4.y, gd), gated(g4.z, gd), gated(g4.w, gd));
       float4 m4 = *reinterpret_cast<const float4*>(m + i);
       float4 v4 = *reinterpret_cast<const float4*>(v + i);
       adamw_update(p4.x, g4.x, m4.x, v4.x, k);
@@ -108,7 +144,7 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_multi_kernel(AdamWTable t
   }
   for (int64_t i = rest + threadIdx.x; i < end; i += blockDim.x) {
     float pi = p[i], mi = m[i], vi = v[i];
-    adamw_update(pi, g[i], mi, vi, k);
+    adamw_update(pi, gated(g[i], gd), mi, vi, k);
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;
@@ -120,11 +156,13 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_multi_kernel(AdamWTable t
 template <CopyKind C>
 __global__ void adamw_strided_kernel(float* p, const float* g, float* m, float* v, uint16_t* c, int64_t n,
                                      StridedIndex ip, StridedIndex ig, StridedIndex im, StridedIndex iv,
-                                     StridedIndex ic, AdamWCoef k) {
+                                     StridedIndex ic, AdamWCoef k, GateRef gate) {
+  const GateDecision gd = read_gate(gate);
+  if (gd.skip) return;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t op = ip.offset(i), om = im.offset(i), ov = iv.offset(i);
     float pi = p[op], mi = m[om], vi = v[ov];
-    adamw_update(pi, g[ig.offset(i)], mi, vi, k);
+    adamw_update(pi, gated(g[ig.offset(i)], gd), mi, vi, k);
     p[op] = pi;
     m[om] = mi;
     v[ov] = vi;
@@ -138,18 +176,20 @@ bool aligned(const void* ptr, uintptr_t bytes) { return reinterpret_cast<uintptr
 template <CopyKind C>
 void adamw_launch(const KernelCall& call, const AdamWCoef& k) {
   const size_t stride = C == CopyKind::none ? 4 : 5;
+  const GateRef gate = gate_ref(call);
+  const size_t n_in = gate.total ? size_t(call.attrs.i("gate")) : call.in.size();  // the gate comes last
   cudaStream_t stream = current_stream();
   AdamWTable tab{};
   int32_t blocks = 0;
   auto flush = [&] {
     if (tab.count == 0) return;
     tab.first_block[tab.count] = blocks;
-    adamw_multi_kernel<C><<<unsigned(blocks), kAdamWThreads, 0, stream>>>(tab, k);
+    adamw_multi_kernel<C><<<unsigned(blocks), kAdamWThreads, 0, stream>>>(tab, k, gate);
     BLU_CUDA_CHECK_LAUNCH();
     tab = AdamWTable{};
     blocks = 0;
   };
-  for (size_t i = 0; i < call.in.size(); i += stride) {
+  for (size_t i = 0; i < n_in; i += stride) {
     const Tensor &p = call.in[i], &g = call.in[i + 1], &m = call.in[i + 2], &v = call.in[i + 3];
     const Tensor& c = C == CopyKind::none ? kNoTensor : call.in[i + 4];
     const int64_t n = p.numel();
@@ -162,7 +202,7 @@ void adamw_launch(const KernelCall& call, const AdamWCoef& k) {
     if (!all_contiguous({&p, &g, &m, &v, &c})) {
       adamw_strided_kernel<C><<<grid_for(n), 256, 0, stream>>>(
           pp, gp, mp, vp, cp, n, strided_index(p), strided_index(g), strided_index(m), strided_index(v),
-          c.defined() ? strided_index(c) : StridedIndex{}, k);
+          c.defined() ? strided_index(c) : StridedIndex{}, k, gate);
       BLU_CUDA_CHECK_LAUNCH();
       continue;
     }
@@ -207,10 +247,12 @@ struct SGDCoef {
 };
 
 __global__ void sgd_kernel(float* p, const float* g, float* buf, int64_t n, bool contiguous, StridedIndex ip,
-                           StridedIndex ig, StridedIndex ib, SGDCoef k) {
+                           StridedIndex ig, StridedIndex ib, SGDCoef k, GateRef gate) {
+  const GateDecision gd = read_gate(gate);
+  if (gd.skip) return;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t op = contiguous ? i : ip.offset(i), og = contiguous ? i : ig.offset(i);
-    float d = g[og];
+    float d = gated(g[og], gd);
     if (k.use_wd) d = __fadd_rn(d, __fmul_rn(k.wd, p[op]));
     if (k.use_buf) {
       const int64_t ob = contiguous ? i : ib.offset(i);
@@ -234,7 +276,7 @@ void sgd_step_kernel(const KernelCall& c) {
   sgd_kernel<<<grid_for(n), 256, 0, current_stream()>>>(
       static_cast<float*>(p.raw_data()), static_cast<const float*>(g.raw_data()),
       buf.defined() ? static_cast<float*>(buf.raw_data()) : nullptr, n, all_contiguous({&p, &g, &buf}),
-      strided_index(p), strided_index(g), buf.defined() ? strided_index(buf) : StridedIndex{}, k);
+      strided_index(p), strided_index(g), buf.defined() ? strided_index(buf) : StridedIndex{}, k, gate_ref(c));
   BLU_CUDA_CHECK_LAUNCH();
 }
 BLU_REGISTER_KERNEL(cuda, "sgd_step", sgd_step_kernel);
