@@ -45,6 +45,8 @@
 //      then Pᵀ and dSᵀ in registers, dV += Pᵀ·dO and dK += dSᵀ·Q, and writes dSᵀ to shared memory.
 //      After a barrier the 4 warps compute the tile's dQ = dS·K and add it into p.dq with float4
 //      atomics (p.dq itself is the fp32 accumulator: no dq_accum scratch, no cast pass).
+//   GQA: a CTA owns 64 keys of a key/value head and walks the query tiles of each of its group's
+//   query heads in turn (Note [GQA backward]; the Gqa instantiation).
 //   Why atomics rather than a separate dQ pass: a dQ pass recomputes S and dP (7 tile products per
 //   (query, key) tile pair instead of 5), i.e. ~40% more tensor work at 3xTF32, where these kernels
 //   are bound by the mma rate. The price is determinism: dK and dV are bitwise reproducible, dQ is
@@ -178,8 +180,8 @@ __global__ void __launch_bounds__(kThreads, FwdCfg<D>::kMinBlocks) fa_tf32_fwd_k
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
   const float* Qg = slice<float>(p.q, b, h);
-  const float* Kg = slice<float>(p.k, b, h);
-  const float* Vg = slice<float>(p.v, b, h);
+  const float* Kg = slice<float>(p.k, b, h / p.group);  // the query head's key/value head (GQA)
+  const float* Vg = slice<float>(p.v, b, h / p.group);
   const int kv_end = p.causal ? min(p.T, q0 + BQ) : p.T;
   const int num_kt = (kv_end + BK - 1) / BK;
 
@@ -359,7 +361,9 @@ __device__ __forceinline__ void atomic_add4(float* dst, float a, float b, float 
 #endif
 }
 
-template <int D, int kSplit>
+// Gqa: the CTA's query tiles are those of its key/value head's `group` query heads (Note [GQA
+// backward]); false: of the one head, the walk of before.
+template <int D, int kSplit, bool Gqa>
 __global__ void __launch_bounds__(kThreads, BwdCfg<D>::kMinBlocks) fa_tf32_bwd_kernel(FlashBwdParams p) {
   using Cfg = BwdCfg<D>;
   constexpr int BQ = Cfg::BQ, BK = Cfg::BK, kLdS = Cfg::kLdS;
@@ -372,36 +376,37 @@ __global__ void __launch_bounds__(kThreads, BwdCfg<D>::kMinBlocks) fa_tf32_bwd_k
   float* const sL = sdS + BK * kLdS;                  // [2][BQ] lse
   float* const sDs = sL + 2 * BQ;                     // [2][BQ] Dsum
 
-  // Key tile in the slowest grid dimension: causal, the heavy tiles (small k0) launch first.
+  // Key tile in the slowest grid dimension: causal, the heavy tiles (small k0) launch first. The
+  // grid's x is (batch, key/value head).
   const int kt = int(blockIdx.y);
-  const int b = int(blockIdx.x) / p.H, h = int(blockIdx.x) % p.H;
+  const int Hkv = Gqa ? p.H / p.group : p.H;
+  const int b = int(blockIdx.x) / Hkv, hk = int(blockIdx.x) % Hkv;
   const int k0 = kt * BK;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  const int64_t bh = int64_t(b) * p.H + h;
   const int T = p.T;
-
-  const float* Qg = slice<float>(p.q, b, h);
-  const float* dOg = slice<float>(p.dout, b, h);
-  const float* lse_g = p.lse + bh * T;
-  const float* dsum_g = p.dsum + bh * T;
-  float* dQg = slice_mut<float>(p.dq, b, h);
 
   const int qt_begin = p.causal ? k0 / BQ : 0;
   const int num_qt = (T + BQ - 1) / BQ;
+  const int n_per = num_qt - qt_begin, n_tiles = (Gqa ? p.group : 1) * n_per;  // query tiles per head, in all
 
-  load_tile_f32<D, BK>(sK, slice<float>(p.k, b, h), p.k.st, k0, T, tid);
-  load_tile_f32<D, BK>(sV, slice<float>(p.v, b, h), p.v.st, k0, T, tid);
-  auto load_q_tile = [&](int qt, int stage) {
-    load_tile_f32<D, BQ>(sQ + stage * BQ * D, Qg, p.q.st, qt * BQ, T, tid);
-    load_tile_f32<D, BQ>(sdO + stage * BQ * D, dOg, p.dout.st, qt * BQ, T, tid);
+  load_tile_f32<D, BK>(sK, slice<float>(p.k, b, hk), p.k.st, k0, T, tid);
+  load_tile_f32<D, BK>(sV, slice<float>(p.v, b, hk), p.v.st, k0, T, tid);
+  // Q, dO, lse, Dsum of the CTA's query tile `it` (gqa_tile) into `stage`.
+  auto load_q_tile = [&](int it, int stage) {
+    const QTile x = gqa_tile<Gqa>(it, hk, p.group, qt_begin, n_per);
+    const int64_t bh = int64_t(b) * p.H + x.h;
+    const float* lse_g = p.lse + bh * T;
+    const float* dsum_g = p.dsum + bh * T;
+    load_tile_f32<D, BQ>(sQ + stage * BQ * D, slice<float>(p.q, b, x.h), p.q.st, x.qt * BQ, T, tid);
+    load_tile_f32<D, BQ>(sdO + stage * BQ * D, slice<float>(p.dout, b, x.h), p.dout.st, x.qt * BQ, T, tid);
     if (tid < BQ) {
-      const int q = qt * BQ + tid;
+      const int q = x.qt * BQ + tid;
       cp_async_4(sL + stage * BQ + tid, lse_g + (q < T ? q : 0), q < T);
       cp_async_4(sDs + stage * BQ + tid, dsum_g + (q < T ? q : 0), q < T);
     }
   };
-  load_q_tile(qt_begin, 0);
+  load_q_tile(0, 0);
   cp_async_commit();
 
   float dk[D / 8][4], dv[D / 8][4];  // this warp's 16 keys; n-tile nn, column n holds d = n·D/8 + nn
@@ -413,9 +418,9 @@ __global__ void __launch_bounds__(kThreads, BwdCfg<D>::kMinBlocks) fa_tf32_bwd_k
   const int kw = warp * 16;          // this warp's first key within the tile
   const int key_lo = k0 + kw + g;    // this thread's keys: key_lo and key_lo + 8
 
-  for (int qt = qt_begin, it = 0; qt < num_qt; ++qt, ++it) {
+  for (int it = 0; it < n_tiles; ++it) {
     const int stage = it & 1;
-    if (qt + 1 < num_qt) load_q_tile(qt + 1, stage ^ 1);
+    if (it + 1 < n_tiles) load_q_tile(it + 1, stage ^ 1);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
@@ -423,7 +428,9 @@ __global__ void __launch_bounds__(kThreads, BwdCfg<D>::kMinBlocks) fa_tf32_bwd_k
     const float* do_s = sdO + stage * BQ * D;
     const float* l_s = sL + stage * BQ;
     const float* ds_s = sDs + stage * BQ;
-    const int q0 = qt * BQ;
+    const QTile x = gqa_tile<Gqa>(it, hk, p.group, qt_begin, n_per);
+    const int q0 = x.qt * BQ;
+    float* dQg = slice_mut<float>(p.dq, b, x.h);
     const bool need_mask = q0 + BQ > T || k0 + BK > T || (p.causal && q0 < k0 + BK - 1);
 
 #pragma unroll
@@ -544,8 +551,8 @@ __global__ void __launch_bounds__(kThreads, BwdCfg<D>::kMinBlocks) fa_tf32_bwd_k
   }
 
   // Epilogue: dK, dV rows of this warp; element 2r + e of n-tile nn is d = (2t + e)·D/8 + nn.
-  float* dKg = slice_mut<float>(p.dk, b, h);
-  float* dVg = slice_mut<float>(p.dv, b, h);
+  float* dKg = slice_mut<float>(p.dk, b, hk);
+  float* dVg = slice_mut<float>(p.dv, b, hk);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = key_lo + r * 8;
@@ -580,8 +587,12 @@ void launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   BLU_CHECK(prep_blocks <= 0x7fffffff, "flash_attention_backward: too many rows (", rows, ")");
   fa_tf32_bwd_prep_kernel<D><<<unsigned(prep_blocks), 128, 0, stream>>>(p);
   BLU_CUDA_CHECK_LAUNCH();
-  launch_tiles<fa_tf32_bwd_kernel<D, kSplit>>(p, BwdCfg<D>::BK, kThreads, BwdCfg<D>::kSmemBytes,
-                                              "flash_attention_backward", stream);
+  if (p.group > 1)
+    launch_tiles<fa_tf32_bwd_kernel<D, kSplit, true>>(p, BwdCfg<D>::BK, kThreads, BwdCfg<D>::kSmemBytes,
+                                                      "flash_attention_backward", stream, p.H / p.group);
+  else
+    launch_tiles<fa_tf32_bwd_kernel<D, kSplit, false>>(p, BwdCfg<D>::BK, kThreads, BwdCfg<D>::kSmemBytes,
+                                                       "flash_attention_backward", stream);
 }
 
 }  // namespace
