@@ -16,6 +16,8 @@
 // CUDA-core kernels; flash_attention_f32.cu picks.
 // SIMT kernel (any dtype, on request): one warp per query row, each lane holding D/32
 // columns of q and of the accumulator; keys one by one with a warp-shuffle dot product.
+// GQA (p.group > 1): every forward kernel reads query head h's K and V from key/value head
+// h / group in place (one integer division per CTA or row; no copy, no expansion).
 #include "blu/backend/backend.h"
 #include "blu/backend/cuda/flash_attention.cuh"
 #include "blu/backend/cuda/flash_attention_f32.h"

@@ -184,27 +184,16 @@ void launch_tiles(const Params& p, int tile, int threads, int smem, const char* 
 //   - the sums stay in registers and in a fixed order: dK, dV are bitwise reproducible wherever
 //     they were (every family), with no atomics and no second pass;
 //   - no scratch (per-head fp32 dK, dV would be 2·B·H·T·D floats: 128 MiB at B8 H32 T1024 D64)
-//     and none of its DRAM traffic (written, read back, summed: ~2·128 MiB, ~50 µs on an H200,
-//     some 15% of that backward); K and V are loaded once per CTA instead of G times;
+//     and none of its DRAM traffic (written, read back, summed: ~2·128 MiB, ~50 µs at an H200's
+//     4.8 TB/s — an estimate, not measured); K and V are loaded once per CTA instead of G times;
 //   - the price: G times fewer CTAs, each G times longer — B·Hkv·⌈T/BK⌉ of them (wgmma, 128-key
 //     tiles: 24·B, 32·B, 64·B at the Llama shapes Hkv 3, 4, 8, T 1024, on 132 multiprocessors),
 //     which fills the GPU at the batch sizes trained but idles multiprocessors when B·Hkv is small.
-// The walk is gqa_tile: CTA-local tile `it` of G·n_per (n_per query tiles per head, from first_qt)
-// is query head hk·G + it / n_per, tile first_qt + it % n_per. Kernels take it as a template flag
-// (Gqa): without GQA (G = 1) they are instantiated with Gqa = false, the head is fixed and the walk
-// compiles to the plain query-tile loop — no scratch, no sum, no division on that path.
-struct QTile {
-  int h, qt;  // query head, query tile
-};
-template <bool Gqa>
-__device__ __forceinline__ QTile gqa_tile(int it, int hk, int group, int first_qt, int n_per) {
-  if constexpr (!Gqa) {
-    return {hk, first_qt + it};
-  } else {
-    const int j = it / n_per;
-    return {hk * group + j, first_qt + it - j * n_per};
-  }
-}
+// The walk: CTA-local tile it of G·n_per (n_per query tiles per head, from the first the key tile
+// sees) is tile it % n_per of query head hk·G + it / n_per. The tensor-core backwards (wgmma,
+// mma.sync, TF32) take it as a template flag (Gqa): without GQA (G = 1) they are instantiated with
+// Gqa = false, which compiles to the code of before (the one head's pointers hoisted, the plain
+// query-tile loop) — no scratch, no sum, no division on that path.
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

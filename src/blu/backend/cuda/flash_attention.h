@@ -43,10 +43,10 @@ struct FlashFwdParams {
   AttnOperand q, k, v, o;
   float* lse = nullptr;  // [B, H, T]
   int B = 0, H = 0, T = 0, D = 0;
-  int group = 1;  // query heads per key/value head (H / Hkv; 1 without GQA)
   float scale = 1.f;  // multiplies q·k
   bool causal = false;
   int head_group = 0;  // CTA order (Note [head groups]); set by flash_attention_forward
+  int group = 1;       // query heads per key/value head (H / Hkv; 1 without GQA)
 };
 
 struct FlashBwdParams {
@@ -58,10 +58,10 @@ struct FlashBwdParams {
   // wgmma one (Note [dQ tiles] in flash_attention_wgmma_backward.cu).
   float* dq_accum = nullptr;
   int B = 0, H = 0, T = 0, D = 0;
-  int group = 1;  // query heads per key/value head (H / Hkv; 1 without GQA); dk, dv have H / group
   float scale = 1.f;
   bool causal = false;
   int head_group = 0;  // CTA order (Note [head groups]); set by flash_attention_backward
+  int group = 1;       // query heads per key/value head (H / Hkv; 1 without GQA); dk, dv have H / group
 };
 
 // Whether the fused kernels take this problem (dtype f32/bf16/f16, head dim 64 or 128).

@@ -232,26 +232,33 @@ __global__ void __launch_bounds__(kBwdThreads, bwd_min_blocks<D>()) flash_bwd_mm
 
   const int qt_begin = p.causal ? k0 / BQ : 0;
   const int num_qt = (p.T + BQ - 1) / BQ;
-  const int n_per = num_qt - qt_begin, n_tiles = (Gqa ? p.group : 1) * n_per;  // query tiles per head, in all
+  const int G = Gqa ? p.group : 1, n_tiles = G * (num_qt - qt_begin);  // GQA: the walk's length
+  // Without GQA the one query head's operands (with GQA those of head hk·G, the first).
+  const int64_t bh = int64_t(b) * p.H + hk * G;
+  const T* Qg = slice<T>(p.q, b, hk * G);
+  const T* dOg = slice<T>(p.dout, b, hk * G);
+  const float* lse_g = p.lse + bh * p.T;
+  const float* dsum_g = p.dsum + bh * p.T;
+  float* dq_acc_g = p.dq_accum + bh * p.T * D;
 
   load_tile_async<T, D, BK, kBwdThreads>(sK, slice<T>(p.k, b, hk), p.k.st, k0, p.T, tid);
   load_tile_async<T, D, BK, kBwdThreads>(sV, slice<T>(p.v, b, hk), p.v.st, k0, p.T, tid);
-  // Q, dO, lse, Dsum of the CTA's query tile `it` (gqa_tile) into `stage`.
-  auto load_q_tile = [&](int it, int stage) {
-    const QTile x = gqa_tile<Gqa>(it, hk, p.group, qt_begin, n_per);
-    const int64_t bh = int64_t(b) * p.H + x.h;
-    const float* lse_g = p.lse + bh * p.T;
-    const float* dsum_g = p.dsum + bh * p.T;
-    load_tile_async<T, D, BQ, kBwdThreads>(sQ + stage * BQ * D, slice<T>(p.q, b, x.h), p.q.st, x.qt * BQ, p.T, tid);
-    load_tile_async<T, D, BQ, kBwdThreads>(sdO + stage * BQ * D, slice<T>(p.dout, b, x.h), p.dout.st, x.qt * BQ, p.T,
-                                           tid);
+  // Q, dO, lse, Dsum of query tile qt of query head h (hk·G without GQA) into `stage`.
+  auto load_q_tile = [&](int h, int qt, int stage) {
+    const int64_t bhq = int64_t(b) * p.H + h;
+    const T* Qh = Gqa ? slice<T>(p.q, b, h) : Qg;
+    const T* dOh = Gqa ? slice<T>(p.dout, b, h) : dOg;
+    const float* lse_h = Gqa ? p.lse + bhq * p.T : lse_g;
+    const float* dsum_h = Gqa ? p.dsum + bhq * p.T : dsum_g;
+    load_tile_async<T, D, BQ, kBwdThreads>(sQ + stage * BQ * D, Qh, p.q.st, qt * BQ, p.T, tid);
+    load_tile_async<T, D, BQ, kBwdThreads>(sdO + stage * BQ * D, dOh, p.dout.st, qt * BQ, p.T, tid);
     for (int i = tid; i < BQ; i += kBwdThreads) {
-      const int q = x.qt * BQ + i;
-      cp_async_4(sL + stage * BQ + i, lse_g + (q < p.T ? q : 0), q < p.T);
-      cp_async_4(sDs + stage * BQ + i, dsum_g + (q < p.T ? q : 0), q < p.T);
+      const int q = qt * BQ + i;
+      cp_async_4(sL + stage * BQ + i, lse_h + (q < p.T ? q : 0), q < p.T);
+      cp_async_4(sDs + stage * BQ + i, dsum_h + (q < p.T ? q : 0), q < p.T);
     }
   };
-  load_q_tile(0, 0);
+  load_q_tile(hk * G, qt_begin, 0);
   cp_async_commit();
 
   float dk[D / 8][4], dv[D / 8][4];  // this warp's 16 keys x D; n-tile j holds columns 8j..8j+7
@@ -262,10 +269,14 @@ __global__ void __launch_bounds__(kBwdThreads, bwd_min_blocks<D>()) flash_bwd_mm
   const float sl2 = p.scale * kLog2e;
   const int key_lo = k0 + warp * 16 + g;  // this thread's keys: key_lo and key_lo + 8
 
-  for (int it = 0; it < n_tiles; ++it) {
+  // The walk (Note [GQA backward]): query tiles qt_begin.. of head h, then (GQA) of head h + 1.
+  int h = hk * G;
+  for (int qt = qt_begin, it = 0; Gqa ? it < n_tiles : qt < num_qt; ++qt, ++it) {
+    if (Gqa && qt == num_qt) qt = qt_begin, ++h;
     const int stage = it & 1;
-    if (it + 1 < n_tiles) {
-      load_q_tile(it + 1, stage ^ 1);
+    if (Gqa ? it + 1 < n_tiles : qt + 1 < num_qt) {
+      if (!Gqa || qt + 1 < num_qt) load_q_tile(h, qt + 1, stage ^ 1);
+      else load_q_tile(h + 1, qt_begin, stage ^ 1);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -276,9 +287,8 @@ __global__ void __launch_bounds__(kBwdThreads, bwd_min_blocks<D>()) flash_bwd_mm
     const T* do_s = sdO + stage * BQ * D;
     const float* l_s = sL + stage * BQ;
     const float* ds_s = sDs + stage * BQ;
-    const QTile x = gqa_tile<Gqa>(it, hk, p.group, qt_begin, n_per);
-    const int q0 = x.qt * BQ;
-    float* dq_acc = p.dq_accum + (int64_t(b) * p.H + x.h) * p.T * D;
+    const int q0 = qt * BQ;
+    float* dq_acc = Gqa ? p.dq_accum + (int64_t(b) * p.H + h) * p.T * D : dq_acc_g;
 
     // The query tile in kBwdSplit slices of HQ queries (see kBwdSplit).
     const bool need_mask = q0 + BQ > p.T || k0 + BK > p.T || (p.causal && q0 < k0 + BK - 1);

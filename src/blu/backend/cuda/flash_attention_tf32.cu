@@ -53,7 +53,7 @@
 //   summed in an order that varies between runs (differences at fp32 rounding level, ~1e-7
 //   relative). The CUDA-core kernels of flash_attention_f32.cu stay deterministic.
 //
-// Resources (ptxas -v, sm_90, CUDA 13.0; kernel<D, kSplit>; no spills, no local memory):
+// Resources (ptxas -v, sm_90, CUDA 13.0; kernel<D, kSplit>; no spills, no local memory unless noted):
 //   fa_tf32_fwd_kernel<64, 1>   155 registers, 80 KB dynamic shared memory  → 2 CTAs / SM
 //   fa_tf32_fwd_kernel<64, 3>   173 registers, 80 KB                        → 2 CTAs / SM
 //   fa_tf32_fwd_kernel<128, 1>  180 registers, 96 KB                        → 2 CTAs / SM
@@ -62,6 +62,11 @@
 //   fa_tf32_bwd_kernel<64, 3>   164 registers, 73.5 KB (cap 168)            → 3 CTAs / SM
 //   fa_tf32_bwd_kernel<128, 1>  246 registers, 101.25 KB                    → 2 CTAs / SM
 //   fa_tf32_bwd_kernel<128, 3>  239 registers, 101.25 KB                    → 2 CTAs / SM
+//   (the backwards above are the Gqa = false instantiations; with GQA, same shared memory:)
+//   fa_tf32_bwd_kernel<64, 1, true>   165 registers                        → 3 CTAs / SM
+//   fa_tf32_bwd_kernel<64, 3, true>   168 registers, 8 bytes spilled        → 3 CTAs / SM
+//   fa_tf32_bwd_kernel<128, 1, true>  242 registers                        → 2 CTAs / SM
+//   fa_tf32_bwd_kernel<128, 3, true>  243 registers                        → 2 CTAs / SM
 //   fa_tf32_bwd_prep_kernel<D>   22 registers, no shared memory
 #include "blu/backend/cuda/flash_attention.cuh"
 #include "blu/backend/cuda/flash_attention_f32.h"
@@ -388,25 +393,33 @@ __global__ void __launch_bounds__(kThreads, BwdCfg<D>::kMinBlocks) fa_tf32_bwd_k
 
   const int qt_begin = p.causal ? k0 / BQ : 0;
   const int num_qt = (T + BQ - 1) / BQ;
-  const int n_per = num_qt - qt_begin, n_tiles = (Gqa ? p.group : 1) * n_per;  // query tiles per head, in all
+  const int G = Gqa ? p.group : 1, n_tiles = G * (num_qt - qt_begin);  // GQA: the walk's length
+  // Without GQA the one query head's operands (with GQA those of head hk·G, the first).
+  const int64_t bh = int64_t(b) * p.H + hk * G;
+  const float* Qg = slice<float>(p.q, b, hk * G);
+  const float* dOg = slice<float>(p.dout, b, hk * G);
+  const float* lse_g = p.lse + bh * T;
+  const float* dsum_g = p.dsum + bh * T;
+  float* dQg0 = slice_mut<float>(p.dq, b, hk * G);
 
   load_tile_f32<D, BK>(sK, slice<float>(p.k, b, hk), p.k.st, k0, T, tid);
   load_tile_f32<D, BK>(sV, slice<float>(p.v, b, hk), p.v.st, k0, T, tid);
-  // Q, dO, lse, Dsum of the CTA's query tile `it` (gqa_tile) into `stage`.
-  auto load_q_tile = [&](int it, int stage) {
-    const QTile x = gqa_tile<Gqa>(it, hk, p.group, qt_begin, n_per);
-    const int64_t bh = int64_t(b) * p.H + x.h;
-    const float* lse_g = p.lse + bh * T;
-    const float* dsum_g = p.dsum + bh * T;
-    load_tile_f32<D, BQ>(sQ + stage * BQ * D, slice<float>(p.q, b, x.h), p.q.st, x.qt * BQ, T, tid);
-    load_tile_f32<D, BQ>(sdO + stage * BQ * D, slice<float>(p.dout, b, x.h), p.dout.st, x.qt * BQ, T, tid);
+  // Q, dO, lse, Dsum of query tile qt of query head h (hk·G without GQA) into `stage`.
+  auto load_q_tile = [&](int h, int qt, int stage) {
+    const int64_t bhq = int64_t(b) * p.H + h;
+    const float* Qh = Gqa ? slice<float>(p.q, b, h) : Qg;
+    const float* dOh = Gqa ? slice<float>(p.dout, b, h) : dOg;
+    const float* lse_h = Gqa ? p.lse + bhq * T : lse_g;
+    const float* dsum_h = Gqa ? p.dsum + bhq * T : dsum_g;
+    load_tile_f32<D, BQ>(sQ + stage * BQ * D, Qh, p.q.st, qt * BQ, T, tid);
+    load_tile_f32<D, BQ>(sdO + stage * BQ * D, dOh, p.dout.st, qt * BQ, T, tid);
     if (tid < BQ) {
-      const int q = x.qt * BQ + tid;
-      cp_async_4(sL + stage * BQ + tid, lse_g + (q < T ? q : 0), q < T);
-      cp_async_4(sDs + stage * BQ + tid, dsum_g + (q < T ? q : 0), q < T);
+      const int q = qt * BQ + tid;
+      cp_async_4(sL + stage * BQ + tid, lse_h + (q < T ? q : 0), q < T);
+      cp_async_4(sDs + stage * BQ + tid, dsum_h + (q < T ? q : 0), q < T);
     }
   };
-  load_q_tile(0, 0);
+  load_q_tile(hk * G, qt_begin, 0);
   cp_async_commit();
 
   float dk[D / 8][4], dv[D / 8][4];  // this warp's 16 keys; n-tile nn, column n holds d = n·D/8 + nn
@@ -418,9 +431,15 @@ __global__ void __launch_bounds__(kThreads, BwdCfg<D>::kMinBlocks) fa_tf32_bwd_k
   const int kw = warp * 16;          // this warp's first key within the tile
   const int key_lo = k0 + kw + g;    // this thread's keys: key_lo and key_lo + 8
 
-  for (int it = 0; it < n_tiles; ++it) {
+  // The walk (Note [GQA backward]): query tiles qt_begin.. of head h, then (GQA) of head h + 1.
+  int h = hk * G;
+  for (int qt = qt_begin, it = 0; Gqa ? it < n_tiles : qt < num_qt; ++qt, ++it) {
+    if (Gqa && qt == num_qt) qt = qt_begin, ++h;
     const int stage = it & 1;
-    if (it + 1 < n_tiles) load_q_tile(it + 1, stage ^ 1);
+    if (Gqa ? it + 1 < n_tiles : qt + 1 < num_qt) {
+      if (!Gqa || qt + 1 < num_qt) load_q_tile(h, qt + 1, stage ^ 1);
+      else load_q_tile(h + 1, qt_begin, stage ^ 1);
+    }
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
@@ -428,9 +447,8 @@ __global__ void __launch_bounds__(kThreads, BwdCfg<D>::kMinBlocks) fa_tf32_bwd_k
     const float* do_s = sdO + stage * BQ * D;
     const float* l_s = sL + stage * BQ;
     const float* ds_s = sDs + stage * BQ;
-    const QTile x = gqa_tile<Gqa>(it, hk, p.group, qt_begin, n_per);
-    const int q0 = x.qt * BQ;
-    float* dQg = slice_mut<float>(p.dq, b, x.h);
+    const int q0 = qt * BQ;
+    float* dQg = Gqa ? slice_mut<float>(p.dq, b, h) : dQg0;
     const bool need_mask = q0 + BQ > T || k0 + BK > T || (p.causal && q0 < k0 + BK - 1);
 
 #pragma unroll

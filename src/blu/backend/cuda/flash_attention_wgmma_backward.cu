@@ -201,6 +201,7 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
   const int kb = slot.rank;
   const int Hkv = Gqa ? p.H / p.group : p.H, G = Gqa ? p.group : 1;
   const int b = slot.bh / Hkv, hk = slot.bh % Hkv;
+  const int64_t bh = int64_t(b) * p.H + hk * G;  // the first (without GQA: the one) query head's (b, h)
   const int k0 = kb * BK;
   const int qt_begin = p.causal ? k0 / BQ : 0;  // k0 < T, so at least one tile
   const int n_per = (p.T + BQ - 1) / BQ - qt_begin, n_tiles = G * n_per;
@@ -209,8 +210,12 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
   if (wg == 0) {
     // ---- producer ----
     setmaxnreg_dec<kWbProducerRegs>();
+    // The first (without GQA: the one) query head's Q and dO.
+    const T* Qg = slice<T>(p.q, b, hk * G);
+    const T* dOg = slice<T>(p.dout, b, hk * G);
     // Threads 0..63 copy lse, 64..127 Dsum: element tid % 64 of the tile, which they scale in place
     // once it has landed (lse by log2 e, Dsum by the softmax scale: Note [wgmma backward math]).
+    const float* vec_g = (tid < BQ ? p.lse : p.dsum) + bh * p.T;
     float* vec_s = (tid < BQ ? sL : sDs) + tid % BQ;
     const float vec_scale = tid < BQ ? kLog2e : p.scale;
     // Tile j's copies have landed: scale its lse, Dsum, make Q, dO visible to wgmma, hand it over.
@@ -220,21 +225,25 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
       fence_proxy_async();
       bar_arrive(kBarFull + j % NS, kWbThreads);
     };
-    for (int j = 0; j < G; ++j) {
-      const int h = hk * G + j;
-      const T* Qg = slice<T>(p.q, b, h);
-      const T* dOg = slice<T>(p.dout, b, h);
-      const float* vec_g = (tid < BQ ? p.lse : p.dsum) + (int64_t(b) * p.H + h) * p.T;
-      for (int l = 0; l < n_per; ++l) {
-        const int i = j * n_per + l, s = i % NS, q0 = (qt_begin + l) * BQ;
-        if (i >= 1) publish(i - 1);
-        if (i >= NS) bar_sync(kBarEmpty + s, kWbThreads);  // tile i-NS consumed
-        load_wg_tile<T, D, BQ>(sQ + s * BQ * D, Qg, p.q.st, q0, p.T, tid);
-        load_wg_tile<T, D, BQ>(sdO + s * BQ * D, dOg, p.dout.st, q0, p.T, tid);
-        const int q = q0 + tid % BQ;
-        cp_async_4(vec_s + s * BQ, vec_g + (q < p.T ? q : 0), q < p.T);
-        cp_async_commit();
+    // Tile i (tile l of query head h) into stage i % NS once tile i − NS has been consumed.
+    auto produce = [&](int i, int l, const T* Qg, const T* dOg, const float* vec_g) {
+      const int s = i % NS, q0 = (qt_begin + l) * BQ;
+      if (i >= 1) publish(i - 1);
+      if (i >= NS) bar_sync(kBarEmpty + s, kWbThreads);  // tile i-NS consumed
+      load_wg_tile<T, D, BQ>(sQ + s * BQ * D, Qg, p.q.st, q0, p.T, tid);
+      load_wg_tile<T, D, BQ>(sdO + s * BQ * D, dOg, p.dout.st, q0, p.T, tid);
+      const int q = q0 + tid % BQ;
+      cp_async_4(vec_s + s * BQ, vec_g + (q < p.T ? q : 0), q < p.T);
+      cp_async_commit();
+    };
+    if constexpr (Gqa) {
+      for (int j = 0; j < G; ++j) {
+        const int h = hk * G + j;
+        const float* vec_h = (tid < BQ ? p.lse : p.dsum) + (int64_t(b) * p.H + h) * p.T;
+        for (int l = 0; l < n_per; ++l) produce(j * n_per + l, l, slice<T>(p.q, b, h), slice<T>(p.dout, b, h), vec_h);
       }
+    } else {
+      for (int i = 0; i < n_tiles; ++i) produce(i, i, Qg, dOg, vec_g);
     }
     publish(n_tiles - 1);
     return;
@@ -282,11 +291,9 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
   }
   uint32_t pf[BQ / 16][4], dsf[BQ / 16][4];  // Pᵀ, dSᵀ as A fragments, one per 16-query k step
   const float sl2 = p.scale * kLog2e;
-  // Consumer c's half of the dQ tile of query tile l of query head h (Note [dQ tiles]).
-  auto dq_tile = [&](int h, int l) {
-    return p.dq_accum + (int64_t(b) * p.H + h) * flash_dq_accum_floats(1, 1, p.T, D) + int64_t(qt_begin + l) * BQ * D +
-           c * 32 * D;
-  };
+  // The dQ tiles of query head h (Note [dQ tiles]); dq_tiles: those of the one head without GQA.
+  auto head_dq_tiles = [&](int h) { return p.dq_accum + (int64_t(b) * p.H + h) * flash_dq_accum_floats(1, 1, p.T, D); };
+  float* dq_tiles = p.dq_accum + bh * flash_dq_accum_floats(1, 1, p.T, D);
   // dSᵀ by stmatrix (Note [wgmma backward math]): this lane gives row 64c + 16·warp + lane % 8 +
   // 8·(lane / 8 % 2), 16-byte chunk 2kk + lane / 16 of it, stored at chunk (2kk + lane / 16) ^ (row
   // % 8) = 2kk ^ y: the address of k step kk is that of k step 0 with its bits 5-6 xor 32·kk.
@@ -312,11 +319,11 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
     for (int j = 0; j < D / 16; ++j)
       *reinterpret_cast<float4*>(sdQc + (j * 128 + tid) * 4) = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
   };
-  auto flush_dq = [&](float* dst) {
+  auto flush_dq = [&](float* tiles, int q0) {
     fence_proxy_async();  // the stores, for the bulk copy
     bar_sync(kBarWg + c, 128);
     if (tid == 0) {
-      bulk_reduce_add_f32(dst, sdQc, 32 * D * 4);
+      bulk_reduce_add_f32(tiles + int64_t(q0) * D + c * 32 * D, sdQc, 32 * D * 4);
       bulk_commit();
     }
   };
@@ -343,7 +350,10 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
     for (int kk = 1; kk < D / 16; ++kk)
       wgmma_ss<T, 64, 0, 0>(dp, desc_add(dVa, koff(kk)), desc_add(dOk, st * kTileBytes + koff(kk)), 1);
     wgmma_commit();
-    if (i > 0) flush_dq(l > 0 ? dq_tile(h, l - 1) : dq_tile(h - 1, n_per - 1));  // the previous tile's
+    if (i > 0) {  // the previous tile's dQ: tile l − 1 of head h, or (l = 0, GQA) the last of head h − 1
+      if constexpr (Gqa) flush_dq(head_dq_tiles(l > 0 ? h : h - 1), (l > 0 ? q0 : (qt_begin + n_per) * BQ) - BQ);
+      else flush_dq(dq_tiles, q0 - BQ);
+    }
     // lse·log2 e and Dsum·scale of this thread's queries, read while Sᵀ and dPᵀ run (at D = 128
     // after the waits: no registers to spare).
     float2 l2[BQ / 8], d2[BQ / 8];
@@ -432,17 +442,28 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
     }
     stage_dq();
   };
-  for (int j = 0; j < G; ++j) {
-    const int h = hk * G + j, i0 = j * n_per;
-    if constexpr (D == 64) {
-      int l = 0;
-      for (; l < n_masked; ++l) tile(std::true_type{}, i0 + l, h, l);
-      for (; l < n_per; ++l) tile(std::false_type{}, i0 + l, h, l);
-    } else {  // one copy of the loop: two make ptxas spill at D = 128
-      for (int l = 0; l < n_per; ++l) tile(std::true_type{}, i0 + l, h, l);
+  if constexpr (Gqa) {
+    for (int j = 0; j < G; ++j) {
+      const int h = hk * G + j, i0 = j * n_per;
+      if constexpr (D == 64) {
+        int l = 0;
+        for (; l < n_masked; ++l) tile(std::true_type{}, i0 + l, h, l);
+        for (; l < n_per; ++l) tile(std::false_type{}, i0 + l, h, l);
+      } else {  // one copy of the loop: two make ptxas spill at D = 128
+        for (int l = 0; l < n_per; ++l) tile(std::true_type{}, i0 + l, h, l);
+      }
     }
+    flush_dq(head_dq_tiles(hk * G + G - 1), (qt_begin + n_per - 1) * BQ);
+  } else {
+    if constexpr (D == 64) {
+      int i = 0;
+      for (; i < n_masked; ++i) tile(std::true_type{}, i, hk, i);
+      for (; i < n_tiles; ++i) tile(std::false_type{}, i, hk, i);
+    } else {  // one copy of the loop: two make ptxas spill at D = 128
+      for (int i = 0; i < n_tiles; ++i) tile(std::true_type{}, i, hk, i);
+    }
+    flush_dq(dq_tiles, (qt_begin + n_tiles - 1) * BQ);
   }
-  flush_dq(dq_tile(hk * G + G - 1, n_per - 1));
   if (tid == 0) bulk_wait<0>();  // the last dQ tile added before the shared memory goes
   if constexpr (Pipe) {  // the last tile's dK
     wgmma_wait<0>();
