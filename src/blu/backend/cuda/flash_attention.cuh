@@ -192,8 +192,10 @@ void launch_tiles(const Params& p, int tile, int threads, int smem, const char* 
 // The walk: CTA-local tile it of G·n_per (n_per query tiles per head, from the first the key tile
 // sees) is tile it % n_per of query head hk·G + it / n_per. The tensor-core backwards (wgmma,
 // mma.sync, TF32) take it as a template flag (Gqa): without GQA (G = 1) they are instantiated with
-// Gqa = false, which compiles to the code of before (the one head's pointers hoisted, the plain
-// query-tile loop) — no scratch, no sum, no division on that path.
+// Gqa = false, the code of before (the one head's pointers hoisted, the plain query-tile loop) —
+// no scratch, no sum, no division on that path. (sm_90a cubins compared with those of the tree
+// before GQA: the mma.sync, TF32 and D = 64 wgmma backwards byte-identical; the D = 128 wgmma
+// backward from identical PTX, 33 of 2016 instructions with swapped compare operands.)
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
