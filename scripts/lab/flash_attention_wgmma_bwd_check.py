@@ -16,11 +16,14 @@ byte offsets). Two checks, written to mirror the kernel (keep them in step when 
           lse and Dsum pre-scaled as the producer does, 16-bit Pᵀ and dSᵀ, dV, dK, dQ (dSᵀ
           through the shared buffer, each consumer's D/2 columns, added per tile into the
           fragment-ordered dQ tiles of Note [dQ tiles], which a model of the convert kernel puts
-          back in row order) and the dK, dV epilogue rows; compares with float64. Also checks the
-          stmatrix addresses of the dSᵀ stores against the swizzled layout.
+          back in row order) and the dK, dV epilogue rows; compares with float64. With G > 1, grouped-
+          query attention: one key/value head, G query heads walked one after the other (tile i of
+          a CTA is tile i % n_per of head i // n_per, masked by that head-local index), dQ tiles per
+          query head, dK, dV summed over the heads. Also checks the stmatrix addresses of the dSᵀ
+          stores against the swizzled layout.
 Usage: /usr/bin/python3 scripts/lab/flash_attention_wgmma_bwd_check.py layout
-       /usr/bin/python3 scripts/lab/flash_attention_wgmma_bwd_check.py emu T,D,causal ...
-       e.g. emu 1,64,1 100,64,1 300,128,0 200,64,0
+       /usr/bin/python3 scripts/lab/flash_attention_wgmma_bwd_check.py emu T,D,causal[,G] ...
+       e.g. emu 1,64,1 100,64,1 300,128,0 200,64,0 200,64,1,3 (G: query heads per key/value head)
 """
 import os
 import sys
@@ -111,33 +114,43 @@ def a_frag_matrix(x):
     return M
 
 
-def emu_case(T, D, causal):
-    rng = np.random.default_rng(T * 1000 + D + causal)
-    q, k, v, do = (bf16(rng.standard_normal((T, D))) for _ in range(4))
+def emu_case(T, D, causal, G=1):
+    """One key/value head and its G query heads (G = 1: no GQA), as the kernel walks them: tile i of
+    a CTA is tile l = i % n_per of query head j = i // n_per (Note [GQA backward])."""
+    rng = np.random.default_rng(T * 1000 + D + causal + 7919 * (G - 1))
+    k, v = (bf16(rng.standard_normal((T, D))) for _ in range(2))
+    qs, dos = ([bf16(rng.standard_normal((T, D))) for _ in range(G)] for _ in range(2))
     scale = 1.0 / np.sqrt(D)
     sl2 = np.float32(scale * LOG2E)
-    # Reference forward (float64), the saved lse (fp32) and O rounded to 16 bits, Dsum from it.
-    S = (q.astype(np.float64) @ k.astype(np.float64).T) * scale
-    if causal:
-        S = np.where(np.triu(np.ones((T, T), bool), 1), -np.inf, S)
-    mx = S.max(axis=1, keepdims=True)
-    E = np.exp(S - mx)
-    Pref = E / E.sum(axis=1, keepdims=True)
-    O = bf16(Pref @ v)
-    lse = (mx[:, 0] + np.log(E.sum(axis=1))).astype(np.float32)
-    dsum = (do.astype(np.float64) * O).sum(axis=1).astype(np.float32)
-    dP = do.astype(np.float64) @ v.astype(np.float64).T
-    dS = Pref * (dP - dsum[:, None]) * scale
-    ref = {"dq": dS @ k, "dk": dS.T @ q, "dv": Pref.T @ do}
+    # Reference forward per query head (float64), the saved lse (fp32) and O rounded to 16 bits,
+    # Dsum from it; dK, dV summed over the heads.
+    ref = {"dq": [], "dk": 0, "dv": 0}
+    lses, dsums = [], []
+    for q, do in zip(qs, dos):
+        S = (q.astype(np.float64) @ k.astype(np.float64).T) * scale
+        if causal:
+            S = np.where(np.triu(np.ones((T, T), bool), 1), -np.inf, S)
+        mx = S.max(axis=1, keepdims=True)
+        E = np.exp(S - mx)
+        Pref = E / E.sum(axis=1, keepdims=True)
+        O = bf16(Pref @ v)
+        lses.append((mx[:, 0] + np.log(E.sum(axis=1))).astype(np.float32))
+        dsums.append((do.astype(np.float64) * O).sum(axis=1).astype(np.float32))
+        dP = do.astype(np.float64) @ v.astype(np.float64).T
+        dS = Pref * (dP - dsums[-1][:, None]) * scale
+        ref["dq"].append(dS @ k)
+        ref["dk"] = ref["dk"] + dS.T @ q
+        ref["dv"] = ref["dv"] + Pref.T @ do
 
     pad = lambda x, rows: np.concatenate([x, np.zeros((rows,) + x.shape[1:], x.dtype)])
-    qp, kp, vp, dop = (pad(x, BK + BQ) for x in (q, k, v, do))
-    lsep, dsump = pad(lse, BK + BQ), pad(dsum, BK + BQ)  # zero-filled past T
+    kp, vp = pad(k, BK + BQ), pad(v, BK + BQ)
+    qps, dops = [pad(x, BK + BQ) for x in qs], [pad(x, BK + BQ) for x in dos]
+    # The producer's in-place scaling of lse and Dsum (zero-filled past T).
+    lse2s = [(pad(x, BK + BQ) * np.float32(LOG2E)).astype(np.float32) for x in lses]
+    dsum_ss = [(pad(x, BK + BQ) * np.float32(scale)).astype(np.float32) for x in dsums]
     got = {n: np.full((T, D), np.nan, np.float32) for n in ("dk", "dv")}
     num_tiles = (T + BQ - 1) // BQ
-    dq_tiles = np.zeros(num_tiles * BQ * D, np.float32)  # Note [dQ tiles]: zeroed, padded to 64 rows
-    lse2 = (lsep * np.float32(LOG2E)).astype(np.float32)  # the producer's in-place scaling
-    dsum_s = (dsump * np.float32(scale)).astype(np.float32)
+    dq_tiles = np.zeros((G, num_tiles * BQ * D), np.float32)  # Note [dQ tiles]: per query head, padded
     srow, scol = frag_pos(BQ)  # Sᵀ, dPᵀ: rows keys, columns queries
     orow, ocol = frag_pos(D)  # dK, dV
     qrow_f, qcol_f = frag_pos(D // 2)  # dQ
@@ -145,9 +158,12 @@ def emu_case(T, D, causal):
     for kb in range((T + BK - 1) // BK):
         k0 = kb * BK
         qt_begin = k0 // BQ if causal else 0
+        n_per = num_qt - qt_begin
         acc = {c: {"dk": np.zeros((128, D // 2), np.float32), "dv": np.zeros((128, D // 2), np.float32)} for c in (0, 1)}
-        for qt in range(qt_begin, num_qt):
-            q0 = qt * BQ
+        for i in range(G * n_per):
+            j, l = divmod(i, n_per)
+            qp, dop, lse2, dsum_s = qps[j], dops[j], lse2s[j], dsum_ss[j]
+            q0 = (qt_begin + l) * BQ
             Qt, dOt = qp[q0:q0 + BQ], dop[q0:q0 + BQ]
             sdS = np.full((BK, BQ), np.nan, np.float32)
             for c in (0, 1):
@@ -158,7 +174,8 @@ def emu_case(T, D, causal):
                 qq = q0 + scol
                 with np.errstate(over="ignore"):
                     pv = np.exp2(s * sl2 - lse2[qq])
-                if kw0 + 64 > T or (causal and q0 < kw0 + 63):  # the kernel's masked tiles
+                n_masked = n_per if kw0 + 64 > T else min(c + 1, n_per) if causal else 0
+                if l < n_masked:  # the kernel's masked tiles (by the head-local index)
                     pv = np.where((key >= T) | (causal & (key > qq)), 0, pv)
                 Pm = a_frag_matrix(pv)
                 acc[c]["dv"] += (Pm.astype(np.float64) @ dOt.astype(np.float64)).astype(np.float32)[orow, ocol]
@@ -176,7 +193,7 @@ def emu_case(T, D, causal):
                 reg = np.arange(D // 4)[None, :]
                 idx = q0 * D + c * 32 * D + ((reg // 4) * 128 + tid) * 4 + reg % 4
                 assert not np.isnan(dq).any(), "dQ of a tile (rows past T included) must be finite"
-                np.add.at(dq_tiles, idx, dq)
+                np.add.at(dq_tiles[j], idx, dq)
         for c in (0, 1):
             kw0 = k0 + 64 * c
             for n in ("dk", "dv"):
@@ -185,26 +202,29 @@ def emu_case(T, D, causal):
                 nrows = max(0, min(64, T - kw0))
                 got[n][kw0:kw0 + nrows] = out[:nrows]
     # flash_bwd_dq_tiles_convert_kernel: float4 f of a tile → rows r, r+8, columns col, col+1.
-    dq_rows = np.full((num_tiles * BQ, D), np.nan, np.float32)
-    for qt in range(num_tiles):
-        tile = dq_tiles[qt * BQ * D:(qt + 1) * BQ * D].reshape(-1, 4)
-        for f in range(BQ * D // 4):
-            c, j, tid = f // (8 * D), f % (8 * D) // 128, f % 128
-            r = 16 * (tid // 32) + (tid % 32) // 4
-            col = c * (D // 2) + 8 * j + 2 * (tid % 4)
-            rr = qt * BQ + r
-            dq_rows[rr, col:col + 2] = tile[f, 0:2]
-            dq_rows[rr + 8, col:col + 2] = tile[f, 2:4]
-    got["dq"] = bf16(dq_rows[:T])
+    got["dq"] = []
+    for j in range(G):
+        dq_rows = np.full((num_tiles * BQ, D), np.nan, np.float32)
+        for qt in range(num_tiles):
+            tile = dq_tiles[j, qt * BQ * D:(qt + 1) * BQ * D].reshape(-1, 4)
+            for f in range(BQ * D // 4):
+                c, jj, tid = f // (8 * D), f % (8 * D) // 128, f % 128
+                r = 16 * (tid // 32) + (tid % 32) // 4
+                col = c * (D // 2) + 8 * jj + 2 * (tid % 4)
+                rr = qt * BQ + r
+                dq_rows[rr, col:col + 2] = tile[f, 0:2]
+                dq_rows[rr + 8, col:col + 2] = tile[f, 2:4]
+        got["dq"].append(bf16(dq_rows[:T]))
+    got["dq"], ref["dq"] = np.stack(got["dq"]), np.stack(ref["dq"])
     ok = True
     msg = []
     for n in ("dq", "dk", "dv"):
         err = np.abs(got[n] - ref[n])
-        tol = 4e-2 + 4e-2 * np.abs(ref[n])
+        tol = 4e-2 * np.sqrt(G if n != "dq" else 1) + 4e-2 * np.abs(ref[n])  # dK, dV: G heads' terms
         good = not np.isnan(got[n]).any() and (err <= tol).all()
         ok &= good
         msg.append(f"max|{n} err| {np.nanmax(err):.3g}")
-    print(f"emu T={T} D={D} causal={causal}: {', '.join(msg)} {'ok' if ok else 'FAIL'}")
+    print(f"emu T={T} D={D} causal={causal} G={G}: {', '.join(msg)} {'ok' if ok else 'FAIL'}")
     return ok
 
 
@@ -232,6 +252,6 @@ if __name__ == "__main__":
         check_layout()
         sys.exit(0 if check_stmatrix() else 1)
     else:
-        cases = sys.argv[2:] or ["1,64,1", "100,64,1", "300,128,0", "200,64,0", "129,128,1"]
+        cases = sys.argv[2:] or ["1,64,1", "100,64,1", "300,128,0", "200,64,0", "129,128,1", "200,64,1,3", "130,128,0,2"]
         fails = sum(not emu_case(*map(int, c.split(","))) for c in cases)
         sys.exit(1 if fails else 0)

@@ -16,6 +16,8 @@
 // CUDA-core kernels; flash_attention_f32.cu picks.
 // SIMT kernel (any dtype, on request): one warp per query row, each lane holding D/32
 // columns of q and of the accumulator; keys one by one with a warp-shuffle dot product.
+// GQA (p.group > 1): every forward kernel reads query head h's K and V from key/value head
+// h / group in place (one integer division per CTA or row; no copy, no expansion).
 #include "blu/backend/backend.h"
 #include "blu/backend/cuda/flash_attention.cuh"
 #include "blu/backend/cuda/flash_attention_f32.h"
@@ -44,8 +46,8 @@ __global__ void __launch_bounds__(128) flash_fwd_simt_kernel(FlashFwdParams p) {
   const int i = int(row % p.T);
   const int bh = int(row / p.T), b = bh / p.H, h = bh % p.H;
   const T* qp = slice<T>(p.q, b, h) + int64_t(i) * p.q.st + lane * E;
-  const T* kb = slice<T>(p.k, b, h) + lane * E;
-  const T* vb = slice<T>(p.v, b, h) + lane * E;
+  const T* kb = slice<T>(p.k, b, h / p.group) + lane * E;  // the query head's key/value head (GQA)
+  const T* vb = slice<T>(p.v, b, h / p.group) + lane * E;
   float q[E], acc[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) {
@@ -98,8 +100,8 @@ __global__ void __launch_bounds__(kFwdThreads) flash_fwd_mma_kernel(FlashFwdPara
   const int g = lane / 4, t = lane % 4;
 
   const T* Qg = slice<T>(p.q, b, h);
-  const T* Kg = slice<T>(p.k, b, h);
-  const T* Vg = slice<T>(p.v, b, h);
+  const T* Kg = slice<T>(p.k, b, h / p.group);  // the query head's key/value head (GQA)
+  const T* Vg = slice<T>(p.v, b, h / p.group);
   const int kv_end = p.causal ? min(p.T, q0 + BQ) : p.T;
   const int num_kt = (kv_end + BK - 1) / BK;
 
@@ -335,8 +337,8 @@ void flash_attention_forward(const FlashFwdParams& params, DType dtype, cudaStre
 
 namespace {
 
-// "flash_attention": in q, k, v [B, H, T, D] (strided, see flash_attention.h); attrs causal,
-// scale. Out: o as a contiguous [B, T, H, D] buffer, lse [B, H, T] f32.
+// "flash_attention": in q [B, H, T, D], k, v [B, Hkv, T, D] (strided, see flash_attention.h);
+// attrs causal, scale. Out: o as a contiguous [B, T, H, D] buffer, lse [B, H, T] f32.
 void flash_attention_kernel(const KernelCall& c) {
   const Tensor &q = c.in[0], &k = c.in[1], &v = c.in[2];
   FlashFwdParams p;
@@ -349,6 +351,7 @@ void flash_attention_kernel(const KernelCall& c) {
   p.H = int(q.size(1));
   p.T = int(q.size(2));
   p.D = int(q.size(3));
+  p.group = std::max(1, p.H / int(k.size(1)));  // (the op checked H % Hkv == 0)
   p.scale = float(c.attrs.f("scale"));
   p.causal = c.attrs.b("causal");
   flash_attention_forward(p, q.dtype(), current_stream());

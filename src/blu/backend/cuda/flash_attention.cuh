@@ -159,18 +159,43 @@ void ensure_smem_limit(Kernel kernel, int bytes, std::atomic<uint64_t>& done_mas
   done_mask.fetch_or(bit);
 }
 
-// Launches Kernel over a (B·H, ⌈T / tile⌉) grid of `threads`-thread CTAs with `smem` bytes of
-// dynamic shared memory, raising the kernel's shared-memory limit once per device. `op` names the
-// op in the error for a sequence whose tiles do not fit the grid's second dimension.
+// Launches Kernel over a (B·heads, ⌈T / tile⌉) grid of `threads`-thread CTAs with `smem` bytes of
+// dynamic shared memory, raising the kernel's shared-memory limit once per device; heads is H, or
+// H / group for the dK/dV kernels (one CTA column per key/value head: Note [GQA backward]). `op`
+// names the op in the error for a sequence whose tiles do not fit the grid's second dimension.
 template <auto Kernel, typename Params>
-void launch_tiles(const Params& p, int tile, int threads, int smem, const char* op, cudaStream_t stream) {
+void launch_tiles(const Params& p, int tile, int threads, int smem, const char* op, cudaStream_t stream,
+                  int heads = 0) {
   static std::atomic<uint64_t> configured{0};  // one bit per device, per kernel
   ensure_smem_limit(Kernel, smem, configured);
   const int tiles = (p.T + tile - 1) / tile;
   BLU_CHECK(tiles <= 65535, op, ": sequence too long (T = ", p.T, ")");
-  Kernel<<<dim3(unsigned(p.B) * unsigned(p.H), unsigned(tiles)), threads, smem, stream>>>(p);
+  Kernel<<<dim3(unsigned(p.B) * unsigned(heads > 0 ? heads : p.H), unsigned(tiles)), threads, smem, stream>>>(p);
   BLU_CUDA_CHECK_LAUNCH();
 }
+
+// Note [GQA backward]
+// With grouped-query attention, dK and dV of key/value head hk sum over the group's query heads
+// hk·G .. hk·G + G − 1 (G = group). Every backward family computes them by one CTA (SIMT: one
+// warp) per key tile of hk that walks the query tiles of those G heads in turn — head by head, each
+// head's tiles in the order of before — accumulating in the registers that already hold dK and
+// dV; dQ and the rowwise Dsum stay per query head, as without GQA. Why this rather than per-query-
+// head dK, dV in scratch followed by a group sum:
+//   - the sums stay in registers and in a fixed order: dK, dV are bitwise reproducible wherever
+//     they were (every family), with no atomics and no second pass;
+//   - no scratch (per-head fp32 dK, dV would be 2·B·H·T·D floats: 128 MiB at B8 H32 T1024 D64)
+//     and none of its DRAM traffic (written, read back, summed: ~2·128 MiB, ~50 µs at an H200's
+//     4.8 TB/s — an estimate, not measured); K and V are loaded once per CTA instead of G times;
+//   - the price: G times fewer CTAs, each G times longer — B·Hkv·⌈T/BK⌉ of them (wgmma, 128-key
+//     tiles: 24·B, 32·B, 64·B at the Llama shapes Hkv 3, 4, 8, T 1024, on 132 multiprocessors),
+//     which fills the GPU at the batch sizes trained but idles multiprocessors when B·Hkv is small.
+// The walk: CTA-local tile it of G·n_per (n_per query tiles per head, from the first the key tile
+// sees) is tile it % n_per of query head hk·G + it / n_per. The tensor-core backwards (wgmma,
+// mma.sync, TF32) take it as a template flag (Gqa): without GQA (G = 1) they are instantiated with
+// Gqa = false, the code of before (the one head's pointers hoisted, the plain query-tile loop) —
+// no scratch, no sum, no division on that path. (sm_90a cubins compared with those of the tree
+// before GQA: the mma.sync, TF32 and D = 64 wgmma backwards byte-identical; the D = 128 wgmma
+// backward from identical PTX, 33 of 2016 instructions with swapped compare operands.)
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

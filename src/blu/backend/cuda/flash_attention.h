@@ -7,10 +7,16 @@
 // matmul_precision() "tf32", 3xTF32 — fp32-level accuracy — under "ieee"), all for head dim 64 or
 // 128; register-blocked CUDA-core kernels for f32 (IEEE fp32, deterministic; on request); and a
 // plain SIMT path (one warp per row; every dtype but f64) kept as a cross-check.
-// Depends on backend/cuda/runtime and core/dtype. Keep: every operand is [B, H, T, D] addressed by
-// element strides for batch, head and time with unit stride along D; row strides and base pointers
-// are 16-byte aligned (the op checks this); lse is natural-log logsumexp of the *scaled* scores,
-// fp32 [B, H, T] contiguous. Causal masks key j from query i when j > i (top-left, Tq == Tk).
+// Grouped-query attention: k, v (and dk, dv) have Hkv = H / group heads; query head h reads
+// key/value head h / group. Every family takes it natively (no copy or expansion of K, V): the
+// forwards read the shared head in place; the backwards give each CTA (or warp) of dK, dV a key
+// tile of one key/value head and walk the query tiles of all `group` query heads in turn, so the
+// group sums stay in registers, in a fixed order (Note [GQA backward] in flash_attention.cuh).
+// Depends on backend/cuda/runtime and core/dtype. Keep: every operand is [B, heads, T, D]
+// addressed by element strides for batch, head and time with unit stride along D (q, o, dout, dq
+// with H heads; k, v, dk, dv with H / group); row strides and base pointers are 16-byte aligned
+// (the op checks this); lse is natural-log logsumexp of the *scaled* scores, fp32 [B, H, T]
+// contiguous. Causal masks key j from query i when j > i (top-left, Tq == Tk).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -40,6 +46,7 @@ struct FlashFwdParams {
   float scale = 1.f;  // multiplies q·k
   bool causal = false;
   int head_group = 0;  // CTA order (Note [head groups]); set by flash_attention_forward
+  int group = 1;       // query heads per key/value head (H / Hkv; 1 without GQA)
 };
 
 struct FlashBwdParams {
@@ -54,6 +61,7 @@ struct FlashBwdParams {
   float scale = 1.f;
   bool causal = false;
   int head_group = 0;  // CTA order (Note [head groups]); set by flash_attention_backward
+  int group = 1;       // query heads per key/value head (H / Hkv; 1 without GQA); dk, dv have H / group
 };
 
 // Whether the fused kernels take this problem (dtype f32/bf16/f16, head dim 64 or 128).

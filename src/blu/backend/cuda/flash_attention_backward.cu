@@ -14,13 +14,16 @@
 //    accumulator with float2 atomics.
 //    Determinism: dK and dV are deterministic; dQ is summed by atomics in an order that may vary
 //    between runs (differences at fp32 rounding level before the final cast).
+//    GQA (p.group > 1): a CTA owns 64 keys of one key/value head and walks the query tiles of each
+//    of its group's query heads in turn (Note [GQA backward]; the Gqa instantiation).
 // 3. dQ = accumulator cast to the output dtype.
 // On Hopper (sm_90a build, compute capability 9.0) step 2 is the wgmma kernel of
 // flash_attention_wgmma_backward.cu instead (set_flash_attention_wgmma_backward(false) keeps it here).
 // f32: TF32 tensor-core kernels (flash_attention_tf32.cu) or, on request, register-blocked
 // CUDA-core kernels; flash_attention_f32.cu picks (the plain SIMT ones when forced).
 // SIMT path (any dtype, on request): warp per query row for dQ and warp per key
-// row for dK, dV, deterministic, recomputing scores in both.
+// row for dK, dV (per key/value head, over the queries of its group's query heads), deterministic,
+// recomputing scores in both.
 #include "blu/backend/backend.h"
 #include "blu/backend/cuda/flash_attention.cuh"
 #include "blu/backend/cuda/flash_attention_f32.h"
@@ -28,6 +31,7 @@
 #include "blu/backend/cuda/runtime.h"
 #include "blu/memory/allocator.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <string_view>
@@ -95,8 +99,8 @@ __global__ void __launch_bounds__(128) flash_bwd_dq_simt_kernel(FlashBwdParams p
   const int bh = int(row / p.T), b = bh / p.H, h = bh % p.H;
   const T* qp = slice<T>(p.q, b, h) + int64_t(i) * p.q.st + lane * E;
   const T* dop = slice<T>(p.dout, b, h) + int64_t(i) * p.dout.st + lane * E;
-  const T* kb = slice<T>(p.k, b, h) + lane * E;
-  const T* vb = slice<T>(p.v, b, h) + lane * E;
+  const T* kb = slice<T>(p.k, b, h / p.group) + lane * E;  // the query head's key/value head (GQA)
+  const T* vb = slice<T>(p.v, b, h / p.group) + lane * E;
   float q[E], dov[E], dq[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) {
@@ -128,21 +132,19 @@ __global__ void __launch_bounds__(128) flash_bwd_dq_simt_kernel(FlashBwdParams p
   for (int e = 0; e < E; ++e) Elem<T>::store(dqp + e, dq[e]);
 }
 
-// SIMT dK, dV: warp per key row j, over the queries that see it.
+// SIMT dK, dV: warp per key row j of key/value head hk, over the queries that see it in each of
+// hk's query heads (hk·group .. hk·group + group − 1, in order: Note [GQA backward]).
 template <typename T, int D>
 __global__ void __launch_bounds__(128) flash_bwd_dkv_simt_kernel(FlashBwdParams p) {
   constexpr int E = D / 32;
   const int lane = threadIdx.x % 32;
+  const int Hkv = p.H / p.group;
   const int64_t row = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
-  if (row >= int64_t(p.B) * p.H * p.T) return;
+  if (row >= int64_t(p.B) * Hkv * p.T) return;
   const int j = int(row % p.T);
-  const int bh = int(row / p.T), b = bh / p.H, h = bh % p.H;
-  const T* kp = slice<T>(p.k, b, h) + int64_t(j) * p.k.st + lane * E;
-  const T* vp = slice<T>(p.v, b, h) + int64_t(j) * p.v.st + lane * E;
-  const T* qb = slice<T>(p.q, b, h) + lane * E;
-  const T* dob = slice<T>(p.dout, b, h) + lane * E;
-  const float* lse = p.lse + int64_t(bh) * p.T;
-  const float* dsum = p.dsum + int64_t(bh) * p.T;
+  const int bhk = int(row / p.T), b = bhk / Hkv, hk = bhk % Hkv;
+  const T* kp = slice<T>(p.k, b, hk) + int64_t(j) * p.k.st + lane * E;
+  const T* vp = slice<T>(p.v, b, hk) + int64_t(j) * p.v.st + lane * E;
   float k[E], v[E], dk[E], dv[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) {
@@ -150,29 +152,35 @@ __global__ void __launch_bounds__(128) flash_bwd_dkv_simt_kernel(FlashBwdParams 
     v[e] = Elem<T>::load(vp + e);
     dk[e] = dv[e] = 0.f;
   }
-  for (int i = p.causal ? j : 0; i < p.T; ++i) {
-    const T* qr = qb + int64_t(i) * p.q.st;
-    const T* dor = dob + int64_t(i) * p.dout.st;
-    float qv[E], dov[E], s = 0.f, dp = 0.f;
+  for (int h = hk * p.group; h < (hk + 1) * p.group; ++h) {
+    const T* qb = slice<T>(p.q, b, h) + lane * E;
+    const T* dob = slice<T>(p.dout, b, h) + lane * E;
+    const float* lse = p.lse + (int64_t(b) * p.H + h) * p.T;
+    const float* dsum = p.dsum + (int64_t(b) * p.H + h) * p.T;
+    for (int i = p.causal ? j : 0; i < p.T; ++i) {
+      const T* qr = qb + int64_t(i) * p.q.st;
+      const T* dor = dob + int64_t(i) * p.dout.st;
+      float qv[E], dov[E], s = 0.f, dp = 0.f;
 #pragma unroll
-    for (int e = 0; e < E; ++e) {
-      qv[e] = Elem<T>::load(qr + e);
-      dov[e] = Elem<T>::load(dor + e);
-      s += qv[e] * k[e];
-      dp += dov[e] * v[e];
-    }
-    s = warp_sum(s);
-    dp = warp_sum(dp);
-    const float pij = __expf(s * p.scale - lse[i]);
-    const float ds = pij * (dp - dsum[i]) * p.scale;
+      for (int e = 0; e < E; ++e) {
+        qv[e] = Elem<T>::load(qr + e);
+        dov[e] = Elem<T>::load(dor + e);
+        s += qv[e] * k[e];
+        dp += dov[e] * v[e];
+      }
+      s = warp_sum(s);
+      dp = warp_sum(dp);
+      const float pij = __expf(s * p.scale - lse[i]);
+      const float ds = pij * (dp - dsum[i]) * p.scale;
 #pragma unroll
-    for (int e = 0; e < E; ++e) {
-      dv[e] += pij * dov[e];
-      dk[e] += ds * qv[e];
+      for (int e = 0; e < E; ++e) {
+        dv[e] += pij * dov[e];
+        dk[e] += ds * qv[e];
+      }
     }
   }
-  T* dkp = slice_mut<T>(p.dk, b, h) + int64_t(j) * p.dk.st + lane * E;
-  T* dvp = slice_mut<T>(p.dv, b, h) + int64_t(j) * p.dv.st + lane * E;
+  T* dkp = slice_mut<T>(p.dk, b, hk) + int64_t(j) * p.dk.st + lane * E;
+  T* dvp = slice_mut<T>(p.dv, b, hk) + int64_t(j) * p.dv.st + lane * E;
 #pragma unroll
   for (int e = 0; e < E; ++e) {
     Elem<T>::store(dkp + e, dk[e]);
@@ -199,7 +207,9 @@ constexpr int bwd_smem_bytes() {
 template <int D>
 constexpr int bwd_min_blocks() { return D == 64 ? 3 : 2; }
 
-template <typename T, int D>
+// Gqa: the CTA's query tiles are those of its key/value head's `group` query heads (Note [GQA
+// backward]); false: of the one head, the walk of before.
+template <typename T, int D, bool Gqa>
 __global__ void __launch_bounds__(kBwdThreads, bwd_min_blocks<D>()) flash_bwd_mma_kernel(FlashBwdParams p) {
   constexpr int BQ = kBwdBQ, BK = kBwdBK;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -212,35 +222,43 @@ __global__ void __launch_bounds__(kBwdThreads, bwd_min_blocks<D>()) flash_bwd_mm
   float* sDs = sL + 2 * BQ;                             // [2][BQ] Dsum
 
   // Key tile in the slowest grid dimension: causal, the heavy tiles (small k0, most queries)
-  // are launched first.
+  // are launched first. The grid's x is (batch, key/value head).
   const int kt = int(blockIdx.y);
-  const int b = int(blockIdx.x) / p.H, h = int(blockIdx.x) % p.H;
+  const int Hkv = Gqa ? p.H / p.group : p.H;
+  const int b = int(blockIdx.x) / Hkv, hk = int(blockIdx.x) % Hkv;
   const int k0 = kt * BK;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  const int64_t bh = int64_t(b) * p.H + h;
-
-  const T* Qg = slice<T>(p.q, b, h);
-  const T* dOg = slice<T>(p.dout, b, h);
-  const float* lse_g = p.lse + bh * p.T;
-  const float* dsum_g = p.dsum + bh * p.T;
-  float* dq_acc = p.dq_accum + bh * p.T * D;
 
   const int qt_begin = p.causal ? k0 / BQ : 0;
   const int num_qt = (p.T + BQ - 1) / BQ;
+  const int G = Gqa ? p.group : 1, n_tiles = G * (num_qt - qt_begin);  // GQA: the walk's length
+  // Without GQA the one query head's operands (with GQA those of head hk·G, the first).
+  const int64_t bh = int64_t(b) * p.H + hk * G;
+  const T* Qg = slice<T>(p.q, b, hk * G);
+  const T* dOg = slice<T>(p.dout, b, hk * G);
+  const float* lse_g = p.lse + bh * p.T;
+  const float* dsum_g = p.dsum + bh * p.T;
+  float* dq_acc_g = p.dq_accum + bh * p.T * D;
 
-  load_tile_async<T, D, BK, kBwdThreads>(sK, slice<T>(p.k, b, h), p.k.st, k0, p.T, tid);
-  load_tile_async<T, D, BK, kBwdThreads>(sV, slice<T>(p.v, b, h), p.v.st, k0, p.T, tid);
-  auto load_q_tile = [&](int qt, int stage) {
-    load_tile_async<T, D, BQ, kBwdThreads>(sQ + stage * BQ * D, Qg, p.q.st, qt * BQ, p.T, tid);
-    load_tile_async<T, D, BQ, kBwdThreads>(sdO + stage * BQ * D, dOg, p.dout.st, qt * BQ, p.T, tid);
+  load_tile_async<T, D, BK, kBwdThreads>(sK, slice<T>(p.k, b, hk), p.k.st, k0, p.T, tid);
+  load_tile_async<T, D, BK, kBwdThreads>(sV, slice<T>(p.v, b, hk), p.v.st, k0, p.T, tid);
+  // Q, dO, lse, Dsum of query tile qt of query head h (hk·G without GQA) into `stage`.
+  auto load_q_tile = [&](int h, int qt, int stage) {
+    const int64_t bhq = int64_t(b) * p.H + h;
+    const T* Qh = Gqa ? slice<T>(p.q, b, h) : Qg;
+    const T* dOh = Gqa ? slice<T>(p.dout, b, h) : dOg;
+    const float* lse_h = Gqa ? p.lse + bhq * p.T : lse_g;
+    const float* dsum_h = Gqa ? p.dsum + bhq * p.T : dsum_g;
+    load_tile_async<T, D, BQ, kBwdThreads>(sQ + stage * BQ * D, Qh, p.q.st, qt * BQ, p.T, tid);
+    load_tile_async<T, D, BQ, kBwdThreads>(sdO + stage * BQ * D, dOh, p.dout.st, qt * BQ, p.T, tid);
     for (int i = tid; i < BQ; i += kBwdThreads) {
       const int q = qt * BQ + i;
-      cp_async_4(sL + stage * BQ + i, lse_g + (q < p.T ? q : 0), q < p.T);
-      cp_async_4(sDs + stage * BQ + i, dsum_g + (q < p.T ? q : 0), q < p.T);
+      cp_async_4(sL + stage * BQ + i, lse_h + (q < p.T ? q : 0), q < p.T);
+      cp_async_4(sDs + stage * BQ + i, dsum_h + (q < p.T ? q : 0), q < p.T);
     }
   };
-  load_q_tile(qt_begin, 0);
+  load_q_tile(hk * G, qt_begin, 0);
   cp_async_commit();
 
   float dk[D / 8][4], dv[D / 8][4];  // this warp's 16 keys x D; n-tile j holds columns 8j..8j+7
@@ -251,10 +269,14 @@ __global__ void __launch_bounds__(kBwdThreads, bwd_min_blocks<D>()) flash_bwd_mm
   const float sl2 = p.scale * kLog2e;
   const int key_lo = k0 + warp * 16 + g;  // this thread's keys: key_lo and key_lo + 8
 
-  for (int qt = qt_begin, it = 0; qt < num_qt; ++qt, ++it) {
+  // The walk (Note [GQA backward]): query tiles qt_begin.. of head h, then (GQA) of head h + 1.
+  int h = hk * G;
+  for (int qt = qt_begin, it = 0; Gqa ? it < n_tiles : qt < num_qt; ++qt, ++it) {
+    if (Gqa && qt == num_qt) qt = qt_begin, ++h;
     const int stage = it & 1;
-    if (qt + 1 < num_qt) {
-      load_q_tile(qt + 1, stage ^ 1);
+    if (Gqa ? it + 1 < n_tiles : qt + 1 < num_qt) {
+      if (!Gqa || qt + 1 < num_qt) load_q_tile(h, qt + 1, stage ^ 1);
+      else load_q_tile(h + 1, qt_begin, stage ^ 1);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -266,6 +288,7 @@ __global__ void __launch_bounds__(kBwdThreads, bwd_min_blocks<D>()) flash_bwd_mm
     const float* l_s = sL + stage * BQ;
     const float* ds_s = sDs + stage * BQ;
     const int q0 = qt * BQ;
+    float* dq_acc = Gqa ? p.dq_accum + (int64_t(b) * p.H + h) * p.T * D : dq_acc_g;
 
     // The query tile in kBwdSplit slices of HQ queries (see kBwdSplit).
     const bool need_mask = q0 + BQ > p.T || k0 + BK > p.T || (p.causal && q0 < k0 + BK - 1);
@@ -379,8 +402,8 @@ __global__ void __launch_bounds__(kBwdThreads, bwd_min_blocks<D>()) flash_bwd_mm
   }
 
   // Epilogue: dK, dV rows of this warp.
-  T* dKg = slice_mut<T>(p.dk, b, h);
-  T* dVg = slice_mut<T>(p.dv, b, h);
+  T* dKg = slice_mut<T>(p.dk, b, hk);
+  T* dVg = slice_mut<T>(p.dv, b, hk);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = key_lo + r * 8;
@@ -416,22 +439,22 @@ __global__ void flash_bwd_dq_convert_kernel(FlashBwdParams p) {
 }
 
 // ---------------------------------------------------------------------------------------------
-unsigned row_blocks(const FlashBwdParams& p) {
-  const int64_t blocks = (int64_t(p.B) * p.H * p.T + 3) / 4;
+// Blocks of 4 warps, a warp per row of B·heads·T.
+unsigned row_blocks(const FlashBwdParams& p, int heads) {
+  const int64_t blocks = (int64_t(p.B) * heads * p.T + 3) / 4;
   BLU_CHECK(blocks <= 0x7fffffff, "flash_attention_backward: too many rows");
   return unsigned(blocks);
 }
 
 template <typename T, int D>
 void launch_bwd_simt(const FlashBwdParams& p, cudaStream_t stream) {
-  const unsigned blocks = row_blocks(p);
   FlashBwdParams pd = p;
   pd.dq_accum = nullptr;  // the SIMT kernels need no accumulator
   flash_bwd_dsum_kernel<T, D><<<dsum_blocks<T, D>(p), 256, 0, stream>>>(pd);
   BLU_CUDA_CHECK_LAUNCH();
-  flash_bwd_dq_simt_kernel<T, D><<<blocks, 128, 0, stream>>>(p);
+  flash_bwd_dq_simt_kernel<T, D><<<row_blocks(p, p.H), 128, 0, stream>>>(p);
   BLU_CUDA_CHECK_LAUNCH();
-  flash_bwd_dkv_simt_kernel<T, D><<<blocks, 128, 0, stream>>>(p);
+  flash_bwd_dkv_simt_kernel<T, D><<<row_blocks(p, p.H / p.group), 128, 0, stream>>>(p);  // key/value rows
   BLU_CUDA_CHECK_LAUNCH();
 }
 
@@ -444,8 +467,12 @@ void launch_bwd_mma(const FlashBwdParams& p, DType dtype, cudaStream_t stream) {
 
   if (flash_attention_wgmma_backward() && flash_attention_wgmma_available())
     return flash_attention_backward_wgmma(p, dtype, stream);  // casts dq itself
-  launch_tiles<flash_bwd_mma_kernel<T, D>>(p, kBwdBK, kBwdThreads, bwd_smem_bytes<D>(), "flash_attention_backward",
-                                           stream);
+  if (p.group > 1)
+    launch_tiles<flash_bwd_mma_kernel<T, D, true>>(p, kBwdBK, kBwdThreads, bwd_smem_bytes<D>(),
+                                                   "flash_attention_backward", stream, p.H / p.group);
+  else
+    launch_tiles<flash_bwd_mma_kernel<T, D, false>>(p, kBwdBK, kBwdThreads, bwd_smem_bytes<D>(),
+                                                    "flash_attention_backward", stream);
   flash_bwd_dq_convert_kernel<T, D><<<grid_for(n / 4), 256, 0, stream>>>(p);
   BLU_CUDA_CHECK_LAUNCH();
 }
@@ -484,14 +511,17 @@ void flash_attention_backward(const FlashBwdParams& p, DType dtype, cudaStream_t
 
 namespace {
 
-// Piece i of a contiguous [B, T, 3, H, D] buffer as a [B, H, T, D] operand.
-AttnOperand operand_piece(const Tensor& bt3hd, int i) {
-  return {static_cast<char*>(bt3hd.raw_data()) + i * bt3hd.stride(2) * int64_t(bt3hd.itemsize()), bt3hd.stride(0),
-          bt3hd.stride(3), bt3hd.stride(1)};
+// Heads [first, first + n) of a contiguous [B, T, heads·D...] buffer whose rows (dim 1) hold
+// D-element heads side by side ([B, T, 3, H, D] or [B, T, H + 2·Hkv, D]), as a [B, n, T, D] operand.
+AttnOperand operand_heads(const Tensor& packed, int64_t first, int64_t D) {
+  return {static_cast<char*>(packed.raw_data()) + first * D * int64_t(packed.itemsize()), packed.stride(0), D,
+          packed.stride(1)};
 }
 
-// "flash_attention_backward": in dO, q, k, v, o (all [B, H, T, D], strided), lse [B, H, T];
-// attrs causal, scale. Out: dq, dk, dv side by side in one contiguous [B, T, 3, H, D] buffer.
+// "flash_attention_backward": in dO, q, o ([B, H, T, D], strided), k, v ([B, Hkv, T, D], strided),
+// lse [B, H, T]; attrs causal, scale, packed. Out: dq, dk, dv side by side in one contiguous
+// buffer (packed: [B, T, 3, H, D] or [B, T, H + 2·Hkv, D]) or as three contiguous [B, T, H, D],
+// [B, T, Hkv, D], [B, T, Hkv, D] buffers.
 void flash_attention_backward_kernel(const KernelCall& c) {
   const Tensor& q = c.in[1];
   FlashBwdParams p;
@@ -501,13 +531,21 @@ void flash_attention_backward_kernel(const KernelCall& c) {
   p.v = operand_bhtd(c.in[3]);
   p.o = operand_bhtd(c.in[4]);
   p.lse = static_cast<const float*>(c.in[5].raw_data());
-  p.dq = operand_piece(c.out[0], 0);
-  p.dk = operand_piece(c.out[0], 1);
-  p.dv = operand_piece(c.out[0], 2);
   p.B = int(q.size(0));
   p.H = int(q.size(1));
   p.T = int(q.size(2));
   p.D = int(q.size(3));
+  const int Hkv = int(c.in[2].size(1));
+  p.group = std::max(1, p.H / Hkv);  // (the op checked H % Hkv == 0)
+  if (c.out.size() == 1) {
+    p.dq = operand_heads(c.out[0], 0, p.D);
+    p.dk = operand_heads(c.out[0], p.H, p.D);
+    p.dv = operand_heads(c.out[0], p.H + Hkv, p.D);
+  } else {
+    p.dq = operand_bthd(c.out[0]);
+    p.dk = operand_bthd(c.out[1]);
+    p.dv = operand_bthd(c.out[2]);
+  }
   p.scale = float(c.attrs.f("scale"));
   p.causal = c.attrs.b("causal");
   const int64_t rows = int64_t(p.B) * p.H * p.T;

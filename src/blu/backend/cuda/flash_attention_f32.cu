@@ -22,7 +22,8 @@
 //   1. dQ kernel, CTA per 64 query rows over the key tiles it sees: computes Dsum for its rows
 //      (written to p.dsum for step 2), S = Q·Kᵀ, dP = dO·Vᵀ, dQ += dS·K, written straight to dq.
 //   2. dK/dV kernel, CTA per 64 keys over the query tiles that see them: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ,
-//      dV += Pᵀ·dO, dK += dSᵀ·Q.
+//      dV += Pᵀ·dO, dK += dSᵀ·Q. GQA: the 64 keys of a key/value head, over the query tiles of
+//      each of its group's query heads in turn (Note [GQA backward]).
 //   Both deterministic (no atomics); scores are recomputed in each.
 #include "blu/backend/cuda/flash_attention.cuh"
 #include "blu/backend/cuda/flash_attention_f32.h"
@@ -168,8 +169,8 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) fa32_fwd_kernel(Fla
   const int q0 = qt * kTile;
   const int nk = p.causal ? qt + 1 : nt;
   const float* qb = slice<float>(p.q, b, h);
-  const float* kb = slice<float>(p.k, b, h);
-  const float* vb = slice<float>(p.v, b, h);
+  const float* kb = slice<float>(p.k, b, h / p.group);  // the query head's key/value head (GQA)
+  const float* vb = slice<float>(p.v, b, h / p.group);
 
   load_tile<D>(Qs, qb, p.q.st, q0, T, tid);
   load_tile<D>(Ks, kb, p.k.st, 0, T, tid);
@@ -271,8 +272,8 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) fa32_bwd_dq_kernel(
   const int qt = nt - 1 - int(blockIdx.y);
   const int q0 = qt * kTile;
   const int nk = p.causal ? qt + 1 : nt;
-  const float* kb = slice<float>(p.k, b, h);
-  const float* vb = slice<float>(p.v, b, h);
+  const float* kb = slice<float>(p.k, b, h / p.group);  // the query head's key/value head (GQA)
+  const float* vb = slice<float>(p.v, b, h / p.group);
 
   load_tile<D>(Qs, slice<float>(p.q, b, h), p.q.st, q0, T, tid);
   load_tile<D>(dOs, slice<float>(p.dout, b, h), p.dout.st, q0, T, tid);
@@ -359,61 +360,66 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) fa32_bwd_dkv_kernel
   float* lse_s = dSs + kTile * kLdS;
   float* dsum_s = lse_s + kTile;
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-  const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H;
+  const int Hkv = p.H / p.group;  // the grid's x is (batch, key/value head)
+  const int b = int(blockIdx.x) / Hkv, hk = int(blockIdx.x) % Hkv;
   const int T = p.T;
   const int nt = (T + kTile - 1) / kTile;
   const int kt = int(blockIdx.y);  // causal: the first key tiles see the most queries
   const int k0 = kt * kTile;
-  const float* qb = slice<float>(p.q, b, h);
-  const float* dob = slice<float>(p.dout, b, h);
-  const float* lse = p.lse + int64_t(bh) * T;
-  const float* dsum_g = p.dsum + int64_t(bh) * T;
 
-  load_tile<D>(Ks, slice<float>(p.k, b, h), p.k.st, k0, T, tid);
-  load_tile<D>(Vs, slice<float>(p.v, b, h), p.v.st, k0, T, tid);
+  load_tile<D>(Ks, slice<float>(p.k, b, hk), p.k.st, k0, T, tid);
+  load_tile<D>(Vs, slice<float>(p.v, b, hk), p.v.st, k0, T, tid);
 
   const float c = p.scale * kLog2e;
   float dk[4][D / 16] = {}, dv[4][D / 16] = {};
-  for (int qt = p.causal ? kt : 0; qt < nt; ++qt) {
-    const int q0 = qt * kTile;
-    load_tile<D>(Qs, qb, p.q.st, q0, T, tid);
-    load_tile<D>(dOs, dob, p.dout.st, q0, T, tid);
-    cp_async_commit();
-    if (tid < kTile) {
-      const int row = q0 + tid;
-      lse_s[tid] = row < T ? lse[row] * kLog2e : kPosInf;  // rows past T: P = 0
-      dsum_s[tid] = row < T ? dsum_g[row] : 0.f;
-    }
-    cp_async_wait<0>();
-    __syncthreads();
-
-    // Scores transposed: s[i][j] is key 4ty + i against query tx + 16j.
-    float s[4][4] = {}, dp[4][4] = {};
-    mm_abt<D>(s, Ks, Qs, tx, ty);
-    mm_abt<D>(dp, Vs, dOs, tx, ty);
-    const bool mask = p.causal && qt == kt;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int qi = tx + 16 * j;
-      const float l2 = lse_s[qi], ds = dsum_s[qi];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        float pij = fast_exp2(fmaf(s[i][j], c, -l2));
-        if (mask && 4 * ty + i > qi) pij = 0.f;
-        s[i][j] = pij;
-        dp[i][j] = pij * (dp[i][j] - ds) * p.scale;
+  // The query tiles of each of hk's query heads in turn (Note [GQA backward]; one head without GQA).
+  for (int h = hk * p.group; h < (hk + 1) * p.group; ++h) {
+    const int64_t bh = int64_t(b) * p.H + h;
+    const float* qb = slice<float>(p.q, b, h);
+    const float* dob = slice<float>(p.dout, b, h);
+    const float* lse = p.lse + bh * T;
+    const float* dsum_g = p.dsum + bh * T;
+    for (int qt = p.causal ? kt : 0; qt < nt; ++qt) {
+      const int q0 = qt * kTile;
+      load_tile<D>(Qs, qb, p.q.st, q0, T, tid);
+      load_tile<D>(dOs, dob, p.dout.st, q0, T, tid);
+      cp_async_commit();
+      if (tid < kTile) {
+        const int row = q0 + tid;
+        lse_s[tid] = row < T ? lse[row] * kLog2e : kPosInf;  // rows past T: P = 0
+        dsum_s[tid] = row < T ? dsum_g[row] : 0.f;
       }
+      cp_async_wait<0>();
+      __syncthreads();
+
+      // Scores transposed: s[i][j] is key 4ty + i against query tx + 16j.
+      float s[4][4] = {}, dp[4][4] = {};
+      mm_abt<D>(s, Ks, Qs, tx, ty);
+      mm_abt<D>(dp, Vs, dOs, tx, ty);
+      const bool mask = p.causal && qt == kt;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int qi = tx + 16 * j;
+        const float l2 = lse_s[qi], ds = dsum_s[qi];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float pij = fast_exp2(fmaf(s[i][j], c, -l2));
+          if (mask && 4 * ty + i > qi) pij = 0.f;
+          s[i][j] = pij;
+          dp[i][j] = pij * (dp[i][j] - ds) * p.scale;
+        }
+      }
+      store_t(Ps, s, tx, ty);
+      store_t(dSs, dp, tx, ty);
+      __syncthreads();
+      mm_pv<D>(dv, Ps, dOs, tx, ty);
+      mm_pv<D>(dk, dSs, Qs, tx, ty);
+      __syncthreads();
     }
-    store_t(Ps, s, tx, ty);
-    store_t(dSs, dp, tx, ty);
-    __syncthreads();
-    mm_pv<D>(dv, Ps, dOs, tx, ty);
-    mm_pv<D>(dk, dSs, Qs, tx, ty);
-    __syncthreads();
   }
   const float one[4] = {1.f, 1.f, 1.f, 1.f};
-  store_rows<D>(slice_mut<float>(p.dk, b, h), p.dk.st, k0, T, dk, one, tx, ty);
-  store_rows<D>(slice_mut<float>(p.dv, b, h), p.dv.st, k0, T, dv, one, tx, ty);
+  store_rows<D>(slice_mut<float>(p.dk, b, hk), p.dk.st, k0, T, dk, one, tx, ty);
+  store_rows<D>(slice_mut<float>(p.dv, b, hk), p.dv.st, k0, T, dv, one, tx, ty);
 }
 
 template <int D>
@@ -426,7 +432,7 @@ void bwd_f32(const FlashBwdParams& p, cudaStream_t stream) {
   BLU_ASSERT(p.dsum, "flash_attention_backward: the f32 path needs the dsum scratch");
   launch_tiles<fa32_bwd_dq_kernel<D>>(p, kTile, kThreads, bwd_dq_smem_bytes<D>(), "flash_attention_backward", stream);
   launch_tiles<fa32_bwd_dkv_kernel<D>>(p, kTile, kThreads, bwd_dkv_smem_bytes<D>(), "flash_attention_backward",
-                                       stream);
+                                       stream, p.H / p.group);
 }
 
 }  // namespace

@@ -45,13 +45,15 @@
 //      then Pᵀ and dSᵀ in registers, dV += Pᵀ·dO and dK += dSᵀ·Q, and writes dSᵀ to shared memory.
 //      After a barrier the 4 warps compute the tile's dQ = dS·K and add it into p.dq with float4
 //      atomics (p.dq itself is the fp32 accumulator: no dq_accum scratch, no cast pass).
+//   GQA: a CTA owns 64 keys of a key/value head and walks the query tiles of each of its group's
+//   query heads in turn (Note [GQA backward]; the Gqa instantiation).
 //   Why atomics rather than a separate dQ pass: a dQ pass recomputes S and dP (7 tile products per
 //   (query, key) tile pair instead of 5), i.e. ~40% more tensor work at 3xTF32, where these kernels
 //   are bound by the mma rate. The price is determinism: dK and dV are bitwise reproducible, dQ is
 //   summed in an order that varies between runs (differences at fp32 rounding level, ~1e-7
 //   relative). The CUDA-core kernels of flash_attention_f32.cu stay deterministic.
 //
-// Resources (ptxas -v, sm_90, CUDA 13.0; kernel<D, kSplit>; no spills, no local memory):
+// Resources (ptxas -v, sm_90, CUDA 13.0; kernel<D, kSplit>; no spills, no local memory unless noted):
 //   fa_tf32_fwd_kernel<64, 1>   155 registers, 80 KB dynamic shared memory  → 2 CTAs / SM
 //   fa_tf32_fwd_kernel<64, 3>   173 registers, 80 KB                        → 2 CTAs / SM
 //   fa_tf32_fwd_kernel<128, 1>  180 registers, 96 KB                        → 2 CTAs / SM
@@ -60,6 +62,11 @@
 //   fa_tf32_bwd_kernel<64, 3>   164 registers, 73.5 KB (cap 168)            → 3 CTAs / SM
 //   fa_tf32_bwd_kernel<128, 1>  246 registers, 101.25 KB                    → 2 CTAs / SM
 //   fa_tf32_bwd_kernel<128, 3>  239 registers, 101.25 KB                    → 2 CTAs / SM
+//   (the backwards above are the Gqa = false instantiations; with GQA, same shared memory:)
+//   fa_tf32_bwd_kernel<64, 1, true>   165 registers                        → 3 CTAs / SM
+//   fa_tf32_bwd_kernel<64, 3, true>   168 registers, 8 bytes spilled        → 3 CTAs / SM
+//   fa_tf32_bwd_kernel<128, 1, true>  242 registers                        → 2 CTAs / SM
+//   fa_tf32_bwd_kernel<128, 3, true>  243 registers                        → 2 CTAs / SM
 //   fa_tf32_bwd_prep_kernel<D>   22 registers, no shared memory
 #include "blu/backend/cuda/flash_attention.cuh"
 #include "blu/backend/cuda/flash_attention_f32.h"
@@ -178,8 +185,8 @@ __global__ void __launch_bounds__(kThreads, FwdCfg<D>::kMinBlocks) fa_tf32_fwd_k
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
   const float* Qg = slice<float>(p.q, b, h);
-  const float* Kg = slice<float>(p.k, b, h);
-  const float* Vg = slice<float>(p.v, b, h);
+  const float* Kg = slice<float>(p.k, b, h / p.group);  // the query head's key/value head (GQA)
+  const float* Vg = slice<float>(p.v, b, h / p.group);
   const int kv_end = p.causal ? min(p.T, q0 + BQ) : p.T;
   const int num_kt = (kv_end + BK - 1) / BK;
 
@@ -359,7 +366,9 @@ __device__ __forceinline__ void atomic_add4(float* dst, float a, float b, float 
 #endif
 }
 
-template <int D, int kSplit>
+// Gqa: the CTA's query tiles are those of its key/value head's `group` query heads (Note [GQA
+// backward]); false: of the one head, the walk of before.
+template <int D, int kSplit, bool Gqa>
 __global__ void __launch_bounds__(kThreads, BwdCfg<D>::kMinBlocks) fa_tf32_bwd_kernel(FlashBwdParams p) {
   using Cfg = BwdCfg<D>;
   constexpr int BQ = Cfg::BQ, BK = Cfg::BK, kLdS = Cfg::kLdS;
@@ -372,36 +381,45 @@ __global__ void __launch_bounds__(kThreads, BwdCfg<D>::kMinBlocks) fa_tf32_bwd_k
   float* const sL = sdS + BK * kLdS;                  // [2][BQ] lse
   float* const sDs = sL + 2 * BQ;                     // [2][BQ] Dsum
 
-  // Key tile in the slowest grid dimension: causal, the heavy tiles (small k0) launch first.
+  // Key tile in the slowest grid dimension: causal, the heavy tiles (small k0) launch first. The
+  // grid's x is (batch, key/value head).
   const int kt = int(blockIdx.y);
-  const int b = int(blockIdx.x) / p.H, h = int(blockIdx.x) % p.H;
+  const int Hkv = Gqa ? p.H / p.group : p.H;
+  const int b = int(blockIdx.x) / Hkv, hk = int(blockIdx.x) % Hkv;
   const int k0 = kt * BK;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  const int64_t bh = int64_t(b) * p.H + h;
   const int T = p.T;
-
-  const float* Qg = slice<float>(p.q, b, h);
-  const float* dOg = slice<float>(p.dout, b, h);
-  const float* lse_g = p.lse + bh * T;
-  const float* dsum_g = p.dsum + bh * T;
-  float* dQg = slice_mut<float>(p.dq, b, h);
 
   const int qt_begin = p.causal ? k0 / BQ : 0;
   const int num_qt = (T + BQ - 1) / BQ;
+  const int G = Gqa ? p.group : 1, n_tiles = G * (num_qt - qt_begin);  // GQA: the walk's length
+  // Without GQA the one query head's operands (with GQA those of head hk·G, the first).
+  const int64_t bh = int64_t(b) * p.H + hk * G;
+  const float* Qg = slice<float>(p.q, b, hk * G);
+  const float* dOg = slice<float>(p.dout, b, hk * G);
+  const float* lse_g = p.lse + bh * T;
+  const float* dsum_g = p.dsum + bh * T;
+  float* dQg0 = slice_mut<float>(p.dq, b, hk * G);
 
-  load_tile_f32<D, BK>(sK, slice<float>(p.k, b, h), p.k.st, k0, T, tid);
-  load_tile_f32<D, BK>(sV, slice<float>(p.v, b, h), p.v.st, k0, T, tid);
-  auto load_q_tile = [&](int qt, int stage) {
-    load_tile_f32<D, BQ>(sQ + stage * BQ * D, Qg, p.q.st, qt * BQ, T, tid);
-    load_tile_f32<D, BQ>(sdO + stage * BQ * D, dOg, p.dout.st, qt * BQ, T, tid);
+  load_tile_f32<D, BK>(sK, slice<float>(p.k, b, hk), p.k.st, k0, T, tid);
+  load_tile_f32<D, BK>(sV, slice<float>(p.v, b, hk), p.v.st, k0, T, tid);
+  // Q, dO, lse, Dsum of query tile qt of query head h (hk·G without GQA) into `stage`.
+  auto load_q_tile = [&](int h, int qt, int stage) {
+    const int64_t bhq = int64_t(b) * p.H + h;
+    const float* Qh = Gqa ? slice<float>(p.q, b, h) : Qg;
+    const float* dOh = Gqa ? slice<float>(p.dout, b, h) : dOg;
+    const float* lse_h = Gqa ? p.lse + bhq * T : lse_g;
+    const float* dsum_h = Gqa ? p.dsum + bhq * T : dsum_g;
+    load_tile_f32<D, BQ>(sQ + stage * BQ * D, Qh, p.q.st, qt * BQ, T, tid);
+    load_tile_f32<D, BQ>(sdO + stage * BQ * D, dOh, p.dout.st, qt * BQ, T, tid);
     if (tid < BQ) {
       const int q = qt * BQ + tid;
-      cp_async_4(sL + stage * BQ + tid, lse_g + (q < T ? q : 0), q < T);
-      cp_async_4(sDs + stage * BQ + tid, dsum_g + (q < T ? q : 0), q < T);
+      cp_async_4(sL + stage * BQ + tid, lse_h + (q < T ? q : 0), q < T);
+      cp_async_4(sDs + stage * BQ + tid, dsum_h + (q < T ? q : 0), q < T);
     }
   };
-  load_q_tile(qt_begin, 0);
+  load_q_tile(hk * G, qt_begin, 0);
   cp_async_commit();
 
   float dk[D / 8][4], dv[D / 8][4];  // this warp's 16 keys; n-tile nn, column n holds d = n·D/8 + nn
@@ -413,9 +431,15 @@ __global__ void __launch_bounds__(kThreads, BwdCfg<D>::kMinBlocks) fa_tf32_bwd_k
   const int kw = warp * 16;          // this warp's first key within the tile
   const int key_lo = k0 + kw + g;    // this thread's keys: key_lo and key_lo + 8
 
-  for (int qt = qt_begin, it = 0; qt < num_qt; ++qt, ++it) {
+  // The walk (Note [GQA backward]): query tiles qt_begin.. of head h, then (GQA) of head h + 1.
+  int h = hk * G;
+  for (int qt = qt_begin, it = 0; Gqa ? it < n_tiles : qt < num_qt; ++qt, ++it) {
+    if (Gqa && qt == num_qt) qt = qt_begin, ++h;
     const int stage = it & 1;
-    if (qt + 1 < num_qt) load_q_tile(qt + 1, stage ^ 1);
+    if (Gqa ? it + 1 < n_tiles : qt + 1 < num_qt) {
+      if (!Gqa || qt + 1 < num_qt) load_q_tile(h, qt + 1, stage ^ 1);
+      else load_q_tile(h + 1, qt_begin, stage ^ 1);
+    }
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
@@ -424,6 +448,7 @@ __global__ void __launch_bounds__(kThreads, BwdCfg<D>::kMinBlocks) fa_tf32_bwd_k
     const float* l_s = sL + stage * BQ;
     const float* ds_s = sDs + stage * BQ;
     const int q0 = qt * BQ;
+    float* dQg = Gqa ? slice_mut<float>(p.dq, b, h) : dQg0;
     const bool need_mask = q0 + BQ > T || k0 + BK > T || (p.causal && q0 < k0 + BK - 1);
 
 #pragma unroll
@@ -544,8 +569,8 @@ __global__ void __launch_bounds__(kThreads, BwdCfg<D>::kMinBlocks) fa_tf32_bwd_k
   }
 
   // Epilogue: dK, dV rows of this warp; element 2r + e of n-tile nn is d = (2t + e)·D/8 + nn.
-  float* dKg = slice_mut<float>(p.dk, b, h);
-  float* dVg = slice_mut<float>(p.dv, b, h);
+  float* dKg = slice_mut<float>(p.dk, b, hk);
+  float* dVg = slice_mut<float>(p.dv, b, hk);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = key_lo + r * 8;
@@ -580,8 +605,12 @@ void launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   BLU_CHECK(prep_blocks <= 0x7fffffff, "flash_attention_backward: too many rows (", rows, ")");
   fa_tf32_bwd_prep_kernel<D><<<unsigned(prep_blocks), 128, 0, stream>>>(p);
   BLU_CUDA_CHECK_LAUNCH();
-  launch_tiles<fa_tf32_bwd_kernel<D, kSplit>>(p, BwdCfg<D>::BK, kThreads, BwdCfg<D>::kSmemBytes,
-                                              "flash_attention_backward", stream);
+  if (p.group > 1)
+    launch_tiles<fa_tf32_bwd_kernel<D, kSplit, true>>(p, BwdCfg<D>::BK, kThreads, BwdCfg<D>::kSmemBytes,
+                                                      "flash_attention_backward", stream, p.H / p.group);
+  else
+    launch_tiles<fa_tf32_bwd_kernel<D, kSplit, false>>(p, BwdCfg<D>::BK, kThreads, BwdCfg<D>::kSmemBytes,
+                                                       "flash_attention_backward", stream);
 }
 
 }  // namespace

@@ -209,8 +209,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) flash_fwd_wgmma_kernel(FlashFwd
   if (wg == 0) {
     // ---- producer ----
     setmaxnreg_dec<kProducerRegs>();
-    const T* Kg = slice<T>(p.k, b, h);
-    const T* Vg = slice<T>(p.v, b, h);
+    const T* Kg = slice<T>(p.k, b, h / p.group);  // the query head's key/value head (GQA)
+    const T* Vg = slice<T>(p.v, b, h / p.group);
     for (int n = 0; n < num_kt; ++n) {
       const int s = n & 1;
       if (n >= 2) bar_sync(kBarEmptyK + s, kWgThreads);
@@ -363,8 +363,8 @@ __global__ void __launch_bounds__(kSoloThreads, 4) flash_fwd_wgmma_solo_kernel(F
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int row_lo = q0 + 16 * warp + g;  // this thread's rows: row_lo and row_lo + 8
-  const T* Kg = slice<T>(p.k, b, h);
-  const T* Vg = slice<T>(p.v, b, h);
+  const T* Kg = slice<T>(p.k, b, h / p.group);  // the query head's key/value head (GQA)
+  const T* Vg = slice<T>(p.v, b, h / p.group);
   constexpr uint32_t kStageBytes = BK * D * 2;
 
   load_wg_tile<T, D, BQ, true>(sQ, slice<T>(p.q, b, h), p.q.st, q0, p.T, tid);

@@ -48,6 +48,15 @@
 // (small kb) launch first. The kernel body exists only in the sm_90a compilation
 // (__CUDA_ARCH_FEAT_SM90_ALL).
 //
+// GQA (p.group > 1, the Gqa instantiation; Note [GQA backward]): the grid's x runs over (batch,
+// key/value head hk), and a CTA walks the query tiles of hk's query heads one head after the other:
+// its tile i — the count that the stages, the dSᵀ buffers and the barriers follow, so the protocol
+// below is unchanged — is tile l of query head hk·group + j, i = j·n_per + l (n_per query tiles a
+// head). The producer loads that head's Q, dO, lse, Dsum; the consumers mask by l, add dQ to that
+// head's tiles, and keep summing dK, dV in registers across the heads. Head groups count key/value
+// heads, head_group / group of them (a CTA's working set is its group's query heads). The
+// pipelined variant runs without GQA only.
+//
 // Note [wgmma backward pipeline]
 // Named barriers (bar.sync / bar.arrive with a thread count; id 0 is __syncthreads):
 //   FULL[s]  (s = stage): producer arrives (128), consumers sync (256); 384 threads.
@@ -124,6 +133,7 @@
 #include "blu/backend/cuda/flash_attention_wgmma.h"
 #include "blu/backend/cuda/runtime.h"
 
+#include <algorithm>
 #include <atomic>
 
 namespace blu::cuda {
@@ -159,9 +169,11 @@ struct WbBars {
 };
 #endif
 
-// Pipe: Note [wgmma backward pipeline].
-template <typename T, int D, bool Pipe>
+// Pipe: Note [wgmma backward pipeline]. Gqa: the CTA's query tiles are those of its key/value
+// head's `group` query heads (Note [GQA backward]); false: of the one head, the walk of before.
+template <typename T, int D, bool Pipe, bool Gqa>
 __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwdParams p) {
+  static_assert(!(Pipe && Gqa), "the pipelined variant runs without GQA only");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BK = kWbBK, BQ = kWbBQ, NS = wb_stages<Pipe>();
   constexpr int kBarFull = WbBars<Pipe>::kFull, kBarEmpty = WbBars<Pipe>::kEmpty, kBarDs = WbBars<Pipe>::kDs,
@@ -182,20 +194,25 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
 
   // Key block and head in head groups (Note [head groups]); causal: small kb (the most query tiles)
   // launches first within a group.
+  // The grid's x is (batch, key/value head); with GQA the CTA's query tiles are n_per tiles of
+  // each of the group's query heads in turn: tile i (CTA-wide count, which the stages, dSᵀ buffers
+  // and barriers follow) is tile l = i − j·n_per of head hk·group + j.
   const TileSlot slot = tile_slot(p.head_group);
   const int kb = slot.rank;
-  const int b = slot.bh / p.H, h = slot.bh % p.H;
-  const int64_t bh = int64_t(b) * p.H + h;
+  const int Hkv = Gqa ? p.H / p.group : p.H, G = Gqa ? p.group : 1;
+  const int b = slot.bh / Hkv, hk = slot.bh % Hkv;
+  const int64_t bh = int64_t(b) * p.H + hk * G;  // the first (without GQA: the one) query head's (b, h)
   const int k0 = kb * BK;
   const int qt_begin = p.causal ? k0 / BQ : 0;  // k0 < T, so at least one tile
-  const int n_tiles = (p.T + BQ - 1) / BQ - qt_begin;
+  const int n_per = (p.T + BQ - 1) / BQ - qt_begin, n_tiles = G * n_per;
   const int wg = warpgroup_index(), tid = threadIdx.x % 128;
 
   if (wg == 0) {
     // ---- producer ----
     setmaxnreg_dec<kWbProducerRegs>();
-    const T* Qg = slice<T>(p.q, b, h);
-    const T* dOg = slice<T>(p.dout, b, h);
+    // The first (without GQA: the one) query head's Q and dO.
+    const T* Qg = slice<T>(p.q, b, hk * G);
+    const T* dOg = slice<T>(p.dout, b, hk * G);
     // Threads 0..63 copy lse, 64..127 Dsum: element tid % 64 of the tile, which they scale in place
     // once it has landed (lse by log2 e, Dsum by the softmax scale: Note [wgmma backward math]).
     const float* vec_g = (tid < BQ ? p.lse : p.dsum) + bh * p.T;
@@ -208,8 +225,9 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
       fence_proxy_async();
       bar_arrive(kBarFull + j % NS, kWbThreads);
     };
-    for (int i = 0; i < n_tiles; ++i) {
-      const int s = i % NS, q0 = (qt_begin + i) * BQ;
+    // Tile i (tile l of query head h) into stage i % NS once tile i − NS has been consumed.
+    auto produce = [&](int i, int l, const T* Qg, const T* dOg, const float* vec_g) {
+      const int s = i % NS, q0 = (qt_begin + l) * BQ;
       if (i >= 1) publish(i - 1);
       if (i >= NS) bar_sync(kBarEmpty + s, kWbThreads);  // tile i-NS consumed
       load_wg_tile<T, D, BQ>(sQ + s * BQ * D, Qg, p.q.st, q0, p.T, tid);
@@ -217,6 +235,15 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
       const int q = q0 + tid % BQ;
       cp_async_4(vec_s + s * BQ, vec_g + (q < p.T ? q : 0), q < p.T);
       cp_async_commit();
+    };
+    if constexpr (Gqa) {
+      for (int j = 0; j < G; ++j) {
+        const int h = hk * G + j;
+        const float* vec_h = (tid < BQ ? p.lse : p.dsum) + (int64_t(b) * p.H + h) * p.T;
+        for (int l = 0; l < n_per; ++l) produce(j * n_per + l, l, slice<T>(p.q, b, h), slice<T>(p.dout, b, h), vec_h);
+      }
+    } else {
+      for (int i = 0; i < n_tiles; ++i) produce(i, i, Qg, dOg, vec_g);
     }
     publish(n_tiles - 1);
     return;
@@ -231,8 +258,8 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
   T* sKc = sK + c * 64 * D;
   T* sVc = sV + c * 64 * D;
 
-  load_wg_tile<T, D, 64>(sKc, slice<T>(p.k, b, h), p.k.st, kw0, p.T, tid);
-  load_wg_tile<T, D, 64>(sVc, slice<T>(p.v, b, h), p.v.st, kw0, p.T, tid);
+  load_wg_tile<T, D, 64>(sKc, slice<T>(p.k, b, hk), p.k.st, kw0, p.T, tid);
+  load_wg_tile<T, D, 64>(sVc, slice<T>(p.v, b, hk), p.v.st, kw0, p.T, tid);
   cp_async_commit();
   cp_async_wait<0>();
   fence_proxy_async();
@@ -264,7 +291,9 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
   }
   uint32_t pf[BQ / 16][4], dsf[BQ / 16][4];  // Pᵀ, dSᵀ as A fragments, one per 16-query k step
   const float sl2 = p.scale * kLog2e;
-  float* dq_tiles = p.dq_accum + bh * flash_dq_accum_floats(1, 1, p.T, D);  // this head's dQ tiles
+  // The dQ tiles of query head h (Note [dQ tiles]); dq_tiles: those of the one head without GQA.
+  auto head_dq_tiles = [&](int h) { return p.dq_accum + (int64_t(b) * p.H + h) * flash_dq_accum_floats(1, 1, p.T, D); };
+  float* dq_tiles = p.dq_accum + bh * flash_dq_accum_floats(1, 1, p.T, D);
   // dSᵀ by stmatrix (Note [wgmma backward math]): this lane gives row 64c + 16·warp + lane % 8 +
   // 8·(lane / 8 % 2), 16-byte chunk 2kk + lane / 16 of it, stored at chunk (2kk + lane / 16) ^ (row
   // % 8) = 2kk ^ y: the address of k step kk is that of k step 0 with its bits 5-6 xor 32·kk.
@@ -290,23 +319,23 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
     for (int j = 0; j < D / 16; ++j)
       *reinterpret_cast<float4*>(sdQc + (j * 128 + tid) * 4) = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
   };
-  auto flush_dq = [&](int q0) {
+  auto flush_dq = [&](float* tiles, int q0) {
     fence_proxy_async();  // the stores, for the bulk copy
     bar_sync(kBarWg + c, 128);
     if (tid == 0) {
-      bulk_reduce_add_f32(dq_tiles + int64_t(q0) * D + c * 32 * D, sdQc, 32 * D * 4);
+      bulk_reduce_add_f32(tiles + int64_t(q0) * D + c * 32 * D, sdQc, 32 * D * 4);
       bulk_commit();
     }
   };
 
-  // The tiles that need the mask come first: with keys past T all of them, causal those the
-  // diagonal crosses (q0 < kw0 + 63: i <= c, as qt_begin·64 = k0).
-  const int n_masked = kw0 + 64 > p.T ? n_tiles : p.causal ? min(c + 1, n_tiles) : 0;
-  // Tile i. Masked: compiled with the mask, which zeroes Pᵀ where keys are past T or, causal, after
-  // the query (Note [wgmma backward math]).
-  auto tile = [&](auto masked, int i) {
+  // The tiles of a head that need the mask come first: with keys past T all of them, causal those
+  // the diagonal crosses (q0 < kw0 + 63: l <= c, as qt_begin·64 = k0).
+  const int n_masked = kw0 + 64 > p.T ? n_per : p.causal ? min(c + 1, n_per) : 0;
+  // Tile i of the CTA, tile l of query head h. Masked: compiled with the mask, which zeroes Pᵀ
+  // where keys are past T or, causal, after the query (Note [wgmma backward math]).
+  auto tile = [&](auto masked, int i, int h, int l) {
     constexpr bool Masked = decltype(masked)::value;
-    const int st = i % NS, q0 = (qt_begin + i) * BQ;
+    const int st = i % NS, q0 = (qt_begin + l) * BQ;
     const float* l_s = sL + st * BQ;   // lse·log2 e
     const float* ds_s = sDs + st * BQ;  // Dsum·scale
     bar_sync(kBarFull + st, kWbThreads);
@@ -321,7 +350,10 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
     for (int kk = 1; kk < D / 16; ++kk)
       wgmma_ss<T, 64, 0, 0>(dp, desc_add(dVa, koff(kk)), desc_add(dOk, st * kTileBytes + koff(kk)), 1);
     wgmma_commit();
-    if (i > 0) flush_dq(q0 - BQ);
+    if (i > 0) {  // the previous tile's dQ: tile l − 1 of head h, or (l = 0, GQA) the last of head h − 1
+      if constexpr (Gqa) flush_dq(head_dq_tiles(l > 0 ? h : h - 1), (l > 0 ? q0 : (qt_begin + n_per) * BQ) - BQ);
+      else flush_dq(dq_tiles, q0 - BQ);
+    }
     // lse·log2 e and Dsum·scale of this thread's queries, read while Sᵀ and dPᵀ run (at D = 128
     // after the waits: no registers to spare).
     float2 l2[BQ / 8], d2[BQ / 8];
@@ -342,7 +374,7 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float pv = fast_exp2(s[4 * j + e] * sl2 - ((e & 1) ? l2[j].y : l2[j].x));
-        if (Masked && i < n_masked) {
+        if (Masked && l < n_masked) {
           const int key = key_lo + (e >> 1) * 8, q = q0 + 8 * j + 2 * t + (e & 1);
           if (key >= p.T || (p.causal && key > q)) pv = 0.f;
         }
@@ -410,14 +442,28 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
     }
     stage_dq();
   };
-  if constexpr (D == 64) {
-    int i = 0;
-    for (; i < n_masked; ++i) tile(std::true_type{}, i);
-    for (; i < n_tiles; ++i) tile(std::false_type{}, i);
-  } else {  // one copy of the loop: two make ptxas spill at D = 128
-    for (int i = 0; i < n_tiles; ++i) tile(std::true_type{}, i);
+  if constexpr (Gqa) {
+    for (int j = 0; j < G; ++j) {
+      const int h = hk * G + j, i0 = j * n_per;
+      if constexpr (D == 64) {
+        int l = 0;
+        for (; l < n_masked; ++l) tile(std::true_type{}, i0 + l, h, l);
+        for (; l < n_per; ++l) tile(std::false_type{}, i0 + l, h, l);
+      } else {  // one copy of the loop: two make ptxas spill at D = 128
+        for (int l = 0; l < n_per; ++l) tile(std::true_type{}, i0 + l, h, l);
+      }
+    }
+    flush_dq(head_dq_tiles(hk * G + G - 1), (qt_begin + n_per - 1) * BQ);
+  } else {
+    if constexpr (D == 64) {
+      int i = 0;
+      for (; i < n_masked; ++i) tile(std::true_type{}, i, hk, i);
+      for (; i < n_tiles; ++i) tile(std::false_type{}, i, hk, i);
+    } else {  // one copy of the loop: two make ptxas spill at D = 128
+      for (int i = 0; i < n_tiles; ++i) tile(std::true_type{}, i, hk, i);
+    }
+    flush_dq(dq_tiles, (qt_begin + n_tiles - 1) * BQ);
   }
-  flush_dq((qt_begin + n_tiles - 1) * BQ);
   if (tid == 0) bulk_wait<0>();  // the last dQ tile added before the shared memory goes
   if constexpr (Pipe) {  // the last tile's dK
     wgmma_wait<0>();
@@ -438,7 +484,7 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
         *reinterpret_cast<uint32_t*>(sVc + wg_off<64>(16 * warp + g + 8 * rr, 8 * j + 2 * t)) =
             Elem<T>::pack(acc[4 * j + 2 * rr], acc[4 * j + 2 * rr + 1]);
     bar_sync(kBarWg + c, 128);
-    T* dst = slice_mut<T>(out, b, h);
+    T* dst = slice_mut<T>(out, b, hk);
 #pragma unroll
     for (int it = 0; it < 64 * kChunks / 128; ++it) {
       const int idx = tid + it * 128;
@@ -453,25 +499,33 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
-template <typename T, int D, bool Pipe>
+template <typename T, int D, bool Pipe, bool Gqa>
 void launch_bwd_wgmma_variant(const FlashBwdParams& p, cudaStream_t stream) {
   constexpr int smem = wb_smem_bytes<D, Pipe>();
   static std::atomic<uint64_t> configured{0};  // one bit per device
-  ensure_smem_limit(flash_bwd_wgmma_kernel<T, D, Pipe>, smem, configured);
+  ensure_smem_limit(flash_bwd_wgmma_kernel<T, D, Pipe, Gqa>, smem, configured);
   const int num_kb = (p.T + kWbBK - 1) / kWbBK;
   BLU_CHECK(num_kb <= 65535, "flash_attention_backward: sequence too long (T = ", p.T, ")");
-  const dim3 grid(unsigned(p.B) * unsigned(p.H), unsigned(num_kb));
-  flash_bwd_wgmma_kernel<T, D, Pipe><<<grid, kWbThreads, smem, stream>>>(p);
+  const dim3 grid(unsigned(p.B) * unsigned(p.H / p.group), unsigned(num_kb));  // (batch, key/value head)
+  flash_bwd_wgmma_kernel<T, D, Pipe, Gqa><<<grid, kWbThreads, smem, stream>>>(p);
   BLU_CUDA_CHECK_LAUNCH();
 }
 // The pipelined kernel at D = 64 only: at D = 128 its live registers (dK, dV of 64 each) exceed the
-// consumers' budget and ptxas serialises the wgmmas.
+// consumers' budget and ptxas serialises the wgmmas. GQA takes the default (not pipelined) kernel.
 template <typename T, int D>
 void launch_bwd_wgmma(const FlashBwdParams& p, cudaStream_t stream) {
-  if constexpr (D == 64) {
-    if (flash_attention_variant(FlashVariant::bwd_pipeline)) return launch_bwd_wgmma_variant<T, D, true>(p, stream);
+  if (p.group > 1) {
+    // A CTA reads Q, dO and adds to dQ of `group` query heads: deal out as many fewer key/value
+    // heads per head group, to keep a group's working set in the L2 (Note [head groups]).
+    FlashBwdParams pg = p;
+    if (pg.head_group > 0) pg.head_group = std::max(1, pg.head_group / pg.group);
+    return launch_bwd_wgmma_variant<T, D, false, true>(pg, stream);
   }
-  launch_bwd_wgmma_variant<T, D, false>(p, stream);
+  if constexpr (D == 64) {
+    if (flash_attention_variant(FlashVariant::bwd_pipeline))
+      return launch_bwd_wgmma_variant<T, D, true, false>(p, stream);
+  }
+  launch_bwd_wgmma_variant<T, D, false, false>(p, stream);
 }
 
 // dQ tiles (Note [dQ tiles]) cast into the strided dq: a block of 256 threads per 64-row tile reads
