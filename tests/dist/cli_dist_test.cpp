@@ -201,7 +201,11 @@ TEST_F(DistCli, BenchDataParallelOnCpuRanks) {
   }
   for (const std::string mode : {"1", "2", "2 --no-row-exchange"}) EXPECT_NEAR(last[mode], last["0"], 1e-5 * last["0"]) << mode;
   EXPECT_GT(std::abs(last["0 --skip-comm"] - last["0"]), 1e-4 * last["0"]);
-  EXPECT_LE(peak["1"], peak["0"]);
+  // ZeRO-1 halves AdamW's moments (-6.3 MiB here) but gathers the updated shards through a send
+  // chunk and a receive buffer (1.5 x the 12.7 MiB of parameters) while the gradients are alive:
+  // at this size its peak may exceed DDP's, never by more than those buffers. (At GPT-2 124M the
+  // moments win: docs/distributed.md.)
+  EXPECT_LE(peak["1"], peak["0"] + 19);
   EXPECT_LT(peak["2"], peak["1"]);
   EXPECT_LT(peak["2"], peak["2 --no-row-exchange"]);
 }

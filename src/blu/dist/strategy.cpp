@@ -10,6 +10,7 @@
 #include "blu/nn/layers.h"
 #include "blu/ops/elementwise.h"
 #include "blu/ops/factory.h"
+#include "blu/ops/join.h"
 #include "blu/ops/view.h"
 
 namespace blu::dist {
@@ -138,36 +139,38 @@ StepValues Strategy::step(int64_t n, const std::function<Tensor(int64_t)>& loss_
                               : scaler_->unscale_and_check(params_, agree);
     if (!finite) {  // no update this step; the scale has backed off
       v.overflow = true;
-      v.grad_norm = std::numeric_limits<double>::infinity();
       mark(3);
       return v;
     }
   }
   const double clip = max_norm > 0 ? max_norm : std::numeric_limits<double>::infinity();
-  v.grad_norm = zero_ ? zero_->clip_grad_norm(clip) : optim::clip_grad_norm(params_, clip);
+  v.gate = zero_ ? zero_->norm_gate(clip) : optim::grad_norm_gate(params_, clip);
   opt_->set_lr(lr);
-  if (std::isfinite(v.grad_norm)) opt_->step();  // clip_grad_norm leaves non-finite gradients alone
+  opt_->step(v.gate);
   mark(3);
   return v;
 }
 
 StepReadout Strategy::read(const StepValues& v, bool stop_requested) {
-  StepReadout r;
-  r.grad_norm = v.grad_norm;
-  double loss = host_value(v.loss_sum) / double(v.micro_batches);
-  if (!pg_) {
-    r.loss = loss;
-    r.stop = stop_requested;
-    return r;
+  NoGradGuard no_grad;
+  const Device dev = v.loss_sum.device();
+  // [loss_sum, stop] (summed over ranks first), then the gradient norm's square: one read.
+  std::vector<Tensor> parts{reshape(v.loss_sum, {1})};
+  if (pg_) {
+    Tensor flag = from_vector({stop_requested ? 1.0 : 0.0}, {1}, DType::f64);
+    if (!dev.is_cpu()) flag = to_device(flag, dev);
+    Tensor t = cat({parts[0], flag}, 0);
+    pg_->all_reduce(t, ReduceOp::sum)->wait();
+    parts = {t};
   }
-  // One collective: the loss averaged, the stop flags summed.
-  const Device dev = pg_->backend() == "nccl" ? params_[0].device() : kCPU;
-  Tensor t = from_vector({loss, stop_requested ? 1.0 : 0.0}, {2}, DType::f64);
-  if (!dev.is_cpu()) t = to_device(t, dev);
-  pg_->all_reduce(t, ReduceOp::sum)->wait();
-  const std::vector<double> got = to_vector(t);
-  r.loss = got[0] / double(pg_->size());
-  r.stop = got[1] > 0;
+  const bool has_norm = !v.overflow && v.gate.sum_squares.defined();
+  if (has_norm) parts.push_back(reshape(to_dtype(v.gate.sum_squares, DType::f64), {1}));
+  const std::vector<double> got = to_vector(parts.size() == 1 ? parts[0] : cat(parts, 0));
+  StepReadout r;
+  const int world = pg_ ? pg_->size() : 1;
+  r.loss = world == 1 ? got[0] / double(v.micro_batches) : got[0] / double(v.micro_batches * world);
+  r.stop = pg_ ? got[1] > 0 : stop_requested;
+  r.grad_norm = v.overflow ? std::numeric_limits<double>::infinity() : has_norm ? std::sqrt(got.back()) : 0.0;
   return r;
 }
 

@@ -31,6 +31,7 @@
 #include "blu/io/checkpoint.h"
 #include "blu/nn/module.h"
 #include "blu/optim/loss_scaler.h"
+#include "blu/ops/optim.h"
 #include "blu/optim/optimizer.h"
 
 namespace blu::dist {
@@ -58,14 +59,14 @@ struct StrategyConfig {
 struct StepValues {
   Tensor loss_sum;   // 0-d f64: the sum of the micro-batches' losses on this rank
   int64_t micro_batches = 0;
-  double grad_norm = 0;  // the global gradient norm before clipping
+  NormGate gate;     // the global gradient norm's square, which clipped (or skipped) the update
   double lr = 0;
   bool overflow = false;  // fp16: inf/NaN gradients, the update skipped and the scale backed off
 };
 
 struct StepReadout {
   double loss = 0;       // mean over micro-batches and ranks
-  double grad_norm = 0;  // +inf when the fp16 step overflowed
+  double grad_norm = 0;  // before clipping; not finite: the update was skipped (+inf: fp16 overflow)
   bool stop = false;     // some rank asked to stop
 };
 
@@ -86,13 +87,16 @@ class Strategy {
 
   // One optimizer step (see the header comment). `loss_of(i)` runs micro-batch i's forward and
   // returns its loss (0-d); it must hold no handle on the logits. max_norm <= 0: no clipping (the
-  // norm is still measured). A non-finite norm skips the update (a warning is the caller's).
+  // norm is still measured). Clipping and the skip of an update whose gradient norm is not finite
+  // are decided on the device (Note [Norm gate], ops/optim.h): nothing here reads a device value on
+  // the host, except fp16's overflow check (LossScaler, one flag per step).
   // `phase`, when given, is called after the last backward was issued (1), once the gradients are
   // complete — reduced, for data parallelism (2) — and after the update (3): `bench` records
   // events there.
   StepValues step(int64_t micro_batches, const std::function<Tensor(int64_t)>& loss_of, double lr, double max_norm,
                   const std::function<void(int)>& phase = {});
-  // The host numbers of a step (collective when there are several ranks).
+  // The host numbers of a step: one host read (and, with several ranks, one all-reduce of the loss
+  // and the stop flags before it).
   StepReadout read(const StepValues& v, bool stop_requested);
   // Mean of a host value over ranks (v itself on a single device), e.g. a validation loss.
   double mean_over_ranks(double v);

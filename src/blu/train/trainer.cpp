@@ -445,10 +445,10 @@ TrainSummary Trainer::run() {
     if (v.overflow && cb_.log && rank_ == 0)
       *cb_.log << "fp16: gradient overflow at step " << step_ << "; update skipped, loss scale now "
                << strategy_->loss_scaler()->scale() << "\n";
-    if (!v.overflow && !std::isfinite(v.grad_norm) && cb_.log)
-      *cb_.log << "warning: gradient norm is " << v.grad_norm << " at step " << step_ << "; update skipped\n";
     if (!read) continue;
     const dist::StepReadout r = strategy_->read(v, local_stop);
+    if (!v.overflow && !std::isfinite(r.grad_norm) && cb_.log)  // the gate skipped the update on the device
+      *cb_.log << "warning: gradient norm is " << r.grad_norm << " at step " << step_ << "; update skipped\n";
     StepStats s;
     s.total_steps = o.steps;
     s.step = step_;
