@@ -24,6 +24,12 @@
 #           scripts/lab/sass_hotspots.py
 #   profile — blutrain bench --profile (MODE, default bf16): device time per op, summarised by
 #           scripts/bench_summary.py
+#   llama — blutrain bench --model llama:NAME beside ../shared/peers/torch_llama.py (eager and
+#           torch.compile) in the same run, for each NAME in LLAMA_MODELS (default llama-250m
+#           llama3.2-1b), bf16, B=LLAMA_B (8), T=LLAMA_T (1024)
+#   gpt2cmp — the bf16 GPT-2 124M step of this build and of the base build packed beside it
+#           (blutrain_base: gpu_pack.sh BASE=<build dir>), alternated REPS times (3), beside
+#           torch_gpt2.py: the new build must stay within the base build's run-to-run spread
 #   attnprof — the time of each kernel of BluTrain's bf16 attention forward+backward (ncu), beside
 #           PyTorch's per-kernel times (scripts/sdpa_default.py)
 set -uo pipefail
@@ -123,6 +129,23 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
           --peers .devpack/peers --data-dir "$data" --device cuda --mode "$m" -B "$B" -T "$T" --steps "$STEPS" \
           ${TRAIN_ARGS:-} 2>&1 | tee -a "$out/disttrainval.log" | grep -E "^\{|rror"
       done ;;
+    llama)
+      for m in ${LLAMA_MODELS:-llama-250m llama3.2-1b}; do
+        timeout 200 "$pack/blutrain" bench --device cuda --model "llama:$m" --precision bf16 -B "${LLAMA_B:-8}" \
+          -T "${LLAMA_T:-1024}" --steps "$STEPS" 2>&1 | tee -a "$out/llama.log" | grep -E '^\{|rror' | tail -2
+        timeout 400 python3 .devpack/peers/torch_llama.py "${LLAMA_PEER_MODES:-bf16,bf16c}" --model "$m" \
+          -B "${LLAMA_B:-8}" -T "${LLAMA_T:-1024}" --steps "$STEPS" 2>&1 | tee -a "$out/llama.log" | grep -E '^\{|rror' | tail -3
+      done ;;
+    gpt2cmp)
+      for i in $(seq "${REPS:-3}"); do
+        for b in blutrain_base blutrain; do
+          echo -n "$b " | tee -a "$out/gpt2cmp.log"
+          timeout 150 "$pack/$b" bench --device cuda --precision bf16 -B "$B" -T "$T" --steps "$STEPS" 2>&1 \
+            | tee -a "$out/gpt2cmp.log" | grep -E '^\{|rror' | tail -1
+        done
+      done
+      timeout 300 python3 .devpack/peers/torch_gpt2.py "${PEER_MODES:-bf16,bf16c}" "$B" "$T" "$STEPS" 2>&1 \
+        | tee -a "$out/gpt2cmp.log" | grep -E '^\{|rror' | tail -3 ;;
     attnprof)
       timeout 300 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
         --launch-skip "${NCU_SKIP:-0}" --launch-count "${NCU_COUNT:-400}" "$pack/test_cuda" \

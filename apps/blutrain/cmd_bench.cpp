@@ -1,5 +1,6 @@
-// `blutrain bench`: times training steps of any registered model (--model gpt2:d12, llama:llama-250m, …) on random tokens the way ../shared/peers/torch_gpt2.py
-// does (forward, backward, clip at 1.0, AdamW, zero grads; the step ends when its loss is on the
+// `blutrain bench`: times training steps of any registered model (--model gpt2:d12,
+// llama:llama-250m, ...) on random tokens the way ../shared/peers/torch_gpt2.py and torch_llama.py
+// do (forward, backward, clip at 1.0, AdamW, zero grads; the step ends when its loss is on the
 // host) and prints one JSON line: tok/s and ms of the median step after warm-up, MFU against a
 // given peak, and the allocator's peak memory.
 // Data parallel: `blutrain launch -n N -- blutrain bench --dp N ...` runs one rank per GPU
@@ -268,7 +269,7 @@ int run_bench(const BenchOptions& o) {
   // plus attention's 12·L·C·T (PaLM's estimate; causal masking is not subtracted).
   const double flops_tok = model.flops_per_token(o.seq);
   const AllocatorStats st = allocator_for(dev).stats();
-  nlohmann::json j = {{"impl", "blutrain-" BLU_VERSION}, {"mode", o.precision},  {"B", o.batch},
+  nlohmann::json j = {{"impl", "blutrain-" BLU_VERSION}, {"model", o.model}, {"mode", o.precision},  {"B", o.batch},
                       {"T", o.seq},                       {"steps", o.steps},     {"step_ms", med},
                       {"tok_s", std::round(tok_s)},       {"peak_alloc_mib", st.peak_bytes >> 20},
                       {"peak_reserved_mib", st.reserved_bytes >> 20},
@@ -318,7 +319,7 @@ int run_bench(const BenchOptions& o) {
 Command add_bench(CLI::App& root) {
   auto o = std::make_shared<BenchOptions>();
   CLI::App* app = root.add_subcommand("bench", "Time GPT training steps on random tokens (one JSON line)");
-  app->add_option("--model", o->model, "Model preset (d12 = GPT-2 124M)")->capture_default_str();
+  app->add_option("--model", o->model, "Model: FAMILY:PRESET (gpt2:d12 = GPT-2 124M, llama:llama-250m, ...) or a bare GPT-2 preset")->capture_default_str();
   app->add_option("-B,--batch-size", o->batch, "Batch size")->capture_default_str();
   app->add_option("-T,--seq-len", o->seq, "Sequence length")->capture_default_str();
   app->add_option("--steps", o->steps, "Steps (the first quarter, at least 3, are warm-up)")->capture_default_str();
