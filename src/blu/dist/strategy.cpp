@@ -34,12 +34,13 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<ProcessGroup> pg, Strategy
   const int world = pg_ ? pg_->size() : 1;
   BLU_CHECK(config_.zero >= 0 && config_.zero <= 2, "--zero must be 0, 1 or 2 (stage 3 is not implemented), got ",
             config_.zero);
-  BLU_CHECK(config_.zero == 0 || world > 1, "--zero ", config_.zero, " shards over data-parallel ranks: it needs --dp > 1");
+  BLU_CHECK(config_.zero == 0 || pg_, "--zero ", config_.zero,
+            " shards over a process group's ranks: it needs one (--dp > 1, or a group of one rank)");
   BLU_CHECK(config_.zero == 0 || oc.name == "adamw", "--zero ", config_.zero, " is implemented for adamw, got --optimizer ",
             oc.name);
   BLU_CHECK(oc.name == "adamw" || oc.name == "sgd", "--optimizer must be adamw or sgd, got '", oc.name, "'");
   BLU_CHECK(!config_.skip_comm || (world > 1 && config_.zero == 0), "--skip-comm needs --dp > 1 without --zero");
-  name_ = world == 1 ? "single" : config_.zero == 0 ? "ddp" : "zero" + std::to_string(config_.zero);
+  name_ = !pg_ ? "single" : config_.zero == 0 ? "ddp" : "zero" + std::to_string(config_.zero);
   if (config_.fp16_loss_scaling) scaler_ = std::make_unique<optim::LossScaler>();
 
   const std::vector<nn::Embedding*> rows = config_.row_exchange ? row_sparse_embeddings(model_) : std::vector<nn::Embedding*>{};
