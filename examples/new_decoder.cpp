@@ -121,12 +121,13 @@ class ParallelDecoder : public models::CausalLM {
   nlohmann::json config() const override { return cfg_.to_json(); }
   int64_t vocab_size() const override { return cfg_.vocab_size; }
   int64_t max_seq_len() const override { return cfg_.block_size; }
-  models::LMOutput forward(const Tensor& idx, const Tensor& targets) override {
+  models::LMOutput forward(const Tensor& idx, const Tensor& targets = Tensor()) override {
     models::LMOutput out;
     out.logits = lm_head->forward(hidden(idx, 0, nullptr));  // [B, T, V]
     if (targets.defined()) {  // targets are given already shifted; -1 marks positions to ignore
       const int64_t N = idx.size(0) * idx.size(1);
-      out.loss = cross_entropy(reshape(out.logits, {N, cfg_.vocab_size}), reshape(targets, {N}), -1);
+      out.loss = cross_entropy(reshape(out.logits, {N, cfg_.vocab_size}), reshape(targets, {N}),
+                               /*ignore_index=*/-1);
     }
     return out;
   }
