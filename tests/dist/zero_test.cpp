@@ -133,9 +133,9 @@ TEST(Zero2, NormGateMatchesClipThenStep) {
   EXPECT_FALSE(w.grad().defined());
 }
 
-// Several ranks, both stages (zero_gate_harness.h): the gated path equals the old one step after
-// step, clipping active and not, and a NaN on one rank leaves every rank's parameters and moments
-// as they were; no host read on the gated path.
+// Several ranks, both stages (zero_gate_harness.h): the gated path equals clip_grad_norm + step()
+// step after step, clipping active and not, and a NaN on one rank leaves every rank's parameters
+// and moments as they were; no host read on the gated path.
 TEST(ZeroGate, MatchesClipThenStepOnSeveralRanks) {
   for (const auto& [stage, ranks] : std::vector<std::pair<int, int>>{{1, 2}, {2, 2}, {2, 3}}) {
     const LaunchResult r = run_workers("zero_gate", ranks, {{"BLU_DIST_STAGE", std::to_string(stage)}});

@@ -8,8 +8,8 @@
 // no guide for accumulators: one is made the first time a leaf enters a graph and reused while
 // any graph holds it, so when the previous step's graph is still alive (a loss kept for logging)
 // every accumulator is older than every node of this step, and "latest first" would run them all
-// after the whole backward, every all-reduce after the last kernel (measured on 2 H200s: all 18
-// buckets done after backward ended). Sinks touch only their own leaf, so running them first
+// after the whole backward, every all-reduce after the last kernel (on 2 H200s that order has all
+// 18 buckets finish after backward ends). Sinks touch only their own leaf, so running them first
 // changes no value; among sinks, and among op nodes, the later-created runs first. Each incoming
 // gradient is checked against the metadata the node recorded for that output. A leaf with a grad
 // slot (Tensor::set_grad_slot) and no grad yet has its slot offered to the node that makes its

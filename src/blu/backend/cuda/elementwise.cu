@@ -119,8 +119,8 @@ constexpr double kInvSqrtPi = 0.56418958354775628695;
 
 // tanh(u) = sign(u)·(1 − 2/(1 + e^{2|u|})) with the SFU's exp and a fast divide: an absolute error
 // of a few 1e-7, which GELU sees only through 1 + tanh (so a few float ulps of the result) — far
-// below the 2^-9 rounding of a bf16/f16 output, for which it replaces the libm tanh (GELU was
-// compute-bound on the libm call: 2.1 of the H200's 4.8 TB/s).
+// below the 2^-9 rounding of a bf16/f16 output, for which it replaces the libm tanh (with the
+// libm call GELU is compute-bound: 2.1 of the H200's 4.8 TB/s).
 __device__ __forceinline__ float fast_tanh(float u) {
   const float t = 1.f - __fdividef(2.f, __expf(2.f * fabsf(u)) + 1.f);
   return copysignf(t, u);

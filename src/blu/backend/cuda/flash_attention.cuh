@@ -178,9 +178,9 @@ void launch_tiles(const Params& p, int tile, int threads, int smem, const char* 
 // With grouped-query attention, dK and dV of key/value head hk sum over the group's query heads
 // hk·G .. hk·G + G − 1 (G = group). Every backward family computes them by one CTA (SIMT: one
 // warp) per key tile of hk that walks the query tiles of those G heads in turn — head by head, each
-// head's tiles in the order of before — accumulating in the registers that already hold dK and
-// dV; dQ and the rowwise Dsum stay per query head, as without GQA. Why this rather than per-query-
-// head dK, dV in scratch followed by a group sum:
+// head's tiles in the order of the single-head walk — accumulating in the registers that already
+// hold dK and dV; dQ and the rowwise Dsum stay per query head, as without GQA. Why this rather than
+// per-query-head dK, dV in scratch followed by a group sum:
 //   - the sums stay in registers and in a fixed order: dK, dV are bitwise reproducible wherever
 //     they were (every family), with no atomics and no second pass;
 //   - no scratch (per-head fp32 dK, dV would be 2·B·H·T·D floats: 128 MiB at B8 H32 T1024 D64)
@@ -192,10 +192,10 @@ void launch_tiles(const Params& p, int tile, int threads, int smem, const char* 
 // The walk: CTA-local tile it of G·n_per (n_per query tiles per head, from the first the key tile
 // sees) is tile it % n_per of query head hk·G + it / n_per. The tensor-core backwards (wgmma,
 // mma.sync, TF32) take it as a template flag (Gqa): without GQA (G = 1) they are instantiated with
-// Gqa = false, the code of before (the one head's pointers hoisted, the plain query-tile loop) —
-// no scratch, no sum, no division on that path. (sm_90a cubins compared with those of the tree
-// before GQA: the mma.sync, TF32 and D = 64 wgmma backwards byte-identical; the D = 128 wgmma
-// backward from identical PTX, 33 of 2016 instructions with swapped compare operands.)
+// Gqa = false: the single-head code (the one head's pointers hoisted, the plain query-tile loop) —
+// no scratch, no sum, no division on that path. (Its sm_90a cubins compared with those of a build
+// without GQA support: the mma.sync, TF32 and D = 64 wgmma backwards byte-identical; the D = 128
+// wgmma backward from identical PTX, 33 of 2016 instructions with swapped compare operands.)
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -218,14 +218,14 @@ __device__ __forceinline__ T* slice_mut(const AttnOperand& a, int b, int h) {
 // running at once share a rank and each touches a different head, so a wave streams the K, V (the
 // forward) or Q, dO and the fp32 dQ accumulator (the backward) of ~130 heads: ~50 MB at GPT-2's
 // shape, the size of the L2, and every head's data comes from DRAM again for each of its tiles
-// (ncu, H200: the backward moved 643 MB where cuDNN's moves 232 MB). Instead the linear index is
-// dealt out in groups of G heads: group g takes heads gG .. gG+G-1 (fewer in the last group), all
-// ranks of those heads, rank-major within the group — so the heaviest ranks of a group still start
-// first, and a group's working set (G heads) stays in the L2 while its CTAs run. G = 0 (or ≥ B·H)
-// is the plain order. The map itself is tile_slot_of (flash_attention.h, host-tested). Used by the
-// tensor-core forwards (fwd_tile) and the wgmma backward. The default stays 0 until the
-// FlashAttentionPerf.Gpt2Bf16CausalHeadGroups sweep has been run on a GPU (no device was lent
-// after this was written); the prediction is DRAM traffic near cuDNN's and a faster backward.
+// (ncu, H200, plain order: the backward moves 643 MB where cuDNN's moves 232 MB). Instead the
+// linear index is dealt out in groups of G heads: group g takes heads gG .. gG+G-1 (fewer in the
+// last group), all ranks of those heads, rank-major within the group — so the heaviest ranks of a
+// group still start first, and a group's working set (G heads) stays in the L2 while its CTAs run.
+// G = 0 (or ≥ B·H) is the plain order. The map itself is tile_slot_of (flash_attention.h,
+// host-tested). Used by the tensor-core forwards (fwd_tile) and the wgmma backward. The default G
+// is 48 for both (kDefault{Fwd,Bwd}HeadGroup in flash_attention.h), the fastest of the
+// FlashAttentionPerf.Gpt2Bf16CausalHeadGroups sweep on an H200 (docs/performance.md).
 __device__ __forceinline__ TileSlot tile_slot(int head_group) {
   const int bh_count = int(gridDim.x);
   return tile_slot_of(int(blockIdx.x) + bh_count * int(blockIdx.y), bh_count, int(gridDim.y), head_group);

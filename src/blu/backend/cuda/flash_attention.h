@@ -96,9 +96,10 @@ bool flash_attention_wgmma_backward();
 enum class FlashVariant {
   // BLU_FLASH_BWD_PIPE (default off): the wgmma backward at D = 64 leaves a tile's dK product in
   // flight into the next tile and waits only for dV and dQ, with a three-stage Q/dO ring; off: it
-  // waits for all at the end of each tile, two stages (Note [wgmma backward pipeline]). On was
-  // ~10% faster with per-element dQ atomics to overlap (session 4); with the bulk dQ addition
-  // (Note [dQ tiles]) off is ~6 µs faster (H200, docs/performance.md session 7).
+  // waits for all at the end of each tile, two stages (Note [wgmma backward pipeline]). The
+  // pipeline hides the latency of per-element dQ atomics (~10% faster against them, H200); with
+  // the bulk dQ addition (Note [dQ tiles]) there is little to hide and off is ~6 µs faster (H200,
+  // docs/performance.md).
   bwd_pipeline,
   // BLU_FLASH_FWD_SOLO: the wgmma forward runs CTAs of one warpgroup, 64 query rows and 64-key
   // (D = 64) or 32-key (D = 128) tiles that load their own tiles, four to a multiprocessor (Note
@@ -114,8 +115,9 @@ bool flash_attention_variant(FlashVariant v);
 // wgmma backward (true) work through together (Note [head groups] in flash_attention.cuh); 0 takes
 // all of them at once (the plain grid order). Both start from BLU_FLASH_HEAD_GROUP when it is set,
 // else from the defaults measured on an H200 at GPT-2 shapes (B16 H12 T1024 D64 causal bf16,
-// docs/performance.md, session 7): in groups of 24 to 64 heads a head's CTAs share its tiles in
-// the L2 — backward 0.2925 → 0.2755 ms, forward 0.0836 → 0.0824 ms at 48.
+// the sweep in docs/performance.md): in groups of 24 to 64 heads a head's CTAs share its tiles in
+// the L2 — at 48 the backward takes 0.2755 ms and the forward 0.0824 ms, against 0.2925 and
+// 0.0836 in the plain order.
 constexpr int kDefaultFwdHeadGroup = 48, kDefaultBwdHeadGroup = 48;
 void set_flash_attention_head_group(bool backward, int heads);
 int flash_attention_head_group(bool backward);

@@ -367,7 +367,7 @@ __device__ __forceinline__ void atomic_add4(float* dst, float a, float b, float 
 }
 
 // Gqa: the CTA's query tiles are those of its key/value head's `group` query heads (Note [GQA
-// backward]); false: of the one head, the walk of before.
+// backward]); false: of the one head, its query tiles in order.
 template <int D, int kSplit, bool Gqa>
 __global__ void __launch_bounds__(kThreads, BwdCfg<D>::kMinBlocks) fa_tf32_bwd_kernel(FlashBwdParams p) {
   using Cfg = BwdCfg<D>;

@@ -328,9 +328,10 @@ __global__ void __launch_bounds__(kWgThreads, 1) flash_fwd_wgmma_kernel(FlashFwd
 // Measured on an H200 (B16 H12 T1024 D64 causal bf16, ncu): three warpgroups 116 µs; this kernel
 // with 128-key tiles (three CTAs a multiprocessor) 104 µs, with 64-key tiles 99 µs. A deeper K/V
 // ring does not pay for the CTAs it evicts: three stages of 128 keys (two CTAs) 117 µs, four (one)
-// 183 µs. Session 7 unrolled its loads (fwd 0.0945 → 0.0833 ms by events) and runs it at D = 128
-// too, with 32-key tiles (B16 H12 T1024 D128: three warpgroups 0.1621 ms; this kernel with 64-key
-// tiles, two CTAs a multiprocessor, 0.1466; with 32-key tiles, four, 0.1428; cuDNN 0.1168).
+// 183 µs. Its tile loads are unrolled (load_wg_tile's Unroll: fwd 0.0833 ms by events, 0.0945
+// rolled). It runs at D = 128 too, with 32-key tiles (B16 H12 T1024 D128: three warpgroups
+// 0.1621 ms; this kernel with 64-key tiles, two CTAs a multiprocessor, 0.1466; with 32-key tiles,
+// four, 0.1428; cuDNN 0.1168).
 // Per tile n, with K and V each in a two-stage ring and one cp.async group per tile:
 //   wait for group n-1 (Kₙ, Vₙ₋₁) · fence.proxy.async · __syncthreads (every warp is past Sₙ₋₁
 //   and Pₙ₋₂·Vₙ₋₂, the last readers of the stages refilled next) · issue group n: Kₙ₊₁ into

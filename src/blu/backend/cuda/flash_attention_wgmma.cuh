@@ -24,7 +24,7 @@ __device__ __forceinline__ int wg_off(int r, int c) {
 // chunk tid % (D/8) of rows tid / (D/8) + i·(1024/D): a step of 1024/D rows (a multiple of 8)
 // keeps the row's swizzle, so the destination moves by whole rows. A tile with every row below
 // T_len (all but a last partial one) skips the row tests. Unroll: unrolled, ~6 instructions a
-// chunk instead of ~20 (ncu, session 7); not for the backward's producer warpgroup, whose small
+// chunk instead of ~20 (ncu, H200); not for the backward's producer warpgroup, whose small
 // register budget cannot hold every chunk's address.
 template <typename T, int D, int ROWS, bool Unroll = false>
 __device__ __forceinline__ void load_wg_tile(T* tile, const T* base, int64_t row_stride, int r0, int T_len,

@@ -79,14 +79,14 @@
 // each consumer's K rows are fenced before its first DS, so they are visible to the other's first
 // dQ; nothing writes K afterwards. V is read only by its own consumer, so the epilogue stages dK
 // and dV through it (WG barriers).
-// Pipelined variant (template Pipe; D = 64 only, FlashVariant::bwd_pipeline, off by default since
-// dQ is added by bulk reductions, BLU_FLASH_BWD_PIPE=1 turns it on): NS = 3 stages. Per tile the
-// consumer issues dQ before dK, waits for dV and dQ only (wait<1>), stages dQ while dK runs, and
-// goes on to the next tile with dK in flight: the next
-// tile's Sᵀ, dPᵀ queue behind it, so the tensor cores do not drain at each tile's end. Tile i-1's
+// Pipelined variant (template Pipe; D = 64 only, FlashVariant::bwd_pipeline, off by default: with
+// dQ added by bulk reductions it is the slower one; BLU_FLASH_BWD_PIPE=1 turns it on): NS = 3
+// stages. Per tile the consumer issues dQ before dK, waits for dV and dQ only (wait<1>), stages dQ
+// while dK runs, and goes on to the next tile with dK in flight: the next tile's Sᵀ, dPᵀ queue
+// behind it, so the tensor cores do not drain at each tile's end. Tile i-1's
 // stage is released (EMPTY) in tile i after the Sᵀ wait, which also completes dK of tile i-1, its
 // last reader; the consumer arrives iff (i-1) + NS < n, the producer syncs EMPTY for tiles NS..n-1
-// (tile j's stage before loading tile j + NS): matched as before. The third stage keeps the
+// (tile j's stage before loading tile j + NS): matched as above. The third stage keeps the
 // producer's lead of one tile despite the later release. dSᵀ buffers: as above (each consumer's
 // dQ of tile i-2 completed within tile i-2). dK and dV are started by the first tile's products
 // with acc = 0 rather than zeroed before the loop: a zeroing move of an accumulator whose wgmma
@@ -95,7 +95,7 @@
 // Note [dQ tiles]
 // Every key block adds to the dQ of the query tiles it sees. Per-element float2 atomics (red.global)
 // from the registers cost 8 (D = 64) to 16 instructions a thread and tile, and their queue and their
-// source registers' release stalled the consumers (ncu, session 7). So dq_accum is laid out for
+// source registers' release stall the consumers (ncu, H200). So dq_accum is laid out for
 // one bulk reduction per consumer and tile: per (b, h) ceil(T/64) tiles of 64·D floats; in a tile,
 // consumer c's half at c·32·D, and within it float4 number j·128 + tid holds registers 4j..4j+3 of
 // thread tid — rows 16w + g and 16w + g + 8, columns c·D/2 + 8j + 2t, +1 (w = tid / 32, g = tid %
@@ -111,17 +111,19 @@
 // flash_bwd_dq_tiles_convert_kernel puts a tile back in row order and casts it; the buffer has
 // flash_dq_accum_floats floats (T rounded up to 64), of which the Dsum kernel zeroes the first
 // B·H·T·D and flash_attention_backward_wgmma the rest. (One bulk reduction per 128-byte row,
-// session 6, was ~80 µs slower than the atomics.)
+// staged through shared memory, is ~80 µs slower than the atomics on an H200: such rows are too
+// small for the bulk engine.)
 //
 // Note [wgmma backward math]
 // The consumers issue every instruction of a tile's elementwise work, so it is kept to what the math
-// needs (ncu's per-instruction counts, docs/performance.md session 7, found ~815 a tile and warp):
+// needs (ncu's per-instruction counts on an H200: ~815 a tile and warp without the measures below,
+// 440 with them and Note [dQ tiles]; docs/CHANGELOG.md, 2026-11-23):
 // - The mask is compiled only into the tiles that need it. Causal, those the diagonal crosses, which
 //   come first (i <= c); with keys past T, every tile. Queries past T need none: their Q, dO rows,
 //   lse and Dsum are zero-filled, so Pᵀ = 1 there and dSᵀ = 0, dV and dK gain Pᵀ·0 and dSᵀ·Q = 0,
 //   and their dQ rows are not stored. Keys past T must be masked: Pᵀ = 2^(−lse·log2 e) may
 //   overflow, and inf·0 would reach dQ through K's zero rows. (Left in every tile, if-converted by
-//   ptxas, the mask cost ~200 predicated instructions a tile.)
+//   ptxas, the mask costs ~200 predicated instructions a tile.)
 // - The producer scales lse by log2 e and Dsum by the softmax scale in shared memory once they have
 //   landed, so Pᵀ = 2^(Sᵀ·scale·log2 e − lse') is one FFMA before the exp and dSᵀ = Pᵀ·(dPᵀ·scale −
 //   Dsum') one FFMA and one FMUL.
@@ -170,7 +172,7 @@ struct WbBars {
 #endif
 
 // Pipe: Note [wgmma backward pipeline]. Gqa: the CTA's query tiles are those of its key/value
-// head's `group` query heads (Note [GQA backward]); false: of the one head, the walk of before.
+// head's `group` query heads (Note [GQA backward]); false: of the one head, its tiles in order.
 template <typename T, int D, bool Pipe, bool Gqa>
 __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwdParams p) {
   static_assert(!(Pipe && Gqa), "the pipelined variant runs without GQA only");
