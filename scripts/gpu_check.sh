@@ -20,7 +20,7 @@ reps="${REPS:-3}"
 for i in $(seq "$reps"); do
   timeout 150 "$pack/blutrain" bench --device cuda --model gpt2:d12 --precision bf16 -B 16 -T 1024 --steps 20 2>&1 \
     | grep '^{' >> "$out/check_bench.log"
-  timeout 200 "$pack/blutrain" bench --device cuda --model llama:llama-250m --precision bf16 -B 8 -T 1024 --steps 20 \
+  timeout 200 "$pack/blutrain" bench --device cuda --model llama:llama-250m --precision bf16 -B 8 -T 1024 --steps 20 --lr 3e-4 --beta2 0.95 \
     2>&1 | grep '^{' >> "$out/check_bench.log"
 done
 timeout 300 python3 .devpack/peers/torch_gpt2.py bf16,bf16c 16 1024 20 2>&1 | grep '^{' >> "$out/check_bench.log"

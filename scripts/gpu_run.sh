@@ -132,7 +132,7 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
     llama)
       for m in ${LLAMA_MODELS:-llama-250m llama3.2-1b}; do
         timeout 200 "$pack/blutrain" bench --device cuda --model "llama:$m" --precision bf16 -B "${LLAMA_B:-8}" \
-          -T "${LLAMA_T:-1024}" --steps "$STEPS" 2>&1 | tee -a "$out/llama.log" | grep -E '^\{|rror' | tail -2
+          -T "${LLAMA_T:-1024}" --steps "$STEPS" --lr 3e-4 --beta2 0.95 2>&1 | tee -a "$out/llama.log" | grep -E '^\{|rror' | tail -2
         timeout 400 python3 .devpack/peers/torch_llama.py "${LLAMA_PEER_MODES:-bf16,bf16c}" --model "$m" \
           -B "${LLAMA_B:-8}" -T "${LLAMA_T:-1024}" --steps "$STEPS" 2>&1 | tee -a "$out/llama.log" | grep -E '^\{|rror' | tail -3
       done ;;

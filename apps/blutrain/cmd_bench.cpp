@@ -42,6 +42,7 @@ struct BenchOptions {
   std::string model = "d12", device = "cuda", precision = "bf16";
   int64_t batch = 16, seq = 1024, steps = 24;
   double peak_tflops = 0;  // the GPU's measured bf16 (or tf32/fp32) matmul peak, for MFU
+  double lr = 6e-4, beta2 = 0.999;  // AdamW's (torch_gpt2.py's); torch_llama.py takes 3e-4 and 0.95
   bool profile = false;    // time each op of one extra step (device time by op name)
   int dp = 1, zero = 0;    // data-parallel ranks (launched processes), ZeRO stage (0 or 1)
   dist::DDPOptions ddp;    // bucket sizes, to compare settings on the same machine
@@ -163,7 +164,7 @@ int run_bench(const BenchOptions& o) {
   sc.zero_bucket_mib = o.ddp.bucket_mib;
   sc.fp16_loss_scaling = fp16;
   sc.skip_comm = o.skip_comm;
-  dist::Strategy strategy(model, pg, sc, dist::OptimizerConfig{.lr = 6e-4, .weight_decay = 0.1, .beta2 = 0.999});
+  dist::Strategy strategy(model, pg, sc, dist::OptimizerConfig{.lr = o.lr, .weight_decay = 0.1, .beta2 = o.beta2});
   dist::DistributedDataParallel* ddp = strategy.ddp();
   Generator gen(1 + uint64_t(env.rank));  // each rank its own batches
   allocator_for(dev).reset_peak();
@@ -197,7 +198,7 @@ int run_bench(const BenchOptions& o) {
       // Only the loss is kept: cross-entropy's backward writes over the logits (Note [Donated buffers]).
       return model.forward(x, y).loss;
     };
-    const dist::StepValues v = strategy.step(1, loss_of, 6e-4, 1.0, [&](int phase) {
+    const dist::StepValues v = strategy.step(1, loss_of, o.lr, 1.0, [&](int phase) {
       mark(phase);
       if (phase == 1)
         host_bwd_ms.push_back(
@@ -351,6 +352,8 @@ Command add_bench(CLI::App& root) {
                 "measure what overlapping the communication costs the compute");
   app->add_flag("--profile", o->profile, "Also time each op of one extra step (by op name)");
   app->add_option("--peak-tflops", o->peak_tflops, "The GPU's measured matmul peak for this precision (MFU)");
+  app->add_option("--lr", o->lr, "AdamW's learning rate (constant)")->capture_default_str();
+  app->add_option("--beta2", o->beta2, "AdamW's beta2")->capture_default_str();
   return {app, [o] { return run_bench(*o); }};
 }
 
