@@ -8,6 +8,7 @@ void Backend::add(std::string_view op, Kernel k) {
 }
 
 Kernel Backend::find(std::string_view op) const {
+  lookups_.fetch_add(1, std::memory_order_relaxed);
   auto it = kernels_.find(std::string(op));
   return it == kernels_.end() ? nullptr : it->second;
 }

@@ -2,8 +2,10 @@
 // spirit of ggml's backend interface: `supports(op)` before use, adding a backend means filling
 // the table). Kernels receive inputs and already-allocated outputs; they never allocate outputs.
 // Depends on core/. Keep: one registry per device type; kernels register at static init with
-// BLU_REGISTER_KERNEL and are looked up by the op's name.
+// BLU_REGISTER_KERNEL and are looked up by the op's name — by the dispatcher once per op and
+// device type (it caches the result in the OpDef, ops/dispatch.h), not once per call.
 #pragma once
+#include <atomic>
 #include <span>
 #include <string>
 #include <string_view>
@@ -31,10 +33,14 @@ class Backend {
   bool supports(std::string_view op) const { return find(op) != nullptr; }
   DeviceType type() const { return type_; }
   size_t size() const { return kernels_.size(); }
+  // How many times find() has run (a by-name lookup: one string hash): lets tests check that the
+  // dispatcher does not look kernels up per call.
+  uint64_t lookups() const { return lookups_.load(std::memory_order_relaxed); }
 
  private:
   DeviceType type_;
   std::unordered_map<std::string, Kernel> kernels_;
+  mutable std::atomic<uint64_t> lookups_{0};
 };
 
 Backend& backend(DeviceType type);

@@ -8,32 +8,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "blu/backend/cuda/runtime.h"
+#include "blu/core/cuda/runtime.h"
 
 namespace blu::cuda {
 
 namespace {
 
 constexpr int kMaxDevices = 64;
-
-// Makes `device` current for a scope (a no-op when it already is).
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    BLU_CUDA_CHECK(cudaGetDevice(&prev_));
-    if (prev_ != device) BLU_CUDA_CHECK(cudaSetDevice(device));
-    changed_ = prev_ != device;
-  }
-  ~DeviceGuard() {
-    if (changed_) cudaSetDevice(prev_);  // no throw from a destructor
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int prev_ = 0;
-  bool changed_ = false;
-};
 
 class CudaMallocSource final : public DeviceMemorySource {
  public:

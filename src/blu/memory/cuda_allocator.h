@@ -3,7 +3,7 @@
 // streams guarded by cudaEvents) and the pinned host allocator used to stage transfers
 // (cudaHostAlloc, cached the same way). The device allocator installs itself for
 // DeviceType::cuda at static init, touching no CUDA API until the first allocation.
-// Depends on memory/caching_allocator, memory/allocator, backend/cuda/runtime. CUDA builds only.
+// Depends on memory/caching_allocator, memory/allocator, core/cuda/runtime. CUDA builds only.
 // Keep: in a warm training loop no raw cudaMalloc happens (stats().raw_allocs stays flat); a
 // tensor used on a stream other than the one it was allocated on needs record_stream(); pinned
 // memory read or written by queued GPU work needs pinned_allocator().record_stream().

@@ -46,6 +46,17 @@ int add_op_observer(OpObserver obs) {
 }
 void remove_op_observer(int handle) { observers().erase(handle); }
 
+// The op's kernel for device type `type`: the one cached in the OpDef, else looked up by name in
+// the backend's table and cached (a thread racing this one stores the same pointer). A missing
+// kernel is not cached: the caller reports it.
+static Kernel kernel_for(const OpDef& op, DeviceType type) {
+  std::atomic<Kernel>& slot = op.kernel_cache[size_t(type)];
+  if (Kernel k = slot.load(std::memory_order_acquire)) return k;
+  const Kernel k = backend(type).find(op.name);
+  if (k) slot.store(k, std::memory_order_release);
+  return k;
+}
+
 std::vector<Tensor> dispatch(const OpDef& op, std::vector<Tensor> in, const Attrs& attrs) {
   // 1. Arguments.
   Device device = kCPU;
@@ -91,7 +102,7 @@ std::vector<Tensor> dispatch(const OpDef& op, std::vector<Tensor> in, const Attr
       auto storage = std::make_shared<Storage>(allocator_for(d).allocate(size_t(numel(m.shape)) * dtype_size(m.dtype)));
       out.emplace_back(std::move(storage), m.shape, contiguous_strides(m.shape), 0, m.dtype);
     }
-    Kernel k = backend(kernel_device.type).find(op.name);
+    const Kernel k = kernel_for(op, kernel_device.type);
     BLU_CHECK(k, op.name, ": no kernel for device ", kernel_device);
     k(KernelCall{op.name, in, out, attrs});
     if (op.inplace)

@@ -10,8 +10,12 @@
 // versions], core/storage.h).
 // An op is an OpDef: a name, shape rules, and its backward formula written in other ops, with
 // the inputs/outputs the backward needs declared so nothing else is saved.
+// The kernel is found by the op's name in the device type's backend table (backend/ registers
+// kernels by name and cannot include ops/) once per op and device type; the OpDef keeps it, so
+// every later call reads a pointer instead of hashing the name.
 // Depends on core/, memory/, backend/. Keep: no op computes outside this path.
 #pragma once
+#include <atomic>
 #include <functional>
 #include <span>
 #include <vector>
@@ -28,6 +32,7 @@ struct TensorMeta {
 };
 
 struct OpDef;
+struct KernelCall;  // backend/backend.h
 
 // What a backward formula sees: the attributes, the inputs and outputs the op chose to save (the
 // others are undefined), every input's metadata, and which inputs need a gradient.
@@ -112,6 +117,10 @@ struct OpDef {
   bool cross_device = false;      // inputs/outputs may sit on different devices (copies)
   uint32_t wide_grads = 0;        // bit i: the backward honours ctx.grad_dtype(i) (Note [Wide gradients])
   bool grad_in_source_dtype = false;  // a cast: output 0's gradient may arrive in input 0's dtype
+  // Not part of the definition (leave it out of the initialiser): the backend kernel per device
+  // type, filled by dispatch() on the op's first call on that type, null until then (and while
+  // the type has none). Kernels register at static init, so a kernel once found stays valid.
+  mutable std::atomic<void (*)(const KernelCall&)> kernel_cache[kNumDeviceTypes] = {};
 };
 
 std::vector<Tensor> dispatch(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs = {});

@@ -3,6 +3,7 @@
 // — each a dedicated kernel with its own backward (they are the hot ops of transformer training).
 // Depends on ops/dispatch. Keep: numerics as torch.nn.functional.
 #pragma once
+#include "blu/core/reduction.h"  // Reduction, re-exported for callers
 #include "blu/core/rng.h"
 #include "blu/core/tensor.h"
 
@@ -11,7 +12,6 @@ namespace blu {
 Tensor softmax(const Tensor& x, int64_t dim);
 Tensor log_softmax(const Tensor& x, int64_t dim);
 
-enum class Reduction { none, mean, sum };
 // logits [N, C] (or [C]), target [N] (or 0-d) of i32/i64 class ids. Entries equal to
 // ignore_index contribute nothing; `mean` divides by the number of non-ignored targets.
 // Targets outside [0, C) (other than ignore_index) are a BLU_CHECK error. num_classes K (1 ≤ K ≤ C,

@@ -9,8 +9,8 @@
 
 #include "blu/backend/backend.h"
 #include "blu/backend/cpu/loops.h"
+#include "blu/core/reduction.h"
 #include "blu/core/rng.h"
-#include "blu/ops/nn.h"
 
 namespace blu::cpu {
 

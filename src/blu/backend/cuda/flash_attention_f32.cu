@@ -28,7 +28,7 @@
 #include "blu/backend/cuda/flash_attention.cuh"
 #include "blu/backend/cuda/flash_attention_f32.h"
 #include "blu/backend/cuda/runtime.h"
-#include "blu/ops/precision.h"
+#include "blu/core/precision.h"
 
 #include <atomic>
 

@@ -8,7 +8,7 @@
 #include <unordered_map>
 
 #include "blu/backend/cuda/runtime.h"
-#include "blu/ops/precision.h"
+#include "blu/core/precision.h"
 
 namespace blu::cuda {
 

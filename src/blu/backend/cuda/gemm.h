@@ -67,7 +67,7 @@ struct GemmArgs {
 };
 
 // The compute mode for operands of `dtype` under the process-wide matmul precision
-// (ops/precision.h): f32 → IEEE or TF32; bf16/f16 → f16_f32; f64 → f64.
+// (core/precision.h): f32 → IEEE or TF32; bf16/f16 → f16_f32; f64 → f64.
 GemmCompute default_gemm_compute(DType dtype);
 
 // Enqueues the product on current_stream(). M, N or K may be 0 (K == 0: C = beta·C, plus the

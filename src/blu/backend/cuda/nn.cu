@@ -11,7 +11,7 @@
 // results are bit-identical run to run.
 #include "blu/backend/backend.h"
 #include "blu/backend/cuda/nn_common.cuh"
-#include "blu/ops/nn.h"
+#include "blu/core/reduction.h"
 
 namespace blu::cuda {
 

@@ -1,4 +1,4 @@
-#include "blu/ops/precision.h"
+#include "blu/core/precision.h"
 
 #include <atomic>
 
