@@ -171,6 +171,14 @@ TEST(SyncCount, Gpt2Bf16OnlyLoggedStepsSynchronise) {
   expect_syncs_only_on_logged_steps(m, "bf16");
 }
 
+// fp16: the loss scale, its unscaling and its overflow decision stay on the device as well.
+TEST(SyncCount, Gpt2Fp16OnlyLoggedStepsSynchronise) {
+  SKIP_WITHOUT_GPU();
+  nlohmann::json m = models::resolve_model_config("gpt2:tiny");
+  m["vocab_size"] = 512, m["padded_vocab_size"] = 512, m["n_embd"] = 128, m["block_size"] = 64;
+  expect_syncs_only_on_logged_steps(m, "fp16");
+}
+
 TEST(SyncCount, LlamaBf16OnlyLoggedStepsSynchronise) {
   SKIP_WITHOUT_GPU();
   nlohmann::json m = models::resolve_model_config("llama:tiny");  // widened to head dim 64: the flash kernels

@@ -7,7 +7,10 @@
 #include <limits>
 
 #include "blu/blu.h"
+#include "blu/core/host_reads.h"
+#include "blu/ops/optim.h"
 #include "blu/optim/loss_scaler.h"
+#include "blu/optim/optimizer.h"
 
 namespace blu::optim {
 namespace {
@@ -56,6 +59,32 @@ TEST(LossScaler, AgreeDecidesForEveryRank) {
   // Overflow here is never outvoted in practice (the ranks take the max), but the hook has the say.
   EXPECT_TRUE(s.unscale_and_check({param_with_grad({2.0})}, [](bool local) { return local; }));
   EXPECT_EQ(s.scale(), 64.0);  // growth_interval 1
+}
+
+
+// The device side takes the host side's decisions over a sequence of good and overflowing steps
+// (the overflow seen through the norm gate's total), unscales to the same bits, and reads nothing
+// on the host until asked.
+TEST(LossScaler, DeviceSideMatchesHostSide) {
+  LossScaler host(64.0, 3), dev(64.0, 3);
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<std::vector<double>> steps = {{8, -4, 0.5}, {1, 2, 3}, {inf, 1, 1}, {0.25, 3, -7},
+                                                  {1, 1, 1},    {2, 2, 2}, {1, std::nan(""), 0}, {5, 6, 7}};
+  for (const auto& g : steps) {
+    Tensor ph = param_with_grad(g), pd = param_with_grad(g);
+    const bool finite = host.unscale_and_check({ph});
+    const uint64_t reads = host_reads();
+    dev.scale_tensor(kCPU);
+    dev.unscale({pd.grad()});
+    const NormGate gate = grad_norm_gate({pd}, 1.0);
+    dev.update(gate.sum_squares);
+    EXPECT_EQ(host_reads(), reads) << "the device side read a value on the host";
+    if (finite) EXPECT_EQ(to_vector(pd.grad()), to_vector(ph.grad()));
+    EXPECT_EQ(dev.scale(), host.scale());
+    EXPECT_EQ(dev.good_steps(), host.good_steps());
+    EXPECT_EQ(dev.skipped_steps(), host.skipped_steps());
+  }
+  EXPECT_EQ(dev.skipped_steps(), 2);
 }
 
 }  // namespace

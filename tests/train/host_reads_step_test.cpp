@@ -52,6 +52,8 @@ void expect_one_read_per_logged_step(const std::string& precision, const std::st
 TEST(TrainerHostReads, OnePerLoggedStepFp32AdamW) { expect_one_read_per_logged_step("fp32", "adamw"); }
 TEST(TrainerHostReads, OnePerLoggedStepBf16AdamW) { expect_one_read_per_logged_step("bf16", "adamw"); }
 TEST(TrainerHostReads, OnePerLoggedStepSgd) { expect_one_read_per_logged_step("fp32", "sgd"); }
+// fp16: the loss scale and its overflow decision stay on the device too.
+TEST(TrainerHostReads, OnePerLoggedStepFp16AdamW) { expect_one_read_per_logged_step("fp16", "adamw"); }
 
 }  // namespace
 }  // namespace blu::train

@@ -114,9 +114,13 @@ StepValues Strategy::step(int64_t n, const std::function<Tensor(int64_t)>& loss_
       const Tensor l = to_dtype(loss.detach(), DType::f64);
       v.loss_sum = micro == 0 ? l : add(v.loss_sum, l);
     }
-    // Gradients of the mean over all micro-batches (and of the fp16 loss scale).
-    const double factor = (scaler_ ? scaler_->scale() : 1.0) / double(n);
-    (factor != 1.0 ? mul(loss, factor) : loss).backward();
+    // Gradients of the mean over all micro-batches (and of the fp16 loss scale, a device value).
+    if (scaler_) {
+      mul(loss, mul(scaler_->scale_tensor(loss.device()), 1.0 / double(n))).backward();
+    } else {
+      const double factor = 1.0 / double(n);
+      (factor != 1.0 ? mul(loss, factor) : loss).backward();
+    }
   }
   // DDP first: the averaged gradients are the same on every rank, so unscaling and the overflow
   // check agree everywhere, and nothing touches a bucket while its all-reduce may still run.
@@ -124,30 +128,27 @@ StepValues Strategy::step(int64_t n, const std::function<Tensor(int64_t)>& loss_
   if (ddp_) ddp_->finish();
   if (zero_) zero_->reduce_gradients();  // ZeRO-2: its reduce-scatters, issued during backward
   mark(2);
+  // fp16: the gradients unscaled on the device; an overflow shows as a non-finite norm, so the gated
+  // update skips it and the scaler backs off (LossScaler::update), with no host read. DDP's averaged
+  // gradients, and ZeRO-2's all-reduced shard total, give every rank the same decision.
   if (scaler_) {
-    // Without DDP (ZeRO-2: each rank holds its shard of the averaged gradient) each rank checks its
-    // own gradients: the ranks take the overflow decision together, or one would skip while the
-    // others wait.
-    std::function<bool(bool)> agree;
-    if (pg_ && !ddp_)
-      agree = [this](bool finite) {
-        const Tensor bad = full({1}, finite ? 0.0 : 1.0, DType::f32, pg_->backend() == "nccl" ? params_[0].device() : kCPU);
-        pg_->all_reduce(bad, ReduceOp::max)->wait();
-        return host_value(bad) == 0.0;
-      };
-    const bool zero2 = zero_ && zero_->stage() == 2;
-    const bool finite = zero2 ? scaler_->unscale_and_check_grads({zero_->shard_gradient()}, agree)
-                              : scaler_->unscale_and_check(params_, agree);
-    if (!finite) {  // no update this step; the scale has backed off
-      v.overflow = true;
-      mark(3);
-      return v;
+    std::vector<Tensor> grads;
+    if (zero_ && zero_->stage() == 2) {
+      grads.push_back(zero_->shard_gradient());
+    } else {
+      for (const Tensor& p : params_) grads.push_back(p.grad());
     }
+    scaler_->unscale(grads);
   }
   const double clip = max_norm > 0 ? max_norm : std::numeric_limits<double>::infinity();
   v.gate = zero_ ? zero_->norm_gate(clip) : optim::grad_norm_gate(params_, clip);
   opt_->set_lr(lr);
   opt_->step(v.gate);
+  if (scaler_) {
+    NoGradGuard no_grad;
+    scaler_->update(v.gate.sum_squares);
+    v.fp16_skipped = scaler_->skipped_tensor();
+  }
   mark(3);
   return v;
 }
@@ -164,14 +165,17 @@ StepReadout Strategy::read(const StepValues& v, bool stop_requested) {
     pg_->all_reduce(t, ReduceOp::sum)->wait();
     parts = {t};
   }
-  const bool has_norm = !v.overflow && v.gate.sum_squares.defined();
+  const bool has_skipped = v.fp16_skipped.defined();
+  if (has_skipped) parts.push_back(reshape(v.fp16_skipped, {1}));
+  const bool has_norm = v.gate.sum_squares.defined();
   if (has_norm) parts.push_back(reshape(to_dtype(v.gate.sum_squares, DType::f64), {1}));
   const std::vector<double> got = to_vector(parts.size() == 1 ? parts[0] : cat(parts, 0));
   StepReadout r;
   const int world = pg_ ? pg_->size() : 1;
   r.loss = world == 1 ? got[0] / double(v.micro_batches) : got[0] / double(v.micro_batches * world);
   r.stop = pg_ ? got[1] > 0 : stop_requested;
-  r.grad_norm = v.overflow ? std::numeric_limits<double>::infinity() : has_norm ? std::sqrt(got.back()) : 0.0;
+  r.grad_norm = has_norm ? std::sqrt(got.back()) : 0.0;
+  if (has_skipped) r.fp16_skipped = int64_t(got[got.size() - (has_norm ? 2 : 1)]);
   return r;
 }
 

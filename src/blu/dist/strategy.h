@@ -7,7 +7,8 @@
 //   step() runs one optimizer step over its micro-batches: each micro-batch's forward (the caller's
 //     function, returning the loss), backward of loss / micro_batches (times the fp16 loss scale)
 //     with the mode's communication (only the last micro-batch's backward communicates), the
-//     gradients completed, unscaled and checked (fp16), clipped to the global norm, and the update;
+//     gradients completed, unscaled (fp16), clipped to the global norm, and the update — skipped
+//     when the norm is not finite, all decided on the device;
 //   read() turns a step's device values into host numbers: the one host read of a logged step,
 //     the loss averaged over ranks and the stop flags combined in one small collective;
 //   save/load/latest_checkpoint: the mode's checkpoint (rank 0's file; ZeRO: sharded, resumable on
@@ -61,13 +62,14 @@ struct StepValues {
   int64_t micro_batches = 0;
   NormGate gate;     // the global gradient norm's square, which clipped (or skipped) the update
   double lr = 0;
-  bool overflow = false;  // fp16: inf/NaN gradients, the update skipped and the scale backed off
+  Tensor fp16_skipped;  // fp16: the loss scaler's count of skipped (overflowed) steps, 0-d f64
 };
 
 struct StepReadout {
   double loss = 0;       // mean over micro-batches and ranks
-  double grad_norm = 0;  // before clipping; not finite: the update was skipped (+inf: fp16 overflow)
+  double grad_norm = 0;  // before clipping; not finite: the update was skipped (fp16: an overflow)
   bool stop = false;     // some rank asked to stop
+  int64_t fp16_skipped = -1;  // fp16: the steps skipped so far for overflow (-1: no loss scaling)
 };
 
 class Strategy {
@@ -88,8 +90,8 @@ class Strategy {
   // One optimizer step (see the header comment). `loss_of(i)` runs micro-batch i's forward and
   // returns its loss (0-d); it must hold no handle on the logits. max_norm <= 0: no clipping (the
   // norm is still measured). Clipping and the skip of an update whose gradient norm is not finite
-  // are decided on the device (Note [Norm gate], ops/optim.h): nothing here reads a device value on
-  // the host, except fp16's overflow check (LossScaler, one flag per step).
+  // are decided on the device (Note [Norm gate], ops/optim.h), and so is fp16's loss scale
+  // (LossScaler's device side): nothing here reads a device value on the host.
   // `phase`, when given, is called after the last backward was issued (1), once the gradients are
   // complete — reduced, for data parallelism (2) — and after the update (3): `bench` records
   // events there.

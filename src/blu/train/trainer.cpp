@@ -442,20 +442,22 @@ TrainSummary Trainer::run() {
                       (o.ckpt_every > 0 && step_ % o.ckpt_every == 0) || (local_stop && !strategy_->process_group());
     const int64_t step_tokens = o.batch_size * o.seq_len * o.grad_accum * o.dp;  // all ranks
     sum.tokens += step_tokens;
-    if (v.overflow && cb_.log && rank_ == 0)
-      *cb_.log << "fp16: gradient overflow at step " << step_ << "; update skipped, loss scale now "
-               << strategy_->loss_scaler()->scale() << "\n";
     if (!read) continue;
     const dist::StepReadout r = strategy_->read(v, local_stop);
-    if (!v.overflow && !std::isfinite(r.grad_norm) && cb_.log)  // the gate skipped the update on the device
-      *cb_.log << "warning: gradient norm is " << r.grad_norm << " at step " << step_ << "; update skipped\n";
+    if (!std::isfinite(r.grad_norm) && cb_.log) {  // the gate skipped the update on the device
+      if (r.fp16_skipped >= 0)
+        *cb_.log << "fp16: gradient overflow at step " << step_ << "; update skipped (" << r.fp16_skipped
+                 << " so far), the loss scale backed off\n";
+      else
+        *cb_.log << "warning: gradient norm is " << r.grad_norm << " at step " << step_ << "; update skipped\n";
+    }
     StepStats s;
     s.total_steps = o.steps;
     s.step = step_;
     s.loss = r.loss;
     s.grad_norm = r.grad_norm;
     s.lr = v.lr;
-    if (strategy_->loss_scaler()) s.skipped = strategy_->loss_scaler()->skipped_steps();
+    if (r.fp16_skipped >= 0) s.skipped = r.fp16_skipped;
     s.ms = seconds_since(t_read) * 1e3 / double(since_read);
     s.tokens = step_tokens;  // mem_bytes is this rank's
     s.tokens_per_s = double(s.tokens) / (s.ms / 1e3);
