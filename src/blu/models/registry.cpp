@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "blu/core/error.h"
+#include "blu/io/json_file.h"
 
 namespace blu::models {
 
@@ -22,17 +23,6 @@ std::string known_families() {
   std::string s;
   for (const auto& [name, _] : families()) s += (s.empty() ? "" : ", ") + name;
   return s;
-}
-
-nlohmann::json read_json(const fs::path& path) {
-  std::ifstream in(path);
-  BLU_CHECK(in.good(), "cannot read ", path.string());
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    BLU_CHECK(false, path.string(), " is not valid JSON: ", e.what());
-  }
-  return {};
 }
 
 // The family whose hf_architectures (or model_type) a Hugging Face config names.
@@ -102,7 +92,7 @@ nlohmann::json resolve_model_config(const std::string& spec) {
   if (is_hf_spec(spec)) {
     const fs::path file = fs::is_directory(spec) ? fs::path(spec) / "config.json" : fs::path(spec);
     BLU_CHECK(fs::is_regular_file(file), spec, ": expected a config.json in the model folder, found none");
-    const nlohmann::json hf = read_json(file);
+    const nlohmann::json hf = io::read_json_file(file);
     return hf_family(hf, file.string()).from_hf_config(hf, file.string());
   }
   const size_t colon = spec.find(':');

@@ -17,6 +17,7 @@
 #include "blu/dist/env.h"
 #include "blu/dist/zero.h"
 #include "blu/io/checkpoint.h"
+#include "blu/io/json_file.h"
 #include "blu/ops/precision.h"
 #include "blu/memory/allocator.h"
 #include "blu/ops/elementwise.h"
@@ -82,28 +83,6 @@ std::vector<fs::path> shard_files(const std::string& pattern, const char* what) 
   BLU_CHECK(!files.empty(), "no ", what, " shards: expected token shards matching --", what, "-pattern '", pattern,
             "', found none (run `blutrain prepare` first, or check --data-dir)");
   return files;
-}
-
-void write_json_file(const fs::path& path, const nlohmann::json& j) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << j.dump(2) << '\n';
-    out.flush();
-    BLU_CHECK(out.good(), "cannot write ", tmp.string());
-  }
-  fs::rename(tmp, path);
-}
-
-nlohmann::json read_json_file(const fs::path& path) {
-  std::ifstream in(path);
-  BLU_CHECK(in.good(), "cannot read ", path.string());
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    BLU_CHECK(false, path.string(), " is not valid JSON: ", e.what());
-  }
-  return {};
 }
 
 }  // namespace
@@ -230,7 +209,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
       if (resume_from.empty() && holds_run(o.out)) {
         const fs::path run_json = fs::path(o.out) / "run.json";
         nlohmann::json saved;
-        if (fs::exists(run_json)) saved = read_json_file(run_json).value("model_config", nlohmann::json());
+        if (fs::exists(run_json)) saved = io::read_json_file(run_json).value("model_config", nlohmann::json());
         BLU_CHECK(saved == o.model, "--auto-resume: the run directory ", o.out,
                   " holds a run without a checkpoint whose run.json ",
                   saved.is_null() ? std::string("is missing or names no model") : "names another model (" + saved.dump() + ")",
@@ -306,7 +285,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     if (cb_.log) *cb_.log << "restarting the run in " << o.out << " from step 0 (it has no checkpoint yet)\n";
   }
   if (rank_ != 0) return;
-  write_json_file(fs::path(o.out) / "run.json", {{"blutrain_version", BLU_VERSION},
+  io::write_json_file(fs::path(o.out) / "run.json", {{"blutrain_version", BLU_VERSION},
                                                   {"model_config", o.model},
                                                   {"options", o.to_json()}});
   metrics_ = MetricsLog(metrics_path);

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "blu/core/grad_mode.h"
+#include "blu/io/json_file.h"
 #include "blu/io/safetensors.h"
 #include "blu/ops/factory.h"
 #include "blu/ops/join.h"
@@ -177,13 +178,7 @@ void export_hf_gpt2_folder(const GPT& model, const std::string& dir) {
                              {"n_ctx", c.block_size},
                              {"vocab_size", c.vocab_size},
                              {"tie_word_embeddings", true}};
-  const fs::path tmp = fs::path(dir) / "config.json.tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << hf.dump(2) << "\n";
-    BLU_CHECK(out.good(), "cannot write ", tmp.string());
-  }
-  fs::rename(tmp, fs::path(dir) / "config.json");
+  io::write_json_file(fs::path(dir) / "config.json", hf);
 }
 
 }  // namespace blu::models

@@ -13,6 +13,7 @@
 #include <set>
 
 #include "blu/core/grad_mode.h"
+#include "blu/io/json_file.h"
 #include "blu/io/safetensors.h"
 #include "blu/ops/factory.h"
 #include "blu/ops/view.h"
@@ -168,17 +169,6 @@ namespace {
 constexpr const char* kSingleFile = "model.safetensors";
 constexpr const char* kIndexFile = "model.safetensors.index.json";
 
-nlohmann::json read_json(const fs::path& path) {
-  std::ifstream in(path);
-  BLU_CHECK(in.good(), path.string(), ": cannot open");
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    BLU_CHECK(false, path.string(), ": not valid JSON: ", e.what());
-  }
-  return {};
-}
-
 // The tensors of one checkpoint, each found in exactly one file.
 struct Checkpoint {
   std::vector<std::unique_ptr<SafeTensorsFile>> files;
@@ -197,7 +187,7 @@ Checkpoint open_single(const std::string& path) {
 Checkpoint open_sharded(const fs::path& index_path) {
   Checkpoint c;
   c.where = index_path.string();
-  const nlohmann::json index = read_json(index_path);
+  const nlohmann::json index = io::read_json_file(index_path);
   BLU_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(), c.where,
             ": weight_map: expected an object of tensor name → file, got ",
             index.is_object() && index.contains("weight_map") ? index["weight_map"].dump() : std::string("nothing"));
@@ -310,38 +300,6 @@ void import_hf_llama(Llama& model, const std::string& path) {
 
 namespace {
 
-// Writes `text` to path atomically: a temporary file in the same folder, fsync, rename, fsync of
-// the folder.
-void write_file_atomic(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  BLU_CHECK(fd >= 0, "cannot create ", tmp.string(), ": ", std::strerror(errno));
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      BLU_CHECK(false, "cannot write ", tmp.string(), ": ", std::strerror(err));
-    }
-    done += size_t(n);
-  }
-  const bool synced = ::fsync(fd) == 0;
-  ::close(fd);
-  if (!synced || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    BLU_CHECK(false, "cannot write ", path.string(), ": ", std::strerror(err));
-  }
-  const int dfd = ::open(path.parent_path().empty() ? "." : path.parent_path().c_str(), O_RDONLY | O_DIRECTORY);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-}
-
 bool is_model_file(const std::string& name) {
   if (name == kSingleFile || name == kIndexFile) return true;
   return name.starts_with("model-") && name.ends_with(".safetensors") && name.find("-of-") != std::string::npos;
@@ -415,7 +373,7 @@ void export_hf_llama(const Llama& model, const std::string& dir, const LlamaExpo
       written.insert(file);
     }
     const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-    write_file_atomic(root / kIndexFile, index.dump(2) + "\n");
+    io::write_file_atomic(root / kIndexFile, index.dump(2) + "\n");
     written.insert(kIndexFile);
   }
   // Model files of an earlier export that this one did not write would contradict it.
@@ -425,7 +383,7 @@ void export_hf_llama(const Llama& model, const std::string& dir, const LlamaExpo
       if (entry.is_regular_file() && is_model_file(name) && !written.count(name)) fs::remove(entry.path());
     }
   }
-  write_file_atomic(root / "config.json", llama_config_to_hf(model.llama_config(), torch_dtype).dump(2) + "\n");
+  io::write_file_atomic(root / "config.json", llama_config_to_hf(model.llama_config(), torch_dtype).dump(2) + "\n");
 }
 
 }  // namespace blu::models

@@ -1,0 +1,19 @@
+// io/json_file: JSON files the framework reads and writes beside its tensors — run.json,
+// config.json, a sharded checkpoint's index — and the atomic write they share.
+// Depends on nlohmann-json, core/error. Keep: a failed write leaves the previous file as it was
+// (temporary file in the same folder, fsync, rename, fsync of the folder); errors name the file.
+#pragma once
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace blu::io {
+
+// The JSON value in `path`; BLU_CHECK "<path>: cannot open" / "<path>: not valid JSON: …".
+nlohmann::json read_json_file(const std::filesystem::path& path);
+// Writes `text` to `path` atomically (see the header comment).
+void write_file_atomic(const std::filesystem::path& path, const std::string& text);
+// j.dump(2) and a newline, atomically.
+void write_json_file(const std::filesystem::path& path, const nlohmann::json& j);
+
+}  // namespace blu::io
