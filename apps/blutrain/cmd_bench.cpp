@@ -319,7 +319,7 @@ int run_bench(const BenchOptions& o) {
 
 Command add_bench(CLI::App& root) {
   auto o = std::make_shared<BenchOptions>();
-  CLI::App* app = root.add_subcommand("bench", "Time GPT training steps on random tokens (one JSON line)");
+  CLI::App* app = root.add_subcommand("bench", "Time training steps of a model on random tokens (one JSON line)");
   app->add_option("--model", o->model, "Model: FAMILY:PRESET (gpt2:d12 = GPT-2 124M, llama:llama-250m, ...) or a bare GPT-2 preset")->capture_default_str();
   app->add_option("-B,--batch-size", o->batch, "Batch size")->capture_default_str();
   app->add_option("-T,--seq-len", o->seq, "Sequence length")->capture_default_str();

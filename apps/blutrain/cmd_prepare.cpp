@@ -1,4 +1,4 @@
-// `blutrain prepare`: text files and folders → GPT-2 token shards (data/prepare.h does the work).
+// `blutrain prepare`: text files and folders → token shards (GPT-2's tokenizer or a tokenizer.json) (data/prepare.h does the work).
 #include <iostream>
 #include <memory>
 #include <string>
