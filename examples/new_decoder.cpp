@@ -121,18 +121,23 @@ class ParallelDecoder : public models::CausalLM {
   nlohmann::json config() const override { return cfg_.to_json(); }
   int64_t vocab_size() const override { return cfg_.vocab_size; }
   int64_t max_seq_len() const override { return cfg_.block_size; }
-  models::LMOutput forward(const Tensor& idx, const Tensor& targets = Tensor()) override {
+  // The forward in three parts; CausalLM composes them into forward() and forward_cached().
+  Tensor embed(const Tensor& idx, int64_t pos0) override {  // → the residual stream, in the compute dtype
+    const int64_t T = idx.size(1);
+    BLU_CHECK(idx.dim() == 2 && pos0 + T <= cfg_.block_size, "ParallelDecoder: expected idx [B, T] with positions ",
+              "below block_size ", cfg_.block_size, ", got ", idx.shape(), " at position ", pos0);
+    const Tensor pos = arange(double(pos0), double(pos0 + T), 1, DType::i64, idx.device());
+    return to_dtype(wte->forward(idx) + wpe->forward(pos), compute_dtype());  // so --precision bf16 works
+  }
+  models::LMOutput head(const Tensor& x, const Tensor& targets) override {
     models::LMOutput out;
-    out.logits = lm_head->forward(hidden(idx, 0, nullptr));  // [B, T, V]
+    out.logits = lm_head->forward(ln_f->forward(x));  // [B, T, V]
     if (targets.defined()) {  // targets are given already shifted; -1 marks positions to ignore
-      const int64_t N = idx.size(0) * idx.size(1);
+      const int64_t N = x.size(0) * x.size(1);
       out.loss = cross_entropy(reshape(out.logits, {N, cfg_.vocab_size}), reshape(targets, {N}),
                                /*ignore_index=*/-1);
     }
     return out;
-  }
-  Tensor forward_cached(const Tensor& idx, models::KVCache& cache) override {
-    return lm_head->forward(hidden(idx, cache.length(), &cache));
   }
   std::vector<models::BlockRef> blocks() const override {  // where pipeline stages and recompute cut
     std::vector<models::BlockRef> out;
@@ -151,20 +156,12 @@ class ParallelDecoder : public models::CausalLM {
   std::shared_ptr<nn::RMSNorm> ln_f;
   std::shared_ptr<nn::Linear> lm_head;
 
- private:
-  // Final hidden states [B, T, C] for positions pos0 .. pos0 + T - 1, in the compute dtype (so
-  // --precision bf16 works: the trainer sets it through set_compute_dtype).
-  Tensor hidden(const Tensor& idx, int64_t pos0, models::KVCache* cache) {
-    const int64_t T = idx.size(1);
-    BLU_CHECK(idx.dim() == 2 && pos0 + T <= cfg_.block_size, "ParallelDecoder: expected idx [B, T] with positions ",
-              "below block_size ", cfg_.block_size, ", got ", idx.shape(), " at position ", pos0);
-    const Tensor pos = arange(double(pos0), double(pos0 + T), 1, DType::i64, idx.device());
-    Tensor x = to_dtype(wte->forward(idx) + wpe->forward(pos), compute_dtype());
-    if (cache && cache->k.empty()) cache->k.resize(size_t(cfg_.n_layer)), cache->v.resize(size_t(cfg_.n_layer));
-    for (int64_t l = 0; l < cfg_.n_layer; ++l)
-      x = cache ? (*h)[l].forward(x, &cache->k[size_t(l)], &cache->v[size_t(l)]) : (*h)[l].forward(x);
-    return ln_f->forward(x);
+ protected:
+  Tensor run_block(size_t i, const Tensor& x, int64_t /*pos0*/, Tensor* cache_k, Tensor* cache_v) override {
+    return (*h)[int64_t(i)].forward(x, cache_k, cache_v);
   }
+
+ private:
   ExampleConfig cfg_;
 };
 

@@ -68,6 +68,60 @@ TEST(CausalLM, GptReportsBlocksHeadAndFlops) {
   EXPECT_DOUBLE_EQ(m->flops_per_token(16), 6 * n + 12.0 * 2 * 48 * 16);
 }
 
+// forward is embed → block 0 … n-1 → head and nothing else, for both families, and the block
+// hooks see every block call (training forward and cached forward) in order, can replace a block's
+// input or output, and stop when removed.
+TEST(CausalLM, ForwardIsEmbedBlocksHead) {
+  for (const std::string spec : {"gpt2:tiny", "llama:tiny"}) {
+    auto m = build_model(resolve_model_config(spec), 3);
+    m->eval();  // GPT-2's dropout draws from the model's generator: keep both passes alike
+    Generator gen(5);
+    const int64_t V = m->vocab_size();
+    const Tensor idx = randint(0, V, {2, 7}, DType::i64, kCPU, &gen);
+    const Tensor tgt = randint(0, V, {2, 7}, DType::i64, kCPU, &gen);
+    const LMOutput whole = m->forward(idx, tgt);
+    Tensor x = m->embed(idx);
+    EXPECT_EQ(x.shape(), Shape({2, 7, m->config().contains("n_embd") ? m->config()["n_embd"].get<int64_t>()
+                                                                    : m->config()["hidden_size"].get<int64_t>()}));
+    ASSERT_EQ(m->num_blocks(), m->blocks().size());
+    for (size_t i = 0; i < m->num_blocks(); ++i) x = m->block(i, x);
+    const LMOutput parts = m->head(x, tgt);
+    EXPECT_EQ(to_vector(parts.logits), to_vector(whole.logits)) << spec;
+    EXPECT_EQ(parts.loss.item(), whole.loss.item()) << spec;
+
+    std::vector<std::string> calls;
+    const int h = m->add_block_hooks(
+        [&](size_t i, const Tensor& in) { calls.push_back("before " + std::to_string(i)); return in; },
+        [&](size_t i, const Tensor& out) { calls.push_back("after " + std::to_string(i)); return out; });
+    EXPECT_EQ(m->forward(idx, tgt).loss.item(), whole.loss.item()) << spec;
+    const std::vector<std::string> want = {"before 0", "after 0", "before 1", "after 1"};
+    EXPECT_EQ(calls, want) << spec;
+    calls.clear();
+    KVCache cache;
+    m->forward_cached(narrow(idx, 1, 0, 3), cache);
+    EXPECT_EQ(calls, want) << spec << ": the cached forward runs the hooks too";
+    m->remove_block_hooks(h);
+    calls.clear();
+    m->forward(idx);
+    EXPECT_TRUE(calls.empty()) << spec;
+    expect_error([&] { m->remove_block_hooks(h); }, {"no block hooks with handle"});
+
+    // A hook's replacement is what the next part sees: doubling block 0's output.
+    const int d = m->add_block_hooks(nullptr, [](size_t i, const Tensor& out) { return i == 0 ? out * 2.0 : out; });
+    Tensor y = m->embed(idx);
+    y = m->block(0, y);  // hooked: already doubled
+    for (size_t i = 1; i < m->num_blocks(); ++i) y = m->block(i, y);
+    const double hooked = m->forward(idx, tgt).loss.item();
+    m->remove_block_hooks(d);
+    Tensor z = m->embed(idx);
+    z = m->block(0, z) * 2.0;
+    for (size_t i = 1; i < m->num_blocks(); ++i) z = m->block(i, z);
+    EXPECT_EQ(hooked, m->head(z, tgt).loss.item()) << spec;
+    EXPECT_NE(hooked, whole.loss.item()) << spec;
+    expect_error([&] { m->embed(idx, m->max_seq_len() - 3); }, {"do not fit"});
+  }
+}
+
 TEST(Module, FindAndReplaceByDottedPath) {
   GPT m(test::tiny_gpt());
   EXPECT_EQ(m.find_module(""), &m);

@@ -16,6 +16,50 @@ void CausalLM::set_compute_dtype(DType dtype) {
 
 DType CausalLM::compute_dtype() const { return compute_dtype_.value_or(token_embedding().weight.dtype()); }
 
+LMOutput CausalLM::forward(const Tensor& idx, const Tensor& targets) {
+  Tensor x = embed(idx, 0);
+  const size_t n = num_blocks();
+  for (size_t i = 0; i < n; ++i) x = block(i, x);
+  return head(x, targets);
+}
+
+Tensor CausalLM::forward_cached(const Tensor& idx, KVCache& cache) {
+  const int64_t pos0 = cache.length();
+  Tensor x = embed(idx, pos0);
+  const size_t n = num_blocks();
+  if (cache.k.empty()) cache.k.resize(n), cache.v.resize(n);
+  BLU_CHECK(cache.k.size() == n && cache.v.size() == n, family(), ": the cache holds ", cache.k.size(),
+            " layers, the model has ", n);
+  for (size_t i = 0; i < n; ++i) x = block(i, x, pos0, &cache);
+  return head(x).logits;
+}
+
+Tensor CausalLM::block(size_t i, const Tensor& x, int64_t pos0, KVCache* cache) {
+  BLU_CHECK(!cache || (i < cache->k.size() && i < cache->v.size()), family(), ": block ", i,
+            " has no slot in a cache of ", cache ? cache->k.size() : 0, " layers");
+  if (hooks_.empty()) {
+    return cache ? run_block(i, x, pos0, &cache->k[i], &cache->v[i]) : run_block(i, x, pos0, nullptr, nullptr);
+  }
+  Tensor h = x;
+  for (const Hooks& k : hooks_)
+    if (k.before) h = k.before(i, h);
+  Tensor y = cache ? run_block(i, h, pos0, &cache->k[i], &cache->v[i]) : run_block(i, h, pos0, nullptr, nullptr);
+  for (const Hooks& k : hooks_)
+    if (k.after) y = k.after(i, y);
+  return y;
+}
+
+int CausalLM::add_block_hooks(BlockHook before, BlockHook after) {
+  hooks_.push_back({next_hook_, std::move(before), std::move(after)});
+  return next_hook_++;
+}
+
+void CausalLM::remove_block_hooks(int handle) {
+  const auto it = std::find_if(hooks_.begin(), hooks_.end(), [&](const Hooks& k) { return k.handle == handle; });
+  BLU_CHECK(it != hooks_.end(), family(), ": no block hooks with handle ", handle);
+  hooks_.erase(it);
+}
+
 namespace {
 
 // Picks a token id from logits (already restricted to the real vocabulary).

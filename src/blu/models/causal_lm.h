@@ -6,6 +6,9 @@
 //     the columns from vocab_size() on never win and take no part in the loss) and, with targets,
 //     the mean cross-entropy over the first vocab_size() columns (target -1 is ignored).
 //   forward_cached: the same for positions placed after a key/value cache, extending it.
+//   embed / block / head: the forward in three parts, where pipeline stages cut and where ZeRO-3
+//     gathers a block's parameters (block hooks); forward and forward_cached are exactly
+//     embed → block 0 … block n-1 → head, so a model implements the parts, not the whole.
 //   blocks(): the ordered repeated blocks, where pipeline stages and recompute cut; each is a
 //     submodule reachable by its dotted name (Module::find_module / replace_module, which tensor
 //     parallelism uses to rewrite the model).
@@ -18,6 +21,7 @@
 // restores the training flag.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -60,11 +64,32 @@ class CausalLM : public nn::Module {
   virtual int64_t vocab_size() const = 0;   // real tokens
   virtual int64_t max_seq_len() const = 0;  // the longest sequence forward takes
   // idx [B, T] i32/i64 with T ≤ max_seq_len(); targets [B, T] or undefined.
-  virtual LMOutput forward(const Tensor& idx, const Tensor& targets = Tensor()) = 0;
+  LMOutput forward(const Tensor& idx, const Tensor& targets = Tensor());
   // Logits [B, T, V'] for idx [B, T] placed after the cache's positions, extending the cache.
   // T must be 1 unless the cache is empty; cache.length() + T ≤ max_seq_len().
-  virtual Tensor forward_cached(const Tensor& idx, KVCache& cache) = 0;
+  Tensor forward_cached(const Tensor& idx, KVCache& cache);
+
+  // The residual stream entering block 0, [B, T, C] in the compute dtype, for idx [B, T] at
+  // positions pos0 … pos0+T-1 (checks idx's rank, dtype and that the positions fit).
+  virtual Tensor embed(const Tensor& idx, int64_t pos0 = 0) = 0;
+  // Block i on the residual stream x [B, T, C] at positions pos0 …; with a cache, block i's keys
+  // and values are read and extended. Runs the block hooks around the block.
+  Tensor block(size_t i, const Tensor& x, int64_t pos0 = 0, KVCache* cache = nullptr);
+  // The final norm and the LM head on the last block's output: logits [B, T, V'] and, with
+  // targets [B, T], the loss (as forward).
+  virtual LMOutput head(const Tensor& x, const Tensor& targets = Tensor()) = 0;
   virtual std::vector<BlockRef> blocks() const = 0;
+  virtual size_t num_blocks() const { return blocks().size(); }
+
+  // Block hooks: `before(i, x)` sees (and may replace) block i's input, `after(i, y)` its output,
+  // on every call of block() — the training forward, the cached one, and a pipeline stage's. A
+  // hook that returns its argument changes nothing; one that returns an autograd-recorded identity
+  // of it gets a node in the backward right after (before) the block's own backward — where
+  // ZeRO-3 frees (gathers) the block's parameters. Hooks run in the order they were added.
+  // Returns a handle for remove_block_hooks.
+  using BlockHook = std::function<Tensor(size_t block, const Tensor& x)>;
+  int add_block_hooks(BlockHook before, BlockHook after);
+  void remove_block_hooks(int handle);
   virtual nn::Embedding& token_embedding() const = 0;
   virtual Tensor output_weight() const = 0;  // [V', C]; token_embedding().weight when tied
   // Training FLOPs per token at sequence length T (forward and backward, matmuls only, as the MFU
@@ -84,8 +109,19 @@ class CausalLM : public nn::Module {
   std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int64_t max_new_tokens, double temperature,
                                 int64_t top_k, Generator& gen);
 
+ protected:
+  // Block i (of num_blocks()) on x at positions pos0 …; cache_k/cache_v: the block's key/value
+  // cache, or null without one.
+  virtual Tensor run_block(size_t i, const Tensor& x, int64_t pos0, Tensor* cache_k, Tensor* cache_v) = 0;
+
  private:
   std::optional<DType> compute_dtype_;
+  struct Hooks {
+    int handle;
+    BlockHook before, after;
+  };
+  std::vector<Hooks> hooks_;
+  int next_hook_ = 0;
 };
 
 }  // namespace blu::models

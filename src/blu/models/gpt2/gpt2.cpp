@@ -191,24 +191,20 @@ GPT::GPT(const GPTConfig& cfg, uint64_t seed) : cfg_(cfg), dropout_gen_(seed ^ 0
   }
 }
 
-Tensor GPT::hidden(const Tensor& idx, int64_t pos0, KVCache* cache) {
+Tensor GPT::embed(const Tensor& idx, int64_t pos0) {
   BLU_CHECK(idx.dim() == 2, "GPT: expected idx [B, T], got ", idx.shape());
   BLU_CHECK(idx.dtype() == DType::i32 || idx.dtype() == DType::i64, "GPT: idx must be i32 or i64, got ",
             idx.dtype());
   const int64_t T = idx.size(1);
-  BLU_CHECK(T > 0 && pos0 + T <= cfg_.block_size, "GPT: positions ", pos0, "..", pos0 + T - 1,
+  BLU_CHECK(T > 0 && pos0 >= 0 && pos0 + T <= cfg_.block_size, "GPT: positions ", pos0, "..", pos0 + T - 1,
             " do not fit block_size ", cfg_.block_size);
   Tensor pos = arange(double(pos0), double(pos0 + T), 1, DType::i64, idx.device());
   // The residual stream runs in the compute dtype (bf16/f16 for mixed precision).
-  Tensor x = drop->forward(to_dtype(wte->forward(idx) + wpe->forward(pos), compute_dtype()));  // [B, T, C]
-  if (cache && cache->k.empty()) {
-    cache->k.resize(size_t(cfg_.n_layer));
-    cache->v.resize(size_t(cfg_.n_layer));
-  }
-  for (int64_t l = 0; l < cfg_.n_layer; ++l) {
-    x = cache ? (*h)[l].forward(x, &cache->k[size_t(l)], &cache->v[size_t(l)]) : (*h)[l].forward(x);
-  }
-  return ln_f->forward(x);
+  return drop->forward(to_dtype(wte->forward(idx) + wpe->forward(pos), compute_dtype()));  // [B, T, C]
+}
+
+Tensor GPT::run_block(size_t i, const Tensor& x, int64_t /*pos0*/, Tensor* cache_k, Tensor* cache_v) {
+  return (*h)[int64_t(i)].forward(x, cache_k, cache_v);
 }
 
 std::vector<BlockRef> GPT::blocks() const {
@@ -223,14 +219,14 @@ double GPT::flops_per_token(int64_t T) const {
   return 6.0 * n + 12.0 * double(cfg_.n_layer * cfg_.n_embd * T);
 }
 
-LMOutput GPT::forward(const Tensor& idx, const Tensor& targets) {
+LMOutput GPT::head(const Tensor& x, const Tensor& targets) {
   LMOutput out;
-  Tensor x = hidden(idx, 0, nullptr);
-  out.logits = linear(x, wte->cast_param(wte->weight, x.dtype()));  // tied: x · wteᵀ → [B, T, padded_vocab]
+  const Tensor y = ln_f->forward(x);
+  out.logits = linear(y, wte->cast_param(wte->weight, y.dtype()));  // tied: y · wteᵀ → [B, T, padded_vocab]
   if (targets.defined()) {
-    BLU_CHECK(targets.shape() == idx.shape(), "GPT: targets ", targets.shape(), " must have idx's shape ",
-              idx.shape());
-    const int64_t B = idx.size(0), T = idx.size(1), V = cfg_.vocab_size;
+    BLU_CHECK(targets.dim() == 2 && targets.size(0) == x.size(0) && targets.size(1) == x.size(1), "GPT: targets ",
+              targets.shape(), " must be [B, T] of the input's ", x.shape());
+    const int64_t B = x.size(0), T = x.size(1), V = cfg_.vocab_size;
     // Only the real vocabulary takes part in the loss: the first V of the padded_vocab columns are
     // the classes (num_classes), so the logits go in as a view [B·T, Vp] with no copy (narrowing to
     // V columns first could not merge B and T without cloning the logits).
@@ -238,11 +234,6 @@ LMOutput GPT::forward(const Tensor& idx, const Tensor& targets) {
     out.loss = cross_entropy(flat, reshape(targets, {B * T}), /*ignore_index=*/-1, Reduction::mean, V);
   }
   return out;
-}
-
-Tensor GPT::forward_cached(const Tensor& idx, KVCache& cache) {
-  Tensor x = hidden(idx, cache.length(), &cache);
-  return linear(x, wte->cast_param(wte->weight, x.dtype()));
 }
 
 namespace {

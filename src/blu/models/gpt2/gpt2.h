@@ -99,9 +99,10 @@ class GPT : public CausalLM {
   int64_t vocab_size() const override { return cfg_.vocab_size; }
   int64_t max_seq_len() const override { return cfg_.block_size; }
   // idx [B, T] int (i32/i64); targets [B, T] or undefined; ignore_index -1 in targets.
-  LMOutput forward(const Tensor& idx, const Tensor& targets = Tensor()) override;
-  Tensor forward_cached(const Tensor& idx, KVCache& cache) override;
+  Tensor embed(const Tensor& idx, int64_t pos0 = 0) override;  // wte + wpe, dropout
+  LMOutput head(const Tensor& x, const Tensor& targets = Tensor()) override;  // ln_f, tied head, loss
   std::vector<BlockRef> blocks() const override;
+  size_t num_blocks() const override { return size_t(h->size()); }
   Embedding& token_embedding() const override { return *wte; }
   Tensor output_weight() const override { return wte->weight; }  // tied
   double flops_per_token(int64_t T) const override;
@@ -112,9 +113,10 @@ class GPT : public CausalLM {
   std::shared_ptr<ModuleList<Block>> h;
   std::shared_ptr<LayerNorm> ln_f;
 
+ protected:
+  Tensor run_block(size_t i, const Tensor& x, int64_t pos0, Tensor* cache_k, Tensor* cache_v) override;
+
  private:
-  // Final hidden states [B, T, C] for positions pos0..pos0+T-1.
-  Tensor hidden(const Tensor& idx, int64_t pos0, KVCache* cache);
   GPTConfig cfg_;
   Generator dropout_gen_;
 };

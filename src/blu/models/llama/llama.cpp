@@ -331,47 +331,39 @@ std::pair<Tensor, Tensor> Llama::rope(int64_t pos0, int64_t T, DType dtype, Devi
   return {narrow(it->cos, 0, pos0, T), narrow(it->sin, 0, pos0, T)};
 }
 
-Tensor Llama::hidden(const Tensor& idx, int64_t pos0, KVCache* cache) {
+Tensor Llama::embed(const Tensor& idx, int64_t pos0) {
   BLU_CHECK(idx.dim() == 2, "Llama: expected idx [B, T], got ", idx.shape());
   BLU_CHECK(idx.dtype() == DType::i32 || idx.dtype() == DType::i64, "Llama: idx must be i32 or i64, got ",
             idx.dtype());
   const int64_t T = idx.size(1);
-  BLU_CHECK(T > 0 && pos0 + T <= cfg_.max_position_embeddings, "Llama: positions ", pos0, "..", pos0 + T - 1,
-            " do not fit max_position_embeddings ", cfg_.max_position_embeddings);
+  BLU_CHECK(T > 0 && pos0 >= 0 && pos0 + T <= cfg_.max_position_embeddings, "Llama: positions ", pos0, "..",
+            pos0 + T - 1, " do not fit max_position_embeddings ", cfg_.max_position_embeddings);
   // The residual stream runs in the compute dtype (bf16/f16 for mixed precision).
-  Tensor x = to_dtype(model->embed_tokens->forward(idx), compute_dtype());  // [B, T, C]
-  auto [cos, sin] = rope(pos0, T, x.dtype(), x.device());
-  const int64_t L = cfg_.num_hidden_layers;
-  if (cache && cache->k.empty()) {
-    cache->k.resize(size_t(L));
-    cache->v.resize(size_t(L));
-  }
-  for (int64_t l = 0; l < L; ++l) {
-    const LlamaDecoderLayer& layer = (*model->layers)[l];
-    x = cache ? layer.forward(x, cos, sin, &cache->k[size_t(l)], &cache->v[size_t(l)]) : layer.forward(x, cos, sin);
-  }
-  return model->norm->forward(x);
+  return to_dtype(model->embed_tokens->forward(idx), compute_dtype());  // [B, T, C]
 }
 
-Tensor Llama::head(const Tensor& x) const {
-  if (lm_head) return lm_head->forward(x);
-  const nn::Embedding& e = *model->embed_tokens;
-  return linear(x, e.cast_param(e.weight, x.dtype()));  // tied: x · embed_tokensᵀ
+Tensor Llama::run_block(size_t i, const Tensor& x, int64_t pos0, Tensor* cache_k, Tensor* cache_v) {
+  auto [cos, sin] = rope(pos0, x.size(1), x.dtype(), x.device());
+  return (*model->layers)[int64_t(i)].forward(x, cos, sin, cache_k, cache_v);
 }
 
-LMOutput Llama::forward(const Tensor& idx, const Tensor& targets) {
+LMOutput Llama::head(const Tensor& x, const Tensor& targets) {
   LMOutput out;
-  out.logits = head(hidden(idx, 0, nullptr));  // [B, T, V]
+  const Tensor y = model->norm->forward(x);
+  if (lm_head) {
+    out.logits = lm_head->forward(y);
+  } else {
+    const nn::Embedding& e = *model->embed_tokens;
+    out.logits = linear(y, e.cast_param(e.weight, y.dtype()));  // tied: y · embed_tokensᵀ
+  }
   if (targets.defined()) {
-    BLU_CHECK(targets.shape() == idx.shape(), "Llama: targets ", targets.shape(), " must have idx's shape ",
-              idx.shape());
-    const int64_t N = idx.size(0) * idx.size(1);
+    BLU_CHECK(targets.dim() == 2 && targets.size(0) == x.size(0) && targets.size(1) == x.size(1),
+              "Llama: targets ", targets.shape(), " must be [B, T] of the input's ", x.shape());
+    const int64_t N = x.size(0) * x.size(1);
     out.loss = cross_entropy(reshape(out.logits, {N, cfg_.vocab_size}), reshape(targets, {N}), /*ignore_index=*/-1,
                              Reduction::mean);
   }
   return out;
 }
-
-Tensor Llama::forward_cached(const Tensor& idx, KVCache& cache) { return head(hidden(idx, cache.length(), &cache)); }
 
 }  // namespace blu::models

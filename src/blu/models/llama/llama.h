@@ -124,9 +124,10 @@ class Llama : public CausalLM {
   nlohmann::json config() const override { return cfg_.to_json(); }
   int64_t vocab_size() const override { return cfg_.vocab_size; }
   int64_t max_seq_len() const override { return cfg_.max_position_embeddings; }
-  LMOutput forward(const Tensor& idx, const Tensor& targets = Tensor()) override;
-  Tensor forward_cached(const Tensor& idx, KVCache& cache) override;
+  Tensor embed(const Tensor& idx, int64_t pos0 = 0) override;  // embed_tokens
+  LMOutput head(const Tensor& x, const Tensor& targets = Tensor()) override;  // model.norm, lm_head, loss
   std::vector<BlockRef> blocks() const override;
+  size_t num_blocks() const override { return size_t(cfg_.num_hidden_layers); }
   nn::Embedding& token_embedding() const override { return *model->embed_tokens; }
   Tensor output_weight() const override { return lm_head ? lm_head->weight : model->embed_tokens->weight; }
   // 6 per weight a token multiplies through (every parameter but an untied embedding table, which
@@ -137,10 +138,10 @@ class Llama : public CausalLM {
   std::shared_ptr<LlamaModel> model;
   std::shared_ptr<nn::Linear> lm_head;  // [V, C]; null when tied (the embedding is the head)
 
+ protected:
+  Tensor run_block(size_t i, const Tensor& x, int64_t pos0, Tensor* cache_k, Tensor* cache_v) override;
+
  private:
-  // Final hidden states [B, T, C] (after model.norm) for positions pos0..pos0+T-1.
-  Tensor hidden(const Tensor& idx, int64_t pos0, KVCache* cache);
-  Tensor head(const Tensor& x) const;  // x [B, T, C] → logits [B, T, V]
   // Rows [pos0, pos0 + T) of the cos/sin tables for `dtype` on `device`.
   std::pair<Tensor, Tensor> rope(int64_t pos0, int64_t T, DType dtype, Device device);
   struct RopeTables {
