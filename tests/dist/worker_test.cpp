@@ -10,6 +10,7 @@
 
 #include "blu/blu.h"
 #include "blu/dist/env.h"
+#include "blu/dist/mesh.h"
 #include "blu/dist/process_group.h"
 #include "blu/dist/tcp_store.h"
 #include "blu/optim/loss_scaler.h"
@@ -41,6 +42,30 @@ struct Rank {
 };
 
 std::vector<double> values(const Tensor& t) { return to_vector(t); }
+
+// 8 ranks as dp=2 × pp=2 × tp=2: each of the 7 groups a rank belongs to sums (rank + 1) over its
+// members; the sum must be that of the ranks group_ranks names, and the group's size and this
+// rank's place in it must match.
+void mesh() {
+  const DistEnv env = detect_env();
+  TcpStore store(env.master_addr, env.master_port, env.rank == 0, 10000ms);
+  const DeviceMesh m(store, env.rank, env.world_size, {{"dp", 2}, {"pp", 2}, {"tp", 2}},
+                     gloo_group_factory(GlooOptions{.timeout = 20000ms}));
+  const std::vector<std::vector<std::string>> subsets = {
+      {"dp"}, {"pp"}, {"tp"}, {"dp", "pp"}, {"dp", "tp"}, {"pp", "tp"}, {"dp", "pp", "tp"}};
+  for (const auto& dims : subsets) {
+    const std::vector<int> members = m.group_ranks(dims);
+    ProcessGroup& g = m.group(dims);
+    ASSERT_EQ(g.size(), int(members.size()));
+    ASSERT_EQ(members[size_t(g.rank())], env.rank);
+    Tensor t = from_vector({double(env.rank + 1)}, {1}, DType::f64);
+    g.all_reduce(t)->wait();
+    double want = 0;
+    for (int r : members) want += r + 1;
+    ASSERT_EQ(t.item(), want) << "group over " << dims.size() << " dims";
+  }
+  ASSERT_EQ(&m.world(), &m.group({"tp", "pp", "dp"}));
+}
 
 // Each collective on f32 and f64, checked against its definition. Rank r's tensors hold
 // values that depend on r so a wrong source shows.
@@ -217,6 +242,7 @@ TEST(DistWorker, Run) {
   const std::string scenario = env_or("BLU_DIST_SCENARIO", "");
   if (scenario.empty()) GTEST_SKIP() << "only runs as a rank of a multi-process test";
   if (scenario == "collectives") return collectives();
+  if (scenario == "mesh") return mesh();
   if (scenario == "peer_dies") return peer_dies();
   if (scenario == "peer_stalls") return peer_stalls();
   if (scenario == "train") return test::train_worker();
