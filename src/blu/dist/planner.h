@@ -1,0 +1,87 @@
+// dist/planner: the cost model of a parallel layout and the search behind `--parallel auto`.
+//   measure_model: a short probe of the model on this device — one block's forward + backward time
+//     at two micro-batch sizes (a fixed cost per call plus a cost per sequence, so small models,
+//     whose time is mostly per-op overhead, are predicted as well as large ones), the same for what
+//     lies outside the blocks (embedding, head, loss), the optimizer's time per parameter, and the
+//     bytes each part keeps for backward, read from the allocator;
+//   measure_link: latency and bandwidth of a process group's all-reduce at two sizes;
+//   predict: a layout's step time — compute of the slowest stage per micro-batch, tensor-parallel
+//     all-reduces per block, point-to-point sends between stages, the pipeline bubble of its
+//     schedule, the data-parallel gradient exchange (and ZeRO's gathers), the update — and its
+//     memory per rank (parameters, gradients and optimizer state as sharded, activations for the
+//     micro-batches its schedule keeps in flight);
+//   plan: every layout of the world size that resolves for the model, ranked by predicted step
+//     time among those that fit the memory budget.
+// The model is linear in the measured quantities and says what it leaves out (docs/distributed.md:
+// "Planner"); how far it is off is measured, not assumed: `bench --parallel auto` prints the
+// prediction and, after the steps, the measured values and the error.
+// Depends on dist/annotations, dist/process_group, models/causal_lm. Keep: predict is a pure
+// function of its inputs (tests and the docs' table rely on it).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "blu/dist/annotations.h"
+#include "blu/dist/process_group.h"
+#include "blu/models/causal_lm.h"
+
+namespace blu::dist {
+
+struct ModelCosts {
+  int64_t blocks = 0, seq_len = 0, width = 0;
+  double block_params = 0;  // parameters per block (the mean)
+  double other_params = 0;  // outside the blocks (embeddings, final norm, head)
+  // Forward + backward seconds for a micro-batch of b sequences: fixed + per_seq · b.
+  double block_fixed_s = 0, block_per_seq_s = 0;  // one block
+  double other_fixed_s = 0, other_per_seq_s = 0;  // embedding, head and loss
+  double update_per_param_s = 0;                  // the optimizer step (with clipping), per parameter
+  // Bytes kept for backward per sequence.
+  double block_act_bytes = 0, other_act_bytes = 0;
+  // Bytes per parameter of the training state: the parameter, its gradient, AdamW's two moments
+  // (and a 16-bit compute copy under mixed precision).
+  double param_bytes = 4, grad_bytes = 4, optim_bytes = 8, compute_copy_bytes = 0;
+  double activation_elem_bytes = 4;  // an activation element (TP all-reduces, pipeline sends)
+};
+
+struct LinkCosts {
+  double latency_s = 0;      // per collective step
+  double bytes_per_s = 1e9;  // per direction, per rank
+};
+
+struct PlanJob {
+  int world = 1;
+  int64_t batch = 1;        // sequences per optimizer step, over all replicas
+  int64_t grad_accum = 1;   // micro-batches per replica when not pipelined
+  double memory_budget = 0; // bytes per rank (0: no limit)
+};
+
+struct Prediction {
+  Layout layout;
+  std::string text;  // the layout's annotation
+  double step_s = 0, compute_s = 0, tp_comm_s = 0, pp_comm_s = 0, bubble_s = 0, dp_comm_s = 0, update_s = 0;
+  double memory_bytes = 0;      // the most loaded rank
+  double state_bytes = 0, activation_bytes = 0;
+  bool fits = true;
+  std::string describe() const;  // "step 0.412 s (compute 0.301, bubble 0.05, …), 1.9 GiB per rank"
+};
+
+// Probes `model` (on its device, in its compute dtype) at micro-batch sizes b and 2b of length T,
+// `reps` timed repetitions each after a warm-up; leaves the model's gradients cleared.
+ModelCosts measure_model(models::CausalLM& model, int64_t b, int64_t T, int reps = 3);
+// All-reduces of 4 KiB and 4 MiB (f32, on `device`: the group's) on `pg`, `reps` each: latency
+// and bandwidth of a ring. Collective: every rank of pg calls it.
+LinkCosts measure_link(ProcessGroup& pg, Device device, int reps = 5);
+
+Prediction predict(const Layout& layout, const ModelCosts& m, const LinkCosts& link, const PlanJob& job);
+
+// The annotation text of a layout (what `--parallel` takes).
+std::string layout_text(const Layout& layout, const std::vector<std::string>& block_names);
+
+// Every layout of job.world ranks that the model admits (dp × pp × tp, ZeRO 0–3, each schedule, a
+// few micro-batch counts), predicted and sorted: fitting ones by step time first, then the rest.
+std::vector<Prediction> plan(const ModelCosts& m, const LinkCosts& link, const PlanJob& job,
+                             const std::vector<std::string>& block_names, int64_t heads, int64_t kv_heads,
+                             int64_t vocab);
+
+}  // namespace blu::dist

@@ -1,0 +1,118 @@
+// The planner's cost model (dist/planner.h): predictions follow the formulas the header states
+// (bubble, sharding, in-flight micro-batches), every candidate's annotation text resolves back to
+// its layout, and the probe's activation bytes predict a single-device step's memory.
+#include <gtest/gtest.h>
+
+#include "blu/blu.h"
+#include "blu/dist/planner.h"
+#include "blu/memory/allocator.h"
+#include "blu/models/registry.h"
+
+namespace blu::dist {
+namespace {
+
+ModelCosts costs() {
+  ModelCosts m;
+  m.blocks = 8, m.seq_len = 64, m.width = 32;
+  m.block_params = 1000, m.other_params = 4000;
+  m.block_fixed_s = 0.001, m.block_per_seq_s = 0.002;
+  m.other_fixed_s = 0.004, m.other_per_seq_s = 0.003;
+  m.update_per_param_s = 1e-6;
+  m.block_act_bytes = 5000, m.other_act_bytes = 20000;
+  return m;
+}
+
+std::vector<std::string> names(int n) {
+  std::vector<std::string> v;
+  for (int i = 0; i < n; ++i) v.push_back("h." + std::to_string(i));
+  return v;
+}
+
+Layout resolved(const std::string& text, int world) { return resolve_layout(parse_annotation(text), names(8), world); }
+
+TEST(Planner, SingleDeviceIsTheMeasuredParts) {
+  const ModelCosts m = costs();
+  PlanJob job;
+  job.batch = 4, job.grad_accum = 2;
+  const Prediction p = predict(resolved("replicate(1)", 1), m, LinkCosts{}, job);
+  const double b = 2;  // 4 sequences in 2 micro-batches
+  const double micro = 8 * (0.001 + 0.002 * b) + (0.004 + 0.003 * b);
+  EXPECT_DOUBLE_EQ(p.compute_s, 2 * micro);
+  EXPECT_DOUBLE_EQ(p.update_s, 12000 * 1e-6);
+  EXPECT_DOUBLE_EQ(p.step_s, 2 * micro + 12000 * 1e-6);
+  EXPECT_EQ(p.bubble_s, 0);
+  EXPECT_DOUBLE_EQ(p.state_bytes, 12000 * (4 + 4 + 8));
+  EXPECT_DOUBLE_EQ(p.activation_bytes, b * (8 * 5000 + 20000));
+}
+
+TEST(Planner, PipelineBubbleAndInFlightMicroBatches) {
+  const ModelCosts m = costs();
+  PlanJob job;
+  job.world = 2, job.batch = 8;
+  const Prediction f = predict(resolved("pipeline(2, schedule=1f1b, micro=4)", 2), m, LinkCosts{}, job);
+  const Prediction g = predict(resolved("pipeline(2, schedule=gpipe, micro=4)", 2), m, LinkCosts{}, job);
+  const Prediction i = predict(resolved("pipeline(2, schedule=interleaved, micro=4)", 2), m, LinkCosts{}, job);
+  EXPECT_GT(f.bubble_s, 0);
+  EXPECT_DOUBLE_EQ(f.bubble_s, g.bubble_s);              // the same idle slots
+  EXPECT_NEAR(i.bubble_s, f.bubble_s / 2, 1e-12);        // two chunks halve them
+  EXPECT_LT(f.activation_bytes, g.activation_bytes);     // 1F1B keeps pp micro-batches, GPipe all of them
+  EXPECT_DOUBLE_EQ(g.activation_bytes / f.activation_bytes, 2.0);
+}
+
+TEST(Planner, ShardingShrinksState) {
+  const ModelCosts m = costs();
+  PlanJob job;
+  job.world = 4, job.batch = 8;
+  double last = 1e30;
+  for (int z = 0; z <= 2; ++z) {
+    const Prediction p = predict(resolved("replicate(4, zero=" + std::to_string(z) + ")", 4), m, LinkCosts{}, job);
+    EXPECT_LT(p.state_bytes, last) << "zero " << z;
+    last = p.state_bytes;
+  }
+  const Prediction tp = predict(resolved("split(4)", 4), m, LinkCosts{1e-5, 1e9}, job);
+  EXPECT_DOUBLE_EQ(tp.state_bytes, 12000.0 / 4 * 16);
+  EXPECT_GT(tp.tp_comm_s, 0);
+}
+
+TEST(Planner, CandidatesResolveBackToTheirLayouts) {
+  const ModelCosts m = costs();
+  PlanJob job;
+  job.world = 4, job.batch = 16;
+  const auto all = plan(m, LinkCosts{1e-5, 1e9}, job, names(8), /*heads=*/4, /*kv_heads=*/2, /*vocab=*/64);
+  ASSERT_GT(all.size(), 10u);
+  bool saw_tp = false, saw_pp = false, saw_hybrid = false;
+  for (const Prediction& p : all) {
+    const Layout l = resolve_layout(parse_annotation(p.text), names(8), 4);
+    EXPECT_EQ(l.describe(), p.layout.describe()) << p.text;
+    EXPECT_EQ(l.stage_blocks, p.layout.stage_blocks) << p.text;
+    saw_tp |= l.tp > 1, saw_pp |= l.pp > 1, saw_hybrid |= l.dp > 1 && l.pp > 1;
+  }
+  EXPECT_TRUE(saw_tp && saw_pp && saw_hybrid);
+  for (size_t i = 1; i < all.size(); ++i) EXPECT_LE(all[i - 1].step_s, all[i].step_s);
+  // A budget below every layout's memory puts none first as fitting.
+  job.memory_budget = 1;
+  for (const Prediction& p : plan(m, LinkCosts{}, job, names(8), 4, 2, 64)) EXPECT_FALSE(p.fits);
+}
+
+// The probe's bytes per sequence predict what a training step at another batch size keeps.
+TEST(Planner, ProbePredictsActivationMemory) {
+  auto model = models::build_model(models::resolve_model_config("llama:tiny"), 1);
+  const ModelCosts m = measure_model(*model, 1, 16, 1);
+  EXPECT_GT(m.block_act_bytes, 0);
+  EXPECT_GT(m.other_act_bytes, 0);
+  EXPECT_GT(m.block_per_seq_s + m.block_fixed_s, 0);
+  EXPECT_GT(m.update_per_param_s, 0);
+  EXPECT_EQ(m.blocks, 2);
+  Allocator& a = allocator_for(kCPU);
+  const int64_t B = 5;
+  const Tensor idx = randint(0, model->vocab_size(), {B, 16});
+  const int64_t before = a.stats().current_bytes;
+  Tensor loss = model->forward(idx, idx).loss;
+  const double kept = double(a.stats().current_bytes - before);
+  loss.backward();
+  const double predicted = double(B) * (2 * m.block_act_bytes + m.other_act_bytes);
+  EXPECT_NEAR(predicted / kept, 1.0, 0.10) << "predicted " << predicted << " bytes, kept " << kept;
+}
+
+}  // namespace
+}  // namespace blu::dist
