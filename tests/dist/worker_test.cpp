@@ -10,7 +10,9 @@
 
 #include "blu/blu.h"
 #include "blu/dist/env.h"
+#include "blu/dist/hetero.h"
 #include "blu/dist/mesh.h"
+#include "blu/models/registry.h"
 #include "blu/dist/process_group.h"
 #include "blu/dist/tcp_store.h"
 #include "blu/optim/loss_scaler.h"
@@ -46,6 +48,27 @@ std::vector<double> values(const Tensor& t) { return to_vector(t); }
 // 8 ranks as dp=2 × pp=2 × tp=2: each of the 7 groups a rank belongs to sums (rank + 1) over its
 // members; the sum must be that of the ranks group_ranks names, and the group's size and this
 // rank's place in it must match.
+// Rank 1 sleeps before every block (a hook the probe does not know of); the probe's times must
+// show the injected seconds within 20%, and the speeds must favour rank 0.
+void probe_speeds() {
+  Rank rk(20000ms);
+  // A small vocabulary keeps the step short beside the delay, so two ranks sharing cores with
+  // other work still see it.
+  auto model = models::build_model(models::resolve_model_config("llama:tiny"), 1);
+  const double delay = 0.05;  // seconds per block
+  if (rk.env.rank == 1)
+    model->add_block_hooks([&](size_t, const Tensor& x) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(delay));
+      return x;
+    }, nullptr);
+  const std::vector<double> t = probe_step_times(*model, *rk.pg, 2, 32, 5);
+  ASSERT_EQ(t.size(), 2u);
+  const double injected = delay * double(model->num_blocks());
+  EXPECT_NEAR(t[1] - t[0], injected, 0.2 * injected) << "probe times " << t[0] << " and " << t[1] << " s";
+  const std::vector<double> s = speeds_from_times(t);
+  EXPECT_GT(s[0], s[1]);
+}
+
 void mesh() {
   const DistEnv env = detect_env();
   TcpStore store(env.master_addr, env.master_port, env.rank == 0, 10000ms);
@@ -243,6 +266,7 @@ TEST(DistWorker, Run) {
   if (scenario.empty()) GTEST_SKIP() << "only runs as a rank of a multi-process test";
   if (scenario == "collectives") return collectives();
   if (scenario == "mesh") return mesh();
+  if (scenario == "probe_speeds") return probe_speeds();
   if (scenario == "peer_dies") return peer_dies();
   if (scenario == "peer_stalls") return peer_stalls();
   if (scenario == "train") return test::train_worker();

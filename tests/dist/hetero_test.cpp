@@ -1,0 +1,55 @@
+// Hardware-aware splits (dist/hetero.h): proportional batch shares, stage balancing under speed and
+// memory, and the start-up probe finding a slowdown injected on one rank (2 Gloo ranks).
+#include <gtest/gtest.h>
+
+#include "blu/dist/hetero.h"
+#include "common/checks.h"
+#include "dist_test_util.h"
+
+namespace blu::dist {
+namespace {
+
+using blu::test::error_of;
+
+TEST(Hetero, ProportionalSplit) {
+  EXPECT_EQ(proportional_split(16, {3, 1}), std::vector<int64_t>({12, 4}));
+  EXPECT_EQ(proportional_split(10, {1, 1, 1}), std::vector<int64_t>({4, 3, 3}));  // ties to the lower index
+  EXPECT_EQ(proportional_split(5, {100, 1}), std::vector<int64_t>({4, 1}));      // at least one each
+  EXPECT_EQ(proportional_split(7, {0.5, 0.25, 0.25}, 2), std::vector<int64_t>({3, 2, 2}));
+  int64_t sum = 0;
+  for (int64_t v : proportional_split(1001, {0.3, 0.2, 0.5})) sum += v;
+  EXPECT_EQ(sum, 1001);
+  EXPECT_NE(error_of([] { proportional_split(2, {1, 1, 1}); }).find("2 units cannot give 3 parts"), std::string::npos);
+  EXPECT_NE(error_of([] { proportional_split(4, {1, 0}); }).find("weight 0"), std::string::npos);
+}
+
+TEST(Hetero, BalanceStages) {
+  // Even speeds: an even split.
+  const std::vector<std::pair<int64_t, int64_t>> even = {{0, 5}, {6, 11}};
+  EXPECT_EQ(balance_stages(12, {1, 1}, 1.0, 0.0), even);
+  // Stage 1 twice as fast: it takes twice the blocks.
+  const std::vector<std::pair<int64_t, int64_t>> skew = {{0, 3}, {4, 11}};
+  EXPECT_EQ(balance_stages(12, {1, 2}, 1.0, 0.0), skew);
+  // The head's cost moves blocks off the last stage.
+  const auto edge = balance_stages(12, {1, 1}, 1.0, 4.0);
+  EXPECT_EQ(edge.front().first, 0);
+  EXPECT_EQ(edge.back().second, 11);
+  EXPECT_EQ(edge[0].second - edge[0].first + 1, 6);  // both stages carry one edge: still even
+  const auto head = balance_stages(12, {1, 1, 1}, 1.0, 3.0);
+  EXPECT_GT(head[1].second - head[1].first, head[0].second - head[0].first);  // the middle stage carries no edge
+  // A memory limit binds even against speed.
+  const std::vector<std::pair<int64_t, int64_t>> capped = {{0, 8}, {9, 11}};
+  EXPECT_EQ(balance_stages(12, {1, 10}, 1.0, 0.0, {9, 3}), capped);
+  EXPECT_NE(error_of([] { balance_stages(12, {1, 1}, 1.0, 0.0, {5, 5}); }).find("do not fit 2 stages"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { balance_stages(1, {1, 1}, 1.0, 0.0); }).find("1 blocks cannot fill 2 stages"),
+            std::string::npos);
+}
+
+TEST(Hetero, ProbeFindsAnInjectedSlowdown) {
+  const auto r = test::run_workers("probe_speeds", 2);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+}
+
+}  // namespace
+}  // namespace blu::dist
