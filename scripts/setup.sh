@@ -14,6 +14,7 @@ packages=(
   python3 python3-torch           # the CPU oracle (/usr/bin/python3 with PyTorch)
   python3-numpy                   # the attention kernels' CPU models (FlashAttentionLab.*)
   fortunes fortunes-min           # the demo corpus
+  pybind11-dev libdlpack-dev python3-dev  # the blutrain Python module (python/)
 )
 missing=()
 for p in "${packages[@]}"; do
