@@ -3,20 +3,25 @@
 // 2.1's own --config is processed for the top-level app only, and train's options live in a
 // subcommand. Same rules as CLI11's: keys are long flag names (top level or under [train]),
 // the command line wins over the file, and an unknown key is an error naming it.
-// Ctrl-C asks the trainer to stop after the current step and save a checkpoint; a second Ctrl-C
-// kills the process.
+// Note [Stop signals]: SIGTERM (what Slurm and Kubernetes send before they kill) and SIGINT
+// (Ctrl-C; `blutrain launch` turns its own into SIGTERM to every rank) ask the trainer to finish
+// the current step, save a checkpoint (the ranks agree on the step through the stop flags that
+// Strategy::read combines) and return; the command then exits with kExitStoppedResumable (75) and
+// says how to continue. A second signal kills the process at once.
 #include <atomic>
 #include <csignal>
 #include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
+#include <signal.h>
 #include <unistd.h>
 
 #include "blu/core/error.h"
 #include "blu/data/loader.h"
 #include "blu/data/text_tokenizer.h"
 #include "blu/data/tokenizer.h"
+#include "blu/dist/launch.h"
 #include "blu/models/registry.h"
 #include "blu/train/model_spec.h"
 #include "blu/train/trainer.h"
@@ -27,15 +32,27 @@ namespace blu::cli {
 namespace {
 
 std::atomic<bool> g_stop{false};
+std::atomic<int> g_stop_signal{0};
 
-extern "C" void on_sigint(int) {
-  if (g_stop.exchange(true)) {
-    std::signal(SIGINT, SIG_DFL);
-    std::raise(SIGINT);
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop.exchange(true)) {  // the second signal: the default action, now
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
     return;
   }
-  static const char msg[] = "\n[interrupt] finishing the current step, then saving a checkpoint (Ctrl-C again to kill)\n";
+  g_stop_signal = sig;
+  static const char msg[] =
+      "\n[stop] finishing the current step, then saving a checkpoint (a second Ctrl-C or SIGTERM kills)\n";
   (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);
+}
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
 }
 
 struct TrainArgs {
@@ -106,12 +123,25 @@ int run_train(TrainArgs a) {
     if (start && (a.prompt.empty() || (tok->bos_id() && tok->bos_id() != tok->eos_id())))
       cb.sample_prompt.insert(cb.sample_prompt.begin(), *start);
   }
-  train::Trainer trainer(o, cb);
+  // From here a signal stops the run at a step boundary (a stop asked for while the trainer starts
+  // takes effect after its first step).
   g_stop = false;
-  std::signal(SIGINT, on_sigint);
-  trainer.run();  // prints the summary
+  install_stop_handlers();
+  train::Trainer trainer(o, cb);
+  const train::TrainSummary sum = trainer.run();  // prints the summary
   std::signal(SIGINT, SIG_DFL);
-  return 0;
+  std::signal(SIGTERM, SIG_DFL);
+  if (!sum.interrupted) return 0;
+  if (trainer.strategy().rank() == 0) {
+    const int sig = g_stop_signal.load();
+    std::cout << "\nstopped at step " << sum.end_step << " of " << o.steps
+              << (sig ? std::string(" by ") + (sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "a signal")
+                      : std::string(" (a stop requested on another rank)"))
+              << "; checkpoint " << (sum.checkpoint.empty() ? std::string("(none: no --out)") : sum.checkpoint)
+              << "\nto continue, run the same command with --auto-resume (or --resume)\n"
+              << std::flush;
+  }
+  return dist::kExitStoppedResumable;
 }
 
 }  // namespace

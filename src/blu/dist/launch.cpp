@@ -20,8 +20,11 @@ namespace blu::dist {
 
 namespace {
 
-std::atomic<int> g_signal{0};
-void on_signal(int sig) { g_signal = sig; }
+std::atomic<int> g_signal{0}, g_signal_count{0};
+void on_signal(int sig) {
+  g_signal = sig;
+  ++g_signal_count;
+}
 
 struct Stream {
   int fd = -1;
@@ -90,6 +93,7 @@ int run_once(const LaunchOptions& o, int restart, std::FILE* out, std::FILE* err
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   g_signal = 0;
+  g_signal_count = 0;
   ::sigaction(SIGINT, &sa, &old_int);
   ::sigaction(SIGTERM, &sa, &old_term);
 
@@ -186,7 +190,9 @@ int run_once(const LaunchOptions& o, int restart, std::FILE* out, std::FILE* err
       if (::waitpid(c.pid, &st, WNOHANG) != c.pid) continue;
       c.running = false;
       c.status = decode_status(st);
-      if (c.status != 0 && failed_rank < 0 && !stopping) {
+      // A rank that stopped on a signal after saving its checkpoint (kExitStoppedResumable) has not
+      // failed: the others stop at the same step by themselves.
+      if (c.status != 0 && c.status != kExitStoppedResumable && failed_rank < 0 && !stopping) {
         failed_rank = r;
         failed_status = c.status;
         std::fprintf(err, "blutrain launch: rank %d failed (%s); stopping the other ranks\n", r,
@@ -201,13 +207,19 @@ int run_once(const LaunchOptions& o, int restart, std::FILE* out, std::FILE* err
       stopped = true;
       begin_stop();
     }
-    if (stopping && std::chrono::steady_clock::now() >= stop_deadline) {
+    if (stopping && (std::chrono::steady_clock::now() >= stop_deadline || g_signal_count >= 2)) {  // a second signal: now
       signal_all(SIGKILL);
       stop_deadline = std::chrono::steady_clock::time_point::max();
     }
   }
   ::sigaction(SIGINT, &old_int, nullptr);
   ::sigaction(SIGTERM, &old_term, nullptr);
+  bool all_resumable = true;
+  for (const Child& c : children) all_resumable &= c.status == kExitStoppedResumable;
+  if (all_resumable) {  // every rank checkpointed and stopped: the job can continue, not restart
+    stopped = true;
+    return kExitStoppedResumable;
+  }
   return failed_status;
 }
 

@@ -5,7 +5,10 @@
 // the others: SIGTERM, then SIGKILL after a grace period. With max_restarts > 0 a failed job is
 // started again, every rank anew (BLU_RESTART_COUNT = 1, 2, ... tells them; 0 the first time), up
 // to max_restarts times — the command is expected to pick up its own checkpoint (`blutrain train
-// --auto-resume`). A stop asked for by SIGINT/SIGTERM to the launcher is never restarted.
+// --auto-resume`). A stop asked for by SIGINT/SIGTERM to the launcher is never restarted: the
+// first signal is passed on to every rank as SIGTERM (`blutrain train` then finishes its step and
+// checkpoints within the grace period), a second one kills the ranks at once. When every rank
+// exits with kExitStoppedResumable the job stopped cleanly and launch returns that status too.
 // Depends on core/error, POSIX (fork/exec, pipes, poll). Keep: the launcher never returns while a
 // child it started still runs; a whole line from one rank is never interleaved with another's.
 #pragma once
@@ -16,6 +19,10 @@
 #include <vector>
 
 namespace blu::dist {
+
+// The exit status of a command that stopped on a signal after saving what it needs to continue
+// (`blutrain train` after SIGTERM/SIGINT; sysexits' EX_TEMPFAIL).
+inline constexpr int kExitStoppedResumable = 75;
 
 struct LaunchOptions {
   int nproc = 1;

@@ -201,8 +201,8 @@ TrainState Strategy::load(const std::string& path, nn::Module& model, const nloh
                : load_checkpoint(path, model, opt_.get(), expected_model_config);
 }
 
-std::string Strategy::latest_checkpoint(const std::string& dir) const {
-  return zero_ ? latest_sharded_checkpoint(dir) : ::blu::latest_checkpoint(dir);
+std::string Strategy::latest_checkpoint(const std::string& dir, const CheckpointWarning& warn) const {
+  return zero_ ? latest_sharded_checkpoint(dir, warn) : latest_valid_checkpoint(dir, warn);
 }
 
 std::string Strategy::checkpoint_kind() const {

@@ -110,7 +110,9 @@ class Strategy {
   // save returns the checkpoint written ("" on ranks that write nothing).
   std::string save(const std::string& dir, const nn::Module& model, const TrainState& st, int keep_last);
   TrainState load(const std::string& path, nn::Module& model, const nlohmann::json& expected_model_config);
-  std::string latest_checkpoint(const std::string& dir) const;
+  // The newest checkpoint in dir that verifies (io/checkpoint, dist/zero); newer ones that do not
+  // are reported through warn.
+  std::string latest_checkpoint(const std::string& dir, const CheckpointWarning& warn = {}) const;
   // What --resume looks for, for error messages.
   std::string checkpoint_kind() const;
 

@@ -13,6 +13,8 @@
 
 #include "blu/core/grad_mode.h"
 #include "blu/dist/row_exchange.h"
+#include "blu/io/checksum.h"
+#include "blu/io/json_file.h"
 #include "blu/io/safetensors.h"
 #include "blu/ops/elementwise.h"
 #include "blu/ops/factory.h"
@@ -49,6 +51,41 @@ std::string shard_file_name(int rank, int world) {
 
 constexpr const char* kCommit = "COMMIT";
 constexpr const char* kZeroMeta = "zero";
+
+// "ckpt_<digits>" -> its step; -1 for any other name.
+int64_t step_of_dir_name(const std::string& name) {
+  if (name.size() <= 5 || name.size() > 5 + 18 || name.rfind("ckpt_", 0) != 0) return -1;
+  for (size_t i = 5; i < name.size(); ++i)
+    if (name[i] < '0' || name[i] > '9') return -1;
+  return std::stoll(name.substr(5));
+}
+
+// (step, directory) of every ckpt_<step> directory in dir, committed or not, oldest first.
+std::vector<std::pair<int64_t, fs::path>> step_dirs(const fs::path& dir) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const int64_t step = step_of_dir_name(e.path().filename().string());
+    if (step >= 0 && e.is_directory(ec)) out.emplace_back(step, e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// How many ranks report `failed`: the save's steps are collective, so a rank that fails one tells
+// the others instead of leaving them in the next barrier.
+int64_t ranks_failed(ProcessGroup& pg, Device dev, bool failed) {
+  Tensor flag = full({1}, failed ? 1.0 : 0.0, DType::f64, dev);
+  pg.all_reduce(flag, ReduceOp::sum)->wait();
+  return int64_t(std::llround((dev.is_cpu() ? flag : to_device(flag, kCPU)).item()));
+}
+
+// Note [Sharded checkpoint format]: COMMIT is {"format_version": 2, "step", "world_size",
+// "total", "files": [{"name", "bytes", "checksum"}]} listing the model file and every shard with
+// its size and io/checksum hash. A COMMIT without "format_version" is format 1 (no "files"): its
+// files are only checked to exist.
+constexpr int kShardedFormatVersion = 2;
 
 }  // namespace
 
@@ -585,70 +622,147 @@ void ZeroAdamW::load_state(const nn::NamedTensors& state) {
 std::string save_sharded_checkpoint(const std::string& dir, const nn::Module& model, ZeroAdamW& opt,
                                     const TrainState& st, int keep_last) {
   ProcessGroup& pg = opt.process_group();
+  const Device dev = opt.state()[1].second.device();  // exp_avg: where this group's collectives run
   const fs::path step_dir = fs::path(dir) / step_dir_name(st.step);
-  fs::create_directories(step_dir);
-  if (pg.rank() == 0) fs::remove(step_dir / kCommit);  // re-saving a step: not committed until done
-  pg.barrier()->wait();
-  if (pg.rank() == 0) save_checkpoint(step_dir.string(), model, nullptr, st, 0);
-  nn::NamedTensors params;
-  for (const auto& g : opt.groups())
-    for (const auto& np : g.params) params.push_back(np);
-  const nn::NamedTensors state = opt.state();
-  SafeTensorsWriter w;
-  std::vector<Tensor> host;  // the writer keeps views of these bytes until write()
-  for (const auto& [name, t] : state) {
-    if (name == "step") continue;
-    host.push_back(t.device().is_cpu() ? t : to_device(t, kCPU));
-    const Tensor& h = host.back();
-    w.add(name, h.dtype(), h.shape(), {static_cast<const std::byte*>(h.raw_data()), h.nbytes()});
-  }
-  const nlohmann::json meta = {{"rank", pg.rank()},   {"world_size", pg.size()},          {"ranges", opt.shard_ranges()},
-                               {"total", opt.total_numel()}, {"step", opt.steps()}, {"stage", opt.stage()},
-                               {"layout", layout_json(params)}};
-  w.set_metadata(kZeroMeta, meta.dump());
-  w.write((step_dir / shard_file_name(pg.rank(), pg.size())).string());
-  pg.barrier()->wait();  // every shard is on disk
+  const std::string model_name = step_dir_name(st.step) + ".safetensors";
+  const std::string shard_name = shard_file_name(pg.rank(), pg.size());
+  // Rank 0 first removes what saves that were cut short left (directories without COMMIT, which
+  // hold space a new save may need) and an earlier save of this step; then every rank writes.
+  std::string error;
   if (pg.rank() == 0) {
-    const fs::path tmp = step_dir / "COMMIT.tmp";
-    {
-      std::ofstream f(tmp);
-      f << nlohmann::json{{"world_size", pg.size()}, {"step", st.step}, {"total", opt.total_numel()}}.dump() << "\n";
-      BLU_CHECK(f.good(), "save_sharded_checkpoint: cannot write ", tmp.string());
-    }
-    fs::rename(tmp, step_dir / kCommit);
-    if (keep_last > 0) {  // prune only after the new checkpoint is committed
-      std::vector<fs::path> committed;
-      for (const auto& e : fs::directory_iterator(dir))
-        if (e.is_directory() && e.path().filename().string().rfind("ckpt_", 0) == 0 && fs::exists(e.path() / kCommit))
-          committed.push_back(e.path());
-      std::sort(committed.begin(), committed.end());
-      for (size_t i = 0; i + size_t(keep_last) < committed.size(); ++i)
-        if (committed[i] != step_dir) fs::remove_all(committed[i]);
+    try {
+      fs::create_directories(dir);
+      for (const auto& [step, d] : step_dirs(dir))
+        if (d == step_dir || !fs::exists(d / kCommit)) fs::remove_all(d);
+    } catch (const std::exception& e) {
+      error = e.what();
     }
   }
-  pg.barrier()->wait();  // nobody reads the checkpoint before it is committed
+  BLU_CHECK(ranks_failed(pg, dev, !error.empty()) == 0, "save_sharded_checkpoint: cannot prepare ", step_dir.string(),
+            ": ", error.empty() ? std::string("rank 0 failed (see its error)") : error);
+  try {
+    fs::create_directories(step_dir);
+    if (pg.rank() == 0) save_checkpoint(step_dir.string(), model, nullptr, st, 0);
+    nn::NamedTensors params;
+    for (const auto& g : opt.groups())
+      for (const auto& np : g.params) params.push_back(np);
+    const nn::NamedTensors state = opt.state();
+    SafeTensorsWriter w;
+    std::vector<Tensor> host;  // the writer keeps views of these bytes until write()
+    for (const auto& [name, t] : state) {
+      if (name == "step") continue;
+      host.push_back(t.device().is_cpu() ? t : to_device(t, kCPU));
+      const Tensor& h = host.back();
+      w.add(name, h.dtype(), h.shape(), {static_cast<const std::byte*>(h.raw_data()), h.nbytes()});
+    }
+    const nlohmann::json meta = {{"rank", pg.rank()},   {"world_size", pg.size()},          {"ranges", opt.shard_ranges()},
+                                 {"total", opt.total_numel()}, {"step", opt.steps()}, {"stage", opt.stage()},
+                                 {"layout", layout_json(params)}};
+    w.set_metadata(kZeroMeta, meta.dump());
+    w.write((step_dir / shard_name).string());
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const int64_t failed = ranks_failed(pg, dev, !error.empty());  // every shard is on disk, or not
+  BLU_CHECK(failed == 0, "save_sharded_checkpoint: ", step_dir.string(), " is incomplete and not committed: ",
+            error.empty() ? std::to_string(failed) + " rank(s) could not write their part (see their errors)" : error);
+  // Rank 0 commits — COMMIT names every file with its size and checksum, written atomically — and
+  // only then prunes older committed checkpoints.
+  if (pg.rank() == 0) {
+    try {
+      nlohmann::json files = nlohmann::json::array();
+      std::vector<std::string> names{model_name};
+      for (int q = 0; q < pg.size(); ++q) names.push_back(shard_file_name(q, pg.size()));
+      for (const std::string& n : names) {
+        const io::FileDigest d = io::digest_file(step_dir / n);
+        files.push_back({{"name", n}, {"bytes", d.bytes}, {"checksum", d.checksum}});
+      }
+      io::write_json_file(step_dir / kCommit, {{"format_version", kShardedFormatVersion},
+                                               {"step", st.step},
+                                               {"world_size", pg.size()},
+                                               {"total", opt.total_numel()},
+                                               {"files", files}});
+      if (keep_last > 0) {
+        std::vector<fs::path> committed;
+        for (const auto& [step, d] : step_dirs(dir))
+          if (d != step_dir && fs::exists(d / kCommit)) committed.push_back(d);
+        // The new checkpoint counts as one of the kept.
+        for (size_t i = 0; i + size_t(keep_last - 1) < committed.size(); ++i) fs::remove_all(committed[i]);
+      }
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  // Nobody reads the checkpoint before it is committed, and every rank learns whether it was.
+  BLU_CHECK(ranks_failed(pg, dev, !error.empty()) == 0, "save_sharded_checkpoint: ", step_dir.string(),
+            " was not committed: ", error.empty() ? std::string("rank 0 failed (see its error)") : error);
   return step_dir.string();
 }
 
-std::string latest_sharded_checkpoint(const std::string& dir) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return "";
-  std::string best;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string name = e.path().filename().string();
-    if (!e.is_directory() || name.rfind("ckpt_", 0) != 0 || !fs::exists(e.path() / kCommit)) continue;
-    if (best.empty() || name > fs::path(best).filename().string()) best = e.path().string();
+void verify_sharded_checkpoint(const std::string& ckpt_dir) {
+  const fs::path d(ckpt_dir);
+  const fs::path commit_path = d / kCommit;
+  BLU_CHECK(fs::exists(commit_path), "sharded checkpoint: ", commit_path.string(),
+            " is missing: the checkpoint was not committed (a save was interrupted?)");
+  const nlohmann::json commit = io::read_json_file(commit_path);
+  BLU_CHECK(commit.is_object(), commit_path.string(), ": expected a JSON object, got ", commit.dump());
+  const int version = commit.contains("format_version") ? commit["format_version"].get<int>() : 1;
+  BLU_CHECK(version >= 1 && version <= kShardedFormatVersion, "sharded checkpoint ", ckpt_dir, " has format version ",
+            version, "; this build reads versions 1 to ", kShardedFormatVersion,
+            " (written by a newer BluTrain? load it with that version)");
+  for (const char* key : {"world_size", "step", "total"})
+    BLU_CHECK(commit.contains(key) && commit[key].is_number_integer(), commit_path.string(), ": expected an integer \"",
+              key, "\"");
+  const int W = commit["world_size"].get<int>();
+  const int64_t step = commit["step"].get<int64_t>();
+  BLU_CHECK(W >= 1 && step >= 0, commit_path.string(), ": world_size ", W, " and step ", step, " must be >= 1 and >= 0");
+  if (version == 1) {
+    std::vector<std::string> names{step_dir_name(step) + ".safetensors"};
+    for (int q = 0; q < W; ++q) names.push_back(shard_file_name(q, W));
+    for (const std::string& n : names)
+      BLU_CHECK(fs::exists(d / n), "sharded checkpoint: ", (d / n).string(), " is missing (", commit_path.string(),
+                " names ", W, " shards)");
+    return;
   }
-  return best;
+  BLU_CHECK(commit.contains("files") && commit["files"].is_array() && commit["files"].size() == size_t(W) + 1,
+            commit_path.string(), ": expected \"files\" to list the model file and ", W, " shards");
+  for (const auto& f : commit["files"]) {
+    const std::string name = f.at("name").get<std::string>();
+    BLU_CHECK(!name.empty() && name.find('/') == std::string::npos && name != "." && name != "..",
+              commit_path.string(), ": bad file name '", name, "'");
+    const fs::path p = d / name;
+    BLU_CHECK(fs::exists(p), "sharded checkpoint: ", p.string(), " is missing (listed in ", commit_path.string(), ")");
+    const io::FileDigest got = io::digest_file(p);
+    const uint64_t want_bytes = f.at("bytes").get<uint64_t>();
+    BLU_CHECK(got.bytes == want_bytes, "sharded checkpoint: ", p.string(), " has ", got.bytes, " bytes, expected ",
+              want_bytes, " (truncated or overwritten)");
+    const std::string want = f.at("checksum").get<std::string>();
+    BLU_CHECK(got.checksum == want, "sharded checkpoint: checksum mismatch in ", p.string(), ": expected ", want,
+              ", got ", got.checksum, " (the file is corrupt)");
+  }
+}
+
+std::string latest_sharded_checkpoint(const std::string& dir, const CheckpointWarning& warn) {
+  auto all = step_dirs(dir);
+  std::erase_if(all, [](const auto& sd) { return !fs::exists(sd.second / kCommit); });
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      verify_sharded_checkpoint(it->second.string());
+      return it->second.string();
+    } catch (const std::exception& e) {
+      if (warn)
+        warn("warning: skipping checkpoint " + it->second.string() + " (step " + std::to_string(it->first) +
+             "): " + e.what() + (it + 1 != all.rend() ? "; trying the previous one" : ""));
+    }
+  }
+  return "";
 }
 
 TrainState load_sharded_checkpoint(const std::string& ckpt_dir, nn::Module& model, ZeroAdamW& opt,
                                    const nlohmann::json& expected_model_config) {
   const fs::path d(ckpt_dir);
-  std::ifstream cf(d / kCommit);
-  BLU_CHECK(cf.good(), "load_sharded_checkpoint: ", (d / kCommit).string(),
-            " is missing: the checkpoint was not committed (a save was interrupted?)");
-  const nlohmann::json commit = nlohmann::json::parse(cf);
+  verify_sharded_checkpoint(ckpt_dir);  // COMMIT, version, every file's size and checksum
+  const nlohmann::json commit = io::read_json_file(d / kCommit);
   const int W = commit.at("world_size").get<int>();
   const int64_t step = commit.at("step").get<int64_t>();
   BLU_CHECK(commit.at("total").get<int64_t>() == opt.total_numel(), "load_sharded_checkpoint: ", ckpt_dir,

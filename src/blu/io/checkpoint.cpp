@@ -5,7 +5,11 @@
 #include <cstring>
 #include <filesystem>
 #include <set>
+#include <span>
+#include <string_view>
+#include <vector>
 
+#include "blu/io/checksum.h"
 #include "blu/io/safetensors.h"
 #include "blu/ops/factory.h"
 #include "blu/ops/view.h"
@@ -19,6 +23,67 @@ namespace {
 constexpr const char* kMetaKey = "train_state";
 constexpr const char* kModelPrefix = "model.";
 constexpr const char* kOptimPrefix = "optim.";
+constexpr const char* kVersionKey = "format_version";
+constexpr const char* kChecksumKey = "checksum";
+
+// The checksum of Note [Checkpoint format version]: (name, bytes) pairs in any order.
+std::string content_checksum(std::vector<std::pair<std::string, std::span<const std::byte>>> tensors,
+                             const std::string& train_state) {
+  std::sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  io::Checksum sum;
+  for (const auto& [name, bytes] : tensors) {
+    sum.update(std::string_view(name.c_str(), name.size() + 1));  // the name and its NUL
+    sum.update(bytes);
+  }
+  sum.update(train_state);
+  return sum.hex();
+}
+
+// The format version in a file's metadata (1 when absent); refuses what this build cannot read.
+int format_version(const SafeTensorsFile& f, const std::string& path) {
+  auto it = f.metadata().find(kVersionKey);
+  if (it == f.metadata().end()) return 1;
+  int v = 0;
+  try {
+    size_t used = 0;
+    v = std::stoi(it->second, &used);
+    if (used != it->second.size()) v = 0;
+  } catch (const std::exception&) {
+    v = 0;
+  }
+  BLU_CHECK(v >= 1, "checkpoint ", path, ": format_version must be a positive integer, got '", it->second, "'");
+  BLU_CHECK(v <= kCheckpointFormatVersion, "checkpoint ", path, " has format version ", v,
+            "; this build reads versions 1 to ", kCheckpointFormatVersion,
+            " (written by a newer BluTrain? load it with that version)");
+  return v;
+}
+
+// Opens, validates and (format 2) checks the checksum of a checkpoint file.
+SafeTensorsFile open_verified(const std::string& path, const char* who) {
+  SafeTensorsFile file = [&] {
+    try {
+      return SafeTensorsFile::open(path);
+    } catch (const Error& e) {
+      BLU_CHECK(false, who, ": ", path, " is not a readable checkpoint: ", e.what());
+      throw;  // unreachable
+    }
+  }();
+  const int version = format_version(file, path);
+  auto meta = file.metadata().find(kMetaKey);
+  BLU_CHECK(meta != file.metadata().end(), who, ": ", path, " has no '", kMetaKey,
+            "' metadata (not a BluTrain checkpoint?)");
+  if (version >= 2) {
+    auto want = file.metadata().find(kChecksumKey);
+    BLU_CHECK(want != file.metadata().end(), who, ": ", path, " (format ", version, ") has no '", kChecksumKey,
+              "' metadata");
+    std::vector<std::pair<std::string, std::span<const std::byte>>> tensors;
+    for (const TensorEntry& e : file.entries()) tensors.emplace_back(e.name, file.bytes(e));
+    const std::string got = content_checksum(std::move(tensors), meta->second);
+    BLU_CHECK(got == want->second, who, ": checksum mismatch in ", path, ": expected ", want->second, ", got ", got,
+              " (the file is corrupt)");
+  }
+  return file;
+}
 
 nlohmann::json train_state_to_json(const TrainState& s) {
   return {{"step", s.step},       {"rng_seed", s.rng_seed},         {"rng_offset", s.rng_offset},
@@ -71,12 +136,15 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
 
 // Adds each tensor (CPU, made contiguous; kept alive in `keep` until the write) under prefix.
 void add_tensors(SafeTensorsWriter& w, const nn::NamedTensors& tensors, const std::string& prefix,
-                 std::vector<Tensor>& keep, const char* what) {
+                 std::vector<Tensor>& keep, std::vector<std::pair<std::string, std::span<const std::byte>>>& added,
+                 const char* what) {
   for (const auto& [name, t] : tensors) {
     BLU_CHECK(t.defined(), "save_checkpoint: ", what, " tensor '", name, "' is undefined");
     Tensor c = contiguous(to_device(t.detach(), kCPU));  // device tensors are copied to the host
     keep.push_back(c);
-    w.add(prefix + name, c.dtype(), c.shape(), {static_cast<const std::byte*>(c.raw_data()), c.nbytes()});
+    const std::span<const std::byte> bytes{static_cast<const std::byte*>(c.raw_data()), c.nbytes()};
+    w.add(prefix + name, c.dtype(), c.shape(), bytes);
+    added.emplace_back(prefix + name, bytes);
   }
 }
 
@@ -119,11 +187,21 @@ std::string save_checkpoint(const std::string& dir, const nn::Module& model, con
   std::snprintf(name, sizeof name, "ckpt_%08lld.safetensors", static_cast<long long>(st.step));
   const std::string path = (fs::path(dir) / name).string();
 
+  // Temporary files of saves that were cut short (the writer's mkstemp names).
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.starts_with("ckpt_") && n.find(".safetensors.tmp.") != std::string::npos) fs::remove(e.path(), ec);
+  }
+
   SafeTensorsWriter w;
   std::vector<Tensor> keep;
-  add_tensors(w, model.state_dict(), kModelPrefix, keep, "model");
-  if (opt) add_tensors(w, opt->state(), kOptimPrefix, keep, "optimizer");
-  w.set_metadata(kMetaKey, train_state_to_json(st).dump());
+  std::vector<std::pair<std::string, std::span<const std::byte>>> added;
+  add_tensors(w, model.state_dict(), kModelPrefix, keep, added, "model");
+  if (opt) add_tensors(w, opt->state(), kOptimPrefix, keep, added, "optimizer");
+  const std::string state = train_state_to_json(st).dump();
+  w.set_metadata(kMetaKey, state);
+  w.set_metadata(kVersionKey, std::to_string(kCheckpointFormatVersion));
+  w.set_metadata(kChecksumKey, content_checksum(std::move(added), state));
   w.write(path);  // atomic; on failure it throws and nothing below runs
 
   if (keep_last > 0) {
@@ -141,20 +219,29 @@ std::string latest_checkpoint(const std::string& dir) {
   return all.empty() ? std::string() : all.back().second;
 }
 
+void verify_checkpoint(const std::string& path) { open_verified(path, "verify_checkpoint"); }
+
+std::string latest_valid_checkpoint(const std::string& dir, const CheckpointWarning& warn) {
+  auto all = list_checkpoints(dir);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      verify_checkpoint(it->second);
+      return it->second;
+    } catch (const Error& e) {
+      if (warn)
+        warn("warning: skipping checkpoint " + it->second + " (step " + std::to_string(it->first) + "): " + e.what() +
+             (it + 1 != all.rend() ? "; trying the previous one" : ""));
+    }
+  }
+  return "";
+}
+
 TrainState load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* opt,
                            const nlohmann::json& expected_model_config) {
-  // The reader validates the whole file (header, offsets, sizes) before anything is used.
-  SafeTensorsFile file = [&] {
-    try {
-      return SafeTensorsFile::open(path);
-    } catch (const Error& e) {
-      BLU_CHECK(false, "load_checkpoint: ", path, " is not a readable checkpoint: ", e.what());
-      throw;  // unreachable
-    }
-  }();
+  // The reader validates the whole file (header, offsets, sizes), its version and its checksum
+  // before anything is used.
+  SafeTensorsFile file = open_verified(path, "load_checkpoint");
   auto meta = file.metadata().find(kMetaKey);
-  BLU_CHECK(meta != file.metadata().end(), "load_checkpoint: ", path, " has no '", kMetaKey,
-            "' metadata (not a BluTrain checkpoint?)");
   nlohmann::json j = nlohmann::json::parse(meta->second, nullptr, /*allow_exceptions=*/false);
   BLU_CHECK(!j.is_discarded(), "load_checkpoint: ", path, ": metadata '", kMetaKey, "' is not valid JSON");
   TrainState st = train_state_from_json(j, path);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <limits>
 #include <optional>
 #include <ostream>
@@ -111,9 +112,13 @@ bool holds_run(const std::string& dir) {
 std::string resolve_checkpoint(const std::string& path) {
   BLU_CHECK(!path.empty(), "expected a checkpoint file or a run directory, got an empty path");
   if (fs::is_directory(path)) {
-    const std::string latest = latest_checkpoint(path);
+    std::string reasons;
+    const std::string latest = latest_valid_checkpoint(path, [&](const std::string& w) {
+      reasons += "\n  " + w;
+      std::cerr << w << "\n";
+    });
     BLU_CHECK(!latest.empty(), "expected checkpoints (ckpt_*.safetensors) in the run directory ", path,
-              ", found none");
+              reasons.empty() ? std::string(", found none") : ", none verifies:" + reasons);
     return latest;
   }
   BLU_CHECK(fs::is_regular_file(path), "checkpoint not found: expected a file or a run directory, got '", path, "'");
@@ -202,7 +207,18 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   bool restart = false;  // --auto-resume over a run of this model without a checkpoint: from step 0
   if (!o.out.empty()) {
     if (o.resume || o.auto_resume) {
-      resume_from = o.zero > 0 ? dist::latest_sharded_checkpoint(o.out) : latest_checkpoint(o.out);
+      // The newest checkpoint that verifies; a corrupt or truncated newer one is skipped with a
+      // warning (rank 0 prints it).
+      std::vector<std::string> skipped;
+      const CheckpointWarning warn = [&](const std::string& w) {
+        skipped.push_back(w);
+        if (cb_.log) *cb_.log << w << "\n" << std::flush;
+      };
+      resume_from = o.zero > 0 ? dist::latest_sharded_checkpoint(o.out, warn) : latest_valid_checkpoint(o.out, warn);
+      std::string reasons;
+      for (const std::string& w : skipped) reasons += "\n  " + w;
+      BLU_CHECK(!resume_from.empty() || skipped.empty(), o.resume ? "--resume" : "--auto-resume",
+                ": no checkpoint in ", o.out, " verifies:", reasons);
       BLU_CHECK(!o.resume || !resume_from.empty(), "--resume: expected a ",
                 o.zero > 0 ? "committed sharded checkpoint (ckpt_*/COMMIT)" : "checkpoint (ckpt_*.safetensors)",
                 " in ", o.out, ", found none");
@@ -218,8 +234,9 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
       }
     } else {
       BLU_CHECK(o.overwrite || !holds_run(o.out), "the run directory ", o.out,
-                " already holds a run (metrics.jsonl or checkpoints): pass --overwrite to replace it, --resume to "
-                "continue it, or choose another --out");
+                " already holds a run (metrics.jsonl or checkpoints): pass --auto-resume to continue it (from its "
+                "newest valid checkpoint, or from the start when it has none), --overwrite to replace it, or choose "
+                "another --out");
     }
   } else {
     BLU_CHECK(!o.resume && !o.auto_resume, "--resume and --auto-resume need --out (the run directory)");

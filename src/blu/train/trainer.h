@@ -16,7 +16,9 @@
 // checkpoint; samples and validation use their own generator / a loader reset to its start, so
 // they never perturb training. A run directory that already holds a run is never touched unless
 // `overwrite` (which removes only this trainer's own files), `resume`, or `auto_resume` (which
-// continues it, or restarts a run of the same model that has no checkpoint yet).
+// continues it, or restarts a run of the same model that has no checkpoint yet). Resuming takes the
+// newest checkpoint that verifies (io/checkpoint, dist/zero), warning about each newer one that
+// does not.
 #pragma once
 #include <atomic>
 #include <cstdint>
