@@ -11,6 +11,7 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config git
   libgtest-dev libgmock-dev libopenblas-dev libomp-dev libcli11-dev nlohmann-json3-dev
   libgloo-dev                     # CPU collectives (src/blu/dist)
+  libssl-dev                      # HMAC-SHA256 of the TCP store's handshake (src/blu/dist/tcp_store)
   python3 python3-torch           # the CPU oracle (/usr/bin/python3 with PyTorch)
   python3-numpy                   # the attention kernels' CPU models (FlashAttentionLab.*)
   fortunes fortunes-min           # the demo corpus
