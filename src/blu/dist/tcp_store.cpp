@@ -744,10 +744,15 @@ void store_barrier(TcpStore& store, const std::string& name, int world_size, Mil
     BLU_CHECK(false, "timed out after ", timeout.count() / 1000.0, " s waiting for ", what, " (", n, " of ",
               world_size, " ranks had arrived at barrier '", name, "')");
   }
-  if (store.add(left, 1) == world_size) {  // the last one out removes the barrier's keys
-    store.remove(arrived);
-    store.remove(open);
-    store.remove(left);
+  // The last one out removes the barrier's keys. Past the barrier, a store that is gone (rank 0
+  // has exited after the job's last barrier) is no error of this one.
+  try {
+    if (store.add(left, 1) == world_size) {
+      store.remove(arrived);
+      store.remove(open);
+      store.remove(left);
+    }
+  } catch (const Error&) {
   }
 }
 
