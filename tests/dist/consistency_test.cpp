@@ -125,6 +125,22 @@ TEST_F(DistStartup, ADifferentLrOrGradAccumFailsInsteadOfDiverging) {
   expect_named_failure(run_pair(1, {"--grad-accum", "2"}, "d", {}, 3, {}, true), "grad_accum: rank 0 had 1; rank 1 had 2");
 }
 
+// Rank 1 looks in another (empty) run folder and would start from scratch; rank 0 has a checkpoint
+// at step 2. Every rank resumes from rank 0's choice, and rank 0 says they differed.
+TEST_F(DistStartup, EveryRankResumesFromRankZerosChoice) {
+  const LaunchResult first = run_pair(0, {}, "r", {}, 2);
+  ASSERT_EQ(first.status, 0) << first.err;
+  const LaunchResult r =
+      run_pair(0, {"--out", (dir.path / "elsewhere").string()}, "r", {}, 4, {"--auto-resume"});
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("note: the ranks differ on resume from: rank 0 had ckpt_00000002.safetensors; rank 1 had "
+                       "(none); every rank follows rank 0"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("at step 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("steps        2 -> 4 of 4"), std::string::npos) << r.out;
+}
+
 // Rank 0 spends 3 s on each checkpoint and sample; the collectives' timeout is 1.5 s. The others
 // wait behind a store barrier, so the job finishes.
 TEST_F(DistStartup, ASlowRankZeroCheckpointOrSampleDoesNotKillTheJob) {
