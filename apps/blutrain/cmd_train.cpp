@@ -224,6 +224,15 @@ Command add_train(CLI::App& root) {
   app->add_option("--zero", o.zero, "ZeRO stage with --dp > 1: 0 (DDP), 1 (shard optimizer state), 2 (and gradients)")
       ->capture_default_str()
       ->check(CLI::Range(0, 2));
+  app->add_option("--dist-timeout", o.dist_timeout,
+                  "Seconds after which the store, Gloo and NCCL give up on a peer and end the job with an error "
+                  "(0: BLU_DIST_TIMEOUT, else 30 s for the store and Gloo, 600 s for NCCL)")
+      ->check(CLI::Range(0.0, 1e9));
+  app->add_option("--dist-work-timeout", o.dist_work_timeout,
+                  "Seconds the other ranks wait for rank 0's checkpoint or sample, or for validation, before "
+                  "giving up (a store barrier, not a collective)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.001, 1e9));
   app->add_flag("!--no-row-exchange", o.row_exchange,
                 "With --dp > 1: reduce the tied embedding's whole gradient at the end of backward instead "
                 "of its LM-head part early and its rows apart (docs/distributed.md)");

@@ -35,6 +35,22 @@ TEST(DistEnv, Torchrun) {
   EXPECT_EQ(e.source, "torchrun");
 }
 
+TEST(DistEnv, DistTimeoutIsAPositiveNumberOfSeconds) {
+  EXPECT_EQ(from({}).dist_timeout_s, 0.0);
+  EXPECT_EQ(from({{"BLU_DIST_TIMEOUT", "2.5"}}).dist_timeout_s, 2.5);
+  for (const char* bad : {"0", "-3", "ten", "", "1e300"}) {
+    std::string e;
+    try {
+      from({{"BLU_DIST_TIMEOUT", bad}});
+    } catch (const Error& x) {
+      e = x.what();
+    }
+    EXPECT_NE(e.find("BLU_DIST_TIMEOUT: expected a positive number of seconds, got '" + std::string(bad) + "'"),
+              std::string::npos)
+        << bad << ": " << e;
+  }
+}
+
 TEST(DistEnv, MpirunAndSlurm) {
   DistEnv e = from({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}});
   EXPECT_EQ(e.source, "mpirun");

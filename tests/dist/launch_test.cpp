@@ -24,6 +24,25 @@ TEST(Launch, SetsRankVariablesAndPrefixesEveryLine) {
   }
 }
 
+// Every rank gets the same fresh store secret (64 hex digits) and job name; the launcher's own
+// values, when set, are passed on instead.
+TEST(Launch, HandsEveryRankTheSameStoreSecretAndJob) {
+  const LaunchResult r = run_command(2, {"/bin/sh", "-c", "echo \"s=$BLU_STORE_SECRET j=$BLU_JOB_ID\""});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const size_t a = r.out.find("[rank 0] s="), b = r.out.find("[rank 1] s=");
+  ASSERT_NE(a, std::string::npos) << r.out;
+  ASSERT_NE(b, std::string::npos) << r.out;
+  const std::string line0 = r.out.substr(a + 9, r.out.find('\n', a) - a - 9);
+  const std::string line1 = r.out.substr(b + 9, r.out.find('\n', b) - b - 9);
+  EXPECT_EQ(line0, line1);
+  const std::string secret = line0.substr(2, line0.find(' ') - 2);
+  EXPECT_EQ(secret.size(), 64u) << line0;
+  EXPECT_EQ(secret.find_first_not_of("0123456789abcdef"), std::string::npos) << line0;
+  EXPECT_NE(line0.find(" j=launch-"), std::string::npos) << line0;
+  const LaunchResult again = run_command(1, {"/bin/sh", "-c", "echo \"s=$BLU_STORE_SECRET\""});
+  EXPECT_EQ(again.out.find(secret), std::string::npos);  // fresh per job
+}
+
 TEST(Launch, OneFailingRankStopsTheOthers) {
   // Rank 1 fails at once; the others would sleep for a minute (and ignore nothing).
   const LaunchResult r =

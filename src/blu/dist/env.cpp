@@ -59,6 +59,14 @@ DistEnv detect_env(const std::function<const char*(const char*)>& get) {
   const long port = read_int(get, "MASTER_PORT", env.master_port);
   BLU_CHECK(port >= 1 && port <= 65535, "environment: MASTER_PORT must be in [1, 65535], got ", port);
   env.master_port = int(port);
+  if (const char* t = get("BLU_DIST_TIMEOUT")) {
+    errno = 0;
+    char* end = nullptr;
+    const double s = std::strtod(t, &end);
+    BLU_CHECK(*t != '\0' && end && *end == '\0' && errno == 0 && s > 0 && s <= 1e9,
+              "environment variable BLU_DIST_TIMEOUT: expected a positive number of seconds, got '", t, "'");
+    env.dist_timeout_s = s;
+  }
   BLU_CHECK(env.world_size == 1 || get("MASTER_PORT") || env.source != "torchrun",
             "environment: WORLD_SIZE=", env.world_size, " but MASTER_PORT is not set (torchrun and ",
             "`blutrain launch` set it)");

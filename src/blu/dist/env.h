@@ -5,7 +5,7 @@
 // A process started by none of them is rank 0 of 1.
 // Depends on core/error. Keep: the torchrun variables win over mpirun's, which win over Slurm's
 // (torchrun under Slurm sets both); values are checked (integers, 0 <= rank < world_size,
-// 0 <= local_rank <= rank, port in 1..65535) and a bad one is a BLU_CHECK error naming the variable.
+// 0 <= local_rank <= rank, port in 1..65535, BLU_DIST_TIMEOUT a positive number) and a bad one is a BLU_CHECK error naming the variable.
 #pragma once
 #include <functional>
 #include <string>
@@ -17,6 +17,9 @@ struct DistEnv {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   std::string source = "none";  // "torchrun", "mpirun", "slurm" or "none"
+  // BLU_DIST_TIMEOUT: seconds after which the store, Gloo and NCCL give up waiting; 0 when unset
+  // (each keeps its own default).
+  double dist_timeout_s = 0;
   bool is_distributed() const { return world_size > 1; }
 };
 

@@ -11,10 +11,12 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include "blu/core/error.h"
+#include "blu/dist/tcp_store.h"
 
 namespace blu::dist {
 
@@ -88,6 +90,12 @@ namespace {
 // itself was asked to stop (SIGINT/SIGTERM).
 int run_once(const LaunchOptions& o, int restart, std::FILE* out, std::FILE* err, bool& stopped) {
   const int port = o.master_port > 0 ? o.master_port : free_port();
+  // The store's secret and namespace (Note [Store security], tcp_store.cpp): the launcher's own
+  // BLU_STORE_SECRET / BLU_JOB_ID when set (or given in o.env), else fresh ones for this start.
+  const char* given_secret = std::getenv("BLU_STORE_SECRET");
+  const std::string secret = given_secret && *given_secret ? given_secret : generate_store_secret();
+  const char* given_job = std::getenv("BLU_JOB_ID");
+  const std::string job = given_job && *given_job ? given_job : "launch-" + generate_store_secret().substr(0, 16);
 
   struct sigaction sa{}, old_int{}, old_term{};
   sa.sa_handler = on_signal;
@@ -119,6 +127,8 @@ int run_once(const LaunchOptions& o, int restart, std::FILE* out, std::FILE* err
       ::setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
       ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       ::setenv("BLU_RESTART_COUNT", std::to_string(restart).c_str(), 1);
+      ::setenv("BLU_STORE_SECRET", secret.c_str(), 1);
+      ::setenv("BLU_JOB_ID", job.c_str(), 1);
       for (const auto& [k, v] : o.env) ::setenv(k.c_str(), v.c_str(), 1);
       std::vector<char*> argv;
       for (const std::string& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));

@@ -1,6 +1,8 @@
 // dist/launch: `blutrain launch -n N -- cmd...` as a library function — starts N local copies of
 // a command as ranks 0..N-1 of one job (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-// MASTER_ADDR, MASTER_PORT set, as torchrun sets them), forwards each one's stdout and stderr line
+// MASTER_ADDR, MASTER_PORT set, as torchrun sets them; and BLU_STORE_SECRET, BLU_JOB_ID: the
+// store's secret and namespace, dist/tcp_store.h — the launcher's own when set, else fresh random
+// ones per start), forwards each one's stdout and stderr line
 // by line with a "[rank k] " prefix, and when one rank fails (non-zero exit or a signal) stops
 // the others: SIGTERM, then SIGKILL after a grace period. With max_restarts > 0 a failed job is
 // started again, every rank anew (BLU_RESTART_COUNT = 1, 2, ... tells them; 0 the first time), up

@@ -49,6 +49,12 @@ class ProcessGroup {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string backend() const = 0;  // "gloo", "nccl"
+  // Operations issued from now on fail after `t`, and their errors name `phase` (what the ranks
+  // are doing: "training step 12", "rank 0's checkpoint at step 10"). The trainer raises the
+  // timeout around work of unbounded length (checkpoints) and names each phase.
+  virtual void set_timeout(std::chrono::milliseconds t) = 0;
+  virtual std::chrono::milliseconds timeout() const = 0;
+  virtual void set_phase(std::string phase) = 0;
 
   virtual WorkPtr all_reduce(const Tensor& t, ReduceOp op = ReduceOp::sum) = 0;
   virtual WorkPtr reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op = ReduceOp::sum) = 0;

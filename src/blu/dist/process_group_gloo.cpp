@@ -25,6 +25,7 @@
 #include <signal.h>
 #include <unistd.h>
 #include <algorithm>
+#include <atomic>
 
 #include "blu/dist/gloo_store.h"
 #include "blu/dist/process_group.h"
@@ -122,20 +123,20 @@ constexpr uint8_t kReduceScatterSlot = 0xB0, kP2PSlot = 0xB1;
 class GlooGroup final : public ProcessGroup {
  public:
   GlooGroup(TcpStore& store, int rank, int size, const GlooOptions& options)
-      : rank_(rank), size_(size), timeout_(options.timeout) {
+      : rank_(rank), size_(size), timeout_(options.timeout.count()) {
     gloo::transport::tcp::attr attr;
     attr.hostname = options.hostname.empty() ? default_hostname(store.host()) : options.hostname;
     try {
       auto device = gloo::transport::tcp::CreateDevice(attr);
       auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
-      ctx->setTimeout(timeout_);
+      ctx->setTimeout(options.timeout);
       GlooStore adapter(store);
       gloo::rendezvous::PrefixStore prefixed(options.prefix, adapter);
       ctx->connectFullMesh(prefixed, device);
       ctx_ = std::move(ctx);
     } catch (const std::exception& e) {
       BLU_CHECK(false, "gloo: rank ", rank, " of ", size, " could not connect to its peers within ",
-                timeout_.count(), " ms: ", e.what());
+                options.timeout.count(), " ms: ", e.what());
     }
     worker_ = std::thread([this] { run(); });
   }
@@ -152,6 +153,15 @@ class GlooGroup final : public ProcessGroup {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "gloo"; }
+  void set_timeout(std::chrono::milliseconds t) override {
+    BLU_CHECK(t.count() > 0, "gloo: timeout must be > 0 ms, got ", t.count());
+    timeout_ = t.count();
+  }
+  std::chrono::milliseconds timeout() const override { return std::chrono::milliseconds(timeout_.load()); }
+  void set_phase(std::string phase) override {
+    std::lock_guard lock(mu_);
+    phase_ = std::move(phase);
+  }
 
   WorkPtr all_reduce(const Tensor& t, ReduceOp op) override {
     check_tensor(t, "all_reduce");
@@ -164,7 +174,7 @@ class GlooGroup final : public ProcessGroup {
         using ReduceFn = void (*)(void*, const void*, const void*, size_t);
         o.setReduceFunction(op == ReduceOp::max ? ReduceFn(&gloo::max<scalar_t>) : ReduceFn(&gloo::sum<scalar_t>));
         o.setTag(tag);
-        o.setTimeout(timeout_);
+        o.setTimeout(op_timeout_);
         gloo::allreduce(o);
         if (op == ReduceOp::avg) scale(t.data<scalar_t>(), t.numel(), scalar_t(1) / scalar_t(size_));
       });
@@ -197,7 +207,7 @@ class GlooGroup final : public ProcessGroup {
         o.setInput<scalar_t>(in.data<scalar_t>(), size_t(in.numel()));
         o.setOutput<scalar_t>(out.data<scalar_t>(), size_t(out.numel()));
         o.setTag(tag);
-        o.setTimeout(timeout_);
+        o.setTimeout(op_timeout_);
         gloo::allgather(o);
       });
     });
@@ -213,7 +223,7 @@ class GlooGroup final : public ProcessGroup {
         o.setOutput<scalar_t>(t.data<scalar_t>(), size_t(t.numel()));
         o.setRoot(root);
         o.setTag(tag);
-        o.setTimeout(timeout_);
+        o.setTimeout(op_timeout_);
         gloo::broadcast(o);
       });
     });
@@ -226,7 +236,7 @@ class GlooGroup final : public ProcessGroup {
     check_p2p(t, dst, tag, "send");
     auto buf = ctx_->createUnboundBuffer(t.raw_data(), t.nbytes());
     buf->send(dst, gloo::Slot::build(kP2PSlot, uint32_t(tag)));
-    return std::make_shared<P2PWork>(std::move(buf), t, true, timeout_, rank_, dst);
+    return std::make_shared<P2PWork>(std::move(buf), t, true, timeout(), rank_, dst);
   }
 
   WorkPtr recv(const Tensor& t, int src, int tag) override {
@@ -234,14 +244,14 @@ class GlooGroup final : public ProcessGroup {
     t.storage()->bump_version();  // Note [Storage versions]
     auto buf = ctx_->createUnboundBuffer(t.raw_data(), t.nbytes());
     buf->recv(src, gloo::Slot::build(kP2PSlot, uint32_t(tag)));
-    return std::make_shared<P2PWork>(std::move(buf), t, false, timeout_, rank_, src);
+    return std::make_shared<P2PWork>(std::move(buf), t, false, timeout(), rank_, src);
   }
 
   WorkPtr barrier() override {
     return enqueue("barrier", [this](uint32_t tag) {
       gloo::BarrierOptions o(ctx_);
       o.setTag(tag);
-      o.setTimeout(timeout_);
+      o.setTimeout(op_timeout_);
       gloo::barrier(o);
     });
   }
@@ -251,6 +261,8 @@ class GlooGroup final : public ProcessGroup {
     std::function<void(uint32_t)> fn;
     std::shared_ptr<GlooWork> work;
     const char* name;
+    std::chrono::milliseconds timeout;  // the group's when issued
+    std::string phase;
   };
 
   static std::string default_hostname(const std::string& master) {
@@ -291,10 +303,10 @@ class GlooGroup final : public ProcessGroup {
   }
 
   void wait_send(gloo::transport::UnboundBuffer& buf, const char* what) {
-    if (!buf.waitSend(timeout_)) throw Error(std::string("gloo ") + what + ": send aborted");
+    if (!buf.waitSend(op_timeout_)) throw Error(std::string("gloo ") + what + ": send aborted");
   }
   void wait_recv(gloo::transport::UnboundBuffer& buf, const char* what) {
-    if (!buf.waitRecv(timeout_)) throw Error(std::string("gloo ") + what + ": receive aborted");
+    if (!buf.waitRecv(op_timeout_)) throw Error(std::string("gloo ") + what + ": receive aborted");
   }
 
   // Ring reduce-scatter. Chunk c is in[c·n, (c+1)·n). At step s rank r sends its running sum of
@@ -337,7 +349,7 @@ class GlooGroup final : public ProcessGroup {
     auto work = std::make_shared<GlooWork>();
     {
       std::lock_guard lock(mu_);
-      queue_.push_back({std::move(fn), work, name});
+      queue_.push_back({std::move(fn), work, name, timeout(), phase_});
     }
     cv_.notify_all();
     return work;
@@ -360,11 +372,12 @@ class GlooGroup final : public ProcessGroup {
                 ": the process group failed earlier: " + broken_;
       } else {
         try {
+          op_timeout_ = task.timeout;
           task.fn(tag++);
         } catch (const std::exception& e) {
           error = "gloo " + std::string(task.name) + " failed on rank " + std::to_string(rank_) + " of " +
-                  std::to_string(size_) + " (timeout " + std::to_string(timeout_.count()) +
-                  " ms; a peer exited or stalled?): " + e.what();
+                  std::to_string(size_) + (task.phase.empty() ? "" : " during " + task.phase) + " (timeout " +
+                  std::to_string(task.timeout.count()) + " ms; a peer exited or stalled?): " + e.what();
           broken_ = error;
         }
       }
@@ -374,7 +387,9 @@ class GlooGroup final : public ProcessGroup {
 #undef BLU_DISPATCH_GLOO
 
   int rank_, size_;
-  std::chrono::milliseconds timeout_;
+  std::atomic<int64_t> timeout_;         // ms, for operations issued from now on
+  std::chrono::milliseconds op_timeout_{0};  // the running operation's (worker thread only)
+  std::string phase_;                     // guarded by mu_
   std::shared_ptr<gloo::Context> ctx_;
   std::thread worker_;
   std::mutex mu_;

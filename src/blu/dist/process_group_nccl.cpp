@@ -151,6 +151,7 @@ class NcclProcessGroup final : public ProcessGroup {
     sh_->rank = rank;
     sh_->size = size;
     sh_->timeout = o.timeout;
+    timeout_ms_ = o.timeout.count();
     watchdog_ = std::thread([this] { watch(); });
   }
 
@@ -173,6 +174,13 @@ class NcclProcessGroup final : public ProcessGroup {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "nccl"; }
+  // 0 turns the watchdog off for the operations issued afterwards.
+  void set_timeout(std::chrono::milliseconds t) override {
+    BLU_CHECK(t.count() >= 0, "nccl: timeout must be >= 0 ms, got ", t.count());
+    timeout_ms_ = t.count();
+  }
+  std::chrono::milliseconds timeout() const override { return std::chrono::milliseconds(timeout_ms_.load()); }
+  void set_phase(std::string phase) override { phase_ = std::move(phase); }  // the issuing thread's
 
   WorkPtr all_reduce(const Tensor& t, ReduceOp op) override {
     check_tensor(t, "all_reduce");
@@ -257,6 +265,7 @@ class NcclProcessGroup final : public ProcessGroup {
     std::shared_ptr<cuda::Event> done;
     Clock::time_point start;
     std::string what;
+    std::chrono::milliseconds timeout;  // the group's when issued
   };
 
   template <typename F>
@@ -273,10 +282,12 @@ class NcclProcessGroup final : public ProcessGroup {
       if (t.numel() > 0) cuda::record_stream(t, comm);
     auto done = std::make_shared<cuda::Event>();
     done->record(comm);
-    const std::string desc = std::string(what) + " #" + std::to_string(++seq_);
-    if (sh_->timeout.count() > 0) {
+    std::string desc = std::string(what) + " #" + std::to_string(++seq_);
+    if (!phase_.empty()) desc += " during " + phase_;
+    const std::chrono::milliseconds timeout(timeout_ms_.load());
+    if (timeout.count() > 0) {
       std::lock_guard lock(pending_mu_);
-      pending_.push_back({done, Clock::now(), desc});
+      pending_.push_back({done, Clock::now(), desc, timeout});
     }
     pending_cv_.notify_one();
     if (prev != device_) cuda::set_device(prev);
@@ -302,10 +313,11 @@ class NcclProcessGroup final : public ProcessGroup {
                   ": asynchronous error: " + ncclGetErrorString(async) + "; the communicator was aborted");
         continue;
       }
-      if (!pending_.empty() && Clock::now() - pending_.front().start > sh_->timeout) {
+      if (!pending_.empty() && Clock::now() - pending_.front().start > pending_.front().timeout) {
         sh_->fail("nccl: rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": " +
                   pending_.front().what + " did not complete within the timeout of " +
-                  std::to_string(sh_->timeout.count()) + " ms (a peer died or stalled); the communicator was aborted");
+                  std::to_string(pending_.front().timeout.count()) +
+                  " ms (a peer died or stalled); the communicator was aborted");
       }
     }
   }
@@ -335,6 +347,8 @@ class NcclProcessGroup final : public ProcessGroup {
   std::unique_ptr<cuda::Stream> stream_;
   cuda::Event ready_;  // reused: recorded and waited on within one launch()
   uint64_t seq_ = 0;
+  std::atomic<int64_t> timeout_ms_{0};  // for operations issued from now on
+  std::string phase_;
   std::mutex pending_mu_;
   std::condition_variable pending_cv_;
   std::deque<Pending> pending_;

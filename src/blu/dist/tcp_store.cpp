@@ -1,30 +1,83 @@
-// dist/tcp_store: the store's server (accept thread + one thread per connection over a map guarded
-// by a mutex and a condition variable) and its client. See tcp_store.h for the protocol.
+// dist/tcp_store: the store's server (one thread polling every connection, over a map) and its
+// client. See tcp_store.h for the protocol.
+//
+// Note [Store security]
+// Who can reach the store: anyone who can open a TCP connection to MASTER_ADDR:MASTER_PORT. The
+// server therefore binds the address MASTER_ADDR names (loopback under `blutrain launch`, so only
+// this machine's processes can connect) and serves keys only to a client that proves it knows the
+// job's secret: each side sends a 32-byte random nonce and answers the other's with
+// HMAC-SHA256(secret, label || job || their nonce || own nonce), the two labels differing so a
+// proof can never be reflected back. A client also learns that the server is its job's (a stale
+// server of another job on a reused port fails the client's check instead of handing it foreign
+// keys). What the secret does not protect: the requests after the handshake travel in the clear
+// and unauthenticated, so an attacker who can read and rewrite the packets between ranks (not just
+// connect) can still tamper; the threat model is an outside client on the same network, or
+// another user's job on the same machine. Before authentication a connection costs the server at
+// most one small buffer (the hello is at most 300 bytes) for at most handshake_timeout, and the
+// connection cap bounds how many there are; after it, ranks are trusted but still cannot make
+// the server allocate more than one request's worth (capped) per connection or keep more keys
+// than max_keys.
 #include "blu/dist/tcp_store.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <poll.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <list>
 #include <map>
 #include <thread>
 
 #include "blu/core/error.h"
+#include "blu/dist/env.h"
 
 namespace blu::dist {
 
 namespace {
 
 enum Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kDelete = 5, kWait = 6 };
+enum Status : uint8_t { kOk = 0, kAbsent = 1, kRefused = 2 };
+constexpr uint32_t kMagic = 0x53554C42;  // "BLUS" little-endian
+constexpr uint32_t kVersion = 1;
+constexpr size_t kNonceBytes = 32, kProofBytes = 32, kMaxJobBytes = 256;
+constexpr size_t kMaxHelloBytes = 4 + 4 + 4 + kMaxJobBytes + kNonceBytes;
+constexpr size_t kRecvChunk = 65536;
 using Clock = std::chrono::steady_clock;
+using Nonce = std::array<uint8_t, kNonceBytes>;
+using Proof = std::array<uint8_t, kProofBytes>;
+
+// now + d, saturating at time_point::max() (a client may ask for INT64_MAX ms).
+Clock::time_point deadline_after(Milliseconds d) {
+  const auto now = Clock::now();
+  if (d.count() <= 0) return now;
+  const auto room = std::chrono::duration_cast<Milliseconds>(Clock::time_point::max() - now);
+  return d >= room ? Clock::time_point::max() : now + d;
+}
+
+Milliseconds add_saturating(Milliseconds a, Milliseconds b) {
+  int64_t s = 0;
+  return __builtin_add_overflow(a.count(), b.count(), &s) ? Milliseconds::max() : Milliseconds(s);
+}
+
+int poll_ms_until(Clock::time_point deadline) {
+  if (deadline == Clock::time_point::max()) return 1 << 30;
+  const auto left = std::chrono::duration_cast<Milliseconds>(deadline - Clock::now()).count();
+  return int(std::clamp<int64_t>(left + 1, 0, 1 << 30));
+}
 
 // Both helpers return false when the peer closed, the socket failed or the deadline passed.
 bool send_all(int fd, const void* data, size_t n) {
@@ -42,10 +95,8 @@ bool send_all(int fd, const void* data, size_t n) {
 bool recv_all(int fd, void* data, size_t n, Clock::time_point deadline) {
   char* p = static_cast<char*>(data);
   while (n > 0) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) return false;
     pollfd pfd{fd, POLLIN, 0};
-    const int r = ::poll(&pfd, 1, int(std::min<long long>(left, 1 << 30)));
+    const int r = ::poll(&pfd, 1, poll_ms_until(deadline));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return false;
     const ssize_t k = ::recv(fd, p, n, 0);
@@ -64,151 +115,480 @@ void put_str(std::string& b, const std::string& s) {
   b += s;
 }
 
-bool read_str(int fd, std::string& s, Clock::time_point deadline) {
+// A length-prefixed string of at most `cap` bytes (the client's reader: the server it talks to
+// has proven the job's secret, but a cap still keeps a confused peer from costing gigabytes).
+bool read_str(int fd, std::string& s, uint32_t cap, Clock::time_point deadline) {
   uint32_t n = 0;
-  if (!recv_all(fd, &n, 4, deadline)) return false;
-  if (n > (1u << 30)) return false;
+  if (!recv_all(fd, &n, 4, deadline) || n > cap) return false;
   s.resize(n);
   return n == 0 || recv_all(fd, s.data(), n, deadline);
 }
 
-constexpr auto kForever = Clock::time_point::max();
+Nonce random_nonce() {
+  Nonce n{};
+  size_t got = 0;
+  while (got < n.size()) {
+    const ssize_t k = ::getrandom(n.data() + got, n.size() - got, 0);
+    if (k < 0 && errno == EINTR) continue;
+    BLU_CHECK(k > 0, "TcpStore: getrandom() failed: ", std::strerror(errno));
+    got += size_t(k);
+  }
+  return n;
+}
+
+// HMAC-SHA256(secret, label || job || first || second).
+Proof prove(const std::string& secret, const char* label, const std::string& job, const Nonce& first,
+            const Nonce& second) {
+  std::string msg = label;
+  put_str(msg, job);
+  msg.append(reinterpret_cast<const char*>(first.data()), first.size());
+  msg.append(reinterpret_cast<const char*>(second.data()), second.size());
+  Proof out{};
+  unsigned int len = 0;
+  const unsigned char* r = ::HMAC(EVP_sha256(), secret.data(), int(secret.size()),
+                                  reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), out.data(), &len);
+  BLU_ASSERT(r != nullptr && len == out.size(), "TcpStore: HMAC-SHA256 failed");
+  return out;
+}
+
+constexpr const char* kServerLabel = "blu-store server proof";
+constexpr const char* kClientLabel = "blu-store client proof";
+
+// Little-endian reads from a buffer the caller has checked holds the bytes.
+uint32_t get_u32(const std::string& b, size_t at) {
+  uint32_t v;
+  std::memcpy(&v, b.data() + at, 4);
+  return v;
+}
+int64_t get_i64(const std::string& b, size_t at) {
+  int64_t v;
+  std::memcpy(&v, b.data() + at, 8);
+  return v;
+}
 
 }  // namespace
 
+// One thread, one poll() over the listening socket, a wake-up pipe and every connection.
+// A connection moves through: hello (waiting for the client's hello) → proof (waiting for its
+// proof) → ready (serving requests; a GET/WAIT whose key is absent parks it until the key is set
+// or its deadline passes, and its socket is not read meanwhile). Bytes are read only up to the
+// end of what the current stage may hold, after checking every length prefix against its cap.
 class TcpStoreServer {
  public:
-  explicit TcpStoreServer(int port) {
-    listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+  TcpStoreServer(const std::string& host, int port, const StoreOptions& o) : o_(o) {
+    BLU_CHECK(o.world_size >= 1, "TcpStore: world_size must be >= 1, got ", o.world_size);
+    addrinfo hints{};
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
+    BLU_CHECK(rc == 0 && res, "TcpStore: cannot resolve the store's host '", host, "': ", ::gai_strerror(rc));
+    sockaddr_in addr = *reinterpret_cast<sockaddr_in*>(res->ai_addr);
+    ::freeaddrinfo(res);
+    addr.sin_port = htons(uint16_t(port));
+    char ip[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &addr.sin_addr, ip, sizeof ip);
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     BLU_CHECK(listen_fd_ >= 0, "TcpStore: socket() failed: ", std::strerror(errno));
     const int one = 1;
     ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_ANY);
-    addr.sin_port = htons(uint16_t(port));
     if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(listen_fd_, 128) != 0) {
       const int e = errno;
       ::close(listen_fd_);
-      BLU_CHECK(false, "TcpStore: cannot serve on port ", port, ": ", std::strerror(e),
-                " (is another job using MASTER_PORT?)");
+      BLU_CHECK(false, "TcpStore: cannot serve on ", host, " (", ip, ") port ", port, ": ", std::strerror(e),
+                e == EADDRNOTAVAIL ? " (MASTER_ADDR must be an address of the machine that runs rank 0)"
+                                   : " (is another job using MASTER_PORT?)");
     }
     socklen_t len = sizeof addr;
     ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
     port_ = ntohs(addr.sin_port);
-    accept_thread_ = std::thread([this] { accept_loop(); });
+    BLU_CHECK(::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) == 0, "TcpStore: pipe() failed: ", std::strerror(errno));
+    thread_ = std::thread([this] { loop(); });
   }
 
   ~TcpStoreServer() {
-    {
-      std::lock_guard lock(mu_);
-      stop_ = true;
-      for (int fd : conn_fds_) ::shutdown(fd, SHUT_RDWR);
-    }
-    cv_.notify_all();
-    ::shutdown(listen_fd_, SHUT_RDWR);
-    accept_thread_.join();
-    for (auto& t : conn_threads_) t.join();
+    stop_ = true;
+    const char b = 1;
+    (void)!::write(wake_[1], &b, 1);
+    thread_.join();
+    for (Conn& c : conns_) ::close(c.fd);
     ::close(listen_fd_);
-    for (int fd : conn_fds_) ::close(fd);
+    ::close(wake_[0]);
+    ::close(wake_[1]);
   }
 
   int port() const { return port_; }
+  TcpStore::ServerStats stats() const {
+    std::lock_guard lock(stats_mu_);
+    return stats_;
+  }
 
  private:
-  void accept_loop() {
-    for (;;) {
-      pollfd pfd{listen_fd_, POLLIN, 0};
-      const int r = ::poll(&pfd, 1, 100);
-      {
-        std::lock_guard lock(mu_);
-        if (stop_) return;
-      }
-      if (r <= 0) continue;
-      const int fd = ::accept(listen_fd_, nullptr, nullptr);
-      if (fd < 0) continue;
-      const int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      std::lock_guard lock(mu_);
-      if (stop_) {
-        ::close(fd);
-        return;
-      }
-      conn_fds_.push_back(fd);
-      conn_threads_.emplace_back([this, fd] { serve(fd); });
-    }
-  }
+  enum class Stage { hello, proof, ready };
+  struct Conn {
+    int fd = -1;
+    Stage stage = Stage::hello;
+    Clock::time_point handshake_deadline;
+    Nonce client_nonce{}, server_nonce{};
+    std::string in;  // received, not yet handled
+    // A parked GET/WAIT.
+    bool waiting = false;
+    uint8_t wait_op = 0;
+    std::string wait_key;
+    Clock::time_point wait_deadline;
+    bool closing = false;  // refused: close once the reply is sent (it is sent blocking)
+  };
 
-  // Answers one client's requests until it disconnects or the server stops.
-  void serve(int fd) {
-    for (;;) {
-      uint8_t op = 0;
-      std::string key, value;
-      int64_t arg = 0;
-      if (!recv_all(fd, &op, 1, kForever) || !read_str(fd, key, kForever) || !read_str(fd, value, kForever) ||
-          !recv_all(fd, &arg, 8, kForever))
-        return;
-      uint8_t status = 0;
-      std::string out;
-      int64_t number = 0;
-      {
-        std::unique_lock lock(mu_);
-        switch (op) {
-          case kSet:
-            data_[key] = value;
-            cv_.notify_all();
-            break;
-          case kGet:
-          case kWait: {
-            const auto deadline = Clock::now() + std::chrono::milliseconds(arg);
-            const bool found = cv_.wait_until(lock, deadline, [&] { return stop_ || data_.count(key) > 0; });
-            if (!found || stop_ || !data_.count(key)) {
-              status = 1;
-            } else if (op == kGet) {
-              out = data_[key];
-            }
-            break;
-          }
-          case kAdd: {
-            auto it = data_.find(key);
-            int64_t v = 0;
-            if (it != data_.end() && it->second.size() == 8) std::memcpy(&v, it->second.data(), 8);
-            v += arg;
-            data_[key] = std::string(reinterpret_cast<const char*>(&v), 8);
-            number = v;
-            cv_.notify_all();
-            break;
-          }
-          case kCheck: status = data_.count(key) ? 0 : 1; break;
-          case kDelete: status = data_.erase(key) ? 0 : 1; break;
-          default: return;  // a client that speaks another protocol: drop it
+  void loop() {
+    while (!stop_) {
+      std::vector<pollfd> fds{{listen_fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
+      auto next = Clock::time_point::max();
+      for (Conn& c : conns_) {
+        fds.push_back({c.fd, short(c.waiting ? 0 : POLLIN), 0});  // POLLHUP/POLLERR still report
+        if (c.stage != Stage::ready) next = std::min(next, c.handshake_deadline);
+        if (c.waiting) next = std::min(next, c.wait_deadline);
+      }
+      const int r = ::poll(fds.data(), fds.size(), poll_ms_until(next));
+      if (r < 0 && errno != EINTR) break;
+      if (stop_) break;
+      if (r > 0 && (fds[1].revents & POLLIN)) {
+        char buf[64];
+        while (::read(wake_[0], buf, sizeof buf) > 0) {
         }
-        if (stop_) return;
       }
-      std::string reply(1, char(status));
-      put_str(reply, out);
-      put_i64(reply, number);
-      if (!send_all(fd, reply.data(), reply.size())) return;
+      // Connections first (fds[2..] match conns_ in order), then new ones.
+      size_t i = 2;
+      for (auto it = conns_.begin(); it != conns_.end(); ++i) {
+        Conn& c = *it;
+        bool keep = true;
+        if (r > 0 && fds[i].revents) keep = on_readable(c, fds[i].revents);
+        if (keep) keep = on_time(c);
+        if (c.closing) keep = false;
+        if (keep) {
+          ++it;
+        } else {
+          ::close(c.fd);  // the descriptor goes with the connection
+          it = conns_.erase(it);
+        }
+      }
+      if (r > 0 && (fds[0].revents & POLLIN)) accept_one();
+      update_stats();
     }
   }
 
+  void accept_one() {
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return;
+    {
+      std::lock_guard lock(stats_mu_);
+      ++stats_.accepted;
+    }
+    if (conns_.size() >= size_t(o_.world_size) + 8) {  // the cap: world size + 8
+      refuse_count();
+      ::close(fd);
+      return;
+    }
+    const int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    Conn c;
+    c.fd = fd;
+    c.handshake_deadline = deadline_after(o_.handshake_timeout);
+    conns_.push_back(std::move(c));
+  }
+
+  void refuse_count() {
+    std::lock_guard lock(stats_mu_);
+    ++stats_.refused;
+  }
+
+  // Deadlines: an unfinished handshake is dropped; a parked wait that ran out answers "absent".
+  bool on_time(Conn& c) {
+    const auto now = Clock::now();
+    if (c.stage != Stage::ready && now >= c.handshake_deadline) {
+      refuse_count();
+      return false;
+    }
+    if (c.waiting && now >= c.wait_deadline) {
+      c.waiting = false;
+      if (!reply(c, kAbsent, "", 0)) return false;
+      return handle_buffered(c);
+    }
+    return true;
+  }
+
+  // Reads what the current stage may still hold, then handles every complete message.
+  bool on_readable(Conn& c, short revents) {
+    if (c.waiting) return !(revents & (POLLHUP | POLLERR));  // only a hang-up is news
+    const size_t limit = stage_limit(c);
+    if (c.in.size() >= limit) return refuse(c, "a message longer than the protocol allows");
+    char buf[kRecvChunk];
+    const size_t want = std::min(sizeof buf, limit - c.in.size());
+    const ssize_t k = ::recv(c.fd, buf, want, 0);
+    if (k < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+    if (k <= 0) return false;  // closed by the client, or failed
+    c.in.append(buf, size_t(k));
+    return handle_buffered(c);
+  }
+
+  // The most bytes a connection may have buffered in its stage: one whole message.
+  size_t stage_limit(const Conn& c) const {
+    switch (c.stage) {
+      case Stage::hello: return kMaxHelloBytes;
+      case Stage::proof: return kProofBytes;
+      case Stage::ready: return 1 + 4 + size_t(o_.max_key_bytes) + 4 + size_t(o_.max_value_bytes) + 8;
+    }
+    return 0;
+  }
+
+  bool handle_buffered(Conn& c) {
+    for (;;) {
+      if (c.waiting || c.closing) return !c.closing;
+      size_t used = 0;
+      bool ok = true;
+      switch (c.stage) {
+        case Stage::hello: ok = on_hello(c, used); break;
+        case Stage::proof: ok = on_proof(c, used); break;
+        case Stage::ready: ok = on_request(c, used); break;
+      }
+      if (!ok) return false;
+      if (used == 0) return true;  // incomplete: wait for more bytes
+      c.in.erase(0, used);
+      if (c.in.empty() && c.in.capacity() > kRecvChunk) std::string().swap(c.in);  // a large value's buffer
+    }
+  }
+
+  bool on_hello(Conn& c, size_t& used) {
+    const std::string& b = c.in;
+    if (b.size() < 4) return true;
+    if (get_u32(b, 0) != kMagic) {  // not this protocol: say nothing
+      refuse_count();
+      return false;
+    }
+    if (b.size() < 12) return true;
+    if (get_u32(b, 4) != kVersion)
+      return refuse(c, "the store speaks protocol version " + std::to_string(kVersion) + ", the client " +
+                           std::to_string(get_u32(b, 4)) + " (ranks from different BluTrain builds?)");
+    const uint32_t job_len = get_u32(b, 8);
+    if (job_len > kMaxJobBytes) return refuse(c, "a job name longer than 256 bytes");
+    if (b.size() < 12 + job_len + kNonceBytes) return true;
+    const std::string job = b.substr(12, job_len);
+    if (job != o_.job)
+      return refuse(c, "this store serves job '" + o_.job + "', not job '" + job + "' (BLU_JOB_ID differs)");
+    std::memcpy(c.client_nonce.data(), b.data() + 12 + job_len, kNonceBytes);
+    c.server_nonce = random_nonce();
+    const Proof p = prove(o_.secret, kServerLabel, o_.job, c.client_nonce, c.server_nonce);
+    std::string out(1, char(kOk));
+    out.append(reinterpret_cast<const char*>(c.server_nonce.data()), kNonceBytes);
+    out.append(reinterpret_cast<const char*>(p.data()), kProofBytes);
+    if (!send_blocking(c, out)) return false;
+    c.stage = Stage::proof;
+    used = 12 + job_len + kNonceBytes;
+    return true;
+  }
+
+  bool on_proof(Conn& c, size_t& used) {
+    if (c.in.size() < kProofBytes) return true;
+    const Proof want = prove(o_.secret, kClientLabel, o_.job, c.server_nonce, c.client_nonce);
+    if (CRYPTO_memcmp(want.data(), c.in.data(), kProofBytes) != 0)
+      return refuse(c, "the client does not know this job's secret (BLU_STORE_SECRET differs)");
+    if (!send_blocking(c, std::string(1, char(kOk)))) return false;
+    c.stage = Stage::ready;
+    used = kProofBytes;
+    return true;
+  }
+
+  bool on_request(Conn& c, size_t& used) {
+    const std::string& b = c.in;
+    if (b.size() < 5) return true;
+    const uint8_t op = uint8_t(b[0]);
+    if (op < kSet || op > kWait) return refuse(c, "unknown request " + std::to_string(op));
+    const uint32_t key_len = get_u32(b, 1);
+    if (key_len > o_.max_key_bytes)
+      return refuse(c, "a key of " + std::to_string(key_len) + " bytes (at most " + std::to_string(o_.max_key_bytes) +
+                           ")");
+    if (b.size() < 5 + size_t(key_len) + 4) return true;
+    const uint32_t value_len = get_u32(b, 5 + key_len);
+    if (value_len > o_.max_value_bytes)
+      return refuse(c, "a value of " + std::to_string(value_len) + " bytes (at most " +
+                           std::to_string(o_.max_value_bytes) + ")");
+    const size_t total = 5 + size_t(key_len) + 4 + size_t(value_len) + 8;
+    if (b.size() < total) return true;
+    used = total;
+    std::string key = b.substr(5, key_len);
+    std::string value = b.substr(9 + key_len, value_len);
+    const int64_t arg = get_i64(b, 9 + key_len + value_len);
+    switch (op) {
+      case kSet: {
+        auto it = data_.find(key);
+        const size_t old = it == data_.end() ? 0 : it->first.size() + it->second.size();
+        if (it == data_.end() && data_.size() >= o_.max_keys)
+          return refuse(c, "more than " + std::to_string(o_.max_keys) + " keys");
+        if (total_bytes_ - old + key.size() + value.size() > o_.max_total_bytes)
+          return refuse(c, "more than " + std::to_string(o_.max_total_bytes) + " bytes of keys and values");
+        total_bytes_ = total_bytes_ - old + key.size() + value.size();
+        data_[key] = std::move(value);
+        if (!reply(c, kOk, "", 0)) return false;
+        wake(key);
+        return true;
+      }
+      case kGet:
+      case kWait: {
+        if (arg < 0) return refuse(c, "a negative timeout (" + std::to_string(arg) + " ms)");
+        auto it = data_.find(key);
+        if (it != data_.end()) return reply(c, kOk, op == kGet ? it->second : std::string(), 0);
+        c.waiting = true;
+        c.wait_op = op;
+        c.wait_key = std::move(key);
+        c.wait_deadline = deadline_after(Milliseconds(arg));
+        return true;
+      }
+      case kAdd: {
+        auto it = data_.find(key);
+        int64_t v = 0;
+        if (it != data_.end()) {
+          if (it->second.size() != 8) return refuse(c, "add on key '" + key + "', which holds no counter");
+          std::memcpy(&v, it->second.data(), 8);
+        } else if (data_.size() >= o_.max_keys) {
+          return refuse(c, "more than " + std::to_string(o_.max_keys) + " keys");
+        } else if (total_bytes_ + key.size() + 8 > o_.max_total_bytes) {
+          return refuse(c, "more than " + std::to_string(o_.max_total_bytes) + " bytes of keys and values");
+        }
+        int64_t sum = 0;
+        if (__builtin_add_overflow(v, arg, &sum))
+          return refuse(c, "add of " + std::to_string(arg) + " to " + std::to_string(v) + " overflows key '" + key + "'");
+        if (it == data_.end()) total_bytes_ += key.size() + 8;
+        data_[key] = std::string(reinterpret_cast<const char*>(&sum), 8);
+        if (!reply(c, kOk, "", sum)) return false;
+        wake(key);
+        return true;
+      }
+      case kCheck: return reply(c, data_.count(key) ? kOk : kAbsent, "", 0);
+      case kDelete: {
+        auto it = data_.find(key);
+        if (it == data_.end()) return reply(c, kAbsent, "", 0);
+        total_bytes_ -= it->first.size() + it->second.size();
+        data_.erase(it);
+        return reply(c, kOk, "", 0);
+      }
+    }
+    return false;
+  }
+
+  // Answers every connection parked on `key`.
+  void wake(const std::string& key) {
+    auto it = data_.find(key);
+    if (it == data_.end()) return;
+    for (Conn& w : conns_) {
+      if (!w.waiting || w.wait_key != key) continue;
+      w.waiting = false;
+      // A failed send shows up as a hang-up at the next poll.
+      if (reply(w, kOk, w.wait_op == kGet ? it->second : std::string(), 0)) handle_buffered(w);
+    }
+  }
+
+  bool reply(Conn& c, uint8_t status, const std::string& value, int64_t number) {
+    std::string out(1, char(status));
+    put_str(out, value);
+    put_i64(out, number);
+    return send_blocking(c, out);
+  }
+
+  // Tells the client why (in its stage's format) and drops the connection.
+  bool refuse(Conn& c, const std::string& why) {
+    refuse_count();
+    std::string out(1, char(kRefused));
+    put_str(out, "refused by the store: " + why);
+    if (c.stage == Stage::ready) put_i64(out, 0);
+    send_blocking(c, out);
+    c.closing = true;
+    return false;
+  }
+
+  // Replies are small; a client that does not read them within a second is dropped.
+  bool send_blocking(Conn& c, const std::string& out) {
+    const char* p = out.data();
+    size_t n = out.size();
+    const auto deadline = deadline_after(Milliseconds(1000));
+    while (n > 0) {
+      const ssize_t k = ::send(c.fd, p, n, MSG_NOSIGNAL);
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        pollfd pfd{c.fd, POLLOUT, 0};
+        if (::poll(&pfd, 1, poll_ms_until(deadline)) <= 0) return false;
+        continue;
+      }
+      if (k <= 0) return false;
+      p += k;
+      n -= size_t(k);
+    }
+    return true;
+  }
+
+  void update_stats() {
+    size_t buffered = 0;
+    for (const Conn& c : conns_) buffered += c.in.capacity();
+    std::lock_guard lock(stats_mu_);
+    stats_.connections = conns_.size();
+    stats_.buffered_bytes = buffered;
+    stats_.keys = data_.size();
+  }
+
+  const StoreOptions o_;
   int listen_fd_ = -1;
+  int wake_[2] = {-1, -1};
   int port_ = 0;
-  std::thread accept_thread_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  // The loop thread's alone.
+  std::list<Conn> conns_;
   std::map<std::string, std::string> data_;
-  std::vector<int> conn_fds_;
-  std::vector<std::thread> conn_threads_;
+  size_t total_bytes_ = 0;
+  mutable std::mutex stats_mu_;
+  TcpStore::ServerStats stats_;
 };
 
+std::string generate_store_secret() {
+  const Nonce n = random_nonce();
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  for (uint8_t b : n) {
+    s += hex[b >> 4];
+    s += hex[b & 15];
+  }
+  return s;
+}
+
+StoreOptions StoreOptions::from_env(Milliseconds timeout) {
+  StoreOptions o;
+  o.timeout = timeout;
+  const DistEnv env = detect_env();
+  o.world_size = env.world_size;
+  if (const char* job = std::getenv("BLU_JOB_ID"); job && *job) o.job = job;
+  if (const char* secret = std::getenv("BLU_STORE_SECRET"); secret && *secret) {
+    o.secret = secret;
+  } else {
+    BLU_CHECK(env.world_size == 1, "BLU_STORE_SECRET is not set in a job of ", env.world_size,
+              " ranks: the store serves only clients that know the job's secret. `blutrain launch` sets it; under ",
+              env.source, " export the same value on every rank (e.g. BLU_STORE_SECRET=$(openssl rand -hex 32))");
+    static const std::string process_secret = generate_store_secret();  // only this process knows it
+    o.secret = process_secret;
+  }
+  return o;
+}
+
 TcpStore::TcpStore(const std::string& host, int port, bool is_server, Milliseconds timeout)
-    : host_(host), port_(port), timeout_(timeout) {
+    : TcpStore(host, port, is_server, StoreOptions::from_env(timeout)) {}
+
+TcpStore::TcpStore(const std::string& host, int port, bool is_server, StoreOptions options)
+    : options_(std::move(options)), host_(host), port_(port), timeout_(options_.timeout) {
   BLU_CHECK(port >= 0 && port <= 65535, "TcpStore: port must be in [0, 65535], got ", port);
   BLU_CHECK(is_server || port > 0, "TcpStore: a client needs the server's port, got 0");
+  BLU_CHECK(!options_.secret.empty(), "TcpStore: expected the job's secret (BLU_STORE_SECRET), got an empty one");
+  BLU_CHECK(options_.job.size() <= kMaxJobBytes, "TcpStore: the job name (BLU_JOB_ID) must be at most ",
+            kMaxJobBytes, " bytes, got ", options_.job.size());
+  BLU_CHECK(timeout_.count() >= 0, "TcpStore: timeout must be >= 0 ms, got ", timeout_.count());
   if (is_server) {
-    server_ = std::make_unique<TcpStoreServer>(port);
+    server_ = std::make_unique<TcpStoreServer>(host, port, options_);
     port_ = server_->port();
   }
   addrinfo hints{};
@@ -217,12 +597,61 @@ TcpStore::TcpStore(const std::string& host, int port, bool is_server, Millisecon
   addrinfo* res = nullptr;
   const int rc = ::getaddrinfo(host.c_str(), std::to_string(port_).c_str(), &hints, &res);
   BLU_CHECK(rc == 0 && res, "TcpStore: cannot resolve host '", host, "': ", ::gai_strerror(rc));
-  const auto deadline = Clock::now() + timeout;
+  const auto deadline = deadline_after(timeout_);
   std::string last_error;
+  // Connect and shake hands, retrying while the server is not up yet or has no free connection.
   for (;;) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    if (fd_ >= 0 && ::connect(fd_, res->ai_addr, res->ai_addrlen) == 0) break;
-    last_error = std::strerror(errno);
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd_ >= 0 && ::connect(fd_, res->ai_addr, res->ai_addrlen) == 0) {
+      const int one = 1;
+      ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      const Nonce mine = random_nonce();
+      std::string hello;
+      put_u32(hello, kMagic);
+      put_u32(hello, kVersion);
+      put_str(hello, options_.job);
+      hello.append(reinterpret_cast<const char*>(mine.data()), mine.size());
+      uint8_t status = 0;
+      const auto hs_deadline = std::min(deadline_after(Milliseconds(10000)), std::max(deadline, deadline_after(Milliseconds(1000))));
+      if (send_all(fd_, hello.data(), hello.size()) && recv_all(fd_, &status, 1, hs_deadline)) {
+        std::string why;
+        if (status != kOk) {
+          const bool got = read_str(fd_, why, 4096, hs_deadline);
+          ::close(fd_);
+          fd_ = -1;
+          ::freeaddrinfo(res);
+          BLU_CHECK(false, "TcpStore: the store at ", host, ":", port_, " ",
+                    got ? why : std::string("refused the connection"));
+        }
+        Nonce theirs{};
+        Proof proof{};
+        if (recv_all(fd_, theirs.data(), theirs.size(), hs_deadline) &&
+            recv_all(fd_, proof.data(), proof.size(), hs_deadline)) {
+          const Proof want = prove(options_.secret, kServerLabel, options_.job, mine, theirs);
+          if (CRYPTO_memcmp(want.data(), proof.data(), proof.size()) != 0) {
+            ::close(fd_);
+            fd_ = -1;
+            ::freeaddrinfo(res);
+            BLU_CHECK(false, "TcpStore: the store at ", host, ":", port_,
+                      " did not prove that it knows this job's secret (BLU_STORE_SECRET differs between ranks, or "
+                      "another program listens on MASTER_PORT)");
+          }
+          const Proof answer = prove(options_.secret, kClientLabel, options_.job, theirs, mine);
+          if (send_all(fd_, answer.data(), answer.size()) && recv_all(fd_, &status, 1, hs_deadline)) {
+            if (status == kOk) break;  // authenticated
+            const bool got = read_str(fd_, why, 4096, hs_deadline);
+            ::close(fd_);
+            fd_ = -1;
+            ::freeaddrinfo(res);
+            BLU_CHECK(false, "TcpStore: the store at ", host, ":", port_, " ",
+                      got ? why : std::string("refused this client's proof"));
+          }
+        }
+      }
+      last_error = "the connection closed during the handshake (the store's connections are all taken?)";
+    } else {
+      last_error = std::strerror(errno);
+    }
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
     if (Clock::now() >= deadline) break;
@@ -230,9 +659,7 @@ TcpStore::TcpStore(const std::string& host, int port, bool is_server, Millisecon
   }
   ::freeaddrinfo(res);
   BLU_CHECK(fd_ >= 0, "TcpStore: could not connect to the store at ", host, ":", port_, " within ",
-            timeout.count(), " ms (last error: ", last_error, "); is rank 0 running and MASTER_ADDR/PORT right?");
-  const int one = 1;
-  ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            timeout_.count(), " ms (last error: ", last_error, "); is rank 0 running and MASTER_ADDR/PORT right?");
 }
 
 TcpStore::~TcpStore() {
@@ -240,8 +667,18 @@ TcpStore::~TcpStore() {
   server_.reset();
 }
 
+TcpStore::ServerStats TcpStore::server_stats() const { return server_ ? server_->stats() : ServerStats{}; }
+
+void TcpStore::check_sizes(const std::string& key, const std::string& value) const {
+  BLU_CHECK(key.size() <= options_.max_key_bytes, "TcpStore: key '", key.substr(0, 64), "...' has ", key.size(),
+            " bytes, at most ", options_.max_key_bytes, " allowed");
+  BLU_CHECK(value.size() <= options_.max_value_bytes, "TcpStore: the value of key '", key, "' has ", value.size(),
+            " bytes, at most ", options_.max_value_bytes, " allowed");
+}
+
 TcpStore::Reply TcpStore::call(uint8_t op, const std::string& key, const std::string& value, int64_t arg,
                                Milliseconds io_timeout) {
+  check_sizes(key, value);
   std::lock_guard lock(mu_);
   BLU_CHECK(fd_ >= 0, "TcpStore: the connection to ", host_, ":", port_, " was lost earlier");
   std::string req(1, char(op));
@@ -249,14 +686,16 @@ TcpStore::Reply TcpStore::call(uint8_t op, const std::string& key, const std::st
   put_str(req, value);
   put_i64(req, arg);
   Reply r;
-  const auto deadline = Clock::now() + io_timeout;
+  const auto deadline = deadline_after(io_timeout);
   const bool ok = send_all(fd_, req.data(), req.size()) && recv_all(fd_, &r.status, 1, deadline) &&
-                  read_str(fd_, r.value, deadline) && recv_all(fd_, &r.number, 8, deadline);
-  if (!ok) {
+                  read_str(fd_, r.value, std::max<uint32_t>(options_.max_value_bytes, 4096), deadline) &&
+                  recv_all(fd_, &r.number, 8, deadline);
+  if (!ok || r.status == kRefused) {
     ::close(fd_);
     fd_ = -1;
-    BLU_CHECK(false, "TcpStore: lost the store at ", host_, ":", port_, " during a request for key '", key,
+    BLU_CHECK(ok, "TcpStore: lost the store at ", host_, ":", port_, " during a request for key '", key,
               "' (no reply within ", io_timeout.count(), " ms; did rank 0 exit?)");
+    BLU_CHECK(false, "TcpStore: the store at ", host_, ":", port_, " ", r.value, " (request for key '", key, "')");
   }
   return r;
 }
@@ -264,7 +703,7 @@ TcpStore::Reply TcpStore::call(uint8_t op, const std::string& key, const std::st
 void TcpStore::set(const std::string& key, const std::string& value) { call(kSet, key, value, 0, timeout_); }
 
 std::string TcpStore::get(const std::string& key) {
-  Reply r = call(kGet, key, "", timeout_.count(), timeout_ + Milliseconds(5000));
+  Reply r = call(kGet, key, "", timeout_.count(), add_saturating(timeout_, Milliseconds(5000)));
   BLU_CHECK(r.status == 0, "TcpStore: timed out after ", timeout_.count(), " ms waiting for key '", key, "'");
   return std::move(r.value);
 }
@@ -274,11 +713,14 @@ int64_t TcpStore::add(const std::string& key, int64_t delta) { return call(kAdd,
 void TcpStore::wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }
 
 void TcpStore::wait(const std::vector<std::string>& keys, Milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
+  BLU_CHECK(timeout.count() >= 0, "TcpStore: wait timeout must be >= 0 ms, got ", timeout.count());
+  const auto deadline = deadline_after(timeout);
   for (const std::string& key : keys) {
-    const auto left = std::max<int64_t>(
-        0, std::chrono::duration_cast<Milliseconds>(deadline - Clock::now()).count());
-    Reply r = call(kWait, key, "", left, Milliseconds(left + 5000));
+    const int64_t left =
+        deadline == Clock::time_point::max()
+            ? timeout.count()
+            : std::max<int64_t>(0, std::chrono::duration_cast<Milliseconds>(deadline - Clock::now()).count());
+    Reply r = call(kWait, key, "", left, add_saturating(Milliseconds(left), Milliseconds(5000)));
     BLU_CHECK(r.status == 0, "TcpStore: timed out after ", timeout.count(), " ms waiting for key '", key, "'");
   }
 }
@@ -290,5 +732,28 @@ bool TcpStore::check(const std::vector<std::string>& keys) {
 }
 
 bool TcpStore::remove(const std::string& key) { return call(kDelete, key, "", 0, timeout_).status == 0; }
+
+void store_barrier(TcpStore& store, const std::string& name, int world_size, Milliseconds timeout,
+                   const std::string& what) {
+  const std::string arrived = name + "/arrived", open = name + "/open", left = name + "/left";
+  if (store.add(arrived, 1) == world_size) store.set(open, "");
+  try {
+    store.wait({open}, timeout);
+  } catch (const Error&) {
+    const int64_t n = store.add(arrived, 0);
+    BLU_CHECK(false, "timed out after ", timeout.count() / 1000.0, " s waiting for ", what, " (", n, " of ",
+              world_size, " ranks had arrived at barrier '", name, "')");
+  }
+  // The last one out removes the barrier's keys. Past the barrier, a store that is gone (rank 0
+  // has exited after the job's last barrier) is no error of this one.
+  try {
+    if (store.add(left, 1) == world_size) {
+      store.remove(arrived);
+      store.remove(open);
+      store.remove(left);
+    }
+  } catch (const Error&) {
+  }
+}
 
 }  // namespace blu::dist

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <functional>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -11,10 +12,13 @@
 #include <limits>
 #include <optional>
 #include <ostream>
+#include <thread>
 
 #include "blu/core/error.h"
 #include "blu/core/grad_mode.h"
 #include "blu/dist/strategy.h"
+#include "blu/dist/consistency.h"
+#include "blu/dist/tcp_store.h"
 #include "blu/dist/env.h"
 #include "blu/dist/zero.h"
 #include "blu/io/checkpoint.h"
@@ -88,6 +92,47 @@ std::vector<fs::path> shard_files(const std::string& pattern, const char* what) 
 
 }  // namespace
 
+namespace {
+
+// What every rank of a job must agree on (dist/consistency.h): the options that shape a step or
+// the order of the collectives (paths excluded: they may differ between machines), the model's
+// config and parameter shapes, the world size and the build; and, advisory (rank 0 decides), the
+// checkpoint the rank would resume from.
+dist::Fingerprint fingerprint(const TrainOptions& o, const models::CausalLM& model, int world_size,
+                              const std::string& resume_from, bool restart) {
+  dist::Fingerprint fp;
+  fp.push_back({"world_size", std::to_string(world_size)});
+  fp.push_back({"blutrain_version", BLU_VERSION});
+  for (const auto& [k, v] : o.model.items()) fp.push_back({"model." + k, v.dump()});
+  const nlohmann::json options = o.to_json();  // items() refers into it
+  for (const auto& [k, v] : options.items()) {
+    if (k == "model" || k == "train_pattern" || k == "val_pattern" || k == "out" || k == "init_from") continue;
+    fp.push_back({k, v.dump()});
+  }
+  fp.push_back({"resume", o.resume ? "true" : "false"});
+  fp.push_back({"overwrite", o.overwrite ? "true" : "false"});
+  const auto params = model.named_parameters();
+  fp.push_back({"parameter count", std::to_string(params.size())});
+  for (const auto& [name, t] : params) {
+    std::string shape = "[";
+    for (size_t i = 0; i < t.shape().size(); ++i) shape += (i ? ", " : "") + std::to_string(t.shape()[i]);
+    fp.push_back({"parameter " + name, shape + "] " + std::string(dtype_name(t.dtype()))});
+  }
+  fp.push_back({"resume from", resume_from.empty() ? (restart ? "(restart from step 0)" : "(none)")
+                                                   : fs::path(resume_from).filename().string(),
+                false});
+  return fp;
+}
+
+// A delay (ms, from BLU_TEST_RANK0_DELAY_MS) that rank 0 adds to its checkpoints and samples:
+// tests use it to make rank 0 slower than the collectives' timeout.
+void test_delay_on_rank0(int rank) {
+  static const char* v = std::getenv("BLU_TEST_RANK0_DELAY_MS");
+  if (rank == 0 && v && *v) std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(v)));
+}
+
+}  // namespace
+
 nlohmann::json TrainOptions::to_json() const {
   return {{"train_pattern", train_pattern}, {"val_pattern", val_pattern},   {"model", model},
           {"batch_size", batch_size},       {"seq_len", seq_len},           {"grad_accum", grad_accum},
@@ -99,7 +144,8 @@ nlohmann::json TrainOptions::to_json() const {
           {"sample_temperature", sample_temperature}, {"sample_top_k", sample_top_k},
           {"ckpt_every", ckpt_every},       {"keep_last", keep_last},       {"log_every", log_every},
           {"dp", dp},                       {"zero", zero}, {"row_exchange", row_exchange},
-          {"auto_resume", auto_resume}, {"init_from", init_from}};
+          {"auto_resume", auto_resume}, {"init_from", init_from}, {"dist_timeout", dist_timeout},
+          {"dist_work_timeout", dist_work_timeout}};
 }
 
 bool holds_run(const std::string& dir) {
@@ -181,6 +227,10 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   BLU_CHECK(o.zero == 0 || o.dp > 1, "--zero ", o.zero, " shards over data-parallel ranks: it needs --dp > 1");
   BLU_CHECK(o.zero == 0 || o.optimizer == "adamw", "--zero ", o.zero, " is implemented for adamw, got --optimizer ",
             o.optimizer);
+  BLU_CHECK(o.dist_timeout >= 0 && o.dist_timeout <= 1e9, "--dist-timeout must be >= 0 seconds (0: the default), got ",
+            o.dist_timeout);
+  BLU_CHECK(o.dist_work_timeout > 0 && o.dist_work_timeout <= 1e9, "--dist-work-timeout must be > 0 seconds, got ",
+            o.dist_work_timeout);
   const dist::DistEnv env = dist::detect_env();
   BLU_CHECK(env.world_size == o.dp, "--dp ", o.dp, " must equal the number of launched processes (WORLD_SIZE=",
             env.world_size, " from ", env.source, "); start with `blutrain launch -n ", o.dp, " -- blutrain train ...`");
@@ -266,13 +316,29 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   apply_precision(*model_, o.precision);
   std::shared_ptr<dist::ProcessGroup> pg;
   if (o.dp > 1) {  // the job's process group: rendezvous through rank 0's store
-    store_ = std::make_unique<dist::TcpStore>(env.master_addr, env.master_port, rank_ == 0);
+    const double timeout_s = o.dist_timeout > 0 ? o.dist_timeout : env.dist_timeout_s;  // 0: each one's default
+    const auto ms = [&](double fallback_s) {
+      return dist::Milliseconds(int64_t((timeout_s > 0 ? timeout_s : fallback_s) * 1000));
+    };
+    store_ = std::make_unique<dist::TcpStore>(env.master_addr, env.master_port, rank_ == 0,
+                                              dist::StoreOptions::from_env(ms(30)));
+    // Before any collective: the ranks were started alike (else every rank fails here, naming the
+    // keys), and every rank resumes from rank 0's choice.
+    const std::vector<std::string> notes =
+        dist::check_consistency(*store_, rank_, world, fingerprint(o, *model_, world, resume_from, restart), ms(30));
+    for (const std::string& n : notes)
+      if (cb_.log) *cb_.log << "note: the ranks differ on " << n << "; every rank follows rank 0\n";
+    const auto agreed = nlohmann::json::parse(
+        dist::agree_on(*store_, rank_, "resume", nlohmann::json{{"from", resume_from}, {"restart", restart}}.dump()));
+    resume_from = agreed["from"].get<std::string>();
+    restart = agreed["restart"].get<bool>();
 #ifdef BLU_HAVE_CUDA
     if (device_.is_cuda())  // CUDA tensors: NCCL on this rank's device
-      pg = dist::make_nccl_group(*store_, rank_, world, dist::NcclOptions{.device = device_.index});
+      pg = dist::make_nccl_group(*store_, rank_, world, dist::NcclOptions{.timeout = ms(600), .device = device_.index});
     else
 #endif
-      pg = dist::make_gloo_group(*store_, rank_, world);
+      pg = dist::make_gloo_group(*store_, rank_, world, dist::GlooOptions{.timeout = ms(30)});
+    pg->set_phase("start-up");
   }
   dist::StrategyConfig sc;
   sc.zero = o.zero;
@@ -391,12 +457,44 @@ std::string Trainer::save(int64_t step) {
   st.loader = train_loader_->state();
   st.model_config = opt_s_.model;
   st.run = opt_s_.to_json();
-  const std::string written = strategy_->save(opt_s_.out, *model_, st, int(opt_s_.keep_last));
+  std::string written;
+  // Writing takes as long as the disk does: the collectives inside a sharded save get the work
+  // timeout, and the other ranks wait for rank 0's file behind a store barrier.
+  set_phase("the checkpoint at step " + std::to_string(step));
+  with_work_timeout([&] {
+    written = strategy_->save(opt_s_.out, *model_, st, int(opt_s_.keep_last));
+    test_delay_on_rank0(rank_);
+  });
+  wait_for_rank0("rank 0's checkpoint at step " + std::to_string(step));
   if (written.empty()) return "";  // the model is replicated: rank 0's file is the checkpoint
   last_checkpoint_ = written;
   metrics_.write({{"event", "checkpoint"}, {"step", step}, {"path", last_checkpoint_}});
   if (cb_.log) *cb_.log << "checkpoint: " << last_checkpoint_ << "\n";
   return last_checkpoint_;
+}
+
+void Trainer::set_phase(const std::string& phase) {
+  if (dist::ProcessGroup* pg = strategy_->process_group()) pg->set_phase(phase);
+}
+
+void Trainer::wait_for_rank0(const std::string& what) {
+  if (!store_) return;
+  dist::store_barrier(*store_, "trainer/work/" + std::to_string(++work_barriers_), int(opt_s_.dp),
+                      dist::Milliseconds(int64_t(opt_s_.dist_work_timeout * 1000)), what);
+}
+
+void Trainer::with_work_timeout(const std::function<void()>& f) {
+  dist::ProcessGroup* pg = strategy_->process_group();
+  if (!pg) return f();
+  const auto saved = pg->timeout();
+  pg->set_timeout(std::max(saved, dist::Milliseconds(int64_t(opt_s_.dist_work_timeout * 1000))));
+  try {
+    f();
+  } catch (...) {
+    pg->set_timeout(saved);
+    throw;
+  }
+  pg->set_timeout(saved);
 }
 
 TrainSummary Trainer::run() {
@@ -408,7 +506,9 @@ TrainSummary Trainer::run() {
   const auto t_run = Clock::now();
   int64_t last_eval = -1, last_save = last_checkpoint_.empty() ? -1 : step_;
   const auto run_eval = [&] {
-    const double v = strategy_->mean_over_ranks(evaluate(*model_, *val_loader_, o.val_batches, device_));
+    set_phase("validation at step " + std::to_string(step_));
+    double v = evaluate(*model_, *val_loader_, o.val_batches, device_);
+    with_work_timeout([&] { v = strategy_->mean_over_ranks(v); });  // the ranks may finish apart
     last_eval = step_;
     sum.final_val_loss = v;
     metrics_.write({{"event", "eval"}, {"step", step_}, {"val_loss", v}});
@@ -428,6 +528,7 @@ TrainSummary Trainer::run() {
   int64_t since_read = 0;
   alloc.reset_peak();
   while (step_ < o.steps) {
+    if (store_) set_phase("training step " + std::to_string(step_ + 1));
     const dist::StepValues v = train_step();
     ++step_;
     ++since_read;
@@ -473,7 +574,13 @@ TrainSummary Trainer::run() {
     if (cb_.log) *cb_.log << format_progress_line(s) << "\n" << std::flush;
 
     if (val_loader_ && o.val_every > 0 && step_ % o.val_every == 0) run_eval();
-    if (o.sample_every > 0 && step_ % o.sample_every == 0 && !stopping && rank_ == 0) sample(step_);
+    if (o.sample_every > 0 && step_ % o.sample_every == 0 && !stopping) {
+      if (rank_ == 0) {
+        sample(step_);
+        test_delay_on_rank0(rank_);
+      }
+      wait_for_rank0("rank 0's sample at step " + std::to_string(step_));
+    }
     if (o.ckpt_every > 0 && step_ % o.ckpt_every == 0 && step_ < o.steps) {
       save(step_);
       last_save = step_;

@@ -4,8 +4,10 @@
 //   Around the steps: validation loss every val_every steps, a text sample every sample_every
 //   steps, a checkpoint every ckpt_every steps and at the end (or on a stop request), a progress
 //   line every log_every steps, and <out>/metrics.jsonl.
-// Data parallel (dp > 1, under `blutrain launch -n dp` or another launcher: dist/env.h): every
-// rank runs this loop on its slice of the data (batch_size is per rank, so a step trains on
+// Data parallel (dp > 1, under `blutrain launch -n dp` or another launcher: dist/env.h): the
+// ranks first check that they were started alike (dist/consistency.h: options, model config,
+// parameter shapes, world size, build; rank 0's resume checkpoint is the one every rank loads),
+// then every rank runs this loop on its slice of the data (batch_size is per rank, so a step trains on
 // batch_size·seq_len·grad_accum·dp tokens); gradients are averaged by dist::DistributedDataParallel
 // (zero 0, 1) or reduce-scattered by dist::ZeroAdamW (zero 2); only rank 0 prints and writes
 // metrics; checkpoints are rank 0's ordinary file (zero 0) or sharded (zero 1, 2; dist/zero.h).
@@ -78,6 +80,12 @@ struct TrainOptions {
   int64_t dp = 1;  // data-parallel degree; > 1 must equal the launcher's WORLD_SIZE (CPU, Gloo)
   int zero = 0;    // 0: DDP + optimizer; 1, 2: ZeRO stage (AdamW only, dp > 1)
   bool row_exchange = true;  // the tied embedding's rows exchanged apart (DDP, ZeRO-2: dist/ddp.h, dist/zero.h)
+  // Seconds after which the store and the collectives give up on a peer (0: BLU_DIST_TIMEOUT, and
+  // without it the store's and Gloo's 30 s, NCCL's 600 s).
+  double dist_timeout = 0;
+  // Seconds the other ranks wait for work of rank 0 alone (a checkpoint, a sample) or of unbounded
+  // length (validation), behind a store barrier instead of in a collective with dist_timeout.
+  double dist_work_timeout = 3600;
 
   nlohmann::json to_json() const;  // recorded in run.json and in checkpoints
 };
@@ -138,6 +146,13 @@ class Trainer {
   std::string save(int64_t step);
   void print_header();
   void sample(int64_t step);
+  // Data parallel: what the ranks are doing, named by a collective that times out.
+  void set_phase(const std::string& phase);
+  // Every rank waits (up to dist_work_timeout, through the store) for work of rank 0's; `what`
+  // names it in the timeout's error.
+  void wait_for_rank0(const std::string& what);
+  // Runs f with the collectives' timeout raised to dist_work_timeout (work of unbounded length).
+  void with_work_timeout(const std::function<void()>& f);
 
   TrainOptions opt_s_;
   TrainCallbacks cb_;
@@ -152,6 +167,7 @@ class Trainer {
   int rank_ = 0;
   std::unique_ptr<dist::TcpStore> store_;
   std::unique_ptr<dist::Strategy> strategy_;
+  int64_t work_barriers_ = 0;
 };
 
 }  // namespace blu::train
