@@ -191,9 +191,11 @@ Command add_train(CLI::App& root) {
                   "train --dp N ...); --batch-size is per rank")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app->add_option("--zero", o.zero, "ZeRO stage with --dp > 1: 0 (DDP), 1 (shard optimizer state), 2 (and gradients)")
+  app->add_option("--zero", o.zero,
+                  "ZeRO stage with --dp > 1: 0 (DDP), 1 (shard optimizer state), 2 (and gradients), 3 (and "
+                  "parameters, gathered block by block)")
       ->capture_default_str()
-      ->check(CLI::Range(0, 2));
+      ->check(CLI::Range(0, 3));
   app->add_flag("!--no-row-exchange", o.row_exchange,
                 "With --dp > 1: reduce the tied embedding's whole gradient at the end of backward instead "
                 "of its LM-head part early and its rows apart (docs/distributed.md)");

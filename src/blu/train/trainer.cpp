@@ -172,7 +172,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   BLU_CHECK(!(o.auto_resume && (o.overwrite || o.resume)), "--auto-resume replaces --resume and contradicts ",
             "--overwrite: give one of the three");
   BLU_CHECK(o.dp >= 1, "--dp must be at least 1, got ", o.dp);
-  BLU_CHECK(o.zero >= 0 && o.zero <= 2, "--zero must be 0, 1 or 2 (stage 3 is not implemented), got ", o.zero);
+  BLU_CHECK(o.zero >= 0 && o.zero <= 3, "--zero must be 0, 1, 2 or 3, got ", o.zero);
   BLU_CHECK(o.zero == 0 || o.dp > 1, "--zero ", o.zero, " shards over data-parallel ranks: it needs --dp > 1");
   BLU_CHECK(o.zero == 0 || o.optimizer == "adamw", "--zero ", o.zero, " is implemented for adamw, got --optimizer ",
             o.optimizer);
@@ -391,7 +391,12 @@ TrainSummary Trainer::run() {
   const auto t_run = Clock::now();
   int64_t last_eval = -1, last_save = last_checkpoint_.empty() ? -1 : step_;
   const auto run_eval = [&] {
-    const double v = strategy_->mean_over_ranks(evaluate(*model_, *val_loader_, o.val_batches, device_));
+    double local = 0;
+    {
+      const auto full = strategy_->full_parameters();  // ZeRO-3: the whole model for the evaluation
+      local = evaluate(*model_, *val_loader_, o.val_batches, device_);
+    }
+    const double v = strategy_->mean_over_ranks(local);
     last_eval = step_;
     sum.final_val_loss = v;
     metrics_.write({{"event", "eval"}, {"step", step_}, {"val_loss", v}});
@@ -456,7 +461,10 @@ TrainSummary Trainer::run() {
     if (cb_.log) *cb_.log << format_progress_line(s) << "\n" << std::flush;
 
     if (val_loader_ && o.val_every > 0 && step_ % o.val_every == 0) run_eval();
-    if (o.sample_every > 0 && step_ % o.sample_every == 0 && !stopping && rank_ == 0) sample(step_);
+    if (o.sample_every > 0 && step_ % o.sample_every == 0 && !stopping) {
+      const auto full = strategy_->full_parameters();  // every rank takes part under ZeRO-3
+      if (rank_ == 0) sample(step_);
+    }
     if (o.ckpt_every > 0 && step_ % o.ckpt_every == 0 && step_ < o.steps) {
       save(step_);
       last_save = step_;
