@@ -8,7 +8,8 @@
 // DistributedDataParallel (--zero 1: ZeRO-1 AdamW; --bucket-mib, --first-bucket-mib,
 // --comm-priority and --no-row-exchange to compare DDP settings), or with --zero 2 under ZeRO-2
 // alone (gradients reduce-scattered during backward in --bucket-mib buckets; the tied embedding's
-// rows exchanged apart unless --no-row-exchange); every rank draws its own batches of B rows;
+// rows exchanged apart unless --no-row-exchange), or with --zero 3 under ZeRO-3 (parameters
+// sharded too, gathered block by block: dist/zero.h); every rank draws its own batches of B rows;
 // rank 0 prints the line with the global tok/s (world·B·T per median step) and its own memory.
 #include <algorithm>
 #include <array>
@@ -44,7 +45,7 @@ struct BenchOptions {
   double peak_tflops = 0;  // the GPU's measured bf16 (or tf32/fp32) matmul peak, for MFU
   double lr = 6e-4, beta2 = 0.999;  // AdamW's (torch_gpt2.py's); torch_llama.py takes 3e-4 and 0.95
   bool profile = false;    // time each op of one extra step (device time by op name)
-  int dp = 1, zero = 0;    // data-parallel ranks (launched processes), ZeRO stage (0 or 1)
+  int dp = 1, zero = 0;    // data-parallel ranks (launched processes), ZeRO stage (0 to 3)
   dist::DDPOptions ddp;    // bucket sizes, to compare settings on the same machine
   std::string comm_priority = "high";  // the NCCL stream's priority: high | default
   bool row_exchange = true;  // DDP exchanges the tied embedding's rows apart (dist/ddp.h)
@@ -122,7 +123,7 @@ int run_bench(const BenchOptions& o) {
   const dist::DistEnv env = dist::detect_env();
   BLU_CHECK(env.world_size == o.dp, "--dp ", o.dp, " must equal the number of launched processes (WORLD_SIZE=",
             env.world_size, "); start with `blutrain launch -n ", o.dp, " -- blutrain bench --dp ", o.dp, " ...`");
-  BLU_CHECK(o.zero >= 0 && o.zero <= 2, "--zero must be 0, 1 or 2 in bench, got ", o.zero);
+  BLU_CHECK(o.zero >= 0 && o.zero <= 3, "--zero must be 0, 1, 2 or 3 in bench, got ", o.zero);
   BLU_CHECK(o.zero == 0 || o.dp > 1, "--zero ", o.zero, " needs --dp > 1");
   Device dev(o.device);
   BLU_CHECK(o.dp == 1 || o.device == "cuda" || o.device == "cpu", "--dp ", o.dp,
@@ -283,8 +284,13 @@ int run_bench(const BenchOptions& o) {
     j["bucket_mib"] = o.ddp.bucket_mib;
     j["first_bucket_mib"] = o.ddp.first_bucket_mib;
     j["comm_priority"] = o.comm_priority;
-    j["buckets"] = ddp ? ddp->bucket_layout().size() : strategy.zero()->bucket_layout().size();
-    j["row_exchange"] = !o.row_exchange ? "off" : ddp ? ddp->row_exchange_paths().at(0) : strategy.zero()->row_exchange_paths().at(0);
+    if (o.zero == 3) {  // units gathered at once (a block each, and the rest); no row exchange
+      j["units"] = strategy.zero()->num_units();
+      j["row_exchange"] = "off";
+    } else {
+      j["buckets"] = ddp ? ddp->bucket_layout().size() : strategy.zero()->bucket_layout().size();
+      j["row_exchange"] = !o.row_exchange ? "off" : ddp ? ddp->row_exchange_paths().at(0) : strategy.zero()->row_exchange_paths().at(0);
+    }
     if (!timeline.is_null()) j["comm_timeline"] = timeline;
   }
   if (!phases.empty()) {  // medians over the warm steps
@@ -332,7 +338,7 @@ Command add_bench(CLI::App& root) {
       ->capture_default_str();
   app->add_option("--zero", o->zero,
                   "ZeRO stage with --dp: 0 (DDP + AdamW), 1 (optimizer state sharded), 2 (and gradients, reduced "
-                  "during backward in --bucket-mib buckets)")
+                  "during backward in --bucket-mib buckets), 3 (and parameters, gathered block by block)")
       ->capture_default_str();
   app->add_option("--bucket-mib", o->ddp.bucket_mib, "With --dp: DDP (or ZeRO-2) bucket capacity (MiB)")->capture_default_str();
   app->add_option("--first-bucket-mib", o->ddp.first_bucket_mib,

@@ -221,9 +221,11 @@ Command add_train(CLI::App& root) {
                   "train --dp N ...); --batch-size is per rank")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app->add_option("--zero", o.zero, "ZeRO stage with --dp > 1: 0 (DDP), 1 (shard optimizer state), 2 (and gradients)")
+  app->add_option("--zero", o.zero,
+                  "ZeRO stage with --dp > 1: 0 (DDP), 1 (shard optimizer state), 2 (and gradients), 3 (and "
+                  "parameters, gathered block by block)")
       ->capture_default_str()
-      ->check(CLI::Range(0, 2));
+      ->check(CLI::Range(0, 3));
   app->add_option("--dist-timeout", o.dist_timeout,
                   "Seconds after which the store, Gloo and NCCL give up on a peer and end the job with an error "
                   "(0: BLU_DIST_TIMEOUT, else 30 s for the store and Gloo, 600 s for NCCL)")

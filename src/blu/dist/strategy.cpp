@@ -7,6 +7,7 @@
 #include "blu/core/error.h"
 #include "blu/core/grad_mode.h"
 #include "blu/dist/zero.h"
+#include "blu/models/causal_lm.h"
 #include "blu/nn/layers.h"
 #include "blu/ops/elementwise.h"
 #include "blu/ops/factory.h"
@@ -32,8 +33,7 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<ProcessGroup> pg, Strategy
                    OptimizerConfig oc)
     : model_(model), pg_(std::move(pg)), config_(std::move(config)) {
   const int world = pg_ ? pg_->size() : 1;
-  BLU_CHECK(config_.zero >= 0 && config_.zero <= 2, "--zero must be 0, 1 or 2 (stage 3 is not implemented), got ",
-            config_.zero);
+  BLU_CHECK(config_.zero >= 0 && config_.zero <= 3, "--zero must be 0, 1, 2 or 3, got ", config_.zero);
   BLU_CHECK(config_.zero == 0 || pg_, "--zero ", config_.zero,
             " shards over a process group's ranks: it needs one (--dp > 1, or a group of one rank)");
   BLU_CHECK(config_.zero == 0 || oc.name == "adamw", "--zero ", config_.zero, " is implemented for adamw, got --optimizer ",
@@ -43,7 +43,16 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<ProcessGroup> pg, Strategy
   name_ = !pg_ ? "single" : config_.zero == 0 ? "ddp" : "zero" + std::to_string(config_.zero);
   if (config_.fp16_loss_scaling) scaler_ = std::make_unique<optim::LossScaler>();
 
-  const std::vector<nn::Embedding*> rows = config_.row_exchange ? row_sparse_embeddings(model_) : std::vector<nn::Embedding*>{};
+  auto* lm = dynamic_cast<models::CausalLM*>(&model_);
+  BLU_CHECK(config_.zero != 3 || lm, "--zero 3 gathers parameters block by block: it needs a models::CausalLM");
+  if (config_.zero == 3) {
+    // The shards are cut from rank 0's weights; each forward casts the gathered parameters afresh
+    // (kept compute copies would hold every parameter whole).
+    broadcast_parameters(model_, *pg_);
+    model_.set_compute_copies(false);
+  }
+  const std::vector<nn::Embedding*> rows =
+      config_.row_exchange && config_.zero != 3 ? row_sparse_embeddings(model_) : std::vector<nn::Embedding*>{};
   auto groups = optim::decay_groups(model_.named_parameters(), oc.weight_decay);
   if (oc.name == "adamw") {
     optim::AdamWOptions a{.lr = oc.lr, .beta1 = oc.beta1, .beta2 = oc.beta2, .eps = oc.eps};
@@ -53,6 +62,13 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<ProcessGroup> pg, Strategy
       nn::Embedding* tied = rows.empty() ? nullptr : rows.front();
       ZeroOptions zo = zero_options_for(model_, config_.zero_bucket_mib, tied, config_.zero == 2 && config_.row_exchange);
       zo.rows_gather_limit = config_.rows_gather_limit;
+      if (config_.zero == 3) {  // a unit per block, by the parameters' global names
+        for (const models::BlockRef& b : lm->blocks()) {
+          zo.units.emplace_back();
+          for (const auto& [name, t] : b.module->named_parameters()) zo.units.back().push_back(b.name + "." + name);
+        }
+        zo.keep_forward = config_.zero3_keep_forward;
+      }
       auto z = std::make_unique<ZeroAdamW>(std::move(groups), a, pg_, config_.zero, std::move(zo));
       zero_ = z.get();
       opt_ = std::move(z);
@@ -67,6 +83,10 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<ProcessGroup> pg, Strategy
   if (pg_) {  // rank 0's weights everywhere; ZeRO-2 reduces gradients itself, the others through DDP
     if (config_.zero == 2) {
       broadcast_parameters(model_, *pg_);
+    } else if (config_.zero == 3) {
+      ZeroAdamW* z = zero_;
+      block_hooks_ = lm->add_block_hooks([z](size_t i, const Tensor& x) { return z->before_block(i, x); },
+                                         [z](size_t i, const Tensor& y) { return z->after_block(i, y); });
     } else {
       DDPOptions d = config_.ddp;
       d.exchange_rows = rows;
@@ -78,7 +98,17 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<ProcessGroup> pg, Strategy
   params_ = model_.parameters();
 }
 
-Strategy::~Strategy() = default;
+Strategy::~Strategy() {
+  if (block_hooks_ >= 0) dynamic_cast<models::CausalLM&>(model_).remove_block_hooks(block_hooks_);
+}
+
+Strategy::FullParameters::FullParameters(Strategy& s) : zero_(s.zero_) {
+  if (zero_) zero_->gather_full();
+}
+
+Strategy::FullParameters::~FullParameters() {
+  if (zero_) zero_->release_full();
+}
 
 int Strategy::rank() const { return pg_ ? pg_->rank() : 0; }
 int Strategy::world_size() const { return pg_ ? pg_->size() : 1; }
@@ -87,6 +117,7 @@ std::string Strategy::describe() const {
   if (!pg_) return "single device";
   std::string s = std::to_string(pg_->size()) + " ranks (" + pg_->backend() + "), ";
   s += config_.zero > 0 ? "ZeRO stage " + std::to_string(config_.zero) : std::string("DDP all-reduce");
+  if (config_.zero == 3 && config_.zero3_keep_forward) s += " (blocks kept from forward to backward)";
   return s;
 }
 
@@ -106,6 +137,8 @@ StepValues Strategy::step(int64_t n, const std::function<Tensor(int64_t)>& loss_
     std::optional<DistributedDataParallel::NoSync> no_sync;
     if (ddp_ && !last) no_sync.emplace(*ddp_);
     if (zero_ && zero_->stage() == 2) zero_->set_sync(last);
+    const bool zero3 = zero_ && zero_->stage() == 3;
+    if (zero3) zero_->begin_forward(micro == 0);
     const Tensor loss = loss_of(micro);
     BLU_CHECK(loss.defined() && loss.numel() == 1, "Strategy::step: micro-batch ", micro,
               " returned no scalar loss (got ", loss.defined() ? loss.str() : std::string("undefined"), ")");
@@ -115,12 +148,14 @@ StepValues Strategy::step(int64_t n, const std::function<Tensor(int64_t)>& loss_
       v.loss_sum = micro == 0 ? l : add(v.loss_sum, l);
     }
     // Gradients of the mean over all micro-batches (and of the fp16 loss scale, a device value).
+    if (zero3) zero_->begin_backward();
     if (scaler_) {
       mul(loss, mul(scaler_->scale_tensor(loss.device()), 1.0 / double(n))).backward();
     } else {
       const double factor = 1.0 / double(n);
       (factor != 1.0 ? mul(loss, factor) : loss).backward();
     }
+    if (zero3) zero_->end_backward();  // ZeRO-3 reduces every micro-batch: no unit keeps its gradient
   }
   // DDP first: the averaged gradients are the same on every rank, so unscaling and the overflow
   // check agree everywhere, and nothing touches a bucket while its all-reduce may still run.
@@ -133,7 +168,7 @@ StepValues Strategy::step(int64_t n, const std::function<Tensor(int64_t)>& loss_
   // gradients, and ZeRO-2's all-reduced shard total, give every rank the same decision.
   if (scaler_) {
     std::vector<Tensor> grads;
-    if (zero_ && zero_->stage() == 2) {
+    if (zero_ && zero_->stage() >= 2) {
       grads.push_back(zero_->shard_gradient());
     } else {
       for (const Tensor& p : params_) grads.push_back(p.grad());

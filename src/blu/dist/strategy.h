@@ -1,9 +1,10 @@
-// dist/strategy: one object per parallel layout — a single device, DDP, ZeRO-1, ZeRO-2 — that the
+// dist/strategy: one object per parallel layout — a single device, DDP, ZeRO-1, ZeRO-2, ZeRO-3 — that the
 // trainer, `blutrain bench` and the tests drive the same way, so the wiring of each mode exists
 // once:
 //   construction prepares the model (rank 0's weights on every rank; DDP's bucketed all-reduce
-//     hooks, or ZeRO-2's reduce-scatter hooks) and builds the optimizer (AdamW, or SGD without
-//     ZeRO; ZeRO-1/2 shard AdamW's state);
+//     hooks, or ZeRO-2's reduce-scatter hooks, or ZeRO-3's block hooks on a models::CausalLM) and
+//     builds the optimizer (AdamW, or SGD without ZeRO; ZeRO-1/2/3 shard AdamW's state, ZeRO-3 the
+//     parameters too: dist/zero.h);
 //   step() runs one optimizer step over its micro-batches: each micro-batch's forward (the caller's
 //     function, returning the loss), backward of loss / micro_batches (times the fp16 loss scale)
 //     with the mode's communication (only the last micro-batch's backward communicates), the
@@ -47,7 +48,8 @@ struct OptimizerConfig {
 };
 
 struct StrategyConfig {
-  int zero = 0;               // 0: DDP when the group has several ranks; 1, 2: ZeRO stage (AdamW)
+  int zero = 0;               // 0: DDP when the group has several ranks; 1, 2, 3: ZeRO stage (AdamW)
+  bool zero3_keep_forward = false;  // ZeRO-3: blocks stay gathered from forward to backward
   bool row_exchange = true;   // row-sparse embeddings' rows exchanged apart (DDP, ZeRO-2)
   double rows_gather_limit = 1.0;  // rows gathered while world × tokens ≤ this × rows (dist/ddp.h)
   DDPOptions ddp;             // bucket sizes (DDP, ZeRO-1); exchange_rows is filled by the strategy
@@ -80,7 +82,7 @@ class Strategy {
   Strategy(const Strategy&) = delete;
   Strategy& operator=(const Strategy&) = delete;
 
-  // "single", "ddp", "zero1" or "zero2".
+  // "single", "ddp", "zero1", "zero2" or "zero3".
   const std::string& name() const { return name_; }
   std::string describe() const;  // for the run header: "2 ranks (gloo), ZeRO stage 1"
   int rank() const;
@@ -116,6 +118,21 @@ class Strategy {
   // What --resume looks for, for error messages.
   std::string checkpoint_kind() const;
 
+  // Every parameter whole and current (ZeRO-3 gathers them all; other layouts hold them already)
+  // while the returned guard lives — for evaluation, sampling and export outside step(). Collective
+  // under ZeRO-3: every rank takes one at the same point.
+  class FullParameters {
+   public:
+    explicit FullParameters(Strategy& s);
+    ~FullParameters();
+    FullParameters(const FullParameters&) = delete;
+    FullParameters& operator=(const FullParameters&) = delete;
+
+   private:
+    ZeroAdamW* zero_;
+  };
+  FullParameters full_parameters() { return FullParameters(*this); }
+
   // The layout's parts, for tests and `bench --comm-timeline`: DDP (null without it), ZeRO (null
   // without it).
   DistributedDataParallel* ddp() { return ddp_.get(); }
@@ -131,6 +148,7 @@ class Strategy {
   ZeroAdamW* zero_ = nullptr;  // points into opt_ under ZeRO
   std::unique_ptr<DistributedDataParallel> ddp_;
   std::unique_ptr<optim::LossScaler> scaler_;
+  int block_hooks_ = -1;  // ZeRO-3's, on the model
 };
 
 // Every nn::Embedding of `model` that declares a row-sparse gradient, in module order.

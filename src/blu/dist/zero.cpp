@@ -300,7 +300,7 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOptions 
                      std::shared_ptr<ProcessGroup> pg, int stage, ZeroOptions zero)
     : options_(options), pg_(std::move(pg)), stage_(stage) {
   BLU_CHECK(pg_, "ZeroAdamW: null process group");
-  BLU_CHECK(stage == 1 || stage == 2, "ZeroAdamW: stage must be 1 or 2 (stage 3 is not implemented), got ", stage);
+  BLU_CHECK(stage >= 1 && stage <= 3, "ZeroAdamW: stage must be 1, 2 or 3, got ", stage);
   BLU_CHECK(zero.bucket_mib > 0, "ZeroAdamW: bucket_mib must be > 0, got ", zero.bucket_mib);
   // The same option checks as optim's AdamW (which this must match).
   optim::make_adamw({}, options);
@@ -320,8 +320,11 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOptions 
               ", the first one on ", device_, " (one device per rank)");
   const int W = pg_->size(), r = pg_->rank();
   BLU_CHECK(stage == 2 || zero.exchange_rows.empty(), "ZeroAdamW: exchange_rows is for stage 2; stage 1 gets its ",
-            "gradients from DDP (give the embedding to DDPOptions::exchange_rows)");
-  if (stage == 1) {
+            "gradients from DDP (give the embedding to DDPOptions::exchange_rows), stage 3 reduces whole units");
+  BLU_CHECK(stage == 3 || zero.units.empty(), "ZeroAdamW: ZeroOptions::units is for stage 3, got stage ", stage);
+  if (stage == 3) {
+    build_stage3(zero);
+  } else if (stage == 1) {
     chunk_ = std::max<int64_t>(1, (total_ + W - 1) / W);
     const int64_t begin = std::min(total_, int64_t(r) * chunk_), end = std::min(total_, int64_t(r + 1) * chunk_);
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -418,6 +421,7 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOptions 
 }
 
 ZeroAdamW::~ZeroAdamW() {
+  if (gatherer_) shutdown_stage3();
   if (!reducer_) return;
   auto wait = [](const WorkPtr& w) {  // issued collectives finish before their buffers go
     if (w) try {
@@ -470,10 +474,12 @@ bool ZeroAdamW::sync() const { return !reducer_ || reducer_->sync; }
 
 void ZeroAdamW::reduce_gradients() {
   if (stage_ == 2) reducer_->finish();
+  if (stage_ == 3) stage3_shard_grad();
 }
 
 Tensor ZeroAdamW::shard_gradient() {
-  BLU_CHECK(stage_ == 2, "ZeroAdamW::shard_gradient: stage 2 only (stage 1's gradients are the parameters')");
+  BLU_CHECK(stage_ >= 2, "ZeroAdamW::shard_gradient: stages 2 and 3 only (stage 1's gradients are the parameters')");
+  if (stage_ == 3) return stage3_shard_grad();
   reduce_gradients();
   return reducer_->shard_grad;
 }
@@ -517,14 +523,18 @@ NormGate ZeroAdamW::norm_gate(double max_norm) {
 
 void ZeroAdamW::step(const NormGate& gate) {
   NoGradGuard no_grad;
-  Tensor shard_grad;
-  if (stage_ == 2) shard_grad = shard_gradient();
+  Tensor shard_grad, shard_params;
+  if (stage_ >= 2) shard_grad = shard_gradient();
+  if (stage_ == 3) shard_params = stage3_shard_params();
   const int64_t t = steps_ + 1;
   std::map<double, std::vector<AdamWTensors>> by_decay;  // one adamw_step op per weight decay
   for (const Segment& s : segments_) {
     const Param& p = params_[s.param];
-    Tensor g;
-    if (stage_ == 2) {
+    Tensor g, w;
+    if (stage_ == 3) {
+      g = narrow(shard_grad, 0, s.padded_offset, s.length);
+      w = narrow(shard_params, 0, s.padded_offset, s.length);
+    } else if (stage_ == 2) {
       g = narrow(shard_grad, 0, s.shard_offset, s.length);
     } else {
       const Tensor full_grad = p.tensor.grad();
@@ -532,7 +542,8 @@ void ZeroAdamW::step(const NormGate& gate) {
                 "call DistributedDataParallel::finish() before step()");
       g = narrow(reshape(full_grad, {full_grad.numel()}), 0, s.param_offset, s.length);
     }
-    by_decay[p.weight_decay].push_back({narrow(flat(p.tensor), 0, s.param_offset, s.length), g,
+    if (!w.defined()) w = narrow(flat(p.tensor), 0, s.param_offset, s.length);
+    by_decay[p.weight_decay].push_back({w, g,
                                         narrow(exp_avg_, 0, s.shard_offset, s.length),
                                         narrow(exp_avg_sq_, 0, s.shard_offset, s.length), Tensor()});
   }
@@ -540,7 +551,7 @@ void ZeroAdamW::step(const NormGate& gate) {
     adamw_step_(tensors, {.lr = lr_, .beta1 = options_.beta1, .beta2 = options_.beta2, .eps = options_.eps,
                           .weight_decay = wd, .step = t},
                 gate);
-  gather_parameters();
+  if (stage_ < 3) gather_parameters();  // stage 3 gathers the units when they are next used
   if (reducer_) reducer_->consume();
   ++steps_;
 }
@@ -640,6 +651,7 @@ std::string save_sharded_checkpoint(const std::string& dir, const nn::Module& mo
   }
   BLU_CHECK(ranks_failed(pg, dev, !error.empty()) == 0, "save_sharded_checkpoint: cannot prepare ", step_dir.string(),
             ": ", error.empty() ? std::string("rank 0 failed (see its error)") : error);
+  opt.gather_full();  // stage 3: rank 0 writes the whole model (every rank takes part in the gather)
   try {
     fs::create_directories(step_dir);
     if (pg.rank() == 0) save_checkpoint(step_dir.string(), model, nullptr, st, 0);
@@ -663,6 +675,7 @@ std::string save_sharded_checkpoint(const std::string& dir, const nn::Module& mo
   } catch (const std::exception& e) {
     error = e.what();
   }
+  opt.release_full();
   const int64_t failed = ranks_failed(pg, dev, !error.empty());  // every shard is on disk, or not
   BLU_CHECK(failed == 0, "save_sharded_checkpoint: ", step_dir.string(), " is incomplete and not committed: ",
             error.empty() ? std::to_string(failed) + " rank(s) could not write their part (see their errors)" : error);
@@ -831,7 +844,15 @@ TrainState load_sharded_checkpoint(const std::string& ckpt_dir, nn::Module& mode
             " elements (overlapping or missing ranges)");
   // The model (and TrainState) last: io/checkpoint checks it fully before changing anything.
   const fs::path model_file = d / (step_dir_name(step) + ".safetensors");
-  TrainState st = load_checkpoint(model_file.string(), model, nullptr, expected_model_config);
+  opt.gather_full();  // stage 3: the whole model is written, then each rank keeps its chunks
+  TrainState st;
+  try {
+    st = load_checkpoint(model_file.string(), model, nullptr, expected_model_config);
+  } catch (...) {
+    opt.release_full();
+    throw;
+  }
+  opt.release_full(/*write_back=*/true);
   std::vector<double> md(m.begin(), m.end()), vd(v.begin(), v.end());
   opt.load_state({{"step", optim::detail::count_tensor(opt_step)},
                   {"exp_avg", from_vector(md, {n})},

@@ -1,4 +1,4 @@
-// dist/zero: ZeRO stages 1 and 2 for AdamW (stage 3, sharded parameters, is not implemented).
+// dist/zero: ZeRO stages 1, 2 and 3 for AdamW.
 // The parameters, in optimizer-group order, are seen as one flat vector of N elements (the
 // "flat" offsets below). Each rank owns a W-th of it — its shard — and keeps AdamW's moments for
 // the shard only (a W-th of the optimizer state per rank).
@@ -14,9 +14,15 @@
 //     synced backward (the last micro-batch) reduces. reduce_gradients() (called by step(),
 //     clip_grad_norm() and norm_gate()) issues what backward left (a parameter with no gradient
 //     contributes zeros) and waits; shard_gradient() is then this rank's averaged gradient.
-//   Both: AdamW on the shard, each parameter's piece with its group's weight decay and the same
-//   fp32 kernel as optim's AdamW (adamw_step_), then an all-gather of the updated shards so every
-//   rank holds the whole new parameters.
+//   Stage 3 — the parameters sharded too (Note [ZeRO-3], zero3.cpp): the parameters are grouped
+//     into units (ZeroOptions::units: a model's blocks, plus one unit of everything else); rank r
+//     keeps chunk r of every unit's parameters, gradients and moments, and a unit's parameters have
+//     bytes only while it is gathered — around its forward and its backward (before_block /
+//     after_block, the block hooks dist::Strategy installs), its gradient reduce-scattered right
+//     after its backward.
+//   All: AdamW on the shard, each parameter's piece with its group's weight decay and the same
+//   fp32 kernel as optim's AdamW (adamw_step_); stages 1 and 2 then all-gather the updated shards
+//   so every rank holds the whole new parameters (stage 3 gathers them when they are next used).
 // Sharded checkpoints: <dir>/ckpt_<step, 8 digits>/ holds ckpt_<step>.safetensors (the replicated
 // model and TrainState, written by rank 0 through io/checkpoint), optim_<rank>_of_<W>.safetensors
 // (each rank's moments with the flat ranges of its shard), and COMMIT, written by rank 0 once every
@@ -26,7 +32,8 @@
 // is durable; "latest" is the highest step that verifies. Loading re-slices the moments from all
 // shard files, so a checkpoint saved by W ranks (either stage) resumes on any number of ranks and
 // under either stage.
-// Depends on dist/process_group, dist/row_exchange, optim/optimizer, ops/optim, io/checkpoint. Keep: the update of
+// Depends on dist/process_group, dist/row_exchange, optim/optimizer, ops/optim, io/checkpoint,
+// autograd/function (stage 3). Keep: the update of
 // each element is exactly optim's AdamW given the same averaged gradient; every parameter is
 // updated every step (bias correction uses the optimizer's step count: DDP gives unused
 // parameters a zero gradient, so plain AdamW steps them every step too); parameters are f32.
@@ -62,6 +69,13 @@ struct ZeroOptions {
   // Row exchange gathers the rows while world × tokens ≤ this × num_embeddings; above, it
   // reduce-scatters them as a dense gradient.
   double rows_gather_limit = 1.0;
+  // Stage 3: the parameter names of each unit gathered at once, in block order (block i is unit
+  // i); the parameters named in no unit form one more unit, the last ("the rest": embeddings,
+  // final norm, head). Every rank must give the same units.
+  std::vector<std::vector<std::string>> units;
+  // Stage 3: a block's parameters stay gathered from its forward until its backward (no second
+  // all-gather; the whole model's parameters are then live at the end of the forward).
+  bool keep_forward = false;
 };
 // Options for `model` trained with ZeRO-2: reduce_order the reverse of its registration order (the
 // order backward roughly completes gradients in) and the given bucket capacity. `tied`, a tied
@@ -102,6 +116,30 @@ class ZeroAdamW final : public optim::Optimizer {
   nn::NamedTensors state() const override;
   void load_state(const nn::NamedTensors& state) override;
 
+  // Stage 3 (Note [ZeRO-3], zero3.cpp). Every rank calls these in the same order (they issue
+  // collectives). begin_forward(first): before a micro-batch's forward — the rest unit gathered
+  // for the embedding, and with first the step's shard gradient zeroed. before_block / after_block:
+  // the block hooks, returning x (y) or an identity whose backward node gathers (reduces) the
+  // block's parameters (gradients). begin_backward / end_backward: around each backward — the rest
+  // unit's gradient buffer, and at the end every reduction completed and every unit released.
+  void begin_forward(bool first);
+  Tensor before_block(size_t block, const Tensor& x);
+  Tensor after_block(size_t block, const Tensor& y);
+  void begin_backward();
+  void end_backward();
+  // Stage 3: every unit gathered (the whole parameters readable and writable) until the matching
+  // release_full(write_back); nested calls count. write_back: each rank's chunk of the (changed)
+  // parameters goes back into its shard (after loading weights). Stages 1 and 2: nothing.
+  void gather_full();
+  void release_full(bool write_back = false);
+  // Stage 3: the units (block i is unit i, the rest last), and the bytes their parameters and
+  // gradient buffers hold now (for tests and logs).
+  size_t num_units() const;
+  std::vector<std::string> unit_parameter_names(size_t unit) const;
+  int64_t unit_numel(size_t unit) const;
+  int64_t gathered_bytes() const;
+  bool keep_forward() const;
+
   int stage() const { return stage_; }
   int64_t total_numel() const { return total_; }
   int64_t shard_numel() const { return shard_numel_; }
@@ -119,8 +157,14 @@ class ZeroAdamW final : public optim::Optimizer {
   struct Segment {
     size_t param;
     int64_t param_offset, shard_offset, length;
+    int64_t padded_offset = 0;  // stage 3: in the padded shard (Σ chunks) of parameters and gradient
   };
-  struct Reducer;  // stage 2 (zero.cpp)
+  struct Reducer;   // stage 2 (zero.cpp)
+  struct Gatherer;  // stage 3 (zero3.cpp)
+  void build_stage3(const ZeroOptions& zero);
+  Tensor stage3_shard_params() const;  // [Σ chunks]: this rank's chunk of every unit
+  Tensor stage3_shard_grad();          // the same layout, every reduction completed
+  void shutdown_stage3();              // the destructor: the parameters get whole storage back
   void gather_parameters();
   std::vector<Tensor> parameter_tensors() const;
   // Stage 2: reduces, then the averaged gradient's sum of squares over all ranks, [1] f64.
@@ -141,6 +185,7 @@ class ZeroAdamW final : public optim::Optimizer {
   Device device_ = kCPU;         // the parameters' device: shards, state and buffers live there
   Tensor exp_avg_, exp_avg_sq_;  // [shard_numel]
   std::shared_ptr<Reducer> reducer_;  // stage 2; its grad hooks hold it weakly
+  std::shared_ptr<Gatherer> gatherer_;  // stage 3
 };
 
 // Writes this rank's part of a sharded checkpoint (collective: every rank calls it with the same

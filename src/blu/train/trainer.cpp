@@ -223,7 +223,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   BLU_CHECK(!(o.auto_resume && (o.overwrite || o.resume)), "--auto-resume replaces --resume and contradicts ",
             "--overwrite: give one of the three");
   BLU_CHECK(o.dp >= 1, "--dp must be at least 1, got ", o.dp);
-  BLU_CHECK(o.zero >= 0 && o.zero <= 2, "--zero must be 0, 1 or 2 (stage 3 is not implemented), got ", o.zero);
+  BLU_CHECK(o.zero >= 0 && o.zero <= 3, "--zero must be 0, 1, 2 or 3, got ", o.zero);
   BLU_CHECK(o.zero == 0 || o.dp > 1, "--zero ", o.zero, " shards over data-parallel ranks: it needs --dp > 1");
   BLU_CHECK(o.zero == 0 || o.optimizer == "adamw", "--zero ", o.zero, " is implemented for adamw, got --optimizer ",
             o.optimizer);
@@ -507,7 +507,11 @@ TrainSummary Trainer::run() {
   int64_t last_eval = -1, last_save = last_checkpoint_.empty() ? -1 : step_;
   const auto run_eval = [&] {
     set_phase("validation at step " + std::to_string(step_));
-    double v = evaluate(*model_, *val_loader_, o.val_batches, device_);
+    double v = 0;
+    {
+      const auto full = strategy_->full_parameters();  // ZeRO-3: the whole model for the evaluation
+      v = evaluate(*model_, *val_loader_, o.val_batches, device_);
+    }
     with_work_timeout([&] { v = strategy_->mean_over_ranks(v); });  // the ranks may finish apart
     last_eval = step_;
     sum.final_val_loss = v;
@@ -575,9 +579,12 @@ TrainSummary Trainer::run() {
 
     if (val_loader_ && o.val_every > 0 && step_ % o.val_every == 0) run_eval();
     if (o.sample_every > 0 && step_ % o.sample_every == 0 && !stopping) {
-      if (rank_ == 0) {
-        sample(step_);
-        test_delay_on_rank0(rank_);
+      {
+        const auto full = strategy_->full_parameters();  // every rank takes part under ZeRO-3
+        if (rank_ == 0) {
+          sample(step_);
+          test_delay_on_rank0(rank_);
+        }
       }
       wait_for_rank0("rank 0's sample at step " + std::to_string(step_));
     }

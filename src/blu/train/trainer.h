@@ -78,7 +78,7 @@ struct TrainOptions {
   int64_t ckpt_every = 0, keep_last = 3;        // ckpt_every 0: only at the end
   int64_t log_every = 1;
   int64_t dp = 1;  // data-parallel degree; > 1 must equal the launcher's WORLD_SIZE (CPU, Gloo)
-  int zero = 0;    // 0: DDP + optimizer; 1, 2: ZeRO stage (AdamW only, dp > 1)
+  int zero = 0;    // 0: DDP + optimizer; 1, 2, 3: ZeRO stage (AdamW only, dp > 1)
   bool row_exchange = true;  // the tied embedding's rows exchanged apart (DDP, ZeRO-2: dist/ddp.h, dist/zero.h)
   // Seconds after which the store and the collectives give up on a peer (0: BLU_DIST_TIMEOUT, and
   // without it the store's and Gloo's 30 s, NCCL's 600 s).
