@@ -354,7 +354,7 @@ void flash_attention_kernel(const KernelCall& c) {
   p.group = std::max(1, p.H / int(k.size(1)));  // (the op checked H % Hkv == 0)
   p.scale = float(c.attrs.f("scale"));
   p.causal = c.attrs.b("causal");
-  flash_attention_forward(p, q.dtype(), current_stream());
+  flash_attention_forward(p, q.dtype(), stream_of(c.ctx));
 }
 
 BLU_REGISTER_KERNEL(cuda, "flash_attention", flash_attention_kernel);

@@ -29,7 +29,6 @@
 #include "blu/backend/cuda/flash_attention_f32.h"
 #include "blu/backend/cuda/flash_attention_wgmma.h"
 #include "blu/backend/cuda/runtime.h"
-#include "blu/memory/allocator.h"
 
 #include <algorithm>
 #include <atomic>
@@ -551,17 +550,11 @@ void flash_attention_backward_kernel(const KernelCall& c) {
   p.causal = c.attrs.b("causal");
   const int64_t rows = int64_t(p.B) * p.H * p.T;
   if (rows == 0) return;
-  // Scratch from the device's (stream-ordered) allocator; released after the launches are queued
-  // on the current stream, which is where the allocator hands the bytes out next.
-  Allocator& alloc = allocator_for(q.device());
-  DataPtr dsum = alloc.allocate(size_t(rows) * sizeof(float));
-  DataPtr dq_accum;
-  p.dsum = static_cast<float*>(dsum.get());
-  if (flash_attention_needs_dq_accum(q.dtype())) {
-    dq_accum = alloc.allocate(size_t(flash_dq_accum_floats(p.B, p.H, p.T, p.D)) * sizeof(float));
-    p.dq_accum = static_cast<float*>(dq_accum.get());
-  }
-  flash_attention_backward(p, q.dtype(), current_stream());
+  // Scratch from the call's workspace (Note [Execution context]).
+  p.dsum = c.ctx.scratch->take<float>(size_t(rows));
+  if (flash_attention_needs_dq_accum(q.dtype()))
+    p.dq_accum = c.ctx.scratch->take<float>(size_t(flash_dq_accum_floats(p.B, p.H, p.T, p.D)));
+  flash_attention_backward(p, q.dtype(), stream_of(c.ctx));
 }
 
 BLU_REGISTER_KERNEL(cuda, "flash_attention_backward", flash_attention_backward_kernel);
