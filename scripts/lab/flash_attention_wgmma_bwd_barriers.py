@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Model check of the named-barrier protocol of the wgmma backward (flash_attention_wgmma_backward.cu,
-Note [wgmma backward pipeline]), both variants (Pipe: 3 stages, a tile's stage released in the next
-tile; plain: 2 stages, released at the tile's end), on the CPU.
+Note [wgmma backward pipeline]), on the CPU: the shipping kernel (2 stages, a tile's stage released at
+the tile's end) and the pipelined lab variant (flash_attention_wgmma_bwd_pipe.patch: 3 stages,
+released in the next tile).
 
 Three actors (producer, consumer 0, consumer 1) run their barrier programs under random
 interleavings. A named barrier completes a phase when every warpgroup it counts has arrived (arrive

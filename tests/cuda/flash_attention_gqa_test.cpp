@@ -3,9 +3,7 @@
 // against the composite reference on the CPU in f64 (which expands k, v over each group), on fresh
 // random data: out, dq, dk, dv, for every kernel family the dispatch can pick — bf16/f16 on the
 // default path (on Hopper the wgmma forward and backward; elsewhere mma.sync), on mma.sync, with
-// the wgmma three-warpgroup forward, with the pipelined-backward switch on (GQA takes the plain
-// wgmma backward), with head groups of 4; f32 on 3xTF32, 1xTF32 and the CUDA-core kernels; the
-// SIMT kernels for all three dtypes. Shapes: (H, Hkv) (9, 3), (16, 4), (6, 2), (4, 1), (32, 8);
+// head groups of 4; f32 on 3xTF32 and 1xTF32. Shapes: (H, Hkv) (9, 3), (16, 4), (6, 2), (4, 1), (32, 8);
 // head dims 64 and 128, causal and not, T of 1, 17, 100, 130, 200 (not a multiple of any tile)
 // and 64; q, k, v as separate tensors and as the head ranges of one [B, T, H + 2·Hkv, D] buffer
 // (a fused projection: the backward then writes one packed gradient buffer). Each case also checks
@@ -94,7 +92,7 @@ Grads run_gpu(const GqaCase& c, const std::vector<Tensor>& vals, const Tensor& d
 // One case on the current family against the f64 reference; and the forward against the same
 // kernels on k, v repeated over the groups (exactly equal: the same arithmetic on the same values).
 void run_gqa_case(const GqaCase& c, uint64_t seed, Judge judge) {
-  SCOPED_TRACE(c.str() + (cuda::flash_attention_force_simt() ? " [SIMT]" : ""));
+  SCOPED_TRACE(c.str());
   Generator gen(seed);
   const Shape q_shape{c.B, c.H, c.T, c.D}, kv_shape{c.B, c.Hkv, c.T, c.D};
   std::vector<Tensor> vals;  // dtype-rounded values, CPU
@@ -153,12 +151,7 @@ void run_gqa_sweep(DType dtype, Judge judge = Judge::elementwise) {
       }
 }
 
-struct ForceSimt {
-  explicit ForceSimt(bool on) { cuda::set_flash_attention_force_simt(on); }
-  ~ForceSimt() { cuda::set_flash_attention_force_simt(false); }
-};
-
-// bf16/f16: the default path (wgmma on Hopper, mma.sync elsewhere), mma.sync, the wgmma variants.
+// bf16/f16: the default path (wgmma on Hopper, mma.sync elsewhere), mma.sync.
 TEST(FlashAttentionGqa, Bf16) { run_gqa_sweep(DType::bf16); }
 TEST(FlashAttentionGqa, F16) { run_gqa_sweep(DType::f16); }
 TEST(FlashAttentionGqa, Bf16MmaSync) {
@@ -169,22 +162,12 @@ TEST(FlashAttentionGqa, F16MmaSync) {
   WgmmaScope mma(false);
   run_gqa_sweep(DType::f16);
 }
-// The wgmma producer/two-consumer forward (the default is the one-warpgroup kernel).
-TEST(FlashAttentionGqa, Bf16ThreeWarpgroupForward) {
-  VariantScope v({{cuda::FlashVariant::fwd_solo, false}});
-  run_gqa_sweep(DType::bf16);
-}
-// With the pipelined wgmma backward asked for, GQA still runs (the plain kernel) and is right.
-TEST(FlashAttentionGqa, Bf16PipelineSwitch) {
-  VariantScope v({{cuda::FlashVariant::bwd_pipeline, true}});
-  run_gqa_sweep(DType::bf16);
-}
 // Head groups of 4 (the wgmma backward deals out 4 / group key/value heads at a time: one here).
 TEST(FlashAttentionGqa, Bf16HeadGroups) {
   HeadGroupScope g(4, 4);
   run_gqa_sweep(DType::bf16);
 }
-// f32: 3xTF32 ("ieee", the default), 1xTF32, the CUDA-core kernels.
+// f32: 3xTF32 ("ieee", the default), 1xTF32.
 TEST(FlashAttentionGqa, F32Ieee3xTf32) {
   F32PathScope path(F32Path::ieee_3xtf32);
   run_gqa_sweep(DType::f32);
@@ -192,23 +175,6 @@ TEST(FlashAttentionGqa, F32Ieee3xTf32) {
 TEST(FlashAttentionGqa, F32Tf32) {
   F32PathScope path(F32Path::tf32_1x);
   run_gqa_sweep(DType::f32, Judge::tf32_1x);
-}
-TEST(FlashAttentionGqa, F32CudaCores) {
-  F32PathScope path(F32Path::cuda_cores);
-  run_gqa_sweep(DType::f32);
-}
-TEST(FlashAttentionGqa, Bf16Simt) {
-  ForceSimt simt(true);
-  run_gqa_sweep(DType::bf16);
-}
-TEST(FlashAttentionGqa, F16Simt) {
-  ForceSimt simt(true);
-  run_gqa_sweep(DType::f16);
-}
-TEST(FlashAttentionGqa, F32Simt) {
-  ForceSimt simt(true);
-  F32PathScope path(F32Path::ieee_3xtf32);
-  run_gqa_sweep(DType::f32);
 }
 
 // The shapes Llama-family models train at: head dim 64, T 1024, bf16, causal, on the default path.
@@ -220,16 +186,14 @@ TEST(FlashAttentionGqa, LlamaShapesBf16) {
 }
 
 // The GQA backward twice on the same inputs: dK, dV the same bits on every family (they sum the
-// group in registers, in a fixed order); dQ too where it has no atomics (CUDA-core kernels, SIMT),
-// else equal up to the summation order of its fp32 atomics.
+// group in registers, in a fixed order); dQ, summed by fp32 atomics, equal up to their order.
 TEST(FlashAttentionGqa, RepeatedBackward) {
   ASSERT_GT(cuda::device_count(), 0) << "no CUDA device";
-  enum class Fam { tensor_cores, mma_sync, tf32, cuda_cores, simt };
-  for (Fam fam : {Fam::tensor_cores, Fam::mma_sync, Fam::tf32, Fam::cuda_cores, Fam::simt}) {
-    const DType dt = fam == Fam::tf32 || fam == Fam::cuda_cores ? DType::f32 : DType::bf16;
+  enum class Fam { tensor_cores, mma_sync, tf32 };
+  for (Fam fam : {Fam::tensor_cores, Fam::mma_sync, Fam::tf32}) {
+    const DType dt = fam == Fam::tf32 ? DType::f32 : DType::bf16;
     WgmmaScope wgmma(fam != Fam::mma_sync);
-    F32PathScope path(fam == Fam::cuda_cores ? F32Path::cuda_cores : F32Path::ieee_3xtf32);
-    ForceSimt simt(fam == Fam::simt);
+    F32PathScope path(F32Path::ieee_3xtf32);
     SCOPED_TRACE("family " + std::to_string(int(fam)));
     Generator gen(77);
     const int64_t B = 2, H = 9, Hkv = 3, T = 300, D = 64;
@@ -244,8 +208,7 @@ TEST(FlashAttentionGqa, RepeatedBackward) {
       scaled_dot_product_attention(in[0], in[1], in[2], true).backward(dout);
       grads.push_back({in[0].grad(), in[1].grad(), in[2].grad()});
     }
-    const bool dq_exact = fam == Fam::cuda_cores || fam == Fam::simt;
-    const double dq_tol = dq_exact ? 0 : dt == DType::f32 ? 1e-5 : 1e-2;
+    const double dq_tol = dt == DType::f32 ? 1e-5 : 1e-2;
     EXPECT_EQ(check_close("dq run 2 vs 1", grads[1][0], grads[0][0], dq_tol, dq_tol), "");
     EXPECT_EQ(check_close("dk run 2 vs 1", grads[1][1], grads[0][1], 0, 0), "") << "dK must be deterministic";
     EXPECT_EQ(check_close("dv run 2 vs 1", grads[1][2], grads[0][2], 0, 0), "") << "dV must be deterministic";

@@ -78,17 +78,7 @@ TEST(FlashAttentionPerf, Gpt2Bf16CausalMmaSyncBwd) {
   WgmmaScope mma(true, false);
   time_gpt2_causal(DType::bf16, " [wgmma fwd, mma.sync bwd]");
 }
-// A/B of the wgmma backward's variants (cuda::FlashVariant) against the default above.
-TEST(FlashAttentionPerf, Gpt2Bf16CausalBwdPipeline) {
-  VariantScope v({{cuda::FlashVariant::bwd_pipeline, true}});
-  time_gpt2_causal(DType::bf16, " [wgmma bwd, BLU_FLASH_BWD_PIPE=1]");
-}
-TEST(FlashAttentionPerf, Gpt2Bf16CausalFwdThreeWarpgroups) {
-  VariantScope v({{cuda::FlashVariant::fwd_solo, false}});
-  time_gpt2_causal(DType::bf16, " [wgmma fwd of three warpgroups, BLU_FLASH_FWD_SOLO=0]");
-}
-// Head dim 128 (not GPT-2's; models with wider heads): the three-warpgroup forward and the plain
-// backward.
+// Head dim 128 (not GPT-2's; models with wider heads).
 TEST(FlashAttentionPerf, Bf16CausalD128) {
   time_gpt2_causal(DType::bf16, cuda::flash_attention_wgmma_available() ? " [wgmma fwd, wgmma bwd]" : "", 128);
 }
@@ -108,11 +98,6 @@ TEST(FlashAttentionPerf, Gpt2F32Causal) {
 TEST(FlashAttentionPerf, Gpt2F32Tf32Causal) {
   F32PathScope scope(F32Path::tf32_1x);
   time_gpt2_causal(DType::f32, " [tf32: 1xTF32]");
-}
-// fp32 on CUDA cores (the register-blocked kernels of flash_attention_f32.cu), for comparison.
-TEST(FlashAttentionPerf, Gpt2F32CudaCoresCausal) {
-  F32PathScope scope(F32Path::cuda_cores);
-  time_gpt2_causal(DType::f32, " [CUDA cores]");
 }
 
 }  // namespace

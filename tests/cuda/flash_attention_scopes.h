@@ -13,16 +13,12 @@ namespace blu::test {
 
 // The f32 kernel family and numeric mode for the scope; restores the defaults (TF32 kernels,
 // "ieee") even when a check fails.
-enum class F32Path { ieee_3xtf32, tf32_1x, cuda_cores };
+enum class F32Path { ieee_3xtf32, tf32_1x };
 struct F32PathScope {
   explicit F32PathScope(F32Path path) {
     set_matmul_precision(path == F32Path::tf32_1x ? MatmulPrecision::tf32 : MatmulPrecision::ieee);
-    cuda::set_flash_attention_f32_cuda_cores(path == F32Path::cuda_cores);
   }
-  ~F32PathScope() {
-    set_matmul_precision(MatmulPrecision::ieee);
-    cuda::set_flash_attention_f32_cuda_cores(false);
-  }
+  ~F32PathScope() { set_matmul_precision(MatmulPrecision::ieee); }
 };
 
 // Whether bf16/f16 take the wgmma forward and backward where they are available; off, the
@@ -36,20 +32,6 @@ struct WgmmaScope {
   ~WgmmaScope() {
     cuda::set_flash_attention_wgmma(true);
     cuda::set_flash_attention_wgmma_backward(true);
-  }
-};
-
-// Sets FlashVariant switches for a scope, restoring what they were.
-struct VariantScope {
-  std::vector<std::pair<cuda::FlashVariant, bool>> saved;
-  VariantScope(std::initializer_list<std::pair<cuda::FlashVariant, bool>> set) {
-    for (const auto& [v, on] : set) {
-      saved.push_back({v, cuda::flash_attention_variant(v)});
-      cuda::set_flash_attention_variant(v, on);
-    }
-  }
-  ~VariantScope() {
-    for (const auto& [v, on] : saved) cuda::set_flash_attention_variant(v, on);
   }
 };
 

@@ -2,20 +2,16 @@
 // CPU in f64: forward output and the gradients of q, k, v, on fresh random data, for head dims
 // 64/128, causal and not, T in {1, 17, 64, 200, 1024}, f32/bf16/f16, in the contiguous [B, H, T, D]
 // layout and in GPT's layout (q, k, v as strided views of one [B, T, 3C] buffer). bf16/f16 run
-// both the tensor-core kernels and the SIMT kernels (forced), so a failure says which one is off.
-// f32 runs each of its kernel families: the TF32 tensor-core kernels under matmul precision
-// "ieee" (3xTF32) and "tf32" (1xTF32), the register-blocked CUDA-core kernels and the plain SIMT
-// ones; the FlashAttentionF32 tests also check the saved logsumexp and bound the errors both in
-// norm and elementwise.
+// the tensor-core kernels; f32 runs the TF32 tensor-core kernels under matmul precision "ieee"
+// (3xTF32) and "tf32" (1xTF32); the FlashAttentionF32 tests also check the saved logsumexp and
+// bound the errors both in norm and elementwise.
 // On Hopper the bf16/f16 forward and backward are the wgmma kernels (flash_attention_wgmma.cu,
 // flash_attention_wgmma_backward.cu): the sweeps above run them by default, the "MmaSync" sweeps
 // run the mma.sync kernels, the FlashAttentionWgmma tests compare the two forwards' out and lse
 // with each other and with the f64 reference, and the FlashAttentionWgmmaBackward tests the two
 // backwards' dq, dk, dv likewise, on fresh data for T in {1, 17, 64, 100, 128, 1000, 1024} and a
-// strided layout; the ...NoPipeline ones rerun that sweep with a FlashVariant switch of the
-// wgmma backward off, the ...ThreeWarpgroups ones the forward sweep with the D = 64 one-warpgroup
-// forward off (cuda::set_flash_attention_variant), the ...HeadGroups ones the sweeps with the CTAs
-// dealt out in groups of 4 heads (a partial last group). The timings are in
+// strided layout; the ...HeadGroups ones rerun the sweeps with the CTAs dealt out in groups of 4
+// heads (a partial last group). The timings are in
 // flash_attention_perf_test.cpp; the scope guards in flash_attention_scopes.h, the tolerances and
 // comparisons in flash_attention_checks.h; grouped-query attention in flash_attention_gqa_test.cpp.
 //
@@ -79,7 +75,7 @@ struct Case {
 
 // Runs one case on the GPU (forward and backward) and compares with the CPU f64 reference.
 void run_case(const Case& c, uint64_t seed) {
-  SCOPED_TRACE(c.str() + (cuda::flash_attention_force_simt() ? " [SIMT]" : ""));
+  SCOPED_TRACE(c.str());
   Generator gen(seed);
   const Shape shape{c.B, c.H, c.T, c.D};
   std::vector<Tensor> vals;  // dtype-rounded values, CPU
@@ -113,14 +109,8 @@ void run_case(const Case& c, uint64_t seed) {
   }
 }
 
-struct ForceSimt {
-  explicit ForceSimt(bool on) { cuda::set_flash_attention_force_simt(on); }
-  ~ForceSimt() { cuda::set_flash_attention_force_simt(false); }
-};
-
-void run_sweep(DType dtype, bool simt) {
+void run_sweep(DType dtype) {
   ASSERT_GT(cuda::device_count(), 0) << "no CUDA device";
-  ForceSimt force(simt);
   F32PathScope ieee(F32Path::ieee_3xtf32);
   uint64_t seed = 100;
   for (int64_t D : {64, 128})
@@ -132,21 +122,18 @@ void run_sweep(DType dtype, bool simt) {
       }
 }
 
-TEST(FlashAttention, F32) { run_sweep(DType::f32, false); }  // TF32 kernels, 3xTF32 ("ieee")
+TEST(FlashAttention, F32) { run_sweep(DType::f32); }  // TF32 kernels, 3xTF32 ("ieee")
 // The default path: on Hopper the wgmma forward and backward, elsewhere the mma.sync ones.
-TEST(FlashAttention, Bf16TensorCores) { run_sweep(DType::bf16, false); }
-TEST(FlashAttention, F16TensorCores) { run_sweep(DType::f16, false); }
+TEST(FlashAttention, Bf16TensorCores) { run_sweep(DType::bf16); }
+TEST(FlashAttention, F16TensorCores) { run_sweep(DType::f16); }
 TEST(FlashAttention, Bf16TensorCoresMmaSync) {
   WgmmaScope mma(false);
-  run_sweep(DType::bf16, false);
+  run_sweep(DType::bf16);
 }
 TEST(FlashAttention, F16TensorCoresMmaSync) {
   WgmmaScope mma(false);
-  run_sweep(DType::f16, false);
+  run_sweep(DType::f16);
 }
-TEST(FlashAttention, Bf16Simt) { run_sweep(DType::bf16, true); }
-TEST(FlashAttention, F16Simt) { run_sweep(DType::f16, true); }
-TEST(FlashAttention, F32Simt) { run_sweep(DType::f32, true); }
 
 // --- f32 paths: out, lse and the three gradients, bounded in norm and elementwise -------------
 // (F32Tol, check_norm and their bounds: flash_attention_checks.h)
@@ -287,15 +274,13 @@ TEST(FlashAttentionF32, Tf32) {
   // (which stays near 1e-6), so this fails if "tf32" were silently run as 3xTF32.
   EXPECT_GT(stats.get("out"), 2e-5) << "matmul precision \"tf32\" did not select 1xTF32";
 }
-TEST(FlashAttentionF32, CudaCores) { run_f32_sweep(F32Path::cuda_cores); }
 
 // TF32 backward: dK and dV bitwise reproducible, dQ (fp32 atomics) equal up to summation order.
-// The CUDA-core backward is bitwise reproducible throughout.
 TEST(FlashAttentionF32, RepeatedBackward) {
   ASSERT_GT(cuda::device_count(), 0) << "no CUDA device";
-  for (F32Path path : {F32Path::ieee_3xtf32, F32Path::tf32_1x, F32Path::cuda_cores}) {
+  for (F32Path path : {F32Path::ieee_3xtf32, F32Path::tf32_1x}) {
     F32PathScope scope(path);
-    SCOPED_TRACE(path == F32Path::cuda_cores ? "cuda cores" : path == F32Path::tf32_1x ? "1xTF32" : "3xTF32");
+    SCOPED_TRACE(path == F32Path::tf32_1x ? "1xTF32" : "3xTF32");
     Generator gen(17);
     const Shape shape{2, 3, 300, 64};
     std::vector<Tensor> vals;
@@ -308,7 +293,7 @@ TEST(FlashAttentionF32, RepeatedBackward) {
       scaled_dot_product_attention(in[0], in[1], in[2], true).backward(dout);
       grads.push_back({in[0].grad(), in[1].grad(), in[2].grad()});
     }
-    const double dq_tol = path == F32Path::cuda_cores ? 0 : 1e-5;
+    const double dq_tol = 1e-5;
     EXPECT_EQ(check_close("dq run 2 vs 1", grads[1][0], grads[0][0], dq_tol, dq_tol), "");
     EXPECT_EQ(check_close("dk run 2 vs 1", grads[1][1], grads[0][1], 0, 0), "") << "dK must be deterministic";
     EXPECT_EQ(check_close("dv run 2 vs 1", grads[1][2], grads[0][2], 0, 0), "") << "dV must be deterministic";
@@ -417,18 +402,6 @@ TEST(FlashAttentionWgmma, Bf16) {
 }
 TEST(FlashAttentionWgmma, F16) {
   if (!wgmma_testable()) GTEST_SKIP() << "no sm_90a device";
-  run_wgmma_sweep(DType::f16);
-}
-// The sweeps above run the one-warpgroup forward at D = 64 (the default); these the
-// producer/two-consumer kernel it replaces there (still the one at D = 128).
-TEST(FlashAttentionWgmma, Bf16ThreeWarpgroups) {
-  if (!wgmma_testable()) GTEST_SKIP() << "no sm_90a device";
-  VariantScope v({{cuda::FlashVariant::fwd_solo, false}});
-  run_wgmma_sweep(DType::bf16);
-}
-TEST(FlashAttentionWgmma, F16ThreeWarpgroups) {
-  if (!wgmma_testable()) GTEST_SKIP() << "no sm_90a device";
-  VariantScope v({{cuda::FlashVariant::fwd_solo, false}});
   run_wgmma_sweep(DType::f16);
 }
 
@@ -557,17 +530,6 @@ TEST(FlashAttentionWgmmaBackward, Bf16) {
 }
 TEST(FlashAttentionWgmmaBackward, F16) {
   if (!wgmma_testable()) GTEST_SKIP() << "no sm_90a device";
-  run_wgmma_bwd_sweep(DType::f16);
-}
-// The wgmma backward's variants (Bf16 and F16 above run the defaults: the pipeline off).
-TEST(FlashAttentionWgmmaBackward, Bf16Pipeline) {
-  if (!wgmma_testable()) GTEST_SKIP() << "no sm_90a device";
-  VariantScope v({{cuda::FlashVariant::bwd_pipeline, true}});
-  run_wgmma_bwd_sweep(DType::bf16);
-}
-TEST(FlashAttentionWgmmaBackward, F16Pipeline) {
-  if (!wgmma_testable()) GTEST_SKIP() << "no sm_90a device";
-  VariantScope v({{cuda::FlashVariant::bwd_pipeline, true}});
   run_wgmma_bwd_sweep(DType::f16);
 }
 

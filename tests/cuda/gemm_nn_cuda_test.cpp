@@ -184,7 +184,10 @@ void run_gemm_case(const GemmCase& gc) {
   g.bias_grad = bgrad_dev.raw_data();
   g.aux = aux_dev.raw_data();
   g.aux_ld = N;
-  ASSERT_NO_THROW(cuda::gemm(g));
+  // Called directly, outside dispatch: the stream and cuBLASLt workspace of the current context.
+  const ExecContext& ctx = current_context(c_dev.device());
+  ctx.scratch->reset();
+  ASSERT_NO_THROW(cuda::gemm(g, cuda::stream_of(ctx), ctx.scratch->take(cuda::kGemmWorkspaceBytes)));
 
   const Tensor a64 = f64(a_log), b64 = f64(b_log);
   std::vector<double> ref = to_vector(matmul(a64, b64));

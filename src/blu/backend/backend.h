@@ -1,6 +1,8 @@
 // backend: what a device backend offers the dispatcher — a table of kernels by op name (in the
 // spirit of ggml's backend interface: `supports(op)` before use, adding a backend means filling
-// the table). Kernels receive inputs and already-allocated outputs; they never allocate outputs.
+// the table). Kernels receive inputs, already-allocated outputs and the execution context (the
+// stream to queue work on and the workspace to take scratch from; Note [Execution context] in
+// core/exec_context.h); they never allocate outputs, pick a stream or allocate scratch.
 // Depends on core/. Keep: one registry per device type; kernels register at static init with
 // BLU_REGISTER_KERNEL and are looked up by the op's name — by the dispatcher once per op and
 // device type (it caches the result in the OpDef, ops/dispatch.h), not once per call.
@@ -13,6 +15,7 @@
 
 #include "blu/core/attrs.h"
 #include "blu/core/device.h"
+#include "blu/core/exec_context.h"
 #include "blu/core/tensor.h"
 
 namespace blu {
@@ -22,6 +25,7 @@ struct KernelCall {
   std::span<const Tensor> in;
   std::span<Tensor> out;
   const Attrs& attrs;
+  const ExecContext& ctx;  // of the kernel's device; its workspace was reset for this call
 };
 using Kernel = void (*)(const KernelCall&);
 

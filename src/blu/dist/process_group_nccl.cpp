@@ -116,6 +116,7 @@ class NcclWork final : public Work {
       }
     }
     if (const std::string e = sh_->failure(); !e.empty()) throw Error(e + " (while waiting for " + what_ + ")");
+    // The waiter's stream (its current context's) is ordered after the collective.
     BLU_CUDA_CHECK(cudaStreamWaitEvent(cuda::current_stream(), done_->get(), 0));
   }
   bool is_completed() const override { return !sh_->failure().empty() || done_->query(); }
@@ -273,7 +274,8 @@ class NcclProcessGroup final : public ProcessGroup {
     if (const std::string e = sh_->failure(); !e.empty()) throw Error(e + " (refusing new " + what + ")");
     const int prev = cuda::current_device();
     if (prev != device_) cuda::set_device(device_);
-    const cudaStream_t caller = cuda::current_stream();
+    // The caller's stream: its execution context's for this device (Note [Execution context]).
+    const cudaStream_t caller = cuda::stream_of(current_context(Device(DeviceType::cuda, device_)));
     const cudaStream_t comm = stream_->get();
     ready_.record(caller);
     BLU_CUDA_CHECK(cudaStreamWaitEvent(comm, ready_.get(), 0));

@@ -2,6 +2,7 @@
 #include <new>
 
 #include "blu/core/error.h"
+#include "blu/core/exec_context.h"
 #include "blu/memory/allocator.h"
 
 namespace blu {
@@ -60,5 +61,11 @@ Allocator& allocator_for(Device device) {
   BLU_CHECK(get, "no allocator for device ", device, ": this build has no backend for it");
   return *get(device.index);
 }
+
+// Workspaces (core/exec_context.h) grow through the device's allocator.
+static const bool g_workspace_allocate_set = [] {
+  set_workspace_allocate([](Device device, size_t nbytes) { return allocator_for(device).allocate(nbytes); });
+  return true;
+}();
 
 }  // namespace blu

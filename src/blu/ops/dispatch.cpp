@@ -104,7 +104,9 @@ std::vector<Tensor> dispatch(const OpDef& op, std::vector<Tensor> in, const Attr
     }
     const Kernel k = kernel_for(op, kernel_device.type);
     BLU_CHECK(k, op.name, ": no kernel for device ", kernel_device);
-    k(KernelCall{op.name, in, out, attrs});
+    const ExecContext& ctx = current_context(kernel_device);  // Note [Execution context]
+    ctx.scratch->reset();
+    k(KernelCall{op.name, in, out, attrs, ctx});
     if (op.inplace)
       for (size_t i = 0; i < in.size(); ++i)
         if (in[i].defined() && (op.writes ? op.writes(i, attrs) : i == 0)) in[i].storage()->bump_version();

@@ -168,20 +168,19 @@ void with_width(size_t size, F&& f) {
 }
 
 // dst (any layout, on the device) = src (any layout broadcasting to dst, on the same device),
-// converting dtypes. Launched on the current stream.
-void strided_copy(const Tensor& dst, const Tensor& src) {
+// converting dtypes. Launched on `stream`.
+void strided_copy(cudaStream_t stream, const Tensor& dst, const Tensor& src) {
   const int64_t n = dst.numel();
   if (n == 0) return;
   const auto layouts = coalesced_layouts<2>(dst.shape(), {dst.strides(), broadcast_strides_to(src, dst.shape())});
   const StridedLayout& dl = layouts[0];
   const StridedLayout& sl = layouts[1];
   const bool contiguous = dl.contiguous() && sl.contiguous();
-  cudaStream_t stream = current_stream();
   if (dst.dtype() == src.dtype() && contiguous) {
     BLU_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(), cudaMemcpyDeviceToDevice, stream));
     return;
   }
-  if (copy_through_map(dst, src)) return;  // 16-byte vectors where the layouts allow
+  if (copy_through_map(stream, dst, src)) return;  // 16-byte vectors where the layouts allow
   if (dst.dtype() == src.dtype()) {
     with_width(dst.itemsize(), [&](auto u) {
       using U = decltype(u);
@@ -207,7 +206,7 @@ void copy_kernel(const KernelCall& c) {
   const Tensor& src = c.in.size() > 1 ? c.in[1] : c.in[0];
   BLU_CHECK(src.device() == c.out[0].device(), c.op, ": source on ", src.device(), ", destination on ",
             c.out[0].device(), " (use to_device)");
-  strided_copy(c.out[0], src);
+  strided_copy(stream_of(c.ctx), c.out[0], src);
 }
 
 void empty_kernel(const KernelCall&) {}
@@ -223,7 +222,7 @@ void fill_kernel_host(const KernelCall& c) {
     const scalar_t x = scalar_t(v);
     std::memcpy(&pattern, &x, sizeof x);
   });
-  cudaStream_t stream = current_stream();
+  cudaStream_t stream = stream_of(c.ctx);
   const size_t w = t.itemsize();
   bool bytes_alike = true;
   for (size_t b = 1; b < w; ++b) bytes_alike &= (pattern >> 8 * b & 0xff) == (pattern & 0xff);
@@ -244,7 +243,7 @@ void arange_kernel_host(const KernelCall& c) {
   const int64_t n = t.numel();
   if (n == 0) return;
   const double start = c.attrs.f("start"), step = c.attrs.f("step");
-  cudaStream_t stream = current_stream();
+  cudaStream_t stream = stream_of(c.ctx);
   BLU_DISPATCH_ALL(t.dtype(), "arange", {
     using Out = device_t<scalar_t>;
     arange_kernel<Out><<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<Out*>(t.raw_data()), start, step, n);
@@ -301,13 +300,14 @@ void host_gather(void* dst, const Tensor& src) {
   });
 }
 
-// A contiguous device copy of `src` (itself when already contiguous); `keep` owns the new bytes.
-const void* contiguous_on_device(const Tensor& src, DataPtr& keep) {
+// A contiguous device copy of `src` (itself when already contiguous), made on `stream` into a
+// slice of `ws`.
+const void* contiguous_on_device(const Tensor& src, cudaStream_t stream, Workspace& ws) {
   if (src.is_contiguous()) return src.raw_data();
-  keep = allocator_for(src.device()).allocate(src.nbytes());
-  auto storage = std::make_shared<Storage>(DataPtr(keep.get(), keep.nbytes(), keep.device(), nullptr, nullptr));
-  strided_copy(Tensor(storage, src.shape(), contiguous_strides(src.shape()), 0, src.dtype()), src);
-  return keep.get();
+  void* p = ws.take(src.nbytes());
+  auto storage = std::make_shared<Storage>(DataPtr(p, src.nbytes(), src.device(), nullptr, nullptr));
+  strided_copy(stream, Tensor(storage, src.shape(), contiguous_strides(src.shape()), 0, src.dtype()), src);
+  return p;
 }
 
 void to_device_kernel(const KernelCall& c) {
@@ -324,7 +324,7 @@ void to_device_kernel(const KernelCall& c) {
     // and the staging block returns to the pinned cache once the stream has passed the copy.
     BLU_ASSERT(to.is_cuda(), "to_device: ", from, " -> ", to);
     DeviceGuard g(to.index);
-    cudaStream_t stream = current_stream();
+    cudaStream_t stream = stream_of(c.ctx);
     PinnedAllocator& pinned = pinned_allocator();
     DataPtr staging = pinned.allocate(nbytes);
     host_gather(staging.get(), src);
@@ -334,25 +334,25 @@ void to_device_kernel(const KernelCall& c) {
   }
 
   DeviceGuard g(from.index);
-  DataPtr tmp;
+  const cudaStream_t from_stream = stream_of(c.ctx);  // the context of the source's device
   if (to.is_cpu()) {
     // Device -> host: the host reads the result as soon as we return, so wait for the stream.
-    cudaStream_t stream = current_stream();
-    const void* p = contiguous_on_device(src, tmp);
+    cudaStream_t stream = from_stream;
+    const void* p = contiguous_on_device(src, stream, *c.ctx.scratch);
     BLU_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), p, nbytes, cudaMemcpyDeviceToHost, stream));
     BLU_CUDA_CHECK(cudaStreamSynchronize(stream));
     return;
   }
   if (from == to) {
-    strided_copy(dst, src);
+    strided_copy(from_stream, dst, src);
     return;
   }
   // Between two devices (rare: data parallelism uses NCCL). Ordered conservatively: the source
   // stream finishes first, the copy runs on the destination's stream and is waited for.
-  const void* p = contiguous_on_device(src, tmp);
-  BLU_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
+  const void* p = contiguous_on_device(src, from_stream, *c.ctx.scratch);
+  BLU_CUDA_CHECK(cudaStreamSynchronize(from_stream));
   DeviceGuard g2(to.index);
-  cudaStream_t stream = current_stream();
+  cudaStream_t stream = stream_of(current_context(to));
   BLU_CUDA_CHECK(cudaMemcpyPeerAsync(dst.raw_data(), to.index, p, from.index, nbytes, stream));
   BLU_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
@@ -402,7 +402,7 @@ __global__ void __launch_bounds__(kCopyThreads) copy_many_cuda_kernel(CopyTable 
 
 void copy_many_kernel(const KernelCall& c) {
   const size_t n = c.in.size() / 2;
-  cudaStream_t stream = current_stream();
+  cudaStream_t stream = stream_of(c.ctx);
   for (size_t first = 0; first < n; first += kCopyMaxPairs) {
     CopyTable tab{};
     tab.count = int32_t(std::min<size_t>(kCopyMaxPairs, n - first));

@@ -66,9 +66,9 @@ struct identity_map {
 bool map_float(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
 }  // namespace
 
-bool copy_through_map(const Tensor& dst, const Tensor& src) {
+bool copy_through_map(cudaStream_t stream, const Tensor& dst, const Tensor& src) {
   if (dst.dtype() == src.dtype()) {
-    BLU_DISPATCH_BITS(dst.itemsize(), "copy", launch_map<bits_t, bits_t>(dst, identity_map{}, src));
+    BLU_DISPATCH_BITS(dst.itemsize(), "copy", launch_map<bits_t, bits_t>(stream, dst, identity_map{}, src));
     return true;
   }
   // Not f16 -> f32: the hardware conversion makes every NaN canonical where the CPU keeps the
@@ -81,7 +81,7 @@ bool copy_through_map(const Tensor& dst, const Tensor& src) {
     else f(__half{});
   };
   with_float(dst.dtype(), [&](auto o) {
-    with_float(src.dtype(), [&](auto i) { launch_map<decltype(o), decltype(i)>(dst, identity_map{}, src); });
+    with_float(src.dtype(), [&](auto i) { launch_map<decltype(o), decltype(i)>(stream, dst, identity_map{}, src); });
   });
   return true;
 }
@@ -191,7 +191,7 @@ void unary(const KernelCall& c) {
   const Tensor& out = c.out[0];
   BLU_DISPATCH_FLOATING(out.dtype(), c.op, {
     using T = dev_t<scalar_t>;
-    launch_map<T, T>(out, Op<acc_t<T>>(c.attrs), c.in[0]);
+    launch_map<T, T>(stream_of(c.ctx), out, Op<acc_t<T>>(c.attrs), c.in[0]);
   });
 }
 BLU_REGISTER_KERNEL(cuda, "neg", unary<neg_op>);
@@ -207,7 +207,7 @@ void gelu_kernel(const KernelCall& c) {
     using T = dev_t<scalar_t>;
     gelu_op<acc_t<T>> f(c.attrs);
     f.fast = sizeof(T) == 2;
-    launch_map<T, T>(c.out[0], f, c.in[0]);
+    launch_map<T, T>(stream_of(c.ctx), c.out[0], f, c.in[0]);
   });
 }
 BLU_REGISTER_KERNEL(cuda, "gelu", gelu_kernel);
@@ -223,7 +223,7 @@ void mul_scalar_inplace(const KernelCall& c) {
   const Tensor& a = c.out[0];
   BLU_DISPATCH_FLOATING(a.dtype(), "mul_scalar_", {
     using T = dev_t<scalar_t>;
-    launch_map<T, T>(a, mul_scalar_op<acc_t<T>>(c.attrs), a);
+    launch_map<T, T>(stream_of(c.ctx), a, mul_scalar_op<acc_t<T>>(c.attrs), a);
   });
 }
 BLU_REGISTER_KERNEL(cuda, "mul_scalar_", mul_scalar_inplace);
@@ -246,7 +246,7 @@ void grad_unary(const KernelCall& c) {
   const Tensor& out = c.out[0];
   BLU_DISPATCH_FLOATING(out.dtype(), c.op, {
     using T = dev_t<scalar_t>;
-    launch_map<T, T, T>(out, Op<acc_t<T>>(c.attrs), c.in[0], c.in[1]);
+    launch_map<T, T, T>(stream_of(c.ctx), out, Op<acc_t<T>>(c.attrs), c.in[0], c.in[1]);
   });
 }
 void gelu_backward_kernel(const KernelCall& c) {
@@ -254,7 +254,7 @@ void gelu_backward_kernel(const KernelCall& c) {
     using T = dev_t<scalar_t>;
     gelu_backward_op<acc_t<T>> f(c.attrs);
     f.fast = sizeof(T) == 2;
-    launch_map<T, T, T>(c.out[0], f, c.in[0], c.in[1]);
+    launch_map<T, T, T>(stream_of(c.ctx), c.out[0], f, c.in[0], c.in[1]);
   });
 }
 BLU_REGISTER_KERNEL(cuda, "gelu_backward", gelu_backward_kernel);
@@ -298,7 +298,7 @@ void gelu_and_backward(const KernelCall& c) {
                       aligned_to(g.raw_data(), 16) && aligned_to(x.raw_data(), 16) && aligned_to(y.raw_data(), 16) &&
                       aligned_to(gx.raw_data(), 16);
     if (fast && x.numel() > 0) {
-      gelu_and_backward_kernel<T, V><<<blocks_for(std::max<int64_t>(x.numel() / V, 1)), 256, 0, current_stream()>>>(
+      gelu_and_backward_kernel<T, V><<<blocks_for(std::max<int64_t>(x.numel() / V, 1)), 256, 0, stream_of(c.ctx)>>>(
           x.numel(), c.attrs.b("approximate"), static_cast<const T*>(g.raw_data()),
           static_cast<const T*>(x.raw_data()), static_cast<T*>(y.raw_data()), static_cast<T*>(gx.raw_data()));
       BLU_CUDA_CHECK_LAUNCH();
@@ -306,8 +306,8 @@ void gelu_and_backward(const KernelCall& c) {
       gelu_op<acc_t<T>> f(c.attrs);
       gelu_backward_op<acc_t<T>> fb(c.attrs);
       f.fast = fb.fast = sizeof(T) == 2;
-      launch_map<T, T>(y, f, x);
-      launch_map<T, T, T>(gx, fb, g, x);
+      launch_map<T, T>(stream_of(c.ctx), y, f, x);
+      launch_map<T, T, T>(stream_of(c.ctx), gx, fb, g, x);
     }
   });
 }
@@ -338,7 +338,7 @@ void binary(const KernelCall& c) {
   BLU_DISPATCH_ALL(c.in[0].dtype(), c.op, {
     if constexpr (!std::is_same_v<scalar_t, bool>) {
       using T = dev_t<scalar_t>;
-      launch_map<T, T, T>(out, Op{}, c.in[0], c.in[1]);
+      launch_map<T, T, T>(stream_of(c.ctx), out, Op{}, c.in[0], c.in[1]);
     } else {
       BLU_CHECK(false, c.op, ": arithmetic on bool tensors is not supported");
     }
@@ -355,7 +355,7 @@ void add_inplace(const KernelCall& c) {
   BLU_DISPATCH_ALL(a.dtype(), "add_", {
     if constexpr (!std::is_same_v<scalar_t, bool>) {
       using T = dev_t<scalar_t>;
-      launch_map<T, T, T>(a, add_op{}, a, c.in[1]);
+      launch_map<T, T, T>(stream_of(c.ctx), a, add_op{}, a, c.in[1]);
     } else {
       BLU_CHECK(false, "add_: arithmetic on bool tensors is not supported");
     }
@@ -380,7 +380,7 @@ template <typename Op>
 void compare(const KernelCall& c) {
   BLU_DISPATCH_ALL(c.in[0].dtype(), c.op, {
     using T = dev_t<scalar_t>;
-    launch_map<bool, T, T>(c.out[0], Op{}, c.in[0], c.in[1]);
+    launch_map<bool, T, T>(stream_of(c.ctx), c.out[0], Op{}, c.in[0], c.in[1]);
   });
 }
 BLU_REGISTER_KERNEL(cuda, "eq", compare<eq_op>);
@@ -397,7 +397,7 @@ struct select_op {
 };
 void where_kernel(const KernelCall& c) {
   const Tensor& out = c.out[0];
-  BLU_DISPATCH_BITS(out.itemsize(), "where", launch_map<bits_t, bool, bits_t, bits_t>(out, select_op{}, c.in[0], c.in[1], c.in[2]));
+  BLU_DISPATCH_BITS(out.itemsize(), "where", launch_map<bits_t, bool, bits_t, bits_t>(stream_of(c.ctx), out, select_op{}, c.in[0], c.in[1], c.in[2]));
 }
 BLU_REGISTER_KERNEL(cuda, "where", where_kernel);
 

@@ -71,7 +71,7 @@ void embedding_kernel(const KernelCall& c) {
     using I = scalar_t;
     const I* ip = static_cast<const I*>(idx.raw_data());
     BLU_CUDA_DISPATCH_FLOATING(w.dtype(), "embedding", {
-      embedding_forward_kernel<scalar_t, I><<<grid_for(M * C), 256, 0, current_stream()>>>(
+      embedding_forward_kernel<scalar_t, I><<<grid_for(M * C), 256, 0, stream_of(c.ctx)>>>(
           static_cast<const scalar_t*>(w.raw_data()), w.stride(0), w.stride(1), ip, M, V, C,
           static_cast<scalar_t*>(c.out[0].raw_data()));
       BLU_CUDA_CHECK_LAUNCH();
@@ -89,17 +89,16 @@ int bits_for(int64_t v) {  // bits needed to hold 0..v
 // out [V, C] = the sum of g's rows per index (g [M, C] contiguous, indices [M]); with `accumulate`
 // out[v] += scale · that sum instead, rows no index names untouched. out holds the rows
 // [first_row, first_row + V) of the table (indices outside are skipped).
-void embedding_backward_rows(const Tensor& g, const Tensor& idx, const Tensor& out, bool accumulate, double scale,
-                             int64_t first_row = 0) {
+void embedding_backward_rows(const ExecContext& ctx, const Tensor& g, const Tensor& idx, const Tensor& out,
+                             bool accumulate, double scale, int64_t first_row = 0) {
   BLU_ASSERT(g.is_contiguous() && idx.is_contiguous(), "embedding_backward: inputs must be contiguous");
   const int64_t V = out.shape()[0], C = out.shape()[1], M = idx.numel();
   BLU_CHECK(M < (int64_t(1) << 31) && V < (int64_t(1) << 32) - 1, "embedding_backward: ", M, " indices into ", V,
             " rows exceed the CUDA kernel's 32-bit sort keys");
-  cudaStream_t s = current_stream();
+  cudaStream_t s = stream_of(ctx);
   if (!accumulate && out.numel() > 0) BLU_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0, out.nbytes(), s));
   if (M == 0 || C == 0) return;
-  const Device dev = out.device();
-  DeviceBuffer keys(dev, size_t(M) * 4 * 2), vals(dev, size_t(M) * 4 * 2);  // in and out halves
+  Scratch keys(ctx, size_t(M) * 4 * 2), vals(ctx, size_t(M) * 4 * 2);  // in and out halves
   uint32_t* keys_in = keys.as<uint32_t>();
   uint32_t* keys_out = keys_in + M;
   int32_t* vals_in = vals.as<int32_t>();
@@ -113,8 +112,8 @@ void embedding_backward_rows(const Tensor& g, const Tensor& idx, const Tensor& o
   size_t temp_bytes = 0;
   BLU_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in, keys_out, vals_in, vals_out, int(M), 0,
                                                  end_bit, s));
-  DeviceBuffer temp(dev, std::max<size_t>(temp_bytes, 1));
-  BLU_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.data.get(), temp_bytes, keys_in, keys_out, vals_in, vals_out,
+  Scratch temp(ctx, std::max<size_t>(temp_bytes, 1));
+  BLU_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.ptr, temp_bytes, keys_in, keys_out, vals_in, vals_out,
                                                  int(M), 0, end_bit, s));
   BLU_CUDA_DISPATCH_FLOATING(out.dtype(), "embedding_backward", {
     embedding_backward_segments_kernel<scalar_t><<<unsigned(M), 128, 0, s>>>(
@@ -124,12 +123,12 @@ void embedding_backward_rows(const Tensor& g, const Tensor& idx, const Tensor& o
   });
 }
 
-void embedding_backward_kernel(const KernelCall& c) { embedding_backward_rows(c.in[0], c.in[1], c.out[0], false, 1.0); }
+void embedding_backward_kernel(const KernelCall& c) { embedding_backward_rows(c.ctx, c.in[0], c.in[1], c.out[0], false, 1.0); }
 BLU_REGISTER_KERNEL(cuda, "embedding_backward", embedding_backward_kernel);
 
 // Inputs (grad_weight, written; g [M, C]; indices [M]); attrs scale, first_row (-1: the whole table).
 void embedding_backward_add_kernel(const KernelCall& c) {
-  embedding_backward_rows(c.in[1], c.in[2], c.in[0], true, c.attrs.f("scale"), std::max<int64_t>(c.attrs.i("first_row"), 0));
+  embedding_backward_rows(c.ctx, c.in[1], c.in[2], c.in[0], true, c.attrs.f("scale"), std::max<int64_t>(c.attrs.i("first_row"), 0));
 }
 BLU_REGISTER_KERNEL(cuda, "embedding_backward_add_", embedding_backward_add_kernel);
 
@@ -187,7 +186,7 @@ void dropout_entry(const KernelCall& c) {
   BLU_CUDA_DISPATCH_FLOATING(out.dtype(), "dropout", {
     using A = acc_of<scalar_t>;
     const A scale = p < 1 ? A(1.0 / (1.0 - p)) : A(0);
-    dropout_kernel<scalar_t><<<grid_for((n + 3) / 4), 256, 0, current_stream()>>>(
+    dropout_kernel<scalar_t><<<grid_for((n + 3) / 4), 256, 0, stream_of(c.ctx)>>>(
         static_cast<const scalar_t*>(in.raw_data()), idx, in.is_contiguous(), n, float(p), scale, seed, offset,
         static_cast<scalar_t*>(out.raw_data()));
     BLU_CUDA_CHECK_LAUNCH();

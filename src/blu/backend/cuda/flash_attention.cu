@@ -12,10 +12,7 @@
 // On Hopper (sm_90a build, compute capability 9.0) bf16/f16 go to the wgmma kernel of
 // flash_attention_wgmma.cu instead (set_flash_attention_wgmma(false) keeps them here).
 //
-// f32: TF32 tensor-core kernels (flash_attention_tf32.cu) or, on request, register-blocked
-// CUDA-core kernels; flash_attention_f32.cu picks.
-// SIMT kernel (any dtype, on request): one warp per query row, each lane holding D/32
-// columns of q and of the accumulator; keys one by one with a warp-shuffle dot product.
+// f32: the TF32 tensor-core kernels of flash_attention_tf32.cu.
 // GQA (p.group > 1): every forward kernel reads query head h's K and V from key/value head
 // h / group in place (one integer division per CTA or row; no copy, no expansion).
 #include "blu/backend/backend.h"
@@ -34,49 +31,6 @@
 namespace blu::cuda {
 
 namespace flash {
-
-// ---------------------------------------------------------------------------------------------
-// SIMT forward: warp per query row.
-template <typename T, int D>
-__global__ void __launch_bounds__(128) flash_fwd_simt_kernel(FlashFwdParams p) {
-  constexpr int E = D / 32;  // columns per lane: lane l holds columns [l*E, l*E + E)
-  const int lane = threadIdx.x % 32;
-  const int64_t row = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
-  if (row >= int64_t(p.B) * p.H * p.T) return;
-  const int i = int(row % p.T);
-  const int bh = int(row / p.T), b = bh / p.H, h = bh % p.H;
-  const T* qp = slice<T>(p.q, b, h) + int64_t(i) * p.q.st + lane * E;
-  const T* kb = slice<T>(p.k, b, h / p.group) + lane * E;  // the query head's key/value head (GQA)
-  const T* vb = slice<T>(p.v, b, h / p.group) + lane * E;
-  float q[E], acc[E];
-#pragma unroll
-  for (int e = 0; e < E; ++e) {
-    q[e] = Elem<T>::load(qp + e);
-    acc[e] = 0.f;
-  }
-  float m = kNegInf, l = 0.f;
-  const int jend = p.causal ? i + 1 : p.T;
-  for (int j = 0; j < jend; ++j) {
-    const T* kr = kb + int64_t(j) * p.k.st;
-    const T* vr = vb + int64_t(j) * p.v.st;
-    float dot = 0.f;
-#pragma unroll
-    for (int e = 0; e < E; ++e) dot += q[e] * Elem<T>::load(kr + e);
-    const float s = warp_sum(dot) * p.scale;
-    const float m_new = fmaxf(m, s);
-    const float alpha = __expf(m - m_new);  // 0 on the first key (m = -inf)
-    const float pj = __expf(s - m_new);
-    l = l * alpha + pj;
-#pragma unroll
-    for (int e = 0; e < E; ++e) acc[e] = acc[e] * alpha + pj * Elem<T>::load(vr + e);
-    m = m_new;
-  }
-  const float inv = l > 0.f ? 1.f / l : 0.f;
-  T* op = slice_mut<T>(p.o, b, h) + int64_t(i) * p.o.st + lane * E;
-#pragma unroll
-  for (int e = 0; e < E; ++e) Elem<T>::store(op + e, acc[e] * inv);
-  if (lane == 0) p.lse[row] = l > 0.f ? m + logf(l) : kNegInf;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Tensor-core forward.
@@ -238,29 +192,18 @@ __global__ void __launch_bounds__(kFwdThreads) flash_fwd_mma_kernel(FlashFwdPara
 
 // ---------------------------------------------------------------------------------------------
 template <typename T, int D>
-void launch_fwd_simt(const FlashFwdParams& p, cudaStream_t stream) {
-  const int64_t rows = int64_t(p.B) * p.H * p.T;
-  const int64_t blocks = (rows + 3) / 4;
-  BLU_CHECK(blocks <= 0x7fffffff, "flash_attention: too many rows (", rows, ")");
-  flash_fwd_simt_kernel<T, D><<<unsigned(blocks), 128, 0, stream>>>(p);
-  BLU_CUDA_CHECK_LAUNCH();
-}
-
-template <typename T, int D>
 void launch_fwd_mma(const FlashFwdParams& p, cudaStream_t stream) {
   launch_tiles<flash_fwd_mma_kernel<T, D>>(p, kFwdBQ, kFwdThreads, fwd_smem_bytes<D>(), "flash_attention", stream);
 }
 
 template <int D>
-void fwd_dispatch_d(const FlashFwdParams& p, DType dtype, bool simt, cudaStream_t s) {
-  if ((dtype == DType::bf16 || dtype == DType::f16) && !simt && flash_attention_wgmma() &&
-      flash_attention_wgmma_available())
+void fwd_dispatch_d(const FlashFwdParams& p, DType dtype, cudaStream_t s) {
+  if ((dtype == DType::bf16 || dtype == DType::f16) && flash_attention_wgmma() && flash_attention_wgmma_available())
     return flash_attention_forward_wgmma(p, dtype, s);
   switch (dtype) {
-    case DType::f32: return simt ? launch_fwd_simt<float, D>(p, s) : flash_attention_forward_f32(p, s);
-    case DType::bf16:
-      return simt ? launch_fwd_simt<__nv_bfloat16, D>(p, s) : launch_fwd_mma<__nv_bfloat16, D>(p, s);
-    case DType::f16: return simt ? launch_fwd_simt<__half, D>(p, s) : launch_fwd_mma<__half, D>(p, s);
+    case DType::f32: return flash_attention_forward_f32(p, s);
+    case DType::bf16: return launch_fwd_mma<__nv_bfloat16, D>(p, s);
+    case DType::f16: return launch_fwd_mma<__half, D>(p, s);
     default: BLU_ASSERT(false, "flash_attention: unsupported dtype ", dtype);
   }
 }
@@ -268,37 +211,12 @@ void fwd_dispatch_d(const FlashFwdParams& p, DType dtype, bool simt, cudaStream_
 }  // namespace flash
 
 namespace {
-std::atomic<bool> g_force_simt{false};
-std::atomic<bool> g_f32_cuda_cores{false};
 // BLU_FLASH_WGMMA=0 in the environment starts with the wgmma forward off (the mma.sync one runs).
 std::atomic<bool> g_wgmma{[] {
   const char* e = std::getenv("BLU_FLASH_WGMMA");
   return !(e && std::string_view(e) == "0");
 }()};
-// FlashVariant switches, read on first use: the variable beside each ("0" off, anything else on),
-// else its default.
-constexpr const char* kVariantEnv[] = {"BLU_FLASH_BWD_PIPE", "BLU_FLASH_FWD_SOLO"};
-constexpr bool kVariantDefault[] = {false, true};
-static_assert(std::size(kVariantEnv) == size_t(FlashVariant::kCount) &&
-                  std::size(kVariantDefault) == size_t(FlashVariant::kCount),
-              "one variable and one default per variant");
-struct Variants {
-  std::atomic<bool> on[size_t(FlashVariant::kCount)];
-  Variants() {
-    for (size_t i = 0; i < std::size(kVariantEnv); ++i) {
-      const char* e = std::getenv(kVariantEnv[i]);
-      on[i].store(e ? std::string_view(e) != "0" : kVariantDefault[i]);
-    }
-  }
-};
-std::atomic<bool>& variant_flag(FlashVariant v) {
-  static Variants variants;
-  return variants.on[size_t(v)];
-}
 }  // namespace
-
-void set_flash_attention_variant(FlashVariant v, bool on) { variant_flag(v).store(on); }
-bool flash_attention_variant(FlashVariant v) { return variant_flag(v).load(); }
 
 void set_flash_attention_wgmma(bool on) { g_wgmma.store(on); }
 bool flash_attention_wgmma() { return g_wgmma.load(); }
@@ -313,16 +231,12 @@ std::atomic<int> g_head_group[2] = {head_group_from_env(kDefaultFwdHeadGroup),
 void set_flash_attention_head_group(bool backward, int heads) { g_head_group[backward].store(std::max(0, heads)); }
 int flash_attention_head_group(bool backward) { return g_head_group[backward].load(); }
 
-void set_flash_attention_force_simt(bool on) { g_force_simt.store(on); }
-bool flash_attention_force_simt() { return g_force_simt.load(); }
-void set_flash_attention_f32_cuda_cores(bool on) { g_f32_cuda_cores.store(on); }
-bool flash_attention_f32_cuda_cores() { return g_f32_cuda_cores.load(); }
 
 bool flash_attention_supported(DType dtype, int64_t head_dim) {
   return (dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16) && (head_dim == 64 || head_dim == 128);
 }
 bool flash_attention_needs_dq_accum(DType dtype) {
-  return (dtype == DType::bf16 || dtype == DType::f16) && !flash_attention_force_simt();
+  return dtype == DType::bf16 || dtype == DType::f16;
 }
 
 void flash_attention_forward(const FlashFwdParams& params, DType dtype, cudaStream_t stream) {
@@ -330,9 +244,8 @@ void flash_attention_forward(const FlashFwdParams& params, DType dtype, cudaStre
   if (int64_t(params.B) * params.H * params.T == 0) return;
   FlashFwdParams p = params;
   p.head_group = flash_attention_head_group(false);
-  const bool simt = flash_attention_force_simt();
-  if (p.D == 64) flash::fwd_dispatch_d<64>(p, dtype, simt, stream);
-  else flash::fwd_dispatch_d<128>(p, dtype, simt, stream);
+  if (p.D == 64) flash::fwd_dispatch_d<64>(p, dtype, stream);
+  else flash::fwd_dispatch_d<128>(p, dtype, stream);
 }
 
 namespace {
@@ -354,7 +267,7 @@ void flash_attention_kernel(const KernelCall& c) {
   p.group = std::max(1, p.H / int(k.size(1)));  // (the op checked H % Hkv == 0)
   p.scale = float(c.attrs.f("scale"));
   p.causal = c.attrs.b("causal");
-  flash_attention_forward(p, q.dtype(), current_stream());
+  flash_attention_forward(p, q.dtype(), stream_of(c.ctx));
 }
 
 BLU_REGISTER_KERNEL(cuda, "flash_attention", flash_attention_kernel);

@@ -176,8 +176,8 @@ void launch_tiles(const Params& p, int tile, int threads, int smem, const char* 
 
 // Note [GQA backward]
 // With grouped-query attention, dK and dV of key/value head hk sum over the group's query heads
-// hk·G .. hk·G + G − 1 (G = group). Every backward family computes them by one CTA (SIMT: one
-// warp) per key tile of hk that walks the query tiles of those G heads in turn — head by head, each
+// hk·G .. hk·G + G − 1 (G = group). Every backward family computes them by one CTA per key
+// tile of hk that walks the query tiles of those G heads in turn — head by head, each
 // head's tiles in the order of the single-head walk — accumulating in the registers that already
 // hold dK and dV; dQ and the rowwise Dsum stay per query head, as without GQA. Why this rather than
 // per-query-head dK, dV in scratch followed by a group sum:

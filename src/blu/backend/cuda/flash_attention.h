@@ -5,8 +5,8 @@
 // Kernel families: tensor-core kernels for bf16/f16 (mma.sync m16n8k16, fp32 accumulation,
 // ldmatrix, cp.async double buffering; on Hopper the forward and backward use wgmma instead) and for f32 (TF32 mma.sync m16n8k8: 1xTF32 under
 // matmul_precision() "tf32", 3xTF32 — fp32-level accuracy — under "ieee"), all for head dim 64 or
-// 128; register-blocked CUDA-core kernels for f32 (IEEE fp32, deterministic; on request); and a
-// plain SIMT path (one warp per row; every dtype but f64) kept as a cross-check.
+// 128. (A plain SIMT path and register-blocked IEEE-fp32 CUDA-core kernels, which never won a
+// measurement, are kept in scripts/lab/.)
 // Grouped-query attention: k, v (and dk, dv) have Hkv = H / group heads; query head h reads
 // key/value head h / group. Every family takes it natively (no copy or expansion of K, V): the
 // forwards read the shared head in place; the backwards give each CTA (or warp) of dK, dV a key
@@ -82,34 +82,14 @@ void flash_attention_backward(const FlashBwdParams& p, DType dtype, cudaStream_t
 // (CMAKE_CUDA_ARCHITECTURES 90a) and the current device is of compute capability 9.0.
 bool flash_attention_wgmma_available();
 // Test hook: bf16/f16 forwards take the wgmma kernel when it is available (default on); off, the
-// mma.sync kernel. force_simt takes precedence.
+// mma.sync kernel.
 void set_flash_attention_wgmma(bool on);
 bool flash_attention_wgmma();
 // Test hook: bf16/f16 backwards take the wgmma kernel (flash_attention_wgmma_backward.cu) when it
 // is available (default on; BLU_FLASH_WGMMA_BWD=0 in the environment starts with it off); off, the
-// mma.sync kernel. force_simt takes precedence.
+// mma.sync kernel.
 void set_flash_attention_wgmma_backward(bool on);
 bool flash_attention_wgmma_backward();
-
-// Test hooks: variants inside the Hopper (wgmma) kernels; the environment variable named beside
-// each starts it off (0) or on (anything else; read once), so one run can time both sides.
-enum class FlashVariant {
-  // BLU_FLASH_BWD_PIPE (default off): the wgmma backward at D = 64 leaves a tile's dK product in
-  // flight into the next tile and waits only for dV and dQ, with a three-stage Q/dO ring; off: it
-  // waits for all at the end of each tile, two stages (Note [wgmma backward pipeline]). The
-  // pipeline hides the latency of per-element dQ atomics (~10% faster against them, H200); with
-  // the bulk dQ addition (Note [dQ tiles]) there is little to hide and off is ~6 µs faster (H200,
-  // docs/performance.md).
-  bwd_pipeline,
-  // BLU_FLASH_FWD_SOLO: the wgmma forward runs CTAs of one warpgroup, 64 query rows and 64-key
-  // (D = 64) or 32-key (D = 128) tiles that load their own tiles, four to a multiprocessor (Note
-  // [wgmma solo forward]); off: the producer/two-consumer kernel, one CTA of 128 rows a
-  // multiprocessor.
-  fwd_solo,
-  kCount
-};
-void set_flash_attention_variant(FlashVariant v, bool on);
-bool flash_attention_variant(FlashVariant v);
 
 // Tuning knob: how many (batch, head) pairs the tensor-core forwards (backward = false) and the
 // wgmma backward (true) work through together (Note [head groups] in flash_attention.cuh); 0 takes
@@ -135,12 +115,5 @@ BLU_HD inline TileSlot tile_slot_of(int lin, int bh_count, int ranks, int head_g
   return {group * g + r % size, r / size};
 }
 
-// Test hook: route every dtype through the plain SIMT kernels (to cross-check the others).
-void set_flash_attention_force_simt(bool on);
-bool flash_attention_force_simt();
-// Test hook: route f32 through the register-blocked CUDA-core kernels (IEEE fp32, no TF32, no
-// atomics) instead of the TF32 tensor-core kernels. force_simt takes precedence.
-void set_flash_attention_f32_cuda_cores(bool on);
-bool flash_attention_f32_cuda_cores();
 
 }  // namespace blu::cuda

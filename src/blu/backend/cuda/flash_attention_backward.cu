@@ -19,17 +19,12 @@
 // 3. dQ = accumulator cast to the output dtype.
 // On Hopper (sm_90a build, compute capability 9.0) step 2 is the wgmma kernel of
 // flash_attention_wgmma_backward.cu instead (set_flash_attention_wgmma_backward(false) keeps it here).
-// f32: TF32 tensor-core kernels (flash_attention_tf32.cu) or, on request, register-blocked
-// CUDA-core kernels; flash_attention_f32.cu picks (the plain SIMT ones when forced).
-// SIMT path (any dtype, on request): warp per query row for dQ and warp per key
-// row for dK, dV (per key/value head, over the queries of its group's query heads), deterministic,
-// recomputing scores in both.
+// f32: the TF32 tensor-core kernels of flash_attention_tf32.cu.
 #include "blu/backend/backend.h"
 #include "blu/backend/cuda/flash_attention.cuh"
 #include "blu/backend/cuda/flash_attention_f32.h"
 #include "blu/backend/cuda/flash_attention_wgmma.h"
 #include "blu/backend/cuda/runtime.h"
-#include "blu/memory/allocator.h"
 
 #include <algorithm>
 #include <atomic>
@@ -86,107 +81,6 @@ unsigned dsum_blocks(const FlashBwdParams& p) {
   const int64_t blocks = (threads + 255) / 256;
   BLU_CHECK(blocks <= 0x7fffffff, "flash_attention_backward: too many rows");
   return unsigned(blocks);
-}
-
-// ---------------------------------------------------------------------------------------------
-// SIMT dQ: warp per query row i, over the keys it sees.
-template <typename T, int D>
-__global__ void __launch_bounds__(128) flash_bwd_dq_simt_kernel(FlashBwdParams p) {
-  constexpr int E = D / 32;
-  const int lane = threadIdx.x % 32;
-  const int64_t row = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
-  if (row >= int64_t(p.B) * p.H * p.T) return;
-  const int i = int(row % p.T);
-  const int bh = int(row / p.T), b = bh / p.H, h = bh % p.H;
-  const T* qp = slice<T>(p.q, b, h) + int64_t(i) * p.q.st + lane * E;
-  const T* dop = slice<T>(p.dout, b, h) + int64_t(i) * p.dout.st + lane * E;
-  const T* kb = slice<T>(p.k, b, h / p.group) + lane * E;  // the query head's key/value head (GQA)
-  const T* vb = slice<T>(p.v, b, h / p.group) + lane * E;
-  float q[E], dov[E], dq[E];
-#pragma unroll
-  for (int e = 0; e < E; ++e) {
-    q[e] = Elem<T>::load(qp + e);
-    dov[e] = Elem<T>::load(dop + e);
-    dq[e] = 0.f;
-  }
-  const float lse = p.lse[row], dsum = p.dsum[row];
-  const int jend = p.causal ? i + 1 : p.T;
-  for (int j = 0; j < jend; ++j) {
-    const T* kr = kb + int64_t(j) * p.k.st;
-    const T* vr = vb + int64_t(j) * p.v.st;
-    float kv[E], s = 0.f, dp = 0.f;
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-      kv[e] = Elem<T>::load(kr + e);
-      s += q[e] * kv[e];
-      dp += dov[e] * Elem<T>::load(vr + e);
-    }
-    s = warp_sum(s);
-    dp = warp_sum(dp);
-    const float pij = __expf(s * p.scale - lse);
-    const float ds = pij * (dp - dsum) * p.scale;
-#pragma unroll
-    for (int e = 0; e < E; ++e) dq[e] += ds * kv[e];
-  }
-  T* dqp = slice_mut<T>(p.dq, b, h) + int64_t(i) * p.dq.st + lane * E;
-#pragma unroll
-  for (int e = 0; e < E; ++e) Elem<T>::store(dqp + e, dq[e]);
-}
-
-// SIMT dK, dV: warp per key row j of key/value head hk, over the queries that see it in each of
-// hk's query heads (hk·group .. hk·group + group − 1, in order: Note [GQA backward]).
-template <typename T, int D>
-__global__ void __launch_bounds__(128) flash_bwd_dkv_simt_kernel(FlashBwdParams p) {
-  constexpr int E = D / 32;
-  const int lane = threadIdx.x % 32;
-  const int Hkv = p.H / p.group;
-  const int64_t row = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
-  if (row >= int64_t(p.B) * Hkv * p.T) return;
-  const int j = int(row % p.T);
-  const int bhk = int(row / p.T), b = bhk / Hkv, hk = bhk % Hkv;
-  const T* kp = slice<T>(p.k, b, hk) + int64_t(j) * p.k.st + lane * E;
-  const T* vp = slice<T>(p.v, b, hk) + int64_t(j) * p.v.st + lane * E;
-  float k[E], v[E], dk[E], dv[E];
-#pragma unroll
-  for (int e = 0; e < E; ++e) {
-    k[e] = Elem<T>::load(kp + e);
-    v[e] = Elem<T>::load(vp + e);
-    dk[e] = dv[e] = 0.f;
-  }
-  for (int h = hk * p.group; h < (hk + 1) * p.group; ++h) {
-    const T* qb = slice<T>(p.q, b, h) + lane * E;
-    const T* dob = slice<T>(p.dout, b, h) + lane * E;
-    const float* lse = p.lse + (int64_t(b) * p.H + h) * p.T;
-    const float* dsum = p.dsum + (int64_t(b) * p.H + h) * p.T;
-    for (int i = p.causal ? j : 0; i < p.T; ++i) {
-      const T* qr = qb + int64_t(i) * p.q.st;
-      const T* dor = dob + int64_t(i) * p.dout.st;
-      float qv[E], dov[E], s = 0.f, dp = 0.f;
-#pragma unroll
-      for (int e = 0; e < E; ++e) {
-        qv[e] = Elem<T>::load(qr + e);
-        dov[e] = Elem<T>::load(dor + e);
-        s += qv[e] * k[e];
-        dp += dov[e] * v[e];
-      }
-      s = warp_sum(s);
-      dp = warp_sum(dp);
-      const float pij = __expf(s * p.scale - lse[i]);
-      const float ds = pij * (dp - dsum[i]) * p.scale;
-#pragma unroll
-      for (int e = 0; e < E; ++e) {
-        dv[e] += pij * dov[e];
-        dk[e] += ds * qv[e];
-      }
-    }
-  }
-  T* dkp = slice_mut<T>(p.dk, b, hk) + int64_t(j) * p.dk.st + lane * E;
-  T* dvp = slice_mut<T>(p.dv, b, hk) + int64_t(j) * p.dv.st + lane * E;
-#pragma unroll
-  for (int e = 0; e < E; ++e) {
-    Elem<T>::store(dkp + e, dk[e]);
-    Elem<T>::store(dvp + e, dv[e]);
-  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -440,25 +334,6 @@ __global__ void flash_bwd_dq_convert_kernel(FlashBwdParams p) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Blocks of 4 warps, a warp per row of B·heads·T.
-unsigned row_blocks(const FlashBwdParams& p, int heads) {
-  const int64_t blocks = (int64_t(p.B) * heads * p.T + 3) / 4;
-  BLU_CHECK(blocks <= 0x7fffffff, "flash_attention_backward: too many rows");
-  return unsigned(blocks);
-}
-
-template <typename T, int D>
-void launch_bwd_simt(const FlashBwdParams& p, cudaStream_t stream) {
-  FlashBwdParams pd = p;
-  pd.dq_accum = nullptr;  // the SIMT kernels need no accumulator
-  flash_bwd_dsum_kernel<T, D><<<dsum_blocks<T, D>(p), 256, 0, stream>>>(pd);
-  BLU_CUDA_CHECK_LAUNCH();
-  flash_bwd_dq_simt_kernel<T, D><<<row_blocks(p, p.H), 128, 0, stream>>>(p);
-  BLU_CUDA_CHECK_LAUNCH();
-  flash_bwd_dkv_simt_kernel<T, D><<<row_blocks(p, p.H / p.group), 128, 0, stream>>>(p);  // key/value rows
-  BLU_CUDA_CHECK_LAUNCH();
-}
-
 template <typename T, int D>
 void launch_bwd_mma(const FlashBwdParams& p, DType dtype, cudaStream_t stream) {
   BLU_ASSERT(p.dq_accum, "flash_attention_backward: the tensor-core path needs dq_accum");
@@ -479,12 +354,11 @@ void launch_bwd_mma(const FlashBwdParams& p, DType dtype, cudaStream_t stream) {
 }
 
 template <int D>
-void bwd_dispatch_d(const FlashBwdParams& p, DType dtype, bool simt, cudaStream_t s) {
+void bwd_dispatch_d(const FlashBwdParams& p, DType dtype, cudaStream_t s) {
   switch (dtype) {
-    case DType::f32: return simt ? launch_bwd_simt<float, D>(p, s) : flash_attention_backward_f32(p, s);
-    case DType::bf16:
-      return simt ? launch_bwd_simt<__nv_bfloat16, D>(p, s) : launch_bwd_mma<__nv_bfloat16, D>(p, dtype, s);
-    case DType::f16: return simt ? launch_bwd_simt<__half, D>(p, s) : launch_bwd_mma<__half, D>(p, dtype, s);
+    case DType::f32: return flash_attention_backward_f32(p, s);
+    case DType::bf16: return launch_bwd_mma<__nv_bfloat16, D>(p, dtype, s);
+    case DType::f16: return launch_bwd_mma<__half, D>(p, dtype, s);
     default: BLU_ASSERT(false, "flash_attention_backward: unsupported dtype ", dtype);
   }
 }
@@ -505,9 +379,8 @@ bool flash_attention_wgmma_backward() { return g_wgmma_bwd.load(); }
 void flash_attention_backward(const FlashBwdParams& p, DType dtype, cudaStream_t stream) {
   BLU_ASSERT(flash_attention_supported(dtype, p.D), "flash_attention_backward: ", dtype, " D=", p.D);
   if (int64_t(p.B) * p.H * p.T == 0) return;
-  const bool simt = flash_attention_force_simt();
-  if (p.D == 64) flash::bwd_dispatch_d<64>(p, dtype, simt, stream);
-  else flash::bwd_dispatch_d<128>(p, dtype, simt, stream);
+  if (p.D == 64) flash::bwd_dispatch_d<64>(p, dtype, stream);
+  else flash::bwd_dispatch_d<128>(p, dtype, stream);
 }
 
 namespace {
@@ -551,17 +424,11 @@ void flash_attention_backward_kernel(const KernelCall& c) {
   p.causal = c.attrs.b("causal");
   const int64_t rows = int64_t(p.B) * p.H * p.T;
   if (rows == 0) return;
-  // Scratch from the device's (stream-ordered) allocator; released after the launches are queued
-  // on the current stream, which is where the allocator hands the bytes out next.
-  Allocator& alloc = allocator_for(q.device());
-  DataPtr dsum = alloc.allocate(size_t(rows) * sizeof(float));
-  DataPtr dq_accum;
-  p.dsum = static_cast<float*>(dsum.get());
-  if (flash_attention_needs_dq_accum(q.dtype())) {
-    dq_accum = alloc.allocate(size_t(flash_dq_accum_floats(p.B, p.H, p.T, p.D)) * sizeof(float));
-    p.dq_accum = static_cast<float*>(dq_accum.get());
-  }
-  flash_attention_backward(p, q.dtype(), current_stream());
+  // Scratch from the call's workspace (Note [Execution context]).
+  p.dsum = c.ctx.scratch->take<float>(size_t(rows));
+  if (flash_attention_needs_dq_accum(q.dtype()))
+    p.dq_accum = c.ctx.scratch->take<float>(size_t(flash_dq_accum_floats(p.B, p.H, p.T, p.D)));
+  flash_attention_backward(p, q.dtype(), stream_of(c.ctx));
 }
 
 BLU_REGISTER_KERNEL(cuda, "flash_attention_backward", flash_attention_backward_kernel);

@@ -51,7 +51,7 @@
 //   (query, key) tile pair instead of 5), i.e. ~40% more tensor work at 3xTF32, where these kernels
 //   are bound by the mma rate. The price is determinism: dK and dV are bitwise reproducible, dQ is
 //   summed in an order that varies between runs (differences at fp32 rounding level, ~1e-7
-//   relative). The CUDA-core kernels of flash_attention_f32.cu stay deterministic.
+//   relative).
 //
 // Resources (ptxas -v, sm_90, CUDA 13.0; kernel<D, kSplit>; no spills, no local memory unless noted):
 //   fa_tf32_fwd_kernel<64, 1>   155 registers, 80 KB dynamic shared memory  → 2 CTAs / SM
@@ -71,6 +71,7 @@
 #include "blu/backend/cuda/flash_attention.cuh"
 #include "blu/backend/cuda/flash_attention_f32.h"
 #include "blu/backend/cuda/runtime.h"
+#include "blu/core/precision.h"
 
 #include <atomic>
 
@@ -614,6 +615,16 @@ void launch_bwd(const FlashBwdParams& p, cudaStream_t stream) {
 }
 
 }  // namespace
+
+// 1xTF32 under "tf32", 3xTF32 (fp32-level accuracy) under "ieee", read at each launch.
+static int tf32_split() { return matmul_precision() == MatmulPrecision::tf32 ? 1 : 3; }
+
+void flash_attention_forward_f32(const FlashFwdParams& p, cudaStream_t stream) {
+  flash_attention_forward_tf32(p, tf32_split(), stream);
+}
+void flash_attention_backward_f32(const FlashBwdParams& p, cudaStream_t stream) {
+  flash_attention_backward_tf32(p, tf32_split(), stream);
+}
 
 void flash_attention_forward_tf32(const FlashFwdParams& p, int split, cudaStream_t stream) {
   BLU_ASSERT((p.D == 64 || p.D == 128) && (split == 1 || split == 3), "flash_attention_forward_tf32: D=", p.D,

@@ -1,18 +1,9 @@
-// Flash-attention forward for Hopper (sm_90a): warpgroup MMA (wgmma), the FlashAttention-3 scheme.
-// Two kernels: by default a one-warpgroup kernel, four CTAs to a multiprocessor (Note [wgmma solo
-// forward], below); with FlashVariant::fwd_solo off the warp-specialised kernel described here.
-//
-// A CTA owns 128 query rows of one (batch, head) and has three warpgroups (384 threads):
-//   warpgroup 0, the producer: loads the K and V tiles of 128 keys with cp.async into a two-stage
-//     ring in shared memory, then lowers its register budget (setmaxnreg) to hand registers to
-//   warpgroups 1 and 2, the consumers: each owns 64 query rows (wgmma's M), loads its Q rows once
-//     and walks the key tiles: S = Q·Kᵀ (wgmma m64n128k16, Q and K from shared memory), the online
-//     softmax on the fp32 accumulators, and O += P·V (wgmma m64nDk16, P from registers — the
-//     accumulator layout converted to 16-bit in place — and V from shared memory, N-major).
-// Pipeline per consumer (Note [wgmma forward pipeline]): tile n's S = Q·Kₙᵀ is issued together
-// with the previous tile's O += Pₙ₋₁·Vₙ₋₁, so that the softmax of tile n runs while the tensor
-// cores do Pₙ₋₁·Vₙ₋₁. K and V have separate full/empty barriers: Kₙ's stage is released as soon as
-// S is done, Vₙ's when P·V is done, and the producer refills each as soon as it is released.
+// Flash-attention forward for Hopper (sm_90a): warpgroup MMA (wgmma). A CTA of one warpgroup owns
+// 64 query rows of one (batch, head) and walks the key tiles: S = Q·Kᵀ (wgmma, Q and K from shared
+// memory), the online softmax on the fp32 accumulators, and O += P·V (P from registers — the
+// accumulator layout converted to 16-bit in place — and V from shared memory, N-major); Note
+// [wgmma solo forward] below. (A FlashAttention-3-style producer/two-consumer kernel measured
+// slower at GPT-2 shapes and lives in scripts/lab/flash_attention_wgmma_fwd_3wg.cu.)
 //
 // Shared-memory tiles are [rows][D] of 16-bit elements stored as D/64 blocks of [rows][64]: one
 // 128-byte row per row, the 16-byte chunks of each 8-row x 128-byte atom permuted by the hardware's
@@ -28,23 +19,6 @@
 // diagonal skipped, heaviest CTAs launched first) as in the mma.sync kernel of flash_attention.cu.
 // The kernel body exists only in the sm_90a compilation (__CUDA_ARCH_FEAT_SM90_ALL); the dispatch
 // asks flash_attention_wgmma_available() before launching it.
-//
-// Note [wgmma forward pipeline]
-// Named barriers (bar.sync/bar.arrive with a thread count; id 0 is __syncthreads) carry the
-// hand-offs: FULL_K[s], FULL_V[s] (producer arrives, 128 threads; consumers sync, 256) and
-// EMPTY_K[s], EMPTY_V[s] (consumers arrive; producer syncs), 384 threads each. Producer, tile n,
-// stage s = n % 2:
-//   n >= 2: sync EMPTY_K[s] (both consumers have S of tile n-2) · cp.async Kₙ · wait for all its
-//   copies (Kₙ, Vₙ₋₁) · fence.proxy.async (cp.async writes are generic-proxy, wgmma reads are
-//   async-proxy) · arrive FULL_V[s^1] (Vₙ₋₁; n >= 1), FULL_K[s] · n >= 2: sync EMPTY_V[s] (P·V of
-//   tile n-2 done) · cp.async Vₙ. After the last tile: wait, fence, arrive FULL_V of the last.
-// Consumer: tile 0: sync FULL_K[0], S₀, softmax, P₀. Tile n >= 1: sync FULL_K[s] · issue Sₙ ·
-//   sync FULL_V[s^1] · issue O += Pₙ₋₁·Vₙ₋₁ · wait for Sₙ · arrive EMPTY_K[s] · mask, max, exp ·
-//   wait for P·V · arrive EMPTY_V[s^1] · rescale O, l · Pₙ. Last: sync FULL_V, O += P·V.
-// The consumers arrive on an EMPTY barrier only for tiles the producer will refill (tile + 2 <
-// number of tiles), so that no barrier is left half-arrived when the CTA exits. Every wait is
-// matched: no side can run two phases ahead on one barrier, because each phase of FULL needs the
-// previous phase of EMPTY on the same stage and vice versa.
 #include "blu/backend/cuda/flash_attention.cuh"
 #include "blu/backend/cuda/flash_attention_wgmma.cuh"
 #include "blu/backend/cuda/flash_attention_wgmma.h"
@@ -57,16 +31,7 @@ namespace blu::cuda {
 namespace flash {
 namespace {
 
-constexpr int kWgBQ = 128;       // query rows per CTA: two consumer warpgroups of 64
-constexpr int kWgBK = 128;       // keys per K/V tile
-constexpr int kWgThreads = 384;  // producer + 2 consumers
-template <int D>
-constexpr int wg_smem_bytes() {
-  // Q, two stages of K and of V, 16-bit elements; + 1024 to align the base to a swizzle atom.
-  return (kWgBQ * D + 4 * kWgBK * D) * 2 + 1024;
-}
-
-// --- one consumer warpgroup's softmax and epilogue, shared by both kernels ---------------------
+// --- the warpgroup's softmax and epilogue ------------------------------------------------------
 // A thread holds rows row_lo and row_lo + 8 of its warpgroup's 64 (row_lo = first + 16·warp + g)
 // and, of a 64 x BK score tile in the wgmma accumulator layout, columns 8j + 2t (+1).
 
@@ -176,152 +141,12 @@ __device__ __forceinline__ void wg_store_o(const float (&o)[D / 2], const float 
   }
 }
 
-// --- sm_90a instructions -------------------------------------------------------------------------
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-
-// setmaxnreg budgets: 128·40 + 256·232 = 384·168, the registers the CTA starts with under
-// __launch_bounds__(384, 1) (65536 / 384, rounded down to a multiple of 8). The producer spills
-// below 40 (ptxas -v).
-constexpr int kProducerRegs = 40, kConsumerRegs = 232;
-
-// Named barrier ids (+ stage or + consumer index).
-constexpr int kBarFullK = 1, kBarFullV = 3, kBarEmptyK = 5, kBarEmptyV = 7, kBarWg = 9;
-
-#endif  // __CUDA_ARCH_FEAT_SM90_ALL
-
 // --- the kernel ----------------------------------------------------------------------------------
-template <typename T, int D>
-__global__ void __launch_bounds__(kWgThreads, 1) flash_fwd_wgmma_kernel(FlashFwdParams p) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int BQ = kWgBQ, BK = kWgBK;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  // Align to a 128-byte-swizzle atom (the swizzle is a function of the address bits).
-  const uint32_t raw = smem_u32(smem_raw);
-  T* sQ = reinterpret_cast<T*>(smem_raw + (((raw + 1023) & ~1023u) - raw));  // 2 x [64][D]
-  T* sK = sQ + BQ * D;                                                        // [2][BK][D]
-  T* sV = sK + 2 * BK * D;                                                    // [2][BK][D]
-
-  const auto [b, h, q0] = fwd_tile<BQ>(p);
-  const int kv_end = p.causal ? min(p.T, q0 + BQ) : p.T;
-  const int num_kt = (kv_end + BK - 1) / BK;
-  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-
-  if (wg == 0) {
-    // ---- producer ----
-    setmaxnreg_dec<kProducerRegs>();
-    const T* Kg = slice<T>(p.k, b, h / p.group);  // the query head's key/value head (GQA)
-    const T* Vg = slice<T>(p.v, b, h / p.group);
-    for (int n = 0; n < num_kt; ++n) {
-      const int s = n & 1;
-      if (n >= 2) bar_sync(kBarEmptyK + s, kWgThreads);
-      load_wg_tile<T, D, BK>(sK + s * BK * D, Kg, p.k.st, n * BK, p.T, tid);
-      cp_async_commit();
-      cp_async_wait<0>();  // Kₙ and Vₙ₋₁
-      fence_proxy_async();
-      if (n >= 1) bar_arrive(kBarFullV + (s ^ 1), kWgThreads);
-      bar_arrive(kBarFullK + s, kWgThreads);
-      if (n >= 2) bar_sync(kBarEmptyV + s, kWgThreads);
-      load_wg_tile<T, D, BK>(sV + s * BK * D, Vg, p.v.st, n * BK, p.T, tid);
-      cp_async_commit();
-    }
-    cp_async_wait<0>();
-    fence_proxy_async();
-    bar_arrive(kBarFullV + ((num_kt - 1) & 1), kWgThreads);
-    return;
-  }
-
-  // ---- consumers ----
-  setmaxnreg_inc<kConsumerRegs>();
-  const int c = wg - 1;  // consumer index: rows q0 + 64c .. q0 + 64c + 63
-  const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  const int r_wg = q0 + 64 * c;
-  const int row_lo = r_wg + 16 * warp + g;  // this thread's rows: row_lo and row_lo + 8
-  T* sQc = sQ + c * 64 * D;
-
-  load_wg_tile<T, D, 64>(sQc, slice<T>(p.q, b, h), p.q.st, r_wg, p.T, tid);
-  cp_async_commit();
-  cp_async_wait<0>();
-  fence_proxy_async();
-  bar_sync(kBarWg + c, 128);
-
-  // Descriptors. Q, K: K-major, a 16-column k step is +32 bytes within a 64-column block, the next
-  // block is ROWS·128 bytes on. V: N-major, a 16-key k step is +16 rows = 2048 bytes.
-  const uint64_t dQ = make_desc(smem_u32(sQc), 16, 1024);
-  const uint64_t dK0 = make_desc(smem_u32(sK), 16, 1024);
-  const uint64_t dV0 = make_desc(smem_u32(sV), BK * 128, 1024);
-  constexpr uint32_t kStageBytes = BK * D * 2;
-
-  float o[D / 2];  // O accumulator (64 x D per warpgroup)
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-  float s[BK / 2];          // S accumulator (64 x BK)
-  uint32_t pf[BK / 16][4];  // P as A fragments, one per 16-key k step
-  float m[2] = {kNegInf, kNegInf};  // running max of the raw scores, rows row_lo and row_lo + 8
-  float l[2] = {0.f, 0.f};          // running sum of exp, this thread's columns only
-  const float sl2 = p.scale * kLog2e;
-
-  // S = Q·Kₙᵀ into s, issued (not waited for).
-  auto issue_s = [&](int n) {
-    const uint64_t dK = desc_add(dK0, uint32_t(n & 1) * kStageBytes);
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      wgmma_ss_n128<T>(s, desc_add(dQ, (kk / 4) * 64 * 128 + (kk % 4) * 32),
-                       desc_add(dK, (kk / 4) * BK * 128 + (kk % 4) * 32), kk > 0);
-    wgmma_commit();
-  };
-  // O += Pₙ·Vₙ, issued.
-  auto issue_pv = [&](int n) {
-    const uint64_t dV = desc_add(dV0, uint32_t(n & 1) * kStageBytes);
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) wgmma_rs<T, D>(o, pf[kk], desc_add(dV, kk * 2048));
-    wgmma_commit();
-  };
-  float alpha[2], rs[2];
-  // Tile 0.
-  bar_sync(kBarFullK + 0, kWgThreads);
-  wgmma_fence();
-  issue_s(0);
-  wgmma_wait<0>();
-  pin(s);
-  if (2 < num_kt) bar_arrive(kBarEmptyK + 0, kWgThreads);
-  wg_softmax<BK>(s, 0, r_wg, row_lo, t, p, sl2, m, alpha, rs);
-  l[0] = rs[0], l[1] = rs[1];
-  wg_p_frags<T, BK>(s, pf);
-
-  for (int n = 1; n < num_kt; ++n) {
-    const int st = n & 1;
-    bar_sync(kBarFullK + st, kWgThreads);
-    wgmma_fence();  // s, o and pf were written since the last wgmma
-    issue_s(n);
-    bar_sync(kBarFullV + (st ^ 1), kWgThreads);
-    issue_pv(n - 1);
-    wgmma_wait<1>();  // S of tile n
-    pin(s);
-    if (n + 2 < num_kt) bar_arrive(kBarEmptyK + st, kWgThreads);
-    wg_softmax<BK>(s, n * BK, r_wg, row_lo, t, p, sl2, m, alpha, rs);
-    wgmma_wait<0>();  // P·V of tile n-1
-    pin(o);
-    pin(s);
-    if (n + 1 < num_kt) bar_arrive(kBarEmptyV + (st ^ 1), kWgThreads);
-    wg_rescale<D>(o, l, alpha, rs);
-    wg_p_frags<T, BK>(s, pf);
-  }
-  bar_sync(kBarFullV + ((num_kt - 1) & 1), kWgThreads);
-  wgmma_fence();
-  issue_pv(num_kt - 1);
-  wgmma_wait<0>();
-  pin(o);
-
-  // Epilogue: O staged through this warpgroup's Q tile (its last reader, S of the last tile, is done).
-  wg_store_o<T, D>(o, m, l, sQc, r_wg, b, h, tid, p, [c] { bar_sync(kBarWg + c, 128); });
-#endif  // __CUDA_ARCH_FEAT_SM90_ALL
-}
-
-// --- the one-warpgroup kernel (D = 64) --------------------------------------------------------
 // Note [wgmma solo forward]
 // A CTA of one warpgroup (128 threads) owns 64 query rows and loads its own tiles of 64 keys: no
 // producer, no named barriers, and small enough (41 KB of shared memory, 117 registers) that four
-// CTAs share a multiprocessor. The three-warpgroup kernel above holds a whole multiprocessor per
+// CTAs share a multiprocessor. A three-warpgroup producer/consumer kernel (FlashAttention-3's
+// scheme; scripts/lab/flash_attention_wgmma_fwd_3wg.cu) holds a whole multiprocessor per
 // CTA, so each CTA's start (Q and the first K tile from memory) and end (O's store) leave the
 // tensor cores idle — at GPT-2 shapes 11.6 CTAs a multiprocessor, each of 1 to 8 key tiles; here
 // the warp schedulers interleave four CTAs, one's softmax and loads under another's products.
@@ -445,10 +270,8 @@ __global__ void __launch_bounds__(kSoloThreads, 4) flash_fwd_wgmma_solo_kernel(F
 
 template <typename T, int D>
 void launch_fwd_wgmma(const FlashFwdParams& p, cudaStream_t stream) {
-  if (flash_attention_variant(FlashVariant::fwd_solo))
-    return launch_tiles<flash_fwd_wgmma_solo_kernel<T, D>>(p, kSoloBQ, kSoloThreads, solo_smem_bytes<D>(),
-                                                           "flash_attention", stream);
-  launch_tiles<flash_fwd_wgmma_kernel<T, D>>(p, kWgBQ, kWgThreads, wg_smem_bytes<D>(), "flash_attention", stream);
+  launch_tiles<flash_fwd_wgmma_solo_kernel<T, D>>(p, kSoloBQ, kSoloThreads, solo_smem_bytes<D>(), "flash_attention",
+                                                  stream);
 }
 
 }  // namespace

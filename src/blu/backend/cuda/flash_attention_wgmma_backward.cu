@@ -33,7 +33,6 @@
 //   dSᵀ      [2 buffers][128 keys][64 queries], consumer c writes rows 64c..64c+63
 //   lse, Dsum [2 stages][64] fp32
 //   dQ       [2 consumers][32·D] fp32, in fragment order (Note [dQ tiles])
-// (3 stages of Q, dO, lse, Dsum in the pipelined variant below.)
 // Descriptors: K-major operands (K, V as A of Sᵀ, dPᵀ; Q, dO as B) with stride byte offset 1024 (an
 // 8-row atom), a 16-column k step +32 bytes within a 64-column block, the next block 64·128 bytes on.
 // N-major B (Q, dO of dK, dV; K of dQ) and M-major A (dSᵀ of dQ): stride byte offset 1024 (8 rows of
@@ -54,8 +53,7 @@
 // below is unchanged — is tile l of query head hk·group + j, i = j·n_per + l (n_per query tiles a
 // head). The producer loads that head's Q, dO, lse, Dsum; the consumers mask by l, add dQ to that
 // head's tiles, and keep summing dK, dV in registers across the heads. Head groups count key/value
-// heads, head_group / group of them (a CTA's working set is its group's query heads). The
-// pipelined variant runs without GQA only.
+// heads, head_group / group of them (a CTA's working set is its group's query heads).
 //
 // Note [wgmma backward pipeline]
 // Named barriers (bar.sync / bar.arrive with a thread count; id 0 is __syncthreads):
@@ -79,18 +77,8 @@
 // each consumer's K rows are fenced before its first DS, so they are visible to the other's first
 // dQ; nothing writes K afterwards. V is read only by its own consumer, so the epilogue stages dK
 // and dV through it (WG barriers).
-// Pipelined variant (template Pipe; D = 64 only, FlashVariant::bwd_pipeline, off by default: with
-// dQ added by bulk reductions it is the slower one; BLU_FLASH_BWD_PIPE=1 turns it on): NS = 3
-// stages. Per tile the consumer issues dQ before dK, waits for dV and dQ only (wait<1>), stages dQ
-// while dK runs, and goes on to the next tile with dK in flight: the next tile's Sᵀ, dPᵀ queue
-// behind it, so the tensor cores do not drain at each tile's end. Tile i-1's
-// stage is released (EMPTY) in tile i after the Sᵀ wait, which also completes dK of tile i-1, its
-// last reader; the consumer arrives iff (i-1) + NS < n, the producer syncs EMPTY for tiles NS..n-1
-// (tile j's stage before loading tile j + NS): matched as above. The third stage keeps the
-// producer's lead of one tile despite the later release. dSᵀ buffers: as above (each consumer's
-// dQ of tile i-2 completed within tile i-2). dK and dV are started by the first tile's products
-// with acc = 0 rather than zeroed before the loop: a zeroing move of an accumulator whose wgmma
-// crosses the loop's back edge makes ptxas serialise every wgmma of the loop (C7515).
+// A pipelined variant (dK left in flight into the next tile, three stages) measured slower with
+// dQ added by bulk reductions; it is kept in scripts/lab/flash_attention_wgmma_bwd_pipe.patch.
 //
 // Note [dQ tiles]
 // Every key block adds to the dQ of the query tiles it sees. Per-element float2 atomics (red.global)
@@ -147,15 +135,13 @@ constexpr int kWbBK = 128;       // keys per CTA: two consumer warpgroups of 64
 constexpr int kWbBQ = 64;        // queries per tile
 static_assert(kWbBQ == 64, "flash_dq_accum_floats rounds T up to these 64-row query tiles");
 constexpr int kWbThreads = 384;  // producer + 2 consumers
-// Stages of the Q, dO, lse, Dsum ring: 3 when the dQ wait is deferred (Pipe), which releases a
-// stage one tile later (Note [wgmma backward pipeline]).
-template <bool Pipe>
-constexpr int wb_stages() { return Pipe ? 3 : 2; }
-template <int D, bool Pipe>
+// Stages of the Q, dO, lse, Dsum ring (Note [wgmma backward pipeline]).
+constexpr int kWbStages = 2;
+template <int D>
 constexpr int wb_smem_bytes() {
   // K, V [128][D]; Q, dO [NS][64][D]; dSᵀ [2][128][64] (16-bit); lse, Dsum [NS][64], dQ [64·D]
   // (fp32); + 1024 to align the base to a swizzle atom.
-  constexpr int NS = wb_stages<Pipe>();
+  constexpr int NS = kWbStages;
   return (2 * kWbBK * D + 2 * NS * kWbBQ * D + 2 * kWbBK * kWbBQ) * 2 + (2 * NS * kWbBQ + kWbBQ * D) * 4 + 1024;
 }
 
@@ -163,23 +149,20 @@ constexpr int wb_smem_bytes() {
 // setmaxnreg budgets as in the forward: 128·40 + 256·232 = 384·168.
 constexpr int kWbProducerRegs = 40, kWbConsumerRegs = 232;
 // Named barrier ids (+ stage or + consumer index): FULL 1.., EMPTY after the NS FULL ones, then DS,
-// then WG[2]; at most 3 stages, so ids stay below 16.
-template <bool Pipe>
+// then WG[2].
 struct WbBars {
-  static constexpr int kFull = 1, kEmpty = kFull + wb_stages<Pipe>(), kDs = kEmpty + wb_stages<Pipe>(), kWg = kDs + 1;
+  static constexpr int kFull = 1, kEmpty = kFull + kWbStages, kDs = kEmpty + kWbStages, kWg = kDs + 1;
   static_assert(kWg + 1 < 16, "named barrier ids");
 };
 #endif
 
-// Pipe: Note [wgmma backward pipeline]. Gqa: the CTA's query tiles are those of its key/value
-// head's `group` query heads (Note [GQA backward]); false: of the one head, its tiles in order.
-template <typename T, int D, bool Pipe, bool Gqa>
+// Gqa: the CTA's query tiles are those of its key/value head's `group` query heads (Note [GQA
+// backward]); false: of the one head, its tiles in order.
+template <typename T, int D, bool Gqa>
 __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwdParams p) {
-  static_assert(!(Pipe && Gqa), "the pipelined variant runs without GQA only");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int BK = kWbBK, BQ = kWbBQ, NS = wb_stages<Pipe>();
-  constexpr int kBarFull = WbBars<Pipe>::kFull, kBarEmpty = WbBars<Pipe>::kEmpty, kBarDs = WbBars<Pipe>::kDs,
-                kBarWg = WbBars<Pipe>::kWg;
+  constexpr int BK = kWbBK, BQ = kWbBQ, NS = kWbStages;
+  constexpr int kBarFull = WbBars::kFull, kBarEmpty = WbBars::kEmpty, kBarDs = WbBars::kDs, kBarWg = WbBars::kWg;
   constexpr uint32_t kTileBytes = BQ * D * 2;  // one stage of Q or dO
   constexpr uint32_t kHalfBytes = 64 * D * 2;  // one consumer's K (V) rows
   constexpr uint32_t kDsBytes = BK * BQ * 2;   // one dSᵀ buffer
@@ -283,13 +266,9 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
   float s[BQ / 2], dp[BQ / 2];  // Sᵀ (then Pᵀ), dPᵀ (then dSᵀ): 64 keys x 64 queries, same layout
   float dq[D / 4];              // 64 queries x D/2 (columns c·D/2 + ...), same layout
   // (s, dp and dq are written by the first k step of their products: wgmma_ss_first.)
-  // Pipe: dK of a tile is still in flight at the loop's back edge, so dk and dv are started by the
-  // first tile's products (acc = 0) instead of zeroing moves (wgmma_rs_n64). The empty asm only
-  // gives them a definition.
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) {
-    if constexpr (Pipe) asm volatile("" : "=f"(dk[i]), "=f"(dv[i]));
-    else dk[i] = dv[i] = 0.f;
+    dk[i] = dv[i] = 0.f;
   }
   uint32_t pf[BQ / 16][4], dsf[BQ / 16][4];  // Pᵀ, dSᵀ as A fragments, one per 16-query k step
   const float sl2 = p.scale * kLog2e;
@@ -364,11 +343,9 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
       for (int j = 0; j < BQ / 8; ++j) x[j] = *reinterpret_cast<const float2*>(v + 8 * j + 2 * t);
     };
     if constexpr (D == 64) read_vec(l_s, l2);
-    wgmma_wait<1>();  // Sᵀ (Pipe: and dK of tile i-1, committed before it)
+    wgmma_wait<1>();  // Sᵀ
     pin(s);
     if constexpr (D != 64) read_vec(l_s, l2);
-    // Pipe: tile i-1's stage is free once its dK (the last reader) is done.
-    if (Pipe && i >= 1 && i - 1 + NS < n_tiles) bar_arrive(kBarEmpty + (i - 1) % NS, kWbThreads);
 
     // Pᵀ: element 4j + e is key key_lo + 8(e/2), query q0 + 8j + 2t + e%2.
 #pragma unroll
@@ -387,7 +364,7 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
     wgmma_fence();  // pf
 #pragma unroll
     for (int kk = 0; kk < BQ / 16; ++kk)
-      wgmma_rs<T, D>(dv, pf[kk], desc_add(dOn, st * kTileBytes + kk * 2048), !Pipe || i > 0 || kk > 0);
+      wgmma_rs<T, D>(dv, pf[kk], desc_add(dOn, st * kTileBytes + kk * 2048), 1);
     wgmma_commit();
     if constexpr (D == 64) read_vec(ds_s, d2);
     wgmma_wait<1>();  // dPᵀ (dV may still run)
@@ -419,10 +396,10 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
     auto issue_dk = [&] {
 #pragma unroll
       for (int kk = 0; kk < BQ / 16; ++kk)
-        wgmma_rs<T, D>(dk, dsf[kk], desc_add(dQn, st * kTileBytes + kk * 2048), !Pipe || i > 0 || kk > 0);
+        wgmma_rs<T, D>(dk, dsf[kk], desc_add(dQn, st * kTileBytes + kk * 2048), 1);
       wgmma_commit();
     };
-    if constexpr (!Pipe) issue_dk();
+    issue_dk();
     if (tid == 0) bulk_wait_read<0>();  // tile i-1's dQ has left sdQc
     bar_sync(kBarDs, 256);  // both halves of dSᵀ are in buffer i % 2; sdQ is free
     wgmma_ss_first<T, D / 2, 1, 1>(dq, desc_add(dSm, ds_off), dKn);
@@ -431,17 +408,11 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
       wgmma_ss<T, D / 2, 1, 1>(dq, desc_add(dSm, ds_off + kk * 2048),
                                desc_add(dKn, (kk / 4) * kHalfBytes + (kk % 4) * 2048), 1);
     wgmma_commit();
-    if constexpr (Pipe) {
-      issue_dk();  // after dQ, so that dQ's addition below overlaps it (and it the next tile's start)
-      wgmma_wait<1>();  // dV, dQ
-      pin(dq);
-    } else {
-      wgmma_wait<0>();
-      pin(dq);
-      pin(dk);
-      pin(dv);
-      if (i + NS < n_tiles) bar_arrive(kBarEmpty + st, kWbThreads);
-    }
+    wgmma_wait<0>();
+    pin(dq);
+    pin(dk);
+    pin(dv);
+    if (i + NS < n_tiles) bar_arrive(kBarEmpty + st, kWbThreads);
     stage_dq();
   };
   if constexpr (Gqa) {
@@ -467,11 +438,6 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
     flush_dq(dq_tiles, (qt_begin + n_tiles - 1) * BQ);
   }
   if (tid == 0) bulk_wait<0>();  // the last dQ tile added before the shared memory goes
-  if constexpr (Pipe) {  // the last tile's dK
-    wgmma_wait<0>();
-    pin(dk);
-    pin(dv);
-  }
 
   // Epilogue: dV, then dK, cast and staged through this consumer's V tile (its only reader, dPᵀ,
   // is done once every warp of the warpgroup passes the first barrier), stored with 16-byte
@@ -501,19 +467,17 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
-template <typename T, int D, bool Pipe, bool Gqa>
+template <typename T, int D, bool Gqa>
 void launch_bwd_wgmma_variant(const FlashBwdParams& p, cudaStream_t stream) {
-  constexpr int smem = wb_smem_bytes<D, Pipe>();
+  constexpr int smem = wb_smem_bytes<D>();
   static std::atomic<uint64_t> configured{0};  // one bit per device
-  ensure_smem_limit(flash_bwd_wgmma_kernel<T, D, Pipe, Gqa>, smem, configured);
+  ensure_smem_limit(flash_bwd_wgmma_kernel<T, D, Gqa>, smem, configured);
   const int num_kb = (p.T + kWbBK - 1) / kWbBK;
   BLU_CHECK(num_kb <= 65535, "flash_attention_backward: sequence too long (T = ", p.T, ")");
   const dim3 grid(unsigned(p.B) * unsigned(p.H / p.group), unsigned(num_kb));  // (batch, key/value head)
-  flash_bwd_wgmma_kernel<T, D, Pipe, Gqa><<<grid, kWbThreads, smem, stream>>>(p);
+  flash_bwd_wgmma_kernel<T, D, Gqa><<<grid, kWbThreads, smem, stream>>>(p);
   BLU_CUDA_CHECK_LAUNCH();
 }
-// The pipelined kernel at D = 64 only: at D = 128 its live registers (dK, dV of 64 each) exceed the
-// consumers' budget and ptxas serialises the wgmmas. GQA takes the default (not pipelined) kernel.
 template <typename T, int D>
 void launch_bwd_wgmma(const FlashBwdParams& p, cudaStream_t stream) {
   if (p.group > 1) {
@@ -521,13 +485,9 @@ void launch_bwd_wgmma(const FlashBwdParams& p, cudaStream_t stream) {
     // heads per head group, to keep a group's working set in the L2 (Note [head groups]).
     FlashBwdParams pg = p;
     if (pg.head_group > 0) pg.head_group = std::max(1, pg.head_group / pg.group);
-    return launch_bwd_wgmma_variant<T, D, false, true>(pg, stream);
+    return launch_bwd_wgmma_variant<T, D, true>(pg, stream);
   }
-  if constexpr (D == 64) {
-    if (flash_attention_variant(FlashVariant::bwd_pipeline))
-      return launch_bwd_wgmma_variant<T, D, true, false>(p, stream);
-  }
-  launch_bwd_wgmma_variant<T, D, false, false>(p, stream);
+  launch_bwd_wgmma_variant<T, D, false>(p, stream);
 }
 
 // dQ tiles (Note [dQ tiles]) cast into the strided dq: a block of 256 threads per 64-row tile reads

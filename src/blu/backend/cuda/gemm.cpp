@@ -182,9 +182,7 @@ std::unique_ptr<Plan> make_plan(const PlanKey& k, const GemmArgs& g, const Opera
 
   cublasLtMatmulPreference_t pref = nullptr;
   BLU_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  size_t ws_bytes = 0;
-  (void)cublaslt_workspace(&ws_bytes);
-  const uint64_t ws64 = ws_bytes;
+  const uint64_t ws64 = kGemmWorkspaceBytes;
   BLU_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws64, sizeof(ws64)));
   const uint32_t al_a = uint32_t(k.align_b), al_b = uint32_t(k.align_a), al_c = uint32_t(k.align_c);
@@ -217,7 +215,7 @@ PlanCache& plan_cache() {
 
 // The product without the bias gradient, then the gradient by a separate deterministic sum: used
 // when cuBLASLt has no algorithm for a BGRAD epilogue (logged once).
-void gemm_bgrad_fallback(const GemmArgs& g) {
+void gemm_bgrad_fallback(const GemmArgs& g, cudaStream_t stream, void* workspace) {
   static bool logged = false;
   if (!logged) {
     std::fprintf(stderr, "blu: cuBLASLt has no algorithm for a bias-gradient epilogue (%s, dtype %s, M=%lld N=%lld "
@@ -229,11 +227,11 @@ void gemm_bgrad_fallback(const GemmArgs& g) {
   GemmArgs plain = g;
   plain.epilogue = GemmEpilogue::none;
   plain.bias_grad = nullptr;
-  gemm(plain);
+  gemm(plain, stream, workspace);
   if (g.epilogue == GemmEpilogue::bgrad_a)  // Σ_k A[i, k]: out index i (row stride), sum over k (col stride)
-    strided_sum_launch(g.dtype, g.a.ptr, g.K, g.M, g.a.col_stride, g.a.row_stride, g.bias_grad);
+    strided_sum_launch(g.dtype, g.a.ptr, g.K, g.M, g.a.col_stride, g.a.row_stride, g.bias_grad, false, stream);
   else  // Σ_k B[k, j]
-    strided_sum_launch(g.dtype, g.b.ptr, g.K, g.N, g.b.row_stride, g.b.col_stride, g.bias_grad);
+    strided_sum_launch(g.dtype, g.b.ptr, g.K, g.N, g.b.row_stride, g.b.col_stride, g.bias_grad, false, stream);
 }
 
 }  // namespace
@@ -244,7 +242,7 @@ bool gemm_operand_ok(int64_t rows, int64_t cols, int64_t row_stride, int64_t col
 
 size_t gemm_plan_cache_size() { return plan_cache().size(); }
 
-void gemm(const GemmArgs& g) {
+void gemm(const GemmArgs& g, cudaStream_t stream, void* workspace) {
   BLU_CHECK(g.M >= 0 && g.N >= 0 && g.K >= 0 && g.batch >= 1, "gemm: bad sizes M=", g.M, " N=", g.N, " K=", g.K,
             " batch=", g.batch);
   const bool bgrad = g.epilogue == GemmEpilogue::bgrad_a || g.epilogue == GemmEpilogue::bgrad_b;
@@ -264,7 +262,8 @@ void gemm(const GemmArgs& g) {
       strided_sum_launch(g.dtype, g.epilogue == GemmEpilogue::bgrad_a ? g.a.ptr : g.b.ptr, g.K,
                          g.epilogue == GemmEpilogue::bgrad_a ? g.M : g.N,
                          g.epilogue == GemmEpilogue::bgrad_a ? g.a.col_stride : g.b.row_stride,
-                         g.epilogue == GemmEpilogue::bgrad_a ? g.a.row_stride : g.b.col_stride, g.bias_grad);
+                         g.epilogue == GemmEpilogue::bgrad_a ? g.a.row_stride : g.b.col_stride, g.bias_grad, false,
+                         stream);
     return;
   }
   if (g.K == 0) {  // an empty sum: D = beta·C (+ bias)
@@ -273,10 +272,10 @@ void gemm(const GemmArgs& g) {
     BLU_CHECK(g.epilogue == GemmEpilogue::none || g.epilogue == GemmEpilogue::bias || bgrad, "gemm: K == 0 with the ",
               gemm_epilogue_name(g.epilogue), " epilogue is not supported");
     fill_rows_launch(g.c_f32 ? DType::f32 : g.dtype, g.c, g.batch, g.M, g.N, g.ldc, g.c_batch_stride,
-                     g.epilogue == GemmEpilogue::bias ? g.bias : nullptr, g.beta != 0 ? g.c_in : nullptr);
+                     g.epilogue == GemmEpilogue::bias ? g.bias : nullptr, g.beta != 0 ? g.c_in : nullptr, stream);
     if (bgrad) {
       const int64_t n = g.epilogue == GemmEpilogue::bgrad_a ? g.M : g.N;
-      BLU_CUDA_CHECK(cudaMemsetAsync(g.bias_grad, 0, size_t(n) * dtype_size(g.dtype), current_stream()));
+      BLU_CUDA_CHECK(cudaMemsetAsync(g.bias_grad, 0, size_t(n) * dtype_size(g.dtype), stream));
     }
     return;
   }
@@ -307,7 +306,7 @@ void gemm(const GemmArgs& g) {
   if (it == cache.end()) it = cache.emplace(key, make_plan(key, g, lA, lB)).first;
   Plan& p = *it->second;
   if (!p.have_algo) {
-    if (bgrad) return gemm_bgrad_fallback(g);
+    if (bgrad) return gemm_bgrad_fallback(g, stream, workspace);
     BLU_CHECK(false, "gemm: cuBLASLt found no algorithm for dtype ", g.dtype, " compute ", int(g.compute),
               " epilogue ", gemm_epilogue_name(g.epilogue), " M=", g.M, " N=", g.N, " K=", g.K, " batch=", g.batch,
               " lda=", lA.ld, (lA.trans ? " (A transposed)" : ""), " ldb=", lB.ld,
@@ -316,13 +315,11 @@ void gemm(const GemmArgs& g) {
   if (g.epilogue != GemmEpilogue::none) set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_ptr);
   if (g.epilogue == GemmEpilogue::gelu_aux_bias)
     set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<const void*>(g.aux));
-  size_t ws_bytes = 0;
-  void* ws = cublaslt_workspace(&ws_bytes);
   const double alpha_d = g.alpha, beta_d = g.beta;
   const void* alpha = g.compute == GemmCompute::f64 ? static_cast<const void*>(&alpha_d) : &g.alpha;
   const void* beta = g.compute == GemmCompute::f64 ? static_cast<const void*>(&beta_d) : &g.beta;
   BLU_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(), p.desc, alpha, g.b.ptr, p.la, g.a.ptr, p.lb, beta,
-                                  g.c_in ? g.c_in : g.c, p.lc, g.c, p.lc, &p.algo, ws, ws_bytes, current_stream()));
+                                  g.c_in ? g.c_in : g.c, p.lc, g.c, p.lc, &p.algo, workspace, kGemmWorkspaceBytes, stream));
 }
 
 }  // namespace blu::cuda

@@ -12,12 +12,15 @@
 // Descriptors, layouts and the heuristic's choice are cached per thread by everything that
 // determines them (shapes, strides, dtypes, transposes, epilogue, compute mode, pointer
 // alignment); pointers are set per call.
-// Depends on backend/cuda/runtime, core/dtype. Keep: launches on current_stream(), never
-// synchronises, uses the per-device 32 MiB workspace (shared by every stream of the device: gemms
-// on two streams at once would race on it — one stream per device until that changes); no
+// Depends on backend/cuda/runtime, core/dtype. Keep: launches on the stream it is given, never
+// synchronises, uses the kGemmWorkspaceBytes of cuBLASLt workspace it is given (a slice of the
+// call's Workspace, so two streams never share one — Note [Execution context]); no
 // algorithm → BLU_CHECK, except a bias-gradient epilogue, which falls back (logged once) to a
 // plain gemm and a separate deterministic sum.
 #pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
 #include <cstdint>
 
 #include "blu/core/dtype.h"
@@ -70,9 +73,14 @@ struct GemmArgs {
 // (core/precision.h): f32 → IEEE or TF32; bf16/f16 → f16_f32; f64 → f64.
 GemmCompute default_gemm_compute(DType dtype);
 
-// Enqueues the product on current_stream(). M, N or K may be 0 (K == 0: C = beta·C, plus the
-// bias if any, written by a small kernel — see linalg.cu). BLU_CHECK on unsupported layouts.
-void gemm(const GemmArgs& args);
+// The cuBLASLt workspace every product gets (the heuristic's algorithms may use up to this much).
+inline constexpr size_t kGemmWorkspaceBytes = size_t(32) << 20;
+
+// Enqueues the product on `stream`, with `workspace` (kGemmWorkspaceBytes, 256-byte aligned,
+// used by nothing else on another stream) as cuBLASLt's workspace. M, N or K may be 0 (K == 0:
+// C = beta·C, plus the bias if any, written by a small kernel — see linalg.cu). BLU_CHECK on
+// unsupported layouts.
+void gemm(const GemmArgs& args, cudaStream_t stream, void* workspace);
 
 // Whether an operand of rows × cols with these strides can go to cuBLAS as it is (one unit
 // stride, the other spanning the extent); otherwise it must be packed first.
@@ -85,14 +93,14 @@ size_t gemm_plan_cache_size();
 // dst[r, c] (row-major, row stride ldc, `batch` matrices of batch stride bs) = bias[c] or 0, plus
 // add[r, c] when `add` is given (laid out as dst).
 void fill_rows_launch(DType dtype, void* dst, int64_t batch, int64_t rows, int64_t cols, int64_t ldc, int64_t bs,
-                      const void* bias, const void* add = nullptr);
+                      const void* bias, const void* add, cudaStream_t stream);
 // Packs a strided tensor (rank <= 8) into contiguous row-major memory: dst has numel elements.
 void pack_strided_launch(size_t elem_size, const void* src, void* dst, int rank, const int64_t* shape,
-                         const int64_t* strides);
+                         const int64_t* strides, cudaStream_t stream);
 // dst[j] = Σ_i src[i*sum_stride + j*out_stride], i < n_sum, j < n_out: deterministic (one thread
 // per output, fixed order), fp32 sums (f64 for f64); dst contiguous, in `dtype` or (out_f32, a
 // 16-bit dtype) f32. The bias-gradient fallback.
 void strided_sum_launch(DType dtype, const void* src, int64_t n_sum, int64_t n_out, int64_t sum_stride,
-                        int64_t out_stride, void* dst, bool out_f32 = false);
+                        int64_t out_stride, void* dst, bool out_f32, cudaStream_t stream);
 
 }  // namespace blu::cuda

@@ -20,7 +20,7 @@ void cat_kernel(const KernelCall& c) {
   for (const Tensor& t : c.in) {
     if (t.numel() > 0) {
       const Tensor slice = out.alias_with(t.shape(), out.strides(), out.offset() + start * out.strides()[d]);
-      BLU_DISPATCH_BITS(out.itemsize(), "cat", launch_map<bits_t, bits_t>(slice, identity_op{}, t));
+      BLU_DISPATCH_BITS(out.itemsize(), "cat", launch_map<bits_t, bits_t>(stream_of(c.ctx), slice, identity_op{}, t));
     }
     start += t.shape()[d];
   }

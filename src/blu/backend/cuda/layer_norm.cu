@@ -331,7 +331,7 @@ template <typename T>
 void layer_norm_grad_wb_final(const KernelCall& c, const acc_of<T>* pw, const acc_of<T>* pb, int64_t chunks,
                               int64_t C, int threads_y) {
   const dim3 grid(unsigned((C + 31) / 32)), block(32, unsigned(threads_y));
-  cudaStream_t s = current_stream();
+  cudaStream_t s = stream_of(c.ctx);
   if (c.out[1].dtype() == DType::f32 && !std::is_same_v<T, float>)
     layer_norm_grad_wb_final_kernel<T, float><<<grid, block, 0, s>>>(
         pw, pb, chunks, C, static_cast<float*>(c.out[1].raw_data()), static_cast<float*>(c.out[2].raw_data()));
@@ -362,7 +362,7 @@ bool layer_norm_forward_fast(const KernelCall& c, int64_t R, int64_t C, double e
   } else {
     if (nv == 0 || !fast_operands({c.in[0], c.in[1], c.in[2]})) return false;
     const unsigned blocks = unsigned((R + kRowsPerBlock - 1) / kRowsPerBlock);
-    BLU_LN_VECS(nv, layer_norm_forward_vec_kernel<T, NV><<<blocks, 32 * kRowsPerBlock, 0, current_stream()>>>(
+    BLU_LN_VECS(nv, layer_norm_forward_vec_kernel<T, NV><<<blocks, 32 * kRowsPerBlock, 0, stream_of(c.ctx)>>>(
                         static_cast<const T*>(c.in[0].raw_data()), opt_ptr<T>(c.in[1]), opt_ptr<T>(c.in[2]), R,
                         int(C), float(eps), static_cast<T*>(c.out[0].raw_data()),
                         static_cast<float*>(c.out[1].raw_data()), static_cast<float*>(c.out[2].raw_data())));
@@ -378,9 +378,9 @@ bool layer_norm_backward_fast(const KernelCall& c, int64_t R, int64_t C) {
     return false;
   } else {
     if (R == 0 || nv == 0 || !fast_operands({c.in[0], c.in[1], c.in[2], c.out[0]})) return false;
-    cudaStream_t s = current_stream();
+    cudaStream_t s = stream_of(c.ctx);
     const int64_t nb = fast_backward_blocks(R);
-    DeviceBuffer partial(c.in[1].device(), size_t(2 * nb * C) * sizeof(float));
+    Scratch partial(c.ctx, size_t(2 * nb * C) * sizeof(float));
     float* pw = partial.as<float>();
     BLU_LN_VECS(nv, {
       const size_t smem = size_t(kBwdWarps * 2 * NV * kVec<T> * 32) * sizeof(float);  // ≤ 64 KiB
@@ -409,7 +409,7 @@ void layer_norm_kernel(const KernelCall& c) {
   BLU_CUDA_DISPATCH_FLOATING(x.dtype(), "layer_norm", {
     using A = acc_of<scalar_t>;
     if (layer_norm_forward_fast<scalar_t>(c, R, C, eps)) return;
-    layer_norm_forward_kernel<scalar_t><<<blocks, 32 * kRowsPerBlock, 0, current_stream()>>>(
+    layer_norm_forward_kernel<scalar_t><<<blocks, 32 * kRowsPerBlock, 0, stream_of(c.ctx)>>>(
         static_cast<const scalar_t*>(x.raw_data()), opt_ptr<scalar_t>(c.in[1]),
         c.in[1].defined() ? c.in[1].stride(0) : 0, opt_ptr<scalar_t>(c.in[2]),
         c.in[2].defined() ? c.in[2].stride(0) : 0, R, C, eps, static_cast<scalar_t*>(c.out[0].raw_data()),
@@ -428,7 +428,7 @@ void layer_norm_backward_kernel(const KernelCall& c) {
              "layer_norm_backward: inputs must be contiguous");
   const int64_t C = x.shape().back(), R = C == 0 ? 0 : x.numel() / C;
   if (C == 0) return;
-  cudaStream_t s = current_stream();
+  cudaStream_t s = stream_of(c.ctx);
   BLU_CUDA_DISPATCH_FLOATING(x.dtype(), "layer_norm_backward", {
     using A = acc_of<scalar_t>;
     const auto* gp = static_cast<const scalar_t*>(g.raw_data());
@@ -444,7 +444,7 @@ void layer_norm_backward_kernel(const KernelCall& c) {
     }
     const int64_t chunks = std::max<int64_t>((R + kChunkRows - 1) / kChunkRows, 1);
     BLU_CHECK(chunks <= 65535, "layer_norm_backward: ", R, " rows exceed the grid's ", 65535 * kChunkRows);
-    DeviceBuffer partial(x.device(), size_t(2 * chunks * C) * sizeof(A));
+    Scratch partial(c.ctx, size_t(2 * chunks * C) * sizeof(A));
     A* pw = partial.as<A>();
     A* pb = pw + chunks * C;
     layer_norm_grad_wb_partial_kernel<scalar_t>

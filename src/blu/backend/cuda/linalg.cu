@@ -102,7 +102,7 @@ __global__ void colsum_final_kernel(const float* __restrict__ partial, int64_t c
 
 // out[N] = Σ_r g[r, :] through the kernels above when g suits them (contiguous, aligned,
 // N % V == 0, 16-bit or f32); false otherwise (nothing launched). out is in g's dtype or f32.
-bool column_sum_fast(const Tensor& g, const Tensor& out) {
+bool column_sum_fast(const Tensor& g, const Tensor& out, cudaStream_t s, Workspace& ws) {
   const DType dt = g.dtype();
   if (g.dim() != 2 || !g.is_contiguous() || reinterpret_cast<uintptr_t>(g.raw_data()) % 16 != 0 ||
       !(dt == DType::f32 || dt == DType::bf16 || dt == DType::f16))
@@ -112,20 +112,19 @@ bool column_sum_fast(const Tensor& g, const Tensor& out) {
   if (N % v != 0 || R == 0 || N == 0) return false;
   const int64_t chunks = (R + kColChunk - 1) / kColChunk;
   if (chunks > 65535) return false;
-  cudaStream_t s = current_stream();
-  DeviceBuffer partial(g.device(), size_t(chunks * N) * sizeof(float));
+  float* partial = ws.take<float>(size_t(chunks * N));
   BLU_CUDA_DISPATCH_FLOATING(dt, "column_sum", {
     if constexpr (sizeof(scalar_t) <= 4) {
       const unsigned slabs = unsigned((N + 32 * v - 1) / (32 * v));
       colsum_partial_kernel<scalar_t><<<dim3(slabs, unsigned(chunks)), dim3(32, 8), 0, s>>>(
-          static_cast<const scalar_t*>(g.raw_data()), R, N, partial.as<float>());
+          static_cast<const scalar_t*>(g.raw_data()), R, N, partial);
       BLU_CUDA_CHECK_LAUNCH();
       if (out.dtype() == DType::f32)
         colsum_final_kernel<float><<<unsigned((N + 31) / 32), dim3(32, 32), 0, s>>>(
-            partial.as<float>(), chunks, N, static_cast<float*>(out.raw_data()));
+            partial, chunks, N, static_cast<float*>(out.raw_data()));
       else
         colsum_final_kernel<scalar_t><<<unsigned((N + 31) / 32), dim3(32, 32), 0, s>>>(
-            partial.as<float>(), chunks, N, static_cast<scalar_t*>(out.raw_data()));
+            partial, chunks, N, static_cast<scalar_t*>(out.raw_data()));
       BLU_CUDA_CHECK_LAUNCH();
     }
   });
@@ -135,11 +134,11 @@ bool column_sum_fast(const Tensor& g, const Tensor& out) {
 }  // namespace
 
 void fill_rows_launch(DType dtype, void* dst, int64_t batch, int64_t rows, int64_t cols, int64_t ldc, int64_t bs,
-                      const void* bias, const void* add) {
+                      const void* bias, const void* add, cudaStream_t stream) {
   const int64_t total = batch * rows * cols;
   if (total == 0) return;
   BLU_CUDA_DISPATCH_FLOATING(dtype, "fill_rows", {
-    fill_rows_kernel<scalar_t><<<grid_for(total), 256, 0, current_stream()>>>(
+    fill_rows_kernel<scalar_t><<<grid_for(total), 256, 0, stream>>>(
         static_cast<scalar_t*>(dst), batch, rows, cols, ldc, bs, static_cast<const scalar_t*>(bias),
         static_cast<const scalar_t*>(add));
     BLU_CUDA_CHECK_LAUNCH();
@@ -147,7 +146,7 @@ void fill_rows_launch(DType dtype, void* dst, int64_t batch, int64_t rows, int64
 }
 
 void pack_strided_launch(size_t elem_size, const void* src, void* dst, int rank, const int64_t* shape,
-                         const int64_t* strides) {
+                         const int64_t* strides, cudaStream_t s) {
   BLU_CHECK(rank <= StridedIndex::kMaxRank, "pack: rank ", rank, " > ", StridedIndex::kMaxRank);
   StridedIndex idx;
   idx.rank = rank;
@@ -159,7 +158,6 @@ void pack_strided_launch(size_t elem_size, const void* src, void* dst, int rank,
   }
   if (n == 0) return;
   const unsigned grid = grid_for(n);
-  cudaStream_t s = current_stream();
   switch (elem_size) {
     case 2: pack_strided_kernel<<<grid, 256, 0, s>>>(static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), n, idx); break;
     case 4: pack_strided_kernel<<<grid, 256, 0, s>>>(static_cast<const uint32_t*>(src), static_cast<uint32_t*>(dst), n, idx); break;
@@ -170,14 +168,14 @@ void pack_strided_launch(size_t elem_size, const void* src, void* dst, int rank,
 }
 
 void strided_sum_launch(DType dtype, const void* src, int64_t n_sum, int64_t n_out, int64_t sum_stride,
-                        int64_t out_stride, void* dst, bool out_f32) {
+                        int64_t out_stride, void* dst, bool out_f32, cudaStream_t stream) {
   if (n_out == 0) return;
   BLU_CUDA_DISPATCH_FLOATING(dtype, "strided_sum", {
     if (out_f32)
-      strided_sum_kernel<scalar_t, float><<<grid_for(n_out), 256, 0, current_stream()>>>(
+      strided_sum_kernel<scalar_t, float><<<grid_for(n_out), 256, 0, stream>>>(
           static_cast<const scalar_t*>(src), n_sum, n_out, sum_stride, out_stride, static_cast<float*>(dst));
     else
-      strided_sum_kernel<scalar_t, scalar_t><<<grid_for(n_out), 256, 0, current_stream()>>>(
+      strided_sum_kernel<scalar_t, scalar_t><<<grid_for(n_out), 256, 0, stream>>>(
           static_cast<const scalar_t*>(src), n_sum, n_out, sum_stride, out_stride, static_cast<scalar_t*>(dst));
     BLU_CUDA_CHECK_LAUNCH();
   });
@@ -199,20 +197,20 @@ StridedIndex strided_index(const Tensor& t) {
 
 namespace {
 
-// An operand as the kernels see it: the data pointer and strides, after packing when needed.
+// An operand as the kernels see it: the data pointer and strides, after packing (into the call's
+// workspace) when needed.
 struct Operand {
   const void* ptr;
   Shape strides;
-  std::shared_ptr<DeviceBuffer> packed;  // keeps a packed copy alive until the gemms are enqueued
 };
 
-Operand prepare(const Tensor& t) {
+Operand prepare(const Tensor& t, cudaStream_t s, Workspace& ws) {
   const int64_t n = t.dim();
   if (gemm_operand_ok(t.shape()[n - 2], t.shape()[n - 1], t.strides()[n - 2], t.strides()[n - 1]))
-    return {t.raw_data(), t.strides(), nullptr};
-  auto buf = std::make_shared<DeviceBuffer>(t.device(), std::max<size_t>(t.nbytes(), 1));
-  pack_strided_launch(t.itemsize(), t.raw_data(), buf->data.get(), int(n), t.shape().data(), t.strides().data());
-  return {buf->data.get(), contiguous_strides(t.shape()), buf};
+    return {t.raw_data(), t.strides()};
+  void* packed = ws.take(std::max<size_t>(t.nbytes(), 1));
+  pack_strided_launch(t.itemsize(), t.raw_data(), packed, int(n), t.shape().data(), t.strides().data(), s);
+  return {packed, contiguous_strides(t.shape())};
 }
 
 // out[..., M, N] = a[..., M, K] · b[..., K, N], equal batch dims, any strides.
@@ -222,7 +220,10 @@ void matmul_kernel(const KernelCall& c) {
   const int64_t nd = a.dim(), nb = nd - 2;
   const int64_t M = a.shape()[nb], K = a.shape()[nb + 1], N = b.shape()[nb + 1];
   if (out.numel() == 0) return;
-  const Operand pa = prepare(a), pb = prepare(b);
+  const cudaStream_t s = stream_of(c.ctx);
+  Workspace& ws = *c.ctx.scratch;
+  void* gemm_ws = ws.take(kGemmWorkspaceBytes);
+  const Operand pa = prepare(a, s, ws), pb = prepare(b, s, ws);
   const Shape os = out.strides();
   // Batch dims, size-1 ones dropped, merged where all three operands lay them out as one.
   struct BDim { int64_t size, sa, sb, so; };
@@ -273,7 +274,7 @@ void matmul_kernel(const KernelCall& c) {
     g.a.ptr = static_cast<const char*>(pa.ptr) + oa * int64_t(es);
     g.b.ptr = static_cast<const char*>(pb.ptr) + ob * int64_t(es);
     g.c = static_cast<char*>(out.raw_data()) + oo * int64_t(es);
-    gemm(g);
+    gemm(g, s, gemm_ws);
   }
 }
 BLU_REGISTER_KERNEL(cuda, "matmul", matmul_kernel);
@@ -285,16 +286,17 @@ void linear_kernel(const KernelCall& c) {
   const Tensor &x = c.in[0], &w = c.in[1], &bias = c.in[2], &residual = c.in[3];
   Tensor& out = c.out[0];
   if (out.numel() == 0) return;
-  const Operand px = prepare(x), pw = prepare(w);
-  std::shared_ptr<DeviceBuffer> bias_buf;
+  const cudaStream_t s = stream_of(c.ctx);
+  Workspace& ws = *c.ctx.scratch;
+  void* gemm_ws = ws.take(kGemmWorkspaceBytes);
+  const Operand px = prepare(x, s, ws), pw = prepare(w, s, ws);
   const void* bp = nullptr;
   if (bias.defined()) {
     bp = bias.raw_data();
     if (bias.shape()[0] > 1 && bias.strides()[0] != 1) {
-      bias_buf = std::make_shared<DeviceBuffer>(bias.device(), bias.nbytes());
-      pack_strided_launch(bias.itemsize(), bias.raw_data(), bias_buf->data.get(), 1, bias.shape().data(),
-                          bias.strides().data());
-      bp = bias_buf->data.get();
+      void* packed = ws.take(bias.nbytes());
+      pack_strided_launch(bias.itemsize(), bias.raw_data(), packed, 1, bias.shape().data(), bias.strides().data(), s);
+      bp = packed;
     }
   }
   GemmArgs g;
@@ -309,7 +311,7 @@ void linear_kernel(const KernelCall& c) {
   g.ldc = g.N;
   const void* rp = residual.defined() ? residual.raw_data() : nullptr;
   if ((bp || rp) && x.dtype() == DType::f64) {
-    fill_rows_launch(g.dtype, g.c, 1, g.M, g.N, g.ldc, 0, bp, rp);
+    fill_rows_launch(g.dtype, g.c, 1, g.M, g.N, g.ldc, 0, bp, rp, s);
     if (g.K == 0) return;
     g.beta = 1;
   } else {
@@ -322,7 +324,7 @@ void linear_kernel(const KernelCall& c) {
       g.beta = 1;
     }
   }
-  gemm(g);
+  gemm(g, s, gemm_ws);
 }
 BLU_REGISTER_KERNEL(cuda, "linear", linear_kernel);
 
@@ -334,8 +336,11 @@ BLU_REGISTER_KERNEL(cuda, "linear", linear_kernel);
 // has no algorithm for it, e.g. f64). gw and gb (optional) are each in g's dtype or, for a 16-bit
 // g, in f32 (linear_weight_grad_into): then the GEMM stores its fp32 sums and the bias gradient
 // comes from the sum kernels.
-void weight_grads(const Tensor& g, const Tensor& x, const Tensor& gw, const Tensor* gb) {
-  const Operand pg = prepare(g), px = prepare(x);
+void weight_grads(const Tensor& g, const Tensor& x, const Tensor& gw, const Tensor* gb, const ExecContext& ctx) {
+  const cudaStream_t s = stream_of(ctx);
+  Workspace& ws = *ctx.scratch;
+  void* gemm_ws = ws.take(kGemmWorkspaceBytes);
+  const Operand pg = prepare(g, s, ws), px = prepare(x, s, ws);
   GemmArgs a;
   a.dtype = g.dtype();
   a.compute = default_gemm_compute(g.dtype());
@@ -347,29 +352,29 @@ void weight_grads(const Tensor& g, const Tensor& x, const Tensor& gw, const Tens
   a.c = gw.raw_data();
   a.ldc = std::max<int64_t>(a.N, 1);
   a.c_f32 = gw.dtype() != g.dtype();
-  if (!gb || gb->numel() == 0) return gemm(a);
+  if (!gb || gb->numel() == 0) return gemm(a, s, gemm_ws);
   const bool gb_f32 = gb->dtype() != g.dtype();
-  if (a.K > 0 && a.N > 0 && column_sum_fast(g, *gb)) return gemm(a);
+  if (a.K > 0 && a.N > 0 && column_sum_fast(g, *gb, s, ws)) return gemm(a, s, gemm_ws);
   if (a.c_f32 || gb_f32) {  // the epilogue writes C's dtype: a separate deterministic sum instead
-    gemm(a);
-    return strided_sum_launch(g.dtype(), pg.ptr, a.K, a.M, pg.strides[0], pg.strides[1], gb->raw_data(), gb_f32);
+    gemm(a, s, gemm_ws);
+    return strided_sum_launch(g.dtype(), pg.ptr, a.K, a.M, pg.strides[0], pg.strides[1], gb->raw_data(), gb_f32, s);
   }
   a.epilogue = GemmEpilogue::bgrad_a;
   a.bias_grad = gb->raw_data();
   if (a.K == 0 && a.N == 0) {  // gemm returns at once on an empty C: the bias gradient is Σ of nothing
-    BLU_CUDA_CHECK(cudaMemsetAsync(gb->raw_data(), 0, gb->nbytes(), current_stream()));
+    BLU_CUDA_CHECK(cudaMemsetAsync(gb->raw_data(), 0, gb->nbytes(), s));
     return;
   }
-  gemm(a);
+  gemm(a, s, gemm_ws);
 }
 void linear_weight_grad_kernel(const KernelCall& c) {
   if (c.out[1].numel() == 0) return;  // out == 0: both outputs empty
-  weight_grads(c.in[0], c.in[1], c.out[0], &c.out[1]);
+  weight_grads(c.in[0], c.in[1], c.out[0], &c.out[1], c.ctx);
 }
 // In place: (gw, g, x[, gb]).
 void linear_weight_grad_into_kernel(const KernelCall& c) {
   if (c.in[0].numel() == 0 && !(c.in[3].defined() && c.in[3].numel() > 0)) return;
-  weight_grads(c.in[1], c.in[2], c.in[0], c.in[3].defined() ? &c.in[3] : nullptr);
+  weight_grads(c.in[1], c.in[2], c.in[0], c.in[3].defined() ? &c.in[3] : nullptr, c.ctx);
 }
 BLU_REGISTER_KERNEL(cuda, "linear_weight_grad_into", linear_weight_grad_into_kernel);
 BLU_REGISTER_KERNEL(cuda, "linear_weight_grad", linear_weight_grad_kernel);

@@ -233,9 +233,9 @@ std::optional<Coalesced> rows_as_vectors(const Coalesced& co, int v);
 
 // out[i] = from_acc<Out>(f(to_acc(in_k[i])...)) over out's shape, inputs broadcast to it. Out and
 // Ins are device element types (dev_t<...>). `out` may be strided (in-place ops); inputs may
-// alias it element for element.
+// alias it element for element. Launched on `stream`.
 template <typename Out, typename... Ins, typename F, typename... Ts>
-void launch_map(const Tensor& out, F f, const Ts&... in) {
+void launch_map(cudaStream_t stream, const Tensor& out, F f, const Ts&... in) {
   static_assert(sizeof...(Ins) == sizeof...(Ts));
   constexpr int NIN = int(sizeof...(Ins));
   const int64_t n = out.numel();
@@ -245,7 +245,6 @@ void launch_map(const Tensor& out, F f, const Ts&... in) {
   const Coalesced co = coalesce(shape, strides);
   Out* optr = static_cast<Out*>(out.raw_data());
   InPtrs<NIN> ptrs{{in.raw_data()...}};
-  cudaStream_t stream = current_stream();
 
   constexpr int V = int(16 / max_size_of<Out, Ins...>());
   bool contiguous = co.size.size() <= 1;

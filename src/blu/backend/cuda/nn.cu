@@ -133,7 +133,7 @@ void softmax_kernel(const KernelCall& c) {
   BLU_ASSERT(x.is_contiguous(), c.op, ": input must be contiguous");
   const Rows r(x.shape(), x.dim() == 0 ? 0 : c.attrs.i("dim"));
   if (x.numel() == 0) return;
-  cudaStream_t s = current_stream();
+  cudaStream_t s = stream_of(c.ctx);
   BLU_CUDA_DISPATCH_FLOATING(x.dtype(), c.op, {
     const auto* xp = static_cast<const scalar_t*>(x.raw_data());
     auto* yp = static_cast<scalar_t*>(c.out[0].raw_data());
@@ -155,7 +155,7 @@ void softmax_backward_kernel(const KernelCall& c) {
   BLU_ASSERT(g.is_contiguous() && y.is_contiguous(), c.op, ": inputs must be contiguous");
   const Rows r(y.shape(), y.dim() == 0 ? 0 : c.attrs.i("dim"));
   if (y.numel() == 0) return;
-  cudaStream_t s = current_stream();
+  cudaStream_t s = stream_of(c.ctx);
   BLU_CUDA_DISPATCH_FLOATING(y.dtype(), c.op, {
     const auto* gp = static_cast<const scalar_t*>(g.raw_data());
     const auto* yp = static_cast<const scalar_t*>(y.raw_data());
@@ -350,7 +350,7 @@ void cross_entropy_kernel(const KernelCall& c) {
   const int64_t C = x.shape().back(), N = x.numel() / C, K = c.attrs.i("classes");
   const int64_t ignore = c.attrs.i("ignore_index");
   const auto red = Reduction(c.attrs.i("reduction"));
-  cudaStream_t s = current_stream();
+  cudaStream_t s = stream_of(c.ctx);
   BLU_CUDA_DISPATCH_INDEX(t.dtype(), "cross_entropy", {
     using I = scalar_t;
     const I* tp = static_cast<const I*>(t.raw_data());
@@ -358,7 +358,7 @@ void cross_entropy_kernel(const KernelCall& c) {
       using A = acc_of<scalar_t>;
       A* out = static_cast<A*>(c.out[0].raw_data());  // the loss: statistics dtype (fp32 for 16-bit)
       A* lse = static_cast<A*>(c.out[1].raw_data());
-      DeviceBuffer loss(x.device(), size_t(std::max<int64_t>(N, 1)) * sizeof(A));
+      Scratch loss(c.ctx, size_t(std::max<int64_t>(N, 1)) * sizeof(A));
       if (N > 0) {
         cross_entropy_rows_kernel<scalar_t, I><<<unsigned(N), 256, 0, s>>>(
             static_cast<const scalar_t*>(x.raw_data()), tp, C, K, ignore, lse, loss.as<A>());
@@ -379,19 +379,19 @@ void cross_entropy_kernel(const KernelCall& c) {
 }
 BLU_REGISTER_KERNEL(cuda, "cross_entropy", cross_entropy_kernel);
 
-void cross_entropy_backward_into(const Tensor& g, const Tensor& x, const Tensor& t, const Tensor& lse_t,
-                                 const Attrs& attrs, const Tensor& gx) {
+void cross_entropy_backward_into(const ExecContext& ctx, const Tensor& g, const Tensor& x, const Tensor& t,
+                                 const Tensor& lse_t, const Attrs& attrs, const Tensor& gx) {
   BLU_ASSERT(g.is_contiguous() && x.is_contiguous() && t.is_contiguous() && lse_t.is_contiguous(),
              "cross_entropy_backward: inputs must be contiguous");
   const int64_t C = x.shape().back(), N = x.numel() / C, K = attrs.i("classes");
   if (N == 0) return;
   const int64_t ignore = attrs.i("ignore_index");
   const auto red = Reduction(attrs.i("reduction"));
-  cudaStream_t s = current_stream();
+  cudaStream_t s = stream_of(ctx);
   BLU_CUDA_DISPATCH_INDEX(t.dtype(), "cross_entropy_backward", {
     using I = scalar_t;
     const I* tp = static_cast<const I*>(t.raw_data());
-    DeviceBuffer count(x.device(), sizeof(double));
+    Scratch count(ctx, sizeof(double));
     if (red == Reduction::mean) {
       count_targets_kernel<I><<<1, 1024, 0, s>>>(tp, N, ignore, count.as<double>());
       BLU_CUDA_CHECK_LAUNCH();
@@ -408,12 +408,12 @@ void cross_entropy_backward_into(const Tensor& g, const Tensor& x, const Tensor&
 }
 // Inputs (g, logits, target, lse); out gx.
 void cross_entropy_backward_kernel_entry(const KernelCall& c) {
-  cross_entropy_backward_into(c.in[0], c.in[1], c.in[2], c.in[3], c.attrs, c.out[0]);
+  cross_entropy_backward_into(c.ctx, c.in[0], c.in[1], c.in[2], c.in[3], c.attrs, c.out[0]);
 }
 BLU_REGISTER_KERNEL(cuda, "cross_entropy_backward", cross_entropy_backward_kernel_entry);
 // Inputs (logits, overwritten by gx; g, target, lse).
 void cross_entropy_backward_inplace_entry(const KernelCall& c) {
-  cross_entropy_backward_into(c.in[1], c.in[0], c.in[2], c.in[3], c.attrs, c.in[0]);
+  cross_entropy_backward_into(c.ctx, c.in[1], c.in[0], c.in[2], c.in[3], c.attrs, c.in[0]);
 }
 BLU_REGISTER_KERNEL(cuda, "cross_entropy_backward_", cross_entropy_backward_inplace_entry);
 

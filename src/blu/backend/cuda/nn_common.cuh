@@ -103,13 +103,13 @@ struct StridedIndex {
 };
 StridedIndex strided_index(const Tensor& t);  // BLU_CHECK rank <= 8 (nn.cu)
 
-// A temporary device buffer from the CUDA allocator (stream-ordered: safe to release once the
-// kernels that use it are enqueued on current_stream()).
-struct DeviceBuffer {
-  DataPtr data;
-  DeviceBuffer(Device device, size_t nbytes) : data(allocator_for(device).allocate(nbytes)) {}
+// A kernel call's temporary device buffer: a slice of the call's workspace (Note [Execution
+// context]), valid while the kernels queued by this call on the call's stream use it.
+struct Scratch {
+  void* ptr;
+  Scratch(const ExecContext& ctx, size_t nbytes) : ptr(ctx.scratch->take(nbytes)) {}
   template <typename T>
-  T* as() const { return static_cast<T*>(data.get()); }
+  T* as() const { return static_cast<T*>(ptr); }
 };
 
 }  // namespace blu::cuda

@@ -178,7 +178,7 @@ void adamw_launch(const KernelCall& call, const AdamWCoef& k) {
   const size_t stride = C == CopyKind::none ? 4 : 5;
   const GateRef gate = gate_ref(call);
   const size_t n_in = gate.total ? size_t(call.attrs.i("gate")) : call.in.size();  // the gate comes last
-  cudaStream_t stream = current_stream();
+  cudaStream_t stream = stream_of(call.ctx);
   AdamWTable tab{};
   int32_t blocks = 0;
   auto flush = [&] {
@@ -273,7 +273,7 @@ void sgd_step_kernel(const KernelCall& c) {
   const Attrs& a = c.attrs;
   const SGDCoef k{float(-a.f("lr")), float(a.f("momentum")), float(a.f("weight_decay")), a.f("weight_decay") != 0,
                   buf.defined(), a.b("nesterov"), a.b("init_buffer")};
-  sgd_kernel<<<grid_for(n), 256, 0, current_stream()>>>(
+  sgd_kernel<<<grid_for(n), 256, 0, stream_of(c.ctx)>>>(
       static_cast<float*>(p.raw_data()), static_cast<const float*>(g.raw_data()),
       buf.defined() ? static_cast<float*>(buf.raw_data()) : nullptr, n, all_contiguous({&p, &g, &buf}),
       strided_index(p), strided_index(g), buf.defined() ? strided_index(buf) : StridedIndex{}, k, gate_ref(c));
@@ -351,12 +351,12 @@ void sum_squares_kernel(const KernelCall& c) {
     blocks.push_back(nb);
     total += nb;
   }
-  cudaStream_t stream = current_stream();
+  cudaStream_t stream = stream_of(c.ctx);
   if (ts.empty()) {
     BLU_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float), stream));
     return;
   }
-  DeviceBuffer partials(c.out[0].device(), size_t(total) * sizeof(float));
+  Scratch partials(c.ctx, size_t(total) * sizeof(float));
   int64_t done = 0;  // blocks launched so far = offset of this launch's partials
   for (size_t first = 0; first < ts.size(); first += kMaxTensors) {
     SumSquaresTable tab{};

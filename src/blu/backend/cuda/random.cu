@@ -26,13 +26,13 @@ __global__ void philox_kernel(int64_t n, uint64_t seed, uint64_t offset, T* out,
 }
 
 template <typename T, typename Gen>
-void philox_fill(const Tensor& t, const Attrs& a, Gen gen) {
+void philox_fill(cudaStream_t stream, const Tensor& t, const Attrs& a, Gen gen) {
   const int64_t n = t.numel();
   if (n == 0) return;
   BLU_ASSERT(t.is_contiguous(), "random fill into a strided tensor ", t.str());
   T* p = static_cast<T*>(t.raw_data());
   const bool vec_ok = aligned_to(p, sizeof(Vec<T, 4>));
-  philox_kernel<T, Gen><<<blocks_for((n + 3) / 4), 256, 0, current_stream()>>>(
+  philox_kernel<T, Gen><<<blocks_for((n + 3) / 4), 256, 0, stream>>>(
       n, uint64_t(a.i("seed")), uint64_t(a.i("offset")), p, vec_ok, gen);
   BLU_CUDA_CHECK_LAUNCH();
 }
@@ -60,7 +60,7 @@ void rand_kernel(const KernelCall& c) {
     using T = dev_t<scalar_t>;
     // As many bits as the type holds (core/rng.h).
     constexpr int bits = std::is_same_v<scalar_t, bf16> ? 8 : std::is_same_v<scalar_t, f16> ? 11 : 24;
-    philox_fill<T>(c.out[0], c.attrs, uniform_gen<T>{bits});
+    philox_fill<T>(stream_of(c.ctx), c.out[0], c.attrs, uniform_gen<T>{bits});
   });
 }
 BLU_REGISTER_KERNEL(cuda, "rand", rand_kernel);
@@ -68,7 +68,7 @@ BLU_REGISTER_KERNEL(cuda, "rand", rand_kernel);
 void randn_kernel(const KernelCall& c) {
   BLU_DISPATCH_FLOATING(c.out[0].dtype(), "randn", {
     using T = dev_t<scalar_t>;
-    philox_fill<T>(c.out[0], c.attrs, normal_gen<T>{});
+    philox_fill<T>(stream_of(c.ctx), c.out[0], c.attrs, normal_gen<T>{});
   });
 }
 BLU_REGISTER_KERNEL(cuda, "randn", randn_kernel);
@@ -78,7 +78,7 @@ void randint_kernel(const KernelCall& c) {
   BLU_CHECK(range > 0, "randint: empty range [", low, ", ", low + range, ")");
   BLU_DISPATCH_ALL(c.out[0].dtype(), "randint", {
     using T = dev_t<scalar_t>;
-    philox_fill<T>(c.out[0], c.attrs, int_gen<T>{low, uint64_t(range)});
+    philox_fill<T>(stream_of(c.ctx), c.out[0], c.attrs, int_gen<T>{low, uint64_t(range)});
   });
 }
 BLU_REGISTER_KERNEL(cuda, "randint", randint_kernel);

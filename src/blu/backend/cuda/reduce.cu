@@ -185,9 +185,8 @@ ReduceArgs make_args(const Coalesced& kept, const Coalesced& red, int64_t nout, 
 }
 
 template <typename R, typename T, typename W>
-void launch_reduce(const T* in, const ReduceArgs& a, bool cols, R op, W write) {
+void launch_reduce(cudaStream_t stream, const T* in, const ReduceArgs& a, bool cols, R op, W write) {
   using S = typename R::State;
-  cudaStream_t stream = current_stream();
   const int64_t cap = int64_t(sm_count()) * 32;
   if (cols) {
     const int64_t tasks = (a.nout + kColsX - 1) / kColsX * a.splits;
@@ -208,27 +207,27 @@ std::vector<bool> mask_of(const Tensor& t, const Shape& dims) {
 }
 
 template <typename T, typename Acc, typename Out>
-void sum_impl(const Tensor& in, const std::vector<bool>& mask, const Tensor& out) {
+void sum_impl(const ExecContext& ctx, const Tensor& in, const std::vector<bool>& mask, const Tensor& out) {
+  const cudaStream_t stream = stream_of(ctx);
   const ReducePlan p = plan_reduce(in, mask);
   if (p.nout == 0) return;
   Out* optr = static_cast<Out*>(out.raw_data());
   if (p.nred == 0) {
-    BLU_CUDA_CHECK(cudaMemsetAsync(optr, 0, size_t(p.nout) * sizeof(Out), current_stream()));
+    BLU_CUDA_CHECK(cudaMemsetAsync(optr, 0, size_t(p.nout) * sizeof(Out), stream));
     return;
   }
   const T* iptr = static_cast<const T*>(in.raw_data());
   const SumReducer<Acc> op;
   if (p.splits == 1) {
-    launch_reduce(iptr, make_args(p.kept, p.red, p.nout, p.nred, 1), p.cols, op, FinalWriter<Out>{optr});
+    launch_reduce(stream, iptr, make_args(p.kept, p.red, p.nout, p.nred, 1), p.cols, op, FinalWriter<Out>{optr});
     return;
   }
-  // Pass 1: partials [nout, splits]; pass 2: each output's partials summed as a row. The
-  // workspace returns to the stream-ordered caching allocator after both launches are queued.
-  DataPtr ws = allocator_for(out.device()).allocate(size_t(p.nout * p.splits) * sizeof(Acc));
-  Acc* wptr = static_cast<Acc*>(ws.get());
-  launch_reduce(iptr, make_args(p.kept, p.red, p.nout, p.nred, p.splits), p.cols, op, PartialWriter<Acc>{wptr});
+  // Pass 1: partials [nout, splits] (in the call's workspace); pass 2: each output's partials
+  // summed as a row.
+  Acc* wptr = ctx.scratch->take<Acc>(size_t(p.nout * p.splits));
+  launch_reduce(stream, iptr, make_args(p.kept, p.red, p.nout, p.nred, p.splits), p.cols, op, PartialWriter<Acc>{wptr});
   Coalesced kept2{{p.nout}, {{p.splits}}}, red2{{p.splits}, {{1}}};
-  launch_reduce(static_cast<const Acc*>(wptr), make_args(kept2, red2, p.nout, p.splits, 1), false, op,
+  launch_reduce(stream, static_cast<const Acc*>(wptr), make_args(kept2, red2, p.nout, p.splits, 1), false, op,
                 FinalWriter<Out>{optr});
 }
 
@@ -237,9 +236,9 @@ void sum_kernel(const KernelCall& c) {
   const auto mask = mask_of(in, c.attrs.get<Shape>("dims"));
   BLU_DISPATCH_ALL(in.dtype(), "sum", {
     using T = dev_t<scalar_t>;
-    if constexpr (std::is_same_v<scalar_t, double>) sum_impl<T, double, T>(in, mask, c.out[0]);
-    else if constexpr (std::is_floating_point_v<acc_t<T>>) sum_impl<T, float, T>(in, mask, c.out[0]);
-    else sum_impl<T, int64_t, int64_t>(in, mask, c.out[0]);
+    if constexpr (std::is_same_v<scalar_t, double>) sum_impl<T, double, T>(c.ctx, in, mask, c.out[0]);
+    else if constexpr (std::is_floating_point_v<acc_t<T>>) sum_impl<T, float, T>(c.ctx, in, mask, c.out[0]);
+    else sum_impl<T, int64_t, int64_t>(c.ctx, in, mask, c.out[0]);
   });
 }
 BLU_REGISTER_KERNEL(cuda, "sum", sum_kernel);
@@ -256,7 +255,7 @@ void extreme_kernel(const KernelCall& c) {
   BLU_DISPATCH_ALL(in.dtype(), kMax ? "max_dim" : "min_dim", {
     using T = dev_t<scalar_t>;
     using R = ExtremeReducer<acc_t<T>, kMax>;
-    launch_reduce(static_cast<const T*>(in.raw_data()), a, p.cols, R{},
+    launch_reduce(stream_of(c.ctx), static_cast<const T*>(in.raw_data()), a, p.cols, R{},
                   ExtremeWriter<T, typename R::State>{static_cast<T*>(c.out[0].raw_data()),
                                                       static_cast<int64_t*>(c.out[1].raw_data())});
   });
@@ -287,7 +286,7 @@ void scatter_dim(const KernelCall& c) {
   const Tensor& out = c.out[0];
   const int64_t dim = c.attrs.i("dim");
   BLU_CHECK(idx.dtype() == DType::i64, "scatter_dim: indices must be i64, got ", idx.dtype());
-  cudaStream_t stream = current_stream();
+  cudaStream_t stream = stream_of(c.ctx);
   BLU_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0, out.nbytes(), stream));
   const int64_t n = g.numel();
   if (n == 0) return;

@@ -121,7 +121,7 @@ __global__ void rms_norm_grad_w_final_kernel(const P* __restrict__ partial, int6
 template <typename T>
 void rms_norm_grad_w_final(const KernelCall& c, const acc_of<T>* partial, int64_t chunks, int64_t C, int threads_y) {
   const dim3 grid(unsigned((C + 31) / 32)), block(32, unsigned(threads_y));
-  cudaStream_t s = current_stream();
+  cudaStream_t s = stream_of(c.ctx);
   if (c.out[1].dtype() == DType::f32 && !std::is_same_v<T, float>)
     rms_norm_grad_w_final_kernel<acc_of<T>, float>
         <<<grid, block, 0, s>>>(partial, chunks, C, static_cast<float*>(c.out[1].raw_data()));
@@ -332,7 +332,7 @@ bool rms_norm_forward_fast(const KernelCall& c, int64_t R, int64_t C, double eps
     if (fs.tpr == 0 || !fast_operands({c.in[0], c.in[1], c.out[0]})) return false;
     BLU_RMS_SHAPES(fs, {
       constexpr int RPB = kBlockOf<TPR> / TPR;
-      rms_norm_forward_vec_kernel<T, NV, TPR><<<unsigned((R + RPB - 1) / RPB), kBlockOf<TPR>, 0, current_stream()>>>(
+      rms_norm_forward_vec_kernel<T, NV, TPR><<<unsigned((R + RPB - 1) / RPB), kBlockOf<TPR>, 0, stream_of(c.ctx)>>>(
           static_cast<const T*>(c.in[0].raw_data()), opt_ptr<T>(c.in[1]), R, int(C), float(eps),
           static_cast<T*>(c.out[0].raw_data()), static_cast<float*>(c.out[1].raw_data()));
     });
@@ -348,11 +348,11 @@ bool rms_norm_backward_fast(const KernelCall& c, int64_t R, int64_t C) {
   } else {
     const FastShape fs = fast_shape<T>(C);
     if (R == 0 || fs.tpr == 0 || !fast_operands({c.in[0], c.in[1], c.in[2], c.out[0]})) return false;
-    cudaStream_t s = current_stream();
+    cudaStream_t s = stream_of(c.ctx);
     // Blocks: a function of R and C alone (reruns and other GPUs sum alike).
     const int block = fs.tpr == 32 ? kBlockOf<32> : fs.tpr, rpb = block / fs.tpr;
     const int64_t nb = std::min<int64_t>((R + rpb - 1) / rpb, kFastMaxBlocks);
-    DeviceBuffer partial(c.in[1].device(), size_t(nb * C) * sizeof(float));
+    Scratch partial(c.ctx, size_t(nb * C) * sizeof(float));
     BLU_RMS_SHAPES(fs, {
       const size_t smem = (size_t(kBlockOf<TPR>) * NV * kVec<T> + TPR / 32) * sizeof(float);  // ≤ 64 KiB + 32 B
       if (smem > (48u << 10))  // past the default: opt in (cheap; per device)
@@ -380,7 +380,7 @@ void rms_norm_kernel(const KernelCall& c) {
     using A = acc_of<scalar_t>;
     if (rms_norm_forward_fast<scalar_t>(c, R, C, eps)) return;
     rms_norm_forward_kernel<scalar_t>
-        <<<unsigned((R + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0, current_stream()>>>(
+        <<<unsigned((R + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0, stream_of(c.ctx)>>>(
             static_cast<const scalar_t*>(x.raw_data()), opt_ptr<scalar_t>(c.in[1]), R, C, eps,
             static_cast<scalar_t*>(c.out[0].raw_data()), static_cast<A*>(c.out[1].raw_data()));
     BLU_CUDA_CHECK_LAUNCH();
@@ -397,7 +397,7 @@ void rms_norm_backward_kernel(const KernelCall& c) {
              "rms_norm_backward: inputs must be contiguous");
   const int64_t C = x.shape().back(), R = C == 0 ? 0 : x.numel() / C;
   if (C == 0) return;
-  cudaStream_t s = current_stream();
+  cudaStream_t s = stream_of(c.ctx);
   BLU_CUDA_DISPATCH_FLOATING(x.dtype(), "rms_norm_backward", {
     using A = acc_of<scalar_t>;
     if (rms_norm_backward_fast<scalar_t>(c, R, C)) return;
@@ -412,7 +412,7 @@ void rms_norm_backward_kernel(const KernelCall& c) {
     }
     const int64_t chunks = std::max<int64_t>((R + kChunkRows - 1) / kChunkRows, 1);
     BLU_CHECK(chunks <= 65535, "rms_norm_backward: ", R, " rows exceed the grid's ", 65535 * kChunkRows);
-    DeviceBuffer partial(x.device(), size_t(chunks * C) * sizeof(A));
+    Scratch partial(c.ctx, size_t(chunks * C) * sizeof(A));
     rms_norm_grad_w_partial_kernel<scalar_t>
         <<<dim3(unsigned((C + 31) / 32), unsigned(chunks)), dim3(32, 8), 0, s>>>(gp, xp, rp, R, C, partial.as<A>());
     BLU_CUDA_CHECK_LAUNCH();

@@ -93,7 +93,7 @@ __global__ void rotary_kernel(const T* __restrict__ x, const CS* __restrict__ co
 }
 
 template <typename T, typename CS, bool kBackward>
-void launch_rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& y) {
+void launch_rotary(cudaStream_t stream, const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& y) {
   constexpr int V = 16 / int(sizeof(T));
   const int64_t B = x.size(0), T_ = x.size(1), H = x.size(2), D = x.size(3), h = D / 2;
   const T* xp = static_cast<const T*>(x.raw_data());
@@ -116,7 +116,7 @@ void launch_rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, const 
     s.per_row = IndexDiv(h / W, wide);
     s.heads = IndexDiv(H, wide);
     s.times = IndexDiv(T_, wide);
-    rotary_kernel<T, CS, W, kBackward><<<blocks_for(s.n), 256, 0, current_stream()>>>(xp, cp, sp,
+    rotary_kernel<T, CS, W, kBackward><<<blocks_for(s.n), 256, 0, stream>>>(xp, cp, sp,
                                                                                      static_cast<T*>(y.raw_data()), s);
     BLU_CUDA_CHECK_LAUNCH();
   };
@@ -134,8 +134,8 @@ void rotary_embedding_kernel(const KernelCall& c) {
              c.op, ": layouts x ", x.str(), ", cos ", cos.str(), ", sin ", sin.str());
   BLU_DISPATCH_FLOATING(x.dtype(), c.op, {
     using T = dev_t<scalar_t>;
-    if (cos.dtype() == DType::f32 && !std::is_same_v<T, float>) launch_rotary<T, float, kBackward>(x, cos, sin, c.out[0]);
-    else launch_rotary<T, T, kBackward>(x, cos, sin, c.out[0]);
+    if (cos.dtype() == DType::f32 && !std::is_same_v<T, float>) launch_rotary<T, float, kBackward>(stream_of(c.ctx), x, cos, sin, c.out[0]);
+    else launch_rotary<T, T, kBackward>(stream_of(c.ctx), x, cos, sin, c.out[0]);
   });
 }
 BLU_REGISTER_KERNEL(cuda, "rotary_embedding", rotary_embedding_kernel<false>);
@@ -159,7 +159,7 @@ struct swiglu_op {
 void silu_kernel(const KernelCall& c) {
   BLU_DISPATCH_FLOATING(c.out[0].dtype(), c.op, {
     using T = dev_t<scalar_t>;
-    launch_map<T, T>(c.out[0], silu_op<acc_t<T>>{}, c.in[0]);
+    launch_map<T, T>(stream_of(c.ctx), c.out[0], silu_op<acc_t<T>>{}, c.in[0]);
   });
 }
 BLU_REGISTER_KERNEL(cuda, "silu", silu_kernel);
@@ -168,7 +168,7 @@ BLU_REGISTER_KERNEL(cuda, "silu", silu_kernel);
 void silu_backward_kernel(const KernelCall& c) {
   BLU_DISPATCH_FLOATING(c.out[0].dtype(), c.op, {
     using T = dev_t<scalar_t>;
-    launch_map<T, T, T>(c.out[0], silu_backward_op<acc_t<T>>{}, c.in[0], c.in[1]);
+    launch_map<T, T, T>(stream_of(c.ctx), c.out[0], silu_backward_op<acc_t<T>>{}, c.in[0], c.in[1]);
   });
 }
 BLU_REGISTER_KERNEL(cuda, "silu_backward", silu_backward_kernel);
@@ -177,7 +177,7 @@ BLU_REGISTER_KERNEL(cuda, "silu_backward", silu_backward_kernel);
 void swiglu_kernel(const KernelCall& c) {
   BLU_DISPATCH_FLOATING(c.out[0].dtype(), c.op, {
     using T = dev_t<scalar_t>;
-    launch_map<T, T, T>(c.out[0], swiglu_op<acc_t<T>>{}, c.in[0], c.in[1]);
+    launch_map<T, T, T>(stream_of(c.ctx), c.out[0], swiglu_op<acc_t<T>>{}, c.in[0], c.in[1]);
   });
 }
 BLU_REGISTER_KERNEL(cuda, "swiglu", swiglu_kernel);
@@ -245,7 +245,7 @@ void swiglu_backward_kernel_launch(const KernelCall& c) {
     auto run = [&]<int W>() {
       const int64_t n = R * (I / W);
       const IndexDiv per_row(I / W, n > int64_t(INT32_MAX));
-      swiglu_backward_kernel<T, W><<<blocks_for(n), 256, 0, current_stream()>>>(n, per_row, ops[0], ops[1], ops[2],
+      swiglu_backward_kernel<T, W><<<blocks_for(n), 256, 0, stream_of(c.ctx)>>>(n, per_row, ops[0], ops[1], ops[2],
                                                                                RowOperand<T>{dg, drs},
                                                                                RowOperand<T>{du, drs});
       BLU_CUDA_CHECK_LAUNCH();

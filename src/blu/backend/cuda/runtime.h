@@ -1,11 +1,11 @@
 // backend/cuda/runtime: the CUDA runtime as the kernels use it — everything of
 // core/cuda/runtime.h (error checks, devices, streams, events, the current stream) plus what only
-// kernels need: cuBLAS error checking, the per-device cuBLASLt handle with its workspace, and the
-// launch geometry helper. Kernel files include this header.
+// kernels need: cuBLAS error checking, the per-device cuBLASLt handle, and the launch geometry
+// helper. Kernel files include this header.
 // Depends on core/cuda/runtime, core/error, the CUDA runtime and cuBLASLt. Keep: every CUDA call
 // is wrapped in BLU_CUDA_CHECK (cuBLAS calls in BLU_CUBLAS_CHECK); every kernel launch is followed
-// by BLU_CUDA_CHECK_LAUNCH(); kernels launch on current_stream(), never on the legacy default
-// stream.
+// by BLU_CUDA_CHECK_LAUNCH(); kernels launch on their call's context stream (stream_of(call.ctx)),
+// never on the legacy default stream, and take scratch from the call's workspace.
 #pragma once
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -31,9 +31,9 @@ namespace blu::cuda {
 
 namespace blu::cuda {
 
-// Per-device cuBLASLt handle and a 32 MiB workspace (allocated once, on first use).
+// Per-device cuBLASLt handle (created once, on first use). Its workspace comes with each call
+// (gemm.h).
 cublasLtHandle_t cublaslt_handle();
-void* cublaslt_workspace(size_t* bytes);
 
 // Launch geometry helper: blocks of `threads` covering n elements, capped for grid-stride loops.
 inline unsigned grid_for(int64_t n, int threads = 256) {

@@ -91,6 +91,6 @@ std::array<StridedLayout, N> coalesced_layouts(const Shape& shape, const std::ar
 // 16-byte contiguous and row paths — when the dtypes allow it: the same dtype (bits moved), or
 // both among f32/bf16/f16 (where its conversion is the copy kernels' bit for bit). Returns false
 // (nothing launched) for the other pairs. Defined in elementwise.cu.
-bool copy_through_map(const Tensor& dst, const Tensor& src);
+bool copy_through_map(cudaStream_t stream, const Tensor& dst, const Tensor& src);
 
 }  // namespace blu::cuda

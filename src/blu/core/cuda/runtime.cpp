@@ -1,5 +1,6 @@
 #include "blu/core/cuda/runtime.h"
 
+#include <atomic>
 #include <mutex>
 
 namespace blu::cuda {
@@ -83,23 +84,31 @@ namespace {
 constexpr int kMaxDevices = 64;
 struct DefaultStream {
   std::once_flag once;
-  cudaStream_t stream = nullptr;
+  std::atomic<cudaStream_t> stream{nullptr};
 };
-cudaStream_t default_stream(int d) {
-  static DefaultStream devices[kMaxDevices];
-  BLU_ASSERT(d >= 0 && d < kMaxDevices, "device index ", d);
-  DefaultStream& p = devices[d];
-  // Lives for the process: freeing CUDA objects during static destruction races the driver.
-  std::call_once(p.once, [&] { BLU_CUDA_CHECK(cudaStreamCreateWithFlags(&p.stream, cudaStreamNonBlocking)); });
-  return p.stream;
-}
-thread_local cudaStream_t t_stream[kMaxDevices] = {};
+DefaultStream g_default[kMaxDevices];
 }  // namespace
 
-cudaStream_t current_stream() {
-  const int d = current_device();
-  return t_stream[d] ? t_stream[d] : default_stream(d);
+cudaStream_t default_stream(int d) {
+  BLU_ASSERT(d >= 0 && d < kMaxDevices, "device index ", d);
+  DefaultStream& p = g_default[d];
+  if (cudaStream_t s = p.stream.load(std::memory_order_acquire)) [[likely]] return s;
+  // Lives for the process: freeing CUDA objects during static destruction races the driver.
+  std::call_once(p.once, [&] {
+    DeviceGuard g(d);
+    cudaStream_t s = nullptr;
+    BLU_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    p.stream.store(s, std::memory_order_release);
+  });
+  return p.stream.load(std::memory_order_acquire);
 }
-void set_current_stream(cudaStream_t s) { t_stream[current_device()] = s; }
+
+cudaStream_t current_stream() { return stream_of(current_context(Device(DeviceType::cuda, current_device()))); }
+
+void set_current_stream(cudaStream_t s) {
+  ExecContext ctx = current_context(Device(DeviceType::cuda, current_device()));
+  ctx.stream = s;
+  set_current_context(ctx);
+}
 
 }  // namespace blu::cuda

@@ -1,16 +1,19 @@
 // core/cuda/runtime: the CUDA runtime as every layer uses it, below the backend — error checking
 // after every call, the current device (and a guard that sets it for a scope), RAII move-only
-// streams and events, and the current stream (per thread, per device). The caching allocator
+// streams and events, and the current stream: the stream of the current execution context
+// (core/exec_context.h, per thread, per device). The caching allocator
 // (memory/cuda_allocator) builds on this; backend/cuda/runtime.h adds the kernels' part
 // (cuBLASLt, launch geometry) on top. As PyTorch's c10/cuda holds CUDAStream and CUDAGuard below
 // ATen's kernels.
-// Depends on core/error and the CUDA runtime (not cuBLAS). CUDA builds only. Keep: every CUDA call
-// is wrapped in BLU_CUDA_CHECK; every kernel launch is followed by BLU_CUDA_CHECK_LAUNCH(); work
-// is queued on current_stream(), never on the legacy default stream.
+// Depends on core/error, core/exec_context and the CUDA runtime (not cuBLAS). CUDA builds only.
+// Keep: every CUDA call is wrapped in BLU_CUDA_CHECK; every kernel launch is followed by
+// BLU_CUDA_CHECK_LAUNCH(); kernels queue work on their call's context stream (stream_of), code
+// outside a kernel on current_stream(), never on the legacy default stream.
 #pragma once
 #include <cuda_runtime.h>
 
 #include "blu/core/error.h"
+#include "blu/core/exec_context.h"
 
 namespace blu::cuda {
 
@@ -89,20 +92,27 @@ class Event {
   cudaEvent_t e_ = nullptr;
 };
 
-// The stream kernels launch on, for the current device on this thread. Defaults to one
-// per-device stream created on first use.
+// The device's default stream: one non-blocking stream per device, created on first use (work
+// never goes to the legacy default stream). A context with a null stream means this one.
+cudaStream_t default_stream(int device);
+// The stream of an execution context on a CUDA device (what a kernel launches on).
+inline cudaStream_t stream_of(const ExecContext& ctx) {
+  return ctx.stream ? static_cast<cudaStream_t>(ctx.stream) : default_stream(ctx.device.index);
+}
+// The current context's stream for the current device on this thread.
 cudaStream_t current_stream();
+// Sets the stream of the current device's context on this thread (its workspace stays).
 void set_current_stream(cudaStream_t s);
-// RAII: makes `s` current for a scope.
+// RAII: makes `s` the current device's context stream for a scope (the workspace stays; see Note
+// [Execution context] for when a second stream needs its own).
 class StreamGuard {
  public:
-  explicit StreamGuard(cudaStream_t s) : prev_(current_stream()) { set_current_stream(s); }
-  ~StreamGuard() { set_current_stream(prev_); }
+  explicit StreamGuard(cudaStream_t s) : guard_(ExecContext{Device(DeviceType::cuda, current_device()), s, nullptr}) {}
   StreamGuard(const StreamGuard&) = delete;
   StreamGuard& operator=(const StreamGuard&) = delete;
 
  private:
-  cudaStream_t prev_;
+  ExecContextGuard guard_;
 };
 
 }  // namespace blu::cuda

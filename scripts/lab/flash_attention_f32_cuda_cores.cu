@@ -1,3 +1,11 @@
+// Lab variant (not built): flash attention in IEEE fp32 on CUDA cores (register-blocked, no TF32,
+// deterministic). The shipping f32 path is the TF32 tensor-core kernels (3xTF32 under "ieee"):
+// H200, B16 H12 T1024 D64 causal, forward 0.8695 ms and fwd+bwd 3.7911 ms here against 0.7631 /
+// 2.6537 for 3xTF32 (docs/performance.md). To run it again: add this file to src/blu/backend/cuda/
+// (as flash_attention_f32_cuda_cores.cu), declare fwd_f32<D> / bwd_f32<D> in flash_attention_f32.h
+// (drop their anonymous namespace), route flash_attention_forward_f32 / _backward_f32 to them, and
+// run build-cuda/tests/test_cuda --gtest_filter='FlashAttentionF32*:FlashAttentionPerf*'.
+//
 // Flash attention in IEEE fp32 on CUDA cores (no TF32), and the router of the f32 path
 // (flash_attention.cu, flash_attention_backward.cu send f32 here): by default f32 runs the TF32
 // tensor-core kernels of flash_attention_tf32.cu, 1xTF32 or 3xTF32 as matmul_precision() says
@@ -436,22 +444,5 @@ void bwd_f32(const FlashBwdParams& p, cudaStream_t stream) {
 }
 
 }  // namespace
-
-namespace {
-// 1xTF32 under "tf32", 3xTF32 (fp32-level accuracy) under "ieee".
-int tf32_split() { return matmul_precision() == MatmulPrecision::tf32 ? 1 : 3; }
-}  // namespace
-
-void flash_attention_forward_f32(const FlashFwdParams& p, cudaStream_t stream) {
-  if (!flash_attention_f32_cuda_cores()) return flash_attention_forward_tf32(p, tf32_split(), stream);
-  if (p.D == 64) fwd_f32<64>(p, stream);
-  else fwd_f32<128>(p, stream);
-}
-
-void flash_attention_backward_f32(const FlashBwdParams& p, cudaStream_t stream) {
-  if (!flash_attention_f32_cuda_cores()) return flash_attention_backward_tf32(p, tf32_split(), stream);
-  if (p.D == 64) bwd_f32<64>(p, stream);
-  else bwd_f32<128>(p, stream);
-}
 
 }  // namespace blu::cuda::flash
