@@ -130,7 +130,7 @@ inline void pipeline_worker() {
   if (!out.empty()) order.open(out + ".rank" + std::to_string(r) + ".order");
   try {
     for (; step < steps; ++step) {
-      const StepValues v = strategy->step(micro, [&](int64_t m) { return pipe_batch(step, m); }, 1e-3, 1.0);
+      const StepValues v = strategy->step(micro, [&](int64_t m) { return pipe_batch(step % 3, m); }, 1e-2, 1.0);
       losses.push_back(strategy->read(v, false).loss);
       if (strategy->pipeline()) {
         for (const PipelineAction& a : strategy->pipeline()->last_order()) order << to_string(a) << ' ';

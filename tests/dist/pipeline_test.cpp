@@ -212,6 +212,7 @@ void expect_same_training(const PipeRun& want, const PipeRun& got, double rel_lo
   ASSERT_EQ(want.losses.size(), got.losses.size()) << what;
   ASSERT_FALSE(want.losses.empty()) << what;
   double worst_loss = 0, worst = 0;
+  std::string worst_name;
   for (size_t i = 0; i < want.losses.size(); ++i)
     worst_loss = std::max(worst_loss, std::abs(want.losses[i] - got.losses[i]) / std::abs(want.losses[i]));
   ASSERT_EQ(want.params.size(), got.params.size()) << what << ": not every parameter was trained by some stage";
@@ -219,9 +220,11 @@ void expect_same_training(const PipeRun& want, const PipeRun& got, double rel_lo
     auto it = got.params.find(name);
     ASSERT_NE(it, got.params.end()) << what << ": " << name << " was trained by no stage";
     ASSERT_EQ(w.size(), it->second.size()) << what << " " << name;
-    for (size_t i = 0; i < w.size(); ++i) worst = std::max(worst, double(std::abs(w[i] - it->second[i])));
+    for (size_t i = 0; i < w.size(); ++i)
+      if (double(std::abs(w[i] - it->second[i])) > worst) worst = double(std::abs(w[i] - it->second[i])), worst_name = name;
   }
-  std::printf("%s: max relative loss diff %.3g, max |param diff| %.3g\n", what.c_str(), worst_loss, worst);
+  std::printf("%s: max relative loss diff %.3g, max |param diff| %.3g%s\n", what.c_str(), worst_loss, worst,
+              worst > 0 ? (" (" + worst_name + ")").c_str() : "");
   EXPECT_LE(worst_loss, rel_loss) << what;
   EXPECT_LE(worst, abs_param) << what;
 }
@@ -238,12 +241,14 @@ Env single_env(const std::string& family, int64_t layers, int64_t micro) {
           {"BLU_PP_MICRO", std::to_string(micro)}};
 }
 
-// Ten AdamW steps (clipped at norm 1) of every layout against one process on the same global
-// batch. Untied Llama: the same bits (each gradient is computed and accumulated in the same order;
-// the norm's sum of squares is added in another order, which may move its last bit — the clip
-// factor then too, so the bound is fp32 rounding). Tied GPT-2: the embedding's gradient is the sum
-// of the first and the last stage's parts, added after the micro-batches rather than per
-// micro-batch, so within fp32 rounding of the update (1e-6 in the weights).
+// Ten AdamW steps (lr 1e-2, clipped at norm 1) of every layout against one process on the same
+// global batch. Untied Llama: the same bits — each gradient is computed and accumulated in the same
+// order, and the norm's stage parts happen to add up to the same bits. Tied GPT-2: the embedding's
+// gradient is the first stage's part plus the last stage's, each summed over the micro-batches,
+// where one process adds both parts per micro-batch — fp32 rounding of that sum. AdamW divides each
+// element's update by its own gradient scale, so an element whose true gradient is zero (the
+// attention's key bias) moves by O(lr) on rounding noise: the weights agree within 1e-4 (1% of
+// lr × steps), the losses within 1e-6 relative.
 void every_layout(const std::string& family, double rel_loss, double abs_param) {
   TempDir dir;
   const PipeRun ref4 = run_pipe(dir, "single4", 1, single_env(family, 4, 4));
@@ -267,8 +272,8 @@ void every_layout(const std::string& family, double rel_loss, double abs_param) 
                        family + ", 4 stages interleaved x2");
 }
 
-TEST(PipelineParallel, LlamaEveryScheduleMatchesOneProcess) { every_layout("llama", 1e-6, 2e-6); }
-TEST(PipelineParallel, Gpt2TiedEveryScheduleMatchesOneProcess) { every_layout("gpt2", 1e-6, 2e-6); }
+TEST(PipelineParallel, LlamaEveryScheduleMatchesOneProcess) { every_layout("llama", 0, 0); }
+TEST(PipelineParallel, Gpt2TiedEveryScheduleMatchesOneProcess) { every_layout("gpt2", 1e-6, 1e-4); }
 
 // Scheduled and message-driven execution, and message-driven with the first stage slowed down by a
 // sleep before each forward: the same bits. The slow first stage makes rank 1 run a backward before

@@ -70,6 +70,19 @@ nlohmann::json train_state_json(const TrainState& s) {
           {"loader", s.loader}, {"model_config", s.model_config}, {"run", s.run}};
 }
 
+// pg.send / pg.recv, whose start can already fail when the peer is gone (Gloo throws its own
+// exception on the caller's thread then): as blu::Error naming the peer.
+WorkPtr p2p(ProcessGroup& pg, bool is_send, const Tensor& t, int peer, int tag) {
+  try {
+    return is_send ? pg.send(t, peer, tag) : pg.recv(t, peer, tag);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(std::string("pipeline: ") + (is_send ? "send to rank " : "recv from rank ") + std::to_string(peer) +
+                " failed on rank " + std::to_string(pg.rank()) + ": " + e.what());
+  }
+}
+
 Tensor tensor_from(const SafeTensorsFile& f, const TensorEntry& e) {
   Tensor t = empty(e.shape, e.dtype);
   auto bytes = f.bytes(e);
@@ -116,7 +129,7 @@ class PipelineStage::Mailbox {
     if (local(k) || posted_.count(k)) return;
     auto p = std::make_unique<Posted>();
     p->buffer = empty(shape, dtype, device);
-    p->work = pg_->recv(p->buffer, source(k), tag(k));
+    p->work = p2p(*pg_, false, p->buffer, source(k), tag(k));
     Posted* raw = p.get();
     p->waiter = std::thread([this, raw] {
       try {
@@ -178,7 +191,7 @@ class PipelineStage::Mailbox {
       sends_.front()->wait();
       sends_.pop_front();
     }
-    sends_.push_back(pg_->send(t, dst, tag(k)));
+    sends_.push_back(p2p(*pg_, true, t, dst, tag(k)));
   }
   void finish_sends() {
     for (auto& w : sends_) w->wait();
@@ -425,8 +438,8 @@ void PipelineStage::sync_tied() {
   mine = contiguous(mine);
   Tensor theirs = empty_like(mine);
   const int peer = owns_first() ? layout_.rank_of(layout_.virtual_stages() - 1) : 0;
-  WorkPtr s = pg_->send(mine, peer, kTiedTag);
-  WorkPtr r = pg_->recv(theirs, peer, kTiedTag);
+  WorkPtr s = p2p(*pg_, true, mine, peer, kTiedTag);
+  WorkPtr r = p2p(*pg_, false, theirs, peer, kTiedTag);
   s->wait();
   r->wait();
   tied_.set_grad(owns_first() ? add(mine, theirs) : add(theirs, mine));
