@@ -98,6 +98,26 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<ProcessGroup> pg, Strategy
   params_ = model_.parameters();
 }
 
+Strategy::Strategy(models::CausalLM& model, std::shared_ptr<ProcessGroup> pp, PipelineOptions pipeline,
+                   StrategyConfig config, OptimizerConfig oc)
+    : model_(model), pg_(std::move(pp)), config_(std::move(config)) {
+  BLU_CHECK(config_.zero == 0, "pipeline parallelism: --zero ", config_.zero, " is not supported with a pipeline");
+  BLU_CHECK(!config_.fp16_loss_scaling, "pipeline parallelism: fp16 loss scaling is not supported with a pipeline");
+  BLU_CHECK(oc.name == "adamw" || oc.name == "sgd", "--optimizer must be adamw or sgd, got '", oc.name, "'");
+  name_ = "pipeline";
+  pipeline_ = std::make_unique<PipelineStage>(model, pg_, std::move(pipeline));
+  auto groups = optim::decay_groups(pipeline_->owned_parameters(), oc.weight_decay);
+  if (oc.name == "adamw") {
+    opt_ = optim::make_adamw(std::move(groups),
+                             optim::AdamWOptions{.lr = oc.lr, .beta1 = oc.beta1, .beta2 = oc.beta2, .eps = oc.eps});
+  } else {
+    opt_ = optim::make_sgd(std::move(groups), optim::SGDOptions{.lr = oc.lr, .momentum = oc.momentum});
+  }
+  opt_->attach_compute_copies(model_.compute_copies());
+  for (const auto& [name, p] : pipeline_->owned_parameters()) params_.push_back(p);
+}
+
+
 Strategy::~Strategy() {
   if (block_hooks_ >= 0) dynamic_cast<models::CausalLM&>(model_).remove_block_hooks(block_hooks_);
 }
@@ -114,6 +134,7 @@ int Strategy::rank() const { return pg_ ? pg_->rank() : 0; }
 int Strategy::world_size() const { return pg_ ? pg_->size() : 1; }
 
 std::string Strategy::describe() const {
+  if (pipeline_) return pipeline_->describe() + (pg_ ? " (" + pg_->backend() + ")" : std::string());
   if (!pg_) return "single device";
   std::string s = std::to_string(pg_->size()) + " ranks (" + pg_->backend() + "), ";
   s += config_.zero > 0 ? "ZeRO stage " + std::to_string(config_.zero) : std::string("DDP all-reduce");
@@ -127,6 +148,7 @@ StepValues Strategy::step(int64_t n, const std::function<Tensor(int64_t)>& loss_
     if (phase) phase(i);
   };
   BLU_CHECK(n >= 1, "Strategy::step: expected at least one micro-batch, got ", n);
+  BLU_CHECK(!pipeline_, "Strategy::step: a pipeline runs its stages from batches: call step(n, batch_of, …)");
   StepValues v;
   v.micro_batches = n;
   v.lr = lr;
@@ -188,6 +210,35 @@ StepValues Strategy::step(int64_t n, const std::function<Tensor(int64_t)>& loss_
   return v;
 }
 
+StepValues Strategy::step(int64_t n, const BatchFn& batch_of, double lr, double max_norm,
+                          const std::function<void(int)>& phase) {
+  if (!pipeline_) {
+    auto* lm = dynamic_cast<models::CausalLM*>(&model_);
+    BLU_CHECK(lm, "Strategy::step with batches needs a models::CausalLM (use the loss-callback step otherwise)");
+    return step(n, [&](int64_t i) {
+      const auto [idx, targets] = batch_of(i);
+      return lm->forward(idx, targets).loss;
+    }, lr, max_norm, phase);
+  }
+  BLU_CHECK(n >= 1, "Strategy::step: expected at least one micro-batch, got ", n);
+  const auto mark = [&](int i) {
+    if (phase) phase(i);
+  };
+  StepValues v;
+  v.micro_batches = n;
+  v.lr = lr;
+  opt_->zero_grad();
+  const PipelineStepValues pv = pipeline_->forward_backward(n, batch_of, max_norm);
+  mark(1);
+  mark(2);  // the gradients are complete (the tied weight's parts summed) when forward_backward returns
+  v.loss_sum = pv.loss_sum;
+  v.gate = pv.gate;
+  opt_->set_lr(lr);
+  opt_->step(v.gate);
+  mark(3);
+  return v;
+}
+
 StepReadout Strategy::read(const StepValues& v, bool stop_requested) {
   NoGradGuard no_grad;
   const Device dev = v.loss_sum.device();
@@ -207,7 +258,9 @@ StepReadout Strategy::read(const StepValues& v, bool stop_requested) {
   const std::vector<double> got = to_vector(parts.size() == 1 ? parts[0] : cat(parts, 0));
   StepReadout r;
   const int world = pg_ ? pg_->size() : 1;
-  r.loss = world == 1 ? got[0] / double(v.micro_batches) : got[0] / double(v.micro_batches * world);
+  // A pipeline's loss is on its last stage alone (the others add zero).
+  const int loss_ranks = pipeline_ ? 1 : world;
+  r.loss = got[0] / double(v.micro_batches * loss_ranks);
   r.stop = pg_ ? got[1] > 0 : stop_requested;
   r.grad_norm = has_norm ? std::sqrt(got.back()) : 0.0;
   if (has_skipped) r.fp16_skipped = int64_t(got[got.size() - (has_norm ? 2 : 1)]);
@@ -226,21 +279,25 @@ void Strategy::barrier() {
 }
 
 std::string Strategy::save(const std::string& dir, const nn::Module& model, const TrainState& st, int keep_last) {
+  if (pipeline_) return pipeline_->save(dir, *opt_, st, keep_last);
   if (zero_) return save_sharded_checkpoint(dir, model, *zero_, st, keep_last);
   if (rank() == 0) return save_checkpoint(dir, model, opt_.get(), st, keep_last);
   return "";  // the model is replicated: rank 0's file is the checkpoint
 }
 
 TrainState Strategy::load(const std::string& path, nn::Module& model, const nlohmann::json& expected_model_config) {
+  if (pipeline_) return pipeline_->load(path, *opt_, expected_model_config);
   return zero_ ? load_sharded_checkpoint(path, model, *zero_, expected_model_config)
                : load_checkpoint(path, model, opt_.get(), expected_model_config);
 }
 
 std::string Strategy::latest_checkpoint(const std::string& dir, const CheckpointWarning& warn) const {
+  if (pipeline_) return PipelineStage::latest_checkpoint(dir);
   return zero_ ? latest_sharded_checkpoint(dir, warn) : latest_valid_checkpoint(dir, warn);
 }
 
 std::string Strategy::checkpoint_kind() const {
+  if (pipeline_) return "committed pipeline checkpoint (ckpt_*/COMMIT, one file a stage)";
   return zero_ ? "committed sharded checkpoint (ckpt_*/COMMIT)" : "checkpoint (ckpt_*.safetensors)";
 }
 

@@ -14,6 +14,11 @@
 //     the loss averaged over ranks and the stop flags combined in one small collective;
 //   save/load/latest_checkpoint: the mode's checkpoint (rank 0's file; ZeRO: sharded, resumable on
 //     any number of ranks: dist/zero.h).
+// A pipeline Strategy (the CausalLM constructor below) runs the same step through a PipelineStage
+// (dist/pipeline.h): its optimizer holds only this stage's parameters, the loss lives on the last
+// stage, the norm is combined over stages, and each stage checkpoints its own parameters by global
+// name. step(n, batch_of, …) — micro-batch i's (idx, targets) — is the one step both the plain and
+// the pipeline paths take.
 // dist/ knows no model type: it sees an nn::Module, and exchanges apart the rows of every
 // nn::Embedding that declares a row-sparse gradient (Embedding::set_row_sparse_grad; GPT-2's tied
 // wte does) when row_exchange is on.
@@ -29,6 +34,7 @@
 #include <vector>
 
 #include "blu/dist/ddp.h"
+#include "blu/dist/pipeline.h"
 #include "blu/dist/process_group.h"
 #include "blu/io/checkpoint.h"
 #include "blu/nn/module.h"
@@ -78,6 +84,10 @@ class Strategy {
  public:
   // `pg` null: a single device. The model is on its device already.
   Strategy(nn::Module& model, std::shared_ptr<ProcessGroup> pg, StrategyConfig config, OptimizerConfig optimizer);
+  // Pipeline parallelism over `pp` (stage r on rank r; null or one rank: every stage here). Only
+  // DDP-free settings apply (zero must be 0, no fp16 loss scaling: BLU_CHECK).
+  Strategy(models::CausalLM& model, std::shared_ptr<ProcessGroup> pp, PipelineOptions pipeline, StrategyConfig config,
+           OptimizerConfig optimizer);
   ~Strategy();
   Strategy(const Strategy&) = delete;
   Strategy& operator=(const Strategy&) = delete;
@@ -98,6 +108,11 @@ class Strategy {
   // complete — reduced, for data parallelism (2) — and after the update (3): `bench` records
   // events there.
   StepValues step(int64_t micro_batches, const std::function<Tensor(int64_t)>& loss_of, double lr, double max_norm,
+                  const std::function<void(int)>& phase = {});
+  // The same step from batches: micro-batch i is batch_of(i) = (idx, targets), run through the
+  // model's forward (the model must be a models::CausalLM) or, under a pipeline, through its
+  // stages. The one step API that works for every layout.
+  StepValues step(int64_t micro_batches, const BatchFn& batch_of, double lr, double max_norm,
                   const std::function<void(int)>& phase = {});
   // The host numbers of a step: one host read (and, with several ranks, one all-reduce of the loss
   // and the stop flags before it).
@@ -137,6 +152,7 @@ class Strategy {
   // without it).
   DistributedDataParallel* ddp() { return ddp_.get(); }
   ZeroAdamW* zero() { return zero_; }
+  PipelineStage* pipeline() { return pipeline_.get(); }
 
  private:
   nn::Module& model_;
@@ -149,6 +165,7 @@ class Strategy {
   std::unique_ptr<DistributedDataParallel> ddp_;
   std::unique_ptr<optim::LossScaler> scaler_;
   int block_hooks_ = -1;  // ZeRO-3's, on the model
+  std::unique_ptr<PipelineStage> pipeline_;
 };
 
 // Every nn::Embedding of `model` that declares a row-sparse gradient, in module order.
