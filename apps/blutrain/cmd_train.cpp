@@ -221,6 +221,9 @@ Command add_train(CLI::App& root) {
                   "train --dp N ...); --batch-size is per rank")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app->add_option("--parallel", o.parallel,
+                  "The parallel layout as annotations (docs/distributed.md), e.g. \"replicate(2, zero=1)\" or "
+                  "\"pipeline(2, schedule=1f1b, micro=4)\"; its rank count must equal the launched world size");
   app->add_option("--zero", o.zero,
                   "ZeRO stage with --dp > 1: 0 (DDP), 1 (shard optimizer state), 2 (and gradients), 3 (and "
                   "parameters, gathered block by block)")

@@ -210,6 +210,49 @@ TEST_F(DistCli, BenchDataParallelOnCpuRanks) {
   EXPECT_LT(peak["2"], peak["2 --no-row-exchange"]);
 }
 
+// --parallel: a 2-stage pipeline trains the same losses as one process accumulating its two
+// micro-batches (GPT-2's tied embedding sums its two stages' gradient parts in another order: 1e-5
+// relative), replicate(2, zero=1) the same bits as --dp 2 --zero 1, and layouts the trainer does not
+// drive yet, or that do not fit the world size, are refused before anything runs.
+TEST_F(DistCli, ParallelAnnotations) {
+  auto run = [&](int ranks, const std::string& out, std::vector<std::string> extra) {
+    std::vector<std::string> cmd = {blutrain().string(), "launch", "-n", std::to_string(ranks), "--",
+                                    blutrain().string(), "train", "--train-pattern",
+                                    (dir.path / "d_train_*.bin").string(), "--model", "tiny", "-B", "2", "-T", "32",
+                                    "--steps", "4", "--schedule", "constant", "--warmup", "0", "--lr", "1e-3",
+                                    "--out", (dir.path / out).string()};
+    cmd.insert(cmd.end(), extra.begin(), extra.end());
+    return run_command(1, cmd, {{"OMP_NUM_THREADS", "1"}});
+  };
+  LaunchResult r = run(1, "single", {"--grad-accum", "2"});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  for (const std::string sched : {"1f1b", "gpipe"}) {
+    r = run(2, "pp_" + sched, {"--parallel", "pipeline(2, schedule=" + sched + ", micro=2)"});
+    ASSERT_EQ(r.status, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("pipeline parallel"), std::string::npos) << r.out;
+    const auto a = losses(dir.path / "single"), b = losses(dir.path / ("pp_" + sched));
+    ASSERT_EQ(a.size(), 4u);
+    ASSERT_EQ(b.size(), 4u);
+    for (const auto& [step, loss] : a) EXPECT_NEAR(b.at(step), loss, 1e-5 * std::abs(loss)) << sched << " step " << step;
+  }
+  r = run(2, "rep", {"--parallel", "replicate(2, zero=1)"});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  r = run(2, "dp", {"--dp", "2", "--zero", "1"});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_EQ(losses(dir.path / "rep"), losses(dir.path / "dp"));
+  for (const auto& [layout, message] : std::vector<std::pair<std::string, std::string>>{
+           {"split(2)", "split (tensor parallelism) is not wired into the trainer yet"},
+           {"replicate(4)", "needs 4 ranks, the job has 2"},
+           {"pipeline(4, micro=4)", "4 stages for a model of 2 blocks"},
+           {"pipeline(2, micro=1)", "1 micro-batches for 2 stages"},
+           {"replicate(2, weights=[3,1])", "uneven replica weights are not wired"}}) {
+    r = run(2, "bad", {"--parallel", layout});
+    EXPECT_NE(r.status, 0) << layout;
+    EXPECT_NE((r.out + r.err).find(message), std::string::npos) << layout << "\n" << r.out << r.err;
+    EXPECT_FALSE(fs::exists(dir.path / "bad")) << layout << ": a refused run wrote its folder";
+  }
+}
+
 TEST_F(DistCli, DpMustMatchTheLauncher) {
   const LaunchResult r = run_command(1, {blutrain().string(), "train", "--train-pattern",
                                          (dir.path / "d_train_*.bin").string(), "--model", "tiny", "--dp", "2"});

@@ -557,4 +557,23 @@ TrainState PipelineStage::load(const std::string& ckpt_dir, optim::Optimizer& op
   return st;
 }
 
+void PipelineStage::share_parameters() {
+  const nn::NamedTensors all = model_.named_parameters();
+  if (owners_.empty()) {  // once: the highest rank that trains each parameter, agreed by one all-reduce
+    std::set<std::string> mine;
+    for (const auto& [name, p] : owned_) mine.insert(name);
+    std::vector<double> v;
+    for (const auto& [name, p] : all) v.push_back(mine.count(name) ? double(rank_ + 1) : 0.0);
+    const Device dev = pg_->backend() == "nccl" ? all.front().second.device() : kCPU;
+    Tensor t = from_vector(v, {int64_t(v.size())}, DType::f64);
+    if (!dev.is_cpu()) t = to_device(t, dev);
+    pg_->all_reduce(t, ReduceOp::max)->wait();
+    for (double o : to_vector(t)) {
+      BLU_CHECK(o >= 1, "pipeline: a parameter of the model is trained by no stage");
+      owners_.push_back(int(o) - 1);
+    }
+  }
+  for (size_t i = 0; i < all.size(); ++i) pg_->broadcast(all[i].second, owners_[i])->wait();
+}
+
 }  // namespace blu::dist

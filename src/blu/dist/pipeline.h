@@ -38,6 +38,7 @@ namespace blu::dist {
 enum class PipelineExecution { scheduled, message_driven };
 
 // Micro-batch i's token ids and targets, both [B, T] (every micro-batch of a step the same shape).
+// A pure function of i within a step: a stage may ask for the same micro-batch more than once.
 using BatchFn = std::function<std::pair<Tensor, Tensor>(int64_t)>;
 
 struct PipelineOptions {
@@ -95,6 +96,9 @@ class PipelineStage {
   std::string save(const std::string& dir, const optim::Optimizer& opt, const TrainState& st, int keep_last);
   TrainState load(const std::string& ckpt_dir, optim::Optimizer& opt, const nlohmann::json& expected_model_config);
   static std::string latest_checkpoint(const std::string& dir);
+  // Every parameter of the model made current on every rank: each is broadcast from a rank that
+  // trains it (evaluation and sampling run the whole model). Collective over the pipeline group.
+  void share_parameters();
 
  private:
   struct InFlight;
@@ -115,6 +119,7 @@ class PipelineStage {
   std::vector<PipelineAction> order_;
   std::vector<std::unique_ptr<InFlight>> in_flight_;  // indexed by chunk · micro_batches + micro
   Tensor loss_sum_;
+  std::vector<int> owners_;  // per model parameter, a rank that trains it (share_parameters)
 };
 
 }  // namespace blu::dist

@@ -124,6 +124,7 @@ Strategy::~Strategy() {
 
 Strategy::FullParameters::FullParameters(Strategy& s) : zero_(s.zero_) {
   if (zero_) zero_->gather_full();
+  if (s.pipeline_) s.pipeline_->share_parameters();
 }
 
 Strategy::FullParameters::~FullParameters() {

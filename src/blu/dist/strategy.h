@@ -133,12 +133,13 @@ class Strategy {
   // What --resume looks for, for error messages.
   std::string checkpoint_kind() const;
 
-  // Every parameter whole and current (ZeRO-3 gathers them all; other layouts hold them already)
-  // while the returned guard lives — for evaluation, sampling and export outside step(). Collective
-  // under ZeRO-3: every rank takes one at the same point.
+  // Every parameter whole and current while the returned guard lives — for evaluation, sampling
+  // and export outside step(): ZeRO-3 gathers them all, a pipeline broadcasts each stage's trained
+  // parameters to the other stages; other layouts hold them already. Collective under ZeRO-3 and
+  // pipelines: every rank takes one at the same point.
   class FullParameters {
    public:
-    explicit FullParameters(Strategy& s);
+    explicit FullParameters(Strategy& s);  // NOLINT
     ~FullParameters();
     FullParameters(const FullParameters&) = delete;
     FullParameters& operator=(const FullParameters&) = delete;

@@ -16,6 +16,8 @@
 
 #include "blu/core/error.h"
 #include "blu/core/grad_mode.h"
+#include "blu/dist/annotations.h"
+#include "blu/dist/pipeline.h"
 #include "blu/dist/strategy.h"
 #include "blu/dist/consistency.h"
 #include "blu/dist/tcp_store.h"
@@ -232,7 +234,43 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   BLU_CHECK(o.dist_work_timeout > 0 && o.dist_work_timeout <= 1e9, "--dist-work-timeout must be > 0 seconds, got ",
             o.dist_work_timeout);
   const dist::DistEnv env = dist::detect_env();
-  BLU_CHECK(env.world_size == o.dp, "--dp ", o.dp, " must equal the number of launched processes (WORLD_SIZE=",
+  // --parallel: the layout is resolved (every annotation error here, before anything runs) and
+  // mapped onto what the trainer drives — data parallelism (with ZeRO) or a pipeline.
+  dist::PipelineOptions pipeline;
+  if (!o.parallel.empty()) {
+    std::vector<std::string> names;
+    for (const models::BlockRef& b : model_->blocks()) names.push_back(b.name);
+    const dist::Layout l = dist::resolve_layout(dist::parse_annotation(o.parallel), names, env.world_size);
+    BLU_CHECK(o.dp == 1 || o.dp == l.dp, "--parallel '", o.parallel, "' gives ", l.dp, " replicas, --dp says ", o.dp,
+              ": give one of the two");
+    BLU_CHECK(o.zero == 0 || o.zero == l.zero, "--parallel '", o.parallel, "' asks for ZeRO-", l.zero,
+              ", --zero says ", o.zero, ": give one of the two");
+    for (double w : l.replica_weights)
+      BLU_CHECK(std::abs(w - 1.0 / l.dp) < 1e-12, "--parallel '", o.parallel,
+                "': uneven replica weights are not wired into the trainer yet (dist/hetero.h splits them; the "
+                "loader and the weighted gradient average are missing)");
+    BLU_CHECK(l.tp == 1, "--parallel '", o.parallel,
+              "': split (tensor parallelism) is not wired into the trainer yet");
+    BLU_CHECK(l.pp == 1 || l.dp == 1, "--parallel '", o.parallel,
+              "': replicate over a pipeline (dp × pp) is not wired into the trainer yet");
+    if (l.pp > 1) {
+      BLU_CHECK(o.grad_accum == 1, "--parallel '", o.parallel, "': a pipeline's micro=", l.micro_batches,
+                " is its accumulation; drop --grad-accum ", o.grad_accum);
+      pipelined_ = true;
+      pipeline.schedule = l.schedule == dist::Schedule::gpipe       ? dist::PipelineScheduleKind::gpipe
+                          : l.schedule == dist::Schedule::interleaved ? dist::PipelineScheduleKind::interleaved
+                                                                      : dist::PipelineScheduleKind::one_f_one_b;
+      pipeline.chunks = l.chunks;
+      pipeline.micro_batches = l.micro_batches;
+      for (const auto& [first, last] : l.stage_blocks) pipeline.layers.push_back(last - first + 1);
+      opt_s_.grad_accum = l.micro_batches;  // the tokens of a step, as the header and metrics count them
+    } else {
+      opt_s_.dp = l.dp;
+      opt_s_.zero = l.zero;
+    }
+  }
+  world_ = pipelined_ ? env.world_size : int(o.dp);
+  BLU_CHECK(pipelined_ || env.world_size == o.dp, "--dp ", o.dp, " must equal the number of launched processes (WORLD_SIZE=",
             env.world_size, " from ", env.source, "); start with `blutrain launch -n ", o.dp, " -- blutrain train ...`");
   BLU_CHECK(o.dp == 1 || o.device == "cpu" || o.device == "cuda", "--dp ", o.dp,
             " runs on --device cpu (Gloo) or --device cuda (NCCL, each rank on cuda:LOCAL_RANK); got --device ",
@@ -248,7 +286,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
 #ifndef BLU_HAVE_CUDA
   BLU_CHECK(device_.is_cpu(), "--device ", o.device, ": this build has no CUDA backend (expected cpu)");
 #else
-  if (device_.is_cuda() && o.dp > 1) device_ = Device(DeviceType::cuda, env.local_rank);  // one GPU per rank
+  if (device_.is_cuda() && world_ > 1) device_ = Device(DeviceType::cuda, env.local_rank);  // one GPU per rank
   if (device_.is_cuda()) cuda::set_device(device_.index);
 #endif
 
@@ -264,7 +302,9 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
         skipped.push_back(w);
         if (cb_.log) *cb_.log << w << "\n" << std::flush;
       };
-      resume_from = o.zero > 0 ? dist::latest_sharded_checkpoint(o.out, warn) : latest_valid_checkpoint(o.out, warn);
+      resume_from = pipelined_   ? dist::PipelineStage::latest_checkpoint(o.out)
+                    : o.zero > 0 ? dist::latest_sharded_checkpoint(o.out, warn)
+                                 : latest_valid_checkpoint(o.out, warn);
       std::string reasons;
       for (const std::string& w : skipped) reasons += "\n  " + w;
       BLU_CHECK(!resume_from.empty() || skipped.empty(), o.resume ? "--resume" : "--auto-resume",
@@ -295,14 +335,17 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   // 3. Data (shards are validated here, still before anything is written).
   LoaderOptions lo;
   lo.vocab_size = model_->vocab_size();
-  const int world = int(o.dp);
+  // Replicas read apart; a pipeline's stages all read the same batches (the first stage's ids, the
+  // last stage's targets).
+  const int world = world_;
+  const int data_rank = pipelined_ ? 0 : rank_, data_world = pipelined_ ? 1 : world_;
   train_loader_ =
-      std::make_unique<DataLoader>(train_files, o.batch_size, o.seq_len, rank_, world, lo);
+      std::make_unique<DataLoader>(train_files, o.batch_size, o.seq_len, data_rank, data_world, lo);
   if (!o.val_pattern.empty()) {
     LoaderOptions vo = lo;
     vo.prefetch = 0;  // read on demand: evaluation is occasional and resets the loader
     val_loader_ =
-        std::make_unique<DataLoader>(val_files, o.batch_size, o.seq_len, rank_, world, vo);
+        std::make_unique<DataLoader>(val_files, o.batch_size, o.seq_len, data_rank, data_world, vo);
   }
 
   // 4. Model and optimizer.
@@ -315,7 +358,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   model_->train();
   apply_precision(*model_, o.precision);
   std::shared_ptr<dist::ProcessGroup> pg;
-  if (o.dp > 1) {  // the job's process group: rendezvous through rank 0's store
+  if (world > 1) {  // the job's process group: rendezvous through rank 0's store
     const double timeout_s = o.dist_timeout > 0 ? o.dist_timeout : env.dist_timeout_s;  // 0: each one's default
     const auto ms = [&](double fallback_s) {
       return dist::Milliseconds(int64_t((timeout_s > 0 ? timeout_s : fallback_s) * 1000));
@@ -344,9 +387,9 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   sc.zero = o.zero;
   sc.row_exchange = o.row_exchange;
   sc.fp16_loss_scaling = o.precision == "fp16";
-  strategy_ = std::make_unique<dist::Strategy>(
-      *model_, std::move(pg), sc,
-      dist::OptimizerConfig{.name = o.optimizer, .lr = o.lr, .weight_decay = o.weight_decay});
+  const dist::OptimizerConfig oc{.name = o.optimizer, .lr = o.lr, .weight_decay = o.weight_decay};
+  strategy_ = pipelined_ ? std::make_unique<dist::Strategy>(*model_, std::move(pg), pipeline, sc, oc)
+                         : std::make_unique<dist::Strategy>(*model_, std::move(pg), sc, oc);
 
   // 5. Only now touch the disk (rank 0's files; every rank has checked the directory by now).
   if (o.out.empty()) return;
@@ -389,7 +432,9 @@ void Trainer::print_header() {
      << " x T " << o.seq_len << " x grad_accum " << o.grad_accum << ")\n";
   os << "device: " << device_.str() << ", optimizer: " << o.optimizer << ", schedule: " << o.schedule
      << " (warmup " << o.warmup << ")\n";
-  if (o.dp > 1)
+  if (pipelined_)
+    os << "pipeline parallel: " << strategy_->describe() << " over " << world_ << " ranks\n";
+  else if (o.dp > 1)
     os << "data parallel: " << strategy_->describe()
        << "; batch per rank " << o.batch_size << ", tokens per step across ranks "
        << format_count(o.batch_size * o.seq_len * o.grad_accum * o.dp) << "\n";
@@ -419,6 +464,18 @@ dist::StepValues Trainer::train_step() {
                            ids_tensor(b.targets, o.batch_size, o.seq_len, device_))
         .loss;
   };
+  if (pipelined_) {  // the stages run the micro-batches' forwards and backwards by the schedule
+    // The step's batches are read once, in order; the stage may ask for micro-batch i more than
+    // once (its shape first, then its ids or targets).
+    std::vector<std::pair<Tensor, Tensor>> batches;
+    for (int64_t i = 0; i < o.grad_accum; ++i) {
+      const Batch b = train_loader_->next();
+      batches.emplace_back(ids_tensor(b.inputs, o.batch_size, o.seq_len, device_),
+                           ids_tensor(b.targets, o.batch_size, o.seq_len, device_));
+    }
+    return strategy_->step(o.grad_accum, [&](int64_t i) { return batches.at(size_t(i)); }, schedule_.at(step_),
+                           o.grad_clip);
+  }
   return strategy_->step(o.grad_accum, loss_of, schedule_.at(step_), o.grad_clip);
 }
 
@@ -479,7 +536,7 @@ void Trainer::set_phase(const std::string& phase) {
 
 void Trainer::wait_for_rank0(const std::string& what) {
   if (!store_) return;
-  dist::store_barrier(*store_, "trainer/work/" + std::to_string(++work_barriers_), int(opt_s_.dp),
+  dist::store_barrier(*store_, "trainer/work/" + std::to_string(++work_barriers_), world_,
                       dist::Milliseconds(int64_t(opt_s_.dist_work_timeout * 1000)), what);
 }
 
@@ -541,7 +598,7 @@ TrainSummary Trainer::run() {
                       (o.val_every > 0 && step_ % o.val_every == 0) ||
                       (o.sample_every > 0 && step_ % o.sample_every == 0) ||
                       (o.ckpt_every > 0 && step_ % o.ckpt_every == 0) || (local_stop && !strategy_->process_group());
-    const int64_t step_tokens = o.batch_size * o.seq_len * o.grad_accum * o.dp;  // all ranks
+    const int64_t step_tokens = o.batch_size * o.seq_len * o.grad_accum * o.dp;  // all replicas
     sum.tokens += step_tokens;
     if (!read) continue;
     const dist::StepReadout r = strategy_->read(v, local_stop);

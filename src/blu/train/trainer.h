@@ -86,6 +86,9 @@ struct TrainOptions {
   // Seconds the other ranks wait for work of rank 0 alone (a checkpoint, a sample) or of unbounded
   // length (validation), behind a store barrier instead of in a collective with dist_timeout.
   double dist_work_timeout = 3600;
+  // The parallel layout as annotations (dist/annotations.h), e.g. "replicate(2, zero=1)" or
+  // "pipeline(2, schedule=1f1b, micro=4)"; "" uses --dp / --zero. Must name the launched world size.
+  std::string parallel;
 
   nlohmann::json to_json() const;  // recorded in run.json and in checkpoints
 };
@@ -165,6 +168,8 @@ class Trainer {
   std::string last_checkpoint_;
   // Data parallel: rank 0 serves the store the strategy's process group rendezvoused through.
   int rank_ = 0;
+  int world_ = 1;        // ranks of the job
+  bool pipelined_ = false;  // a pipeline layout: every stage reads the same batches
   std::unique_ptr<dist::TcpStore> store_;
   std::unique_ptr<dist::Strategy> strategy_;
   int64_t work_barriers_ = 0;
