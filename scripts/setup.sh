@@ -14,6 +14,7 @@ packages=(
   python3 python3-torch           # the CPU oracle (/usr/bin/python3 with PyTorch)
   python3-numpy                   # the attention kernels' CPU models (FlashAttentionLab.*)
   fortunes fortunes-min           # the demo corpus
+  chromium                        # renders `blutrain report`'s page in its test (tests/train/report_browser_test.cpp)
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -31,6 +32,7 @@ fi
 
 bash scripts/fetch_gpt2_vocab.sh
 bash scripts/fetch_hf_tokenizers.sh  # @huggingface/tokenizers, the oracle of the tokenizer.json tests
+bash scripts/fetch_uplot.sh          # uPlot, the plotting library `blutrain report` inlines
 
 build="${BLU_BUILD_DIR:-build}"
 cuda_args=()
