@@ -71,6 +71,7 @@ table { border-collapse: collapse; font-size: 13px; }
 th, td { border: 1px solid #e3e3e3; padding: 3px 8px; text-align: left; vertical-align: top; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 tr.diff td { background: #fff7d6; }
+details { margin-top: 8px; }
 pre.sample { margin: 0; max-width: 70ch; max-height: 16em; overflow: auto; white-space: pre-wrap; font-size: 12px; }
 #errors { color: #b00; }
 )PAGE";
@@ -87,8 +88,7 @@ constexpr const char* kBody = R"PAGE(</head>
 <h2>Samples</h2>
 <table id="samples"></table>
 <h2>Config</h2>
-<p>From each run's run.json; rows where the runs differ are highlighted.</p>
-<table id="config"></table>
+<div id="config"></div>
 )PAGE";
 
 // Draws the page from the JSON blob. Each plot's section gets data-plot (its id) and data-series
@@ -106,6 +106,13 @@ constexpr const char* kScript = R"PAGE(
   }
   function num(v, digits) {
     return typeof v === "number" && isFinite(v) ? v.toFixed(digits) : "\u2014";
+  }
+  // An axis label with the digits its value needs: 0.0025 (not uPlot's 0.002 beside 0.002), 3.0e-5.
+  function tick(v) {
+    if (v === null || v === undefined) return "";
+    const a = Math.abs(v);
+    if (a !== 0 && (a < 1e-4 || a >= 1e6)) return v.toExponential(1);
+    return v.toLocaleString("en-US", { maximumSignificantDigits: 4 });
   }
   function flatten(v, prefix, out) {
     if (v !== null && typeof v === "object" && !(Array.isArray(v) && v.every(x => x === null || typeof x !== "object"))) {
@@ -168,7 +175,7 @@ constexpr const char* kScript = R"PAGE(
       const u = new uPlot({
         title: p.title, width: width, height: 280,
         scales: { x: { time: false } },
-        axes: [{ label: "step" }, { label: p.unit, size: 70 }],
+        axes: [{ label: "step" }, { label: p.unit, size: 70, values: (u, ticks) => ticks.map(tick) }],
         series: [{ label: "step" }].concat(p.series.map(s => ({
           label: s.label, stroke: s.color, width: 1.5, dash: dashes[s.dash], spanGaps: true,
         }))),
@@ -200,19 +207,42 @@ constexpr const char* kScript = R"PAGE(
     }
     if (!steps.length) samples.append(el("tr", {}, "no samples recorded"));
 
-    const config = document.getElementById("config");
+    // With several runs: the keys where they differ, then every key folded away.
     const flat = data.runs.map(r => flatten(r.config, "", {}));
     const keys = Array.from(new Set(flat.flatMap(f => Object.keys(f)))).sort();
-    const ch = el("tr");
-    ch.append(el("th", {}, "key"));
-    for (const r of data.runs) ch.append(el("th", {}, r.name));
-    config.append(ch);
-    for (const k of keys) {
-      const vals = flat.map(f => (k in f ? f[k] : "\u2014"));
-      const tr = el("tr", new Set(vals).size > 1 ? { class: "diff" } : {});
-      tr.append(el("td", {}, k));
-      for (const v of vals) tr.append(el("td", {}, v));
-      config.append(tr);
+    const values = k => flat.map(f => (k in f ? f[k] : "\u2014"));
+    const differing = keys.filter(k => new Set(values(k)).size > 1);
+    function configTable(table, ks) {
+      const ch = el("tr");
+      ch.append(el("th", {}, "key"));
+      for (const r of data.runs) ch.append(el("th", {}, r.name));
+      table.append(ch);
+      for (const k of ks) {
+        const vals = values(k);
+        const tr = el("tr", new Set(vals).size > 1 ? { class: "diff" } : {});
+        tr.append(el("td", {}, k));
+        for (const v of vals) tr.append(el("td", {}, v));
+        table.append(tr);
+      }
+    }
+    const config = document.getElementById("config");
+    if (data.runs.length > 1) {
+      config.append(el("p", {}, differing.length ? "Where the runs differ:" : "The runs' configs are the same."));
+      if (differing.length) {
+        const t = el("table");
+        configTable(t, differing);
+        config.append(t);
+      }
+      const all = el("details");
+      all.append(el("summary", {}, "All " + keys.length + " keys"));
+      const t = el("table");
+      configTable(t, keys);
+      all.append(t);
+      config.append(all);
+    } else {
+      const t = el("table");
+      configTable(t, keys);
+      config.append(t);
     }
   } catch (e) {
     const msg = "report: " + (e && e.stack ? e.stack : e);
