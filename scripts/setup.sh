@@ -14,8 +14,8 @@ packages=(
   libgloo-dev                     # CPU collectives (src/blu/dist)
   python3 python3-torch           # the CPU oracle (/usr/bin/python3 with PyTorch)
   python3-numpy                   # the attention kernels' CPU models (FlashAttentionLab.*)
-  fortunes fortunes-min           # the demo corpus
   chromium                        # renders `blutrain report`'s page in its test (tests/train/report_browser_test.cpp)
+  fortunes fortunes-min           # the demo corpus
 )
 missing=()
 for p in "${packages[@]}"; do
