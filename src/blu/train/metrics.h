@@ -42,6 +42,7 @@ class MetricsLog {
   MetricsLog() = default;  // closed: write() does nothing
   // Opens `path` for appending (creating it).
   explicit MetricsLog(const std::string& path);
+  // One line; strings that are not valid UTF-8 are written with U+FFFD for the invalid bytes.
   void write(const nlohmann::json& event);
   bool is_open() const { return out_.is_open(); }
   // Rewrites `path` keeping only events whose "step" is <= step (lines that do not parse are
