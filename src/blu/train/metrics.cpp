@@ -86,7 +86,9 @@ MetricsLog::MetricsLog(const std::string& path) : out_(path, std::ios::app), pat
 
 void MetricsLog::write(const nlohmann::json& event) {
   if (!out_.is_open()) return;
-  out_ << event.dump() << '\n';
+  // Samples are model output: their bytes need not be UTF-8 (a byte-level model, or a BPE token
+  // that ends inside a character); invalid bytes are written as U+FFFD instead of throwing.
+  out_ << event.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
   out_.flush();
   BLU_CHECK(out_.good(), "writing the metrics file ", path_, " failed");
 }
