@@ -4,7 +4,8 @@
   1. learning: the last validation loss in RUN_DIR/metrics.jsonl is at least --min-gap nats below
      the bigram baseline the trainer recorded beside it (the "eval" event's bigram_loss);
   2. English: of the words in the samples, at least --min-words (a fraction) occur in the corpus.
-     Words are runs of letters (with inner apostrophes: don't), compared lower-cased; the corpus
+     Words are runs of letters (with inner apostrophes: don't), compared lower-cased, with the
+     separator <|endoftext|> taken out of the samples first; the corpus
      words are those of every file under --corpus (strfile indexes *.dat left out).
      The samples are --sample-file's text (e.g. `blutrain sample`'s output) where given, else the
      last sample event of metrics.jsonl.
@@ -23,7 +24,7 @@ WORD = re.compile(r"[A-Za-z]+(?:'[A-Za-z]+)*")
 
 
 def words(text):
-    return [w.lower() for w in WORD.findall(text)]
+    return [w.lower() for w in WORD.findall(text.replace("<|endoftext|>", "\n"))]
 
 
 def corpus_words(path):

@@ -220,6 +220,13 @@ TEST_F(CheckScript, PassesLearnedEnglish) {
   EXPECT_NE(r.output.find("0.5000 below the bigram"), std::string::npos) << r.output;
 }
 
+// The documents' separator is no word (counted as one, these nine words would be 75% known).
+TEST_F(CheckScript, SeparatorIsNoWord) {
+  const Result r = check("The cat sat.<|endoftext|>The mat.<|endoftext|>A dog.<|endoftext|>The man.", 2.0);
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("9 of 9 words"), std::string::npos) << r.output;
+}
+
 TEST_F(CheckScript, FailsTokenSalad) {
   const Result r = check("Thr mna sta no teh tam.\nA cta isnt a dgo, sadi the cat, the the.\n", 2.0);
   EXPECT_EQ(r.status, 1) << r.output;
