@@ -1,5 +1,6 @@
 // `blutrain sample`: text from a checkpoint — prompt, then CausalLM::generate (key/value cache) with
-// temperature and top-k, decoded with the GPT-2 tokenizer.
+// temperature and top-k, decoded with the run's tokenizer (the one its shards record: byte, GPT-2's,
+// a tokenizer.json), a Hugging Face folder's tokenizer.json, or --tokenizer.
 #include <iostream>
 #include <memory>
 #include <string>
@@ -29,11 +30,13 @@ struct SampleArgs {
 };
 
 int run_sample(const SampleArgs& a) {
-  // The model folder's tokenizer.json when --ckpt is a Hugging Face folder; else --tokenizer, else GPT-2's.
+  // --tokenizer; else the model folder's tokenizer.json when --ckpt is a Hugging Face folder; else
+  // the tokenizer the run recorded; else GPT-2's.
   std::string tok_path = a.vocab_dir;
   if (tok_path.empty() && std::filesystem::is_regular_file(std::filesystem::path(a.checkpoint) / "tokenizer.json"))
     tok_path = a.checkpoint;
-  const std::unique_ptr<TextTokenizer> tok = load_tokenizer(tok_path.empty() ? default_vocab_dir() : tok_path);
+  if (tok_path.empty()) tok_path = train::checkpoint_tokenizer(a.checkpoint);
+  const std::unique_ptr<TextTokenizer> tok = load_tokenizer(tok_path.empty() ? "gpt2" : tok_path);
   auto model = train::load_model(a.checkpoint, Device(a.device));
   BLU_CHECK(tok->vocab_size() <= model->vocab_size(), "the tokenizer has ", tok->vocab_size(), " ids, the model ",
             model->vocab_size(), ": pass the model's tokenizer with --tokenizer");
@@ -72,8 +75,8 @@ Command add_sample(CLI::App& root) {
   app->add_option("--num-samples", a->num_samples, "How many samples")->check(CLI::PositiveNumber)->capture_default_str();
   app->add_option("--device", a->device, "cpu or cuda[:N]")->capture_default_str();
   app->add_option("--tokenizer,--vocab-dir", a->vocab_dir,
-                  "A tokenizer.json or a folder holding one or GPT-2's encoder.json and vocab.bpe (default: the "
-                  "--ckpt folder's tokenizer.json, else GPT-2's in .deps)");
+                  "byte, gpt2, a tokenizer.json or a folder holding one or GPT-2's encoder.json and vocab.bpe "
+                  "(default: the --ckpt folder's tokenizer.json, else the run's recorded tokenizer, else gpt2)");
   return {app, [a] { return run_sample(*a); }};
 }
 

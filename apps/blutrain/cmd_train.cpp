@@ -3,6 +3,9 @@
 // 2.1's own --config is processed for the top-level app only, and train's options live in a
 // subcommand. Same rules as CLI11's: keys are long flag names (top level or under [train]),
 // the command line wins over the file, and an unknown key is an error naming it.
+// The shards' folder (--data-dir, or the folder of --train-pattern) names their tokenizer
+// (<dir>/shards.json, data/text_tokenizer.h; none: GPT-2's): samples decode with it, the n-gram
+// baselines are smoothed over its vocabulary, and the model must have room for its ids.
 // Note [Stop signals]: SIGTERM (what Slurm and Kubernetes send before they kill) and SIGINT
 // (Ctrl-C; `blutrain launch` turns its own into SIGTERM to every rank) ask the trainer to finish
 // the current step, save a checkpoint (the ranks agree on the step through the stop flags that
@@ -112,11 +115,30 @@ int run_train(TrainArgs a) {
   train::TrainCallbacks cb;
   cb.log = &std::cout;
   cb.stop = &g_stop;
+  // A Hugging Face model folder's own tokenizer.json, else the one the shards record (GPT-2's
+  // where they record none).
+  namespace fs = std::filesystem;
+  const std::string shard_dir = !a.data_dir.empty() ? a.data_dir : shard_dir_of_pattern(o.train_pattern);
+  const bool recorded = fs::is_regular_file(fs::path(shard_dir) / kShardsRecord);
+  const bool hf_tok = !o.init_from.empty() && fs::is_regular_file(fs::path(o.init_from) / "tokenizer.json");
+  std::string tok_spec = hf_tok ? o.init_from : shards_tokenizer(shard_dir);
+  if (tok_spec != "byte" && tok_spec != "gpt2") tok_spec = fs::absolute(tok_spec).lexically_normal().string();
+  o.tokenizer = tok_spec;
   std::shared_ptr<TextTokenizer> tok;
+  if (recorded || hf_tok || o.sample_every > 0) tok = load_tokenizer(tok_spec);
+  if (tok) {
+    const int64_t model_vocab = o.model.value("vocab_size", int64_t(0));
+    BLU_CHECK(model_vocab <= 0 || tok->vocab_size() <= model_vocab, "--model ", a.model, " has ", model_vocab,
+              " token ids, but the shards in ", shard_dir, " were written with tokenizer ", tok_spec, " (",
+              tok->vocab_size(), " ids): choose a model with at least ", tok->vocab_size(),
+              " (for byte shards: --model gpt2:demo-byte)");
+    if (model_vocab > 4 * int64_t(tok->vocab_size()))
+      std::cout << "note: --model " << a.model << " has " << model_vocab << " token ids for the "
+                << tok->vocab_size() << " of tokenizer " << tok_spec
+                << "; a model sized to it trains faster (for byte shards: --model gpt2:demo-byte)\n";
+    if (o.baseline_vocab == 0) o.baseline_vocab = tok->vocab_size();
+  }
   if (o.sample_every > 0) {
-    // A Hugging Face model folder's own tokenizer.json, else GPT-2's.
-    const bool hf_tok = !o.init_from.empty() && std::filesystem::is_regular_file(std::filesystem::path(o.init_from) / "tokenizer.json");
-    tok = load_tokenizer(hf_tok ? o.init_from : default_vocab_dir());
     cb.decode = [tok](const std::vector<int32_t>& ids) { return tok->decode(ids); };
     const std::optional<int32_t> start = tok->bos_id() ? tok->bos_id() : tok->eos_id();
     cb.sample_prompt = tok->encode(a.prompt);
@@ -161,6 +183,8 @@ Command add_train(CLI::App& root) {
   app->add_option("--data-dir", a->data_dir, "Folder of shards: <dir>/*_train_*.bin and <dir>/*_val_*.bin");
   app->add_option("--train-pattern", o.train_pattern, "Glob of training shards (overrides --data-dir)");
   app->add_option("--val-pattern", o.val_pattern, "Glob of validation shards (overrides --data-dir)");
+  app->add_flag("--shuffle", o.shuffle,
+                "Read the training windows in a permuted order (per epoch, from --seed) instead of in file order");
   // Model.
   std::string presets;
   for (const auto& f : models::family_names())
@@ -214,6 +238,11 @@ Command add_train(CLI::App& root) {
   app->add_option("--ckpt-every", o.ckpt_every, "Checkpoint every N steps (0 = only at the end)")
       ->capture_default_str();
   app->add_option("--keep-last", o.keep_last, "Checkpoints kept in --out")->capture_default_str();
+  app->add_flag("--keep-best", o.keep_best,
+                "Also keep <out>/best.safetensors, the checkpoint of the lowest validation loss so far (a "
+                "checkpoint is written at each validation that improves on it)");
+  app->add_flag("!--no-baseline", o.baseline,
+                "Do not count the unigram/bigram baselines of the validation data (shown beside the val loss)");
   app->add_option("--log-every", o.log_every, "Progress line every N steps")->capture_default_str();
   // Data parallel.
   app->add_option("--dp", o.dp,

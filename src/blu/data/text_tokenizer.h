@@ -37,8 +37,23 @@ class TextTokenizer {
   virtual std::optional<int32_t> eos_id() const = 0;
 };
 
-// The tokenizer of `path`: a tokenizer.json file, or a folder holding tokenizer.json (preferred)
-// or GPT-2's encoder.json and vocab.bpe. Throws blu::Error naming what was looked for.
-std::unique_ptr<TextTokenizer> load_tokenizer(const std::string& path);
+// The tokenizer of `spec`: "byte", "gpt2", a tokenizer.json file, or a folder holding
+// tokenizer.json (preferred) or GPT-2's encoder.json and vocab.bpe (a folder named byte or gpt2
+// is reached as ./byte). Throws blu::Error naming what was looked for.
+std::unique_ptr<TextTokenizer> load_tokenizer(const std::string& spec);
+
+// The record of a shard folder's tokenizer: <dir>/shards.json = {"tokenizer": "byte" | "gpt2" |
+// "tokenizer/tokenizer.json", "vocab_size": N, "separator": id}. A tokenizer given as a file or a
+// model folder is copied into <dir>/tokenizer/ (tokenizer.json and, where there is one,
+// tokenizer_config.json) so that the folder stays usable when moved.
+inline constexpr const char* kShardsRecord = "shards.json";
+void record_shards_tokenizer(const std::string& shard_dir, const std::string& spec, const TextTokenizer& tok,
+                             int32_t separator);
+// The spec to load_tokenizer() for the shards in `shard_dir`: what its shards.json records (a
+// copied file as a path inside shard_dir), or "gpt2" where there is no record.
+std::string shards_tokenizer(const std::string& shard_dir);
+// The folder whose record applies to the shards matching `pattern` (a --train-pattern glob):
+// the folder part of the pattern.
+std::string shard_dir_of_pattern(const std::string& pattern);
 
 }  // namespace blu

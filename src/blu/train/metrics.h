@@ -1,7 +1,8 @@
 // train/metrics: what the trainer reports — the console progress line, the parameter table, and
 // the run's metrics file (<out>/metrics.jsonl, one JSON object per line: step, eval and sample
 // events, each with "event" and "step").
-// Depends on nn/module, nlohmann::json. Keep: every metrics line is a complete JSON object and is
+// Depends on nn/module, nlohmann::json. Keep: every metrics line is a complete JSON object (text
+// that is not UTF-8, e.g. a sample, has its invalid bytes replaced by U+FFFD) and is
 // flushed when written, so a killed run leaves a readable file; truncate_after() lets a resumed
 // run drop the events of steps it is about to redo.
 #pragma once

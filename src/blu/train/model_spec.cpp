@@ -65,6 +65,34 @@ nlohmann::json checkpoint_model_config(const std::string& checkpoint_path) {
   return {};
 }
 
+std::string checkpoint_tokenizer(const std::string& path) {
+  namespace fs = std::filesystem;
+  const std::string ckpt = fs::is_directory(path) ? latest_checkpoint(path) : path;
+  const auto tokenizer_of = [](const nlohmann::json& j) -> std::string {
+    if (!j.is_object()) return "";
+    const auto run = j.find("run");
+    const nlohmann::json& opts = run != j.end() ? *run : (j.contains("options") ? j["options"] : j);
+    return opts.is_object() && opts.contains("tokenizer") && opts["tokenizer"].is_string()
+               ? opts["tokenizer"].get<std::string>()
+               : "";
+  };
+  if (!ckpt.empty() && fs::is_regular_file(ckpt)) {
+    const SafeTensorsFile file = SafeTensorsFile::open(ckpt);
+    for (const auto& [key, value] : file.metadata()) {
+      const auto j = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded()) continue;
+      if (const std::string t = tokenizer_of(j); !t.empty()) return t;
+    }
+  }
+  const fs::path dir = fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
+  if (fs::is_regular_file(dir / "run.json")) {
+    std::ifstream in(dir / "run.json");
+    const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_discarded()) return tokenizer_of(j);
+  }
+  return "";
+}
+
 std::unique_ptr<models::CausalLM> load_model(const std::string& path, Device device) {
   namespace fs = std::filesystem;
   std::unique_ptr<models::CausalLM> model;

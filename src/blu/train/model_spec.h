@@ -29,6 +29,11 @@ nlohmann::json apply_overrides(nlohmann::json config, const ModelOverrides& o);
 // BLU_CHECK when neither holds one.
 nlohmann::json checkpoint_model_config(const std::string& checkpoint_path);
 
+// The tokenizer a checkpoint's run was trained with (the "tokenizer" of the run options in its
+// metadata, else of run.json beside it; data/text_tokenizer.h's specs); "" when neither records one
+// (checkpoints of runs that did not know their tokenizer: GPT-2's).
+std::string checkpoint_tokenizer(const std::string& checkpoint_file_or_run_dir);
+
 // A model for eval/sample on `device`, in eval mode: from a Hugging Face folder (its config.json and
 // weights), else from a checkpoint file or the latest checkpoint of a run directory.
 std::unique_ptr<models::CausalLM> load_model(const std::string& checkpoint_or_hf_folder, Device device);

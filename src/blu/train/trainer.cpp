@@ -59,6 +59,9 @@ double scalar_value(const Tensor& t) {
   return t.device().is_cpu() ? t.item() : to_device(t, kCPU).item();
 }
 
+// The copy of the best-validation checkpoint (TrainOptions::keep_best).
+constexpr const char* kBestCheckpoint = "best.safetensors";
+
 bool is_checkpoint_file(const fs::path& p) {
   const std::string name = p.filename().string();
   return name.starts_with("ckpt_") && name.ends_with(".safetensors");
@@ -70,7 +73,7 @@ std::vector<fs::path> own_files(const fs::path& dir) {
   if (!fs::is_directory(dir)) return out;
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string name = e.path().filename().string();
-    if (name == "metrics.jsonl" || name == "run.json" || is_checkpoint_file(e.path()) ||
+    if (name == "metrics.jsonl" || name == "run.json" || name == kBestCheckpoint || is_checkpoint_file(e.path()) ||
         (e.is_directory() && name.starts_with("ckpt_")))  // a sharded checkpoint (dist/zero.h)
       out.push_back(e.path());
   }
@@ -147,7 +150,9 @@ nlohmann::json TrainOptions::to_json() const {
           {"ckpt_every", ckpt_every},       {"keep_last", keep_last},       {"log_every", log_every},
           {"dp", dp},                       {"zero", zero}, {"row_exchange", row_exchange},
           {"auto_resume", auto_resume}, {"init_from", init_from}, {"dist_timeout", dist_timeout},
-          {"dist_work_timeout", dist_work_timeout}};
+          {"dist_work_timeout", dist_work_timeout}, {"parallel", parallel}, {"keep_best", keep_best},
+          {"baseline", baseline}, {"baseline_vocab", baseline_vocab}, {"baseline_max_tokens", baseline_max_tokens},
+          {"tokenizer", tokenizer}, {"shuffle", shuffle}};
 }
 
 bool holds_run(const std::string& dir) {
@@ -233,6 +238,12 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
             o.dist_timeout);
   BLU_CHECK(o.dist_work_timeout > 0 && o.dist_work_timeout <= 1e9, "--dist-work-timeout must be > 0 seconds, got ",
             o.dist_work_timeout);
+  BLU_CHECK(!o.keep_best || o.zero == 0, "--keep-best keeps a single-file checkpoint: it needs --zero 0, got --zero ",
+            o.zero);
+  BLU_CHECK(!o.keep_best || !o.val_pattern.empty(), "--keep-best picks by validation loss: it needs validation ",
+            "shards (--data-dir with *_val_*.bin, or --val-pattern)");
+  BLU_CHECK(o.baseline_vocab >= 0 && o.baseline_vocab <= 65536, "baseline_vocab must be in [0, 65536], got ",
+            o.baseline_vocab);
   const dist::DistEnv env = dist::detect_env();
   // --parallel: the layout is resolved (every annotation error here, before anything runs) and
   // mapped onto what the trainer drives — data parallelism (with ZeRO) or a pipeline.
@@ -335,6 +346,8 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   // 3. Data (shards are validated here, still before anything is written).
   LoaderOptions lo;
   lo.vocab_size = model_->vocab_size();
+  lo.shuffle = o.shuffle;
+  lo.seed = o.seed;
   // Replicas read apart; a pipeline's stages all read the same batches (the first stage's ids, the
   // last stage's targets).
   const int world = world_;
@@ -343,6 +356,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
       std::make_unique<DataLoader>(train_files, o.batch_size, o.seq_len, data_rank, data_world, lo);
   if (!o.val_pattern.empty()) {
     LoaderOptions vo = lo;
+    vo.shuffle = false;  // validation reads the same batches every time
     vo.prefetch = 0;  // read on demand: evaluation is occasional and resets the loader
     val_loader_ =
         std::make_unique<DataLoader>(val_files, o.batch_size, o.seq_len, data_rank, data_world, vo);
@@ -405,6 +419,16 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     train_loader_->restore(st.loader.get<LoaderState>());
     last_checkpoint_ = resume_from;
     if (rank_ == 0) MetricsLog::truncate_after(metrics_path, step_);
+    if (o.keep_best && fs::exists(fs::path(o.out) / kBestCheckpoint) && fs::exists(metrics_path)) {
+      // The best validation loss so far: the lowest of the kept eval events.
+      std::ifstream in(metrics_path);
+      std::string line;
+      while (std::getline(in, line)) {
+        const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+        if (j.is_object() && j.value("event", "") == "eval" && j.contains("val_loss") && j["val_loss"].is_number())
+          best_val_ = std::min(best_val_, j["val_loss"].get<double>());
+      }
+    }
     if (cb_.log) *cb_.log << "resumed from " << resume_from << " at step " << step_ << "\n";
   } else if (restart) {
     if (rank_ == 0) fs::remove(metrics_path);  // the failed start's events, none of them kept
@@ -419,6 +443,26 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
 
 Trainer::~Trainer() = default;
 
+void Trainer::compute_baseline() {
+  const TrainOptions& o = opt_s_;
+  if (!o.baseline || !val_loader_) return;
+  const int64_t V = o.baseline_vocab > 0 ? o.baseline_vocab : model_->vocab_size();
+  const NgramCounts counts(train_loader_->files(), int32_t(V), o.baseline_max_tokens);
+  BaselineLoss b = baseline_loss(counts, *val_loader_, o.val_batches);
+  b.unigram = strategy_->mean_over_ranks(b.unigram);
+  b.bigram = strategy_->mean_over_ranks(b.bigram);
+  baseline_ = b;
+  baseline_train_tokens_ = counts.tokens();
+  metrics_.write({{"event", "baseline"},
+                  {"step", step_},
+                  {"unigram_loss", b.unigram},
+                  {"bigram_loss", b.bigram},
+                  {"smoothing", "add-one"},
+                  {"vocab", V},
+                  {"train_tokens", counts.tokens()},
+                  {"val_tokens", b.tokens}});
+}
+
 void Trainer::print_header() {
   if (!cb_.log) return;
   std::ostream& os = *cb_.log;
@@ -432,6 +476,13 @@ void Trainer::print_header() {
      << " x T " << o.seq_len << " x grad_accum " << o.grad_accum << ")\n";
   os << "device: " << device_.str() << ", optimizer: " << o.optimizer << ", schedule: " << o.schedule
      << " (warmup " << o.warmup << ")\n";
+  if (baseline_) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "baseline: val loss of n-gram counts: unigram %.4f, bigram %.4f", baseline_->unigram,
+                  baseline_->bigram);
+    os << buf << " (add-one smoothing, " << format_count(baseline_train_tokens_) << " train tokens counted, "
+       << format_count(baseline_->tokens) << " val tokens scored)\n";
+  }
   if (pipelined_)
     os << "pipeline parallel: " << strategy_->describe() << " over " << world_ << " ranks\n";
   else if (o.dp > 1)
@@ -552,12 +603,25 @@ void Trainer::with_work_timeout(const std::function<void()>& f) {
     throw;
   }
   pg->set_timeout(saved);
+void Trainer::keep_best(double val_loss) {
+  if (opt_s_.out.empty() || rank_ != 0 || last_checkpoint_.empty()) return;
+  // Copy, then rename: a reader never sees half a file under the final name.
+  const fs::path best = fs::path(opt_s_.out) / kBestCheckpoint;
+  const fs::path tmp = fs::path(opt_s_.out) / (std::string(".") + kBestCheckpoint + ".tmp");
+  fs::copy_file(last_checkpoint_, tmp, fs::copy_options::overwrite_existing);
+  fs::rename(tmp, best);
+  metrics_.write({{"event", "best"}, {"step", step_}, {"val_loss", val_loss}, {"path", best.string()}});
 }
 
 TrainSummary Trainer::run() {
   const TrainOptions& o = opt_s_;
   TrainSummary sum;
   sum.start_step = step_;
+  compute_baseline();
+  if (baseline_) {
+    sum.baseline_unigram = baseline_->unigram;
+    sum.baseline_bigram = baseline_->bigram;
+  }
   print_header();
   Allocator& alloc = allocator_for(device_);
   const auto t_run = Clock::now();
@@ -572,11 +636,27 @@ TrainSummary Trainer::run() {
     with_work_timeout([&] { v = strategy_->mean_over_ranks(v); });  // the ranks may finish apart
     last_eval = step_;
     sum.final_val_loss = v;
-    metrics_.write({{"event", "eval"}, {"step", step_}, {"val_loss", v}});
+    nlohmann::json ev = {{"event", "eval"}, {"step", step_}, {"val_loss", v}};
+    if (baseline_) {
+      ev["bigram_loss"] = baseline_->bigram;
+      ev["unigram_loss"] = baseline_->unigram;
+    }
+    metrics_.write(ev);
     if (cb_.log) {
-      char buf[96];
-      std::snprintf(buf, sizeof buf, "val   %lld | val loss %.4f\n", static_cast<long long>(step_), v);
-      *cb_.log << buf << std::flush;
+      char buf[160];
+      const int w = std::snprintf(buf, sizeof buf, "val   %lld | val loss %.4f", static_cast<long long>(step_), v);
+      if (baseline_ && w > 0)
+        std::snprintf(buf + w, sizeof buf - size_t(w), " | bigram %.4f (%+.4f) | unigram %.4f", baseline_->bigram,
+                      v - baseline_->bigram, baseline_->unigram);
+      *cb_.log << buf << "\n" << std::flush;
+    }
+    if (o.keep_best && v < best_val_) {
+      best_val_ = v;
+      if (last_save != step_) {
+        save(step_);
+        last_save = step_;
+      }
+      keep_best(v);
     }
     if (cb_.on_eval) cb_.on_eval(step_, v);
   };
@@ -659,6 +739,7 @@ TrainSummary Trainer::run() {
   if (last_save != step_) save(step_);
 
   sum.end_step = step_;
+  if (std::isfinite(best_val_)) sum.best_val_loss = best_val_;
   sum.seconds = seconds_since(t_run);
   sum.tokens_per_s = sum.seconds > 0 ? double(sum.tokens) / sum.seconds : 0;
   sum.checkpoint = last_checkpoint_;
@@ -667,6 +748,9 @@ TrainSummary Trainer::run() {
                   {"interrupted", sum.interrupted},
                   {"train_loss", sum.final_train_loss},
                   {"val_loss", sum.final_val_loss},
+                  {"best_val_loss", sum.best_val_loss},
+                  {"unigram_loss", sum.baseline_unigram},
+                  {"bigram_loss", sum.baseline_bigram},
                   {"tokens", sum.tokens},
                   {"seconds", sum.seconds},
                   {"tok_per_s", sum.tokens_per_s},
@@ -681,6 +765,16 @@ TrainSummary Trainer::run() {
     os << buf;
     if (sum.final_val_loss >= 0) {
       std::snprintf(buf, sizeof buf, "  val loss     %.4f\n", sum.final_val_loss);
+      os << buf;
+    }
+    if (baseline_) {
+      std::snprintf(buf, sizeof buf, "  baseline     bigram %.4f, unigram %.4f (val loss %+.4f vs bigram)\n",
+                    baseline_->bigram, baseline_->unigram, sum.final_val_loss - baseline_->bigram);
+      os << buf;
+    }
+    if (o.keep_best && sum.best_val_loss >= 0) {
+      std::snprintf(buf, sizeof buf, "  best val     %.4f in %s\n", sum.best_val_loss,
+                    (fs::path(o.out) / kBestCheckpoint).string().c_str());
       os << buf;
     }
     std::snprintf(buf, sizeof buf, "  tokens       %s in %.1f s (%.0f tok/s)\n", format_count(sum.tokens).c_str(),

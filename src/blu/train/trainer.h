@@ -3,7 +3,10 @@
 //   1/grad_accum, backward; clip the global gradient norm; set the scheduled learning rate; update.
 //   Around the steps: validation loss every val_every steps, a text sample every sample_every
 //   steps, a checkpoint every ckpt_every steps and at the end (or on a stop request), a progress
-//   line every log_every steps, and <out>/metrics.jsonl.
+//   line every log_every steps, and <out>/metrics.jsonl. With validation data, the run header and
+//   every validation line show the unigram and bigram baselines of the validation tokens
+//   (data/ngram_baseline.h); with keep_best, <out>/best.safetensors is the checkpoint of the
+//   lowest validation loss so far.
 // Data parallel (dp > 1, under `blutrain launch -n dp` or another launcher: dist/env.h): the
 // ranks first check that they were started alike (dist/consistency.h: options, model config,
 // parameter shapes, world size, build; rank 0's resume checkpoint is the one every rank loads),
@@ -26,6 +29,8 @@
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
+#include <limits>
+#include <optional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -34,6 +39,7 @@
 #include "blu/core/device.h"
 #include "blu/core/rng.h"
 #include "blu/data/loader.h"
+#include "blu/data/ngram_baseline.h"
 #include "blu/dist/strategy.h"
 #include "blu/models/causal_lm.h"
 #include "blu/optim/loss_scaler.h"
@@ -55,6 +61,9 @@ struct TrainOptions {
   nlohmann::json model;
   std::string init_from;
   int64_t batch_size = 8, seq_len = 0, grad_accum = 1, steps = 100;  // seq_len 0: the model's block size
+  // The train loader's windows in a permuted order, per epoch from `seed` (data/loader.h): a short
+  // run then sees the whole corpus instead of its first files.
+  bool shuffle = false;
   double lr = 1e-3, min_lr = 1e-4;
   int64_t warmup = 20;
   std::string schedule = "cosine";  // cosine | linear | constant
@@ -76,6 +85,17 @@ struct TrainOptions {
   double sample_temperature = 1.0;
   int64_t sample_top_k = 40;
   int64_t ckpt_every = 0, keep_last = 3;        // ckpt_every 0: only at the end
+  // Also keep <out>/best.safetensors: a copy of the checkpoint at the best validation loss so far
+  // (a checkpoint is written at every validation that improves on it). Single-file checkpoints.
+  bool keep_best = false;
+  // The n-gram baselines beside the validation loss (data/ngram_baseline.h): add-one smoothed over
+  // baseline_vocab ids (0: the model's vocab_size), counted on the first baseline_max_tokens of
+  // the training shards.
+  bool baseline = true;
+  int64_t baseline_vocab = 0, baseline_max_tokens = int64_t(1) << 23;
+  // The tokenizer spec of the shards (data/text_tokenizer.h: "byte", "gpt2", a path): recorded in
+  // run.json and checkpoints so that `blutrain sample` decodes with it. "" = not known.
+  std::string tokenizer;
   int64_t log_every = 1;
   int64_t dp = 1;  // data-parallel degree; > 1 must equal the launcher's WORLD_SIZE (CPU, Gloo)
   int zero = 0;    // 0: DDP + optimizer; 1, 2, 3: ZeRO stage (AdamW only, dp > 1)
@@ -109,6 +129,8 @@ struct TrainSummary {
   int64_t start_step = 0, end_step = 0;  // steps done before this run / after it
   bool interrupted = false;              // stopped by the stop flag before `steps`
   double final_train_loss = 0, final_val_loss = -1;  // -1: no validation data
+  double baseline_unigram = -1, baseline_bigram = -1;  // -1: no baseline (no validation data)
+  double best_val_loss = -1;             // the lowest validation loss seen (-1: none)
   int64_t tokens = 0;                    // trained in this run
   double seconds = 0, tokens_per_s = 0;
   int64_t peak_mem_bytes = 0;
@@ -147,6 +169,8 @@ class Trainer {
  private:
   dist::StepValues train_step();
   std::string save(int64_t step);
+  void keep_best(double val_loss);
+  void compute_baseline();
   void print_header();
   void sample(int64_t step);
   // Data parallel: what the ranks are doing, named by a collective that times out.
@@ -166,6 +190,9 @@ class Trainer {
   MetricsLog metrics_;
   int64_t step_ = 0;
   std::string last_checkpoint_;
+  std::optional<BaselineLoss> baseline_;
+  int64_t baseline_train_tokens_ = 0;
+  double best_val_ = std::numeric_limits<double>::infinity();
   // Data parallel: rank 0 serves the store the strategy's process group rendezvoused through.
   int rank_ = 0;
   int world_ = 1;        // ranks of the job

@@ -33,6 +33,15 @@ GPTConfig GPTConfig::preset(const std::string& name) {
     c.n_layer = 2, c.n_head = 2, c.n_embd = 64, c.block_size = 64;
   } else if (name == "demo") {
     c.n_layer = 4, c.n_head = 4, c.n_embd = 128, c.block_size = 128;
+  } else if (name == "demo-byte" || name == "demo-byte-gpu") {
+    // Byte-level (data/byte_tokenizer.h: 256 bytes + <|endoftext|>, rows padded to 320) for the
+    // README's first run on Debian's fortunes (scripts/demo.sh): demo-byte is sized for about three
+    // minutes on a 2-core CPU, demo-byte-gpu for a few minutes on one GPU.
+    c.vocab_size = 257, c.padded_vocab_size = 320;
+    if (name == "demo-byte")
+      c.n_layer = 4, c.n_head = 4, c.n_embd = 128, c.block_size = 128;
+    else
+      c.n_layer = 6, c.n_head = 6, c.n_embd = 384, c.block_size = 256, c.dropout = 0.1;
   } else {
     std::string known;
     for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
@@ -41,7 +50,9 @@ GPTConfig GPTConfig::preset(const std::string& name) {
   return c;
 }
 
-std::vector<std::string> GPTConfig::preset_names() { return {"tiny", "demo", "d12", "d24", "d36", "d48"}; }
+std::vector<std::string> GPTConfig::preset_names() {
+  return {"tiny", "demo", "demo-byte", "demo-byte-gpu", "d12", "d24", "d36", "d48"};
+}
 
 void GPTConfig::validate() const {
   BLU_CHECK(block_size > 0 && vocab_size > 0 && n_layer > 0 && n_head > 0 && n_embd > 0,
