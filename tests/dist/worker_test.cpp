@@ -17,6 +17,7 @@
 #include "blu/dist/tcp_store.h"
 #include "blu/optim/loss_scaler.h"
 #include "ddp_harness.h"
+#include "tp_harness.h"
 #include "train_harness.h"
 #include "zero_gate_harness.h"
 #include "common/checks.h"
@@ -277,6 +278,8 @@ TEST(DistWorker, Run) {
   if (scenario == "ddp_grads") return test::ddp_grads_worker();
   if (scenario == "scaler_agree") return scaler_agree();
   if (scenario == "zero_gate") return test::zero_gate_worker();
+  if (scenario == "tp_train") return test::tp_train_worker();
+  if (scenario == "tp_ce") return test::tp_ce_worker();
   FAIL() << "unknown scenario " << scenario;
 }
 
