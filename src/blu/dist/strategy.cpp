@@ -276,6 +276,7 @@ std::string Strategy::save(const std::string& dir, const nn::Module& model, cons
 }
 
 TrainState Strategy::load(const std::string& path, nn::Module& model, const nlohmann::json& expected_model_config) {
+  BLU_CHECK(!config_.tp, "checkpoints under tensor parallelism are not implemented (see Strategy::save)");
   return zero_ ? load_sharded_checkpoint(path, model, *zero_, expected_model_config)
                : load_checkpoint(path, model, opt_.get(), expected_model_config);
 }
