@@ -5,6 +5,9 @@
 //     with sequence parallelism) through dist::Strategy. Rank 0 writes <out>.losses, <out>.norms
 //     (the gradient norm of each step) and <out>.params (the full parameters, gathered, sorted
 //     by name, f32).
+//   tp_check_worker: one forward and backward of each family, TP over the world with and without
+//     sequence parallelism, under dist::ShardingCheck: no op may refuse its placements, and the
+//     rules must have run (rank 0 prints how many ops were checked).
 //   tp_ce_worker: the vocabulary-parallel cross-entropy against the plain one on the full logits:
 //     values and gradients, f32 and f64, with ignored targets and padded columns.
 #pragma once
@@ -19,6 +22,7 @@
 
 #include "blu/blu.h"
 #include "blu/dist/env.h"
+#include "blu/dist/sharding_check.h"
 #include "blu/dist/strategy.h"
 #include "blu/dist/tensor_parallel.h"
 #include "blu/models/gpt2/gpt2.h"
@@ -108,6 +112,31 @@ inline void tp_train_worker() {
     }
   }
   if (pg) pg->barrier()->wait();
+}
+
+inline void tp_check_worker() {
+  using namespace std::chrono_literals;
+  const DistEnv env = detect_env();
+  TcpStore store(env.master_addr, env.master_port, env.rank == 0, 10000ms);
+  std::shared_ptr<ProcessGroup> pg = make_gloo_group(store, env.rank, env.world_size, GlooOptions{.timeout = 10000ms, .hostname = "", .prefix = "default_pg"});
+  for (const std::string family : {"gpt2", "llama"})
+    for (bool sp : {false, true}) {
+      std::unique_ptr<models::CausalLM> model = tp_model(family, 1234);
+      apply_tensor_parallel(*model, pg, TPOptions{.sequence_parallel = sp});
+      ShardingCheck check;  // throws on the first refusal
+      check.place_parameters(*model);
+      const int64_t B = 2, T = 8, V = model->vocab_size();
+      std::vector<double> in, tg;
+      for (int64_t i = 0; i < B * T; ++i) in.push_back(double((i * 7 + 3) % V)), tg.push_back(double((i * 5 + 1) % V));
+      model->forward(from_vector(in, {B, T}, DType::i32), from_vector(tg, {B, T}, DType::i32)).loss.backward();
+      EXPECT_TRUE(check.refusals().empty()) << family;
+      // Every layer's norms, projections and MLP, the embedding and the head: well over 20 ops.
+      EXPECT_GE(check.ops_checked(), 20) << family << (sp ? " + SP" : "");
+      if (env.rank == 0)
+        std::printf("%s TP=%d%s: %lld ops checked\n", family.c_str(), env.world_size, sp ? " + SP" : "",
+                    (long long)check.ops_checked());
+    }
+  pg->barrier()->wait();
 }
 
 inline void tp_ce_worker() {

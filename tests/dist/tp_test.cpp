@@ -103,6 +103,14 @@ TEST(TensorParallel, VocabParallelCrossEntropyMatchesPlain) {
   }
 }
 
+TEST(TensorParallel, EveryOpRunsOnPlacementsItsRuleAccepts) {
+  for (int n : {2, 4}) {
+    const LaunchResult r = run_workers("tp_check", n);
+    EXPECT_EQ(r.status, 0) << n << " ranks\nstdout:\n" << r.out << "\nstderr:\n" << r.err;
+    std::printf("%s", r.out.c_str());
+  }
+}
+
 // A group that only reports its size: the rewrite's checks run before any collective.
 class SizeOnlyGroup final : public ProcessGroup {
  public:

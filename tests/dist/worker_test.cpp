@@ -280,6 +280,7 @@ TEST(DistWorker, Run) {
   if (scenario == "zero_gate") return test::zero_gate_worker();
   if (scenario == "tp_train") return test::tp_train_worker();
   if (scenario == "tp_ce") return test::tp_ce_worker();
+  if (scenario == "tp_check") return test::tp_check_worker();
   FAIL() << "unknown scenario " << scenario;
 }
 

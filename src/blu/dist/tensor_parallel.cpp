@@ -7,6 +7,7 @@
 
 #include "blu/autograd/function.h"
 #include "blu/core/grad_mode.h"
+#include "blu/dist/sharding_check.h"
 #include "blu/ops/elementwise.h"
 #include "blu/ops/factory.h"
 #include "blu/ops/join.h"
@@ -134,31 +135,53 @@ Tensor shard_of_full(const Tensor& full, const ShardInfo& info) {
 
 // --- autograd functions ---
 
+namespace {
+// Under a ShardingCheck: what the collective takes and gives (a sequence shard is dim 1 of [B, T, C]).
+Tensor noted(const char* name, const Tensor& in, Placement want, const Tensor& out, Placement gives) {
+  if (ShardingCheck* c = ShardingCheck::active()) c->collective(name, in, want, out, gives);
+  return out;
+}
+Placement sequence_shard(const Tensor& t) { return Placement::shard(1 - t.dim()); }
+}  // namespace
+
 Tensor copy_to_tp(const Tensor& x, ProcessGroup& tp) {
-  return record_function("copy_to_tp (f)", {x}, {x}, [&tp](const std::vector<Tensor>& g) {
+  return noted("copy_to_tp (f)", x, Placement::replicate(), record_function("copy_to_tp (f)", {x}, {x}, [&tp](const std::vector<Tensor>& g) {
     return std::vector<Tensor>{all_reduced(g[0], tp)};
-  })[0];
+  })[0], Placement::replicate());
 }
 
 Tensor reduce_from_tp(const Tensor& x, ProcessGroup& tp) {
-  return record_function("reduce_from_tp (g)", {x}, {all_reduced(x, tp)},
-                         [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; })[0];
+  return noted("reduce_from_tp (g)", x, Placement::partial(),
+               record_function("reduce_from_tp (g)", {x}, {all_reduced(x, tp)},
+                               [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; })[0],
+               Placement::replicate());
 }
 
 Tensor gather_sequence(const Tensor& x, ProcessGroup& tp) {
-  return record_function("gather_sequence", {x}, {gathered(x, 1, tp)}, [&tp](const std::vector<Tensor>& g) {
-    return std::vector<Tensor>{scattered(g[0], 1, tp, true)};
-  })[0];
+  return noted("gather_sequence", x, sequence_shard(x),
+               record_function("gather_sequence", {x}, {gathered(x, 1, tp)},
+                               [&tp](const std::vector<Tensor>& g) {
+                                 return std::vector<Tensor>{scattered(g[0], 1, tp, true)};
+                               })[0],
+               Placement::replicate());
 }
 
 Tensor reduce_scatter_sequence(const Tensor& x, ProcessGroup& tp) {
-  return record_function("reduce_scatter_sequence", {x}, {scattered(x, 1, tp, true)},
-                         [&tp](const std::vector<Tensor>& g) { return std::vector<Tensor>{gathered(g[0], 1, tp)}; })[0];
+  return noted("reduce_scatter_sequence", x, Placement::partial(),
+               record_function("reduce_scatter_sequence", {x}, {scattered(x, 1, tp, true)},
+                               [&tp](const std::vector<Tensor>& g) {
+                                 return std::vector<Tensor>{gathered(g[0], 1, tp)};
+                               })[0],
+               sequence_shard(x));
 }
 
 Tensor split_sequence(const Tensor& x, ProcessGroup& tp) {
-  return record_function("split_sequence", {x}, {scattered(x, 1, tp, false)},
-                         [&tp](const std::vector<Tensor>& g) { return std::vector<Tensor>{gathered(g[0], 1, tp)}; })[0];
+  return noted("split_sequence", x, Placement::replicate(),
+               record_function("split_sequence", {x}, {scattered(x, 1, tp, false)},
+                               [&tp](const std::vector<Tensor>& g) {
+                                 return std::vector<Tensor>{gathered(g[0], 1, tp)};
+                               })[0],
+               sequence_shard(x));
 }
 
 Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab, ProcessGroup& tp) {
@@ -184,6 +207,10 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
     const Tensor t = reshape(to_dtype(targets, DType::f64), {targets.size(0), 1});
     target_hot = to_dtype(eq(add(col, double(off)), t), ct);  // zero on the ranks that do not own it
     valid = reshape(to_dtype(gt(t, -0.5), ct), {targets.size(0)});
+    if (ShardingCheck* c = ShardingCheck::active()) {  // rank-dependent constants: this rank's columns
+      c->set(target_hot, Placement::shard(-1));
+      c->set(row_max, Placement::replicate());
+    }
   }
   // log Σ_all exp(z) = log(Σ_ranks Σ_local exp(z − m)) + m, m the global row max (a constant for
   // the gradient: the shift cancels).
