@@ -111,6 +111,22 @@ TEST(TensorParallel, EveryOpRunsOnPlacementsItsRuleAccepts) {
   }
 }
 
+// GPT-2's fused q|k|v: rank 1 of 2 holds rows [2, 4) of each of the three segments of 12 rows.
+TEST(TensorParallel, ShardInfoNamesThePiecesOfTheFullTensor) {
+  ShardInfo info;
+  info.dim = 0, info.parts = 3, info.offset = 2, info.length = 2, info.full_shape = {12, 3};
+  EXPECT_EQ(info.ranges(), (std::vector<std::pair<int64_t, int64_t>>{{2, 2}, {6, 2}, {10, 2}}));
+  std::vector<double> v;
+  for (int i = 0; i < 36; ++i) v.push_back(i);
+  const Tensor shard = shard_of_full(from_vector(v, {12, 3}), info);
+  ASSERT_EQ(shard.shape(), (Shape{6, 3}));
+  const std::vector<double> got = to_vector(shard);
+  const std::vector<int> rows{2, 3, 6, 7, 10, 11};
+  for (size_t r = 0; r < rows.size(); ++r)
+    for (int c = 0; c < 3; ++c) EXPECT_EQ(got[r * 3 + size_t(c)], rows[r] * 3 + c);
+  EXPECT_TRUE(ShardInfo{}.ranges().empty());  // replicated: the whole tensor
+}
+
 // A group that only reports its size: the rewrite's checks run before any collective.
 class SizeOnlyGroup final : public ProcessGroup {
  public:

@@ -192,6 +192,8 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
   const int64_t cols = std::clamp<int64_t>(vocab - off, 0, Vl);  // this rank's real (unpadded) columns
   BLU_CHECK(cols > 0, "vocab_parallel_cross_entropy: rank ", tp.rank(), " owns columns [", off, ", ", off + Vl,
             ") of a vocabulary of ", vocab, ": none is real");
+  BLU_CHECK(vocab < (int64_t(1) << 24), "vocab_parallel_cross_entropy: a vocabulary of ", vocab,
+            " is beyond the 2^24 ids the f32 index arithmetic holds exactly");
   const DType ct = logits.dtype() == DType::f64 ? DType::f64 : DType::f32;
   const Device dev = logits.device();
   Tensor z = to_dtype(logits, ct);
@@ -200,11 +202,12 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
   {
     NoGradGuard no_grad;
     const Tensor zd = z.detach();
-    const Tensor col = reshape(arange(0, double(cols), 1, DType::f64, dev), {1, cols});
+    // Column indices compared in ct (exact below 2^24, checked above).
+    const Tensor col = reshape(arange(0, double(cols), 1, ct, dev), {1, cols});
     // The row max without a max-along-dim op: the argmax's one-hot picks it out exactly.
-    const Tensor hot = to_dtype(eq(col, to_dtype(argmax(zd, 1, true), DType::f64)), ct);
+    const Tensor hot = to_dtype(eq(col, to_dtype(argmax(zd, 1, true), ct)), ct);
     row_max = all_reduced(sum(mul(zd, hot), {1}, true), tp, ReduceOp::max);
-    const Tensor t = reshape(to_dtype(targets, DType::f64), {targets.size(0), 1});
+    const Tensor t = reshape(to_dtype(targets, ct), {targets.size(0), 1});
     target_hot = to_dtype(eq(add(col, double(off)), t), ct);  // zero on the ranks that do not own it
     valid = reshape(to_dtype(gt(t, -0.5), ct), {targets.size(0)});
     if (ShardingCheck* c = ShardingCheck::active()) {  // rank-dependent constants: this rank's columns
@@ -275,6 +278,8 @@ ShardInfo ParallelLinear::shard_of(const Tensor& param) const {
 
 VocabParallelEmbedding::VocabParallelEmbedding(const nn::Embedding& full, std::shared_ptr<ProcessGroup> tp)
     : nn::Embedding(full.weight.size(0) / tp->size(), full.weight.size(1)), tp_(std::move(tp)) {
+  BLU_CHECK(full.weight.size(0) < (int64_t(1) << 24), "VocabParallelEmbedding: ", full.weight.size(0),
+            " rows are beyond the 2^24 ids the f32 index arithmetic holds exactly");
   match(*this, full.weight, full);
   info_ = split_info(full.weight, 0, 1, *tp_);
   load_shard(weight, full.weight, info_);
@@ -285,9 +290,10 @@ Tensor VocabParallelEmbedding::forward(const Tensor& idx) const {
   Tensor local, keep;  // this rank's row of each id (0 when out of range), and 1/0 whether in range
   {
     NoGradGuard no_grad;
-    const Tensor f = to_dtype(idx, DType::f64);
-    const Tensor in_range = mul(to_dtype(gt(f, double(lo) - 0.5), DType::f64),
-                                to_dtype(lt(f, double(lo + rows) - 0.5), DType::f64));
+    // Ids as f32 (exact below 2^24: the constructor checks the table's rows).
+    const Tensor f = to_dtype(idx, DType::f32);
+    const Tensor in_range = mul(to_dtype(gt(f, double(lo) - 0.5), DType::f32),
+                                to_dtype(lt(f, double(lo + rows) - 0.5), DType::f32));
     local = to_dtype(mul(add(f, -double(lo)), in_range), DType::i64);
     keep = unsqueeze(to_dtype(in_range, weight.dtype()), -1);
   }

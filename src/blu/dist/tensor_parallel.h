@@ -27,6 +27,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "blu/dist/process_group.h"
@@ -53,6 +54,16 @@ struct ShardInfo {
   // norms, row-parallel biases): the gradient is the sum over the TP group.
   bool partial_grad = false;
   bool sharded() const { return dim >= 0; }
+  // The pieces this rank holds along dim, as (start, length) in the full tensor, one per segment
+  // in the order the local tensor holds them (a checkpoint's boxes); empty when replicated (the
+  // whole tensor).
+  std::vector<std::pair<int64_t, int64_t>> ranges() const {
+    if (!sharded()) return {};
+    std::vector<std::pair<int64_t, int64_t>> out;
+    const int64_t seg = full_shape[size_t(dim)] / parts;
+    for (int64_t p = 0; p < parts; ++p) out.emplace_back(p * seg + offset, length);
+    return out;
+  }
 };
 
 // This rank's piece of `full` under `info` (a copy, contiguous); `full` itself when replicated.
