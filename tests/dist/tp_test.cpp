@@ -17,6 +17,7 @@
 // gives, which moves whole tensors by ~lr per step).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <fstream>
 
@@ -134,6 +135,9 @@ class SizeOnlyGroup final : public ProcessGroup {
   int rank() const override { return 0; }
   int size() const override { return size_; }
   std::string backend() const override { return "none"; }
+  void set_timeout(std::chrono::milliseconds) override {}
+  std::chrono::milliseconds timeout() const override { return std::chrono::milliseconds(0); }
+  void set_phase(std::string) override {}
   WorkPtr all_reduce(const Tensor&, ReduceOp) override { return fail(); }
   WorkPtr reduce_scatter(const Tensor&, const Tensor&, ReduceOp) override { return fail(); }
   WorkPtr all_gather(const Tensor&, const Tensor&) override { return fail(); }
