@@ -18,6 +18,7 @@
 #include "blu/optim/loss_scaler.h"
 #include "ddp_harness.h"
 #include "pipeline_harness.h"
+#include "tp_harness.h"
 #include "train_harness.h"
 #include "zero_gate_harness.h"
 #include "common/checks.h"
@@ -279,6 +280,9 @@ TEST(DistWorker, Run) {
   if (scenario == "scaler_agree") return scaler_agree();
   if (scenario == "zero_gate") return test::zero_gate_worker();
   if (scenario == "pipeline") return test::pipeline_worker();
+  if (scenario == "tp_train") return test::tp_train_worker();
+  if (scenario == "tp_ce") return test::tp_ce_worker();
+  if (scenario == "tp_check") return test::tp_check_worker();
   FAIL() << "unknown scenario " << scenario;
 }
 

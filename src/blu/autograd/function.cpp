@@ -1,6 +1,5 @@
 #include "blu/autograd/function.h"
 
-#include "blu/autograd/node.h"
 #include "blu/core/grad_mode.h"
 
 namespace blu {
@@ -36,6 +35,38 @@ Tensor identity_with_backward_callback(const Tensor& x, std::function<void()> on
   m.grad_fn = std::move(node);
   m.output_nr = 0;
   return out;
+}
+
+std::vector<Tensor> FunctionNode::apply(std::vector<Tensor>&& grad_out) {
+  std::vector<Tensor> in_grads = backward(grad_out);
+  BLU_ASSERT(in_grads.size() <= next.size(), "the backward of '", label, "' returned ", in_grads.size(),
+             " gradients for ", next.size(), " inputs");
+  return in_grads;
+}
+
+std::vector<Tensor> record_function(std::string name, const std::vector<Tensor>& inputs, std::vector<Tensor> outputs,
+                                    FunctionBackward backward) {
+  bool any = false;
+  for (const Tensor& t : inputs) any |= t.defined() && t.requires_grad();
+  if (!GradMode::enabled() || !any) return outputs;
+  auto node = std::make_shared<FunctionNode>();
+  node->seq = next_node_seq();
+  node->label = std::move(name);
+  node->backward = std::move(backward);
+  for (const Tensor& t : inputs) node->next.push_back(gradient_edge(t));
+  node->diff_outputs = int(outputs.size());
+  for (size_t j = 0; j < outputs.size(); ++j) {
+    Tensor& o = outputs[j];
+    BLU_CHECK(o.defined(), "record_function (", node->label, "): output ", j, " is undefined");
+    node->out_metas.push_back({o.shape(), o.dtype(), o.device()});
+    o = o.detach();
+    if (!is_floating(o.dtype())) continue;
+    AutogradMeta& m = o.autograd_meta();
+    m.requires_grad = true;
+    m.grad_fn = node;
+    m.output_nr = uint32_t(j);
+  }
+  return outputs;
 }
 
 }  // namespace blu

@@ -1,14 +1,23 @@
-// autograd/function: an identity that runs a callback when backward passes through it — the
-// smallest custom-function facility, for code that must act at a precise point of the backward
-// (ZeRO-3 gathers a block's parameters right before the block's backward and reduces their
-// gradients right after it, dist/zero.h).
-// Depends on autograd/node. Keep: the output aliases the input (no copy); the gradient passes
-// through unchanged; the callback runs once per backward through the node, on the backward's
-// thread with grad mode off, before the gradient flows on to the input's producer.
+// autograd/function: differentiable steps whose backward the caller writes, for code that is not
+// a dispatched op and must act inside the graph:
+//   identity_with_backward_callback — an identity that runs a callback when backward passes
+//     through it (ZeRO-3 gathers a block's parameters right before the block's backward and
+//     reduces their gradients right after it, dist/zero.h);
+//   record_function — outputs the caller computed, recorded as one node over the inputs whose
+//     backward maps the outputs' gradients to the inputs' (the collectives inside the graph of
+//     tensor parallelism, dist/tensor_parallel.h: ops/ cannot call them, dist/ sits above it).
+// Depends on autograd/node. Keep: identity_with_backward_callback's output aliases the input (no
+// copy) and its gradient passes through unchanged; a callback or backward runs once per backward
+// through its node, on the backward's thread with grad mode off, in the engine's order — the same
+// on every rank for the same graph, which is what lets a backward call a collective; a
+// record_function backward sees only what its closure captured (capture what it reads: the node
+// lives as long as the graph).
 #pragma once
 #include <functional>
 #include <string>
+#include <vector>
 
+#include "blu/autograd/node.h"
 #include "blu/core/tensor.h"
 
 namespace blu {
@@ -16,5 +25,22 @@ namespace blu {
 // x itself when grad mode is off; else an alias of x that requires grad and whose backward node
 // (labelled `name`) calls `on_backward()` and then passes the gradient to x (when x requires one).
 Tensor identity_with_backward_callback(const Tensor& x, std::function<void()> on_backward, std::string name);
+
+// Gradients of the outputs (one per output, zeros where none arrived) → gradients of the inputs
+// (one per input; an undefined tensor: none for that input).
+using FunctionBackward = std::function<std::vector<Tensor>(const std::vector<Tensor>& grad_out)>;
+
+struct FunctionNode final : Node {
+  FunctionBackward backward;
+  std::string label;
+  std::vector<Tensor> apply(std::vector<Tensor>&& grad_out) override;
+  std::string name() const override { return label; }
+};
+
+// `outputs` recorded as the outputs of one node over `inputs` whose backward is `backward`. With
+// grad mode off, or when no input requires grad, the outputs come back as they are. Floating
+// outputs only carry gradients; `name` labels the node in errors.
+std::vector<Tensor> record_function(std::string name, const std::vector<Tensor>& inputs, std::vector<Tensor> outputs,
+                                    FunctionBackward backward);
 
 }  // namespace blu

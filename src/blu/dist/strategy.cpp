@@ -6,6 +6,7 @@
 
 #include "blu/core/error.h"
 #include "blu/core/grad_mode.h"
+#include "blu/dist/tensor_parallel.h"
 #include "blu/dist/zero.h"
 #include "blu/models/causal_lm.h"
 #include "blu/nn/layers.h"
@@ -40,7 +41,16 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<ProcessGroup> pg, Strategy
             oc.name);
   BLU_CHECK(oc.name == "adamw" || oc.name == "sgd", "--optimizer must be adamw or sgd, got '", oc.name, "'");
   BLU_CHECK(!config_.skip_comm || (world > 1 && config_.zero == 0), "--skip-comm needs --dp > 1 without --zero");
+  BLU_CHECK(!config_.tp || config_.zero == 0, "tensor parallelism with --zero ", config_.zero,
+            " is not implemented (ZeRO shards the data-parallel group's optimizer state of unsharded models)");
   name_ = !pg_ ? "single" : config_.zero == 0 ? "ddp" : "zero" + std::to_string(config_.zero);
+  if (config_.tp) name_ = pg_ ? name_ + "+tp" : "tp";
+  if (config_.tp) {
+    for (const ShardedParameter& s : sharded_parameters(model_)) {
+      (s.info.sharded() ? tp_sharded_ : tp_replicated_).push_back(s.param);
+      if (s.info.partial_grad) tp_partial_.push_back(s.param);
+    }
+  }
   if (config_.fp16_loss_scaling) scaler_ = std::make_unique<optim::LossScaler>();
 
   auto* lm = dynamic_cast<models::CausalLM*>(&model_);
@@ -136,11 +146,14 @@ int Strategy::world_size() const { return pg_ ? pg_->size() : 1; }
 
 std::string Strategy::describe() const {
   if (pipeline_) return pipeline_->describe() + (pg_ ? " (" + pg_->backend() + ")" : std::string());
-  if (!pg_) return "single device";
+  const std::string tp = config_.tp ? "tensor parallel over " + std::to_string(config_.tp->size()) + " ranks (" +
+                                          config_.tp->backend() + ")"
+                                    : "";
+  if (!pg_) return config_.tp ? tp : "single device";
   std::string s = std::to_string(pg_->size()) + " ranks (" + pg_->backend() + "), ";
   s += config_.zero > 0 ? "ZeRO stage " + std::to_string(config_.zero) : std::string("DDP all-reduce");
   if (config_.zero == 3 && config_.zero3_keep_forward) s += " (blocks kept from forward to backward)";
-  return s;
+  return config_.tp ? s + ", " + tp : s;
 }
 
 StepValues Strategy::step(int64_t n, const std::function<Tensor(int64_t)>& loss_of, double lr, double max_norm,
@@ -185,6 +198,13 @@ StepValues Strategy::step(int64_t n, const std::function<Tensor(int64_t)>& loss_
   mark(1);
   if (ddp_) ddp_->finish();
   if (zero_) zero_->reduce_gradients();  // ZeRO-2: its reduce-scatters, issued during backward
+  if (config_.tp) {  // sequence parallelism's partial gradients: each rank saw its sequence shard
+    NoGradGuard no_grad;
+    std::vector<WorkPtr> works;
+    for (const Tensor& p : tp_partial_)
+      if (p.grad().defined()) works.push_back(config_.tp->all_reduce(p.grad(), ReduceOp::sum));
+    for (auto& w : works) w->wait();
+  }
   mark(2);
   // fp16: the gradients unscaled on the device; an overflow shows as a non-finite norm, so the gated
   // update skips it and the scaler backs off (LossScaler::update), with no host read. DDP's averaged
@@ -199,7 +219,7 @@ StepValues Strategy::step(int64_t n, const std::function<Tensor(int64_t)>& loss_
     scaler_->unscale(grads);
   }
   const double clip = max_norm > 0 ? max_norm : std::numeric_limits<double>::infinity();
-  v.gate = zero_ ? zero_->norm_gate(clip) : optim::grad_norm_gate(params_, clip);
+  v.gate = zero_ ? zero_->norm_gate(clip) : config_.tp ? tp_norm_gate(clip) : optim::grad_norm_gate(params_, clip);
   opt_->set_lr(lr);
   opt_->step(v.gate);
   if (scaler_) {
@@ -238,6 +258,28 @@ StepValues Strategy::step(int64_t n, const BatchFn& batch_of, double lr, double 
   opt_->step(v.gate);
   mark(3);
   return v;
+}
+
+// The global norm's square: the shards' squares summed over the TP group, plus the replicated
+// parameters' once (they are the same on every rank of the group).
+NormGate Strategy::tp_norm_gate(double max_norm) {
+  NoGradGuard no_grad;
+  auto squares = [](const std::vector<Tensor>& params) {
+    std::vector<Tensor> grads;
+    for (const Tensor& p : params)
+      if (p.grad().defined()) grads.push_back(p.grad());
+    return grads.empty() ? Tensor() : sum_squares(grads);
+  };
+  Tensor sharded = squares(tp_sharded_), replicated = squares(tp_replicated_);
+  NormGate gate;
+  gate.max_norm = max_norm;
+  if (sharded.defined()) {
+    sharded = clone(reshape(sharded, {1}));
+    config_.tp->all_reduce(sharded, ReduceOp::sum)->wait();
+    sharded = reshape(sharded, {});
+  }
+  gate.sum_squares = !sharded.defined() ? replicated : !replicated.defined() ? sharded : add(sharded, replicated);
+  return gate;
 }
 
 StepReadout Strategy::read(const StepValues& v, bool stop_requested) {
@@ -281,6 +323,8 @@ void Strategy::barrier() {
 
 std::string Strategy::save(const std::string& dir, const nn::Module& model, const TrainState& st, int keep_last) {
   if (pipeline_) return pipeline_->save(dir, *opt_, st, keep_last);
+  BLU_CHECK(!config_.tp, "checkpoints under tensor parallelism are not implemented: each rank holds its shards "
+                         "(dist/tensor_parallel.h: shard_info, gather_full_state give their places in the full tensors)");
   if (zero_) return save_sharded_checkpoint(dir, model, *zero_, st, keep_last);
   if (rank() == 0) return save_checkpoint(dir, model, opt_.get(), st, keep_last);
   return "";  // the model is replicated: rank 0's file is the checkpoint
@@ -288,6 +332,7 @@ std::string Strategy::save(const std::string& dir, const nn::Module& model, cons
 
 TrainState Strategy::load(const std::string& path, nn::Module& model, const nlohmann::json& expected_model_config) {
   if (pipeline_) return pipeline_->load(path, *opt_, expected_model_config);
+  BLU_CHECK(!config_.tp, "checkpoints under tensor parallelism are not implemented (see Strategy::save)");
   return zero_ ? load_sharded_checkpoint(path, model, *zero_, expected_model_config)
                : load_checkpoint(path, model, opt_.get(), expected_model_config);
 }

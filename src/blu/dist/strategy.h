@@ -12,6 +12,8 @@
 //     when the norm is not finite, all decided on the device;
 //   read() turns a step's device values into host numbers: the one host read of a logged step,
 //     the loss averaged over ranks and the stop flags combined in one small collective;
+//   tensor parallelism (StrategyConfig::tp): partial gradients summed over the TP group, the
+//     global norm over the shards; ZeRO and checkpoints are refused under it;
 //   save/load/latest_checkpoint: the mode's checkpoint (rank 0's file; ZeRO: sharded, resumable on
 //     any number of ranks: dist/zero.h).
 // A pipeline Strategy (the CausalLM constructor below) runs the same step through a PipelineStage
@@ -62,6 +64,11 @@ struct StrategyConfig {
   double zero_bucket_mib = 25.0;  // ZeRO-2's gradient buckets
   bool fp16_loss_scaling = false;
   bool skip_comm = false;     // DDP without its collectives (ranks diverge): `bench --skip-comm`
+  // Tensor parallelism: the TP group of a model already rewritten by apply_tensor_parallel
+  // (dist/tensor_parallel.h); the strategy's own group (`pg`) is then the data-parallel group.
+  // The gradients of replicated parameters that sequence parallelism leaves partial (norms,
+  // row-parallel biases) are summed over it, and the gradient norm counts every shard once.
+  std::shared_ptr<ProcessGroup> tp;
 };
 
 // One step's values, on the device until Strategy::read().
@@ -167,6 +174,9 @@ class Strategy {
   std::unique_ptr<optim::LossScaler> scaler_;
   int block_hooks_ = -1;  // ZeRO-3's, on the model
   std::unique_ptr<PipelineStage> pipeline_;
+  // Tensor parallelism: parameters split over config_.tp, and replicated ones with partial gradients.
+  std::vector<Tensor> tp_sharded_, tp_replicated_, tp_partial_;
+  NormGate tp_norm_gate(double max_norm);
 };
 
 // Every nn::Embedding of `model` that declares a row-sparse gradient, in module order.

@@ -31,7 +31,8 @@ Tensor CausalLM::forward_cached(const Tensor& idx, KVCache& cache) {
   BLU_CHECK(cache.k.size() == n && cache.v.size() == n, family(), ": the cache holds ", cache.k.size(),
             " layers, the model has ", n);
   for (size_t i = 0; i < n; ++i) x = block(i, x, pos0, &cache);
-  return head(x).logits;
+  const Tensor logits = head(x).logits;
+  return sharded.gather_logits ? sharded.gather_logits(logits) : logits;  // tensor parallelism: the full vocabulary
 }
 
 Tensor CausalLM::block(size_t i, const Tensor& x, int64_t pos0, KVCache* cache) {

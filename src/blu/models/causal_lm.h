@@ -49,6 +49,48 @@ struct LMOutput {
   Tensor loss;    // 0-d f32 (f64 for f64 models), defined when targets were given
 };
 
+// The model-level steps a tensor-parallel rewrite (dist/tensor_parallel.h) changes, those that no
+// submodule owns. Every function empty (the default): the single-device model, unchanged.
+struct ShardedSteps {
+  // The embedding's output [B, T, C] → the blocks' input (sequence parallelism: this rank's
+  // sequence shard [B, T/tp, C]).
+  std::function<Tensor(const Tensor&)> enter_blocks;
+  // The final norm's output → the LM head's input (Megatron's f, or the sequence all-gather).
+  std::function<Tensor(const Tensor&)> enter_head;
+  // The mean cross-entropy of this rank's logits [N, V'/tp] (its vocabulary shard) against targets
+  // [N] over the first `vocab` columns of the full vocabulary, target -1 ignored.
+  std::function<Tensor(const Tensor& logits, const Tensor& targets, int64_t vocab)> loss;
+  // This rank's logits [..., V'/tp] → the full [..., V'] (generation's forward_cached).
+  std::function<Tensor(const Tensor&)> gather_logits;
+  // How many ranks the blocks' sequence is split over (sequence parallelism; else 1): a block's
+  // positions are x.size(1) · sequence_shards.
+  int64_t sequence_shards = 1;
+  bool active() const { return bool(enter_head); }
+};
+
+// Tensor parallelism's split of a model, as the model declares it (CausalLM::tensor_parallel_plan)
+// and dist/tensor_parallel.h applies it: each entry a submodule by dotted name and its role.
+//   column          an nn::Linear whose output features are split (its input all-reduced in
+//                   backward, or all-gathered along the sequence under sequence parallelism)
+//   row             an nn::Linear whose input features are split (its output all-reduced, or
+//                   reduce-scattered along the sequence); its bias is replicated
+//   vocab_embedding an nn::Embedding whose rows (the vocabulary) are split; when the model ties
+//                   its head to it, the head uses the same shard
+//   vocab_head      an untied LM head (nn::Linear) split by vocabulary rows as the embedding is
+//   sequence_norm   a norm between the parallel regions: replicated; under sequence parallelism
+//                   it runs on this rank's sequence shard
+// `parts`: the output dim holds that many equal segments split alike (GPT-2's fused q|k|v: 3);
+// `units`: the indivisible count behind the split dim (heads, MLP width, vocabulary rows), which
+// the tensor-parallel size must divide — `units_name` names it in the error.
+enum class ShardRole { column, row, vocab_embedding, vocab_head, sequence_norm };
+struct ShardSpec {
+  std::string module;
+  ShardRole role;
+  int64_t parts = 1;
+  int64_t units = 0;
+  std::string units_name;
+};
+
 // One repeated block: its dotted name ("h.3", "model.layers.3") and the module.
 struct BlockRef {
   std::string name;
@@ -96,6 +138,11 @@ class CausalLM : public nn::Module {
   // of the PaLM paper counts them): 6 per weight that a token multiplies through, plus the
   // attention scores' 12·layers·width·T.
   virtual double flops_per_token(int64_t T) const = 0;
+  // How tensor parallelism splits this model (see ShardSpec); empty: not supported.
+  virtual std::vector<ShardSpec> tensor_parallel_plan() const { return {}; }
+  // Set by the tensor-parallel rewrite; then forward's logits are this rank's vocabulary shard
+  // [B, T, V'/tp] and its loss the vocabulary-parallel cross-entropy (the same value on every rank).
+  ShardedSteps sharded;
   bool tied_embeddings() const { return output_weight().is_same(token_embedding().weight); }
   // Mixed precision: activations and matmuls in `dtype` (f32, bf16, f16) over parameters kept in
   // their own dtype (master weights), read through their compute copies (Module::cast_param).

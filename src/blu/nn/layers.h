@@ -22,9 +22,15 @@ void init_normal_(const Tensor& w, double std, Generator& gen);
 class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true);
-  Tensor forward(const Tensor& x) const;  // x [..., in] → [..., out]
+  // Virtual for the sharded linears of tensor parallelism (dist/tensor_parallel.h), which add
+  // their collectives around the GEMM.
+  virtual Tensor forward(const Tensor& x) const;  // x [..., in] → [..., out]
   // residual + forward(x) in one GEMM (ops/linalg.h: linear's residual); residual [..., out].
-  Tensor forward(const Tensor& x, const Tensor& residual) const;
+  virtual Tensor forward(const Tensor& x, const Tensor& residual) const;
+  // Whether a caller may fold this layer into a fused op by reading weight and bias itself
+  // (GPT-2's MLP: gelu_linear): true when forward is exactly linear(x, weight, bias); a subclass
+  // whose forward does more returns false.
+  virtual bool fusable() const { return true; }
   int64_t in_features, out_features;
   Tensor weight;  // [out, in]
   Tensor bias;    // [out], undefined without bias
@@ -33,8 +39,10 @@ class Linear : public Module {
 class Embedding : public Module {
  public:
   Embedding(int64_t num_embeddings, int64_t dim);
-  Tensor forward(const Tensor& idx) const;  // idx (i32/i64, any shape) → [..., dim]
-  Tensor weight;                            // [num_embeddings, dim]
+  // idx (i32/i64, any shape) → [..., dim]. Virtual for the vocabulary-parallel embedding
+  // (dist/tensor_parallel.h).
+  virtual Tensor forward(const Tensor& idx) const;
+  Tensor weight;  // [num_embeddings, dim]
 
   // Row sink: while one is set, a forward that records gradients hands backward's gradient of
   // its output ([idx..., dim], with the forward's idx) to the sink instead of adding it into

@@ -22,6 +22,7 @@
 
 #include "blu/core/attrs.h"
 #include "blu/core/tensor.h"
+#include "blu/ops/sharding.h"
 
 namespace blu {
 
@@ -101,6 +102,9 @@ using BackwardFn = std::vector<Tensor> (*)(const BackwardContext& ctx, std::span
 struct OpDef {
   const char* name;
   InferFn infer;
+  // The sharding rule beside the shape rule (Note [Sharding rules], ops/sharding.h); null: none,
+  // the op is not checked under tensor parallelism.
+  ShardFn shard = nullptr;
   BackwardFn backward = nullptr;  // null: not differentiable
   uint32_t save_inputs = 0;       // bit i: the backward reads input i
   uint32_t save_outputs = 0;      // bit j: the backward reads output j

@@ -85,7 +85,7 @@ std::vector<Tensor> split_backward(const BackwardContext& c, std::span<const Ten
   if (Tensor joined = adjacent_join(g, d); joined.defined()) return {joined};
   return {cat(std::vector<Tensor>(g.begin(), g.end()), d)};
 }
-const OpDef kSplit{.name = "split", .infer = infer_split, .backward = split_backward, .view = split_view};
+const OpDef kSplit{.name = "split", .infer = infer_split, .shard = shard_rule_slice, .backward = split_backward, .view = split_view};
 
 std::vector<Tensor> split_sizes(const Tensor& t, const Shape& sizes, int64_t d) {
   return dispatch(kSplit, {t}, Attrs{{"sizes", sizes}, {"dim", d}});

@@ -70,6 +70,37 @@ std::vector<TensorMeta> infer_linear(std::span<const Tensor> in, const Attrs&) {
   }
   return {TensorMeta{{x.shape()[0], w.shape()[0]}, x.dtype(), x.device()}};
 }
+// Sharding (Note [Sharding rules]): x [rows, in] · w [out, in]ᵀ.
+//   column  x replicate (or a row shard), w shard(-2)      → shard(-1), bias shard(-1), residual alike
+//   row     x shard(-1), w shard(-1)                       → partial; no bias or residual (they would
+//                                                             be summed once per rank)
+//   whole w x replicate / row shard / partial (no bias)    → x's placement
+bool shard_linear(std::span<const Placement> in, std::span<const Tensor> inputs, const Attrs&,
+                  std::vector<Placement>& out) {
+  const Placement &x = in[0], &w = in[1], &b = in[2], &r = in[3];
+  const bool has_b = inputs[2].defined(), has_r = inputs[3].defined();
+  const bool x_rows = x.is_replicate() || (x.is_shard() && x.dim != -1);
+  if (w.is_shard() && w.dim == -2 && x_rows) {
+    if (has_b && b != Placement::shard(-1)) return false;
+    if (has_r && r != Placement::shard(-1)) return false;
+    out[0] = Placement::shard(-1);
+    return true;
+  }
+  if (w.is_shard() && w.dim == -1 && x == Placement::shard(-1)) {
+    if (has_b || has_r) return false;
+    out[0] = Placement::partial();
+    return true;
+  }
+  if (!w.is_replicate() || (has_b && !b.is_replicate())) return false;
+  if (x.is_partial() && (has_b || has_r)) return false;
+  if (x_rows || x.is_partial()) {
+    if (has_r && r != x) return false;
+    out[0] = x;
+    return true;
+  }
+  return false;  // x split along the contracted features against a whole weight
+}
+
 // --- linear_weight_grad: (gᵀ·x, Σ_rows g) in one pass ---
 // g[R, out], x[R, in] -> grad_w[out, in], grad_b[out]: linear's weight and bias gradients
 // together, so a backend can take the bias gradient from the gemm that reads g anyway (CUDA: the
@@ -133,7 +164,7 @@ std::vector<Tensor> linear_bw(Ctx c, Grads g) {
   return {gx, c.needs_grad[1] ? matmul_prim(mT(g[0]), c.input(0)) : Tensor(),
           c.needs_grad[2] ? sum(g[0], {0}) : Tensor(), gr};
 }
-const OpDef kLinear{.name = "linear", .infer = infer_linear, .backward = linear_bw, .save_inputs = 0b011,
+const OpDef kLinear{.name = "linear", .infer = infer_linear, .shard = shard_linear, .backward = linear_bw, .save_inputs = 0b011,
                     .optional_inputs = 0b1100, .wide_grads = 0b110};
 Tensor linear_prim(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& residual) {
   return dispatch1(kLinear, {x, w, bias, residual});

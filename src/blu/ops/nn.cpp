@@ -161,6 +161,7 @@ std::vector<Tensor> layer_norm_bw(const BackwardContext& c, std::span<const Tens
 }
 const OpDef kLayerNorm{.name = "layer_norm",
                        .infer = infer_layer_norm,
+                       .shard = shard_rule_last_dim_norm,
                        .backward = layer_norm_bw,
                        .save_inputs = 0b011,
                        .save_outputs = 0b110,
@@ -191,7 +192,22 @@ std::vector<Tensor> embedding_bw(const BackwardContext& c, std::span<const Tenso
                         Attrs{{"num_weights", c.input_shape(0)[0]}});
   return {gw, Tensor()};
 }
-const OpDef kEmbedding{.name = "embedding", .infer = infer_embedding, .backward = embedding_bw, .save_inputs = 0b10};
+// Sharding: a vocabulary shard (weight shard(-2)) gives this rank's rows for the ids it owns — a
+// partial sum once the caller zeroes the rows of the ids it does not (dist/tensor_parallel.h); a
+// feature shard (shard(-1)) gives shard(-1); a whole weight, the ids' placement.
+bool shard_embedding(std::span<const Placement> in, std::span<const Tensor>, const Attrs&, std::vector<Placement>& out) {
+  const Placement &w = in[0], &ids = in[1];
+  if (w.is_partial() || ids.is_partial()) return false;
+  if (w.is_shard()) {
+    if (!ids.is_replicate()) return false;
+    out[0] = w.dim == -2 ? Placement::partial() : Placement::shard(-1);
+    return true;
+  }
+  out[0] = ids;  // ids [..]: a shard of the ids along dim d is one of the rows along d - 1
+  if (ids.is_shard()) out[0] = Placement::shard(ids.dim - 1);
+  return true;
+}
+const OpDef kEmbedding{.name = "embedding", .infer = infer_embedding, .shard = shard_embedding, .backward = embedding_bw, .save_inputs = 0b10};
 
 // Inputs (grad_weight [V, C] contiguous, written; grad [M, C] contiguous, indices [M]); attrs scale,
 // first_row (-1: the whole table, an index outside [0, V) is an error; >= 0: grad_weight is the
@@ -225,7 +241,7 @@ const OpDef& dropout_def();
 std::vector<Tensor> dropout_bw(const BackwardContext& c, std::span<const Tensor> g) {
   return {dispatch1(dropout_def(), {g[0]}, c.attrs)};
 }
-const OpDef kDropout{.name = "dropout", .infer = infer_dropout, .backward = dropout_bw};
+const OpDef kDropout{.name = "dropout", .infer = infer_dropout, .shard = shard_rule_pointwise, .backward = dropout_bw};
 const OpDef& dropout_def() { return kDropout; }
 
 }  // namespace

@@ -61,6 +61,7 @@ std::vector<Tensor> rms_norm_bw(const BackwardContext& c, std::span<const Tensor
 }
 const OpDef kRmsNorm{.name = "rms_norm",
                      .infer = infer_rms_norm,
+                     .shard = shard_rule_last_dim_norm,
                      .backward = rms_norm_bw,
                      .save_inputs = 0b11,
                      .save_outputs = 0b10,

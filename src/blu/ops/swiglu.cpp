@@ -36,7 +36,7 @@ const OpDef kSiluBackward{.name = "silu_backward", .infer = infer_silu_backward}
 std::vector<Tensor> silu_bw(const BackwardContext& c, std::span<const Tensor> g) {
   return {dispatch1(kSiluBackward, {g[0], c.input(0)})};
 }
-const OpDef kSilu{.name = "silu", .infer = infer_silu, .backward = silu_bw, .save_inputs = 0b1};
+const OpDef kSilu{.name = "silu", .infer = infer_silu, .shard = shard_rule_pointwise, .backward = silu_bw, .save_inputs = 0b1};
 
 // --- swiglu ----------------------------------------------------------------------------------
 // The row stride of t seen as [R, I] rows (I = the last dim) with unit stride along I, when its
@@ -106,7 +106,7 @@ std::vector<Tensor> swiglu_bw(const BackwardContext& c, std::span<const Tensor> 
   }
   return {c.needs_grad[0] ? gs[0] : Tensor(), c.needs_grad[1] ? gs[1] : Tensor()};
 }
-const OpDef kSwiglu{.name = "swiglu", .infer = infer_swiglu, .backward = swiglu_bw, .save_inputs = 0b11};
+const OpDef kSwiglu{.name = "swiglu", .infer = infer_swiglu, .shard = shard_rule_pointwise, .backward = swiglu_bw, .save_inputs = 0b11};
 
 }  // namespace
 

@@ -79,7 +79,7 @@ std::vector<Tensor> view_view(std::span<const Tensor> in, const Attrs& a) {
 std::vector<Tensor> view_backward(const BackwardContext& c, std::span<const Tensor> g) {
   return {reshape(g[0], c.input_shape(0))};
 }
-const OpDef kView{.name = "view", .infer = no_meta, .backward = view_backward, .view = view_view};
+const OpDef kView{.name = "view", .infer = no_meta, .shard = shard_rule_view, .backward = view_backward, .view = view_view};
 
 // --- permute ---
 std::vector<Tensor> permute_view(std::span<const Tensor> in, const Attrs& a) {
@@ -103,7 +103,7 @@ std::vector<Tensor> permute_backward(const BackwardContext& c, std::span<const T
   for (size_t i = 0; i < dims.size(); ++i) inv[wrap_dim(dims[i], int64_t(dims.size()))] = int64_t(i);
   return {permute(g[0], inv)};
 }
-const OpDef kPermute{.name = "permute", .infer = no_meta, .backward = permute_backward, .view = permute_view};
+const OpDef kPermute{.name = "permute", .infer = no_meta, .shard = shard_rule_permute, .backward = permute_backward, .view = permute_view};
 
 // --- narrow ---
 std::vector<Tensor> narrow_view(std::span<const Tensor> in, const Attrs& a) {
@@ -123,7 +123,7 @@ std::vector<Tensor> narrow_backward(const BackwardContext& c, std::span<const Te
   copy_(part, g[0]);
   return {full_grad};
 }
-const OpDef kNarrow{.name = "narrow", .infer = no_meta, .backward = narrow_backward, .view = narrow_view};
+const OpDef kNarrow{.name = "narrow", .infer = no_meta, .shard = shard_rule_slice, .backward = narrow_backward, .view = narrow_view};
 
 // --- expand ---
 std::vector<Tensor> expand_view(std::span<const Tensor> in, const Attrs& a) {
@@ -153,7 +153,7 @@ const OpDef kExpand{.name = "expand", .infer = no_meta, .backward = expand_backw
 
 // --- copies ---
 std::vector<Tensor> clone_backward(const BackwardContext&, std::span<const Tensor> g) { return {g[0]}; }
-const OpDef kClone{.name = "clone", .infer = same_as_input, .backward = clone_backward};
+const OpDef kClone{.name = "clone", .infer = same_as_input, .shard = shard_rule_linear_unary, .backward = clone_backward};
 
 std::vector<TensorMeta> infer_copy_(std::span<const Tensor> in, const Attrs&) {
   broadcast_shapes(in[1].shape(), in[0].shape());
@@ -183,7 +183,7 @@ std::vector<Tensor> cast_backward(const BackwardContext& c, std::span<const Tens
   }
   return {g[0].dtype() == c.input_metas[0].dtype ? g[0] : to_dtype(g[0], c.input_metas[0].dtype)};
 }
-const OpDef kCast{.name = "cast", .infer = infer_cast, .backward = cast_backward, .grad_in_source_dtype = true};
+const OpDef kCast{.name = "cast", .infer = infer_cast, .shard = shard_rule_linear_unary, .backward = cast_backward, .grad_in_source_dtype = true};
 
 std::vector<TensorMeta> infer_cast_with_copy(std::span<const Tensor> in, const Attrs&) {
   const Tensor &t = in[0], &copy = in[1];

@@ -112,10 +112,13 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& cfg, Generator* gen)
 Tensor CausalSelfAttention::forward(const Tensor& x, Tensor* cache_k, Tensor* cache_v, const Tensor& residual) const {
   BLU_CHECK(x.dim() == 3 && x.size(2) == n_embd, "CausalSelfAttention: expected x [B, T, ", n_embd, "], got ",
             x.shape());
-  const int64_t B = x.size(0), T = x.size(1), D = n_embd / n_head;
-  // [B, T, 3C] → three [B, T, C] views → [B, H, T, D] each.
-  std::vector<Tensor> qkv = split(c_attn->forward(x), n_embd, -1);
-  auto heads = [&](const Tensor& t) { return transpose(view(t, {B, T, n_head, D}), 1, 2); };
+  // [B, T, 3W] → three [B, T, W] views → [B, H, T, D] each. W = n_embd, or under tensor
+  // parallelism this rank's n_head heads' width (c_attn's shard); T is the projection's, which
+  // sequence parallelism gathers from x's sequence shard.
+  const Tensor proj = c_attn->forward(x);
+  const int64_t B = proj.size(0), T = proj.size(1), D = n_embd / n_head, W = c_attn->out_features / 3, H = W / D;
+  std::vector<Tensor> qkv = split(proj, W, -1);
+  auto heads = [&](const Tensor& t) { return transpose(view(t, {B, T, H, D}), 1, 2); };
   Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
   bool causal = true;
   if (cache_k) {
@@ -130,7 +133,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x, Tensor* cache_k, Tensor* ca
     *cache_v = v;
   }
   Tensor y = scaled_dot_product_attention(q, k, v, causal);  // [B, H, T, D]
-  y = reshape(transpose(y, 1, 2), {B, T, n_embd});
+  y = reshape(transpose(y, 1, 2), {B, T, W});
   if (!residual.defined()) return resid_dropout->forward(c_proj->forward(y));
   if (resid_dropout->active()) return residual + resid_dropout->forward(c_proj->forward(y));
   return c_proj->forward(y, residual);
@@ -148,6 +151,12 @@ MLP::MLP(const GPTConfig& cfg, Generator* gen) {
 Tensor MLP::forward(const Tensor& x, const Tensor& residual) const {
   // c_proj(gelu_tanh(c_fc(x))) with the GELU output recomputed in backward (ops/fused.h).
   const Tensor u = c_fc->forward(x);
+  if (!c_proj->fusable()) {  // a sharded c_proj (tensor parallelism) reduces its GEMM's output itself
+    const Tensor h = gelu(u, /*approximate=*/true);
+    if (!residual.defined()) return dropout->forward(c_proj->forward(h));
+    if (dropout->active()) return residual + dropout->forward(c_proj->forward(h));
+    return c_proj->forward(h, residual);
+  }
   const Tensor w = c_proj->cast_param(c_proj->weight, u.dtype()), b = c_proj->cast_param(c_proj->bias, u.dtype());
   if (!residual.defined()) return dropout->forward(gelu_linear(u, w, b));
   if (dropout->active()) return residual + dropout->forward(gelu_linear(u, w, b));
@@ -211,7 +220,9 @@ Tensor GPT::embed(const Tensor& idx, int64_t pos0) {
             " do not fit block_size ", cfg_.block_size);
   Tensor pos = arange(double(pos0), double(pos0 + T), 1, DType::i64, idx.device());
   // The residual stream runs in the compute dtype (bf16/f16 for mixed precision).
-  return drop->forward(to_dtype(wte->forward(idx) + wpe->forward(pos), compute_dtype()));  // [B, T, C]
+  Tensor x = to_dtype(wte->forward(idx) + wpe->forward(pos), compute_dtype());  // [B, T, C]
+  if (sharded.enter_blocks) x = sharded.enter_blocks(x);
+  return drop->forward(x);
 }
 
 Tensor GPT::run_block(size_t i, const Tensor& x, int64_t /*pos0*/, Tensor* cache_k, Tensor* cache_v) {
@@ -230,18 +241,38 @@ double GPT::flops_per_token(int64_t T) const {
   return 6.0 * n + 12.0 * double(cfg_.n_layer * cfg_.n_embd * T);
 }
 
+std::vector<ShardSpec> GPT::tensor_parallel_plan() const {
+  std::vector<ShardSpec> plan{{"wte", ShardRole::vocab_embedding, 1, cfg_.padded_vocab_size, "padded_vocab_size"}};
+  for (const BlockRef& b : blocks()) {
+    const std::string p = b.name + ".";
+    plan.push_back({p + "ln_1", ShardRole::sequence_norm, 1, 0, ""});
+    plan.push_back({p + "attn.c_attn", ShardRole::column, 3, cfg_.n_head, "n_head"});
+    plan.push_back({p + "attn.c_proj", ShardRole::row, 1, cfg_.n_head, "n_head"});
+    plan.push_back({p + "ln_2", ShardRole::sequence_norm, 1, 0, ""});
+    plan.push_back({p + "mlp.c_fc", ShardRole::column, 1, 4 * cfg_.n_embd, "4·n_embd"});
+    plan.push_back({p + "mlp.c_proj", ShardRole::row, 1, 4 * cfg_.n_embd, "4·n_embd"});
+  }
+  plan.push_back({"ln_f", ShardRole::sequence_norm, 1, 0, ""});
+  return plan;  // the tied head is wte's shard
+}
+
 LMOutput GPT::head(const Tensor& x, const Tensor& targets) {
   LMOutput out;
-  const Tensor y = ln_f->forward(x);
+  Tensor y = ln_f->forward(x);
+  if (sharded.enter_head) y = sharded.enter_head(y);  // tensor parallelism: f, or the sequence gather
   out.logits = linear(y, wte->cast_param(wte->weight, y.dtype()));  // tied: y · wteᵀ → [B, T, padded_vocab]
   if (targets.defined()) {
-    BLU_CHECK(targets.dim() == 2 && targets.size(0) == x.size(0) && targets.size(1) == x.size(1), "GPT: targets ",
-              targets.shape(), " must be [B, T] of the input's ", x.shape());
-    const int64_t B = x.size(0), T = x.size(1), V = cfg_.vocab_size;
+    BLU_CHECK(targets.dim() == 2 && targets.size(0) == y.size(0) && targets.size(1) == y.size(1), "GPT: targets ",
+              targets.shape(), " must be [B, T] of the input's ", y.shape());
+    const int64_t B = y.size(0), T = y.size(1), V = cfg_.vocab_size;
     // Only the real vocabulary takes part in the loss: the first V of the padded_vocab columns are
     // the classes (num_classes), so the logits go in as a view [B·T, Vp] with no copy (narrowing to
     // V columns first could not merge B and T without cloning the logits).
     Tensor flat = reshape(out.logits, {B * T, out.logits.size(-1)});
+    if (sharded.loss) {
+      out.loss = sharded.loss(flat, reshape(targets, {B * T}), V);
+      return out;
+    }
     out.loss = cross_entropy(flat, reshape(targets, {B * T}), /*ignore_index=*/-1, Reduction::mean, V);
   }
   return out;

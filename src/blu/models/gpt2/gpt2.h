@@ -67,6 +67,8 @@ class CausalSelfAttention : public Module {
   // the attention output, added by the output projection's GEMM when dropout is off.
   Tensor forward(const Tensor& x, Tensor* cache_k = nullptr, Tensor* cache_v = nullptr,
                  const Tensor& residual = Tensor()) const;
+  // The model's heads and width; under tensor parallelism forward computes the heads of c_attn's
+  // shard, c_attn->out_features / 3 / head_dim of them.
   int64_t n_head, n_embd;
   std::shared_ptr<Linear> c_attn, c_proj;  // [3C, C], [C, C]
   std::shared_ptr<Dropout> resid_dropout;
@@ -106,6 +108,7 @@ class GPT : public CausalLM {
   Embedding& token_embedding() const override { return *wte; }
   Tensor output_weight() const override { return wte->weight; }  // tied
   double flops_per_token(int64_t T) const override;
+  std::vector<ShardSpec> tensor_parallel_plan() const override;
   const GPTConfig& gpt_config() const { return cfg_; }
 
   std::shared_ptr<Embedding> wte, wpe;  // wte [padded_vocab, C] is also the output projection

@@ -215,11 +215,14 @@ Tensor LlamaAttention::forward(const Tensor& x, const Tensor& cos, const Tensor&
                                Tensor* cache_v, const Tensor& residual) const {
   BLU_CHECK(x.dim() == 3 && x.size(2) == q_proj->in_features, "LlamaAttention: expected x [B, T, ",
             q_proj->in_features, "], got ", x.shape());
-  const int64_t B = x.size(0), T = x.size(1), H = num_heads, Hkv = num_kv_heads, D = head_dim;
-  // RoPE on [B, T, heads, D], then [B, heads, T, D] for attention.
-  Tensor q = transpose(rotary_embedding(view(q_proj->forward(x), {B, T, H, D}), cos, sin), 1, 2);
-  Tensor k = transpose(rotary_embedding(view(k_proj->forward(x), {B, T, Hkv, D}), cos, sin), 1, 2);
-  Tensor v = transpose(view(v_proj->forward(x), {B, T, Hkv, D}), 1, 2);
+  // RoPE on [B, T, heads, D], then [B, heads, T, D] for attention. T is the projections' (sequence
+  // parallelism gathers them from x's sequence shard).
+  const Tensor qp = q_proj->forward(x), kp = k_proj->forward(x), vp = v_proj->forward(x);
+  const int64_t B = qp.size(0), T = qp.size(1), D = head_dim;
+  const int64_t H = q_proj->out_features / D, Hkv = k_proj->out_features / D;
+  Tensor q = transpose(rotary_embedding(view(qp, {B, T, H, D}), cos, sin), 1, 2);
+  Tensor k = transpose(rotary_embedding(view(kp, {B, T, Hkv, D}), cos, sin), 1, 2);
+  Tensor v = transpose(view(vp, {B, T, Hkv, D}), 1, 2);
   bool causal = true;
   if (cache_k) {
     BLU_ASSERT(cache_v, "a key cache without a value cache");
@@ -304,6 +307,26 @@ std::vector<BlockRef> Llama::blocks() const {
   return out;
 }
 
+std::vector<ShardSpec> Llama::tensor_parallel_plan() const {
+  const int64_t H = cfg_.num_attention_heads, KV = cfg_.num_key_value_heads, I = cfg_.intermediate_size;
+  std::vector<ShardSpec> plan{{"model.embed_tokens", ShardRole::vocab_embedding, 1, cfg_.vocab_size, "vocab_size"}};
+  for (const BlockRef& b : blocks()) {
+    const std::string p = b.name + ".";
+    plan.push_back({p + "input_layernorm", ShardRole::sequence_norm, 1, 0, ""});
+    plan.push_back({p + "self_attn.q_proj", ShardRole::column, 1, H, "num_attention_heads"});
+    plan.push_back({p + "self_attn.k_proj", ShardRole::column, 1, KV, "num_key_value_heads"});
+    plan.push_back({p + "self_attn.v_proj", ShardRole::column, 1, KV, "num_key_value_heads"});
+    plan.push_back({p + "self_attn.o_proj", ShardRole::row, 1, H, "num_attention_heads"});
+    plan.push_back({p + "post_attention_layernorm", ShardRole::sequence_norm, 1, 0, ""});
+    plan.push_back({p + "mlp.gate_proj", ShardRole::column, 1, I, "intermediate_size"});
+    plan.push_back({p + "mlp.up_proj", ShardRole::column, 1, I, "intermediate_size"});
+    plan.push_back({p + "mlp.down_proj", ShardRole::row, 1, I, "intermediate_size"});
+  }
+  plan.push_back({"model.norm", ShardRole::sequence_norm, 1, 0, ""});
+  if (lm_head) plan.push_back({"lm_head", ShardRole::vocab_head, 1, cfg_.vocab_size, "vocab_size"});
+  return plan;  // a tied head is the embedding's shard
+}
+
 double Llama::flops_per_token(int64_t T) const {
   const double table = lm_head ? double(cfg_.vocab_size * cfg_.hidden_size) : 0.0;
   return 6.0 * (double(num_parameters()) - table) +
@@ -339,17 +362,21 @@ Tensor Llama::embed(const Tensor& idx, int64_t pos0) {
   BLU_CHECK(T > 0 && pos0 >= 0 && pos0 + T <= cfg_.max_position_embeddings, "Llama: positions ", pos0, "..",
             pos0 + T - 1, " do not fit max_position_embeddings ", cfg_.max_position_embeddings);
   // The residual stream runs in the compute dtype (bf16/f16 for mixed precision).
-  return to_dtype(model->embed_tokens->forward(idx), compute_dtype());  // [B, T, C]
+  Tensor x = to_dtype(model->embed_tokens->forward(idx), compute_dtype());  // [B, T, C]
+  return sharded.enter_blocks ? sharded.enter_blocks(x) : x;
 }
 
 Tensor Llama::run_block(size_t i, const Tensor& x, int64_t pos0, Tensor* cache_k, Tensor* cache_v) {
-  auto [cos, sin] = rope(pos0, x.size(1), x.dtype(), x.device());
+  // The rope rows of the whole sequence: under sequence parallelism x is this rank's shard, and
+  // attention runs on the gathered positions.
+  auto [cos, sin] = rope(pos0, x.size(1) * sharded.sequence_shards, x.dtype(), x.device());
   return (*model->layers)[int64_t(i)].forward(x, cos, sin, cache_k, cache_v);
 }
 
 LMOutput Llama::head(const Tensor& x, const Tensor& targets) {
   LMOutput out;
-  const Tensor y = model->norm->forward(x);
+  Tensor y = model->norm->forward(x);
+  if (sharded.enter_head) y = sharded.enter_head(y);  // tensor parallelism: f, or the sequence gather
   if (lm_head) {
     out.logits = lm_head->forward(y);
   } else {
@@ -357,9 +384,13 @@ LMOutput Llama::head(const Tensor& x, const Tensor& targets) {
     out.logits = linear(y, e.cast_param(e.weight, y.dtype()));  // tied: y · embed_tokensᵀ
   }
   if (targets.defined()) {
-    BLU_CHECK(targets.dim() == 2 && targets.size(0) == x.size(0) && targets.size(1) == x.size(1),
-              "Llama: targets ", targets.shape(), " must be [B, T] of the input's ", x.shape());
-    const int64_t N = x.size(0) * x.size(1);
+    BLU_CHECK(targets.dim() == 2 && targets.size(0) == y.size(0) && targets.size(1) == y.size(1),
+              "Llama: targets ", targets.shape(), " must be [B, T] of the input's ", y.shape());
+    const int64_t N = y.size(0) * y.size(1);
+    if (sharded.loss) {
+      out.loss = sharded.loss(reshape(out.logits, {N, out.logits.size(-1)}), reshape(targets, {N}), cfg_.vocab_size);
+      return out;
+    }
     out.loss = cross_entropy(reshape(out.logits, {N, cfg_.vocab_size}), reshape(targets, {N}), /*ignore_index=*/-1,
                              Reduction::mean);
   }

@@ -84,6 +84,8 @@ class LlamaAttention : public nn::Module {
   // (cache_k, cache_v) [B, Hkv, T', D] and attends over all of them; T must be 1 unless it is empty.
   Tensor forward(const Tensor& x, const Tensor& cos, const Tensor& sin, Tensor* cache_k = nullptr,
                  Tensor* cache_v = nullptr, const Tensor& residual = Tensor()) const;
+  // The model's heads; under tensor parallelism forward computes those of the projections' shards
+  // (q_proj->out_features / head_dim query heads, k_proj->out_features / head_dim kv heads).
   int64_t num_heads, num_kv_heads, head_dim;
   std::shared_ptr<nn::Linear> q_proj, k_proj, v_proj, o_proj;  // [H·D, C], [Hkv·D, C] ×2, [C, H·D]
 };
@@ -133,6 +135,7 @@ class Llama : public CausalLM {
   // 6 per weight a token multiplies through (every parameter but an untied embedding table, which
   // is a lookup) plus the attention scores' 12·layers·(heads·head_dim)·T.
   double flops_per_token(int64_t T) const override;
+  std::vector<ShardSpec> tensor_parallel_plan() const override;
   const LlamaConfig& llama_config() const { return cfg_; }
 
   std::shared_ptr<LlamaModel> model;

@@ -1,0 +1,450 @@
+#include "blu/dist/tensor_parallel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+
+#include "blu/autograd/function.h"
+#include "blu/core/grad_mode.h"
+#include "blu/dist/sharding_check.h"
+#include "blu/ops/elementwise.h"
+#include "blu/ops/factory.h"
+#include "blu/ops/join.h"
+#include "blu/ops/linalg.h"
+#include "blu/ops/nn.h"
+#include "blu/ops/reduce.h"
+#include "blu/ops/view.h"
+
+namespace blu::dist {
+
+namespace {
+
+int64_t norm_dim(const Tensor& t, int64_t dim) { return dim < 0 ? dim + t.dim() : dim; }
+
+// --- collectives without autograd: the forward and backward halves of the functions below ---
+
+Tensor all_reduced(const Tensor& x, ProcessGroup& pg, ReduceOp op = ReduceOp::sum) {
+  NoGradGuard no_grad;
+  Tensor t = clone(x);  // the caller's tensor may be saved by another node: reduce a copy
+  pg.all_reduce(t, op)->wait();
+  return t;
+}
+
+// cat over ranks of x along `dim`.
+Tensor gathered(const Tensor& x, int64_t dim, ProcessGroup& pg) {
+  NoGradGuard no_grad;
+  dim = norm_dim(x, dim);
+  const Tensor in = contiguous(x);
+  Shape os{int64_t(pg.size())};
+  os.insert(os.end(), in.shape().begin(), in.shape().end());
+  Tensor out = empty(os, in.dtype(), in.device());  // [W, d0, …]
+  pg.all_gather(out, in)->wait();
+  if (dim == 0) return reshape(out, [&] { Shape s = in.shape(); s[0] *= pg.size(); return s; }());
+  // [W, d0, …, d_dim, …] → [d0, …, W, d_dim, …] → merge W into d_dim.
+  Shape perm;
+  for (int64_t i = 1; i <= dim; ++i) perm.push_back(i);
+  perm.push_back(0);
+  for (int64_t i = dim + 1; i <= in.dim(); ++i) perm.push_back(i);
+  Shape s = in.shape();
+  s[size_t(dim)] *= pg.size();
+  return reshape(permute(out, perm), s);
+}
+
+// Chunk `rank` of x along `dim` — of the sum over ranks when `reduce`, else of this rank's x.
+Tensor scattered(const Tensor& x, int64_t dim, ProcessGroup& pg, bool reduce) {
+  NoGradGuard no_grad;
+  dim = norm_dim(x, dim);
+  const int64_t W = pg.size(), n = x.size(dim);
+  BLU_CHECK(n % W == 0, "sequence parallelism over ", W, " ranks: the sequence length ", n,
+            " (dim ", dim, " of ", x.shape(), ") is not divisible by ", W);
+  Shape local = x.shape();
+  local[size_t(dim)] = n / W;
+  if (!reduce) return contiguous(narrow(x, dim, pg.rank() * (n / W), n / W));
+  // [d0, …, W·L, …] → [W, d0, …, L, …] contiguous: chunk w is rank w's.
+  Shape split = x.shape();
+  split[size_t(dim)] = n / W;
+  split.insert(split.begin() + dim, W);
+  Shape perm{dim};
+  for (int64_t i = 0; i < int64_t(split.size()); ++i)
+    if (i != dim) perm.push_back(i);
+  const Tensor in = contiguous(permute(reshape(x, split), perm));
+  Tensor out = empty(local, x.dtype(), x.device());
+  pg.reduce_scatter(out, in)->wait();
+  return out;
+}
+
+Shape local_shape(const ShardInfo& s) {
+  Shape sh = s.full_shape;
+  if (s.sharded()) sh[size_t(s.dim)] = s.parts * s.length;
+  return sh;
+}
+
+ShardInfo split_info(const Tensor& full, int64_t dim, int64_t parts, const ProcessGroup& pg) {
+  ShardInfo s;
+  s.dim = dim;
+  s.parts = parts;
+  s.full_shape = full.shape();
+  const int64_t seg = full.size(dim) / parts;
+  BLU_CHECK(full.size(dim) % parts == 0 && seg % pg.size() == 0, "tensor parallelism over ", pg.size(),
+            " ranks: dim ", dim, " of ", full.shape(), " (", parts, " segment(s)) does not split evenly");
+  s.length = seg / pg.size();
+  s.offset = int64_t(pg.rank()) * s.length;
+  return s;
+}
+
+ShardInfo replicated_info(const Tensor& t, bool partial) {
+  ShardInfo s;
+  s.full_shape = t.shape();
+  s.partial_grad = partial;
+  return s;
+}
+
+// Copies `full`'s piece into `local` (no autograd).
+void load_shard(const Tensor& local, const Tensor& full, const ShardInfo& info) {
+  NoGradGuard no_grad;
+  copy_(local, shard_of_full(full, info));
+}
+
+// The new module takes the old one's device, dtype, training flag and compute-copy setting.
+void match(nn::Module& fresh, const Tensor& like, const nn::Module& old) {
+  fresh.to(like.device());
+  fresh.to(like.dtype());
+  fresh.train(old.is_training());
+  fresh.set_compute_copies(old.compute_copies_enabled());
+}
+
+int64_t linear_in(const nn::Linear& f, ParallelLinear::Kind k, const ProcessGroup& pg) {
+  return k == ParallelLinear::Kind::row ? f.in_features / pg.size() : f.in_features;
+}
+int64_t linear_out(const nn::Linear& f, ParallelLinear::Kind k, const ProcessGroup& pg) {
+  return k == ParallelLinear::Kind::row ? f.out_features : f.out_features / pg.size();
+}
+
+}  // namespace
+
+Tensor shard_of_full(const Tensor& full, const ShardInfo& info) {
+  if (!info.sharded()) return full;
+  BLU_CHECK(full.shape() == info.full_shape, "shard_of_full: expected the full shape ", info.full_shape, ", got ",
+            full.shape());
+  const int64_t seg = full.size(info.dim) / info.parts;
+  std::vector<Tensor> pieces;
+  for (int64_t p = 0; p < info.parts; ++p) pieces.push_back(narrow(full, info.dim, p * seg + info.offset, info.length));
+  return pieces.size() == 1 ? contiguous(pieces[0]) : cat(pieces, info.dim);
+}
+
+// --- autograd functions ---
+
+namespace {
+// Under a ShardingCheck: what the collective takes and gives (a sequence shard is dim 1 of [B, T, C]).
+Tensor noted(const char* name, const Tensor& in, Placement want, const Tensor& out, Placement gives) {
+  if (ShardingCheck* c = ShardingCheck::active()) c->collective(name, in, want, out, gives);
+  return out;
+}
+Placement sequence_shard(const Tensor& t) { return Placement::shard(1 - t.dim()); }
+}  // namespace
+
+Tensor copy_to_tp(const Tensor& x, ProcessGroup& tp) {
+  return noted("copy_to_tp (f)", x, Placement::replicate(), record_function("copy_to_tp (f)", {x}, {x}, [&tp](const std::vector<Tensor>& g) {
+    return std::vector<Tensor>{all_reduced(g[0], tp)};
+  })[0], Placement::replicate());
+}
+
+Tensor reduce_from_tp(const Tensor& x, ProcessGroup& tp) {
+  return noted("reduce_from_tp (g)", x, Placement::partial(),
+               record_function("reduce_from_tp (g)", {x}, {all_reduced(x, tp)},
+                               [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; })[0],
+               Placement::replicate());
+}
+
+Tensor gather_sequence(const Tensor& x, ProcessGroup& tp) {
+  return noted("gather_sequence", x, sequence_shard(x),
+               record_function("gather_sequence", {x}, {gathered(x, 1, tp)},
+                               [&tp](const std::vector<Tensor>& g) {
+                                 return std::vector<Tensor>{scattered(g[0], 1, tp, true)};
+                               })[0],
+               Placement::replicate());
+}
+
+Tensor reduce_scatter_sequence(const Tensor& x, ProcessGroup& tp) {
+  return noted("reduce_scatter_sequence", x, Placement::partial(),
+               record_function("reduce_scatter_sequence", {x}, {scattered(x, 1, tp, true)},
+                               [&tp](const std::vector<Tensor>& g) {
+                                 return std::vector<Tensor>{gathered(g[0], 1, tp)};
+                               })[0],
+               sequence_shard(x));
+}
+
+Tensor split_sequence(const Tensor& x, ProcessGroup& tp) {
+  return noted("split_sequence", x, Placement::replicate(),
+               record_function("split_sequence", {x}, {scattered(x, 1, tp, false)},
+                               [&tp](const std::vector<Tensor>& g) {
+                                 return std::vector<Tensor>{gathered(g[0], 1, tp)};
+                               })[0],
+               sequence_shard(x));
+}
+
+Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab, ProcessGroup& tp) {
+  BLU_CHECK(logits.dim() == 2 && targets.dim() == 1 && targets.size(0) == logits.size(0),
+            "vocab_parallel_cross_entropy: expected logits [N, V/tp] and targets [N], got ", logits.shape(), " and ",
+            targets.shape());
+  const int64_t Vl = logits.size(1), off = int64_t(tp.rank()) * Vl;
+  const int64_t cols = std::clamp<int64_t>(vocab - off, 0, Vl);  // this rank's real (unpadded) columns
+  BLU_CHECK(cols > 0, "vocab_parallel_cross_entropy: rank ", tp.rank(), " owns columns [", off, ", ", off + Vl,
+            ") of a vocabulary of ", vocab, ": none is real");
+  BLU_CHECK(vocab < (int64_t(1) << 24), "vocab_parallel_cross_entropy: a vocabulary of ", vocab,
+            " is beyond the 2^24 ids the f32 index arithmetic holds exactly");
+  const DType ct = logits.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const Device dev = logits.device();
+  Tensor z = to_dtype(logits, ct);
+  if (cols < Vl) z = narrow(z, 1, 0, cols);
+  Tensor row_max, target_hot, valid;  // [N, 1], [N, cols], [N]
+  {
+    NoGradGuard no_grad;
+    const Tensor zd = z.detach();
+    // Column indices compared in ct (exact below 2^24, checked above).
+    const Tensor col = reshape(arange(0, double(cols), 1, ct, dev), {1, cols});
+    // The row max without a max-along-dim op: the argmax's one-hot picks it out exactly.
+    const Tensor hot = to_dtype(eq(col, to_dtype(argmax(zd, 1, true), ct)), ct);
+    row_max = all_reduced(sum(mul(zd, hot), {1}, true), tp, ReduceOp::max);
+    const Tensor t = reshape(to_dtype(targets, ct), {targets.size(0), 1});
+    target_hot = to_dtype(eq(add(col, double(off)), t), ct);  // zero on the ranks that do not own it
+    valid = reshape(to_dtype(gt(t, -0.5), ct), {targets.size(0)});
+    if (ShardingCheck* c = ShardingCheck::active()) {  // rank-dependent constants: this rank's columns
+      c->set(target_hot, Placement::shard(-1));
+      c->set(row_max, Placement::replicate());
+    }
+  }
+  // log Σ_all exp(z) = log(Σ_ranks Σ_local exp(z − m)) + m, m the global row max (a constant for
+  // the gradient: the shift cancels).
+  const Tensor sum_exp = reduce_from_tp(sum(exp(sub(z, row_max)), {1}), tp);
+  const Tensor lse = add(log(sum_exp), reshape(row_max, {z.size(0)}));
+  const Tensor target_logit = reduce_from_tp(sum(mul(z, target_hot), {1}), tp);
+  const Tensor per_row = mul(sub(lse, target_logit), valid);
+  Tensor count;
+  {
+    NoGradGuard no_grad;
+    count = clamp(sum(valid), 1.0, std::numeric_limits<double>::infinity());
+  }
+  return div(sum(per_row), count);
+}
+
+// --- modules ---
+
+ParallelLinear::ParallelLinear(const nn::Linear& full, Kind k, std::shared_ptr<ProcessGroup> tp, bool sp,
+                               int64_t parts)
+    : nn::Linear(linear_in(full, k, *tp), linear_out(full, k, *tp), full.bias.defined()),
+      kind(k),
+      tp_(std::move(tp)),
+      sp_(sp) {
+  match(*this, full.weight, full);
+  if (kind == Kind::row) {
+    weight_info_ = split_info(full.weight, 1, 1, *tp_);
+    if (bias.defined()) bias_info_ = replicated_info(full.bias, sp_);
+  } else {
+    weight_info_ = split_info(full.weight, 0, parts, *tp_);
+    if (bias.defined()) bias_info_ = split_info(full.bias, 0, parts, *tp_);
+  }
+  load_shard(weight, full.weight, weight_info_);
+  if (bias.defined()) load_shard(bias, full.bias, bias_info_);
+}
+
+Tensor ParallelLinear::forward(const Tensor& x) const {
+  const Tensor w = cast_param(weight, x.dtype()), b = cast_param(bias, x.dtype());
+  switch (kind) {
+    case Kind::column:
+      return linear(sp_ ? gather_sequence(x, *tp_) : copy_to_tp(x, *tp_), w, b);
+    case Kind::row: {
+      Tensor y = linear(x, w);  // a partial sum over the ranks' input features
+      y = sp_ ? reduce_scatter_sequence(y, *tp_) : reduce_from_tp(y, *tp_);
+      return b.defined() ? add(y, b) : y;
+    }
+    case Kind::head:
+      break;
+  }
+  return linear(x, w, b);
+}
+
+Tensor ParallelLinear::forward(const Tensor& x, const Tensor& residual) const {
+  if (kind == Kind::head) return linear(x, cast_param(weight, x.dtype()), cast_param(bias, x.dtype()), residual);
+  return add(residual, forward(x));
+}
+
+ShardInfo ParallelLinear::shard_of(const Tensor& param) const {
+  if (param.is_same(weight)) return weight_info_;
+  BLU_CHECK(bias.defined() && param.is_same(bias), "ParallelLinear::shard_of: not one of this layer's parameters");
+  return bias_info_;
+}
+
+VocabParallelEmbedding::VocabParallelEmbedding(const nn::Embedding& full, std::shared_ptr<ProcessGroup> tp)
+    : nn::Embedding(full.weight.size(0) / tp->size(), full.weight.size(1)), tp_(std::move(tp)) {
+  BLU_CHECK(full.weight.size(0) < (int64_t(1) << 24), "VocabParallelEmbedding: ", full.weight.size(0),
+            " rows are beyond the 2^24 ids the f32 index arithmetic holds exactly");
+  match(*this, full.weight, full);
+  info_ = split_info(full.weight, 0, 1, *tp_);
+  load_shard(weight, full.weight, info_);
+}
+
+Tensor VocabParallelEmbedding::forward(const Tensor& idx) const {
+  const int64_t lo = info_.offset, rows = info_.length;
+  Tensor local, keep;  // this rank's row of each id (0 when out of range), and 1/0 whether in range
+  {
+    NoGradGuard no_grad;
+    // Ids as f32 (exact below 2^24: the constructor checks the table's rows).
+    const Tensor f = to_dtype(idx, DType::f32);
+    const Tensor in_range = mul(to_dtype(gt(f, double(lo) - 0.5), DType::f32),
+                                to_dtype(lt(f, double(lo + rows) - 0.5), DType::f32));
+    local = to_dtype(mul(add(f, -double(lo)), in_range), DType::i64);
+    keep = unsqueeze(to_dtype(in_range, weight.dtype()), -1);
+  }
+  return reduce_from_tp(mul(embedding(weight, local), keep), *tp_);
+}
+
+ShardInfo VocabParallelEmbedding::shard_of(const Tensor& param) const {
+  BLU_CHECK(param.is_same(weight), "VocabParallelEmbedding::shard_of: not this embedding's weight");
+  return info_;
+}
+
+SequenceParallelLayerNorm::SequenceParallelLayerNorm(const nn::LayerNorm& full)
+    : nn::LayerNorm(full.weight.size(0), full.bias.defined(), full.eps) {
+  match(*this, full.weight, full);
+  NoGradGuard no_grad;
+  copy_(weight, full.weight);
+  if (bias.defined()) copy_(bias, full.bias);
+}
+
+ShardInfo SequenceParallelLayerNorm::shard_of(const Tensor& param) const { return replicated_info(param, true); }
+
+SequenceParallelRMSNorm::SequenceParallelRMSNorm(const nn::RMSNorm& full) : nn::RMSNorm(full.weight.size(0), full.eps) {
+  match(*this, full.weight, full);
+  NoGradGuard no_grad;
+  copy_(weight, full.weight);
+}
+
+ShardInfo SequenceParallelRMSNorm::shard_of(const Tensor& param) const { return replicated_info(param, true); }
+
+// --- the rewrite ---
+
+void apply_tensor_parallel(models::CausalLM& model, std::shared_ptr<ProcessGroup> tp, TPOptions options) {
+  BLU_CHECK(tp, "apply_tensor_parallel: expected a process group");
+  BLU_CHECK(!model.sharded.active(), "apply_tensor_parallel: the model is tensor-parallel already");
+  const std::vector<models::ShardSpec> plan = model.tensor_parallel_plan();
+  BLU_CHECK(!plan.empty(), "apply_tensor_parallel: the model family '", model.family(),
+            "' declares no tensor-parallel plan (CausalLM::tensor_parallel_plan)");
+  const int64_t W = tp->size();
+  using models::ShardRole;
+  // Everything is checked before anything changes.
+  for (const models::ShardSpec& s : plan) {
+    nn::Module* m = model.find_module(s.module);
+    BLU_CHECK(m, "apply_tensor_parallel: the plan names '", s.module, "', which the model does not have");
+    const bool linear = dynamic_cast<nn::Linear*>(m) != nullptr;
+    const bool ok = s.role == ShardRole::vocab_embedding ? dynamic_cast<nn::Embedding*>(m) != nullptr
+                    : s.role == ShardRole::sequence_norm
+                        ? dynamic_cast<nn::LayerNorm*>(m) != nullptr || dynamic_cast<nn::RMSNorm*>(m) != nullptr
+                        : linear;
+    BLU_CHECK(ok, "apply_tensor_parallel: '", s.module, "' is not of the type its role needs");
+    if (s.units > 0) {
+      BLU_CHECK(s.units % W == 0, "tensor parallelism over ", W, " ranks: ", s.module, ": ", s.units_name, " ", s.units,
+                " is not divisible by ", W);
+    }
+    if (s.role == ShardRole::vocab_embedding || s.role == ShardRole::vocab_head) {
+      const int64_t rows = s.units / W;
+      BLU_CHECK((W - 1) * rows < model.vocab_size(), "tensor parallelism over ", W, " ranks: ", s.module,
+                ": the last rank's rows [", (W - 1) * rows, ", ", W * rows, ") hold none of the ", model.vocab_size(),
+                " real tokens");
+    }
+  }
+  const bool sp = options.sequence_parallel;
+  for (const models::ShardSpec& s : plan) {
+    nn::Module* m = model.find_module(s.module);
+    std::shared_ptr<nn::Module> fresh;
+    switch (s.role) {
+      case ShardRole::column:
+        fresh = std::make_shared<ParallelLinear>(*dynamic_cast<nn::Linear*>(m), ParallelLinear::Kind::column, tp, sp,
+                                                 s.parts);
+        break;
+      case ShardRole::row:
+        fresh = std::make_shared<ParallelLinear>(*dynamic_cast<nn::Linear*>(m), ParallelLinear::Kind::row, tp, sp);
+        break;
+      case ShardRole::vocab_head:
+        fresh = std::make_shared<ParallelLinear>(*dynamic_cast<nn::Linear*>(m), ParallelLinear::Kind::head, tp, sp);
+        break;
+      case ShardRole::vocab_embedding:
+        fresh = std::make_shared<VocabParallelEmbedding>(*dynamic_cast<nn::Embedding*>(m), tp);
+        break;
+      case ShardRole::sequence_norm:
+        if (!sp) continue;  // replicated and run on the whole sequence: nothing to change
+        if (auto* ln = dynamic_cast<nn::LayerNorm*>(m)) fresh = std::make_shared<SequenceParallelLayerNorm>(*ln);
+        else fresh = std::make_shared<SequenceParallelRMSNorm>(*dynamic_cast<nn::RMSNorm*>(m));
+        break;
+    }
+    model.replace_module(s.module, fresh);
+  }
+  models::ShardedSteps& steps = model.sharded;
+  if (sp) steps.enter_blocks = [tp](const Tensor& x) { return split_sequence(x, *tp); };
+  steps.sequence_shards = sp ? W : 1;
+  steps.enter_head = [tp, sp](const Tensor& x) { return sp ? gather_sequence(x, *tp) : copy_to_tp(x, *tp); };
+  steps.loss = [tp](const Tensor& logits, const Tensor& targets, int64_t vocab) {
+    return vocab_parallel_cross_entropy(logits, targets, vocab, *tp);
+  };
+  steps.gather_logits = [tp](const Tensor& logits) { return gathered(logits, -1, *tp); };
+}
+
+// --- the inverse ---
+
+std::vector<ShardedParameter> sharded_parameters(nn::Module& model) {
+  std::map<std::string, ShardInfo> known;
+  for (auto& [path, m] : model.named_modules()) {
+    auto* s = dynamic_cast<ShardedModule*>(m);
+    if (!s) continue;
+    for (auto& [name, p] : m->named_parameters()) known[path.empty() ? name : path + "." + name] = s->shard_of(p);
+  }
+  std::vector<ShardedParameter> out;
+  for (auto& [name, p] : model.named_parameters()) {
+    auto it = known.find(name);
+    out.push_back({name, p, it != known.end() ? it->second : replicated_info(p, false)});
+  }
+  return out;
+}
+
+ShardInfo shard_info(nn::Module& model, const Tensor& param) {
+  for (const ShardedParameter& s : sharded_parameters(model))
+    if (s.param.is_same(param)) return s.info;
+  BLU_CHECK(false, "shard_info: ", param.str(), " is not a parameter of the model");
+  return {};
+}
+
+nn::NamedTensors gather_full_state(nn::Module& model, ProcessGroup& tp) {
+  NoGradGuard no_grad;
+  nn::NamedTensors out;
+  for (const ShardedParameter& s : sharded_parameters(model)) {
+    if (!s.info.sharded()) {
+      out.emplace_back(s.name, s.param.detach());
+      continue;
+    }
+    const ShardInfo& i = s.info;
+    BLU_ASSERT(s.param.shape() == local_shape(i), "the shard of ", s.name, " is ", s.param.shape(), ", expected ",
+               local_shape(i));
+    // Move the split dim to the front, gather ([W·P·L, …] in rank-major order), then reorder the
+    // pieces segment-major: [W, P, L, …] → [P, W, L, …].
+    Shape perm{i.dim};
+    for (int64_t d = 0; d < s.param.dim(); ++d)
+      if (d != i.dim) perm.push_back(d);
+    const Tensor front = contiguous(permute(s.param, perm));
+    const Tensor all = gathered(front, 0, tp);
+    Shape rest(front.shape().begin() + 1, front.shape().end());
+    Shape split{int64_t(tp.size()), i.parts, i.length};
+    split.insert(split.end(), rest.begin(), rest.end());
+    Shape swap{1, 0};
+    for (int64_t d = 2; d < int64_t(split.size()); ++d) swap.push_back(d);
+    Shape merged{int64_t(tp.size()) * i.parts * i.length};
+    merged.insert(merged.end(), rest.begin(), rest.end());
+    const Tensor full_front = reshape(permute(reshape(all, split), swap), merged);
+    Shape back(size_t(s.param.dim()));  // inverse of perm
+    for (size_t d = 0; d < perm.size(); ++d) back[size_t(perm[d])] = int64_t(d);
+    out.emplace_back(s.name, contiguous(permute(full_front, back)));
+  }
+  return out;
+}
+
+}  // namespace blu::dist
