@@ -603,6 +603,8 @@ void Trainer::with_work_timeout(const std::function<void()>& f) {
     throw;
   }
   pg->set_timeout(saved);
+}
+
 void Trainer::keep_best(double val_loss) {
   if (opt_s_.out.empty() || rank_ != 0 || last_checkpoint_.empty()) return;
   // Copy, then rename: a reader never sees half a file under the final name.
