@@ -299,7 +299,8 @@ void DataLoader::restore(const LoaderState& s) {
   };
   mismatch("T", s.T, T_);
   mismatch("shuffle", s.shuffle, options_.shuffle);
-  if (options_.shuffle) {  // shuffled windows are B*T tokens: another B reorders them
+  if (options_.shuffle) {  // shuffled windows are B*T tokens: another B reorders them; the seed orders them
+    mismatch("seed", s.seed, options_.seed);
     mismatch("B", s.B, B_);
     mismatch("world_size", s.world_size, static_cast<int64_t>(world_size_));
   }
@@ -308,7 +309,6 @@ void DataLoader::restore(const LoaderState& s) {
             "DataLoader::restore: the state was saved with B=", s.B, " on world_size=", s.world_size, " (",
             s.B * s.world_size, " rows a round), this loader has B=", B_, " on world_size=", world_size_, " (",
             B_ * world_size_, " rows): to resume on another number of ranks keep B x world_size, the global batch");
-  mismatch("seed", s.seed, options_.seed);
   mismatch("num_shards", s.num_shards, static_cast<int64_t>(files_.size()));
   BLU_CHECK(s.epoch >= 0 && s.shard >= 0 && s.shard < s.num_shards, "DataLoader::restore: bad position epoch=",
             s.epoch, ", shard=", s.shard, " of ", s.num_shards);
