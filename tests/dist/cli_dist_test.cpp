@@ -253,6 +253,42 @@ TEST_F(DistCli, ParallelAnnotations) {
   }
 }
 
+// A pipeline's checkpoint is committed with every stage file's size and checksum: a corrupt newest
+// one is skipped with a warning naming the mismatch, and the run resumes from the previous one to
+// the same losses as an uninterrupted run.
+TEST_F(DistCli, PipelineCheckpointsVerifyAndFallBack) {
+  auto run = [&](const std::string& out, int steps, std::vector<std::string> extra) {
+    std::vector<std::string> cmd = {blutrain().string(), "launch", "-n", "2", "--", blutrain().string(), "train",
+                                    "--train-pattern", (dir.path / "d_train_*.bin").string(), "--model", "tiny",
+                                    "-B", "2", "-T", "32", "--steps", std::to_string(steps), "--schedule", "constant",
+                                    "--warmup", "0", "--lr", "1e-3", "--ckpt-every", "2", "--parallel",
+                                    "pipeline(2, micro=2)", "--out", (dir.path / out).string()};
+    cmd.insert(cmd.end(), extra.begin(), extra.end());
+    return run_command(1, cmd, {{"OMP_NUM_THREADS", "1"}});
+  };
+  LaunchResult r = run("straight", 6, {});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  r = run("cut", 4, {});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  const fs::path stage = dir.path / "cut/ckpt_00000004/stage_001_of_002.safetensors";
+  ASSERT_TRUE(fs::exists(stage)) << r.out;
+  const nlohmann::json commit = nlohmann::json::parse(read_text(dir.path / "cut/ckpt_00000004/COMMIT"));
+  EXPECT_EQ(commit["format_version"], 2);
+  EXPECT_EQ(commit["files"].size(), 2u);
+  {
+    std::fstream f(stage, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('\x5a');
+  }
+  r = run("cut", 6, {"--auto-resume"});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE((r.out + r.err).find("checksum mismatch"), std::string::npos) << r.out << r.err;
+  EXPECT_NE(r.out.find("resumed from " + (dir.path / "cut/ckpt_00000002").string()), std::string::npos) << r.out;
+  const auto a = losses(dir.path / "straight"), b = losses(dir.path / "cut");
+  ASSERT_EQ(a.size(), 6u);
+  for (int64_t step = 3; step <= 6; ++step) EXPECT_EQ(b.at(step), a.at(step)) << "step " << step;
+}
+
 TEST_F(DistCli, DpMustMatchTheLauncher) {
   const LaunchResult r = run_command(1, {blutrain().string(), "train", "--train-pattern",
                                          (dir.path / "d_train_*.bin").string(), "--model", "tiny", "--dp", "2"});

@@ -13,6 +13,8 @@
 
 #include "blu/core/error.h"
 #include "blu/core/grad_mode.h"
+#include "blu/io/checksum.h"
+#include "blu/io/json_file.h"
 #include "blu/io/safetensors.h"
 #include "blu/ops/elementwise.h"
 #include "blu/ops/factory.h"
@@ -445,6 +447,16 @@ void PipelineStage::sync_tied() {
   tied_.set_grad(owns_first() ? add(mine, theirs) : add(theirs, mine));
 }
 
+namespace {
+
+// The step of a "ckpt_<step>" directory (-1 when the name holds no number).
+int64_t checkpoint_dir_step(const fs::path& p) {
+  const std::string n = p.filename().string().substr(5);
+  return !n.empty() && n.size() <= 18 && std::all_of(n.begin(), n.end(), ::isdigit) ? std::stoll(n) : -1;
+}
+
+}  // namespace
+
 std::string PipelineStage::save(const std::string& dir, const optim::Optimizer& opt, const TrainState& st,
                                 int keep_last) {
   const fs::path step_dir = fs::path(dir) / step_dir_name(st.step);
@@ -469,46 +481,92 @@ std::string PipelineStage::save(const std::string& dir, const optim::Optimizer& 
   w.write((step_dir / stage_file_name(rank_, P)).string());
   if (pg_) pg_->barrier()->wait();  // every stage's file is on disk
   if (rank_ == 0) {
-    const fs::path tmp = step_dir / "COMMIT.tmp";
-    {
-      std::ofstream f(tmp);
-      f << nlohmann::json{{"stages", P}, {"step", st.step}}.dump() << "\n";
-      BLU_CHECK(f.good(), "pipeline save: cannot write ", tmp.string());
+    // COMMIT names every stage file with its size and checksum, written atomically (temp, fsync,
+    // rename, directory fsync); older checkpoints go only once it is durable.
+    nlohmann::json files = nlohmann::json::array();
+    for (int q = 0; q < P; ++q) {
+      const io::FileDigest d = io::digest_file(step_dir / stage_file_name(q, P));
+      files.push_back({{"name", stage_file_name(q, P)}, {"bytes", d.bytes}, {"checksum", d.checksum}});
     }
-    fs::rename(tmp, step_dir / kCommit);
+    io::write_json_file(step_dir / kCommit,
+                        {{"format_version", kPipelineFormatVersion}, {"stages", P}, {"step", st.step}, {"files", files}});
     if (keep_last > 0) {
-      std::vector<fs::path> committed;
+      std::vector<std::pair<int64_t, fs::path>> committed;
       for (const auto& e : fs::directory_iterator(dir))
         if (e.is_directory() && e.path().filename().string().rfind("ckpt_", 0) == 0 && fs::exists(e.path() / kCommit))
-          committed.push_back(e.path());
+          committed.emplace_back(checkpoint_dir_step(e.path()), e.path());
       std::sort(committed.begin(), committed.end());
       for (size_t i = 0; i + size_t(keep_last) < committed.size(); ++i)
-        if (committed[i] != step_dir) fs::remove_all(committed[i]);
+        if (committed[i].second != step_dir) fs::remove_all(committed[i].second);
     }
   }
   if (pg_) pg_->barrier()->wait();  // nobody reads the checkpoint before it is committed
   return step_dir.string();
 }
 
-std::string PipelineStage::latest_checkpoint(const std::string& dir) {
+void PipelineStage::verify_checkpoint(const std::string& ckpt_dir) {
+  const fs::path d(ckpt_dir), commit_path = d / kCommit;
+  BLU_CHECK(fs::exists(commit_path), "pipeline checkpoint: ", commit_path.string(),
+            " is missing: the checkpoint was not committed (a save was interrupted?)");
+  const nlohmann::json commit = io::read_json_file(commit_path);
+  BLU_CHECK(commit.is_object() && commit.contains("stages") && commit["stages"].is_number_integer(),
+            commit_path.string(), ": expected a JSON object with an integer \"stages\"");
+  const int version = commit.value("format_version", 1);
+  BLU_CHECK(version >= 1 && version <= kPipelineFormatVersion, "pipeline checkpoint ", ckpt_dir,
+            " has format version ", version, "; this build reads versions 1 to ", kPipelineFormatVersion);
+  const int P = commit["stages"].get<int>();
+  BLU_CHECK(P >= 1, commit_path.string(), ": stages must be >= 1, got ", P);
+  if (version == 1) {  // no digests: the files must exist
+    for (int q = 0; q < P; ++q)
+      BLU_CHECK(fs::exists(d / stage_file_name(q, P)), "pipeline checkpoint: stage file ",
+                (d / stage_file_name(q, P)).string(), " is missing (", P, " expected)");
+    return;
+  }
+  BLU_CHECK(commit.contains("files") && commit["files"].is_array() && commit["files"].size() == size_t(P),
+            commit_path.string(), ": expected \"files\" to list ", P, " stage files");
+  for (const auto& f : commit["files"]) {
+    const std::string name = f.at("name").get<std::string>();
+    BLU_CHECK(!name.empty() && name.find('/') == std::string::npos && name != "." && name != "..",
+              commit_path.string(), ": bad file name '", name, "'");
+    const fs::path p = d / name;
+    BLU_CHECK(fs::exists(p), "pipeline checkpoint: ", p.string(), " is missing (listed in ", commit_path.string(), ")");
+    const io::FileDigest got = io::digest_file(p);
+    BLU_CHECK(got.bytes == f.at("bytes").get<uint64_t>(), "pipeline checkpoint: ", p.string(), " has ", got.bytes,
+              " bytes, expected ", f.at("bytes").get<uint64_t>(), " (truncated or overwritten)");
+    BLU_CHECK(got.checksum == f.at("checksum").get<std::string>(), "pipeline checkpoint: checksum mismatch in ",
+              p.string(), ": expected ", f.at("checksum").get<std::string>(), ", got ", got.checksum,
+              " (the file is corrupt)");
+  }
+}
+
+std::string PipelineStage::latest_checkpoint(const std::string& dir, const CheckpointWarning& warn) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return "";
-  std::string best;
+  std::vector<std::pair<int64_t, fs::path>> all;  // by step number, not by name
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string name = e.path().filename().string();
-    if (!e.is_directory() || name.rfind("ckpt_", 0) != 0 || !fs::exists(e.path() / kCommit)) continue;
-    if (best.empty() || name > fs::path(best).filename().string()) best = e.path().string();
+    if (e.is_directory() && name.rfind("ckpt_", 0) == 0 && fs::exists(e.path() / kCommit))
+      all.emplace_back(checkpoint_dir_step(e.path()), e.path());
   }
-  return best;
+  std::sort(all.begin(), all.end());
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      verify_checkpoint(it->second.string());
+      return it->second.string();
+    } catch (const std::exception& e) {
+      if (warn)
+        warn("warning: skipping checkpoint " + it->second.string() + " (step " + std::to_string(it->first) +
+             "): " + e.what() + (it + 1 != all.rend() ? "; trying the previous one" : ""));
+    }
+  }
+  return "";
 }
 
 TrainState PipelineStage::load(const std::string& ckpt_dir, optim::Optimizer& opt,
                                const nlohmann::json& expected_model_config) {
   const fs::path d(ckpt_dir);
-  std::ifstream cf(d / kCommit);
-  BLU_CHECK(cf.good(), "pipeline load: ", (d / kCommit).string(),
-            " is missing: the checkpoint was not committed (a save was interrupted?)");
-  const int P = nlohmann::json::parse(cf).at("stages").get<int>();
+  verify_checkpoint(ckpt_dir);  // COMMIT, version, every stage file's size and checksum
+  const int P = io::read_json_file(d / kCommit).at("stages").get<int>();
   std::vector<SafeTensorsFile> files;
   for (int q = 0; q < P; ++q) {
     const fs::path f = d / stage_file_name(q, P);

@@ -95,7 +95,13 @@ class PipelineStage {
   // anything.
   std::string save(const std::string& dir, const optim::Optimizer& opt, const TrainState& st, int keep_last);
   TrainState load(const std::string& ckpt_dir, optim::Optimizer& opt, const nlohmann::json& expected_model_config);
-  static std::string latest_checkpoint(const std::string& dir);
+  // The newest committed checkpoint (by step number) that verifies; each newer one that does not is
+  // passed to `warn` and skipped.
+  static std::string latest_checkpoint(const std::string& dir, const CheckpointWarning& warn = {});
+  // COMMIT (written atomically, format version 2: every stage file's size and xxHash checksum)
+  // and the files it names; BLU_CHECK naming the file, expected and got.
+  static void verify_checkpoint(const std::string& ckpt_dir);
+  static constexpr int kPipelineFormatVersion = 2;
   // Every parameter of the model made current on every rank: each is broadcast from a rank that
   // trains it (evaluation and sampling run the whole model). Collective over the pipeline group.
   void share_parameters();

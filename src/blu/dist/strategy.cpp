@@ -338,7 +338,7 @@ TrainState Strategy::load(const std::string& path, nn::Module& model, const nloh
 }
 
 std::string Strategy::latest_checkpoint(const std::string& dir, const CheckpointWarning& warn) const {
-  if (pipeline_) return PipelineStage::latest_checkpoint(dir);
+  if (pipeline_) return PipelineStage::latest_checkpoint(dir, warn);
   return zero_ ? latest_sharded_checkpoint(dir, warn) : latest_valid_checkpoint(dir, warn);
 }
 

@@ -313,7 +313,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
         skipped.push_back(w);
         if (cb_.log) *cb_.log << w << "\n" << std::flush;
       };
-      resume_from = pipelined_   ? dist::PipelineStage::latest_checkpoint(o.out)
+      resume_from = pipelined_   ? dist::PipelineStage::latest_checkpoint(o.out, warn)
                     : o.zero > 0 ? dist::latest_sharded_checkpoint(o.out, warn)
                                  : latest_valid_checkpoint(o.out, warn);
       std::string reasons;
