@@ -39,8 +39,8 @@ fi
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 
 device_args=(--device cpu)
-train_args=(--model gpt2:demo-byte --batch-size 16 --seq-len 128 --steps 600 --lr 2e-3 --min-lr 2e-4 --warmup 30
-            --val-every 100 --sample-every 200 --log-every 50 --shuffle)
+train_args=(--model gpt2:demo-byte --batch-size 16 --seq-len 64 --steps 1000 --lr 3e-3 --min-lr 3e-4 --warmup 50
+            --val-every 250 --sample-every 500 --log-every 100 --shuffle)
 if "$bin" info 2>/dev/null | grep -qE '^  cuda:0 '; then
   device_args=(--device cuda)
   train_args=(--model gpt2:demo-byte-gpu --precision bf16 --batch-size 64 --seq-len 256 --steps 3000 --lr 1e-3
