@@ -212,7 +212,8 @@ TEST_F(DistCli, BenchDataParallelOnCpuRanks) {
 
 // --parallel: a 2-stage pipeline trains the same losses as one process accumulating its two
 // micro-batches (GPT-2's tied embedding sums its two stages' gradient parts in another order: 1e-5
-// relative), replicate(2, zero=1) the same bits as --dp 2 --zero 1, and layouts the trainer does not
+// relative), replicate(2, zero=1) the same bits as --dp 2 --zero 1, replicate(2, zero=3) the same
+// losses within 1e-5, and layouts the trainer does not
 // drive yet, or that do not fit the world size, are refused before anything runs.
 TEST_F(DistCli, ParallelAnnotations) {
   auto run = [&](int ranks, const std::string& out, std::vector<std::string> extra) {
@@ -240,6 +241,14 @@ TEST_F(DistCli, ParallelAnnotations) {
   r = run(2, "dp", {"--dp", "2", "--zero", "1"});
   ASSERT_EQ(r.status, 0) << r.out << r.err;
   EXPECT_EQ(losses(dir.path / "rep"), losses(dir.path / "dp"));
+  // ZeRO-3 from the command line: the same losses as ZeRO-1 within fp32 reordering (the gradient
+  // is reduce-scattered per block instead of per bucket), a committed sharded checkpoint.
+  r = run(2, "rep3", {"--parallel", "replicate(2, zero=3)"});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  const auto z1 = losses(dir.path / "dp"), z3 = losses(dir.path / "rep3");
+  ASSERT_EQ(z3.size(), 4u);
+  for (const auto& [step, loss] : z1) EXPECT_NEAR(z3.at(step), loss, 1e-5 * std::abs(loss)) << "zero 3, step " << step;
+  EXPECT_TRUE(fs::exists(dir.path / "rep3/ckpt_00000004/COMMIT"));
   for (const auto& [layout, message] : std::vector<std::pair<std::string, std::string>>{
            {"split(2)", "split (tensor parallelism) is not wired into the trainer yet"},
            {"replicate(4)", "needs 4 ranks, the job has 2"},
