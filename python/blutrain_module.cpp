@@ -109,7 +109,7 @@ Tensor from_dlpack(const py::object& obj) {
   PyObject* c = cap.ptr();
   BLU_CHECK(PyCapsule_IsValid(c, "dltensor"), "from_dlpack: __dlpack__ did not return an unused 'dltensor' capsule");
   auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(c, "dltensor"));
-  PyCapsule_SetName(c, "used_dltensor");  // the capsule no longer owns it: our storage does
+  PyCapsule_SetName(c, "used_dltensor");  // DLPack's protocol: a consumed capsule is renamed; the storage owns it
   const DLTensor& d = m->dl_tensor;
   const DType dt = from_dl(d.dtype);
   Device dev = kCPU;

@@ -524,42 +524,20 @@ void PipelineStage::verify_checkpoint(const std::string& ckpt_dir) {
   }
   BLU_CHECK(commit.contains("files") && commit["files"].is_array() && commit["files"].size() == size_t(P),
             commit_path.string(), ": expected \"files\" to list ", P, " stage files");
-  for (const auto& f : commit["files"]) {
-    const std::string name = f.at("name").get<std::string>();
-    BLU_CHECK(!name.empty() && name.find('/') == std::string::npos && name != "." && name != "..",
-              commit_path.string(), ": bad file name '", name, "'");
-    const fs::path p = d / name;
-    BLU_CHECK(fs::exists(p), "pipeline checkpoint: ", p.string(), " is missing (listed in ", commit_path.string(), ")");
-    const io::FileDigest got = io::digest_file(p);
-    BLU_CHECK(got.bytes == f.at("bytes").get<uint64_t>(), "pipeline checkpoint: ", p.string(), " has ", got.bytes,
-              " bytes, expected ", f.at("bytes").get<uint64_t>(), " (truncated or overwritten)");
-    BLU_CHECK(got.checksum == f.at("checksum").get<std::string>(), "pipeline checkpoint: checksum mismatch in ",
-              p.string(), ": expected ", f.at("checksum").get<std::string>(), ", got ", got.checksum,
-              " (the file is corrupt)");
-  }
+  verify_listed_files(ckpt_dir, commit["files"], "pipeline checkpoint");
 }
 
 std::string PipelineStage::latest_checkpoint(const std::string& dir, const CheckpointWarning& warn) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return "";
-  std::vector<std::pair<int64_t, fs::path>> all;  // by step number, not by name
+  std::vector<std::pair<int64_t, std::string>> committed;  // by step number, not by name
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string name = e.path().filename().string();
     if (e.is_directory() && name.rfind("ckpt_", 0) == 0 && fs::exists(e.path() / kCommit))
-      all.emplace_back(checkpoint_dir_step(e.path()), e.path());
+      committed.emplace_back(checkpoint_dir_step(e.path()), e.path().string());
   }
-  std::sort(all.begin(), all.end());
-  for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    try {
-      verify_checkpoint(it->second.string());
-      return it->second.string();
-    } catch (const std::exception& e) {
-      if (warn)
-        warn("warning: skipping checkpoint " + it->second.string() + " (step " + std::to_string(it->first) +
-             "): " + e.what() + (it + 1 != all.rend() ? "; trying the previous one" : ""));
-    }
-  }
-  return "";
+  std::sort(committed.begin(), committed.end());
+  return newest_verified(committed, [](const std::string& d) { verify_checkpoint(d); }, warn);
 }
 
 TrainState PipelineStage::load(const std::string& ckpt_dir, optim::Optimizer& opt,

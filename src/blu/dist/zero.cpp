@@ -739,36 +739,14 @@ void verify_sharded_checkpoint(const std::string& ckpt_dir) {
   }
   BLU_CHECK(commit.contains("files") && commit["files"].is_array() && commit["files"].size() == size_t(W) + 1,
             commit_path.string(), ": expected \"files\" to list the model file and ", W, " shards");
-  for (const auto& f : commit["files"]) {
-    const std::string name = f.at("name").get<std::string>();
-    BLU_CHECK(!name.empty() && name.find('/') == std::string::npos && name != "." && name != "..",
-              commit_path.string(), ": bad file name '", name, "'");
-    const fs::path p = d / name;
-    BLU_CHECK(fs::exists(p), "sharded checkpoint: ", p.string(), " is missing (listed in ", commit_path.string(), ")");
-    const io::FileDigest got = io::digest_file(p);
-    const uint64_t want_bytes = f.at("bytes").get<uint64_t>();
-    BLU_CHECK(got.bytes == want_bytes, "sharded checkpoint: ", p.string(), " has ", got.bytes, " bytes, expected ",
-              want_bytes, " (truncated or overwritten)");
-    const std::string want = f.at("checksum").get<std::string>();
-    BLU_CHECK(got.checksum == want, "sharded checkpoint: checksum mismatch in ", p.string(), ": expected ", want,
-              ", got ", got.checksum, " (the file is corrupt)");
-  }
+  verify_listed_files(ckpt_dir, commit["files"], "sharded checkpoint");
 }
 
 std::string latest_sharded_checkpoint(const std::string& dir, const CheckpointWarning& warn) {
-  auto all = step_dirs(dir);
-  std::erase_if(all, [](const auto& sd) { return !fs::exists(sd.second / kCommit); });
-  for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    try {
-      verify_sharded_checkpoint(it->second.string());
-      return it->second.string();
-    } catch (const std::exception& e) {
-      if (warn)
-        warn("warning: skipping checkpoint " + it->second.string() + " (step " + std::to_string(it->first) +
-             "): " + e.what() + (it + 1 != all.rend() ? "; trying the previous one" : ""));
-    }
-  }
-  return "";
+  std::vector<std::pair<int64_t, std::string>> committed;
+  for (const auto& [step, d] : step_dirs(dir))
+    if (fs::exists(d / kCommit)) committed.emplace_back(step, d.string());
+  return newest_verified(committed, [](const std::string& d) { verify_sharded_checkpoint(d); }, warn);
 }
 
 TrainState load_sharded_checkpoint(const std::string& ckpt_dir, nn::Module& model, ZeroAdamW& opt,

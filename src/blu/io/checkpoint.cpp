@@ -221,19 +221,40 @@ std::string latest_checkpoint(const std::string& dir) {
 
 void verify_checkpoint(const std::string& path) { open_verified(path, "verify_checkpoint"); }
 
-std::string latest_valid_checkpoint(const std::string& dir, const CheckpointWarning& warn) {
-  auto all = list_checkpoints(dir);
-  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+std::string newest_verified(const std::vector<std::pair<int64_t, std::string>>& candidates,
+                            const std::function<void(const std::string&)>& verify, const CheckpointWarning& warn) {
+  for (auto it = candidates.rbegin(); it != candidates.rend(); ++it) {
     try {
-      verify_checkpoint(it->second);
+      verify(it->second);
       return it->second;
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       if (warn)
         warn("warning: skipping checkpoint " + it->second + " (step " + std::to_string(it->first) + "): " + e.what() +
-             (it + 1 != all.rend() ? "; trying the previous one" : ""));
+             (it + 1 != candidates.rend() ? "; trying the previous one" : ""));
     }
   }
   return "";
+}
+
+void verify_listed_files(const std::string& dir, const nlohmann::json& files, const std::string& what) {
+  for (const auto& f : files) {
+    const std::string name = f.at("name").get<std::string>();
+    BLU_CHECK(!name.empty() && name.find('/') == std::string::npos && name != "." && name != "..", what, " ", dir,
+              ": COMMIT lists a bad file name '", name, "'");
+    const fs::path p = fs::path(dir) / name;
+    BLU_CHECK(fs::exists(p), what, ": ", p.string(), " is missing (listed in its COMMIT)");
+    const io::FileDigest got = io::digest_file(p);
+    const uint64_t want_bytes = f.at("bytes").get<uint64_t>();
+    BLU_CHECK(got.bytes == want_bytes, what, ": ", p.string(), " has ", got.bytes, " bytes, expected ", want_bytes,
+              " (truncated or overwritten)");
+    const std::string want = f.at("checksum").get<std::string>();
+    BLU_CHECK(got.checksum == want, what, ": checksum mismatch in ", p.string(), ": expected ", want, ", got ",
+              got.checksum, " (the file is corrupt)");
+  }
+}
+
+std::string latest_valid_checkpoint(const std::string& dir, const CheckpointWarning& warn) {
+  return newest_verified(list_checkpoints(dir), [](const std::string& p) { verify_checkpoint(p); }, warn);
 }
 
 TrainState load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* opt,

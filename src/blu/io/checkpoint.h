@@ -54,6 +54,14 @@ using CheckpointWarning = std::function<void(const std::string&)>;
 // The checkpoint with the highest step in dir that verifies; every newer one that does not is
 // reported through `warn` and skipped. "" when none verifies.
 std::string latest_valid_checkpoint(const std::string& dir, const CheckpointWarning& warn = {});
+// The last of `candidates` (sorted by step) that `verify` accepts (it throws on a bad one); every
+// later one is reported through `warn` and skipped. "" when none verifies. What the single-file,
+// sharded and pipeline checkpoints' "latest" share.
+std::string newest_verified(const std::vector<std::pair<int64_t, std::string>>& candidates,
+                            const std::function<void(const std::string&)>& verify, const CheckpointWarning& warn);
+// Checks the files a COMMIT lists — [{"name", "bytes", "checksum"}, …] in `dir` — exist with their
+// size and checksum; BLU_CHECK naming `what`, the file, expected and got.
+void verify_listed_files(const std::string& dir, const nlohmann::json& files, const std::string& what);
 // Loads model (strict) and optimizer (when non-null), after verify_checkpoint's checks. If expected_model_config is not null, a
 // checkpoint whose model_config differs is refused with a BLU_CHECK naming the differing keys and
 // both values, BEFORE anything is modified. Returns the TrainState (the caller restores the RNG
