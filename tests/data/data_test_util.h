@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "blu/core/error.h"
+#include "common/checks.h"  // expect_error, error_of
 
 namespace blu::test {
 
@@ -70,20 +71,6 @@ inline std::vector<std::string> list_dir(const std::filesystem::path& dir) {
   for (const auto& e : std::filesystem::directory_iterator(dir)) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
   return names;
-}
-
-// Runs `fn`, expects a blu::Error whose message contains every one of `parts`.
-template <typename Fn>
-void expect_error(Fn&& fn, std::initializer_list<std::string> parts) {
-  try {
-    fn();
-  } catch (const blu::Error& e) {
-    const std::string msg = e.what();
-    for (const auto& part : parts)
-      EXPECT_NE(msg.find(part), std::string::npos) << "missing '" << part << "' in: " << msg;
-    return;
-  }
-  ADD_FAILURE() << "expected a blu::Error";
 }
 
 }  // namespace blu::test

@@ -20,6 +20,7 @@
 #include "blu/dist/zero.h"
 #include "blu/io/json_file.h"
 #include "blu/train/trainer.h"
+#include "common/checks.h"
 #include "dist_test_util.h"
 #include "train/train_test_util.h"
 
@@ -27,30 +28,12 @@ namespace blu::dist::test {
 namespace {
 
 namespace fs = std::filesystem;
+using blu::test::metric_losses;
+using blu::test::error_of;
 
 const fs::path kLegacy = fs::path(BLU_TEST_DIR) / "train/data/legacy_765617b";
 
 fs::path blutrain() { return fs::path(self_exe()).parent_path().parent_path() / "blutrain"; }
-
-std::map<int64_t, double> losses(const fs::path& run) {
-  std::map<int64_t, double> out;
-  std::ifstream f(run / "metrics.jsonl");
-  for (std::string line; std::getline(f, line);) {
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.value("event", "") == "step") out[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  }
-  return out;
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 class ShardedDurability : public ::testing::Test {
  protected:
@@ -114,7 +97,7 @@ TEST_F(ShardedDurability, TruncatedNewestFallsBackAndChecksumMismatchIsNamed) {
       << c.out;
   EXPECT_NE(c.out.find("bytes, expected"), std::string::npos) << c.out;
   EXPECT_NE(c.out.find("resumed from " + (dir.path / "cut/ckpt_00000002").string()), std::string::npos) << c.out;
-  const auto straight = losses(dir.path / "straight"), cut = losses(dir.path / "cut");
+  const auto straight = metric_losses(dir.path / "straight"), cut = metric_losses(dir.path / "cut");
   ASSERT_EQ(straight.size(), 4u);
   ASSERT_EQ(cut.size(), 4u);
   for (const auto& [step, loss] : straight) EXPECT_EQ(cut.at(step), loss) << "step " << step;
@@ -184,7 +167,7 @@ TEST(ShardedCompat, MainBeforeVersionsResumesOnTwoRanks) {
                                       {"OMP_NUM_THREADS", "1"}});
   ASSERT_EQ(r.status, 0) << r.out << r.err;
   const nlohmann::json want = io::read_json_file(kLegacy / "losses.json")["zero"];
-  const auto got = losses(out.path);
+  const auto got = metric_losses(out.path);
   ASSERT_EQ(got.size(), 2u);
   for (int64_t step : {3, 4})  // main's uninterrupted run; the tolerance allows kernels that change their rounding
     EXPECT_NEAR(got.at(step), want[std::to_string(step)].get<double>(), 1e-6) << "step " << step;
@@ -210,7 +193,7 @@ TEST_F(ShardedDurability, SigtermToLaunchCheckpointsBothRanksAndResumesBitExactl
   }
   bool started = false;
   for (int i = 0; i < 1200 && !started; ++i) {
-    const auto l = losses(dir.path / "cut");
+    const auto l = metric_losses(dir.path / "cut");
     started = !l.empty() && l.rbegin()->first >= 3;
     if (!started) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -222,7 +205,7 @@ TEST_F(ShardedDurability, SigtermToLaunchCheckpointsBothRanksAndResumesBitExactl
   const std::string out{std::istreambuf_iterator<char>(lf), {}};
   ASSERT_TRUE(WIFEXITED(st)) << out;
   ASSERT_EQ(WEXITSTATUS(st), kExitStoppedResumable) << out;
-  const int64_t stopped = losses(dir.path / "cut").rbegin()->first;
+  const int64_t stopped = metric_losses(dir.path / "cut").rbegin()->first;
   EXPECT_NE(out.find("stopped at step " + std::to_string(stopped)), std::string::npos) << out;
   EXPECT_NE(out.find("--auto-resume"), std::string::npos) << out;
   char name[32];
@@ -233,7 +216,7 @@ TEST_F(ShardedDurability, SigtermToLaunchCheckpointsBothRanksAndResumesBitExactl
   ASSERT_EQ(resumed.status, 0) << resumed.out << resumed.err;
   const LaunchResult straight = train(int(stopped) + 2, "straight");
   ASSERT_EQ(straight.status, 0) << straight.out << straight.err;
-  const auto a = losses(dir.path / "straight"), b = losses(dir.path / "cut");
+  const auto a = metric_losses(dir.path / "straight"), b = metric_losses(dir.path / "cut");
   ASSERT_EQ(a.size(), size_t(stopped + 2));
   ASSERT_EQ(b.size(), a.size());
   for (const auto& [step, loss] : a) EXPECT_EQ(b.at(step), loss) << "step " << step;

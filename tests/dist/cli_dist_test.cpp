@@ -10,25 +10,16 @@
 #include <nlohmann/json.hpp>
 
 #include "blu/data/shard.h"
+#include "common/checks.h"
 #include "dist_test_util.h"
 
 namespace blu::dist::test {
 namespace {
 
 namespace fs = std::filesystem;
+using blu::test::metric_losses;
 
 fs::path blutrain() { return fs::path(self_exe()).parent_path().parent_path() / "blutrain"; }
-
-// step → loss from a run's metrics.jsonl
-std::map<int64_t, double> losses(const fs::path& run) {
-  std::map<int64_t, double> out;
-  std::ifstream f(run / "metrics.jsonl");
-  for (std::string line; std::getline(f, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.value("event", "") == "step") out[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  }
-  return out;
-}
 
 std::string read_text(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
@@ -71,7 +62,7 @@ TEST_F(DistCli, Zero1TrainsPrintsOnRankZeroAndResumesExactly) {
   const LaunchResult c = train(1, 4, "split", {"--resume"});
   ASSERT_EQ(c.status, 0) << c.out << c.err;
   EXPECT_NE(c.out.find("resumed from"), std::string::npos) << c.out;
-  const auto straight = losses(dir.path / "straight"), split = losses(dir.path / "split");
+  const auto straight = metric_losses(dir.path / "straight"), split = metric_losses(dir.path / "split");
   ASSERT_EQ(straight.size(), 4u);
   ASSERT_EQ(split.size(), 4u);
   for (const auto& [step, loss] : straight) EXPECT_EQ(split.at(step), loss) << "step " << step;
@@ -96,7 +87,7 @@ TEST_F(DistCli, ResumesOnAnotherNumberOfRanks) {
   const LaunchResult c = train(1, 4, "split", {"--resume"}, 2, 2);
   ASSERT_EQ(c.status, 0) << c.out << c.err;
   EXPECT_NE(c.out.find("resumed from"), std::string::npos) << c.out;
-  const auto straight = losses(dir.path / "straight"), split = losses(dir.path / "split");
+  const auto straight = metric_losses(dir.path / "straight"), split = metric_losses(dir.path / "split");
   ASSERT_EQ(straight.size(), 4u);
   ASSERT_EQ(split.size(), 4u);
   for (const auto& [step, loss] : straight) EXPECT_NEAR(split.at(step), loss, 1e-6 * loss) << "step " << step;
@@ -123,7 +114,7 @@ TEST_F(DistCli, RestartedJobAutoResumes) {
   ASSERT_EQ(r.status, 0) << r.out << r.err;
   EXPECT_NE(r.err.find("restarting all 2 ranks (restart 1 of 1)"), std::string::npos) << r.err;
   EXPECT_NE(r.out.find("resumed from"), std::string::npos) << r.out;
-  const auto straight = losses(dir.path / "straight"), elastic = losses(dir.path / "elastic");
+  const auto straight = metric_losses(dir.path / "straight"), elastic = metric_losses(dir.path / "elastic");
   ASSERT_EQ(elastic.size(), 4u);
   for (const auto& [step, loss] : straight) EXPECT_EQ(elastic.at(step), loss) << "step " << step;
 }
@@ -133,7 +124,7 @@ TEST_F(DistCli, DdpAndZero2Train) {
     const std::string run = "z" + std::to_string(zero);
     const LaunchResult r = train(zero, 2, run, {"--grad-accum", "2"});
     ASSERT_EQ(r.status, 0) << r.out << r.err;
-    EXPECT_EQ(losses(dir.path / run).size(), 2u);
+    EXPECT_EQ(metric_losses(dir.path / run).size(), 2u);
   }
   EXPECT_TRUE(fs::exists(dir.path / "z0/ckpt_00000002.safetensors"));  // DDP: rank 0's ordinary checkpoint
   EXPECT_TRUE(fs::exists(dir.path / "z2/ckpt_00000002/COMMIT"));
@@ -231,7 +222,7 @@ TEST_F(DistCli, ParallelAnnotations) {
     r = run(2, "pp_" + sched, {"--parallel", "pipeline(2, schedule=" + sched + ", micro=2)"});
     ASSERT_EQ(r.status, 0) << r.out << r.err;
     EXPECT_NE(r.out.find("pipeline parallel"), std::string::npos) << r.out;
-    const auto a = losses(dir.path / "single"), b = losses(dir.path / ("pp_" + sched));
+    const auto a = metric_losses(dir.path / "single"), b = metric_losses(dir.path / ("pp_" + sched));
     ASSERT_EQ(a.size(), 4u);
     ASSERT_EQ(b.size(), 4u);
     for (const auto& [step, loss] : a) EXPECT_NEAR(b.at(step), loss, 1e-5 * std::abs(loss)) << sched << " step " << step;
@@ -240,12 +231,12 @@ TEST_F(DistCli, ParallelAnnotations) {
   ASSERT_EQ(r.status, 0) << r.out << r.err;
   r = run(2, "dp", {"--dp", "2", "--zero", "1"});
   ASSERT_EQ(r.status, 0) << r.out << r.err;
-  EXPECT_EQ(losses(dir.path / "rep"), losses(dir.path / "dp"));
+  EXPECT_EQ(metric_losses(dir.path / "rep"), metric_losses(dir.path / "dp"));
   // ZeRO-3 from the command line: the same losses as ZeRO-1 within fp32 reordering (the gradient
   // is reduce-scattered per block instead of per bucket), a committed sharded checkpoint.
   r = run(2, "rep3", {"--parallel", "replicate(2, zero=3)"});
   ASSERT_EQ(r.status, 0) << r.out << r.err;
-  const auto z1 = losses(dir.path / "dp"), z3 = losses(dir.path / "rep3");
+  const auto z1 = metric_losses(dir.path / "dp"), z3 = metric_losses(dir.path / "rep3");
   ASSERT_EQ(z3.size(), 4u);
   for (const auto& [step, loss] : z1) EXPECT_NEAR(z3.at(step), loss, 1e-5 * std::abs(loss)) << "zero 3, step " << step;
   EXPECT_TRUE(fs::exists(dir.path / "rep3/ckpt_00000004/COMMIT"));
@@ -293,7 +284,7 @@ TEST_F(DistCli, PipelineCheckpointsVerifyAndFallBack) {
   ASSERT_EQ(r.status, 0) << r.out << r.err;
   EXPECT_NE((r.out + r.err).find("checksum mismatch"), std::string::npos) << r.out << r.err;
   EXPECT_NE(r.out.find("resumed from " + (dir.path / "cut/ckpt_00000002").string()), std::string::npos) << r.out;
-  const auto a = losses(dir.path / "straight"), b = losses(dir.path / "cut");
+  const auto a = metric_losses(dir.path / "straight"), b = metric_losses(dir.path / "cut");
   ASSERT_EQ(a.size(), 6u);
   for (int64_t step = 3; step <= 6; ++step) EXPECT_EQ(b.at(step), a.at(step)) << "step " << step;
 }

@@ -22,6 +22,7 @@
 #include "blu/io/checkpoint.h"
 #include "blu/io/json_file.h"
 #include "blu/train/trainer.h"
+#include "common/checks.h"
 #include "data/data_test_util.h"
 #include "train/train_test_util.h"
 
@@ -29,6 +30,8 @@ namespace blu::train {
 namespace {
 
 namespace fs = std::filesystem;
+using blu::test::metric_losses;
+using blu::test::error_of;
 using test::TempDir;
 
 const fs::path kLegacy = fs::path(BLU_TEST_DIR) / "train/data/legacy_765617b";
@@ -43,26 +46,6 @@ TrainOptions legacy_options(const fs::path& data, const fs::path& out) {
   o.batch_size = 2, o.seq_len = 16, o.steps = 4, o.ckpt_every = 2, o.keep_last = 5, o.lr = 1e-2;
   o.val_pattern = "";
   return o;
-}
-
-std::map<int64_t, double> metric_losses(const fs::path& run) {
-  std::map<int64_t, double> out;
-  std::ifstream f(run / "metrics.jsonl");
-  for (std::string line; std::getline(f, line);) {
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.value("event", "") == "step") out[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  }
-  return out;
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 std::string read_text(const fs::path& p) {
