@@ -32,6 +32,7 @@
 #include "blu/ops/view.h"
 #include "blu/models/registry.h"
 #include "blu/train/model_spec.h"
+#include "blu/train/peak_flops.h"
 #ifdef BLU_HAVE_CUDA
 #include "blu/backend/cuda/runtime.h"
 #endif
@@ -299,6 +300,11 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
 #else
   if (device_.is_cuda() && world_ > 1) device_ = Device(DeviceType::cuda, env.local_rank);  // one GPU per rank
   if (device_.is_cuda()) cuda::set_device(device_.index);
+#endif
+  BLU_CHECK(o.peak_tflops >= 0, "--peak-tflops must be >= 0 (0: the GPU's datasheet peak), got ", o.peak_tflops);
+  peak_tflops_ = o.peak_tflops;
+#ifdef BLU_HAVE_CUDA
+  if (peak_tflops_ == 0 && device_.is_cuda()) peak_tflops_ = dense_peak_tflops(cuda::device_name(device_.index), o.precision);
 #endif
 
   // 2. The run directory.
@@ -702,14 +708,18 @@ TrainSummary Trainer::run() {
     s.tokens = step_tokens;  // mem_bytes is this rank's
     s.tokens_per_s = double(s.tokens) / (s.ms / 1e3);
     s.mem_bytes = alloc.stats().peak_bytes;
+    if (peak_tflops_ > 0)
+      s.mfu = s.tokens_per_s / double(world_) * model_->flops_per_token(o.seq_len) / (peak_tflops_ * 1e12);
     alloc.reset_peak();
     t_read = Clock::now();
     since_read = 0;
     sum.peak_mem_bytes = std::max(sum.peak_mem_bytes, s.mem_bytes);
     sum.final_train_loss = s.loss;
-    metrics_.write({{"event", "step"},   {"step", s.step},       {"loss", s.loss},
-                    {"lr", s.lr},        {"norm", s.grad_norm},  {"ms", s.ms},
-                    {"tok_per_s", s.tokens_per_s}, {"mem_bytes", s.mem_bytes}});
+    nlohmann::json step_ev = {{"event", "step"},   {"step", s.step},       {"loss", s.loss},
+                              {"lr", s.lr},        {"norm", s.grad_norm},  {"ms", s.ms},
+                              {"tok_per_s", s.tokens_per_s}, {"mem_bytes", s.mem_bytes}};
+    if (s.mfu > 0) step_ev["mfu"] = s.mfu;
+    metrics_.write(step_ev);
     if (cb_.on_step) cb_.on_step(s);
     // Every rank saw the same flags in read(), so the ranks stop at the same step; alone, a stop
     // asked for during on_step counts at once.

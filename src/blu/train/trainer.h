@@ -74,6 +74,9 @@ struct TrainOptions {
   // fp32 (IEEE matmuls) | tf32 | bf16 | fp16: bf16/fp16 run activations and matmuls in 16 bits
   // over fp32 master weights and optimizer state; fp16 adds dynamic loss scaling.
   std::string precision = "fp32";
+  // The device's dense matmul peak in TFLOP/s for the MFU each logged step records (model FLOPs
+  // per second per rank over it); 0 looks the GPU up in train/peak_flops.h (none on the CPU).
+  double peak_tflops = 0;
   std::string out;  // run directory; "" writes nothing (no metrics, no checkpoints)
   bool overwrite = false, resume = false;
   // Resume when --out holds a checkpoint, else start there — also over a run of the same model that
@@ -196,6 +199,7 @@ class Trainer {
   // Data parallel: rank 0 serves the store the strategy's process group rendezvoused through.
   int rank_ = 0;
   int world_ = 1;        // ranks of the job
+  double peak_tflops_ = 0;  // per rank, for MFU; 0: none recorded
   bool pipelined_ = false;  // a pipeline layout: every stage reads the same batches
   std::unique_ptr<dist::TcpStore> store_;
   std::unique_ptr<dist::Strategy> strategy_;
