@@ -159,11 +159,13 @@ uint64_t Graph::structure_hash() const {
     for (int x : op.outputs) h.i(x);
     for (const auto& [j, i] : op.views) h.i(j * 1000 + i);
     for (int x : op.writes) h.i(x);
-    // Attribute names and the values of shape/dtype/bool attributes shape the computation; the
-    // values of int and float scalars (lr, step, seed, offset) may change from step to step.
+    // Attribute names and the values of shape, dtype, bool and int attributes shape the
+    // computation; float scalars (lr, eps) and the per-step counters step, seed and offset are
+    // kernel arguments that may change from step to step.
     for (const auto& [k, v] : op.attrs.items()) {
       h.s(k);
       h.i(int64_t(v.index()));
+      if (const auto* n = std::get_if<int64_t>(&v); n && k != "step" && k != "seed" && k != "offset") h.i(*n);
       if (const auto* sh = std::get_if<Shape>(&v)) h.shape(*sh);
       if (const auto* dt = std::get_if<DType>(&v)) h.i(int64_t(*dt));
       if (const auto* b = std::get_if<bool>(&v)) h.i(*b);

@@ -109,9 +109,9 @@ struct Graph {
   //   %12 = matmul(%3, %7) {transpose_b=1} : [8, 64] f32 buf7
   // Stable: the same capture dumps the same text (tests compare dumps).
   std::string dump() const;
-  // A hash of everything replay depends on except the values of scalar attributes: op names and
-  // kinds, wiring, effects, every value's shape/strides/offset/dtype/device, buffer sizes and
-  // kinds. Two captures with equal signatures replay with the same plan.
+  // A hash of everything replay depends on except the attributes that are per-step kernel
+  // arguments (float scalars such as lr; the ints named step, seed, offset): op names and kinds,
+  // wiring, effects, every value's shape/strides/offset/dtype/device, buffer sizes and kinds. Two captures with equal signatures replay with the same plan.
   uint64_t structure_hash() const;
 };
 
