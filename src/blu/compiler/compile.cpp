@@ -4,6 +4,8 @@
 #include <iostream>
 #include <sstream>
 
+#include "blu/compiler/fused_step.h"
+
 namespace blu::compiler {
 
 CompiledStep::CompiledStep(CompileOptions options) : options_(std::move(options)) {
@@ -60,6 +62,14 @@ std::string first_difference(const Graph& a, const Graph& b) {
          std::to_string(a.buffers.size()) + ")";
 }
 
+FusedGraph CompiledStep::fuse_variant(const Graph& g) {
+  if (!options_.fusion) return unfused(g);
+  FusedGraph f = fuse_step(g, options_.fusion(g));
+  log("fusion: " + f.summary());
+  for (const std::string& note : f.notes) log("fusion: " + note);
+  return f;
+}
+
 void CompiledStep::run(const std::vector<Tensor>& inputs, const std::function<void()>& step) {
   ++step_;
   if (step_ <= options_.warmup_steps) {
@@ -100,10 +110,11 @@ void CompiledStep::run(const std::vector<Tensor>& inputs, const std::function<vo
     v->key = key;
     v->structure = structure;
     v->graph = g;
-    MemoryPlan plan = plan_memory(g, options_.plan);
+    FusedGraph fused = fuse_variant(g);
+    MemoryPlan plan = plan_memory(fused.graph, options_.plan);
     log("variant " + std::to_string(variants_.size() + 1) + " for " + key + ": " + g.summary());
     log("memory plan: " + plan.summary());
-    v->runtime = std::make_unique<Runtime>(g, std::move(plan), options_.runtime);
+    v->runtime = std::make_unique<Runtime>(std::move(fused), std::move(plan), options_.runtime);
     variants_.push_back(std::move(v));
     variant = variants_.back().get();
   } else if (variant->structure != structure) {

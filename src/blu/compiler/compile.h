@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "blu/compiler/codegen/region.h"
 #include "blu/compiler/runtime.h"
 
 namespace blu::compiler {
@@ -37,6 +38,10 @@ struct CompileOptions {
   std::string config;
   PlanOptions plan;
   RuntimeOptions runtime;
+  // The fusion pass (compiler/fused_step.h): given the captured graph, the regions to run fused
+  // (mlir_api::fuse where MLIR is built, or the fusion plan read from the kernel cache). Null: no
+  // fusion, every op runs its eager kernel.
+  std::function<std::vector<FusedRegion>(const Graph&)> fusion;
 };
 
 struct Variant {
@@ -68,6 +73,8 @@ class CompiledStep {
 
  private:
   void log(const std::string& line);
+  // The variant's graph with options_.fusion's regions fused (compiler/fused_step.h), or unchanged.
+  FusedGraph fuse_variant(const Graph& g);
   void fail(const std::string& reason);
   std::string key_of(const std::vector<Tensor>& inputs) const;
 

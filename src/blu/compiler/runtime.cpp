@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "blu/compiler/fused_step.h"
 #include "blu/memory/allocator.h"
 #include "blu/ops/dispatch.h"
 
@@ -43,7 +44,8 @@ static Device kernel_device(const Graph& g, const Op& op) {
   return d;
 }
 
-std::vector<Launch> Runtime::build_launches(const Graph& g) {
+std::vector<Launch> Runtime::build_launches(const Graph& g, const std::vector<int>* source,
+                                            const std::vector<FusedLaunch>* kernels) {
   std::vector<Launch> out;
   for (size_t i = 0; i < g.ops.size(); ++i) {
     const Op& op = g.ops[i];
@@ -51,6 +53,17 @@ std::vector<Launch> Runtime::build_launches(const Graph& g) {
     Launch l;
     l.kind = op.kind;
     l.op = int(i);
+    l.source = source ? (*source)[i] : int(i);
+    if (op.kind == OpKind::fused) {
+      BLU_CHECK(kernels && op.region >= 0 && size_t(op.region) < kernels->size(), "compiler runtime: fused op ", i,
+                " has no kernel for region ", op.region);
+      l.fused = (*kernels)[size_t(op.region)];
+      l.inputs = op.inputs;
+      l.outputs = op.outputs;
+      l.device = kCPU;
+      for (int v : op.outputs)
+        if (!g.values[size_t(v)].device.is_cpu()) l.device = g.values[size_t(v)].device;
+    }
     if (op.kind == OpKind::kernel) {
       l.device = kernel_device(g, op);
       l.kernel = backend(l.device.type).find(op.name);
@@ -62,9 +75,17 @@ std::vector<Launch> Runtime::build_launches(const Graph& g) {
 }
 
 Runtime::Runtime(const Graph& graph, MemoryPlan plan, RuntimeOptions options)
-    : graph_(graph), plan_(std::move(plan)), options_(options), cuda_(std::make_unique<CudaGraph>()) {
+    : graph_(graph), capture_ops_(int(graph.ops.size())), plan_(std::move(plan)), options_(options),
+      cuda_(std::make_unique<CudaGraph>()) {
   for (const Arena& a : plan_.arenas) arenas_.push_back(allocator_for(a.device).allocate(a.bytes));
   launches_ = build_launches(graph_);
+}
+
+Runtime::Runtime(FusedGraph fused, MemoryPlan plan, RuntimeOptions options)
+    : graph_(std::move(fused.graph)), capture_ops_(fused.capture_ops), plan_(std::move(plan)), options_(options),
+      cuda_(std::make_unique<CudaGraph>()) {
+  for (const Arena& a : plan_.arenas) arenas_.push_back(allocator_for(a.device).allocate(a.bytes));
+  launches_ = build_launches(graph_, &fused.source, &fused.kernels);
 }
 
 Runtime::~Runtime() = default;
@@ -73,11 +94,12 @@ void Runtime::execute(const Graph& g, const std::vector<Tensor>& tensors, const 
                       const std::function<void(size_t)>& after_op) {
   std::vector<Tensor> in, out;
   for (const Launch& l : launches) {
-    const Op& op = g.ops[size_t(l.op)];
+    const bool fused = l.kind == OpKind::fused;
+    const Op& op = g.ops[size_t(fused ? 0 : l.source)];
     in.clear();
     out.clear();
-    for (int v : op.inputs) in.push_back(v >= 0 ? tensors[size_t(v)] : Tensor());
-    for (int v : op.outputs) out.push_back(tensors[size_t(v)]);
+    for (int v : fused ? l.inputs : op.inputs) in.push_back(v >= 0 ? tensors[size_t(v)] : Tensor());
+    for (int v : fused ? l.outputs : op.outputs) out.push_back(tensors[size_t(v)]);
     switch (l.kind) {
       case OpKind::kernel: {
         const ExecContext& ctx = current_context(l.device);
@@ -89,10 +111,9 @@ void Runtime::execute(const Graph& g, const std::vector<Tensor>& tensors, const 
         op.call(in);
         break;
       case OpKind::fused: {
-        const Device d = out.empty() ? kCPU : out[0].device();
-        const ExecContext& ctx = current_context(d);
+        const ExecContext& ctx = current_context(l.device);
         ctx.scratch->reset();
-        l.fused(in, out, ctx);
+        l.fused(g, in, out, ctx);
         break;
       }
       case OpKind::view:
@@ -118,13 +139,15 @@ void Runtime::poison(size_t op) {
 }
 
 // Binds every storage the capture made: temporaries to their arena bytes (from `arenas`, or a
-// fresh allocation when null), step outputs to a fresh allocation.
+// fresh allocation when null), step outputs to a fresh allocation. With a plan, a temporary that
+// no op of the plan touches (a fused region's intermediate) gets no bytes.
 static void bind_storages(const Graph& g, const std::vector<std::shared_ptr<Storage>>& storages, const MemoryPlan* plan,
                  const std::vector<DataPtr>* arenas) {
   for (size_t b = 0; b < g.buffers.size(); ++b) {
     const Buffer& buf = g.buffers[b];
     if (buf.kind != BufferKind::temporary && buf.kind != BufferKind::step_output) continue;
     Storage& s = *storages[b];
+    if (plan && buf.kind == BufferKind::temporary && plan->placements[b].first < 0) continue;
     if (plan && buf.kind == BufferKind::temporary && plan->placements[b].in_arena) {
       const Placement& p = plan->placements[b];
       s.data = DataPtr(static_cast<char*>((*arenas)[size_t(p.arena)].get()) + p.offset, buf.nbytes, buf.device,
@@ -143,8 +166,8 @@ void Runtime::run_unplanned(Capture& step) {
 
 void Runtime::run(Capture& step) {
   const Graph& g = step.graph();
-  BLU_ASSERT(g.ops.size() == graph_.ops.size() && g.buffers.size() == graph_.buffers.size(),
-             "compiler runtime: a capture of another structure (", g.ops.size(), " ops, compiled ", graph_.ops.size(), ")");
+  BLU_ASSERT(g.ops.size() == size_t(capture_ops_) && g.buffers.size() == graph_.buffers.size(),
+             "compiler runtime: a capture of another structure (", g.ops.size(), " ops, compiled ", capture_ops_, ")");
   bind_storages(g, step.storages(), &plan_, &arenas_);
   ++stats_.steps;
   stats_.launches += int64_t(launches_.size());
@@ -159,9 +182,13 @@ void Runtime::run(Capture& step) {
   uint64_t h = 1469598103934665603ull;
   auto mix = [&](uint64_t x) { h = (h ^ x) * 1099511628211ull; };
   for (const Launch& l : launches_) {
-    const Op& op = g.ops[size_t(l.op)];
-    for (int v : op.inputs) mix(v >= 0 ? uint64_t(reinterpret_cast<uintptr_t>(step.tensors()[size_t(v)].raw_data())) : 0);
-    for (int v : op.outputs) mix(uint64_t(reinterpret_cast<uintptr_t>(step.tensors()[size_t(v)].raw_data())));
+    const Op& op = g.ops[size_t(l.kind == OpKind::fused ? 0 : l.source)];
+    for (int v : l.kind == OpKind::fused ? l.inputs : op.inputs) mix(v >= 0 ? uint64_t(reinterpret_cast<uintptr_t>(step.tensors()[size_t(v)].raw_data())) : 0);
+    for (int v : l.kind == OpKind::fused ? l.outputs : op.outputs)
+      mix(uint64_t(reinterpret_cast<uintptr_t>(step.tensors()[size_t(v)].raw_data())));
+  }
+  // Every op's attributes, those inside fused regions included (their kernels read them per step).
+  for (const Op& op : g.ops) {
     for (const auto& [k, val] : op.attrs.items())
       std::visit(
           [&](const auto& x) {

@@ -25,12 +25,17 @@
 
 namespace blu::compiler {
 
-// A fused region's launch (compiler/mlir/): inputs and outputs bound, the context's stream.
-using FusedLaunch = std::function<void(std::span<const Tensor> in, std::span<Tensor> out, const ExecContext& ctx)>;
+// A fused region's launch (compiler/fused_step.h): inputs and outputs bound, the context's stream;
+// `step` is this step's capture, whose ops carry the per-step kernel arguments (lr, step counts).
+using FusedLaunch = std::function<void(const Graph& step, std::span<const Tensor> in, std::span<Tensor> out,
+                                       const ExecContext& ctx)>;
+struct FusedGraph;
 
 struct Launch {
   OpKind kind = OpKind::kernel;
-  int op = -1;              // index in the graph
+  int op = -1;              // index in the runtime's graph (the memory plan's schedule)
+  int source = -1;          // kernel and collective launches: the op of each step's capture it runs
+  std::vector<int> inputs, outputs;  // fused launches: the region's value ids
   Kernel kernel = nullptr;  // kernel launches
   Device device;            // where the kernel runs
   FusedLaunch fused;        // fused launches
@@ -53,6 +58,8 @@ struct RuntimeStats {
 class Runtime {
  public:
   Runtime(const Graph& graph, MemoryPlan plan, RuntimeOptions options = {});
+  // A graph rewritten by fusion (compiler/fused_step.h); `plan` is the plan of fused.graph.
+  Runtime(FusedGraph fused, MemoryPlan plan, RuntimeOptions options = {});
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
@@ -68,12 +75,14 @@ class Runtime {
   const RuntimeStats& stats() const { return stats_; }
 
  private:
-  static std::vector<Launch> build_launches(const Graph& g);
+  static std::vector<Launch> build_launches(const Graph& g, const std::vector<int>* source = nullptr,
+                                            const std::vector<FusedLaunch>* kernels = nullptr);
   static void execute(const Graph& g, const std::vector<Tensor>& tensors, const std::vector<Launch>& launches,
                       const std::function<void(size_t op)>& after_op);
   void poison(size_t op);
 
   Graph graph_;  // the structure compiled (its tensors' bindings come from each step's capture)
+  int capture_ops_ = 0;  // ops in each step's capture (graph_ has fewer when regions are fused)
   MemoryPlan plan_;
   RuntimeOptions options_;
   std::vector<DataPtr> arenas_;  // per plan arena

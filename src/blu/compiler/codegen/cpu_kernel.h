@@ -33,14 +33,18 @@ class CpuKernel {
   ~CpuKernel();
   CpuKernel(const CpuKernel&) = delete;
   CpuKernel& operator=(const CpuKernel&) = delete;
-  // ins: the region's inputs, outs: its outputs (allocated by the caller), in the region's order.
-  void run(const std::vector<Tensor>& ins, const std::vector<Tensor>& outs) const;
+  // ins: the region's inputs, outs: its outputs (allocated by the caller), in the region's order;
+  // scalars: region_scalars of this step's capture (region.h).
+  void run(const std::vector<Tensor>& ins, const std::vector<Tensor>& outs, const std::vector<double>& scalars) const;
 
  private:
   CpuKernel() = default;
   void* handle_ = nullptr;
-  void (*fn_)(void* const*) = nullptr;
+  void (*fn_)(void* const*, const double*) = nullptr;
 };
+
+// The kernel cache's target for CPU kernels (the kernel ABI: pointers, then the scalar array).
+inline constexpr const char* kCpuTarget = "cpu-x86_64-abi2";
 
 // The C++ compiler's identity for the cache key ("g++ (Debian 12.2.0-14) 12.2.0").
 std::string cpu_toolchain_version();

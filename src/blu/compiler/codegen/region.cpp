@@ -8,6 +8,8 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "blu/core/error.h"
+
 namespace blu::compiler {
 
 OpClass op_class(const std::string& name) {
@@ -56,6 +58,30 @@ void compute_region_io(const Graph& g, FusedRegion& r) {
       if (read_outside.count(v)) r.outputs.push_back(v);
 }
 
+bool is_step_scalar(std::string_view name, const AttrValue& v) {
+  return std::holds_alternative<double>(v) || (name == "step" && std::holds_alternative<int64_t>(v));
+}
+
+std::vector<double> region_scalars(const Graph& g, const FusedRegion& r) {
+  std::vector<double> s;
+  for (int oi : r.ops)
+    for (const auto& [k, v] : g.ops.at(size_t(oi)).attrs.items())
+      if (is_step_scalar(k, v))
+        s.push_back(std::holds_alternative<double>(v) ? std::get<double>(v) : double(std::get<int64_t>(v)));
+  return s;
+}
+
+int region_scalar_slot(const Graph& g, const FusedRegion& r, int oi, std::string_view name) {
+  int slot = 0;
+  for (int o : r.ops)
+    for (const auto& [k, v] : g.ops.at(size_t(o)).attrs.items())
+      if (is_step_scalar(k, v)) {
+        if (o == oi && k == name) return slot;
+        ++slot;
+      }
+  BLU_CHECK(false, "fused region: op ", oi, " has no per-step scalar '", name, "'");
+}
+
 std::string region_text(const Graph& g, const FusedRegion& r) {
   std::map<int, std::string> names;
   for (size_t i = 0; i < r.inputs.size(); ++i) names[r.inputs[i]] = "in" + std::to_string(i);
@@ -85,6 +111,10 @@ std::string region_text(const Graph& g, const FusedRegion& r) {
     os << ")";
     for (const auto& [k, v] : op.attrs.items()) {
       os << " " << k << "=";
+      if (is_step_scalar(k, v)) {
+        os << "?";
+        continue;
+      }
       std::visit(
           [&](const auto& x) {
             using T = std::decay_t<decltype(x)>;

@@ -41,6 +41,14 @@ inline bool is_fusible_op(const std::string& name) { return op_class(name) <= Op
 // renumbered in order of appearance (in0.., t0..). Equal texts compute the same function.
 std::string region_text(const Graph& g, const FusedRegion& r);
 
+// The region's per-step kernel arguments, in order: every float attribute of its ops and every int
+// attribute named step (AdamW's count) — the attributes Graph::structure_hash leaves out, so a new
+// lr reuses the kernel. region_text prints them as `name=?`; a kernel reads them from an array.
+bool is_step_scalar(std::string_view name, const AttrValue& v);
+std::vector<double> region_scalars(const Graph& g, const FusedRegion& r);
+// The slot of op `oi`'s attribute `name` in region_scalars (BLU_CHECK: it is one).
+int region_scalar_slot(const Graph& g, const FusedRegion& r, int oi, std::string_view name);
+
 // Fills inputs/outputs from ops (reads not defined inside; definitions read outside or graph
 // outputs).
 void compute_region_io(const Graph& g, FusedRegion& r);

@@ -44,7 +44,7 @@ double check_region(const Graph& g, const FusedRegion& r, const CpuKernel& k, co
   NoGradGuard no_grad;
   const std::vector<Tensor> eager = run_region_eager(g, r, ins);
   const std::vector<Tensor> fused = alloc_region_outputs(g, r);
-  k.run(ins, fused);
+  k.run(ins, fused, region_scalars(g, r));
   double worst = 0;
   for (size_t j = 0; j < fused.size(); ++j) {
     const Tensor a = contiguous(to_dtype(fused[j], DType::f64)), b = contiguous(to_dtype(eager[j], DType::f64));
