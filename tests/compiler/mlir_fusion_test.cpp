@@ -1,5 +1,4 @@
-// The MLIR half of the compiler on the CPU: a step recorded at the dispatch point (a small
-// observer-based recorder here, standing in for compiler/capture) translates to a `blu` module
+// The MLIR half of the compiler on the CPU: a step recorded by compiler::Capture translates to a `blu` module
 // that round-trips (print → parse → verify → print, equal text); the fusion pass groups a residual
 // add with the layer norm after it and keeps a GEMM out; fused CPU kernels equal eager bitwise
 // (f32: the same arithmetic in the same order), and a second load is a kernel-cache hit.
@@ -11,6 +10,7 @@
 
 #include "blu/compiler/codegen/cpu_kernel.h"
 #include "blu/compiler/codegen/kernel_cache.h"
+#include "blu/compiler/capture.h"
 #include "blu/compiler/codegen/region_check.h"
 #include "blu/compiler/mlir/mlir_api.h"
 #include "blu/core/grad_mode.h"
@@ -24,54 +24,12 @@
 namespace blu::compiler {
 namespace {
 
-// Records every dispatch call between construction and graph() into a Graph (kernel ops only,
-// values by tensor identity; a tensor seen first as an input becomes a graph input).
-class Recorder {
- public:
-  Recorder() {
-    handle_ = add_op_observer([this](const OpDef& def, std::span<const Tensor> in, std::span<const Tensor> out,
-                                     const Attrs& attrs) {
-      Op op;
-      op.name = def.name;
-      op.def = &def;
-      op.attrs = attrs;
-      for (const Tensor& t : in) op.inputs.push_back(t.defined() ? value_of(t, true) : -1);
-      for (const Tensor& t : out) op.outputs.push_back(value_of(t, false, int(g_.ops.size())));
-      g_.ops.push_back(std::move(op));
-    });
-  }
-  ~Recorder() { remove_op_observer(handle_); }
-  Graph graph(const std::vector<Tensor>& outputs) {
-    for (const Tensor& t : outputs) g_.outputs.push_back(ids_.at(t.impl_ptr().get()));
-    return g_;
-  }
-  int id_or(const Tensor& t, int fallback) const {
-    auto it = ids_.find(t.impl_ptr().get());
-    return it == ids_.end() ? fallback : it->second;
-  }
-
- private:
-  int value_of(const Tensor& t, bool reading, int producer = -1) {
-    auto it = ids_.find(t.impl_ptr().get());
-    if (reading && it != ids_.end()) return it->second;
-    Value v;
-    v.id = int(g_.values.size());
-    v.shape = t.shape();
-    v.strides = t.strides();
-    v.dtype = t.dtype();
-    v.device = t.device();
-    v.producer = producer;
-    g_.values.push_back(v);
-    ids_[t.impl_ptr().get()] = v.id;
-    keep_.push_back(t);
-    if (reading) g_.inputs.push_back(v.id);
-    return v.id;
-  }
-  int handle_ = -1;
-  Graph g_;
-  std::map<const void*, int> ids_;
-  std::vector<Tensor> keep_;  // keeps impls alive so addresses stay unique
-};
+// The graph of f's ops on real inputs, recorded by compiler::Capture (no kernel runs).
+Graph capture_graph(const std::function<void()>& f) {
+  Capture cap;
+  f();
+  return cap.finish();
+}
 
 // Fresh cache per test binary run, so "cold" is cold.
 void use_temp_cache() {
@@ -83,49 +41,38 @@ void use_temp_cache() {
   ::setenv("BLU_KERNEL_CACHE", dir.c_str(), 1);
 }
 
-// The region of all ops of g.
+// The region of all kernel ops of g.
 FusedRegion whole(const Graph& g, RegionShape shape) {
   FusedRegion r;
   r.index = 0;
   r.shape = shape;
-  for (size_t i = 0; i < g.ops.size(); ++i) r.ops.push_back(int(i));
+  for (size_t i = 0; i < g.ops.size(); ++i)
+    if (g.ops[i].kind == OpKind::kernel) r.ops.push_back(int(i));
   compute_region_io(g, r);
   return r;
 }
 
-// Records f on inputs, fuses all of its ops into one region and checks fused == eager.
+// Captures f on inputs, fuses all of its ops into one region and checks fused == eager.
 double fused_vs_eager(const std::vector<Tensor>& ins, const std::function<Tensor(const std::vector<Tensor>&)>& f,
                       RegionShape shape = RegionShape::pointwise) {
   use_temp_cache();
   NoGradGuard ng;
-  Graph g;
-  std::map<int, Tensor> by_id;  // graph value id -> the input tensor
-  {
-    Recorder rec;
-    Tensor y = f(ins);
-    g = rec.graph({y});
-    for (const Tensor& t : ins)
-      for (int v : g.inputs)
-        if (v == rec.id_or(t, -1)) by_id[v] = t;
-  }
+  Capture cap;
+  Tensor y = f(ins);
+  const Graph& g = cap.finish();
   FusedRegion r = whole(g, shape);
   EXPECT_TRUE(cpu_emitter_supports(g, r)) << region_text(g, r);
   auto k = CpuKernel::load(g, r);
   std::vector<Tensor> region_ins;
-  for (int v : r.inputs) region_ins.push_back(by_id.at(v));
+  for (int v : r.inputs) region_ins.push_back(cap.tensors()[size_t(v)]);
   return check_region(g, r, *k, region_ins);
 }
 
 TEST(MlirCompiler, BluModuleRoundTrips) {
   NoGradGuard ng;
   Tensor x = randn({4, 8}), w = randn({8, 8}), lw = randn({8}), lb = randn({8});
-  Graph g;
-  {
-    Recorder rec;
-    Tensor h = matmul(x, w);
-    Tensor y = layer_norm(add(h, x), lw, lb, 1e-5);
-    g = rec.graph({y});
-  }
+  Tensor y;
+  Graph g = capture_graph([&] { y = layer_norm(add(matmul(x, w), x), lw, lb, 1e-5); });
   const std::string text = mlir_api::to_blu(g);
   EXPECT_NE(text.find("blu.library_call \"matmul\""), std::string::npos) << text;
   EXPECT_NE(text.find("blu.add"), std::string::npos) << text;
@@ -140,14 +87,11 @@ TEST(MlirCompiler, BluModuleRoundTrips) {
 TEST(MlirCompiler, FusionGroupsResidualAddWithLayerNormNotTheGemm) {
   NoGradGuard ng;
   Tensor x = randn({4, 8}), w = randn({8, 8}), lw = randn({8}), lb = randn({8});
-  Graph g;
-  {
-    Recorder rec;
-    Tensor h = matmul(x, w);
-    Tensor y = layer_norm(add(h, x), lw, lb, 1e-5);
-    Tensor z = gelu(mul(y, y));
-    g = rec.graph({z});
-  }
+  Tensor z;
+  Graph g = capture_graph([&] {
+    Tensor y = layer_norm(add(matmul(x, w), x), lw, lb, 1e-5);
+    z = gelu(mul(y, y));
+  });
   auto regions = mlir_api::fuse(g);
   ASSERT_EQ(regions.size(), 1u);
   const FusedRegion& r = regions[0];
@@ -202,12 +146,8 @@ TEST(MlirCompiler, SecondLoadIsACacheHitAndTheCheckCanFail) {
   use_temp_cache();
   NoGradGuard ng;
   Tensor a = randn({3, 5});
-  Graph g;
-  {
-    Recorder rec;
-    Tensor y = exp(mul(a, a));
-    g = rec.graph({y});
-  }
+  Tensor y;
+  Graph g = capture_graph([&] { y = exp(mul(a, a)); });
   FusedRegion r = whole(g, RegionShape::pointwise);
   bool compiled = false;
   auto k1 = CpuKernel::load(g, r, &compiled);
