@@ -865,7 +865,10 @@ TrainSummary Trainer::run() {
                   sum.seconds, sum.tokens_per_s);
     os << buf;
     os << "  peak memory  " << format_bytes(sum.peak_mem_bytes) << " (" << device_.str() << " allocator)\n";
-    os << "  checkpoint   " << (sum.checkpoint.empty() ? "(none: no --out)" : sum.checkpoint) << "\n" << std::flush;
+    const std::string none = !o.out.empty() && !no_checkpoint_.empty()
+                                 ? "(none: " + no_checkpoint_ + " layouts have no checkpoint yet)"
+                                 : "(none: no --out)";
+    os << "  checkpoint   " << (sum.checkpoint.empty() ? none : sum.checkpoint) << "\n" << std::flush;
   }
   return sum;
 }
