@@ -40,6 +40,7 @@
 #include "blu/dist/process_group.h"
 #include "blu/io/checkpoint.h"
 #include "blu/nn/module.h"
+#include "blu/offload/offload_adamw.h"
 #include "blu/optim/loss_scaler.h"
 #include "blu/ops/optim.h"
 #include "blu/optim/optimizer.h"
@@ -69,6 +70,11 @@ struct StrategyConfig {
   // The gradients of replicated parameters that sequence parallelism leaves partial (norms,
   // row-parallel biases) are summed over it, and the gradient norm counts every shard once.
   std::shared_ptr<ProcessGroup> tp;
+  // Optimizer state offload (offload/offload_adamw.h): AdamW's moments in host memory, updated on
+  // the host or streamed through the device. Composes with DDP (each rank updates its full copy
+  // from the averaged gradients); ZeRO, tensor and pipeline layouts are refused until wired.
+  bool offload_state = false;
+  offload::OffloadOptions offload;
 };
 
 // One step's values, on the device until Strategy::read().
