@@ -206,7 +206,8 @@ void CachingAllocator::throw_oom(size_t requested, size_t rounded, size_t segmen
   for (const auto& [p, b] : allocated_) live.push_back({int64_t(b->requested), tags_.get(p)});
   // The device's capacity is not known here (limit 0): explain_oom names what would fit.
   MemoryReport r = make_memory_report(config_.name, int64_t(requested), 0, s.free_bytes, live);
-  throw OutOfMemoryError(head + "\n" + explain_oom(r), std::move(r));
+  const std::string msg = head + "\n" + explain_oom(r);  // before r is moved into the error
+  throw OutOfMemoryError(msg, std::move(r));
 }
 
 void CachingAllocator::tag(void* ptr, MemoryTag tag) {

@@ -19,7 +19,8 @@ DataPtr DevicePool::allocate(size_t nbytes) {
       const int64_t budget = budget_;
       lock.unlock();
       MemoryReport r = make_memory_report(device().str(), n, budget, 0, live);
-      throw OutOfMemoryError(explain_oom(r), std::move(r));
+      const std::string msg = explain_oom(r);  // before r is moved into the error
+      throw OutOfMemoryError(msg, std::move(r));
     }
     current_ += n;
     peak_ = std::max(peak_, current_);

@@ -824,7 +824,8 @@ void Trainer::plan_memory(dist::StrategyConfig& sc) {
       scalar_value(loss);  // waits for the device
     }
     in.compute_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * double(o.grad_accum);
-    in.activations.device_bytes = alloc.stats().peak_bytes - before;
+    // The compute copies the probe's forward made stay (and are counted as such by the plan).
+    in.activations.device_bytes = alloc.stats().peak_bytes - before - in.compute_copy_bytes * in.param_elements;
     in.grads_in_activations = true;
     for (Tensor p : model_->parameters()) p.zero_grad();
     gen.set_state(seed, offset);
