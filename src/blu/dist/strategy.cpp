@@ -40,6 +40,9 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<ProcessGroup> pg, Strategy
   BLU_CHECK(config_.zero == 0 || oc.name == "adamw", "--zero ", config_.zero, " is implemented for adamw, got --optimizer ",
             oc.name);
   BLU_CHECK(oc.name == "adamw" || oc.name == "sgd", "--optimizer must be adamw or sgd, got '", oc.name, "'");
+  BLU_CHECK(!config_.offload_state || (oc.name == "adamw" && config_.zero == 0),
+            "optimizer state offload is implemented for adamw without ZeRO, got --optimizer ", oc.name, " --zero ",
+            config_.zero);
   BLU_CHECK(!config_.skip_comm || (world > 1 && config_.zero == 0), "--skip-comm needs --dp > 1 without --zero");
   BLU_CHECK(!config_.tp || config_.zero == 0, "tensor parallelism with --zero ", config_.zero,
             " is not implemented (ZeRO shards the data-parallel group's optimizer state of unsharded models)");
@@ -85,6 +88,9 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<ProcessGroup> pg, Strategy
       auto z = std::make_unique<ZeroAdamW>(std::move(groups), a, pg_, config_.zero, std::move(zo));
       zero_ = z.get();
       opt_ = std::move(z);
+    } else if (config_.offload_state) {
+      BLU_CHECK(!config_.tp, "optimizer state offload with tensor parallelism is not implemented");
+      opt_ = std::make_unique<offload::OffloadAdamW>(std::move(groups), a, config_.offload);
     } else {
       opt_ = optim::make_adamw(std::move(groups), a);
     }
@@ -116,6 +122,7 @@ Strategy::Strategy(models::CausalLM& model, std::shared_ptr<ProcessGroup> pp, Pi
     : model_(model), pg_(std::move(pp)), config_(std::move(config)) {
   BLU_CHECK(config_.zero == 0, "pipeline parallelism: --zero ", config_.zero, " is not supported with a pipeline");
   BLU_CHECK(!config_.fp16_loss_scaling, "pipeline parallelism: fp16 loss scaling is not supported with a pipeline");
+  BLU_CHECK(!config_.offload_state, "pipeline parallelism: optimizer state offload is not supported with a pipeline");
   BLU_CHECK(oc.name == "adamw" || oc.name == "sgd", "--optimizer must be adamw or sgd, got '", oc.name, "'");
   BLU_CHECK(config_.batch_share >= 0 && config_.batch_share <= 1, "batch_share must be in [0, 1], got ",
             config_.batch_share);

@@ -43,6 +43,7 @@
 #include "blu/dist/process_group.h"
 #include "blu/io/checkpoint.h"
 #include "blu/nn/module.h"
+#include "blu/offload/offload_adamw.h"
 #include "blu/optim/loss_scaler.h"
 #include "blu/ops/optim.h"
 #include "blu/optim/optimizer.h"
@@ -81,6 +82,11 @@ struct StrategyConfig {
   // data-parallel average — the loss is scaled by share × replicas — so the update is the one of
   // the whole batch on one device.
   double batch_share = 0;
+  // Optimizer state offload (offload/offload_adamw.h): AdamW's moments in host memory, updated on
+  // the host or streamed through the device. Composes with DDP (each rank updates its full copy
+  // from the averaged gradients); ZeRO, tensor and pipeline layouts are refused until wired.
+  bool offload_state = false;
+  offload::OffloadOptions offload;
 };
 
 // One step's values, on the device until Strategy::read().

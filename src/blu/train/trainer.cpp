@@ -30,6 +30,7 @@
 #include "blu/io/json_file.h"
 #include "blu/ops/precision.h"
 #include "blu/memory/allocator.h"
+#include "blu/memory/device_pool.h"
 #include "blu/ops/elementwise.h"
 #include "blu/ops/factory.h"
 #include "blu/ops/view.h"
@@ -55,7 +56,7 @@ Tensor ids_tensor(const std::vector<int32_t>& ids, int64_t B, int64_t T, Device 
   BLU_ASSERT(int64_t(ids.size()) == B * T, "batch holds ", ids.size(), " ids, expected ", B * T);
   Tensor host = empty({B, T}, DType::i32, kCPU);
   std::memcpy(host.data<int32_t>(), ids.data(), ids.size() * sizeof(int32_t));
-  return device.is_cpu() ? host : to_device(host, device);  // copy_ stays on one device
+  return device == kCPU ? host : to_device(host, device);  // copy_ stays on one device
 }
 
 // The value of a one-element tensor on any device.
@@ -408,7 +409,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     BLU_CHECK(fam.import_hf, "--model ", o.init_from, ": the ", fam.name, " family has no Hugging Face weight import");
     fam.import_hf(*model_, o.init_from);
   }
-  if (!device_.is_cpu()) model_->to(device_);
+  if (device_ != kCPU) model_->to(device_);
   model_->train();
   apply_precision(*model_, o.precision);
   std::shared_ptr<dist::ProcessGroup> pg;
@@ -460,6 +461,8 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     // replicas of unequal rows reduce its gradient densely instead.
     sc.row_exchange = false;
   }
+  if (o.gpu_memory_budget > 0 || o.host_memory_budget > 0 || o.offload_state != "auto" || o.offload_update != "auto")
+    plan_memory(sc);
   const dist::OptimizerConfig oc{.name = o.optimizer, .lr = o.lr, .weight_decay = o.weight_decay};
   if (mesh_) {
     // Hybrid: the model rewritten into this rank's TP shard, the stage's pipeline over the pp
@@ -881,6 +884,58 @@ TrainSummary Trainer::run() {
     os << "  checkpoint   " << (sum.checkpoint.empty() ? none : sum.checkpoint) << "\n" << std::flush;
   }
   return sum;
+}
+
+// --- memory budget and offload (offload/plan.h) ---
+// The probe: one micro-batch's forward and backward on the device, its transient bytes (saved
+// activations, workspaces and the gradients) read from the allocator's peak; the default generator
+// is restored and the gradients dropped, so training after it is what it would have been.
+void Trainer::plan_memory(dist::StrategyConfig& sc) {
+  const TrainOptions& o = opt_s_;
+  BLU_CHECK(!pipelined_ && o.zero == 0 && o.optimizer == "adamw",
+            "--gpu-memory-budget/--offload-*: the planner handles adamw without ZeRO or pipelines, got --optimizer ",
+            o.optimizer, " --zero ", o.zero, pipelined_ ? " and a pipeline" : "");
+  offload::PlanInput in;
+  for (const Tensor& p : model_->parameters()) in.param_elements += p.numel();
+  in.compute_copy_bytes = o.precision == "bf16" || o.precision == "fp16" ? 2 : 0;
+  in.device_budget = offload::gib_to_bytes(o.gpu_memory_budget);
+  in.host_budget = offload::gib_to_bytes(o.host_memory_budget);
+  in.offload_state = o.offload_state;
+  in.offload_update = o.offload_update;
+  in.offload.chunk_elements = o.offload_chunk;
+  {
+    Allocator& alloc = allocator_for(device_);
+    Generator& gen = default_generator();
+    const uint64_t seed = gen.seed(), offset = gen.offset();
+    const int64_t before = alloc.stats().current_bytes;
+    alloc.reset_peak();
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+      const std::vector<int32_t> zeros(size_t(o.batch_size * o.seq_len), 0);
+      Tensor loss = model_->forward(ids_tensor(zeros, o.batch_size, o.seq_len, device_),
+                                    ids_tensor(zeros, o.batch_size, o.seq_len, device_))
+                        .loss;
+      loss.backward();
+      scalar_value(loss);  // waits for the device
+    }
+    in.compute_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * double(o.grad_accum);
+    // The compute copies the probe's forward made stay (and are counted as such by the plan).
+    in.activations.device_bytes = alloc.stats().peak_bytes - before - in.compute_copy_bytes * in.param_elements;
+    in.grads_in_activations = true;
+    for (Tensor p : model_->parameters()) p.zero_grad();
+    gen.set_state(seed, offset);
+    in.activations.blocks = int64_t(model_->blocks().size());
+    in.activations.kept = in.activations.blocks;
+  }
+  in.host_adamw_elements_per_s = offload::probe_host_adamw(0);
+  if (device_ != kCPU) in.transfer_bytes_per_s = offload::probe_transfer(*offload::make_copy_engine(device_));
+  const offload::MemoryPlan plan = offload::plan_memory(in);
+  if (cb_.log) *cb_.log << plan.text << "\n";
+  sc.offload_state = plan.offload_state;
+  sc.offload = in.offload;
+  sc.offload.update = plan.update;
+  if (device_.is_cpu() && device_.index >= 1) device_pool(device_.index).set_budget(in.device_budget);
+  memory_plan_ = plan;
 }
 
 }  // namespace blu::train

@@ -52,6 +52,7 @@
 #include "blu/data/ngram_baseline.h"
 #include "blu/dist/strategy.h"
 #include "blu/models/causal_lm.h"
+#include "blu/offload/plan.h"
 #include "blu/optim/loss_scaler.h"
 #include "blu/optim/optimizer.h"
 #include "blu/train/metrics.h"
@@ -123,6 +124,15 @@ struct TrainOptions {
   // The parallel layout as annotations (dist/annotations.h), e.g. "replicate(2, zero=1)" or
   // "pipeline(2, schedule=1f1b, micro=4)"; "" uses --dp / --zero. Must name the launched world size.
   std::string parallel;
+  // Memory budget and optimizer state offload (offload/plan.h, docs/offload.md): with any of these
+  // set, a start-up probe measures one micro-batch's activations and the host AdamW and transfer
+  // speeds, the planner decides where AdamW's state lives and prints the plan, and the run fails
+  // before its first step when nothing fits. A device pool (--device cpu:N) enforces the device
+  // budget. Not in to_json(): a layout changes memory, not the numbers (offload is bitwise equal).
+  double gpu_memory_budget = 0, host_memory_budget = 0;  // GiB, 0: none
+  std::string offload_state = "auto";   // auto (offload only when the budget needs it) | none | optimizer
+  std::string offload_update = "auto";  // auto (the faster by the probe) | cpu | gpu
+  int64_t offload_chunk = int64_t(1) << 22;  // elements per streamed chunk of the gpu update
 
   nlohmann::json to_json() const;  // recorded in run.json and in checkpoints
 };
@@ -225,6 +235,13 @@ class Trainer {
   std::unique_ptr<dist::DeviceMesh> mesh_;  // hybrid layouts (tp, dp × pp): a group per mesh dimension
   std::unique_ptr<dist::Strategy> strategy_;
   int64_t work_barriers_ = 0;
+ public:
+  // The memory plan of this run (offload/plan.h); nullopt when no budget or offload option was set.
+  const std::optional<offload::MemoryPlan>& memory_plan() const { return memory_plan_; }
+
+ private:
+  void plan_memory(dist::StrategyConfig& sc);
+  std::optional<offload::MemoryPlan> memory_plan_;
 };
 
 }  // namespace blu::train
