@@ -2,7 +2,8 @@
 // answering before training step 3 (BLU_TEST_STALL, trainer.cpp); rank 0's Gloo all-reduce times
 // out after 5 s, it dumps its flight recorder and exits; launch stops rank 1 with SIGTERM, which
 // dumps its recorder from the dump thread before the grace period's SIGKILL. Every rank's dump
-// names its last completed collective, and launch prints the summary of both.
+// names its last completed collective, launch prints the summary of both, and `blutrain info
+// --flight RUN` prints it again from the files.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -110,6 +111,16 @@ TEST(FlightRecorderCli, StalledGlooRankEndsTheJobWithADumpOnEveryRank) {
             std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("  dumps: " + fr.string()), std::string::npos) << r.err;
+
+  // `blutrain info --flight RUN` reads the same dumps.
+  const LaunchResult info = run_command(1, {blutrain().string(), "info", "--flight", run.string()});
+  EXPECT_EQ(info.status, 0) << info.out << info.err;
+  EXPECT_NE(info.out.find("[rank 0] rank 0: " + last + " all_reduce during training step 2; oldest not completed"),
+            std::string::npos)
+      << info.out;
+  EXPECT_NE(info.out.find("[rank 0] rank 1: " + last + " all_reduce during training step 2; none in flight"),
+            std::string::npos)
+      << info.out;
 }
 
 }  // namespace
