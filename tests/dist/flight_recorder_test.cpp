@@ -82,8 +82,10 @@ TEST(FlightRecorder, JsonNamesEachGroupsLastCompleted) {
 // Writers on several threads while another dumps: every entry a dump sees is whole (its fields
 // were written together), ids grow, and nothing is lost from the count.
 TEST(FlightRecorder, ConcurrentRecordAndDumpNeverTear) {
-  FlightRecorder fr(256);
-  constexpr int kThreads = 4, kOps = 20000;
+  // Few slots, so that writers keep reusing the slots the dumper is copying.
+  constexpr size_t kSlots = 8;
+  FlightRecorder fr(kSlots);
+  constexpr int kThreads = 4, kOps = 300000;
   std::atomic<bool> done{false};
   std::atomic<int> dumps{0};
   std::string torn;
@@ -121,7 +123,7 @@ TEST(FlightRecorder, ConcurrentRecordAndDumpNeverTear) {
   EXPECT_GT(dumps.load(), 0);
   EXPECT_EQ(fr.recorded(), uint64_t(kThreads) * kOps);
   const nlohmann::json j = fr.to_json(0, 1, "end");
-  EXPECT_EQ(j["entries"].size(), 256u);
+  EXPECT_EQ(j["entries"].size(), kSlots);
   // The newest entry is some thread's last operation; it completed, so it is its group's last.
   const nlohmann::json& newest = j["entries"].back();
   EXPECT_EQ(newest["seq"], kOps);
