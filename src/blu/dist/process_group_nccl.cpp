@@ -29,9 +29,10 @@
 // Note [NCCL abort and enqueue]: every use of the communicator — an operation's enqueue, the
 // watchdog's ncclCommGetAsyncError, ncclCommAbort, ncclCommDestroy — holds NcclShared::comm_mu,
 // and an enqueue first checks `aborted` under it, so nothing is ever enqueued on an aborted
-// communicator and abort never runs beside an enqueue. The watchdog only try-locks it for its
-// polls, and an enqueue that does not return within the timeout (NCCL blocked in the host call)
-// ends the process: it holds the lock abort would need.
+// communicator and abort never runs beside an enqueue. The watchdog only try-locks it: for its
+// polls, and to abort (waiting up to 2 s). An enqueue that does not return within the timeout
+// (NCCL blocked in the host call, e.g. its work queue full behind a collective whose peer stalled)
+// holds the lock abort would need, so then the watchdog ends the process.
 // Heartbeat: the watchdog bumps a counter on every pass; a monitor thread ends the process with a
 // message when the counter stands still for heartbeat_timeout (the watchdog itself stuck in CUDA
 // or NCCL), since then nothing else would end the hang.
@@ -127,16 +128,24 @@ struct NcclShared {
     return error;
   }
   // Breaks the group (first reason wins) and aborts the communicator so spinning kernels return.
-  void fail(const std::string& why) {
+  // False when the communicator could not be had within `wait` (an enqueue blocked in NCCL holds
+  // it: Note [NCCL abort and enqueue]) and so was not aborted.
+  bool fail(const std::string& why, std::chrono::milliseconds wait) {
     {
       std::lock_guard lock(mu);
       if (error.empty()) error = why;
     }
-    std::lock_guard lock(comm_mu);
+    std::unique_lock lock(comm_mu, std::try_to_lock);
+    for (auto until = Clock::now() + wait; !lock.owns_lock() && Clock::now() < until;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      lock.try_lock();
+    }
+    if (!lock.owns_lock()) return false;
     if (!aborted && comm) {
       aborted = true;
       ncclCommAbort(comm);  // no check: the group is broken either way
     }
+    return true;
   }
 };
 
@@ -436,15 +445,20 @@ class NcclProcessGroup final : public ProcessGroup {
     }
   }
 
-  // Dumps the flight recorder (the failed operation still the oldest in flight), then aborts.
+  // Dumps the flight recorder (the failed operation still the oldest in flight), then aborts; an
+  // enqueue stuck inside NCCL (typically behind the very operation that timed out) keeps the
+  // communicator from being aborted, and then only ending the process ends the hang.
   void break_group(const std::string& why) {
     FlightRecorder::global().dump(why);
-    sh_->fail(why);
+    if (!sh_->fail(why, std::chrono::milliseconds(2000)))
+      end_process(why + "; but an enqueue on the communicator has not returned for 2 s, so it cannot be aborted: "
+                        "ending the process");
   }
 
   // The heartbeat monitor: ends the process when the watchdog stops making passes.
   void monitor() {
-    const auto poll = std::min<std::chrono::milliseconds>(heartbeat_timeout_ / 4, std::chrono::milliseconds(1000));
+    const auto poll = std::clamp<std::chrono::milliseconds>(heartbeat_timeout_ / 4, std::chrono::milliseconds(1),
+                                                            std::chrono::milliseconds(1000));
     std::unique_lock lock(monitor_mu_);
     uint64_t last = heartbeat_.load();
     auto last_change = Clock::now();
@@ -531,6 +545,10 @@ std::shared_ptr<ProcessGroup> make_nccl_group(TcpStore& store, int rank, int siz
   BLU_CHECK(size >= 1, "make_nccl_group: size must be >= 1, got ", size);
   BLU_CHECK(rank >= 0 && rank < size, "make_nccl_group: rank must be in [0, ", size, "), got ", rank);
   BLU_CHECK(options.timeout.count() >= 0, "make_nccl_group: timeout must be >= 0 ms, got ", options.timeout.count());
+  BLU_CHECK(options.init_timeout.count() >= 0, "make_nccl_group: init_timeout must be >= 0 ms, got ",
+            options.init_timeout.count());
+  BLU_CHECK(options.heartbeat_timeout.count() >= 0, "make_nccl_group: heartbeat_timeout must be >= 0 ms, got ",
+            options.heartbeat_timeout.count());
   if (options.device < 0) options.device = detect_env().local_rank;
   return std::make_shared<NcclProcessGroup>(store, rank, size, options);
 }
