@@ -76,7 +76,8 @@ std::vector<fs::path> own_files(const fs::path& dir) {
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string name = e.path().filename().string();
     if (name == "metrics.jsonl" || name == "run.json" || name == kBestCheckpoint || is_checkpoint_file(e.path()) ||
-        (e.is_directory() && name.starts_with("ckpt_")))  // a sharded checkpoint (dist/zero.h)
+        (e.is_directory() && name.starts_with("ckpt_")) ||  // a sharded checkpoint (dist/zero.h)
+        (e.is_directory() && name == "flight_recorder"))    // dist/flight_recorder.h
       out.push_back(e.path());
   }
   std::sort(out.begin(), out.end());
