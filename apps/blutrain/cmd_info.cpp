@@ -1,13 +1,20 @@
 // `blutrain info`: what this binary is and what it can run on — version, build, CUDA, devices,
-// BLAS, allocators.
+// BLAS, allocators. `blutrain info --flight DIR`: instead, each rank's flight-recorder dump in a
+// run folder (DIR/flight_recorder) or a dump folder, summarised (dist/flight_recorder.h).
 #include <dlfcn.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
+#include <memory>
+#include <vector>
 #include <string>
 #include <thread>
 
+#include "blu/core/error.h"
+#include "blu/dist/flight_recorder.h"
 #include "blu/memory/allocator.h"
 #include "blu/train/metrics.h"
 #include "commands.h"
@@ -87,11 +94,35 @@ int run_info() {
   return 0;
 }
 
+// One line per rank_*.json: its last completed operation per group and the oldest not completed.
+int run_flight(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path d = fs::is_directory(fs::path(dir) / "flight_recorder") ? fs::path(dir) / "flight_recorder" : fs::path(dir);
+  BLU_CHECK(fs::is_directory(d), "--flight: expected a run folder or a flight-recorder folder, got '", dir,
+            "' (not a folder)");
+  std::vector<std::pair<int, fs::path>> dumps;
+  for (const auto& e : fs::directory_iterator(d)) {
+    const std::string name = e.path().filename().string();
+    int rank = -1;
+    if (std::sscanf(name.c_str(), "rank_%d.json", &rank) == 1 && name == "rank_" + std::to_string(rank) + ".json")
+      dumps.emplace_back(rank, e.path());
+  }
+  BLU_CHECK(!dumps.empty(), "--flight: no rank_R.json dumps in ", d.string());
+  std::sort(dumps.begin(), dumps.end());
+  for (const auto& [rank, path] : dumps) std::cout << "rank " << rank << ": " << dist::summarize_dump(path) << "\n";
+  std::cout << "dumps: " << d.string() << "\n";
+  return 0;
+}
+
 }  // namespace
 
 Command add_info(CLI::App& root) {
   CLI::App* app = root.add_subcommand("info", "Version, build, devices, BLAS and allocators");
-  return {app, run_info};
+  auto flight = std::make_shared<std::string>();
+  app->add_option("--flight", *flight,
+                  "Instead: summarise the flight-recorder dumps of a run folder (RUN/flight_recorder/rank_R.json): "
+                  "each rank's last completed collective");
+  return {app, [flight] { return flight->empty() ? run_info() : run_flight(*flight); }};
 }
 
 }  // namespace blu::cli

@@ -10,7 +10,9 @@
 // (Ctrl-C; `blutrain launch` turns its own into SIGTERM to every rank) ask the trainer to finish
 // the current step, save a checkpoint (the ranks agree on the step through the stop flags that
 // Strategy::read combines) and return; the command then exits with kExitStoppedResumable (75) and
-// says how to continue. A second signal kills the process at once.
+// says how to continue. A second signal kills the process at once. The first signal also dumps
+// the flight recorder (dist/flight_recorder.h) from its own thread, so a rank that never reaches
+// the end of its step still leaves a record of its last collectives.
 #include <atomic>
 #include <csignal>
 #include <filesystem>
@@ -24,6 +26,7 @@
 #include "blu/data/loader.h"
 #include "blu/data/text_tokenizer.h"
 #include "blu/data/tokenizer.h"
+#include "blu/dist/flight_recorder.h"
 #include "blu/dist/launch.h"
 #include "blu/models/registry.h"
 #include "blu/train/model_spec.h"
@@ -44,6 +47,7 @@ extern "C" void on_stop_signal(int sig) {
     return;
   }
   g_stop_signal = sig;
+  dist::FlightRecorder::global().request_dump_from_signal(sig);  // a rank stuck in a collective says where
   static const char msg[] =
       "\n[stop] finishing the current step, then saving a checkpoint (a second Ctrl-C or SIGTERM kills)\n";
   (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);

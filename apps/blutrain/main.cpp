@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "blu/core/error.h"
+#include "blu/dist/flight_recorder.h"
 #include "commands.h"
 
 int main(int argc, char** argv) {
@@ -26,11 +27,12 @@ int main(int argc, char** argv) {
   try {
     for (const auto& c : commands)
       if (c.app->parsed()) return c.run();
-  } catch (const blu::Error& e) {
+  } catch (const std::exception& e) {  // blu::Error and the others alike
     std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    // A distributed run that failed outside its collectives (a store barrier, a check) still leaves
+    // its flight record; a failed collective has written one already.
+    auto& fr = blu::dist::FlightRecorder::global();
+    if (!fr.dumped()) fr.dump(std::string("fatal error: ") + e.what());
     return 1;
   }
   return 0;

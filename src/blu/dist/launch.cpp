@@ -13,9 +13,11 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 
 #include "blu/core/error.h"
+#include "blu/dist/flight_recorder.h"
 #include "blu/dist/tcp_store.h"
 
 namespace blu::dist {
@@ -32,7 +34,15 @@ struct Stream {
   int fd = -1;
   std::string pending;  // a partial line
   std::FILE* sink = nullptr;
+  std::string flight_dump;  // the path in the last flight-recorder line (dist/flight_recorder.h)
 };
+
+// Notes the dump path of a flight-recorder line ("flight recorder: rank R (...): ...; dump: PATH").
+void note_flight_dump(Stream& s, std::string_view line) {
+  if (!line.starts_with("flight recorder: rank ")) return;
+  const size_t at = line.rfind(kDumpLineMarker);
+  if (at != std::string_view::npos) s.flight_dump = std::string(line.substr(at + std::strlen(kDumpLineMarker)));
+}
 
 struct Child {
   pid_t pid = -1;
@@ -49,11 +59,13 @@ void forward(Stream& s, int rank, const char* data, size_t n, bool eof) {
     const size_t nl = s.pending.find('\n', start);
     if (nl == std::string::npos) break;
     std::fprintf(s.sink, "[rank %d] %.*s\n", rank, int(nl - start), s.pending.data() + start);
+    note_flight_dump(s, std::string_view(s.pending).substr(start, nl - start));
     start = nl + 1;
   }
   s.pending.erase(0, start);
   if (eof && !s.pending.empty()) {
     std::fprintf(s.sink, "[rank %d] %s\n", rank, s.pending.c_str());
+    note_flight_dump(s, s.pending);
     s.pending.clear();
   }
   std::fflush(s.sink);
@@ -65,6 +77,31 @@ std::string describe(int st) {
   if (WIFEXITED(st)) return "exit status " + std::to_string(WEXITSTATUS(st));
   if (WIFSIGNALED(st)) return std::string("signal ") + std::to_string(WTERMSIG(st)) + " (" + strsignal(WTERMSIG(st)) + ")";
   return "status " + std::to_string(st);
+}
+
+// After a failed job: each rank's last completed collective, from the dumps its stderr named.
+void print_flight_summary(const std::vector<Child>& children, std::FILE* err) {
+  std::string lines, dir;
+  for (size_t r = 0; r < children.size(); ++r) {
+    const std::string& path = children[r].streams[1].flight_dump;
+    std::string what;
+    if (path.empty()) {
+      what = "no flight-recorder dump";
+    } else {
+      try {
+        what = summarize_dump(path);
+      } catch (const std::exception& e) {
+        what = e.what();
+      }
+      const std::string d = std::filesystem::path(path).parent_path().string();
+      dir = dir.empty() || dir == d ? d : "(several folders: see each rank's line above)";
+    }
+    lines += "  rank " + std::to_string(r) + ": " + what + "\n";
+  }
+  if (dir.empty()) return;  // no rank recorded anything (no collectives, or no run folder)
+  std::fprintf(err, "blutrain launch: flight recorder, each rank's last completed collective:\n%s  dumps: %s\n",
+               lines.c_str(), dir.c_str());
+  std::fflush(err);
 }
 
 }  // namespace
@@ -143,8 +180,8 @@ int run_once(const LaunchOptions& o, int restart, std::FILE* out, std::FILE* err
     Child& c = children[size_t(r)];
     c.pid = pid;
     c.running = true;
-    c.streams[0] = {pipes[0][0], {}, out};
-    c.streams[1] = {pipes[1][0], {}, err};
+    c.streams[0] = {pipes[0][0], {}, out, {}};
+    c.streams[1] = {pipes[1][0], {}, err, {}};
   }
 
   int failed_rank = -1, failed_status = 0;
@@ -224,6 +261,7 @@ int run_once(const LaunchOptions& o, int restart, std::FILE* out, std::FILE* err
   }
   ::sigaction(SIGINT, &old_int, nullptr);
   ::sigaction(SIGTERM, &old_term, nullptr);
+  if (failed_rank >= 0) print_flight_summary(children, err);
   bool all_resumable = true;
   for (const Child& c : children) all_resumable &= c.status == kExitStoppedResumable;
   if (all_resumable) {  // every rank checkpointed and stopped: the job can continue, not restart

@@ -11,6 +11,8 @@
 // first signal is passed on to every rank as SIGTERM (`blutrain train` then finishes its step and
 // checkpoints within the grace period), a second one kills the ranks at once. When every rank
 // exits with kExitStoppedResumable the job stopped cleanly and launch returns that status too.
+// After a failed job, the ranks' flight-recorder dumps (dist/flight_recorder.h; each rank names
+// its file on stderr) are summarised: each rank's last completed collective and where the dumps are.
 // Depends on core/error, POSIX (fork/exec, pipes, poll). Keep: the launcher never returns while a
 // child it started still runs; a whole line from one rank is never interleaved with another's.
 #pragma once

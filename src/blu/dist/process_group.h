@@ -19,7 +19,8 @@
 // Depends on core/tensor, dist/tcp_store (bootstrap). Keep: tensors are contiguous, f32 or f64
 // for Gloo, bf16/f16/f32/f64/i32/i64 on this rank's device for NCCL (BLU_CHECK otherwise) and must stay alive and untouched until their Work completes; a peer that
 // dies or stalls becomes an error on every surviving rank within the group's timeout, never a
-// hang; after a failure the group is broken and every later call fails too.
+// hang; after a failure the group is broken and every later call fails too. Both record every
+// operation in the process's flight recorder (dist/flight_recorder.h) and dump it on a failure.
 #pragma once
 #include <chrono>
 #include <memory>
@@ -89,6 +90,12 @@ struct NcclOptions {
   // all-reduce runs beside backward instead of waiting for SMs to drain (false: default priority).
   bool high_priority_stream = true;
   std::string prefix = "default_pg";  // store key prefix: several groups can share one store
+  // ncclCommInitRank not done after this long ends the process with a message naming the rank and
+  // the timeout (a blocking init cannot be aborted); 0: `timeout` (0 there too: not watched).
+  std::chrono::milliseconds init_timeout{0};
+  // The watchdog making no progress for this long (stuck in a CUDA or NCCL call) ends the process;
+  // 0: no heartbeat monitor.
+  std::chrono::milliseconds heartbeat_timeout{480000};
 };
 
 // CUDA builds only (BLU_HAVE_CUDA). Makes `device` current, shares rank 0's ncclUniqueId through

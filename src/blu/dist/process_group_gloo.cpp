@@ -6,6 +6,9 @@
 // ring over Gloo's unbound buffers (size-1 steps, each rank sending and receiving one chunk per
 // step: the same traffic as NCCL's, half an all-reduce's). Every Gloo wait carries the group's
 // timeout, so a dead peer (connection reset) or a stalled one (timeout) ends as blu::Error.
+// Every operation is recorded in the flight recorder (dist/flight_recorder.h): enqueued when
+// issued, started and completed (or failed) on the worker — point to point: started when issued,
+// completed when waited for; the group's first failure dumps the recorder.
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -27,6 +30,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "blu/dist/flight_recorder.h"
 #include "blu/dist/gloo_store.h"
 #include "blu/dist/process_group.h"
 
@@ -84,8 +88,9 @@ class GlooWork final : public Work {
 class P2PWork final : public Work {
  public:
   P2PWork(std::unique_ptr<gloo::transport::UnboundBuffer> buf, Tensor t, bool is_send,
-          std::chrono::milliseconds timeout, int rank, int peer)
-      : buf_(std::move(buf)), tensor_(std::move(t)), send_(is_send), timeout_(timeout), rank_(rank), peer_(peer) {}
+          std::chrono::milliseconds timeout, int rank, int peer, uint64_t flight_id)
+      : buf_(std::move(buf)), tensor_(std::move(t)), send_(is_send), timeout_(timeout), rank_(rank), peer_(peer),
+        flight_id_(flight_id) {}
   void wait() override {
     std::lock_guard lock(mu_);
     if (!done_) {
@@ -96,11 +101,13 @@ class P2PWork final : public Work {
         error_ = e.what();
       }
       done_ = true;
+      if (!error_.empty()) error_ = std::string("gloo ") + (send_ ? "send to rank " : "recv from rank ") +
+                                    std::to_string(peer_) + " failed on rank " + std::to_string(rank_) + " (timeout " +
+                                    std::to_string(timeout_.count()) + " ms): " + error_;
+      FlightRecorder::global().update(flight_id_, error_.empty() ? OpState::completed : OpState::failed);
+      if (!error_.empty()) FlightRecorder::global().dump(error_);
     }
-    if (!error_.empty())
-      throw Error(std::string("gloo ") + (send_ ? "send to rank " : "recv from rank ") + std::to_string(peer_) +
-                  " failed on rank " + std::to_string(rank_) + " (timeout " + std::to_string(timeout_.count()) +
-                  " ms): " + error_);
+    if (!error_.empty()) throw Error(error_);
   }
   bool is_completed() const override {  // known only once waited for
     std::lock_guard lock(mu_);
@@ -114,6 +121,7 @@ class P2PWork final : public Work {
   bool send_;
   std::chrono::milliseconds timeout_;
   int rank_, peer_;
+  uint64_t flight_id_;
   bool done_ = false;
   std::string error_;
 };
@@ -123,7 +131,7 @@ constexpr uint8_t kReduceScatterSlot = 0xB0, kP2PSlot = 0xB1;
 class GlooGroup final : public ProcessGroup {
  public:
   GlooGroup(TcpStore& store, int rank, int size, const GlooOptions& options)
-      : rank_(rank), size_(size), timeout_(options.timeout.count()) {
+      : rank_(rank), size_(size), timeout_(options.timeout.count()), name_(options.prefix) {
     gloo::transport::tcp::attr attr;
     attr.hostname = options.hostname.empty() ? default_hostname(store.host()) : options.hostname;
     try {
@@ -167,7 +175,7 @@ class GlooGroup final : public ProcessGroup {
     check_tensor(t, "all_reduce");
     check_avg(t, op, "all_reduce");
     t.storage()->bump_version();  // Note [Storage versions]
-    return enqueue("all_reduce", [this, t, op](uint32_t tag) {
+    return enqueue("all_reduce", t, -1, [this, t, op](uint32_t tag) {
       BLU_DISPATCH_GLOO(t.dtype(), {
         gloo::AllreduceOptions o(ctx_);
         o.setOutput<scalar_t>(t.data<scalar_t>(), size_t(t.numel()));
@@ -189,7 +197,7 @@ class GlooGroup final : public ProcessGroup {
     BLU_CHECK(in.numel() == out.numel() * size_, "reduce_scatter: input must hold size (", size_,
               ") × output elements (", out.numel(), " → ", out.numel() * size_, "), got ", in.numel());
     out.storage()->bump_version();  // Note [Storage versions]
-    return enqueue("reduce_scatter", [this, out, in, op](uint32_t tag) {
+    return enqueue("reduce_scatter", in, -1, [this, out, in, op](uint32_t tag) {
       BLU_DISPATCH_GLOO(in.dtype(), { ring_reduce_scatter<scalar_t>(out, in, op, tag); });
     });
   }
@@ -201,7 +209,7 @@ class GlooGroup final : public ProcessGroup {
     BLU_CHECK(out.numel() == in.numel() * size_, "all_gather: output must hold size (", size_,
               ") × input elements (", in.numel(), " → ", in.numel() * size_, "), got ", out.numel());
     out.storage()->bump_version();  // Note [Storage versions]
-    return enqueue("all_gather", [this, out, in](uint32_t tag) {
+    return enqueue("all_gather", out, -1, [this, out, in](uint32_t tag) {
       BLU_DISPATCH_GLOO(in.dtype(), {
         gloo::AllgatherOptions o(ctx_);
         o.setInput<scalar_t>(in.data<scalar_t>(), size_t(in.numel()));
@@ -217,7 +225,7 @@ class GlooGroup final : public ProcessGroup {
     check_tensor(t, "broadcast");
     check_rank(root, "broadcast root");
     t.storage()->bump_version();  // Note [Storage versions]
-    return enqueue("broadcast", [this, t, root](uint32_t tag) {
+    return enqueue("broadcast", t, root, [this, t, root](uint32_t tag) {
       BLU_DISPATCH_GLOO(t.dtype(), {
         gloo::BroadcastOptions o(ctx_);
         o.setOutput<scalar_t>(t.data<scalar_t>(), size_t(t.numel()));
@@ -234,21 +242,23 @@ class GlooGroup final : public ProcessGroup {
   // ranks never wait for each other's turn in the queue.
   WorkPtr send(const Tensor& t, int dst, int tag) override {
     check_p2p(t, dst, tag, "send");
+    const uint64_t id = record_p2p("send", t, dst);
     auto buf = ctx_->createUnboundBuffer(t.raw_data(), t.nbytes());
     buf->send(dst, gloo::Slot::build(kP2PSlot, uint32_t(tag)));
-    return std::make_shared<P2PWork>(std::move(buf), t, true, timeout(), rank_, dst);
+    return std::make_shared<P2PWork>(std::move(buf), t, true, timeout(), rank_, dst, id);
   }
 
   WorkPtr recv(const Tensor& t, int src, int tag) override {
     check_p2p(t, src, tag, "recv");
     t.storage()->bump_version();  // Note [Storage versions]
+    const uint64_t id = record_p2p("recv", t, src);
     auto buf = ctx_->createUnboundBuffer(t.raw_data(), t.nbytes());
     buf->recv(src, gloo::Slot::build(kP2PSlot, uint32_t(tag)));
-    return std::make_shared<P2PWork>(std::move(buf), t, false, timeout(), rank_, src);
+    return std::make_shared<P2PWork>(std::move(buf), t, false, timeout(), rank_, src, id);
   }
 
   WorkPtr barrier() override {
-    return enqueue("barrier", [this](uint32_t tag) {
+    return enqueue("barrier", Tensor(), -1, [this](uint32_t tag) {
       gloo::BarrierOptions o(ctx_);
       o.setTag(tag);
       o.setTimeout(op_timeout_);
@@ -263,6 +273,7 @@ class GlooGroup final : public ProcessGroup {
     const char* name;
     std::chrono::milliseconds timeout;  // the group's when issued
     std::string phase;
+    uint64_t flight_id;
   };
 
   static std::string default_hostname(const std::string& master) {
@@ -345,14 +356,33 @@ class GlooGroup final : public ProcessGroup {
     if (op == ReduceOp::avg) scale(dst, int64_t(n), T(1) / T(size_));
   }
 
-  WorkPtr enqueue(const char* name, std::function<void(uint32_t)> fn) {
+  // `t`: the tensor whose bytes and dtype the flight recorder notes (undefined: none).
+  WorkPtr enqueue(const char* name, const Tensor& t, int peer, std::function<void(uint32_t)> fn) {
     auto work = std::make_shared<GlooWork>();
     {
       std::lock_guard lock(mu_);
-      queue_.push_back({std::move(fn), work, name, timeout(), phase_});
+      const uint64_t id = FlightRecorder::global().record(flight_op(name, t, peer));
+      queue_.push_back({std::move(fn), work, name, timeout(), phase_, id});
     }
     cv_.notify_all();
     return work;
+  }
+
+  // Under mu_ (reads phase_); the sequence number counts every operation of the group.
+  FlightOp flight_op(const char* kind, const Tensor& t, int peer) {
+    FlightOp op{.group = name_, .backend = "gloo", .kind = kind, .seq = ++seq_, .peer = peer, .phase = phase_};
+    op.has_dtype = t.defined();
+    if (t.defined()) {
+      op.dtype = t.dtype();
+      op.bytes = int64_t(t.nbytes());
+    }
+    return op;
+  }
+  uint64_t record_p2p(const char* kind, const Tensor& t, int peer) {
+    std::lock_guard lock(mu_);
+    const uint64_t id = FlightRecorder::global().record(flight_op(kind, t, peer));
+    FlightRecorder::global().update(id, OpState::started);  // under way as soon as issued
+    return id;
   }
 
   void run() {
@@ -367,18 +397,24 @@ class GlooGroup final : public ProcessGroup {
         queue_.pop_front();
       }
       std::string error;
+      FlightRecorder& fr = FlightRecorder::global();
       if (!broken_.empty()) {
         error = "gloo " + std::string(task.name) + " on rank " + std::to_string(rank_) +
                 ": the process group failed earlier: " + broken_;
+        fr.update(task.flight_id, OpState::failed);
       } else {
+        fr.update(task.flight_id, OpState::started);
         try {
           op_timeout_ = task.timeout;
           task.fn(tag++);
+          fr.update(task.flight_id, OpState::completed);
         } catch (const std::exception& e) {
           error = "gloo " + std::string(task.name) + " failed on rank " + std::to_string(rank_) + " of " +
                   std::to_string(size_) + (task.phase.empty() ? "" : " during " + task.phase) + " (timeout " +
                   std::to_string(task.timeout.count()) + " ms; a peer exited or stalled?): " + e.what();
           broken_ = error;
+          fr.update(task.flight_id, OpState::failed);
+          fr.dump(error);  // before the caller sees the error (and perhaps exits)
         }
       }
       task.work->finish(std::move(error));
@@ -390,6 +426,8 @@ class GlooGroup final : public ProcessGroup {
   std::atomic<int64_t> timeout_;         // ms, for operations issued from now on
   std::chrono::milliseconds op_timeout_{0};  // the running operation's (worker thread only)
   std::string phase_;                     // guarded by mu_
+  std::string name_;                      // the group's store prefix: its name in the flight recorder
+  uint64_t seq_ = 0;                      // operations issued (guarded by mu_)
   std::shared_ptr<gloo::Context> ctx_;
   std::thread worker_;
   std::mutex mu_;

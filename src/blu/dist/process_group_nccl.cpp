@@ -2,7 +2,9 @@
 //
 // Set-up: the constructor makes `device` current, rank 0 creates the ncclUniqueId and publishes
 // it in the TcpStore under "<prefix>/nccl_id"; the other ranks read it (waiting up to the store's
-// timeout) and every rank calls ncclCommInitRank.
+// timeout) and every rank calls ncclCommInitRank — already watched (below): an initialisation
+// that is not done within the init timeout ends the process with a message naming the rank and
+// the timeout (a blocking ncclCommInitRank cannot be aborted: there is no communicator yet).
 //
 // Streams. Every operation runs on the group's own communication stream (of the device's highest
 // priority unless NcclOptions::high_priority_stream is off: a collective issued during backward
@@ -24,6 +26,20 @@
 // later call throws blu::Error naming the rank, the operation and the timeout. With
 // blocking_wait, wait() itself also blocks the host until the operation is done (or the group
 // breaks) — barrier() always does.
+// Note [NCCL abort and enqueue]: every use of the communicator — an operation's enqueue, the
+// watchdog's ncclCommGetAsyncError, ncclCommAbort, ncclCommDestroy — holds NcclShared::comm_mu,
+// and an enqueue first checks `aborted` under it, so nothing is ever enqueued on an aborted
+// communicator and abort never runs beside an enqueue. The watchdog only try-locks it: for its
+// polls, and to abort (waiting up to 2 s). An enqueue that does not return within the timeout
+// (NCCL blocked in the host call, e.g. its work queue full behind a collective whose peer stalled)
+// holds the lock abort would need, so then the watchdog ends the process.
+// Heartbeat: the watchdog bumps a counter on every pass; a monitor thread ends the process with a
+// message when the counter stands still for heartbeat_timeout (the watchdog itself stuck in CUDA
+// or NCCL), since then nothing else would end the hang.
+// Flight recorder (dist/flight_recorder.h): the initialisation and every operation are recorded
+// — enqueued at issue, started when an event recorded before the NCCL call completes, completed
+// when `done` does (the watchdog polls both) — and dumped when the group breaks or the process is
+// ended by the init watchdog or the heartbeat monitor.
 // Point to point: NCCL has no tags; a send and its recv pair by issue order, so `tag` is checked
 // and otherwise ignored.
 #include <nccl.h>
@@ -31,12 +47,16 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "blu/backend/cuda/runtime.h"
 #include "blu/dist/env.h"
+#include "blu/dist/flight_recorder.h"
 #include "blu/dist/process_group.h"
 #include "blu/memory/cuda_allocator.h"
 #include "blu/ops/factory.h"
@@ -78,27 +98,54 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
+// Ends the process after a hang nothing else can end: prints `why`, dumps the flight recorder (on
+// a thread of its own, waited for at most a few seconds: the dump must not become the next hang)
+// and exits with status 1.
+[[noreturn]] void end_process(const std::string& why) {
+  std::fprintf(stderr, "%s\n", why.c_str());
+  std::fflush(nullptr);
+  std::atomic<bool> dumped{false};
+  std::thread([&dumped, why] {
+    FlightRecorder::global().dump(why);
+    dumped = true;
+  }).detach();
+  for (int i = 0; i < 300 && !dumped.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::fflush(nullptr);
+  std::_Exit(1);
+}
+
 // What the group's operations and its watchdog share. `error` is set once, when the group breaks.
 struct NcclShared {
   ncclComm_t comm = nullptr;
   int rank = 0, size = 0;
-  std::chrono::milliseconds timeout{0};
-  std::mutex mu;
+  std::mutex mu;  // guards `error`
   std::string error;
-  bool aborted = false;
+  std::mutex comm_mu;    // Note [NCCL abort and enqueue]
+  bool aborted = false;  // guarded by comm_mu
 
   std::string failure() {
     std::lock_guard lock(mu);
     return error;
   }
   // Breaks the group (first reason wins) and aborts the communicator so spinning kernels return.
-  void fail(const std::string& why) {
-    std::lock_guard lock(mu);
-    if (error.empty()) error = why;
+  // False when the communicator could not be had within `wait` (an enqueue blocked in NCCL holds
+  // it: Note [NCCL abort and enqueue]) and so was not aborted.
+  bool fail(const std::string& why, std::chrono::milliseconds wait) {
+    {
+      std::lock_guard lock(mu);
+      if (error.empty()) error = why;
+    }
+    std::unique_lock lock(comm_mu, std::try_to_lock);
+    for (auto until = Clock::now() + wait; !lock.owns_lock() && Clock::now() < until;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      lock.try_lock();
+    }
+    if (!lock.owns_lock()) return false;
     if (!aborted && comm) {
       aborted = true;
       ncclCommAbort(comm);  // no check: the group is broken either way
     }
+    return true;
   }
 };
 
@@ -131,8 +178,8 @@ class NcclWork final : public Work {
 class NcclProcessGroup final : public ProcessGroup {
  public:
   NcclProcessGroup(TcpStore& store, int rank, int size, const NcclOptions& o)
-      : rank_(rank), size_(size), device_(o.device), blocking_wait_(o.blocking_wait),
-        sh_(std::make_shared<NcclShared>()) {
+      : rank_(rank), size_(size), device_(o.device), blocking_wait_(o.blocking_wait), name_(o.prefix),
+        heartbeat_timeout_(o.heartbeat_timeout), sh_(std::make_shared<NcclShared>()) {
     BLU_CHECK(device_ >= 0 && device_ < cuda::device_count(), "make_nccl_group: rank ", rank, " asks for CUDA device ",
               device_, " but ", cuda::device_count(), " are visible");
     cuda::set_device(device_);
@@ -147,28 +194,40 @@ class NcclProcessGroup final : public ProcessGroup {
       BLU_CHECK(v.size() == sizeof id, "make_nccl_group: '", key, "' holds ", v.size(), " bytes, expected ", sizeof id);
       std::copy(v.begin(), v.end(), reinterpret_cast<char*>(&id));
     }
-    BLU_NCCL_CHECK(ncclCommInitRank(&sh_->comm, size, id, rank), "init (rank " + std::to_string(rank) + " of " +
-                                                                       std::to_string(size) + ")");
     sh_->rank = rank;
     sh_->size = size;
-    sh_->timeout = o.timeout;
     timeout_ms_ = o.timeout.count();
+    // The watchdog (and its heartbeat monitor) run from before ncclCommInitRank: a peer that never
+    // joins ends this process after the init timeout instead of hanging it.
+    const std::chrono::milliseconds init_timeout = o.init_timeout.count() > 0 ? o.init_timeout : o.timeout;
+    init_id_ = FlightRecorder::global().record(
+        {.group = name_, .backend = "nccl", .kind = "comm_init", .seq = 0, .has_dtype = false, .phase = phase_});
+    FlightRecorder::global().update(init_id_, OpState::started);
+    if (init_timeout.count() > 0) init_deadline_ns_ = (Clock::now() + init_timeout).time_since_epoch().count();
+    init_timeout_ = init_timeout;
+    if (const char* v = std::getenv("BLU_TEST_NCCL_WATCHDOG_SLEEP_MS"); v && *v) test_watchdog_sleep_ms_ = std::atoll(v);
     watchdog_ = std::thread([this] { watch(); });
+    if (heartbeat_timeout_.count() > 0) monitor_ = std::thread([this] { monitor(); });
+    try {
+      BLU_NCCL_CHECK(ncclCommInitRank(&sh_->comm, size, id, rank), "init (rank " + std::to_string(rank) + " of " +
+                                                                         std::to_string(size) + ")");
+    } catch (...) {
+      FlightRecorder::global().update(init_id_, OpState::failed);
+      stop_threads();
+      throw;
+    }
+    FlightRecorder::global().update(init_id_, OpState::completed);
+    initialized_ = true;
   }
 
   ~NcclProcessGroup() override {
-    {
-      std::lock_guard lock(pending_mu_);
-      stop_ = true;
-    }
-    pending_cv_.notify_all();
-    watchdog_.join();
+    stop_threads();
     // Let queued operations finish (a broken group's were aborted) before the comm goes away.
     try {
       stream_->synchronize();
     } catch (const std::exception&) {
     }
-    std::lock_guard lock(sh_->mu);
+    std::lock_guard lock(sh_->comm_mu);
     if (!sh_->aborted && sh_->comm) ncclCommDestroy(sh_->comm);
   }
 
@@ -225,28 +284,37 @@ class NcclProcessGroup final : public ProcessGroup {
     check_tensor(t, "broadcast");
     check_rank(root, "broadcast root");
     t.storage()->bump_version();  // Note [Storage versions]
-    return launch("broadcast", {t}, [&](cudaStream_t s) {
-      BLU_NCCL_CHECK(ncclBroadcast(t.raw_data(), t.raw_data(), size_t(t.numel()), nccl_dtype(t.dtype()), root,
-                                   sh_->comm, s),
-                     "broadcast");
-    });
+    return launch(
+        "broadcast", {t},
+        [&](cudaStream_t s) {
+          BLU_NCCL_CHECK(ncclBroadcast(t.raw_data(), t.raw_data(), size_t(t.numel()), nccl_dtype(t.dtype()), root,
+                                       sh_->comm, s),
+                         "broadcast");
+        },
+        false, root);
   }
 
   WorkPtr send(const Tensor& t, int dst, int tag) override {
     check_tensor(t, "send");
     check_peer(dst, tag, "send");
-    return launch("send", {t}, [&](cudaStream_t s) {
-      BLU_NCCL_CHECK(ncclSend(t.raw_data(), size_t(t.numel()), nccl_dtype(t.dtype()), dst, sh_->comm, s), "send");
-    });
+    return launch(
+        "send", {t},
+        [&](cudaStream_t s) {
+          BLU_NCCL_CHECK(ncclSend(t.raw_data(), size_t(t.numel()), nccl_dtype(t.dtype()), dst, sh_->comm, s), "send");
+        },
+        false, dst);
   }
 
   WorkPtr recv(const Tensor& t, int src, int tag) override {
     check_tensor(t, "recv");
     check_peer(src, tag, "recv");
     t.storage()->bump_version();  // Note [Storage versions]
-    return launch("recv", {t}, [&](cudaStream_t s) {
-      BLU_NCCL_CHECK(ncclRecv(t.raw_data(), size_t(t.numel()), nccl_dtype(t.dtype()), src, sh_->comm, s), "recv");
-    });
+    return launch(
+        "recv", {t},
+        [&](cudaStream_t s) {
+          BLU_NCCL_CHECK(ncclRecv(t.raw_data(), size_t(t.numel()), nccl_dtype(t.dtype()), src, sh_->comm, s), "recv");
+        },
+        false, src);
   }
 
   // An all-reduce of one element whose wait() blocks the host: returns once every rank entered.
@@ -263,65 +331,163 @@ class NcclProcessGroup final : public ProcessGroup {
 
  private:
   struct Pending {
-    std::shared_ptr<cuda::Event> done;
+    std::shared_ptr<cuda::Event> started, done;
+    uint64_t flight_id;
+    bool seen_started;
     Clock::time_point start;
     std::string what;
-    std::chrono::milliseconds timeout;  // the group's when issued
+    std::chrono::milliseconds timeout;  // the group's when issued (0: never times out)
   };
 
+  // `tensors`' first is the one whose bytes and dtype the flight recorder notes.
   template <typename F>
-  WorkPtr launch(const char* what, std::initializer_list<Tensor> tensors, F&& enqueue, bool blocking = false) {
+  WorkPtr launch(const char* what, std::initializer_list<Tensor> tensors, F&& enqueue, bool blocking = false,
+                 int peer = -1) {
     if (const std::string e = sh_->failure(); !e.empty()) throw Error(e + " (refusing new " + what + ")");
+    const Tensor& first = *tensors.begin();
+    FlightRecorder& fr = FlightRecorder::global();
+    const uint64_t fid = fr.record({.group = name_, .backend = "nccl", .kind = what, .seq = ++seq_,
+                                    .dtype = first.dtype(), .bytes = int64_t(first.nbytes()), .peer = peer,
+                                    .phase = phase_});
+    std::string desc = std::string(what) + " #" + std::to_string(seq_);
+    if (!phase_.empty()) desc += " during " + phase_;
     const int prev = cuda::current_device();
     if (prev != device_) cuda::set_device(device_);
     // The caller's stream: its execution context's for this device (Note [Execution context]).
     const cudaStream_t caller = cuda::stream_of(current_context(Device(DeviceType::cuda, device_)));
     const cudaStream_t comm = stream_->get();
-    ready_.record(caller);
-    BLU_CUDA_CHECK(cudaStreamWaitEvent(comm, ready_.get(), 0));
-    enqueue(comm);
-    for (const Tensor& t : tensors)
-      if (t.numel() > 0) cuda::record_stream(t, comm);
+    auto started = std::make_shared<cuda::Event>();
     auto done = std::make_shared<cuda::Event>();
-    done->record(comm);
-    std::string desc = std::string(what) + " #" + std::to_string(++seq_);
-    if (!phase_.empty()) desc += " during " + phase_;
-    const std::chrono::milliseconds timeout(timeout_ms_.load());
-    if (timeout.count() > 0) {
+    try {
+      std::lock_guard lock(sh_->comm_mu);  // Note [NCCL abort and enqueue]
+      if (sh_->aborted) throw Error(sh_->failure() + " (refusing new " + what + ")");
+      std::snprintf(enqueue_what_, sizeof enqueue_what_, "%s", desc.c_str());
+      enqueue_since_ns_ = Clock::now().time_since_epoch().count();
+      ready_.record(caller);
+      BLU_CUDA_CHECK(cudaStreamWaitEvent(comm, ready_.get(), 0));
+      started->record(comm);
+      enqueue(comm);
+      for (const Tensor& t : tensors)
+        if (t.numel() > 0) cuda::record_stream(t, comm);
+      done->record(comm);
+      enqueue_since_ns_ = 0;
+    } catch (...) {
+      enqueue_since_ns_ = 0;
+      fr.update(fid, OpState::failed);
+      if (prev != device_) cuda::set_device(prev);
+      throw;
+    }
+    {
       std::lock_guard lock(pending_mu_);
-      pending_.push_back({done, Clock::now(), desc, timeout});
+      pending_.push_back(
+          {started, done, fid, false, Clock::now(), desc, std::chrono::milliseconds(timeout_ms_.load())});
     }
     pending_cv_.notify_one();
     if (prev != device_) cuda::set_device(prev);
     return std::make_shared<NcclWork>(sh_, std::move(done), desc, blocking || blocking_wait_);
   }
 
-  // The watchdog: retires finished operations, breaks the group on an asynchronous NCCL error or
-  // an operation older than the timeout.
+  std::string who() const { return "nccl: rank " + std::to_string(rank_) + " of " + std::to_string(size_); }
+
+  // The watchdog: watches the initialisation, notes started and finished operations in the flight
+  // recorder, breaks the group on an asynchronous NCCL error or an operation older than its
+  // timeout, and ends the process when an enqueue does not return (Note [NCCL abort and enqueue]).
   void watch() {
     cudaSetDevice(device_);
+    FlightRecorder& fr = FlightRecorder::global();
     std::unique_lock lock(pending_mu_);
     while (!stop_) {
+      heartbeat_.fetch_add(1, std::memory_order_relaxed);
       pending_cv_.wait_for(lock, std::chrono::milliseconds(pending_.empty() ? 100 : 2));
-      if (!sh_->failure().empty()) continue;
-      while (!pending_.empty() && pending_.front().done->query()) pending_.pop_front();
-      ncclResult_t async = ncclSuccess;
-      {
-        std::lock_guard g(sh_->mu);
-        if (!sh_->aborted) ncclCommGetAsyncError(sh_->comm, &async);
-      }
-      if (async != ncclSuccess && async != ncclInProgress) {
-        sh_->fail("nccl: rank " + std::to_string(rank_) + " of " + std::to_string(size_) +
-                  ": asynchronous error: " + ncclGetErrorString(async) + "; the communicator was aborted");
+      if (test_watchdog_sleep_ms_ > 0 && initialized_)  // a stuck watchdog, for the heartbeat's test
+        std::this_thread::sleep_for(std::chrono::milliseconds(std::exchange(test_watchdog_sleep_ms_, 0)));
+      if (!initialized_) {
+        const int64_t deadline = init_deadline_ns_;
+        if (deadline > 0 && Clock::now().time_since_epoch().count() > deadline) {
+          fr.update(init_id_, OpState::failed);
+          end_process(who() + ": ncclCommInitRank did not complete within the timeout of " +
+                      std::to_string(init_timeout_.count()) +
+                      " ms (a rank did not start or cannot reach this one); ending the process");
+        }
         continue;
       }
-      if (!pending_.empty() && Clock::now() - pending_.front().start > pending_.front().timeout) {
-        sh_->fail("nccl: rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": " +
-                  pending_.front().what + " did not complete within the timeout of " +
-                  std::to_string(pending_.front().timeout.count()) +
-                  " ms (a peer died or stalled); the communicator was aborted");
+      if (!sh_->failure().empty()) continue;
+      for (Pending& p : pending_) {  // one stream: they start in order
+        if (p.seen_started) continue;
+        if (!p.started->query()) break;
+        p.seen_started = true;
+        fr.update(p.flight_id, OpState::started);
+      }
+      while (!pending_.empty() && pending_.front().done->query()) {
+        fr.update(pending_.front().flight_id, OpState::completed);
+        pending_.pop_front();
+      }
+      ncclResult_t async = ncclSuccess;
+      {
+        std::unique_lock g(sh_->comm_mu, std::try_to_lock);  // an enqueue holds it: poll next time
+        if (g.owns_lock() && !sh_->aborted) ncclCommGetAsyncError(sh_->comm, &async);
+      }
+      if (async != ncclSuccess && async != ncclInProgress) {
+        break_group(who() + ": asynchronous error: " + ncclGetErrorString(async) + "; the communicator was aborted");
+        continue;
+      }
+      const int64_t since = enqueue_since_ns_, limit_ms = timeout_ms_.load();
+      if (since > 0 && limit_ms > 0 && Clock::now().time_since_epoch().count() - since > limit_ms * 1000000)
+        end_process(who() + ": enqueueing " + enqueue_what_ + " did not return within the timeout of " +
+                    std::to_string(limit_ms) + " ms (NCCL blocked in the host call); ending the process");
+      if (!pending_.empty() && pending_.front().timeout.count() > 0 &&
+          Clock::now() - pending_.front().start > pending_.front().timeout) {
+        fr.update(pending_.front().flight_id, OpState::failed);
+        break_group(who() + ": " + pending_.front().what + " did not complete within the timeout of " +
+                    std::to_string(pending_.front().timeout.count()) +
+                    " ms (a peer died or stalled); the communicator was aborted");
       }
     }
+  }
+
+  // Dumps the flight recorder (the failed operation still the oldest in flight), then aborts; an
+  // enqueue stuck inside NCCL (typically behind the very operation that timed out) keeps the
+  // communicator from being aborted, and then only ending the process ends the hang.
+  void break_group(const std::string& why) {
+    FlightRecorder::global().dump(why);
+    if (!sh_->fail(why, std::chrono::milliseconds(2000)))
+      end_process(why + "; but an enqueue on the communicator has not returned for 2 s, so it cannot be aborted: "
+                        "ending the process");
+  }
+
+  // The heartbeat monitor: ends the process when the watchdog stops making passes.
+  void monitor() {
+    const auto poll = std::clamp<std::chrono::milliseconds>(heartbeat_timeout_ / 4, std::chrono::milliseconds(1),
+                                                            std::chrono::milliseconds(1000));
+    std::unique_lock lock(monitor_mu_);
+    uint64_t last = heartbeat_.load();
+    auto last_change = Clock::now();
+    while (!stop_monitor_) {
+      monitor_cv_.wait_for(lock, poll);
+      const uint64_t hb = heartbeat_.load();
+      if (hb != last) {
+        last = hb;
+        last_change = Clock::now();
+      } else if (Clock::now() - last_change > heartbeat_timeout_) {
+        end_process(who() + ": the watchdog made no progress for " + std::to_string(heartbeat_timeout_.count()) +
+                    " ms (stuck in a CUDA or NCCL call); ending the process");
+      }
+    }
+  }
+
+  void stop_threads() {
+    {
+      std::lock_guard lock(pending_mu_);
+      stop_ = true;
+    }
+    pending_cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+    {
+      std::lock_guard lock(monitor_mu_);
+      stop_monitor_ = true;
+    }
+    monitor_cv_.notify_all();
+    if (monitor_.joinable()) monitor_.join();
   }
 
   void check_tensor(const Tensor& t, const char* op) const {
@@ -345,6 +511,8 @@ class NcclProcessGroup final : public ProcessGroup {
 
   int rank_, size_, device_;
   bool blocking_wait_;
+  std::string name_;  // the store prefix: the group's name in the flight recorder
+  std::chrono::milliseconds heartbeat_timeout_;
   std::shared_ptr<NcclShared> sh_;
   std::unique_ptr<cuda::Stream> stream_;
   cuda::Event ready_;  // reused: recorded and waited on within one launch()
@@ -355,7 +523,20 @@ class NcclProcessGroup final : public ProcessGroup {
   std::condition_variable pending_cv_;
   std::deque<Pending> pending_;
   bool stop_ = false;
-  std::thread watchdog_;
+  // Initialisation, watched by the watchdog until initialized_.
+  uint64_t init_id_ = 0;
+  std::atomic<int64_t> init_deadline_ns_{0};  // steady clock; 0: not watched
+  std::chrono::milliseconds init_timeout_{0};
+  std::atomic<bool> initialized_{false};
+  // The enqueue in progress (Note [NCCL abort and enqueue]): since when (steady clock, 0: none).
+  std::atomic<int64_t> enqueue_since_ns_{0};
+  char enqueue_what_[160] = {};  // written before enqueue_since_ns_ is set, read after it is seen
+  int64_t test_watchdog_sleep_ms_ = 0;  // BLU_TEST_NCCL_WATCHDOG_SLEEP_MS: the heartbeat's test
+  std::atomic<uint64_t> heartbeat_{0};
+  std::mutex monitor_mu_;
+  std::condition_variable monitor_cv_;
+  bool stop_monitor_ = false;
+  std::thread watchdog_, monitor_;
 };
 
 }  // namespace
@@ -364,6 +545,10 @@ std::shared_ptr<ProcessGroup> make_nccl_group(TcpStore& store, int rank, int siz
   BLU_CHECK(size >= 1, "make_nccl_group: size must be >= 1, got ", size);
   BLU_CHECK(rank >= 0 && rank < size, "make_nccl_group: rank must be in [0, ", size, "), got ", rank);
   BLU_CHECK(options.timeout.count() >= 0, "make_nccl_group: timeout must be >= 0 ms, got ", options.timeout.count());
+  BLU_CHECK(options.init_timeout.count() >= 0, "make_nccl_group: init_timeout must be >= 0 ms, got ",
+            options.init_timeout.count());
+  BLU_CHECK(options.heartbeat_timeout.count() >= 0, "make_nccl_group: heartbeat_timeout must be >= 0 ms, got ",
+            options.heartbeat_timeout.count());
   if (options.device < 0) options.device = detect_env().local_rank;
   return std::make_shared<NcclProcessGroup>(store, rank, size, options);
 }

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <functional>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -25,6 +26,7 @@
 #include "blu/dist/hetero.h"
 #include "blu/dist/mesh.h"
 #include "blu/dist/tensor_parallel.h"
+#include "blu/dist/flight_recorder.h"
 #include "blu/dist/zero.h"
 #include "blu/io/checkpoint.h"
 #include "blu/io/json_file.h"
@@ -79,7 +81,8 @@ std::vector<fs::path> own_files(const fs::path& dir) {
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string name = e.path().filename().string();
     if (name == "metrics.jsonl" || name == "run.json" || name == kBestCheckpoint || is_checkpoint_file(e.path()) ||
-        (e.is_directory() && name.starts_with("ckpt_")))  // a sharded checkpoint (dist/zero.h)
+        (e.is_directory() && name.starts_with("ckpt_")) ||  // a sharded checkpoint (dist/zero.h)
+        (e.is_directory() && name == "flight_recorder"))    // dist/flight_recorder.h
       out.push_back(e.path());
   }
   std::sort(out.begin(), out.end());
@@ -139,6 +142,18 @@ dist::Fingerprint fingerprint(const TrainOptions& o, const models::CausalLM& mod
 void test_delay_on_rank0(int rank) {
   static const char* v = std::getenv("BLU_TEST_RANK0_DELAY_MS");
   if (rank == 0 && v && *v) std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(v)));
+}
+
+// A rank that stops answering: BLU_TEST_STALL="RANK:STEP" makes that rank sleep (an hour, not
+// interrupted by signals) before training step STEP, as a hung rank would. Tests of the collectives'
+// timeout and the flight recorder use it.
+void test_stall(int rank, int64_t step) {
+  static const char* v = std::getenv("BLU_TEST_STALL");
+  if (!v || !*v) return;
+  int r = -1;
+  long long s = -1;
+  if (std::sscanf(v, "%d:%lld", &r, &s) == 2 && r == rank && s == step)
+    std::this_thread::sleep_for(std::chrono::hours(1));
 }
 
 }  // namespace
@@ -450,6 +465,10 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
         pg = dist::make_gloo_group(*store_, rank_, world, dist::GlooOptions{.timeout = ms(30)});
     }
     pg->set_phase("start-up");
+    // On a collective's timeout, a fatal error or SIGTERM each rank dumps its last collectives
+    // here (dist/flight_recorder.h).
+    if (!o.out.empty())
+      dist::FlightRecorder::global().set_dump_target((fs::path(o.out) / "flight_recorder").string(), rank_, world);
   }
   dist::StrategyConfig sc;
   sc.zero = o.zero;
@@ -763,6 +782,7 @@ TrainSummary Trainer::run() {
   alloc.reset_peak();
   while (step_ < o.steps) {
     if (store_) set_phase("training step " + std::to_string(step_ + 1));
+    test_stall(rank_, step_ + 1);
     const dist::StepValues v = train_step();
     ++step_;
     ++since_read;
