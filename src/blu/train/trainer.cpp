@@ -14,6 +14,8 @@
 #include <ostream>
 #include <thread>
 
+#include "blu/compiler/compile.h"
+#include "blu/compiler/exclude.h"
 #include "blu/core/error.h"
 #include "blu/core/grad_mode.h"
 #include "blu/dist/annotations.h"
@@ -140,7 +142,7 @@ void test_delay_on_rank0(int rank) {
 }  // namespace
 
 nlohmann::json TrainOptions::to_json() const {
-  return {{"train_pattern", train_pattern}, {"val_pattern", val_pattern},   {"model", model},
+  nlohmann::json j = {{"train_pattern", train_pattern}, {"val_pattern", val_pattern},   {"model", model},
           {"batch_size", batch_size},       {"seq_len", seq_len},           {"grad_accum", grad_accum},
           {"steps", steps},                 {"lr", lr},                     {"min_lr", min_lr},
           {"warmup", warmup},               {"schedule", schedule},         {"weight_decay", weight_decay},
@@ -154,6 +156,8 @@ nlohmann::json TrainOptions::to_json() const {
           {"dist_work_timeout", dist_work_timeout}, {"parallel", parallel}, {"keep_best", keep_best},
           {"baseline", baseline}, {"baseline_vocab", baseline_vocab}, {"baseline_max_tokens", baseline_max_tokens},
           {"tokenizer", tokenizer}, {"shuffle", shuffle}};
+  j["compile"] = compile;  // the ranks agree on it (consistency fingerprint)
+  return j;
 }
 
 bool holds_run(const std::string& dir) {
@@ -287,6 +291,13 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   BLU_CHECK(o.dp == 1 || o.device == "cpu" || o.device == "cuda", "--dp ", o.dp,
             " runs on --device cpu (Gloo) or --device cuda (NCCL, each rank on cuda:LOCAL_RANK); got --device ",
             o.device);
+  if (o.compile) {
+    // What the compiler does not capture yet, refused before anything runs (never half-compiled).
+    BLU_CHECK(!pipelined_, "--compile: pipeline layouts (--parallel '", o.parallel,
+              "') are not supported by the compiler yet; drop --compile or use --dp/--zero");
+  } else {
+    BLU_CHECK(!o.compile_log && o.compile_exclude.empty(), "--compile-log and --compile-exclude need --compile");
+  }
   rank_ = env.rank;
   if (rank_ != 0) cb_.log = nullptr;  // rank 0 speaks for the job
   schedule_.kind = optim::LRSchedule::parse(o.schedule);
@@ -403,6 +414,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
       pg = dist::make_gloo_group(*store_, rank_, world, dist::GlooOptions{.timeout = ms(30)});
     pg->set_phase("start-up");
   }
+  if (o.compile) pg = compiler::capturable(std::move(pg));  // collectives recorded into the captured step
   dist::StrategyConfig sc;
   sc.zero = o.zero;
   sc.row_exchange = o.row_exchange;
@@ -410,6 +422,16 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   const dist::OptimizerConfig oc{.name = o.optimizer, .lr = o.lr, .weight_decay = o.weight_decay};
   strategy_ = pipelined_ ? std::make_unique<dist::Strategy>(*model_, std::move(pg), pipeline, sc, oc)
                          : std::make_unique<dist::Strategy>(*model_, std::move(pg), sc, oc);
+  if (o.compile) {
+    if (!o.compile_exclude.empty()) compiler::set_excluded_ops(compiler::parse_op_list(o.compile_exclude));
+    compiler::CompileOptions co;
+    co.log = o.compile_log;
+    co.log_stream = cb_.log;
+    co.config = o.precision + ", grad_accum " + std::to_string(o.grad_accum) + ", " + strategy_->describe();
+    compiled_ = std::make_unique<compiler::CompiledStep>(co);
+    compiled_->set_named(compiler::BufferKind::parameter, model_->named_parameters());
+    for (int64_t i = 0; i < 2 * o.grad_accum; ++i) compile_inputs_.push_back(empty({o.batch_size, o.seq_len}, DType::i32, device_));
+  }
 
   // 5. Only now touch the disk (rank 0's files; every rank has checked the directory by now).
   if (o.out.empty()) return;
@@ -532,6 +554,24 @@ dist::StepValues Trainer::train_step() {
     }
     return strategy_->step(o.grad_accum, [&](int64_t i) { return batches.at(size_t(i)); }, schedule_.at(step_),
                            o.grad_clip);
+  }
+  if (compiled_) {
+    // The batches are read before the capture, into the same tensors every step (step inputs of
+    // the compiled step); the step itself is Strategy::step, compiled.
+    for (int64_t i = 0; i < o.grad_accum; ++i) {
+      const Batch b = train_loader_->next();
+      NoGradGuard no_grad;
+      copy_(compile_inputs_[size_t(2 * i)], ids_tensor(b.inputs, o.batch_size, o.seq_len, device_));
+      copy_(compile_inputs_[size_t(2 * i + 1)], ids_tensor(b.targets, o.batch_size, o.seq_len, device_));
+    }
+    dist::StepValues v;
+    const double lr = schedule_.at(step_);
+    compiled_->run(compile_inputs_, [&] {
+      v = strategy_->step(o.grad_accum, [&](int64_t i) {
+        return std::pair<Tensor, Tensor>{compile_inputs_[size_t(2 * i)], compile_inputs_[size_t(2 * i + 1)]};
+      }, lr, o.grad_clip);
+    });
+    return v;
   }
   return strategy_->step(o.grad_accum, loss_of, schedule_.at(step_), o.grad_clip);
 }
@@ -749,6 +789,24 @@ TrainSummary Trainer::run() {
   }
   if (val_loader_ && last_eval != step_ && !sum.interrupted) run_eval();
   if (last_save != step_) save(step_);
+  if (compiled_) {  // how the steps ran: compiled, eager (warm-up, past the variant limit), fallback
+    const auto& c = compiled_->counts();
+    nlohmann::json ev = {{"event", "compile"}, {"step", step_},           {"compiled", c.compiled},
+                         {"eager", c.eager},   {"fallback", c.fallback}, {"guard_failures", c.guard_failures},
+                         {"variants", compiled_->variants().size()}};
+    if (!compiled_->variants().empty()) {
+      const compiler::Variant& v = *compiled_->variants()[0];
+      ev["graph_ops"] = v.graph.ops.size();
+      ev["collectives"] = std::count_if(v.graph.ops.begin(), v.graph.ops.end(),
+                                        [](const compiler::Op& op) { return op.kind == compiler::OpKind::collective; });
+      ev["plan_peak_bytes"] = v.runtime->plan().peak_bytes();
+      ev["compile_ms"] = v.capture_ms + v.plan_ms;
+    }
+    metrics_.write(ev);
+    if (cb_.log)
+      *cb_.log << "compiled steps: " << c.compiled << " compiled, " << c.eager << " eager, " << c.fallback
+               << " fallback, " << c.guard_failures << " guard failures\n";
+  }
 
   sum.end_step = step_;
   if (std::isfinite(best_val_)) sum.best_val_loss = best_val_;

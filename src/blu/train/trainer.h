@@ -49,6 +49,9 @@
 namespace blu::dist {
 class TcpStore;
 }  // namespace blu::dist
+namespace blu::compiler {
+class CompiledStep;
+}  // namespace blu::compiler
 
 namespace blu::train {
 
@@ -112,6 +115,13 @@ struct TrainOptions {
   // The parallel layout as annotations (dist/annotations.h), e.g. "replicate(2, zero=1)" or
   // "pipeline(2, schedule=1f1b, micro=4)"; "" uses --dp / --zero. Must name the launched world size.
   std::string parallel;
+  // Compiled steps (compiler/compile.h): every training step captured at the dispatch point,
+  // planned into one arena and replayed (bitwise the eager step). Layouts and modes the compiler
+  // does not support are refused at start, by name. compile_log prints the compiler's log (as
+  // BLU_COMPILE_LOG=1 does); compile_exclude names ops kept out of compilation (compiler/exclude.h;
+  // "" keeps BLU_COMPILE_EXCLUDE's list).
+  bool compile = false, compile_log = false;
+  std::string compile_exclude;
 
   nlohmann::json to_json() const;  // recorded in run.json and in checkpoints
 };
@@ -204,6 +214,10 @@ class Trainer {
   std::unique_ptr<dist::TcpStore> store_;
   std::unique_ptr<dist::Strategy> strategy_;
   int64_t work_barriers_ = 0;
+  // --compile: the compiled step, and the batch tensors it reads (micro-batch i's ids and targets
+  // at 2i and 2i+1), refilled before every step so their addresses stay fixed.
+  std::unique_ptr<compiler::CompiledStep> compiled_;
+  std::vector<Tensor> compile_inputs_;
 };
 
 }  // namespace blu::train
