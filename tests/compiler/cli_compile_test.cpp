@@ -174,42 +174,55 @@ pid_t spawn(const std::vector<std::string>& args, const fs::path& log) {
 }
 
 TEST_F(CompileCli, KilledAtRandomMomentsResumesBitExactly) {
-  const int steps = 16;
+  const int steps = 20;
   const std::vector<std::string> flags = {"--compile", "--ckpt-every", "2", "--keep-last", "2"};
   const LaunchResult straight = run1(train_cmd("tiny", steps, "straight", flags));
   ASSERT_EQ(straight.status, 0) << straight.out << straight.err;
-  // The straight run's duration bounds the kill times: each restart is killed somewhere in it
-  // (start-up, capture, replay, a checkpoint being written), until a run gets to finish.
+  // Each restart is killed at a random moment of its own run: once it has logged a random one of
+  // the next three steps, plus a random fraction of a step (so inside a capture, a replay, a
+  // checkpoint being written, or the start-up when that step is logged already), five times; the
+  // sixth run finishes.
+  const double step_s = straight.seconds / steps;
   std::mt19937 rng(20);
   std::vector<std::string> cut = train_cmd("tiny", steps, "cut", flags);
   cut.push_back("--auto-resume");
   const fs::path log = dir.path / "cut.log";
   int kills = 0, status = -1;
-  for (int attempt = 0; attempt < 40 && status != 0; ++attempt) {
+  for (int attempt = 0; attempt < 6; ++attempt) {
+    const auto logged = read_metrics(dir.path / "cut").steps;
+    const int64_t done = logged.empty() ? 0 : logged.rbegin()->first;
     const pid_t pid = spawn(cut, log);
-    const double at = std::uniform_real_distribution<double>(0.1, 0.9)(rng) * straight.seconds;
-    const auto t0 = std::chrono::steady_clock::now();
     int st = 0;
     bool exited = false;
-    while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < at)
-      if (::waitpid(pid, &st, WNOHANG) == pid) {
-        exited = true;
-        break;
-      } else {
+    if (attempt < 5 && done + 2 < steps) {
+      const int64_t after = std::uniform_int_distribution<int64_t>(done, std::min<int64_t>(done + 3, steps - 2))(rng);
+      const double extra = std::uniform_real_distribution<double>(0.0, 1.0)(rng) * step_s;
+      const auto t0 = std::chrono::steady_clock::now();
+      for (;;) {  // until `after` steps are logged (at most a minute), or the run ends
+        if (::waitpid(pid, &st, WNOHANG) == pid) {
+          exited = true;
+          break;
+        }
+        const auto now = read_metrics(dir.path / "cut").steps;
+        if ((!now.empty() && now.rbegin()->first >= after) || after == done ||
+            std::chrono::steady_clock::now() - t0 > std::chrono::seconds(60))
+          break;
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
       }
-    if (!exited && attempt < 30) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &st, 0);
-      ++kills;
-      continue;
+      if (!exited) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(extra));
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &st, 0);
+        ++kills;
+        continue;
+      }
     }
-    if (!exited) ::waitpid(pid, &st, 0);  // late attempts run to the end
+    if (!exited) ::waitpid(pid, &st, 0);
     status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    if (status == 137) status = -1;
+    break;
   }
   ASSERT_EQ(status, 0) << read_text(log);
-  EXPECT_GE(kills, 3) << "too few kills to show anything";
+  EXPECT_EQ(kills, 5) << read_text(log);
   const Metrics a = read_metrics(dir.path / "straight"), b = read_metrics(dir.path / "cut");
   ASSERT_EQ(a.steps.size(), size_t(steps));
   ASSERT_EQ(b.steps.size(), size_t(steps)) << read_text(log);
