@@ -9,7 +9,8 @@
 // - a compiled run killed with SIGKILL at random moments and restarted with --auto-resume until
 //   it finishes logs the uninterrupted compiled run's losses bit for bit;
 // - ops named in --compile-exclude stay out of the arena (logged) and change no bit;
-// - what the compiler does not support is refused at start with a message naming it.
+// - what the compiler does not support (pipelines, ZeRO-3) is refused at start with a message
+//   naming it; bf16 and fp16 (loss scaling on the device) compile and match eager.
 // Run: ctest -R CompileCli, or build-cpu/tests/test_compiler --gtest_filter='CompileCli*'.
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -231,6 +232,18 @@ TEST_F(CompileCli, KilledAtRandomMomentsResumesBitExactly) {
   EXPECT_NE(read_text(log).find("resumed from"), std::string::npos);
 }
 
+TEST_F(CompileCli, HalfPrecisionEqualsEagerBitwise) {
+  for (const std::string precision : {"bf16", "fp16"}) {
+    const LaunchResult e = run1(train_cmd("tiny", 4, "eager_" + precision, {"--precision", precision}));
+    ASSERT_EQ(e.status, 0) << e.out << e.err;
+    const LaunchResult c = run1(train_cmd("tiny", 4, "compiled_" + precision, {"--precision", precision, "--compile"}));
+    ASSERT_EQ(c.status, 0) << c.out << c.err;
+    const Metrics mc = read_metrics(dir.path / ("compiled_" + precision));
+    expect_same_steps(read_metrics(dir.path / ("eager_" + precision)), mc, 4, precision);
+    EXPECT_EQ(mc.compile["compiled"], 3) << precision << ": " << mc.compile.dump();
+  }
+}
+
 TEST_F(CompileCli, ExcludedOpsStayOutOfTheArenaAndChangeNothing) {
   const LaunchResult e = run1(train_cmd("tiny", 4, "eager"));
   ASSERT_EQ(e.status, 0) << e.out << e.err;
@@ -258,6 +271,13 @@ TEST_F(CompileCli, UnsupportedLayoutsAreRefusedByName) {
   EXPECT_NE(pp.status, 0);
   EXPECT_NE((pp.out + pp.err).find("--compile: pipeline layouts"), std::string::npos) << pp.out << pp.err;
   EXPECT_FALSE(fs::exists(dir.path / "pp" / "metrics.jsonl"));
+  std::vector<std::string> z3 = {blutrain().string(), "launch", "-n", "2", "--"};
+  const auto t3 = train_cmd("tiny", 2, "z3", {"--dp", "2", "--zero", "3", "--compile"});
+  z3.insert(z3.end(), t3.begin(), t3.end());
+  const LaunchResult zero3 = run_command(1, z3, {{"OMP_NUM_THREADS", "1"}});
+  EXPECT_NE(zero3.status, 0);
+  EXPECT_NE((zero3.out + zero3.err).find("--compile: ZeRO-3 (--zero 3) is not supported"), std::string::npos)
+      << zero3.out << zero3.err;
   const LaunchResult log_only = run1(train_cmd("tiny", 2, "log", {"--compile-log"}));
   EXPECT_NE(log_only.status, 0);
   EXPECT_NE((log_only.out + log_only.err).find("--compile-log and --compile-exclude need --compile"), std::string::npos)

@@ -295,6 +295,8 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     // What the compiler does not capture yet, refused before anything runs (never half-compiled).
     BLU_CHECK(!pipelined_, "--compile: pipeline layouts (--parallel '", o.parallel,
               "') are not supported by the compiler yet; drop --compile or use --dp/--zero");
+    BLU_CHECK(opt_s_.zero != 3, "--compile: ZeRO-3 (--zero 3) is not supported by the compiler yet (its block hooks ",
+              "swap the parameters' storages outside dispatch, which capture does not see); use --zero 0, 1 or 2");
   } else {
     BLU_CHECK(!o.compile_log && o.compile_exclude.empty(), "--compile-log and --compile-exclude need --compile");
   }
@@ -425,7 +427,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   if (o.compile) {
     if (!o.compile_exclude.empty()) compiler::set_excluded_ops(compiler::parse_op_list(o.compile_exclude));
     compiler::CompileOptions co;
-    co.log = o.compile_log;
+    co.log = o.compile_log && rank_ == 0;  // guard failures are printed on every rank
     co.log_stream = cb_.log;
     co.config = o.precision + ", grad_accum " + std::to_string(o.grad_accum) + ", " + strategy_->describe();
     compiled_ = std::make_unique<compiler::CompiledStep>(co);
