@@ -11,6 +11,10 @@
 // rows exchanged apart unless --no-row-exchange), or with --zero 3 under ZeRO-3 (parameters
 // sharded too, gathered block by block: dist/zero.h); every rank draws its own batches of B rows;
 // rank 0 prints the line with the global tok/s (world·B·T per median step) and its own memory.
+// --compile: every step after the first runs through compiler::CompiledStep (captured, planned,
+// replayed; on CUDA a CUDA graph), on the same two batch tensors refilled each step; the line adds
+// the graph's size, the plan's peak, the compile time and how the steps ran. The per-phase times,
+// --profile and --comm-timeline observe eager steps and are not taken with it.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -25,6 +29,8 @@
 #endif
 
 #include "blu/blu.h"
+#include "blu/compiler/compile.h"
+#include "blu/compiler/exclude.h"
 #include "blu/dist/strategy.h"
 #include "blu/dist/env.h"
 #include "blu/dist/zero.h"
@@ -58,6 +64,8 @@ struct BenchOptions {
   bool row_exchange = true;  // DDP exchanges the tied embedding's rows apart (dist/ddp.h)
   bool comm_timeline = false;  // one extra DDP step: when each bucket's all-reduce completes
   bool skip_comm = false;      // DDP without its collectives (ranks diverge): the compute of a DDP step
+  bool compile = false, compile_log = false;  // compiled steps (compiler/compile.h), the compiler's log
+  std::string compile_exclude;                // ops kept out of compilation ("" = BLU_COMPILE_EXCLUDE)
 };
 
 void device_sync(Device dev) {
@@ -132,6 +140,11 @@ int run_bench(const BenchOptions& o) {
             env.world_size, "); start with `blutrain launch -n ", o.dp, " -- blutrain bench --dp ", o.dp, " ...`");
   BLU_CHECK(o.zero >= 0 && o.zero <= 3, "--zero must be 0, 1, 2 or 3 in bench, got ", o.zero);
   BLU_CHECK(o.zero == 0 || o.dp > 1, "--zero ", o.zero, " needs --dp > 1");
+  BLU_CHECK(!o.compile || (!o.profile && !o.comm_timeline),
+            "--compile: --profile and --comm-timeline time eager steps; run them without --compile");
+  BLU_CHECK(!o.compile || o.zero != 3, "--compile: ZeRO-3 (--zero 3) is not supported by the compiler yet (its block ",
+            "hooks swap the parameters' storages outside dispatch); use --zero 0, 1 or 2");
+  BLU_CHECK(o.compile || (!o.compile_log && o.compile_exclude.empty()), "--compile-log and --compile-exclude need --compile");
   Device dev(o.device);
   BLU_CHECK(o.dp == 1 || o.device == "cuda" || o.device == "cpu", "--dp ", o.dp,
             " runs on --device cuda (NCCL, one GPU per rank) or cpu (Gloo), got ", o.device);
@@ -154,6 +167,7 @@ int run_bench(const BenchOptions& o) {
 #endif
     }
   }
+  if (o.compile) pg = compiler::capturable(std::move(pg));  // collectives recorded into the captured step
   nlohmann::json cfg = models::resolve_model_config(o.model);
   if (cfg.contains("block_size") && cfg["block_size"].get<int64_t>() < o.seq) cfg["block_size"] = o.seq;
   const std::unique_ptr<models::CausalLM> model_ptr = models::build_model(cfg, 0);
@@ -203,7 +217,30 @@ int run_bench(const BenchOptions& o) {
 #endif
     (void)i;
   };
+  std::unique_ptr<compiler::CompiledStep> compiled;
+  Tensor cx, cy;  // --compile: the step's inputs, refilled every step (fixed addresses)
+  if (o.compile) {
+    if (!o.compile_exclude.empty()) compiler::set_excluded_ops(compiler::parse_op_list(o.compile_exclude));
+    compiler::CompileOptions co;
+    co.log = o.compile_log && env.rank == 0;
+    co.config = o.precision + ", " + strategy.describe();
+    compiled = std::make_unique<compiler::CompiledStep>(co);
+    compiled->set_named(compiler::BufferKind::parameter, model.named_parameters());
+    cx = empty({o.batch, o.seq}, DType::i64, dev);
+    cy = empty({o.batch, o.seq}, DType::i64, dev);
+  }
+  auto compiled_step = [&](const Tensor& x, const Tensor& y) {
+    {
+      NoGradGuard no_grad;
+      copy_(cx, x);
+      copy_(cy, y);
+    }
+    compiled->run({cx, cy}, [&] {
+      loss_t = strategy.step(1, [&](int64_t) { return model.forward(cx, cy).loss; }, o.lr, 1.0).loss_sum;
+    });
+  };
   auto step = [&](const Tensor& x, const Tensor& y) {
+    if (compiled) return compiled_step(x, y);
     step_t0 = std::chrono::steady_clock::now();
     mark(0);
     const auto loss_of = [&](int64_t) {
@@ -333,6 +370,22 @@ int run_bench(const BenchOptions& o) {
   }
   if (o.peak_tflops > 0) j["mfu"] = tok_s * flops_tok / (o.peak_tflops * 1e12 * o.dp);  // per GPU
   if (fp16) j["skipped_steps"] = strategy.loss_scaler()->skipped_steps();
+  if (compiled) {
+    const auto& c = compiled->counts();
+    nlohmann::json cj = {{"compiled", c.compiled}, {"eager", c.eager}, {"fallback", c.fallback},
+                         {"guard_failures", c.guard_failures}, {"variants", compiled->variants().size()}};
+    if (!compiled->variants().empty()) {
+      const compiler::Variant& v = *compiled->variants()[0];
+      const compiler::MemoryPlan& plan = v.runtime->plan();
+      cj["graph_ops"] = v.graph.ops.size();
+      cj["plan_peak_mib"] = double(plan.peak_bytes()) / (1 << 20);
+      cj["plan_arena_mib"] = double(plan.arena_bytes()) / (1 << 20);
+      cj["compile_ms"] = v.capture_ms + v.plan_ms;
+      cj["graph_captures"] = v.runtime->stats().graph_captures;
+      cj["graph_launches"] = v.runtime->stats().graph_launches;
+    }
+    j["compile"] = cj;
+  }
   if (o.profile) {
     Tensor x = randint(0, vocab, {o.batch, o.seq}, DType::i64, dev, &gen);
     Tensor y = randint(0, vocab, {o.batch, o.seq}, DType::i64, dev, &gen);
@@ -394,6 +447,11 @@ Command add_bench(CLI::App& root) {
   app->add_option("--peak-tflops", o->peak_tflops, "The GPU's measured matmul peak for this precision (MFU)");
   app->add_option("--lr", o->lr, "AdamW's learning rate (constant)")->capture_default_str();
   app->add_option("--beta2", o->beta2, "AdamW's beta2")->capture_default_str();
+  app->add_flag("--compile", o->compile,
+                "Run the steps compiled (captured, memory-planned, replayed; a CUDA graph on the GPU): docs/compiler.md");
+  app->add_flag("--compile-log", o->compile_log, "With --compile: print the compiler's log (as BLU_COMPILE_LOG=1)");
+  app->add_option("--compile-exclude", o->compile_exclude,
+                  "With --compile: comma-separated op names kept out of compilation (default BLU_COMPILE_EXCLUDE)");
   return {app, [o] { return run_bench(*o); }};
 }
 

@@ -298,6 +298,17 @@ Command add_train(CLI::App& root) {
   app->add_flag("!--no-row-exchange", o.row_exchange,
                 "With --dp > 1: reduce the tied embedding's whole gradient at the end of backward instead "
                 "of its LM-head part early and its rows apart (docs/distributed.md)");
+  // Compiler (docs/compiler.md).
+  app->add_flag("--compile", o.compile,
+                "Run every training step compiled: captured once without kernels, its memory planned into one "
+                "arena, replayed (a CUDA graph on the GPU); bitwise the eager step. Layouts the compiler does not "
+                "support yet are refused at start");
+  app->add_flag("--compile-log", o.compile_log,
+                "With --compile: print the graph size, memory plan, compile time and guard failures (as "
+                "BLU_COMPILE_LOG=1)");
+  app->add_option("--compile-exclude", o.compile_exclude,
+                  "With --compile: comma-separated op names kept out of compilation (their buffers outside the "
+                  "arena, never fused); default BLU_COMPILE_EXCLUDE");
   return {app, [a, app] {
             if (!a->config.empty()) apply_config_file(*app, a->config);
             return run_train(*a);

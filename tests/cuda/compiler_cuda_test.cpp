@@ -1,10 +1,20 @@
-// The compiled step on the GPU (compiler/runtime.h): the tiny GPT-2 trained with SGD at a constant
-// lr, compiled, replays each step as exactly one CUDA graph launch over the fixed arena, and its
-// losses and weights equal the eager run's bit for bit (same kernels, same order).
+// The compiled step on the GPU (compiler/runtime.h):
+// - the tiny GPT-2 trained with SGD at a constant lr, compiled, replays each step as exactly one
+//   CUDA graph launch over the fixed arena, and its losses and weights equal the eager run's bit
+//   for bit (same kernels, same order);
+// - the same with AdamW and an lr that changes every step: AdamW's step count and the lr are host
+//   scalars passed to its kernels, so every step's graph differs in those arguments and is
+//   re-recorded and updated in place (cudaGraphExecUpdate) — still one launch per step, still
+//   bitwise eager;
+// - the memory plan's peak against the caching allocator's peak (bytes as requested) during a
+//   replayed step, and against the device memory the driver reports in use (cudaMemGetInfo,
+//   from a baseline taken after the CUDA context and cuBLAS exist): both within 3%.
 // Run: ctest -L cuda, or build-cuda/tests/test_cuda --gtest_filter='CompilerCuda*'.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <iostream>
 #include <sstream>
 
 #include "blu/backend/cuda/runtime.h"
@@ -12,6 +22,7 @@
 #include "blu/compiler/compile.h"
 #include "blu/core/exec_context.h"
 #include "blu/dist/strategy.h"
+#include "blu/memory/cuda_allocator.h"
 #include "blu/models/gpt2/gpt2.h"
 #include "common/checks.h"
 #include "common/tiny_gpt.h"
@@ -26,13 +37,15 @@ struct Result {
   std::vector<Tensor> params;  // on the CPU
 };
 
-Result train(bool compiled, compiler::RuntimeStats* stats, int64_t* compiled_steps) {
+// Six steps of the tiny GPT-2 with `optimizer` at lr_of(step), eager or compiled.
+Result train(bool compiled, compiler::RuntimeStats* stats, int64_t* compiled_steps, const std::string& optimizer = "sgd",
+             const std::function<double(int)>& lr_of = [](int) { return 1e-2; }) {
   cuda::Stream stream;
   Workspace ws(kGPU);
   ExecContextGuard ctx(ExecContext{kGPU, stream.get(), &ws});
   models::GPT model(test::tiny_gpt(), 7);
   model.to(kGPU);
-  dist::Strategy strat(model, nullptr, dist::StrategyConfig{}, dist::OptimizerConfig{.name = "sgd", .lr = 1e-2});
+  dist::Strategy strat(model, nullptr, dist::StrategyConfig{}, dist::OptimizerConfig{.name = optimizer, .lr = 1e-2});
   const int64_t B = 2, T = 16;
   // One pair of input tensors, refilled every step: the graph's input addresses stay fixed.
   Tensor idx = empty({B, T}, DType::i32, kGPU), tg = empty({B, T}, DType::i32, kGPU);
@@ -48,7 +61,8 @@ Result train(bool compiled, compiler::RuntimeStats* stats, int64_t* compiled_ste
       copy_(tg, to_device(randint(0, 101, {B, T}, DType::i32, kCPU), kGPU));
     }
     dist::StepValues v;
-    auto step = [&] { v = strat.step(1, [&](int64_t) { return std::pair<Tensor, Tensor>{idx, tg}; }, 1e-2, 1.0); };
+    const double lr = lr_of(s);
+    auto step = [&] { v = strat.step(1, [&](int64_t) { return std::pair<Tensor, Tensor>{idx, tg}; }, lr, 1.0); };
     if (compiled)
       cs.run({idx, tg}, step);
     else
@@ -84,6 +98,97 @@ TEST(CompilerCuda, CompiledStepIsOneGraphLaunchAndMatchesEager) {
   for (size_t i = 0; i < eager.losses.size(); ++i) EXPECT_EQ(eager.losses[i], compiled.losses[i]) << "step " << i + 1;
   for (size_t i = 0; i < eager.params.size(); ++i)
     EXPECT_TRUE(test::bitwise_equal(eager.params[i], compiled.params[i])) << "parameter " << i;
+}
+
+TEST(CompilerCuda, AdamWWithAChangingLrIsOneLaunchPerStepAndMatchesEager) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const auto lr_of = [](int s) { return 3e-3 * (1.0 - 0.1 * s); };
+  manual_seed(5);
+  compiler::RuntimeStats unused;
+  int64_t n0 = 0;
+  const Result eager = train(false, &unused, &n0, "adamw", lr_of);
+  manual_seed(5);
+  compiler::RuntimeStats stats;
+  int64_t n = 0;
+  const Result compiled = train(true, &stats, &n, "adamw", lr_of);
+  EXPECT_EQ(n, 5);
+  EXPECT_EQ(stats.graph_launches, n) << "each compiled step is one cudaGraphLaunch";
+  // The step count and the lr change every step: each step's graph is recorded again (and the
+  // executable graph updated in place).
+  EXPECT_EQ(stats.graph_captures, n);
+  for (size_t i = 0; i < eager.losses.size(); ++i) EXPECT_EQ(eager.losses[i], compiled.losses[i]) << "step " << i + 1;
+  for (size_t i = 0; i < eager.params.size(); ++i)
+    EXPECT_TRUE(test::bitwise_equal(eager.params[i], compiled.params[i])) << "parameter " << i;
+}
+
+size_t device_used_bytes() {
+  size_t free = 0, total = 0;
+  BLU_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return total - free;
+}
+
+// Note [Plan against the device]: GPT-2 d12 at B=4, T=256, AdamW. The baseline is taken after the
+// CUDA context, the stream and cuBLAS exist (a matmul ran) and the cache is empty; the model, the
+// optimizer state and the eager warm-up step follow; after the first compiled step the cache is
+// emptied (what the eager warm-up left cached goes back), and the next compiled step is measured.
+// What the step holds then is the plan (arena, held buffers, step outputs) plus the context's
+// workspace; the allocator rounds every block (512 B, large segments to 2 MiB) and the driver adds
+// the CUDA graph's own memory — the 3% bound is what the issue asks of the plan.
+TEST(CompilerCuda, PlanPeakWithinThreePercentOfTheAllocatorAndTheDevice) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  cuda::Stream stream;
+  Workspace ws(kGPU);
+  ExecContextGuard ctx(ExecContext{kGPU, stream.get(), &ws});
+  {
+    const Tensor a = randn({256, 256}, DType::f32, kGPU);
+    (void)to_vector(sum(matmul(a, a)));  // cuBLAS and its handle exist
+  }
+  BLU_CUDA_CHECK(cudaDeviceSynchronize());
+  cuda::empty_cache();
+  const size_t used0 = device_used_bytes();
+  models::GPTConfig cfg = models::GPTConfig::preset("d12");
+  cfg.block_size = 256;
+  models::GPT model(cfg, 7);
+  model.to(kGPU);
+  dist::Strategy strat(model, nullptr, dist::StrategyConfig{}, dist::OptimizerConfig{.lr = 3e-4});
+  const int64_t B = 4, T = 256;
+  Tensor idx = empty({B, T}, DType::i32, kGPU), tg = empty({B, T}, DType::i32, kGPU);
+  compiler::CompiledStep cs;
+  cs.set_named(compiler::BufferKind::parameter, model.named_parameters());
+  Allocator& alloc = allocator_for(kGPU);
+  int64_t alloc_peak = 0;
+  size_t device_used = 0;
+  for (int s = 0; s < 4; ++s) {
+    {
+      NoGradGuard ng;
+      copy_(idx, to_device(randint(0, cfg.vocab_size, {B, T}, DType::i32, kCPU), kGPU));
+      copy_(tg, to_device(randint(0, cfg.vocab_size, {B, T}, DType::i32, kCPU), kGPU));
+    }
+    if (s == 3) {
+      BLU_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+      cuda::empty_cache();
+      alloc.reset_peak();
+    }
+    dist::StepValues v;
+    cs.run({idx, tg}, [&] { v = strat.step(1, [&](int64_t) { return std::pair<Tensor, Tensor>{idx, tg}; }, 3e-4, 1.0); });
+    if (s == 3) {
+      BLU_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+      alloc_peak = alloc.stats().peak_bytes;
+      device_used = device_used_bytes() - used0;
+    }
+    (void)strat.read(v, false);
+  }
+  ASSERT_EQ(cs.counts().compiled, 3);
+  const compiler::MemoryPlan& plan = cs.variants()[0]->runtime->plan();
+  const double expected = double(plan.peak_bytes() + ws.capacity());
+  const double alloc_ratio = double(alloc_peak) / expected, device_ratio = double(device_used) / expected;
+  std::cout << "plan: " << plan.summary() << " + workspace " << compiler::format_bytes(ws.capacity())
+            << "\ncaching allocator peak (requested) " << compiler::format_bytes(size_t(alloc_peak)) << ", ratio "
+            << alloc_ratio << "; reserved " << compiler::format_bytes(size_t(alloc.stats().reserved_bytes))
+            << "\ndevice in use over the baseline " << compiler::format_bytes(device_used) << ", ratio "
+            << device_ratio << std::endl;
+  EXPECT_NEAR(alloc_ratio, 1.0, 0.03) << plan.summary();
+  EXPECT_NEAR(device_ratio, 1.0, 0.03) << plan.summary();
 }
 
 }  // namespace

@@ -1,16 +1,36 @@
 #include "blu/compiler/compile.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <map>
 #include <sstream>
 
 #include "blu/compiler/fused_step.h"
+#include "blu/compiler/exclude.h"
 
 namespace blu::compiler {
 
 CompiledStep::CompiledStep(CompileOptions options) : options_(std::move(options)) {
   if (const char* e = std::getenv("BLU_COMPILE_LOG"); e && *e && std::string(e) != "0") options_.log = true;
+  if (options_.plan.exclude.empty()) options_.plan.exclude = excluded_ops();
 }
+
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string format_ms(double ms) {
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(1);
+  os << ms << " ms";
+  return os.str();
+}
+
+}  // namespace
 
 CompiledStep::~CompiledStep() = default;
 
@@ -93,6 +113,7 @@ void CompiledStep::run(const std::vector<Tensor>& inputs, const std::function<vo
     fail("no compiled variant for " + key + " (the others: " + variants_.back()->key + "); compiling variant " +
          std::to_string(variants_.size() + 1) + " of at most " + std::to_string(options_.max_variants));
 
+  const auto t_capture = std::chrono::steady_clock::now();
   Capture cap;
   for (const auto& [kind, tensors] : named_)
     for (const auto& [name, t] : tensors) cap.classify(t, kind, name);
@@ -107,14 +128,27 @@ void CompiledStep::run(const std::vector<Tensor>& inputs, const std::function<vo
   const uint64_t structure = g.structure_hash();
   if (!variant) {
     auto v = std::make_unique<Variant>();
+    v->capture_ms = ms_since(t_capture);
+    const auto t_plan = std::chrono::steady_clock::now();
     v->key = key;
     v->structure = structure;
     v->graph = g;
     FusedGraph fused = fuse_variant(g);
     MemoryPlan plan = plan_memory(fused.graph, options_.plan);
     log("variant " + std::to_string(variants_.size() + 1) + " for " + key + ": " + g.summary());
+    if (!options_.plan.exclude.empty()) {
+      std::map<std::string, int> hits;
+      for (const Op& op : g.ops) ++hits[op.name];
+      std::string line = "excluded from compilation:";
+      for (const std::string& name : options_.plan.exclude)
+        line += " " + name + " (" + (hits.count(name) ? std::to_string(hits[name]) + " ops" : "no op of that name") + ")";
+      log(line);
+    }
     log("memory plan: " + plan.summary());
     v->runtime = std::make_unique<Runtime>(std::move(fused), std::move(plan), options_.runtime);
+    v->plan_ms = ms_since(t_plan);
+    log("compile time: " + format_ms(v->capture_ms + v->plan_ms) + " (capture " + format_ms(v->capture_ms) +
+        ", plan and runtime set-up " + format_ms(v->plan_ms) + ")");
     variants_.push_back(std::move(v));
     variant = variants_.back().get();
   } else if (variant->structure != structure) {

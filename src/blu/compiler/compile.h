@@ -12,8 +12,9 @@
 //            buffer, in eager order — the same kernels as the eager step.
 // A new key compiles a new variant (a log line) up to max_variants; past that every step of an
 // unknown key runs eager, each with a log line: never a silent recompile loop.
-// BLU_COMPILE_LOG=1 (or CompileOptions::log) prints each variant's graph size and memory plan
-// (peak, arena size, number of buffers) before its first compiled step, and every guard failure.
+// BLU_COMPILE_LOG=1 (or CompileOptions::log) prints each variant's graph size, memory plan (peak,
+// arena size, number of buffers) and compile time (capture, plan and runtime set-up) before its
+// first compiled step, the excluded ops (compiler/exclude.h) it holds, and every guard failure.
 // Depends on compiler/{capture,graph,memory_plan,runtime}. Keep: a compiled step has the eager
 // step's kernels in the eager step's order, so its results are bitwise the eager ones.
 #pragma once
@@ -36,7 +37,7 @@ struct CompileOptions {
   // Part of the guard key: everything besides the inputs that decides the step's graph
   // (precision, micro-batches, layout). A change is a new variant.
   std::string config;
-  PlanOptions plan;
+  PlanOptions plan;  // plan.exclude empty: compiler::excluded_ops() (BLU_COMPILE_EXCLUDE)
   RuntimeOptions runtime;
   // The fusion pass (compiler/fused_step.h): given the captured graph, the regions to run fused
   // (mlir_api::fuse where MLIR is built, or the fusion plan read from the kernel cache). Null: no
@@ -49,6 +50,7 @@ struct Variant {
   uint64_t structure = 0;
   Graph graph;
   std::unique_ptr<Runtime> runtime;
+  double capture_ms = 0, plan_ms = 0;  // the compile: the first capture, and planning + runtime set-up
 };
 
 class CompiledStep {

@@ -29,7 +29,10 @@ std::string MemoryPlan::summary() const {
   std::ostringstream os;
   os << "peak " << format_bytes(peak_bytes()) << " (arena " << format_bytes(arena_bytes()) << " for " << arena_buffers
      << " buffers, live peak " << format_bytes(peak_live_bytes) << "; held " << format_bytes(held_bytes)
-     << "; step outputs " << format_bytes(output_bytes) << ")";
+     << "; step outputs " << format_bytes(output_bytes);
+  if (excluded_buffers > 0)
+    os << "; " << excluded_buffers << " excluded temporaries " << format_bytes(excluded_bytes) << " outside the arena";
+  os << ")";
   return os.str();
 }
 
@@ -52,6 +55,15 @@ MemoryPlan plan_memory(const Graph& g, const PlanOptions& o) {
     for (int v : op.inputs) touch(v);
     for (int v : op.outputs) touch(v);
   }
+  // Buffers an excluded op defines or writes: kept out of the arena.
+  std::vector<bool> excluded(nb, false);
+  if (!o.exclude.empty())
+    for (const Op& op : g.ops) {
+      if (std::find(o.exclude.begin(), o.exclude.end(), op.name) == o.exclude.end()) continue;
+      for (int v : op.outputs) excluded[size_t(g.values[size_t(v)].buffer)] = true;
+      for (int i : op.writes)
+        if (op.inputs[size_t(i)] >= 0) excluded[size_t(g.values[size_t(op.inputs[size_t(i)])].buffer)] = true;
+    }
   std::vector<int> temps;
   for (size_t b = 0; b < nb; ++b) {
     const Buffer& buf = g.buffers[b];
@@ -59,6 +71,11 @@ MemoryPlan plan_memory(const Graph& g, const PlanOptions& o) {
     p.nbytes = buf.nbytes;
     if (buf.kind == BufferKind::temporary) {
       if (p.first < 0) continue;  // never touched (cannot happen for a captured buffer)
+      if (excluded[b]) {
+        plan.excluded_bytes += buf.nbytes;
+        ++plan.excluded_buffers;
+        continue;
+      }
       temps.push_back(int(b));
     } else if (buf.kind == BufferKind::step_output) {
       plan.output_bytes += buf.nbytes;

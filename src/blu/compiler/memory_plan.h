@@ -7,7 +7,9 @@
 // Buffers that live across steps — parameters, gradients, optimizer state, step inputs,
 // constants — are placed once, where they already are, and counted as held bytes; step outputs
 // (read after the step: the loss, gradients kept as .grad) get their own allocation per step, so
-// nothing read after the step ever sits in bytes the next step reuses.
+// nothing read after the step ever sits in bytes the next step reuses. A temporary that an op named
+// in PlanOptions::exclude defines or writes (compiler/exclude.h) is left out of the arena too: it
+// gets its own allocation per step, as eagerly.
 // Depends on compiler/graph. Keep: two temporaries whose intervals overlap never overlap in the
 // arena (check_plan verifies it; the runtime's poison mode shows it end to end).
 #pragma once
@@ -25,6 +27,9 @@ struct PlanOptions {
   // live at the same time (the largest first) get the same offset. The poison test shows that
   // the replay then no longer matches eager.
   bool debug_overlap = false;
+  // Op names whose temporaries stay out of the arena (compiler/exclude.h; CompiledStep fills it
+  // from excluded_ops()).
+  std::vector<std::string> exclude;
 };
 
 struct Placement {
@@ -46,10 +51,13 @@ struct MemoryPlan {
   size_t peak_live_bytes = 0;   // the most temporary bytes live at one op (a lower bound for the arena)
   size_t held_bytes = 0;        // placed once: parameters, gradients, state, inputs, constants
   size_t output_bytes = 0;      // step outputs, allocated per step
-  int arena_buffers = 0;
+  size_t excluded_bytes = 0;    // temporaries of excluded ops, allocated per step (an upper bound:
+                                // all of them counted as live at once)
+  int arena_buffers = 0, excluded_buffers = 0;
   size_t arena_bytes() const;
-  // What the step holds at its peak: the arenas, the held buffers and the step outputs.
-  size_t peak_bytes() const { return arena_bytes() + held_bytes + output_bytes; }
+  // What the step holds at its peak: the arenas, the held buffers, the step outputs and the
+  // excluded temporaries.
+  size_t peak_bytes() const { return arena_bytes() + held_bytes + output_bytes + excluded_bytes; }
   // "peak 1.2 MiB (arena 800 KiB for 212 buffers, live peak 790 KiB; held 400 KiB; outputs 8 B)"
   std::string summary() const;
 };

@@ -15,6 +15,8 @@
 #include <ostream>
 #include <thread>
 
+#include "blu/compiler/compile.h"
+#include "blu/compiler/exclude.h"
 #include "blu/core/error.h"
 #include "blu/core/grad_mode.h"
 #include "blu/dist/annotations.h"
@@ -159,7 +161,7 @@ void test_stall(int rank, int64_t step) {
 }  // namespace
 
 nlohmann::json TrainOptions::to_json() const {
-  return {{"train_pattern", train_pattern}, {"val_pattern", val_pattern},   {"model", model},
+  nlohmann::json j = {{"train_pattern", train_pattern}, {"val_pattern", val_pattern},   {"model", model},
           {"batch_size", batch_size},       {"seq_len", seq_len},           {"grad_accum", grad_accum},
           {"steps", steps},                 {"lr", lr},                     {"min_lr", min_lr},
           {"warmup", warmup},               {"schedule", schedule},         {"weight_decay", weight_decay},
@@ -173,6 +175,8 @@ nlohmann::json TrainOptions::to_json() const {
           {"dist_work_timeout", dist_work_timeout}, {"parallel", parallel}, {"keep_best", keep_best},
           {"baseline", baseline}, {"baseline_vocab", baseline_vocab}, {"baseline_max_tokens", baseline_max_tokens},
           {"tokenizer", tokenizer}, {"shuffle", shuffle}};
+  j["compile"] = compile;  // the ranks agree on it (consistency fingerprint)
+  return j;
 }
 
 bool holds_run(const std::string& dir) {
@@ -335,6 +339,21 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   const int replica = grid.coordinate("dp");
   local_batch_ = replica_rows_[size_t(replica)];
   samples_here_ = env.rank == 0 || (layout.tp > 1 && replica == 0 && grid.coordinate("pp") == 0);
+  if (o.compile) {
+    // What the compiler does not capture yet, refused before anything runs (never half-compiled).
+    BLU_CHECK(!pipelined_, "--compile: pipeline layouts (--parallel '", o.parallel,
+              "') are not supported by the compiler yet; drop --compile or use --dp/--zero");
+    BLU_CHECK(o.parallel.empty() || (layout.tp == 1 && layout.pp == 1 && !uneven), "--compile: the layout '",
+              o.parallel, "' (tensor parallelism, a pipeline or uneven replica weights) is not supported by the ",
+              "compiler yet; drop --compile or use --dp/--zero");
+    BLU_CHECK(o.gpu_memory_budget == 0 && o.host_memory_budget == 0 && o.offload_state != "optimizer",
+              "--compile: memory budgets and optimizer state offload are not supported by the compiler yet; drop ",
+              "--compile or --gpu-memory-budget/--host-memory-budget/--offload-state");
+    BLU_CHECK(opt_s_.zero != 3, "--compile: ZeRO-3 (--zero 3) is not supported by the compiler yet (its block hooks ",
+              "swap the parameters' storages outside dispatch, which capture does not see); use --zero 0, 1 or 2");
+  } else {
+    BLU_CHECK(!o.compile_log && o.compile_exclude.empty(), "--compile-log and --compile-exclude need --compile");
+  }
   rank_ = env.rank;
   if (rank_ != 0) cb_.log = nullptr;  // rank 0 speaks for the job
   schedule_.kind = optim::LRSchedule::parse(o.schedule);
@@ -470,6 +489,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     if (!o.out.empty())
       dist::FlightRecorder::global().set_dump_target((fs::path(o.out) / "flight_recorder").string(), rank_, world);
   }
+  if (o.compile) pg = compiler::capturable(std::move(pg));  // collectives recorded into the captured step
   dist::StrategyConfig sc;
   sc.zero = o.zero;
   sc.row_exchange = o.row_exchange;
@@ -501,6 +521,16 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   } else {
     strategy_ = pipelined_ ? std::make_unique<dist::Strategy>(*model_, std::move(pg), pipeline, sc, oc)
                            : std::make_unique<dist::Strategy>(*model_, std::move(pg), sc, oc);
+  }
+  if (o.compile) {
+    if (!o.compile_exclude.empty()) compiler::set_excluded_ops(compiler::parse_op_list(o.compile_exclude));
+    compiler::CompileOptions co;
+    co.log = o.compile_log && rank_ == 0;  // guard failures are printed on every rank
+    co.log_stream = cb_.log;
+    co.config = o.precision + ", grad_accum " + std::to_string(o.grad_accum) + ", " + strategy_->describe();
+    compiled_ = std::make_unique<compiler::CompiledStep>(co);
+    compiled_->set_named(compiler::BufferKind::parameter, model_->named_parameters());
+    for (int64_t i = 0; i < 2 * o.grad_accum; ++i) compile_inputs_.push_back(empty({o.batch_size, o.seq_len}, DType::i32, device_));
   }
 
   // 5. Only now touch the disk (rank 0's files; every rank has checked the directory by now).
@@ -632,6 +662,24 @@ dist::StepValues Trainer::train_step() {
     }
     return strategy_->step(o.grad_accum, [&](int64_t i) { return batches.at(size_t(i)); }, schedule_.at(step_),
                            o.grad_clip);
+  }
+  if (compiled_) {
+    // The batches are read before the capture, into the same tensors every step (step inputs of
+    // the compiled step); the step itself is Strategy::step, compiled.
+    for (int64_t i = 0; i < o.grad_accum; ++i) {
+      const Batch b = train_loader_->next();
+      NoGradGuard no_grad;
+      copy_(compile_inputs_[size_t(2 * i)], ids_tensor(b.inputs, o.batch_size, o.seq_len, device_));
+      copy_(compile_inputs_[size_t(2 * i + 1)], ids_tensor(b.targets, o.batch_size, o.seq_len, device_));
+    }
+    dist::StepValues v;
+    const double lr = schedule_.at(step_);
+    compiled_->run(compile_inputs_, [&] {
+      v = strategy_->step(o.grad_accum, [&](int64_t i) {
+        return std::pair<Tensor, Tensor>{compile_inputs_[size_t(2 * i)], compile_inputs_[size_t(2 * i + 1)]};
+      }, lr, o.grad_clip);
+    });
+    return v;
   }
   return strategy_->step(o.grad_accum, loss_of, schedule_.at(step_), o.grad_clip);
 }
@@ -854,6 +902,24 @@ TrainSummary Trainer::run() {
   }
   if (val_loader_ && last_eval != step_ && !sum.interrupted) run_eval();
   if (last_save != step_) save(step_);
+  if (compiled_) {  // how the steps ran: compiled, eager (warm-up, past the variant limit), fallback
+    const auto& c = compiled_->counts();
+    nlohmann::json ev = {{"event", "compile"}, {"step", step_},           {"compiled", c.compiled},
+                         {"eager", c.eager},   {"fallback", c.fallback}, {"guard_failures", c.guard_failures},
+                         {"variants", compiled_->variants().size()}};
+    if (!compiled_->variants().empty()) {
+      const compiler::Variant& v = *compiled_->variants()[0];
+      ev["graph_ops"] = v.graph.ops.size();
+      ev["collectives"] = std::count_if(v.graph.ops.begin(), v.graph.ops.end(),
+                                        [](const compiler::Op& op) { return op.kind == compiler::OpKind::collective; });
+      ev["plan_peak_bytes"] = v.runtime->plan().peak_bytes();
+      ev["compile_ms"] = v.capture_ms + v.plan_ms;
+    }
+    metrics_.write(ev);
+    if (cb_.log)
+      *cb_.log << "compiled steps: " << c.compiled << " compiled, " << c.eager << " eager, " << c.fallback
+               << " fallback, " << c.guard_failures << " guard failures\n";
+  }
 
   sum.end_step = step_;
   if (std::isfinite(best_val_)) sum.best_val_loss = best_val_;

@@ -61,6 +61,9 @@ namespace blu::dist {
 class TcpStore;
 class DeviceMesh;
 }  // namespace blu::dist
+namespace blu::compiler {
+class CompiledStep;
+}  // namespace blu::compiler
 
 namespace blu::train {
 
@@ -133,6 +136,13 @@ struct TrainOptions {
   std::string offload_state = "auto";   // auto (offload only when the budget needs it) | none | optimizer
   std::string offload_update = "auto";  // auto (the faster by the probe) | cpu | gpu
   int64_t offload_chunk = int64_t(1) << 22;  // elements per streamed chunk of the gpu update
+  // Compiled steps (compiler/compile.h): every training step captured at the dispatch point,
+  // planned into one arena and replayed (bitwise the eager step). Layouts and modes the compiler
+  // does not support are refused at start, by name. compile_log prints the compiler's log (as
+  // BLU_COMPILE_LOG=1 does); compile_exclude names ops kept out of compilation (compiler/exclude.h;
+  // "" keeps BLU_COMPILE_EXCLUDE's list).
+  bool compile = false, compile_log = false;
+  std::string compile_exclude;
 
   nlohmann::json to_json() const;  // recorded in run.json and in checkpoints
 };
@@ -242,6 +252,10 @@ class Trainer {
  private:
   void plan_memory(dist::StrategyConfig& sc);
   std::optional<offload::MemoryPlan> memory_plan_;
+  // --compile: the compiled step, and the batch tensors it reads (micro-batch i's ids and targets
+  // at 2i and 2i+1), refilled before every step so their addresses stay fixed.
+  std::unique_ptr<compiler::CompiledStep> compiled_;
+  std::vector<Tensor> compile_inputs_;
 };
 
 }  // namespace blu::train

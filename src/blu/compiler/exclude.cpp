@@ -1,0 +1,54 @@
+#include "blu/compiler/exclude.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <mutex>
+
+namespace blu::compiler {
+
+std::vector<std::string> parse_op_list(std::string_view spec) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at <= spec.size()) {
+    size_t end = spec.find(',', at);
+    if (end == std::string_view::npos) end = spec.size();
+    std::string_view item = spec.substr(at, end - at);
+    while (!item.empty() && (item.front() == ' ' || item.front() == '\t')) item.remove_prefix(1);
+    while (!item.empty() && (item.back() == ' ' || item.back() == '\t')) item.remove_suffix(1);
+    if (!item.empty() && std::find(out.begin(), out.end(), item) == out.end()) out.emplace_back(item);
+    at = end + 1;
+  }
+  return out;
+}
+
+namespace {
+
+std::mutex g_mu;
+
+std::vector<std::string>& list() {
+  static std::vector<std::string> names = [] {
+    const char* e = std::getenv("BLU_COMPILE_EXCLUDE");
+    return e ? parse_op_list(e) : std::vector<std::string>{};
+  }();
+  return names;
+}
+
+}  // namespace
+
+const std::vector<std::string>& excluded_ops() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return list();
+}
+
+void set_excluded_ops(std::vector<std::string> names) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  list() = std::move(names);
+}
+
+bool op_excluded(std::string_view name) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  const auto& l = list();
+  return std::find(l.begin(), l.end(), name) != l.end();
+}
+
+}  // namespace blu::compiler

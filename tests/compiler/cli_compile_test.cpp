@@ -1,0 +1,288 @@
+// `blutrain train --compile` through the command line, against the same command without it:
+// - ten steps of GPT-2 tiny and Llama tiny (AdamW, clipping at 1.0, a cosine lr with warm-up;
+//   Llama with two micro-batches) log bitwise the eager losses and gradient norms, every step
+//   after the warm-up runs compiled (the run's "compile" event in metrics.jsonl), and
+//   --compile-log prints the graph, the memory plan and the compile time;
+// - data parallelism over Gloo (`blutrain launch -n 2 -- blutrain train --dp 2 --zero Z
+//   --compile`, Z = 0, 1, 2): the captured all-reduces / reduce-scatters / all-gathers replay and
+//   the losses equal the eager dp run's bitwise;
+// - a compiled run killed with SIGKILL at random moments and restarted with --auto-resume until
+//   it finishes logs the uninterrupted compiled run's losses bit for bit;
+// - ops named in --compile-exclude stay out of the arena (logged) and change no bit;
+// - what the compiler does not support (pipelines, ZeRO-3) is refused at start with a message
+//   naming it; bf16 and fp16 (loss scaling on the device) compile and match eager.
+// Run: ctest -R CompileCli, or build-cpu/tests/test_compiler --gtest_filter='CompileCli*'.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "blu/data/shard.h"
+#include "common/checks.h"
+#include "dist/dist_test_util.h"
+#include "train/train_test_util.h"
+
+namespace blu::compiler {
+namespace {
+
+namespace fs = std::filesystem;
+using dist::test::LaunchResult;
+using dist::test::run_command;
+using dist::test::TempDir;
+
+fs::path blutrain() { return fs::canonical("/proc/self/exe").parent_path().parent_path() / "blutrain"; }
+
+std::string read_text(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), {}};
+}
+
+// step -> (loss, norm) of a run's metrics.jsonl, and its "compile" event (null when none).
+struct Metrics {
+  std::map<int64_t, std::pair<double, double>> steps;
+  nlohmann::json compile;
+};
+Metrics read_metrics(const fs::path& run) {
+  Metrics m;
+  std::ifstream f(run / "metrics.jsonl");
+  for (std::string line; std::getline(f, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded()) continue;
+    if (j.value("event", "") == "step")
+      m.steps[j["step"].get<int64_t>()] = {j["loss"].get<double>(), j["norm"].get<double>()};
+    if (j.value("event", "") == "compile") m.compile = j;
+  }
+  return m;
+}
+
+void expect_same_steps(const Metrics& eager, const Metrics& compiled, size_t steps, const std::string& what) {
+  ASSERT_EQ(eager.steps.size(), steps) << what;
+  ASSERT_EQ(compiled.steps.size(), steps) << what;
+  for (const auto& [step, ln] : eager.steps) {
+    EXPECT_EQ(compiled.steps.at(step).first, ln.first) << what << ": loss of step " << step;
+    EXPECT_EQ(compiled.steps.at(step).second, ln.second) << what << ": gradient norm of step " << step;
+  }
+}
+
+class CompileCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(blutrain())) GTEST_SKIP() << blutrain() << " not built";
+    // Ids below 101: both tiny models (GPT-2's 50257 ids, Llama tiny's 101) read them.
+    write_shard(dir.path / "d_train_000000.bin", train::test_util::pattern_tokens(16384, 2, 101));
+  }
+  std::vector<std::string> train_cmd(const std::string& model, int steps, const std::string& run,
+                                     std::vector<std::string> extra = {}) {
+    std::vector<std::string> c = {blutrain().string(), "train", "--train-pattern", (dir.path / "d_train_*.bin").string(),
+                                  "--model", model, "-B", "2", "-T", "16", "--steps", std::to_string(steps),
+                                  "--optimizer", "adamw", "--schedule", "cosine", "--warmup", "3", "--lr", "3e-3",
+                                  "--min-lr", "3e-4", "--grad-clip", "1.0", "--out", (dir.path / run).string()};
+    c.insert(c.end(), extra.begin(), extra.end());
+    return c;
+  }
+  LaunchResult run1(std::vector<std::string> cmd, std::vector<std::pair<std::string, std::string>> env = {}) {
+    env.emplace_back("OMP_NUM_THREADS", "1");
+    return run_command(1, std::move(cmd), std::move(env));
+  }
+  LaunchResult run_dp(int zero, int steps, const std::string& run, std::vector<std::string> extra = {}) {
+    std::vector<std::string> cmd = {blutrain().string(), "launch", "-n", "2", "--"};
+    const auto t = train_cmd("tiny", steps, run, {"--dp", "2", "--zero", std::to_string(zero)});
+    cmd.insert(cmd.end(), t.begin(), t.end());
+    cmd.insert(cmd.end(), extra.begin(), extra.end());
+    return run_command(1, cmd, {{"OMP_NUM_THREADS", "1"}});
+  }
+  TempDir dir;
+};
+
+class CompileCliModels : public CompileCli, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(CompileCliModels, TenStepsEqualEagerBitwise) {
+  const std::string model = GetParam();
+  // Llama over two micro-batches: four step inputs, the accumulation captured in one step.
+  std::vector<std::string> extra;
+  if (model != "tiny") extra = {"--grad-accum", "2"};
+  const LaunchResult e = run1(train_cmd(model, 10, "eager", extra));
+  ASSERT_EQ(e.status, 0) << e.out << e.err;
+  extra.insert(extra.end(), {"--compile", "--compile-log"});
+  const LaunchResult c = run1(train_cmd(model, 10, "compiled", extra));
+  ASSERT_EQ(c.status, 0) << c.out << c.err;
+  const Metrics me = read_metrics(dir.path / "eager"), mc = read_metrics(dir.path / "compiled");
+  expect_same_steps(me, mc, 10, model);
+  ASSERT_FALSE(mc.compile.is_null()) << c.out;
+  EXPECT_EQ(mc.compile["compiled"], 9) << mc.compile.dump();
+  EXPECT_EQ(mc.compile["eager"], 1) << mc.compile.dump();  // the warm-up step
+  EXPECT_EQ(mc.compile["fallback"], 0) << mc.compile.dump();
+  EXPECT_EQ(mc.compile["guard_failures"], 0) << mc.compile.dump();
+  EXPECT_GT(mc.compile["graph_ops"].get<int64_t>(), 100);
+  EXPECT_EQ(mc.compile["collectives"], 0) << mc.compile.dump();
+  const std::string log = c.out + c.err;
+  EXPECT_NE(log.find("compile: variant 1 for"), std::string::npos) << log;
+  EXPECT_NE(log.find("compile: memory plan: peak"), std::string::npos) << log;
+  EXPECT_NE(log.find("compile: compile time:"), std::string::npos) << log;
+  EXPECT_NE(log.find("compiled steps: 9 compiled, 1 eager, 0 fallback, 0 guard failures"), std::string::npos) << log;
+  EXPECT_EQ(me.compile, nlohmann::json()) << "the eager run wrote a compile event";
+}
+
+INSTANTIATE_TEST_SUITE_P(Compiler, CompileCliModels, ::testing::Values("tiny", "llama:tiny"),
+                         [](const auto& info) { return info.param == "tiny" ? std::string("gpt2") : std::string("llama"); });
+
+class CompileCliDp : public CompileCli, public ::testing::WithParamInterface<int> {};
+
+TEST_P(CompileCliDp, GlooDataParallelEqualsEagerBitwise) {
+  const int zero = GetParam();
+  const LaunchResult e = run_dp(zero, 6, "eager");
+  ASSERT_EQ(e.status, 0) << e.out << e.err;
+  const LaunchResult c = run_dp(zero, 6, "compiled", {"--compile", "--compile-log"});
+  ASSERT_EQ(c.status, 0) << c.out << c.err;
+  const Metrics me = read_metrics(dir.path / "eager"), mc = read_metrics(dir.path / "compiled");
+  expect_same_steps(me, mc, 6, "zero " + std::to_string(zero));
+  ASSERT_FALSE(mc.compile.is_null()) << c.out;
+  EXPECT_EQ(mc.compile["compiled"], 5) << mc.compile.dump() << c.out << c.err;
+  EXPECT_EQ(mc.compile["fallback"], 0) << mc.compile.dump() << c.out << c.err;
+  // The collectives are in the graph (DDP's bucket all-reduces, ZeRO's reduce-scatters and
+  // all-gathers), replayed on the Gloo group.
+  EXPECT_GT(mc.compile["collectives"].get<int64_t>(), 0) << mc.compile.dump();
+  EXPECT_NE(c.out.find(" collective, "), std::string::npos) << c.out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Compiler, CompileCliDp, ::testing::Values(0, 1, 2),
+                         [](const auto& info) { return "zero" + std::to_string(info.param); });
+
+// Starts `args` with stdout and stderr appended to `log`; returns its pid.
+pid_t spawn(const std::vector<std::string>& args, const fs::path& log) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::setenv("OMP_NUM_THREADS", "1", 1);
+    std::vector<char*> argv;
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+TEST_F(CompileCli, KilledAtRandomMomentsResumesBitExactly) {
+  const int steps = 20;
+  const std::vector<std::string> flags = {"--compile", "--ckpt-every", "2", "--keep-last", "2"};
+  const LaunchResult straight = run1(train_cmd("tiny", steps, "straight", flags));
+  ASSERT_EQ(straight.status, 0) << straight.out << straight.err;
+  // Each restart is killed at a random moment of its own run: once it has logged a random one of
+  // the next three steps, plus a random fraction of a step (so inside a capture, a replay, a
+  // checkpoint being written, or the start-up when that step is logged already), five times; the
+  // sixth run finishes.
+  const double step_s = straight.seconds / steps;
+  std::mt19937 rng(20);
+  std::vector<std::string> cut = train_cmd("tiny", steps, "cut", flags);
+  cut.push_back("--auto-resume");
+  const fs::path log = dir.path / "cut.log";
+  int kills = 0, status = -1;
+  for (int attempt = 0; attempt < 6; ++attempt) {
+    const auto logged = read_metrics(dir.path / "cut").steps;
+    const int64_t done = logged.empty() ? 0 : logged.rbegin()->first;
+    const pid_t pid = spawn(cut, log);
+    int st = 0;
+    bool exited = false;
+    if (attempt < 5 && done + 2 < steps) {
+      const int64_t after = std::uniform_int_distribution<int64_t>(done, std::min<int64_t>(done + 3, steps - 2))(rng);
+      const double extra = std::uniform_real_distribution<double>(0.0, 1.0)(rng) * step_s;
+      const auto t0 = std::chrono::steady_clock::now();
+      for (;;) {  // until `after` steps are logged (at most a minute), or the run ends
+        if (::waitpid(pid, &st, WNOHANG) == pid) {
+          exited = true;
+          break;
+        }
+        const auto now = read_metrics(dir.path / "cut").steps;
+        if ((!now.empty() && now.rbegin()->first >= after) || after == done ||
+            std::chrono::steady_clock::now() - t0 > std::chrono::seconds(60))
+          break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      if (!exited) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(extra));
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &st, 0);
+        ++kills;
+        continue;
+      }
+    }
+    if (!exited) ::waitpid(pid, &st, 0);
+    status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    break;
+  }
+  ASSERT_EQ(status, 0) << read_text(log);
+  EXPECT_EQ(kills, 5) << read_text(log);
+  const Metrics a = read_metrics(dir.path / "straight"), b = read_metrics(dir.path / "cut");
+  ASSERT_EQ(a.steps.size(), size_t(steps));
+  ASSERT_EQ(b.steps.size(), size_t(steps)) << read_text(log);
+  for (const auto& [step, ln] : a.steps)
+    EXPECT_EQ(b.steps.at(step).first, ln.first) << "loss of step " << step << " after " << kills << " kills";
+  EXPECT_NE(read_text(log).find("resumed from"), std::string::npos);
+}
+
+TEST_F(CompileCli, HalfPrecisionEqualsEagerBitwise) {
+  for (const std::string precision : {"bf16", "fp16"}) {
+    const LaunchResult e = run1(train_cmd("tiny", 4, "eager_" + precision, {"--precision", precision}));
+    ASSERT_EQ(e.status, 0) << e.out << e.err;
+    const LaunchResult c = run1(train_cmd("tiny", 4, "compiled_" + precision, {"--precision", precision, "--compile"}));
+    ASSERT_EQ(c.status, 0) << c.out << c.err;
+    const Metrics mc = read_metrics(dir.path / ("compiled_" + precision));
+    expect_same_steps(read_metrics(dir.path / ("eager_" + precision)), mc, 4, precision);
+    EXPECT_EQ(mc.compile["compiled"], 3) << precision << ": " << mc.compile.dump();
+  }
+}
+
+TEST_F(CompileCli, ExcludedOpsStayOutOfTheArenaAndChangeNothing) {
+  const LaunchResult e = run1(train_cmd("tiny", 4, "eager"));
+  ASSERT_EQ(e.status, 0) << e.out << e.err;
+  const LaunchResult c = run1(train_cmd("tiny", 4, "excluded", {"--compile", "--compile-log"}),
+                              {{"BLU_COMPILE_EXCLUDE", "gelu, matmul,no_such_op"}});
+  ASSERT_EQ(c.status, 0) << c.out << c.err;
+  expect_same_steps(read_metrics(dir.path / "eager"), read_metrics(dir.path / "excluded"), 4, "excluded");
+  const std::string log = c.out + c.err;
+  EXPECT_NE(log.find("excluded from compilation: gelu ("), std::string::npos) << log;
+  EXPECT_NE(log.find("no_such_op (no op of that name)"), std::string::npos) << log;
+  EXPECT_NE(log.find("excluded temporaries"), std::string::npos) << log;
+  // The flag replaces the environment's list.
+  const LaunchResult f = run1(train_cmd("tiny", 2, "flag", {"--compile", "--compile-log", "--compile-exclude", "gelu"}),
+                              {{"BLU_COMPILE_EXCLUDE", "matmul"}});
+  ASSERT_EQ(f.status, 0) << f.out << f.err;
+  EXPECT_NE(f.out.find("excluded from compilation: gelu ("), std::string::npos) << f.out;
+  EXPECT_EQ(f.out.find("matmul ("), std::string::npos) << f.out;
+}
+
+TEST_F(CompileCli, UnsupportedLayoutsAreRefusedByName) {
+  std::vector<std::string> cmd = {blutrain().string(), "launch", "-n", "2", "--"};
+  const auto t = train_cmd("tiny", 2, "pp", {"--parallel", "pipeline(2, schedule=1f1b, micro=2)", "--compile"});
+  cmd.insert(cmd.end(), t.begin(), t.end());
+  const LaunchResult pp = run_command(1, cmd, {{"OMP_NUM_THREADS", "1"}});
+  EXPECT_NE(pp.status, 0);
+  EXPECT_NE((pp.out + pp.err).find("--compile: pipeline layouts"), std::string::npos) << pp.out << pp.err;
+  EXPECT_FALSE(fs::exists(dir.path / "pp" / "metrics.jsonl"));
+  std::vector<std::string> z3 = {blutrain().string(), "launch", "-n", "2", "--"};
+  const auto t3 = train_cmd("tiny", 2, "z3", {"--dp", "2", "--zero", "3", "--compile"});
+  z3.insert(z3.end(), t3.begin(), t3.end());
+  const LaunchResult zero3 = run_command(1, z3, {{"OMP_NUM_THREADS", "1"}});
+  EXPECT_NE(zero3.status, 0);
+  EXPECT_NE((zero3.out + zero3.err).find("--compile: ZeRO-3 (--zero 3) is not supported"), std::string::npos)
+      << zero3.out << zero3.err;
+  const LaunchResult log_only = run1(train_cmd("tiny", 2, "log", {"--compile-log"}));
+  EXPECT_NE(log_only.status, 0);
+  EXPECT_NE((log_only.out + log_only.err).find("--compile-log and --compile-exclude need --compile"), std::string::npos)
+      << log_only.out << log_only.err;
+}
+
+}  // namespace
+}  // namespace blu::compiler
