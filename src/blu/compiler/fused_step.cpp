@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "blu/compiler/codegen/cpu_kernel.h"
+#include "blu/compiler/codegen/cuda_kernel.h"
 #include "blu/compiler/codegen/region_check.h"
 
 namespace blu::compiler {
@@ -137,7 +138,12 @@ std::string unsupported(const Graph& g, const FusedRegion& r) {
   if (dev.is_cpu()) {
     if (!cpu_emitter_supports(g, r)) return "an op without a CPU emitter";
   } else {
-    return "a region on " + dev.str() + ": fused kernels are generated for the CPU only (CUDA regions run their eager kernels)";
+#if BLU_HAVE_CUDA
+    if (!dev.is_cuda()) return "a region on " + dev.str() + ": fused kernels are generated for the CPU and CUDA only";
+    if (!cuda_emitter_supports(g, r)) return "an op without a CUDA emitter";
+#else
+    return "a region on " + dev.str() + ": this build has no CUDA";
+#endif
   }
   for (int v : r.inputs)
     if (!g.values[size_t(v)].contiguous()) return "a strided input (value %" + std::to_string(v) + ")";
@@ -219,6 +225,16 @@ FusedGraph fuse_step(const Graph& g, std::vector<FusedRegion> regions) {
                                       const ExecContext&) {
         k->run(std::vector<Tensor>(in.begin(), in.end()), std::vector<Tensor>(out.begin(), out.end()),
                region_scalars(step, region));
+      });
+    } else {
+      // A CUDA region (unsupported() let it through only in a CUDA build): NVRTC's cubin, launched
+      // on the context's stream.
+      std::shared_ptr<CudaKernel> k = CudaKernel::load(g, r, &compiled);
+      const FusedRegion region = r;
+      f.kernels.push_back([k, region](const Graph& step, std::span<const Tensor> in, std::span<Tensor> out,
+                                      const ExecContext& ctx) {
+        k->run(std::vector<Tensor>(in.begin(), in.end()), std::vector<Tensor>(out.begin(), out.end()),
+               region_scalars(step, region), ctx.stream);
       });
     }
     (compiled ? f.kernels_compiled : f.kernels_cached) += 1;

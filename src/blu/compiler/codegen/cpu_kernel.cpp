@@ -12,6 +12,7 @@
 #include <sstream>
 #include <unistd.h>
 
+#include "blu/compiler/codegen/emit_common.h"
 #include "blu/compiler/codegen/kernel_cache.h"
 #include "blu/core/error.h"
 
@@ -103,44 +104,6 @@ template <typename T> static inline T silu_grad_of(T x) {
 }
 )";
 
-// The element index of value v at iteration index `i` of a space of shape `space` (broadcast by
-// NumPy rules): a sum of (i / inner) % size * stride terms over the dimensions v does not
-// broadcast; `i` itself when v covers the space.
-std::string index_expr(const Value& v, const Shape& space, const std::string& i) {
-  if (v.shape == space || numel(v.shape) == numel(space)) return i;
-  const Shape vs = contiguous_strides(v.shape);
-  std::string e;
-  int64_t inner = 1;
-  const size_t off = space.size() - v.shape.size();
-  for (size_t d = space.size(); d-- > 0;) {
-    if (d >= off && v.shape[d - off] == space[d] && space[d] > 1) {
-      const std::string term = "(" + i + " / " + std::to_string(inner) + " % " + std::to_string(space[d]) + ") * " +
-                               std::to_string(vs[d - off]);
-      e += (e.empty() ? "" : " + ") + term;
-    }
-    inner *= space[d];
-  }
-  return e.empty() ? "0" : "(" + e + ")";
-}
-
-bool is_float(DType t) { return t == DType::f32 || t == DType::f64 || t == DType::bf16 || t == DType::f16; }
-
-// The pointwise ops with a CPU emitter (one or more outputs, each element on its own).
-bool pointwise_supported(const Op& op) {
-  const OpClass c = op_class(op.name);
-  if (c == OpClass::unary) return true;
-  if (c == OpClass::binary) return op.name == "add" || op.name == "sub" || op.name == "mul" || op.name == "div" || op.name == "pow";
-  if (op.name == "silu_backward" || op.name == "swiglu" || op.name == "gelu_backward" || op.name == "where") return true;
-  if (op.name == "swiglu_backward") return !op.attrs.has("joined") || !op.attrs.b("joined");
-  return false;
-}
-
-bool row_supported(const Op& op) {
-  return op.name == "layer_norm" || op.name == "rms_norm" || op.name == "layer_norm_backward" ||
-         op.name == "rms_norm_backward" || op.name == "cross_entropy" || op.name == "cross_entropy_backward" ||
-         op.name == "softmax" || op.name == "softmax_backward";
-}
-
 }  // namespace
 
 bool cpu_emitter_supports(const Graph& g, const FusedRegion& r) {
@@ -153,17 +116,17 @@ bool cpu_emitter_supports(const Graph& g, const FusedRegion& r) {
         if (v < 0 || !g.values[size_t(v)].contiguous()) return false;
       continue;
     }
-    const bool row = row_supported(op);
-    if (!(pointwise_supported(op) || (row && r.shape == RegionShape::rows))) return false;
+    const bool row = emit_row_supported(op);
+    if (!(emit_pointwise_supported(op) || (row && r.shape == RegionShape::rows))) return false;
     for (int v : op.outputs)
-      if (!is_float(g.values.at(size_t(v)).dtype)) return false;
+      if (!is_float_dtype(g.values.at(size_t(v)).dtype)) return false;
     for (size_t k = 0; k < op.inputs.size(); ++k) {
       const int v = op.inputs[k];
       if (v < 0) continue;
       const DType t = g.values[size_t(v)].dtype;
       const bool target = (op.name == "cross_entropy" && k == 1) || (op.name == "cross_entropy_backward" && k == 2);
       const bool cond = op.name == "where" && k == 0;
-      if (!(is_float(t) || (target && (t == DType::i32 || t == DType::i64)) || (cond && t == DType::b8))) return false;
+      if (!(is_float_dtype(t) || (target && (t == DType::i32 || t == DType::i64)) || (cond && t == DType::b8))) return false;
     }
     if (op.name == "softmax" || op.name == "softmax_backward") {
       const Value& y = g.values[size_t(op.outputs[0])];
@@ -202,13 +165,7 @@ std::string emit_cpu_source(const Graph& g, const FusedRegion& r) {
     ++k;
   }
   // The iteration space: the largest value of the region's ops (rows: the row op's input).
-  Shape space;
-  for (int oi : r.ops) {
-    for (int v : g.ops[size_t(oi)].outputs)
-      if (numel(g.values[size_t(v)].shape) > numel(space)) space = g.values[size_t(v)].shape;
-    for (int v : g.ops[size_t(oi)].inputs)
-      if (v >= 0 && numel(g.values[size_t(v)].shape) > numel(space)) space = g.values[size_t(v)].shape;
-  }
+  const Shape space = region_space(g, r);
   const int64_t N = numel(space);
   const int64_t C = space.empty() ? 1 : space.back();
   const bool rows = r.shape == RegionShape::rows;
@@ -318,7 +275,7 @@ std::string emit_cpu_source(const Graph& g, const FusedRegion& r) {
       os << "    }\n";
       continue;
     }
-    if (row_supported(op)) {
+    if (emit_row_supported(op)) {
       const Value& x = g.values[size_t(in(n == "layer_norm_backward" || n == "rms_norm_backward" ? 1 : n == "cross_entropy_backward" ? 1 : 0))];
       const std::string A = acc(x.dtype);
       const std::string S = x.dtype == DType::f64 ? "double" : "float";

@@ -1,0 +1,738 @@
+// compiler/codegen/cuda_kernel: see cuda_kernel.h.
+#include "blu/compiler/codegen/cuda_kernel.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "blu/compiler/codegen/emit_common.h"
+#include "blu/compiler/codegen/kernel_cache.h"
+#include "blu/core/error.h"
+
+#if BLU_HAVE_CUDA
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <nvrtc.h>
+#endif
+
+namespace blu::compiler {
+namespace {
+
+constexpr int kBlock = 256;  // threads per block, both kernel shapes
+
+const char* dev_ctype(DType t) {
+  switch (t) {
+    case DType::i32: return "int";
+    case DType::i64: return "i64";
+    case DType::b8: return "bool";
+    case DType::f32: return "float";
+    case DType::f64: return "double";
+    case DType::bf16: return "bf16s";
+    case DType::f16: return "f16s";
+    default: BLU_CHECK(false, "cuda codegen: dtype ", dtype_name(t), " not supported in a fused region");
+  }
+}
+const char* acc(DType t) { return t == DType::f64 ? "double" : "float"; }
+// The expression `e` (accumulation type) rounded to dtype t, as a value of t's storage type.
+std::string round_to(DType t, const std::string& e) {
+  switch (t) {
+    case DType::bf16: return "to_bf16(" + e + ")";
+    case DType::f16: return "to_f16(" + e + ")";
+    default: return std::string(dev_ctype(t)) + "(" + e + ")";
+  }
+}
+
+const char* kPrelude = R"(typedef long long i64;
+typedef unsigned short u16;
+typedef unsigned int u32;
+struct bf16s { u16 x; };
+struct f16s { u16 x; };
+__device__ __forceinline__ float to_acc(float x) { return x; }
+__device__ __forceinline__ double to_acc(double x) { return x; }
+__device__ __forceinline__ float to_acc(bf16s b) { return __uint_as_float(u32(b.x) << 16); }
+__device__ __forceinline__ float to_acc(f16s h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h.x)); return f; }
+// One rounding, ties to even; NaN as the CPU writes it (bf16 0x7fc0, f16 sign|0x7e00).
+__device__ __forceinline__ bf16s to_bf16(float f) {
+  bf16s r;
+  if (f != f) { r.x = 0x7fc0; return r; }
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.x) : "f"(f));
+  return r;
+}
+__device__ __forceinline__ f16s to_f16(float f) {
+  f16s r;
+  if (f != f) { r.x = u16(((__float_as_uint(f) >> 16) & 0x8000u) | 0x7e00u); return r; }
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.x) : "f"(f));
+  return r;
+}
+__device__ __forceinline__ float bexp(float x) { return expf(x); }
+__device__ __forceinline__ double bexp(double x) { return exp(x); }
+__device__ __forceinline__ float blog(float x) { return logf(x); }
+__device__ __forceinline__ double blog(double x) { return log(x); }
+__device__ __forceinline__ float bsqrt(float x) { return sqrtf(x); }
+__device__ __forceinline__ double bsqrt(double x) { return sqrt(x); }
+__device__ __forceinline__ float btanh(float x) { return tanhf(x); }
+__device__ __forceinline__ double btanh(double x) { return tanh(x); }
+__device__ __forceinline__ float berf(float x) { return erff(x); }
+__device__ __forceinline__ double berf(double x) { return erf(x); }
+__device__ __forceinline__ float babs(float x) { return fabsf(x); }
+__device__ __forceinline__ double babs(double x) { return fabs(x); }
+__device__ __forceinline__ float bpow(float x, float y) { return powf(x, y); }
+__device__ __forceinline__ double bpow(double x, double y) { return pow(x, y); }
+__device__ __forceinline__ bool bnan(float x) { return x != x; }
+__device__ __forceinline__ bool bnan(double x) { return x != x; }
+// backend/cuda/elementwise.cu's fast tanh for 16-bit GELU outputs.
+__device__ __forceinline__ float fast_tanh(float u) {
+  const float t = 1.f - __fdividef(2.f, __expf(2.f * fabsf(u)) + 1.f);
+  return copysignf(t, u);
+}
+template <typename A> __device__ __forceinline__ A gelu_tanh_of(A u, bool fast) { return btanh(u); }
+template <> __device__ __forceinline__ float gelu_tanh_of<float>(float u, bool fast) { return fast ? fast_tanh(u) : tanhf(u); }
+#define K_SQRT2 1.41421356237309504880
+#define K_INV_SQRTPI 0.56418958354775628695
+template <typename A> __device__ __forceinline__ A gelu_fwd(A x, bool approx, bool fast) {
+  if (approx) {
+    const A k = A(K_SQRT2 * K_INV_SQRTPI);
+    const A cube = A(0.044715) * x * x * x;
+    return A(0.5) * x * (A(1) + gelu_tanh_of(k * (x + cube), fast));
+  }
+  return A(0.5) * x * (A(1) + berf(x * A(K_SQRT2 / 2)));
+}
+template <typename A> __device__ __forceinline__ A gelu_bwd(A x, bool approx, bool fast) {
+  if (approx) {
+    const A k = A(K_SQRT2 * K_INV_SQRTPI);
+    const A u = k * (x + A(0.044715) * x * x * x);
+    const A th = gelu_tanh_of(u, fast);
+    const A du = k * (A(1) + A(3 * 0.044715) * x * x);
+    const A left = A(0.5) * (A(1) + th);
+    const A right = A(0.5) * x * (A(1) - th * th) * du;
+    return left + right;
+  }
+  const A cdf = A(0.5) * (A(1) + berf(x * A(K_SQRT2 / 2)));
+  const A pdf = bexp(A(-0.5) * x * x) * A(K_INV_SQRTPI / K_SQRT2);
+  return cdf + x * pdf;
+}
+template <typename A> __device__ __forceinline__ A sigmoid_of(A x) { return A(1) / (A(1) + bexp(-x)); }
+template <typename A> __device__ __forceinline__ A silu_grad_of(A x, A s) { return s * (A(1) + x * (A(1) - s)); }
+template <typename T, int V> struct __align__(16) Vec { T v[V]; };
+template <typename T, int V> __device__ __forceinline__ Vec<T, V> vload(const T* p) {
+  Vec<T, V> r;
+  const uint4* q = reinterpret_cast<const uint4*>(p);
+  uint4* d = reinterpret_cast<uint4*>(&r);
+#pragma unroll
+  for (int w = 0; w < int(sizeof(Vec<T, V>) / 16); ++w) d[w] = q[w];
+  return r;
+}
+template <typename T, int V> __device__ __forceinline__ void vstore(T* p, const Vec<T, V>& x) {
+  uint4* q = reinterpret_cast<uint4*>(p);
+  const uint4* s = reinterpret_cast<const uint4*>(&x);
+#pragma unroll
+  for (int w = 0; w < int(sizeof(Vec<T, V>) / 16); ++w) q[w] = s[w];
+}
+// Block-wide sum and max over 256 threads: a fixed tree (warp shuffles, then warp 0 over the
+// warps' partials), every thread gets the result.
+template <typename A> __device__ __forceinline__ A block_sum(A v, A* sh) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    A t = threadIdx.x < blockDim.x / 32 ? sh[threadIdx.x] : A(0);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+    if (threadIdx.x == 0) sh[32] = t;
+  }
+  __syncthreads();
+  return sh[32];
+}
+template <typename A> __device__ __forceinline__ A neg_inf() { return A(-__longlong_as_double(0x7ff0000000000000LL)); }
+// std::max(m, x) as the CPU applies it: a NaN x leaves m.
+template <typename A> __device__ __forceinline__ A max_keep(A m, A x) { return m < x ? x : m; }
+template <typename A> __device__ __forceinline__ A block_max(A v, A* sh) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = max_keep(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    A t = threadIdx.x < blockDim.x / 32 ? sh[threadIdx.x] : sh[0];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) t = max_keep(t, __shfl_xor_sync(0xffffffffu, t, o));
+    if (threadIdx.x == 0) sh[32] = t;
+  }
+  __syncthreads();
+  return sh[32];
+}
+)";
+
+struct Scalars {
+  const Graph& g;
+  const FusedRegion& r;
+  std::string operator()(int oi, const char* name, const std::string& A) const {
+    return A + "(a.s[" + std::to_string(region_scalar_slot(g, r, oi, name)) + "])";
+  }
+};
+
+// A unary op on x (type A), as backend/cuda/elementwise.cu's functors; `fast`: a 16-bit output.
+std::string unary_expr(const Op& op, int oi, const Scalars& sc, const std::string& x, const std::string& A, bool fast) {
+  auto num = [&](const char* a) { return sc(oi, a, A); };
+  const std::string& n = op.name;
+  if (n == "neg") return "(-" + x + ")";
+  if (n == "exp") return "bexp(" + x + ")";
+  if (n == "log") return "blog(" + x + ")";
+  if (n == "sqrt") return "bsqrt(" + x + ")";
+  if (n == "tanh") return "btanh(" + x + ")";
+  if (n == "abs") return "babs(" + x + ")";
+  if (n == "rsqrt") return "(" + A + "(1) / bsqrt(" + x + "))";
+  if (n == "sigmoid") return "sigmoid_of<" + A + ">(" + x + ")";
+  if (n == "silu") return "(" + x + " * sigmoid_of<" + A + ">(" + x + "))";
+  if (n == "relu") return "(" + x + " > " + A + "(0) ? " + x + " : (bnan(" + x + ") ? " + x + " : " + A + "(0)))";
+  if (n == "sign") return A + "((" + x + " > " + A + "(0)) - (" + x + " < " + A + "(0)))";
+  if (n == "gelu")
+    return "gelu_fwd<" + A + ">(" + x + ", " + (op.attrs.b("approximate") ? "true" : "false") + ", " +
+           (fast ? "true" : "false") + ")";
+  if (n == "clamp") {
+    const std::string lo = num("lo"), hi = num("hi");
+    const std::string m = "(" + x + " < " + lo + " ? " + lo + " : " + x + ")";
+    return "(bnan(" + x + ") ? " + x + " : (" + hi + " < " + m + " ? " + hi + " : " + m + "))";
+  }
+  if (n == "pow_scalar") return "bpow(" + x + ", " + num("value") + ")";
+  if (n == "add_scalar") return "(" + x + " + " + num("value") + ")";
+  if (n == "mul_scalar") return "(" + x + " * " + num("value") + ")";
+  if (n == "cast") return A + "(" + x + ")";
+  BLU_CHECK(false, "cuda codegen: no emitter for unary op ", n);
+}
+
+std::string binary_expr(const std::string& n, const std::string& a, const std::string& b) {
+  if (n == "add") return "(" + a + " + " + b + ")";
+  if (n == "sub") return "(" + a + " - " + b + ")";
+  if (n == "mul") return "(" + a + " * " + b + ")";
+  if (n == "div") return "(" + a + " / " + b + ")";
+  if (n == "pow") return "bpow(" + a + ", " + b + ")";
+  BLU_CHECK(false, "cuda codegen: no emitter for binary op ", n);
+}
+
+bool cuda_row_supported(const Op& op) {
+  if (op.name == "layer_norm_backward" || op.name == "rms_norm_backward") return false;  // column sums
+  if (op.name == "cross_entropy") return op.attrs.i("reduction") == 0;
+  if (op.name == "cross_entropy_backward") return op.attrs.i("reduction") != 1;
+  return emit_row_supported(op);
+}
+
+struct Layout {
+  std::vector<int> slots;  // value per operand slot: inputs, then outputs
+  std::vector<bool> full;  // per slot: covers the iteration space (no broadcast)
+  Shape space;
+  int64_t N = 0, C = 1;
+  int vector = 1;
+  int nscalars = 0;
+};
+
+Layout layout_of(const Graph& g, const FusedRegion& r) {
+  Layout L;
+  for (int v : r.inputs) L.slots.push_back(v);
+  for (int v : r.outputs) L.slots.push_back(v);
+  L.space = region_space(g, r);
+  L.N = numel(L.space);
+  L.C = L.space.empty() ? 1 : L.space.back();
+  size_t narrow = 8;
+  for (int v : L.slots) {
+    const bool f = numel(g.values[size_t(v)].shape) == L.N;
+    L.full.push_back(f);
+    if (f) narrow = std::min(narrow, dtype_size(g.values[size_t(v)].dtype));
+  }
+  L.vector = int(16 / narrow);
+  L.nscalars = int(region_scalars(g, r).size());
+  return L;
+}
+
+}  // namespace
+
+bool cuda_emitter_supports(const Graph& g, const FusedRegion& r) {
+  for (int oi : r.ops) {
+    const Op& op = g.ops.at(size_t(oi));
+    if (op.name == "adamw_step") {
+      if (r.shape != RegionShape::pointwise || op.attrs.i("gate") >= 0 || op.inputs.size() != size_t(op.attrs.b("copies") ? 5 : 4))
+        return false;
+      for (int v : op.inputs)
+        if (v < 0 || !g.values[size_t(v)].contiguous()) return false;
+      continue;
+    }
+    const bool row = cuda_row_supported(op);
+    if (!(emit_pointwise_supported(op) || (row && r.shape == RegionShape::rows))) return false;
+    if (emit_row_supported(op) && !row) return false;
+    for (int v : op.outputs)
+      if (!is_float_dtype(g.values.at(size_t(v)).dtype)) return false;
+    for (size_t k = 0; k < op.inputs.size(); ++k) {
+      const int v = op.inputs[k];
+      if (v < 0) continue;
+      const DType t = g.values[size_t(v)].dtype;
+      const bool target = (op.name == "cross_entropy" && k == 1) || (op.name == "cross_entropy_backward" && k == 2);
+      const bool cond = op.name == "where" && k == 0;
+      if (!(is_float_dtype(t) || (target && (t == DType::i32 || t == DType::i64)) || (cond && t == DType::b8))) return false;
+    }
+    if (op.name == "softmax" || op.name == "softmax_backward") {
+      const Value& y = g.values[size_t(op.outputs[0])];
+      const int64_t d = op.attrs.i("dim");
+      if (y.shape.empty() || !(d == -1 || d == int64_t(y.shape.size()) - 1)) return false;
+    }
+    // swiglu_backward has two outputs; in a rows region it is not emitted (as on the CPU).
+    if (op.name == "swiglu_backward" && r.shape == RegionShape::rows) return false;
+    // cross_entropy reads its target's logit by index: the logits come from outside the region.
+    if (op.name == "cross_entropy" && std::find(r.inputs.begin(), r.inputs.end(), op.inputs[0]) == r.inputs.end())
+      return false;
+  }
+  return true;
+}
+
+std::string emit_cuda_source(const Graph& g, const FusedRegion& r) {
+  BLU_CHECK(cuda_emitter_supports(g, r), "cuda codegen: region ", r.index, " holds an op without a CUDA emitter");
+  const Layout L = layout_of(g, r);
+  const Scalars sc{g, r};
+  const bool rows = r.shape == RegionShape::rows;
+  const int64_t C = L.C, R = L.N / std::max<int64_t>(L.C, 1);
+  const int64_t J = (C + kBlock - 1) / kBlock;
+  const std::string Cs = std::to_string(C);
+  std::map<int, int> slot_of;
+  for (size_t k = 0; k < L.slots.size(); ++k) slot_of.emplace(L.slots[k], int(k));
+  std::set<int> written;  // input values the region updates in place (AdamW)
+  for (int oi : r.ops)
+    for (int w : g.ops[size_t(oi)].writes) written.insert(g.ops[size_t(oi)].inputs[size_t(w)]);
+  auto is_out = [&](int v) { return std::find(r.outputs.begin(), r.outputs.end(), v) != r.outputs.end(); };
+  auto T = [&](int v) { return std::string(dev_ctype(g.values[size_t(v)].dtype)); };
+  auto P = [&](int v) { return "p" + std::to_string(slot_of.at(v)); };
+
+  std::ostringstream os, body;
+  os << kPrelude << "struct Args { void* p[" << L.slots.size() << "]; double s[" << std::max(L.nscalars, 1)
+     << "]; i64 vec; };\n";
+  std::map<int, std::string> local;  // value -> variable (pointwise: scalar; rows: array [J] or per-row scalar)
+  std::set<int> per_row;
+  int tmp = 0;
+  auto fresh = [&] { return "t" + std::to_string(tmp++); };
+  // Element expressions. Pointwise: full operands are the compute function's e<slot> references,
+  // broadcast ones read at their index map of i. Rows: element k of the row (index r*C + k).
+  const std::string ie = rows ? "(r * " + Cs + " + k)" : "i";
+  auto elem = [&](int v) -> std::string {
+    if (local.count(v)) return per_row.count(v) ? local[v] : (rows ? local[v] + "[j]" : local[v]);
+    const Value& val = g.values[size_t(v)];
+    const int s = slot_of.at(v);
+    if (!rows && L.full[size_t(s)]) return "to_acc(e" + std::to_string(s) + ")";
+    return "to_acc(" + P(v) + "[" + index_expr(val, L.space, ie) + "])";
+  };
+  auto raw = [&](int v) -> std::string {  // a bool or integer operand, not converted
+    const int s = slot_of.at(v);
+    if (!rows && L.full[size_t(s)]) return "e" + std::to_string(s);
+    return P(v) + "[" + index_expr(g.values[size_t(v)], L.space, ie) + "]";
+  };
+  const std::string loop = "#pragma unroll\n    for (int j = 0; j < " + std::to_string(J) + "; ++j) {\n      const i64 k = threadIdx.x + j * " +
+                           std::to_string(kBlock) + ";\n      if (k < " + Cs + ") {\n";
+  const std::string end_loop = "      }\n    }\n";
+  // A value computed element by element: expression `e` in its accumulation type.
+  auto define = [&](int v, const std::string& e) {
+    const DType t = g.values[size_t(v)].dtype;
+    const std::string A = acc(t), var = fresh();
+    if (rows) {
+      body << "    " << A << " " << var << "[" << J << "];\n" << loop << "        " << var << "[j] = to_acc(" << round_to(t, e)
+           << ");\n";
+      if (is_out(v)) body << "        " << P(v) << "[" << ie << "] = " << round_to(t, var + "[j]") << ";\n";
+      body << end_loop;
+    } else {
+      body << "  const " << A << " " << var << " = to_acc(" << round_to(t, e) << ");\n";
+      if (is_out(v)) body << "  e" << slot_of.at(v) << " = " << round_to(t, var) << ";\n";
+    }
+    local[v] = var;
+  };
+  // A per-row statistic (double expression `e`), rounded to its dtype; thread 0 stores it.
+  auto define_stat = [&](int v, const std::string& e) {
+    const DType t = g.values[size_t(v)].dtype;
+    const std::string var = fresh();
+    body << "    const double " << var << " = double(to_acc(" << round_to(t, e) << "));\n";
+    if (is_out(v)) body << "    if (threadIdx.x == 0) " << P(v) << "[r] = " << round_to(t, e) << ";\n";
+    local[v] = var;
+    per_row.insert(v);
+  };
+  int scope = 0;
+  for (int oi : r.ops) {
+    const Op& op = g.ops[size_t(oi)];
+    auto in = [&](size_t j) { return j < op.inputs.size() ? op.inputs[j] : -1; };
+    const std::string n = op.name;
+    const std::string o = std::to_string(oi);
+    if (n == "adamw_step") {
+      // backend/cuda/optim.cu's adamw_update; coefficients in double from this step's scalars.
+      auto ref = [&](size_t j) { return "e" + std::to_string(slot_of.at(in(j))); };
+      body << "  {\n    const double lr = a.s[" << region_scalar_slot(g, r, oi, "lr") << "], b1 = a.s["
+           << region_scalar_slot(g, r, oi, "beta1") << "], b2 = a.s[" << region_scalar_slot(g, r, oi, "beta2")
+           << "], wd = a.s[" << region_scalar_slot(g, r, oi, "weight_decay") << "], st = a.s["
+           << region_scalar_slot(g, r, oi, "step") << "];\n"
+           << "    const double bc1 = 1 - pow(b1, st), bc2 = 1 - pow(b2, st);\n"
+           << "    const float decay = float(1 - lr * wd), fb1 = float(b1), fb2 = float(b2), omb1 = float(1 - b1),"
+              " omb2 = float(1 - b2), bc2s = float(sqrt(bc2)), eps = float(a.s["
+           << region_scalar_slot(g, r, oi, "eps") << "]), nss = float(-(lr / bc1));\n"
+           << "    const float gi = " << (local.count(in(1)) ? "float(" + local[in(1)] + ")" : "to_acc(" + ref(1) + ")") << ";\n"
+           << "    float pi = __fmul_rn(" << ref(0) << ", decay);\n"
+           << "    const float mi = __fadd_rn(__fmul_rn(" << ref(2) << ", fb1), __fmul_rn(omb1, gi));\n"
+           << "    const float vi = __fadd_rn(__fmul_rn(" << ref(3) << ", fb2), __fmul_rn(__fmul_rn(omb2, gi), gi));\n"
+           << "    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2s), eps);\n"
+           << "    pi = __fadd_rn(pi, __fdiv_rn(__fmul_rn(nss, mi), denom));\n"
+           << "    " << ref(0) << " = pi;\n    " << ref(2) << " = mi;\n    " << ref(3) << " = vi;\n";
+      if (op.attrs.b("copies")) body << "    " << ref(4) << " = " << round_to(g.values[size_t(in(4))].dtype, "pi") << ";\n";
+      body << "  }\n";
+      continue;
+    }
+    if (emit_row_supported(op)) {
+      const int xi = n == "cross_entropy_backward" ? 1 : 0;
+      const std::string A = acc(g.values[size_t(in(xi))].dtype);
+      body << "  {  // " << n << "\n";
+      ++scope;
+      if (n == "softmax") {
+        const int xv = in(0);
+        const std::string m = "m" + o, s0 = "s" + o;
+        body << "    " << A << " " << m << " = neg_inf<" << A << ">();\n" << loop << "        " << m << " = max_keep(" << m << ", " << elem(xv)
+             << ");\n" << end_loop << "    " << m << " = block_max(" << m << ", sh" << A << ");\n"
+             << "    double " << s0 << " = 0;\n" << loop << "        " << s0 << " += bexp(double(" << elem(xv) << " - " << m << "));\n"
+             << end_loop << "    " << s0 << " = block_sum(" << s0 << ", shdouble);\n"
+             << "    const " << A << " inv" << o << " = " << A << "(1.0 / " << s0 << ");\n";
+        define(op.outputs[0], "bexp(" + elem(xv) + " - " + m + ") * inv" + o);
+      } else if (n == "softmax_backward") {
+        const int gv = in(0), yv = in(1);
+        body << "    double s" << o << " = 0;\n" << loop << "        s" << o << " += double(" << elem(gv) << ") * double("
+             << elem(yv) << ");\n" << end_loop << "    s" << o << " = block_sum(s" << o << ", shdouble);\n";
+        define(op.outputs[0], elem(yv) + " * (" + elem(gv) + " - " + A + "(s" + o + "))");
+      } else if (n == "layer_norm" || n == "rms_norm") {
+        const bool ln = n == "layer_norm";
+        const int xv = in(0), wv = in(1), bv = ln ? in(2) : -1;
+        body << "    double s" << o << " = 0;\n" << loop << "        { const double v = double(" << elem(xv) << "); s" << o
+             << " += " << (ln ? "v" : "v * v") << "; }\n" << end_loop << "    s" << o << " = block_sum(s" << o << ", shdouble);\n";
+        if (ln) {
+          body << "    const double mean" << o << " = s" << o << " / double(" << Cs << ");\n    double v" << o << " = 0;\n"
+               << loop << "        { const double d = double(" << elem(xv) << ") - mean" << o << "; v" << o << " += d * d; }\n"
+               << end_loop << "    v" << o << " = block_sum(v" << o << ", shdouble);\n"
+               << "    const double rstd" << o << " = 1.0 / sqrt(v" << o << " / double(" << Cs << ") + " << sc(oi, "eps", "double") << ");\n";
+          define_stat(op.outputs[1], "mean" + o);
+          define_stat(op.outputs[2], "rstd" + o);
+        } else {
+          body << "    const double rstd" << o << " = 1.0 / sqrt(s" << o << " / double(" << Cs << ") + " << sc(oi, "eps", "double") << ");\n";
+          define_stat(op.outputs[1], "rstd" + o);
+        }
+        body << "    const " << A << " ma" << o << " = " << A << "(" << (ln ? "mean" + o : "0.0") << "), ra" << o << " = " << A
+             << "(rstd" << o << ");\n";
+        std::string e = ln ? "((" + elem(xv) + " - ma" + o + ") * ra" + o + ")" : "(" + elem(xv) + " * ra" + o + ")";
+        if (wv >= 0) e = "(" + e + " * " + elem(wv) + ")";
+        if (bv >= 0) e = "(" + e + " + " + elem(bv) + ")";
+        define(op.outputs[0], e);
+      } else if (n == "cross_entropy") {
+        // reduction none: loss and lse per row.
+        const int xv = in(0), tv = in(1);
+        const std::string ig = std::to_string(op.attrs.i("ignore_index"));
+        body << "    const i64 tv" << o << " = i64(" << P(tv) << "[r]);\n    " << A << " m" << o << " = neg_inf<" << A << ">();\n" << loop
+             << "        m" << o << " = max_keep(m" << o << ", " << elem(xv) << ");\n" << end_loop << "    m" << o
+             << " = block_max(m" << o << ", sh" << A << ");\n    double s" << o << " = 0;\n" << loop << "        s" << o
+             << " += bexp(double(" << elem(xv) << ") - double(m" << o << "));\n" << end_loop << "    s" << o
+             << " = block_sum(s" << o << ", shdouble);\n    const double l" << o << " = double(m" << o << ") + log(s" << o
+             << ");\n";
+        define_stat(op.outputs[1], "l" + o);
+        const Value& lv = g.values[size_t(op.outputs[0])];
+        body << "    if (threadIdx.x == 0) {\n      double lrow = 0;\n      if (tv" << o << " != " << ig << ") lrow = l" << o
+             << " - double(to_acc(" << P(xv) << "[r * " << Cs << " + tv" << o << "]));\n";
+        if (is_out(op.outputs[0])) body << "      " << P(op.outputs[0]) << "[r] = " << round_to(lv.dtype, "lrow") << ";\n";
+        body << "    }\n";
+        BLU_CHECK(!local.count(xv) && slot_of.count(xv), "cuda codegen: cross_entropy's logits must be a region input");
+      } else {  // cross_entropy_backward, reduction none or sum
+        const int gv = in(0), xv = in(1), tv = in(2), lsev = in(3);
+        const bool none = op.attrs.i("reduction") == 0;
+        const int64_t K = op.attrs.i("classes");
+        const std::string ig = std::to_string(op.attrs.i("ignore_index"));
+        const std::string gval = local.count(gv) ? local[gv] : "to_acc(" + P(gv) + (none ? "[r])" : "[0])");
+        const std::string lse = local.count(lsev) ? local[lsev] : "to_acc(" + P(lsev) + "[r])";
+        body << "    const i64 tv" << o << " = i64(" << P(tv) << "[r]);\n    const " << A << " scale" << o << " = " << A << "("
+             << gval << "), lse" << o << " = " << A << "(" << lse << ");\n";
+        define(op.outputs[0], "((tv" + o + " == " + ig + " || k >= " + std::to_string(K) + ") ? " + A + "(0) : (bexp(" +
+                                  elem(xv) + " - lse" + o + ") - " + A + "(k == tv" + o + " ? 1 : 0)) * scale" + o + ")");
+      }
+      continue;
+    }
+    // Pointwise ops.
+    const DType ot = g.values[size_t(op.outputs[0])].dtype;
+    const std::string A = acc(ot);
+    const bool fast = dtype_size(ot) == 2;
+    if (rows && op.outputs.size() > 1) BLU_CHECK(false, "cuda codegen: ", n, " in a rows region");
+    if (n == "swiglu_backward") {
+      const std::string gs = elem(in(0)), x = elem(in(1)), u = elem(in(2)), s = "sg" + o;
+      body << "  const " << A << " " << s << " = sigmoid_of<" << A << ">(" << x << ");\n";
+      define(op.outputs[0], "(" + gs + " * " + u + ") * silu_grad_of<" + A + ">(" + x + ", " + s + ")");
+      define(op.outputs[1], gs + " * (" + x + " * " + s + ")");
+      continue;
+    }
+    std::string e;
+    if (n == "silu_backward") e = elem(in(0)) + " * silu_grad_of<" + A + ">(" + elem(in(1)) + ", sigmoid_of<" + A + ">(" + elem(in(1)) + "))";
+    else if (n == "gelu_backward")
+      e = elem(in(0)) + " * gelu_bwd<" + A + ">(" + elem(in(1)) + ", " + (op.attrs.b("approximate") ? "true" : "false") + ", " +
+          (fast ? "true" : "false") + ")";
+    else if (n == "where") e = "(" + raw(in(0)) + " ? " + elem(in(1)) + " : " + elem(in(2)) + ")";
+    else if (n == "swiglu") e = "(" + elem(in(0)) + " * sigmoid_of<" + A + ">(" + elem(in(0)) + ")) * " + elem(in(1));
+    else if (op_class(n) == OpClass::unary) e = unary_expr(op, oi, sc, elem(in(0)), A, fast);
+    else e = binary_expr(n, elem(in(0)), elem(in(1)));
+    define(op.outputs[0], e);
+  }
+  for (; scope > 0; --scope) body << "  }\n";
+
+  // Kernel entry: the slots' pointers, then the loop.
+  std::ostringstream ptrs;
+  for (size_t k = 0; k < L.slots.size(); ++k) {
+    const int v = L.slots[k];
+    const bool w = k >= r.inputs.size() || written.count(v);
+    ptrs << "  " << (w ? "" : "const ") << T(v) << "* __restrict__ p" << k << " = static_cast<" << (w ? "" : "const ") << T(v)
+         << "*>(a.p[" << k << "]);\n";
+  }
+  if (rows) {
+    os << "extern \"C\" __global__ void __launch_bounds__(" << kBlock << ") blu_region(const Args a) {\n"
+       << "  __shared__ float shfloat[33];\n  __shared__ double shdouble[33];\n  (void)shfloat;\n  (void)shdouble;\n"
+       << "  const i64 r = blockIdx.x;\n  if (r >= " << R << ") return;\n"
+       << ptrs.str() << body.str() << "}\n";
+    return os.str();
+  }
+  // Pointwise: compute(a, i, e<slot>...) over references to each full operand's element.
+  std::ostringstream params, args_scalar, args_vec, pre_scalar, pre_vec, post_scalar, post_vec;
+  const int V = L.vector;
+  for (size_t k = 0; k < L.slots.size(); ++k) {
+    if (!L.full[k]) continue;
+    const int v = L.slots[k];
+    const bool w = k >= r.inputs.size() || written.count(v);
+    const bool read = k < r.inputs.size();
+    const std::string ks = std::to_string(k);
+    params << ", " << T(v) << "& e" << k;
+    args_scalar << ", x" << k;
+    args_vec << ", x" << k << ".v[l]";
+    pre_scalar << "    " << T(v) << " x" << k << (read ? " = p" + ks + "[i]" : "") << ";\n";
+    pre_vec << "    Vec<" << T(v) << ", " << V << "> x" << k << (read ? " = vload<" + T(v) + ", " + std::to_string(V) + ">(p" + ks + " + i)" : "")
+            << ";\n";
+    if (w) {
+      post_scalar << "    p" << k << "[i] = x" << k << ";\n";
+      post_vec << "    vstore<" << T(v) << ", " << V << ">(p" << k << " + i, x" << k << ");\n";
+    }
+  }
+  os << "__device__ __forceinline__ void compute(const Args& a, const i64 i" << params.str() << ") {\n";
+  for (size_t k = 0; k < L.slots.size(); ++k)
+    if (!L.full[k]) os << "  const " << T(L.slots[k]) << "* __restrict__ p" << k << " = static_cast<const " << T(L.slots[k]) << "*>(a.p[" << k << "]);\n";
+  os << body.str() << "}\n";
+  os << "extern \"C\" __global__ void __launch_bounds__(" << kBlock << ") blu_region(const Args a) {\n" << ptrs.str()
+     << "  const i64 stride = i64(gridDim.x) * blockDim.x;\n"
+     << "  if (a.vec) {\n  for (i64 i = (i64(blockIdx.x) * blockDim.x + threadIdx.x) * " << V << "; i < " << L.N << "; i += stride * " << V
+     << ") {\n" << pre_vec.str() << "#pragma unroll\n    for (int l = 0; l < " << V << "; ++l) compute(a, i + l" << args_vec.str()
+     << ");\n" << post_vec.str() << "  }\n  return;\n  }\n"
+     << "  for (i64 i = i64(blockIdx.x) * blockDim.x + threadIdx.x; i < " << L.N << "; i += stride) {\n" << pre_scalar.str()
+     << "    compute(a, i" << args_scalar.str() << ");\n" << post_scalar.str() << "  }\n}\n";
+  return os.str();
+}
+
+std::string cuda_target(const std::string& arch) { return "cuda-" + arch; }
+
+namespace {
+std::atomic<int> g_nvrtc_compiles{0};
+}
+int nvrtc_compile_count() { return g_nvrtc_compiles.load(); }
+
+#if BLU_HAVE_CUDA
+
+#define BLU_NVRTC_CHECK(expr, what)                                                                \
+  do {                                                                                             \
+    const nvrtcResult rc_ = (expr);                                                                \
+    BLU_CHECK(rc_ == NVRTC_SUCCESS, "cuda codegen: ", what, ": ", nvrtcGetErrorString(rc_));       \
+  } while (0)
+
+std::string nvrtc_version() {
+  int major = 0, minor = 0;
+  BLU_NVRTC_CHECK(nvrtcVersion(&major, &minor), "nvrtcVersion");
+  return "nvrtc " + std::to_string(major) + "." + std::to_string(minor);
+}
+
+std::string cuda_device_arch(int device_index) {
+  int major = 0, minor = 0;
+  BLU_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_index) == cudaSuccess &&
+                cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_index) == cudaSuccess,
+            "cuda codegen: cannot read the compute capability of cuda:", device_index);
+  return "sm_" + std::to_string(major) + std::to_string(minor) + (major == 9 && minor == 0 ? "a" : "");
+}
+
+namespace {
+
+std::string nvrtc_compile(const std::string& src, const std::string& arch, int region) {
+  nvrtcProgram prog;
+  BLU_NVRTC_CHECK(nvrtcCreateProgram(&prog, src.c_str(), "blu_region.cu", 0, nullptr, nullptr), "nvrtcCreateProgram");
+  const std::string arch_opt = "--gpu-architecture=" + arch;
+  const char* opts[] = {arch_opt.c_str(), "--fmad=false", "--std=c++17", "-default-device"};
+  ++g_nvrtc_compiles;
+  const nvrtcResult rc = nvrtcCompileProgram(prog, 4, opts);
+  size_t log_size = 0;
+  nvrtcGetProgramLogSize(prog, &log_size);
+  std::string log(log_size, '\0');
+  if (log_size > 1) nvrtcGetProgramLog(prog, log.data());
+  if (rc != NVRTC_SUCCESS) {
+    nvrtcDestroyProgram(&prog);
+    BLU_CHECK(false, "cuda codegen: NVRTC failed on region ", region, " for ", arch, " (", nvrtcGetErrorString(rc), "):\n", log,
+              "\nsource:\n", src);
+  }
+  size_t n = 0;
+  BLU_NVRTC_CHECK(nvrtcGetCUBINSize(prog, &n), "nvrtcGetCUBINSize");
+  std::string cubin(n, '\0');
+  BLU_NVRTC_CHECK(nvrtcGetCUBIN(prog, cubin.data()), "nvrtcGetCUBIN");
+  nvrtcDestroyProgram(&prog);
+  return cubin;
+}
+
+// The driver entry points, through the runtime (no link against libcuda: the runtime finds the
+// driver the process already uses).
+struct Driver {
+  CUresult (*module_load_data)(CUmodule*, const void*) = nullptr;
+  CUresult (*module_get_function)(CUfunction*, CUmodule, const char*) = nullptr;
+  CUresult (*module_unload)(CUmodule) = nullptr;
+  CUresult (*launch_kernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
+                            void**, void**) = nullptr;
+};
+
+const Driver& driver() {
+  static const Driver d = [] {
+    Driver x;
+    auto get = [](const char* name, auto& fn) {
+      void* p = nullptr;
+      cudaDriverEntryPointQueryResult q{};
+#if CUDART_VERSION >= 12050
+      const cudaError_t e = cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q);
+#else
+      const cudaError_t e = cudaGetDriverEntryPoint(name, &p, cudaEnableDefault, &q);
+#endif
+      BLU_CHECK(e == cudaSuccess && q == cudaDriverEntryPointSuccess && p, "cuda codegen: no driver entry point ", name);
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
+    };
+    get("cuModuleLoadData", x.module_load_data);
+    get("cuModuleGetFunction", x.module_get_function);
+    get("cuModuleUnload", x.module_unload);
+    get("cuLaunchKernel", x.launch_kernel);
+    return x;
+  }();
+  return d;
+}
+
+#define BLU_CU_CHECK(expr, what)                                              \
+  do {                                                                        \
+    const CUresult rc_ = (expr);                                              \
+    BLU_CHECK(rc_ == CUDA_SUCCESS, "cuda codegen: ", what, " failed (CUresult ", int(rc_), ")"); \
+  } while (0)
+
+}  // namespace
+
+std::string build_cuda_kernel(const Graph& g, const FusedRegion& r, const std::string& arch, bool* compiled) {
+  const std::string text = region_text(g, r);
+  const std::string key = kernel_cache_key(text, cuda_target(arch), nvrtc_version());
+  std::optional<std::string> path = kernel_cache_find(key, "cubin", text);
+  if (compiled) *compiled = !path;
+  if (path) return *path;
+  return kernel_cache_store(key, "cubin", nvrtc_compile(emit_cuda_source(g, r), arch, r.index), text);
+}
+
+std::unique_ptr<CudaKernel> CudaKernel::load(const Graph& g, const FusedRegion& r, bool* compiled) {
+  Device dev = kCPU;
+  for (int v : r.inputs)
+    if (!g.values[size_t(v)].device.is_cpu()) dev = g.values[size_t(v)].device;
+  for (int v : r.outputs)
+    if (!g.values[size_t(v)].device.is_cpu()) dev = g.values[size_t(v)].device;
+  BLU_CHECK(dev.is_cuda(), "cuda codegen: region ", r.index, " is not on a CUDA device");
+  const std::string path = build_cuda_kernel(g, r, cuda_device_arch(dev.index), compiled);
+  std::string cubin;
+  {
+    FILE* f = std::fopen(path.c_str(), "rb");
+    BLU_CHECK(f, "cuda codegen: cannot read ", path);
+    char buf[1 << 16];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) cubin.append(buf, n);
+    std::fclose(f);
+  }
+  int current = 0;
+  BLU_CHECK(cudaGetDevice(&current) == cudaSuccess && current == dev.index, "cuda codegen: region ", r.index, " is on ",
+            dev.str(), ", the current device is cuda:", current);
+  BLU_CHECK(cudaFree(nullptr) == cudaSuccess, "cuda codegen: no CUDA context on ", dev.str());  // the primary context
+  std::unique_ptr<CudaKernel> k(new CudaKernel());
+  CUmodule m = nullptr;
+  BLU_CU_CHECK(driver().module_load_data(&m, cubin.data()), "cuModuleLoadData(" + path + ")");
+  k->module_ = m;
+  CUfunction fn = nullptr;
+  BLU_CU_CHECK(driver().module_get_function(&fn, m, "blu_region"), "cuModuleGetFunction(blu_region)");
+  k->function_ = fn;
+  const Layout L = layout_of(g, r);
+  k->rows_ = r.shape == RegionShape::rows;
+  k->work_ = k->rows_ ? L.N / std::max<int64_t>(L.C, 1) : L.N;
+  k->vector_ = L.vector;
+  k->scalars_ = L.nscalars;
+  for (size_t s = 0; s < L.full.size(); ++s)
+    if (L.full[s]) k->full_.push_back(int(s));
+  return k;
+}
+
+CudaKernel::~CudaKernel() {
+  if (module_) driver().module_unload(static_cast<CUmodule>(module_));
+}
+
+void CudaKernel::run(const std::vector<Tensor>& ins, const std::vector<Tensor>& outs, const std::vector<double>& scalars,
+                     void* stream) const {
+  BLU_CHECK(int(scalars.size()) == scalars_, "fused region: expected ", scalars_, " per-step scalars, got ", scalars.size());
+  // Args: the pointers, the scalars (at least one slot), the vector flag — as the emitted struct.
+  const size_t np = ins.size() + outs.size();
+  std::vector<unsigned char> args(np * 8 + size_t(std::max(scalars_, 1)) * 8 + 8, 0);
+  std::vector<void*> p;
+  for (const Tensor& t : ins) {
+    BLU_CHECK(t.is_contiguous(), "fused region: input ", t.str(), " must be contiguous");
+    p.push_back(t.raw_data());
+  }
+  for (const Tensor& t : outs) {
+    BLU_CHECK(t.is_contiguous(), "fused region: output ", t.str(), " must be contiguous");
+    p.push_back(t.raw_data());
+  }
+  std::memcpy(args.data(), p.data(), np * 8);
+  if (!scalars.empty()) std::memcpy(args.data() + np * 8, scalars.data(), scalars.size() * 8);
+  int64_t vec = 0;
+  if (!rows_ && work_ % vector_ == 0) {
+    vec = 1;
+    for (int s : full_)
+      if (reinterpret_cast<uintptr_t>(p[size_t(s)]) % 16 != 0) vec = 0;
+  }
+  std::memcpy(args.data() + args.size() - 8, &vec, 8);
+  if (work_ == 0) return;
+  unsigned grid;
+  if (rows_) {
+    grid = unsigned(work_);
+  } else {
+    static const int sms = [] {
+      int dev = 0, n = 0;
+      cudaGetDevice(&dev);
+      cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+      return std::max(n, 1);
+    }();
+    const int64_t items = vec ? work_ / vector_ : work_;
+    grid = unsigned(std::clamp<int64_t>((items + kBlock - 1) / kBlock, 1, int64_t(sms) * 16));
+  }
+  void* params[] = {args.data()};
+  BLU_CU_CHECK(driver().launch_kernel(static_cast<CUfunction>(function_), grid, 1, 1, kBlock, 1, 1, 0,
+                                      static_cast<CUstream>(stream), params, nullptr),
+               "cuLaunchKernel(fused region)");
+}
+
+#else  // no CUDA in this build
+
+std::string nvrtc_version() { return "none"; }
+std::string cuda_device_arch(int) { BLU_CHECK(false, "cuda codegen: this build has no CUDA"); }
+std::string build_cuda_kernel(const Graph&, const FusedRegion& r, const std::string& arch, bool*) {
+  BLU_CHECK(false, "cuda codegen: this build has no NVRTC (BLU_CUDA=OFF); region ", r.index, " for ", arch,
+            " needs a CUDA build");
+}
+std::unique_ptr<CudaKernel> CudaKernel::load(const Graph&, const FusedRegion& r, bool*) {
+  BLU_CHECK(false, "cuda codegen: this build has no CUDA; region ", r.index, " cannot be loaded");
+}
+CudaKernel::~CudaKernel() = default;
+void CudaKernel::run(const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<double>&, void*) const {}
+
+#endif
+
+}  // namespace blu::compiler

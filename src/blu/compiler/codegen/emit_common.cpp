@@ -1,0 +1,51 @@
+// compiler/codegen/emit_common: see emit_common.h.
+#include "blu/compiler/codegen/emit_common.h"
+
+namespace blu::compiler {
+
+bool is_float_dtype(DType t) { return t == DType::f32 || t == DType::f64 || t == DType::bf16 || t == DType::f16; }
+
+bool emit_pointwise_supported(const Op& op) {
+  const OpClass c = op_class(op.name);
+  if (c == OpClass::unary) return true;
+  if (c == OpClass::binary) return op.name == "add" || op.name == "sub" || op.name == "mul" || op.name == "div" || op.name == "pow";
+  if (op.name == "silu_backward" || op.name == "swiglu" || op.name == "gelu_backward" || op.name == "where") return true;
+  if (op.name == "swiglu_backward") return !op.attrs.has("joined") || !op.attrs.b("joined");
+  return false;
+}
+
+bool emit_row_supported(const Op& op) {
+  return op.name == "layer_norm" || op.name == "rms_norm" || op.name == "layer_norm_backward" ||
+         op.name == "rms_norm_backward" || op.name == "cross_entropy" || op.name == "cross_entropy_backward" ||
+         op.name == "softmax" || op.name == "softmax_backward";
+}
+
+Shape region_space(const Graph& g, const FusedRegion& r) {
+  Shape space;
+  for (int oi : r.ops) {
+    for (int v : g.ops[size_t(oi)].outputs)
+      if (numel(g.values[size_t(v)].shape) > numel(space)) space = g.values[size_t(v)].shape;
+    for (int v : g.ops[size_t(oi)].inputs)
+      if (v >= 0 && numel(g.values[size_t(v)].shape) > numel(space)) space = g.values[size_t(v)].shape;
+  }
+  return space;
+}
+
+std::string index_expr(const Value& v, const Shape& space, const std::string& i) {
+  if (v.shape == space || numel(v.shape) == numel(space)) return i;
+  const Shape vs = contiguous_strides(v.shape);
+  std::string e;
+  int64_t inner = 1;
+  const size_t off = space.size() - v.shape.size();
+  for (size_t d = space.size(); d-- > 0;) {
+    if (d >= off && v.shape[d - off] == space[d] && space[d] > 1) {
+      const std::string term = "(" + i + " / " + std::to_string(inner) + " % " + std::to_string(space[d]) + ") * " +
+                               std::to_string(vs[d - off]);
+      e += (e.empty() ? "" : " + ") + term;
+    }
+    inner *= space[d];
+  }
+  return e.empty() ? "0" : "(" + e + ")";
+}
+
+}  // namespace blu::compiler

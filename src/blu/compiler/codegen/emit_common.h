@@ -1,0 +1,23 @@
+// compiler/codegen/emit_common: what the CPU and CUDA emitters (cpu_kernel, cuda_kernel) share —
+// which ops each region shape can hold, a region's iteration space and the broadcast index map.
+// Depends on compiler/codegen/region.h. Keep: both emitters ask the same predicates, so an op
+// the CUDA emitter leaves out is the only difference between the devices' regions.
+#pragma once
+#include <string>
+
+#include "blu/compiler/codegen/region.h"
+
+namespace blu::compiler {
+
+bool is_float_dtype(DType t);
+// Pointwise ops with an emitter (one or more outputs, each element on its own).
+bool emit_pointwise_supported(const Op& op);
+// Row ops (reductions over the last dimension) with an emitter.
+bool emit_row_supported(const Op& op);
+// The region's iteration space: the largest value its ops read or write (rows: the row op's input).
+Shape region_space(const Graph& g, const FusedRegion& r);
+// The element index of value v at linear index `i` of `space` (v broadcast to it by NumPy rules):
+// `i` when v covers the space, else a sum of (i / inner) % size * stride terms.
+std::string index_expr(const Value& v, const Shape& space, const std::string& i);
+
+}  // namespace blu::compiler
