@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <optional>
+#include <set>
 
 #include "blu/core/error.h"
 #include "blu/core/grad_mode.h"
@@ -322,27 +324,121 @@ void Strategy::barrier() {
 }
 
 std::string Strategy::save(const std::string& dir, const nn::Module& model, const TrainState& st, int keep_last) {
+  if (config_.tp || config_.layout_checkpoints) {
+    const CheckpointRanks ranks = checkpoint_ranks();
+    std::vector<GlobalPiece> pieces;
+    if (zero_) {
+      pieces = zero_pieces(*zero_, ranks.file_rank == 0);
+    } else {
+      pieces = held_pieces(held_parameters(), opt_->state(), ranks.file_rank == 0);
+    }
+    return save_layout_checkpoint(dir, ranks, pieces, st, layout_json(), keep_last);
+  }
   if (pipeline_) return pipeline_->save(dir, *opt_, st, keep_last);
-  BLU_CHECK(!config_.tp, "checkpoints under tensor parallelism are not implemented: each rank holds its shards "
-                         "(dist/tensor_parallel.h: shard_info, gather_full_state give their places in the full tensors)");
   if (zero_) return save_sharded_checkpoint(dir, model, *zero_, st, keep_last);
   if (rank() == 0) return save_checkpoint(dir, model, opt_.get(), st, keep_last);
   return "";  // the model is replicated: rank 0's file is the checkpoint
 }
 
 TrainState Strategy::load(const std::string& path, nn::Module& model, const nlohmann::json& expected_model_config) {
-  if (pipeline_) return pipeline_->load(path, *opt_, expected_model_config);
-  BLU_CHECK(!config_.tp, "checkpoints under tensor parallelism are not implemented (see Strategy::save)");
-  return zero_ ? load_sharded_checkpoint(path, model, *zero_, expected_model_config)
-               : load_checkpoint(path, model, opt_.get(), expected_model_config);
+  if (is_layout_checkpoint(path)) {
+    const LayoutCheckpoint ck(path, expected_model_config);
+    if (zero_) ck.load_zero(*zero_);
+    else ck.load_held(held_parameters(), opt_.get());
+    return ck.train_state();
+  }
+  // A layout's own format loads under that layout only.
+  const std::string format = describe_checkpoint_format(path);
+  const auto refuse = [&](const char* wants) {
+    BLU_CHECK(false, "cannot load ", path, " under ", describe(), ": it is a ", format, ", which loads under ", wants,
+              " only; a layout checkpoint (format ", kLayoutCheckpointFormatVersion,
+              ", dist/layout_checkpoint.h) loads under every layout");
+  };
+  const bool pipeline_dir = format.starts_with("pipeline"), sharded_dir = format.starts_with("ZeRO");
+  if (config_.tp) refuse(pipeline_dir ? "a pipeline" : sharded_dir ? "ZeRO" : "a single device or DDP");
+  if (pipeline_) {
+    if (!pipeline_dir) refuse(sharded_dir ? "ZeRO" : "a single device or DDP");
+    return pipeline_->load(path, *opt_, expected_model_config);
+  }
+  if (zero_) {
+    if (!sharded_dir) refuse(pipeline_dir ? "a pipeline" : "a single device or DDP");
+    return load_sharded_checkpoint(path, model, *zero_, expected_model_config);
+  }
+  if (pipeline_dir || sharded_dir) refuse(pipeline_dir ? "a pipeline" : "ZeRO");
+  return load_checkpoint(path, model, opt_.get(), expected_model_config);
 }
 
 std::string Strategy::latest_checkpoint(const std::string& dir, const CheckpointWarning& warn) const {
-  if (pipeline_) return PipelineStage::latest_checkpoint(dir, warn);
-  return zero_ ? latest_sharded_checkpoint(dir, warn) : latest_valid_checkpoint(dir, warn);
+  return latest_any_checkpoint(dir, warn);
+}
+
+CheckpointRanks Strategy::checkpoint_ranks() const {
+  CheckpointRanks r;
+  const int tp = config_.tp ? config_.tp->size() : 1, tp_rank = config_.tp ? config_.tp->rank() : 0;
+  r.file_rank = rank() * tp + tp_rank;
+  r.files = world_size() * tp;
+  ProcessGroup *pg = pg_.get(), *tpg = config_.tp.get();
+  // Over the pg dimension, then the TP one: every rank has then passed the first of the two.
+  if (pg || tpg)
+    r.barrier = [pg, tpg] {
+      if (pg) pg->barrier()->wait();
+      if (tpg) tpg->barrier()->wait();
+    };
+  return r;
+}
+
+std::vector<HeldParameter> Strategy::held_parameters() {
+  std::vector<HeldParameter> out;
+  if (pipeline_) {
+    // Each parameter written by the lowest stage that trains it (a tied weight by the first).
+    const nn::NamedTensors all = model_.named_parameters();
+    std::set<std::string> mine;
+    for (const auto& [name, p] : pipeline_->owned_parameters()) mine.insert(name);
+    const int P = world_size();
+    std::vector<double> v;
+    for (const auto& [name, p] : all) v.push_back(mine.count(name) ? double(P - rank()) : 0.0);
+    std::map<std::string, int> first;
+    if (pg_) {
+      Tensor t = from_vector(v, {int64_t(v.size())}, DType::f64);
+      if (pg_->backend() == "nccl") t = to_device(t, all.front().second.device());
+      pg_->all_reduce(t, ReduceOp::max)->wait();
+      v = to_vector(t);
+    }
+    for (size_t i = 0; i < all.size(); ++i) first[all[i].first] = P - int(v[i]);
+    for (const auto& [name, p] : pipeline_->owned_parameters())
+      out.push_back({name, p, p.shape(), -1, {}, first.at(name) == rank()});
+    return out;
+  }
+  const int files = checkpoint_ranks().files, file_rank = checkpoint_ranks().file_rank;
+  if (config_.tp) {
+    const int tp = config_.tp->size(), tp_rank = config_.tp->rank();
+    size_t i = 0;
+    for (const ShardedParameter& s : sharded_parameters(model_)) {
+      HeldParameter h{s.name, s.param, s.info.full_shape, s.info.dim, s.info.ranges(), rank() == 0};
+      // A replicated parameter by one rank of the first replica's TP group, in turn.
+      if (!s.info.sharded()) h.write = rank() == 0 && int(i++ % size_t(tp)) == tp_rank;
+      out.push_back(std::move(h));
+    }
+    return out;
+  }
+  size_t i = 0;  // replicated: parameter i by file rank i mod files
+  for (const auto& [name, p] : model_.named_parameters())
+    out.push_back({name, p, p.shape(), -1, {}, int(i++ % size_t(files)) == file_rank});
+  return out;
+}
+
+nlohmann::json Strategy::layout_json() const {
+  return {{"name", name_},
+          {"describe", describe()},
+          {"ranks", checkpoint_ranks().files},
+          {"tp", config_.tp ? config_.tp->size() : 1},
+          {"pp", pipeline_ ? world_size() : 1},
+          {"dp", pipeline_ ? 1 : world_size()},
+          {"zero", config_.zero}};
 }
 
 std::string Strategy::checkpoint_kind() const {
+  if (config_.tp || config_.layout_checkpoints) return "committed layout checkpoint (ckpt_*/COMMIT, pieces of global tensors)";
   if (pipeline_) return "committed pipeline checkpoint (ckpt_*/COMMIT, one file a stage)";
   return zero_ ? "committed sharded checkpoint (ckpt_*/COMMIT)" : "checkpoint (ckpt_*.safetensors)";
 }

@@ -13,9 +13,13 @@
 //   read() turns a step's device values into host numbers: the one host read of a logged step,
 //     the loss averaged over ranks and the stop flags combined in one small collective;
 //   tensor parallelism (StrategyConfig::tp): partial gradients summed over the TP group, the
-//     global norm over the shards; ZeRO and checkpoints are refused under it;
-//   save/load/latest_checkpoint: the mode's checkpoint (rank 0's file; ZeRO: sharded, resumable on
-//     any number of ranks: dist/zero.h).
+//     global norm over the shards; ZeRO is refused under it;
+//   save/load/latest_checkpoint: the layout checkpoint (dist/layout_checkpoint.h: each rank's
+//     pieces of the global tensors, loaded by any layout on any number of ranks — tensor
+//     parallelism, and every layout with StrategyConfig::layout_checkpoints) or the mode's own
+//     (rank 0's file; ZeRO: sharded, resumable on any number of ranks: dist/zero.h; pipeline: a
+//     file a stage); load reads a layout checkpoint under every layout, a layout's own format
+//     under that layout.
 // A pipeline Strategy (the CausalLM constructor below) runs the same step through a PipelineStage
 // (dist/pipeline.h): its optimizer holds only this stage's parameters, the loss lives on the last
 // stage, the norm is combined over stages, and each stage checkpoints its own parameters by global
@@ -36,6 +40,7 @@
 #include <vector>
 
 #include "blu/dist/ddp.h"
+#include "blu/dist/layout_checkpoint.h"
 #include "blu/dist/pipeline.h"
 #include "blu/dist/process_group.h"
 #include "blu/io/checkpoint.h"
@@ -69,6 +74,10 @@ struct StrategyConfig {
   // The gradients of replicated parameters that sequence parallelism leaves partial (norms,
   // row-parallel biases) are summed over it, and the gradient norm counts every shard once.
   std::shared_ptr<ProcessGroup> tp;
+  // Checkpoints in the layout format (dist/layout_checkpoint.h: pieces of global tensors, loadable
+  // by every layout on any number of ranks). Off: the layout's own format (single file, ZeRO-sharded,
+  // per-stage); tensor parallelism always writes the layout format. Loading reads both.
+  bool layout_checkpoints = false;
 };
 
 // One step's values, on the device until Strategy::read().
@@ -177,6 +186,11 @@ class Strategy {
   // Tensor parallelism: parameters split over config_.tp, and replicated ones with partial gradients.
   std::vector<Tensor> tp_sharded_, tp_replicated_, tp_partial_;
   NormGate tp_norm_gate(double max_norm);
+  // The layout checkpoint's writers and this rank's parameters with their global places
+  // (layout_checkpoint.h).
+  CheckpointRanks checkpoint_ranks() const;
+  std::vector<HeldParameter> held_parameters();
+  nlohmann::json layout_json() const;
 };
 
 // Every nn::Embedding of `model` that declares a row-sparse gradient, in module order.
