@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -112,6 +113,87 @@ inline void reshard_worker() {
       strategy->save(save_dir, *model, st, keep);
     }
   }
+  if (pg) pg->barrier()->wait();
+}
+
+}  // namespace blu::dist::test
+
+namespace blu::dist::test {
+
+// reshard_fixture_worker: loads the checkpoint BLU_RS_PATH (any format) into a model built from
+// its own config under BLU_RS_LAYOUT (as reshard_worker's), then checks every parameter, gathered
+// whole, equals the checkpoint's "model.<name>" bit for bit and the optimizer's step count is the
+// checkpoint's; BLU_RS_EXPECT_ERROR: the load must fail with a message containing it instead.
+inline void reshard_fixture_worker() {
+  using namespace std::chrono_literals;
+  const DistEnv env = detect_env();
+  const std::string path = getenv_or("BLU_RS_PATH", ""), layout = getenv_or("BLU_RS_LAYOUT", "single");
+  const std::string expect_error = getenv_or("BLU_RS_EXPECT_ERROR", "");
+  const int r = env.rank, W = env.world_size;
+  std::unique_ptr<TcpStore> store;
+  std::shared_ptr<ProcessGroup> pg;
+  if (W > 1) {
+    store = std::make_unique<TcpStore>(env.master_addr, env.master_port, r == 0, 10000ms);
+    pg = make_gloo_group(*store, r, W, GlooOptions{.timeout = 10000ms, .hostname = "", .prefix = "default_pg"});
+  }
+  // The checkpoint's model config, read without loading (a file's train_state, a directory's
+  // train_state.json or first stage file).
+  nlohmann::json config;
+  if (std::filesystem::is_directory(path) && !is_layout_checkpoint(path) && !std::filesystem::exists(std::filesystem::path(path) / "stage_000_of_002.safetensors")) {
+    config = nullptr;  // a ZeRO-sharded directory: its model file holds the config
+    for (const auto& e : std::filesystem::directory_iterator(path))
+      if (e.path().filename().string().starts_with("ckpt_"))
+        config = LayoutCheckpoint(e.path().string()).train_state().model_config;
+  } else {
+    config = LayoutCheckpoint(path).train_state().model_config;
+  }
+  std::unique_ptr<models::CausalLM> model = models::build_model(config, 99);
+  const bool tp = layout == "tp", pp = layout == "pp";
+  if (tp) apply_tensor_parallel(*model, pg);
+  StrategyConfig sc;
+  if (layout == "zero1") sc.zero = 1;
+  if (layout == "zero3") sc.zero = 3;
+  const OptimizerConfig oc{.lr = 1e-3, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
+  std::unique_ptr<Strategy> strategy;
+  if (pp) {
+    PipelineOptions po;
+    po.micro_batches = 2;
+    strategy = std::make_unique<Strategy>(*model, pg, po, sc, oc);
+  } else if (tp) {
+    sc.tp = pg;
+    strategy = std::make_unique<Strategy>(*model, nullptr, sc, oc);
+  } else {
+    strategy = std::make_unique<Strategy>(*model, pg, sc, oc);
+  }
+  if (!expect_error.empty()) {
+    try {
+      strategy->load(path, *model, config);
+      ADD_FAILURE() << "loading " << path << " under " << layout << " should fail with '" << expect_error << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(expect_error), std::string::npos) << e.what();
+      if (r == 0) std::printf("refused: %s\n", e.what());
+    }
+    if (pg) pg->barrier()->wait();
+    return;
+  }
+  const TrainState st = strategy->load(path, *model, config);
+  EXPECT_EQ(st.step, 2);
+  EXPECT_EQ(strategy->optimizer().steps(), 2) << layout;
+  const LayoutCheckpoint ck(path);
+  nn::NamedTensors full;
+  {
+    Strategy::FullParameters guard = strategy->full_parameters();
+    full = tp ? gather_full_state(*model, *pg) : model->named_parameters();
+    for (auto& [name, t] : full) t = clone(t);
+  }
+  int checked = 0;
+  for (const auto& [name, t] : full) {
+    const Tensor want = ck.tensors().full("model." + name);
+    ASSERT_EQ(t.shape(), want.shape()) << name;
+    EXPECT_EQ(to_vector(t), to_vector(want)) << layout << ": " << name;
+    ++checked;
+  }
+  if (r == 0) std::printf("%s: %d parameters equal the checkpoint's\n", layout.c_str(), checked);
   if (pg) pg->barrier()->wait();
 }
 

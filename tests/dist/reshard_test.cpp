@@ -25,6 +25,8 @@
 
 #include "blu/dist/layout_checkpoint.h"
 #include "blu/blu.h"
+#include "blu/io/json_file.h"
+#include "common/checks.h"
 #include "dist_test_util.h"
 
 namespace blu::dist::test {
@@ -189,8 +191,8 @@ TEST(ReshardTest, ZeroedMomentsAreSeen) {
   // Rewrite the checkpoint with the moments zeroed (the parameters kept), as a single writer.
   const LayoutCheckpoint in(latest);
   std::vector<GlobalPiece> pieces;
-  for (const std::string& n : in.reader().names()) {
-    Tensor t = in.reader().full(n);
+  for (const std::string& n : in.tensors().names()) {
+    Tensor t = in.tensors().full(n);
     if (n.starts_with("optim.exp_avg")) t = zeros(t.shape(), t.dtype());
     pieces.push_back(t.dim() == 0 ? GlobalPiece{n, {}, {}, 0, reshape(t, {1})}
                                   : GlobalPiece{n, t.shape(), std::vector<int64_t>(size_t(t.dim()), 0), -1, t});
@@ -202,6 +204,53 @@ TEST(ReshardTest, ZeroedMomentsAreSeen) {
   EXPECT_NEAR(got.at(3), ref.at(3), kRel * std::abs(ref.at(3)));  // the weights themselves are right
   EXPECT_GT(std::abs(got.at(4) - ref.at(4)), 10 * kRel * std::abs(ref.at(4)));
   std::printf("zeroed moments: step 4's loss off by %.2e relative\n", std::abs(got.at(4) - ref.at(4)) / std::abs(ref.at(4)));
+}
+
+// Checkpoints written by main before layout checkpoints (data/main_1c1bc3e: a 2-stage pipeline's
+// and a single process's) load under every layout, every parameter bit for bit; the older
+// ZeRO-sharded format (train/data/legacy_765617b) loads under ZeRO and is refused elsewhere with a
+// message naming its format and version.
+TEST(ReshardTest, MainCheckpointsLoadUnderEveryLayout) {
+  const fs::path data = fs::path(BLU_TEST_DIR) / "dist/data/main_1c1bc3e";
+  for (const std::string ckpt : {"pipeline/ckpt_00000002", "single/ckpt_00000002.safetensors"})
+    for (const std::string layout : {"single", "zero1", "zero3", "tp", "pp"}) {
+      const LaunchResult r = run_workers("reshard_fixture", ranks_of(layout),
+                                         {{"BLU_RS_PATH", (data / ckpt).string()}, {"BLU_RS_LAYOUT", layout}});
+      EXPECT_EQ(r.status, 0) << ckpt << " under " << layout << "\n" << r.out << r.err;
+      EXPECT_NE(r.out.find("parameters equal the checkpoint's"), std::string::npos) << ckpt << " " << layout;
+    }
+  const fs::path zero = fs::path(BLU_TEST_DIR) / "train/data/legacy_765617b/zero/ckpt_00000002";
+  for (const std::string layout : {"single", "tp"}) {  // its model has one block: no pipeline
+    const LaunchResult r = run_workers("reshard_fixture", ranks_of(layout),
+                                       {{"BLU_RS_PATH", zero.string()},
+                                        {"BLU_RS_LAYOUT", layout},
+                                        {"BLU_RS_EXPECT_ERROR", "ZeRO-sharded checkpoint (format 1)"}});
+    EXPECT_EQ(r.status, 0) << layout << "\n" << r.out << r.err;
+  }
+}
+
+// A layout checkpoint's COMMIT of another version is refused naming it; a pieces file that COMMIT
+// does not list (a file of another save) is refused naming the file.
+TEST(ReshardTest, CommitVersionAndStrayFilesAreRefused) {
+  TempDir tmp;
+  const std::string ck = tmp.str() + "/ckpt";
+  TrainState st;
+  st.step = 1;
+  save_layout_checkpoint(ck, CheckpointRanks{}, {GlobalPiece{"model.w", {2, 3}, {0, 0}, -1, zeros({2, 3})}}, st,
+                         {{"name", "single"}}, 0);
+  const fs::path dir = fs::path(ck) / "ckpt_00000001";
+  verify_layout_checkpoint(dir.string());
+  EXPECT_EQ(latest_any_checkpoint(ck), dir.string());
+  fs::copy_file(dir / "pieces_00000.safetensors", dir / "pieces_00001.safetensors");
+  std::string err = blu::test::error_of([&] { verify_layout_checkpoint(dir.string()); });
+  EXPECT_NE(err.find("pieces_00001.safetensors is not listed in its COMMIT"), std::string::npos) << err;
+  fs::remove(dir / "pieces_00001.safetensors");
+  nlohmann::json commit = io::read_json_file(dir / "COMMIT");
+  commit["format_version"] = 4;
+  io::write_json_file(dir / "COMMIT", commit);
+  err = blu::test::error_of([&] { verify_layout_checkpoint(dir.string()); });
+  EXPECT_NE(err.find("has format version 4; this build reads version 3"), std::string::npos) << err;
+  EXPECT_EQ(latest_any_checkpoint(ck), "");
 }
 
 }  // namespace

@@ -285,6 +285,7 @@ TEST(DistWorker, Run) {
   if (scenario == "tp_ce") return test::tp_ce_worker();
   if (scenario == "tp_check") return test::tp_check_worker();
   if (scenario == "reshard") return test::reshard_worker();
+  if (scenario == "reshard_fixture") return test::reshard_fixture_worker();
   FAIL() << "unknown scenario " << scenario;
 }
 

@@ -1,6 +1,7 @@
 #include "blu/dist/layout_checkpoint.h"
 
 #include <algorithm>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -87,7 +88,7 @@ void add_like(std::vector<GlobalPiece>& out, const std::string& name, const Tens
 }
 
 // This rank's part of global tensor `name` laid out as `p`'s local tensor, on the CPU.
-Tensor read_like(const GlobalTensorReader& r, const std::string& name, const HeldParameter& p) {
+Tensor read_like(const CheckpointTensors& r, const std::string& name, const HeldParameter& p) {
   if (p.dim < 0) return r.full(name);
   std::vector<Tensor> parts;
   for (const auto& [start, length] : p.segments) {
@@ -310,10 +311,120 @@ std::string latest_any_checkpoint(const std::string& dir, const CheckpointWarnin
       warn);
 }
 
-LayoutCheckpoint::LayoutCheckpoint(const std::string& ckpt_dir, const nlohmann::json& expected_model_config)
-    : dir_(ckpt_dir) {
-  verify_layout_checkpoint(ckpt_dir);
-  const nlohmann::json js = io::read_json_file(fs::path(ckpt_dir) / kStateFile);
+namespace {
+
+class PiecesTensors final : public CheckpointTensors {
+ public:
+  explicit PiecesTensors(const std::string& dir) : r_(dir) {}
+  std::vector<std::string> names() const override { return r_.names(); }
+  bool contains(const std::string& n) const override { return r_.contains(n); }
+  std::vector<int64_t> global_shape(const std::string& n) const override { return r_.global_shape(n); }
+  DType dtype(const std::string& n) const override { return r_.dtype(n); }
+  Tensor full(const std::string& n) const override { return r_.full(n); }
+  Tensor box(const std::string& n, const std::vector<int64_t>& offset, const std::vector<int64_t>& shape) const override {
+    return r_.box(n, offset, shape);
+  }
+  Tensor range(const std::string& n, int64_t begin, int64_t count) const override { return r_.range(n, begin, count); }
+
+ private:
+  GlobalTensorReader r_;
+};
+
+// Whole tensors in safetensors files (the first file holding a name wins: a pipeline's tied
+// weight is in two stage files, with the same bytes).
+class WholeTensors final : public CheckpointTensors {
+ public:
+  explicit WholeTensors(std::vector<SafeTensorsFile> files) : files_(std::move(files)) {
+    for (size_t i = 0; i < files_.size(); ++i)
+      for (const TensorEntry& e : files_[i].entries()) index_.emplace(e.name, std::make_pair(i, &e));
+  }
+  std::vector<std::string> names() const override {
+    std::vector<std::string> out;
+    for (const auto& [n, e] : index_) out.push_back(n);
+    return out;
+  }
+  bool contains(const std::string& n) const override { return index_.count(n) > 0; }
+  std::vector<int64_t> global_shape(const std::string& n) const override { return at(n).shape; }
+  DType dtype(const std::string& n) const override { return at(n).dtype; }
+  Tensor full(const std::string& n) const override {
+    const TensorEntry& e = at(n);
+    Tensor t = empty(e.shape, e.dtype);
+    const auto bytes = files_[index_.at(n).first].bytes(e);
+    if (!bytes.empty()) std::memcpy(t.raw_data(), bytes.data(), bytes.size());
+    return t;
+  }
+  Tensor box(const std::string& n, const std::vector<int64_t>& offset, const std::vector<int64_t>& shape) const override {
+    const std::vector<int64_t> g = global_shape(n);
+    BLU_CHECK(offset.size() == g.size() && shape.size() == g.size(), "checkpoint: a box of rank ", offset.size(),
+              " for '", n, "' ", Shape(g));
+    Tensor t = full(n);
+    for (size_t d = 0; d < shape.size(); ++d) {
+      BLU_CHECK(offset[d] >= 0 && shape[d] >= 0 && offset[d] + shape[d] <= g[d], "checkpoint: box ", Shape(offset),
+                " of ", Shape(shape), " leaves '", n, "' ", Shape(g));
+      t = narrow(t, int64_t(d), offset[d], shape[d]);
+    }
+    return contiguous(t);
+  }
+  Tensor range(const std::string& n, int64_t begin, int64_t count) const override {
+    const Tensor t = full(n);
+    BLU_CHECK(begin >= 0 && count >= 0 && begin + count <= t.numel(), "checkpoint: range [", begin, ", ",
+              begin + count, ") leaves '", n, "' of ", t.numel(), " elements");
+    return contiguous(narrow(reshape(t, {t.numel()}), 0, begin, count));
+  }
+
+ private:
+  const TensorEntry& at(const std::string& n) const {
+    const auto it = index_.find(n);
+    BLU_CHECK(it != index_.end(), "checkpoint: no tensor '", n, "'");
+    return *it->second.second;
+  }
+  std::vector<SafeTensorsFile> files_;
+  std::map<std::string, std::pair<size_t, const TensorEntry*>> index_;
+};
+
+nlohmann::json train_state_metadata(const SafeTensorsFile& f, const std::string& path) {
+  const auto it = f.metadata().find("train_state");
+  BLU_CHECK(it != f.metadata().end(), path, " has no 'train_state' metadata (not a BluTrain checkpoint?)");
+  const nlohmann::json j = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
+  BLU_CHECK(!j.is_discarded(), path, ": metadata 'train_state' is not valid JSON");
+  return j;
+}
+
+}  // namespace
+
+LayoutCheckpoint::LayoutCheckpoint(const std::string& path, const nlohmann::json& expected_model_config)
+    : dir_(path) {
+  nlohmann::json js;
+  std::error_code ec;
+  if (is_layout_checkpoint(path)) {
+    verify_layout_checkpoint(path);
+    js = io::read_json_file(fs::path(path) / kStateFile);
+    layout_ = js.value("layout", nlohmann::json());
+    tensors_ = std::make_unique<PiecesTensors>(path);
+  } else if (fs::is_directory(path, ec)) {
+    const std::string format = describe_checkpoint_format(path);
+    BLU_CHECK(format.starts_with("pipeline"), "cannot load ", path, " under this layout: it is a ", format,
+              ", which loads under ZeRO only (its moments are flat shards of ZeRO's own order); a layout checkpoint ",
+              "(format ", kLayoutCheckpointFormatVersion, ") loads under every layout");
+    PipelineStage::verify_checkpoint(path);  // COMMIT, version, every stage file's size and checksum
+    const int P = io::read_json_file(fs::path(path) / kCommit).at("stages").get<int>();
+    std::vector<SafeTensorsFile> files;
+    for (int q = 0; q < P; ++q) {
+      char name[64];
+      std::snprintf(name, sizeof name, "stage_%03d_of_%03d.safetensors", q, P);
+      files.push_back(SafeTensorsFile::open((fs::path(path) / name).string()));
+    }
+    js = train_state_metadata(files[0], path);
+    layout_ = {{"name", "pipeline"}, {"pp", P}, {"format", format}};
+    tensors_ = std::make_unique<WholeTensors>(std::move(files));
+  } else {
+    verify_checkpoint(path);  // a valid file, a known version, its checksum
+    std::vector<SafeTensorsFile> files;
+    files.push_back(SafeTensorsFile::open(path));
+    js = train_state_metadata(files[0], path);
+    layout_ = {{"name", "single"}, {"format", describe_checkpoint_format(path)}};
+    tensors_ = std::make_unique<WholeTensors>(std::move(files));
+  }
   try {
     state_.step = js.at("step").get<int64_t>();
     state_.rng_seed = js.at("rng_seed").get<uint64_t>();
@@ -321,17 +432,17 @@ LayoutCheckpoint::LayoutCheckpoint(const std::string& ckpt_dir, const nlohmann::
     state_.loader = js.at("loader");
     state_.model_config = js.at("model_config");
     state_.run = js.at("run");
-    layout_ = js.value("layout", nlohmann::json());
   } catch (const nlohmann::json::exception& e) {
-    BLU_CHECK(false, "layout checkpoint ", ckpt_dir, ": ", kStateFile, " is malformed: ", e.what());
+    BLU_CHECK(false, "checkpoint ", path, ": its train state is malformed: ", e.what());
   }
-  BLU_CHECK(expected_model_config.is_null() || state_.model_config == expected_model_config, "layout checkpoint ",
-            ckpt_dir, " holds model ", state_.model_config.dump(), ", expected ", expected_model_config.dump());
-  reader_ = std::make_unique<GlobalTensorReader>(ckpt_dir);
+  BLU_CHECK(expected_model_config.is_null() || state_.model_config == expected_model_config, "checkpoint ", path,
+            " holds model ", state_.model_config.dump(), ", expected ", expected_model_config.dump());
 }
 
+LayoutCheckpoint::~LayoutCheckpoint() = default;
+
 void LayoutCheckpoint::load_held(const std::vector<HeldParameter>& held, optim::Optimizer* opt) const {
-  const GlobalTensorReader& r = *reader_;
+  const CheckpointTensors& r = *tensors_;
   // The optimizer state's kinds present for each parameter ("optim.<kind>.<param>").
   std::map<std::string, std::vector<std::string>> kinds;
   for (const std::string& n : r.names()) {
@@ -369,7 +480,7 @@ void LayoutCheckpoint::load_held(const std::vector<HeldParameter>& held, optim::
 }
 
 void LayoutCheckpoint::load_zero(ZeroAdamW& opt) const {
-  const GlobalTensorReader& r = *reader_;
+  const CheckpointTensors& r = *tensors_;
   const std::vector<FlatParam> params = flat_params(opt);
   for (const FlatParam& p : params) {
     const std::string key = "model." + p.name;

@@ -95,16 +95,38 @@ std::string latest_any_checkpoint(const std::string& dir, const CheckpointWarnin
 // (format 2)", "pipeline checkpoint (format 2)": for messages and `blutrain info`.
 std::string describe_checkpoint_format(const std::string& path);
 
-// A verified layout checkpoint open for reading.
+// The global tensors of a checkpoint by name ("model.<param>", "optim.<kind>.<param>",
+// "optim.step"): a layout checkpoint's pieces, or the whole tensors of a single-file checkpoint
+// (io/checkpoint) or of a pipeline checkpoint's stage files (dist/pipeline), which use the same
+// names. box() and range() of whole tensors read the tensor and cut it.
+class CheckpointTensors {
+ public:
+  virtual ~CheckpointTensors() = default;
+  virtual std::vector<std::string> names() const = 0;  // sorted
+  virtual bool contains(const std::string& name) const = 0;
+  virtual std::vector<int64_t> global_shape(const std::string& name) const = 0;
+  virtual DType dtype(const std::string& name) const = 0;
+  virtual Tensor full(const std::string& name) const = 0;
+  virtual Tensor box(const std::string& name, const std::vector<int64_t>& offset,
+                     const std::vector<int64_t>& shape) const = 0;
+  virtual Tensor range(const std::string& name, int64_t begin, int64_t count) const = 0;
+};
+
+// A verified checkpoint open for loading under any layout: a layout checkpoint, a single-file
+// checkpoint (formats 1 and 2) or a pipeline checkpoint (formats 1 and 2). A ZeRO-sharded
+// checkpoint (its moments are flat shards of the optimizer's own order) is refused with its format
+// and version: it loads under ZeRO only (dist/zero.h).
 class LayoutCheckpoint {
  public:
-  // Verifies, then indexes every pieces file. A non-null expected_model_config must equal the
-  // checkpoint's (BLU_CHECK naming both).
-  explicit LayoutCheckpoint(const std::string& ckpt_dir, const nlohmann::json& expected_model_config = nullptr);
+  // Verifies (COMMIT, sizes, checksums), then indexes every file. A non-null
+  // expected_model_config must equal the checkpoint's (BLU_CHECK naming both).
+  explicit LayoutCheckpoint(const std::string& path, const nlohmann::json& expected_model_config = nullptr);
+  ~LayoutCheckpoint();
   const std::string& dir() const { return dir_; }
   const TrainState& train_state() const { return state_; }
+  // The writer's layout (null for the formats that did not record it).
   const nlohmann::json& layout() const { return layout_; }
-  const GlobalTensorReader& reader() const { return *reader_; }
+  const CheckpointTensors& tensors() const { return *tensors_; }
 
   // Checks every held parameter is in the checkpoint with its global shape and dtype (nothing
   // changes on failure), then copies this rank's boxes of the parameters and of the plain
@@ -118,7 +140,7 @@ class LayoutCheckpoint {
   std::string dir_;
   TrainState state_;
   nlohmann::json layout_;
-  std::unique_ptr<GlobalTensorReader> reader_;
+  std::unique_ptr<CheckpointTensors> tensors_;
 };
 
 }  // namespace blu::dist

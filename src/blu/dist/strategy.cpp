@@ -324,7 +324,7 @@ void Strategy::barrier() {
 }
 
 std::string Strategy::save(const std::string& dir, const nn::Module& model, const TrainState& st, int keep_last) {
-  if (config_.tp || config_.layout_checkpoints) {
+  if (config_.tp || zero_ || pipeline_ || config_.layout_checkpoints) {
     const CheckpointRanks ranks = checkpoint_ranks();
     std::vector<GlobalPiece> pieces;
     if (zero_) {
@@ -334,38 +334,21 @@ std::string Strategy::save(const std::string& dir, const nn::Module& model, cons
     }
     return save_layout_checkpoint(dir, ranks, pieces, st, layout_json(), keep_last);
   }
-  if (pipeline_) return pipeline_->save(dir, *opt_, st, keep_last);
-  if (zero_) return save_sharded_checkpoint(dir, model, *zero_, st, keep_last);
   if (rank() == 0) return save_checkpoint(dir, model, opt_.get(), st, keep_last);
   return "";  // the model is replicated: rank 0's file is the checkpoint
 }
 
 TrainState Strategy::load(const std::string& path, nn::Module& model, const nlohmann::json& expected_model_config) {
-  if (is_layout_checkpoint(path)) {
-    const LayoutCheckpoint ck(path, expected_model_config);
-    if (zero_) ck.load_zero(*zero_);
-    else ck.load_held(held_parameters(), opt_.get());
-    return ck.train_state();
-  }
-  // A layout's own format loads under that layout only.
+  // A layout's own older format through its own loader; everything else by global names.
   const std::string format = describe_checkpoint_format(path);
-  const auto refuse = [&](const char* wants) {
-    BLU_CHECK(false, "cannot load ", path, " under ", describe(), ": it is a ", format, ", which loads under ", wants,
-              " only; a layout checkpoint (format ", kLayoutCheckpointFormatVersion,
-              ", dist/layout_checkpoint.h) loads under every layout");
-  };
-  const bool pipeline_dir = format.starts_with("pipeline"), sharded_dir = format.starts_with("ZeRO");
-  if (config_.tp) refuse(pipeline_dir ? "a pipeline" : sharded_dir ? "ZeRO" : "a single device or DDP");
-  if (pipeline_) {
-    if (!pipeline_dir) refuse(sharded_dir ? "ZeRO" : "a single device or DDP");
-    return pipeline_->load(path, *opt_, expected_model_config);
-  }
-  if (zero_) {
-    if (!sharded_dir) refuse(pipeline_dir ? "a pipeline" : "a single device or DDP");
-    return load_sharded_checkpoint(path, model, *zero_, expected_model_config);
-  }
-  if (pipeline_dir || sharded_dir) refuse(pipeline_dir ? "a pipeline" : "ZeRO");
-  return load_checkpoint(path, model, opt_.get(), expected_model_config);
+  if (pipeline_ && format.starts_with("pipeline")) return pipeline_->load(path, *opt_, expected_model_config);
+  if (zero_ && format.starts_with("ZeRO")) return load_sharded_checkpoint(path, model, *zero_, expected_model_config);
+  if (!pipeline_ && !zero_ && !config_.tp && format.starts_with("single-file"))
+    return load_checkpoint(path, model, opt_.get(), expected_model_config);
+  const LayoutCheckpoint ck(path, expected_model_config);
+  if (zero_) ck.load_zero(*zero_);
+  else ck.load_held(held_parameters(), opt_.get());
+  return ck.train_state();
 }
 
 std::string Strategy::latest_checkpoint(const std::string& dir, const CheckpointWarning& warn) const {
@@ -438,9 +421,9 @@ nlohmann::json Strategy::layout_json() const {
 }
 
 std::string Strategy::checkpoint_kind() const {
-  if (config_.tp || config_.layout_checkpoints) return "committed layout checkpoint (ckpt_*/COMMIT, pieces of global tensors)";
-  if (pipeline_) return "committed pipeline checkpoint (ckpt_*/COMMIT, one file a stage)";
-  return zero_ ? "committed sharded checkpoint (ckpt_*/COMMIT)" : "checkpoint (ckpt_*.safetensors)";
+  if (config_.tp || zero_ || pipeline_ || config_.layout_checkpoints)
+    return "committed layout checkpoint (ckpt_*/COMMIT, pieces of global tensors)";
+  return "checkpoint (ckpt_*.safetensors)";
 }
 
 }  // namespace blu::dist

@@ -15,11 +15,11 @@
 //   tensor parallelism (StrategyConfig::tp): partial gradients summed over the TP group, the
 //     global norm over the shards; ZeRO is refused under it;
 //   save/load/latest_checkpoint: the layout checkpoint (dist/layout_checkpoint.h: each rank's
-//     pieces of the global tensors, loaded by any layout on any number of ranks — tensor
-//     parallelism, and every layout with StrategyConfig::layout_checkpoints) or the mode's own
-//     (rank 0's file; ZeRO: sharded, resumable on any number of ranks: dist/zero.h; pipeline: a
-//     file a stage); load reads a layout checkpoint under every layout, a layout's own format
-//     under that layout.
+//     pieces of the global tensors) under TP, ZeRO and pipelines; a single device and DDP write
+//     rank 0's single file (io/checkpoint: the whole global tensors under the same names), or the
+//     layout checkpoint with StrategyConfig::layout_checkpoints. load reads either under every
+//     layout, and the older ZeRO-sharded and pipeline formats under their own layouts (a pipeline
+//     checkpoint under every layout).
 // A pipeline Strategy (the CausalLM constructor below) runs the same step through a PipelineStage
 // (dist/pipeline.h): its optimizer holds only this stage's parameters, the loss lives on the last
 // stage, the norm is combined over stages, and each stage checkpoints its own parameters by global
@@ -74,9 +74,8 @@ struct StrategyConfig {
   // The gradients of replicated parameters that sequence parallelism leaves partial (norms,
   // row-parallel biases) are summed over it, and the gradient norm counts every shard once.
   std::shared_ptr<ProcessGroup> tp;
-  // Checkpoints in the layout format (dist/layout_checkpoint.h: pieces of global tensors, loadable
-  // by every layout on any number of ranks). Off: the layout's own format (single file, ZeRO-sharded,
-  // per-stage); tensor parallelism always writes the layout format. Loading reads both.
+  // A single device and DDP write the layout checkpoint (dist/layout_checkpoint.h) too, instead of
+  // rank 0's single file; the other layouts always write it. Every layout loads both.
   bool layout_checkpoints = false;
 };
 

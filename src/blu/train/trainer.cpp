@@ -23,6 +23,7 @@
 #include "blu/dist/tcp_store.h"
 #include "blu/dist/env.h"
 #include "blu/dist/zero.h"
+#include "blu/dist/layout_checkpoint.h"
 #include "blu/io/checkpoint.h"
 #include "blu/io/json_file.h"
 #include "blu/ops/precision.h"
@@ -313,16 +314,14 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
         skipped.push_back(w);
         if (cb_.log) *cb_.log << w << "\n" << std::flush;
       };
-      resume_from = pipelined_   ? dist::PipelineStage::latest_checkpoint(o.out, warn)
-                    : o.zero > 0 ? dist::latest_sharded_checkpoint(o.out, warn)
-                                 : latest_valid_checkpoint(o.out, warn);
+      // Any format: every layout loads a layout checkpoint and a single file (dist/layout_checkpoint.h).
+      resume_from = dist::latest_any_checkpoint(o.out, warn);
       std::string reasons;
       for (const std::string& w : skipped) reasons += "\n  " + w;
       BLU_CHECK(!resume_from.empty() || skipped.empty(), o.resume ? "--resume" : "--auto-resume",
                 ": no checkpoint in ", o.out, " verifies:", reasons);
-      BLU_CHECK(!o.resume || !resume_from.empty(), "--resume: expected a ",
-                o.zero > 0 ? "committed sharded checkpoint (ckpt_*/COMMIT)" : "checkpoint (ckpt_*.safetensors)",
-                " in ", o.out, ", found none");
+      BLU_CHECK(!o.resume || !resume_from.empty(), "--resume: expected a checkpoint (ckpt_*.safetensors or a "
+                "committed ckpt_*/COMMIT) in ", o.out, ", found none");
       if (resume_from.empty() && holds_run(o.out)) {
         const fs::path run_json = fs::path(o.out) / "run.json";
         nlohmann::json saved;
