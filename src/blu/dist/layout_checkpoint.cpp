@@ -191,47 +191,63 @@ std::string save_layout_checkpoint(const std::string& dir, const CheckpointRanks
                                    const nlohmann::json& layout, int keep_last) {
   BLU_CHECK(ranks.files >= 1 && ranks.file_rank >= 0 && ranks.file_rank < ranks.files,
             "layout checkpoint: file rank ", ranks.file_rank, " of ", ranks.files, " writers");
-  const auto barrier = [&] {
-    if (ranks.barrier) ranks.barrier();
+  // Each phase ends with every rank learning whether any rank failed it.
+  std::string error;
+  const auto attempt = [&](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
   };
+  const auto failures = [&] { return ranks.count_failed ? ranks.count_failed(!error.empty()) : int(!error.empty()); };
+  const auto why = [&](const char* others) { return error.empty() ? std::string(others) : error; };
   const fs::path step_dir = fs::path(dir) / step_dir_name(st.step);
-  if (ranks.file_rank == 0) {
-    // An earlier save of this step (it may hold another layout's files) and saves cut short.
-    fs::create_directories(dir);
-    for (const auto& e : fs::directory_iterator(dir))
-      if (e.is_directory() && step_of(e.path().filename().string()) >= 0 &&
-          (e.path() == step_dir || !fs::exists(e.path() / kCommit)))
-        fs::remove_all(e.path());
-  }
-  barrier();
-  fs::create_directories(step_dir);
-  write_pieces(step_dir.string(), ranks.file_rank, pieces);
-  if (ranks.file_rank == 0) {
-    nlohmann::json js = state_json(st);
-    js["layout"] = layout;
-    io::write_json_file(step_dir / kStateFile, js);
-  }
-  barrier();  // every rank's file is on disk
-  if (ranks.file_rank == 0) {
-    nlohmann::json files = nlohmann::json::array();
-    std::vector<std::string> names{kStateFile};
-    for (int q = 0; q < ranks.files; ++q) names.push_back(pieces_file_name(q));
-    for (const std::string& n : names) {
-      const io::FileDigest d = io::digest_file(step_dir / n);
-      files.push_back({{"name", n}, {"bytes", d.bytes}, {"checksum", d.checksum}});
+  if (ranks.file_rank == 0)
+    attempt([&] {  // an earlier save of this step (it may hold another layout's files) and saves cut short
+      fs::create_directories(dir);
+      for (const auto& e : fs::directory_iterator(dir))
+        if (e.is_directory() && step_of(e.path().filename().string()) >= 0 &&
+            (e.path() == step_dir || !fs::exists(e.path() / kCommit)))
+          fs::remove_all(e.path());
+    });
+  BLU_CHECK(failures() == 0, "layout checkpoint: cannot prepare ", step_dir.string(), ": ",
+            why("rank 0 failed (see its error)"));
+  attempt([&] {
+    fs::create_directories(step_dir);
+    write_pieces(step_dir.string(), ranks.file_rank, pieces);
+    if (ranks.file_rank == 0) {
+      nlohmann::json js = state_json(st);
+      js["layout"] = layout;
+      io::write_json_file(step_dir / kStateFile, js);
     }
-    io::write_json_file(step_dir / kCommit, {{"format", kLayoutCheckpointFormat},
-                                             {"format_version", kLayoutCheckpointFormatVersion},
-                                             {"step", st.step},
-                                             {"layout", layout},
-                                             {"files", files}});
-    if (keep_last > 0) {  // only once the new checkpoint is durable; it counts as one of the kept
-      auto all = all_checkpoints(dir);
-      std::erase_if(all, [&](const auto& c) { return fs::path(c.second) == step_dir; });
-      for (size_t i = 0; i + size_t(keep_last - 1) < all.size(); ++i) fs::remove_all(all[i].second);
-    }
-  }
-  barrier();  // nobody reads the checkpoint before it is committed
+  });
+  const int failed = failures();  // every rank's file is on disk, or not
+  BLU_CHECK(failed == 0, "layout checkpoint: ", step_dir.string(), " is incomplete and not committed: ",
+            why("rank(s) could not write their part (see their errors)"));
+  if (ranks.file_rank == 0)
+    attempt([&] {
+      nlohmann::json files = nlohmann::json::array();
+      std::vector<std::string> names{kStateFile};
+      for (int q = 0; q < ranks.files; ++q) names.push_back(pieces_file_name(q));
+      for (const std::string& n : names) {
+        const io::FileDigest d = io::digest_file(step_dir / n);
+        files.push_back({{"name", n}, {"bytes", d.bytes}, {"checksum", d.checksum}});
+      }
+      io::write_json_file(step_dir / kCommit, {{"format", kLayoutCheckpointFormat},
+                                               {"format_version", kLayoutCheckpointFormatVersion},
+                                               {"step", st.step},
+                                               {"layout", layout},
+                                               {"files", files}});
+      if (keep_last > 0) {  // only once the new checkpoint is durable; it counts as one of the kept
+        auto all = all_checkpoints(dir);
+        std::erase_if(all, [&](const auto& c) { return fs::path(c.second) == step_dir; });
+        for (size_t i = 0; i + size_t(keep_last - 1) < all.size(); ++i) fs::remove_all(all[i].second);
+      }
+    });
+  // Nobody reads the checkpoint before it is committed, and every rank learns whether it was.
+  BLU_CHECK(failures() == 0, "layout checkpoint: ", step_dir.string(), " was not committed: ",
+            why("rank 0 failed (see its error)"));
   return step_dir.string();
 }
 

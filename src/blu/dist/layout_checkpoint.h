@@ -61,9 +61,10 @@ struct HeldParameter {
 struct CheckpointRanks {
   int file_rank = 0;  // this process's pieces file; file rank 0 commits
   int files = 1;      // the processes writing (file ranks 0 .. files-1)
-  // Collective: returns on every rank once every rank has reached it (a barrier over all writers;
-  // an empty function on a single process).
-  std::function<void()> barrier;
+  // Collective over all writers (an empty function on a single process): the number of ranks that
+  // pass true, returned on every rank once every rank has called it — a barrier that also tells
+  // every rank whether another failed, so a failure on one rank is an error on all.
+  std::function<int(bool failed)> count_failed;
 };
 
 // The pieces of `held` (those with write) and of the plain optimizer state `opt_state` (its
@@ -77,7 +78,9 @@ std::vector<GlobalPiece> zero_pieces(ZeroAdamW& opt, bool first);
 
 // Writes this rank's pieces and (file rank 0) train_state.json and COMMIT; removes an earlier save
 // of the same step and saves that were cut short first, and prunes all but the newest keep_last
-// checkpoints of any format after the commit (<= 0: keep all). Returns the checkpoint directory.
+// checkpoints of any format after the commit (<= 0: keep all). A failure on any rank (a full disk)
+// is an error on every rank, and the checkpoints committed before stay. Returns the checkpoint
+// directory.
 std::string save_layout_checkpoint(const std::string& dir, const CheckpointRanks& ranks,
                                    const std::vector<GlobalPiece>& pieces, const TrainState& st,
                                    const nlohmann::json& layout, int keep_last);

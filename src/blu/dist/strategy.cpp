@@ -361,12 +361,16 @@ CheckpointRanks Strategy::checkpoint_ranks() const {
   r.file_rank = rank() * tp + tp_rank;
   r.files = world_size() * tp;
   ProcessGroup *pg = pg_.get(), *tpg = config_.tp.get();
-  // Over the pg dimension, then the TP one: every rank has then passed the first of the two.
-  if (pg || tpg)
-    r.barrier = [pg, tpg] {
-      if (pg) pg->barrier()->wait();
-      if (tpg) tpg->barrier()->wait();
+  // Summed over the pg dimension, then the TP one: the total over every rank.
+  if (pg || tpg) {
+    const Device dev = (pg ? pg : tpg)->backend() == "nccl" ? params_.front().device() : kCPU;
+    r.count_failed = [pg, tpg, dev](bool failed) {
+      Tensor flag = full({1}, failed ? 1.0 : 0.0, DType::f64, dev);
+      for (ProcessGroup* g : {pg, tpg})
+        if (g) g->all_reduce(flag, ReduceOp::sum)->wait();
+      return int(std::llround(host_value(flag)));
     };
+  }
   return r;
 }
 
