@@ -1,10 +1,11 @@
 // Sharded checkpoints that survive (ZeRO runs write layout checkpoints, dist/layout_checkpoint.h;
-// the ZeRO-sharded format is read and checked here too): COMMIT on a full disk fails every rank loudly and keeps the
-// previous checkpoint; a truncated newest checkpoint makes --auto-resume fall back with a warning;
-// a checksum mismatch names the file, expected and got; an empty COMMIT names its path; selection
-// is by step number; a newer format is refused by number; main's pre-version ZeRO checkpoint
-// (tests/train/data/legacy_765617b) resumes on 2 ranks; SIGTERM to `blutrain launch` checkpoints
-// both Gloo ranks, exits 75, and the resumed run repeats the uninterrupted one's losses bit for bit.
+// the older ZeRO-sharded format is read and checked here too): COMMIT on a full disk fails every
+// rank loudly and keeps the previous checkpoint; a truncated newest checkpoint makes --auto-resume
+// fall back with a warning; a checksum mismatch names the file, expected and got; an empty COMMIT
+// names its path; selection is by step number; a newer format is refused by number; main's
+// pre-version ZeRO checkpoint (tests/train/data/legacy_765617b) resumes on 2 ranks; SIGTERM to
+// `blutrain launch` checkpoints both Gloo ranks, exits 75, and the resumed run repeats the
+// uninterrupted one's losses bit for bit.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
