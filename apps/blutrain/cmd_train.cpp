@@ -220,6 +220,10 @@ Command add_train(CLI::App& root) {
   app->add_option("--precision", o.precision, "fp32 (IEEE matmuls), tf32, bf16 or fp16 (16-bit compute over fp32 master weights; fp16 with dynamic loss scaling)")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}))
       ->capture_default_str();
+  app->add_option("--peak-tflops", o.peak_tflops,
+                  "The device's dense matmul peak (TFLOP/s) for the MFU logged each step; 0: the GPU's datasheet peak "
+                  "(H100, H200, A100, L40S), none on the CPU")
+      ->check(CLI::NonNegativeNumber);
   // Run directory.
   app->add_option("--out", o.out, "Run directory: metrics.jsonl, run.json, checkpoints");
   app->add_flag("--overwrite", o.overwrite, "Replace the run in --out (removes its metrics, run.json, checkpoints)");

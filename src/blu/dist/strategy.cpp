@@ -45,6 +45,9 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<ProcessGroup> pg, Strategy
   BLU_CHECK(!config_.skip_comm || (world > 1 && config_.zero == 0), "--skip-comm needs --dp > 1 without --zero");
   BLU_CHECK(!config_.tp || config_.zero == 0, "tensor parallelism with --zero ", config_.zero,
             " is not implemented (ZeRO shards the data-parallel group's optimizer state of unsharded models)");
+  BLU_CHECK(config_.batch_share >= 0 && config_.batch_share <= 1, "batch_share must be in [0, 1], got ",
+            config_.batch_share);
+  if (config_.batch_share > 0) share_factor_ = config_.batch_share * double(world);
   name_ = !pg_ ? "single" : config_.zero == 0 ? "ddp" : "zero" + std::to_string(config_.zero);
   if (config_.tp) name_ = pg_ ? name_ + "+tp" : "tp";
   if (config_.tp) {
@@ -116,8 +119,29 @@ Strategy::Strategy(models::CausalLM& model, std::shared_ptr<ProcessGroup> pp, Pi
   BLU_CHECK(config_.zero == 0, "pipeline parallelism: --zero ", config_.zero, " is not supported with a pipeline");
   BLU_CHECK(!config_.fp16_loss_scaling, "pipeline parallelism: fp16 loss scaling is not supported with a pipeline");
   BLU_CHECK(oc.name == "adamw" || oc.name == "sgd", "--optimizer must be adamw or sgd, got '", oc.name, "'");
+  BLU_CHECK(config_.batch_share >= 0 && config_.batch_share <= 1, "batch_share must be in [0, 1], got ",
+            config_.batch_share);
+  const int replicas = config_.dp ? config_.dp->size() : 1;
+  if (config_.batch_share > 0) share_factor_ = config_.batch_share * double(replicas);
   name_ = "pipeline";
+  pipeline.tp = config_.tp;
+  if (replicas > 1 || share_factor_ != 1.0) {
+    // The replicas' average of the owned gradients, each weighted by its replica's share of the rows.
+    pipeline.reduce_gradients = [this, replicas] {
+      NoGradGuard no_grad;
+      std::vector<Tensor> grads;
+      for (const auto& [name, p] : pipeline_->owned_parameters())
+        if (p.grad().defined()) grads.push_back(p.grad());
+      if (share_factor_ != 1.0)
+        for (Tensor& g : grads) mul_(g, share_factor_);
+      if (replicas == 1) return;
+      std::vector<WorkPtr> works;
+      for (Tensor& g : grads) works.push_back(config_.dp->all_reduce(g, ReduceOp::avg));
+      for (auto& w : works) w->wait();
+    };
+  }
   pipeline_ = std::make_unique<PipelineStage>(model, pg_, std::move(pipeline));
+  if (config_.job) pg_ = config_.job;
   auto groups = optim::decay_groups(pipeline_->owned_parameters(), oc.weight_decay);
   if (oc.name == "adamw") {
     opt_ = optim::make_adamw(std::move(groups),
@@ -147,7 +171,12 @@ int Strategy::rank() const { return pg_ ? pg_->rank() : 0; }
 int Strategy::world_size() const { return pg_ ? pg_->size() : 1; }
 
 std::string Strategy::describe() const {
-  if (pipeline_) return pipeline_->describe() + (pg_ ? " (" + pg_->backend() + ")" : std::string());
+  if (pipeline_) {
+    std::string s = pipeline_->describe() + (pg_ ? " (" + pg_->backend() + ")" : std::string());
+    if (config_.tp) s += ", each stage tensor parallel over " + std::to_string(config_.tp->size()) + " ranks";
+    if (config_.dp) s += ", " + std::to_string(config_.dp->size()) + " replicas averaging gradients";
+    return s;
+  }
   const std::string tp = config_.tp ? "tensor parallel over " + std::to_string(config_.tp->size()) + " ranks (" +
                                           config_.tp->backend() + ")"
                                     : "";
@@ -182,15 +211,17 @@ StepValues Strategy::step(int64_t n, const std::function<Tensor(int64_t)>& loss_
               " returned no scalar loss (got ", loss.defined() ? loss.str() : std::string("undefined"), ")");
     {
       NoGradGuard no_grad;
-      const Tensor l = to_dtype(loss.detach(), DType::f64);
+      Tensor l = to_dtype(loss.detach(), DType::f64);
+      if (share_factor_ != 1.0) l = mul(l, share_factor_);
       v.loss_sum = micro == 0 ? l : add(v.loss_sum, l);
     }
-    // Gradients of the mean over all micro-batches (and of the fp16 loss scale, a device value).
+    // Gradients of the mean over all micro-batches (and of the fp16 loss scale, a device value),
+    // weighted by this replica's share of the rows.
     if (zero3) zero_->begin_backward();
     if (scaler_) {
-      mul(loss, mul(scaler_->scale_tensor(loss.device()), 1.0 / double(n))).backward();
+      mul(loss, mul(scaler_->scale_tensor(loss.device()), share_factor_ / double(n))).backward();
     } else {
-      const double factor = 1.0 / double(n);
+      const double factor = share_factor_ / double(n);
       (factor != 1.0 ? mul(loss, factor) : loss).backward();
     }
     if (zero3) zero_->end_backward();  // ZeRO-3 reduces every micro-batch: no unit keeps its gradient
@@ -254,7 +285,7 @@ StepValues Strategy::step(int64_t n, const BatchFn& batch_of, double lr, double 
   const PipelineStepValues pv = pipeline_->forward_backward(n, batch_of, max_norm);
   mark(1);
   mark(2);  // the gradients are complete (the tied weight's parts summed) when forward_backward returns
-  v.loss_sum = pv.loss_sum;
+  v.loss_sum = share_factor_ != 1.0 ? mul(pv.loss_sum, share_factor_) : pv.loss_sum;
   v.gate = pv.gate;
   opt_->set_lr(lr);
   opt_->step(v.gate);
@@ -303,8 +334,9 @@ StepReadout Strategy::read(const StepValues& v, bool stop_requested) {
   const std::vector<double> got = to_vector(parts.size() == 1 ? parts[0] : cat(parts, 0));
   StepReadout r;
   const int world = pg_ ? pg_->size() : 1;
-  // A pipeline's loss is on its last stage alone (the others add zero).
-  const int loss_ranks = pipeline_ ? 1 : world;
+  // A pipeline's loss is on its last stage alone (the others add zero): on the last stage's ranks
+  // of every replica and TP rank.
+  const int loss_ranks = pipeline_ ? world / pipeline_->stages() : world;
   r.loss = got[0] / double(v.micro_batches * loss_ranks);
   r.stop = pg_ ? got[1] > 0 : stop_requested;
   r.grad_norm = has_norm ? std::sqrt(got.back()) : 0.0;
@@ -357,11 +389,14 @@ std::string Strategy::latest_checkpoint(const std::string& dir, const Checkpoint
 
 CheckpointRanks Strategy::checkpoint_ranks() const {
   CheckpointRanks r;
-  const int tp = config_.tp ? config_.tp->size() : 1, tp_rank = config_.tp ? config_.tp->rank() : 0;
+  const int tp = config_.tp && !config_.job ? config_.tp->size() : 1,
+            tp_rank = config_.tp && !config_.job ? config_.tp->rank() : 0;
+  // pg_ is the job's group under a hybrid pipeline (config_.job), else this layout's group (the
+  // data-parallel one beside a TP group, or the pipeline's); the TP group completes the job.
   r.file_rank = rank() * tp + tp_rank;
   r.files = world_size() * tp;
-  ProcessGroup *pg = pg_.get(), *tpg = config_.tp.get();
-  // Summed over the pg dimension, then the TP one: the total over every rank.
+  ProcessGroup *pg = pg_.get(), *tpg = config_.tp && !config_.job ? config_.tp.get() : nullptr;
+  // Summed over pg, then the TP group: the total over every rank of the job.
   if (pg || tpg) {
     const Device dev = (pg ? pg : tpg)->backend() == "nccl" ? params_.front().device() : kCPU;
     r.count_failed = [pg, tpg, dev](bool failed) {
@@ -375,42 +410,52 @@ CheckpointRanks Strategy::checkpoint_ranks() const {
 }
 
 std::vector<HeldParameter> Strategy::held_parameters() {
+  // Every global tensor written once: by the first replica only (dp rank 0), within it a sharded
+  // parameter by each TP rank (its boxes) and a replicated one by one TP rank in turn, and under a
+  // pipeline by the lowest stage that trains it (a tied weight by the first). Plain data
+  // parallelism spreads the replicated parameters over all ranks instead.
+  std::map<std::string, ShardInfo> shards;
+  if (config_.tp)
+    for (const ShardedParameter& sp : sharded_parameters(model_)) shards.emplace(sp.name, sp.info);
+  const int tp = config_.tp ? config_.tp->size() : 1, tp_rank = config_.tp ? config_.tp->rank() : 0;
+  const auto held = [&](const std::string& name, const Tensor& p, bool write_whole, size_t& turn) {
+    const auto it = shards.find(name);
+    if (it == shards.end()) return HeldParameter{name, p, p.shape(), -1, {}, write_whole};
+    const ShardInfo& info = it->second;
+    HeldParameter h{name, p, info.full_shape, info.dim, info.ranges(), write_whole};
+    if (!info.sharded()) h.write = write_whole && int(turn++ % size_t(tp)) == tp_rank;
+    return h;
+  };
   std::vector<HeldParameter> out;
+  size_t turn = 0;
   if (pipeline_) {
-    // Each parameter written by the lowest stage that trains it (a tied weight by the first).
     const nn::NamedTensors all = model_.named_parameters();
     std::set<std::string> mine;
     for (const auto& [name, p] : pipeline_->owned_parameters()) mine.insert(name);
-    const int P = world_size();
+    const int P = pipeline_->stages(), stage = pipeline_->rank();
     std::vector<double> v;
-    for (const auto& [name, p] : all) v.push_back(mine.count(name) ? double(P - rank()) : 0.0);
-    std::map<std::string, int> first;
-    if (pg_) {
+    for (const auto& [name, p] : all) v.push_back(mine.count(name) ? double(P - stage) : 0.0);
+    if (pg_) {  // the pipeline's group or the job's: either holds every stage
       Tensor t = from_vector(v, {int64_t(v.size())}, DType::f64);
       if (pg_->backend() == "nccl") t = to_device(t, all.front().second.device());
       pg_->all_reduce(t, ReduceOp::max)->wait();
       v = to_vector(t);
     }
+    std::map<std::string, int> first;
     for (size_t i = 0; i < all.size(); ++i) first[all[i].first] = P - int(v[i]);
+    const bool first_replica = !config_.dp || config_.dp->rank() == 0;
     for (const auto& [name, p] : pipeline_->owned_parameters())
-      out.push_back({name, p, p.shape(), -1, {}, first.at(name) == rank()});
+      out.push_back(held(name, p, first_replica && first.at(name) == stage, turn));
     return out;
   }
-  const int files = checkpoint_ranks().files, file_rank = checkpoint_ranks().file_rank;
   if (config_.tp) {
-    const int tp = config_.tp->size(), tp_rank = config_.tp->rank();
-    size_t i = 0;
-    for (const ShardedParameter& s : sharded_parameters(model_)) {
-      HeldParameter h{s.name, s.param, s.info.full_shape, s.info.dim, s.info.ranges(), rank() == 0};
-      // A replicated parameter by one rank of the first replica's TP group, in turn.
-      if (!s.info.sharded()) h.write = rank() == 0 && int(i++ % size_t(tp)) == tp_rank;
-      out.push_back(std::move(h));
-    }
+    for (const auto& [name, p] : model_.named_parameters()) out.push_back(held(name, p, rank() == 0, turn));
     return out;
   }
+  const CheckpointRanks ranks = checkpoint_ranks();
   size_t i = 0;  // replicated: parameter i by file rank i mod files
   for (const auto& [name, p] : model_.named_parameters())
-    out.push_back({name, p, p.shape(), -1, {}, int(i++ % size_t(files)) == file_rank});
+    out.push_back({name, p, p.shape(), -1, {}, int(i++ % size_t(ranks.files)) == ranks.file_rank});
   return out;
 }
 
@@ -419,8 +464,8 @@ nlohmann::json Strategy::layout_json() const {
           {"describe", describe()},
           {"ranks", checkpoint_ranks().files},
           {"tp", config_.tp ? config_.tp->size() : 1},
-          {"pp", pipeline_ ? world_size() : 1},
-          {"dp", pipeline_ ? 1 : world_size()},
+          {"pp", pipeline_ ? pipeline_->stages() : 1},
+          {"dp", pipeline_ ? (config_.dp ? config_.dp->size() : 1) : world_size()},
           {"zero", config_.zero}};
 }
 

@@ -14,6 +14,7 @@
 //     the loss averaged over ranks and the stop flags combined in one small collective;
 //   tensor parallelism (StrategyConfig::tp): partial gradients summed over the TP group, the
 //     global norm over the shards; ZeRO is refused under it;
+//   uneven replicas (StrategyConfig::batch_share): each replica's gradient weighted by its rows;
 //   save/load/latest_checkpoint: the layout checkpoint (dist/layout_checkpoint.h: each rank's
 //     pieces of the global tensors) under TP, ZeRO and pipelines; a single device and DDP write
 //     rank 0's single file (io/checkpoint: the whole global tensors under the same names), or the
@@ -23,8 +24,10 @@
 // A pipeline Strategy (the CausalLM constructor below) runs the same step through a PipelineStage
 // (dist/pipeline.h): its optimizer holds only this stage's parameters, the loss lives on the last
 // stage, the norm is combined over stages, and each stage checkpoints its own parameters by global
-// name. step(n, batch_of, …) — micro-batch i's (idx, targets) — is the one step both the plain and
-// the pipeline paths take.
+// name; with replicas (StrategyConfig::dp: dp × pp) the owned gradients are averaged over the
+// replicas before the norm, and with tensor-parallel stages (StrategyConfig::tp: pp × tp) the norm
+// counts each shard once. step(n, batch_of, …) — micro-batch i's (idx, targets) — is the one step
+// both the plain and the pipeline paths take.
 // dist/ knows no model type: it sees an nn::Module, and exchanges apart the rows of every
 // nn::Embedding that declares a row-sparse gradient (Embedding::set_row_sparse_grad; GPT-2's tied
 // wte does) when row_exchange is on.
@@ -74,6 +77,15 @@ struct StrategyConfig {
   // The gradients of replicated parameters that sequence parallelism leaves partial (norms,
   // row-parallel biases) are summed over it, and the gradient norm counts every shard once.
   std::shared_ptr<ProcessGroup> tp;
+  // A pipeline with replicas (dp × pp, the pipeline constructor): the data-parallel group over the
+  // replicas of this rank's stage (the owned gradients are averaged over it before the norm), and
+  // the job's group, over which read(), mean_over_ranks() and barrier() run (null: the pipeline's).
+  std::shared_ptr<ProcessGroup> dp, job;
+  // This replica's share of the global batch (0: an even split). Uneven shares (dist/hetero.h:
+  // replicate with weights) weight each replica's gradient by its share of the rows before the
+  // data-parallel average — the loss is scaled by share × replicas — so the update is the one of
+  // the whole batch on one device.
+  double batch_share = 0;
   // A single device and DDP write the layout checkpoint (dist/layout_checkpoint.h) too, instead of
   // rank 0's single file; the other layouts always write it. Every layout loads both.
   bool layout_checkpoints = false;
@@ -190,6 +202,8 @@ class Strategy {
   CheckpointRanks checkpoint_ranks() const;
   std::vector<HeldParameter> held_parameters();
   nlohmann::json layout_json() const;
+  // The factor of this rank's loss (batch_share × replicas; 1 for an even split).
+  double share_factor_ = 1;
 };
 
 // Every nn::Embedding of `model` that declares a row-sparse gradient, in module order.
