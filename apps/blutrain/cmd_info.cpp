@@ -1,6 +1,8 @@
 // `blutrain info`: what this binary is and what it can run on — version, build, CUDA, devices,
-// BLAS, allocators. `blutrain info --flight DIR`: instead, each rank's flight-recorder dump in a
-// run folder (DIR/flight_recorder) or a dump folder, summarised (dist/flight_recorder.h).
+// BLAS, allocators; `blutrain info CKPT`: a checkpoint's format, step, the layout that wrote it and
+// its global tensors (dist/layout_checkpoint.h), without loading a model; `blutrain info --flight
+// DIR`: each rank's flight-recorder dump in a run folder (DIR/flight_recorder) or a dump folder,
+// summarised (dist/flight_recorder.h).
 #include <dlfcn.h>
 #include <omp.h>
 
@@ -15,6 +17,7 @@
 
 #include "blu/core/error.h"
 #include "blu/dist/flight_recorder.h"
+#include "blu/dist/layout_checkpoint.h"
 #include "blu/memory/allocator.h"
 #include "blu/train/metrics.h"
 #include "commands.h"
@@ -57,7 +60,29 @@ std::string blas_description() {
   return "none loaded (no matmul kernel in this build yet)";
 }
 
+std::string checkpoint_path;  // the optional CKPT argument
+
+// One line for the checkpoint, then one per global tensor.
+int run_checkpoint_info(const std::string& path) {
+  const std::string format = dist::describe_checkpoint_format(path);
+  if (format.starts_with("ZeRO")) {  // its moments are flat shards of ZeRO's order, not global tensors
+    std::cout << path << ": " << format << " (loads under ZeRO only; its next save is a layout checkpoint)\n";
+    return 0;
+  }
+  const dist::LayoutCheckpoint ck(path);  // verifies it (COMMIT, sizes, checksums) first
+  const TrainState& st = ck.train_state();
+  std::cout << path << ": " << dist::describe_checkpoint_format(path) << ", step " << st.step << ", written by "
+            << (ck.layout().is_null() ? std::string("(not recorded)") : ck.layout().dump()) << "\n";
+  for (const std::string& name : ck.tensors().names()) {
+    std::string shape = "[";
+    for (int64_t d : ck.tensors().global_shape(name)) shape += (shape.size() > 1 ? ", " : "") + std::to_string(d);
+    std::cout << "  " << name << "  " << shape << "] " << ck.tensors().dtype(name) << "\n";
+  }
+  return 0;
+}
+
 int run_info() {
+  if (!checkpoint_path.empty()) return run_checkpoint_info(checkpoint_path);
   std::cout << "blutrain " << BLU_VERSION << "\n";
   std::cout << "build:      " << build_type() << ", C++ " << __cplusplus << ", compiler " << __VERSION__ << "\n";
 #ifdef BLU_HAVE_CUDA
@@ -117,7 +142,9 @@ int run_flight(const std::string& dir) {
 }  // namespace
 
 Command add_info(CLI::App& root) {
-  CLI::App* app = root.add_subcommand("info", "Version, build, devices, BLAS and allocators");
+  CLI::App* app = root.add_subcommand("info", "Version, build, devices, BLAS and allocators; or a checkpoint's layout and tensors");
+  app->add_option("checkpoint", checkpoint_path,
+                  "a checkpoint (ckpt_*.safetensors or a ckpt_* directory): print its format, step, writer layout and tensors");
   auto flight = std::make_shared<std::string>();
   app->add_option("--flight", *flight,
                   "Instead: summarise the flight-recorder dumps of a run folder (RUN/flight_recorder/rank_R.json): "

@@ -1,9 +1,11 @@
-// Sharded checkpoints that survive: COMMIT on a full disk fails every rank loudly and keeps the
-// previous checkpoint; a truncated newest checkpoint makes --auto-resume fall back with a warning;
-// a checksum mismatch names the file, expected and got; an empty COMMIT names its path; selection
-// is by step number; a newer format is refused by number; main's pre-version ZeRO checkpoint
-// (tests/train/data/legacy_765617b) resumes on 2 ranks; SIGTERM to `blutrain launch` checkpoints
-// both Gloo ranks, exits 75, and the resumed run repeats the uninterrupted one's losses bit for bit.
+// Sharded checkpoints that survive (ZeRO runs write layout checkpoints, dist/layout_checkpoint.h;
+// the older ZeRO-sharded format is read and checked here too): COMMIT on a full disk fails every
+// rank loudly and keeps the previous checkpoint; a truncated newest checkpoint makes --auto-resume
+// fall back with a warning; a checksum mismatch names the file, expected and got; an empty COMMIT
+// names its path; selection is by step number; a newer format is refused by number; main's
+// pre-version ZeRO checkpoint (tests/train/data/legacy_765617b) resumes on 2 ranks; SIGTERM to
+// `blutrain launch` checkpoints both Gloo ranks, exits 75, and the resumed run repeats the
+// uninterrupted one's losses bit for bit.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -17,6 +19,7 @@
 #include <thread>
 
 #include "blu/data/shard.h"
+#include "blu/dist/layout_checkpoint.h"
 #include "blu/dist/zero.h"
 #include "blu/io/json_file.h"
 #include "blu/train/trainer.h"
@@ -65,8 +68,8 @@ TEST_F(ShardedDurability, CommitOnAFullDiskFailsLoudlyAndKeepsThePreviousCheckpo
   ASSERT_EQ(a.status, 0) << a.out << a.err;
   const fs::path two = dir.path / "run/ckpt_00000002";
   const nlohmann::json commit = io::read_json_file(two / "COMMIT");
-  EXPECT_EQ(commit["format_version"], 2);
-  EXPECT_EQ(commit["files"].size(), 3u);  // the model file and 2 shards
+  EXPECT_EQ(commit["format_version"], kLayoutCheckpointFormatVersion);
+  EXPECT_EQ(commit["files"].size(), 3u);  // train_state.json and each rank's pieces
   // Step 4's COMMIT goes to /dev/full (Note [Write fault injection]): every rank fails, naming it.
   const LaunchResult full = train(4, "run", {"--resume", "--keep-last", "1"}, {{"BLU_TEST_WRITE_FULL", "COMMIT"}});
   EXPECT_NE(full.status, 0);
@@ -74,12 +77,12 @@ TEST_F(ShardedDurability, CommitOnAFullDiskFailsLoudlyAndKeepsThePreviousCheckpo
   EXPECT_NE(full.err.find("No space left on device"), std::string::npos) << full.err;
   EXPECT_NE(full.err.find("was not committed"), std::string::npos) << full.err;
   EXPECT_FALSE(fs::exists(dir.path / "run/ckpt_00000004/COMMIT"));
-  verify_sharded_checkpoint(two.string());  // kept, although --keep-last 1
+  verify_layout_checkpoint(two.string());  // kept, although --keep-last 1
   // The next save removes the unfinished directory and commits.
   const LaunchResult again = train(4, "run", {"--auto-resume", "--keep-last", "1"});
   ASSERT_EQ(again.status, 0) << again.out << again.err;
   EXPECT_NE(again.out.find("resumed from " + two.string()), std::string::npos) << again.out;
-  verify_sharded_checkpoint((dir.path / "run/ckpt_00000004").string());
+  verify_layout_checkpoint((dir.path / "run/ckpt_00000004").string());
   EXPECT_FALSE(fs::exists(two));  // pruned after the commit
 }
 
@@ -88,7 +91,7 @@ TEST_F(ShardedDurability, TruncatedNewestFallsBackAndChecksumMismatchIsNamed) {
   ASSERT_EQ(a.status, 0) << a.out << a.err;
   const LaunchResult b = train(4, "cut", {"--ckpt-every", "2"});
   ASSERT_EQ(b.status, 0) << b.out << b.err;
-  const fs::path shard = dir.path / "cut/ckpt_00000004/optim_00001_of_00002.safetensors";
+  const fs::path shard = dir.path / "cut/ckpt_00000004/pieces_00001.safetensors";
   fs::resize_file(shard, fs::file_size(shard) - 100);
   const LaunchResult c = train(4, "cut", {"--auto-resume"});
   ASSERT_EQ(c.status, 0) << c.out << c.err;
@@ -103,16 +106,16 @@ TEST_F(ShardedDurability, TruncatedNewestFallsBackAndChecksumMismatchIsNamed) {
   for (const auto& [step, loss] : straight) EXPECT_EQ(cut.at(step), loss) << "step " << step;
 
   // One byte of a shard changed (same size): its checksum.
-  const fs::path s0 = dir.path / "straight/ckpt_00000004/optim_00000_of_00002.safetensors";
+  const fs::path s0 = dir.path / "straight/ckpt_00000004/pieces_00000.safetensors";
   {
     std::fstream f(s0, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(-4, std::ios::end);
     f.put('\x55');
   }
-  const std::string err = error_of([&] { verify_sharded_checkpoint(s0.parent_path().string()); });
+  const std::string err = error_of([&] { verify_layout_checkpoint(s0.parent_path().string()); });
   EXPECT_NE(err.find("checksum mismatch in " + s0.string() + ": expected xxh3-64:"), std::string::npos) << err;
   EXPECT_NE(err.find(", got xxh3-64:"), std::string::npos) << err;
-  EXPECT_EQ(latest_sharded_checkpoint((dir.path / "straight").string()),
+  EXPECT_EQ(latest_any_checkpoint((dir.path / "straight").string()),
             (dir.path / "straight/ckpt_00000002").string());
 }
 
@@ -171,7 +174,7 @@ TEST(ShardedCompat, MainBeforeVersionsResumesOnTwoRanks) {
   ASSERT_EQ(got.size(), 2u);
   for (int64_t step : {3, 4})  // main's uninterrupted run; the tolerance allows kernels that change their rounding
     EXPECT_NEAR(got.at(step), want[std::to_string(step)].get<double>(), 1e-6) << "step " << step;
-  verify_sharded_checkpoint((out.path / "ckpt_00000004").string());  // written in today's format
+  verify_layout_checkpoint((out.path / "ckpt_00000004").string());  // written in today's format
 }
 
 // ---- SIGTERM to `blutrain launch` (what Ctrl-C does to it) ----
@@ -210,7 +213,7 @@ TEST_F(ShardedDurability, SigtermToLaunchCheckpointsBothRanksAndResumesBitExactl
   EXPECT_NE(out.find("--auto-resume"), std::string::npos) << out;
   char name[32];
   std::snprintf(name, sizeof name, "ckpt_%08lld", static_cast<long long>(stopped));
-  verify_sharded_checkpoint((dir.path / "cut" / name).string());
+  verify_layout_checkpoint((dir.path / "cut" / name).string());
 
   const LaunchResult resumed = train(int(stopped) + 2, "cut", {"--auto-resume"});
   ASSERT_EQ(resumed.status, 0) << resumed.out << resumed.err;

@@ -55,7 +55,7 @@ TEST_F(DistCli, Zero1TrainsPrintsOnRankZeroAndResumesExactly) {
   EXPECT_NE(a.out.find("[rank 0] [rank 0] step 4/4"), std::string::npos) << a.out;
   EXPECT_EQ(a.out.find("[rank 1] step"), std::string::npos) << a.out;  // only rank 0 reports
   EXPECT_TRUE(fs::exists(dir.path / "straight/ckpt_00000004/COMMIT"));
-  EXPECT_TRUE(fs::exists(dir.path / "straight/ckpt_00000004/optim_00001_of_00002.safetensors"));
+  EXPECT_TRUE(fs::exists(dir.path / "straight/ckpt_00000004/pieces_00001.safetensors"));
 
   const LaunchResult b = train(1, 2, "split");
   ASSERT_EQ(b.status, 0) << b.out << b.err;
@@ -252,7 +252,7 @@ TEST_F(DistCli, ParallelAnnotations) {
   }
 }
 
-// A pipeline's checkpoint is committed with every stage file's size and checksum: a corrupt newest
+// A pipeline's checkpoint is committed with every rank's pieces file's size and checksum: a corrupt newest
 // one is skipped with a warning naming the mismatch, and the run resumes from the previous one to
 // the same losses as an uninterrupted run.
 TEST_F(DistCli, PipelineCheckpointsVerifyAndFallBack) {
@@ -269,11 +269,11 @@ TEST_F(DistCli, PipelineCheckpointsVerifyAndFallBack) {
   ASSERT_EQ(r.status, 0) << r.out << r.err;
   r = run("cut", 4, {});
   ASSERT_EQ(r.status, 0) << r.out << r.err;
-  const fs::path stage = dir.path / "cut/ckpt_00000004/stage_001_of_002.safetensors";
+  const fs::path stage = dir.path / "cut/ckpt_00000004/pieces_00001.safetensors";
   ASSERT_TRUE(fs::exists(stage)) << r.out;
   const nlohmann::json commit = nlohmann::json::parse(read_text(dir.path / "cut/ckpt_00000004/COMMIT"));
-  EXPECT_EQ(commit["format_version"], 2);
-  EXPECT_EQ(commit["files"].size(), 2u);
+  EXPECT_EQ(commit["format_version"], 3);
+  EXPECT_EQ(commit["files"].size(), 3u);  // train_state.json and each stage's pieces
   {
     std::fstream f(stage, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(-3, std::ios::end);

@@ -116,7 +116,8 @@ TEST_F(DistLayouts, UnsupportedLayoutsAreRefusedByName) {
     std::string message;
   };
   for (const Refusal& c : std::vector<Refusal>{
-           {"split(2)", {"--ckpt-every", "2"}, "checkpoints of split (tensor parallelism) layouts are not implemented yet"},
+           {"split(2)", {"--keep-best", "--val-pattern", (dir.path / "g_train_*.bin").string()},
+            "--keep-best keeps a single-file checkpoint, and this layout writes a checkpoint directory"},
            {"split(2, widths=[0.75,0.25])", {}, "uneven split widths are not implemented"}}) {
     std::vector<std::string> args = {"--parallel", c.layout};
     args.insert(args.end(), c.extra.begin(), c.extra.end());
@@ -124,6 +125,43 @@ TEST_F(DistLayouts, UnsupportedLayoutsAreRefusedByName) {
     EXPECT_NE(r.status, 0) << c.layout;
     EXPECT_NE((r.out + r.err).find(c.message), std::string::npos) << c.layout << "\n" << r.out << r.err;
     EXPECT_FALSE(fs::exists(dir.path / "bad")) << c.layout << ": a refused run wrote its folder";
+  }
+}
+
+// The trainer's checkpoints resume under another layout (dist/layout_checkpoint.h): 2 steps under
+// layout A with a checkpoint at step 2, its final checkpoint removed, then --auto-resume under
+// layout B for step 3, whose loss must be one process's within 1e-5. The global batch per loader
+// round (-B × replicas) is kept, as the loader requires (docs/distributed.md).
+TEST_F(DistLayouts, TrainerResumesUnderAnotherLayout) {
+  LaunchResult r = train("gpt2", 1, 4, "single", {});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  const auto single = metric_losses(dir.path / "single");
+  struct Case {
+    std::string name;
+    int ranks_a;
+    int64_t batch_a;
+    std::string layout_a;
+    int ranks_b;
+    int64_t batch_b;
+    std::string layout_b;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"tp_to_single", 2, 4, "split(2)", 1, 4, ""},
+           {"dppp_to_pptp", 4, 1, "replicate(2){ pipeline(2, micro=2) }", 4, 2,
+            "pipeline(2, micro=2){ stage(h.0){ split(2) } stage(h.1){ split(2) } }"}}) {
+    r = train("gpt2", c.ranks_a, c.batch_a, c.name, {"--parallel", c.layout_a, "--ckpt-every", "2"});
+    ASSERT_EQ(r.status, 0) << c.layout_a << "\n" << r.out << r.err;
+    ASSERT_TRUE(fs::exists(dir.path / c.name / "ckpt_00000002" / "COMMIT")) << r.out;
+    fs::remove_all(dir.path / c.name / "ckpt_00000003");
+    std::vector<std::string> b = {"--auto-resume"};
+    if (!c.layout_b.empty()) b.insert(b.end(), {"--parallel", c.layout_b});
+    r = train("gpt2", c.ranks_b, c.batch_b, c.name, b);
+    ASSERT_EQ(r.status, 0) << c.layout_b << "\n" << r.out << r.err;
+    EXPECT_NE(r.out.find("resumed from " + (dir.path / c.name / "ckpt_00000002").string()), std::string::npos) << r.out;
+    const auto got = metric_losses(dir.path / c.name);
+    ASSERT_EQ(got.size(), 3u) << c.name;
+    for (const auto& [step, loss] : single)
+      EXPECT_NEAR(got.at(step), loss, 1e-5 * std::abs(loss)) << c.name << ", step " << step;
   }
 }
 

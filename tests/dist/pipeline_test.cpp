@@ -335,7 +335,7 @@ TEST(PipelineParallel, CheckpointResumesUnderAnotherSplit) {
   first.insert(first.end(), {{"BLU_PP_SAVE_DIR", ckpt}, {"BLU_PP_SAVE_AT", "5"}, {"BLU_PP_STEPS", "5"}});
   run_pipe(dir, "first", 2, first);
   ASSERT_TRUE(std::filesystem::exists(ckpt + "/ckpt_00000005/COMMIT"));
-  ASSERT_TRUE(std::filesystem::exists(ckpt + "/ckpt_00000005/stage_001_of_002.safetensors"));
+  ASSERT_TRUE(std::filesystem::exists(ckpt + "/ckpt_00000005/pieces_00001.safetensors"));
   PipeRun tail = straight;
   tail.losses.erase(tail.losses.begin(), tail.losses.begin() + 5);
   for (const auto& [tag, n, split] : std::vector<std::tuple<std::string, int, std::string>>{

@@ -122,7 +122,7 @@ TEST(DataParallel, ShardedCheckpointFrom4RanksResumesOn2) {  // and from stage 1
   const TrainRun first = train(dir, "first", "zero2", 4, 3, 1, {{"BLU_DIST_SAVE_DIR", ckpt}, {"BLU_DIST_SAVE_AT", "3"}});
   ASSERT_TRUE(std::filesystem::exists(ckpt + "/ckpt_00000003/COMMIT"));
   for (int q = 0; q < 4; ++q)
-    EXPECT_TRUE(std::filesystem::exists(ckpt + "/ckpt_00000003/optim_0000" + std::to_string(q) + "_of_00004.safetensors"));
+    EXPECT_TRUE(std::filesystem::exists(ckpt + "/ckpt_00000003/pieces_0000" + std::to_string(q) + ".safetensors"));
   TrainRun resumed = train(dir, "resumed", "zero2", 2, 6, 1, {{"BLU_DIST_RESUME_DIR", ckpt}});
   ASSERT_EQ(resumed.losses.size(), 3u);
   TrainRun tail = straight;

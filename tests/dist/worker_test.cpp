@@ -18,6 +18,7 @@
 #include "blu/optim/loss_scaler.h"
 #include "ddp_harness.h"
 #include "pipeline_harness.h"
+#include "reshard_harness.h"
 #include "tp_harness.h"
 #include "train_harness.h"
 #include "zero_gate_harness.h"
@@ -283,6 +284,8 @@ TEST(DistWorker, Run) {
   if (scenario == "tp_train") return test::tp_train_worker();
   if (scenario == "tp_ce") return test::tp_ce_worker();
   if (scenario == "tp_check") return test::tp_check_worker();
+  if (scenario == "reshard") return test::reshard_worker();
+  if (scenario == "reshard_fixture") return test::reshard_fixture_worker();
   FAIL() << "unknown scenario " << scenario;
 }
 

@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <optional>
+#include <set>
 
 #include "blu/core/error.h"
 #include "blu/core/grad_mode.h"
@@ -361,31 +363,123 @@ void Strategy::barrier() {
 }
 
 std::string Strategy::save(const std::string& dir, const nn::Module& model, const TrainState& st, int keep_last) {
-  BLU_CHECK(!pipeline_ || (!config_.dp && !config_.tp), "checkpoints of a pipeline with replicas or tensor-parallel "
-            "stages are not implemented: each stage's file would be written by every replica and TP rank");
-  if (pipeline_) return pipeline_->save(dir, *opt_, st, keep_last);
-  BLU_CHECK(!config_.tp, "checkpoints under tensor parallelism are not implemented: each rank holds its shards "
-                         "(dist/tensor_parallel.h: shard_info, gather_full_state give their places in the full tensors)");
-  if (zero_) return save_sharded_checkpoint(dir, model, *zero_, st, keep_last);
+  if (config_.tp || zero_ || pipeline_ || config_.layout_checkpoints) {
+    const CheckpointRanks ranks = checkpoint_ranks();
+    std::vector<GlobalPiece> pieces;
+    if (zero_) {
+      pieces = zero_pieces(*zero_, ranks.file_rank == 0);
+    } else {
+      pieces = held_pieces(held_parameters(), opt_->state(), ranks.file_rank == 0);
+    }
+    return save_layout_checkpoint(dir, ranks, pieces, st, layout_json(), keep_last);
+  }
   if (rank() == 0) return save_checkpoint(dir, model, opt_.get(), st, keep_last);
   return "";  // the model is replicated: rank 0's file is the checkpoint
 }
 
 TrainState Strategy::load(const std::string& path, nn::Module& model, const nlohmann::json& expected_model_config) {
-  if (pipeline_) return pipeline_->load(path, *opt_, expected_model_config);
-  BLU_CHECK(!config_.tp, "checkpoints under tensor parallelism are not implemented (see Strategy::save)");
-  return zero_ ? load_sharded_checkpoint(path, model, *zero_, expected_model_config)
-               : load_checkpoint(path, model, opt_.get(), expected_model_config);
+  // A layout's own older format through its own loader; everything else by global names.
+  const std::string format = describe_checkpoint_format(path);
+  if (pipeline_ && format.starts_with("pipeline")) return pipeline_->load(path, *opt_, expected_model_config);
+  if (zero_ && format.starts_with("ZeRO")) return load_sharded_checkpoint(path, model, *zero_, expected_model_config);
+  if (!pipeline_ && !zero_ && !config_.tp && format.starts_with("single-file"))
+    return load_checkpoint(path, model, opt_.get(), expected_model_config);
+  const LayoutCheckpoint ck(path, expected_model_config);
+  if (zero_) ck.load_zero(*zero_);
+  else ck.load_held(held_parameters(), opt_.get());
+  return ck.train_state();
 }
 
 std::string Strategy::latest_checkpoint(const std::string& dir, const CheckpointWarning& warn) const {
-  if (pipeline_) return PipelineStage::latest_checkpoint(dir, warn);
-  return zero_ ? latest_sharded_checkpoint(dir, warn) : latest_valid_checkpoint(dir, warn);
+  return latest_any_checkpoint(dir, warn);
+}
+
+CheckpointRanks Strategy::checkpoint_ranks() const {
+  CheckpointRanks r;
+  const int tp = config_.tp && !config_.job ? config_.tp->size() : 1,
+            tp_rank = config_.tp && !config_.job ? config_.tp->rank() : 0;
+  // pg_ is the job's group under a hybrid pipeline (config_.job), else this layout's group (the
+  // data-parallel one beside a TP group, or the pipeline's); the TP group completes the job.
+  r.file_rank = rank() * tp + tp_rank;
+  r.files = world_size() * tp;
+  ProcessGroup *pg = pg_.get(), *tpg = config_.tp && !config_.job ? config_.tp.get() : nullptr;
+  // Summed over pg, then the TP group: the total over every rank of the job.
+  if (pg || tpg) {
+    const Device dev = (pg ? pg : tpg)->backend() == "nccl" ? params_.front().device() : kCPU;
+    r.count_failed = [pg, tpg, dev](bool failed) {
+      Tensor flag = full({1}, failed ? 1.0 : 0.0, DType::f64, dev);
+      for (ProcessGroup* g : {pg, tpg})
+        if (g) g->all_reduce(flag, ReduceOp::sum)->wait();
+      return int(std::llround(host_value(flag)));
+    };
+  }
+  return r;
+}
+
+std::vector<HeldParameter> Strategy::held_parameters() {
+  // Every global tensor written once: by the first replica only (dp rank 0), within it a sharded
+  // parameter by each TP rank (its boxes) and a replicated one by one TP rank in turn, and under a
+  // pipeline by the lowest stage that trains it (a tied weight by the first). Plain data
+  // parallelism spreads the replicated parameters over all ranks instead.
+  std::map<std::string, ShardInfo> shards;
+  if (config_.tp)
+    for (const ShardedParameter& sp : sharded_parameters(model_)) shards.emplace(sp.name, sp.info);
+  const int tp = config_.tp ? config_.tp->size() : 1, tp_rank = config_.tp ? config_.tp->rank() : 0;
+  const auto held = [&](const std::string& name, const Tensor& p, bool write_whole, size_t& turn) {
+    const auto it = shards.find(name);
+    if (it == shards.end()) return HeldParameter{name, p, p.shape(), -1, {}, write_whole};
+    const ShardInfo& info = it->second;
+    HeldParameter h{name, p, info.full_shape, info.dim, info.ranges(), write_whole};
+    if (!info.sharded()) h.write = write_whole && int(turn++ % size_t(tp)) == tp_rank;
+    return h;
+  };
+  std::vector<HeldParameter> out;
+  size_t turn = 0;
+  if (pipeline_) {
+    const nn::NamedTensors all = model_.named_parameters();
+    std::set<std::string> mine;
+    for (const auto& [name, p] : pipeline_->owned_parameters()) mine.insert(name);
+    const int P = pipeline_->stages(), stage = pipeline_->rank();
+    std::vector<double> v;
+    for (const auto& [name, p] : all) v.push_back(mine.count(name) ? double(P - stage) : 0.0);
+    if (pg_) {  // the pipeline's group or the job's: either holds every stage
+      Tensor t = from_vector(v, {int64_t(v.size())}, DType::f64);
+      if (pg_->backend() == "nccl") t = to_device(t, all.front().second.device());
+      pg_->all_reduce(t, ReduceOp::max)->wait();
+      v = to_vector(t);
+    }
+    std::map<std::string, int> first;
+    for (size_t i = 0; i < all.size(); ++i) first[all[i].first] = P - int(v[i]);
+    const bool first_replica = !config_.dp || config_.dp->rank() == 0;
+    for (const auto& [name, p] : pipeline_->owned_parameters())
+      out.push_back(held(name, p, first_replica && first.at(name) == stage, turn));
+    return out;
+  }
+  if (config_.tp) {
+    for (const auto& [name, p] : model_.named_parameters()) out.push_back(held(name, p, rank() == 0, turn));
+    return out;
+  }
+  const CheckpointRanks ranks = checkpoint_ranks();
+  size_t i = 0;  // replicated: parameter i by file rank i mod files
+  for (const auto& [name, p] : model_.named_parameters())
+    out.push_back({name, p, p.shape(), -1, {}, int(i++ % size_t(ranks.files)) == ranks.file_rank});
+  return out;
+}
+
+nlohmann::json Strategy::layout_json() const {
+  return {{"name", name_},
+          {"describe", describe()},
+          {"ranks", checkpoint_ranks().files},
+          {"tp", config_.tp ? config_.tp->size() : 1},
+          {"pp", pipeline_ ? pipeline_->stages() : 1},
+          {"dp", pipeline_ ? (config_.dp ? config_.dp->size() : 1) : world_size()},
+          {"zero", config_.zero}};
 }
 
 std::string Strategy::checkpoint_kind() const {
-  if (pipeline_) return "committed pipeline checkpoint (ckpt_*/COMMIT, one file a stage)";
-  return zero_ ? "committed sharded checkpoint (ckpt_*/COMMIT)" : "checkpoint (ckpt_*.safetensors)";
+  if (config_.tp || zero_ || pipeline_ || config_.layout_checkpoints)
+    return "committed layout checkpoint (ckpt_*/COMMIT, pieces of global tensors)";
+  return "checkpoint (ckpt_*.safetensors)";
 }
 
 }  // namespace blu::dist

@@ -13,10 +13,14 @@
 //   read() turns a step's device values into host numbers: the one host read of a logged step,
 //     the loss averaged over ranks and the stop flags combined in one small collective;
 //   tensor parallelism (StrategyConfig::tp): partial gradients summed over the TP group, the
-//     global norm over the shards; ZeRO and checkpoints are refused under it;
+//     global norm over the shards; ZeRO is refused under it;
 //   uneven replicas (StrategyConfig::batch_share): each replica's gradient weighted by its rows;
-//   save/load/latest_checkpoint: the mode's checkpoint (rank 0's file; ZeRO: sharded, resumable on
-//     any number of ranks: dist/zero.h).
+//   save/load/latest_checkpoint: the layout checkpoint (dist/layout_checkpoint.h: each rank's
+//     pieces of the global tensors) under TP, ZeRO and pipelines; a single device and DDP write
+//     rank 0's single file (io/checkpoint: the whole global tensors under the same names), or the
+//     layout checkpoint with StrategyConfig::layout_checkpoints. load reads either under every
+//     layout, and the older ZeRO-sharded and pipeline formats under their own layouts (a pipeline
+//     checkpoint under every layout).
 // A pipeline Strategy (the CausalLM constructor below) runs the same step through a PipelineStage
 // (dist/pipeline.h): its optimizer holds only this stage's parameters, the loss lives on the last
 // stage, the norm is combined over stages, and each stage checkpoints its own parameters by global
@@ -39,6 +43,7 @@
 #include <vector>
 
 #include "blu/dist/ddp.h"
+#include "blu/dist/layout_checkpoint.h"
 #include "blu/dist/pipeline.h"
 #include "blu/dist/process_group.h"
 #include "blu/io/checkpoint.h"
@@ -87,6 +92,9 @@ struct StrategyConfig {
   // from the averaged gradients); ZeRO, tensor and pipeline layouts are refused until wired.
   bool offload_state = false;
   offload::OffloadOptions offload;
+  // A single device and DDP write the layout checkpoint (dist/layout_checkpoint.h) too, instead of
+  // rank 0's single file; the other layouts always write it. Every layout loads both.
+  bool layout_checkpoints = false;
 };
 
 // One step's values, on the device until Strategy::read().
@@ -195,6 +203,11 @@ class Strategy {
   // Tensor parallelism: parameters split over config_.tp, and replicated ones with partial gradients.
   std::vector<Tensor> tp_sharded_, tp_replicated_, tp_partial_;
   NormGate tp_norm_gate(double max_norm);
+  // The layout checkpoint's writers and this rank's parameters with their global places
+  // (layout_checkpoint.h).
+  CheckpointRanks checkpoint_ranks() const;
+  std::vector<HeldParameter> held_parameters();
+  nlohmann::json layout_json() const;
   // The factor of this rank's loss (batch_share × replicas; 1 for an even split).
   double share_factor_ = 1;
 };

@@ -30,6 +30,7 @@
 #include "blu/dist/tensor_parallel.h"
 #include "blu/dist/flight_recorder.h"
 #include "blu/dist/zero.h"
+#include "blu/dist/layout_checkpoint.h"
 #include "blu/io/checkpoint.h"
 #include "blu/io/json_file.h"
 #include "blu/ops/precision.h"
@@ -308,11 +309,9 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     }
     opt_s_.dp = l.dp;
     opt_s_.zero = l.zero;
-    if (l.tp > 1) no_checkpoint_ = "split (tensor parallelism)";
-    else if (l.pp > 1 && l.dp > 1) no_checkpoint_ = "replicate over a pipeline (dp × pp)";
-    BLU_CHECK(no_checkpoint_.empty() || (o.ckpt_every == 0 && !o.resume && !o.auto_resume && !o.keep_best),
-              "--parallel '", o.parallel, "': checkpoints of ", no_checkpoint_,
-              " layouts are not implemented yet; run without --ckpt-every, --resume, --auto-resume and --keep-best");
+    // Every layout checkpoints (dist/layout_checkpoint.h); --keep-best copies a single file.
+    BLU_CHECK(!o.keep_best || (l.tp == 1 && l.pp == 1), "--parallel '", o.parallel,
+              "': --keep-best keeps a single-file checkpoint, and this layout writes a checkpoint directory");
     layout_text_ = l.describe();
   } else {
     layout.dp = int(o.dp);
@@ -386,16 +385,14 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
         skipped.push_back(w);
         if (cb_.log) *cb_.log << w << "\n" << std::flush;
       };
-      resume_from = pipelined_   ? dist::PipelineStage::latest_checkpoint(o.out, warn)
-                    : o.zero > 0 ? dist::latest_sharded_checkpoint(o.out, warn)
-                                 : latest_valid_checkpoint(o.out, warn);
+      // Any format: every layout loads a layout checkpoint and a single file (dist/layout_checkpoint.h).
+      resume_from = dist::latest_any_checkpoint(o.out, warn);
       std::string reasons;
       for (const std::string& w : skipped) reasons += "\n  " + w;
       BLU_CHECK(!resume_from.empty() || skipped.empty(), o.resume ? "--resume" : "--auto-resume",
                 ": no checkpoint in ", o.out, " verifies:", reasons);
-      BLU_CHECK(!o.resume || !resume_from.empty(), "--resume: expected a ",
-                o.zero > 0 ? "committed sharded checkpoint (ckpt_*/COMMIT)" : "checkpoint (ckpt_*.safetensors)",
-                " in ", o.out, ", found none");
+      BLU_CHECK(!o.resume || !resume_from.empty(), "--resume: expected a checkpoint (ckpt_*.safetensors or a "
+                "committed ckpt_*/COMMIT) in ", o.out, ", found none");
       if (resume_from.empty() && holds_run(o.out)) {
         const fs::path run_json = fs::path(o.out) / "run.json";
         nlohmann::json saved;
@@ -712,10 +709,6 @@ void Trainer::sample(int64_t step) {
 
 std::string Trainer::save(int64_t step) {
   if (opt_s_.out.empty()) return "";
-  if (!no_checkpoint_.empty()) {  // refused up front for --ckpt-every, resuming and --keep-best
-    if (cb_.log) *cb_.log << "checkpoint: none (checkpoints of " << no_checkpoint_ << " layouts are not implemented yet)\n";
-    return "";
-  }
   TrainState st;
   st.step = step;
   st.rng_seed = default_generator().seed();
@@ -964,10 +957,7 @@ TrainSummary Trainer::run() {
                   sum.seconds, sum.tokens_per_s);
     os << buf;
     os << "  peak memory  " << format_bytes(sum.peak_mem_bytes) << " (" << device_.str() << " allocator)\n";
-    const std::string none = !o.out.empty() && !no_checkpoint_.empty()
-                                 ? "(none: " + no_checkpoint_ + " layouts have no checkpoint yet)"
-                                 : "(none: no --out)";
-    os << "  checkpoint   " << (sum.checkpoint.empty() ? none : sum.checkpoint) << "\n" << std::flush;
+    os << "  checkpoint   " << (sum.checkpoint.empty() ? "(none: no --out)" : sum.checkpoint) << "\n" << std::flush;
   }
   return sum;
 }

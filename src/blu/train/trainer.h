@@ -240,7 +240,6 @@ class Trainer {
   int64_t local_batch_ = 0;
   std::vector<int64_t> replica_rows_;
   bool samples_here_ = false;
-  std::string no_checkpoint_;
   std::unique_ptr<dist::TcpStore> store_;
   std::unique_ptr<dist::DeviceMesh> mesh_;  // hybrid layouts (tp, dp × pp): a group per mesh dimension
   std::unique_ptr<dist::Strategy> strategy_;
