@@ -168,24 +168,33 @@ std::vector<ActivationBytes> activation_bytes(CausalLM& model, int64_t B, int64_
   std::vector<std::pair<uint64_t, uint64_t>> rng;
   for (Generator* g : gens) rng.emplace_back(g->seed(), g->offset());
 
-  // One measurement per distinct way of running a block: (whole-block, selective, offload).
-  auto measure = [&](size_t i, const ActivationPolicy& p) {
+  // Block 0 under policy p on a fresh non-leaf input: the device bytes its graph holds once the
+  // caller's handles to the input and the output are gone (the input counts when the graph keeps
+  // it), and the host bytes it sent away.
+  auto measure = [&](const ActivationPolicy& p) {
     model.set_activation_policy(p);
     Generator gen(1);
-    Tensor x = randn({B, T, C}, dtype, device, &gen);
-    x.set_requires_grad(true);
-    Tensor input = mul(x, 1.0);  // a non-leaf, as a block's input is
-    const int64_t d0 = dev.stats().current_bytes, h0 = host.stats().current_bytes;
-    Tensor y = model.block(i, input);
+    Tensor leaf = randn({B, T, C}, dtype, device, &gen);
+    leaf.set_requires_grad(true);
+    Tensor input = mul(leaf, 1.0);
+    const int64_t d0 = dev.stats().current_bytes - int64_t(input.storage()->nbytes());
+    const int64_t h0 = host.stats().current_bytes;
+    Tensor y = model.block(0, input);
+    input = Tensor();
     ActivationBytes b;
-    b.kept = dev.stats().current_bytes - d0;
+    b.kept = dev.stats().current_bytes - d0 - int64_t(y.storage()->nbytes());
     b.offloaded = host.stats().current_bytes - h0;
     return b;
   };
+  {  // lazily made state (Llama's RoPE tables) is not an activation: make it before measuring
+    NoGradGuard no_grad;
+    model.set_activation_policy(ActivationPolicy{});
+    model.block(0, zeros({B, T, C}, dtype, device));
+  }
   // The blocks are alike: block 0 stands for every block, measured once per way it can run.
   std::vector<ActivationBytes> out;
   try {
-    const ActivationBytes full = measure(0, ActivationPolicy{});
+    const ActivationBytes full = measure(ActivationPolicy{});
     std::optional<ActivationBytes> whole, part;
     for (size_t i = 0; i < n; ++i) {
       const bool rec = policy.recompute_block(i);
@@ -193,7 +202,7 @@ std::vector<ActivationBytes> activation_bytes(CausalLM& model, int64_t B, int64_
       if (!b) {
         ActivationPolicy p = policy;
         p.block_every = rec ? 1 : 0;
-        b = measure(0, p);
+        b = measure(p);
         b->recomputed = std::max<int64_t>(0, full.kept - b->kept - b->offloaded);
       }
       out.push_back(*b);

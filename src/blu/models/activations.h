@@ -93,10 +93,13 @@ class ActivationOffloader {
 };
 
 // Per block (of model.num_blocks()): activation bytes under `policy` at [B, T] in the model's
-// compute dtype. kept: on the device after the block's forward, its output included (the next
-// block's input); offloaded: sent to host memory; recomputed: what the plain run keeps beyond
-// those two, rebuilt in backward. Measured by running the block on the model's device (grad mode
-// on, training flag as it is) on a random input; the model's generators are left as they were.
+// compute dtype. kept: held on the device by the block's graph after its forward — its input
+// included when the graph keeps it, its output not (the next block's input, or the head's);
+// offloaded: sent to host memory; recomputed: what the plain run keeps beyond those two, rebuilt in
+// backward. Measured by running block 0 (the blocks are alike) on the model's device, grad mode
+// on and the training flag as it is, on a random input; the model's policy and generators are
+// left as they were. The step's activations after the forward are these summed over the blocks
+// plus the embedding's and the head's, which no policy changes.
 struct ActivationBytes {
   int64_t kept = 0, offloaded = 0, recomputed = 0;
 };
