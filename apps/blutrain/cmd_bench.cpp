@@ -51,6 +51,9 @@ struct BenchOptions {
   bool row_exchange = true;  // DDP exchanges the tied embedding's rows apart (dist/ddp.h)
   bool comm_timeline = false;  // one extra DDP step: when each bucket's all-reduce completes
   bool skip_comm = false;      // DDP without its collectives (ranks diverge): the compute of a DDP step
+  // Activations (models/activations.h): --recompute none|selective|block[:N], --offload-activations.
+  std::string recompute = "none";
+  bool offload_activations = false;
 };
 
 void device_sync(Device dev) {
@@ -156,6 +159,8 @@ int run_bench(const BenchOptions& o) {
   model.to(dev);
   model.train();
   train::apply_precision(model, o.precision);
+  const models::ActivationPolicy activations = models::ActivationPolicy::parse(o.recompute, o.offload_activations);
+  model.set_activation_policy(activations);
   const bool fp16 = o.precision == "fp16";
   BLU_CHECK(!fp16 || o.dp == 1, "--precision fp16 with --dp is not supported (the loss scaler's skip is per rank)");
   dist::StrategyConfig sc;
@@ -276,6 +281,18 @@ int run_bench(const BenchOptions& o) {
                       {"tok_s", std::round(tok_s)},       {"peak_alloc_mib", st.peak_bytes >> 20},
                       {"peak_reserved_mib", st.reserved_bytes >> 20},
                       {"first_loss", first_loss},         {"last_loss", last_loss}};
+  if (activations.any()) {  // the policy and what it keeps per block (models/activations.h)
+    j["recompute"] = activations.recompute_name();
+    j["offload_activations"] = activations.offload;
+    if (const auto* off = model.activation_offloader())
+      j["activation_offload_mib_per_step"] = double(off->bytes_offloaded()) / double(1 << 20) / double(o.steps);
+  }
+  {  // activation bytes of all blocks at this B, T: kept on the device / offloaded / recomputed
+    double kept = 0, off = 0, rec = 0;
+    for (const models::ActivationBytes& a : models::activation_bytes(model, o.batch, o.seq, activations))
+      kept += double(a.kept), off += double(a.offloaded), rec += double(a.recomputed);
+    j["activation_mib"] = {{"kept", kept / (1 << 20)}, {"offloaded", off / (1 << 20)}, {"recomputed", rec / (1 << 20)}};
+  }
   if (o.dp > 1) {
     j["world"] = o.dp;
     if (o.skip_comm) j["skip_comm"] = true;
@@ -357,6 +374,12 @@ Command add_bench(CLI::App& root) {
                 "With --dp: no gradient all-reduce (backward as under no_sync; the ranks' weights diverge), to "
                 "measure what overlapping the communication costs the compute");
   app->add_flag("--profile", o->profile, "Also time each op of one extra step (by op name)");
+  app->add_option("--recompute", o->recompute,
+                  "Activation recompute: none, selective (attention core, MLP activation), block (every block), "
+                  "block:N (every N-th), selective+block:N")
+      ->capture_default_str();
+  app->add_flag("--offload-activations", o->offload_activations,
+                "Copy the blocks' saved activations to host memory as they are saved, fetched back ahead of backward");
   app->add_option("--peak-tflops", o->peak_tflops, "The GPU's measured matmul peak for this precision (MFU)");
   app->add_option("--lr", o->lr, "AdamW's learning rate (constant)")->capture_default_str();
   app->add_option("--beta2", o->beta2, "AdamW's beta2")->capture_default_str();

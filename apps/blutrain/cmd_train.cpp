@@ -220,6 +220,13 @@ Command add_train(CLI::App& root) {
   app->add_option("--precision", o.precision, "fp32 (IEEE matmuls), tf32, bf16 or fp16 (16-bit compute over fp32 master weights; fp16 with dynamic loss scaling)")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}))
       ->capture_default_str();
+  // Activations (models/activations.h).
+  app->add_option("--recompute", o.recompute,
+                  "Activation recompute: none, selective (attention core, MLP activation), block (every block), "
+                  "block:N (every N-th), selective+block:N")
+      ->capture_default_str();
+  app->add_flag("--offload-activations", o.offload_activations,
+                "Copy the blocks' saved activations to host memory as they are saved, fetched back ahead of backward");
   // Run directory.
   app->add_option("--out", o.out, "Run directory: metrics.jsonl, run.json, checkpoints");
   app->add_flag("--overwrite", o.overwrite, "Replace the run in --out (removes its metrics, run.json, checkpoints)");

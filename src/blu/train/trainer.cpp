@@ -151,6 +151,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"dp", dp},                       {"zero", zero}, {"row_exchange", row_exchange},
           {"auto_resume", auto_resume}, {"init_from", init_from}, {"dist_timeout", dist_timeout},
           {"dist_work_timeout", dist_work_timeout}, {"parallel", parallel}, {"keep_best", keep_best},
+          {"recompute", recompute}, {"offload_activations", offload_activations},
           {"baseline", baseline}, {"baseline_vocab", baseline_vocab}, {"baseline_max_tokens", baseline_max_tokens},
           {"tokenizer", tokenizer}, {"shuffle", shuffle}};
 }
@@ -371,6 +372,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   if (!device_.is_cpu()) model_->to(device_);
   model_->train();
   apply_precision(*model_, o.precision);
+  model_->set_activation_policy(models::ActivationPolicy::parse(o.recompute, o.offload_activations));
   std::shared_ptr<dist::ProcessGroup> pg;
   if (world > 1) {  // the job's process group: rendezvous through rank 0's store
     const double timeout_s = o.dist_timeout > 0 ? o.dist_timeout : env.dist_timeout_s;  // 0: each one's default

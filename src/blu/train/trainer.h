@@ -109,6 +109,10 @@ struct TrainOptions {
   // The parallel layout as annotations (dist/annotations.h), e.g. "replicate(2, zero=1)" or
   // "pipeline(2, schedule=1f1b, micro=4)"; "" uses --dp / --zero. Must name the launched world size.
   std::string parallel;
+  // What the blocks do with their saved activations (models/activations.h): recompute none |
+  // selective | block | block:N | selective+block:N, and offload to host memory. Same losses.
+  std::string recompute = "none";
+  bool offload_activations = false;
 
   nlohmann::json to_json() const;  // recorded in run.json and in checkpoints
 };
