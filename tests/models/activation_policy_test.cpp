@@ -169,6 +169,13 @@ TEST_P(ActivationPolicies, DeviceMemoryFallsByWhatActivationBytesPredicts) {
       const int64_t slack = ((p.block_every || p.selective ? 1 : 0) + (offload ? 2 : 0)) * largest_block;
       EXPECT_LE(m.peak, plain.peak - drop + slack) << "peak " << m.peak << ", plain " << plain.peak << ", drop " << drop;
       EXPECT_LT(m.peak, plain.peak);
+      // The planner's totals agree with the per-block numbers.
+      const models::ActivationTotals tot = models::activation_totals(*model, B, T, p);
+      EXPECT_EQ(tot.blocks, int64_t(n));
+      EXPECT_EQ(tot.kept_blocks + tot.offloaded_blocks + tot.recomputed_blocks, int64_t(n));
+      EXPECT_EQ(tot.host_bytes, off);
+      EXPECT_GE(tot.device_bytes, kept);
+      EXPECT_LE(tot.device_bytes, kept + slack);
       std::cout << "[ memory ] " << family << " " << name << (offload ? " +offload" : "") << ": after forward "
                 << m.after_forward << " B (plain " << plain.after_forward << "), peak " << m.peak << " B (plain "
                 << plain.peak << "), predicted drop " << drop << " B, offloaded " << off << " B\n";

@@ -217,4 +217,24 @@ std::vector<ActivationBytes> activation_bytes(CausalLM& model, int64_t B, int64_
   return out;
 }
 
+ActivationTotals activation_totals(CausalLM& model, int64_t B, int64_t T, const ActivationPolicy& policy) {
+  const std::vector<ActivationBytes> bytes = activation_bytes(model, B, T, policy);
+  ActivationTotals t;
+  t.blocks = int64_t(bytes.size());
+  t.selective = policy.selective ? "attention core, MLP activation" : "";
+  int64_t back = 0;  // the most one block's backward brings back
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    const ActivationBytes& b = bytes[i];
+    if (policy.recompute_block(i) || policy.selective) ++t.recomputed_blocks;
+    else if (policy.offload) ++t.offloaded_blocks;
+    else ++t.kept_blocks;
+    t.device_bytes += b.kept;
+    t.host_bytes += b.offloaded;
+    const int64_t prev = i > 0 ? bytes[i - 1].offloaded : 0;
+    back = std::max(back, b.recomputed + (policy.offload ? b.offloaded + prev : 0));
+  }
+  t.device_bytes += back;
+  return t;
+}
+
 }  // namespace blu::models
