@@ -17,6 +17,7 @@
 #include "blu/optim/optimizer.h"
 #include "common/checks.h"
 #include "common/tiny_gpt.h"
+#include "train/train_test_util.h"
 
 namespace blu::test {
 namespace {
@@ -180,6 +181,34 @@ TEST_P(ActivationPolicies, DeviceMemoryFallsByWhatActivationBytesPredicts) {
                 << m.after_forward << " B (plain " << plain.after_forward << "), peak " << m.peak << " B (plain "
                 << plain.peak << "), predicted drop " << drop << " B, offloaded " << off << " B\n";
     }
+  }
+}
+
+// The trainer's options (--recompute, --offload-activations) reach the model: fp32 and bf16 (compute
+// copies, wide gradients), gradient accumulation, dropout on — the same losses as the plain run.
+TEST(ActivationPolicy, TrainerRunsWithTheSameLosses) {
+  constexpr int64_t kVocab = 128;
+  TempDir data;
+  train::test_util::write_toy_shards(data.path(), kVocab, 4096, 16384);
+  for (const char* precision : {"fp32", "bf16"}) {
+    auto losses = [&](const std::string& recompute, bool offload) {
+      train::TrainOptions o = train::test_util::toy_run(data.path(), "", kVocab, precision);
+      o.model["n_layer"] = 3, o.model["n_head"] = 2, o.model["n_embd"] = 32, o.model["block_size"] = 16;
+      o.model["dropout"] = 0.1;
+      o.batch_size = 2, o.seq_len = 16, o.grad_accum = 2, o.steps = 5, o.val_pattern = "";
+      o.recompute = recompute;
+      o.offload_activations = offload;
+      std::vector<double> l;
+      train::TrainCallbacks cb;
+      cb.on_step = [&](const train::StepStats& s) { l.push_back(s.loss); };
+      train::Trainer(o, cb).run();
+      return l;
+    };
+    const std::vector<double> plain = losses("none", false);
+    ASSERT_EQ(plain.size(), 5u);
+    EXPECT_EQ(losses("selective+block:2", false), plain) << precision;
+    EXPECT_EQ(losses("block", true), plain) << precision;
+    EXPECT_EQ(losses("selective", true), plain) << precision;
   }
 }
 
