@@ -47,13 +47,14 @@ void CausalLM::set_activation_policy(const ActivationPolicy& policy) {
 Tensor CausalLM::run_block_with_policy(size_t i, const Tensor& x, int64_t pos0) {
   const ActivationPolicy& p = activation_policy_;
   if (!p.any() || !GradMode::enabled()) return run_block(i, x, pos0, nullptr, nullptr);
+  const BlockRef ref = blocks().at(i);
   // Open inside out: the recompute hook sees a dropped region output before the offloader does.
   std::optional<SavedTensorHooks> offload_hook;
-  if (offloader_) offload_hook.emplace(offloader_->hook(i, *blocks().at(i).module));
+  if (offloader_) offload_hook.emplace(offloader_->hook(i, *ref.module));
   Tensor y;
   if (p.recompute_block(i)) {
     y = checkpoint(
-        blocks().at(i).name, [this, i, pos0](const std::vector<Tensor>& in) { return run_block(i, in[0], pos0, nullptr, nullptr); },
+        ref.name, [this, i, pos0](const std::vector<Tensor>& in) { return run_block(i, in[0], pos0, nullptr, nullptr); },
         {x}, generators());
   } else if (p.selective) {
     SavedTensorHooks recompute_hook(recompute_pack_hook());
@@ -74,7 +75,7 @@ Tensor CausalLM::run_block_with_policy(size_t i, const Tensor& x, int64_t pos0) 
           if (i > 0) o->prefetch(i - 1);
         }
       },
-      "prefetch activations " + blocks().at(i).name);
+      "prefetch activations " + ref.name);
 }
 
 Tensor CausalLM::block(size_t i, const Tensor& x, int64_t pos0, KVCache* cache) {
