@@ -17,5 +17,7 @@ ldd "$stage/blutrain" "$stage/test_cuda" | awk '/=>/ {print $3}' | sort -u |
 mkdir -p .devpack
 tar -cJf .devpack/devpack.tar.xz -C "$stage" .
 cp -r ../shared/peers .devpack/
+# The demo's corpus (gpu_run.sh demo): the GPU machine has no fortunes package.
+if [ -d /usr/share/games/fortunes ]; then rm -rf .devpack/fortunes && cp -r /usr/share/games/fortunes .devpack/; fi
 rm -rf "$stage"
 du -sh .devpack

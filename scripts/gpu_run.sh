@@ -30,6 +30,8 @@
 #   gpt2cmp — the bf16 GPT-2 124M step of this build and of the base build packed beside it
 #           (blutrain_base: gpu_pack.sh BASE=<build dir>), alternated REPS times (3), beside
 #           torch_gpt2.py: the new build must stay within the base build's run-to-run spread
+#   demo  — the README's first run (scripts/demo.sh) on the GPU: its GPU preset, the fortunes
+#           carried in .devpack/fortunes (gpu_pack.sh copies them), the shards prepared there
 #   attnprof — the time of each kernel of BluTrain's bf16 attention forward+backward (ncu), beside
 #           PyTorch's per-kernel times (scripts/sdpa_default.py)
 set -uo pipefail
@@ -167,6 +169,11 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
       done
       grep -hE "^  [a-zA-Z_]|Duration|Throughput|Issue Slots|No Eligible|Registers Per|Achieved Occ|Executed Ipc" \
         "$out"/ncu_ours_*.txt "$out"/ncu_cudnn_*.txt | head -120 ;;
+    demo)
+      mkdir -p /tmp/demobuild && ln -sf "$pack/blutrain" /tmp/demobuild/blutrain
+      BUILD=/tmp/demobuild FORTUNES="$PWD/.devpack/fortunes" timeout 500 bash scripts/demo.sh 2>&1 \
+        | tee "$out/demo.log" | grep -vE "^step .*(00|50)/" | tail -60
+      cp -r runs/demo "$out/demo_run" 2>/dev/null || true ;;
     attnsass)
       for k in fwd_wgmma_solo bwd_wgmma; do
         timeout 200 ncu --section SourceCounters --section WarpStateStats --section InstructionStats \

@@ -19,6 +19,9 @@ packages=(
   chromium                        # renders `blutrain report`'s page in its test (tests/train/report_browser_test.cpp)
   fortunes fortunes-min           # the demo corpus
   pybind11-dev libdlpack-dev python3-dev  # the blutrain Python module (python/)
+  # MLIR 22 (CMake option BLU_MLIR, on when found): the compiler's blu dialect and fusion pass
+  # (src/blu/compiler/mlir/); a build without it loads compiled kernels from the cache.
+  libmlir-22-dev mlir-22-tools llvm-22-dev
 )
 missing=()
 for p in "${packages[@]}"; do

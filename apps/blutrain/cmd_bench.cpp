@@ -32,6 +32,8 @@
 #include "blu/ops/dispatch.h"
 #include "blu/optim/loss_scaler.h"
 #include "blu/optim/optimizer.h"
+#include "blu/memory/device_pool.h"
+#include "blu/offload/plan.h"
 #include "blu/train/trainer.h"
 #include "commands.h"
 
@@ -43,6 +45,11 @@ struct BenchOptions {
   std::string model = "d12", device = "cuda", precision = "bf16";
   int64_t batch = 16, seq = 1024, steps = 24;
   double peak_tflops = 0;  // the GPU's measured bf16 (or tf32/fp32) matmul peak, for MFU
+  // Optimizer state offload (docs/offload.md) and micro-batches per optimizer step.
+  int64_t grad_accum = 1;
+  std::string offload_state = "none", offload_update = "cpu";
+  int64_t offload_chunk = int64_t(1) << 22;
+  double gpu_memory_budget = 0;
   double lr = 6e-4, beta2 = 0.999;  // AdamW's (torch_gpt2.py's); torch_llama.py takes 3e-4 and 0.95
   bool profile = false;    // time each op of one extra step (device time by op name)
   int dp = 1, zero = 0;    // data-parallel ranks (launched processes), ZeRO stage (0 to 3)
@@ -170,6 +177,10 @@ int run_bench(const BenchOptions& o) {
   sc.zero_bucket_mib = o.ddp.bucket_mib;
   sc.fp16_loss_scaling = fp16;
   sc.skip_comm = o.skip_comm;
+  sc.offload_state = o.offload_state == "optimizer";
+  sc.offload.update = offload::parse_update(o.offload_update);
+  sc.offload.chunk_elements = o.offload_chunk;
+  if (dev.is_cpu() && dev.index >= 1) device_pool(dev.index).set_budget(offload::gib_to_bytes(o.gpu_memory_budget));
   dist::Strategy strategy(model, pg, sc, dist::OptimizerConfig{.lr = o.lr, .weight_decay = 0.1, .beta2 = o.beta2});
   dist::DistributedDataParallel* ddp = strategy.ddp();
   Generator gen(1 + uint64_t(env.rank));  // each rank its own batches
@@ -204,7 +215,7 @@ int run_bench(const BenchOptions& o) {
       // Only the loss is kept: cross-entropy's backward writes over the logits (Note [Donated buffers]).
       return model.forward(x, y).loss;
     };
-    const dist::StepValues v = strategy.step(1, loss_of, o.lr, 1.0, [&](int phase) {
+    const dist::StepValues v = strategy.step(o.grad_accum, loss_of, o.lr, 1.0, [&](int phase) {
       mark(phase);
       if (phase == 1)
         host_bwd_ms.push_back(
@@ -271,7 +282,7 @@ int run_bench(const BenchOptions& o) {
                            ms.end());
   std::sort(warm.begin(), warm.end());
   const double med = warm[warm.size() / 2];
-  const double tok_s = double(o.dp) * double(o.batch * o.seq) / (med / 1e3);  // global
+  const double tok_s = double(o.dp) * double(o.batch * o.seq * o.grad_accum) / (med / 1e3);  // global
   // Training FLOPs per token: 6 per parameter (embeddings included, as the tied head is a matmul)
   // plus attention's 12·L·C·T (PaLM's estimate; causal masking is not subtracted).
   const double flops_tok = model.flops_per_token(o.seq);
@@ -292,6 +303,17 @@ int run_bench(const BenchOptions& o) {
     for (const models::ActivationBytes& a : models::activation_bytes(model, o.batch, o.seq, activations))
       kept += double(a.kept), off += double(a.offloaded), rec += double(a.recomputed);
     j["activation_mib"] = {{"kept", kept / (1 << 20)}, {"offloaded", off / (1 << 20)}, {"recomputed", rec / (1 << 20)}};
+  }
+  {  // offload: what the device holds per parameter after a step (parameters, gradients, copies, state)
+    int64_t n = 0;
+    for (const Tensor& p : model.parameters()) n += p.numel();
+    j["params"] = n;
+    j["grad_accum"] = o.grad_accum;
+    j["device_bytes_per_param"] = std::round(double(st.current_bytes) / double(n) * 100) / 100;
+    if (sc.offload_state) {
+      j["offload"] = o.offload_update;
+      j["offload_chunk"] = o.offload_chunk;
+    }
   }
   if (o.dp > 1) {
     j["world"] = o.dp;
@@ -380,6 +402,18 @@ Command add_bench(CLI::App& root) {
       ->capture_default_str();
   app->add_flag("--offload-activations", o->offload_activations,
                 "Copy the blocks' saved activations to host memory as they are saved, fetched back ahead of backward");
+  app->add_option("--grad-accum", o->grad_accum, "Micro-batches per optimizer step (the same batch each)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app->add_option("--offload-state", o->offload_state, "none, or optimizer: AdamW's state in (pinned) host memory")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "optimizer"}));
+  app->add_option("--offload-update", o->offload_update, "cpu (host AdamW) or gpu (state streamed in chunks)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "gpu"}));
+  app->add_option("--offload-chunk", o->offload_chunk, "Elements per streamed chunk of --offload-update gpu")
+      ->capture_default_str();
+  app->add_option("--gpu-memory-budget", o->gpu_memory_budget, "GiB a device pool (--device cpu:N) may hold");
   app->add_option("--peak-tflops", o->peak_tflops, "The GPU's measured matmul peak for this precision (MFU)");
   app->add_option("--lr", o->lr, "AdamW's learning rate (constant)")->capture_default_str();
   app->add_option("--beta2", o->beta2, "AdamW's beta2")->capture_default_str();

@@ -227,6 +227,10 @@ Command add_train(CLI::App& root) {
       ->capture_default_str();
   app->add_flag("--offload-activations", o.offload_activations,
                 "Copy the blocks' saved activations to host memory as they are saved, fetched back ahead of backward");
+  app->add_option("--peak-tflops", o.peak_tflops,
+                  "The device's dense matmul peak (TFLOP/s) for the MFU logged each step; 0: the GPU's datasheet peak "
+                  "(H100, H200, A100, L40S), none on the CPU")
+      ->check(CLI::NonNegativeNumber);
   // Run directory.
   app->add_option("--out", o.out, "Run directory: metrics.jsonl, run.json, checkpoints");
   app->add_flag("--overwrite", o.overwrite, "Replace the run in --out (removes its metrics, run.json, checkpoints)");
@@ -274,6 +278,26 @@ Command add_train(CLI::App& root) {
                   "giving up (a store barrier, not a collective)")
       ->capture_default_str()
       ->check(CLI::Range(0.001, 1e9));
+  // Memory budget and optimizer state offload (docs/offload.md).
+  app->add_option("--gpu-memory-budget", o.gpu_memory_budget,
+                  "GiB the device may hold: the planner keeps AdamW's state on the device or offloads it to host "
+                  "memory to fit, prints the plan, and fails before the first step when nothing fits (a device "
+                  "pool --device cpu:N enforces it)")
+      ->check(CLI::Range(0.0, 1e6));
+  app->add_option("--host-memory-budget", o.host_memory_budget, "GiB of host memory the offloaded state may take")
+      ->check(CLI::Range(0.0, 1e6));
+  app->add_option("--offload-state", o.offload_state,
+                  "auto (offload AdamW's state only when the budget needs it), none, or optimizer (always)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "none", "optimizer"}));
+  app->add_option("--offload-update", o.offload_update,
+                  "Where offloaded AdamW runs: cpu (threaded host AdamW), gpu (moments streamed through the "
+                  "device in chunks), auto (the faster by a start-up probe)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "cpu", "gpu"}));
+  app->add_option("--offload-chunk", o.offload_chunk, "Elements per streamed chunk of --offload-update gpu")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app->add_flag("!--no-row-exchange", o.row_exchange,
                 "With --dp > 1: reduce the tied embedding's whole gradient at the end of backward instead "
                 "of its LM-head part early and its rows apart (docs/distributed.md)");

@@ -323,5 +323,30 @@ TEST(Loader, DestructorStopsAFullQueue) {
   }  // no hang, no crash
 }
 
+// Uneven rows per rank (LoaderOptions::rows, replicas of unequal weight): ranks of 3 and 1 rows read
+// between them the rows one loader of 4 rows reads, round after round (across a shard change), and
+// the state restores into the single loader (the same global batch); shuffle is refused.
+TEST(DataLoader, UnevenRowsPerRankReadTheGlobalBatch) {
+  const Shards sh({8 * 4 * 3 + 5, 8 * 4 * 2 + 1});
+  LoaderOptions o;
+  o.rows = {3, 1};
+  DataLoader r0(sh.files, 3, 8, 0, 2, o), r1(sh.files, 1, 8, 1, 2, o), one(sh.files, 4, 8, 0, 1);
+  for (int k = 0; k < 7; ++k) {
+    const Batch a = r0.next(), b = r1.next(), whole = one.next();
+    std::vector<int32_t> inputs = a.inputs, targets = a.targets;
+    inputs.insert(inputs.end(), b.inputs.begin(), b.inputs.end());
+    targets.insert(targets.end(), b.targets.begin(), b.targets.end());
+    EXPECT_EQ(inputs, whole.inputs) << "round " << k;
+    EXPECT_EQ(targets, whole.targets) << "round " << k;
+  }
+  DataLoader again(sh.files, 4, 8, 0, 1);
+  again.restore(r1.state());
+  EXPECT_EQ(again.next().inputs, one.next().inputs);
+  LoaderOptions shuffled = o;
+  shuffled.shuffle = true;
+  expect_error([&] { DataLoader x(sh.files, 3, 8, 0, 2, shuffled); }, {"shuffle is not supported with them"});
+  expect_error([&] { DataLoader x(sh.files, 2, 8, 0, 2, o); }, {"rows[0] = 3 must equal this rank's B = 2"});
+}
+
 }  // namespace
 }  // namespace blu

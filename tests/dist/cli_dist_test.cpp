@@ -241,11 +241,10 @@ TEST_F(DistCli, ParallelAnnotations) {
   for (const auto& [step, loss] : z1) EXPECT_NEAR(z3.at(step), loss, 1e-5 * std::abs(loss)) << "zero 3, step " << step;
   EXPECT_TRUE(fs::exists(dir.path / "rep3/ckpt_00000004/COMMIT"));
   for (const auto& [layout, message] : std::vector<std::pair<std::string, std::string>>{
-           {"split(2)", "split (tensor parallelism) is not wired into the trainer yet"},
+           {"split(2, sp=true, widths=[3,1])", "uneven split widths are not implemented"},
            {"replicate(4)", "needs 4 ranks, the job has 2"},
            {"pipeline(4, micro=4)", "4 stages for a model of 2 blocks"},
-           {"pipeline(2, micro=1)", "1 micro-batches for 2 stages"},
-           {"replicate(2, weights=[3,1])", "uneven replica weights are not wired"}}) {
+           {"pipeline(2, micro=1)", "1 micro-batches for 2 stages"}}) {
     r = run(2, "bad", {"--parallel", layout});
     EXPECT_NE(r.status, 0) << layout;
     EXPECT_NE((r.out + r.err).find(message), std::string::npos) << layout << "\n" << r.out << r.err;

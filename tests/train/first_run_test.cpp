@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "blu/data/shard.h"
+#include "blu/models/registry.h"
 #include "blu/train/metrics.h"
 #include "data/data_test_util.h"
 
@@ -135,10 +136,21 @@ TEST_F(FirstRun, ByteShardsTrainAndSampleWithoutTokenizerFlags) {
   }
   // Overwrite removes the best checkpoint with the rest of the run.
   const Result again = blutrain({"train", "--data-dir", data.string(), "--model", "gpt2:demo-byte", "--n-layer", "1",
-                                 "--n-embd", "32", "--n-head", "2", "-B", "2", "-T", "16", "--steps", "1", "--out",
-                                 run.string(), "--overwrite"});
+                                 "--n-embd", "32", "--n-head", "2", "-B", "2", "-T", "16", "--steps", "3", "--out",
+                                 run.string(), "--overwrite", "--peak-tflops", "0.001"});
   ASSERT_EQ(again.status, 0) << again.output;
   EXPECT_FALSE(fs::exists(run / "best.safetensors"));
+  // --peak-tflops: each step records its MFU, the model's FLOPs per token times tok/s over the peak.
+  EXPECT_NE(again.output.find(" | mfu "), std::string::npos) << again.output;
+  const auto model = models::build_model(
+      nlohmann::json::parse(test::read_bytes(run / "run.json"))["model_config"]);
+  const double flops_tok = model->flops_per_token(16);
+  const auto steps = events(run / "metrics.jsonl", "step");
+  ASSERT_EQ(steps.size(), 3u);
+  for (const auto& e : steps) {
+    ASSERT_TRUE(e.contains("mfu")) << e.dump();
+    EXPECT_NEAR(e["mfu"].get<double>(), e["tok_per_s"].get<double>() * flops_tok / 1e9, 1e-9 * e["mfu"].get<double>());
+  }
 }
 
 // A shard folder from before the record: GPT-2 tokens, and nothing loads GPT-2's files unless

@@ -97,7 +97,24 @@ DataLoader::DataLoader(const std::vector<std::filesystem::path>& files, int64_t 
   BLU_CHECK(!files_.empty(), "DataLoader: no shard files given");
   BLU_CHECK(B <= (int64_t{1} << 40) / T / world_size, "DataLoader: B*T*world_size is too large (B=", B, ", T=", T,
             ", world_size=", world_size, ")");
-  const int64_t round_tokens = B * T * world_size;
+  if (!options_.rows.empty()) {
+    BLU_CHECK(int64_t(options_.rows.size()) == world_size, "DataLoader: rows must give one count per rank (",
+              world_size, "), got ", options_.rows.size());
+    BLU_CHECK(options_.rows[size_t(rank)] == B, "DataLoader: rows[", rank, "] = ", options_.rows[size_t(rank)],
+              " must equal this rank's B = ", B);
+    for (int r = 0; r < world_size; ++r) {
+      BLU_CHECK(options_.rows[size_t(r)] > 0, "DataLoader: rows[", r, "] must be positive, got ", options_.rows[size_t(r)]);
+      round_rows_ += options_.rows[size_t(r)];
+      if (r < rank) row_offset_ += options_.rows[size_t(r)];
+    }
+    const bool even = std::all_of(options_.rows.begin(), options_.rows.end(), [&](int64_t n) { return n == B; });
+    BLU_CHECK(even || !options_.shuffle, "DataLoader: uneven rows per rank read one contiguous round: shuffle is "
+              "not supported with them (rows of rank 0: ", options_.rows[0], ", this rank: ", B, ")");
+  } else {
+    round_rows_ = B * world_size;
+    row_offset_ = B * rank;
+  }
+  const int64_t round_tokens = round_rows_ * T;
   for (const auto& f : files_) {
     const int64_t n = read_shard_token_count(f);
     BLU_CHECK(n >= round_tokens + 1, "DataLoader: shard '", f.string(), "' has ", n,
@@ -162,7 +179,8 @@ void DataLoader::fill(const Cursor& c, int32_t* inputs, int32_t* targets, ReadCa
     }
     window = cache.perm[window];
   }
-  const uint16_t* w = cache.reader->tokens().data() + window * bt;
+  const uint16_t* w = options_.shuffle ? cache.reader->tokens().data() + window * bt
+                                       : cache.reader->tokens().data() + (c.batch * round_rows_ + row_offset_) * T_;
   for (int64_t i = 0; i < bt; ++i) {
     inputs[i] = w[i];
     targets[i] = w[i + 1];
@@ -284,9 +302,10 @@ LoaderState DataLoader::state() const {
   s.batch = next_.batch;
   s.shard_file = files_[shard_order(next_.epoch)[next_.shard]].filename().string();
   s.num_shards = static_cast<int64_t>(files_.size());
-  s.B = B_;
+  const bool uneven = round_rows_ != B_ * world_size_;
+  s.B = uneven ? round_rows_ : B_;
   s.T = T_;
-  s.world_size = world_size_;
+  s.world_size = uneven ? 1 : world_size_;
   s.shuffle = options_.shuffle;
   s.seed = options_.seed;
   return s;
@@ -305,10 +324,10 @@ void DataLoader::restore(const LoaderState& s) {
     mismatch("world_size", s.world_size, static_cast<int64_t>(world_size_));
   }
   // Another split of the same rounds (Note [Resuming on other ranks]).
-  BLU_CHECK(s.B > 0 && s.world_size > 0 && s.B * s.world_size == B_ * world_size_,
+  BLU_CHECK(s.B > 0 && s.world_size > 0 && s.B * s.world_size == round_rows_,
             "DataLoader::restore: the state was saved with B=", s.B, " on world_size=", s.world_size, " (",
             s.B * s.world_size, " rows a round), this loader has B=", B_, " on world_size=", world_size_, " (",
-            B_ * world_size_, " rows): to resume on another number of ranks keep B x world_size, the global batch");
+            round_rows_, " rows): to resume on another number of ranks keep B x world_size, the global batch");
   mismatch("num_shards", s.num_shards, static_cast<int64_t>(files_.size()));
   BLU_CHECK(s.epoch >= 0 && s.shard >= 0 && s.shard < s.num_shards, "DataLoader::restore: bad position epoch=",
             s.epoch, ", shard=", s.shard, " of ", s.num_shards);

@@ -7,6 +7,10 @@
 //   every rank is skipped, then the next shard starts; after the last shard the epoch counter
 //   increases and reading wraps to the first. Shuffle mode permutes, per epoch and from the seed,
 //   the shard order and the windows within each shard; ranks still read disjoint windows.
+//   Uneven rows (LoaderOptions::rows, data parallelism over replicas of unequal speed): rank r
+//   reads rows[r] rows; a round is the sum(rows)·T contiguous tokens and rank r's rows start after
+//   those of ranks 0..r-1, so the ranks together still read one global batch of sum(rows) rows —
+//   the same tokens a single process with that batch reads. Sequential mode only.
 // Depends on data/shard, core/error, nlohmann::json (LoaderState), a background thread.
 // Keep: state() describes the next batch the caller will receive (never the prefetch thread's
 // position), and restore(state()) followed by next() gives exactly the batches that would have
@@ -40,6 +44,9 @@ struct LoaderOptions {
   uint64_t seed = 0;
   int prefetch = 2;        // batches prepared ahead on a background thread; 0 reads on the caller's thread
   int64_t vocab_size = 0;  // > 0: every token of a shard is checked when the loader first maps it
+  // Rows per rank, world_size entries with rows[rank] == B (empty: B on every rank). Uneven counts
+  // need sequential mode (shuffle off).
+  std::vector<int64_t> rows;
 };
 
 // Where the next batch comes from, plus the settings it is only meaningful under (restore checks
@@ -51,7 +58,7 @@ struct LoaderState {
                       // (sequential mode) plus rank*B*T
   std::string shard_file;  // file name of that shard, a check that the data did not change
   int64_t num_shards = 0;
-  int64_t B = 0;
+  int64_t B = 0;            // uneven rows (LoaderOptions::rows): the round's rows, world_size 1
   int64_t T = 0;
   int64_t world_size = 0;
   bool shuffle = false;
@@ -123,6 +130,7 @@ class DataLoader {
   int64_t B_, T_;
   int rank_, world_size_;
   LoaderOptions options_;
+  int64_t round_rows_ = 0, row_offset_ = 0;  // rows of a round over all ranks; this rank's first row
   int64_t batches_per_epoch_ = 0;
 
   Cursor next_;  // the next batch the caller receives

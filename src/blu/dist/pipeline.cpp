@@ -13,6 +13,7 @@
 
 #include "blu/core/error.h"
 #include "blu/core/grad_mode.h"
+#include "blu/dist/tensor_parallel.h"
 #include "blu/io/checksum.h"
 #include "blu/io/json_file.h"
 #include "blu/io/safetensors.h"
@@ -258,6 +259,7 @@ PipelineStage::PipelineStage(models::CausalLM& model, std::shared_ptr<ProcessGro
   }
   for (const auto& [name, p] : model_.named_parameters())
     if (mine.count(name)) owned_.emplace_back(name, p);
+  for (const auto& [name, p] : owned_) owned_sharded_.push_back(options_.tp && shard_info(model_, p).sharded());
   if (model_.tied_embeddings() && stages > 1 && (owns_first() || owns_last()))
     tied_ = model_.token_embedding().weight;
   in_flight_.resize(size_t(options_.chunks * options_.micro_batches));
@@ -410,17 +412,28 @@ PipelineStepValues PipelineStage::forward_backward(int64_t n, const BatchFn& bat
   }
   box.finish_sends();
   sync_tied();
+  if (options_.reduce_gradients) options_.reduce_gradients();
 
   PipelineStepValues v;
   {
     NoGradGuard no_grad;
     v.loss_sum = loss_sum_.defined() ? loss_sum_ : zeros({}, DType::f64, dev);
-    // The norm: each gradient once (the tied weight counted on the first stage), every stage's sum
-    // of squares added by one all-reduce.
-    std::vector<Tensor> grads;
-    for (const auto& [name, p] : owned_)
-      if (p.grad().defined() && !(tied_.defined() && p.is_same(tied_) && !owns_first())) grads.push_back(p.grad());
+    // The norm: each gradient once (the tied weight counted on the first stage; under tensor
+    // parallelism the shards' squares summed over the TP group first), every stage's sum of
+    // squares added by one all-reduce.
+    std::vector<Tensor> grads, shards;
+    for (size_t i = 0; i < owned_.size(); ++i) {
+      const Tensor& p = owned_[i].second;
+      if (!p.grad().defined() || (tied_.defined() && p.is_same(tied_) && !owns_first())) continue;
+      (owned_sharded_[i] ? shards : grads).push_back(p.grad());
+    }
     Tensor total = grads.empty() ? zeros({}, DType::f32, dev) : sum_squares(grads);
+    if (options_.tp) {
+      Tensor sh = contiguous(reshape(to_dtype(shards.empty() ? zeros({}, DType::f32, dev) : sum_squares(shards),
+                                              DType::f64), {1}));
+      options_.tp->all_reduce(sh, ReduceOp::sum)->wait();
+      total = add(to_dtype(total, DType::f64), reshape(sh, {}));
+    }
     if (pg_ && pg_->size() > 1) {
       total = contiguous(reshape(to_dtype(total, DType::f64), {1}));
       pg_->all_reduce(total, ReduceOp::sum)->wait();

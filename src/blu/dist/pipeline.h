@@ -51,6 +51,14 @@ struct PipelineOptions {
   std::shared_ptr<const PipelineSchedule> schedule_override;
   // Called before each action on this rank (tests: an injected delay).
   std::function<void(const PipelineAction&)> before_action;
+  // Tensor parallelism inside the stages (pp × tp; the model already rewritten by
+  // apply_tensor_parallel over this group): the gradient norm counts each shard once — the
+  // sharded parameters' squares summed over the group, the replicated ones' taken once. Sequence
+  // parallelism is not supported inside a pipeline (the stages send [B, T, C] activations).
+  std::shared_ptr<ProcessGroup> tp;
+  // Called once the stage's gradients are complete (the tied weight's parts summed), before the
+  // norm: the data-parallel average over replicas of the pipeline (dp × pp).
+  std::function<void()> reduce_gradients;
 };
 
 // What one step of a stage gives back, on the device.
@@ -121,6 +129,7 @@ class PipelineStage {
   PipelineSchedule schedule_;
   int64_t send_slots_ = 0;
   nn::NamedTensors owned_;
+  std::vector<bool> owned_sharded_;  // per owned parameter: a tensor-parallel shard (options_.tp)
   Tensor tied_;  // the tied embedding/head weight when the first and last stage are different ranks
   std::vector<PipelineAction> order_;
   std::vector<std::unique_ptr<InFlight>> in_flight_;  // indexed by chunk · micro_batches + micro

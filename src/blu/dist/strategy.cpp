@@ -40,9 +40,15 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<ProcessGroup> pg, Strategy
   BLU_CHECK(config_.zero == 0 || oc.name == "adamw", "--zero ", config_.zero, " is implemented for adamw, got --optimizer ",
             oc.name);
   BLU_CHECK(oc.name == "adamw" || oc.name == "sgd", "--optimizer must be adamw or sgd, got '", oc.name, "'");
+  BLU_CHECK(!config_.offload_state || (oc.name == "adamw" && config_.zero == 0),
+            "optimizer state offload is implemented for adamw without ZeRO, got --optimizer ", oc.name, " --zero ",
+            config_.zero);
   BLU_CHECK(!config_.skip_comm || (world > 1 && config_.zero == 0), "--skip-comm needs --dp > 1 without --zero");
   BLU_CHECK(!config_.tp || config_.zero == 0, "tensor parallelism with --zero ", config_.zero,
             " is not implemented (ZeRO shards the data-parallel group's optimizer state of unsharded models)");
+  BLU_CHECK(config_.batch_share >= 0 && config_.batch_share <= 1, "batch_share must be in [0, 1], got ",
+            config_.batch_share);
+  if (config_.batch_share > 0) share_factor_ = config_.batch_share * double(world);
   name_ = !pg_ ? "single" : config_.zero == 0 ? "ddp" : "zero" + std::to_string(config_.zero);
   if (config_.tp) name_ = pg_ ? name_ + "+tp" : "tp";
   if (config_.tp) {
@@ -82,6 +88,9 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<ProcessGroup> pg, Strategy
       auto z = std::make_unique<ZeroAdamW>(std::move(groups), a, pg_, config_.zero, std::move(zo));
       zero_ = z.get();
       opt_ = std::move(z);
+    } else if (config_.offload_state) {
+      BLU_CHECK(!config_.tp, "optimizer state offload with tensor parallelism is not implemented");
+      opt_ = std::make_unique<offload::OffloadAdamW>(std::move(groups), a, config_.offload);
     } else {
       opt_ = optim::make_adamw(std::move(groups), a);
     }
@@ -113,9 +122,31 @@ Strategy::Strategy(models::CausalLM& model, std::shared_ptr<ProcessGroup> pp, Pi
     : model_(model), pg_(std::move(pp)), config_(std::move(config)) {
   BLU_CHECK(config_.zero == 0, "pipeline parallelism: --zero ", config_.zero, " is not supported with a pipeline");
   BLU_CHECK(!config_.fp16_loss_scaling, "pipeline parallelism: fp16 loss scaling is not supported with a pipeline");
+  BLU_CHECK(!config_.offload_state, "pipeline parallelism: optimizer state offload is not supported with a pipeline");
   BLU_CHECK(oc.name == "adamw" || oc.name == "sgd", "--optimizer must be adamw or sgd, got '", oc.name, "'");
+  BLU_CHECK(config_.batch_share >= 0 && config_.batch_share <= 1, "batch_share must be in [0, 1], got ",
+            config_.batch_share);
+  const int replicas = config_.dp ? config_.dp->size() : 1;
+  if (config_.batch_share > 0) share_factor_ = config_.batch_share * double(replicas);
   name_ = "pipeline";
+  pipeline.tp = config_.tp;
+  if (replicas > 1 || share_factor_ != 1.0) {
+    // The replicas' average of the owned gradients, each weighted by its replica's share of the rows.
+    pipeline.reduce_gradients = [this, replicas] {
+      NoGradGuard no_grad;
+      std::vector<Tensor> grads;
+      for (const auto& [name, p] : pipeline_->owned_parameters())
+        if (p.grad().defined()) grads.push_back(p.grad());
+      if (share_factor_ != 1.0)
+        for (Tensor& g : grads) mul_(g, share_factor_);
+      if (replicas == 1) return;
+      std::vector<WorkPtr> works;
+      for (Tensor& g : grads) works.push_back(config_.dp->all_reduce(g, ReduceOp::avg));
+      for (auto& w : works) w->wait();
+    };
+  }
   pipeline_ = std::make_unique<PipelineStage>(model, pg_, std::move(pipeline));
+  if (config_.job) pg_ = config_.job;
   auto groups = optim::decay_groups(pipeline_->owned_parameters(), oc.weight_decay);
   if (oc.name == "adamw") {
     opt_ = optim::make_adamw(std::move(groups),
@@ -145,7 +176,12 @@ int Strategy::rank() const { return pg_ ? pg_->rank() : 0; }
 int Strategy::world_size() const { return pg_ ? pg_->size() : 1; }
 
 std::string Strategy::describe() const {
-  if (pipeline_) return pipeline_->describe() + (pg_ ? " (" + pg_->backend() + ")" : std::string());
+  if (pipeline_) {
+    std::string s = pipeline_->describe() + (pg_ ? " (" + pg_->backend() + ")" : std::string());
+    if (config_.tp) s += ", each stage tensor parallel over " + std::to_string(config_.tp->size()) + " ranks";
+    if (config_.dp) s += ", " + std::to_string(config_.dp->size()) + " replicas averaging gradients";
+    return s;
+  }
   const std::string tp = config_.tp ? "tensor parallel over " + std::to_string(config_.tp->size()) + " ranks (" +
                                           config_.tp->backend() + ")"
                                     : "";
@@ -180,15 +216,17 @@ StepValues Strategy::step(int64_t n, const std::function<Tensor(int64_t)>& loss_
               " returned no scalar loss (got ", loss.defined() ? loss.str() : std::string("undefined"), ")");
     {
       NoGradGuard no_grad;
-      const Tensor l = to_dtype(loss.detach(), DType::f64);
+      Tensor l = to_dtype(loss.detach(), DType::f64);
+      if (share_factor_ != 1.0) l = mul(l, share_factor_);
       v.loss_sum = micro == 0 ? l : add(v.loss_sum, l);
     }
-    // Gradients of the mean over all micro-batches (and of the fp16 loss scale, a device value).
+    // Gradients of the mean over all micro-batches (and of the fp16 loss scale, a device value),
+    // weighted by this replica's share of the rows.
     if (zero3) zero_->begin_backward();
     if (scaler_) {
-      mul(loss, mul(scaler_->scale_tensor(loss.device()), 1.0 / double(n))).backward();
+      mul(loss, mul(scaler_->scale_tensor(loss.device()), share_factor_ / double(n))).backward();
     } else {
-      const double factor = 1.0 / double(n);
+      const double factor = share_factor_ / double(n);
       (factor != 1.0 ? mul(loss, factor) : loss).backward();
     }
     if (zero3) zero_->end_backward();  // ZeRO-3 reduces every micro-batch: no unit keeps its gradient
@@ -252,7 +290,7 @@ StepValues Strategy::step(int64_t n, const BatchFn& batch_of, double lr, double 
   const PipelineStepValues pv = pipeline_->forward_backward(n, batch_of, max_norm);
   mark(1);
   mark(2);  // the gradients are complete (the tied weight's parts summed) when forward_backward returns
-  v.loss_sum = pv.loss_sum;
+  v.loss_sum = share_factor_ != 1.0 ? mul(pv.loss_sum, share_factor_) : pv.loss_sum;
   v.gate = pv.gate;
   opt_->set_lr(lr);
   opt_->step(v.gate);
@@ -301,8 +339,9 @@ StepReadout Strategy::read(const StepValues& v, bool stop_requested) {
   const std::vector<double> got = to_vector(parts.size() == 1 ? parts[0] : cat(parts, 0));
   StepReadout r;
   const int world = pg_ ? pg_->size() : 1;
-  // A pipeline's loss is on its last stage alone (the others add zero).
-  const int loss_ranks = pipeline_ ? 1 : world;
+  // A pipeline's loss is on its last stage alone (the others add zero): on the last stage's ranks
+  // of every replica and TP rank.
+  const int loss_ranks = pipeline_ ? world / pipeline_->stages() : world;
   r.loss = got[0] / double(v.micro_batches * loss_ranks);
   r.stop = pg_ ? got[1] > 0 : stop_requested;
   r.grad_norm = has_norm ? std::sqrt(got.back()) : 0.0;
@@ -322,6 +361,8 @@ void Strategy::barrier() {
 }
 
 std::string Strategy::save(const std::string& dir, const nn::Module& model, const TrainState& st, int keep_last) {
+  BLU_CHECK(!pipeline_ || (!config_.dp && !config_.tp), "checkpoints of a pipeline with replicas or tensor-parallel "
+            "stages are not implemented: each stage's file would be written by every replica and TP rank");
   if (pipeline_) return pipeline_->save(dir, *opt_, st, keep_last);
   BLU_CHECK(!config_.tp, "checkpoints under tensor parallelism are not implemented: each rank holds its shards "
                          "(dist/tensor_parallel.h: shard_info, gather_full_state give their places in the full tensors)");

@@ -14,13 +14,16 @@
 //     the loss averaged over ranks and the stop flags combined in one small collective;
 //   tensor parallelism (StrategyConfig::tp): partial gradients summed over the TP group, the
 //     global norm over the shards; ZeRO and checkpoints are refused under it;
+//   uneven replicas (StrategyConfig::batch_share): each replica's gradient weighted by its rows;
 //   save/load/latest_checkpoint: the mode's checkpoint (rank 0's file; ZeRO: sharded, resumable on
 //     any number of ranks: dist/zero.h).
 // A pipeline Strategy (the CausalLM constructor below) runs the same step through a PipelineStage
 // (dist/pipeline.h): its optimizer holds only this stage's parameters, the loss lives on the last
 // stage, the norm is combined over stages, and each stage checkpoints its own parameters by global
-// name. step(n, batch_of, …) — micro-batch i's (idx, targets) — is the one step both the plain and
-// the pipeline paths take.
+// name; with replicas (StrategyConfig::dp: dp × pp) the owned gradients are averaged over the
+// replicas before the norm, and with tensor-parallel stages (StrategyConfig::tp: pp × tp) the norm
+// counts each shard once. step(n, batch_of, …) — micro-batch i's (idx, targets) — is the one step
+// both the plain and the pipeline paths take.
 // dist/ knows no model type: it sees an nn::Module, and exchanges apart the rows of every
 // nn::Embedding that declares a row-sparse gradient (Embedding::set_row_sparse_grad; GPT-2's tied
 // wte does) when row_exchange is on.
@@ -40,6 +43,7 @@
 #include "blu/dist/process_group.h"
 #include "blu/io/checkpoint.h"
 #include "blu/nn/module.h"
+#include "blu/offload/offload_adamw.h"
 #include "blu/optim/loss_scaler.h"
 #include "blu/ops/optim.h"
 #include "blu/optim/optimizer.h"
@@ -69,6 +73,20 @@ struct StrategyConfig {
   // The gradients of replicated parameters that sequence parallelism leaves partial (norms,
   // row-parallel biases) are summed over it, and the gradient norm counts every shard once.
   std::shared_ptr<ProcessGroup> tp;
+  // A pipeline with replicas (dp × pp, the pipeline constructor): the data-parallel group over the
+  // replicas of this rank's stage (the owned gradients are averaged over it before the norm), and
+  // the job's group, over which read(), mean_over_ranks() and barrier() run (null: the pipeline's).
+  std::shared_ptr<ProcessGroup> dp, job;
+  // This replica's share of the global batch (0: an even split). Uneven shares (dist/hetero.h:
+  // replicate with weights) weight each replica's gradient by its share of the rows before the
+  // data-parallel average — the loss is scaled by share × replicas — so the update is the one of
+  // the whole batch on one device.
+  double batch_share = 0;
+  // Optimizer state offload (offload/offload_adamw.h): AdamW's moments in host memory, updated on
+  // the host or streamed through the device. Composes with DDP (each rank updates its full copy
+  // from the averaged gradients); ZeRO, tensor and pipeline layouts are refused until wired.
+  bool offload_state = false;
+  offload::OffloadOptions offload;
 };
 
 // One step's values, on the device until Strategy::read().
@@ -177,6 +195,8 @@ class Strategy {
   // Tensor parallelism: parameters split over config_.tp, and replicated ones with partial gradients.
   std::vector<Tensor> tp_sharded_, tp_replicated_, tp_partial_;
   NormGate tp_norm_gate(double max_norm);
+  // The factor of this rank's loss (batch_share × replicas; 1 for an even split).
+  double share_factor_ = 1;
 };
 
 // Every nn::Embedding of `model` that declares a row-sparse gradient, in module order.

@@ -10,6 +10,7 @@
 
 #include "blu/core/device.h"
 #include "blu/core/storage.h"
+#include "blu/memory/memory_report.h"
 
 namespace blu {
 
@@ -28,6 +29,9 @@ class Allocator {
   virtual AllocatorStats stats() const = 0;
   virtual void reset_peak() = 0;
   virtual Device device() const = 0;
+  // Records what the live block at `ptr` holds, for the out-of-memory report
+  // (memory/memory_report.h). Allocators that keep no tags ignore it.
+  virtual void tag(void* ptr, MemoryTag tag) {}
 };
 
 // Counters shared by allocators; thread-safe.
@@ -57,7 +61,8 @@ class CpuAllocator final : public Allocator {
 };
 
 CpuAllocator& cpu_allocator();
-// The allocator for a device. BLU_CHECK when that device type has none (e.g. CUDA not built).
+// The allocator for a device: the host's for cpu:0, the budgeted device pool
+// (memory/device_pool.h) for cpu:N with N >= 1, the registered backend's otherwise. BLU_CHECK when that device type has none (e.g. CUDA not built).
 Allocator& allocator_for(Device device);
 // Lets a backend (the CUDA one) install its allocator.
 void register_allocator(DeviceType type, Allocator* (*get)(int index));

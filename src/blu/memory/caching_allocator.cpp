@@ -193,15 +193,26 @@ void CachingAllocator::throw_oom(size_t requested, size_t rounded, size_t segmen
   ++stats_.num_ooms;
   CachingAllocatorStats s = stats_;
   fill_free_stats(s);
-  BLU_CHECK(false, config_.name, ": out of memory allocating ", format_bytes(int64_t(requested)), " (", requested,
-            " bytes, rounded to ", rounded, "; a new segment of ", format_bytes(int64_t(segment_bytes)),
-            " was refused even after freeing the cache). Allocated: ", format_bytes(s.allocated_bytes),
-            " in blocks (", format_bytes(s.requested_bytes), " requested by ", s.active_blocks,
-            " live allocations); reserved: ", format_bytes(s.reserved_bytes), " in ", s.segments,
-            " segments; cached free: ", format_bytes(s.free_bytes), ", largest free block ",
-            format_bytes(s.largest_free_block), ".",
-            s.free_bytes >= int64_t(rounded) ? " The free memory is fragmented: no single block is large enough."
-                                             : "");
+  const std::string head = detail::concat(
+      config_.name, ": out of memory allocating ", format_bytes(int64_t(requested)), " (", requested,
+      " bytes, rounded to ", rounded, "; a new segment of ", format_bytes(int64_t(segment_bytes)),
+      " was refused even after freeing the cache). Allocated: ", format_bytes(s.allocated_bytes), " in blocks (",
+      format_bytes(s.requested_bytes), " requested by ", s.active_blocks, " live allocations); reserved: ",
+      format_bytes(s.reserved_bytes), " in ", s.segments, " segments; cached free: ", format_bytes(s.free_bytes),
+      ", largest free block ", format_bytes(s.largest_free_block), ".",
+      s.free_bytes >= int64_t(rounded) ? " The free memory is fragmented: no single block is large enough." : "");
+  std::vector<LiveBlock> live;
+  live.reserve(allocated_.size());
+  for (const auto& [p, b] : allocated_) live.push_back({int64_t(b->requested), tags_.get(p)});
+  // The device's capacity is not known here (limit 0): explain_oom names what would fit.
+  MemoryReport r = make_memory_report(config_.name, int64_t(requested), 0, s.free_bytes, live);
+  const std::string msg = head + "\n" + explain_oom(r);  // before r is moved into the error
+  throw OutOfMemoryError(msg, std::move(r));
+}
+
+void CachingAllocator::tag(void* ptr, MemoryTag tag) {
+  std::lock_guard lock(mu_);
+  if (allocated_.count(ptr)) tags_.set(ptr, std::move(tag));
 }
 
 void CachingAllocator::free(void* ptr) {
@@ -211,6 +222,7 @@ void CachingAllocator::free(void* ptr) {
   BLU_ASSERT(it != allocated_.end(), config_.name, ": free of ", ptr, ", which this allocator did not hand out (or freed twice)");
   Block* b = it->second;
   allocated_.erase(it);
+  tags_.erase(ptr);
   ++stats_.frees;
   --stats_.active_blocks;
   stats_.requested_bytes -= int64_t(b->requested);

@@ -1,11 +1,12 @@
 // memory/caching_allocator: the logic of the caching device allocator — stream-bound blocks cut
 // from large raw segments, best-fit reuse, splitting and merging, event-guarded reuse across
-// streams, free-and-retry on out-of-memory, statistics and snapshots. It is plain C++ with no
+// streams, free-and-retry on out-of-memory (an OutOfMemoryError showing memory by category,
+// memory/memory_report.h), statistics and snapshots. It is plain C++ with no
 // CUDA include: the raw memory and the stream events come in through two small interfaces
 // (DeviceMemorySource, EventSource), so CI tests it on the CPU with fakes, and
 // memory/cuda_allocator plugs in cudaMalloc and cudaEvent (and cudaHostAlloc for pinned memory).
 // The algorithm is described in caching_allocator.cpp (Note [Caching allocator]).
-// Depends on core/error. Keep: the allocator never reads or writes the memory it manages; a
+// Depends on core/error, memory/memory_report. Keep: the allocator never reads or writes the memory it manages; a
 // block goes back to a pool only when every stream that used it has passed its free; every
 // public method takes the one mutex.
 #pragma once
@@ -18,6 +19,8 @@
 #include <string>
 #include <unordered_map>
 #include <vector>
+
+#include "blu/memory/memory_report.h"
 
 namespace blu {
 
@@ -104,6 +107,9 @@ class CachingAllocator {
   // `ptr` (from malloc, still held) is also used by work queued on `stream`: when freed, it is
   // reused only once `stream` has passed that point.
   void record_stream(void* ptr, StreamId stream);
+  // What the block at `ptr` (held) holds, for the out-of-memory report (memory/memory_report.h);
+  // dropped when it is freed.
+  void tag(void* ptr, MemoryTag tag);
   // Gives every cached segment with no block in use back to the source.
   void empty_cache();
 
@@ -140,6 +146,7 @@ class CachingAllocator {
   std::deque<std::pair<EventSource::Event, Block*>> pending_events_;
   std::map<uintptr_t, Block*> segments_;              // base address → first block
   CachingAllocatorStats stats_;
+  MemoryTags tags_;
 };
 
 // "1.50 MiB" — for messages.

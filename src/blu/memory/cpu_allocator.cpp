@@ -4,6 +4,7 @@
 #include "blu/core/error.h"
 #include "blu/core/exec_context.h"
 #include "blu/memory/allocator.h"
+#include "blu/memory/device_pool.h"
 
 namespace blu {
 
@@ -56,7 +57,7 @@ static Allocator* (*g_allocators[kNumDeviceTypes])(int) = {};
 void register_allocator(DeviceType type, Allocator* (*get)(int)) { g_allocators[int(type)] = get; }
 
 Allocator& allocator_for(Device device) {
-  if (device.is_cpu()) return cpu_allocator();
+  if (device.is_cpu()) return device.index == 0 ? static_cast<Allocator&>(cpu_allocator()) : device_pool(device.index);
   auto get = g_allocators[int(device.type)];
   BLU_CHECK(get, "no allocator for device ", device, ": this build has no backend for it");
   return *get(device.index);
@@ -64,7 +65,12 @@ Allocator& allocator_for(Device device) {
 
 // Workspaces (core/exec_context.h) grow through the device's allocator.
 static const bool g_workspace_allocate_set = [] {
-  set_workspace_allocate([](Device device, size_t nbytes) { return allocator_for(device).allocate(nbytes); });
+  set_workspace_allocate([](Device device, size_t nbytes) {
+    Allocator& a = allocator_for(device);
+    DataPtr p = a.allocate(nbytes);
+    a.tag(p.get(), MemoryTag{MemoryCategory::workspaces, "workspace"});
+    return p;
+  });
   return true;
 }();
 

@@ -134,6 +134,7 @@ class CudaDeviceAllocator final : public Allocator {
   }
   void reset_peak() override { caching_.reset_peak(); }
   Device device() const override { return Device(DeviceType::cuda, device_); }
+  void tag(void* ptr, MemoryTag tag) override { caching_.tag(ptr, std::move(tag)); }
   CachingAllocator& caching() { return caching_; }
 
  private:

@@ -157,7 +157,7 @@ std::vector<int32_t> CausalLM::generate(const std::vector<int32_t>& prompt, int6
   const Device device = token_embedding().weight.device();
   auto ids = [&](const int32_t* p, int64_t n) {
     const Tensor host = from_vector(std::vector<double>(p, p + n), {1, n}, DType::i32);
-    return device.is_cpu() ? host : to_device(host, device);  // the model's device (a GPU: one copy)
+    return device == kCPU ? host : to_device(host, device);  // the model's device (a GPU: one copy)
   };
   Tensor logits;
   for (int64_t step = 0; step < max_new_tokens; ++step) {

@@ -6,6 +6,7 @@
 #include "blu/core/grad_mode.h"
 #include "blu/memory/allocator.h"
 #include "blu/ops/factory.h"
+#include "blu/ops/meta_dispatch.h"
 
 namespace blu {
 
@@ -31,6 +32,11 @@ Tensor BackwardContext::grad_buffer(size_t i) const {
   const TensorMeta& m = input_metas.at(i);
   return empty(m.shape, grad_dtype(i), m.device);
 }
+
+static thread_local bool t_meta = false;
+bool meta_dispatch() { return t_meta; }
+MetaDispatchGuard::MetaDispatchGuard() : prev_(t_meta) { t_meta = true; }
+MetaDispatchGuard::~MetaDispatchGuard() { t_meta = prev_; }
 
 static GradRecorder g_recorder = nullptr;
 void set_grad_recorder(GradRecorder rec) { g_recorder = rec; }
@@ -99,14 +105,18 @@ std::vector<Tensor> dispatch(const OpDef& op, std::vector<Tensor> in, const Attr
     for (size_t j = out.size(); j < metas.size(); ++j) {
       const TensorMeta& m = metas[j];
       const Device d = m.device;
-      auto storage = std::make_shared<Storage>(allocator_for(d).allocate(size_t(numel(m.shape)) * dtype_size(m.dtype)));
+      const size_t nbytes = size_t(numel(m.shape)) * dtype_size(m.dtype);
+      auto storage = std::make_shared<Storage>(t_meta ? DataPtr(nullptr, nbytes, d, nullptr, nullptr)
+                                                      : allocator_for(d).allocate(nbytes));
       out.emplace_back(std::move(storage), m.shape, contiguous_strides(m.shape), 0, m.dtype);
     }
     const Kernel k = kernel_for(op, kernel_device.type);
     BLU_CHECK(k, op.name, ": no kernel for device ", kernel_device);
-    const ExecContext& ctx = current_context(kernel_device);  // Note [Execution context]
-    ctx.scratch->reset();
-    k(KernelCall{op.name, in, out, attrs, ctx});
+    if (!t_meta) {  // Note [Meta dispatch]
+      const ExecContext& ctx = current_context(kernel_device);  // Note [Execution context]
+      ctx.scratch->reset();
+      k(KernelCall{op.name, in, out, attrs, ctx});
+    }
     if (op.inplace)
       for (size_t i = 0; i < in.size(); ++i)
         if (in[i].defined() && (op.writes ? op.writes(i, attrs) : i == 0)) in[i].storage()->bump_version();

@@ -219,7 +219,7 @@ const OpDef kToDevice{.name = "to_device", .infer = infer_to_device, .backward =
 
 Tensor to_device(const Tensor& t, Device device) {
   if (t.device() == device) return t;
-  if (device.is_cpu()) count_host_read();  // core/host_reads.h
+  if (device == kCPU) count_host_read();  // core/host_reads.h
   return dispatch1(kToDevice, {t}, Attrs{{"device", int64_t(device.type) << 16 | device.index}});
 }
 

@@ -55,6 +55,10 @@ std::string format_progress_line(const StepStats& s) {
                 static_cast<long long>(s.step), static_cast<long long>(s.total_steps), s.loss, s.lr, s.grad_norm, s.ms,
                 s.tokens_per_s, format_bytes(s.mem_bytes).c_str());
   std::string line = buf;
+  if (s.mfu > 0) {
+    std::snprintf(buf, sizeof buf, " | mfu %.1f%%", 100 * s.mfu);
+    line += buf;
+  }
   if (s.skipped >= 0) line += " | skipped " + std::to_string(s.skipped);
   return line;
 }

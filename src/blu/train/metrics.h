@@ -24,6 +24,7 @@ struct StepStats {
   double grad_norm = 0;     // global L2 norm before clipping
   double ms = 0;            // wall time of the step
   double tokens_per_s = 0;
+  double mfu = 0;           // model FLOPs utilisation per rank, a fraction (0: no peak known)
   int64_t tokens = 0;       // tokens processed by this step (B * T * grad_accum)
   int64_t mem_bytes = 0;    // allocator peak during the step
   int64_t skipped = -1;     // fp16: steps skipped for inf/NaN gradients so far (-1: not fp16)

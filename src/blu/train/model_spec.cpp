@@ -113,7 +113,7 @@ std::unique_ptr<models::CausalLM> load_model(const std::string& path, Device dev
     model = models::build_model(cfg);
     load_checkpoint(ckpt, *model, nullptr, cfg);
   }
-  if (!device.is_cpu()) model->to(device);
+  if (device != kCPU) model->to(device);
   model->eval();
   return model;
 }

@@ -22,16 +22,21 @@
 #include "blu/dist/consistency.h"
 #include "blu/dist/tcp_store.h"
 #include "blu/dist/env.h"
+#include "blu/dist/hetero.h"
+#include "blu/dist/mesh.h"
+#include "blu/dist/tensor_parallel.h"
 #include "blu/dist/zero.h"
 #include "blu/io/checkpoint.h"
 #include "blu/io/json_file.h"
 #include "blu/ops/precision.h"
 #include "blu/memory/allocator.h"
+#include "blu/memory/device_pool.h"
 #include "blu/ops/elementwise.h"
 #include "blu/ops/factory.h"
 #include "blu/ops/view.h"
 #include "blu/models/registry.h"
 #include "blu/train/model_spec.h"
+#include "blu/train/peak_flops.h"
 #ifdef BLU_HAVE_CUDA
 #include "blu/backend/cuda/runtime.h"
 #endif
@@ -51,7 +56,7 @@ Tensor ids_tensor(const std::vector<int32_t>& ids, int64_t B, int64_t T, Device 
   BLU_ASSERT(int64_t(ids.size()) == B * T, "batch holds ", ids.size(), " ids, expected ", B * T);
   Tensor host = empty({B, T}, DType::i32, kCPU);
   std::memcpy(host.data<int32_t>(), ids.data(), ids.size() * sizeof(int32_t));
-  return device.is_cpu() ? host : to_device(host, device);  // copy_ stays on one device
+  return device == kCPU ? host : to_device(host, device);  // copy_ stays on one device
 }
 
 // The value of a one-element tensor on any device.
@@ -151,7 +156,6 @@ nlohmann::json TrainOptions::to_json() const {
           {"dp", dp},                       {"zero", zero}, {"row_exchange", row_exchange},
           {"auto_resume", auto_resume}, {"init_from", init_from}, {"dist_timeout", dist_timeout},
           {"dist_work_timeout", dist_work_timeout}, {"parallel", parallel}, {"keep_best", keep_best},
-          {"recompute", recompute}, {"offload_activations", offload_activations},
           {"baseline", baseline}, {"baseline_vocab", baseline_vocab}, {"baseline_max_tokens", baseline_max_tokens},
           {"tokenizer", tokenizer}, {"shuffle", shuffle}};
 }
@@ -247,24 +251,30 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
             o.baseline_vocab);
   const dist::DistEnv env = dist::detect_env();
   // --parallel: the layout is resolved (every annotation error here, before anything runs) and
-  // mapped onto what the trainer drives — data parallelism (with ZeRO) or a pipeline.
+  // mapped onto what the trainer drives: data parallelism (with ZeRO), a pipeline, tensor
+  // parallelism, and their nestings on a dp × pp × tp mesh.
   dist::PipelineOptions pipeline;
+  dist::Layout layout;  // dp = o.dp without --parallel
   if (!o.parallel.empty()) {
     std::vector<std::string> names;
     for (const models::BlockRef& b : model_->blocks()) names.push_back(b.name);
-    const dist::Layout l = dist::resolve_layout(dist::parse_annotation(o.parallel), names, env.world_size);
+    layout = dist::resolve_layout(dist::parse_annotation(o.parallel), names, env.world_size);
+    const dist::Layout& l = layout;
     BLU_CHECK(o.dp == 1 || o.dp == l.dp, "--parallel '", o.parallel, "' gives ", l.dp, " replicas, --dp says ", o.dp,
               ": give one of the two");
     BLU_CHECK(o.zero == 0 || o.zero == l.zero, "--parallel '", o.parallel, "' asks for ZeRO-", l.zero,
               ", --zero says ", o.zero, ": give one of the two");
-    for (double w : l.replica_weights)
-      BLU_CHECK(std::abs(w - 1.0 / l.dp) < 1e-12, "--parallel '", o.parallel,
-                "': uneven replica weights are not wired into the trainer yet (dist/hetero.h splits them; the "
-                "loader and the weighted gradient average are missing)");
-    BLU_CHECK(l.tp == 1, "--parallel '", o.parallel,
-              "': split (tensor parallelism) is not wired into the trainer yet");
-    BLU_CHECK(l.pp == 1 || l.dp == 1, "--parallel '", o.parallel,
-              "': replicate over a pipeline (dp × pp) is not wired into the trainer yet");
+    BLU_CHECK(l.zero == 0 || l.tp == 1, "--parallel '", o.parallel, "': ZeRO-", l.zero,
+              " over tensor-parallel replicas (replicate(zero=", l.zero, ") of split) is not implemented");
+    BLU_CHECK(!l.sequence_parallel || l.pp == 1, "--parallel '", o.parallel,
+              "': sequence parallelism inside pipeline stages is not implemented (the stages send whole [B, T, C] "
+              "activations); use split(n) in the stages");
+    BLU_CHECK(l.tp_widths.empty() || std::all_of(l.tp_widths.begin(), l.tp_widths.end(),
+                                                 [&](double w) { return std::abs(w - 1.0 / l.tp) < 1e-12; }),
+              "--parallel '", o.parallel, "': uneven split widths are not implemented in tensor parallelism");
+    BLU_CHECK(!l.sequence_parallel || o.seq_len % l.tp == 0, "--parallel '", o.parallel,
+              "': sequence parallelism splits the sequence over ", l.tp, " ranks; --seq-len ", o.seq_len,
+              " does not divide by it");
     if (l.pp > 1) {
       BLU_CHECK(o.grad_accum == 1, "--parallel '", o.parallel, "': a pipeline's micro=", l.micro_batches,
                 " is its accumulation; drop --grad-accum ", o.grad_accum);
@@ -276,17 +286,40 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
       pipeline.micro_batches = l.micro_batches;
       for (const auto& [first, last] : l.stage_blocks) pipeline.layers.push_back(last - first + 1);
       opt_s_.grad_accum = l.micro_batches;  // the tokens of a step, as the header and metrics count them
-    } else {
-      opt_s_.dp = l.dp;
-      opt_s_.zero = l.zero;
     }
+    opt_s_.dp = l.dp;
+    opt_s_.zero = l.zero;
+    if (l.tp > 1) no_checkpoint_ = "split (tensor parallelism)";
+    else if (l.pp > 1 && l.dp > 1) no_checkpoint_ = "replicate over a pipeline (dp × pp)";
+    BLU_CHECK(no_checkpoint_.empty() || (o.ckpt_every == 0 && !o.resume && !o.auto_resume && !o.keep_best),
+              "--parallel '", o.parallel, "': checkpoints of ", no_checkpoint_,
+              " layouts are not implemented yet; run without --ckpt-every, --resume, --auto-resume and --keep-best");
+    layout_text_ = l.describe();
+  } else {
+    layout.dp = int(o.dp);
+    layout.zero = o.zero;
+    layout.replica_weights.assign(size_t(o.dp), 1.0 / double(o.dp));
   }
-  world_ = pipelined_ ? env.world_size : int(o.dp);
-  BLU_CHECK(pipelined_ || env.world_size == o.dp, "--dp ", o.dp, " must equal the number of launched processes (WORLD_SIZE=",
-            env.world_size, " from ", env.source, "); start with `blutrain launch -n ", o.dp, " -- blutrain train ...`");
-  BLU_CHECK(o.dp == 1 || o.device == "cpu" || o.device == "cuda", "--dp ", o.dp,
-            " runs on --device cpu (Gloo) or --device cuda (NCCL, each rank on cuda:LOCAL_RANK); got --device ",
+  // Each replica's rows of the global batch (batch_size · replicas rows), in proportion to the
+  // replica weights; every TP rank and stage of a replica reads its replica's rows.
+  const bool uneven = std::any_of(layout.replica_weights.begin(), layout.replica_weights.end(),
+                                  [&](double w) { return std::abs(w - 1.0 / layout.dp) > 1e-12; });
+  replica_rows_ = uneven ? dist::proportional_split(o.batch_size * layout.dp, layout.replica_weights)
+                         : std::vector<int64_t>(size_t(layout.dp), o.batch_size);
+  BLU_CHECK(!uneven || !o.shuffle, "--parallel '", o.parallel, "': uneven replica weights read contiguous rows of "
+            "one global batch; --shuffle is not supported with them");
+  world_ = !o.parallel.empty() ? env.world_size : int(o.dp);
+  BLU_CHECK(!o.parallel.empty() || env.world_size == o.dp, "--dp ", o.dp,
+            " must equal the number of launched processes (WORLD_SIZE=", env.world_size, " from ", env.source,
+            "); start with `blutrain launch -n ", o.dp, " -- blutrain train ...`");
+  BLU_CHECK(world_ == 1 || o.device == "cpu" || o.device == "cuda", "a job of ", world_,
+            " ranks runs on --device cpu (Gloo) or --device cuda (NCCL, each rank on cuda:LOCAL_RANK); got --device ",
             o.device);
+  // This rank's place on the mesh (row-major dp × pp × tp: dist/mesh.h).
+  const dist::DeviceMesh grid(env.rank, world_, {{"dp", layout.dp}, {"pp", layout.pp}, {"tp", layout.tp}});
+  const int replica = grid.coordinate("dp");
+  local_batch_ = replica_rows_[size_t(replica)];
+  samples_here_ = env.rank == 0 || (layout.tp > 1 && replica == 0 && grid.coordinate("pp") == 0);
   rank_ = env.rank;
   if (rank_ != 0) cb_.log = nullptr;  // rank 0 speaks for the job
   schedule_.kind = optim::LRSchedule::parse(o.schedule);
@@ -300,6 +333,11 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
 #else
   if (device_.is_cuda() && world_ > 1) device_ = Device(DeviceType::cuda, env.local_rank);  // one GPU per rank
   if (device_.is_cuda()) cuda::set_device(device_.index);
+#endif
+  BLU_CHECK(o.peak_tflops >= 0, "--peak-tflops must be >= 0 (0: the GPU's datasheet peak), got ", o.peak_tflops);
+  peak_tflops_ = o.peak_tflops;
+#ifdef BLU_HAVE_CUDA
+  if (peak_tflops_ == 0 && device_.is_cuda()) peak_tflops_ = dense_peak_tflops(cuda::device_name(device_.index), o.precision);
 #endif
 
   // 2. The run directory.
@@ -349,12 +387,14 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   lo.vocab_size = model_->vocab_size();
   lo.shuffle = o.shuffle;
   lo.seed = o.seed;
-  // Replicas read apart; a pipeline's stages all read the same batches (the first stage's ids, the
-  // last stage's targets).
+  // Replicas read apart; a replica's pipeline stages and TP ranks all read the same batches (the
+  // first stage's ids, the last stage's targets).
   const int world = world_;
-  const int data_rank = pipelined_ ? 0 : rank_, data_world = pipelined_ ? 1 : world_;
+  const int data_rank = replica, data_world = layout.dp;
+  LoaderOptions train_lo = lo;
+  if (uneven) train_lo.rows = replica_rows_;
   train_loader_ =
-      std::make_unique<DataLoader>(train_files, o.batch_size, o.seq_len, data_rank, data_world, lo);
+      std::make_unique<DataLoader>(train_files, local_batch_, o.seq_len, data_rank, data_world, train_lo);
   if (!o.val_pattern.empty()) {
     LoaderOptions vo = lo;
     vo.shuffle = false;  // validation reads the same batches every time
@@ -369,7 +409,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     BLU_CHECK(fam.import_hf, "--model ", o.init_from, ": the ", fam.name, " family has no Hugging Face weight import");
     fam.import_hf(*model_, o.init_from);
   }
-  if (!device_.is_cpu()) model_->to(device_);
+  if (device_ != kCPU) model_->to(device_);
   model_->train();
   apply_precision(*model_, o.precision);
   model_->set_activation_policy(models::ActivationPolicy::parse(o.recompute, o.offload_activations));
@@ -391,25 +431,64 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
         dist::agree_on(*store_, rank_, "resume", nlohmann::json{{"from", resume_from}, {"restart", restart}}.dump()));
     resume_from = agreed["from"].get<std::string>();
     restart = agreed["restart"].get<bool>();
+    if (layout.tp > 1 || (layout.pp > 1 && layout.dp > 1)) {
+      // A hybrid layout: every group of the mesh, created here in one order on every rank.
 #ifdef BLU_HAVE_CUDA
-    if (device_.is_cuda())  // CUDA tensors: NCCL on this rank's device
-      pg = dist::make_nccl_group(*store_, rank_, world, dist::NcclOptions{.timeout = ms(600), .device = device_.index});
-    else
+      const dist::GroupFactory make = device_.is_cuda()
+                                          ? dist::nccl_group_factory(dist::NcclOptions{.timeout = ms(600), .device = device_.index})
+                                          : dist::gloo_group_factory(dist::GlooOptions{.timeout = ms(30)});
+#else
+      const dist::GroupFactory make = dist::gloo_group_factory(dist::GlooOptions{.timeout = ms(30)});
 #endif
-      pg = dist::make_gloo_group(*store_, rank_, world, dist::GlooOptions{.timeout = ms(30)});
+      mesh_ = std::make_unique<dist::DeviceMesh>(*store_, rank_, world, grid.dims(), make);
+      pg = mesh_->group_ptr({"dp", "pp", "tp"});
+    } else {
+#ifdef BLU_HAVE_CUDA
+      if (device_.is_cuda())  // CUDA tensors: NCCL on this rank's device
+        pg = dist::make_nccl_group(*store_, rank_, world, dist::NcclOptions{.timeout = ms(600), .device = device_.index});
+      else
+#endif
+        pg = dist::make_gloo_group(*store_, rank_, world, dist::GlooOptions{.timeout = ms(30)});
+    }
     pg->set_phase("start-up");
   }
   dist::StrategyConfig sc;
   sc.zero = o.zero;
   sc.row_exchange = o.row_exchange;
   sc.fp16_loss_scaling = o.precision == "fp16";
+  if (uneven) {
+    sc.batch_share = double(local_batch_) / double(o.batch_size * layout.dp);
+    // The tied embedding's row exchange gathers the same number of token ids from every rank:
+    // replicas of unequal rows reduce its gradient densely instead.
+    sc.row_exchange = false;
+  }
+  if (o.gpu_memory_budget > 0 || o.host_memory_budget > 0 || o.offload_state != "auto" || o.offload_update != "auto")
+    plan_memory(sc);
   const dist::OptimizerConfig oc{.name = o.optimizer, .lr = o.lr, .weight_decay = o.weight_decay};
-  strategy_ = pipelined_ ? std::make_unique<dist::Strategy>(*model_, std::move(pg), pipeline, sc, oc)
-                         : std::make_unique<dist::Strategy>(*model_, std::move(pg), sc, oc);
+  if (mesh_) {
+    // Hybrid: the model rewritten into this rank's TP shard, the stage's pipeline over the pp
+    // group, gradients averaged over the dp group.
+    if (layout.tp > 1) {
+      sc.tp = mesh_->group_ptr({"tp"});
+      dist::apply_tensor_parallel(*model_, sc.tp, dist::TPOptions{.sequence_parallel = layout.sequence_parallel});
+      apply_precision(*model_, o.precision);  // the sharded modules take the compute dtype too
+    }
+    if (pipelined_) {
+      if (layout.dp > 1) sc.dp = mesh_->group_ptr({"dp"});
+      sc.job = pg;
+      strategy_ = std::make_unique<dist::Strategy>(*model_, mesh_->group_ptr({"pp"}), pipeline, sc, oc);
+    } else {
+      strategy_ = std::make_unique<dist::Strategy>(*model_, layout.dp > 1 ? mesh_->group_ptr({"dp"}) : nullptr, sc, oc);
+    }
+  } else {
+    strategy_ = pipelined_ ? std::make_unique<dist::Strategy>(*model_, std::move(pg), pipeline, sc, oc)
+                           : std::make_unique<dist::Strategy>(*model_, std::move(pg), sc, oc);
+  }
 
   // 5. Only now touch the disk (rank 0's files; every rank has checked the directory by now).
   if (o.out.empty()) return;
-  strategy_->barrier();
+  if (mesh_) mesh_->world().barrier()->wait();
+  else strategy_->barrier();
   if (o.overwrite && rank_ == 0)
     for (const auto& p : own_files(o.out)) fs::remove_all(p);
   if (rank_ == 0) fs::create_directories(o.out);
@@ -485,9 +564,16 @@ void Trainer::print_header() {
     os << buf << " (add-one smoothing, " << format_count(baseline_train_tokens_) << " train tokens counted, "
        << format_count(baseline_->tokens) << " val tokens scored)\n";
   }
-  if (pipelined_)
+  if (!layout_text_.empty() && (mesh_ || replica_rows_.size() > 1)) {
+    os << "parallel layout: " << layout_text_ << " over " << world_ << " ranks: " << strategy_->describe() << "\n";
+    os << "rows per replica:";
+    for (int64_t r : replica_rows_) os << " " << r;
+    os << " (a global batch of " << o.batch_size * int64_t(replica_rows_.size()) << " rows; tokens per step "
+       << format_count(o.batch_size * o.seq_len * o.grad_accum * o.dp) << ")\n";
+  }
+  if (pipelined_ && !mesh_)
     os << "pipeline parallel: " << strategy_->describe() << " over " << world_ << " ranks\n";
-  else if (o.dp > 1)
+  else if (o.dp > 1 && !mesh_)
     os << "data parallel: " << strategy_->describe()
        << "; batch per rank " << o.batch_size << ", tokens per step across ranks "
        << format_count(o.batch_size * o.seq_len * o.grad_accum * o.dp) << "\n";
@@ -513,8 +599,8 @@ dist::StepValues Trainer::train_step() {
   // their gradient over them (Note [Donated buffers], ops/dispatch.h).
   const auto loss_of = [&](int64_t) {
     const Batch b = train_loader_->next();
-    return model_->forward(ids_tensor(b.inputs, o.batch_size, o.seq_len, device_),
-                           ids_tensor(b.targets, o.batch_size, o.seq_len, device_))
+    return model_->forward(ids_tensor(b.inputs, local_batch_, o.seq_len, device_),
+                           ids_tensor(b.targets, local_batch_, o.seq_len, device_))
         .loss;
   };
   if (pipelined_) {  // the stages run the micro-batches' forwards and backwards by the schedule
@@ -523,8 +609,8 @@ dist::StepValues Trainer::train_step() {
     std::vector<std::pair<Tensor, Tensor>> batches;
     for (int64_t i = 0; i < o.grad_accum; ++i) {
       const Batch b = train_loader_->next();
-      batches.emplace_back(ids_tensor(b.inputs, o.batch_size, o.seq_len, device_),
-                           ids_tensor(b.targets, o.batch_size, o.seq_len, device_));
+      batches.emplace_back(ids_tensor(b.inputs, local_batch_, o.seq_len, device_),
+                           ids_tensor(b.targets, local_batch_, o.seq_len, device_));
     }
     return strategy_->step(o.grad_accum, [&](int64_t i) { return batches.at(size_t(i)); }, schedule_.at(step_),
                            o.grad_clip);
@@ -560,6 +646,10 @@ void Trainer::sample(int64_t step) {
 
 std::string Trainer::save(int64_t step) {
   if (opt_s_.out.empty()) return "";
+  if (!no_checkpoint_.empty()) {  // refused up front for --ckpt-every, resuming and --keep-best
+    if (cb_.log) *cb_.log << "checkpoint: none (checkpoints of " << no_checkpoint_ << " layouts are not implemented yet)\n";
+    return "";
+  }
   TrainState st;
   st.step = step;
   st.rng_seed = default_generator().seed();
@@ -704,14 +794,18 @@ TrainSummary Trainer::run() {
     s.tokens = step_tokens;  // mem_bytes is this rank's
     s.tokens_per_s = double(s.tokens) / (s.ms / 1e3);
     s.mem_bytes = alloc.stats().peak_bytes;
+    if (peak_tflops_ > 0)
+      s.mfu = s.tokens_per_s / double(world_) * model_->flops_per_token(o.seq_len) / (peak_tflops_ * 1e12);
     alloc.reset_peak();
     t_read = Clock::now();
     since_read = 0;
     sum.peak_mem_bytes = std::max(sum.peak_mem_bytes, s.mem_bytes);
     sum.final_train_loss = s.loss;
-    metrics_.write({{"event", "step"},   {"step", s.step},       {"loss", s.loss},
-                    {"lr", s.lr},        {"norm", s.grad_norm},  {"ms", s.ms},
-                    {"tok_per_s", s.tokens_per_s}, {"mem_bytes", s.mem_bytes}});
+    nlohmann::json step_ev = {{"event", "step"},   {"step", s.step},       {"loss", s.loss},
+                              {"lr", s.lr},        {"norm", s.grad_norm},  {"ms", s.ms},
+                              {"tok_per_s", s.tokens_per_s}, {"mem_bytes", s.mem_bytes}};
+    if (s.mfu > 0) step_ev["mfu"] = s.mfu;
+    metrics_.write(step_ev);
     if (cb_.on_step) cb_.on_step(s);
     // Every rank saw the same flags in read(), so the ranks stop at the same step; alone, a stop
     // asked for during on_step counts at once.
@@ -722,7 +816,7 @@ TrainSummary Trainer::run() {
     if (o.sample_every > 0 && step_ % o.sample_every == 0 && !stopping) {
       {
         const auto full = strategy_->full_parameters();  // every rank takes part under ZeRO-3
-        if (rank_ == 0) {
+        if (samples_here_) {  // rank 0, and under tensor parallelism the rest of its TP group
           sample(step_);
           test_delay_on_rank0(rank_);
         }
@@ -785,9 +879,74 @@ TrainSummary Trainer::run() {
                   sum.seconds, sum.tokens_per_s);
     os << buf;
     os << "  peak memory  " << format_bytes(sum.peak_mem_bytes) << " (" << device_.str() << " allocator)\n";
-    os << "  checkpoint   " << (sum.checkpoint.empty() ? "(none: no --out)" : sum.checkpoint) << "\n" << std::flush;
+    const std::string none = !o.out.empty() && !no_checkpoint_.empty()
+                                 ? "(none: " + no_checkpoint_ + " layouts have no checkpoint yet)"
+                                 : "(none: no --out)";
+    os << "  checkpoint   " << (sum.checkpoint.empty() ? none : sum.checkpoint) << "\n" << std::flush;
   }
   return sum;
+}
+
+// --- memory budget and offload (offload/plan.h) ---
+// The probe: one micro-batch's forward and backward on the device, its transient bytes (saved
+// activations, workspaces and the gradients) read from the allocator's peak; the default generator
+// is restored and the gradients dropped, so training after it is what it would have been.
+void Trainer::plan_memory(dist::StrategyConfig& sc) {
+  const TrainOptions& o = opt_s_;
+  BLU_CHECK(!pipelined_ && o.zero == 0 && o.optimizer == "adamw",
+            "--gpu-memory-budget/--offload-*: the planner handles adamw without ZeRO or pipelines, got --optimizer ",
+            o.optimizer, " --zero ", o.zero, pipelined_ ? " and a pipeline" : "");
+  offload::PlanInput in;
+  for (const Tensor& p : model_->parameters()) in.param_elements += p.numel();
+  in.compute_copy_bytes = o.precision == "bf16" || o.precision == "fp16" ? 2 : 0;
+  in.device_budget = offload::gib_to_bytes(o.gpu_memory_budget);
+  in.host_budget = offload::gib_to_bytes(o.host_memory_budget);
+  in.offload_state = o.offload_state;
+  in.offload_update = o.offload_update;
+  in.offload.chunk_elements = o.offload_chunk;
+  {
+    Allocator& alloc = allocator_for(device_);
+    Generator& gen = default_generator();
+    const uint64_t seed = gen.seed(), offset = gen.offset();
+    const int64_t before = alloc.stats().current_bytes;
+    alloc.reset_peak();
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+      const std::vector<int32_t> zeros(size_t(o.batch_size * o.seq_len), 0);
+      Tensor loss = model_->forward(ids_tensor(zeros, o.batch_size, o.seq_len, device_),
+                                    ids_tensor(zeros, o.batch_size, o.seq_len, device_))
+                        .loss;
+      loss.backward();
+      scalar_value(loss);  // waits for the device
+    }
+    in.compute_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * double(o.grad_accum);
+    // The compute copies the probe's forward made stay (and are counted as such by the plan).
+    in.activations.device_bytes = alloc.stats().peak_bytes - before - in.compute_copy_bytes * in.param_elements;
+    in.grads_in_activations = true;
+    for (Tensor p : model_->parameters()) p.zero_grad();
+    gen.set_state(seed, offset);
+    in.activations.blocks = int64_t(model_->blocks().size());
+    in.activations.kept = in.activations.blocks;
+    // The activation policy (models/activations.h): the probe ran under it, so device_bytes holds
+    // its effect; the blocks it keeps, offloads and recomputes and the host bytes come from it.
+    if (const models::ActivationPolicy& ap = model_->activation_policy(); ap.any()) {
+      const models::ActivationTotals t = models::activation_totals(*model_, o.batch_size, o.seq_len, ap);
+      in.activations.kept = t.kept_blocks;
+      in.activations.offloaded = t.offloaded_blocks;
+      in.activations.recomputed = t.recomputed_blocks;
+      in.activations.selective = t.selective;
+      in.activations.host_bytes = t.host_bytes;
+    }
+  }
+  in.host_adamw_elements_per_s = offload::probe_host_adamw(0);
+  if (device_ != kCPU) in.transfer_bytes_per_s = offload::probe_transfer(*offload::make_copy_engine(device_));
+  const offload::MemoryPlan plan = offload::plan_memory(in);
+  if (cb_.log) *cb_.log << plan.text << "\n";
+  sc.offload_state = plan.offload_state;
+  sc.offload = in.offload;
+  sc.offload.update = plan.update;
+  if (device_.is_cpu() && device_.index >= 1) device_pool(device_.index).set_budget(in.device_budget);
+  memory_plan_ = plan;
 }
 
 }  // namespace blu::train

@@ -14,6 +14,16 @@
 // batch_size·seq_len·grad_accum·dp tokens); gradients are averaged by dist::DistributedDataParallel
 // (zero 0, 1) or reduce-scattered by dist::ZeroAdamW (zero 2); only rank 0 prints and writes
 // metrics; checkpoints are rank 0's ordinary file (zero 0) or sharded (zero 1, 2; dist/zero.h).
+// Parallel layouts (`parallel`, dist/annotations.h) run on a device mesh dp × pp × tp
+// (dist/mesh.h: a process group per dimension, created eagerly in one order on every rank):
+// split(n[, sp]) rewrites the model into its tensor-parallel shard (dist/tensor_parallel.h),
+// pipeline(...) runs the rank's stage (dist/pipeline.h), replicate(n) averages gradients over the
+// replicas — nested in any combination. The loader gives each replica its own rows of the global
+// batch (batch_size · replicas rows; every TP rank and pipeline stage of a replica the same rows);
+// uneven replica weights split those rows in proportion (dist/hetero.h: proportional_split) and
+// weight each replica's gradient by its rows, so a step's update is the one of the whole batch on
+// one device. Layouts without a checkpoint format (split, dp × pp) refuse --ckpt-every, resuming
+// and --keep-best, and write no final checkpoint.
 // Depends on models/ (the causal-LM interface and registry), optim/optimizer, data/loader, io/checkpoint, train/metrics, dist/.
 // Keep: resuming is exact — `steps` straight and `k` steps + checkpoint + resume give bitwise the
 // same weights and losses. Everything a step reads that changes over a run (weights, optimizer
@@ -42,12 +52,14 @@
 #include "blu/data/ngram_baseline.h"
 #include "blu/dist/strategy.h"
 #include "blu/models/causal_lm.h"
+#include "blu/offload/plan.h"
 #include "blu/optim/loss_scaler.h"
 #include "blu/optim/optimizer.h"
 #include "blu/train/metrics.h"
 
 namespace blu::dist {
 class TcpStore;
+class DeviceMesh;
 }  // namespace blu::dist
 
 namespace blu::train {
@@ -74,6 +86,9 @@ struct TrainOptions {
   // fp32 (IEEE matmuls) | tf32 | bf16 | fp16: bf16/fp16 run activations and matmuls in 16 bits
   // over fp32 master weights and optimizer state; fp16 adds dynamic loss scaling.
   std::string precision = "fp32";
+  // The device's dense matmul peak in TFLOP/s for the MFU each logged step records (model FLOPs
+  // per second per rank over it); 0 looks the GPU up in train/peak_flops.h (none on the CPU).
+  double peak_tflops = 0;
   std::string out;  // run directory; "" writes nothing (no metrics, no checkpoints)
   bool overwrite = false, resume = false;
   // Resume when --out holds a checkpoint, else start there — also over a run of the same model that
@@ -110,9 +125,19 @@ struct TrainOptions {
   // "pipeline(2, schedule=1f1b, micro=4)"; "" uses --dp / --zero. Must name the launched world size.
   std::string parallel;
   // What the blocks do with their saved activations (models/activations.h): recompute none |
-  // selective | block | block:N | selective+block:N, and offload to host memory. Same losses.
+  // selective | block | block:N | selective+block:N, and offload to host memory. Not in to_json():
+  // like the memory layout below, a policy changes memory, not the numbers.
   std::string recompute = "none";
   bool offload_activations = false;
+  // Memory budget and optimizer state offload (offload/plan.h, docs/offload.md): with any of these
+  // set, a start-up probe measures one micro-batch's activations and the host AdamW and transfer
+  // speeds, the planner decides where AdamW's state lives and prints the plan, and the run fails
+  // before its first step when nothing fits. A device pool (--device cpu:N) enforces the device
+  // budget. Not in to_json(): a layout changes memory, not the numbers (offload is bitwise equal).
+  double gpu_memory_budget = 0, host_memory_budget = 0;  // GiB, 0: none
+  std::string offload_state = "auto";   // auto (offload only when the budget needs it) | none | optimizer
+  std::string offload_update = "auto";  // auto (the faster by the probe) | cpu | gpu
+  int64_t offload_chunk = int64_t(1) << 22;  // elements per streamed chunk of the gpu update
 
   nlohmann::json to_json() const;  // recorded in run.json and in checkpoints
 };
@@ -200,10 +225,28 @@ class Trainer {
   // Data parallel: rank 0 serves the store the strategy's process group rendezvoused through.
   int rank_ = 0;
   int world_ = 1;        // ranks of the job
-  bool pipelined_ = false;  // a pipeline layout: every stage reads the same batches
+  double peak_tflops_ = 0;  // per rank, for MFU; 0: none recorded
+  bool pipelined_ = false;  // a pipeline layout: every stage of a replica reads the same batches
+  // --parallel: the resolved layout in words, this rank's rows of a batch (uneven replica weights
+  // make them differ between replicas), every replica's rows, whether this rank takes part in
+  // sampling (under tensor parallelism rank 0's whole TP group runs the model), and the layout's
+  // name when it has no checkpoint yet ("" when it has one).
+  std::string layout_text_;
+  int64_t local_batch_ = 0;
+  std::vector<int64_t> replica_rows_;
+  bool samples_here_ = false;
+  std::string no_checkpoint_;
   std::unique_ptr<dist::TcpStore> store_;
+  std::unique_ptr<dist::DeviceMesh> mesh_;  // hybrid layouts (tp, dp × pp): a group per mesh dimension
   std::unique_ptr<dist::Strategy> strategy_;
   int64_t work_barriers_ = 0;
+ public:
+  // The memory plan of this run (offload/plan.h); nullopt when no budget or offload option was set.
+  const std::optional<offload::MemoryPlan>& memory_plan() const { return memory_plan_; }
+
+ private:
+  void plan_memory(dist::StrategyConfig& sc);
+  std::optional<offload::MemoryPlan> memory_plan_;
 };
 
 }  // namespace blu::train

@@ -242,6 +242,8 @@ void copy_many_kernel(const KernelCall& c) {
 BLU_REGISTER_KERNEL(cpu, "copy_many", copy_many_kernel);
 BLU_REGISTER_KERNEL(cpu, "clone", copy_kernel);
 BLU_REGISTER_KERNEL(cpu, "cast", copy_kernel);
+// Between the host and a device pool (cpu:N, memory/device_pool.h): both are host memory.
+BLU_REGISTER_KERNEL(cpu, "to_device", copy_kernel);
 
 // --- factories ---
 void empty_kernel(const KernelCall&) {}

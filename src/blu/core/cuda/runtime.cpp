@@ -19,6 +19,12 @@ int device_count() {
   return n;
 }
 
+std::string device_name(int index) {
+  cudaDeviceProp prop{};
+  BLU_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
+  return prop.name;
+}
+
 int current_device() {
   int d = 0;
   BLU_CUDA_CHECK(cudaGetDevice(&d));

@@ -10,6 +10,7 @@
 // BLU_CUDA_CHECK_LAUNCH(); kernels queue work on their call's context stream (stream_of), code
 // outside a kernel on current_stream(), never on the legacy default stream.
 #pragma once
+#include <string>
 #include <cuda_runtime.h>
 
 #include "blu/core/error.h"
@@ -31,6 +32,7 @@ namespace blu::cuda {
 namespace blu::cuda {
 
 int device_count();  // 0 when no driver/device (never throws)
+std::string device_name(int index);  // e.g. "NVIDIA H100 80GB HBM3"
 int current_device();
 void set_device(int index);
 

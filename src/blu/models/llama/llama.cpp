@@ -192,7 +192,7 @@ std::pair<Tensor, Tensor> llama_rope_tables(const LlamaConfig& cfg, int64_t posi
     }
   }
   Tensor cos = from_vector(c, {positions, D}, dtype), sin = from_vector(s, {positions, D}, dtype);
-  if (!device.is_cpu()) cos = to_device(cos, device), sin = to_device(sin, device);
+  if (device != kCPU) cos = to_device(cos, device), sin = to_device(sin, device);
   return {cos, sin};
 }
 

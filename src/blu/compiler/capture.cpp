@@ -1,0 +1,285 @@
+#include "blu/compiler/capture.h"
+
+#include <map>
+
+namespace blu::compiler {
+
+static thread_local Capture* t_active = nullptr;
+
+Capture* Capture::active() { return t_active; }
+
+Capture::Capture() {
+  BLU_CHECK(!t_active, "compiler capture: a step is already being captured on this thread");
+  t_active = this;
+  observer_ = add_op_observer([this](const OpDef& op, std::span<const Tensor> in, std::span<const Tensor> out,
+                                     const Attrs& attrs) {
+    if (t_active == this) on_op(op, in, out, attrs);
+  });
+  meta_ = std::make_unique<MetaDispatchGuard>();
+}
+
+Capture::~Capture() {
+  if (!finished_) {
+    meta_.reset();
+    remove_op_observer(observer_);
+    t_active = nullptr;
+  }
+}
+
+void Capture::classify(const Tensor& t, BufferKind kind, const std::string& name) {
+  if (t.defined()) classes_[t.storage().get()] = {kind, name};
+}
+
+int Capture::buffer_of(const Tensor& t, BufferKind kind_if_new) {
+  const Storage* s = t.storage().get();
+  if (auto it = buffer_ids_.find(s); it != buffer_ids_.end()) return it->second;
+  Buffer b;
+  b.nbytes = s->nbytes();
+  b.device = s->device();
+  b.kind = kind_if_new;
+  if (kind_if_new != BufferKind::temporary) {
+    BLU_CHECK(s->ptr() != nullptr || s->nbytes() == 0, "compiler capture: the step reads ", t.str(),
+              ", which no captured op made and which has no bytes");
+    if (auto c = classes_.find(s); c != classes_.end()) {
+      b.kind = c->second.first;
+      b.name = c->second.second;
+    }
+  }
+  const int id = graph_.add_buffer(std::move(b));
+  buffer_ids_.emplace(s, id);
+  storages_.push_back(t.storage());
+  latest_.push_back(-1);
+  return id;
+}
+
+int Capture::new_value(const Tensor& t, int buffer, int producer, bool writes) {
+  Value v;
+  v.buffer = buffer;
+  v.shape = t.shape();
+  v.strides = t.strides();
+  v.offset = t.offset();
+  v.dtype = t.dtype();
+  v.device = t.device();
+  v.producer = producer;
+  const int id = graph_.add_value(std::move(v));
+  tensors_.push_back(t);
+  value_ids_[t.impl_ptr().get()] = id;
+  if (writes) latest_[size_t(buffer)] = id;
+  version_.push_back(latest_[size_t(buffer)]);
+  return id;
+}
+
+int Capture::alias_of_current(const Tensor& t, int buf) {
+  Op op;
+  op.kind = OpKind::view;
+  op.name = "alias";
+  op.inputs = {latest_[size_t(buf)]};
+  const int producer = int(graph_.ops.size());
+  op.outputs = {new_value(t, buf, producer, false)};
+  op.views = {{0, 0}};
+  graph_.ops.push_back(std::move(op));
+  return graph_.ops.back().outputs[0];
+}
+
+int Capture::value_of(const Tensor& t) {
+  if (auto it = value_ids_.find(t.impl_ptr().get()); it != value_ids_.end()) {
+    // A view read after its buffer was written through another view reads the new contents.
+    const int buf = graph_.values[size_t(it->second)].buffer;
+    if (version_[size_t(it->second)] == latest_[size_t(buf)]) return it->second;
+    return alias_of_current(t, buf);
+  }
+  const bool known = buffer_ids_.count(t.storage().get()) > 0;
+  const int buf = buffer_of(t, BufferKind::constant);
+  // A view made outside dispatch (detach(), a hook's alias) of a buffer the step made or wrote:
+  // an explicit alias op keeps the graph SSA.
+  if (known && latest_[size_t(buf)] >= 0) return alias_of_current(t, buf);
+  const int id = new_value(t, buf, -1, false);
+  graph_.inputs.push_back(id);
+  return id;
+}
+
+void Capture::on_op(const OpDef& def, std::span<const Tensor> in, std::span<const Tensor> out, const Attrs& attrs) {
+  Op op;
+  op.kind = def.view ? OpKind::view : OpKind::kernel;
+  op.name = def.name;
+  op.def = &def;
+  op.attrs = attrs;
+  op.rng = attrs.has("seed") && attrs.has("offset");
+  for (const Tensor& t : in) op.inputs.push_back(t.defined() ? value_of(t) : -1);
+  if (def.inplace)
+    for (size_t i = 0; i < in.size(); ++i)
+      if (in[i].defined() && (def.writes ? def.writes(i, attrs) : i == 0)) op.writes.push_back(int(i));
+  const int producer = int(graph_.ops.size());
+  bool any_new = false;
+  for (size_t j = 0; j < out.size(); ++j) {
+    const Tensor& t = out[j];
+    const bool seen = value_ids_.count(t.impl_ptr().get()) > 0;
+    const bool inplace_out = def.inplace && j == 0;
+    if (seen && !inplace_out) {
+      // A composite's output, made by the ops it dispatched (recorded already).
+      op.outputs.push_back(value_ids_[t.impl_ptr().get()]);
+      continue;
+    }
+    any_new = true;
+    const bool known_buffer = buffer_ids_.count(t.storage().get()) > 0;
+    BLU_CHECK(known_buffer || t.storage()->ptr() == nullptr || t.storage()->nbytes() == 0, "compiler capture: ",
+              def.name, " made output ", j, " (", t.str(), ") outside dispatch; it cannot be captured");
+    const int buf = buffer_of(t, BufferKind::temporary);
+    if (known_buffer)
+      for (size_t i = 0; i < in.size(); ++i)
+        if (in[i].defined() && in[i].storage() == t.storage()) {
+          op.views.emplace_back(int(j), int(i));
+          break;
+        }
+    const bool is_view = !def.inplace && known_buffer;
+    op.outputs.push_back(new_value(t, buf, producer, !is_view));
+  }
+  if (!any_new && !out.empty()) return;  // a composite whose ops are all recorded
+  graph_.ops.push_back(std::move(op));
+}
+
+void Capture::record_collective(const std::string& name, Attrs attrs, std::vector<Tensor> in, std::vector<int> writes,
+                                std::function<void(std::span<const Tensor>)> call) {
+  Op op;
+  op.kind = OpKind::collective;
+  op.name = name;
+  op.attrs = std::move(attrs);
+  for (const Tensor& t : in) op.inputs.push_back(value_of(t));
+  const int producer = int(graph_.ops.size());
+  for (size_t j = 0; j < writes.size(); ++j) {
+    const Tensor& t = in[size_t(writes[j])];
+    t.storage()->bump_version();
+    op.outputs.push_back(new_value(t, graph_.values[size_t(op.inputs[size_t(writes[j])])].buffer, producer, true));
+    op.views.emplace_back(int(j), writes[j]);
+  }
+  op.writes = std::move(writes);
+  op.call = std::move(call);
+  graph_.ops.push_back(std::move(op));
+}
+
+Graph& Capture::finish() {
+  BLU_CHECK(!finished_, "compiler capture: finish() called twice");
+  finished_ = true;
+  meta_.reset();
+  remove_op_observer(observer_);
+  t_active = nullptr;
+  // Our own references: one per buffer (storages_), one per distinct TensorImpl per storage, and
+  // one handle per value on each impl.
+  std::map<const TensorImpl*, long> handles;
+  for (const Tensor& t : tensors_) ++handles[t.impl_ptr().get()];
+  std::vector<long> impls_on(graph_.buffers.size(), 0);
+  std::vector<bool> held(graph_.buffers.size(), false);
+  for (const auto& [impl, n] : handles) {
+    const int b = buffer_ids_.at(impl->storage.get());
+    ++impls_on[size_t(b)];
+  }
+  for (const Tensor& t : tensors_) {
+    const int b = buffer_ids_.at(t.storage().get());
+    if (t.impl_ptr().use_count() > handles[t.impl_ptr().get()]) held[size_t(b)] = true;
+  }
+  for (size_t b = 0; b < graph_.buffers.size(); ++b) {
+    Buffer& buf = graph_.buffers[b];
+    if (buf.kind != BufferKind::temporary) continue;
+    if (held[b] || storages_[b].use_count() > 1 + impls_on[b]) {
+      buf.kind = BufferKind::step_output;
+      graph_.outputs.push_back(latest_[b]);
+    }
+  }
+  return graph_;
+}
+
+// --- the capturable process group ---
+
+namespace {
+
+class DoneWork final : public dist::Work {
+ public:
+  void wait() override {}
+  bool is_completed() const override { return true; }
+};
+
+class CapturingGroup final : public dist::ProcessGroup {
+ public:
+  explicit CapturingGroup(std::shared_ptr<dist::ProcessGroup> inner) : inner_(std::move(inner)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string backend() const override { return inner_->backend(); }
+  void set_timeout(std::chrono::milliseconds t) override { inner_->set_timeout(t); }
+  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
+  void set_phase(std::string phase) override { inner_->set_phase(std::move(phase)); }
+
+  dist::WorkPtr all_reduce(const Tensor& t, dist::ReduceOp op) override {
+    if (Capture* c = Capture::active()) {
+      auto g = inner_;
+      c->record_collective("all_reduce", Attrs{{"reduce", int64_t(op)}}, {t}, {0},
+                           [g, op](std::span<const Tensor> in) { g->all_reduce(in[0], op)->wait(); });
+      return std::make_shared<DoneWork>();
+    }
+    return inner_->all_reduce(t, op);
+  }
+  dist::WorkPtr reduce_scatter(const Tensor& out, const Tensor& in, dist::ReduceOp op) override {
+    if (Capture* c = Capture::active()) {
+      auto g = inner_;
+      c->record_collective("reduce_scatter", Attrs{{"reduce", int64_t(op)}}, {out, in}, {0},
+                           [g, op](std::span<const Tensor> t) { g->reduce_scatter(t[0], t[1], op)->wait(); });
+      return std::make_shared<DoneWork>();
+    }
+    return inner_->reduce_scatter(out, in, op);
+  }
+  dist::WorkPtr all_gather(const Tensor& out, const Tensor& in) override {
+    if (Capture* c = Capture::active()) {
+      auto g = inner_;
+      c->record_collective("all_gather", Attrs{}, {out, in}, {0},
+                           [g](std::span<const Tensor> t) { g->all_gather(t[0], t[1])->wait(); });
+      return std::make_shared<DoneWork>();
+    }
+    return inner_->all_gather(out, in);
+  }
+  dist::WorkPtr broadcast(const Tensor& t, int root) override {
+    if (Capture* c = Capture::active()) {
+      auto g = inner_;
+      c->record_collective("broadcast", Attrs{{"root", int64_t(root)}}, {t}, {0},
+                           [g, root](std::span<const Tensor> in) { g->broadcast(in[0], root)->wait(); });
+      return std::make_shared<DoneWork>();
+    }
+    return inner_->broadcast(t, root);
+  }
+  dist::WorkPtr send(const Tensor& t, int dst, int tag) override {
+    if (Capture* c = Capture::active()) {
+      auto g = inner_;
+      c->record_collective("send", Attrs{{"peer", int64_t(dst)}, {"tag", int64_t(tag)}}, {t}, {},
+                           [g, dst, tag](std::span<const Tensor> in) { g->send(in[0], dst, tag)->wait(); });
+      return std::make_shared<DoneWork>();
+    }
+    return inner_->send(t, dst, tag);
+  }
+  dist::WorkPtr recv(const Tensor& t, int src, int tag) override {
+    if (Capture* c = Capture::active()) {
+      auto g = inner_;
+      c->record_collective("recv", Attrs{{"peer", int64_t(src)}, {"tag", int64_t(tag)}}, {t}, {0},
+                           [g, src, tag](std::span<const Tensor> in) { g->recv(in[0], src, tag)->wait(); });
+      return std::make_shared<DoneWork>();
+    }
+    return inner_->recv(t, src, tag);
+  }
+  dist::WorkPtr barrier() override {
+    if (Capture* c = Capture::active()) {
+      auto g = inner_;
+      c->record_collective("barrier", Attrs{}, {}, {}, [g](std::span<const Tensor>) { g->barrier()->wait(); });
+      return std::make_shared<DoneWork>();
+    }
+    return inner_->barrier();
+  }
+
+ private:
+  std::shared_ptr<dist::ProcessGroup> inner_;
+};
+
+}  // namespace
+
+std::shared_ptr<dist::ProcessGroup> capturable(std::shared_ptr<dist::ProcessGroup> inner) {
+  if (!inner) return inner;
+  return std::make_shared<CapturingGroup>(std::move(inner));
+}
+
+}  // namespace blu::compiler

@@ -1,0 +1,82 @@
+// compiler/capture: records one training step into a compiler::Graph at the dispatch point,
+// without computing it. A Capture turns on meta dispatch (Note [Meta dispatch], ops/dispatch.h)
+// for its thread and observes every call: each op becomes a graph op, each tensor a value, each
+// storage a buffer. The step's host logic — the model's forward, autograd's backward (its calls go
+// through dispatch too), the optimizer's update, DDP's and ZeRO's hooks — runs as in an eager
+// step, so every host-side effect (optimizer step counts, generator offsets, storage versions,
+// hooks' bookkeeping) happens exactly once, as eagerly; only the kernels do not run. Collectives
+// do not go through dispatch: a process group wrapped by capturable() records them as opaque
+// collective ops while a Capture is active and runs them otherwise.
+// The tensors the step made are kept (Capture::tensors): their storages are unbacked until the
+// runtime (compiler/runtime.h) gives them bytes and runs the kernels over them.
+// Depends on compiler/graph, ops/dispatch, dist/process_group. Keep: a Capture is active on one
+// thread, one at a time; the step must not read tensor values on the host (an unbacked tensor has
+// no bytes) — the loss scaler's and the trainer's reads happen after the step, in Strategy::read.
+#pragma once
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "blu/compiler/graph.h"
+#include "blu/core/tensor.h"
+#include "blu/dist/process_group.h"
+#include "blu/ops/dispatch.h"
+#include "blu/ops/meta_dispatch.h"
+
+namespace blu::compiler {
+
+class Capture {
+ public:
+  Capture();   // starts recording on this thread (BLU_CHECK: no other Capture active on it)
+  ~Capture();  // stops recording if finish() was not called
+  Capture(const Capture&) = delete;
+  Capture& operator=(const Capture&) = delete;
+
+  // Names what a tensor made before the step is, for the graph's buffer kinds (unnamed ones are
+  // constants). Call before the step runs.
+  void classify(const Tensor& t, BufferKind kind, const std::string& name = "");
+
+  // Stops recording and completes the graph: the buffers the step made that are still referenced
+  // outside the capture (the loss, a gradient kept as .grad) become step outputs.
+  Graph& finish();
+
+  Graph& graph() { return graph_; }
+  // Per value id, the tensor the step used; per buffer id, its storage.
+  const std::vector<Tensor>& tensors() const { return tensors_; }
+  const std::vector<std::shared_ptr<Storage>>& storages() const { return storages_; }
+
+  // The Capture recording on this thread, or null.
+  static Capture* active();
+  // A collective over `in` that writes the inputs listed in `writes` in place, recorded as an
+  // opaque op that `call` replays.
+  void record_collective(const std::string& name, Attrs attrs, std::vector<Tensor> in, std::vector<int> writes,
+                         std::function<void(std::span<const Tensor>)> call);
+
+ private:
+  void on_op(const OpDef& op, std::span<const Tensor> in, std::span<const Tensor> out, const Attrs& attrs);
+  int value_of(const Tensor& t);     // the value of a tensor seen before, or a new input value
+  int buffer_of(const Tensor& t, BufferKind kind_if_new);
+  // writes: the value holds its buffer's newest contents (a fresh output, an in-place write).
+  int new_value(const Tensor& t, int buffer, int producer, bool writes);
+  int alias_of_current(const Tensor& t, int buffer);
+
+  Graph graph_;
+  std::vector<Tensor> tensors_;
+  std::vector<std::shared_ptr<Storage>> storages_;
+  std::unordered_map<const TensorImpl*, int> value_ids_;
+  std::unordered_map<const Storage*, int> buffer_ids_;
+  std::unordered_map<const Storage*, std::pair<BufferKind, std::string>> classes_;
+  std::vector<int> latest_;   // per buffer: the value that wrote its current contents (-1: none, an input)
+  std::vector<int> version_;  // per value: latest_ of its buffer when the value was defined
+  int observer_ = -1;
+  std::unique_ptr<MetaDispatchGuard> meta_;
+  bool finished_ = false;
+};
+
+// A process group that records its collectives into the active Capture (as opaque ops, their
+// Work already complete) and forwards every call to `inner` otherwise. Replay runs the recorded
+// collective on `inner` and waits for it.
+std::shared_ptr<dist::ProcessGroup> capturable(std::shared_ptr<dist::ProcessGroup> inner);
+
+}  // namespace blu::compiler

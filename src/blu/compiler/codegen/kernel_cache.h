@@ -1,0 +1,28 @@
+// compiler/codegen/kernel_cache: the persistent on-disk cache of compiled fused-region kernels.
+// An entry is one file <dir>/<key>.<ext> (a shared object for the CPU, a cubin for CUDA) plus
+// <key>.txt holding the region text it was compiled from; the key is a 64-bit hash (hex) of the
+// region's text (region.h), the target ("cpu-x86_64", "cuda-sm_90a") and the toolchain version
+// (the C++ compiler's, or NVRTC's), so a change in any of them misses. The directory is
+// $BLU_KERNEL_CACHE, else $XDG_CACHE_HOME/blutrain/kernels, else ~/.cache/blutrain/kernels.
+// `blutrain compile` fills it where MLIR is installed; a build without MLIR only reads it.
+// Depends on nothing of the compiler but the region text. Keep: entries are written atomically
+// (temporary file, rename), so a killed compile never leaves a half-written kernel; a hit is
+// checked against the stored region text (a hash collision is a miss, never a wrong kernel).
+#pragma once
+#include <optional>
+#include <string>
+
+namespace blu::compiler {
+
+std::string kernel_cache_dir();
+std::string kernel_cache_key(const std::string& region_text, const std::string& target, const std::string& toolchain);
+
+// The path of the cached artefact for `key` when the entry exists and its stored text equals
+// `region_text`.
+std::optional<std::string> kernel_cache_find(const std::string& key, const std::string& ext,
+                                             const std::string& region_text);
+// Stores `bytes` as the entry for `key` (atomically) and returns its path.
+std::string kernel_cache_store(const std::string& key, const std::string& ext, const std::string& bytes,
+                               const std::string& region_text);
+
+}  // namespace blu::compiler

@@ -1,0 +1,92 @@
+// compiler/compile: the compiled training step as its user drives it — guard, variants, capture,
+// plan and replay put together. run(inputs, step) runs `step` (the host logic of one training
+// step, e.g. a Strategy::step call) in one of three ways:
+//   eager    the first step (the optimizer creates its state; the allocator and workspace warm
+//            up), and any step whose guard fails before capture: the step runs as written;
+//   compiled the guard key (every step input's shape, dtype, strides and device, and the
+//            caller's configuration string) names a variant: the step is captured (host logic
+//            only, no kernels), its structure is checked against the variant's graph, and the
+//            runtime replays it on the variant's arena;
+//   fallback the capture's structure differs from the variant's (the guard fails after capture):
+//            the reason is logged and the captured kernels run unplanned, one allocation per
+//            buffer, in eager order — the same kernels as the eager step.
+// A new key compiles a new variant (a log line) up to max_variants; past that every step of an
+// unknown key runs eager, each with a log line: never a silent recompile loop.
+// BLU_COMPILE_LOG=1 (or CompileOptions::log) prints each variant's graph size and memory plan
+// (peak, arena size, number of buffers) before its first compiled step, and every guard failure.
+// Depends on compiler/{capture,graph,memory_plan,runtime}. Keep: a compiled step has the eager
+// step's kernels in the eager step's order, so its results are bitwise the eager ones.
+#pragma once
+#include <functional>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "blu/compiler/codegen/region.h"
+#include "blu/compiler/runtime.h"
+
+namespace blu::compiler {
+
+struct CompileOptions {
+  int max_variants = 4;
+  int warmup_steps = 1;       // eager steps before the first capture
+  bool log = false;           // also on when BLU_COMPILE_LOG is set to a value other than 0
+  std::ostream* log_stream = nullptr;  // null: std::cerr
+  // Part of the guard key: everything besides the inputs that decides the step's graph
+  // (precision, micro-batches, layout). A change is a new variant.
+  std::string config;
+  PlanOptions plan;
+  RuntimeOptions runtime;
+  // The fusion pass (compiler/fused_step.h): given the captured graph, the regions to run fused
+  // (mlir_api::fuse where MLIR is built, or the fusion plan read from the kernel cache). Null: no
+  // fusion, every op runs its eager kernel.
+  std::function<std::vector<FusedRegion>(const Graph&)> fusion;
+};
+
+struct Variant {
+  std::string key;
+  uint64_t structure = 0;
+  Graph graph;
+  std::unique_ptr<Runtime> runtime;
+};
+
+class CompiledStep {
+ public:
+  explicit CompiledStep(CompileOptions options = {});
+  ~CompiledStep();
+
+  // Tensors that live across steps, named for the graph's buffer kinds (dump, plan summary).
+  void set_named(BufferKind kind, const std::vector<std::pair<std::string, Tensor>>& tensors);
+  void set_config(std::string config) { options_.config = std::move(config); }
+
+  // One step (see the header comment). `inputs` are the step's batch tensors.
+  void run(const std::vector<Tensor>& inputs, const std::function<void()>& step);
+
+  struct Counts {
+    int64_t eager = 0, compiled = 0, fallback = 0, guard_failures = 0;
+  };
+  const Counts& counts() const { return counts_; }
+  const std::vector<std::unique_ptr<Variant>>& variants() const { return variants_; }
+  // Every guard failure's reason, in order (also logged).
+  const std::vector<std::string>& guard_failures() const { return failures_; }
+
+ private:
+  void log(const std::string& line);
+  // The variant's graph with options_.fusion's regions fused (compiler/fused_step.h), or unchanged.
+  FusedGraph fuse_variant(const Graph& g);
+  void fail(const std::string& reason);
+  std::string key_of(const std::vector<Tensor>& inputs) const;
+
+  CompileOptions options_;
+  std::vector<std::pair<BufferKind, std::vector<std::pair<std::string, Tensor>>>> named_;
+  std::vector<std::unique_ptr<Variant>> variants_;
+  std::vector<std::string> failures_;
+  Counts counts_;
+  int64_t step_ = 0;
+};
+
+// The first difference between two graphs' structures, for a guard failure's message.
+std::string first_difference(const Graph& expected, const Graph& got);
+
+}  // namespace blu::compiler

@@ -1,0 +1,230 @@
+// compiler/fused_step: see fused_step.h.
+#include "blu/compiler/fused_step.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "blu/compiler/codegen/cpu_kernel.h"
+#include "blu/compiler/codegen/region_check.h"
+
+namespace blu::compiler {
+
+std::string FusedGraph::summary() const {
+  int ops = 0;
+  for (const FusedRegion& r : regions) ops += int(r.ops.size());
+  std::ostringstream os;
+  os << regions.size() << " regions (" << ops << " ops → " << regions.size() << " kernels), " << refused
+     << " refused; kernels: " << kernels_compiled << " compiled, " << kernels_cached << " from the cache";
+  return os.str();
+}
+
+FusedGraph unfused(const Graph& g) {
+  FusedGraph f;
+  f.graph = g;
+  f.capture_ops = int(g.ops.size());
+  for (size_t i = 0; i < g.ops.size(); ++i) f.source.push_back(int(i));
+  return f;
+}
+
+namespace {
+
+// The buffers op writes: those of its fresh outputs (not views) and of the inputs it updates in place.
+std::vector<int> written_buffers(const Graph& g, const Op& op) {
+  std::vector<int> out;
+  for (size_t j = 0; j < op.outputs.size(); ++j) {
+    const bool view = std::any_of(op.views.begin(), op.views.end(), [&](auto& p) { return p.first == int(j); });
+    if (!view) out.push_back(g.values[size_t(op.outputs[j])].buffer);
+  }
+  for (int i : op.writes)
+    if (op.inputs[size_t(i)] >= 0) out.push_back(g.values[size_t(op.inputs[size_t(i)])].buffer);
+  return out;
+}
+
+}  // namespace
+
+// Nodes: an op index (>= 0), or -(r + 1) for accepted region r.
+std::vector<int> fused_schedule(const Graph& g, const std::vector<FusedRegion>& accepted, std::string* why) {
+  const size_t n = g.ops.size();
+  std::vector<int> owner(n, -1);
+  for (size_t r = 0; r < accepted.size(); ++r)
+    for (int oi : accepted[r].ops) {
+      if (owner[size_t(oi)] >= 0) {
+        if (why) *why = "op " + std::to_string(oi) + " is in two regions";
+        return {};
+      }
+      owner[size_t(oi)] = int(r);
+    }
+  std::vector<int> first(accepted.size()), last(accepted.size());
+  for (size_t r = 0; r < accepted.size(); ++r) {
+    first[r] = *std::min_element(accepted[r].ops.begin(), accepted[r].ops.end());
+    last[r] = *std::max_element(accepted[r].ops.begin(), accepted[r].ops.end());
+  }
+  // Values made by a region (or by an op deferred behind it) that is not yet placed.
+  std::vector<int> pending_of(g.values.size(), -1);
+  std::vector<std::vector<int>> deferred(accepted.size());
+  std::vector<bool> placed(accepted.size(), false);
+  std::vector<int> order;
+  std::function<void(int)> place_region = [&](int r) {
+    order.push_back(-(r + 1));
+    placed[size_t(r)] = true;
+    for (int oi : deferred[size_t(r)]) order.push_back(oi);
+  };
+  for (size_t i = 0; i < n; ++i) {
+    const Op& op = g.ops[i];
+    if (owner[i] >= 0) {
+      const int r = owner[i];
+      for (int v : op.outputs) pending_of[size_t(v)] = r;
+      if (int(i) == last[size_t(r)]) place_region(r);
+      continue;
+    }
+    int wait = -1;  // the unplaced region this op reads from
+    for (int v : op.inputs)
+      if (v >= 0 && pending_of[size_t(v)] >= 0 && !placed[size_t(pending_of[size_t(v)])]) {
+        const int r = pending_of[size_t(v)];
+        if (wait < 0 || last[size_t(r)] > last[size_t(wait)]) wait = r;
+      }
+    if (wait >= 0) {
+      deferred[size_t(wait)].push_back(int(i));
+      for (int v : op.outputs) pending_of[size_t(v)] = wait;
+    } else {
+      order.push_back(int(i));
+    }
+  }
+  (void)first;
+  // Every buffer's accesses keep their order: a reader after the writer before it, a writer after
+  // every access before it. Positions: the node's index in `order`.
+  std::vector<int> pos(n, -1);
+  for (size_t k = 0; k < order.size(); ++k) {
+    if (order[k] >= 0)
+      pos[size_t(order[k])] = int(k);
+    else
+      for (int oi : accepted[size_t(-order[k] - 1)].ops) pos[size_t(oi)] = int(k);
+  }
+  std::vector<int> last_writer(g.buffers.size(), -1), max_touch(g.buffers.size(), -1);
+  for (size_t i = 0; i < n; ++i) {
+    const Op& op = g.ops[i];
+    const int p = pos[i];
+    for (int v : op.inputs) {
+      if (v < 0) continue;
+      const int b = g.values[size_t(v)].buffer;
+      if (last_writer[size_t(b)] > p) {
+        if (why) *why = "op " + std::to_string(i) + " (" + op.name + ") would read buf" + std::to_string(b) + " after a later write";
+        return {};
+      }
+    }
+    for (int b : written_buffers(g, op))
+      if (max_touch[size_t(b)] > p) {
+        if (why) *why = "op " + std::to_string(i) + " (" + op.name + ") would write buf" + std::to_string(b) + " before an earlier access";
+        return {};
+      }
+    for (int v : op.inputs)
+      if (v >= 0) max_touch[size_t(g.values[size_t(v)].buffer)] = std::max(max_touch[size_t(g.values[size_t(v)].buffer)], p);
+    for (int v : op.outputs) max_touch[size_t(g.values[size_t(v)].buffer)] = std::max(max_touch[size_t(g.values[size_t(v)].buffer)], p);
+    for (int b : written_buffers(g, op)) last_writer[size_t(b)] = std::max(last_writer[size_t(b)], p);
+  }
+  return order;
+}
+
+namespace {
+
+// Why a region cannot run fused on its device, or "".
+std::string unsupported(const Graph& g, const FusedRegion& r) {
+  Device dev = kCPU;
+  for (int v : r.inputs) dev = g.values[size_t(v)].device.is_cpu() ? dev : g.values[size_t(v)].device;
+  for (int v : r.outputs) dev = g.values[size_t(v)].device.is_cpu() ? dev : g.values[size_t(v)].device;
+  if (dev.is_cpu()) {
+    if (!cpu_emitter_supports(g, r)) return "an op without a CPU emitter";
+  } else {
+    return "a region on " + dev.str() + ": fused kernels are generated for the CPU only (CUDA regions run their eager kernels)";
+  }
+  for (int v : r.inputs)
+    if (!g.values[size_t(v)].contiguous()) return "a strided input (value %" + std::to_string(v) + ")";
+  for (int v : r.outputs)
+    if (!g.values[size_t(v)].contiguous()) return "a strided output (value %" + std::to_string(v) + ")";
+  return "";
+}
+
+bool on_cpu(const Graph& g, const FusedRegion& r) {
+  for (int v : r.inputs)
+    if (!g.values[size_t(v)].device.is_cpu()) return false;
+  for (int v : r.outputs)
+    if (!g.values[size_t(v)].device.is_cpu()) return false;
+  return true;
+}
+
+}  // namespace
+
+FusedGraph fuse_step(const Graph& g, std::vector<FusedRegion> regions) {
+  FusedGraph f;
+  f.capture_ops = int(g.ops.size());
+  std::vector<FusedRegion> accepted;
+  std::vector<int> order;
+  for (FusedRegion& r : regions) {
+    std::string why = unsupported(g, r);
+    if (why.empty()) {
+      accepted.push_back(r);
+      std::vector<int> o = fused_schedule(g, accepted, &why);
+      if (o.empty() && !g.ops.empty()) {
+        accepted.pop_back();
+      } else {
+        order = std::move(o);
+        continue;
+      }
+    }
+    ++f.refused;
+    f.notes.push_back("region " + std::to_string(r.index) + " (" + std::to_string(r.ops.size()) + " ops, first " +
+                      g.ops[size_t(r.ops.front())].name + ") refused: " + why);
+  }
+  if (accepted.empty()) {
+    FusedGraph u = unfused(g);
+    u.refused = f.refused;
+    u.notes = std::move(f.notes);
+    return u;
+  }
+  f.graph.buffers = g.buffers;
+  f.graph.values = g.values;
+  f.graph.inputs = g.inputs;
+  f.graph.outputs = g.outputs;
+  for (int node : order) {
+    if (node >= 0) {
+      f.graph.ops.push_back(g.ops[size_t(node)]);
+      f.source.push_back(node);
+      continue;
+    }
+    const int ri = -node - 1;
+    FusedRegion r = accepted[size_t(ri)];
+    Op op;
+    op.kind = OpKind::fused;
+    op.name = "fused";
+    op.inputs = r.inputs;
+    op.outputs = r.outputs;
+    op.region = int(f.regions.size());
+    // In-place updates inside (AdamW): the inputs whose buffers the region writes.
+    for (int oi : r.ops)
+      for (int w : g.ops[size_t(oi)].writes) {
+        const int v = g.ops[size_t(oi)].inputs[size_t(w)];
+        auto it = std::find(r.inputs.begin(), r.inputs.end(), v);
+        if (it != r.inputs.end()) op.writes.push_back(int(it - r.inputs.begin()));
+      }
+    f.graph.ops.push_back(std::move(op));
+    f.source.push_back(-1);
+    r.index = int(f.regions.size());
+    bool compiled = false;
+    if (on_cpu(g, r)) {
+      std::shared_ptr<CpuKernel> k = CpuKernel::load(g, r, &compiled);
+      const FusedRegion region = r;
+      f.kernels.push_back([k, region](const Graph& step, std::span<const Tensor> in, std::span<Tensor> out,
+                                      const ExecContext&) {
+        k->run(std::vector<Tensor>(in.begin(), in.end()), std::vector<Tensor>(out.begin(), out.end()),
+               region_scalars(step, region));
+      });
+    }
+    (compiled ? f.kernels_compiled : f.kernels_cached) += 1;
+    f.regions.push_back(std::move(r));
+  }
+  return f;
+}
+
+}  // namespace blu::compiler

@@ -1,0 +1,59 @@
+// compiler/fused_step: the fusion pass's regions (compiler/mlir/ fuse(), or a fusion plan read
+// from the kernel cache) made part of the compiled step. fuse_step rewrites the captured graph:
+// each accepted region's ops become one `fused` op (inputs: the region's inputs, outputs: its
+// outputs) placed where the region's last op was; ops between the region's first and last op that
+// read a value the region makes move to just after it. The region's intermediate values are then
+// touched by no op of the rewritten graph, so the memory plan (compiler/memory_plan.h) gives them
+// no bytes and the runtime never binds them. A region is refused (and the refusal counted, with
+// its reason) when: its ops have no emitter for the device, an input or output is strided, or the
+// rewritten order would reorder two accesses to one buffer of which one writes it (checked per
+// buffer over the whole schedule).
+// The per-step kernel arguments (float attributes such as lr, AdamW's step) are read from each
+// step's capture at launch, never baked into a kernel (region_scalars, compiler/codegen/region.h),
+// so a kernel is compiled once per region text and a new lr is no recompile.
+// Depends on compiler/{graph,runtime}, compiler/codegen/. No MLIR: a build without MLIR replays
+// regions read from the cache. Keep: the rewritten graph's values and buffers are the capture's
+// (same ids), so each step's capture binds to it unchanged; `source` maps every non-fused op back
+// to the op of the capture it runs.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "blu/compiler/codegen/region.h"
+#include "blu/compiler/graph.h"
+#include "blu/compiler/runtime.h"
+
+namespace blu::compiler {
+
+// The regions a fusion pass found in a captured step (mlir_api::fuse, or the cached plan).
+using FusionFn = std::function<std::vector<FusedRegion>(const Graph&)>;
+
+struct FusedGraph {
+  Graph graph;                       // the capture's values and buffers; ops rewritten
+  std::vector<int> source;           // per op of graph: the capture's op it runs, -1 for fused ops
+  std::vector<FusedRegion> regions;  // the accepted regions; a fused op's Op::region indexes it
+  std::vector<FusedLaunch> kernels;  // per accepted region
+  int capture_ops = 0;               // ops in each step's capture
+  int refused = 0;                   // regions not accepted (reasons in `notes`)
+  std::vector<std::string> notes;
+  // "12 regions (58 ops → 12 kernels), 2 refused; kernels: 3 compiled, 9 from the cache"
+  std::string summary() const;
+  int kernels_compiled = 0, kernels_cached = 0;
+};
+
+// The graph unchanged: every op runs as captured.
+FusedGraph unfused(const Graph& g);
+
+// Accepts what it can of `regions` (see the header comment) and loads each accepted region's
+// kernel (emitted C++, compiler/codegen/cpu_kernel.h) from the kernel cache or compiles it into
+// the cache. Regions on a CUDA device are refused (no CUDA emitter yet): they run eager kernels.
+FusedGraph fuse_step(const Graph& g, std::vector<FusedRegion> regions);
+
+// The rewritten op order for `accepted` regions of g (an op index, or -(r + 1) for region r), or
+// an empty result with the reason in `why` when the order would break a buffer's read/write
+// order.
+std::vector<int> fused_schedule(const Graph& g, const std::vector<FusedRegion>& accepted, std::string* why);
+
+}  // namespace blu::compiler

@@ -1,0 +1,95 @@
+// compiler/runtime: replays a captured step as a flat list of launches over its memory plan.
+// A Runtime is made once per compiled variant: it allocates the plan's arenas and turns the
+// graph into a launch list — per op, what runs: a backend kernel (resolved once), an opaque
+// collective, or a fused region (compiler/mlir/ plugs its generated kernels in as that kind of
+// launch) — views run nothing. Each step's capture (same structure, this step's tensors and
+// per-step scalars such as lr, the AdamW step count, Philox offsets) is then bound to the arena:
+// every temporary storage the capture made is given its planned bytes, every step output a fresh
+// allocation, and the launches run in capture order with the capture's own attributes.
+// On CUDA the launch list is recorded once into a CUDA graph on the context's stream (the arena
+// addresses are fixed) and every later step with the same addresses and attributes is one
+// cudaGraphLaunch; a step whose kernel arguments differ (a new lr, a new step count) is recorded
+// again and the executable graph updated in place (cudaGraphExecUpdate), counted in stats().
+// Depends on compiler/{graph,capture,memory_plan}, backend/, memory/. Keep: the arena is never
+// reallocated while the Runtime lives; a launch never allocates (outputs are bound before it).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "blu/backend/backend.h"
+#include "blu/compiler/capture.h"
+#include "blu/compiler/memory_plan.h"
+
+namespace blu::compiler {
+
+// A fused region's launch (compiler/fused_step.h): inputs and outputs bound, the context's stream;
+// `step` is this step's capture, whose ops carry the per-step kernel arguments (lr, step counts).
+using FusedLaunch = std::function<void(const Graph& step, std::span<const Tensor> in, std::span<Tensor> out,
+                                       const ExecContext& ctx)>;
+struct FusedGraph;
+
+struct Launch {
+  OpKind kind = OpKind::kernel;
+  int op = -1;              // index in the runtime's graph (the memory plan's schedule)
+  int source = -1;          // kernel and collective launches: the op of each step's capture it runs
+  std::vector<int> inputs, outputs;  // fused launches: the region's value ids
+  Kernel kernel = nullptr;  // kernel launches
+  Device device;            // where the kernel runs
+  FusedLaunch fused;        // fused launches
+};
+
+struct RuntimeOptions {
+  // Fill each temporary's arena bytes with 0xFF (a NaN in every float dtype) right after its last
+  // use: a plan that let two live buffers share bytes then changes the step's results.
+  bool poison_freed = false;
+  bool cuda_graph = true;  // CUDA: replay through a CUDA graph (CPU ignores it)
+};
+
+struct RuntimeStats {
+  int64_t steps = 0;
+  int64_t launches = 0;          // launch-list entries run (or recorded, on CUDA)
+  int64_t graph_captures = 0;    // CUDA graphs recorded (the first, and updates)
+  int64_t graph_launches = 0;    // cudaGraphLaunch calls
+};
+
+class Runtime {
+ public:
+  Runtime(const Graph& graph, MemoryPlan plan, RuntimeOptions options = {});
+  // A graph rewritten by fusion (compiler/fused_step.h); `plan` is the plan of fused.graph.
+  Runtime(FusedGraph fused, MemoryPlan plan, RuntimeOptions options = {});
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  // Binds a capture with this runtime's structure to the arena and runs it.
+  void run(Capture& step);
+  // Runs a capture of any structure with a fresh allocation per buffer, kernels in capture order:
+  // exactly the eager step's kernels (the fallback when a guard fails after capture).
+  static void run_unplanned(Capture& step);
+
+  const MemoryPlan& plan() const { return plan_; }
+  const std::vector<Launch>& launches() const { return launches_; }
+  const RuntimeStats& stats() const { return stats_; }
+
+ private:
+  static std::vector<Launch> build_launches(const Graph& g, const std::vector<int>* source = nullptr,
+                                            const std::vector<FusedLaunch>* kernels = nullptr);
+  static void execute(const Graph& g, const std::vector<Tensor>& tensors, const std::vector<Launch>& launches,
+                      const std::function<void(size_t op)>& after_op);
+  void poison(size_t op);
+
+  Graph graph_;  // the structure compiled (its tensors' bindings come from each step's capture)
+  int capture_ops_ = 0;  // ops in each step's capture (graph_ has fewer when regions are fused)
+  MemoryPlan plan_;
+  RuntimeOptions options_;
+  std::vector<DataPtr> arenas_;  // per plan arena
+  std::vector<Launch> launches_;
+  RuntimeStats stats_;
+  struct CudaGraph;
+  std::unique_ptr<CudaGraph> cuda_;
+};
+
+}  // namespace blu::compiler

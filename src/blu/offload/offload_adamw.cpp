@@ -1,0 +1,280 @@
+// offload/offload_adamw: AdamW over host-held state (header).
+#include "blu/offload/offload_adamw.h"
+
+#include <cstring>
+#include <map>
+#include <tuple>
+
+#include "blu/core/grad_mode.h"
+#include "blu/memory/memory_report.h"
+#include "blu/nn/compute_copy.h"
+#include "blu/ops/factory.h"
+#include "blu/ops/optim.h"
+#include "blu/ops/view.h"
+#include "blu/optim/state_io.h"
+
+namespace blu::offload {
+
+namespace {
+constexpr const char* kName = "OffloadAdamW";
+
+Tensor flat(const Tensor& t) { return view(t, {t.numel()}); }
+Tensor piece(const Tensor& t, int64_t off, int64_t len) { return narrow(flat(t), 0, off, len); }
+}  // namespace
+
+const char* update_name(UpdateOn u) { return u == UpdateOn::cpu ? "cpu" : "gpu"; }
+UpdateOn parse_update(const std::string& name) {
+  if (name == "cpu") return UpdateOn::cpu;
+  if (name == "gpu" || name == "device") return UpdateOn::device;
+  BLU_CHECK(false, "--offload-update: expected cpu, gpu or auto, got '", name, "'");
+  return UpdateOn::cpu;
+}
+
+struct OffloadAdamW::State {
+  Tensor exp_avg, exp_avg_sq;  // host, f32, the parameter's shape
+  Tensor master, grad;         // host update only: the fp32 master weights, the gradient's landing buffer
+  int64_t step = 0;
+  std::weak_ptr<Storage> uploaded;  // the device storage master was last copied to / from ...
+  uint64_t version = 0;             // ... and its version then
+};
+
+OffloadAdamW::OffloadAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOptions opt, OffloadOptions options)
+    : opt_(opt), options_(options) {
+  BLU_CHECK(opt.lr >= 0 && opt.beta1 >= 0 && opt.beta1 < 1 && opt.beta2 >= 0 && opt.beta2 < 1 && opt.eps >= 0, kName,
+            ": lr >= 0, beta1 and beta2 in [0, 1), eps >= 0 expected, got lr ", opt.lr, ", betas ", opt.beta1, ", ",
+            opt.beta2, ", eps ", opt.eps);
+  BLU_CHECK(options.chunk_elements >= 1, kName, ": chunk_elements must be >= 1, got ", options.chunk_elements);
+  groups_ = std::move(groups);
+  lr_ = opt.lr;
+  for (const optim::detail::ParamRef& p : optim::detail::flatten_groups(groups_, kName)) {
+    names_.push_back(p.name);
+    params_.push_back(p.param);
+    decay_.push_back(p.weight_decay);
+  }
+  BLU_CHECK(!params_.empty(), kName, ": no parameters");
+  device_ = params_.front().device();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    BLU_CHECK(params_[i].device() == device_, kName, ": every parameter must be on one device: '", names_[i], "' is on ",
+              params_[i].device(), ", '", names_.front(), "' on ", device_);
+    BLU_CHECK(params_[i].is_contiguous(), kName, ": parameter '", names_[i], "' is not contiguous");
+    state_.push_back(std::make_unique<State>());
+  }
+  engine_ = make_copy_engine(device_);
+  copies_.resize(params_.size());
+  if (options_.update == UpdateOn::device) {
+    int64_t total = 0;
+    for (const Tensor& p : params_) total += p.numel();
+    const int64_t chunk = std::min(options_.chunk_elements, total);
+    for (int b = 0; b < 2; ++b) {
+      stage_m_[b] = empty({chunk}, DType::f32, device_);
+      stage_v_[b] = empty({chunk}, DType::f32, device_);
+      tag_memory(stage_m_[b], MemoryCategory::optimizer_state, "offload staging (exp_avg)");
+      tag_memory(stage_v_[b], MemoryCategory::optimizer_state, "offload staging (exp_avg_sq)");
+    }
+  }
+}
+
+OffloadAdamW::~OffloadAdamW() {
+  if (engine_) engine_->host_wait(nullptr);
+}
+
+int64_t OffloadAdamW::staging_bytes(const OffloadOptions& o, int64_t total_elements) {
+  if (o.update != UpdateOn::device) return 0;
+  return 2 * 2 * int64_t(sizeof(float)) * std::min(o.chunk_elements, total_elements);
+}
+
+void OffloadAdamW::attach_compute_copies(const nn::ComputeCopies& copies) {
+  for (size_t i = 0; i < params_.size(); ++i)
+    for (const auto& [t, c] : copies)
+      if (t.is_same(params_[i])) copies_[i] = c;
+}
+
+void OffloadAdamW::ensure_state(size_t i) {
+  State& s = *state_[i];
+  Allocator& host = host_allocator_for(device_);
+  const Tensor& p = params_[i];
+  if (!s.exp_avg.defined()) {
+    s.exp_avg = empty_from(host, p.shape(), DType::f32);
+    s.exp_avg_sq = empty_from(host, p.shape(), DType::f32);
+    std::memset(s.exp_avg.raw_data(), 0, s.exp_avg.nbytes());
+    std::memset(s.exp_avg_sq.raw_data(), 0, s.exp_avg_sq.nbytes());
+  }
+  if (options_.update == UpdateOn::cpu && !s.master.defined()) {
+    s.master = empty_from(host, p.shape(), DType::f32);
+    s.grad = empty_from(host, p.shape(), DType::f32);
+  }
+}
+
+// The master must equal the device parameter: re-read it when anyone else wrote the parameter
+// since the last upload (its storage or version moved).
+void OffloadAdamW::refresh_master(size_t i) {
+  State& s = *state_[i];
+  const Tensor& p = params_[i];
+  if (s.uploaded.lock() == p.storage() && s.version == p.storage()->version()) return;
+  engine_->copy(s.master, p, Lane::out);
+  engine_->host_wait(engine_->record(Lane::out));
+  s.uploaded = p.storage();
+  s.version = p.storage()->version();
+}
+
+void OffloadAdamW::step(const NormGate& gate) {
+  NoGradGuard no_grad;
+  if (options_.update == UpdateOn::cpu)
+    step_on_host(gate);
+  else
+    step_on_device(gate);
+  ++steps_;
+}
+
+void OffloadAdamW::step_on_host(const NormGate& gate) {
+  // The host rewrites the masters the last step's uploads read.
+  engine_->host_wait(pending_in_);
+  const EventPtr grads_ready = engine_->record(Lane::compute);
+  engine_->wait(Lane::out, grads_ready);
+  std::vector<size_t> todo;
+  std::vector<EventPtr> landed;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor g = params_[i].grad();
+    if (!g.defined()) continue;
+    BLU_CHECK(g.dtype() == DType::f32 && g.shape() == params_[i].shape() && g.is_contiguous(), kName, ": gradient of '",
+              names_[i], "' is ", g.str(), ", expected a contiguous f32 tensor of the parameter's shape");
+    ensure_state(i);
+    refresh_master(i);
+    engine_->copy(state_[i]->grad, g, Lane::out);
+    landed.push_back(engine_->record(Lane::out));
+    todo.push_back(i);
+  }
+  // The gate's total, read once (the host decides the clip as the kernels do on the device).
+  double total = -1;
+  if (gate.defined()) {
+    const Tensor t = to_device(gate.sum_squares, kCPU);
+    total = t.dtype() == DType::f64 ? *t.data<double>() : double(*t.data<float>());
+  }
+  const GateDecision decision = GateDecision::from_total(total, gate.max_norm);
+  for (size_t j = 0; j < todo.size(); ++j) {
+    const size_t i = todo[j];
+    State& s = *state_[i];
+    ++s.step;  // counted even when the gate skips the update, as AdamW counts it
+    engine_->host_wait(landed[j]);
+    if (decision.skip) continue;
+    const auto k = AdamWCoefficients::make(lr_, opt_.beta1, opt_.beta2, opt_.eps, decay_[i], s.step);
+    adamw_host_update(s.master.data<float>(), s.grad.data<float>(), s.exp_avg.data<float>(), s.exp_avg_sq.data<float>(),
+                      nullptr, DType::bf16, s.master.numel(), k, decision, options_.threads);
+    engine_->copy(params_[i], s.master, Lane::in);
+    s.uploaded = params_[i].storage();
+    s.version = params_[i].storage()->version();
+  }
+  pending_in_ = engine_->record(Lane::in);
+  engine_->wait(Lane::compute, pending_in_);  // the next forward reads the new parameters
+}
+
+void OffloadAdamW::step_on_device(const NormGate& gate) {
+  struct Piece {
+    size_t param;
+    int64_t offset, length, at;  // at: offset in the chunk's staging buffer
+  };
+  // Pieces of the parameters that have gradients, cut into chunks of at most chunk_elements.
+  const int64_t chunk_cap = stage_m_[0].numel();
+  std::vector<std::vector<Piece>> chunks(1);
+  int64_t used = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor g = params_[i].grad();
+    if (!g.defined()) continue;
+    BLU_CHECK(g.dtype() == DType::f32 && g.shape() == params_[i].shape() && g.is_contiguous(), kName, ": gradient of '",
+              names_[i], "' is ", g.str(), ", expected a contiguous f32 tensor of the parameter's shape");
+    ensure_state(i);
+    ++state_[i]->step;
+    for (int64_t off = 0, n = params_[i].numel(); off < n;) {
+      if (used == chunk_cap) {
+        chunks.emplace_back();
+        used = 0;
+      }
+      const int64_t len = std::min(n - off, chunk_cap - used);
+      chunks.back().push_back({i, off, len, used});
+      used += len;
+      off += len;
+    }
+  }
+  // Host moments written by the last step's downloads are read by this step's uploads.
+  engine_->wait(Lane::in, pending_out_);
+  EventPtr buffer_free[2];
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    if (chunks[c].empty()) continue;
+    const int b = int(c % 2);
+    engine_->wait(Lane::in, buffer_free[b]);
+    for (const Piece& pc : chunks[c]) {
+      const State& s = *state_[pc.param];
+      engine_->copy(narrow(stage_m_[b], 0, pc.at, pc.length), piece(s.exp_avg, pc.offset, pc.length), Lane::in);
+      engine_->copy(narrow(stage_v_[b], 0, pc.at, pc.length), piece(s.exp_avg_sq, pc.offset, pc.length), Lane::in);
+    }
+    engine_->wait(Lane::compute, engine_->record(Lane::in));
+    // One adamw_step op per (weight decay, step count, compute-copy dtype), as AdamW batches them.
+    std::map<std::tuple<double, int64_t, DType>, std::vector<AdamWTensors>> batches;
+    for (const Piece& pc : chunks[c]) {
+      const size_t i = pc.param;
+      const Tensor copy = copies_[i] ? copies_[i]->target(params_[i]) : Tensor();
+      batches[{decay_[i], state_[i]->step, copy.defined() ? copy.dtype() : DType::f32}].push_back(
+          {piece(params_[i], pc.offset, pc.length), piece(params_[i].grad(), pc.offset, pc.length),
+           narrow(stage_m_[b], 0, pc.at, pc.length), narrow(stage_v_[b], 0, pc.at, pc.length),
+           copy.defined() ? piece(copy, pc.offset, pc.length) : Tensor()});
+    }
+    for (const auto& [key, tensors] : batches)
+      adamw_step_(tensors,
+                  {.lr = lr_, .beta1 = opt_.beta1, .beta2 = opt_.beta2, .eps = opt_.eps, .weight_decay = std::get<0>(key),
+                   .step = std::get<1>(key)},
+                  gate);
+    engine_->wait(Lane::out, engine_->record(Lane::compute));
+    for (const Piece& pc : chunks[c]) {
+      const State& s = *state_[pc.param];
+      engine_->copy(piece(s.exp_avg, pc.offset, pc.length), narrow(stage_m_[b], 0, pc.at, pc.length), Lane::out);
+      engine_->copy(piece(s.exp_avg_sq, pc.offset, pc.length), narrow(stage_v_[b], 0, pc.at, pc.length), Lane::out);
+    }
+    buffer_free[b] = engine_->record(Lane::out);
+  }
+  pending_out_ = engine_->record(Lane::out);
+  // Every parameter with a copy was written together with it, by the ops above.
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (copies_[i] && params_[i].grad().defined() && copies_[i]->target(params_[i]).defined())
+      copies_[i]->mark_written(params_[i]);
+}
+
+nn::NamedTensors OffloadAdamW::state() const {
+  engine_->host_wait(nullptr);  // the downloads of the last step have landed
+  nn::NamedTensors out;
+  out.emplace_back("step", optim::detail::count_tensor(steps_));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const State& s = *state_[i];
+    if (s.step == 0) continue;
+    out.emplace_back("exp_avg." + names_[i], s.exp_avg);
+    out.emplace_back("exp_avg_sq." + names_[i], s.exp_avg_sq);
+    out.emplace_back("step." + names_[i], optim::detail::count_tensor(s.step));
+  }
+  return out;
+}
+
+void OffloadAdamW::load_state(const nn::NamedTensors& state) {
+  NoGradGuard no_grad;
+  std::vector<optim::detail::ParamRef> refs;
+  for (size_t i = 0; i < params_.size(); ++i) refs.push_back({names_[i], params_[i], decay_[i]});
+  optim::detail::ParsedState parsed = optim::detail::parse_state(
+      state, refs, {{"exp_avg", false}, {"exp_avg_sq", false}, {"step", true}}, kName);
+  engine_->host_wait(nullptr);
+  std::vector<std::unique_ptr<State>> next;
+  Allocator& host = host_allocator_for(device_);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    next.push_back(std::make_unique<State>());
+    const auto& t = parsed.per_param[i];
+    if (t.empty()) continue;
+    State& s = *next.back();
+    s.step = optim::detail::read_count(t[2], "step." + names_[i]);
+    BLU_CHECK(s.step > 0, kName, " state: 'step.", names_[i], "' is 0 but moments are present");
+    s.exp_avg = empty_from(host, params_[i].shape(), DType::f32);
+    s.exp_avg_sq = empty_from(host, params_[i].shape(), DType::f32);
+    copy_(s.exp_avg, to_device(t[0], kCPU));
+    copy_(s.exp_avg_sq, to_device(t[1], kCPU));
+  }
+  state_ = std::move(next);  // masters are re-read from the parameters at the next step
+  steps_ = parsed.step;
+}
+
+}  // namespace blu::offload

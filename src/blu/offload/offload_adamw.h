@@ -1,0 +1,84 @@
+// offload/offload_adamw: AdamW with its state in host memory — the first and second moments
+// (and, when the host runs the update, an fp32 master copy of each parameter and a gradient
+// buffer) live in pinned host memory on CUDA (host memory beside the device pool cpu:N on a CPU
+// build), so the device holds only what the forward and backward need: the parameters, their
+// gradients and the 16-bit compute copies. Two ways to run the update, chosen per machine
+// (OffloadOptions::update; the planner's probe picks for `auto`, offload/plan.h):
+//   cpu    — the gradients go to the host (one copy per parameter on the out lane, each awaited
+//            only before its own update), the host runs the threaded AdamW (offload/host_adamw.h)
+//            on master, moments and gradient, and the new parameter goes back on the in lane; the
+//            compute lane waits for the uploads by an event. The 16-bit compute copies are
+//            re-cast on the device by the next forward. One host read per step: the norm gate's
+//            total (the host needs the clip decision). 
+//   device — the moments stream through the device in chunks of chunk_elements: chunk i+1 is
+//            uploaded on the in lane while chunk i is updated on the compute lane (the adamw_step
+//            op: the device kernel, norm gate decided on the device) and chunk i-1 is downloaded
+//            on the out lane; two staging buffers, ordered by events, no host wait inside the step.
+// Both produce bit for bit the plain AdamW's parameters, moments and compute copies (the host
+// update has the kernels' arithmetic; the device update is the kernel), and the state has the plain
+// AdamW's names (optim/optimizer.h), so checkpoints move between the two.
+// Depends on optim/ (the Optimizer interface, state parsing), ops/ (adamw_step_, views), nn/
+// (compute copies), offload/host_adamw, offload/transfer. Keep: host state is read or written only
+// after the events of the copies that touch it (state() waits for them); a parameter written by
+// anyone else (a checkpoint load, a broadcast) is noticed by its storage version and its master
+// re-read before the next host update.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "blu/offload/host_adamw.h"
+#include "blu/offload/transfer.h"
+#include "blu/optim/optimizer.h"
+
+namespace blu::offload {
+
+enum class UpdateOn : uint8_t { cpu, device };
+const char* update_name(UpdateOn u);  // "cpu", "gpu"
+UpdateOn parse_update(const std::string& name);  // "cpu", "gpu" (or "device")
+
+struct OffloadOptions {
+  UpdateOn update = UpdateOn::cpu;
+  int64_t chunk_elements = int64_t(1) << 22;  // device update: elements per streamed chunk
+  int threads = 0;                             // host update: 0 = OpenMP's default
+};
+
+class OffloadAdamW final : public optim::Optimizer {
+ public:
+  // Every parameter on one device (a GPU or a pool cpu:N), f32.
+  OffloadAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOptions opt, OffloadOptions options);
+  ~OffloadAdamW() override;
+  void step(const NormGate& gate) override;
+  nn::NamedTensors state() const override;
+  void load_state(const nn::NamedTensors& state) override;
+  void attach_compute_copies(const nn::ComputeCopies& copies) override;
+
+  const OffloadOptions& options() const { return options_; }
+  Device device() const { return device_; }
+  // Host bytes per parameter element once every parameter has state: 8 (moments) for the device
+  // update, 16 (moments, master, gradient) for the host update.
+  static int64_t host_bytes_per_element(UpdateOn u) { return u == UpdateOn::cpu ? 16 : 8; }
+  // Device bytes of the device update's staging buffers (two chunks of both moments), 0 for cpu.
+  static int64_t staging_bytes(const OffloadOptions& o, int64_t total_elements);
+
+ private:
+  struct State;
+  void step_on_host(const NormGate& gate);
+  void step_on_device(const NormGate& gate);
+  void ensure_state(size_t i);
+  void refresh_master(size_t i);
+
+  optim::AdamWOptions opt_;
+  OffloadOptions options_;
+  Device device_;
+  std::unique_ptr<CopyEngine> engine_;
+  std::vector<std::string> names_;
+  std::vector<Tensor> params_;
+  std::vector<double> decay_;
+  std::vector<std::unique_ptr<State>> state_;
+  std::vector<std::shared_ptr<nn::ComputeCopy>> copies_;
+  Tensor stage_m_[2], stage_v_[2];  // device update: the two chunk buffers
+  EventPtr pending_in_, pending_out_;  // the last step's uploads / downloads
+};
+
+}  // namespace blu::offload

@@ -1,0 +1,148 @@
+// offload/plan: the memory budget planner (header).
+#include "blu/offload/plan.h"
+
+#include <chrono>
+#include <cmath>
+#include <sstream>
+#include <vector>
+
+#include "blu/memory/caching_allocator.h"
+#include "blu/ops/factory.h"
+
+namespace blu::offload {
+
+int64_t gib_to_bytes(double gib) {
+  BLU_CHECK(gib >= 0 && std::isfinite(gib), "a memory budget must be a finite number of GiB >= 0, got ", gib);
+  return int64_t(std::llround(gib * double(int64_t(1) << 30)));
+}
+
+namespace {
+
+struct Candidate {
+  bool offload;
+  UpdateOn update;
+  int64_t device_static, host;
+  double update_seconds;
+};
+
+Candidate candidate(const PlanInput& in, bool offload, UpdateOn u) {
+  const int64_t n = in.param_elements;
+  const int64_t grads = in.grads_in_activations ? 0 : 4 * n;
+  Candidate c{offload, u, 0, 0, 0};
+  if (!offload) {
+    c.device_static = (4 + 8 + in.compute_copy_bytes) * n + grads;  // parameters, moments, copies
+    c.update_seconds = in.device_adamw_elements_per_s > 0 ? double(n) / in.device_adamw_elements_per_s : 0;
+    return c;
+  }
+  OffloadOptions o = in.offload;
+  o.update = u;
+  c.device_static = (4 + in.compute_copy_bytes) * n + grads + OffloadAdamW::staging_bytes(o, n);
+  c.host = OffloadAdamW::host_bytes_per_element(u) * n;
+  if (in.transfer_bytes_per_s > 0) {
+    if (u == UpdateOn::cpu)  // gradients down, parameters up; the host update overlaps the copies
+      c.update_seconds = std::max(8.0 * double(n) / in.transfer_bytes_per_s,
+                                  in.host_adamw_elements_per_s > 0 ? double(n) / in.host_adamw_elements_per_s : 0.0);
+    else  // both moments up and down (the two directions overlap)
+      c.update_seconds = 8.0 * double(n) / in.transfer_bytes_per_s;
+  }
+  return c;
+}
+
+std::string fmt(int64_t b) { return format_bytes(b); }
+
+}  // namespace
+
+MemoryPlan plan_memory(const PlanInput& in) {
+  BLU_CHECK(in.param_elements > 0, "memory plan: no parameters");
+  BLU_CHECK(in.offload_state == "auto" || in.offload_state == "none" || in.offload_state == "optimizer",
+            "--offload-state: expected auto, none or optimizer, got '", in.offload_state, "'");
+  BLU_CHECK(in.offload_update == "auto" || in.offload_update == "cpu" || in.offload_update == "gpu",
+            "--offload-update: expected auto, cpu or gpu, got '", in.offload_update, "'");
+  const int64_t act = in.activations.device_bytes;
+  std::vector<Candidate> tried;
+  if (in.offload_state != "optimizer") tried.push_back(candidate(in, false, UpdateOn::device));
+  if (in.offload_state != "none") {
+    if (in.offload_update != "gpu") tried.push_back(candidate(in, true, UpdateOn::cpu));
+    if (in.offload_update != "cpu") tried.push_back(candidate(in, true, UpdateOn::device));
+  }
+  const auto fits = [&](const Candidate& c) {
+    return (in.device_budget == 0 || c.device_static + act <= in.device_budget) &&
+           (in.host_budget == 0 || c.host + in.activations.host_bytes <= in.host_budget);
+  };
+  const Candidate* best = nullptr;
+  for (const Candidate& c : tried) {
+    if (!fits(c)) continue;
+    // Keeping the state on the device wins when it fits; among offloads the faster update.
+    if (!best || (best->offload && !c.offload) ||
+        (best->offload == c.offload && c.update_seconds < best->update_seconds))
+      best = &c;
+  }
+  if (!best) {
+    std::ostringstream os;
+    os << "no memory layout fits: " << in.param_elements << " parameters with " << fmt(act)
+       << " of activations on the device";
+    os << " under a device budget of " << (in.device_budget ? fmt(in.device_budget) : std::string("(none)"))
+       << " and a host budget of " << (in.host_budget ? fmt(in.host_budget) : std::string("(none)")) << ":";
+    for (const Candidate& c : tried)
+      os << "\n  " << (c.offload ? std::string("optimizer state on the host, update on the ") + update_name(c.update)
+                                 : std::string("everything on the device"))
+         << ": device " << fmt(c.device_static + act) << " (" << fmt(c.device_static) << " state + " << fmt(act)
+         << " activations), host " << fmt(c.host + in.activations.host_bytes);
+    int64_t least = INT64_MAX;
+    for (const Candidate& c : tried) least = std::min(least, c.device_static + act);
+    os << "\n  the smallest device budget that fits is " << fmt(least) << " (--gpu-memory-budget "
+       << std::ceil(double(least) / double(int64_t(1) << 30) * 100) / 100 << ")";
+    BLU_CHECK(false, os.str());
+  }
+  MemoryPlan p;
+  p.offload_state = best->offload;
+  p.update = best->update;
+  p.device_static_bytes = best->device_static;
+  p.device_peak_bytes = best->device_static + act;
+  p.host_bytes = best->host + in.activations.host_bytes;
+  p.device_bytes_per_param = double(best->device_static) / double(in.param_elements);
+  p.update_seconds = best->update_seconds;
+  p.step_seconds = in.compute_seconds > 0 ? in.compute_seconds + best->update_seconds + in.activations.extra_seconds : 0;
+  p.activations = in.activations;
+  std::ostringstream os;
+  os << "memory plan: " << (p.offload_state ? std::string("optimizer state on the host, update on the ") + update_name(p.update)
+                                            : std::string("everything on the device"))
+     << "\n  device: " << fmt(p.device_peak_bytes) << " predicted peak = " << fmt(p.device_static_bytes)
+     << " parameters/gradients/" << (p.offload_state ? "staging" : "optimizer state") << " ("
+     << std::round(p.device_bytes_per_param * 100) / 100 << " bytes per parameter) + " << fmt(act) << " activations"
+     << (in.device_budget ? " (budget " + fmt(in.device_budget) + ")" : std::string());
+  os << "\n  host: " << fmt(p.host_bytes) << (in.host_budget ? " (budget " + fmt(in.host_budget) + ")" : std::string());
+  const ActivationPlan& a = in.activations;
+  os << "\n  activations: " << a.kept << " blocks kept, " << a.offloaded << " offloaded, " << a.recomputed
+     << " recomputed" << (a.selective.empty() ? std::string() : " (selective: " + a.selective + ")");
+  if (p.step_seconds > 0)
+    os << "\n  predicted step: " << std::round(p.step_seconds * 1e4) / 10 << " ms (update "
+       << std::round(p.update_seconds * 1e4) / 10 << " ms)";
+  p.text = os.str();
+  return p;
+}
+
+double probe_host_adamw(int threads) {
+  const int64_t n = int64_t(1) << 23;
+  std::vector<float> p(size_t(n), 0.5f), g(size_t(n), 0.01f), m(size_t(n), 0.f), v(size_t(n), 0.f);
+  const auto k = AdamWCoefficients::make(1e-3, 0.9, 0.95, 1e-8, 0.1, 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  adamw_host_update(p.data(), g.data(), m.data(), v.data(), nullptr, DType::bf16, n, k, {}, threads);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return double(n) / std::max(s, 1e-9);
+}
+
+double probe_transfer(CopyEngine& engine) {
+  const int64_t n = int64_t(16) << 20;  // 64 MiB of floats
+  Tensor host = empty_from(host_allocator_for(engine.device()), {n}, DType::f32);
+  Tensor dev = empty({n}, DType::f32, engine.device());
+  engine.copy(dev, host, Lane::in);  // warm-up
+  engine.host_wait(engine.record(Lane::in));
+  const auto t0 = std::chrono::steady_clock::now();
+  engine.copy(dev, host, Lane::in);
+  engine.host_wait(engine.record(Lane::in));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return double(n * 4) / std::max(s, 1e-9);
+}
+
+}  // namespace blu::offload

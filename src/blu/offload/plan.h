@@ -1,0 +1,72 @@
+// offload/plan: the memory budget planner — given the parameter count, the precision, the
+// activations' device bytes and the device and host budgets, it decides where the optimizer state
+// lives (device, or host with the update on the CPU or streamed through the device), predicts the
+// device's peak bytes and the step time, prints the plan, and fails early, naming the numbers, when
+// no layout fits. `blutrain train|bench --gpu-memory-budget/--host-memory-budget` run it.
+// The activation side (selective / whole-block recompute, activation offload: autograd/ and
+// models/, not here) hands its decision over as an ActivationPlan: the planner only adds its bytes
+// and time; without one, the trainer measures one micro-batch's forward and backward (probe).
+// Depends on offload/offload_adamw (bytes of its staging, UpdateOn). Keep: the byte counts are the
+// ones the allocators count (requested bytes), so a run's peak can be checked against the plan.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "blu/offload/offload_adamw.h"
+
+namespace blu::offload {
+
+// What the activation planner (recompute/offload of saved activations) decided, per step.
+struct ActivationPlan {
+  int64_t blocks = 0;              // repeated blocks of the model
+  int64_t kept = 0;                // blocks whose saved activations stay on the device
+  int64_t offloaded = 0;           // blocks whose saved activations go to host memory
+  int64_t recomputed = 0;          // blocks recomputed in backward (whole block or selective)
+  std::string selective;           // what selective recompute recomputes ("" none, "attention", "mlp", ...)
+  int64_t device_bytes = 0;        // peak bytes of activations (and gradients being built) on the device
+  int64_t host_bytes = 0;          // bytes of offloaded activations in host memory
+  double extra_seconds = 0;        // recompute and exposed transfer time per step
+};
+
+struct PlanInput {
+  int64_t param_elements = 0;      // this rank's parameter elements
+  int64_t compute_copy_bytes = 0;  // bytes per element of the 16-bit compute copies (0 in fp32, 2 in bf16/fp16)
+  ActivationPlan activations;      // device_bytes includes the gradients' transient growth? see grads_in_activations
+  bool grads_in_activations = false;  // activations.device_bytes already counts the gradients (a probe does)
+  int64_t device_budget = 0;       // bytes, 0: none
+  int64_t host_budget = 0;         // bytes, 0: none
+  std::string offload_state = "auto";   // auto | none | optimizer
+  std::string offload_update = "auto";  // auto | cpu | gpu
+  OffloadOptions offload;          // chunk size, threads (update is decided here)
+  // Speeds for the step-time prediction (from the start-up probe; 0: not predicted).
+  double compute_seconds = 0;      // forward + backward of the whole step
+  double host_adamw_elements_per_s = 0;
+  double transfer_bytes_per_s = 0;  // host <-> device, one direction
+  double device_adamw_elements_per_s = 0;
+};
+
+struct MemoryPlan {
+  bool offload_state = false;
+  UpdateOn update = UpdateOn::cpu;
+  int64_t device_static_bytes = 0;  // parameters, gradients, copies, state or staging
+  int64_t device_peak_bytes = 0;    // static + activations
+  int64_t host_bytes = 0;
+  double device_bytes_per_param = 0;  // static / parameter elements
+  double update_seconds = 0, step_seconds = 0;  // predicted (0: no speeds given)
+  ActivationPlan activations;
+  std::string text;  // the plan, several lines, for the run header
+};
+
+// BLU_CHECK with the budget and what each layout needs when none fits.
+MemoryPlan plan_memory(const PlanInput& in);
+
+// The start-up probe's host side: elements per second of the threaded host AdamW (about 8M
+// elements, once).
+double probe_host_adamw(int threads);
+// Bytes per second of one host -> device copy through `engine` (64 MiB, once; a CPU pool: memcpy).
+double probe_transfer(CopyEngine& engine);
+
+int64_t gib_to_bytes(double gib);
+
+}  // namespace blu::offload

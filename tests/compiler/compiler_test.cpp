@@ -1,0 +1,217 @@
+// The compiler's MLIR-free half on the CPU (compiler/: capture, graph, memory plan, runtime, guard):
+// - ten training steps of the tiny GPT-2 and the tiny Llama (AdamW, clipping, a changing lr) run
+//   compiled give bitwise the eager losses and weights: the replay runs the eager kernels in the
+//   eager order over the arena;
+// - capture runs no kernel: under a Capture the parameters and the optimizer state do not change;
+// - the graph has views and in-place effects, and its dump and structure are stable step to step;
+// - the memory plan never overlaps two live buffers (check_plan), and with every freed region
+//   poisoned (0xFF = NaN) right after its last use the replay still equals eager, while the
+//   deliberately broken plan (debug_overlap) under the same poison does not;
+// - a guard failure (a new batch shape) is logged with its reason; past max_variants the step runs
+//   eager, logged each time.
+// TrainRun: ctest -R Compiler, or build-cpu/tests/test_compiler.
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "blu/blu.h"
+#include "blu/compiler/compile.h"
+#include "blu/dist/strategy.h"
+#include "blu/models/gpt2/gpt2.h"
+#include "blu/models/llama/llama.h"
+#include "common/tiny_gpt.h"
+
+namespace blu::compiler {
+namespace {
+
+// Token ids of step `step`'s batch: a fixed pseudo-random pattern.
+std::pair<Tensor, Tensor> batch(int64_t step, int64_t B, int64_t T, int64_t vocab) {
+  std::vector<double> in, tg;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      in.push_back(double((step * 131 + b * 31 + t * 7) % vocab));
+      tg.push_back(double((step * 131 + b * 31 + t * 7 + 5) % vocab));
+    }
+  return {from_vector(in, {B, T}, DType::i32), from_vector(tg, {B, T}, DType::i32)};
+}
+
+std::unique_ptr<models::CausalLM> make_model(const std::string& family) {
+  if (family == "gpt2") return std::make_unique<models::GPT>(::blu::test::tiny_gpt(), 7);
+  return std::make_unique<models::Llama>(models::LlamaConfig::preset("tiny"), 7);
+}
+
+struct TrainRun {
+  std::vector<double> losses;
+  std::vector<Tensor> params;
+};
+
+// Ten steps of `family`; compiled when `opts` is given. Batch shape per step from `T_of`.
+TrainRun train(const std::string& family, const CompileOptions* opts, CompiledStep** out_step = nullptr,
+          int steps = 10, const std::function<int64_t(int)>& T_of = nullptr) {
+  auto model = make_model(family);
+  dist::Strategy strat(*model, nullptr, dist::StrategyConfig{}, dist::OptimizerConfig{.lr = 3e-3});
+  std::unique_ptr<CompiledStep> cs;
+  if (opts) {
+    cs = std::make_unique<CompiledStep>(*opts);
+    cs->set_named(BufferKind::parameter, model->named_parameters());
+  }
+  TrainRun r;
+  for (int s = 0; s < steps; ++s) {
+    const int64_t T = T_of ? T_of(s) : 8;
+    auto [idx, tg] = batch(s, 2, T, 101);
+    const double lr = 3e-3 * (1.0 - 0.05 * s);
+    dist::StepValues v;
+    auto step = [&] {
+      v = strat.step(1, [&](int64_t) { return std::pair<Tensor, Tensor>{idx, tg}; }, lr, 1.0);
+    };
+    if (cs)
+      cs->run({idx, tg}, step);
+    else
+      step();
+    r.losses.push_back(strat.read(v, false).loss);
+  }
+  for (const Tensor& p : model->parameters()) r.params.push_back(clone(p.detach()));
+  if (out_step) *out_step = cs.release();
+  return r;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+}
+
+void expect_bitwise(const TrainRun& eager, const TrainRun& compiled, const std::string& what) {
+  ASSERT_EQ(eager.losses.size(), compiled.losses.size());
+  for (size_t i = 0; i < eager.losses.size(); ++i)
+    EXPECT_EQ(eager.losses[i], compiled.losses[i]) << what << ": loss of step " << i + 1;
+  ASSERT_EQ(eager.params.size(), compiled.params.size());
+  for (size_t i = 0; i < eager.params.size(); ++i)
+    EXPECT_TRUE(same_bits(eager.params[i], compiled.params[i])) << what << ": parameter " << i << " after the run";
+}
+
+class CompiledVsEager : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CompiledVsEager, TenStepsBitwise) {
+  const TrainRun eager = train(GetParam(), nullptr);
+  std::ostringstream log;
+  CompileOptions o;
+  o.log = true;
+  o.log_stream = &log;
+  CompiledStep* raw = nullptr;
+  const TrainRun compiled = train(GetParam(), &o, &raw);
+  std::unique_ptr<CompiledStep> cs(raw);
+  expect_bitwise(eager, compiled, GetParam());
+  EXPECT_EQ(cs->counts().eager, 1);  // the warm-up step
+  EXPECT_EQ(cs->counts().compiled, 9) << log.str();
+  EXPECT_EQ(cs->counts().guard_failures, 0) << log.str();
+  ASSERT_EQ(cs->variants().size(), 1u);
+  const Graph& g = cs->variants()[0]->graph;
+  EXPECT_GT(g.ops.size(), 100u);
+  // Effects are explicit: views, in-place writes (AdamW's update of the parameters).
+  bool has_view = false, has_inplace = false;
+  for (const Op& op : g.ops) {
+    has_view |= !op.views.empty() && op.writes.empty();
+    has_inplace |= !op.writes.empty();
+  }
+  EXPECT_TRUE(has_view);
+  EXPECT_TRUE(has_inplace);
+  EXPECT_NE(log.str().find("memory plan: peak"), std::string::npos) << log.str();
+  const MemoryPlan& plan = cs->variants()[0]->runtime->plan();
+  EXPECT_EQ(check_plan(g, plan), "");
+  EXPECT_GE(plan.arena_bytes(), plan.peak_live_bytes);
+  EXPECT_GT(plan.arena_buffers, 50);
+}
+
+INSTANTIATE_TEST_SUITE_P(Compiler, CompiledVsEager, ::testing::Values("gpt2", "llama"));
+
+TEST(Compiler, CaptureRunsNoKernel) {
+  auto model = make_model("gpt2");
+  dist::Strategy strat(*model, nullptr, dist::StrategyConfig{}, dist::OptimizerConfig{.lr = 3e-3});
+  auto [idx, tg] = batch(0, 2, 8, 101);
+  auto one = [&] { (void)strat.step(1, [&](int64_t) { return std::pair<Tensor, Tensor>{idx, tg}; }, 1e-3, 1.0); };
+  one();  // eager: the optimizer's state exists
+  std::vector<Tensor> before;
+  for (const Tensor& p : model->parameters()) before.push_back(clone(p.detach()));
+  std::string dump1, dump2;
+  {
+    Capture cap;
+    one();
+    dump1 = cap.finish().dump();
+    EXPECT_NE(dump1.find("kernel matmul"), std::string::npos);
+    EXPECT_NE(dump1.find("writes(input 0)"), std::string::npos);
+  }
+  size_t i = 0;
+  for (const Tensor& p : model->parameters()) EXPECT_TRUE(same_bits(p, before[i++])) << "parameter " << i - 1;
+  {
+    Capture cap;
+    one();
+    dump2 = cap.finish().dump();
+  }
+  // The next step's capture has the same text but for the per-step scalars (AdamW's step, lr).
+  EXPECT_EQ(std::count(dump1.begin(), dump1.end(), '\n'), std::count(dump2.begin(), dump2.end(), '\n'));
+}
+
+// The poison test: freed regions filled with 0xFF right after their last use.
+TEST(Compiler, PoisonedFreedRegionsStillMatchEager) {
+  const TrainRun eager = train("gpt2", nullptr, nullptr, 4);
+  CompileOptions o;
+  o.runtime.poison_freed = true;
+  const TrainRun compiled = train("gpt2", &o, nullptr, 4);
+  expect_bitwise(eager, compiled, "poisoned");
+}
+
+TEST(Compiler, PoisonCatchesABrokenPlan) {
+  const TrainRun eager = train("gpt2", nullptr, nullptr, 4);
+  CompileOptions o;
+  o.runtime.poison_freed = true;
+  o.plan.debug_overlap = true;  // every temporary at offset 0
+  CompiledStep* raw = nullptr;
+  const TrainRun broken = train("gpt2", &o, &raw, 4);
+  std::unique_ptr<CompiledStep> cs(raw);
+  EXPECT_NE(check_plan(cs->variants()[0]->graph, cs->variants()[0]->runtime->plan()), "");
+  bool differs = false;
+  for (size_t i = 1; i < eager.losses.size(); ++i) differs |= !(eager.losses[i] == broken.losses[i]);
+  EXPECT_TRUE(differs) << "a plan that overlaps live buffers went unnoticed";
+}
+
+TEST(Compiler, GuardFailureIsLoggedAndBounded) {
+  // Steps 1..8 with seq len 8, 6, 4, 2, 8, 6, 4, 2: step 1 (T=8) is the warm-up; T=6 compiles
+  // variant 1; T=4 and T=2 fail the guard (logged) and become variants 2 and 3; with
+  // max_variants 3, step 5 (T=8) fails it again and runs eager (logged); steps 6..8 replay.
+  const auto T_of = [](int s) { return int64_t(8 - 2 * (s % 4)); };
+  const TrainRun eager = train("gpt2", nullptr, nullptr, 8, T_of);
+  std::ostringstream log;
+  CompileOptions o;
+  o.max_variants = 3;
+  o.log_stream = &log;
+  CompiledStep* raw = nullptr;
+  const TrainRun compiled = train("gpt2", &o, &raw, 8, T_of);
+  std::unique_ptr<CompiledStep> cs(raw);
+  expect_bitwise(eager, compiled, "with guard failures");
+  EXPECT_EQ(cs->variants().size(), 3u);
+  EXPECT_EQ(cs->counts().eager, 2) << log.str();  // the warm-up and step 5
+  EXPECT_EQ(cs->counts().compiled, 6) << log.str();
+  EXPECT_EQ(cs->counts().guard_failures, 3) << log.str();
+  const std::string text = log.str();
+  EXPECT_NE(text.find("guard failed at step 3: no compiled variant for [2, 4] i32"), std::string::npos) << text;
+  EXPECT_NE(text.find("limit of 3 variants is reached; the step runs eager"), std::string::npos) << text;
+}
+
+TEST(Compiler, CaptureDifferenceFallsBackToEagerKernels) {
+  // The first step creates AdamW's state: with no warm-up that step's capture has ops the next
+  // ones lack. Variant 1 is compiled from it (its zeros_like fills included); step 2's capture
+  // differs, fails the guard after capture, is logged and runs its kernels unplanned.
+  const TrainRun eager = train("gpt2", nullptr, nullptr, 3);
+  std::ostringstream log;
+  CompileOptions o;
+  o.warmup_steps = 0;
+  o.log_stream = &log;
+  CompiledStep* raw = nullptr;
+  const TrainRun compiled = train("gpt2", &o, &raw, 3);
+  std::unique_ptr<CompiledStep> cs(raw);
+  expect_bitwise(eager, compiled, "fallback");
+  EXPECT_EQ(cs->counts().fallback, 2) << log.str();
+  EXPECT_NE(log.str().find("the step's capture differs from the compiled graph"), std::string::npos) << log.str();
+}
+
+}  // namespace
+}  // namespace blu::compiler

@@ -1,0 +1,237 @@
+// Fused regions in the compiled step (compiler/fused_step.h) and the CPU kernels' op coverage:
+// - ten steps of the tiny GPT-2 and the tiny Llama (AdamW, clipping, a changing lr) compiled with
+//   the fusion pass (mlir_api::fuse on capture's Graph) give bitwise the eager losses and weights:
+//   every emitted kernel does its ops' eager arithmetic in the eager order; the launch list shrinks
+//   by the fused ops, and the memory plan holds fewer buffers (the regions' intermediates);
+// - each fusible op of the op table that GPT-2 and Llama steps contain, captured in a region with
+//   a neighbour, equals eager bitwise (check_region: max |diff| 0).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+
+#include "blu/blu.h"
+#include "blu/compiler/codegen/cpu_kernel.h"
+#include "blu/compiler/codegen/region_check.h"
+#include "blu/compiler/compile.h"
+#include "blu/compiler/fused_step.h"
+#include "blu/compiler/mlir/mlir_api.h"
+#include "blu/dist/strategy.h"
+#include "blu/models/gpt2/gpt2.h"
+#include "blu/models/llama/llama.h"
+#include "blu/ops/optim.h"
+#include "common/tiny_gpt.h"
+
+namespace blu::compiler {
+namespace {
+
+void use_temp_cache() {
+  static const std::string dir = [] {
+    auto d = std::filesystem::temp_directory_path() / ("blu_kernel_cache_step_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(d);
+    return d.string();
+  }();
+  ::setenv("BLU_KERNEL_CACHE", dir.c_str(), 1);
+}
+
+std::pair<Tensor, Tensor> batch(int64_t step, int64_t B, int64_t T, int64_t vocab) {
+  std::vector<double> in, tg;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      in.push_back(double((step * 131 + b * 31 + t * 7) % vocab));
+      tg.push_back(double((step * 131 + b * 31 + t * 7 + 5) % vocab));
+    }
+  return {from_vector(in, {B, T}, DType::i32), from_vector(tg, {B, T}, DType::i32)};
+}
+
+struct TrainRun {
+  std::vector<double> losses;
+  std::vector<Tensor> params;
+  int launches = 0, fused_launches = 0, fused_ops = 0, arena_buffers = 0;
+};
+
+TrainRun train(const std::string& family, bool compiled, bool fusion, std::string* log_out = nullptr) {
+  std::unique_ptr<models::CausalLM> model;
+  if (family == "gpt2") model = std::make_unique<models::GPT>(::blu::test::tiny_gpt(), 7);
+  else model = std::make_unique<models::Llama>(models::LlamaConfig::preset("tiny"), 7);
+  dist::Strategy strat(*model, nullptr, dist::StrategyConfig{}, dist::OptimizerConfig{.lr = 3e-3});
+  std::ostringstream log;
+  CompileOptions o;
+  o.log = true;
+  o.log_stream = &log;
+  if (fusion) o.fusion = [](const Graph& g) { return mlir_api::fuse(g); };
+  std::unique_ptr<CompiledStep> cs;
+  if (compiled) {
+    cs = std::make_unique<CompiledStep>(o);
+    cs->set_named(BufferKind::parameter, model->named_parameters());
+  }
+  TrainRun r;
+  for (int s = 0; s < 10; ++s) {
+    auto [idx, tg] = batch(s, 2, 8, 101);
+    const double lr = 3e-3 * (1.0 - 0.05 * s);
+    dist::StepValues v;
+    auto step = [&] { v = strat.step(1, [&](int64_t) { return std::pair<Tensor, Tensor>{idx, tg}; }, lr, 1.0); };
+    if (cs) cs->run({idx, tg}, step);
+    else step();
+    r.losses.push_back(strat.read(v, false).loss);
+  }
+  for (const Tensor& p : model->parameters()) r.params.push_back(clone(p.detach()));
+  if (cs) {
+    EXPECT_EQ(cs->counts().compiled, 9) << log.str();
+    const Runtime& rt = *cs->variants().at(0)->runtime;
+    r.launches = int(rt.launches().size());
+    for (const Launch& l : rt.launches()) r.fused_launches += l.kind == OpKind::fused;
+    r.arena_buffers = rt.plan().arena_buffers;
+  }
+  if (log_out) *log_out = log.str();
+  return r;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+}
+
+class FusedVsEager : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(FusedVsEager, TenStepsBitwiseWithFewerLaunches) {
+  use_temp_cache();
+  const TrainRun eager = train(GetParam(), false, false);
+  const TrainRun plain = train(GetParam(), true, false);
+  std::string log;
+  const TrainRun fused = train(GetParam(), true, true, &log);
+  for (size_t i = 0; i < eager.losses.size(); ++i) EXPECT_EQ(eager.losses[i], fused.losses[i]) << "step " << i + 1;
+  for (size_t i = 0; i < eager.params.size(); ++i)
+    EXPECT_TRUE(same_bits(eager.params[i], fused.params[i])) << "parameter " << i << "\n" << log;
+  // Regions ran, and each removed its ops from the launch list and its intermediates from the plan.
+  EXPECT_GE(fused.fused_launches, 4) << log;
+  EXPECT_LT(fused.launches, plain.launches) << log;
+  EXPECT_LT(fused.arena_buffers, plain.arena_buffers) << log;
+  EXPECT_NE(log.find("fusion: "), std::string::npos) << log;
+  std::cout << GetParam() << ": launches " << plain.launches << " unfused, " << fused.launches << " fused ("
+            << fused.fused_launches << " fused kernels); arena buffers " << plain.arena_buffers << " -> "
+            << fused.arena_buffers << "\n";
+  std::cout << log.substr(log.find("fusion: ")) << "\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(Compiler, FusedVsEager, ::testing::Values("gpt2", "llama"));
+
+// Captures f (forward and, through autograd, backward) as capture's Graph, runs the captured
+// kernels once (Runtime::run_unplanned) so every value has its eager bytes, takes the ops named in
+// `names` — each the next kernel op of that name in schedule order — as one region of `shape`,
+// and returns max |fused - eager| over the region's outputs (check_region: the region's ops run
+// again through dispatch, and the fused kernel, on the same inputs).
+double region_vs_eager(const std::function<void()>& f, const std::vector<std::string>& names, RegionShape shape) {
+  use_temp_cache();
+  Capture cap;
+  f();
+  cap.finish();
+  Runtime::run_unplanned(cap);
+  const Graph& g = cap.graph();
+  FusedRegion r;
+  r.index = 0;
+  r.shape = shape;
+  size_t at = 0;
+  for (const std::string& n : names) {
+    while (at < g.ops.size() && !(g.ops[at].kind == OpKind::kernel && g.ops[at].name == n)) ++at;
+    EXPECT_LT(at, g.ops.size()) << "no op " << n << " in\n" << g.dump();
+    if (at == g.ops.size()) return -1;
+    r.ops.push_back(int(at++));
+  }
+  compute_region_io(g, r);
+  EXPECT_TRUE(cpu_emitter_supports(g, r)) << region_text(g, r);
+  if (!cpu_emitter_supports(g, r)) return -1;
+  auto k = CpuKernel::load(g, r);
+  std::vector<Tensor> ins;
+  for (int v : r.inputs) ins.push_back(cap.tensors()[size_t(v)]);
+  return check_region(g, r, *k, ins);
+}
+
+Tensor leaf(const Shape& s) { return randn(s).set_requires_grad(true); }
+
+TEST(FusedKernels, NormsForwardAndBackwardWithResidualAdd) {
+  Tensor x = leaf({6, 40}), h = leaf({6, 40}), w = leaf({40}), b = leaf({40}), g = randn({6, 40});
+  // Residual add + norm (forward), and the norm's backward with the residual's gradient add.
+  auto ln = [&] {
+    Tensor xh = add(x, h);
+    sum(mul(add(layer_norm(xh, w, b, 1e-5), xh), g)).backward();
+  };
+  auto rms = [&] {
+    Tensor xh = add(x, h);
+    sum(mul(add(rms_norm(xh, w, 1e-5), xh), g)).backward();
+  };
+  auto rms_nw = [&] {
+    Tensor xh = add(x, h);
+    sum(mul(add(rms_norm(xh, Tensor(), 1e-6), xh), g)).backward();
+  };
+  EXPECT_EQ(region_vs_eager(ln, {"add", "layer_norm"}, RegionShape::rows), 0.0);
+  EXPECT_EQ(region_vs_eager(ln, {"layer_norm_backward", "add"}, RegionShape::rows), 0.0);
+  EXPECT_EQ(region_vs_eager(rms, {"add", "rms_norm"}, RegionShape::rows), 0.0);
+  EXPECT_EQ(region_vs_eager(rms, {"rms_norm_backward", "add"}, RegionShape::rows), 0.0);
+  EXPECT_EQ(region_vs_eager(rms_nw, {"add", "rms_norm"}, RegionShape::rows), 0.0);
+  EXPECT_EQ(region_vs_eager(rms_nw, {"rms_norm_backward", "add"}, RegionShape::rows), 0.0);
+}
+
+TEST(FusedKernels, SiluSwigluGeluForwardBackward) {
+  Tensor a = leaf({5, 24}), b = leaf({5, 24}), g = randn({5, 24});
+  auto si = [&] { sum(mul(mul(silu(a), b), g)).backward(); };
+  auto sw = [&] { sum(mul(add(swiglu(a, b), a), g)).backward(); };
+  auto ge = [&] { sum(mul(mul(gelu(a, true), b), g)).backward(); };
+  EXPECT_EQ(region_vs_eager(si, {"silu", "mul"}, RegionShape::pointwise), 0.0);
+  EXPECT_EQ(region_vs_eager(si, {"mul", "silu_backward"}, RegionShape::pointwise), 0.0);
+  EXPECT_EQ(region_vs_eager(sw, {"swiglu", "add"}, RegionShape::pointwise), 0.0);
+  EXPECT_EQ(region_vs_eager(sw, {"mul", "swiglu_backward"}, RegionShape::pointwise), 0.0);
+  EXPECT_EQ(region_vs_eager(ge, {"gelu", "mul"}, RegionShape::pointwise), 0.0);
+  EXPECT_EQ(region_vs_eager(ge, {"mul", "gelu_backward"}, RegionShape::pointwise), 0.0);
+}
+
+TEST(FusedKernels, SoftmaxAndCrossEntropyForwardBackward) {
+  Tensor x = leaf({6, 33}), g = randn({6, 33});
+  Tensor t = from_vector({3, 0, 32, 7, 7, 1}, {6}, DType::i32);
+  Tensor mask = gt(randn({6, 33}), 0.0), ninf = full({}, -1e30);
+  auto sm = [&] { sum(mul(softmax(where(mask, mul(x, 0.25), ninf), -1), g)).backward(); };
+  auto ce = [&] { cross_entropy(mul(x, 0.5), t).backward(); };
+  EXPECT_EQ(region_vs_eager(sm, {"mul_scalar", "where", "softmax"}, RegionShape::rows), 0.0);
+  EXPECT_EQ(region_vs_eager(sm, {"softmax_backward", "where", "mul_scalar"}, RegionShape::rows), 0.0);
+  EXPECT_EQ(region_vs_eager(ce, {"mul_scalar", "cross_entropy"}, RegionShape::rows), 0.0);
+  EXPECT_EQ(region_vs_eager(ce, {"cross_entropy_backward", "mul_scalar"}, RegionShape::rows), 0.0);
+}
+
+TEST(FusedKernels, AdamWUpdateWithItsCastIsOneRegion) {
+  // One parameter: the bf16 gradient's cast to fp32 and the update with its bf16 compute copy.
+  use_temp_cache();
+  NoGradGuard ng;
+  const Tensor p0 = randn({7, 9}), m0 = mul(randn({7, 9}), 0.1), v0 = abs(mul(randn({7, 9}), 0.01));
+  const Tensor gb = to_dtype(randn({7, 9}), DType::bf16), c0 = to_dtype(p0, DType::bf16);
+  auto update = [&](Tensor p, Tensor m, Tensor v, Tensor c) {
+    adamw_step_({{p, to_dtype(gb, DType::f32), m, v, c}}, {3e-3, 0.9, 0.95, 1e-8, 0.1, 3});
+  };
+  Tensor pe = clone(p0), me = clone(m0), ve = clone(v0), ce = clone(c0);
+  update(pe, me, ve, ce);  // eager
+  Tensor pf = clone(p0), mf = clone(m0), vf = clone(v0), cf = clone(c0);
+  Capture cap;
+  update(pf, mf, vf, cf);
+  const Graph& g = cap.finish();
+  FusedRegion r;
+  r.shape = RegionShape::pointwise;
+  for (size_t i = 0; i < g.ops.size(); ++i)
+    if (g.ops[i].kind == OpKind::kernel) r.ops.push_back(int(i));
+  compute_region_io(g, r);
+  ASSERT_EQ(r.ops.size(), 2u) << g.dump();
+  ASSERT_TRUE(cpu_emitter_supports(g, r)) << region_text(g, r);
+  auto k = CpuKernel::load(g, r);
+  std::vector<Tensor> ins, outs;
+  for (int id : r.inputs) ins.push_back(cap.tensors()[size_t(id)]);
+  for (int id : r.outputs) outs.push_back(cap.tensors()[size_t(id)]);
+  k->run(ins, outs, region_scalars(g, r));
+  EXPECT_TRUE(same_bits(pe, pf));
+  EXPECT_TRUE(same_bits(me, mf));
+  EXPECT_TRUE(same_bits(ve, vf));
+  EXPECT_TRUE(same_bits(ce, cf));
+  EXPECT_FALSE(same_bits(p0, pf));  // it did update
+  const std::string text = region_text(g, r);
+  EXPECT_NE(text.find("lr=?"), std::string::npos) << text;  // lr is a kernel argument, not baked in
+}
+
+}  // namespace
+}  // namespace blu::compiler
