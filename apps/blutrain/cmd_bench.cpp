@@ -66,6 +66,9 @@ struct BenchOptions {
   bool skip_comm = false;      // DDP without its collectives (ranks diverge): the compute of a DDP step
   bool compile = false, compile_log = false;  // compiled steps (compiler/compile.h), the compiler's log
   std::string compile_exclude;                // ops kept out of compilation ("" = BLU_COMPILE_EXCLUDE)
+  // Activations (models/activations.h): --recompute none|selective|block[:N], --offload-activations.
+  std::string recompute = "none";
+  bool offload_activations = false;
 };
 
 void device_sync(Device dev) {
@@ -142,6 +145,9 @@ int run_bench(const BenchOptions& o) {
   BLU_CHECK(o.zero == 0 || o.dp > 1, "--zero ", o.zero, " needs --dp > 1");
   BLU_CHECK(!o.compile || (!o.profile && !o.comm_timeline),
             "--compile: --profile and --comm-timeline time eager steps; run them without --compile");
+  BLU_CHECK(!o.compile || (o.recompute == "none" && !o.offload_activations), "--compile: --recompute ", o.recompute,
+            o.offload_activations ? " and --offload-activations" : "", " are not supported by the compiler yet; drop one of ",
+            "the two");
   BLU_CHECK(!o.compile || o.zero != 3, "--compile: ZeRO-3 (--zero 3) is not supported by the compiler yet (its block ",
             "hooks swap the parameters' storages outside dispatch); use --zero 0, 1 or 2");
   BLU_CHECK(o.compile || (!o.compile_log && o.compile_exclude.empty()), "--compile-log and --compile-exclude need --compile");
@@ -177,6 +183,8 @@ int run_bench(const BenchOptions& o) {
   model.to(dev);
   model.train();
   train::apply_precision(model, o.precision);
+  const models::ActivationPolicy activations = models::ActivationPolicy::parse(o.recompute, o.offload_activations);
+  model.set_activation_policy(activations);
   const bool fp16 = o.precision == "fp16";
   BLU_CHECK(!fp16 || o.dp == 1, "--precision fp16 with --dp is not supported (the loss scaler's skip is per rank)");
   dist::StrategyConfig sc;
@@ -324,6 +332,18 @@ int run_bench(const BenchOptions& o) {
                       {"tok_s", std::round(tok_s)},       {"peak_alloc_mib", st.peak_bytes >> 20},
                       {"peak_reserved_mib", st.reserved_bytes >> 20},
                       {"first_loss", first_loss},         {"last_loss", last_loss}};
+  if (activations.any()) {  // the policy and what it keeps per block (models/activations.h)
+    j["recompute"] = activations.recompute_name();
+    j["offload_activations"] = activations.offload;
+    if (const auto* off = model.activation_offloader())
+      j["activation_offload_mib_per_step"] = double(off->bytes_offloaded()) / double(1 << 20) / double(o.steps);
+  }
+  {  // activation bytes of all blocks at this B, T: kept on the device / offloaded / recomputed
+    double kept = 0, off = 0, rec = 0;
+    for (const models::ActivationBytes& a : models::activation_bytes(model, o.batch, o.seq, activations))
+      kept += double(a.kept), off += double(a.offloaded), rec += double(a.recomputed);
+    j["activation_mib"] = {{"kept", kept / (1 << 20)}, {"offloaded", off / (1 << 20)}, {"recomputed", rec / (1 << 20)}};
+  }
   {  // offload: what the device holds per parameter after a step (parameters, gradients, copies, state)
     int64_t n = 0;
     for (const Tensor& p : model.parameters()) n += p.numel();
@@ -432,6 +452,12 @@ Command add_bench(CLI::App& root) {
                 "With --dp: no gradient all-reduce (backward as under no_sync; the ranks' weights diverge), to "
                 "measure what overlapping the communication costs the compute");
   app->add_flag("--profile", o->profile, "Also time each op of one extra step (by op name)");
+  app->add_option("--recompute", o->recompute,
+                  "Activation recompute: none, selective (attention core, MLP activation), block (every block), "
+                  "block:N (every N-th), selective+block:N")
+      ->capture_default_str();
+  app->add_flag("--offload-activations", o->offload_activations,
+                "Copy the blocks' saved activations to host memory as they are saved, fetched back ahead of backward");
   app->add_option("--grad-accum", o->grad_accum, "Micro-batches per optimizer step (the same batch each)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

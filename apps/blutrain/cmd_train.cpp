@@ -224,6 +224,13 @@ Command add_train(CLI::App& root) {
   app->add_option("--precision", o.precision, "fp32 (IEEE matmuls), tf32, bf16 or fp16 (16-bit compute over fp32 master weights; fp16 with dynamic loss scaling)")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}))
       ->capture_default_str();
+  // Activations (models/activations.h).
+  app->add_option("--recompute", o.recompute,
+                  "Activation recompute: none, selective (attention core, MLP activation), block (every block), "
+                  "block:N (every N-th), selective+block:N")
+      ->capture_default_str();
+  app->add_flag("--offload-activations", o.offload_activations,
+                "Copy the blocks' saved activations to host memory as they are saved, fetched back ahead of backward");
   app->add_option("--peak-tflops", o.peak_tflops,
                   "The device's dense matmul peak (TFLOP/s) for the MFU logged each step; 0: the GPU's datasheet peak "
                   "(H100, H200, A100, L40S), none on the CPU")

@@ -16,7 +16,15 @@ uint64_t next_node_seq() {
 std::vector<Tensor> OpNode::apply(std::vector<Tensor>&& grad_out) {
   BLU_CHECK(!released, "backward through the graph of '", ctx.op->name,
             "' a second time: its saved tensors were freed; pass retain_graph=true to the first backward");
+  const size_t n_in = ctx.inputs.size();
+  for (size_t s = 0; s < boxed.size(); ++s) {
+    if (!boxed[s]) continue;
+    Tensor& slot = s < n_in ? ctx.inputs[s] : ctx.outputs[s - n_in];
+    slot = boxed[s]->unpack();
+  }
   std::vector<Tensor> in_grads = ctx.op->backward(ctx, grad_out);
+  for (size_t s = 0; s < boxed.size(); ++s)  // the boxes keep what a second backward needs
+    if (boxed[s]) (s < n_in ? ctx.inputs[s] : ctx.outputs[s - n_in]) = Tensor();
   ctx.grad_dst.clear();  // offered for this run only
   ctx.grad_dtypes.clear();
   ctx.saved_released_after = false;
@@ -43,6 +51,7 @@ std::optional<DType> OpNode::grad_source_dtype() const {
 }
 
 void OpNode::release_saved() {
+  boxed.clear();
   ctx.inputs.clear();
   ctx.outputs.clear();
   released = true;

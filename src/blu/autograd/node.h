@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "blu/autograd/saved_hooks.h"
 #include "blu/core/tensor.h"
 #include "blu/ops/dispatch.h"
 
@@ -51,6 +52,10 @@ struct Node {
 struct OpNode final : Node {
   BackwardContext ctx;
   bool released = false;
+  // Saved tensors a hook packed (autograd/saved_hooks.h): empty, or one per input then one per
+  // output (null where the tensor sits in ctx as usual). apply() unpacks them into ctx for the
+  // backward and drops the unpacked tensors after it.
+  std::vector<std::shared_ptr<SavedBox>> boxed;
   std::vector<Tensor> apply(std::vector<Tensor>&& grad_out) override;
   std::string name() const override { return ctx.op->name; }
   void release_saved() override;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "blu/autograd/function.h"
 #include "blu/core/grad_mode.h"
 #include "blu/ops/factory.h"
 #include "blu/ops/view.h"
@@ -35,16 +36,58 @@ Tensor CausalLM::forward_cached(const Tensor& idx, KVCache& cache) {
   return sharded.gather_logits ? sharded.gather_logits(logits) : logits;  // tensor parallelism: the full vocabulary
 }
 
+void CausalLM::set_activation_policy(const ActivationPolicy& policy) {
+  BLU_CHECK(policy.block_every >= 0, family(), ": block recompute every ", policy.block_every,
+            " blocks: expected N >= 1 (or 0 for none)");
+  activation_policy_ = policy;
+  if (!policy.offload) offloader_.reset();
+  else if (!offloader_) offloader_ = std::make_shared<ActivationOffloader>();
+}
+
+Tensor CausalLM::run_block_with_policy(size_t i, const Tensor& x, int64_t pos0) {
+  const ActivationPolicy& p = activation_policy_;
+  if (!p.any() || !GradMode::enabled()) return run_block(i, x, pos0, nullptr, nullptr);
+  const BlockRef ref = blocks().at(i);
+  // Open inside out: the recompute hook sees a dropped region output before the offloader does.
+  std::optional<SavedTensorHooks> offload_hook;
+  if (offloader_) offload_hook.emplace(offloader_->hook(i, *ref.module));
+  Tensor y;
+  if (p.recompute_block(i)) {
+    y = checkpoint(
+        ref.name, [this, i, pos0](const std::vector<Tensor>& in) { return run_block(i, in[0], pos0, nullptr, nullptr); },
+        {x}, generators());
+  } else if (p.selective) {
+    SavedTensorHooks recompute_hook(recompute_pack_hook());
+    SelectiveScope scope(generators());
+    y = run_block(i, x, pos0, nullptr, nullptr);
+  } else {
+    y = run_block(i, x, pos0, nullptr, nullptr);
+  }
+  if (!offloader_) return y;
+  // Block i's backward comes next when the gradient reaches y: fetch block i (if nothing has
+  // yet) and block i-1, so the copies run while block i's backward computes.
+  std::weak_ptr<ActivationOffloader> off = offloader_;
+  return identity_with_backward_callback(
+      y,
+      [off, i] {
+        if (auto o = off.lock()) {
+          o->prefetch(i);
+          if (i > 0) o->prefetch(i - 1);
+        }
+      },
+      "prefetch activations " + ref.name);
+}
+
 Tensor CausalLM::block(size_t i, const Tensor& x, int64_t pos0, KVCache* cache) {
   BLU_CHECK(!cache || (i < cache->k.size() && i < cache->v.size()), family(), ": block ", i,
             " has no slot in a cache of ", cache ? cache->k.size() : 0, " layers");
   if (hooks_.empty()) {
-    return cache ? run_block(i, x, pos0, &cache->k[i], &cache->v[i]) : run_block(i, x, pos0, nullptr, nullptr);
+    return cache ? run_block(i, x, pos0, &cache->k[i], &cache->v[i]) : run_block_with_policy(i, x, pos0);
   }
   Tensor h = x;
   for (const Hooks& k : hooks_)
     if (k.before) h = k.before(i, h);
-  Tensor y = cache ? run_block(i, h, pos0, &cache->k[i], &cache->v[i]) : run_block(i, h, pos0, nullptr, nullptr);
+  Tensor y = cache ? run_block(i, h, pos0, &cache->k[i], &cache->v[i]) : run_block_with_policy(i, h, pos0);
   for (const Hooks& k : hooks_)
     if (k.after) y = k.after(i, y);
   return y;

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "blu/core/rng.h"
+#include "blu/models/activations.h"
 #include "blu/nn/layers.h"
 #include "blu/nn/module.h"
 
@@ -149,6 +150,16 @@ class CausalLM : public nn::Module {
   void set_compute_dtype(DType dtype);
   DType compute_dtype() const;  // until set, the parameters' dtype
 
+  // What the blocks do with the activations they save (models/activations.h); applied by block()
+  // when grad mode is on and no cache is given. Default: none (every block keeps them).
+  void set_activation_policy(const ActivationPolicy& policy);
+  const ActivationPolicy& activation_policy() const { return activation_policy_; }
+  // The generators the model's forward draws from besides the default one (GPT-2's dropout):
+  // recompute restores them so a rebuilt block draws what its first run drew.
+  virtual std::vector<Generator*> generators() { return {}; }
+  // The activation offloader when the policy offloads (null otherwise).
+  const ActivationOffloader* activation_offloader() const { return offloader_.get(); }
+
   // Samples `max_new_tokens` after `prompt` with temperature and top-k (0 = all; temperature ≤ 0
   // or top_k == 1 is greedy), one position per token through the key/value cache; once the sequence
   // outgrows max_seq_len() the cache is rebuilt from the last max_seq_len() tokens. Without
@@ -162,7 +173,11 @@ class CausalLM : public nn::Module {
   virtual Tensor run_block(size_t i, const Tensor& x, int64_t pos0, Tensor* cache_k, Tensor* cache_v) = 0;
 
  private:
+  // Block i on x under the activation policy (the hooks already applied to x).
+  Tensor run_block_with_policy(size_t i, const Tensor& x, int64_t pos0);
   std::optional<DType> compute_dtype_;
+  ActivationPolicy activation_policy_;
+  std::shared_ptr<ActivationOffloader> offloader_;
   struct Hooks {
     int handle;
     BlockHook before, after;

@@ -348,6 +348,9 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     BLU_CHECK(o.gpu_memory_budget == 0 && o.host_memory_budget == 0 && o.offload_state != "optimizer",
               "--compile: memory budgets and optimizer state offload are not supported by the compiler yet; drop ",
               "--compile or --gpu-memory-budget/--host-memory-budget/--offload-state");
+    BLU_CHECK(o.recompute == "none" && !o.offload_activations, "--compile: --recompute ", o.recompute,
+              o.offload_activations ? " and --offload-activations" : "", " are not supported by the compiler yet ",
+              "(recompute regions and activation copies run outside the captured step); drop one of the two");
     BLU_CHECK(opt_s_.zero != 3, "--compile: ZeRO-3 (--zero 3) is not supported by the compiler yet (its block hooks ",
               "swap the parameters' storages outside dispatch, which capture does not see); use --zero 0, 1 or 2");
   } else {
@@ -443,6 +446,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   if (device_ != kCPU) model_->to(device_);
   model_->train();
   apply_precision(*model_, o.precision);
+  model_->set_activation_policy(models::ActivationPolicy::parse(o.recompute, o.offload_activations));
   std::shared_ptr<dist::ProcessGroup> pg;
   if (world > 1) {  // the job's process group: rendezvous through rank 0's store
     const double timeout_s = o.dist_timeout > 0 ? o.dist_timeout : env.dist_timeout_s;  // 0: each one's default
@@ -1002,6 +1006,16 @@ void Trainer::plan_memory(dist::StrategyConfig& sc) {
     gen.set_state(seed, offset);
     in.activations.blocks = int64_t(model_->blocks().size());
     in.activations.kept = in.activations.blocks;
+    // The activation policy (models/activations.h): the probe ran under it, so device_bytes holds
+    // its effect; the blocks it keeps, offloads and recomputes and the host bytes come from it.
+    if (const models::ActivationPolicy& ap = model_->activation_policy(); ap.any()) {
+      const models::ActivationTotals t = models::activation_totals(*model_, o.batch_size, o.seq_len, ap);
+      in.activations.kept = t.kept_blocks;
+      in.activations.offloaded = t.offloaded_blocks;
+      in.activations.recomputed = t.recomputed_blocks;
+      in.activations.selective = t.selective;
+      in.activations.host_bytes = t.host_bytes;
+    }
   }
   in.host_adamw_elements_per_s = offload::probe_host_adamw(0);
   if (device_ != kCPU) in.transfer_bytes_per_s = offload::probe_transfer(*offload::make_copy_engine(device_));

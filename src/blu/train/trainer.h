@@ -127,6 +127,11 @@ struct TrainOptions {
   // The parallel layout as annotations (dist/annotations.h), e.g. "replicate(2, zero=1)" or
   // "pipeline(2, schedule=1f1b, micro=4)"; "" uses --dp / --zero. Must name the launched world size.
   std::string parallel;
+  // What the blocks do with their saved activations (models/activations.h): recompute none |
+  // selective | block | block:N | selective+block:N, and offload to host memory. Not in to_json():
+  // like the memory layout below, a policy changes memory, not the numbers.
+  std::string recompute = "none";
+  bool offload_activations = false;
   // Memory budget and optimizer state offload (offload/plan.h, docs/offload.md): with any of these
   // set, a start-up probe measures one micro-batch's activations and the host AdamW and transfer
   // speeds, the planner decides where AdamW's state lives and prints the plan, and the run fails

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "blu/core/grad_mode.h"
+#include "blu/models/activations.h"
 #include "blu/models/gpt2/hf.h"
 #include "blu/models/registry.h"
 #include "blu/ops/attention.h"
@@ -117,12 +118,24 @@ Tensor CausalSelfAttention::forward(const Tensor& x, Tensor* cache_k, Tensor* ca
   // sequence parallelism gathers from x's sequence shard.
   const Tensor proj = c_attn->forward(x);
   const int64_t B = proj.size(0), T = proj.size(1), D = n_embd / n_head, W = c_attn->out_features / 3, H = W / D;
-  std::vector<Tensor> qkv = split(proj, W, -1);
-  auto heads = [&](const Tensor& t) { return transpose(view(t, {B, T, H, D}), 1, 2); };
-  Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
-  bool causal = true;
-  if (cache_k) {
+  auto heads = [=](const Tensor& t) { return transpose(view(t, {B, T, H, D}), 1, 2); };
+  Tensor y;
+  if (!cache_k) {
+    // The attention core, a selective-recompute region (models/activations.h): under a selective
+    // policy only proj is kept, and the attention output and its merged heads are rebuilt in backward.
+    y = selective_region(
+        "attention core",
+        [=](const std::vector<Tensor>& in) {
+          std::vector<Tensor> qkv = split(in[0], W, -1);
+          const Tensor o = scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), true);
+          return reshape(transpose(o, 1, 2), {B, T, W});  // [B, H, T, D] → [B, T, W]
+        },
+        {proj});
+  } else {
     BLU_ASSERT(cache_v, "a key cache without a value cache");
+    std::vector<Tensor> qkv = split(proj, W, -1);
+    Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+    bool causal = true;
     if (cache_k->defined()) {
       BLU_CHECK(T == 1, "CausalSelfAttention: with a non-empty cache the input must be one position, got ", T);
       k = cat({*cache_k, k}, 2);
@@ -131,9 +144,8 @@ Tensor CausalSelfAttention::forward(const Tensor& x, Tensor* cache_k, Tensor* ca
     }
     *cache_k = k;
     *cache_v = v;
+    y = reshape(transpose(scaled_dot_product_attention(q, k, v, causal), 1, 2), {B, T, W});
   }
-  Tensor y = scaled_dot_product_attention(q, k, v, causal);  // [B, H, T, D]
-  y = reshape(transpose(y, 1, 2), {B, T, W});
   if (!residual.defined()) return resid_dropout->forward(c_proj->forward(y));
   if (resid_dropout->active()) return residual + resid_dropout->forward(c_proj->forward(y));
   return c_proj->forward(y, residual);

@@ -110,6 +110,7 @@ class GPT : public CausalLM {
   double flops_per_token(int64_t T) const override;
   std::vector<ShardSpec> tensor_parallel_plan() const override;
   const GPTConfig& gpt_config() const { return cfg_; }
+  std::vector<Generator*> generators() override { return {&dropout_gen_}; }  // dropout's
 
   std::shared_ptr<Embedding> wte, wpe;  // wte [padded_vocab, C] is also the output projection
   std::shared_ptr<Dropout> drop;

@@ -220,6 +220,21 @@ Tensor LlamaAttention::forward(const Tensor& x, const Tensor& cos, const Tensor&
   const Tensor qp = q_proj->forward(x), kp = k_proj->forward(x), vp = v_proj->forward(x);
   const int64_t B = qp.size(0), T = qp.size(1), D = head_dim;
   const int64_t H = q_proj->out_features / D, Hkv = k_proj->out_features / D;
+  if (!cache_k) {
+    // The attention core, a selective-recompute region (models/activations.h): under a selective
+    // policy only the projections are kept; RoPE's outputs, the attention output and the merged
+    // heads are rebuilt in backward.
+    const Tensor y = selective_region(
+        "attention core",
+        [=](const std::vector<Tensor>& in) {
+          const Tensor q = transpose(rotary_embedding(view(in[0], {B, T, H, D}), in[3], in[4]), 1, 2);
+          const Tensor k = transpose(rotary_embedding(view(in[1], {B, T, Hkv, D}), in[3], in[4]), 1, 2);
+          const Tensor v = transpose(view(in[2], {B, T, Hkv, D}), 1, 2);
+          return reshape(transpose(scaled_dot_product_attention(q, k, v, true), 1, 2), {B, T, H * D});
+        },
+        {qp, kp, vp, cos, sin});
+    return residual.defined() ? o_proj->forward(y, residual) : o_proj->forward(y);
+  }
   Tensor q = transpose(rotary_embedding(view(qp, {B, T, H, D}), cos, sin), 1, 2);
   Tensor k = transpose(rotary_embedding(view(kp, {B, T, Hkv, D}), cos, sin), 1, 2);
   Tensor v = transpose(view(vp, {B, T, Hkv, D}), 1, 2);
@@ -250,7 +265,10 @@ LlamaMLP::LlamaMLP(const LlamaConfig& cfg) {
 }
 
 Tensor LlamaMLP::forward(const Tensor& x, const Tensor& residual) const {
-  const Tensor h = swiglu(gate_proj->forward(x), up_proj->forward(x));
+  // SwiGLU, a selective-recompute region: its output (down_proj's input) is rebuilt in backward.
+  const Tensor h = selective_region(
+      "swiglu", [](const std::vector<Tensor>& in) { return swiglu(in[0], in[1]); },
+      {gate_proj->forward(x), up_proj->forward(x)});
   return residual.defined() ? down_proj->forward(h, residual) : down_proj->forward(h);
 }
 

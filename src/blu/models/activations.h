@@ -1,0 +1,121 @@
+// models/activations: what a causal LM does with the activations its blocks save for backward —
+// keep them, recompute them, or move them to host memory — set per model with
+// CausalLM::set_activation_policy and applied by CausalLM::block (docs/offload_activations.md).
+//   none       every block keeps what its ops save (the plain run).
+//   selective  Megatron's selective recompute: each block keeps its GEMM inputs and recomputes the
+//              memory-heavy, cheap parts in backward — the attention core (GPT-2: from the fused
+//              q|k|v projection to the heads merged back; Llama: RoPE, attention, merge) and the
+//              MLP activation (Llama: SwiGLU; GPT-2's GELU is already recomputed by gelu_linear).
+//              Model code marks those parts with selective_region().
+//   block[:N]  whole-block recompute on blocks 0, N, 2N, … (N = 1: every block): such a block's
+//              forward keeps only its input and its backward runs the block again first
+//              (autograd/checkpoint.h). "selective+block:N" adds selective recompute to the others.
+//   offload    (with any of the above) each saved activation of a block goes to host memory as soon
+//              as it is saved and comes back ahead of the backward that needs it: the blocks i and
+//              i-1 are fetched when block i's backward is about to start (ActivationOffloader).
+// activation_bytes() answers, per block, how many activation bytes a policy keeps on the device,
+// sends to the host and leaves to be recomputed, at a given B and T in the model's compute dtype,
+// by running one block under the device allocator's counters (a formula would have to follow
+// every op's save rule).
+// Depends on autograd/{checkpoint,saved_hooks,function}, memory/host_transfer, nn/module, ops/.
+// Keep: with the same kernels every policy gives bitwise the plain run's losses and gradients
+// (random draws included: the model's generators are restored for the rebuild); the hooks and
+// scopes are open only inside CausalLM::block, never around the head or the backward.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "blu/autograd/checkpoint.h"
+#include "blu/autograd/saved_hooks.h"
+#include "blu/memory/host_transfer.h"
+#include "blu/nn/module.h"
+
+namespace blu::models {
+
+class CausalLM;
+
+struct ActivationPolicy {
+  int64_t block_every = 0;  // N of block:N; 0: no whole-block recompute
+  bool selective = false;
+  bool offload = false;
+  // "none", "selective", "block", "block:N", "selective+block:N" (BLU_CHECK otherwise, naming them).
+  static ActivationPolicy parse(std::string_view recompute, bool offload_activations = false);
+  std::string recompute_name() const;  // as parse takes it
+  bool recompute_block(size_t i) const { return block_every > 0 && i % size_t(block_every) == 0; }
+  bool any() const { return block_every > 0 || selective || offload; }
+  bool operator==(const ActivationPolicy&) const = default;
+};
+
+// fn(inputs), as a drop_output recompute region when CausalLM::block runs the block under a
+// selective policy (with grad mode on); fn(inputs) plainly otherwise. For the model code's
+// attention cores and MLP activations.
+Tensor selective_region(const char* name, const RegionFn& fn, const std::vector<Tensor>& inputs);
+
+// RAII, opened by CausalLM::block: selective_region() recomputes inside the scope, restoring
+// `generators` (the model's) for the rebuild.
+class SelectiveScope {
+ public:
+  explicit SelectiveScope(std::vector<Generator*> generators);
+  ~SelectiveScope();
+  SelectiveScope(const SelectiveScope&) = delete;
+  SelectiveScope& operator=(const SelectiveScope&) = delete;
+
+ private:
+  std::vector<Generator*> prev_;
+  bool prev_on_;
+};
+
+// The host copies of one model's offloaded activations. A tensor saved inside block i (an op's
+// output, or an input that is itself an activation: a non-leaf that requires grad and is not a
+// parameter's compute copy) is boxed; its storage is copied to the host once however many views
+// of it are saved, and the device storage is freed as soon as nothing else holds it. The copies
+// come back per block: prefetch(i) starts the copies of block i's storages back to the device,
+// and a box's unpack waits for its own (fetching it then if no prefetch did).
+class ActivationOffloader {
+ public:
+  // The pack hook for block i of `block_module` (whose parameters and compute copies stay put).
+  PackHook hook(size_t block, const nn::Module& block_module);
+  void prefetch(size_t block);
+  // Bytes copied to the host since construction, and how many storages.
+  int64_t bytes_offloaded() const { return bytes_; }
+  int64_t storages_offloaded() const { return count_; }
+
+ private:
+  struct Entry;
+  std::shared_ptr<Entry> entry_for(const Tensor& t, size_t block);
+  std::unordered_map<const Storage*, std::weak_ptr<Entry>> by_storage_;
+  std::vector<std::vector<std::weak_ptr<Entry>>> by_block_;
+  int64_t bytes_ = 0, count_ = 0;
+};
+
+// Per block (of model.num_blocks()): activation bytes under `policy` at [B, T] in the model's
+// compute dtype. kept: held on the device by the block's graph after its forward — its input
+// included when the graph keeps it, its output not (the next block's input, or the head's);
+// offloaded: sent to host memory; recomputed: what the plain run keeps beyond those two, rebuilt in
+// backward. Measured by running block 0 (the blocks are alike) on the model's device, grad mode
+// on and the training flag as it is, on a random input; the model's policy and generators are
+// left as they were. The step's activations after the forward are these summed over the blocks
+// plus the embedding's and the head's, which no policy changes.
+struct ActivationBytes {
+  int64_t kept = 0, offloaded = 0, recomputed = 0;
+};
+std::vector<ActivationBytes> activation_bytes(CausalLM& model, int64_t B, int64_t T, const ActivationPolicy& policy);
+
+// The whole model's activations under `policy` at [B, T], in the terms of the memory planner
+// (offload/plan.h's ActivationPlan): how many blocks keep, offload and recompute (a selectively
+// recomputed block counts as recomputed), what selective recomputes, and bytes. device_bytes:
+// the blocks' kept bytes plus the most that one block's backward brings back — its recomputed
+// bytes, and with offload its own and the prefetched previous block's offloaded bytes;
+// host_bytes: all offloaded bytes. The embedding's and the head's activations are not included.
+struct ActivationTotals {
+  int64_t blocks = 0, kept_blocks = 0, offloaded_blocks = 0, recomputed_blocks = 0;
+  std::string selective;  // "" or "attention core, MLP activation"
+  int64_t device_bytes = 0, host_bytes = 0;
+};
+ActivationTotals activation_totals(CausalLM& model, int64_t B, int64_t T, const ActivationPolicy& policy);
+
+}  // namespace blu::models
