@@ -1,6 +1,6 @@
 // models/activations: what a causal LM does with the activations its blocks save for backward —
 // keep them, recompute them, or move them to host memory — set per model with
-// CausalLM::set_activation_policy and applied by CausalLM::block (docs/offload_activations.md).
+// CausalLM::set_activation_policy and applied by CausalLM::block (docs/offload.md, "Activations").
 //   none       every block keeps what its ops save (the plain run).
 //   selective  Megatron's selective recompute: each block keeps its GEMM inputs and recomputes the
 //              memory-heavy, cheap parts in backward — the attention core (GPT-2: from the fused
