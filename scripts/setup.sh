@@ -19,6 +19,7 @@ packages=(
   chromium                        # renders `blutrain report`'s page in its test (tests/train/report_browser_test.cpp)
   fortunes fortunes-min           # the demo corpus
   pybind11-dev libdlpack-dev python3-dev  # the blutrain Python module (python/)
+  clang libclang-rt-14-dev llvm   # sanitizer builds and libFuzzer targets, coverage (scripts/sanitize.sh, fuzz/)
 )
 missing=()
 for p in "${packages[@]}"; do
