@@ -16,12 +16,12 @@ BUILD=${1:-build-cuda}
 BIN=$BUILD/blutrain
 STEPS=${STEPS:-6}
 PY=${PYTHON:-python3}
-PEERS=$(cd "$(dirname "$0")/.." && pwd)/../shared/peers
+PEERS=${PEERS:-$(cd "$(dirname "$0")/.." && pwd)/../shared/peers}
 [ -x "$BIN" ] || { echo "offload_bench: no $BIN (build first)" >&2; exit 2; }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 free -g | head -2
 
-bench() { "$BIN" bench --device cuda --precision bf16 -B 8 --seq 1024 --steps "$STEPS" "$@" 2>&1 | tail -1; }
+bench() { "$BIN" bench --device cuda --precision bf16 -B 8 -T 1024 --steps "$STEPS" "$@" 2>&1 | tail -1; }
 
 echo "# 1. d48, 64K tokens per optimizer step (B=8 x T=1024 x 8 micro-batches)"
 bench --model gpt2:d48 --grad-accum 8
@@ -49,7 +49,7 @@ for w in $WIDTHS; do
     printf '{"model_type": "gpt2", "n_layer": %d, "n_embd": %d, "n_head": %d, "vocab_size": 50304, "n_positions": 1024}\n' \
       "$d" "$w" "$h" > "$cfg"
     echo "## ${d} x ${w}"
-    timeout 900 "$BIN" bench --model "$cfg" --device cuda --precision bf16 -B 8 --seq 1024 --steps 4 \
+    timeout 900 "$BIN" bench --model "$cfg" --device cuda --precision bf16 -B 8 -T 1024 --steps 4 \
       --offload-state optimizer --offload-update cpu 2>&1 | tail -1
     timeout 900 $PY "$(dirname "$0")/torch_gpt_grid.py" --depth "$d" --width "$w" -B 8 -T 1024 --steps 4 2>&1 | tail -1
   done

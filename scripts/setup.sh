@@ -22,6 +22,7 @@ packages=(
   # MLIR 22 (CMake option BLU_MLIR, on when found): the compiler's blu dialect and fusion pass
   # (src/blu/compiler/mlir/); a build without it loads compiled kernels from the cache.
   libmlir-22-dev mlir-22-tools llvm-22-dev
+  clang libclang-rt-14-dev llvm   # sanitizer builds and libFuzzer targets, coverage (scripts/sanitize.sh, fuzz/)
 )
 missing=()
 for p in "${packages[@]}"; do

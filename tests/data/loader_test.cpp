@@ -298,6 +298,23 @@ TEST(Loader, BadArguments) {
   EXPECT_TRUE(same(dl.next(), sh.window(0, 0, 8)));
 }
 
+// A saved state comes from a file: numbers out of range are refused, not computed with (found by
+// fuzz/loader_state.cpp; both were undefined behaviour).
+TEST(Loader, HostileStateNumbersAreRefused) {
+  Shards sh(kUneven);
+  DataLoader dl(sh.files, 2, 4, 0, 1);
+  LoaderState s = dl.state();
+  s.B = int64_t(1) << 62;
+  s.world_size = 4;  // B x world_size overflows int64
+  expect_error([&] { dl.restore(s); }, {"B=4611686018427387904 on world_size=4 (more than int64 holds rows"});
+  nlohmann::json j = dl.state();
+  j["epoch"] = 1e300;  // a double far outside int64
+  expect_error([&] { (void)j.get<LoaderState>(); }, {"field 'epoch' must be an integer, got 1e+300"});
+  j["epoch"] = 1.5;
+  expect_error([&] { (void)j.get<LoaderState>(); }, {"field 'epoch' must be an integer"});
+  EXPECT_TRUE(same(dl.next(), sh.window(0, 0, 8)));
+}
+
 TEST(Loader, PrefetchThreadErrorsReachTheCaller) {
   Shards sh({161, 40});  // 20 batches in the first shard; the thread is at most a few ahead
   DataLoader dl(sh.files, 1, 8, 0, 1, {.prefetch = 2});

@@ -20,6 +20,7 @@
 
 #include "blu/data/shard.h"
 #include "blu/dist/layout_checkpoint.h"
+#include "blu/dist/pipeline.h"
 #include "blu/dist/zero.h"
 #include "blu/io/json_file.h"
 #include "blu/train/trainer.h"
@@ -223,6 +224,33 @@ TEST_F(ShardedDurability, SigtermToLaunchCheckpointsBothRanksAndResumesBitExactl
   ASSERT_EQ(a.size(), size_t(stopped + 2));
   ASSERT_EQ(b.size(), a.size());
   for (const auto& [step, loss] : a) EXPECT_EQ(b.at(step), loss) << "step " << step;
+}
+
+// A COMMIT is read from disk: numbers of the wrong kind or out of range, and file entries that are
+// not objects, are refused naming the COMMIT (found by fuzz/commit.cpp: a float version of 1e300
+// was an undefined conversion, a bare number in "files" escaped as a JSON type_error).
+TEST(ShardedCommit, HostileCommitsAreRefusedByName) {
+  TempDir d;
+  const fs::path commit = d.path / "COMMIT";
+  const auto refused = [&](const std::string& text, bool pipeline) {
+    std::ofstream(commit) << text;
+    return error_of([&] {
+      if (pipeline)
+        PipelineStage::verify_checkpoint(d.str());
+      else
+        verify_sharded_checkpoint(d.str());
+    });
+  };
+  std::string e = refused(R"({"format_version":1e300,"step":1,"total":8,"world_size":1})", false);
+  EXPECT_NE(e.find("COMMIT: expected an integer \"format_version\", got 1e+300"), std::string::npos) << e;
+  e = refused(R"({"stages":1,"format_version":2.5})", true);
+  EXPECT_NE(e.find("COMMIT: expected an integer \"format_version\", got 2.5"), std::string::npos) << e;
+  e = refused(R"({"format_version":2,"step":1,"total":8,"world_size":4294967297})", false);
+  EXPECT_NE(e.find("world_size 4294967297 and step 1 must be in [1, 2^20]"), std::string::npos) << e;
+  e = refused(R"({"format_version":2,"step":1,"total":8,"world_size":1,"files":[1,2]})", false);
+  EXPECT_NE(e.find("COMMIT lists 1; expected {\"name\""), std::string::npos) << e;
+  e = refused(R"({"format_version":2,"stages":1,"files":[{"name":"a","bytes":1e300,"checksum":"x"}]})", true);
+  EXPECT_NE(e.find("expected {\"name\": a file name, \"bytes\": a size"), std::string::npos) << e;
 }
 
 }  // namespace

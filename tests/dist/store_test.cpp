@@ -357,5 +357,55 @@ TEST(TcpStoreSecurity, StoreBarrierNamesWhatItWaitedFor) {
   EXPECT_NE(e.find("waiting for rank 0's checkpoint at step 7 (1 of 2 ranks had arrived"), std::string::npos) << e;
 }
 
+// A request in the raw wire format (tcp_store.h): op, key, value, arg.
+std::string raw_request(uint8_t op, const std::string& key, const std::string& value, int64_t arg) {
+  std::string r(1, char(op));
+  const uint32_t klen = uint32_t(key.size()), vlen = uint32_t(value.size());
+  r.append(reinterpret_cast<const char*>(&klen), 4);
+  r += key;
+  r.append(reinterpret_cast<const char*>(&vlen), 4);
+  r += value;
+  r.append(reinterpret_cast<const char*>(&arg), 8);
+  return r;
+}
+
+// One reply's value (status 0 expected), or "<none>" when none comes within `within`.
+std::string raw_reply_value(int fd, std::chrono::milliseconds within) {
+  timeval tv{time_t(within.count() / 1000), suseconds_t(within.count() % 1000 * 1000)};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char head[5];
+  if (::recv(fd, head, 5, MSG_WAITALL) != 5 || head[0] != 0) return "<none>";
+  uint32_t n = 0;
+  std::memcpy(&n, head + 1, 4);
+  std::string value(n + 8, '\0');
+  if (::recv(fd, value.data(), value.size(), MSG_WAITALL) != ssize_t(value.size())) return "<none>";
+  return value.substr(0, n);
+}
+
+// Two clients parked on one key; the first has a DELETE of that key buffered behind its GET. When
+// the key is set, answering the first runs its DELETE; the second must then see the key as absent
+// (and keep waiting for the next set), never the deleted value's freed memory.
+TEST(TcpStoreSecurity, AWaiterThatDeletesTheKeyLeavesTheNextWaiterWaiting) {
+  TcpStore server("127.0.0.1", 0, true, opts("s"));
+  const int a = raw_connect(server.port());
+  ASSERT_TRUE(handshake(a, "s", "job-a"));
+  const int b = raw_connect(server.port());
+  ASSERT_TRUE(handshake(b, "s", "job-a"));
+  const std::string a_reqs = raw_request(2, "k", "", 5000) + raw_request(5, "k", "", 0);  // GET k, DELETE k
+  ASSERT_EQ(::send(a, a_reqs.data(), a_reqs.size(), MSG_NOSIGNAL), ssize_t(a_reqs.size()));
+  std::this_thread::sleep_for(100ms);
+  const std::string b_req = raw_request(2, "k", "", 5000);
+  ASSERT_EQ(::send(b, b_req.data(), b_req.size(), MSG_NOSIGNAL), ssize_t(b_req.size()));
+  std::this_thread::sleep_for(200ms);  // both parked
+  server.set("k", std::string(100, 'v'));
+  EXPECT_EQ(raw_reply_value(a, 2000ms), std::string(100, 'v'));  // the GET
+  EXPECT_EQ(raw_reply_value(a, 2000ms), "");                      // the DELETE (status 0: it existed)
+  EXPECT_EQ(raw_reply_value(b, 300ms), "<none>");                 // k is gone: b still waits
+  server.set("k", "w");
+  EXPECT_EQ(raw_reply_value(b, 2000ms), "w");
+  ::close(a);
+  ::close(b);
+}
+
 }  // namespace
 }  // namespace blu::dist

@@ -28,7 +28,7 @@ std::span<const std::byte> as_bytes_of(const std::vector<T>& v) {
 
 std::vector<std::byte> to_bytes(std::string_view s) {
   std::vector<std::byte> out(s.size());
-  std::memcpy(out.data(), s.data(), s.size());
+  if (!s.empty()) std::memcpy(out.data(), s.data(), s.size());  // memcpy from null is undefined, even of 0 bytes
   return out;
 }
 

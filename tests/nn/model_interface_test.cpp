@@ -156,6 +156,15 @@ TEST(Module, FindAndReplaceByDottedPath) {
   expect_error([&] { m.replace_module("x.y", lin); }, {"no module at 'x'"});
 }
 
+// A config.json whose model_type is not a string is refused by name, like any other unknown
+// architecture (found by fuzz/model_config.cpp: a bare JSON type_error escaped).
+TEST(ModelRegistry, NonStringModelTypeIsRefusedByName) {
+  test::TempDir dir;
+  std::ofstream(dir.path() / "config.json") << R"({"model_type": 2, "n_embd": 32})";
+  expect_error([&] { (void)resolve_model_config(dir.path().string()); },
+               {"config.json: architectures: expected one of", "got none"});
+}
+
 TEST(ModelRegistry, HuggingFaceGpt2Folder) {
   test::TempDir dir;
   GPT m(test::tiny_gpt(), 3);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <type_traits>
 
 #include "blu/core/error.h"
 #include "blu/data/permute.h"
@@ -26,6 +27,10 @@ template <typename V>
 void read_field(const nlohmann::json& j, const char* key, V& out) {
   BLU_CHECK(j.is_object(), "LoaderState: expected a JSON object, got ", j.type_name());
   BLU_CHECK(j.contains(key), "LoaderState: JSON has no field '", key, "': ", j.dump());
+  // A number with a fraction or an exponent converts to an integer by a cast that is undefined
+  // when it is out of range (1e300): integers only.
+  if constexpr (std::is_integral_v<V> && !std::is_same_v<V, bool>)
+    BLU_CHECK(!j.at(key).is_number_float(), "LoaderState: field '", key, "' must be an integer, got ", j.at(key).dump());
   try {
     out = j.at(key).get<V>();
   } catch (const nlohmann::json::exception& e) {
@@ -324,10 +329,13 @@ void DataLoader::restore(const LoaderState& s) {
     mismatch("world_size", s.world_size, static_cast<int64_t>(world_size_));
   }
   // Another split of the same rounds (Note [Resuming on other ranks]).
-  BLU_CHECK(s.B > 0 && s.world_size > 0 && s.B * s.world_size == round_rows_,
+  int64_t saved_rows = 0;  // checked: the numbers come from a file
+  const bool rows_fit = !__builtin_mul_overflow(s.B, s.world_size, &saved_rows);
+  BLU_CHECK(s.B > 0 && s.world_size > 0 && rows_fit && saved_rows == round_rows_,
             "DataLoader::restore: the state was saved with B=", s.B, " on world_size=", s.world_size, " (",
-            s.B * s.world_size, " rows a round), this loader has B=", B_, " on world_size=", world_size_, " (",
-            round_rows_, " rows): to resume on another number of ranks keep B x world_size, the global batch");
+            rows_fit ? std::to_string(saved_rows) : std::string("more than int64 holds"),
+            " rows a round), this loader has B=", B_, " on world_size=", world_size_, " (", round_rows_,
+            " rows): to resume on another number of ranks keep B x world_size, the global batch");
   mismatch("num_shards", s.num_shards, static_cast<int64_t>(files_.size()));
   BLU_CHECK(s.epoch >= 0 && s.shard >= 0 && s.shard < s.num_shards, "DataLoader::restore: bad position epoch=",
             s.epoch, ", shard=", s.shard, " of ", s.num_shards);

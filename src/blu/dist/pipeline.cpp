@@ -524,15 +524,17 @@ void PipelineStage::verify_checkpoint(const std::string& ckpt_dir) {
   const nlohmann::json commit = io::read_json_file(commit_path);
   BLU_CHECK(commit.is_object() && commit.contains("stages") && commit["stages"].is_number_integer(),
             commit_path.string(), ": expected a JSON object with an integer \"stages\"");
-  const int version = commit.value("format_version", 1);
+  BLU_CHECK(!commit.contains("format_version") || commit["format_version"].is_number_integer(), commit_path.string(),
+            ": expected an integer \"format_version\", got ", commit.value("format_version", nlohmann::json()).dump());
+  const int64_t version = commit.value("format_version", int64_t(1));
   BLU_CHECK(version >= 1 && version <= kPipelineFormatVersion, "pipeline checkpoint ", ckpt_dir,
             " has format version ", version, "; this build reads versions 1 to ", kPipelineFormatVersion);
-  const int P = commit["stages"].get<int>();
-  BLU_CHECK(P >= 1, commit_path.string(), ": stages must be >= 1, got ", P);
+  const int64_t P = commit["stages"].get<int64_t>();
+  BLU_CHECK(P >= 1 && P <= (1 << 20), commit_path.string(), ": stages must be in [1, 2^20], got ", P);
   if (version == 1) {  // no digests: the files must exist
     for (int q = 0; q < P; ++q)
-      BLU_CHECK(fs::exists(d / stage_file_name(q, P)), "pipeline checkpoint: stage file ",
-                (d / stage_file_name(q, P)).string(), " is missing (", P, " expected)");
+      BLU_CHECK(fs::exists(d / stage_file_name(q, int(P))), "pipeline checkpoint: stage file ",
+                (d / stage_file_name(q, int(P))).string(), " is missing (", P, " expected)");
     return;
   }
   BLU_CHECK(commit.contains("files") && commit["files"].is_array() && commit["files"].size() == size_t(P),

@@ -44,17 +44,19 @@
 
 #include "blu/core/error.h"
 #include "blu/dist/env.h"
+#include "blu/dist/store_protocol.h"
 
 namespace blu::dist {
 
 namespace {
 
-enum Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kDelete = 5, kWait = 6 };
-enum Status : uint8_t { kOk = 0, kAbsent = 1, kRefused = 2 };
-constexpr uint32_t kMagic = 0x53554C42;  // "BLUS" little-endian
-constexpr uint32_t kVersion = 1;
-constexpr size_t kNonceBytes = 32, kProofBytes = 32, kMaxJobBytes = 256;
-constexpr size_t kMaxHelloBytes = 4 + 4 + 4 + kMaxJobBytes + kNonceBytes;
+// The wire's constants (dist/store_protocol.h), by their short names here.
+constexpr uint8_t kSet = kStoreSet, kGet = kStoreGet, kAdd = kStoreAdd, kCheck = kStoreCheck, kDelete = kStoreDelete,
+                  kWait = kStoreWait;
+constexpr uint8_t kOk = kStoreOk, kAbsent = kStoreAbsent, kRefused = kStoreRefused;
+constexpr uint32_t kMagic = kStoreMagic, kVersion = kStoreVersion;
+constexpr size_t kNonceBytes = kStoreNonceBytes, kProofBytes = kStoreProofBytes, kMaxJobBytes = kStoreMaxJobBytes;
+constexpr size_t kMaxHelloBytes = kStoreMaxHelloBytes;
 constexpr size_t kRecvChunk = 65536;
 using Clock = std::chrono::steady_clock;
 using Nonce = std::array<uint8_t, kNonceBytes>;
@@ -154,18 +156,6 @@ Proof prove(const std::string& secret, const char* label, const std::string& job
 constexpr const char* kServerLabel = "blu-store server proof";
 constexpr const char* kClientLabel = "blu-store client proof";
 
-// Little-endian reads from a buffer the caller has checked holds the bytes.
-uint32_t get_u32(const std::string& b, size_t at) {
-  uint32_t v;
-  std::memcpy(&v, b.data() + at, 4);
-  return v;
-}
-int64_t get_i64(const std::string& b, size_t at) {
-  int64_t v;
-  std::memcpy(&v, b.data() + at, 8);
-  return v;
-}
-
 }  // namespace
 
 // One thread, one poll() over the listening socket, a wake-up pipe and every connection.
@@ -175,7 +165,8 @@ int64_t get_i64(const std::string& b, size_t at) {
 // end of what the current stage may hold, after checking every length prefix against its cap.
 class TcpStoreServer {
  public:
-  TcpStoreServer(const std::string& host, int port, const StoreOptions& o) : o_(o) {
+  TcpStoreServer(const std::string& host, int port, const StoreOptions& o)
+      : o_(o), table_(StoreLimits{o.max_keys, o.max_total_bytes}) {
     BLU_CHECK(o.world_size >= 1, "TcpStore: world_size must be >= 1, got ", o.world_size);
     addrinfo hints{};
     hints.ai_family = AF_INET;
@@ -335,7 +326,7 @@ class TcpStoreServer {
     switch (c.stage) {
       case Stage::hello: return kMaxHelloBytes;
       case Stage::proof: return kProofBytes;
-      case Stage::ready: return 1 + 4 + size_t(o_.max_key_bytes) + 4 + size_t(o_.max_value_bytes) + 8;
+      case Stage::ready: return store_request_max_bytes(o_.max_key_bytes, o_.max_value_bytes);
     }
     return 0;
   }
@@ -357,32 +348,25 @@ class TcpStoreServer {
     }
   }
 
+  // The parsers (dist/store_protocol.h) say how many bytes a whole message took, or why not.
   bool on_hello(Conn& c, size_t& used) {
-    const std::string& b = c.in;
-    if (b.size() < 4) return true;
-    if (get_u32(b, 0) != kMagic) {  // not this protocol: say nothing
+    StoreHello hello;
+    const StoreParse p = parse_store_hello(c.in, o_.job, hello);
+    if (p.kind == StoreParse::incomplete) return true;
+    if (p.kind == StoreParse::silent) {  // not this protocol: say nothing
       refuse_count();
       return false;
     }
-    if (b.size() < 12) return true;
-    if (get_u32(b, 4) != kVersion)
-      return refuse(c, "the store speaks protocol version " + std::to_string(kVersion) + ", the client " +
-                           std::to_string(get_u32(b, 4)) + " (ranks from different BluTrain builds?)");
-    const uint32_t job_len = get_u32(b, 8);
-    if (job_len > kMaxJobBytes) return refuse(c, "a job name longer than 256 bytes");
-    if (b.size() < 12 + job_len + kNonceBytes) return true;
-    const std::string job = b.substr(12, job_len);
-    if (job != o_.job)
-      return refuse(c, "this store serves job '" + o_.job + "', not job '" + job + "' (BLU_JOB_ID differs)");
-    std::memcpy(c.client_nonce.data(), b.data() + 12 + job_len, kNonceBytes);
+    if (p.kind == StoreParse::refused) return refuse(c, p.why);
+    c.client_nonce = hello.nonce;
     c.server_nonce = random_nonce();
-    const Proof p = prove(o_.secret, kServerLabel, o_.job, c.client_nonce, c.server_nonce);
+    const Proof proof = prove(o_.secret, kServerLabel, o_.job, c.client_nonce, c.server_nonce);
     std::string out(1, char(kOk));
     out.append(reinterpret_cast<const char*>(c.server_nonce.data()), kNonceBytes);
-    out.append(reinterpret_cast<const char*>(p.data()), kProofBytes);
+    out.append(reinterpret_cast<const char*>(proof.data()), kProofBytes);
     if (!send_blocking(c, out)) return false;
     c.stage = Stage::proof;
-    used = 12 + job_len + kNonceBytes;
+    used = p.used;
     return true;
   }
 
@@ -398,91 +382,41 @@ class TcpStoreServer {
   }
 
   bool on_request(Conn& c, size_t& used) {
-    const std::string& b = c.in;
-    if (b.size() < 5) return true;
-    const uint8_t op = uint8_t(b[0]);
-    if (op < kSet || op > kWait) return refuse(c, "unknown request " + std::to_string(op));
-    const uint32_t key_len = get_u32(b, 1);
-    if (key_len > o_.max_key_bytes)
-      return refuse(c, "a key of " + std::to_string(key_len) + " bytes (at most " + std::to_string(o_.max_key_bytes) +
-                           ")");
-    if (b.size() < 5 + size_t(key_len) + 4) return true;
-    const uint32_t value_len = get_u32(b, 5 + key_len);
-    if (value_len > o_.max_value_bytes)
-      return refuse(c, "a value of " + std::to_string(value_len) + " bytes (at most " +
-                           std::to_string(o_.max_value_bytes) + ")");
-    const size_t total = 5 + size_t(key_len) + 4 + size_t(value_len) + 8;
-    if (b.size() < total) return true;
-    used = total;
-    std::string key = b.substr(5, key_len);
-    std::string value = b.substr(9 + key_len, value_len);
-    const int64_t arg = get_i64(b, 9 + key_len + value_len);
-    switch (op) {
-      case kSet: {
-        auto it = data_.find(key);
-        const size_t old = it == data_.end() ? 0 : it->first.size() + it->second.size();
-        if (it == data_.end() && data_.size() >= o_.max_keys)
-          return refuse(c, "more than " + std::to_string(o_.max_keys) + " keys");
-        if (total_bytes_ - old + key.size() + value.size() > o_.max_total_bytes)
-          return refuse(c, "more than " + std::to_string(o_.max_total_bytes) + " bytes of keys and values");
-        total_bytes_ = total_bytes_ - old + key.size() + value.size();
-        data_[key] = std::move(value);
-        if (!reply(c, kOk, "", 0)) return false;
-        wake(key);
-        return true;
-      }
-      case kGet:
-      case kWait: {
-        if (arg < 0) return refuse(c, "a negative timeout (" + std::to_string(arg) + " ms)");
-        auto it = data_.find(key);
-        if (it != data_.end()) return reply(c, kOk, op == kGet ? it->second : std::string(), 0);
+    StoreRequest req;
+    const StoreParse p = parse_store_request(c.in, o_.max_key_bytes, o_.max_value_bytes, req);
+    if (p.kind == StoreParse::incomplete) return true;
+    if (p.kind != StoreParse::message) return refuse(c, p.why);
+    used = p.used;
+    const uint8_t op = req.op;
+    const std::string key = req.key;
+    const int64_t arg = req.arg;
+    StoreTable::Result r = table_.apply(std::move(req));
+    switch (r.kind) {
+      case StoreTable::Result::refuse: return refuse(c, r.value);
+      case StoreTable::Result::wait:
         c.waiting = true;
         c.wait_op = op;
-        c.wait_key = std::move(key);
+        c.wait_key = key;
         c.wait_deadline = deadline_after(Milliseconds(arg));
         return true;
-      }
-      case kAdd: {
-        auto it = data_.find(key);
-        int64_t v = 0;
-        if (it != data_.end()) {
-          if (it->second.size() != 8) return refuse(c, "add on key '" + key + "', which holds no counter");
-          std::memcpy(&v, it->second.data(), 8);
-        } else if (data_.size() >= o_.max_keys) {
-          return refuse(c, "more than " + std::to_string(o_.max_keys) + " keys");
-        } else if (total_bytes_ + key.size() + 8 > o_.max_total_bytes) {
-          return refuse(c, "more than " + std::to_string(o_.max_total_bytes) + " bytes of keys and values");
-        }
-        int64_t sum = 0;
-        if (__builtin_add_overflow(v, arg, &sum))
-          return refuse(c, "add of " + std::to_string(arg) + " to " + std::to_string(v) + " overflows key '" + key + "'");
-        if (it == data_.end()) total_bytes_ += key.size() + 8;
-        data_[key] = std::string(reinterpret_cast<const char*>(&sum), 8);
-        if (!reply(c, kOk, "", sum)) return false;
-        wake(key);
+      case StoreTable::Result::reply:
+        if (!reply(c, r.status, r.value, r.number)) return false;
+        if (op == kSet || op == kAdd) wake(key);
         return true;
-      }
-      case kCheck: return reply(c, data_.count(key) ? kOk : kAbsent, "", 0);
-      case kDelete: {
-        auto it = data_.find(key);
-        if (it == data_.end()) return reply(c, kAbsent, "", 0);
-        total_bytes_ -= it->first.size() + it->second.size();
-        data_.erase(it);
-        return reply(c, kOk, "", 0);
-      }
     }
     return false;
   }
 
   // Answers every connection parked on `key`.
   void wake(const std::string& key) {
-    auto it = data_.find(key);
-    if (it == data_.end()) return;
     for (Conn& w : conns_) {
       if (!w.waiting || w.wait_key != key) continue;
+      // Looked up for each waiter: the previous one's buffered requests may have changed the key.
+      const std::string* value = table_.find(key);
+      if (!value) return;
       w.waiting = false;
       // A failed send shows up as a hang-up at the next poll.
-      if (reply(w, kOk, w.wait_op == kGet ? it->second : std::string(), 0)) handle_buffered(w);
+      if (reply(w, kOk, w.wait_op == kGet ? *value : std::string(), 0)) handle_buffered(w);
     }
   }
 
@@ -530,7 +464,7 @@ class TcpStoreServer {
     std::lock_guard lock(stats_mu_);
     stats_.connections = conns_.size();
     stats_.buffered_bytes = buffered;
-    stats_.keys = data_.size();
+    stats_.keys = table_.size();
   }
 
   const StoreOptions o_;
@@ -541,8 +475,7 @@ class TcpStoreServer {
   std::thread thread_;
   // The loop thread's alone.
   std::list<Conn> conns_;
-  std::map<std::string, std::string> data_;
-  size_t total_bytes_ = 0;
+  StoreTable table_;
   mutable std::mutex stats_mu_;
   TcpStore::ServerStats stats_;
 };

@@ -719,19 +719,21 @@ void verify_sharded_checkpoint(const std::string& ckpt_dir) {
             " is missing: the checkpoint was not committed (a save was interrupted?)");
   const nlohmann::json commit = io::read_json_file(commit_path);
   BLU_CHECK(commit.is_object(), commit_path.string(), ": expected a JSON object, got ", commit.dump());
-  const int version = commit.contains("format_version") ? commit["format_version"].get<int>() : 1;
+  BLU_CHECK(!commit.contains("format_version") || commit["format_version"].is_number_integer(), commit_path.string(),
+            ": expected an integer \"format_version\", got ", commit.value("format_version", nlohmann::json()).dump());
+  const int64_t version = commit.value("format_version", int64_t(1));
   BLU_CHECK(version >= 1 && version <= kShardedFormatVersion, "sharded checkpoint ", ckpt_dir, " has format version ",
             version, "; this build reads versions 1 to ", kShardedFormatVersion,
             " (written by a newer BluTrain? load it with that version)");
   for (const char* key : {"world_size", "step", "total"})
     BLU_CHECK(commit.contains(key) && commit[key].is_number_integer(), commit_path.string(), ": expected an integer \"",
               key, "\"");
-  const int W = commit["world_size"].get<int>();
+  const int64_t W = commit["world_size"].get<int64_t>();
   const int64_t step = commit["step"].get<int64_t>();
-  BLU_CHECK(W >= 1 && step >= 0, commit_path.string(), ": world_size ", W, " and step ", step, " must be >= 1 and >= 0");
+  BLU_CHECK(W >= 1 && W <= (1 << 20) && step >= 0, commit_path.string(), ": world_size ", W, " and step ", step, " must be in [1, 2^20] and >= 0");
   if (version == 1) {
     std::vector<std::string> names{step_dir_name(step) + ".safetensors"};
-    for (int q = 0; q < W; ++q) names.push_back(shard_file_name(q, W));
+    for (int q = 0; q < W; ++q) names.push_back(shard_file_name(q, int(W)));
     for (const std::string& n : names)
       BLU_CHECK(fs::exists(d / n), "sharded checkpoint: ", (d / n).string(), " is missing (", commit_path.string(),
                 " names ", W, " shards)");

@@ -238,6 +238,10 @@ std::string newest_verified(const std::vector<std::pair<int64_t, std::string>>& 
 
 void verify_listed_files(const std::string& dir, const nlohmann::json& files, const std::string& what) {
   for (const auto& f : files) {
+    BLU_CHECK(f.is_object() && f.contains("name") && f["name"].is_string() && f.contains("bytes") &&
+                  f["bytes"].is_number_unsigned() && f.contains("checksum") && f["checksum"].is_string(),
+              what, " ", dir, ": COMMIT lists ", f.dump(),
+              "; expected {\"name\": a file name, \"bytes\": a size, \"checksum\": a string}");
     const std::string name = f.at("name").get<std::string>();
     BLU_CHECK(!name.empty() && name.find('/') == std::string::npos && name != "." && name != "..", what, " ", dir,
               ": COMMIT lists a bad file name '", name, "'");

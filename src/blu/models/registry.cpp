@@ -32,12 +32,15 @@ const ModelFamily& hf_family(const nlohmann::json& hf, const std::string& file) 
   if (auto it = hf.find("architectures"); it != hf.end() && it->is_array())
     for (const auto& a : *it)
       if (a.is_string()) claimed.push_back(a.get<std::string>());
+  // model_type is read only when it is a string (json::value would throw a bare type_error).
+  const auto mt = hf.find("model_type");
+  const std::string model_type = mt != hf.end() && mt->is_string() ? mt->get<std::string>() : "";
   for (const auto& [name, fam] : families()) {
     if (!fam.from_hf_config) continue;
     for (const auto& a : claimed)
       for (const auto& mine : fam.hf_architectures)
         if (a == mine) return fam;
-    if (claimed.empty() && hf.value("model_type", "") == name) return fam;
+    if (claimed.empty() && model_type == name) return fam;
   }
   std::string supported;
   for (const auto& [name, fam] : families())

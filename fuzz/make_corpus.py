@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Writes the seed corpora of fuzz/corpus/<target>/: a few small valid inputs per parser (and the
+committed legacy checkpoints of tests/train/data), so each fuzzer starts from inputs that reach
+deep into its parser. Run from anywhere: python3 fuzz/make_corpus.py (rewrites the folders)."""
+import json, os, shutil, struct
+
+root = os.path.dirname(os.path.abspath(__file__))
+corpus = os.path.join(root, "corpus")
+tests = os.path.join(root, "..", "tests")
+
+
+def put(target, name, data):
+    d = os.path.join(corpus, target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode())
+
+
+def safetensors(tensors, metadata=None):
+    """tensors: [(name, dtype, shape, bytes)] -> file bytes (compact JSON, padded to 8)."""
+    header, data = {}, b""
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h + data
+
+
+for t in os.listdir(corpus) if os.path.isdir(corpus) else []:
+    shutil.rmtree(os.path.join(corpus, t))
+
+# safetensors
+f32 = struct.pack("<4f", 1, 2, 3, 4)
+put("safetensors", "two_tensors", safetensors([("a", "F32", [2, 2], f32), ("b", "BF16", [3], b"\x80\x3f" * 3)],
+                                              {"format": "pt"}))
+put("safetensors", "empty_tensor", safetensors([("z", "I64", [0, 5], b""), ("s", "BOOL", [], b"\x01")]))
+put("safetensors", "no_tensors", safetensors([], {"k": "v"}))
+
+# shard: llm.c's layout
+def shard(tokens, count=None, version=1):
+    head = struct.pack("<3i", 20240520, version, len(tokens) if count is None else count) + b"\0" * (1024 - 12)
+    return head + struct.pack("<%dH" % len(tokens), *tokens)
+put("shard", "ten_tokens", shard(list(range(10))))
+put("shard", "empty", shard([]))
+put("shard", "count_too_big", shard([1, 2, 3], count=4))
+
+# checkpoint: the committed checkpoints of an older main, and a global-tensor pieces file
+legacy = os.path.join(tests, "train", "data", "legacy_765617b")
+with open(os.path.join(legacy, "zero", "ckpt_00000002", "ckpt_00000002.safetensors"), "rb") as f:
+    put("checkpoint", "legacy_zero_model", f.read())
+pieces = [{"key": "p0", "name": "w", "global_shape": [2, 4], "offset": [0, 0]},
+          {"key": "p1", "name": "w", "global_shape": [2, 4], "offset": [1, 0]},
+          {"key": "p2", "name": "v", "global_shape": [6], "range_begin": 2}]
+put("checkpoint", "pieces", safetensors([("p0", "F32", [1, 4], f32), ("p1", "F32", [1, 4], f32),
+                                         ("p2", "F32", [4], f32)],
+                                        {"format": "blutrain.global_tensors.v1", "pieces": json.dumps(pieces)}))
+put("checkpoint", "train_state", safetensors([("model.w", "F32", [4], f32)], {
+    "format_version": "2", "checksum": "0000000000000000",
+    "train_state": json.dumps({"step": 1, "model_config": {"family": "gpt2", "n_layer": 1},
+                               "run": {"tokenizer": "byte"}})}))
+
+# commit: sharded (format 1 and 2) and pipeline COMMIT files
+with open(os.path.join(legacy, "zero", "ckpt_00000002", "COMMIT"), "rb") as f:
+    put("commit", "legacy_sharded", f.read())
+files = [{"name": "a.safetensors", "bytes": 10, "checksum": "0123456789abcdef"}]
+put("commit", "sharded_v2", json.dumps({"format_version": 2, "step": 1, "total": 8, "world_size": 1,
+                                        "files": files * 2}))
+put("commit", "pipeline_v2", json.dumps({"format_version": 2, "stages": 1, "files": files}))
+put("commit", "pipeline_v1", json.dumps({"stages": 2}))
+
+# loader_state: what DataLoader::state() writes
+state = {"B": 2, "T": 8, "batch": 1, "epoch": 0, "num_shards": 2, "seed": 0, "shard": 1,
+         "shard_file": "s_000001.bin", "shuffle": False, "world_size": 1}
+put("loader_state", "state", json.dumps(state))
+put("loader_state", "other_split", json.dumps(dict(state, B=1, world_size=2, shard=0, shard_file="")))
+
+# model_config: Hugging Face config.json of each family
+put("model_config", "llama", json.dumps({
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
+    "max_position_embeddings": 32, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": True,
+    "hidden_act": "silu"}))
+put("model_config", "gpt2", json.dumps({
+    "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 32, "n_head": 2, "n_layer": 2,
+    "n_positions": 16, "vocab_size": 100}))
+
+# train_config: `blutrain train --config` files
+put("train_config", "flat", "lr = 3e-4\nsteps = 100\nname = \"run\"\nflag = true\nlist = [1, 2, 3]\n")
+put("train_config", "section", "# a comment\n[train]\nlr=0.1\nsteps = 5\n'name' = 'x'\n")
+
+# hf_tokenizer: a minimal byte-level BPE tokenizer.json
+alphabet = {}
+for b in list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256)):
+    alphabet[b] = chr(b)
+n = 0
+for b in range(256):
+    if b not in alphabet:
+        alphabet[b] = chr(256 + n)
+        n += 1
+vocab = {alphabet[b]: b for b in range(256)}
+vocab["Ġt"], vocab["he"], vocab["Ġthe"] = 256, 257, 258
+put("hf_tokenizer", "byte_level", json.dumps({
+    "version": "1.0", "added_tokens": [{"id": 259, "content": "<|endoftext|>", "special": True, "normalized": False,
+                                        "lstrip": False, "rstrip": False, "single_word": False}],
+    "normalizer": None,
+    "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
+         "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+    "post_processor": None, "decoder": {"type": "ByteLevel"},
+    "model": {"type": "BPE", "dropout": None, "unk_token": None, "byte_fallback": False, "ignore_merges": False,
+              "vocab": vocab, "merges": ["Ġ t", "h e", "Ġt he"]}}, ensure_ascii=False))
+put("hf_tokenizer", "gpt2_style", json.dumps({
+    "added_tokens": [], "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
+    "model": {"type": "BPE", "vocab": vocab, "merges": [["h", "e"]]}}, ensure_ascii=False))
+
+# gpt2_tokenizer: encoder.json, NUL, vocab.bpe
+enc = dict(vocab)
+del enc["Ġthe"]
+enc = {k: v for k, v in enc.items() if v < 258}
+enc["<|endoftext|>"] = 258
+put("gpt2_tokenizer", "tiny", json.dumps(enc, ensure_ascii=False).encode() + b"\0" +
+    "#version: 0.2\nĠ t\nh e\n".encode())
+
+# byte_tokenizer: text, and a shard folder's tokenizer record
+put("byte_tokenizer", "text", "Hello <|endoftext|> w\xc3\xb6rld\n\0\xff")
+put("byte_tokenizer", "record", json.dumps({"tokenizer": "byte", "vocab_size": 257, "separator": "eot"}))
+put("byte_tokenizer", "record_path", json.dumps({"tokenizer": "tok/tokenizer.json", "vocab_size": 50257}))
+
+# store_protocol: a client's hello, then requests (op, key, value, arg)
+def lp(b):
+    return struct.pack("<I", len(b)) + b
+def req(op, key, value=b"", arg=0):
+    return bytes([op]) + lp(key) + lp(value) + struct.pack("<q", arg)
+hello = struct.pack("<II", 0x53554C42, 1) + lp(b"blutrain") + bytes(range(32))
+put("store_protocol", "session", hello + req(1, b"k", b"v") + req(2, b"k", arg=1000) + req(3, b"n", arg=5) +
+    req(3, b"n", arg=-2) + req(4, b"k") + req(5, b"k") + req(6, b"k", arg=10))
+put("store_protocol", "requests_only", b"R" + req(3, b"c", arg=2**62) + req(3, b"c", arg=2**62) + req(1, b"x" * 10, b"y" * 200))
+put("store_protocol", "other_job", struct.pack("<II", 0x53554C42, 1) + lp(b"other") + bytes(32))
