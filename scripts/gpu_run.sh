@@ -30,6 +30,11 @@
 #   gpt2cmp — the bf16 GPT-2 124M step of this build and of the base build packed beside it
 #           (blutrain_base: gpu_pack.sh BASE=<build dir>), alternated REPS times (3), beside
 #           torch_gpt2.py: the new build must stay within the base build's run-to-run spread
+#   memory — GPT-2 124M (B=16) and llama-250m (B=8), bf16, T=1024: eager, each --recompute setting,
+#           --offload-activations and --compile, beside torch_gpt2.py / torch_llama.py (eager and
+#           torch.compile) in the same run
+#   offload — scripts/offload_bench.sh with GRID=0 (GPT-2 d48 with its AdamW state on the host vs
+#           not, beside torch_parallel.py fsdp_offload under torchrun with one process)
 #   demo  — the README's first run (scripts/demo.sh) on the GPU: its GPU preset, the fortunes
 #           carried in .devpack/fortunes (gpu_pack.sh copies them), the shards prepared there
 #   attnprof — the time of each kernel of BluTrain's bf16 attention forward+backward (ncu), beside
@@ -169,6 +174,19 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
       done
       grep -hE "^  [a-zA-Z_]|Duration|Throughput|Issue Slots|No Eligible|Registers Per|Achieved Occ|Executed Ipc" \
         "$out"/ncu_ours_*.txt "$out"/ncu_cudnn_*.txt | head -120 ;;
+    memory)
+      for args in "" "--recompute selective" "--recompute block" "--recompute block:2" "--offload-activations" \
+                  "--compile --compile-log"; do
+        timeout 150 "$pack/blutrain" bench --device cuda --model gpt2:d12 --precision bf16 -B 16 -T 1024 --steps 20 $args \
+          2>&1 | grep -E '^\{|compile|error' | tee -a "$out/memory.log" | cut -c1-400
+        timeout 200 "$pack/blutrain" bench --device cuda --model llama:llama-250m --precision bf16 -B 8 -T 1024 --steps 20 \
+          --lr 3e-4 --beta2 0.95 $args 2>&1 | grep -E '^\{|compile|error' | tee -a "$out/memory.log" | cut -c1-400
+      done
+      timeout 300 python3 .devpack/peers/torch_gpt2.py bf16,bf16c 16 1024 20 2>&1 | grep '^{' | tee -a "$out/memory.log"
+      timeout 400 python3 .devpack/peers/torch_llama.py bf16,bf16c --model llama-250m -B 8 -T 1024 --steps 20 2>&1 \
+        | grep '^{' | tee -a "$out/memory.log" ;;
+    offload)
+      GRID=0 PEERS="$PWD/.devpack/peers" timeout 580 bash scripts/offload_bench.sh "$pack" 2>&1 | tee "$out/offload.log" | tail -30 ;;
     demo)
       mkdir -p /tmp/demobuild && ln -sf "$pack/blutrain" /tmp/demobuild/blutrain
       BUILD=/tmp/demobuild FORTUNES="$PWD/.devpack/fortunes" timeout 500 bash scripts/demo.sh 2>&1 \
