@@ -71,7 +71,7 @@ Step run_step(models::GPT& m, const Tensor& idx, const Tensor& targets) {
   Tensor loss = m.forward(idx, targets).loss;
   s.after_forward = dev.stats().current_bytes - base;
   loss.backward();
-  s.loss = loss.item() /* host read */;
+  s.loss = to_device(loss, kCPU).item() /* host read */;
   for (auto& [name, p] : m.named_parameters()) s.grads.push_back(to_device(to_dtype(p.grad(), DType::f32), kCPU));
   return s;
 }

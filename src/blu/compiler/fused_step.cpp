@@ -9,8 +9,21 @@
 #include "blu/compiler/codegen/cpu_kernel.h"
 #include "blu/compiler/codegen/cuda_kernel.h"
 #include "blu/compiler/codegen/region_check.h"
+#ifdef BLU_HAVE_CUDA
+#include "blu/core/cuda/runtime.h"
+#endif
 
 namespace blu::compiler {
+
+// The stream a fused CUDA kernel runs on: the context's, where null names the device's default
+// stream (never the legacy stream, which a CUDA-graph capture refuses).
+static void* launch_stream(const ExecContext& ctx) {
+#ifdef BLU_HAVE_CUDA
+  return cuda::stream_of(ctx);
+#else
+  return ctx.stream;
+#endif
+}
 
 std::string FusedGraph::summary() const {
   int ops = 0;
@@ -234,7 +247,7 @@ FusedGraph fuse_step(const Graph& g, std::vector<FusedRegion> regions) {
       f.kernels.push_back([k, region](const Graph& step, std::span<const Tensor> in, std::span<Tensor> out,
                                       const ExecContext& ctx) {
         k->run(std::vector<Tensor>(in.begin(), in.end()), std::vector<Tensor>(out.begin(), out.end()),
-               region_scalars(step, region), ctx.stream);
+               region_scalars(step, region), launch_stream(ctx));
       });
     }
     (compiled ? f.kernels_compiled : f.kernels_cached) += 1;

@@ -132,7 +132,7 @@ void Runtime::poison(size_t op) {
       std::memset(at, 0xFF, p.nbytes);
     } else {
 #ifdef BLU_HAVE_CUDA
-      BLU_CUDA_CHECK(cudaMemsetAsync(at, 0xFF, p.nbytes, static_cast<cudaStream_t>(current_context(d).stream)));
+      BLU_CUDA_CHECK(cudaMemsetAsync(at, 0xFF, p.nbytes, cuda::stream_of(current_context(d))));
 #endif
     }
   }
@@ -205,7 +205,7 @@ void Runtime::run(Capture& step) {
   }
   const Device dev = plan_.arenas[0].device;
   const ExecContext& ctx = current_context(dev);
-  const auto stream = static_cast<cudaStream_t>(ctx.stream);
+  const cudaStream_t stream = cuda::stream_of(ctx);  // null in the context means the device's default stream
   if (!cuda_->exec || cuda_->arguments != h) {
     // Record the launch list; the workspace may not grow inside the recording.
     ctx.scratch->reserve(ctx.scratch->high_water());

@@ -7,6 +7,10 @@
 // Keep: no host synchronisation except host_wait.
 #include <cuda_runtime.h>
 
+#include <map>
+#include <mutex>
+#include <utility>
+
 #include "blu/core/cuda/runtime.h"
 #include "blu/memory/cuda_allocator.h"
 #include "blu/offload/transfer.h"
@@ -15,6 +19,21 @@ namespace blu::offload {
 
 namespace {
 
+// The side streams of a device, created once and kept for the life of the process: the caching
+// allocators bind blocks to them (record_stream) and record an event on them when such a block is
+// freed, which can be after the engine that copied it is gone.
+cudaStream_t side_stream(int device, int lane) {
+  static std::mutex mu;
+  static std::map<std::pair<int, int>, cudaStream_t> streams;
+  std::lock_guard<std::mutex> lock(mu);
+  cudaStream_t& s = streams[{device, lane}];
+  if (!s) {
+    cuda::DeviceGuard g(device);
+    BLU_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  }
+  return s;
+}
+
 class CudaCopyEvent final : public CopyEvent {
  public:
   cuda::Event event;
@@ -22,7 +41,8 @@ class CudaCopyEvent final : public CopyEvent {
 
 class CudaCopyEngine final : public CopyEngine {
  public:
-  explicit CudaCopyEngine(Device device) : device_(device), in_(stream_on(device.index)), out_(stream_on(device.index)) {}
+  explicit CudaCopyEngine(Device device)
+      : device_(device), in_(side_stream(device.index, 0)), out_(side_stream(device.index, 1)) {}
   Device device() const override { return device_; }
 
   void copy(const Tensor& dst, const Tensor& src, Lane lane) override {
@@ -54,20 +74,16 @@ class CudaCopyEngine final : public CopyEngine {
       static_cast<CudaCopyEvent*>(e.get())->event.synchronize();
       return;
     }
-    in_.synchronize();
-    out_.synchronize();
+    BLU_CUDA_CHECK(cudaStreamSynchronize(in_));
+    BLU_CUDA_CHECK(cudaStreamSynchronize(out_));
   }
 
  private:
   cudaStream_t stream(Lane lane) const {
-    return lane == Lane::in ? in_.get() : lane == Lane::out ? out_.get() : cuda::current_stream();
-  }
-  static cuda::Stream stream_on(int device) {  // the side streams belong to the parameters' device
-    cuda::DeviceGuard g(device);
-    return cuda::Stream();
+    return lane == Lane::in ? in_ : lane == Lane::out ? out_ : cuda::current_stream();
   }
   Device device_;
-  cuda::Stream in_, out_;
+  cudaStream_t in_, out_;  // side_stream(): never destroyed
 };
 
 }  // namespace
