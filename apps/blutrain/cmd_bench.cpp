@@ -31,6 +31,7 @@
 #include "blu/blu.h"
 #include "blu/compiler/compile.h"
 #include "blu/compiler/exclude.h"
+#include "blu/compiler/fusion_plan.h"
 #include "blu/dist/strategy.h"
 #include "blu/dist/env.h"
 #include "blu/dist/zero.h"
@@ -69,6 +70,7 @@ struct BenchOptions {
   // Activations (models/activations.h): --recompute none|selective|block[:N], --offload-activations.
   std::string recompute = "none";
   bool offload_activations = false;
+  std::string compile_fuse = "on";            // fused regions (compiler/fusion_plan.h): on | off
 };
 
 void device_sync(Device dev) {
@@ -232,6 +234,9 @@ int run_bench(const BenchOptions& o) {
     compiler::CompileOptions co;
     co.log = o.compile_log && env.rank == 0;
     co.config = o.precision + ", " + strategy.describe();
+    co.fusion = compiler::fusion_for(o.compile_fuse, [log = co.log](const std::string& line) {
+      if (log) std::cerr << "compile: " << line << "\n" << std::flush;
+    });
     compiled = std::make_unique<compiler::CompiledStep>(co);
     compiled->set_named(compiler::BufferKind::parameter, model.named_parameters());
     cx = empty({o.batch, o.seq}, DType::i64, dev);
@@ -478,6 +483,11 @@ Command add_bench(CLI::App& root) {
   app->add_flag("--compile-log", o->compile_log, "With --compile: print the compiler's log (as BLU_COMPILE_LOG=1)");
   app->add_option("--compile-exclude", o->compile_exclude,
                   "With --compile: comma-separated op names kept out of compilation (default BLU_COMPILE_EXCLUDE)");
+  app->add_option("--compile-fuse", o->compile_fuse,
+                  "With --compile: on fuses regions into generated kernels (the MLIR fusion pass, or the kernel "
+                  "cache's fusion plan in a build without MLIR), off runs every op's eager kernel")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"on", "off"}));
   return {app, [o] { return run_bench(*o); }};
 }
 

@@ -316,6 +316,12 @@ Command add_train(CLI::App& root) {
   app->add_option("--compile-exclude", o.compile_exclude,
                   "With --compile: comma-separated op names kept out of compilation (their buffers outside the "
                   "arena, never fused); default BLU_COMPILE_EXCLUDE");
+  app->add_option("--compile-fuse", o.compile_fuse,
+                  "With --compile: on fuses pointwise and row regions into generated kernels (the MLIR fusion "
+                  "pass, or a fusion plan from the kernel cache in a build without MLIR), off runs every op's "
+                  "eager kernel (docs/compiler_mlir.md)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"on", "off"}));
   return {app, [a, app] {
             if (!a->config.empty()) apply_config_file(*app, a->config);
             return run_train(*a);

@@ -21,5 +21,6 @@ Command add_sample(CLI::App& root);
 Command add_bench(CLI::App& root);
 Command add_launch(CLI::App& root);
 Command add_report(CLI::App& root);
+Command add_compile(CLI::App& root);
 
 }  // namespace blu::cli

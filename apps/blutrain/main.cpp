@@ -15,7 +15,8 @@ int main(int argc, char** argv) {
   const std::vector<blu::cli::Command> commands = {blu::cli::add_info(app), blu::cli::add_prepare(app),
                                                    blu::cli::add_train(app), blu::cli::add_eval(app),
                                                    blu::cli::add_sample(app), blu::cli::add_bench(app),
-                                                   blu::cli::add_launch(app), blu::cli::add_report(app)};
+                                                   blu::cli::add_launch(app), blu::cli::add_report(app),
+                                                   blu::cli::add_compile(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

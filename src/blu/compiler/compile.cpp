@@ -134,6 +134,12 @@ void CompiledStep::run(const std::vector<Tensor>& inputs, const std::function<vo
     v->structure = structure;
     v->graph = g;
     FusedGraph fused = fuse_variant(g);
+    if (options_.fusion) {
+      v->fusion = fused.summary();
+      v->regions = int(fused.regions.size());
+      v->kernels_compiled = fused.kernels_compiled;
+      v->kernels_cached = fused.kernels_cached;
+    }
     MemoryPlan plan = plan_memory(fused.graph, options_.plan);
     log("variant " + std::to_string(variants_.size() + 1) + " for " + key + ": " + g.summary());
     if (!options_.plan.exclude.empty()) {

@@ -51,6 +51,9 @@ struct Variant {
   Graph graph;
   std::unique_ptr<Runtime> runtime;
   double capture_ms = 0, plan_ms = 0;  // the compile: the first capture, and planning + runtime set-up
+  // The fusion (CompileOptions::fusion): FusedGraph::summary() and its counts; "" without fusion.
+  std::string fusion;
+  int regions = 0, kernels_compiled = 0, kernels_cached = 0;
 };
 
 class CompiledStep {

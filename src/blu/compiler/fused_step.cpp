@@ -173,12 +173,31 @@ bool on_cpu(const Graph& g, const FusedRegion& r) {
   return true;
 }
 
+// The region's kernel (the cache's, or compiled into it) as a launch: emitted C++ on the CPU,
+// NVRTC's cubin on the context's stream for a CUDA region (unsupported() let it through only in a
+// CUDA build). The region's scalars are read from each step's capture.
+FusedLaunch load_launch(const Graph& g, const FusedRegion& r, bool* compiled) {
+  if (on_cpu(g, r)) {
+    std::shared_ptr<CpuKernel> k = CpuKernel::load(g, r, compiled);
+    return [k, region = r](const Graph& step, std::span<const Tensor> in, std::span<Tensor> out, const ExecContext&) {
+      k->run(std::vector<Tensor>(in.begin(), in.end()), std::vector<Tensor>(out.begin(), out.end()),
+             region_scalars(step, region));
+    };
+  }
+  std::shared_ptr<CudaKernel> k = CudaKernel::load(g, r, compiled);
+  return [k, region = r](const Graph& step, std::span<const Tensor> in, std::span<Tensor> out, const ExecContext& ctx) {
+    k->run(std::vector<Tensor>(in.begin(), in.end()), std::vector<Tensor>(out.begin(), out.end()),
+           region_scalars(step, region), launch_stream(ctx));
+  };
+}
+
 }  // namespace
 
 FusedGraph fuse_step(const Graph& g, std::vector<FusedRegion> regions) {
   FusedGraph f;
   f.capture_ops = int(g.ops.size());
   std::vector<FusedRegion> accepted;
+  std::vector<FusedLaunch> launches;  // per accepted region
   std::vector<int> order;
   for (FusedRegion& r : regions) {
     std::string why = unsupported(g, r);
@@ -188,8 +207,19 @@ FusedGraph fuse_step(const Graph& g, std::vector<FusedRegion> regions) {
       if (o.empty() && !g.ops.empty()) {
         accepted.pop_back();
       } else {
-        order = std::move(o);
-        continue;
+        // A kernel that does not compile or load refuses its region (its ops run eager), with the
+        // emitter's or loader's message as the reason.
+        try {
+          bool compiled = false;
+          launches.push_back(load_launch(g, r, &compiled));
+          (compiled ? f.kernels_compiled : f.kernels_cached) += 1;
+          order = std::move(o);
+          continue;
+        } catch (const std::exception& e) {
+          accepted.pop_back();
+          why = std::string("its kernel failed: ") + e.what();
+          why = why.substr(0, why.find('\n'));
+        }
       }
     }
     ++f.refused;
@@ -230,27 +260,7 @@ FusedGraph fuse_step(const Graph& g, std::vector<FusedRegion> regions) {
     f.graph.ops.push_back(std::move(op));
     f.source.push_back(-1);
     r.index = int(f.regions.size());
-    bool compiled = false;
-    if (on_cpu(g, r)) {
-      std::shared_ptr<CpuKernel> k = CpuKernel::load(g, r, &compiled);
-      const FusedRegion region = r;
-      f.kernels.push_back([k, region](const Graph& step, std::span<const Tensor> in, std::span<Tensor> out,
-                                      const ExecContext&) {
-        k->run(std::vector<Tensor>(in.begin(), in.end()), std::vector<Tensor>(out.begin(), out.end()),
-               region_scalars(step, region));
-      });
-    } else {
-      // A CUDA region (unsupported() let it through only in a CUDA build): NVRTC's cubin, launched
-      // on the context's stream.
-      std::shared_ptr<CudaKernel> k = CudaKernel::load(g, r, &compiled);
-      const FusedRegion region = r;
-      f.kernels.push_back([k, region](const Graph& step, std::span<const Tensor> in, std::span<Tensor> out,
-                                      const ExecContext& ctx) {
-        k->run(std::vector<Tensor>(in.begin(), in.end()), std::vector<Tensor>(out.begin(), out.end()),
-               region_scalars(step, region), launch_stream(ctx));
-      });
-    }
-    (compiled ? f.kernels_compiled : f.kernels_cached) += 1;
+    f.kernels.push_back(std::move(launches[size_t(ri)]));
     f.regions.push_back(std::move(r));
   }
   return f;

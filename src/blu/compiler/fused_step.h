@@ -7,7 +7,8 @@
 // no bytes and the runtime never binds them. A region is refused (and the refusal counted, with
 // its reason) when: its ops have no emitter for the device, an input or output is strided, or the
 // rewritten order would reorder two accesses to one buffer of which one writes it (checked per
-// buffer over the whole schedule).
+// buffer over the whole schedule), or its kernel does not compile or load (the message is the
+// reason: an emitter gap never stops the step, its ops run their eager kernels).
 // The per-step kernel arguments (float attributes such as lr, AdamW's step) are read from each
 // step's capture at launch, never baked into a kernel (region_scalars, compiler/codegen/region.h),
 // so a kernel is compiled once per region text and a new lr is no recompile.

@@ -17,6 +17,7 @@
 
 #include "blu/compiler/compile.h"
 #include "blu/compiler/exclude.h"
+#include "blu/compiler/fusion_plan.h"
 #include "blu/core/error.h"
 #include "blu/core/grad_mode.h"
 #include "blu/dist/annotations.h"
@@ -356,6 +357,8 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   } else {
     BLU_CHECK(!o.compile_log && o.compile_exclude.empty(), "--compile-log and --compile-exclude need --compile");
   }
+  BLU_CHECK(o.compile_fuse == "on" || o.compile_fuse == "off", "--compile-fuse: expected on or off, got '", o.compile_fuse,
+            "'");
   rank_ = env.rank;
   if (rank_ != 0) cb_.log = nullptr;  // rank 0 speaks for the job
   schedule_.kind = optim::LRSchedule::parse(o.schedule);
@@ -529,6 +532,9 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     co.log = o.compile_log && rank_ == 0;  // guard failures are printed on every rank
     co.log_stream = cb_.log;
     co.config = o.precision + ", grad_accum " + std::to_string(o.grad_accum) + ", " + strategy_->describe();
+    co.fusion = compiler::fusion_for(o.compile_fuse, [log = co.log, stream = cb_.log](const std::string& line) {
+      if (log) (stream ? *stream : std::cerr) << "compile: " << line << "\n" << std::flush;
+    });
     compiled_ = std::make_unique<compiler::CompiledStep>(co);
     compiled_->set_named(compiler::BufferKind::parameter, model_->named_parameters());
     for (int64_t i = 0; i < 2 * o.grad_accum; ++i) compile_inputs_.push_back(empty({o.batch_size, o.seq_len}, DType::i32, device_));

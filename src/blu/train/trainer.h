@@ -145,9 +145,12 @@ struct TrainOptions {
   // planned into one arena and replayed (bitwise the eager step). Layouts and modes the compiler
   // does not support are refused at start, by name. compile_log prints the compiler's log (as
   // BLU_COMPILE_LOG=1 does); compile_exclude names ops kept out of compilation (compiler/exclude.h;
-  // "" keeps BLU_COMPILE_EXCLUDE's list).
+  // "" keeps BLU_COMPILE_EXCLUDE's list). compile_fuse: "on" fuses regions (compiler/fusion_plan.h:
+  // the fusion pass where the app links MLIR, else only fusion plans found in the kernel cache),
+  // "off" runs every op's eager kernel.
   bool compile = false, compile_log = false;
   std::string compile_exclude;
+  std::string compile_fuse = "on";
 
   nlohmann::json to_json() const;  // recorded in run.json and in checkpoints
 };

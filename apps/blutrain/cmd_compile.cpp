@@ -1,0 +1,162 @@
+// `blutrain compile`: compiles one training step ahead of time into the kernel cache
+// (compiler/codegen/kernel_cache.h): the step `blutrain bench --compile` runs for the same --model,
+// -B, -T, --precision and --device is captured, the fusion pass (compiler/mlir/) finds its regions,
+// the regions are stored as the graph's fusion plan (compiler/fusion_plan.h) and every region's
+// kernel is compiled into the cache. A build without MLIR that runs the same step later (bench
+// --compile, same shapes and target) reads the plan and the kernels from the cache and compiles
+// nothing. Prints one JSON line: the target, the regions, how many kernels were compiled and how
+// many came from the cache, and the compile's times (cold: an empty cache; warm: everything found).
+// --arch names the CUDA architecture the plan is for (sm_90a). Capture runs the step's host logic
+// on its device, and a CUDA step's graph is not the CPU step's (flash attention instead of the
+// matmul-softmax attention, f32 instead of f64 norm sums), so a CUDA plan needs a capture on a
+// CUDA device: --device cuda with --arch equal to that GPU's architecture, in a build with CUDA and
+// MLIR. Refused otherwise, by name (docs/compiler_mlir.md, "Ahead of time").
+// Depends on compiler/{compile,fusion_plan}, dist/strategy, models/registry. Keep: the step is
+// bench's compiled step (same model construction, optimizer, clipping, input dtype), or the plan
+// it stores is never found by bench.
+#include <chrono>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "blu/blu.h"
+#include "blu/compiler/codegen/cpu_kernel.h"
+#include "blu/compiler/codegen/kernel_cache.h"
+#include "blu/compiler/compile.h"
+#include "blu/compiler/exclude.h"
+#include "blu/compiler/fusion_plan.h"
+#include "blu/dist/strategy.h"
+#include "blu/models/registry.h"
+#include "blu/train/trainer.h"
+#include "commands.h"
+
+namespace blu::cli {
+
+namespace {
+
+struct CompileCmdOptions {
+  std::string model = "d12", device = "cpu", precision = "fp32", arch;
+  int64_t batch = 16, seq = 1024;
+  double lr = 6e-4, beta2 = 0.999;  // bench's; float attributes are kernel arguments, not in the plan
+  std::string compile_exclude;
+  bool log = false;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int run_compile(const CompileCmdOptions& o) {
+  const auto t_start = std::chrono::steady_clock::now();
+  BLU_CHECK(compiler::have_fusion_pass(), "blutrain compile needs the fusion pass: a build with MLIR (BLU_MLIR=ON, ",
+            "libmlir-22-dev); this build only reads fusion plans from the kernel cache");
+  Device dev(o.device);
+  if (!o.arch.empty()) {
+    BLU_CHECK(dev.is_cuda(), "--arch ", o.arch, " names a CUDA architecture, but --device is ", o.device,
+              ": a CUDA step's graph differs from the CPU step's (flash attention, f32 norm sums), so its plan needs a ",
+              "capture on a CUDA device (--device cuda, a GPU of that architecture); the CPU target is ",
+              compiler::kCpuTarget, " and needs no --arch");
+#ifndef BLU_HAVE_CUDA
+    BLU_CHECK(false, "--arch ", o.arch, " with --device cuda needs a build with CUDA (NVRTC) and MLIR and a GPU to ",
+              "capture on; this build has no CUDA");
+#endif
+  }
+  if (!o.compile_exclude.empty()) compiler::set_excluded_ops(compiler::parse_op_list(o.compile_exclude));
+  nlohmann::json cfg = models::resolve_model_config(o.model);
+  if (cfg.contains("block_size") && cfg["block_size"].get<int64_t>() < o.seq) cfg["block_size"] = o.seq;
+  const std::unique_ptr<models::CausalLM> model_ptr = models::build_model(cfg, 0);
+  models::CausalLM& model = *model_ptr;
+  BLU_CHECK(o.seq <= model.max_seq_len(), "--seq ", o.seq, " is longer than the model's ", model.max_seq_len());
+  model.to(dev);
+  model.train();
+  train::apply_precision(model, o.precision);
+  dist::StrategyConfig sc;
+  sc.fp16_loss_scaling = o.precision == "fp16";
+  dist::Strategy strategy(model, nullptr, sc, dist::OptimizerConfig{.lr = o.lr, .weight_decay = 0.1, .beta2 = o.beta2});
+  const double setup_s = seconds_since(t_start);
+
+  std::string target;
+  std::vector<std::string> lines;
+  compiler::CompileOptions co;
+  co.log = o.log;
+  co.config = o.precision + ", " + strategy.describe();
+  co.fusion = compiler::cached_fusion(compiler::fusion_pass(), [&](const std::string& line) {
+    lines.push_back(line);
+    if (o.log) std::cerr << "compile: " << line << "\n";
+  });
+  compiler::CompiledStep compiled(co);
+  compiled.set_named(compiler::BufferKind::parameter, model.named_parameters());
+  const Tensor cx = empty({o.batch, o.seq}, DType::i64, dev), cy = empty({o.batch, o.seq}, DType::i64, dev);
+  Generator gen(1);
+  const int64_t vocab = model.vocab_size();
+  double step_s[2] = {0, 0};
+  for (int i = 0; i < 2; ++i) {  // 1: eager (optimizer state), 2: captured, fused, planned, run
+    {
+      NoGradGuard no_grad;
+      copy_(cx, randint(0, vocab, {o.batch, o.seq}, DType::i64, dev, &gen));
+      copy_(cy, randint(0, vocab, {o.batch, o.seq}, DType::i64, dev, &gen));
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    Tensor loss;
+    compiled.run({cx, cy}, [&] {
+      loss = strategy.step(1, [&](int64_t) { return model.forward(cx, cy).loss; }, o.lr, 1.0).loss_sum;
+    });
+    (void)to_vector(to_dtype(loss, DType::f32));
+    step_s[i] = seconds_since(t0);
+  }
+  BLU_CHECK(!compiled.variants().empty() && compiled.counts().compiled == 1,
+            "blutrain compile: the step did not compile (", compiled.counts().fallback, " fallbacks, ",
+            compiled.counts().guard_failures, " guard failures)");
+  const compiler::Variant& v = *compiled.variants()[0];
+  const double compile_s = (v.capture_ms + v.plan_ms) / 1000;
+  nlohmann::json j = {
+      {"model", o.model},
+      {"batch", o.batch},
+      {"seq", o.seq},
+      {"precision", o.precision},
+      {"device", dev.str()},
+      {"cache", compiler::kernel_cache_dir()},
+      {"graph_ops", v.graph.ops.size()},
+      {"regions", v.regions},
+      {"kernels_compiled", v.kernels_compiled},
+      {"kernels_cached", v.kernels_cached},
+      {"fusion", v.fusion},
+      {"plan", lines.empty() ? "" : lines.back()},
+      // The compile: capture, fusion (the pass or the cached plan), kernels (compiled or loaded),
+      // memory plan and runtime set-up of the step.
+      {"compile_s", compile_s},
+      {"capture_s", v.capture_ms / 1000},
+      {"fuse_plan_s", v.plan_ms / 1000},
+      // Model construction and the eager warm-up step: what a job start spends besides the compile.
+      {"setup_s", setup_s},
+      {"eager_step_s", step_s[0]},
+      {"compiled_step_s", step_s[1]},
+      {"total_s", seconds_since(t_start)},
+  };
+  std::cout << j.dump() << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+Command add_compile(CLI::App& root) {
+  auto o = std::make_shared<CompileCmdOptions>();
+  CLI::App* app = root.add_subcommand(
+      "compile", "Compile bench's training step ahead of time into the kernel cache (fusion plan and kernels)");
+  app->add_option("--model", o->model, "Model: FAMILY:PRESET (gpt2:d12 = GPT-2 124M, llama:llama-250m, ...)")
+      ->capture_default_str();
+  app->add_option("-B,--batch-size", o->batch, "Batch size")->capture_default_str();
+  app->add_option("-T,--seq-len", o->seq, "Sequence length")->capture_default_str();
+  app->add_option("--device", o->device, "cpu or cuda[:N]: where the step is captured")->capture_default_str();
+  app->add_option("--precision", o->precision, "fp32 | tf32 | bf16 | fp16")
+      ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}))
+      ->capture_default_str();
+  app->add_option("--arch", o->arch,
+                  "CUDA architecture of the plan (sm_90a): needs --device cuda on a GPU of that architecture");
+  app->add_option("--lr", o->lr, "AdamW's learning rate (a kernel argument: any value gives the same plan)")
+      ->capture_default_str();
+  app->add_option("--compile-exclude", o->compile_exclude, "Comma-separated op names kept out of fusion");
+  app->add_flag("--compile-log", o->log, "Print the compiler's log (as BLU_COMPILE_LOG=1)");
+  return {app, [o] { return run_compile(*o); }};
+}
+
+}  // namespace blu::cli

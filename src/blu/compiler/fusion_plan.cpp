@@ -1,0 +1,166 @@
+// compiler/fusion_plan: see fusion_plan.h.
+#include "blu/compiler/fusion_plan.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "blu/compiler/codegen/cpu_kernel.h"
+#include "blu/compiler/codegen/cuda_kernel.h"
+#include "blu/compiler/codegen/kernel_cache.h"
+#include "blu/compiler/exclude.h"
+#include "blu/core/error.h"
+
+namespace blu::compiler {
+
+namespace {
+
+FusionFn& registered() {
+  static FusionFn pass;
+  return pass;
+}
+
+// The plan format's version: part of the key, so a format change misses instead of misreading.
+constexpr const char* kPlanToolchain = "fusion-plan-1";
+
+const char* device_type_name(const Device& d) { return d.is_cuda() ? "cuda" : "cpu"; }
+
+}  // namespace
+
+void register_fusion_pass(FusionFn pass) { registered() = std::move(pass); }
+const FusionFn& fusion_pass() { return registered(); }
+bool have_fusion_pass() { return bool(registered()); }
+
+std::string fusion_target(const Graph& g) {
+  for (const Value& v : g.values)
+    if (v.device.is_cuda()) return cuda_target(cuda_device_arch(v.device.index));
+  return kCpuTarget;
+}
+
+std::string portable_graph_text(const Graph& g) {
+  std::ostringstream os;
+  for (const Buffer& b : g.buffers)
+    os << "b " << b.nbytes << " " << device_type_name(b.device) << " " << int(b.kind) << "\n";
+  for (const Value& v : g.values)
+    os << "v " << v.buffer << " " << to_string(v.shape) << " " << to_string(v.strides) << " " << v.offset << " "
+       << dtype_name(v.dtype) << " " << device_type_name(v.device) << " " << v.producer << "\n";
+  for (const Op& op : g.ops) {
+    os << "o " << int(op.kind) << " " << op.name << " (";
+    for (int x : op.inputs) os << " " << x;
+    os << " ) (";
+    for (int x : op.outputs) os << " " << x;
+    os << " ) views";
+    for (const auto& [j, i] : op.views) os << " " << j << ":" << i;
+    os << " writes";
+    for (int x : op.writes) os << " " << x;
+    // The attributes structure_hash covers: names, and the values that are compiled in (ints but
+    // the per-step counters, shapes, dtypes, bools); float scalars are kernel arguments.
+    for (const auto& [k, v] : op.attrs.items()) {
+      os << " " << k << "#" << v.index();
+      if (const auto* n = std::get_if<int64_t>(&v); n && k != "step" && k != "seed" && k != "offset") os << "=" << *n;
+      if (const auto* sh = std::get_if<Shape>(&v)) os << "=" << to_string(*sh);
+      if (const auto* dt = std::get_if<DType>(&v)) os << "=" << dtype_name(*dt);
+      if (const auto* b = std::get_if<bool>(&v)) os << "=" << int(*b);
+    }
+    os << "\n";
+  }
+  os << "inputs";
+  for (int x : g.inputs) os << " " << x;
+  os << "\noutputs";
+  for (int x : g.outputs) os << " " << x;
+  os << "\n";
+  return os.str();
+}
+
+std::string fusion_plan_key(const Graph& g, const std::string& target) {
+  return kernel_cache_key(portable_graph_text(g), target, kPlanToolchain);
+}
+
+std::string fusion_plan_text(const Graph& g, const std::vector<FusedRegion>& regions) {
+  std::ostringstream os;
+  os << "blu-fusion-plan 1\nstructure " << std::hex << g.structure_hash() << std::dec << "\n";
+  for (const FusedRegion& r : regions) {
+    os << "region " << (r.shape == RegionShape::rows ? "rows" : "pointwise") << " " << r.bytes_saved;
+    for (int oi : r.ops) os << " " << oi;
+    os << "\n";
+  }
+  return os.str();
+}
+
+std::vector<FusedRegion> parse_fusion_plan(const Graph& g, const std::string& text) {
+  std::istringstream in(text);
+  std::string line;
+  BLU_CHECK(std::getline(in, line) && line == "blu-fusion-plan 1", "fusion plan: expected the header 'blu-fusion-plan 1', got '",
+            line, "'");
+  BLU_CHECK(std::getline(in, line) && line.rfind("structure ", 0) == 0, "fusion plan: expected 'structure <hash>', got '",
+            line, "'");
+  std::vector<FusedRegion> regions;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    std::istringstream ls(line);
+    std::string word, shape;
+    FusedRegion r;
+    ls >> word >> shape >> r.bytes_saved;
+    BLU_CHECK(word == "region" && (shape == "rows" || shape == "pointwise") && !ls.fail(),
+              "fusion plan: expected 'region <rows|pointwise> <bytes> <ops>', got '", line, "'");
+    r.shape = shape == "rows" ? RegionShape::rows : RegionShape::pointwise;
+    r.index = int(regions.size());
+    for (int oi; ls >> oi;) {
+      BLU_CHECK(oi >= 0 && size_t(oi) < g.ops.size(), "fusion plan: region ", r.index, " names op ", oi,
+                ", expected an op index below ", g.ops.size());
+      const Op& op = g.ops[size_t(oi)];
+      BLU_CHECK(op.kind == OpKind::kernel && is_fusible_op(op.name), "fusion plan: region ", r.index, " names op ", oi,
+                " (", op.name, "), expected a fusible kernel op");
+      r.ops.push_back(oi);
+    }
+    BLU_CHECK(!r.ops.empty(), "fusion plan: region ", r.index, " has no ops");
+    compute_region_io(g, r);
+    regions.push_back(std::move(r));
+  }
+  return regions;
+}
+
+void store_fusion_plan(const Graph& g, const std::string& target, const std::vector<FusedRegion>& regions) {
+  kernel_cache_store(fusion_plan_key(g, target), "plan", fusion_plan_text(g, regions), portable_graph_text(g));
+}
+
+std::optional<std::vector<FusedRegion>> find_fusion_plan(const Graph& g, const std::string& target) {
+  const std::optional<std::string> path = kernel_cache_find(fusion_plan_key(g, target), "plan", portable_graph_text(g));
+  if (!path) return std::nullopt;
+  std::ifstream f(*path, std::ios::binary);
+  std::ostringstream os;
+  os << f.rdbuf();
+  return parse_fusion_plan(g, os.str());
+}
+
+FusionFn cached_fusion(FusionFn pass, std::function<void(const std::string&)> log, std::string target) {
+  return [pass = std::move(pass), log = std::move(log), target = std::move(target)](const Graph& g) {
+    // The per-op opt-out (compiler/exclude.h) changes the regions: part of the plan's target.
+    std::string t = target.empty() ? fusion_target(g) : target;
+    for (const std::string& name : excluded_ops()) t += " -" + name;
+    const std::string key = fusion_plan_key(g, t);
+    auto say = [&](const std::string& s) {
+      if (log) log("fusion plan: " + s + " (target " + t + ", key " + key + ")");
+    };
+    if (auto regions = find_fusion_plan(g, t)) {
+      say("from the cache, " + std::to_string(regions->size()) + " regions");
+      return *regions;
+    }
+    if (!pass) {
+      say("none in the cache and no fusion pass in this build (BLU_MLIR=OFF): every op runs its eager kernel; "
+          "`blutrain compile` where MLIR is installed fills the cache");
+      return std::vector<FusedRegion>{};
+    }
+    std::vector<FusedRegion> regions = pass(g);
+    store_fusion_plan(g, t, regions);
+    say("made by the fusion pass, " + std::to_string(regions.size()) + " regions, stored");
+    return regions;
+  };
+}
+
+FusionFn fusion_for(const std::string& mode, std::function<void(const std::string&)> log) {
+  BLU_CHECK(mode == "on" || mode == "off", "--compile-fuse: expected on or off, got '", mode, "'");
+  if (mode == "off") return {};
+  return cached_fusion(fusion_pass(), std::move(log));
+}
+
+}  // namespace blu::compiler
