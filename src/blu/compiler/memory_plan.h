@@ -24,8 +24,8 @@ namespace blu::compiler {
 struct PlanOptions {
   size_t alignment = 256;
   // Debug only: a deliberately broken plan — the first two floating-point temporaries that are
-  // live at the same time (the largest first) get the same offset. The poison test shows that
-  // the replay then no longer matches eager.
+  // live at the same time (the largest first) get the same offset, so that the poison test can
+  // show a replay that does not match eager.
   bool debug_overlap = false;
   // Op names whose temporaries stay out of the arena (compiler/exclude.h; CompiledStep fills it
   // from excluded_ops()).

@@ -255,10 +255,7 @@ bool cuda_emitter_supports(const Graph& g, const FusedRegion& r) {
   for (int oi : r.ops) {
     const Op& op = g.ops.at(size_t(oi));
     if (op.name == "adamw_step") {
-      if (r.shape != RegionShape::pointwise || op.attrs.i("gate") >= 0 || op.inputs.size() != size_t(op.attrs.b("copies") ? 5 : 4))
-        return false;
-      for (int v : op.inputs)
-        if (v < 0 || !g.values[size_t(v)].contiguous()) return false;
+      if (!emit_adamw_supported(g, r, op)) return false;
       continue;
     }
     const bool row = cuda_row_supported(op);

@@ -14,6 +14,14 @@ bool emit_pointwise_supported(const Op& op) {
   return false;
 }
 
+bool emit_adamw_supported(const Graph& g, const FusedRegion& r, const Op& op) {
+  if (r.shape != RegionShape::pointwise || op.attrs.i("gate") >= 0 || op.inputs.size() != size_t(op.attrs.b("copies") ? 5 : 4))
+    return false;
+  for (int v : op.inputs)
+    if (v < 0 || !g.values[size_t(v)].contiguous()) return false;
+  return true;
+}
+
 bool emit_row_supported(const Op& op) {
   return op.name == "layer_norm" || op.name == "rms_norm" || op.name == "layer_norm_backward" ||
          op.name == "rms_norm_backward" || op.name == "cross_entropy" || op.name == "cross_entropy_backward" ||

@@ -14,6 +14,9 @@ bool is_float_dtype(DType t);
 bool emit_pointwise_supported(const Op& op);
 // Row ops (reductions over the last dimension) with an emitter.
 bool emit_row_supported(const Op& op);
+// An adamw_step both generators emit: one ungated parameter group of contiguous tensors (parameter,
+// gradient, two moments, and the 16-bit copy when `copies`) in a pointwise region.
+bool emit_adamw_supported(const Graph& g, const FusedRegion& r, const Op& op);
 // The region's iteration space: the largest value its ops read or write (rows: the row op's input).
 Shape region_space(const Graph& g, const FusedRegion& r);
 // The element index of value v at linear index `i` of `space` (v broadcast to it by NumPy rules):
