@@ -4,11 +4,14 @@
 #include <string>
 #include <vector>
 
+#include "blu/core/crash.h"
 #include "blu/core/error.h"
 #include "blu/dist/flight_recorder.h"
 #include "commands.h"
 
 int main(int argc, char** argv) {
+  // A crash prints its stack (binary + offsets, for addr2line on the unstripped build).
+  blu::on_crash_signals([](int sig) { blu::report_crash(sig, "blutrain"); });
   CLI::App app{"blutrain: GPT training with BluTrain", "blutrain"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("blutrain ") + BLU_VERSION);
