@@ -229,6 +229,11 @@ class NcclProcessGroup final : public ProcessGroup {
     }
     std::lock_guard lock(sh_->comm_mu);
     if (!sh_->aborted && sh_->comm) ncclCommDestroy(sh_->comm);
+    // The stream outlives the group, on purpose: the caching allocator bound every tensor a
+    // collective touched to it (record_stream) and records an event on it when such a block is
+    // freed — which can be after the group is gone (a model's parameters, broadcast at start-up,
+    // die with the model). One stream per group, and a process makes few groups.
+    (void)stream_.release();
   }
 
   int rank() const override { return rank_; }
