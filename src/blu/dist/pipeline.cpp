@@ -108,8 +108,9 @@ class PipelineStage::Mailbox {
  public:
   using Key = std::tuple<int, int, int64_t>;  // (kind, receiving virtual stage, micro-batch)
 
-  Mailbox(ProcessGroup* pg, const StageLayout& layout, int64_t micro, int64_t send_slots)
-      : pg_(pg), layout_(layout), micro_(micro), slots_(send_slots) {}
+  // Activations travel on `pg`, gradients on `gradients` (null: `pg`; PipelineOptions::gradients).
+  Mailbox(ProcessGroup* pg, ProcessGroup* gradients, const StageLayout& layout, int64_t micro, int64_t send_slots)
+      : pg_(pg), grad_pg_(gradients ? gradients : pg), layout_(layout), micro_(micro), slots_(send_slots) {}
   ~Mailbox() {
     for (auto& [k, p] : posted_)
       if (p->waiter.joinable()) p->waiter.join();
@@ -126,13 +127,14 @@ class PipelineStage::Mailbox {
   }
   bool local(const Key& k) const { return source(k) == pg_rank(); }
   int pg_rank() const { return pg_ ? pg_->rank() : 0; }
+  ProcessGroup& group_of(const Key& k) const { return std::get<0>(k) == kGradient ? *grad_pg_ : *pg_; }
 
   // Posts the receive of `k` into a new buffer of `shape` (no-op for local or already posted).
   void post(const Key& k, const Shape& shape, DType dtype, Device device) {
     if (local(k) || posted_.count(k)) return;
     auto p = std::make_unique<Posted>();
     p->buffer = empty(shape, dtype, device);
-    p->work = p2p(*pg_, false, p->buffer, source(k), tag(k));
+    p->work = p2p(group_of(k), false, p->buffer, source(k), tag(k));
     Posted* raw = p.get();
     p->waiter = std::thread([this, raw] {
       try {
@@ -194,7 +196,7 @@ class PipelineStage::Mailbox {
       sends_.front()->wait();
       sends_.pop_front();
     }
-    sends_.push_back(p2p(*pg_, true, t, dst, tag(k)));
+    sends_.push_back(p2p(group_of(k), true, t, dst, tag(k)));
   }
   void finish_sends() {
     for (auto& w : sends_) w->wait();
@@ -209,6 +211,7 @@ class PipelineStage::Mailbox {
     bool arrived = false;  // under mu_
   };
   ProcessGroup* pg_;
+  ProcessGroup* grad_pg_;
   const StageLayout& layout_;
   int64_t micro_, slots_;
   std::map<Key, std::unique_ptr<Posted>> posted_;
@@ -357,7 +360,7 @@ PipelineStepValues PipelineStage::forward_backward(int64_t n, const BatchFn& bat
     const int vs = layout_.virtual_stage(rank_, a.chunk);
     return a.op == PipelineAction::forward ? !layout_.is_first(vs) : !layout_.is_last(vs);
   };
-  Mailbox box(pg_.get(), layout_, n, send_slots_);
+  Mailbox box(pg_.get(), options_.gradients.get(), layout_, n, send_slots_);
   const auto run = [&](const PipelineAction& a) {
     if (options_.before_action) options_.before_action(a);
     if (a.op == PipelineAction::forward) {
@@ -453,8 +456,16 @@ void PipelineStage::sync_tied() {
   mine = contiguous(mine);
   Tensor theirs = empty_like(mine);
   const int peer = owns_first() ? layout_.rank_of(layout_.virtual_stages() - 1) : 0;
-  WorkPtr s = p2p(*pg_, true, mine, peer, kTiedTag);
-  WorkPtr r = p2p(*pg_, false, theirs, peer, kTiedTag);
+  // Opposite orders on the two ends: NCCL runs a communicator's operations in enqueue order, so two
+  // sends first would each wait for a receive queued behind the other's.
+  WorkPtr s, r;
+  if (owns_first()) {
+    s = p2p(*pg_, true, mine, peer, kTiedTag);
+    r = p2p(*pg_, false, theirs, peer, kTiedTag);
+  } else {
+    r = p2p(*pg_, false, theirs, peer, kTiedTag);
+    s = p2p(*pg_, true, mine, peer, kTiedTag);
+  }
   s->wait();
   r->wait();
   tied_.set_grad(owns_first() ? add(mine, theirs) : add(theirs, mine));

@@ -56,6 +56,13 @@ struct PipelineOptions {
   // sharded parameters' squares summed over the group, the replicated ones' taken once. Sequence
   // parallelism is not supported inside a pipeline (the stages send [B, T, C] activations).
   std::shared_ptr<ProcessGroup> tp;
+  // The group the gradients travel on, up the pipeline (null: the stages' own group, which always
+  // carries the activations down). NCCL runs a communicator's operations in enqueue order on one
+  // stream, so on one communicator a receive posted ahead (the next backward's gradient) holds up
+  // the sends queued behind it while the peer's matching send waits behind its own early receive:
+  // a deadlock. With each direction on its own communicator, every stream's order is the
+  // micro-batch order on both ends of it. Gloo's tagged sends need no second group.
+  std::shared_ptr<ProcessGroup> gradients;
   // Called once the stage's gradients are complete (the tied weight's parts summed), before the
   // norm: the data-parallel average over replicas of the pipeline (dp × pp).
   std::function<void()> reduce_gradients;
