@@ -23,6 +23,7 @@
 #include <iostream>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <nlohmann/json.hpp>
 #ifdef BLU_HAVE_CUDA
 #include "blu/backend/cuda/runtime.h"
@@ -32,8 +33,12 @@
 #include "blu/compiler/compile.h"
 #include "blu/compiler/exclude.h"
 #include "blu/compiler/fusion_plan.h"
-#include "blu/dist/strategy.h"
+#include "blu/dist/consistency.h"
 #include "blu/dist/env.h"
+#include "blu/dist/hetero.h"
+#include "blu/dist/mesh.h"
+#include "blu/dist/planner.h"
+#include "blu/dist/strategy.h"
 #include "blu/dist/zero.h"
 #include "blu/models/registry.h"
 #include "blu/ops/dispatch.h"
@@ -41,6 +46,7 @@
 #include "blu/optim/optimizer.h"
 #include "blu/memory/device_pool.h"
 #include "blu/offload/plan.h"
+#include "blu/train/layout_setup.h"
 #include "blu/train/trainer.h"
 #include "commands.h"
 
@@ -71,6 +77,9 @@ struct BenchOptions {
   std::string recompute = "none";
   bool offload_activations = false;
   std::string compile_fuse = "on";            // fused regions (compiler/fusion_plan.h): on | off
+  // A parallel layout (dist/annotations.h) or "auto" (the planner's pick): run_bench_layout.
+  std::string parallel;
+  double dist_timeout = 0;  // seconds; 0: NCCL's 600, Gloo's 30 (or BLU_DIST_TIMEOUT)
 };
 
 void device_sync(Device dev) {
@@ -139,7 +148,216 @@ nlohmann::json profile_step(const std::function<void()>& step, Device dev) {
   return {{"sum_ms", std::round(busy_ms * 1000) / 1000}, {"ops", ops}};
 }
 
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// `bench --parallel TEXT|auto` under `blutrain launch -n N`: the layout built as the trainer builds
+// it (train/layout_setup.h) on random tokens. Before the layout is built every rank probes the
+// model on its device (dist/planner.h: measure_model at micro-batches of max(1, B/2) and B rows)
+// and the link between the ranks (measure_link over a group of the whole job): rank 0's costs
+// predict the layout's step time and memory per rank, printed beside what the steps then measure,
+// with the error. "auto" takes the planner's fastest layout that fits --gpu-memory-budget for the
+// global batch B · N (the tokens of `--dp N`), agreed through the store; replicate(n,
+// weights=probe) splits the rows by each replica's measured speed (dist/hetero.h).
+// -B is the rows of one micro-batch of one replica (a pipeline runs micro of them per step), so a
+// step trains on B · replicas · micro · T tokens; every TP rank and stage of a replica reads the
+// same rows, drawn from the replica's own generator (replica 0 draws what a single process draws).
+int run_bench_layout(const BenchOptions& o) {
+  const dist::DistEnv env = dist::detect_env();
+  const int rank = env.rank, world = env.world_size;
+  BLU_CHECK(o.dp == 1 && o.zero == 0, "--parallel '", o.parallel, "' states the layout: drop --dp ", o.dp,
+            " and --zero ", o.zero, " (replicate(n, zero=k) says both)");
+  BLU_CHECK(!o.compile && !o.profile && !o.comm_timeline && o.offload_state == "none" && o.recompute == "none" &&
+                !o.offload_activations && o.grad_accum == 1,
+            "--parallel: --compile, --profile, --comm-timeline, --offload-state, --recompute, --offload-activations ",
+            "and --grad-accum run without a layout (a pipeline's micro=M is its accumulation)");
+  BLU_CHECK(o.precision != "fp16", "--parallel: --precision fp16 is not supported (the loss scaler's skip is per rank)");
+  BLU_CHECK(world == 1 || o.device == "cuda" || o.device == "cpu", "--parallel over ", world,
+            " ranks runs on --device cuda (NCCL, one GPU per rank) or cpu (Gloo), got ", o.device);
+  Device dev(o.device);
+#ifdef BLU_HAVE_CUDA
+  if (dev.is_cuda() && world > 1) dev = Device(DeviceType::cuda, env.local_rank);
+  if (dev.is_cuda()) cuda::set_device(dev.index);
+#else
+  BLU_CHECK(dev.is_cpu(), "--device ", o.device, ": this build has no CUDA backend (expected cpu)");
+#endif
+  const double timeout_s = o.dist_timeout > 0 ? o.dist_timeout : env.dist_timeout_s;
+  nlohmann::json cfg = models::resolve_model_config(o.model);
+  if (cfg.contains("block_size") && cfg["block_size"].get<int64_t>() < o.seq) cfg["block_size"] = o.seq;
+  const std::unique_ptr<models::CausalLM> model_ptr = models::build_model(cfg, 0);
+  models::CausalLM& model = *model_ptr;
+  BLU_CHECK(o.seq <= model.max_seq_len(), "--seq-len ", o.seq, " is longer than the model's ", model.max_seq_len());
+  std::vector<std::string> names;
+  for (const models::BlockRef& b : model.blocks()) names.push_back(b.name);
+  const int64_t vocab = model.vocab_size();
+  // The units every tensor-parallel degree must divide (heads, kv heads, MLP width, vocabulary rows).
+  int64_t tp_units = 0;
+  for (const models::ShardSpec& spec : model.tensor_parallel_plan())
+    if (spec.units > 0) tp_units = std::gcd(tp_units, spec.units);
+  if (tp_units == 0) tp_units = 1;  // no tensor-parallel plan: one rank per shard only
+  const double flops_tok = model.flops_per_token(o.seq);
+  int64_t n_params = 0;
+  for (const Tensor& p : model.parameters()) n_params += p.numel();
+  model.to(dev);
+  model.train();
+  train::apply_precision(model, o.precision);
+
+  // The probes: this rank's model costs, the link over the whole job.
+  std::unique_ptr<dist::TcpStore> store;
+  std::shared_ptr<dist::ProcessGroup> probe_pg;
+  if (world > 1) {
+    store = std::make_unique<dist::TcpStore>(env.master_addr, env.master_port, rank == 0,
+                                             dist::Milliseconds(int64_t((timeout_s > 0 ? timeout_s : 60) * 1000)));
+#ifdef BLU_HAVE_CUDA
+    if (dev.is_cuda())
+      probe_pg = dist::make_nccl_group(*store, rank, world, dist::NcclOptions{.device = dev.index, .prefix = "probe"});
+    else
+#endif
+      probe_pg = dist::make_gloo_group(*store, rank, world, dist::GlooOptions{.prefix = "probe"});
+  }
+  const int64_t probe_b = std::max<int64_t>(1, o.batch / 2);
+  const dist::ModelCosts costs = dist::measure_model(model, probe_b, o.seq, 3);
+  const dist::LinkCosts link = probe_pg ? dist::measure_link(*probe_pg, dev, 5) : dist::LinkCosts{};
+
+  std::string text = o.parallel;
+  nlohmann::json plan_json;
+  if (o.parallel == "auto") {
+    dist::PlanJob job;
+    job.world = world;
+    job.batch = o.batch * world;
+    job.memory_budget = o.gpu_memory_budget * double(int64_t(1) << 30);
+    const std::vector<dist::Prediction> ranked = dist::plan(costs, link, job, names, tp_units, tp_units, tp_units);
+    BLU_CHECK(!ranked.empty(), "--parallel auto: no layout of ", world, " ranks admits a global batch of ", job.batch,
+              " rows of ", o.model);
+    BLU_CHECK(ranked.front().fits, "--parallel auto: no layout of ", world, " ranks fits --gpu-memory-budget ",
+              o.gpu_memory_budget, " GiB; the smallest needs ", ranked.back().memory_bytes / double(1 << 30), " GiB");
+    // Rank 0's costs decide (each rank measured its own device; they differ by noise).
+    text = store ? dist::agree_on(*store, rank, "parallel_auto", ranked.front().text) : ranked.front().text;
+    for (size_t i = 0; i < std::min<size_t>(5, ranked.size()); ++i)
+      plan_json.push_back({{"layout", ranked[i].text}, {"step_ms", ranked[i].step_s * 1e3},
+                           {"memory_mib", ranked[i].memory_bytes / double(1 << 20)}, {"fits", ranked[i].fits}});
+  }
+  dist::Layout layout = dist::resolve_layout(dist::parse_annotation(text), names, world);
+  train::check_layout_supported(layout, text, o.seq);
+  if (o.parallel == "auto") {  // the planner's layout: its global batch in the layout's micro-batches
+    const int64_t micro = layout.pp > 1 ? layout.micro_batches : 1;
+    BLU_CHECK(o.batch * world % (int64_t(layout.dp) * micro) == 0, "--parallel auto: ", text, " does not split ",
+              o.batch * world, " rows");
+  }
+  const int64_t micro = layout.pp > 1 ? layout.micro_batches : 1;
+  const int64_t rows_micro = o.parallel == "auto" ? o.batch * world / (int64_t(layout.dp) * micro) : o.batch;
+  std::vector<double> probe_ms;
+  if (layout.probe_weights) {  // each replica's share by its measured speed
+    const std::vector<double> t = probe_pg ? dist::probe_step_times(model, *probe_pg, probe_b, o.seq, 3)
+                                           : std::vector<double>{1.0};
+    BLU_CHECK(int(t.size()) == layout.dp * layout.pp * layout.tp && layout.pp == 1 && layout.tp == 1,
+              "--parallel '", text, "': weights=probe weighs replicas of one rank each (no split or pipeline inside)");
+    layout.replica_weights = dist::speeds_from_times(t);
+    for (double s : t) probe_ms.push_back(s * 1e3);
+  }
+  const bool uneven = std::any_of(layout.replica_weights.begin(), layout.replica_weights.end(),
+                                  [&](double w) { return std::abs(w - 1.0 / layout.dp) > 1e-12; });
+  const std::vector<int64_t> rows = uneven ? dist::proportional_split(rows_micro * layout.dp, layout.replica_weights)
+                                           : std::vector<int64_t>(size_t(layout.dp), rows_micro);
+  const dist::DeviceMesh grid(rank, world, {{"dp", layout.dp}, {"pp", layout.pp}, {"tp", layout.tp}});
+  const int replica = grid.coordinate("dp");
+  const int64_t my_rows = rows[size_t(replica)];
+
+  dist::PlanJob job;
+  job.world = world;
+  job.batch = rows_micro * layout.dp * micro;
+  const dist::Prediction pred = dist::predict(layout, costs, link, job);
+
+  train::LayoutGroups groups;
+  if (world > 1) groups = train::make_layout_groups(*store, rank, world, layout, dev, timeout_s);
+  dist::StrategyConfig sc;
+  sc.zero = layout.zero;
+  if (uneven) {
+    sc.batch_share = double(my_rows) / double(rows_micro * layout.dp);
+    sc.row_exchange = false;  // replicas of unequal rows reduce the tied embedding's gradient densely
+  }
+  const std::unique_ptr<dist::Strategy> strategy = train::make_layout_strategy(
+      model, layout, groups.mesh.get(), groups.job, sc,
+      dist::OptimizerConfig{.lr = o.lr, .weight_decay = 0.1, .beta2 = o.beta2}, o.precision,
+      groups.pipeline_gradients);
+
+  Generator gen(1 + uint64_t(replica));  // each replica its own batches; its TP ranks and stages the same
+  allocator_for(dev).reset_peak();
+  std::vector<double> ms;
+  double first_loss = 0, last_loss = 0;
+  for (int64_t i = 0; i < o.steps; ++i) {
+    const Tensor x = randint(0, vocab, {my_rows, o.seq}, DType::i64, dev, &gen);
+    const Tensor y = randint(0, vocab, {my_rows, o.seq}, DType::i64, dev, &gen);
+    (void)to_vector(sum(x));  // the batch is ready before the clock starts
+    if (groups.job) groups.job->barrier()->wait();
+    const auto t0 = std::chrono::steady_clock::now();
+    const dist::StepValues v = strategy->step(micro, [&](int64_t) { return std::make_pair(x, y); }, o.lr, 1.0);
+    const double loss = strategy->read(v, false).loss;  // the mean over ranks, on the host: the step is done
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    if (i == 0) first_loss = loss;
+    last_loss = loss;
+  }
+  std::vector<double> warm(ms.begin() + std::min<int64_t>(std::max<int64_t>(3, o.steps / 4), int64_t(ms.size()) - 1),
+                           ms.end());
+  // The slowest rank's median step and the largest peak over the ranks.
+  std::vector<double> measured = {median_of(warm), double(allocator_for(dev).stats().peak_bytes),
+                                  double(allocator_for(dev).stats().reserved_bytes)};
+  if (groups.job) {
+    Tensor t = from_vector(measured, {3}, DType::f64);
+    if (!dev.is_cpu()) t = to_device(t, dev);
+    groups.job->all_reduce(t, dist::ReduceOp::max)->wait();
+    measured = to_vector(t);
+  }
+  const double med = measured[0];
+  int64_t rows_total = 0;
+  for (int64_t r : rows) rows_total += r;
+  const double tok_s = double(rows_total * micro * o.seq) / (med / 1e3);
+  nlohmann::json j = {{"impl", "blutrain-" BLU_VERSION},
+                      {"model", o.model},
+                      {"mode", o.precision},
+                      {"parallel", text},
+                      {"layout", layout.describe()},
+                      {"world", world},
+                      {"B", o.batch},
+                      {"T", o.seq},
+                      {"micro", micro},
+                      {"rows_per_replica", rows},
+                      {"steps", o.steps},
+                      {"step_ms", med},
+                      {"tok_s", std::round(tok_s)},
+                      {"peak_alloc_mib", int64_t(measured[1]) >> 20},
+                      {"peak_reserved_mib", int64_t(measured[2]) >> 20},
+                      {"first_loss", first_loss},
+                      {"last_loss", last_loss},
+                      {"params", n_params},
+                      {"predicted",
+                       {{"step_ms", pred.step_s * 1e3},
+                        {"memory_mib", pred.memory_bytes / double(1 << 20)},
+                        {"compute_ms", pred.compute_s * 1e3},
+                        {"tp_comm_ms", pred.tp_comm_s * 1e3},
+                        {"pp_comm_ms", pred.pp_comm_s * 1e3},
+                        {"bubble_ms", pred.bubble_s * 1e3},
+                        {"dp_comm_ms", pred.dp_comm_s * 1e3},
+                        {"update_ms", pred.update_s * 1e3}}},
+                      {"error",
+                       {{"step", (pred.step_s * 1e3 - med) / med}, {"memory", (pred.memory_bytes - measured[1]) / measured[1]}}},
+                      {"link", {{"latency_us", link.latency_s * 1e6}, {"gb_s", link.bytes_per_s / 1e9}}}};
+  if (world > 1) j["backend"] = groups.job->backend();
+  if (!plan_json.is_null()) j["plan"] = plan_json;
+  if (!probe_ms.empty()) {
+    j["probe_ms"] = probe_ms;
+    j["probe_weights"] = layout.replica_weights;
+  }
+  if (o.peak_tflops > 0) j["mfu"] = tok_s * flops_tok / (o.peak_tflops * 1e12 * world);  // per GPU
+  if (rank == 0) std::cout << j.dump() << std::endl;
+  if (groups.job) groups.job->barrier()->wait();
+  return 0;
+}
+
 int run_bench(const BenchOptions& o) {
+  if (!o.parallel.empty()) return run_bench_layout(o);
   const dist::DistEnv env = dist::detect_env();
   BLU_CHECK(env.world_size == o.dp, "--dp ", o.dp, " must equal the number of launched processes (WORLD_SIZE=",
             env.world_size, "); start with `blutrain launch -n ", o.dp, " -- blutrain bench --dp ", o.dp, " ...`");
@@ -433,6 +651,11 @@ Command add_bench(CLI::App& root) {
   app->add_option("--device", o->device, "cpu or cuda[:N]")->capture_default_str();
   app->add_option("--precision", o->precision, "fp32 | tf32 | bf16 | fp16")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}))
+      ->capture_default_str();
+  app->add_option("--parallel", o->parallel,
+                  "A parallel layout (replicate/pipeline/stage/split, docs/distributed.md) or auto (the planner's "
+                  "pick): run under `blutrain launch -n N`; prints the planner's prediction beside the measurement");
+  app->add_option("--dist-timeout", o->dist_timeout, "With --parallel: seconds before a collective gives up (0: default)")
       ->capture_default_str();
   app->add_option("--dp", o->dp, "Data-parallel ranks: run under `blutrain launch -n N` (NCCL, GPU = LOCAL_RANK)")
       ->capture_default_str();

@@ -86,6 +86,7 @@ TEST(Planner, CandidatesResolveBackToTheirLayouts) {
     EXPECT_EQ(l.describe(), p.layout.describe()) << p.text;
     EXPECT_EQ(l.stage_blocks, p.layout.stage_blocks) << p.text;
     saw_tp |= l.tp > 1, saw_pp |= l.pp > 1, saw_hybrid |= l.dp > 1 && l.pp > 1;
+    EXPECT_TRUE(l.zero == 0 || (l.tp == 1 && l.pp == 1)) << p.text << ": ZeRO over TP or pipelined replicas";
   }
   EXPECT_TRUE(saw_tp && saw_pp && saw_hybrid);
   for (size_t i = 1; i < all.size(); ++i) EXPECT_LE(all[i - 1].step_s, all[i].step_s);

@@ -356,7 +356,12 @@ Layout resolve_layout(const Annotation& root, const std::vector<std::string>& bl
     BLU_CHECK(a->children.size() <= 1, where(*a), ": encloses ", a->children.size(),
               " primitives (at most one: a pipeline or a split)");
     out.dp = int(a->degree);
-    out.replica_weights = shares(*a, "weights", a->degree);
+    // weights=probe: the ranks' speeds are measured at start-up (dist/hetero.h), by whoever runs the
+    // layout; until then the shares are even.
+    const auto w = a->args.find("weights");
+    out.probe_weights = w != a->args.end() && w->second == "probe";
+    out.replica_weights = out.probe_weights ? std::vector<double>(size_t(a->degree), 1.0 / double(a->degree))
+                                            : shares(*a, "weights", a->degree);
     const auto z = a->args.find("zero");
     if (z != a->args.end()) {
       BLU_CHECK(z->second == "0" || z->second == "1" || z->second == "2" || z->second == "3", where(*a),
@@ -382,6 +387,7 @@ std::string Layout::describe() const {
   std::ostringstream os;
   os << "dp=" << dp;
   if (zero) os << " (ZeRO-" << zero << ")";
+  if (probe_weights) os << " (weights by probe)";
   if (pp > 1 || micro_batches > 0) {
     os << " × pp=" << pp << " (" << schedule_name(schedule);
     if (chunks > 1) os << ", " << chunks << " chunks";

@@ -1,7 +1,8 @@
 // dist/annotations: Whale's four primitives, which mark parts of a single-device model and nest into
 // a hybrid layout, in a C++ form and an equivalent text form (`--parallel`):
-//   replicate(n [, weights=[w…]] [, zero=0|1|2|3]) { … }   data parallelism over n replicas; weights:
-//                                                            each replica's share of the batch
+//   replicate(n [, weights=[w…]|probe] [, zero=0|1|2|3]) { … }   data parallelism over n replicas;
+//                                                            weights: each replica's share of the
+//                                                            batch, or probe: measured at start-up
 //   pipeline(n [, schedule=gpipe|1f1b|interleaved] [, micro=M] [, chunks=v] [, balance=even|time]) { stage… }
 //                                                            n pipeline stages over the model's blocks
 //   stage(BLOCKS) { … }                                      one stage: a contiguous range of blocks,
@@ -57,6 +58,7 @@ struct Layout {
   int dp = 1, pp = 1, tp = 1;
   int zero = 0;                          // ZeRO stage of the data-parallel replicas (0: DDP)
   std::vector<double> replica_weights;   // dp shares of the batch, summing to 1 (even when not asked)
+  bool probe_weights = false;            // weights=probe: shares from a start-up probe of each rank's speed
   Schedule schedule = Schedule::one_f_one_b;
   int64_t micro_batches = 0;             // per optimizer step and replica (0: not pipelined)
   int chunks = 1;                        // virtual stages per rank (interleaved)

@@ -305,7 +305,9 @@ std::vector<Prediction> plan(const ModelCosts& m, const LinkCosts& link, const P
         if (pp > 1) micros = {pp, 2 * int64_t(pp), 4 * int64_t(pp)};
         for (int64_t micro : micros) {
           if ((job.batch / dp) % micro) continue;
-          for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
+          // ZeRO shards replicas of one rank each: the runtime refuses it over TP or pipelined
+          // replicas (train/layout_setup.h), so those layouts are not candidates.
+          for (int zero = 0; zero <= (dp > 1 && tp == 1 && pp == 1 ? 3 : 0); ++zero) {
             Layout l;
             l.dp = dp, l.pp = pp, l.tp = tp, l.zero = zero;
             l.replica_weights.assign(size_t(dp), 1.0 / dp);

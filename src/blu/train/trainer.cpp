@@ -32,6 +32,7 @@
 #include "blu/dist/flight_recorder.h"
 #include "blu/dist/zero.h"
 #include "blu/dist/layout_checkpoint.h"
+#include "blu/train/layout_setup.h"
 #include "blu/io/checkpoint.h"
 #include "blu/io/json_file.h"
 #include "blu/ops/precision.h"
@@ -274,9 +275,11 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   // --parallel: the layout is resolved (every annotation error here, before anything runs) and
   // mapped onto what the trainer drives: data parallelism (with ZeRO), a pipeline, tensor
   // parallelism, and their nestings on a dp × pp × tp mesh.
-  dist::PipelineOptions pipeline;
   dist::Layout layout;  // dp = o.dp without --parallel
   if (!o.parallel.empty()) {
+    BLU_CHECK(o.parallel != "auto", "--parallel auto: the planner's pick is made by `blutrain bench --parallel auto` ",
+              "(the same --model, -B and -T under the same launcher); pass the layout its JSON line names as ",
+              "\"parallel\" here");
     std::vector<std::string> names;
     for (const models::BlockRef& b : model_->blocks()) names.push_back(b.name);
     layout = dist::resolve_layout(dist::parse_annotation(o.parallel), names, env.world_size);
@@ -285,27 +288,13 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
               ": give one of the two");
     BLU_CHECK(o.zero == 0 || o.zero == l.zero, "--parallel '", o.parallel, "' asks for ZeRO-", l.zero,
               ", --zero says ", o.zero, ": give one of the two");
-    BLU_CHECK(l.zero == 0 || l.tp == 1, "--parallel '", o.parallel, "': ZeRO-", l.zero,
-              " over tensor-parallel replicas (replicate(zero=", l.zero, ") of split) is not implemented");
-    BLU_CHECK(!l.sequence_parallel || l.pp == 1, "--parallel '", o.parallel,
-              "': sequence parallelism inside pipeline stages is not implemented (the stages send whole [B, T, C] "
-              "activations); use split(n) in the stages");
-    BLU_CHECK(l.tp_widths.empty() || std::all_of(l.tp_widths.begin(), l.tp_widths.end(),
-                                                 [&](double w) { return std::abs(w - 1.0 / l.tp) < 1e-12; }),
-              "--parallel '", o.parallel, "': uneven split widths are not implemented in tensor parallelism");
-    BLU_CHECK(!l.sequence_parallel || o.seq_len % l.tp == 0, "--parallel '", o.parallel,
-              "': sequence parallelism splits the sequence over ", l.tp, " ranks; --seq-len ", o.seq_len,
-              " does not divide by it");
+    check_layout_supported(l, o.parallel, o.seq_len);
+    BLU_CHECK(!l.probe_weights, "--parallel '", o.parallel, "': weights=probe is measured by `blutrain bench ",
+              "--parallel` (its JSON line gives the shares as probe_weights); the trainer takes stated weights=[...]");
     if (l.pp > 1) {
       BLU_CHECK(o.grad_accum == 1, "--parallel '", o.parallel, "': a pipeline's micro=", l.micro_batches,
                 " is its accumulation; drop --grad-accum ", o.grad_accum);
       pipelined_ = true;
-      pipeline.schedule = l.schedule == dist::Schedule::gpipe       ? dist::PipelineScheduleKind::gpipe
-                          : l.schedule == dist::Schedule::interleaved ? dist::PipelineScheduleKind::interleaved
-                                                                      : dist::PipelineScheduleKind::one_f_one_b;
-      pipeline.chunks = l.chunks;
-      pipeline.micro_batches = l.micro_batches;
-      for (const auto& [first, last] : l.stage_blocks) pipeline.layers.push_back(last - first + 1);
       opt_s_.grad_accum = l.micro_batches;  // the tokens of a step, as the header and metrics count them
     }
     opt_s_.dp = l.dp;
@@ -450,7 +439,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   model_->train();
   apply_precision(*model_, o.precision);
   model_->set_activation_policy(models::ActivationPolicy::parse(o.recompute, o.offload_activations));
-  std::shared_ptr<dist::ProcessGroup> pg;
+  std::shared_ptr<dist::ProcessGroup> pg, pipeline_gradients;
   if (world > 1) {  // the job's process group: rendezvous through rank 0's store
     const double timeout_s = o.dist_timeout > 0 ? o.dist_timeout : env.dist_timeout_s;  // 0: each one's default
     const auto ms = [&](double fallback_s) {
@@ -468,25 +457,11 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
         dist::agree_on(*store_, rank_, "resume", nlohmann::json{{"from", resume_from}, {"restart", restart}}.dump()));
     resume_from = agreed["from"].get<std::string>();
     restart = agreed["restart"].get<bool>();
-    if (layout.tp > 1 || (layout.pp > 1 && layout.dp > 1)) {
-      // A hybrid layout: every group of the mesh, created here in one order on every rank.
-#ifdef BLU_HAVE_CUDA
-      const dist::GroupFactory make = device_.is_cuda()
-                                          ? dist::nccl_group_factory(dist::NcclOptions{.timeout = ms(600), .device = device_.index})
-                                          : dist::gloo_group_factory(dist::GlooOptions{.timeout = ms(30)});
-#else
-      const dist::GroupFactory make = dist::gloo_group_factory(dist::GlooOptions{.timeout = ms(30)});
-#endif
-      mesh_ = std::make_unique<dist::DeviceMesh>(*store_, rank_, world, grid.dims(), make);
-      pg = mesh_->group_ptr({"dp", "pp", "tp"});
-    } else {
-#ifdef BLU_HAVE_CUDA
-      if (device_.is_cuda())  // CUDA tensors: NCCL on this rank's device
-        pg = dist::make_nccl_group(*store_, rank_, world, dist::NcclOptions{.timeout = ms(600), .device = device_.index});
-      else
-#endif
-        pg = dist::make_gloo_group(*store_, rank_, world, dist::GlooOptions{.timeout = ms(30)});
-    }
+    // Every group of the layout (for a hybrid the mesh's, created in one order on every rank).
+    LayoutGroups groups = make_layout_groups(*store_, rank_, world, layout, device_, timeout_s);
+    mesh_ = std::move(groups.mesh);
+    pg = groups.job;
+    pipeline_gradients = groups.pipeline_gradients;
     pg->set_phase("start-up");
     // On a collective's timeout, a fatal error or SIGTERM each rank dumps its last collectives
     // here (dist/flight_recorder.h).
@@ -507,25 +482,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   if (o.gpu_memory_budget > 0 || o.host_memory_budget > 0 || o.offload_state != "auto" || o.offload_update != "auto")
     plan_memory(sc);
   const dist::OptimizerConfig oc{.name = o.optimizer, .lr = o.lr, .weight_decay = o.weight_decay};
-  if (mesh_) {
-    // Hybrid: the model rewritten into this rank's TP shard, the stage's pipeline over the pp
-    // group, gradients averaged over the dp group.
-    if (layout.tp > 1) {
-      sc.tp = mesh_->group_ptr({"tp"});
-      dist::apply_tensor_parallel(*model_, sc.tp, dist::TPOptions{.sequence_parallel = layout.sequence_parallel});
-      apply_precision(*model_, o.precision);  // the sharded modules take the compute dtype too
-    }
-    if (pipelined_) {
-      if (layout.dp > 1) sc.dp = mesh_->group_ptr({"dp"});
-      sc.job = pg;
-      strategy_ = std::make_unique<dist::Strategy>(*model_, mesh_->group_ptr({"pp"}), pipeline, sc, oc);
-    } else {
-      strategy_ = std::make_unique<dist::Strategy>(*model_, layout.dp > 1 ? mesh_->group_ptr({"dp"}) : nullptr, sc, oc);
-    }
-  } else {
-    strategy_ = pipelined_ ? std::make_unique<dist::Strategy>(*model_, std::move(pg), pipeline, sc, oc)
-                           : std::make_unique<dist::Strategy>(*model_, std::move(pg), sc, oc);
-  }
+  strategy_ = make_layout_strategy(*model_, layout, mesh_.get(), pg, sc, oc, o.precision, pipeline_gradients);
   if (o.compile) {
     if (!o.compile_exclude.empty()) compiler::set_excluded_ops(compiler::parse_op_list(o.compile_exclude));
     compiler::CompileOptions co;
