@@ -51,5 +51,13 @@ TEST(Hetero, ProbeFindsAnInjectedSlowdown) {
   EXPECT_EQ(r.status, 0) << r.out << r.err;
 }
 
+// A rank slowed per row of work trains faster with the probe's split than with the even one, and
+// both give one process's losses (worker_test.cpp: hetero_train; docs/distributed.md quotes its line).
+TEST(Hetero, AwareSplitIsFasterWithTheSameLosses) {
+  const auto r = test::run_workers("hetero_train", 2);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  std::printf("%s", r.out.c_str());
+}
+
 }  // namespace
 }  // namespace blu::dist
