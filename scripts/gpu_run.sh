@@ -40,19 +40,7 @@
 #   attnprof — the time of each kernel of BluTrain's bf16 attention forward+backward (ncu), beside
 #           PyTorch's per-kernel times (scripts/sdpa_default.py)
 set -uo pipefail
-pack=/tmp/blupack
-mkdir -p "$pack" && tar -xJf .devpack/devpack.tar.xz -C "$pack"
-export LD_LIBRARY_PATH="$pack:${LD_LIBRARY_PATH:-}"
-# NCCL is too large to carry: use the one PyTorch's wheels bring if the system has none.
-if ldd "$pack/blutrain" | grep -q "not found"; then
-  for mod in nvidia.nccl nvidia.cu13 nvidia.cublas nvidia.cuda_runtime; do
-    d=$(python3 -c "import importlib; print(list(importlib.import_module('$mod').__path__)[0] + '/lib')" 2>/dev/null) &&
-      [ -d "$d" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
-  done
-  ldd "$pack/blutrain" | grep "not found" || true
-fi
-out="${OUT:-/tmp/out}"
-mkdir -p "$out"
+source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 B="${B:-16}"; T="${T:-1024}"; STEPS="${STEPS:-20}"
 for step in "$@"; do

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# The runs on two GPUs of one host (device tool, kind nvidia-h200-x2 or nvidia-h100-x2), from the
+# repo root with .devpack carried (scripts/gpu_pack.sh; the real-text steps need the GPT-2 shards of
+# the fortunes in .devpack/fortunes_gpt2). Each step is one table; its JSON lines go to $OUT:
+#   tests   — the two-rank NCCL tests of test_cuda (collectives, DDP, ZeRO-1/2, TP, flight recorder)
+#   dp      — GPT-2 124M bf16 at B=16 and 32 per GPU (DP_BATCHES): blutrain on one GPU, and on two
+#             with DDP and ZeRO-1/2/3; beside torch_gpt2.py on one GPU and under torchrun (DDP) and
+#             torch_parallel.py fsdp
+#   layouts — (LAYOUT_SPECS: "LAYOUT|B;..." instead of the list below) for each model in LAYOUT_MODELS (gpt2:d24 gpt2:d48 llama:llama3.2-1b), a global batch of
+#             8 sequences of 1024 tokens per step: one GPU, then bench --parallel with TP=2 (with and
+#             without SP), PP=2 (1F1B and interleaved, 4 micro-batches of 2), replicate(2) and auto —
+#             each beside the planner's prediction — and torch_parallel.py tp|pp|ddp (GPT-2) or
+#             torch_llama.py under torchrun (Llama) on the same batch (LAYOUT_PEERS=0: without them)
+#   faults  — a 5 s timeout: rank 1 stalled before step 3 (BLU_TEST_STALL) ends the job, the flight
+#             recorder names each rank's last collective; rank 1 killed with SIGKILL mid-run
+#   hetero  — a co-running matmul load on GPU 1 (no setting of the GPU is changed): replicate(2)
+#             with even rows beside replicate(2, weights=probe)
+#   realtext — GPT-2 124M on the fortunes (GPT-2 tokens), bf16, REAL_STEPS (250) steps of 8 x 1024
+#             tokens: one GPU with two seeds (the seed-to-seed spread), DP, TP and PP on two
+#             (REAL_ONLY=TEXT: only the runs whose arguments hold TEXT)
+# Usage: bash scripts/gpu_two.sh STEP... ; STEPS (steps of each bench, default 15).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/gpu_env.sh
+# NVLink multicast stays off (the workplace's rule for shared hosts), in every child as well.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
+nvidia-smi topo -m 2>/dev/null | head -4
+bt="$pack/blutrain"
+peers=.devpack/peers
+S="${STEPS:-15}"
+trun=(python3 -m torch.distributed.run --standalone --nproc_per_node 2)
+json() { grep '{"' | sed 's/^[^{]*//'; }  # the JSON lines (behind launch's rank prefixes)
+row() { tee -a "$out/$1.log" | json | cut -c1-"${WIDTH:-330}"; }  # all output to STEP.log, JSON shown
+since() { awk -v t0="$1" -v t1="$(date +%s.%N)" 'BEGIN { printf "%.1f", t1 - t0 }'; }
+
+for step in "$@"; do
+  echo "== $step"
+  case "$step" in
+    tests)
+      timeout 300 "$pack/test_cuda" --gtest_filter='Nccl.*:TpNccl.*:NcclFlight.*' 2>&1 | tee "$out/two_tests.log" \
+        | grep -vE "^\[ +(OK|RUN) " | tail -20 ;;
+    dp)
+      for b in ${DP_BATCHES:-16 32}; do
+        common=(bench --device cuda --model gpt2:d12 --precision bf16 -B "$b" -T 1024 --steps "$S")
+        timeout 120 "$bt" "${common[@]}" 2>&1 | row dp
+        for z in 0 1 2 3; do
+          timeout 150 "$bt" launch -n 2 -- "$bt" "${common[@]}" --dp 2 --zero "$z" 2>&1 | row dp
+        done
+        timeout 200 python3 "$peers/torch_gpt2.py" bf16 "$b" 1024 "$S" 2>&1 | row dp
+        timeout 250 "${trun[@]}" "$peers/torch_gpt2.py" bf16 "$b" 1024 "$S" 2>&1 | row dp
+        timeout 250 "${trun[@]}" "$peers/torch_parallel.py" fsdp --model d12 -B "$b" -T 1024 --steps "$S" 2>&1 | row dp
+      done ;;
+    layouts)
+      for m in ${LAYOUT_MODELS:-gpt2:d24 gpt2:d48 llama:llama3.2-1b}; do
+        common=(bench --device cuda --model "$m" --precision bf16 -T 1024 --steps "$S")
+        [[ "$m" == llama* ]] && common+=(--lr 3e-4 --beta2 0.95)
+        timeout 200 "$bt" "${common[@]}" -B 8 2>&1 | row layouts
+        # Global batch 8: TP ranks share 8 rows, a pipeline runs 4 micro-batches of 2, replicas 4 each.
+        specs=("split(2)|8" "split(2, sp=true)|8" "pipeline(2, schedule=1f1b, micro=4)|2"
+               "pipeline(2, schedule=interleaved, micro=4)|2" "replicate(2)|4" "auto|4")
+        [ -n "${LAYOUT_SPECS:-}" ] && IFS=';' read -ra specs <<< "$LAYOUT_SPECS"
+        for spec in "${specs[@]}"; do
+          timeout "${LAYOUT_TIMEOUT:-150}" "$bt" launch -n 2 -- "$bt" "${common[@]}" --parallel "${spec%|*}" -B "${spec#*|}" 2>&1 | row layouts
+        done
+        if [ "${LAYOUT_PEERS:-1}" = 0 ]; then
+          :
+        elif [[ "$m" == gpt2:* ]]; then
+          size="${m#gpt2:}"
+          timeout 250 "${trun[@]}" "$peers/torch_parallel.py" tp --model "$size" -B 8 -T 1024 --steps "$S" 2>&1 | row layouts
+          timeout 250 "${trun[@]}" "$peers/torch_parallel.py" pp --model "$size" -B 8 -T 1024 --steps "$S" --microbatches 4 2>&1 | row layouts
+          timeout 250 "${trun[@]}" "$peers/torch_parallel.py" ddp --model "$size" -B 4 -T 1024 --steps "$S" 2>&1 | row layouts
+        else
+          timeout 250 python3 "$peers/torch_llama.py" bf16 --model "${m#llama:}" -B 8 -T 1024 --steps "$S" 2>&1 | row layouts
+          timeout 300 "${trun[@]}" "$peers/torch_llama.py" bf16 --model "${m#llama:}" -B 4 -T 1024 --steps "$S" 2>&1 | row layouts
+        fi
+      done ;;
+    faults)
+      data=.devpack/fortunes_gpt2
+      train=(train --device cuda --dp 2 --model d12 --data-dir "$data" -B 4 -T 512 --steps 40 --log-every 1
+             --val-every 0 --sample-every 0 --ckpt-every 0 --dist-timeout 5 --dist-work-timeout 5)
+      rm -rf /tmp/stall && t0=$(date +%s.%N)
+      BLU_TEST_STALL=1:3 timeout 120 "$bt" launch -n 2 -- "$bt" "${train[@]}" --out /tmp/stall > "$out/faults.log" 2>&1
+      rc=$?
+      echo "stall: exit $rc after $(since "$t0") s (rank 1 sleeps before step 3; 5 s timeout)"
+      grep -iE "time|stall|error|abort" "$out/faults.log" | grep -v "^.*step .* ms" | head -8
+      "$bt" info --flight /tmp/stall 2>&1 | tee "$out/stall_flight.txt" | head -12
+      rm -rf /tmp/kill
+      timeout 120 "$bt" launch -n 2 -- "$bt" "${train[@]}" --out /tmp/kill > /tmp/kill.log 2>&1 &
+      job=$!
+      for _ in $(seq 600); do grep -qE "step +5/" /tmp/kill.log 2>/dev/null && break; sleep 0.1; done
+      victim=""
+      for p in $(pgrep -f "$bt train"); do tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "RANK=1" && victim=$p; done
+      t0=$(date +%s.%N)
+      [ -n "$victim" ] && kill -9 "$victim"
+      wait "$job"; rc=$?
+      echo "kill: rank 1 (pid ${victim:-not found}) killed at step 5; the job exited $rc after $(since "$t0") s"
+      cat /tmp/kill.log >> "$out/faults.log"
+      grep -iE "rank 1|error|signal|killed" /tmp/kill.log | grep -vE "step +[0-9]+/" | head -8 ;;
+    hetero)
+      common=(bench --device cuda --model gpt2:d12 --precision bf16 -B 16 -T 1024 --steps "$S")
+      python3 -c "
+import time, torch
+a = torch.randn(8192, 8192, device='cuda:1', dtype=torch.bfloat16)
+t = time.time()
+while time.time() - t < ${HETERO_LOAD_S:-240}:
+    for _ in range(20): a @ a
+    torch.cuda.synchronize(1)
+" &
+      load=$!
+      sleep 5
+      for spec in "replicate(2)" "replicate(2, weights=probe)" "replicate(2)"; do
+        timeout 200 "$bt" launch -n 2 -- "$bt" "${common[@]}" --parallel "$spec" 2>&1 | row hetero
+      done
+      kill "$load"; wait "$load" 2>/dev/null ;;
+    realtext)
+      data=.devpack/fortunes_gpt2
+      common=(train --model d12 --data-dir "$data" --device cuda --precision bf16 -T 1024 --steps "${REAL_STEPS:-250}"
+              --lr 6e-4 --warmup 25 --val-every "${REAL_STEPS:-250}" --log-every 50 --sample-every 0)
+      # Every run scores the same 32 validation sequences (rows per replica x val batches x replicas).
+      run_train() {  # RANKS ARGS...
+        local n="$1"; shift
+        [ -n "${REAL_ONLY:-}" ] && [[ "$*" != *"$REAL_ONLY"* ]] && return
+        echo "-- $*"
+        if [ "$n" = 1 ]; then cmd=("$bt"); else cmd=("$bt" launch -n "$n" -- "$bt"); fi
+        timeout "${REAL_TIMEOUT:-300}" "${cmd[@]}" "${common[@]}" "$@" 2>&1 | tee -a "$out/realtext.log" \
+          | grep -E "val loss|step +${REAL_STEPS:-250}/|rror" | tail -2
+      }
+      run_train 1 --seed 1337 -B 8 --val-batches 4
+      run_train 1 --seed 7 -B 8 --val-batches 4
+      run_train 2 --dp 2 -B 4 --val-batches 4
+      run_train 2 --parallel "split(2)" -B 8 --val-batches 4
+      run_train 2 --parallel "pipeline(2, schedule=1f1b, micro=2)" -B 4 --val-batches 8 ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
