@@ -231,8 +231,10 @@ int run_bench_layout(const BenchOptions& o) {
     const std::vector<dist::Prediction> ranked = dist::plan(costs, link, job, names, tp_units, tp_units, tp_units);
     BLU_CHECK(!ranked.empty(), "--parallel auto: no layout of ", world, " ranks admits a global batch of ", job.batch,
               " rows of ", o.model);
+    double least = ranked.front().memory_bytes;
+    for (const dist::Prediction& p : ranked) least = std::min(least, p.memory_bytes);
     BLU_CHECK(ranked.front().fits, "--parallel auto: no layout of ", world, " ranks fits --gpu-memory-budget ",
-              o.gpu_memory_budget, " GiB; the smallest needs ", ranked.back().memory_bytes / double(1 << 30), " GiB");
+              o.gpu_memory_budget, " GiB; the smallest needs ", least / double(1 << 30), " GiB");
     // Rank 0's costs decide (each rank measured its own device; they differ by noise).
     text = store ? dist::agree_on(*store, rank, "parallel_auto", ranked.front().text) : ranked.front().text;
     for (size_t i = 0; i < std::min<size_t>(5, ranked.size()); ++i)
@@ -241,12 +243,11 @@ int run_bench_layout(const BenchOptions& o) {
   }
   dist::Layout layout = dist::resolve_layout(dist::parse_annotation(text), names, world);
   train::check_layout_supported(layout, text, o.seq);
-  if (o.parallel == "auto") {  // the planner's layout: its global batch in the layout's micro-batches
-    const int64_t micro = layout.pp > 1 ? layout.micro_batches : 1;
-    BLU_CHECK(o.batch * world % (int64_t(layout.dp) * micro) == 0, "--parallel auto: ", text, " does not split ",
-              o.batch * world, " rows");
-  }
   const int64_t micro = layout.pp > 1 ? layout.micro_batches : 1;
+  // The planner's layout takes its global batch in its own micro-batches (plan() offers only those
+  // that split it).
+  BLU_CHECK(o.parallel != "auto" || o.batch * world % (int64_t(layout.dp) * micro) == 0, "--parallel auto: ", text,
+            " does not split ", o.batch * world, " rows");
   const int64_t rows_micro = o.parallel == "auto" ? o.batch * world / (int64_t(layout.dp) * micro) : o.batch;
   std::vector<double> probe_ms;
   if (layout.probe_weights) {  // each replica's share by its measured speed
