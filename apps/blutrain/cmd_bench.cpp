@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 #ifdef BLU_HAVE_CUDA
 #include "blu/backend/cuda/runtime.h"
+#include "blu/core/cuda/runtime.h"
 #endif
 
 #include "blu/blu.h"
@@ -148,6 +149,19 @@ nlohmann::json profile_step(const std::function<void()>& step, Device dev) {
   return {{"sum_ms", std::round(busy_ms * 1000) / 1000}, {"ops", ops}};
 }
 
+// The bench's device exists here: --device cuda on a machine or a build without one says what to
+// run instead.
+Device bench_device(const std::string& flag) {
+  const Device dev(flag);
+#ifdef BLU_HAVE_CUDA
+  BLU_CHECK(!dev.is_cuda() || cuda::device_count() > 0, "bench --device ", flag,
+            ": this machine has no CUDA device; time the CPU with --device cpu");
+#else
+  BLU_CHECK(dev.is_cpu(), "bench --device ", flag, ": this build has no CUDA backend; use --device cpu");
+#endif
+  return dev;
+}
+
 double median_of(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -176,12 +190,10 @@ int run_bench_layout(const BenchOptions& o) {
   BLU_CHECK(o.precision != "fp16", "--parallel: --precision fp16 is not supported (the loss scaler's skip is per rank)");
   BLU_CHECK(world == 1 || o.device == "cuda" || o.device == "cpu", "--parallel over ", world,
             " ranks runs on --device cuda (NCCL, one GPU per rank) or cpu (Gloo), got ", o.device);
-  Device dev(o.device);
+  Device dev = bench_device(o.device);
 #ifdef BLU_HAVE_CUDA
   if (dev.is_cuda() && world > 1) dev = Device(DeviceType::cuda, env.local_rank);
   if (dev.is_cuda()) cuda::set_device(dev.index);
-#else
-  BLU_CHECK(dev.is_cpu(), "--device ", o.device, ": this build has no CUDA backend (expected cpu)");
 #endif
   const double timeout_s = o.dist_timeout > 0 ? o.dist_timeout : env.dist_timeout_s;
   nlohmann::json cfg = models::resolve_model_config(o.model);
@@ -372,7 +384,7 @@ int run_bench(const BenchOptions& o) {
   BLU_CHECK(!o.compile || o.zero != 3, "--compile: ZeRO-3 (--zero 3) is not supported by the compiler yet (its block ",
             "hooks swap the parameters' storages outside dispatch); use --zero 0, 1 or 2");
   BLU_CHECK(o.compile || (!o.compile_log && o.compile_exclude.empty()), "--compile-log and --compile-exclude need --compile");
-  Device dev(o.device);
+  Device dev = bench_device(o.device);
   BLU_CHECK(o.dp == 1 || o.device == "cuda" || o.device == "cpu", "--dp ", o.dp,
             " runs on --device cuda (NCCL, one GPU per rank) or cpu (Gloo), got ", o.device);
   std::unique_ptr<dist::TcpStore> store;

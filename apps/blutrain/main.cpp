@@ -1,5 +1,6 @@
 // blutrain: the command-line program — info, prepare, train, eval, sample, bench, launch, report (see docs/cli.md).
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <string>
 #include <vector>
@@ -32,7 +33,13 @@ int main(int argc, char** argv) {
     for (const auto& c : commands)
       if (c.app->parsed()) return c.run();
   } catch (const std::exception& e) {  // blu::Error and the others alike
-    std::fprintf(stderr, "error: %s\n", e.what());
+    // A check's source location only in the debug mode: the message names flags and files.
+    const auto* be = dynamic_cast<const blu::Error*>(&e);
+    const char* debug = std::getenv("BLU_DEBUG");
+    if (be && !be->where().empty() && debug && *debug && std::string(debug) != "0")
+      std::fprintf(stderr, "error: %s [%s]\n", e.what(), be->where().c_str());
+    else
+      std::fprintf(stderr, "error: %s\n", e.what());
     // A distributed run that failed outside its collectives (a store barrier, a check) still leaves
     // its flight record; a failed collective has written one already.
     auto& fr = blu::dist::FlightRecorder::global();

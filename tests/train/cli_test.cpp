@@ -14,6 +14,9 @@
 #include <string>
 #include <vector>
 
+#ifdef BLU_HAVE_CUDA
+#include "blu/core/cuda/runtime.h"
+#endif
 #include "blu/models/registry.h"
 #include "blu/data/shard.h"
 #include "blu/data/tokenizer.h"
@@ -41,8 +44,9 @@ struct Result {
   std::string output;  // stdout and stderr together
 };
 
-Result run(const std::vector<std::string>& args) {
-  std::string cmd = quote(blutrain_path().string());
+// `env`: "NAME=value " assignments put before the command.
+Result run(const std::vector<std::string>& args, const std::string& env = "") {
+  std::string cmd = env + quote(blutrain_path().string());
   for (const auto& a : args) cmd += " " + quote(a);
   cmd += " 2>&1";
   Result r;
@@ -100,6 +104,46 @@ TEST_F(Cli, TrainRefusesExistingRunWithoutOverwrite) {
   EXPECT_EQ(test::list_dir(out), before);
   EXPECT_EQ(test::read_bytes(out / "metrics.jsonl"), "{\"event\":\"step\",\"step\":3}\n");
   EXPECT_EQ(test::read_bytes(out / "ckpt_00000003.safetensors"), "not really a checkpoint");
+}
+
+// A user's mistake names the flag; the source location behind it (a bug report's) only under
+// BLU_DEBUG=1.
+TEST_F(Cli, ErrorsNameFlagsNotSourceFiles) {
+  TempDir dir;
+  write_tokens(dir / "d_train_000000.bin", 4096);
+  const std::vector<std::string> args = {"train", "--train-pattern", (dir / "d_train_*.bin").string(), "--model",
+                                         "tiny", "--lr", "0"};
+  const Result r = run(args);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("error: learning rates must be positive: got --lr 0"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(".cpp:"), std::string::npos) << r.output;
+  const Result d = run(args, "BLU_DEBUG=1 ");
+  EXPECT_NE(d.output.find("[trainer.cpp:"), std::string::npos) << d.output;
+}
+
+// A warmup longer than the run and a --min-lr above --lr are warned about before the first step.
+TEST_F(Cli, ScheduleThatCannotDoWhatItSaysIsWarned) {
+  TempDir dir;
+  write_tokens(dir / "d_train_000000.bin", 4096);
+  const Result r = run({"train", "--train-pattern", (dir / "d_train_*.bin").string(), "--model", "tiny", "-B", "2",
+                        "-T", "16", "--steps", "3", "--warmup", "10", "--lr", "1e-5", "--min-lr", "1e-4"});
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("warning: --warmup 10 is longer than the run (--steps 3)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("warning: --min-lr 0.0001 is above --lr 1e-05"), std::string::npos) << r.output;
+  const Result ok = run({"train", "--train-pattern", (dir / "d_train_*.bin").string(), "--model", "tiny", "-B", "2",
+                         "-T", "16", "--steps", "3", "--warmup", "1"});
+  EXPECT_EQ(ok.status, 0) << ok.output;
+  EXPECT_EQ(ok.output.find("warning:"), std::string::npos) << ok.output;
+}
+
+// `blutrain bench` defaults to the GPU; without one it says to time the CPU.
+TEST_F(Cli, BenchWithoutGpuSaysToUseTheCpu) {
+#ifdef BLU_HAVE_CUDA
+  if (cuda::device_count() > 0) GTEST_SKIP() << "this machine has a CUDA device";
+#endif
+  const Result r = run({"bench", "--steps", "1"});
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("--device cpu"), std::string::npos) << r.output;
 }
 
 // A flag given twice takes its last value: scripts/demo.sh passes its defaults first and the

@@ -10,9 +10,8 @@ static const char* basename_of(const char* file) {
 }
 
 void throw_check(const char* file, int line, const char* cond, const std::string& msg) {
-  // The user's message comes first: it is what they act on. The location helps bug reports.
-  throw Error(concat(msg.empty() ? std::string("check failed: ") + cond : msg, " [", basename_of(file),
-                     ":", line, "]"));
+  // The message is what the user acts on; the location, kept apart, helps bug reports.
+  throw Error(msg.empty() ? std::string("check failed: ") + cond : msg, concat(basename_of(file), ":", line));
 }
 
 void throw_assert(const char* file, int line, const char* cond, const std::string& msg) {

@@ -1,6 +1,7 @@
 // core/error: the two tiers of error reporting.
 //   BLU_CHECK(cond, ...)  — the caller's mistake (bad shape, dtype, index, file). Throws blu::Error
-//                           whose message says what was expected and what was given.
+//                           whose message says what was expected and what was given (the source
+//                           location travels apart from it: Error::where()).
 //   BLU_ASSERT(cond, ...) — our own invariant. Throws blu::InternalError; seeing one is a bug.
 // Depends on nothing but the standard library. The message arguments are streamed with <<, so
 // shapes, dtypes and devices print themselves.
@@ -8,13 +9,21 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 #include <cstdint>
 
 namespace blu {
 
+// what() is the message for the user; where() the BLU_CHECK's "file.cpp:line" (empty for an Error
+// made elsewhere), which the command line prints only in its debug mode (BLU_DEBUG=1).
 struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
+  Error(const std::string& message, std::string where) : std::runtime_error(message), where_(std::move(where)) {}
+  const std::string& where() const { return where_; }
+
+ private:
+  std::string where_;
 };
 struct InternalError : std::logic_error {
   using std::logic_error::logic_error;

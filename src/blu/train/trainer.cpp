@@ -350,6 +350,15 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
             "'");
   rank_ = env.rank;
   if (rank_ != 0) cb_.log = nullptr;  // rank 0 speaks for the job
+  // Schedules that do not do what their flags suggest are warned about, not refused: the defaults
+  // of --min-lr and --warmup meet a small --lr or a short run.
+  if (cb_.log && o.min_lr > o.lr && o.schedule != "constant")
+    *cb_.log << "warning: --min-lr " << o.min_lr << " is above --lr " << o.lr << ": the " << o.schedule
+             << " schedule rises towards it; pass a --min-lr below --lr (e.g. " << o.lr / 10 << ")\n";
+  if (cb_.log && o.warmup > o.steps)
+    *cb_.log << "warning: --warmup " << o.warmup << " is longer than the run (--steps " << o.steps
+             << "): the learning rate never reaches --lr " << o.lr << "; pass --warmup " << o.steps / 10
+             << " or less\n";
   schedule_.kind = optim::LRSchedule::parse(o.schedule);
   schedule_.max_lr = o.lr;
   schedule_.min_lr = o.min_lr;
