@@ -238,15 +238,39 @@ TEST(Prepare, NoPartialFilesOnFailure) {
   EXPECT_TRUE(test::list_dir(tmp / "out").empty());
 }
 
+// A corpus that fits in one shard is split by default, not refused (the first shard alone would
+// be validation and leave nothing to train on): its first documents, about a tenth of the tokens,
+// for validation, cut at a document start; one document is cut inside.
+TEST(Prepare, SmallCorpusIsSplitByDefault) {
+  TempDir tmp;
+  const auto docs = make_fortunes(tmp.path());
+  PrepareOptions opt;
+  opt.shard_tokens = 1000;  // everything fits in one shard
+  const PrepareStats st = prepare({tmp / "fortunes"}, tmp / "out", byte_encode, kEot, opt);
+  EXPECT_EQ(st.val_shards, 1);
+  EXPECT_EQ(st.train_shards, 1);
+  EXPECT_GE(st.val_tokens, st.tokens / 10);
+  EXPECT_LE(st.val_tokens, st.tokens / 2);
+  EXPECT_EQ(st.val_documents + st.train_documents, 7);
+  EXPECT_GE(st.val_documents, 1);
+  // Cut at a document start: both shards begin with end-of-text, and together they are the corpus.
+  ASSERT_EQ(st.shard_paths.size(), 2u);
+  EXPECT_EQ(read_tokens(st.shard_paths[0]).front(), kEot);
+  EXPECT_EQ(read_tokens(st.shard_paths[1]).front(), kEot);
+  EXPECT_EQ(split_docs(concat_shards(st.shard_paths)), docs);
+  // One document: cut inside it, a tenth of its tokens for validation.
+  test::write_bytes(tmp / "one.txt", std::string(100, 'a'));
+  const PrepareStats one = prepare({tmp / "one.txt"}, tmp / "out1", byte_encode, kEot, opt);
+  EXPECT_EQ(one.val_tokens, 10);
+  EXPECT_EQ(one.train_tokens, 91);
+  EXPECT_EQ(one.val_documents, 1);
+  EXPECT_EQ(one.train_documents, 0);
+}
+
 TEST(Prepare, BadInputs) {
   TempDir tmp;
   make_fortunes(tmp.path());
   expect_error([&] { prepare({tmp / "missing"}, tmp / "out", byte_encode, kEot); }, {"missing", "does not exist"});
-  PrepareOptions opt;
-  opt.shard_tokens = 1000;  // everything fits in the validation shard
-  expect_error([&] { prepare({tmp / "fortunes"}, tmp / "out", byte_encode, kEot, opt); },
-               {"one shard", "validation", "shard_tokens"});
-  EXPECT_TRUE(test::list_dir(tmp / "out").empty());
   fs::create_directories(tmp / "bin");
   test::write_bytes(tmp / "bin/a.dat", "x");
   expect_error([&] { prepare({tmp / "bin"}, tmp / "out2", byte_encode, kEot); }, {"no text documents"});

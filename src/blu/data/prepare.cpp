@@ -118,9 +118,9 @@ PrepareStats prepare(const std::vector<fs::path>& inputs, const fs::path& out_di
   BLU_CHECK(!inputs.empty(), "prepare: no input files or folders given");
   BLU_CHECK(encode, "prepare: no encode function given");
   BLU_CHECK(eot >= 0 && eot <= 0xFFFF, "prepare: the end-of-text token must fit uint16, got ", eot);
-  BLU_CHECK(opt.shard_tokens >= 1 && opt.shard_tokens <= kShardMaxTokens, "prepare: shard_tokens must be in [1, ",
+  BLU_CHECK(opt.shard_tokens >= 1 && opt.shard_tokens <= kShardMaxTokens, "prepare: --shard-tokens must be in [1, ",
             kShardMaxTokens, "], got ", opt.shard_tokens);
-  BLU_CHECK(opt.val_fraction >= 0.0 && opt.val_fraction < 1.0, "prepare: val_fraction must be in [0, 1), got ",
+  BLU_CHECK(opt.val_fraction >= 0.0 && opt.val_fraction < 1.0, "prepare: --val-fraction must be in [0, 1), got ",
             opt.val_fraction);
   BLU_CHECK(!opt.name.empty() && opt.name.find('/') == std::string::npos,
             "prepare: the shard name must be a non-empty file name prefix, got '", opt.name, "'");
@@ -179,7 +179,7 @@ PrepareStats prepare(const std::vector<fs::path>& inputs, const fs::path& out_di
 
   std::vector<bool> is_val;
   if (opt.val_fraction > 0) {
-    BLU_CHECK(total_docs >= 2, "prepare: val_fraction needs at least two documents, found ", total_docs);
+    BLU_CHECK(total_docs >= 2, "prepare: --val-fraction needs at least two documents, found ", total_docs);
     auto k = static_cast<int64_t>(opt.val_fraction * static_cast<double>(total_docs) + 0.5);
     k = std::clamp<int64_t>(k, 1, total_docs - 1);
     const std::vector<int64_t> perm = seeded_permutation(total_docs, mix_seed(opt.seed, 0x56414cull /* "VAL" */));
@@ -191,7 +191,7 @@ PrepareStats prepare(const std::vector<fs::path>& inputs, const fs::path& out_di
   const std::vector<fs::path> old_shards = existing_shards(out_dir, opt.name);
   BLU_CHECK(opt.overwrite || old_shards.empty(), "prepare: '", out_dir.string(), "' already holds ",
             old_shards.size(), " shards named ", opt.name, "_*.bin (e.g. '", old_shards.empty() ? "" :
-            old_shards.front().filename().string(), "'); pass overwrite to replace them");
+            old_shards.front().filename().string(), "'); pass --overwrite to replace them");
   fs::create_directories(out_dir);
   StagingDir staging{out_dir / ("." + opt.name + ".prepare." + std::to_string(::getpid()) + ".tmp")};
   fs::remove_all(staging.path);
@@ -224,6 +224,7 @@ PrepareStats prepare(const std::vector<fs::path>& inputs, const fs::path& out_di
   for (Stream& s : streams) s.buf.reserve(static_cast<size_t>(std::min<int64_t>(opt.shard_tokens, 1 << 24)));
 
   int64_t doc_index = 0;
+  std::vector<int64_t> doc_starts;  // where each document starts in the first, unflushed buffer
   for (const auto& f : sources) {
     const std::string text = read_file(f.path);
     const std::vector<std::string> docs = documents_of(f, text);
@@ -235,6 +236,7 @@ PrepareStats prepare(const std::vector<fs::path>& inputs, const fs::path& out_di
       // Which split the document is counted in: where its end-of-text token lands.
       Stream& counted = first_shard_val ? (streams[0].shards == 0 ? streams[0] : streams[1]) : s;
       counted.documents += 1;
+      if (first_shard_val && streams[0].shards == 0) doc_starts.push_back(static_cast<int64_t>(streams[0].buf.size()));
       push(s, static_cast<uint16_t>(eot));
       const std::vector<int32_t> ids = encode(docs[d]);
       for (size_t i = 0; i < ids.size(); ++i) {
@@ -244,18 +246,31 @@ PrepareStats prepare(const std::vector<fs::path>& inputs, const fs::path& out_di
       }
     }
   }
+  if (first_shard_val && streams[0].shards == 0) {
+    // Everything fits in the first shard, which would leave nothing to train on: a small corpus is
+    // split instead — its first documents, about a tenth of the tokens, for validation (cut inside
+    // a document only when the first one after that tenth starts past the middle).
+    std::vector<uint16_t>& buf = streams[0].buf;
+    const auto n = static_cast<int64_t>(buf.size());
+    BLU_CHECK(n >= 2, "prepare: ", n, " token(s) cannot be split into validation and training data");
+    const int64_t tenth = std::max<int64_t>(1, n / 10);
+    const auto next = std::lower_bound(doc_starts.begin(), doc_starts.end(), tenth);
+    const int64_t cut = next != doc_starts.end() && *next <= n / 2 ? *next : tenth;
+    const auto val_docs = static_cast<int64_t>(std::lower_bound(doc_starts.begin(), doc_starts.end(), cut) -
+                                               doc_starts.begin());
+    streams[1].buf.assign(buf.begin() + cut, buf.end());
+    buf.resize(static_cast<size_t>(cut));
+    streams[1].documents = streams[0].documents - val_docs;  // a document cut in two counts in validation
+    streams[0].documents = val_docs;
+  }
   for (Stream& s : streams) flush(s);
-
-  BLU_CHECK(streams[1].shards > 0, "prepare: all ", streams[0].tokens,
-            " tokens fit in one shard, which goes to validation and leaves nothing to train on; use a smaller "
-            "shard_tokens (now ", opt.shard_tokens, ") or a val_fraction");
 
   // 5. Move the shards into place, then (with overwrite) remove old ones that were not replaced.
   std::set<std::string> fresh(staged.begin(), staged.end());
   if (!opt.overwrite)
     for (const auto& file : staged)
       BLU_CHECK(!fs::exists(out_dir / file), "prepare: '", (out_dir / file).string(),
-                "' appeared while preparing; pass overwrite to replace it");
+                "' appeared while preparing; pass --overwrite to replace it");
   // Val shards first, then train, each in index order (the order of `staged` within each split).
   std::vector<std::string> ordered;
   for (const char* split : {"_val_", "_train_"})
