@@ -294,6 +294,15 @@ TEST_F(DistCli, DpMustMatchTheLauncher) {
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.err.find("--dp 2 must equal the number of launched processes (WORLD_SIZE=1"), std::string::npos)
       << r.err;
+  EXPECT_NE(r.err.find("start with `blutrain launch -n 2 -- blutrain train"), std::string::npos) << r.err;
+  // Launched on two ranks without --dp: the message says what to add.
+  const LaunchResult l = run_command(1, {blutrain().string(), "launch", "-n", "2", "--", blutrain().string(), "train",
+                                         "--train-pattern", (dir.path / "d_train_*.bin").string(), "--model", "tiny"},
+                                     {{"OMP_NUM_THREADS", "1"}});
+  EXPECT_NE(l.status, 0);
+  EXPECT_NE((l.out + l.err).find("add --dp 2 (or a --parallel layout of as many ranks) to the train command"),
+            std::string::npos)
+      << l.out << l.err;
 }
 
 }  // namespace

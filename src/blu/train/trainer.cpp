@@ -319,7 +319,11 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   world_ = !o.parallel.empty() ? env.world_size : int(o.dp);
   BLU_CHECK(!o.parallel.empty() || env.world_size == o.dp, "--dp ", o.dp,
             " must equal the number of launched processes (WORLD_SIZE=", env.world_size, " from ", env.source,
-            "); start with `blutrain launch -n ", o.dp, " -- blutrain train ...`");
+            "); ",
+            env.world_size > 1 ? "add --dp " + std::to_string(env.world_size) +
+                                     " (or a --parallel layout of as many ranks) to the train command, or launch " +
+                                     std::to_string(o.dp) + " process(es)"
+                               : "start with `blutrain launch -n " + std::to_string(o.dp) + " -- blutrain train ...`");
   BLU_CHECK(world_ == 1 || o.device == "cpu" || o.device == "cuda", "a job of ", world_,
             " ranks runs on --device cpu (Gloo) or --device cuda (NCCL, each rank on cuda:LOCAL_RANK); got --device ",
             o.device);
