@@ -67,8 +67,9 @@ Command add_sample(CLI::App& root) {
   app->add_option("-n,--max-new-tokens", a->max_new_tokens, "Tokens to generate")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app->add_option("--temperature", a->temperature, "Softmax temperature (lower: more conservative)")
-      ->check(CLI::PositiveNumber)
+  app->add_option("--temperature", a->temperature,
+                  "Softmax temperature (lower: more conservative; 0: greedy, the most likely token every time)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app->add_option("--top-k", a->top_k, "Sample among the k most likely tokens (0 = all)")->capture_default_str();
   app->add_option("--seed", a->seed, "Sampling seed")->capture_default_str();

@@ -233,6 +233,11 @@ TEST_F(Cli, EndToEndTiny) {
   r = run({"sample", "--ckpt", out, "--prompt", "The quick", "-n", "5", "--seed", "1"});
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(r.output.rfind("The quick", 0), 0u) << r.output;
+  // --temperature 0 is greedy: the seed changes nothing.
+  const Result g1 = run({"sample", "--ckpt", out, "--prompt", "The quick", "-n", "8", "--temperature", "0", "--seed", "1"});
+  const Result g2 = run({"sample", "--ckpt", out, "--prompt", "The quick", "-n", "8", "--temperature", "0", "--seed", "2"});
+  ASSERT_EQ(g1.status, 0) << g1.output;
+  EXPECT_EQ(g1.output, g2.output);
 
   r = run({"train", "--data-dir", (dir / "data").string(), "--model", "tiny", "--n-embd", "32", "-B", "2", "-T", "16",
            "--steps", "4", "--out", out, "--resume"});
