@@ -317,6 +317,7 @@ PYBIND11_MODULE(blutrain, m) {
         py::dict d;
         d["step"] = s.step, d["total_steps"] = s.total_steps, d["loss"] = s.loss, d["lr"] = s.lr;
         d["grad_norm"] = s.grad_norm, d["ms"] = s.ms, d["tokens_per_s"] = s.tokens_per_s;
+        d["elapsed_s"] = s.elapsed_s, d["eta_s"] = s.eta_s;
         progress(d);
       };
     }

@@ -18,6 +18,7 @@
 #include "blu/core/cuda/runtime.h"
 #endif
 #include "blu/models/registry.h"
+#include "blu/train/metrics.h"
 #include "blu/data/shard.h"
 #include "blu/data/tokenizer.h"
 #include "data/data_test_util.h"
@@ -146,6 +147,43 @@ TEST_F(Cli, BenchWithoutGpuSaysToUseTheCpu) {
   EXPECT_NE(r.output.find("--device cpu"), std::string::npos) << r.output;
 }
 
+// The progress line's time per step leaves out samples (and validation and checkpoints): rank 0's
+// samples are slowed by 1.5 s (BLU_TEST_RANK0_DELAY_MS) after every step, and no step's "ms" may
+// carry that delay; the elapsed time does.
+TEST_F(Cli, StepTimeLeavesOutSamples) {
+  TempDir dir;
+  write_tokens(dir / "d_train_000000.bin", 4096);
+  const fs::path out = dir / "run";
+  const Result r = run({"train", "--train-pattern", (dir / "d_train_*.bin").string(), "--model", "tiny", "-B", "2",
+                        "-T", "16", "--steps", "3", "--warmup", "0", "--log-every", "1", "--sample-every", "1",
+                        "--sample-tokens", "2", "--out", out.string()},
+                       "BLU_TEST_RANK0_DELAY_MS=1500 ");
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::ifstream in(out / "metrics.jsonl");
+  std::string line;
+  int steps = 0;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.value("event", "") != "step") continue;
+    ++steps;
+    EXPECT_LT(j["ms"].get<double>(), 1000.0) << line;
+  }
+  EXPECT_EQ(steps, 3);
+  // Step 3's elapsed time holds the two samples before it (3 s).
+  const size_t at = r.output.find(" elapsed", r.output.find("step 3/3"));
+  ASSERT_NE(at, std::string::npos) << r.output;
+  int minutes = -1, seconds = -1;
+  ASSERT_EQ(std::sscanf(r.output.c_str() + r.output.rfind("| ", at) + 2, "%d:%d", &minutes, &seconds), 2) << r.output;
+  EXPECT_GE(minutes * 60 + seconds, 3) << r.output;
+}
+
+TEST(Metrics, DurationsReadAsClockTimes) {
+  EXPECT_EQ(train::format_duration(7.2), "0:07");
+  EXPECT_EQ(train::format_duration(754), "12:34");
+  EXPECT_EQ(train::format_duration(3723), "1:02:03");
+  EXPECT_EQ(train::format_duration(-1), "0:00");
+}
+
 // A flag given twice takes its last value: scripts/demo.sh passes its defaults first and the
 // caller's arguments after them (`scripts/demo.sh --steps 50`).
 TEST_F(Cli, RepeatedTrainFlagTakesTheLastValue) {
@@ -222,7 +260,7 @@ TEST_F(Cli, EndToEndTiny) {
   r = run({"train", "--data-dir", (dir / "data").string(), "--model", "tiny", "--n-embd", "32", "-B", "2", "-T", "16",
            "--steps", "3", "--val-every", "2", "--val-batches", "1", "--out", out});
   ASSERT_EQ(r.status, 0) << r.output;
-  for (const char* part : {"step 1/3 | loss ", " tok/s | mem ", "val loss", "summary", "ckpt_00000003"})
+  for (const char* part : {"step 1/3 | loss ", " tok/s | mem ", " elapsed, ETA ", "val loss", "summary", "ckpt_00000003"})
     EXPECT_NE(r.output.find(part), std::string::npos) << "missing '" << part << "' in:\n" << r.output;
   EXPECT_TRUE(fs::exists(dir / "run" / "metrics.jsonl"));
 

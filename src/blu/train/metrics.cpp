@@ -1,5 +1,6 @@
 #include "blu/train/metrics.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
@@ -48,6 +49,16 @@ std::string format_count(int64_t n) {
   return (n < 0 ? "-" : "") + out;
 }
 
+std::string format_duration(double seconds) {
+  const auto t = static_cast<long long>(std::max(0.0, seconds) + 0.5);
+  char buf[32];
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", t / 3600, t / 60 % 60, t % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%lld:%02lld", t / 60, t % 60);
+  return buf;
+}
+
 std::string format_progress_line(const StepStats& s) {
   const int w = digits(s.total_steps);
   char buf[256];
@@ -60,6 +71,10 @@ std::string format_progress_line(const StepStats& s) {
     line += buf;
   }
   if (s.skipped >= 0) line += " | skipped " + std::to_string(s.skipped);
+  if (s.elapsed_s >= 0) {
+    line += " | " + format_duration(s.elapsed_s) + " elapsed";
+    if (s.eta_s >= 0) line += ", ETA " + format_duration(s.eta_s);
+  }
   return line;
 }
 

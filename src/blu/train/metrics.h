@@ -28,12 +28,17 @@ struct StepStats {
   int64_t tokens = 0;       // tokens processed by this step (B * T * grad_accum)
   int64_t mem_bytes = 0;    // allocator peak during the step
   int64_t skipped = -1;     // fp16: steps skipped for inf/NaN gradients so far (-1: not fp16)
+  double elapsed_s = -1;    // wall time since this run's first step, validation and samples included
+  double eta_s = -1;        // the rest of the run at the pace so far (-1: none shown)
 };
 
-// "step  12/200 | loss 4.1234 | lr 3.00e-04 | norm 1.23 | 152.3 ms | 3360 tok/s | mem 210 MiB"
+// "step  12/200 | loss 4.1234 | lr 3.00e-04 | norm 1.23 | 152.3 ms | 3360 tok/s | mem 210 MiB
+//  | 0:02 elapsed, ETA 0:31"
 std::string format_progress_line(const StepStats& s);
 // "1.23 MiB", "512 B", ...
 std::string format_bytes(int64_t bytes);
+// "0:07", "12:34", "1:02:03"
+std::string format_duration(double seconds);
 // "124,439,808"
 std::string format_count(int64_t n);
 // One line per parameter (name, shape, count) and the total.

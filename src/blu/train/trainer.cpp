@@ -834,10 +834,11 @@ TrainSummary Trainer::run() {
     s.tokens = step_tokens;  // mem_bytes is this rank's
     s.tokens_per_s = double(s.tokens) / (s.ms / 1e3);
     s.mem_bytes = alloc.stats().peak_bytes;
+    s.elapsed_s = seconds_since(t_run);
+    if (step_ < o.steps) s.eta_s = s.elapsed_s / double(step_ - sum.start_step) * double(o.steps - step_);
     if (peak_tflops_ > 0)
       s.mfu = s.tokens_per_s / double(world_) * model_->flops_per_token(o.seq_len) / (peak_tflops_ * 1e12);
     alloc.reset_peak();
-    t_read = Clock::now();
     since_read = 0;
     sum.peak_mem_bytes = std::max(sum.peak_mem_bytes, s.mem_bytes);
     sum.final_train_loss = s.loss;
@@ -867,6 +868,9 @@ TrainSummary Trainer::run() {
       save(step_);
       last_save = step_;
     }
+    // The next line's time per step starts here: validation, samples and checkpoints stay out of
+    // its tok/s (they are in the elapsed time).
+    t_read = Clock::now();
     if (stopping && step_ < o.steps) {
       sum.interrupted = true;
       if (cb_.log) *cb_.log << "stop requested: finishing at step " << step_ << "\n";
