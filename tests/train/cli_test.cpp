@@ -177,6 +177,38 @@ TEST_F(Cli, StepTimeLeavesOutSamples) {
   EXPECT_GE(minutes * 60 + seconds, 3) << r.output;
 }
 
+// Resuming: run.json keeps every invocation (and the step it started from), a changed option is
+// named, and a run that is already finished says so instead of training nothing silently.
+TEST_F(Cli, ResumeKeepsHistoryAndSaysWhatChanged) {
+  TempDir dir;
+  write_tokens(dir / "d_train_000000.bin", 4096);
+  const std::string out = (dir / "run").string();
+  const std::vector<std::string> base = {"train", "--train-pattern", (dir / "d_train_*.bin").string(), "--model",
+                                         "tiny", "-B", "2", "-T", "16", "--warmup", "0", "--out", out};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return run(a);
+  };
+  Result r = with({"--steps", "2"});
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = with({"--steps", "2", "--resume"});
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("finished at step 2 of --steps 2: nothing left to train"), std::string::npos) << r.output;
+  r = with({"--steps", "3", "--resume", "--lr", "5e-4"});
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("note: changed since the run's last invocation: lr 0.001 -> 0.0005"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("nothing left to train"), std::string::npos) << r.output;
+  nlohmann::json j;
+  std::ifstream(dir / "run" / "run.json") >> j;
+  ASSERT_EQ(j["invocations"].size(), 3u) << j.dump();
+  EXPECT_EQ(j["invocations"][0]["from_step"], 0);
+  EXPECT_EQ(j["invocations"][2]["from_step"], 2);
+  EXPECT_EQ(j["invocations"][2]["options"]["lr"], 5e-4);
+  EXPECT_EQ(j["options"]["steps"], 3);
+}
+
 TEST(Metrics, DurationsReadAsClockTimes) {
   EXPECT_EQ(train::format_duration(7.2), "0:07");
   EXPECT_EQ(train::format_duration(754), "12:34");

@@ -541,9 +541,32 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     if (cb_.log) *cb_.log << "restarting the run in " << o.out << " from step 0 (it has no checkpoint yet)\n";
   }
   if (rank_ != 0) return;
-  io::write_json_file(fs::path(o.out) / "run.json", {{"blutrain_version", BLU_VERSION},
-                                                  {"model_config", o.model},
-                                                  {"options", o.to_json()}});
+  // run.json: this invocation's options on top, every invocation of the run (with the step it
+  // started from) in "invocations"; a resumed run names the options that changed since the last.
+  const fs::path run_json = fs::path(o.out) / "run.json";
+  nlohmann::json invocations = nlohmann::json::array();
+  if ((!resume_from.empty() || restart) && fs::exists(run_json)) {
+    const nlohmann::json old = io::read_json_file(run_json);
+    if (old.contains("invocations") && old["invocations"].is_array()) invocations = old["invocations"];
+    else if (old.contains("options")) invocations.push_back({{"from_step", nullptr}, {"options", old["options"]}});
+  }
+  const nlohmann::json now = o.to_json();
+  if (!invocations.empty() && invocations.back().contains("options") && invocations.back()["options"].is_object() &&
+      cb_.log) {
+    std::string changed;
+    for (const auto& [key, value] : now.items()) {
+      if (key == "steps" || key == "out") continue;  // extending a run is what resuming is for
+      const nlohmann::json& before = invocations.back()["options"];
+      if (before.contains(key) && before[key] != value)
+        changed += (changed.empty() ? "" : ", ") + key + " " + before[key].dump() + " -> " + value.dump();
+    }
+    if (!changed.empty()) *cb_.log << "note: changed since the run's last invocation: " << changed << "\n";
+  }
+  invocations.push_back({{"from_step", step_}, {"options", now}});
+  io::write_json_file(run_json, {{"blutrain_version", BLU_VERSION},
+                                 {"model_config", o.model},
+                                 {"options", now},
+                                 {"invocations", invocations}});
   metrics_ = MetricsLog(metrics_path);
 }
 
@@ -750,6 +773,9 @@ TrainSummary Trainer::run() {
   const TrainOptions& o = opt_s_;
   TrainSummary sum;
   sum.start_step = step_;
+  if (step_ >= o.steps && cb_.log)
+    *cb_.log << "the run in " << o.out << " finished at step " << step_ << " of --steps " << o.steps
+             << ": nothing left to train; pass a larger --steps to continue it\n";
   compute_baseline();
   if (baseline_) {
     sum.baseline_unigram = baseline_->unigram;
