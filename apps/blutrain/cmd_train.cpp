@@ -15,6 +15,7 @@
 // the end of its step still leaves a record of its last collectives.
 #include <atomic>
 #include <csignal>
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -32,6 +33,7 @@
 #include "blu/train/model_spec.h"
 #include "blu/train/trainer.h"
 #include "commands.h"
+#include "suggest.h"
 
 namespace blu::cli {
 
@@ -85,9 +87,16 @@ void apply_config_file(CLI::App& app, const std::string& path) {
     BLU_CHECK(item.parents.empty() || (item.parents.size() == 1 && item.parents[0] == "train"),
               "unknown section '", item.fullname(), "' in the config file ", path,
               ": expected keys at the top level or under [train]");
-    CLI::Option* op = app.get_option_no_throw("--" + item.name);
-    BLU_CHECK(op != nullptr && item.name != "config", "unknown key '", item.name, "' in the config file ", path,
-              " (expected a long option of `blutrain train`, e.g. lr, batch-size, steps)");
+    // A key is a long option's name, or its run.json spelling (batch_size for batch-size).
+    std::string dashed = item.name;
+    std::replace(dashed.begin(), dashed.end(), '_', '-');
+    CLI::Option* op = app.get_option_no_throw("--" + dashed);
+    if (op == nullptr || dashed == "config") {
+      const std::string near = closest(dashed, long_options(app));
+      BLU_CHECK(false, "unknown key '", item.name, "' in the config file ", path,
+                near.empty() ? std::string(" (expected a long option of `blutrain train`, e.g. lr, batch-size, steps)")
+                             : " — did you mean '" + near + "'?");
+    }
     if (op->count() > 0) continue;  // given on the command line (or earlier in the file): that wins
     if (op->get_expected_min() == 0)
       op->add_result(op->get_flag_value(item.name, reader.to_flag(item)));

@@ -9,6 +9,7 @@
 #include "blu/core/error.h"
 #include "blu/dist/flight_recorder.h"
 #include "commands.h"
+#include "suggest.h"
 
 int main(int argc, char** argv) {
   // A crash prints its stack (binary + offsets, for addr2line on the unstripped build).
@@ -24,7 +25,16 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int status = app.exit(e);
+    // A flag the command does not know: the nearest one it does, when it looks like a typo.
+    if (dynamic_cast<const CLI::ExtrasError*>(&e))
+      for (const CLI::App* sub : app.get_subcommands())
+        for (const std::string& arg : sub->remaining()) {
+          if (arg.rfind("--", 0) != 0) continue;
+          const std::string near = blu::cli::closest(arg.substr(2, arg.find('=') - 2), blu::cli::long_options(*sub));
+          if (!near.empty()) std::fprintf(stderr, "%s: did you mean --%s?\n", arg.c_str(), near.c_str());
+        }
+    return status;
   } catch (const std::exception& e) {  // a blu::Error thrown by a validator or callback
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

@@ -209,6 +209,42 @@ TEST_F(Cli, ResumeKeepsHistoryAndSaysWhatChanged) {
   EXPECT_EQ(j["options"]["steps"], 3);
 }
 
+// Keys in run.json's spelling are read; a misspelt key or flag gets the nearest known name.
+TEST_F(Cli, ConfigKeysInBothSpellingsAndDidYouMean) {
+  TempDir dir;
+  test::write_bytes(dir / "a.toml", "batch_size = 2\nseq_len = 16\nmodel = \"tiny\"\n");
+  Result r = run({"train", "--config", (dir / "a.toml").string()});
+  EXPECT_NE(r.output.find("no training data"), std::string::npos) << r.output;  // parsed: the data is what's missing
+  test::write_bytes(dir / "b.toml", "stpes = 5\n");
+  r = run({"train", "--config", (dir / "b.toml").string()});
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("unknown key 'stpes'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("did you mean 'steps'?"), std::string::npos) << r.output;
+  r = run({"train", "--model", "tiny", "--stpes", "5"});
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("--stpes: did you mean --steps?"), std::string::npos) << r.output;
+}
+
+// examples/train.toml, the README's first run as a config file, trains (two steps here: flags on
+// the command line win over the file).
+TEST_F(Cli, ExampleConfigTrains) {
+  TempDir dir;
+  std::vector<uint16_t> t(20000);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = uint16_t((i * 7 + i / 13) % 256);
+  write_shard(dir / "d_train_000000.bin", t);
+  write_shard(dir / "d_val_000000.bin", t);
+  const Result r = run({"train", "--config", std::string(BLU_TEST_DIR) + "/../examples/train.toml", "--data-dir",
+                        dir.path().string(), "--steps", "2", "--val-every", "2", "--sample-every", "0", "--out",
+                        (dir / "run").string()});
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("step 2/2"), std::string::npos) << r.output;
+  nlohmann::json j;
+  std::ifstream(dir / "run" / "run.json") >> j;
+  EXPECT_EQ(j["options"]["batch_size"], 16);
+  EXPECT_EQ(j["options"]["lr"], 3e-3);
+  EXPECT_TRUE(j["options"]["keep_best"].get<bool>());
+}
+
 TEST(Metrics, DurationsReadAsClockTimes) {
   EXPECT_EQ(train::format_duration(7.2), "0:07");
   EXPECT_EQ(train::format_duration(754), "12:34");
