@@ -13,6 +13,7 @@ packages=(
   libgtest-dev libgmock-dev libopenblas-dev libomp-dev libcli11-dev nlohmann-json3-dev
   libgloo-dev                     # CPU collectives (src/blu/dist)
   libxxhash-dev                   # checkpoint checksums (src/blu/io/checksum.h)
+  zlib1g-dev                      # gzip-compressed text in `prepare` (src/blu/data/prepare.cpp)
   libssl-dev                      # HMAC-SHA256 of the TCP store's handshake (src/blu/dist/tcp_store)
   python3 python3-torch           # the CPU oracle (/usr/bin/python3 with PyTorch)
   python3-numpy                   # the attention kernels' CPU models (FlashAttentionLab.*)

@@ -1,6 +1,7 @@
 #include "blu/data/prepare.h"
 
 #include <gtest/gtest.h>
+#include <zlib.h>
 
 #include <set>
 #include <stdexcept>
@@ -265,6 +266,28 @@ TEST(Prepare, SmallCorpusIsSplitByDefault) {
   EXPECT_EQ(one.train_tokens, 91);
   EXPECT_EQ(one.val_documents, 1);
   EXPECT_EQ(one.train_documents, 0);
+}
+
+// Gzip-compressed text reads as the text itself; a file that only looks compressed is refused by name.
+TEST(Prepare, ReadsGzipText) {
+  TempDir tmp;
+  const std::string text = "first entry\n%\nsecond entry\n%\nthird entry\n";
+  fs::create_directories(tmp / "plain/fortunes");
+  fs::create_directories(tmp / "gz/fortunes");
+  test::write_bytes(tmp / "plain/fortunes/a", text);
+  gzFile gz = gzopen((tmp / "gz/fortunes/a.gz").c_str(), "wb");
+  ASSERT_NE(gz, nullptr);
+  ASSERT_EQ(gzwrite(gz, text.data(), unsigned(text.size())), int(text.size()));
+  ASSERT_EQ(gzclose(gz), Z_OK);
+  PrepareOptions opt;
+  opt.shard_tokens = 16;
+  const PrepareStats plain = prepare({tmp / "plain"}, tmp / "out1", byte_encode, kEot, opt);
+  const PrepareStats zipped = prepare({tmp / "gz"}, tmp / "out2", byte_encode, kEot, opt);
+  EXPECT_EQ(zipped.documents, 3);
+  EXPECT_EQ(concat_shards(zipped.shard_paths), concat_shards(plain.shard_paths));
+  test::write_bytes(tmp / "bad.gz", std::string("\x1f\x8b\x08\x00garbage-not-deflate", 22));
+  expect_error([&] { prepare({tmp / "bad.gz"}, tmp / "out3", byte_encode, kEot, opt); },
+               {"bad.gz", "not readable gzip data"});
 }
 
 TEST(Prepare, BadInputs) {

@@ -1,6 +1,7 @@
 #include "blu/data/prepare.h"
 
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -53,6 +54,19 @@ std::vector<std::string> split_fortunes(std::string_view text) {
 namespace {
 
 std::string read_file(const fs::path& path) {
+  if (path.extension() == ".gz") {  // gzip-compressed text, read whole
+    gzFile gz = gzopen(path.c_str(), "rb");
+    BLU_CHECK(gz != nullptr, "prepare: cannot open '", path.string(), "'");
+    std::string s;
+    char buf[1 << 16];
+    int n = 0;
+    while ((n = gzread(gz, buf, sizeof buf)) > 0) s.append(buf, static_cast<size_t>(n));
+    int err = Z_OK;
+    const std::string why = n < 0 ? gzerror(gz, &err) : "";
+    gzclose(gz);
+    BLU_CHECK(n == 0, "prepare: '", path.string(), "' is not readable gzip data (", why, ")");
+    return s;
+  }
   std::ifstream in(path, std::ios::binary);
   BLU_CHECK(in, "prepare: cannot open '", path.string(), "'");
   std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
