@@ -56,6 +56,10 @@ extern "C" void on_stop_signal(int sig) {
 }
 
 void install_stop_handlers() {
+  // The handler asks the flight recorder for a dump; its singleton is made here, outside the
+  // handler: made inside it, it would allocate, and a signal that lands in malloc deadlocks on the
+  // allocator's lock (seen: SIGTERM during a free in zero_grad).
+  (void)dist::FlightRecorder::global();
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
