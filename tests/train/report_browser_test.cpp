@@ -114,7 +114,8 @@ class ReportBrowser : public ::testing::Test {
  protected:
   // Two real runs of a tiny model (on random token shards), shared by the tests.
   static void SetUpTestSuite() {
-    if (find_chromium().empty()) return;
+    // The runs need the blutrain binary (the sanitizer builds make only the test binaries).
+    if (find_chromium().empty() || !fs::exists(test::report_blutrain_path())) return;
     dir_ = new TempDir;
     std::vector<uint16_t> t(20000);
     uint64_t x = 12345;
@@ -140,6 +141,8 @@ class ReportBrowser : public ::testing::Test {
     if (chromium_.empty())
       GTEST_SKIP() << "chromium not found (set BLU_CHROMIUM or install Debian's chromium; scripts/setup.sh does): "
                       "the report's browser test did not run";
+    if (!fs::exists(test::report_blutrain_path()))
+      GTEST_SKIP() << "blutrain not built at " << test::report_blutrain_path() << ": the report's browser test did not run";
     ASSERT_TRUE(fs::exists(train::default_uplot_dir() / "dist" / "uPlot.iife.min.js"))
         << "uPlot is missing: run scripts/fetch_uplot.sh";
     ASSERT_FALSE(train_failed_) << train_output_;
