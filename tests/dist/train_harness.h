@@ -85,7 +85,7 @@ inline void zero3_memory_hooks(models::CausalLM& lm, ZeroAdamW& z, int W, Zero3M
   }
   const int64_t two = 2 * std::max(mc.unit_bytes, mc.rest_bytes);
   lm.add_block_hooks(
-      [&lm, &z, &mc, two](size_t i, const Tensor& x) {
+      [&z, &mc, two](size_t i, const Tensor& x) {
         if (!GradMode::enabled()) return x;
         const int64_t live = cpu_allocator().stats().current_bytes - mc.base;
         EXPECT_LE(live, mc.act.at(i) + two + kSlack) << "block " << i << " forward";
