@@ -295,13 +295,18 @@ PYBIND11_MODULE(blutrain, m) {
     nlohmann::json j = o.to_json();
     for (auto [k, v] : options) {
       const std::string key = py::cast<std::string>(k);
-      BLU_CHECK(j.contains(key), "train: unknown option '", key, "' (the options are run.json's keys)");
+      if (key == "allow_changes") {  // not a run.json key: it names this call, not the run
+        o.allow_changes = py::cast<bool>(v);
+        continue;
+      }
+      BLU_CHECK(j.contains(key), "train: unknown option '", key, "' (the options are run.json's keys, and allow_changes)");
       j[key] = key == "model" && py::isinstance<py::str>(v) ? models::resolve_model_config(py::cast<std::string>(v))
                                                              : py_to_json(v);
     }
     auto get = [&](const char* k, auto& field) { field = j.at(k).get<std::decay_t<decltype(field)>>(); };
     get("train_pattern", o.train_pattern), get("val_pattern", o.val_pattern), get("init_from", o.init_from);
     o.model = j.at("model");
+    if (o.model.is_null() && !o.init_from.empty()) o.model = train::init_source_config(o.init_from);
     get("batch_size", o.batch_size), get("seq_len", o.seq_len), get("grad_accum", o.grad_accum), get("steps", o.steps);
     get("lr", o.lr), get("min_lr", o.min_lr), get("warmup", o.warmup), get("schedule", o.schedule);
     get("weight_decay", o.weight_decay), get("grad_clip", o.grad_clip), get("optimizer", o.optimizer);

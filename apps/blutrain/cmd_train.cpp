@@ -28,9 +28,11 @@
 #include "blu/data/text_tokenizer.h"
 #include "blu/data/tokenizer.h"
 #include "blu/dist/flight_recorder.h"
+#include "blu/dist/env.h"
 #include "blu/dist/launch.h"
 #include "blu/models/registry.h"
 #include "blu/train/model_spec.h"
+#include "blu/train/run_record.h"
 #include "blu/train/trainer.h"
 #include "commands.h"
 #include "suggest.h"
@@ -72,6 +74,8 @@ struct TrainArgs {
   train::TrainOptions o;
   std::string config, data_dir, model = "demo", prompt;
   train::ModelOverrides overrides;
+  bool model_given = false;    // --model on the command line or in the config file
+  nlohmann::json run_model;    // a resumed run's model (its run.json), used when --model is not given
 };
 
 bool any_match(const std::string& pattern) {
@@ -110,6 +114,70 @@ void apply_config_file(CLI::App& app, const std::string& path) {
   }
 }
 
+// Note [A resume takes the run's options]: `train --out RUN --resume` (or --auto-resume) needs no
+// other flag. Every option of RUN/run.json's latest invocation that is not given on the command
+// line or in the config file is taken from it — the model (its recorded config), the data (unless
+// --data-dir or --train-pattern is given), the batch, the optimizer, the schedule, the events, and
+// the layout (--dp, --zero, --parallel) as a whole when none of it is given and the job has as many
+// processes as the run had. What is given wins; the trainer then refuses a given value that changes the trajectory
+// (train/run_record.h) unless --allow-changes. Options run.json does not record (recompute,
+// offload, the compiler's switches) are given again when wanted: they change memory, not numbers.
+void take_from_run_record(CLI::App& app, TrainArgs& a) {
+  train::TrainOptions& o = a.o;
+  const nlohmann::json rec = train::recorded_options(o.out);
+  if (rec.is_null()) return;
+  a.run_model = train::recorded_model(o.out);
+  const auto given = [&](const std::string& flag) {
+    const CLI::Option* op = app.get_option_no_throw(flag);
+    return op != nullptr && op->count() > 0;
+  };
+  const bool data_given = given("--data-dir") || given("--train-pattern");
+  // The layout as a whole, and only onto as many processes as the run had: a resume under another
+  // launcher (another number of ranks, another layout) gives its own.
+  const bool layout_given = given("--dp") || given("--zero") || given("--parallel") || given("--no-row-exchange");
+  const bool same_world = train::recorded_world_size(o.out) == dist::detect_env().world_size;
+  const auto is_layout = [](const std::string& k) {
+    return k == "dp" || k == "zero" || k == "parallel" || k == "row_exchange";
+  };
+  // Flags: a bool each (the two negative ones hold the option's inverse).
+  const struct {
+    const char* key;
+    const char* flag;
+    bool* value;
+  } flags[] = {{"shuffle", "--shuffle", &o.shuffle},         {"keep_best", "--keep-best", &o.keep_best},
+               {"compile", "--compile", &o.compile},         {"baseline", "--no-baseline", &o.baseline},
+               {"row_exchange", "--no-row-exchange", &o.row_exchange}};
+  int taken = 0;
+  for (const auto& [key, value] : rec.items()) {
+    if (key == "model" || key == "out" || key == "tokenizer" || key == "init_from" || key == "resume" ||
+        key == "auto_resume")
+      continue;  // the model is run_model; the tokenizer follows the data; the rest name this invocation
+    if ((key == "train_pattern" || key == "val_pattern") && data_given) continue;
+    if (is_layout(key) && (layout_given || !same_world)) continue;
+    bool is_flag = false;
+    for (const auto& f : flags) {
+      if (key != f.key) continue;
+      is_flag = true;
+      if (!given(f.flag) && value.is_boolean()) {
+        *f.value = value.get<bool>();
+        ++taken;
+      }
+    }
+    if (is_flag) continue;
+    std::string dashed = key;
+    std::replace(dashed.begin(), dashed.end(), '_', '-');
+    CLI::Option* op = app.get_option_no_throw("--" + dashed);
+    if (op == nullptr || op->count() > 0) continue;  // not a flag of train (a default), or given
+    if (!value.is_string() && !value.is_number()) continue;
+    op->add_result(value.is_string() ? value.get<std::string>() : value.dump());
+    op->run_callback();
+    ++taken;
+  }
+  if (taken > 0)
+    std::cout << "note: the options not given here are those of " << (std::filesystem::path(o.out) / "run.json").string()
+              << "\n";
+}
+
 int run_train(TrainArgs a) {
   train::TrainOptions& o = a.o;
   if (!a.data_dir.empty()) {
@@ -126,8 +194,17 @@ int run_train(TrainArgs a) {
     }
   }
   BLU_CHECK(!o.train_pattern.empty(), "no training data: expected --data-dir DIR or --train-pattern GLOB");
-  o.model = train::apply_overrides(models::resolve_model_config(a.model), a.overrides);
-  if (models::is_hf_spec(a.model)) o.init_from = models::hf_folder(a.model);  // train from its weights
+  // The model: --model's, else a resumed run's, else --init-from's; --n-layer etc. on top.
+  nlohmann::json base;
+  if (!a.model_given && !a.run_model.is_null())
+    base = a.run_model;
+  else if (!a.model_given && !o.init_from.empty())
+    base = train::init_source_config(o.init_from);
+  else
+    base = models::resolve_model_config(a.model);
+  o.model = train::apply_overrides(base, a.overrides);
+  if (o.init_from.empty() && a.model_given && models::is_hf_spec(a.model))
+    o.init_from = models::hf_folder(a.model);  // train from its weights
 
   train::TrainCallbacks cb;
   cb.log = &std::cout;
@@ -251,7 +328,15 @@ Command add_train(CLI::App& root) {
   // Run directory.
   app->add_option("--out", o.out, "Run directory: metrics.jsonl, run.json, checkpoints");
   app->add_flag("--overwrite", o.overwrite, "Replace the run in --out (removes its metrics, run.json, checkpoints)");
-  app->add_flag("--resume", o.resume, "Continue exactly from the latest checkpoint in --out");
+  app->add_flag("--resume", o.resume,
+                "Continue exactly from the latest checkpoint in --out, with the options of its run.json for every "
+                "option not given");
+  app->add_flag("--allow-changes", o.allow_changes,
+                "With --resume or --auto-resume: continue the run with a given option that differs from its "
+                "run.json and changes the trajectory (--lr, -B, --model, ...), refused without this");
+  app->add_option("--init-from", o.init_from,
+                  "Start from the weights of a Hugging Face folder, a checkpoint file or a run directory's newest "
+                  "checkpoint (fine-tuning: a fresh optimizer at step 0); without --model, the model is the source's");
   app->add_flag("--auto-resume", o.auto_resume,
                 "Continue from the latest checkpoint in --out if there is one, else start there (a run of the "
                 "same model without a checkpoint starts over): for `blutrain launch --max-restarts`");
@@ -337,6 +422,8 @@ Command add_train(CLI::App& root) {
       ->check(CLI::IsMember({"on", "off"}));
   return {app, [a, app] {
             if (!a->config.empty()) apply_config_file(*app, a->config);
+            a->model_given = app->get_option("--model")->count() > 0;
+            if ((a->o.resume || a->o.auto_resume) && !a->o.out.empty()) take_from_run_record(*app, *a);
             return run_train(*a);
           }};
 }

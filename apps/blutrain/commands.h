@@ -22,5 +22,7 @@ Command add_bench(CLI::App& root);
 Command add_launch(CLI::App& root);
 Command add_report(CLI::App& root);
 Command add_compile(CLI::App& root);
+Command add_export(CLI::App& root);
+Command add_import(CLI::App& root);
 
 }  // namespace blu::cli

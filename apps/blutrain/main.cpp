@@ -1,4 +1,4 @@
-// blutrain: the command-line program — info, prepare, train, eval, sample, bench, launch, report (see docs/cli.md).
+// blutrain: the command-line program — info, prepare, train, eval, sample, bench, launch, report, compile, export, import (see docs/cli.md).
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -21,7 +21,8 @@ int main(int argc, char** argv) {
                                                    blu::cli::add_train(app), blu::cli::add_eval(app),
                                                    blu::cli::add_sample(app), blu::cli::add_bench(app),
                                                    blu::cli::add_launch(app), blu::cli::add_report(app),
-                                                   blu::cli::add_compile(app)};
+                                                   blu::cli::add_compile(app), blu::cli::add_export(app),
+                                                   blu::cli::add_import(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

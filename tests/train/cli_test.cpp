@@ -178,7 +178,8 @@ TEST_F(Cli, StepTimeLeavesOutSamples) {
 }
 
 // Resuming: run.json keeps every invocation (and the step it started from), a changed option is
-// named, and a run that is already finished says so instead of training nothing silently.
+// refused unless asked for and then named, and a run that is already finished says so instead of
+// training nothing silently.
 TEST_F(Cli, ResumeKeepsHistoryAndSaysWhatChanged) {
   TempDir dir;
   write_tokens(dir / "d_train_000000.bin", 4096);
@@ -195,7 +196,18 @@ TEST_F(Cli, ResumeKeepsHistoryAndSaysWhatChanged) {
   r = with({"--steps", "2", "--resume"});
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("finished at step 2 of --steps 2: nothing left to train"), std::string::npos) << r.output;
+  // A changed learning rate changes the trajectory: refused (naming it and both values, run.json
+  // untouched), then taken when asked for.
   r = with({"--steps", "3", "--resume", "--lr", "5e-4"});
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("lr 0.001 -> 0.0005"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--allow-changes"), std::string::npos) << r.output;
+  {
+    nlohmann::json j;
+    std::ifstream(dir / "run" / "run.json") >> j;
+    EXPECT_EQ(j["invocations"].size(), 2u) << j.dump();
+  }
+  r = with({"--steps", "3", "--resume", "--lr", "5e-4", "--allow-changes"});
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("note: changed since the run's last invocation: lr 0.001 -> 0.0005"), std::string::npos)
       << r.output;
@@ -210,6 +222,133 @@ TEST_F(Cli, ResumeKeepsHistoryAndSaysWhatChanged) {
 }
 
 // Keys in run.json's spelling are read; a misspelt key or flag gets the nearest known name.
+// Last train loss in a run's metrics.jsonl at `step`.
+double step_loss(const fs::path& run_dir, int64_t step) {
+  std::ifstream in(run_dir / "metrics.jsonl");
+  std::string line;
+  double loss = -1;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.value("event", "") == "step" && j.value("step", int64_t(-1)) == step)
+      loss = j["loss"].get<double>();
+  }
+  return loss;
+}
+
+// `train --out RUN --resume` repeats nothing: the model, data, batch, optimizer and flags come from
+// the run's run.json, and the resumed run ends where an uninterrupted one does.
+TEST_F(Cli, ResumeTakesTheRunsOptions) {
+  TempDir dir;
+  write_tokens(dir / "d_train_000000.bin", 4096);
+  const std::vector<std::string> args = {"train",  "--train-pattern", (dir / "d_train_*.bin").string(),
+                                         "--model", "tiny",            "--n-embd",
+                                         "32",      "-B",              "2",
+                                         "-T",      "16",              "--lr",
+                                         "2e-3",    "--warmup",        "0",
+                                         "--shuffle", "--schedule",    "constant"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = args;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return run(a);
+  };
+  const fs::path out = dir / "run", straight = dir / "straight";
+  Result r = with({"--steps", "2", "--out", out.string()});
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = run({"train", "--out", out.string(), "--resume", "--steps", "3"});
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (const char* part : {"the options not given here are those of", "resumed from", "step 3/3"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << "missing '" << part << "' in:\n" << r.output;
+  EXPECT_EQ(r.output.find("note: changed since"), std::string::npos) << r.output;
+  nlohmann::json j;
+  std::ifstream(out / "run.json") >> j;
+  ASSERT_EQ(j["invocations"].size(), 2u) << j.dump();
+  const nlohmann::json& first = j["invocations"][0]["options"];
+  const nlohmann::json& resumed = j["invocations"][1]["options"];
+  for (const auto& [key, value] : first.items()) {
+    if (key != "steps") EXPECT_EQ(resumed[key], value) << key;
+  }
+  r = with({"--steps", "3", "--out", straight.string()});
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(step_loss(out, 3), step_loss(straight, 3));
+  EXPECT_GT(step_loss(out, 3), 0);
+}
+
+// --init-from: a new run starts from another run's weights (its model taken from the source when
+// --model is not given) with a fresh optimizer at step 0; a model that does not match is refused.
+TEST_F(Cli, InitFromARunFineTunes) {
+  TempDir dir;
+  write_tokens(dir / "d_train_000000.bin", 4096);
+  const std::vector<std::string> data = {"--train-pattern", (dir / "d_train_*.bin").string(), "-B", "2", "-T", "16",
+                                         "--warmup", "0", "--lr", "3e-3"};
+  auto train = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = {"train"};
+    a.insert(a.end(), data.begin(), data.end());
+    a.insert(a.end(), extra.begin(), extra.end());
+    return run(a);
+  };
+  const fs::path base = dir / "base", tuned = dir / "tuned";
+  Result r = train({"--model", "tiny", "--n-embd", "32", "--steps", "6", "--out", base.string()});
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = train({"--init-from", base.string(), "--steps", "1", "--out", tuned.string()});
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("initialised from " + base.string()), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step 1/1"), std::string::npos) << r.output;
+  // The same first batch: the trained weights' loss is below the fresh initialisation's.
+  EXPECT_LT(step_loss(tuned, 1), step_loss(base, 1));
+  nlohmann::json a, b;
+  std::ifstream(base / "run.json") >> a;
+  std::ifstream(tuned / "run.json") >> b;
+  EXPECT_EQ(a["model_config"], b["model_config"]);
+  r = train({"--init-from", base.string(), "--model", "tiny", "--steps", "1", "--out", (dir / "bad").string()});
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("n_embd"), std::string::npos) << r.output;
+  r = train({"--init-from", (dir / "nowhere").string(), "--steps", "1"});
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("--init-from"), std::string::npos) << r.output;
+}
+
+// export writes a Hugging Face folder that evaluates as the checkpoint does; import turns it back
+// into a checkpoint folder; an occupied destination is refused and left as it was.
+TEST_F(Cli, ExportImportRoundTrip) {
+  TempDir dir;
+  write_tokens(dir / "d_train_000000.bin", 4096);
+  write_tokens(dir / "d_val_000000.bin", 2048);
+  const fs::path run_dir = dir / "run", hf = dir / "hf", back = dir / "back";
+  Result r = run({"train", "--data-dir", dir.path().string(), "--model", "tiny", "--n-embd", "32", "-B", "2", "-T", "16",
+                  "--steps", "2", "--out", run_dir.string()});
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = run({"export", run_dir.string(), hf.string()});
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(fs::is_regular_file(hf / "config.json"));
+  EXPECT_TRUE(fs::is_regular_file(hf / "model.safetensors"));
+  r = run({"import", hf.string(), back.string()});
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto val_loss = [&](const fs::path& model) {
+    const Result e = run({"eval", "--ckpt", model.string(), "--data-dir", dir.path().string(), "-B", "2", "-T", "16",
+                          "--batches", "2"});
+    EXPECT_EQ(e.status, 0) << e.output;
+    const size_t at = e.output.find("val loss ");
+    return at == std::string::npos ? std::string() : e.output.substr(at, 16);
+  };
+  const std::string trained = val_loss(run_dir);
+  EXPECT_FALSE(trained.empty());
+  EXPECT_EQ(val_loss(hf), trained);
+  EXPECT_EQ(val_loss(back), trained);
+
+  fs::create_directories(dir / "taken");
+  test::write_bytes(dir / "taken" / "keep.txt", "mine");
+  r = run({"export", run_dir.string(), (dir / "taken").string()});
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("--overwrite"), std::string::npos) << r.output;
+  EXPECT_EQ(test::read_bytes(dir / "taken" / "keep.txt"), "mine");
+  r = run({"import", run_dir.string(), (dir / "x").string()});
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("expected a Hugging Face model folder"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "x"));
+  for (const auto& e : fs::directory_iterator(dir.path()))
+    EXPECT_EQ(e.path().filename().string().find(".partial"), std::string::npos) << e.path();
+}
+
 TEST_F(Cli, ConfigKeysInBothSpellingsAndDidYouMean) {
   TempDir dir;
   test::write_bytes(dir / "a.toml", "batch_size = 2\nseq_len = 16\nmodel = \"tiny\"\n");

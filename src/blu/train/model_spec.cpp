@@ -93,6 +93,44 @@ std::string checkpoint_tokenizer(const std::string& path) {
   return "";
 }
 
+namespace {
+
+bool is_hf_folder(const std::string& path) {
+  namespace fs = std::filesystem;
+  return fs::is_directory(path) && fs::is_regular_file(fs::path(path) / "config.json");
+}
+
+// A checkpoint file, or a run directory's newest checkpoint that verifies.
+std::string init_checkpoint(const std::string& source) {
+  namespace fs = std::filesystem;
+  BLU_CHECK(fs::exists(source), "--init-from: expected a Hugging Face folder, a checkpoint or a run directory, got '",
+            source, "' (not found)");
+  if (!fs::is_directory(source)) return source;
+  std::string reasons;
+  const std::string ckpt = latest_valid_checkpoint(source, [&](const std::string& w) { reasons += "\n  " + w; });
+  BLU_CHECK(!ckpt.empty(), "--init-from ", source, ": expected a config.json (a Hugging Face folder) or a single-file ",
+            "checkpoint (ckpt_*.safetensors) in the folder, ",
+            reasons.empty() ? std::string("found neither") : "and no checkpoint verifies:" + reasons);
+  return ckpt;
+}
+
+}  // namespace
+
+nlohmann::json init_source_config(const std::string& source) {
+  if (is_hf_folder(source)) return models::resolve_model_config(source);
+  return checkpoint_model_config(init_checkpoint(source));
+}
+
+void init_weights(models::CausalLM& model, const std::string& source, const nlohmann::json& config) {
+  if (is_hf_folder(source)) {
+    const auto& fam = models::family(models::family_of(config));
+    BLU_CHECK(fam.import_hf, "--init-from ", source, ": the ", fam.name, " family has no Hugging Face weight import");
+    fam.import_hf(model, source);
+    return;
+  }
+  load_checkpoint(init_checkpoint(source), model, nullptr, config);
+}
+
 std::unique_ptr<models::CausalLM> load_model(const std::string& path, Device device) {
   namespace fs = std::filesystem;
   std::unique_ptr<models::CausalLM> model;

@@ -38,4 +38,13 @@ std::string checkpoint_tokenizer(const std::string& checkpoint_file_or_run_dir);
 // weights), else from a checkpoint file or the latest checkpoint of a run directory.
 std::unique_ptr<models::CausalLM> load_model(const std::string& checkpoint_or_hf_folder, Device device);
 
+// --init-from: starting weights for a new run (fine-tuning) from a Hugging Face folder
+// (config.json + safetensors), a checkpoint file, or a run directory (its newest checkpoint that
+// verifies). Only the weights are taken: the optimizer starts fresh at step 0.
+// The model config the source records (BLU_CHECK naming the path when it has none).
+nlohmann::json init_source_config(const std::string& source);
+// Loads the source's weights into model, whose config must equal the source's (else a BLU_CHECK
+// naming the differing keys, before anything is modified).
+void init_weights(models::CausalLM& model, const std::string& source, const nlohmann::json& config);
+
 }  // namespace blu::train

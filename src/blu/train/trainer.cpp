@@ -44,6 +44,7 @@
 #include "blu/models/registry.h"
 #include "blu/train/model_spec.h"
 #include "blu/train/peak_flops.h"
+#include "blu/train/run_record.h"
 #ifdef BLU_HAVE_CUDA
 #include "blu/backend/cuda/runtime.h"
 #endif
@@ -292,8 +293,8 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     BLU_CHECK(!l.probe_weights, "--parallel '", o.parallel, "': weights=probe is measured by `blutrain bench ",
               "--parallel` (its JSON line gives the shares as probe_weights); the trainer takes stated weights=[...]");
     if (l.pp > 1) {
-      BLU_CHECK(o.grad_accum == 1, "--parallel '", o.parallel, "': a pipeline's micro=", l.micro_batches,
-                " is its accumulation; drop --grad-accum ", o.grad_accum);
+      BLU_CHECK(o.grad_accum == 1 || o.grad_accum == l.micro_batches, "--parallel '", o.parallel,
+                "': a pipeline's micro=", l.micro_batches, " is its accumulation; drop --grad-accum ", o.grad_accum);
       pipelined_ = true;
       opt_s_.grad_accum = l.micro_batches;  // the tokens of a step, as the header and metrics count them
     }
@@ -420,6 +421,16 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   } else {
     BLU_CHECK(!o.resume && !o.auto_resume, "--resume and --auto-resume need --out (the run directory)");
   }
+  // A resume continues the run: an option that changes its trajectory must be asked for.
+  if (!resume_from.empty() || restart) {
+    std::string refused;
+    for (const OptionChange& c : trajectory_changes(recorded_options(o.out), o.to_json()))
+      refused += (refused.empty() ? "" : ", ") + c.str();
+    BLU_CHECK(refused.empty() || o.allow_changes, o.resume ? "--resume" : "--auto-resume", ": the run in ", o.out,
+              " was trained with other options than this invocation gives (", refused,
+              "); a resume takes every option it is not given from the run's run.json, so drop these flags to "
+              "continue the run as it was, or pass --allow-changes to continue it with the new values");
+  }
 
   // 3. Data (shards are validated here, still before anything is written).
   LoaderOptions lo;
@@ -443,10 +454,10 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   }
 
   // 4. Model and optimizer.
-  if (!o.init_from.empty()) {
-    const auto& fam = models::family(models::family_of(o.model));
-    BLU_CHECK(fam.import_hf, "--model ", o.init_from, ": the ", fam.name, " family has no Hugging Face weight import");
-    fam.import_hf(*model_, o.init_from);
+  // The starting weights of --init-from; a resume takes them (and everything else) from its checkpoint.
+  if (!o.init_from.empty() && resume_from.empty()) {
+    init_weights(*model_, o.init_from, o.model);
+    if (cb_.log) *cb_.log << "initialised from " << o.init_from << "\n";
   }
   if (device_ != kCPU) model_->to(device_);
   model_->train();
@@ -541,32 +552,17 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     if (cb_.log) *cb_.log << "restarting the run in " << o.out << " from step 0 (it has no checkpoint yet)\n";
   }
   if (rank_ != 0) return;
-  // run.json: this invocation's options on top, every invocation of the run (with the step it
-  // started from) in "invocations"; a resumed run names the options that changed since the last.
-  const fs::path run_json = fs::path(o.out) / "run.json";
-  nlohmann::json invocations = nlohmann::json::array();
-  if ((!resume_from.empty() || restart) && fs::exists(run_json)) {
-    const nlohmann::json old = io::read_json_file(run_json);
-    if (old.contains("invocations") && old["invocations"].is_array()) invocations = old["invocations"];
-    else if (old.contains("options")) invocations.push_back({{"from_step", nullptr}, {"options", old["options"]}});
-  }
+  // run.json: this invocation's options on top, every invocation of the run in "invocations"; a
+  // resume names the options that changed since the last one.
+  const bool continued = !resume_from.empty() || restart;
   const nlohmann::json now = o.to_json();
-  if (!invocations.empty() && invocations.back().contains("options") && invocations.back()["options"].is_object() &&
-      cb_.log) {
+  if (continued && cb_.log) {
     std::string changed;
-    for (const auto& [key, value] : now.items()) {
-      if (key == "steps" || key == "out") continue;  // extending a run is what resuming is for
-      const nlohmann::json& before = invocations.back()["options"];
-      if (before.contains(key) && before[key] != value)
-        changed += (changed.empty() ? "" : ", ") + key + " " + before[key].dump() + " -> " + value.dump();
-    }
+    for (const OptionChange& c : changed_options(recorded_options(o.out), now))
+      if (c.key != "out" && c.key != "steps") changed += (changed.empty() ? "" : ", ") + c.str();
     if (!changed.empty()) *cb_.log << "note: changed since the run's last invocation: " << changed << "\n";
   }
-  invocations.push_back({{"from_step", step_}, {"options", now}});
-  io::write_json_file(run_json, {{"blutrain_version", BLU_VERSION},
-                                 {"model_config", o.model},
-                                 {"options", now},
-                                 {"invocations", invocations}});
+  write_run_record(o.out, now, o.model, world_, step_, continued);
   metrics_ = MetricsLog(metrics_path);
 }
 

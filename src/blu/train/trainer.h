@@ -71,8 +71,9 @@ struct TrainOptions {
   // Data: globs of token shards. val_pattern "" means no validation.
   std::string train_pattern, val_pattern;
   // The model's config (CausalLM::config(); models::resolve_model_config turns a --model spec
-  // into one). Set init_from to start from a Hugging Face folder's weights instead of the
-  // family's initialisation. Null: GPT-2 d12, as `blutrain train` defaults to.
+  // into one). Set init_from to start from the weights of a Hugging Face folder, a checkpoint or
+  // a run directory's newest checkpoint (train/model_spec.h) instead of the family's
+  // initialisation. Null: GPT-2 d12, as `blutrain train` defaults to.
   nlohmann::json model;
   std::string init_from;
   int64_t batch_size = 8, seq_len = 0, grad_accum = 1, steps = 100;  // seq_len 0: the model's block size
@@ -98,6 +99,10 @@ struct TrainOptions {
   // stopped before its first checkpoint (its metrics are dropped). For restarts under
   // `blutrain launch --max-restarts` (dist/launch.h).
   bool auto_resume = false;
+  // A resume (or auto-resume) that changes an option the trajectory depends on (train/run_record.h:
+  // the data, model, batch, optimizer, schedule, seed, precision, layout) is refused unless this is
+  // set. Not in to_json().
+  bool allow_changes = false;
   int64_t val_every = 0, val_batches = 20;      // 0: never (a final validation still runs when val data exists)
   int64_t sample_every = 0, sample_tokens = 64;
   double sample_temperature = 1.0;
