@@ -233,43 +233,17 @@ int run_bench_layout(const BenchOptions& o) {
   const dist::ModelCosts costs = dist::measure_model(model, probe_b, o.seq, 3);
   const dist::LinkCosts link = probe_pg ? dist::measure_link(*probe_pg, dev, 5) : dist::LinkCosts{};
 
-  std::string text = o.parallel;
-  nlohmann::json plan_json;
-  if (o.parallel == "auto") {
-    dist::PlanJob job;
-    job.world = world;
-    job.batch = o.batch * world;
-    job.memory_budget = o.gpu_memory_budget * double(int64_t(1) << 30);
-    const std::vector<dist::Prediction> ranked = dist::plan(costs, link, job, names, tp_units, tp_units, tp_units);
-    BLU_CHECK(!ranked.empty(), "--parallel auto: no layout of ", world, " ranks admits a global batch of ", job.batch,
-              " rows of ", o.model);
-    double least = ranked.front().memory_bytes;
-    for (const dist::Prediction& p : ranked) least = std::min(least, p.memory_bytes);
-    BLU_CHECK(ranked.front().fits, "--parallel auto: no layout of ", world, " ranks fits --gpu-memory-budget ",
-              o.gpu_memory_budget, " GiB; the smallest needs ", least / double(1 << 30), " GiB");
-    // Rank 0's costs decide (each rank measured its own device; they differ by noise).
-    text = store ? dist::agree_on(*store, rank, "parallel_auto", ranked.front().text) : ranked.front().text;
-    for (size_t i = 0; i < std::min<size_t>(5, ranked.size()); ++i)
-      plan_json.push_back({{"layout", ranked[i].text}, {"step_ms", ranked[i].step_s * 1e3},
-                           {"memory_mib", ranked[i].memory_bytes / double(1 << 20)}, {"fits", ranked[i].fits}});
-  }
+  // auto and weights=probe decided on the probes (train/layout_setup.h), as the trainer decides them.
+  const train::LayoutDecision decision =
+      train::decide_layout(o.parallel, model, costs, link, probe_pg.get(), store.get(), rank, world, o.batch, o.seq,
+                           o.gpu_memory_budget * double(int64_t(1) << 30));
+  const std::string& text = decision.text;
+  const nlohmann::json plan_json = o.parallel == "auto" ? decision.plan : nlohmann::json();
+  const std::vector<double>& probe_ms = decision.probe_ms;
   dist::Layout layout = dist::resolve_layout(dist::parse_annotation(text), names, world);
   train::check_layout_supported(layout, text, o.seq);
   const int64_t micro = layout.pp > 1 ? layout.micro_batches : 1;
-  // The planner's layout takes its global batch in its own micro-batches (plan() offers only those
-  // that split it).
-  BLU_CHECK(o.parallel != "auto" || o.batch * world % (int64_t(layout.dp) * micro) == 0, "--parallel auto: ", text,
-            " does not split ", o.batch * world, " rows");
-  const int64_t rows_micro = o.parallel == "auto" ? o.batch * world / (int64_t(layout.dp) * micro) : o.batch;
-  std::vector<double> probe_ms;
-  if (layout.probe_weights) {  // each replica's share by its measured speed
-    const std::vector<double> t = probe_pg ? dist::probe_step_times(model, *probe_pg, probe_b, o.seq, 3)
-                                           : std::vector<double>{1.0};
-    BLU_CHECK(int(t.size()) == layout.dp * layout.pp * layout.tp && layout.pp == 1 && layout.tp == 1,
-              "--parallel '", text, "': weights=probe weighs replicas of one rank each (no split or pipeline inside)");
-    layout.replica_weights = dist::speeds_from_times(t);
-    for (double s : t) probe_ms.push_back(s * 1e3);
-  }
+  const int64_t rows_micro = decision.rows;
   const bool uneven = std::any_of(layout.replica_weights.begin(), layout.replica_weights.end(),
                                   [&](double w) { return std::abs(w - 1.0 / layout.dp) > 1e-12; });
   const std::vector<int64_t> rows = uneven ? dist::proportional_split(rows_micro * layout.dp, layout.replica_weights)

@@ -7,8 +7,8 @@
 // over ranks and adds the partial sums by all-reduce, the pipeline and the replicas accumulate
 // micro-batch means instead of one mean over 4 rows, and an uneven split weights the replicas'
 // means by 3/4 and 1/4; each reorders fp32 sums (measured ≤ 1e-7 relative here). Also: what is
-// still refused is refused by name before anything is written, and `--parallel auto` picks a
-// layout, prints its prediction and trains it.
+// still refused is refused by name before anything is written, and `--parallel auto` and
+// weights=probe are decided at start, recorded as a stated layout and trained.
 // The multi-process tests are serialised by the CTest resource lock "dist_processes"
 // (tests/CMakeLists.txt): several jobs of up to 8 ranks at once overload the 2-core CI machine.
 #include <gtest/gtest.h>
@@ -163,6 +163,40 @@ TEST_F(DistLayouts, TrainerResumesUnderAnotherLayout) {
     for (const auto& [step, loss] : single)
       EXPECT_NEAR(got.at(step), loss, 1e-5 * std::abs(loss)) << c.name << ", step " << step;
   }
+}
+
+// `--parallel auto` and weights=probe in the trainer (Note [Deciding --parallel]): decided at start,
+// printed, recorded in run.json as a stated layout with -B as its rows, and trained — three steps
+// give one process's losses on the same global batch (-B 2 x 2 ranks = 4 rows) within 1e-5. A
+// resume given nothing but --out takes the recorded layout and trains on.
+TEST_F(DistLayouts, TrainerDecidesAutoAndProbe) {
+  LaunchResult r = train("gpt2", 1, 4, "single", {});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  const auto single = metric_losses(dir.path / "single");
+  for (const std::string layout : {"auto", "replicate(2, weights=probe)"}) {
+    const std::string out = layout == "auto" ? "auto" : "probe";
+    r = train("gpt2", 2, 2, out, {"--parallel", layout});
+    ASSERT_EQ(r.status, 0) << layout << "\n" << r.out << r.err;
+    EXPECT_NE(r.out.find(layout == "auto" ? "parallel auto: training " : "weights=probe measured step times of"),
+              std::string::npos)
+        << r.out;
+    nlohmann::json run;
+    std::ifstream(dir.path / out / "run.json") >> run;
+    const std::string stated = run["options"]["parallel"].get<std::string>();
+    EXPECT_NE(stated, "auto");
+    EXPECT_EQ(stated.find("probe"), std::string::npos) << stated;
+    if (layout != "auto") EXPECT_NE(stated.find("weights=["), std::string::npos) << stated;
+    const auto got = metric_losses(dir.path / out);
+    ASSERT_EQ(got.size(), 3u) << layout;
+    for (const auto& [step, loss] : single)
+      EXPECT_NEAR(got.at(step), loss, 1e-5 * std::abs(loss)) << layout << " as " << stated << ", step " << step;
+  }
+  r = run_command(1, {blutrain().string(), "launch", "-n", "2", "--", blutrain().string(), "train", "--out",
+                      (dir.path / "probe").string(), "--resume", "--steps", "4"},
+                  {{"OMP_NUM_THREADS", "1"}});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("step 4/4"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("weights=probe measured"), std::string::npos) << r.out;  // the recorded weights
 }
 
 }  // namespace

@@ -2,12 +2,94 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <numeric>
 
 #include "blu/core/error.h"
+#include "blu/dist/consistency.h"
+#include "blu/dist/hetero.h"
 #include "blu/dist/tensor_parallel.h"
 #include "blu/train/trainer.h"
 
 namespace blu::train {
+
+namespace {
+
+bool has_probe(const dist::Annotation& a) {
+  if (auto it = a.args.find("weights"); it != a.args.end() && it->second == "probe") return true;
+  return std::any_of(a.children.begin(), a.children.end(), has_probe);
+}
+
+// The annotation with every weights=probe replaced by `weights`.
+void state_weights(dist::Annotation& a, const std::string& weights) {
+  if (auto it = a.args.find("weights"); it != a.args.end() && it->second == "probe") it->second = weights;
+  for (dist::Annotation& c : a.children) state_weights(c, weights);
+}
+
+}  // namespace
+
+bool needs_decision(const std::string& text) {
+  return text == "auto" || (!text.empty() && has_probe(dist::parse_annotation(text)));
+}
+
+LayoutDecision decide_layout(const std::string& text, models::CausalLM& model, const dist::ModelCosts& costs,
+                             const dist::LinkCosts& link, dist::ProcessGroup* probe_pg, dist::TcpStore* store, int rank,
+                             int world, int64_t rows_per_rank, int64_t seq, double memory_budget) {
+  LayoutDecision d{.text = text, .rows = rows_per_rank, .plan = nlohmann::json::array(), .probe_ms = {}};
+  if (!needs_decision(text)) return d;
+  std::vector<std::string> names;
+  for (const models::BlockRef& b : model.blocks()) names.push_back(b.name);
+  if (text == "auto") {
+    // The units every tensor-parallel degree must divide (heads, kv heads, MLP width, vocabulary rows).
+    int64_t tp_units = 0;
+    for (const models::ShardSpec& spec : model.tensor_parallel_plan())
+      if (spec.units > 0) tp_units = std::gcd(tp_units, spec.units);
+    if (tp_units == 0) tp_units = 1;  // no tensor-parallel plan: one rank per shard only
+    dist::PlanJob job;
+    job.world = world;
+    job.batch = rows_per_rank * world;
+    job.memory_budget = memory_budget;
+    const std::vector<dist::Prediction> ranked = dist::plan(costs, link, job, names, tp_units, tp_units, tp_units);
+    BLU_CHECK(!ranked.empty(), "--parallel auto: no layout of ", world, " ranks admits a global batch of ", job.batch,
+              " rows");
+    double least = ranked.front().memory_bytes;
+    for (const dist::Prediction& p : ranked) least = std::min(least, p.memory_bytes);
+    BLU_CHECK(ranked.front().fits, "--parallel auto: no layout of ", world, " ranks fits the memory budget of ",
+              memory_budget / double(int64_t(1) << 30), " GiB; the smallest needs ", least / double(int64_t(1) << 30),
+              " GiB");
+    for (size_t i = 0; i < std::min<size_t>(5, ranked.size()); ++i)
+      d.plan.push_back({{"layout", ranked[i].text}, {"step_ms", ranked[i].step_s * 1e3},
+                        {"memory_mib", ranked[i].memory_bytes / double(1 << 20)}, {"fits", ranked[i].fits}});
+    // Rank 0's costs decide (each rank measured its own device; they differ by noise).
+    d.text = store ? dist::agree_on(*store, rank, "parallel_auto", ranked.front().text) : ranked.front().text;
+    const dist::Layout l = dist::resolve_layout(dist::parse_annotation(d.text), names, world);
+    const int64_t micro = l.pp > 1 ? l.micro_batches : 1;
+    BLU_CHECK(job.batch % (int64_t(l.dp) * micro) == 0, "--parallel auto: ", d.text, " does not split ", job.batch,
+              " rows");
+    d.rows = job.batch / (int64_t(l.dp) * micro);
+    return d;
+  }
+  // weights=probe: replicas of one rank each (dist/hetero.h measures a whole model per rank).
+  const dist::Layout l = dist::resolve_layout(dist::parse_annotation(text), names, world);
+  BLU_CHECK(l.probe_weights && l.pp == 1 && l.tp == 1, "--parallel '", text,
+            "': weights=probe weighs replicas of one rank each (no split or pipeline inside)");
+  const int64_t probe_b = std::max<int64_t>(1, rows_per_rank / 2);
+  const std::vector<double> t =
+      probe_pg ? dist::probe_step_times(model, *probe_pg, probe_b, seq, 3) : std::vector<double>{1.0};
+  const std::vector<double> w = dist::speeds_from_times(t);
+  std::string stated = "[";
+  char buf[32];
+  for (size_t i = 0; i < w.size(); ++i) {
+    std::snprintf(buf, sizeof buf, "%.4g", w[i]);
+    stated += (i ? "," : "") + std::string(buf);
+  }
+  stated += "]";
+  dist::Annotation a = dist::parse_annotation(text);
+  state_weights(a, stated);
+  d.text = dist::to_text(a);  // the same on every rank: the times were all-gathered
+  for (double s : t) d.probe_ms.push_back(s * 1e3);
+  return d;
+}
 
 void check_layout_supported(const dist::Layout& l, const std::string& text, int64_t seq_len) {
   BLU_CHECK(l.zero == 0 || (l.tp == 1 && l.pp == 1), "--parallel '", text, "': ZeRO-", l.zero,

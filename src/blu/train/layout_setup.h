@@ -9,23 +9,46 @@
 //     pipeline) the dp × pp × tp mesh with a group per dimension and sub-mesh, created in one order
 //     on every rank; otherwise one group over the job — NCCL on a CUDA device, Gloo on the CPU;
 //   make_layout_strategy: the model rewritten into this rank's tensor-parallel shard (its compute
-//     dtype re-applied), and the dist::Strategy of the layout over the right groups.
+//     dtype re-applied), and the dist::Strategy of the layout over the right groups;
+//   decide_layout: `--parallel auto` (the planner's pick) and weights=probe made into a stated layout.
 // Depends on dist/ (annotations, mesh, pipeline, strategy, tensor_parallel), models/causal_lm.
 // Keep: every rank calls make_layout_groups and make_layout_strategy in the same order (they hold
 // collectives); nothing here names a concrete model.
 #pragma once
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "blu/core/device.h"
 #include "blu/dist/annotations.h"
 #include "blu/dist/mesh.h"
 #include "blu/dist/pipeline.h"
+#include "blu/dist/planner.h"
 #include "blu/dist/strategy.h"
 #include "blu/dist/tcp_store.h"
 #include "blu/models/causal_lm.h"
 
 namespace blu::train {
+
+// `--parallel auto` and `replicate(n, weights=probe)` decided on this job, into a stated layout:
+//   auto: the planner's fastest layout (dist::plan over `costs` and `link`, this rank's probes) that
+//     fits memory_budget bytes per rank (0: no limit), for a global batch of rows_per_rank x world
+//     rows (what --dp N trains on); `rows` is then that batch's rows per micro-batch per replica;
+//   weights=probe: each replica's forward + backward time of `model` (on its device) measured over
+//     probe_pg (dist/hetero.h), stated as weights=[...]; `rows` stays rows_per_rank.
+// A stated text comes back as it is. Rank 0's pick is agreed through `store` (null: one process).
+// Collective over probe_pg and the store when there is something to decide.
+struct LayoutDecision {
+  std::string text;              // an annotation without auto or probe: what run.json records
+  int64_t rows = 0;              // -B for the layout: rows of one micro-batch of one replica
+  nlohmann::json plan;           // auto: the planner's first five (layout, step_ms, memory_mib, fits)
+  std::vector<double> probe_ms;  // weights=probe: each rank's probe step time (ms)
+};
+bool needs_decision(const std::string& text);  // "auto", or a weights=probe anywhere
+LayoutDecision decide_layout(const std::string& text, models::CausalLM& model, const dist::ModelCosts& costs,
+                             const dist::LinkCosts& link, dist::ProcessGroup* probe_pg, dist::TcpStore* store, int rank,
+                             int world, int64_t rows_per_rank, int64_t seq, double memory_budget);
 
 // BLU_CHECK for what the runtime does not implement; `text` is the annotation as the user gave it.
 void check_layout_supported(const dist::Layout& l, const std::string& text, int64_t seq_len);

@@ -22,6 +22,8 @@
 #include "blu/core/grad_mode.h"
 #include "blu/dist/annotations.h"
 #include "blu/dist/pipeline.h"
+#include "blu/dist/planner.h"
+#include "blu/core/rng.h"
 #include "blu/dist/strategy.h"
 #include "blu/dist/consistency.h"
 #include "blu/dist/tcp_store.h"
@@ -164,25 +166,6 @@ void test_stall(int rank, int64_t step) {
 
 }  // namespace
 
-nlohmann::json TrainOptions::to_json() const {
-  nlohmann::json j = {{"train_pattern", train_pattern}, {"val_pattern", val_pattern},   {"model", model},
-          {"batch_size", batch_size},       {"seq_len", seq_len},           {"grad_accum", grad_accum},
-          {"steps", steps},                 {"lr", lr},                     {"min_lr", min_lr},
-          {"warmup", warmup},               {"schedule", schedule},         {"weight_decay", weight_decay},
-          {"grad_clip", grad_clip},         {"optimizer", optimizer},       {"seed", seed},
-          {"device", device},               {"precision", precision},       {"out", out},                   {"val_every", val_every},
-          {"val_batches", val_batches},     {"sample_every", sample_every}, {"sample_tokens", sample_tokens},
-          {"sample_temperature", sample_temperature}, {"sample_top_k", sample_top_k},
-          {"ckpt_every", ckpt_every},       {"keep_last", keep_last},       {"log_every", log_every},
-          {"dp", dp},                       {"zero", zero}, {"row_exchange", row_exchange},
-          {"auto_resume", auto_resume}, {"init_from", init_from}, {"dist_timeout", dist_timeout},
-          {"dist_work_timeout", dist_work_timeout}, {"parallel", parallel}, {"keep_best", keep_best},
-          {"baseline", baseline}, {"baseline_vocab", baseline_vocab}, {"baseline_max_tokens", baseline_max_tokens},
-          {"tokenizer", tokenizer}, {"shuffle", shuffle}};
-  j["compile"] = compile;  // the ranks agree on it (consistency fingerprint)
-  return j;
-}
-
 bool holds_run(const std::string& dir) {
   if (dir.empty() || !fs::is_directory(dir)) return false;
   for (const auto& p : own_files(dir))
@@ -239,48 +222,14 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   if (opt_s_.seq_len == 0) opt_s_.seq_len = model_->max_seq_len();
   const TrainOptions& o = opt_s_;
   // 1. Options: every check before anything is built or touched.
-  BLU_CHECK(o.batch_size > 0, "--batch-size must be positive, got ", o.batch_size);
-  BLU_CHECK(o.seq_len > 0, "--seq-len must be positive, got ", o.seq_len);
-  BLU_CHECK(o.seq_len <= model_->max_seq_len(), "--seq-len must be at most the model's longest sequence ",
-            model_->max_seq_len(), ", got ", o.seq_len);
-  BLU_CHECK(o.grad_accum >= 1, "--grad-accum must be at least 1, got ", o.grad_accum);
-  BLU_CHECK(o.steps >= 1, "--steps must be at least 1, got ", o.steps);
-  BLU_CHECK(o.lr > 0 && o.min_lr >= 0, "learning rates must be positive: got --lr ", o.lr, ", --min-lr ", o.min_lr);
-  BLU_CHECK(o.warmup >= 0, "--warmup must be >= 0, got ", o.warmup);
-  BLU_CHECK(o.optimizer == "adamw" || o.optimizer == "sgd", "--optimizer must be adamw or sgd, got '", o.optimizer,
-            "'");
-  BLU_CHECK(o.val_batches >= 1, "--val-batches must be at least 1, got ", o.val_batches);
-  BLU_CHECK(o.log_every >= 1, "--log-every must be at least 1, got ", o.log_every);
-  BLU_CHECK(o.keep_last >= 1, "--keep-last must be at least 1, got ", o.keep_last);
-  BLU_CHECK(o.val_every >= 0 && o.sample_every >= 0 && o.ckpt_every >= 0,
-            "--val-every, --sample-every and --ckpt-every must be >= 0 (0 = off)");
-  BLU_CHECK(!(o.resume && o.overwrite), "--resume and --overwrite contradict each other: give one");
-  BLU_CHECK(!(o.auto_resume && (o.overwrite || o.resume)), "--auto-resume replaces --resume and contradicts ",
-            "--overwrite: give one of the three");
-  BLU_CHECK(o.dp >= 1, "--dp must be at least 1, got ", o.dp);
-  BLU_CHECK(o.zero >= 0 && o.zero <= 3, "--zero must be 0, 1, 2 or 3, got ", o.zero);
-  BLU_CHECK(o.zero == 0 || o.dp > 1, "--zero ", o.zero, " shards over data-parallel ranks: it needs --dp > 1");
-  BLU_CHECK(o.zero == 0 || o.optimizer == "adamw", "--zero ", o.zero, " is implemented for adamw, got --optimizer ",
-            o.optimizer);
-  BLU_CHECK(o.dist_timeout >= 0 && o.dist_timeout <= 1e9, "--dist-timeout must be >= 0 seconds (0: the default), got ",
-            o.dist_timeout);
-  BLU_CHECK(o.dist_work_timeout > 0 && o.dist_work_timeout <= 1e9, "--dist-work-timeout must be > 0 seconds, got ",
-            o.dist_work_timeout);
-  BLU_CHECK(!o.keep_best || o.zero == 0, "--keep-best keeps a single-file checkpoint: it needs --zero 0, got --zero ",
-            o.zero);
-  BLU_CHECK(!o.keep_best || !o.val_pattern.empty(), "--keep-best picks by validation loss: it needs validation ",
-            "shards (--data-dir with *_val_*.bin, or --val-pattern)");
-  BLU_CHECK(o.baseline_vocab >= 0 && o.baseline_vocab <= 65536, "baseline_vocab must be in [0, 65536], got ",
-            o.baseline_vocab);
+  check_options(o, *model_);
   const dist::DistEnv env = dist::detect_env();
   // --parallel: the layout is resolved (every annotation error here, before anything runs) and
   // mapped onto what the trainer drives: data parallelism (with ZeRO), a pipeline, tensor
   // parallelism, and their nestings on a dp × pp × tp mesh.
   dist::Layout layout;  // dp = o.dp without --parallel
+  if (!o.parallel.empty() && needs_decision(o.parallel)) decide_parallel(env);
   if (!o.parallel.empty()) {
-    BLU_CHECK(o.parallel != "auto", "--parallel auto: the planner's pick is made by `blutrain bench --parallel auto` ",
-              "(the same --model, -B and -T under the same launcher); pass the layout its JSON line names as ",
-              "\"parallel\" here");
     std::vector<std::string> names;
     for (const models::BlockRef& b : model_->blocks()) names.push_back(b.name);
     layout = dist::resolve_layout(dist::parse_annotation(o.parallel), names, env.world_size);
@@ -290,8 +239,6 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     BLU_CHECK(o.zero == 0 || o.zero == l.zero, "--parallel '", o.parallel, "' asks for ZeRO-", l.zero,
               ", --zero says ", o.zero, ": give one of the two");
     check_layout_supported(l, o.parallel, o.seq_len);
-    BLU_CHECK(!l.probe_weights, "--parallel '", o.parallel, "': weights=probe is measured by `blutrain bench ",
-              "--parallel` (its JSON line gives the shares as probe_weights); the trainer takes stated weights=[...]");
     if (l.pp > 1) {
       BLU_CHECK(o.grad_accum == 1 || o.grad_accum == l.micro_batches, "--parallel '", o.parallel,
                 "': a pipeline's micro=", l.micro_batches, " is its accumulation; drop --grad-accum ", o.grad_accum);
@@ -355,15 +302,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
             "'");
   rank_ = env.rank;
   if (rank_ != 0) cb_.log = nullptr;  // rank 0 speaks for the job
-  // Schedules that do not do what their flags suggest are warned about, not refused: the defaults
-  // of --min-lr and --warmup meet a small --lr or a short run.
-  if (cb_.log && o.min_lr > o.lr && o.schedule != "constant")
-    *cb_.log << "warning: --min-lr " << o.min_lr << " is above --lr " << o.lr << ": the " << o.schedule
-             << " schedule rises towards it; pass a --min-lr below --lr (e.g. " << o.lr / 10 << ")\n";
-  if (cb_.log && o.warmup > o.steps)
-    *cb_.log << "warning: --warmup " << o.warmup << " is longer than the run (--steps " << o.steps
-             << "): the learning rate never reaches --lr " << o.lr << "; pass --warmup " << o.steps / 10
-             << " or less\n";
+  if (cb_.log) warn_about_schedule(o, *cb_.log);
   schedule_.kind = optim::LRSchedule::parse(o.schedule);
   schedule_.max_lr = o.lr;
   schedule_.min_lr = o.min_lr;
@@ -469,8 +408,9 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     const auto ms = [&](double fallback_s) {
       return dist::Milliseconds(int64_t((timeout_s > 0 ? timeout_s : fallback_s) * 1000));
     };
-    store_ = std::make_unique<dist::TcpStore>(env.master_addr, env.master_port, rank_ == 0,
-                                              dist::StoreOptions::from_env(ms(30)));
+    if (!store_)  // made already when --parallel was decided
+      store_ = std::make_unique<dist::TcpStore>(env.master_addr, env.master_port, rank_ == 0,
+                                                dist::StoreOptions::from_env(ms(30)));
     // Before any collective: the ranks were started alike (else every rank fails here, naming the
     // keys), and every rank resumes from rank 0's choice.
     const std::vector<std::string> notes =
@@ -564,6 +504,74 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   }
   write_run_record(o.out, now, o.model, world_, step_, continued);
   metrics_ = MetricsLog(metrics_path);
+}
+
+// Note [Deciding --parallel]: `--parallel auto` and weights=probe are decided before the layout is
+// resolved. Every rank builds a copy of the model on its device, probes it (auto: dist::
+// measure_model, and the link over a probe group of the whole job; probe: each replica's step
+// time) and train/layout_setup.h's decide_layout turns the text into a stated layout, rank 0's
+// pick agreed through the store. The run then trains that layout, and records it (and -B as the
+// layout's rows per micro-batch per replica) in run.json, so a resume runs it again as it is. -B
+// under auto is rows per rank, as under --dp N: the global batch is -B x ranks. The default
+// generator is restored after the probe, so the run draws what it would have drawn without it.
+void Trainer::decide_parallel(const dist::DistEnv& env) {
+  const TrainOptions& o = opt_s_;
+  const double timeout_s = o.dist_timeout > 0 ? o.dist_timeout : env.dist_timeout_s;
+  const auto ms = [&](double fallback_s) {
+    return dist::Milliseconds(int64_t((timeout_s > 0 ? timeout_s : fallback_s) * 1000));
+  };
+  Device dev(o.device);
+#ifdef BLU_HAVE_CUDA
+  if (dev.is_cuda() && env.world_size > 1) dev = Device(DeviceType::cuda, env.local_rank);
+  if (dev.is_cuda()) cuda::set_device(dev.index);
+#endif
+  std::shared_ptr<dist::ProcessGroup> probe_pg;
+  if (env.world_size > 1) {
+    store_ = std::make_unique<dist::TcpStore>(env.master_addr, env.master_port, env.rank == 0,
+                                              dist::StoreOptions::from_env(ms(30)));
+#ifdef BLU_HAVE_CUDA
+    if (dev.is_cuda())
+      probe_pg = dist::make_nccl_group(*store_, env.rank, env.world_size,
+                                       dist::NcclOptions{.timeout = ms(600), .device = dev.index, .prefix = "probe"});
+    else
+#endif
+      probe_pg = dist::make_gloo_group(*store_, env.rank, env.world_size,
+                                       dist::GlooOptions{.timeout = ms(30), .hostname = "", .prefix = "probe"});
+  }
+  const Generator saved = default_generator();
+  const std::unique_ptr<models::CausalLM> probe = models::build_model(o.model, 0);
+  probe->to(dev);
+  probe->train();
+  apply_precision(*probe, o.precision);
+  dist::ModelCosts costs;
+  dist::LinkCosts link;
+  if (o.parallel == "auto") {
+    costs = dist::measure_model(*probe, std::max<int64_t>(1, o.batch_size / 2), o.seq_len, 3);
+    if (probe_pg) link = dist::measure_link(*probe_pg, dev, 5);
+  }
+  const LayoutDecision d = decide_layout(o.parallel, *probe, costs, link, probe_pg.get(), store_.get(), env.rank,
+                                         env.world_size, o.batch_size, o.seq_len,
+                                         o.gpu_memory_budget * double(int64_t(1) << 30));
+  default_generator() = saved;
+  if (cb_.log && env.rank == 0) {
+    if (o.parallel == "auto") {
+      *cb_.log << "parallel auto: the planner's fastest layouts for " << o.batch_size * env.world_size
+               << " rows per step on " << env.world_size << " rank(s):\n";
+      for (const auto& p : d.plan) {
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "  %9.2f ms  %9.1f MiB per rank%s  ", p["step_ms"].get<double>(),
+                      p["memory_mib"].get<double>(), p["fits"].get<bool>() ? "" : " (over budget)");
+        *cb_.log << buf << p["layout"].get<std::string>() << "\n";
+      }
+      *cb_.log << "parallel auto: training " << d.text << " with -B " << d.rows << "\n";
+    } else {
+      *cb_.log << "parallel: weights=probe measured step times of";
+      for (double t : d.probe_ms) *cb_.log << " " << t << " ms";
+      *cb_.log << ": training " << d.text << "\n";
+    }
+  }
+  opt_s_.parallel = d.text;
+  opt_s_.batch_size = d.rows;
 }
 
 Trainer::~Trainer() = default;

@@ -50,6 +50,7 @@
 #include "blu/core/rng.h"
 #include "blu/data/loader.h"
 #include "blu/data/ngram_baseline.h"
+#include "blu/dist/env.h"
 #include "blu/dist/strategy.h"
 #include "blu/models/causal_lm.h"
 #include "blu/offload/plan.h"
@@ -196,6 +197,13 @@ void apply_precision(models::CausalLM& model, const std::string& precision);
 // The run directory already holds a run: a metrics file or checkpoints.
 bool holds_run(const std::string& dir);
 
+// BLU_CHECK for option values that cannot run (each error names the flag, expected vs got); the
+// model's shapes bound some (the sequence length). Before anything is built or touched.
+void check_options(const TrainOptions& o, const models::CausalLM& model);
+// Warnings for a schedule that cannot do what its flags say: --min-lr above --lr, a --warmup longer
+// than the run.
+void warn_about_schedule(const TrainOptions& o, std::ostream& os);
+
 class Trainer {
  public:
   // Checks the options and the run directory (nothing on disk changes when a check fails), builds
@@ -218,6 +226,9 @@ class Trainer {
   std::string save(int64_t step);
   void keep_best(double val_loss);
   void compute_baseline();
+  // --parallel auto or weights=probe: probes the job and replaces opt_s_.parallel (and batch_size)
+  // with the stated layout decided (Note [Deciding --parallel] in trainer.cpp).
+  void decide_parallel(const dist::DistEnv& env);
   void print_header();
   void sample(int64_t step);
   // Data parallel: what the ranks are doing, named by a collective that times out.
