@@ -273,7 +273,9 @@ void every_layout(const std::string& family, double rel_loss, double abs_param) 
 }
 
 TEST(PipelineParallel, LlamaEveryScheduleMatchesOneProcess) { every_layout("llama", 0, 0); }
-TEST(PipelineParallel, Gpt2TiedEveryScheduleMatchesOneProcess) { every_layout("gpt2", 1e-6, 1e-4); }
+// The 8-layer interleaved case is the loosest: 4.7e-7 relative with libm's tanh and exp in the CPU
+// kernels, 1.9e-6 with the vectorised ones (backend/cpu/fast_math.h); the others stay below 1e-7.
+TEST(PipelineParallel, Gpt2TiedEveryScheduleMatchesOneProcess) { every_layout("gpt2", 4e-6, 1e-4); }
 
 // Scheduled and message-driven execution, and message-driven with the first stage slowed down by a
 // sleep before each forward: the same bits. The slow first stage makes rank 1 run a backward before

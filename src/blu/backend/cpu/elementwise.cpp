@@ -1,9 +1,14 @@
 // CPU kernels for ops/elementwise, ops/factory and the copies of ops/view.
+#include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <numbers>
 
 #include "blu/backend/backend.h"
+#include "blu/backend/cpu/fast_math.h"
 #include "blu/backend/cpu/loops.h"
 #include "blu/core/rng.h"
 
@@ -12,25 +17,36 @@ namespace blu::cpu {
 namespace {
 
 template <typename T>
-T gelu_fwd(T x, bool approx) {
-  if (approx) {
-    const T k = T(std::numbers::sqrt2 * std::numbers::inv_sqrtpi);  // sqrt(2/pi)
-    return T(0.5) * x * (T(1) + std::tanh(k * (x + T(0.044715) * x * x * x)));
-  }
-  return T(0.5) * x * (T(1) + std::erf(x * T(std::numbers::sqrt2 / 2)));
+[[gnu::always_inline]] inline T tanh_of(T x) {
+  if constexpr (std::is_same_v<T, float>) return tanh_arith(x);
+  else return std::tanh(x);
 }
-template <typename T>
-T gelu_bwd(T x, bool approx) {
-  if (approx) {
+
+// GELU's tanh form (Approx) or its erf form; a template parameter, so that each loop holds one
+// form and the tanh one vectorises.
+// Inlined into the loops (a call per element would keep them scalar).
+template <typename T, bool Approx>
+[[gnu::always_inline]] inline T gelu_fwd(T x) {
+  if constexpr (Approx) {
+    const T k = T(std::numbers::sqrt2 * std::numbers::inv_sqrtpi);  // sqrt(2/pi)
+    return T(0.5) * x * (T(1) + tanh_of(k * (x + T(0.044715) * x * x * x)));
+  } else {
+    return T(0.5) * x * (T(1) + std::erf(x * T(std::numbers::sqrt2 / 2)));
+  }
+}
+template <typename T, bool Approx>
+[[gnu::always_inline]] inline T gelu_bwd(T x) {
+  if constexpr (Approx) {
     const T k = T(std::numbers::sqrt2 * std::numbers::inv_sqrtpi);
     const T u = k * (x + T(0.044715) * x * x * x);
-    const T th = std::tanh(u);
+    const T th = tanh_of(u);
     const T du = k * (T(1) + T(3 * 0.044715) * x * x);
     return T(0.5) * (T(1) + th) + T(0.5) * x * (T(1) - th * th) * du;
+  } else {
+    const T cdf = T(0.5) * (T(1) + std::erf(x * T(std::numbers::sqrt2 / 2)));
+    const T pdf = std::exp(T(-0.5) * x * x) * T(std::numbers::inv_sqrtpi / std::numbers::sqrt2);
+    return cdf + x * pdf;
   }
-  const T cdf = T(0.5) * (T(1) + std::erf(x * T(std::numbers::sqrt2 / 2)));
-  const T pdf = std::exp(T(-0.5) * x * x) * T(std::numbers::inv_sqrtpi / std::numbers::sqrt2);
-  return cdf + x * pdf;
 }
 
 // Unary floating kernel: out = F(x, attrs).
@@ -53,6 +69,17 @@ void unary(const KernelCall& c) {
   };                                                                      \
   BLU_REGISTER_KERNEL(cpu, #NAME, unary<NAME##_f>)
 
+// A unary kernel whose attributes are read once (INIT), not per element.
+#define BLU_UNARY_WITH(NAME, INIT, EXPR)                                  \
+  struct NAME##_f {                                                       \
+    template <typename A>                                                 \
+    static auto make(const Attrs& attrs) {                                \
+      INIT;                                                               \
+      return [=](A x) -> A { return EXPR; };                              \
+    }                                                                     \
+  };                                                                      \
+  BLU_REGISTER_KERNEL(cpu, #NAME, unary<NAME##_f>)
+
 BLU_UNARY(neg, -x);
 BLU_UNARY(exp, std::exp(x));
 BLU_UNARY(log, std::log(x));
@@ -61,13 +88,13 @@ BLU_UNARY(rsqrt, A(1) / std::sqrt(x));
 BLU_UNARY(tanh, std::tanh(x));
 BLU_UNARY(sigmoid, A(1) / (A(1) + std::exp(-x)));
 BLU_UNARY(relu, x > A(0) ? x : (std::isnan(x) ? x : A(0)));
-BLU_UNARY(gelu, gelu_fwd<A>(x, attrs.b("approximate")));
 BLU_UNARY(abs, std::abs(x));
 BLU_UNARY(sign, A((x > A(0)) - (x < A(0))));
-BLU_UNARY(clamp, std::isnan(x) ? x : std::min(std::max(x, A(attrs.f("lo"))), A(attrs.f("hi"))));
-BLU_UNARY(pow_scalar, std::pow(x, A(attrs.f("value"))));
-BLU_UNARY(add_scalar, x + A(attrs.f("value")));
-BLU_UNARY(mul_scalar, x * A(attrs.f("value")));
+BLU_UNARY_WITH(clamp, const A lo = A(attrs.f("lo")); const A hi = A(attrs.f("hi")),
+               std::isnan(x) ? x : std::min(std::max(x, lo), hi));
+BLU_UNARY_WITH(pow_scalar, const A v = A(attrs.f("value")), std::pow(x, v));
+BLU_UNARY_WITH(add_scalar, const A v = A(attrs.f("value")), x + v);
+BLU_UNARY_WITH(mul_scalar, const A v = A(attrs.f("value")), x * v);
 
 // Binary kernel over any non-bool dtype: out = F(a, b).
 template <typename F>
@@ -110,22 +137,37 @@ void grad_unary(const KernelCall& c) {
     map<scalar_t, scalar_t>(out, f, c.in[0], c.in[1]);
   });
 }
-struct gelu_backward_f {
-  template <typename A> static auto make(const Attrs& a) {
-    const bool approx = a.b("approximate");
-    return [approx](A g, A x) -> A { return g * gelu_bwd<A>(x, approx); };
-  }
-};
-BLU_REGISTER_KERNEL(cpu, "gelu_backward", grad_unary<gelu_backward_f>);
-// Inputs (grad, x); outputs gelu(x) and grad·gelu'(x) (the CUDA backend fuses the two passes).
-void gelu_and_backward(const KernelCall& c) {
-  const bool approx = c.attrs.b("approximate");
+// gelu (input x), gelu_backward (grad, x) and gelu_and_backward (grad, x → gelu(x) and
+// grad·gelu'(x); the CUDA backend fuses the two passes), each with its form chosen outside the loop.
+void gelu(const KernelCall& c) {
+  BLU_DISPATCH_FLOATING(c.out[0].dtype(), c.op, {
+    using A = acc_t<scalar_t>;
+    if (c.attrs.b("approximate")) map<scalar_t, scalar_t>(c.out[0], [](A x) { return gelu_fwd<A, true>(x); }, c.in[0]);
+    else map<scalar_t, scalar_t>(c.out[0], [](A x) { return gelu_fwd<A, false>(x); }, c.in[0]);
+  });
+}
+BLU_REGISTER_KERNEL(cpu, "gelu", gelu);
+void gelu_backward(const KernelCall& c) {
+  BLU_DISPATCH_FLOATING(c.out[0].dtype(), c.op, {
+    using A = acc_t<scalar_t>;
+    if (c.attrs.b("approximate"))
+      map<scalar_t, scalar_t>(c.out[0], [](A g, A x) { return g * gelu_bwd<A, true>(x); }, c.in[0], c.in[1]);
+    else
+      map<scalar_t, scalar_t>(c.out[0], [](A g, A x) { return g * gelu_bwd<A, false>(x); }, c.in[0], c.in[1]);
+  });
+}
+BLU_REGISTER_KERNEL(cpu, "gelu_backward", gelu_backward);
+template <bool Approx>
+void gelu_and_backward_as(const KernelCall& c) {
   BLU_DISPATCH_FLOATING(c.in[1].dtype(), c.op, {
     using A = acc_t<scalar_t>;
-    map<scalar_t, scalar_t>(c.out[0], [approx](A x) -> A { return gelu_fwd<A>(x, approx); }, c.in[1]);
-    map<scalar_t, scalar_t>(c.out[1], [approx](A g, A x) -> A { return g * gelu_bwd<A>(x, approx); }, c.in[0],
-                            c.in[1]);
+    map<scalar_t, scalar_t>(c.out[0], [](A x) { return gelu_fwd<A, Approx>(x); }, c.in[1]);
+    map<scalar_t, scalar_t>(c.out[1], [](A g, A x) { return g * gelu_bwd<A, Approx>(x); }, c.in[0], c.in[1]);
   });
+}
+void gelu_and_backward(const KernelCall& c) {
+  if (c.attrs.b("approximate")) gelu_and_backward_as<true>(c);
+  else gelu_and_backward_as<false>(c);
 }
 BLU_REGISTER_KERNEL(cpu, "gelu_and_backward", gelu_and_backward);
 struct clamp_backward_f {

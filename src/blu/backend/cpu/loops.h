@@ -79,10 +79,29 @@ template <> struct acc_type<bf16> { using type = float; };
 template <> struct acc_type<f16> { using type = float; };
 template <typename T> using acc_t = typename acc_type<T>::type;
 
-// out[i] = f(in...[i]) with in broadcast to out's shape; types converted through acc.
+// out[i] = f(in...[i]) with in broadcast to out's shape; types converted through acc. When every
+// operand is contiguous with out's shape, a chunk per thread runs as a plain indexed loop the
+// compiler can vectorise (`omp simd`); the result is the same element by element.
 template <typename Out, typename In, typename F, typename... Ts>
 void map(Tensor& out, F&& f, const Ts&... in) {
   const Shape& shape = out.shape();
+  if (sizeof...(Ts) > 0 && out.is_contiguous() && ((in.is_contiguous() && in.shape() == shape) && ...)) {
+    const int64_t total = out.numel();
+    Out* o = static_cast<Out*>(out.raw_data());
+    const std::array<const In*, sizeof...(Ts)> ptrs{static_cast<const In*>(in.raw_data())...};
+    const int nthreads = total >= 2 * kGrain ? omp_get_max_threads() : 1;
+#pragma omp parallel num_threads(nthreads)
+    {
+      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+      const int64_t i0 = total * t / nt, i1 = total * (t + 1) / nt;
+      [&]<size_t... I>(std::index_sequence<I...>) {
+        const std::array<const In*, sizeof...(Ts)> p{ptrs[I]...};
+#pragma omp simd
+        for (int64_t i = i0; i < i1; ++i) o[i] = Out(f(acc_t<In>(p[I][i])...));
+      }(std::index_sequence_for<Ts...>{});
+    }
+    return;
+  }
   std::array<Shape, sizeof...(Ts) + 1> strides{out.strides(), broadcast_strides(in, shape)...};
   Out* o = static_cast<Out*>(out.raw_data());
   std::array<const In*, sizeof...(Ts)> ptrs{static_cast<const In*>(in.raw_data())...};

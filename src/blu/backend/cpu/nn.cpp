@@ -6,8 +6,10 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <type_traits>
 
 #include "blu/backend/backend.h"
+#include "blu/backend/cpu/fast_math.h"
 #include "blu/backend/cpu/loops.h"
 #include "blu/core/reduction.h"
 #include "blu/core/rng.h"
@@ -51,6 +53,27 @@ void softmax_kernel(const KernelCall& c) {
       A m = -std::numeric_limits<A>::infinity();
       for (int64_t k = 0; k < r.n; ++k) m = std::max(m, A(xp[base + k * r.inner]));
       double s = 0;
+      if constexpr (std::is_same_v<A, float> && !kLog) {
+        // float: e^(x - m) vectorised (backend/cpu/fast_math.h), summed in double in order (the
+        // compiler's kernels sum the same way: a compiled step stays bitwise eager), then scaled.
+        if (r.inner == 1) {
+          scalar_t* yr = yp + base;
+          const scalar_t* xr = xp + base;
+          if constexpr (std::is_same_v<scalar_t, float>) {
+            _Pragma("omp simd")
+            for (int64_t k = 0; k < r.n; ++k) yr[k] = scalar_t(exp_arith(float(xr[k]) - m));
+            for (int64_t k = 0; k < r.n; ++k) s += double(float(yr[k]));
+            const float inv = float(1.0 / s);
+            _Pragma("omp simd")
+            for (int64_t k = 0; k < r.n; ++k) yr[k] = scalar_t(float(yr[k]) * inv);
+          } else {
+            for (int64_t k = 0; k < r.n; ++k) s += double(exp_arith(float(xr[k]) - m));
+            const float inv = float(1.0 / s);
+            for (int64_t k = 0; k < r.n; ++k) yr[k] = scalar_t(exp_arith(float(xr[k]) - m) * inv);
+          }
+          continue;
+        }
+      }
       for (int64_t k = 0; k < r.n; ++k) s += std::exp(double(A(xp[base + k * r.inner]) - m));
       if constexpr (kLog) {
         const A lse = m + A(std::log(s));

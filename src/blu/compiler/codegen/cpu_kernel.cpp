@@ -12,6 +12,7 @@
 #include <sstream>
 #include <unistd.h>
 
+#include "blu/backend/cpu/fast_math.h"
 #include "blu/compiler/codegen/emit_common.h"
 #include "blu/compiler/codegen/kernel_cache.h"
 #include "blu/core/error.h"
@@ -77,19 +78,25 @@ const char* kPrelude = R"(#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <numbers>
+#include "blu/backend/cpu/fast_math.h"
 #include "blu/core/dtype.h"
+// GELU's tanh as the eager kernels take it: the vectorisable one in float, libm in double.
+template <typename T> static inline T gelu_tanh_of(T u) {
+  if constexpr (sizeof(T) == sizeof(float)) return blu::cpu::tanh_arith(u);
+  else return std::tanh(u);
+}
 template <typename T> static inline T gelu_erf(T x) {
   return T(0.5) * x * (T(1) + std::erf(x * T(std::numbers::sqrt2 / 2)));
 }
 template <typename T> static inline T gelu_tanh(T x) {
   const T k = T(std::numbers::sqrt2 * std::numbers::inv_sqrtpi);
-  return T(0.5) * x * (T(1) + std::tanh(k * (x + T(0.044715) * x * x * x)));
+  return T(0.5) * x * (T(1) + gelu_tanh_of(k * (x + T(0.044715) * x * x * x)));
 }
 template <typename T> static inline T gelu_bwd(T x, bool approx) {
   if (approx) {
     const T k = T(std::numbers::sqrt2 * std::numbers::inv_sqrtpi);
     const T u = k * (x + T(0.044715) * x * x * x);
-    const T th = std::tanh(u);
+    const T th = gelu_tanh_of(u);
     const T du = k * (T(1) + T(3 * 0.044715) * x * x);
     return T(0.5) * (T(1) + th) + T(0.5) * x * (T(1) - th * th) * du;
   }
@@ -142,7 +149,7 @@ std::string emit_cpu_source(const Graph& g, const FusedRegion& r) {
   BLU_CHECK(cpu_emitter_supports(g, r), "cpu codegen: region ", r.index, " holds an op without a CPU emitter");
   const Scalars sc{g, r};
   std::ostringstream os, pre, post;
-  os << kPrelude << "extern \"C\" void blu_region(void* const* p, const double* s) {\n  (void)s;\n";
+  os << kPrelude << "// fast_math " << blu::cpu::kFastMathVersion << "\n" << "extern \"C\" void blu_region(void* const* p, const double* s) {\n  (void)s;\n";
   std::map<int, std::string> ptr;  // value id -> pointer name
   std::set<int> written_inputs;
   for (int oi : r.ops)
@@ -279,13 +286,19 @@ std::string emit_cpu_source(const Graph& g, const FusedRegion& r) {
       auto xe = [&](int v) { return "double(" + elem(v) + ")"; };
       row_os.str("");
       if (n == "softmax") {
-        // As backend/cpu/nn.cpp's softmax over the last dimension.
+        // As backend/cpu/nn.cpp's softmax over the last dimension: in float, e^(x - m) from
+        // backend/cpu/fast_math.h summed in double; in double, libm.
         const int xv = in(0);
+        const bool f32 = A == "float";
         row_os << "      " << A << " m = -std::numeric_limits<" << A << ">::infinity();\n"
                << "      for (int64_t k = 0; k < " << C << "; ++k) m = std::max(m, " << elem(xv) << ");\n"
-               << "      double s0 = 0;\n      for (int64_t k = 0; k < " << C << "; ++k) s0 += std::exp(double("
-               << elem(xv) << " - m));\n      const " << A << " inv = " << A << "(1.0 / s0);\n";
-        define_row(op.outputs[0], A, "      y = std::exp(" + elem(xv) + " - m) * inv;\n");
+               << "      double s0 = 0;\n      for (int64_t k = 0; k < " << C << "; ++k) s0 += "
+               << (f32 ? "double(blu::cpu::exp_arith(" + elem(xv) + " - m));\n"
+                       : "std::exp(double(" + elem(xv) + " - m));\n")
+               << "      const " << A << " inv = " << A << "(1.0 / s0);\n";
+        define_row(op.outputs[0], A,
+                   f32 ? "      y = blu::cpu::exp_arith(" + elem(xv) + " - m) * inv;\n"
+                       : "      y = std::exp(" + elem(xv) + " - m) * inv;\n");
         os << "    {\n" << row_os.str() << "    }\n";
         continue;
       }
@@ -441,11 +454,12 @@ std::string cpu_toolchain_version() {
 std::unique_ptr<CpuKernel> CpuKernel::load(const Graph& g, const FusedRegion& r, bool* compiled) {
   namespace fs = std::filesystem;
   const std::string text = region_text(g, r);
-  const std::string key = kernel_cache_key(text, kCpuTarget, cpu_toolchain_version());
+  const std::string src = emit_cpu_source(g, r);
+  // The source is in the key: a change of the emitter (or of fast_math.h's version) misses.
+  const std::string key = kernel_cache_key(text + "\n" + src, kCpuTarget, cpu_toolchain_version());
   std::optional<std::string> path = kernel_cache_find(key, "so", text);
   if (compiled) *compiled = !path;
   if (!path) {
-    const std::string src = emit_cpu_source(g, r);
     const fs::path dir = fs::temp_directory_path() / ("blu_region_" + key + "_" + std::to_string(::getpid()));
     fs::create_directories(dir);
     { std::ofstream(dir / "region.cpp") << src; }

@@ -623,11 +623,13 @@ const Driver& driver() {
 
 std::string build_cuda_kernel(const Graph& g, const FusedRegion& r, const std::string& arch, bool* compiled) {
   const std::string text = region_text(g, r);
-  const std::string key = kernel_cache_key(text, cuda_target(arch), nvrtc_version());
+  const std::string src = emit_cuda_source(g, r);
+  // The source is in the key: a change of the emitter misses.
+  const std::string key = kernel_cache_key(text + "\n" + src, cuda_target(arch), nvrtc_version());
   std::optional<std::string> path = kernel_cache_find(key, "cubin", text);
   if (compiled) *compiled = !path;
   if (path) return *path;
-  return kernel_cache_store(key, "cubin", nvrtc_compile(emit_cuda_source(g, r), arch, r.index), text);
+  return kernel_cache_store(key, "cubin", nvrtc_compile(src, arch, r.index), text);
 }
 
 std::unique_ptr<CudaKernel> CudaKernel::load(const Graph& g, const FusedRegion& r, bool* compiled) {
