@@ -39,8 +39,10 @@ fi
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 
 device_args=(--device cpu)
-train_args=(--model gpt2:demo-byte --batch-size 16 --seq-len 64 --steps 1000 --lr 3e-3 --min-lr 3e-4 --warmup 50
-            --val-every 250 --sample-every 500 --log-every 100 --shuffle)
+# --block-size 64: the model's positions are the trained ones, so a sample longer than 64 bytes
+# slides over trained positions instead of reaching untrained ones.
+train_args=(--model gpt2:demo-byte --block-size 64 --batch-size 16 --seq-len 64 --steps 1700 --lr 3e-3 --min-lr 3e-4
+            --warmup 50 --val-every 250 --sample-every 500 --log-every 100 --shuffle)
 if "$bin" info 2>/dev/null | grep -qE '^  cuda:0 '; then
   device_args=(--device cuda)
   train_args=(--model gpt2:demo-byte-gpu --precision bf16 --batch-size 64 --seq-len 256 --steps 3000 --lr 1e-3
@@ -59,7 +61,7 @@ fi
 
 echo
 echo "--- sample from runs/demo/best.safetensors ---"
-"$bin" sample --ckpt runs/demo/best.safetensors "${device_args[@]}" --max-new-tokens 400 --temperature 0.8 \
+"$bin" sample --ckpt runs/demo/best.safetensors "${device_args[@]}" --max-new-tokens 400 --temperature 0.5 \
   --top-k 40 --seed 7 | tee runs/demo/sample.txt
 
 if [[ -x /usr/bin/python3 ]]; then
