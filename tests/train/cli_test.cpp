@@ -119,7 +119,7 @@ TEST_F(Cli, ErrorsNameFlagsNotSourceFiles) {
   EXPECT_NE(r.output.find("error: learning rates must be positive: got --lr 0"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find(".cpp:"), std::string::npos) << r.output;
   const Result d = run(args, "BLU_DEBUG=1 ");
-  EXPECT_NE(d.output.find("[trainer.cpp:"), std::string::npos) << d.output;
+  EXPECT_NE(d.output.find("[train_options.cpp:"), std::string::npos) << d.output;
 }
 
 // A warmup longer than the run and a --min-lr above --lr are warned about before the first step.
