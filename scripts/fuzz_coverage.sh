@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Line coverage of a parser under its fuzz target's corpus: compiles the target and the parser's
 # source files with clang's source-based coverage (linking the rest from an ASan build's objects),
-# runs every input of the corpus once, and prints llvm-cov's report for those files.
+# runs every input of the corpus once, and prints llvm-cov's report for those files and the lines
+# no input ran.
 #   bash scripts/fuzz_coverage.sh BUILD_DIR NAME CORPUS_DIR SOURCE...
 #   bash scripts/fuzz_coverage.sh build-asan safetensors /tmp/corpus/safetensors src/blu/io/safetensors.cpp
 set -euo pipefail
@@ -31,4 +32,7 @@ clang++ "${flags[@]}" -fsanitize=fuzzer "fuzz/$name.cpp" "${cov_objs[@]}" "$work
 LLVM_PROFILE_FILE="$work/cov.profraw" "$work/cov" -runs=0 "$corpus" "fuzz/corpus/$name" >"$work/run.log" 2>&1 ||
   { tail -20 "$work/run.log"; exit 1; }
 llvm-profdata merge -sparse "$work/cov.profraw" -o "$work/cov.profdata"
-llvm-cov report "$work/cov" -instr-profile="$work/cov.profdata" "$@"
+# BLU_COV_FUNCTIONS=1: per function (a file that holds more than the parser).
+llvm-cov report "$work/cov" -instr-profile="$work/cov.profdata" ${BLU_COV_FUNCTIONS:+-show-functions} "$@"
+# The lines the corpus never ran, to compare with what the parser's own tests reach.
+llvm-cov show "$work/cov" -instr-profile="$work/cov.profdata" "$@" | grep -E '^ +[0-9]+\| +0\|' || true

@@ -44,7 +44,7 @@ int64_t now_us() {
 template <size_t N>
 void copy_field(char (&dst)[N], std::string_view s) {
   const size_t n = std::min(s.size(), N - 1);
-  std::memcpy(dst, s.data(), n);
+  if (n > 0) std::memcpy(dst, s.data(), n);  // an empty view's data() may be null: no memcpy then
   dst[n] = '\0';
 }
 
