@@ -81,11 +81,14 @@ inline void ddp_grads_worker() {
   std::set<const Storage*> buckets;
   for (size_t b = 0; b < ddp.bucket_layout().size(); ++b) buckets.insert(ddp.bucket_buffer(b).storage().get());
   const std::vector<Tensor> params = model.parameters();
-  auto replace_grads = [&](size_t which) {  // a new tensor with the same values (or zeros)
+  // A new tensor with the same values (or zeros). After the last backward (which == 2) the buckets
+  // are being all-reduced, so .grad is not read then (that read would race with the reduction):
+  // zeros replace it, and finish() must still make .grad the averaged bucket view.
+  auto replace_grads = [&](size_t which) {
     for (size_t i = which; i < params.size(); i += 3) {
       Tensor p = params[i];
       const Tensor g = p.grad();
-      p.set_grad(g.defined() ? clone(g) : zeros(p.shape()));
+      p.set_grad(g.defined() && which != 2 ? clone(g) : zeros(p.shape()));
     }
   };
   std::ofstream gf;

@@ -277,9 +277,13 @@ TEST_F(CachingAllocatorTest, RecordStreamOnTwoStreamsNeedsBoth) {
   alloc->free(a);
   EXPECT_EQ(events.recorded, 2);
   events.complete(kB);
-  EXPECT_NE(alloc->malloc(1000, kA), a);  // C still pending: carved next to it
+  void* b = alloc->malloc(1000, kA);
+  EXPECT_NE(b, a);  // C still pending: carved next to it
   events.complete(kC);
-  EXPECT_EQ(alloc->malloc(1000, kA), a);
+  void* c = alloc->malloc(1000, kA);
+  EXPECT_EQ(c, a);
+  alloc->free(b);
+  alloc->free(c);
 }
 
 TEST_F(CachingAllocatorTest, OomFlushesCacheAndRetries) {
