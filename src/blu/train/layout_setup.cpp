@@ -4,12 +4,19 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <ostream>
 
 #include "blu/core/error.h"
+#include "blu/dist/process_group.h"
+#include "blu/models/registry.h"
+#include "blu/core/rng.h"
 #include "blu/dist/consistency.h"
 #include "blu/dist/hetero.h"
 #include "blu/dist/tensor_parallel.h"
 #include "blu/train/trainer.h"
+#ifdef BLU_HAVE_CUDA
+#include "blu/backend/cuda/runtime.h"
+#endif
 
 namespace blu::train {
 
@@ -88,6 +95,73 @@ LayoutDecision decide_layout(const std::string& text, models::CausalLM& model, c
   state_weights(a, stated);
   d.text = dist::to_text(a);  // the same on every rank: the times were all-gathered
   for (double s : t) d.probe_ms.push_back(s * 1e3);
+  return d;
+}
+
+// Note [Deciding --parallel]: `--parallel auto` and weights=probe are decided before the layout is
+// resolved. Every rank builds a copy of the model on its device, probes it (auto: dist::
+// measure_model, and the link over a probe group of the whole job; probe: each replica's step
+// time) and train/layout_setup.h's decide_layout turns the text into a stated layout, rank 0's
+// pick agreed through the store. The run then trains that layout, and records it (and -B as the
+// layout's rows per micro-batch per replica) in run.json, so a resume runs it again as it is. -B
+// under auto is rows per rank, as under --dp N: the global batch is -B x ranks. The default
+// generator is restored after the probe, so the run draws what it would have drawn without it.
+LayoutDecision decide_parallel(const TrainOptions& o, const dist::DistEnv& env,
+                               std::unique_ptr<dist::TcpStore>& store_, std::ostream* log) {
+  const double timeout_s = o.dist_timeout > 0 ? o.dist_timeout : env.dist_timeout_s;
+  const auto ms = [&](double fallback_s) {
+    return dist::Milliseconds(int64_t((timeout_s > 0 ? timeout_s : fallback_s) * 1000));
+  };
+  Device dev(o.device);
+#ifdef BLU_HAVE_CUDA
+  if (dev.is_cuda() && env.world_size > 1) dev = Device(DeviceType::cuda, env.local_rank);
+  if (dev.is_cuda()) cuda::set_device(dev.index);
+#endif
+  std::shared_ptr<dist::ProcessGroup> probe_pg;
+  if (env.world_size > 1) {
+    store_ = std::make_unique<dist::TcpStore>(env.master_addr, env.master_port, env.rank == 0,
+                                              dist::StoreOptions::from_env(ms(30)));
+#ifdef BLU_HAVE_CUDA
+    if (dev.is_cuda())
+      probe_pg = dist::make_nccl_group(*store_, env.rank, env.world_size,
+                                       dist::NcclOptions{.timeout = ms(600), .device = dev.index, .prefix = "probe"});
+    else
+#endif
+      probe_pg = dist::make_gloo_group(*store_, env.rank, env.world_size,
+                                       dist::GlooOptions{.timeout = ms(30), .hostname = "", .prefix = "probe"});
+  }
+  const Generator saved = default_generator();
+  const std::unique_ptr<models::CausalLM> probe = models::build_model(o.model, 0);
+  probe->to(dev);
+  probe->train();
+  apply_precision(*probe, o.precision);
+  dist::ModelCosts costs;
+  dist::LinkCosts link;
+  if (o.parallel == "auto") {
+    costs = dist::measure_model(*probe, std::max<int64_t>(1, o.batch_size / 2), o.seq_len, 3);
+    if (probe_pg) link = dist::measure_link(*probe_pg, dev, 5);
+  }
+  const LayoutDecision d = decide_layout(o.parallel, *probe, costs, link, probe_pg.get(), store_.get(), env.rank,
+                                         env.world_size, o.batch_size, o.seq_len,
+                                         o.gpu_memory_budget * double(int64_t(1) << 30));
+  default_generator() = saved;
+  if (log && env.rank == 0) {
+    if (o.parallel == "auto") {
+      *log << "parallel auto: the planner's fastest layouts for " << o.batch_size * env.world_size
+               << " rows per step on " << env.world_size << " rank(s):\n";
+      for (const auto& p : d.plan) {
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "  %9.2f ms  %9.1f MiB per rank%s  ", p["step_ms"].get<double>(),
+                      p["memory_mib"].get<double>(), p["fits"].get<bool>() ? "" : " (over budget)");
+        *log << buf << p["layout"].get<std::string>() << "\n";
+      }
+      *log << "parallel auto: training " << d.text << " with -B " << d.rows << "\n";
+    } else {
+      *log << "parallel: weights=probe measured step times of";
+      for (double t : d.probe_ms) *log << " " << t << " ms";
+      *log << ": training " << d.text << "\n";
+    }
+  }
   return d;
 }
 

@@ -15,6 +15,7 @@
 // Keep: every rank calls make_layout_groups and make_layout_strategy in the same order (they hold
 // collectives); nothing here names a concrete model.
 #pragma once
+#include <iosfwd>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -22,6 +23,7 @@
 
 #include "blu/core/device.h"
 #include "blu/dist/annotations.h"
+#include "blu/dist/env.h"
 #include "blu/dist/mesh.h"
 #include "blu/dist/pipeline.h"
 #include "blu/dist/planner.h"
@@ -49,6 +51,14 @@ bool needs_decision(const std::string& text);  // "auto", or a weights=probe any
 LayoutDecision decide_layout(const std::string& text, models::CausalLM& model, const dist::ModelCosts& costs,
                              const dist::LinkCosts& link, dist::ProcessGroup* probe_pg, dist::TcpStore* store, int rank,
                              int world, int64_t rows_per_rank, int64_t seq, double memory_budget);
+
+// The trainer's decision of `o.parallel` (auto or weights=probe) on this job: probes a copy of the
+// model on this rank's device and the link over a probe group, made through `store`, which it
+// creates when the job has several ranks (the trainer keeps it); prints the plan or the probe's
+// times to `log` on rank 0 (Note [Deciding --parallel] in layout_setup.cpp).
+struct TrainOptions;
+LayoutDecision decide_parallel(const TrainOptions& o, const dist::DistEnv& env, std::unique_ptr<dist::TcpStore>& store,
+                               std::ostream* log);
 
 // BLU_CHECK for what the runtime does not implement; `text` is the annotation as the user gave it.
 void check_layout_supported(const dist::Layout& l, const std::string& text, int64_t seq_len);

@@ -226,9 +226,6 @@ class Trainer {
   std::string save(int64_t step);
   void keep_best(double val_loss);
   void compute_baseline();
-  // --parallel auto or weights=probe: probes the job and replaces opt_s_.parallel (and batch_size)
-  // with the stated layout decided (Note [Deciding --parallel] in trainer.cpp).
-  void decide_parallel(const dist::DistEnv& env);
   void print_header();
   void sample(int64_t step);
   // Data parallel: what the ranks are doing, named by a collective that times out.
