@@ -559,6 +559,41 @@ TEST(CudaNN, CrossEntropyV50304MatchesCpu) {
     }
 }
 
+// The cross-entropy on a shard of the classes (the vocabulary-parallel loss's kernels): the
+// second of two shards of a 50,257-id vocabulary padded to 50,304, whose last 47 columns are
+// padding; targets on both shards, ignored rows, the gradient written beside and over the logits.
+TEST(CudaNN, CrossEntropyShardMatchesCpu) {
+  SKIP_WITHOUT_CUDA();
+  manual_seed(11);
+  const int64_t N = 48, V = 50257, Vl = 25152, off = Vl, cols = V - off, ignore = -1;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const Tensor x = rnd({N, Vl}, dt, 4.0);
+    std::vector<double> tv(static_cast<size_t>(N));
+    const auto r = to_vector(randint(0, V, {N}));
+    for (int64_t i = 0; i < N; ++i) tv[size_t(i)] = i % 9 == 4 ? double(ignore) : r[size_t(i)];
+    tv[0] = double(V - 1), tv[1] = double(off), tv[2] = double(off - 1);  // the shard's edges
+    const Tensor t = from_vector(tv, {N}, DType::i64);
+    const std::string tag(dtype_name(dt));
+    const CrossEntropyShard c = cross_entropy_shard(x, t, cols, off, V, ignore);
+    const CrossEntropyShard d = cross_entropy_shard(dev(x), dev(t), cols, off, V, ignore);
+    EXPECT_TRUE(close("lse " + tag, hvec(d.lse), to_vector(c.lse), Tol{1e-5, 1e-6, 0}));
+    EXPECT_TRUE(close("row loss " + tag, hvec(d.row_loss), to_vector(c.row_loss), Tol{2e-5, 2e-6, 0}));
+    const auto rl = to_vector(c.row_loss);
+    for (int64_t i = 0; i < N; ++i)
+      if (tv[size_t(i)] < double(off)) EXPECT_EQ(rl[size_t(i)], 0.0) << "row " << i << " is the other shard's";
+    // The whole vocabulary's logsumexp stands in for the shard's in the backward.
+    const Tensor lse = add(c.lse, 0.75), g = rnd({N}, DType::f32);
+    const Tensor gc = cross_entropy_shard_backward(x, t, lse, g, cols, off, V, ignore, false);
+    const Tensor gd = cross_entropy_shard_backward(dev(x), dev(t), dev(lse), dev(g), cols, off, V, ignore, false);
+    const Tol gt = dt == DType::f32 ? Tol{4e-6, 1e-5, 0} : Tol{4e-4, 1.0 / 128, 0};
+    EXPECT_TRUE(close("dlogits " + tag, hvec(gd), to_vector(gc), gt));
+    const Tensor over = dev(x);
+    const Tensor go = cross_entropy_shard_backward(over, dev(t), dev(lse), dev(g), cols, off, V, ignore, true);
+    EXPECT_EQ(go.raw_data(), over.raw_data()) << "overwrite must write over the logits";
+    EXPECT_EQ(hvec(go), hvec(gd)) << tag;
+  }
+}
+
 TEST(CudaNN, LayerNormForwardBackwardMatchCpuAndIsDeterministic) {
   SKIP_WITHOUT_CUDA();
   manual_seed(8);

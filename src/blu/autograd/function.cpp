@@ -37,7 +37,22 @@ Tensor identity_with_backward_callback(const Tensor& x, std::function<void()> on
   return out;
 }
 
+namespace {
+thread_local bool t_last_backward = false;
+}
+
+bool function_backward_is_last() { return t_last_backward; }
+
+void FunctionNode::release_saved() { backward = nullptr; }
+
 std::vector<Tensor> FunctionNode::apply(std::vector<Tensor>&& grad_out) {
+  BLU_CHECK(backward, "backward through '", label,
+            "' a second time: its closure was freed; pass retain_graph=true to the first backward");
+  struct LastFlag {
+    bool prev;
+    explicit LastFlag(bool now) : prev(t_last_backward) { t_last_backward = now; }
+    ~LastFlag() { t_last_backward = prev; }
+  } flag(last);
   std::vector<Tensor> in_grads = backward(grad_out);
   BLU_ASSERT(in_grads.size() <= next.size(), "the backward of '", label, "' returned ", in_grads.size(),
              " gradients for ", next.size(), " inputs");

@@ -33,9 +33,18 @@ using FunctionBackward = std::function<std::vector<Tensor>(const std::vector<Ten
 struct FunctionNode final : Node {
   FunctionBackward backward;
   std::string label;
+  bool last = false;  // the backward is dropped right after the next apply (no retain_graph)
   std::vector<Tensor> apply(std::vector<Tensor>&& grad_out) override;
   std::string name() const override { return label; }
+  void will_release_saved(bool yes) override { last = yes; }
+  void release_saved() override;  // drops the backward and what it captured
 };
+
+// Inside a record_function backward: whether its node drops the backward, and what the closure
+// captured, right after this call (no retain_graph). A buffer only the closure refers to may then
+// take the gradient in place (Note [Donated buffers], ops/dispatch.h); a backward that runs again
+// must leave it as it was.
+bool function_backward_is_last();
 
 // `outputs` recorded as the outputs of one node over `inputs` whose backward is `backward`. With
 // grad mode off, or when no input requires grad, the outputs come back as they are. Floating

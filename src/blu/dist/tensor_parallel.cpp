@@ -192,41 +192,46 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
   const int64_t cols = std::clamp<int64_t>(vocab - off, 0, Vl);  // this rank's real (unpadded) columns
   BLU_CHECK(cols > 0, "vocab_parallel_cross_entropy: rank ", tp.rank(), " owns columns [", off, ", ", off + Vl,
             ") of a vocabulary of ", vocab, ": none is real");
+  constexpr int64_t kIgnore = -1;
+  // The shard's statistics in one pass over its logits (no copy of them), combined over the ranks:
+  // lse = M + log Σ_ranks exp(lse_r − M), M the largest lse_r; the target's logit, lse_r − row_loss_r,
+  // from the rank that holds it.
   BLU_CHECK(vocab < (int64_t(1) << 24), "vocab_parallel_cross_entropy: a vocabulary of ", vocab,
             " is beyond the 2^24 ids the f32 index arithmetic holds exactly");
-  const DType ct = logits.dtype() == DType::f64 ? DType::f64 : DType::f32;
-  const Device dev = logits.device();
-  Tensor z = to_dtype(logits, ct);
-  if (cols < Vl) z = narrow(z, 1, 0, cols);
-  Tensor row_max, target_hot, valid;  // [N, 1], [N, cols], [N]
+  Tensor lse, row_loss, valid, count;  // [N] each, statistics dtype; count 0-d (at least 1)
   {
     NoGradGuard no_grad;
-    const Tensor zd = z.detach();
-    // Column indices compared in ct (exact below 2^24, checked above).
-    const Tensor col = reshape(arange(0, double(cols), 1, ct, dev), {1, cols});
-    // The row max without a max-along-dim op: the argmax's one-hot picks it out exactly.
-    const Tensor hot = to_dtype(eq(col, to_dtype(argmax(zd, 1, true), ct)), ct);
-    row_max = all_reduced(sum(mul(zd, hot), {1}, true), tp, ReduceOp::max);
-    const Tensor t = reshape(to_dtype(targets, ct), {targets.size(0), 1});
-    target_hot = to_dtype(eq(add(col, double(off)), t), ct);  // zero on the ranks that do not own it
-    valid = reshape(to_dtype(gt(t, -0.5), ct), {targets.size(0)});
-    if (ShardingCheck* c = ShardingCheck::active()) {  // rank-dependent constants: this rank's columns
-      c->set(target_hot, Placement::shard(-1));
-      c->set(row_max, Placement::replicate());
+    const Tensor x = contiguous(logits.detach());
+    const CrossEntropyShard part = cross_entropy_shard(x, targets, cols, off, vocab, kIgnore);
+    const DType sd = part.lse.dtype();
+    const Tensor t = to_dtype(targets, sd);  // exact: ids below 2^24 (checked above)
+    const Tensor owned = mul(to_dtype(gt(t, double(off) - 0.5), sd), to_dtype(lt(t, double(off + cols) - 0.5), sd));
+    const Tensor m = all_reduced(part.lse, tp, ReduceOp::max);
+    // One all-reduce for both sums: [2, N] = (exp(lse_r − M), target logit or 0).
+    const Tensor both = all_reduced(
+        stack({exp(sub(part.lse, m)), mul(sub(part.lse, part.row_loss), owned)}, 0), tp);
+    lse = add(m, log(select(both, 0, 0)));
+    valid = to_dtype(gt(t, double(kIgnore) + 0.5), sd);
+    count = clamp(sum(valid), 1.0, std::numeric_limits<double>::infinity());
+    row_loss = mul(sub(lse, select(both, 0, 1)), valid);
+    if (ShardingCheck* c = ShardingCheck::active()) {
+      c->set(lse, Placement::replicate());
+      c->set(row_loss, Placement::replicate());
     }
   }
-  // log Σ_all exp(z) = log(Σ_ranks Σ_local exp(z − m)) + m, m the global row max (a constant for
-  // the gradient: the shift cancels).
-  const Tensor sum_exp = reduce_from_tp(sum(exp(sub(z, row_max)), {1}), tp);
-  const Tensor lse = add(log(sum_exp), reshape(row_max, {z.size(0)}));
-  const Tensor target_logit = reduce_from_tp(sum(mul(z, target_hot), {1}), tp);
-  const Tensor per_row = mul(sub(lse, target_logit), valid);
-  Tensor count;
-  {
-    NoGradGuard no_grad;
-    count = clamp(sum(valid), 1.0, std::numeric_limits<double>::infinity());
-  }
-  return div(sum(per_row), count);
+  Tensor loss = div(sum(row_loss), count);
+  // Backward: (softmax − one-hot)·g/count on this rank's columns, written over the logits when
+  // nothing else holds them (they are then the closure's alone: Note [Donated buffers]).
+  return record_function(
+      "vocab_parallel_cross_entropy", {logits}, {loss},
+      [x = logits, targets, lse, valid, count, cols, off, vocab](const std::vector<Tensor>& g) mutable {
+        const Tensor grad_rows = mul(valid, div(to_dtype(g[0], valid.dtype()), count));
+        Tensor in = x;
+        if (function_backward_is_last()) x = Tensor();  // the closure's handle goes now, not after
+        const bool overwrite = !x.defined() && in.is_contiguous() && in.storage().use_count() == 1;
+        return std::vector<Tensor>{
+            cross_entropy_shard_backward(in, targets, lse, grad_rows, cols, off, vocab, kIgnore, overwrite)};
+      })[0];
 }
 
 // --- modules ---

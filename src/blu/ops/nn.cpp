@@ -3,6 +3,7 @@
 // norm); the backward ops have no backward of their own (no double backward through these).
 #include "blu/ops/nn.h"
 
+#include "blu/core/grad_mode.h"
 #include "blu/ops/dispatch.h"
 #include "blu/ops/view.h"
 
@@ -255,6 +256,50 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   const int64_t classes = num_classes == -1 && logits.dim() > 0 ? logits.shape().back() : num_classes;
   return dispatch(kCrossEntropy, {contiguous(logits), contiguous(target)},
                   Attrs{{"ignore_index", ignore_index}, {"reduction", int64_t(reduction)}, {"classes", classes}})[0];
+}
+
+namespace {
+Attrs shard_attrs(const Tensor& logits, const Tensor& target, int64_t classes, int64_t class_offset, int64_t vocab,
+                  int64_t ignore_index) {
+  BLU_CHECK(logits.defined() && target.defined() && logits.dim() == 2 && target.dim() == 1 &&
+                target.size(0) == logits.size(0),
+            "cross_entropy_shard: expected logits [N, C] and target [N], got ",
+            logits.defined() ? logits.shape() : Shape{}, " and ", target.defined() ? target.shape() : Shape{});
+  BLU_CHECK(class_offset >= 0 && classes >= 1 && class_offset + classes <= vocab, "cross_entropy_shard: the classes [",
+            class_offset, ", ", class_offset + classes, ") are not a part of a vocabulary of ", vocab);
+  return Attrs{{"ignore_index", ignore_index},
+               {"reduction", int64_t(Reduction::none)},
+               {"classes", classes},
+               {"class_offset", class_offset},
+               {"vocab", vocab}};
+}
+}  // namespace
+
+CrossEntropyShard cross_entropy_shard(const Tensor& logits, const Tensor& target, int64_t classes,
+                                      int64_t class_offset, int64_t vocab, int64_t ignore_index) {
+  const Attrs a = shard_attrs(logits, target, classes, class_offset, vocab, ignore_index);
+  NoGradGuard no_grad;
+  std::vector<Tensor> out = dispatch(kCrossEntropy, {contiguous(logits), contiguous(target)}, a);
+  return {out[0], out[1]};
+}
+
+Tensor cross_entropy_shard_backward(const Tensor& logits, const Tensor& target, const Tensor& lse,
+                                    const Tensor& grad_rows, int64_t classes, int64_t class_offset, int64_t vocab,
+                                    int64_t ignore_index, bool overwrite) {
+  const Attrs a = shard_attrs(logits, target, classes, class_offset, vocab, ignore_index);
+  const DType sd = stat_dtype(logits.dtype());
+  BLU_CHECK(lse.shape() == target.shape() && grad_rows.shape() == target.shape() && lse.dtype() == sd &&
+                grad_rows.dtype() == sd,
+            "cross_entropy_shard_backward: expected lse and grad_rows [", target.size(0), "] ", sd, ", got ",
+            lse.shape(), " ", lse.dtype(), " and ", grad_rows.shape(), " ", grad_rows.dtype());
+  NoGradGuard no_grad;
+  if (overwrite) {
+    BLU_CHECK(logits.is_contiguous(), "cross_entropy_shard_backward: logits to overwrite must be contiguous");
+    return dispatch1(kCrossEntropyBackwardInplace, {logits, contiguous(grad_rows), contiguous(target), contiguous(lse)},
+                     a);
+  }
+  return dispatch1(kCrossEntropyBackward, {contiguous(grad_rows), contiguous(logits), contiguous(target), contiguous(lse)},
+                   a);
 }
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {

@@ -22,6 +22,27 @@ Tensor log_softmax(const Tensor& x, int64_t dim);
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100,
                      Reduction reduction = Reduction::mean, int64_t num_classes = -1);
 
+// The cross-entropy's kernels on a shard of the classes, for a vocabulary-parallel loss
+// (dist/tensor_parallel.h combines the shards). logits [N, C] hold the classes [class_offset,
+// class_offset + classes) of a vocabulary of `vocab` in their first `classes` columns; target [N]
+// indexes the whole vocabulary (ignore_index rows are ignored, others outside [0, vocab) are a
+// BLU_CHECK error on the CPU, NaN on a GPU). Not differentiable. Both outputs [N] in the statistics
+// dtype (fp32; f64 for f64 logits): lse, the logsumexp over the shard's classes; row_loss, lse minus
+// the target's logit where the shard holds the target, else 0.
+struct CrossEntropyShard {
+  Tensor row_loss, lse;
+};
+CrossEntropyShard cross_entropy_shard(const Tensor& logits, const Tensor& target, int64_t classes,
+                                      int64_t class_offset, int64_t vocab, int64_t ignore_index);
+// The gradient of Σ_n grad_rows[n]·loss[n] with respect to the shard's logits, given lse [N], the
+// logsumexp over the whole vocabulary: (exp(logits − lse) − one-hot)·grad_rows[n] on the classes,
+// zero on the columns past them and on ignored rows; in the logits' dtype. grad_rows and lse in the
+// statistics dtype. `overwrite`: written over the logits (contiguous, referred to by nothing else),
+// which are returned.
+Tensor cross_entropy_shard_backward(const Tensor& logits, const Tensor& target, const Tensor& lse,
+                                    const Tensor& grad_rows, int64_t classes, int64_t class_offset, int64_t vocab,
+                                    int64_t ignore_index, bool overwrite);
+
 // Normalises over the last dim; weight and bias ([C]) may be undefined.
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
 

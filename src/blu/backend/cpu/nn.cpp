@@ -124,8 +124,8 @@ BLU_REGISTER_KERNEL(cpu, "log_softmax_backward", softmax_backward_kernel<true>);
 
 // --- cross_entropy -----------------------------------------------------------------------------
 
-// Target ids as i64, checked against [0, C) (ignore_index excepted); returns the count of rows
-// that are not ignored.
+// Target ids as i64, checked against [0, classes) (ignore_index excepted); returns the count of
+// rows that are not ignored.
 template <typename I>
 int64_t check_targets(const I* t, int64_t n, int64_t classes, int64_t ignore) {
   int64_t count = 0;
@@ -139,8 +139,19 @@ int64_t check_targets(const I* t, int64_t n, int64_t classes, int64_t ignore) {
   return count;
 }
 
+// A shard of the classes (ops/nn.h, cross_entropy_shard): the K columns are the classes
+// [offset, offset + K) of `vocab`; the targets index the whole vocabulary.
+struct ClassShard {
+  int64_t offset = 0, vocab = 0;
+};
+ClassShard class_shard(const Attrs& a, int64_t K) {
+  return a.has("class_offset") ? ClassShard{a.i("class_offset"), a.i("vocab")} : ClassShard{0, K};
+}
+
 // Inputs (logits [N, C] or [C], target [N] or 0-d), contiguous; the classes are columns [0, K)
-// (attr classes). Outputs loss and lse [N] (the logsumexp over the K classes).
+// (attr classes), or with attrs class_offset and vocab the classes [offset, offset + K) of a
+// vocabulary: a row whose target lies outside them adds no loss. Outputs loss and lse [N] (the
+// logsumexp over the K columns).
 void cross_entropy_kernel(const KernelCall& c) {
   const Tensor& x = c.in[0];
   const Tensor& t = c.in[1];
@@ -148,10 +159,11 @@ void cross_entropy_kernel(const KernelCall& c) {
   const int64_t C = x.shape().back(), N = x.numel() / C, K = c.attrs.i("classes");
   const int64_t ignore = c.attrs.i("ignore_index");
   const auto red = Reduction(c.attrs.i("reduction"));
+  const ClassShard sh = class_shard(c.attrs, K);
   BLU_DISPATCH_INDEX(t.dtype(), "cross_entropy", {
     using I = scalar_t;
     const I* tp = cdata<I>(t);
-    const int64_t count = check_targets(tp, N, K, ignore);
+    const int64_t count = check_targets(tp, N, sh.vocab, ignore);
     BLU_DISPATCH_FLOATING(x.dtype(), "cross_entropy", {
       using A = acc_t<scalar_t>;
       using S = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;  // stat dtype
@@ -168,8 +180,8 @@ void cross_entropy_kernel(const KernelCall& c) {
         for (int64_t k = 0; k < K; ++k) s += std::exp(double(A(row[k])) - double(m));
         const double l = double(m) + std::log(s);
         lse[n] = S(l);
-        const int64_t tv = int64_t(tp[n]);
-        loss[size_t(n)] = tv == ignore ? 0.0 : l - double(A(row[tv]));
+        const int64_t tv = int64_t(tp[n]), k = tv - sh.offset;  // k outside [0, K): another shard's class
+        loss[size_t(n)] = tv == ignore || k < 0 || k >= K ? 0.0 : l - double(A(row[k]));
       }
       S* out = c.out[0].data<S>();  // the loss in the statistics dtype (fp32 for 16-bit logits)
       if (red == Reduction::none) {
@@ -184,18 +196,20 @@ void cross_entropy_kernel(const KernelCall& c) {
 }
 BLU_REGISTER_KERNEL(cpu, "cross_entropy", cross_entropy_kernel);
 
-// gx[n, k] = (exp(x[n, k] - lse[n]) - [k == t[n]]) * scale[n], scale = g[n] (none), g (sum) or
-// g / count (mean), for k < K (attr classes); zero for ignored rows and for the columns k ≥ K that
-// are not classes. gx may be x itself (each element is read before it is written).
+// gx[n, k] = (exp(x[n, k] - lse[n]) - [k + offset == t[n]]) * scale[n], scale = g[n] (none), g
+// (sum) or g / count (mean), for k < K (attr classes; offset 0 unless class_offset); zero for
+// ignored rows and for the columns k ≥ K that are not classes. gx may be x itself (each element is
+// read before it is written).
 void cross_entropy_backward_into(const Tensor& g, const Tensor& x, const Tensor& t, const Tensor& lse_t,
                                  const Attrs& attrs, const Tensor& gx) {
   const int64_t C = x.shape().back(), N = x.numel() / C, K = attrs.i("classes");
   const int64_t ignore = attrs.i("ignore_index");
   const auto red = Reduction(attrs.i("reduction"));
+  const ClassShard sh = class_shard(attrs, K);
   BLU_DISPATCH_INDEX(t.dtype(), "cross_entropy_backward", {
     using I = scalar_t;
     const I* tp = cdata<I>(t);
-    const int64_t count = check_targets(tp, N, K, ignore);
+    const int64_t count = check_targets(tp, N, sh.vocab, ignore);
     BLU_DISPATCH_FLOATING(x.dtype(), "cross_entropy_backward", {
       using A = acc_t<scalar_t>;
       using S = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
@@ -216,9 +230,10 @@ void cross_entropy_backward_into(const Tensor& g, const Tensor& x, const Tensor&
         if (red == Reduction::mean) scale = A(double(scale) / double(count));
         const scalar_t* row = xp + n * C;
         const A l = A(lse[n]);
+        const int64_t hot = tv - sh.offset;  // outside [0, K): another shard's class, no one-hot term here
         for (int64_t k = 0; k < K; ++k) {
           const A p = std::exp(A(row[k]) - l);
-          orow[k] = scalar_t((p - A(k == tv ? 1 : 0)) * scale);
+          orow[k] = scalar_t((p - A(k == hot ? 1 : 0)) * scale);
         }
         std::fill(orow + K, orow + C, scalar_t(A(0)));
       }

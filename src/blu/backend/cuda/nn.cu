@@ -201,13 +201,15 @@ __device__ __forceinline__ MaxSum<A> block_merge(MaxSum<A> v, A* sm, A* ss) {
   return v;
 }
 
-// One block per row of C columns whose first K are classes: lse[n] = logsumexp(x[n, :K]);
-// row_loss[n] = lse - x[n, t] (0 when ignored, NaN when t is outside [0, K)). One pass over the
-// K classes, 16-byte loads when the row is aligned.
+// One block per row of C columns whose first K are classes [off, off + K) of a vocabulary of
+// `vocab` (off 0, vocab K unless the op runs on a shard of the classes): lse[n] =
+// logsumexp(x[n, :K]); row_loss[n] = lse - x[n, t - off] (0 when ignored or when t is another
+// shard's class, NaN when t is outside [0, vocab)). One pass over the K classes, 16-byte loads
+// when the row is aligned.
 template <typename T, typename I>
 __global__ void cross_entropy_rows_kernel(const T* __restrict__ x, const I* __restrict__ target, int64_t C,
-                                          int64_t K, int64_t ignore, acc_of<T>* __restrict__ lse,
-                                          acc_of<T>* __restrict__ loss) {
+                                          int64_t K, int64_t off, int64_t vocab, int64_t ignore,
+                                          acc_of<T>* __restrict__ lse, acc_of<T>* __restrict__ loss) {
   using A = acc_of<T>;
   __shared__ A sm[32], ss[32];
   const int64_t row = blockIdx.x;
@@ -255,8 +257,9 @@ __global__ void cross_entropy_rows_kernel(const T* __restrict__ x, const I* __re
     const int64_t t = int64_t(target[row]);
     A lo;
     if (t == ignore) lo = A(0);
-    else if (t < 0 || t >= K) lo = A(NAN);
-    else lo = l - to_acc(xr[t]);
+    else if (t < 0 || t >= vocab) lo = A(NAN);
+    else if (t < off || t >= off + K) lo = A(0);
+    else lo = l - to_acc(xr[t - off]);
     loss[row] = lo;
   }
 }
@@ -292,7 +295,7 @@ __global__ void count_targets_kernel(const I* target, int64_t n, int64_t ignore,
   if (threadIdx.x == 0) count[0] = cnt;
 }
 
-// gx[n, k] = (exp(x[n, k] - lse[n]) - [k == t[n]]) * scale for the classes k < K, scale = g[n]
+// gx[n, k] = (exp(x[n, k] - lse[n]) - [k + off == t[n]]) * scale for the classes k < K, scale = g[n]
 // (none), g[0] (sum) or g[0] / count (mean); zero rows where t is ignored and zero columns k ≥ K
 // (not classes: the padded columns are written, never left as they were). One block per row of
 // C columns, vector loads and stores. gx may be x (Note [Donated buffers]): each element is read
@@ -300,19 +303,20 @@ __global__ void count_targets_kernel(const I* target, int64_t n, int64_t ignore,
 template <typename T, typename I>
 __global__ void cross_entropy_backward_kernel(const acc_of<T>* __restrict__ g, const T* x,
                                               const I* __restrict__ target, const acc_of<T>* __restrict__ lse,
-                                              const double* count, int red, int64_t C, int64_t K, int64_t ignore,
-                                              T* gx) {
+                                              const double* count, int red, int64_t C, int64_t K, int64_t off,
+                                              int64_t vocab, int64_t ignore, T* gx) {
   using A = acc_of<T>;
   const int64_t row = blockIdx.x;
   const T* xr = x + row * C;
   T* gr = gx + row * C;
-  const int64_t t = int64_t(target[row]);
-  const bool ignored = t == ignore;
+  const int64_t t0 = int64_t(target[row]);
+  const bool ignored = t0 == ignore;
+  const int64_t t = t0 - off;  // outside [0, K): another shard's class, no one-hot term here
   A scale = A(0);
   if (!ignored) {
     scale = red == int(Reduction::none) ? g[row] : g[0];
     if (red == int(Reduction::mean)) scale = A(double(scale) / count[0]);
-    if (t < 0 || t >= K) scale = A(NAN);
+    if (t0 < 0 || t0 >= vocab) scale = A(NAN);
   }
   const A l = lse[row];
   int64_t k0 = 0;
@@ -350,6 +354,8 @@ void cross_entropy_kernel(const KernelCall& c) {
   const int64_t C = x.shape().back(), N = x.numel() / C, K = c.attrs.i("classes");
   const int64_t ignore = c.attrs.i("ignore_index");
   const auto red = Reduction(c.attrs.i("reduction"));
+  const int64_t off = c.attrs.has("class_offset") ? c.attrs.i("class_offset") : 0;
+  const int64_t vocab = c.attrs.has("class_offset") ? c.attrs.i("vocab") : K;
   cudaStream_t s = stream_of(c.ctx);
   BLU_CUDA_DISPATCH_INDEX(t.dtype(), "cross_entropy", {
     using I = scalar_t;
@@ -361,7 +367,7 @@ void cross_entropy_kernel(const KernelCall& c) {
       Scratch loss(c.ctx, size_t(std::max<int64_t>(N, 1)) * sizeof(A));
       if (N > 0) {
         cross_entropy_rows_kernel<scalar_t, I><<<unsigned(N), 256, 0, s>>>(
-            static_cast<const scalar_t*>(x.raw_data()), tp, C, K, ignore, lse, loss.as<A>());
+            static_cast<const scalar_t*>(x.raw_data()), tp, C, K, off, vocab, ignore, lse, loss.as<A>());
         BLU_CUDA_CHECK_LAUNCH();
       }
       if (red == Reduction::none) {
@@ -387,6 +393,8 @@ void cross_entropy_backward_into(const ExecContext& ctx, const Tensor& g, const 
   if (N == 0) return;
   const int64_t ignore = attrs.i("ignore_index");
   const auto red = Reduction(attrs.i("reduction"));
+  const int64_t off = attrs.has("class_offset") ? attrs.i("class_offset") : 0;
+  const int64_t vocab = attrs.has("class_offset") ? attrs.i("vocab") : K;
   cudaStream_t s = stream_of(ctx);
   BLU_CUDA_DISPATCH_INDEX(t.dtype(), "cross_entropy_backward", {
     using I = scalar_t;
@@ -400,7 +408,7 @@ void cross_entropy_backward_into(const ExecContext& ctx, const Tensor& g, const 
       using A = acc_of<scalar_t>;
       cross_entropy_backward_kernel<scalar_t, I><<<unsigned(N), 256, 0, s>>>(
           static_cast<const A*>(g.raw_data()), static_cast<const scalar_t*>(x.raw_data()), tp,
-          static_cast<const A*>(lse_t.raw_data()), count.as<double>(), int(red), C, K, ignore,
+          static_cast<const A*>(lse_t.raw_data()), count.as<double>(), int(red), C, K, off, vocab, ignore,
           static_cast<scalar_t*>(gx.raw_data()));
       BLU_CUDA_CHECK_LAUNCH();
     });

@@ -23,6 +23,7 @@ bool emit_adamw_supported(const Graph& g, const FusedRegion& r, const Op& op) {
 }
 
 bool emit_row_supported(const Op& op) {
+  if (op.attrs.has("class_offset")) return false;  // cross-entropy on a shard of the classes
   return op.name == "layer_norm" || op.name == "rms_norm" || op.name == "layer_norm_backward" ||
          op.name == "rms_norm_backward" || op.name == "cross_entropy" || op.name == "cross_entropy_backward" ||
          op.name == "softmax" || op.name == "softmax_backward";
