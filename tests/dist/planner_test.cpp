@@ -3,6 +3,8 @@
 // its layout, and the probe's activation bytes predict a single-device step's memory.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "blu/blu.h"
 #include "blu/dist/planner.h"
 #include "blu/memory/allocator.h"
@@ -72,6 +74,30 @@ TEST(Planner, ShardingShrinksState) {
   const Prediction tp = predict(resolved("split(4)", 4), m, LinkCosts{1e-5, 1e9}, job);
   EXPECT_DOUBLE_EQ(tp.state_bytes, 12000.0 / 4 * 16);
   EXPECT_GT(tp.tp_comm_s, 0);
+}
+
+// DDP's all-reduce beside backward: on a link that overlaps compute only the part longer than the
+// last micro-batch's backward (2/3 of its forward + backward) stays on the step, never less than
+// one bucket's; a link that does not (CPU ranks) charges it in full; ZeRO-1 is not overlapped.
+TEST(Planner, DdpHidesItsAllReduceBehindBackwardWhereTheLinkOverlaps) {
+  ModelCosts m = costs();
+  m.block_params = 2e6, m.other_params = 4e6;  // 80 MB of fp32 gradients: several buckets
+  PlanJob job;
+  job.world = 2, job.batch = 8;
+  const LinkCosts cpu{1e-5, 1e9, false}, gpu{1e-5, 1e9, true};
+  const Prediction full = predict(resolved("replicate(2)", 2), m, cpu, job);
+  const Prediction hidden = predict(resolved("replicate(2)", 2), m, gpu, job);
+  const double ring = 2 * 1e-5 + 20e6 * 4 / 1e9;  // two ranks: 2(n-1)·lat + 2(n-1)/n · bytes / bw
+  EXPECT_NEAR(full.dp_comm_s, ring, 1e-12);
+  const double slot = 8 * (0.001 + 0.002 * 4) + (0.004 + 0.003 * 4);
+  const double bucket = 2 * 1e-5 + 25.0 * 1048576 / 1e9;
+  EXPECT_NEAR(hidden.dp_comm_s, std::max(bucket, ring - 2.0 / 3.0 * slot), 1e-12);
+  EXPECT_LT(hidden.step_s, full.step_s);
+  m.block_per_seq_s = 1e-6, m.other_per_seq_s = 1e-6, m.block_fixed_s = 1e-6, m.other_fixed_s = 1e-6;
+  EXPECT_NEAR(predict(resolved("replicate(2)", 2), m, gpu, job).dp_comm_s, ring - 2.0 / 3.0 * (9 * (1e-6 + 4e-6)),
+              1e-12);  // a short backward hides little
+  EXPECT_DOUBLE_EQ(predict(resolved("replicate(2, zero=1)", 2), m, gpu, job).dp_comm_s,
+                   predict(resolved("replicate(2, zero=1)", 2), m, cpu, job).dp_comm_s);
 }
 
 TEST(Planner, CandidatesResolveBackToTheirLayouts) {

@@ -8,6 +8,7 @@
 
 #include "blu/core/error.h"
 #include "blu/core/grad_mode.h"
+#include "blu/dist/ddp.h"
 #include "blu/memory/allocator.h"
 #include "blu/ops/factory.h"
 #include "blu/ops/optim.h"
@@ -112,22 +113,28 @@ ModelCosts measure_model(models::CausalLM& model, int64_t b, int64_t T, int reps
   m.other_act_bytes = std::max(0.0, none2.act_bytes / double(2 * b));
   m.block_act_bytes = std::max(0.0, (full2.act_bytes - none2.act_bytes) / (L * double(2 * b)));
 
-  // The update: AdamW over 2^20 parameters of the model's dtype on its device, gated as in training.
+  // The update: AdamW on the model's device and dtype, gated as in training, at two sizes; the
+  // slope is the cost per parameter (a launch and the host's wait, which one call of the real step
+  // pays once for all parameters, would dominate a single small size on a GPU: 5x too high at 2^20).
   {
     NoGradGuard no_grad;
-    const int64_t n = int64_t(1) << 20;
-    auto make = [&] { return zeros({n}, pdt, dev); };
-    AdamWTensors t{make(), make(), make(), make(), Tensor()};
-    std::vector<double> times;
-    for (int r = -1; r < reps; ++r) {
-      settle(t.param);
-      const double t0 = now();
-      adamw_step_({t}, AdamWStepArgs{1e-4, 0.9, 0.95, 1e-8, 0.1, r + 2}, NormGate{sum_squares({t.grad}), 1.0});
-      settle(t.param);
-      if (r >= 0) times.push_back(now() - t0);
-    }
-    std::sort(times.begin(), times.end());
-    m.update_per_param_s = times[times.size() / 2] / double(n);
+    auto timed = [&](int64_t n) {
+      auto make = [&] { return zeros({n}, pdt, dev); };
+      AdamWTensors t{make(), make(), make(), make(), Tensor()};
+      std::vector<double> times;
+      for (int r = -1; r < reps; ++r) {
+        settle(t.param);
+        const double t0 = now();
+        adamw_step_({t}, AdamWStepArgs{1e-4, 0.9, 0.95, 1e-8, 0.1, r + 2}, NormGate{sum_squares({t.grad}), 1.0});
+        settle(t.param);
+        if (r >= 0) times.push_back(now() - t0);
+      }
+      std::sort(times.begin(), times.end());
+      return times[times.size() / 2];
+    };
+    const int64_t n1 = int64_t(1) << 18, n2 = int64_t(1) << (dev.is_cuda() ? 24 : 20);
+    const double t1 = timed(n1), t2 = timed(n2);
+    m.update_per_param_s = t2 > t1 ? (t2 - t1) / double(n2 - n1) : t2 / double(n2);
   }
   return m;
 }
@@ -149,13 +156,17 @@ LinkCosts measure_link(ProcessGroup& pg, Device dev, int reps) {
     std::sort(times.begin(), times.end());
     return times[times.size() / 2];
   };
-  const double small = timed(1024), large = timed(1 << 20);
+  // The large size must be bandwidth-bound: 4 MiB over NVLink is still mostly latency (its slope
+  // came out as infinite bandwidth on 2×H200), 64 MiB is not.
+  const int64_t large_elems = int64_t(1) << (dev.is_cuda() ? 24 : 20);
+  const double small = timed(1024), large = timed(large_elems);
   const int n = pg.size();
   // ring(bytes) = 2(n-1)·lat + 2(n-1)/n · bytes / bw, through both sizes.
-  const double k = 2.0 * (n - 1) / n, bytes_small = 4096.0, bytes_large = 4.0 * double(1 << 20);
+  const double k = 2.0 * (n - 1) / n, bytes_small = 4096.0, bytes_large = 4.0 * double(large_elems);
   const double per_byte = std::max(1e-15, (large - small) / (k * (bytes_large - bytes_small)));
   l.bytes_per_s = 1.0 / per_byte;
   l.latency_s = std::max(0.0, (small - k * bytes_small * per_byte) / (2.0 * (n - 1)));
+  l.overlaps_compute = dev.is_cuda();
   return l;
 }
 
@@ -220,6 +231,14 @@ Prediction predict(const Layout& layout, const ModelCosts& m, const LinkCosts& l
   if (dp > 1) {
     dp_comm = layout.zero == 0 ? ring(grad_bytes, dp, link)
                                : half_ring(grad_bytes, dp, link) + half_ring(rank_params * m.param_bytes, dp, link);
+    // DDP issues each bucket's all-reduce as backward fills it: where the link runs beside the
+    // compute, only what outlasts the last micro-batch's backward (two thirds of its forward +
+    // backward) stays on the step, and at least the last bucket's (DDPOptions::bucket_mib).
+    if (layout.zero == 0 && link.overlaps_compute) {
+      const double backward_t = 2.0 / 3.0 * slot;
+      const double bucket = DDPOptions{}.bucket_mib * 1048576.0;
+      dp_comm = std::max(ring(std::min(grad_bytes, bucket), dp, link), dp_comm - backward_t);
+    }
     if (layout.zero == 3) dp_comm += 2.0 * micro * half_ring(rank_params * m.param_bytes, dp, link);
   }
   p.dp_comm_s = dp_comm;

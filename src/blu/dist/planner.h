@@ -35,7 +35,7 @@ struct ModelCosts {
   // Forward + backward seconds for a micro-batch of b sequences: fixed + per_seq · b.
   double block_fixed_s = 0, block_per_seq_s = 0;  // one block
   double other_fixed_s = 0, other_per_seq_s = 0;  // embedding, head and loss
-  double update_per_param_s = 0;                  // the optimizer step (with clipping), per parameter
+  double update_per_param_s = 0;  // the optimizer step (with clipping), per parameter (two sizes' slope)
   // Bytes kept for backward per sequence.
   double block_act_bytes = 0, other_act_bytes = 0;
   // Bytes per parameter of the training state: the parameter, its gradient, AdamW's two moments
@@ -47,6 +47,9 @@ struct ModelCosts {
 struct LinkCosts {
   double latency_s = 0;      // per collective step
   double bytes_per_s = 1e9;  // per direction, per rank
+  // Whether a collective runs beside compute without taking its time (GPUs: the link and the
+  // communication stream; not CPU ranks, whose Gloo threads share the cores with the compute).
+  bool overlaps_compute = false;
 };
 
 struct PlanJob {
@@ -69,7 +72,7 @@ struct Prediction {
 // Probes `model` (on its device, in its compute dtype) at micro-batch sizes b and 2b of length T,
 // `reps` timed repetitions each after a warm-up; leaves the model's gradients cleared.
 ModelCosts measure_model(models::CausalLM& model, int64_t b, int64_t T, int reps = 3);
-// All-reduces of 4 KiB and 4 MiB (f32, on `device`: the group's) on `pg`, `reps` each: latency
+// All-reduces of 4 KiB and 4 MiB (64 MiB on a GPU) (f32, on `device`: the group's) on `pg`, `reps` each: latency
 // and bandwidth of a ring. Collective: every rank of pg calls it.
 LinkCosts measure_link(ProcessGroup& pg, Device device, int reps = 5);
 
