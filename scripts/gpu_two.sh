@@ -6,6 +6,8 @@
 #   dp      — GPT-2 124M bf16 at B=16 and 32 per GPU (DP_BATCHES): blutrain on one GPU, and on two
 #             with DDP and ZeRO-1/2/3; beside torch_gpt2.py on one GPU and under torchrun (DDP) and
 #             torch_parallel.py fsdp
+#   dpwin   — DDP at B=16 and 32 per GPU with its all-reduce through NCCL and through the peer
+#             window (PW_MIB, default 128), alternated twice, beside one GPU
 #   layouts — (LAYOUT_SPECS: "LAYOUT|B;..." instead of the list below) for each model in LAYOUT_MODELS (gpt2:d24 gpt2:d48 llama:llama3.2-1b), a global batch of
 #             8 sequences of 1024 tokens per step: one GPU, then bench --parallel with TP=2 (with and
 #             without SP), PP=2 (1F1B and interleaved, 4 micro-batches of 2), replicate(2) and auto —
@@ -50,6 +52,17 @@ for step in "$@"; do
         timeout 200 python3 "$peers/torch_gpt2.py" bf16 "$b" 1024 "$S" 2>&1 | row dp
         timeout 250 "${trun[@]}" "$peers/torch_gpt2.py" bf16 "$b" 1024 "$S" 2>&1 | row dp
         timeout 250 "${trun[@]}" "$peers/torch_parallel.py" fsdp --model d12 -B "$b" -T 1024 --steps "$S" 2>&1 | row dp
+      done ;;
+    dpwin)
+      # DDP's all-reduce through NCCL and through the copy-engine peer window
+      # (BLU_NCCL_PEER_WINDOW_MIB, dist/nccl_peer_window.h), alternated twice, beside one GPU.
+      for b in ${DP_BATCHES:-16 32}; do
+        common=(bench --device cuda --model gpt2:d12 --precision bf16 -B "$b" -T 1024 --steps "$S")
+        timeout 120 "$bt" "${common[@]}" 2>&1 | row dpwin
+        for rep in 1 2; do
+          timeout 150 "$bt" launch -n 2 -- "$bt" "${common[@]}" --dp 2 2>&1 | row dpwin
+          BLU_NCCL_PEER_WINDOW_MIB="${PW_MIB:-128}" timeout 150 "$bt" launch -n 2 -- "$bt" "${common[@]}" --dp 2 2>&1 | row dpwin
+        done
       done ;;
     layouts)
       for m in ${LAYOUT_MODELS:-gpt2:d24 gpt2:d48 llama:llama3.2-1b}; do

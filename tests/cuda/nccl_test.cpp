@@ -8,10 +8,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 #include "common/tiny_gpt.h"
 #include "blu/backend/cuda/runtime.h"
@@ -245,10 +247,41 @@ void ddp_bf16_views(const std::string& row_path) {
   rk.pg->barrier()->wait();
 }
 
+// All-reduces through the peer window (dist/nccl_peer_window.h) against NCCL's own on the same
+// inputs, bitwise: a 1 MiB window, so the ring wraps and operations wait for the peer to have
+// consumed a region; several in flight before the first wait, as DDP's buckets; one tensor larger
+// than the window (NCCL's path); every float dtype, sum and average.
+void peer_window() {
+  Rank rk;
+  std::shared_ptr<ProcessGroup> win = make_nccl_group(
+      *rk.store, rk.env.rank, rk.env.world_size,
+      NcclOptions{.timeout = 60000ms, .device = rk.dev.index, .prefix = "peer", .peer_window_mib = 1.0});
+  Generator gen(1234);  // the same on both ranks: each rank offsets its inputs by its rank
+  std::vector<std::pair<Tensor, Tensor>> pairs;  // (through the window, through NCCL)
+  std::vector<WorkPtr> works;
+  for (int i = 0; i < 120; ++i) {
+    const DType dt = std::array{DType::f32, DType::bf16, DType::f16, DType::f64}[size_t(i % 4)];
+    const int64_t n = i == 77 ? int64_t(1) << 19 : 1 + (int64_t(i) * 7919) % 60000;  // #77: 1-4 MiB
+    const ReduceOp op = i % 3 == 0 ? ReduceOp::sum : ReduceOp::avg;
+    const Tensor x = to_dtype(add(randn({n}, DType::f32, kCPU, &gen), double(rk.env.rank) * 0.25), dt);
+    Tensor a = to_device(x, rk.dev), b = to_device(x, rk.dev);
+    works.push_back(win->all_reduce(a, op));
+    works.push_back(rk.pg->all_reduce(b, op));
+    pairs.emplace_back(a, b);
+    if (i % 8 == 7)
+      for (WorkPtr& w : std::exchange(works, {})) w->wait();
+  }
+  for (WorkPtr& w : works) w->wait();
+  for (size_t i = 0; i < pairs.size(); ++i)
+    ASSERT_EQ(host(pairs[i].first), host(pairs[i].second)) << "all-reduce " << i << " " << pairs[i].first.str();
+  win->barrier()->wait();
+}
+
 TEST(NcclWorker, Run) {
   const std::string s = scenario();
   if (s.empty()) GTEST_SKIP() << "only runs as a rank of a multi-GPU test";
   if (s == "collectives") return collectives();
+  if (s == "peer_window") return peer_window();
   if (s == "ddp") return ddp_matches_single(0);
   if (s == "zero1") return ddp_matches_single(1);
   if (s == "ddp_bf16_views") return ddp_bf16_views("");
@@ -262,16 +295,29 @@ TEST(NcclWorker, Run) {
   FAIL() << "unknown scenario " << s;
 }
 
-void run_ranks(const std::string& s, int n) {
+void run_ranks(const std::string& s, int n, const std::string& peer_window_mib = "",
+               test::LaunchResult* out = nullptr) {
   if (cuda::device_count() < n) GTEST_SKIP() << "needs " << n << " GPUs, " << cuda::device_count() << " visible";
-  const test::LaunchResult res = test::run_command(
+  test::LaunchResult res = test::run_command(
       n, {test::self_exe(), "--gtest_filter=NcclWorker.Run", "--gtest_brief=1"},
-      {{"BLU_NCCL_SCENARIO", s}, {"OMP_NUM_THREADS", "2"}});
+      {{"BLU_NCCL_SCENARIO", s}, {"OMP_NUM_THREADS", "2"}, {"BLU_NCCL_PEER_WINDOW_MIB", peer_window_mib}});
   EXPECT_EQ(res.status, 0) << "stdout:\n" << res.out << "\nstderr:\n" << res.err;
+  if (out) *out = std::move(res);
 }
 void run_two_ranks(const std::string& s) { run_ranks(s, 2); }
 
 TEST(Nccl, CollectivesOnDeviceTensors) { run_two_ranks("collectives"); }
+TEST(Nccl, PeerWindowAllReduceIsNcclsBitForBit) {
+  test::LaunchResult r;
+  run_ranks("peer_window", 2, "", &r);
+  EXPECT_EQ(r.err.find("no peer window"), std::string::npos) << r.err;
+}
+// DDP's buckets through a 64 MiB peer window (BLU_NCCL_PEER_WINDOW_MIB), against one GPU.
+TEST(Nccl, DdpThroughThePeerWindowMatchesSingleGpu) {
+  test::LaunchResult r;
+  run_ranks("ddp", 2, "64", &r);
+  EXPECT_EQ(r.err.find("no peer window"), std::string::npos) << r.err;
+}
 TEST(Nccl, DdpMatchesSingleGpu) { run_two_ranks("ddp"); }
 TEST(Nccl, Zero1MatchesSingleGpu) { run_two_ranks("zero1"); }
 TEST(Nccl, DdpBf16GradsAreBucketViews) { run_two_ranks("ddp_bf16_views"); }

@@ -96,6 +96,11 @@ struct NcclOptions {
   // The watchdog making no progress for this long (stuck in a CUDA or NCCL call) ends the process;
   // 0: no heartbeat monitor.
   std::chrono::milliseconds heartbeat_timeout{480000};
+  // A group of two ranks on one host: all-reduces (sum, avg) of float tensors up to this many MiB
+  // move through a window of the peer's memory by copy engine instead of NCCL's kernels
+  // (dist/nccl_peer_window.h); 0: NCCL for everything. Unset (0), BLU_NCCL_PEER_WINDOW_MIB sets it.
+  // Where the window cannot be mapped the group says why on stderr and uses NCCL.
+  double peer_window_mib = 0;
 };
 
 // CUDA builds only (BLU_HAVE_CUDA). Makes `device` current, shares rank 0's ncclUniqueId through

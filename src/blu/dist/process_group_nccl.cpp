@@ -57,6 +57,7 @@
 #include "blu/backend/cuda/runtime.h"
 #include "blu/dist/env.h"
 #include "blu/dist/flight_recorder.h"
+#include "blu/dist/nccl_peer_window.h"
 #include "blu/dist/process_group.h"
 #include "blu/memory/cuda_allocator.h"
 #include "blu/ops/factory.h"
@@ -218,6 +219,13 @@ class NcclProcessGroup final : public ProcessGroup {
     }
     FlightRecorder::global().update(init_id_, OpState::completed);
     initialized_ = true;
+    if (size == 2 && o.peer_window_mib > 0) {
+      std::string why;
+      window_ = PeerWindow::open(store, o.prefix, rank, device_, size_t(o.peer_window_mib * 1048576.0), &why);
+      if (!window_ && rank == 0)
+        std::fprintf(stderr, "nccl %s: no peer window (%s); all-reduces go through NCCL\n", name_.c_str(),
+                     why.c_str());
+    }
   }
 
   ~NcclProcessGroup() override {
@@ -227,6 +235,7 @@ class NcclProcessGroup final : public ProcessGroup {
       stream_->synchronize();
     } catch (const std::exception&) {
     }
+    if (window_) close_window();
     std::lock_guard lock(sh_->comm_mu);
     if (!sh_->aborted && sh_->comm) ncclCommDestroy(sh_->comm);
     // The stream outlives the group, on purpose: the caching allocator bound every tensor a
@@ -250,6 +259,9 @@ class NcclProcessGroup final : public ProcessGroup {
   WorkPtr all_reduce(const Tensor& t, ReduceOp op) override {
     check_tensor(t, "all_reduce");
     t.storage()->bump_version();  // Note [Storage versions]
+    if (window_ && op != ReduceOp::max && window_->fits(t))
+      return launch("all_reduce", {t},
+                    [&](cudaStream_t s) { window_->all_reduce(t, op == ReduceOp::avg ? 0.5 : 1.0, s); });
     return launch("all_reduce", {t}, [&](cudaStream_t s) {
       BLU_NCCL_CHECK(ncclAllReduce(t.raw_data(), t.raw_data(), size_t(t.numel()), nccl_dtype(t.dtype()),
                                    nccl_op(op), sh_->comm, s),
@@ -392,6 +404,35 @@ class NcclProcessGroup final : public ProcessGroup {
     return std::make_shared<NcclWork>(sh_, std::move(done), desc, blocking || blocking_wait_);
   }
 
+  // A rank's last operation through the window writes into the peer's window after the peer's
+  // own last operation may have finished: one more all-reduce, after which both streams are past
+  // every such write, comes before either frees its window. A peer that does not take part within
+  // the timeout leaves the window mapped (leaked) rather than freed under a late write.
+  void close_window() {
+    bool safe = false;
+    if (sh_->failure().empty()) {
+      try {
+        cuda::set_device(device_);
+        Tensor t = zeros({1}, DType::f32, Device(DeviceType::cuda, device_));
+        std::lock_guard lock(sh_->comm_mu);
+        if (!sh_->aborted && ncclAllReduce(t.raw_data(), t.raw_data(), 1, ncclFloat32, ncclSum, sh_->comm,
+                                           stream_->get()) == ncclSuccess) {
+          cuda::Event done;
+          done.record(stream_->get());
+          const auto until = Clock::now() + std::chrono::milliseconds(std::max<int64_t>(timeout_ms_.load(), 1000));
+          while (!(safe = done.query()) && Clock::now() < until)
+            std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+      } catch (const std::exception&) {
+      }
+    }
+    if (!safe) {
+      (void)window_.release();
+      sh_->fail(who() + ": the peer did not close the window", std::chrono::milliseconds(2000));  // aborts
+    }
+    window_.reset();
+  }
+
   std::string who() const { return "nccl: rank " + std::to_string(rank_) + " of " + std::to_string(size_); }
 
   // The watchdog: watches the initialisation, notes started and finished operations in the flight
@@ -455,6 +496,7 @@ class NcclProcessGroup final : public ProcessGroup {
   // communicator from being aborted, and then only ending the process ends the hang.
   void break_group(const std::string& why) {
     FlightRecorder::global().dump(why);
+    if (window_) window_->release();  // its waits would hold the stream after the abort
     if (!sh_->fail(why, std::chrono::milliseconds(2000)))
       end_process(why + "; but an enqueue on the communicator has not returned for 2 s, so it cannot be aborted: "
                         "ending the process");
@@ -520,6 +562,7 @@ class NcclProcessGroup final : public ProcessGroup {
   std::chrono::milliseconds heartbeat_timeout_;
   std::shared_ptr<NcclShared> sh_;
   std::unique_ptr<cuda::Stream> stream_;
+  std::unique_ptr<PeerWindow> window_;  // two ranks on one host with NcclOptions::peer_window_mib
   cuda::Event ready_;  // reused: recorded and waited on within one launch()
   uint64_t seq_ = 0;
   std::atomic<int64_t> timeout_ms_{0};  // for operations issued from now on
@@ -555,6 +598,15 @@ std::shared_ptr<ProcessGroup> make_nccl_group(TcpStore& store, int rank, int siz
   BLU_CHECK(options.heartbeat_timeout.count() >= 0, "make_nccl_group: heartbeat_timeout must be >= 0 ms, got ",
             options.heartbeat_timeout.count());
   if (options.device < 0) options.device = detect_env().local_rank;
+  if (options.peer_window_mib == 0)
+    if (const char* v = std::getenv("BLU_NCCL_PEER_WINDOW_MIB"); v && *v) {
+      char* end = nullptr;
+      options.peer_window_mib = std::strtod(v, &end);
+      BLU_CHECK(end && *end == 0 && options.peer_window_mib >= 0, "BLU_NCCL_PEER_WINDOW_MIB: expected MiB >= 0, got '",
+                v, "'");
+    }
+  BLU_CHECK(options.peer_window_mib >= 0, "make_nccl_group: peer_window_mib must be >= 0, got ",
+            options.peer_window_mib);
   return std::make_shared<NcclProcessGroup>(store, rank, size, options);
 }
 
