@@ -298,8 +298,8 @@ Tensor cross_entropy_shard_backward(const Tensor& logits, const Tensor& target, 
     return dispatch1(kCrossEntropyBackwardInplace, {logits, contiguous(grad_rows), contiguous(target), contiguous(lse)},
                      a);
   }
-  return dispatch1(kCrossEntropyBackward, {contiguous(grad_rows), contiguous(logits), contiguous(target), contiguous(lse)},
-                   a);
+  return dispatch1(kCrossEntropyBackward,
+                   {contiguous(grad_rows), contiguous(logits), contiguous(target), contiguous(lse)}, a);
 }
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
