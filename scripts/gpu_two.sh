@@ -13,6 +13,8 @@
 #             without SP), PP=2 (1F1B and interleaved, 4 micro-batches of 2), replicate(2) and auto —
 #             each beside the planner's prediction — and torch_parallel.py tp|pp|ddp (GPT-2) or
 #             torch_llama.py under torchrun (Llama) on the same batch (LAYOUT_PEERS=0: without them)
+#   offload — ZeRO-3 with the optimizer state offloaded on two GPUs beside ZeRO-3 and PyTorch FSDP2
+#             with CPU offload (GPT-2 d48, B=8 per GPU), then larger shapes (OFFLOAD_SHAPES)
 #   faults  — a 5 s timeout: rank 1 stalled before step 3 (BLU_TEST_STALL) ends the job, the flight
 #             recorder names each rank's last collective; rank 1 killed with SIGKILL mid-run
 #   hetero  — a co-running matmul load on GPU 1 (no setting of the GPU is changed): replicate(2)
@@ -87,6 +89,25 @@ for step in "$@"; do
           timeout 250 python3 "$peers/torch_llama.py" bf16 --model "${m#llama:}" -B 8 -T 1024 --steps "$S" 2>&1 | row layouts
           timeout 300 "${trun[@]}" "$peers/torch_llama.py" bf16 --model "${m#llama:}" -B 4 -T 1024 --steps "$S" 2>&1 | row layouts
         fi
+      done ;;
+    offload)
+      # ZeRO-3 with AdamW's moments offloaded (streamed through the GPU) on two GPUs, beside ZeRO-3
+      # without and PyTorch FSDP2 with CPU offload, GPT-2 d48 at B=8 per GPU; then larger GPT
+      # shapes (OFFLOAD_SHAPES "DEPTHxWIDTH ...") with ZeRO-3 + offload alone.
+      common=(bench --device cuda --precision bf16 -T 1024 --steps "$S")
+      for extra in "" "--offload-state optimizer --offload-update gpu"; do
+        # shellcheck disable=SC2086
+        timeout 300 "$bt" launch -n 2 -- "$bt" "${common[@]}" --model gpt2:d48 -B 8 --dp 2 --zero 3 $extra 2>&1 | row offload
+      done
+      timeout 300 "${trun[@]}" "$peers/torch_parallel.py" fsdp_offload --model d48 -B 8 -T 1024 --steps "$S" 2>&1 | row offload
+      for shape in ${OFFLOAD_SHAPES:-48x3200 64x4096}; do
+        d=${shape%x*} w=${shape#*x}
+        mkdir -p "/tmp/gpt_$shape"
+        printf '{"model_type": "gpt2", "n_layer": %d, "n_embd": %d, "n_head": %d, "vocab_size": 50304, "n_positions": 1024}\n' \
+          "$d" "$w" $((w / 128)) > "/tmp/gpt_$shape/config.json"
+        echo "-- $shape"
+        timeout 400 "$bt" launch -n 2 -- "$bt" "${common[@]}" --model "/tmp/gpt_$shape/config.json" -B "${OFFLOAD_B:-8}" \
+          --dp 2 --zero 3 --offload-state optimizer --offload-update gpu 2>&1 | row offload
       done ;;
     faults)
       data=.devpack/fortunes_gpt2

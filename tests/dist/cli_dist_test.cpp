@@ -294,6 +294,25 @@ TEST_F(DistCli, PipelineCheckpointsVerifyAndFallBack) {
   for (int64_t step = 3; step <= 6; ++step) EXPECT_EQ(b.at(step), a.at(step)) << "step " << step;
 }
 
+// ZeRO with an offloaded optimizer state streams the moments through the device: a host update
+// is refused by name, and so is a device that is the host itself (CPU ranks run on cpu, not on a
+// pool); neither leaves a run directory behind.
+TEST_F(DistCli, ZeroWithOffloadedStateRefusesWhatItCannotRun) {
+  const LaunchResult host = train(2, 2, "host_update", {"--offload-state", "optimizer", "--offload-update", "cpu"});
+  EXPECT_NE(host.status, 0);
+  EXPECT_NE(host.err.find("--zero 2 --offload-state optimizer: the moments stream through the device "
+                          "(--offload-update gpu or auto, got cpu)"),
+            std::string::npos)
+      << host.err;
+  const LaunchResult cpu = train(1, 2, "on_cpu", {"--offload-state", "optimizer"});
+  EXPECT_NE(cpu.status, 0);
+  EXPECT_NE(cpu.err.find("ZeroAdamW: optimizer state offload needs the parameters on a GPU or a device pool cpu:N"),
+            std::string::npos)
+      << cpu.err;
+  EXPECT_FALSE(fs::exists(dir.path / "host_update"));
+  EXPECT_FALSE(fs::exists(dir.path / "on_cpu"));
+}
+
 TEST_F(DistCli, DpMustMatchTheLauncher) {
   const LaunchResult r = run_command(1, {blutrain().string(), "train", "--train-pattern",
                                          (dir.path / "d_train_*.bin").string(), "--model", "tiny", "--dp", "2"});

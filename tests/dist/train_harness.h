@@ -6,7 +6,8 @@
 // rows × 16 tokens per micro-batch, rank r taking rows [r·8/W, (r+1)·8/W). Settings come from the
 // environment (BLU_DIST_MODE, _STEPS, _ACCUM, _OUT, _SAVE_DIR, _SAVE_AT, _RESUME_DIR; _FAMILY:
 // gpt2 (the tiny GPT, the default) or llama (Llama's "tiny" preset, untied); _LAYERS: blocks;
-// _CLIP: the clipping norm, 1 by default, 0 off; _MEMCHECK=1: ZeRO-3's memory bound checked at
+// _CLIP: the clipping norm, 1 by default, 0 off; _OFFLOAD=1: the model on a pool cpu:1 and
+// AdamW's moments offloaded (streamed through it); _MEMCHECK=1: ZeRO-3's memory bound checked at
 // every block, see zero3_memory_hooks); rank 0 writes <out>.losses (the global mean loss per
 // step), <out>.params (every parameter, f32) and <out>.peak (the CPU allocator's peak tensor bytes
 // over the run).
@@ -135,6 +136,11 @@ inline void train_worker() {
   std::unique_ptr<models::CausalLM> lm = models::build_model(cfg, 1234 + uint64_t(r));
   models::CausalLM& model = *lm;
   if (mode == "single") model.load_state_dict(models::build_model(cfg, 1234)->state_dict());
+  // BLU_DIST_OFFLOAD=1: the model on a device pool cpu:1 apart from the host, AdamW's moments
+  // offloaded to the host and streamed through it in chunks of 1000 elements (several per shard).
+  const bool offload = getenv_or("BLU_DIST_OFFLOAD", "") == "1";
+  const Device dev = offload ? Device(DeviceType::cpu, 1) : kCPU;
+  if (offload) model.to(dev);
   std::vector<Tensor> params = model.parameters();
   const int64_t rows = kRows / W;
   const auto batch = [&](int64_t step, int64_t m) {
@@ -144,7 +150,8 @@ inline void train_worker() {
         in.push_back(token(step, m, row, t));
         tg.push_back(token(step, m, row, t + 1));
       }
-    return std::pair{from_vector(in, {rows, kT}, DType::i32), from_vector(tg, {rows, kT}, DType::i32)};
+    return std::pair{to_device(from_vector(in, {rows, kT}, DType::i32), dev),
+                     to_device(from_vector(tg, {rows, kT}, DType::i32), dev)};
   };
   Zero3MemoryCheck mc;
   if (memcheck) {  // the activations of a plain forward, block by block
@@ -168,7 +175,13 @@ inline void train_worker() {
   sc.rows_gather_limit = rows_limit;
   sc.ddp.bucket_mib = 0.02;
   sc.zero_bucket_mib = 0.02;
+  if (offload) {
+    sc.offload_state = true;
+    sc.offload.update = offload::UpdateOn::device;
+    sc.offload.chunk_elements = 1000;
+  }
   Strategy strategy(model, pg, sc, OptimizerConfig{.lr = 1e-3, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8});
+  if (offload && strategy.zero()) ASSERT_TRUE(strategy.zero()->offloads_state());
   int64_t step = 0;
   if (!resume_dir.empty()) {
     ASSERT_NE(strategy.zero(), nullptr) << "resume is tested through sharded (ZeRO) checkpoints";

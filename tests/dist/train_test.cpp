@@ -97,6 +97,19 @@ TEST(DataParallel, ZeroStagesMatchDDP) {
   expect_close(ddp4, z2, kLossRel, kParamAbs, "zero2 4 ranks vs ddp 4 ranks");
 }
 
+// ZeRO with AdamW's moments in host memory, streamed through the device (a pool cpu:1) in chunks
+// of 1000 elements: every stage's losses and parameters bitwise those of its moments on the
+// device; and DDP with the offloaded optimizer (offload/offload_adamw.h) as before.
+TEST(DataParallel, ZeroWithOffloadedStateMatchesOnDevice) {
+  TempDir dir;
+  for (const char* mode : {"zero1", "zero2", "zero3"}) {
+    const TrainRun plain = train(dir, std::string(mode) + "p", mode, 2, 3, 1);
+    const TrainRun off = train(dir, std::string(mode) + "o", mode, 2, 3, 1, {{"BLU_DIST_OFFLOAD", "1"}});
+    EXPECT_EQ(plain.losses, off.losses) << mode;
+    EXPECT_TRUE(plain.params == off.params) << mode << ": offloaded moments changed the parameters";
+  }
+}
+
 // ZeRO-2 with the tied embedding's row exchange (its LM-head part reduced first, its rows after
 // the last bucket, added into each rank's rows of the shard): the same steps as DDP, through the
 // gather path and the dense one, on 2 and 4 ranks, and with gradient accumulation (rows of the

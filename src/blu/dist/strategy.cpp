@@ -42,9 +42,11 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<ProcessGroup> pg, Strategy
   BLU_CHECK(config_.zero == 0 || oc.name == "adamw", "--zero ", config_.zero, " is implemented for adamw, got --optimizer ",
             oc.name);
   BLU_CHECK(oc.name == "adamw" || oc.name == "sgd", "--optimizer must be adamw or sgd, got '", oc.name, "'");
-  BLU_CHECK(!config_.offload_state || (oc.name == "adamw" && config_.zero == 0),
-            "optimizer state offload is implemented for adamw without ZeRO, got --optimizer ", oc.name, " --zero ",
-            config_.zero);
+  BLU_CHECK(!config_.offload_state || oc.name == "adamw", "optimizer state offload is implemented for adamw, got ",
+            "--optimizer ", oc.name);
+  BLU_CHECK(!config_.offload_state || config_.zero == 0 || config_.offload.update == offload::UpdateOn::device,
+            "optimizer state offload with --zero ", config_.zero, " streams the moments through the device: ",
+            "--offload-update gpu, got ", offload::update_name(config_.offload.update));
   BLU_CHECK(!config_.skip_comm || (world > 1 && config_.zero == 0), "--skip-comm needs --dp > 1 without --zero");
   BLU_CHECK(!config_.tp || config_.zero == 0, "tensor parallelism with --zero ", config_.zero,
             " is not implemented (ZeRO shards the data-parallel group's optimizer state of unsharded models)");
@@ -80,6 +82,7 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<ProcessGroup> pg, Strategy
       nn::Embedding* tied = rows.empty() ? nullptr : rows.front();
       ZeroOptions zo = zero_options_for(model_, config_.zero_bucket_mib, tied, config_.zero == 2 && config_.row_exchange);
       zo.rows_gather_limit = config_.rows_gather_limit;
+      if (config_.offload_state) zo.offload_chunk_elements = config_.offload.chunk_elements;
       if (config_.zero == 3) {  // a unit per block, by the parameters' global names
         for (const models::BlockRef& b : lm->blocks()) {
           zo.units.emplace_back();
@@ -329,7 +332,7 @@ StepReadout Strategy::read(const StepValues& v, bool stop_requested) {
   std::vector<Tensor> parts{reshape(v.loss_sum, {1})};
   if (pg_) {
     Tensor flag = from_vector({stop_requested ? 1.0 : 0.0}, {1}, DType::f64);
-    if (!dev.is_cpu()) flag = to_device(flag, dev);
+    if (dev != kCPU) flag = to_device(flag, dev);  // a GPU, or a device pool cpu:N
     Tensor t = cat({parts[0], flag}, 0);
     pg_->all_reduce(t, ReduceOp::sum)->wait();
     parts = {t};

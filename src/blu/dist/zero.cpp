@@ -16,6 +16,7 @@
 #include "blu/io/checksum.h"
 #include "blu/io/json_file.h"
 #include "blu/io/safetensors.h"
+#include "blu/memory/memory_report.h"
 #include "blu/ops/elementwise.h"
 #include "blu/ops/factory.h"
 #include "blu/ops/optim.h"
@@ -416,11 +417,32 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOptions 
         if (auto st = weak.lock()) st->on_rows(k, idx, g);
       });
   }
-  exp_avg_ = zeros({shard_numel_}, DType::f32, device_);
-  exp_avg_sq_ = zeros({shard_numel_}, DType::f32, device_);
+  BLU_CHECK(zero.offload_chunk_elements >= 0, "ZeroAdamW: offload_chunk_elements must be >= 0, got ",
+            zero.offload_chunk_elements);
+  if (zero.offload_chunk_elements == 0) {
+    exp_avg_ = zeros({shard_numel_}, DType::f32, device_);
+    exp_avg_sq_ = zeros({shard_numel_}, DType::f32, device_);
+    return;
+  }
+  BLU_CHECK(device_.is_cuda() || device_.index >= 1, "ZeroAdamW: optimizer state offload needs the parameters on a GPU ",
+            "or a device pool cpu:N (N >= 1) apart from the host, got ", device_);
+  Allocator& host = offload::host_allocator_for(device_);
+  for (Tensor* t : {&exp_avg_, &exp_avg_sq_}) {
+    *t = offload::empty_from(host, {shard_numel_}, DType::f32);
+    std::memset(t->raw_data(), 0, t->nbytes());
+  }
+  engine_ = offload::make_copy_engine(device_);
+  const int64_t chunk = std::max<int64_t>(1, std::min(zero.offload_chunk_elements, shard_numel_));
+  for (int b = 0; b < 2; ++b) {
+    stage_m_[b] = empty({chunk}, DType::f32, device_);
+    stage_v_[b] = empty({chunk}, DType::f32, device_);
+    tag_memory(stage_m_[b], MemoryCategory::optimizer_state, "ZeRO offload staging (exp_avg)");
+    tag_memory(stage_v_[b], MemoryCategory::optimizer_state, "ZeRO offload staging (exp_avg_sq)");
+  }
 }
 
 ZeroAdamW::~ZeroAdamW() {
+  if (engine_) engine_->host_wait(nullptr);  // downloads into the host moments end before they go
   if (gatherer_) shutdown_stage3();
   if (!reducer_) return;
   auto wait = [](const WorkPtr& w) {  // issued collectives finish before their buffers go
@@ -528,6 +550,14 @@ void ZeroAdamW::step(const NormGate& gate) {
   if (stage_ == 3) shard_params = stage3_shard_params();
   const int64_t t = steps_ + 1;
   std::map<double, std::vector<AdamWTensors>> by_decay;  // one adamw_step op per weight decay
+  const AdamWStepArgs args{.lr = lr_, .beta1 = options_.beta1, .beta2 = options_.beta2, .eps = options_.eps,
+                           .step = t};
+  struct Piece {  // a segment's parameter and gradient; its moments are [shard, shard + length)
+    Tensor w, g;
+    int64_t shard, length;
+    double decay;
+  };
+  std::vector<Piece> pieces;
   for (const Segment& s : segments_) {
     const Param& p = params_[s.param];
     Tensor g, w;
@@ -543,14 +573,52 @@ void ZeroAdamW::step(const NormGate& gate) {
       g = narrow(reshape(full_grad, {full_grad.numel()}), 0, s.param_offset, s.length);
     }
     if (!w.defined()) w = narrow(flat(p.tensor), 0, s.param_offset, s.length);
-    by_decay[p.weight_decay].push_back({w, g,
-                                        narrow(exp_avg_, 0, s.shard_offset, s.length),
-                                        narrow(exp_avg_sq_, 0, s.shard_offset, s.length), Tensor()});
+    pieces.push_back({w, g, s.shard_offset, s.length, p.weight_decay});
   }
-  for (const auto& [wd, tensors] : by_decay)
-    adamw_step_(tensors, {.lr = lr_, .beta1 = options_.beta1, .beta2 = options_.beta2, .eps = options_.eps,
-                          .weight_decay = wd, .step = t},
-                gate);
+  if (!engine_) {
+    for (const Piece& pc : pieces)
+      by_decay[pc.decay].push_back({pc.w, pc.g, narrow(exp_avg_, 0, pc.shard, pc.length),
+                                    narrow(exp_avg_sq_, 0, pc.shard, pc.length), Tensor()});
+    for (const auto& [wd, tensors] : by_decay) {
+      AdamWStepArgs a = args;
+      a.weight_decay = wd;
+      adamw_step_(tensors, a, gate);
+    }
+  } else {
+    // The moments stream through the device in chunks of the shard's flat range: chunk c's come in
+    // on the in lane (after the buffer's previous chunk went out), the pieces of the segments that
+    // fall in it are updated on the compute lane, and the moments go back on the out lane.
+    using offload::Lane;
+    const int64_t cap = stage_m_[0].numel();
+    engine_->wait(Lane::in, pending_out_);  // the host moments the last step wrote back
+    offload::EventPtr buffer_free[2];
+    for (int64_t c0 = 0, c = 0; c0 < shard_numel_; c0 += cap, ++c) {
+      const int64_t n = std::min(cap, shard_numel_ - c0);
+      const int b = int(c % 2);
+      const Tensor m = narrow(stage_m_[b], 0, 0, n), v = narrow(stage_v_[b], 0, 0, n);
+      engine_->wait(Lane::in, buffer_free[b]);
+      engine_->copy(m, narrow(exp_avg_, 0, c0, n), Lane::in);
+      engine_->copy(v, narrow(exp_avg_sq_, 0, c0, n), Lane::in);
+      engine_->wait(Lane::compute, engine_->record(Lane::in));
+      by_decay.clear();
+      for (const Piece& pc : pieces) {
+        const int64_t lo = std::max(c0, pc.shard), hi = std::min(c0 + n, pc.shard + pc.length);
+        if (lo >= hi) continue;
+        by_decay[pc.decay].push_back({narrow(pc.w, 0, lo - pc.shard, hi - lo), narrow(pc.g, 0, lo - pc.shard, hi - lo),
+                                      narrow(m, 0, lo - c0, hi - lo), narrow(v, 0, lo - c0, hi - lo), Tensor()});
+      }
+      for (const auto& [wd, tensors] : by_decay) {
+        AdamWStepArgs a = args;
+        a.weight_decay = wd;
+        adamw_step_(tensors, a, gate);
+      }
+      engine_->wait(Lane::out, engine_->record(Lane::compute));
+      engine_->copy(narrow(exp_avg_, 0, c0, n), m, Lane::out);
+      engine_->copy(narrow(exp_avg_sq_, 0, c0, n), v, Lane::out);
+      buffer_free[b] = engine_->record(Lane::out);
+    }
+    pending_out_ = engine_->record(Lane::out);
+  }
   if (stage_ < 3) gather_parameters();  // stage 3 gathers the units when they are next used
   if (reducer_) reducer_->consume();
   ++steps_;
@@ -613,6 +681,7 @@ void ZeroAdamW::gather_parameters() {
 }
 
 nn::NamedTensors ZeroAdamW::state() const {
+  if (engine_) engine_->host_wait(nullptr);  // the last step's moments have landed on the host
   return {{"step", optim::detail::count_tensor(steps_)}, {"exp_avg", exp_avg_}, {"exp_avg_sq", exp_avg_sq_}};
 }
 
@@ -625,6 +694,7 @@ void ZeroAdamW::load_state(const nn::NamedTensors& state) {
               ", this rank's shard is [", shard_numel_, "] (another world size or stage? use load_sharded_checkpoint)");
   const int64_t step = optim::detail::read_count(m["step"], "step");
   NoGradGuard no_grad;
+  if (engine_) engine_->host_wait(nullptr);  // no download still writes the host moments
   copy_(exp_avg_, to_device(m["exp_avg"], exp_avg_.device()));  // loaded on the host; the state may be on a GPU
   copy_(exp_avg_sq_, to_device(m["exp_avg_sq"], exp_avg_sq_.device()));
   steps_ = step;
@@ -633,7 +703,7 @@ void ZeroAdamW::load_state(const nn::NamedTensors& state) {
 std::string save_sharded_checkpoint(const std::string& dir, const nn::Module& model, ZeroAdamW& opt,
                                     const TrainState& st, int keep_last) {
   ProcessGroup& pg = opt.process_group();
-  const Device dev = opt.state()[1].second.device();  // exp_avg: where this group's collectives run
+  const Device dev = opt.device();  // where this group's collectives run
   const fs::path step_dir = fs::path(dir) / step_dir_name(st.step);
   const std::string model_name = step_dir_name(st.step) + ".safetensors";
   const std::string shard_name = shard_file_name(pg.rank(), pg.size());

@@ -46,6 +46,7 @@
 #include "blu/io/checkpoint.h"
 #include "blu/nn/layers.h"
 #include "blu/nn/module.h"
+#include "blu/offload/transfer.h"
 #include "blu/optim/optimizer.h"
 
 namespace blu::dist {
@@ -76,6 +77,11 @@ struct ZeroOptions {
   // Stage 3: a block's parameters stay gathered from its forward until its backward (no second
   // all-gather; the whole model's parameters are then live at the end of the forward).
   bool keep_forward = false;
+  // Every stage: AdamW's moments (8 bytes per shard element) in host memory (pinned for a GPU;
+  // plain host memory beside a pool cpu:N), streamed through the device in chunks of this many
+  // elements at each update (two staging buffers: chunk i+1 comes in while chunk i is updated and
+  // chunk i-1 goes back; no host wait inside the step). 0: the moments live on the device.
+  int64_t offload_chunk_elements = 0;
 };
 // Options for `model` trained with ZeRO-2: reduce_order the reverse of its registration order (the
 // order backward roughly completes gradients in) and the given bucket capacity. `tied`, a tied
@@ -142,6 +148,8 @@ class ZeroAdamW final : public optim::Optimizer {
 
   int stage() const { return stage_; }
   int64_t total_numel() const { return total_; }
+  Device device() const { return device_; }  // the parameters' (where the collectives run)
+  bool offloads_state() const { return engine_ != nullptr; }
   int64_t shard_numel() const { return shard_numel_; }
   // The shard as flat ranges (offset, length), in shard order: one range in stage 1.
   std::vector<std::pair<int64_t, int64_t>> shard_ranges() const;
@@ -183,7 +191,12 @@ class ZeroAdamW final : public optim::Optimizer {
   int64_t total_ = 0, shard_numel_ = 0;
   int64_t chunk_ = 0;            // stage 1: S
   Device device_ = kCPU;         // the parameters' device: shards, state and buffers live there
-  Tensor exp_avg_, exp_avg_sq_;  // [shard_numel]
+  Tensor exp_avg_, exp_avg_sq_;  // [shard_numel]; host memory with offload_chunk_elements
+  // Offloaded moments (ZeroOptions::offload_chunk_elements): the copies, the two staging buffers
+  // of each moment on the device, and the downloads of the last step.
+  std::unique_ptr<offload::CopyEngine> engine_;
+  Tensor stage_m_[2], stage_v_[2];
+  offload::EventPtr pending_out_;
   std::shared_ptr<Reducer> reducer_;  // stage 2; its grad hooks hold it weakly
   std::shared_ptr<Gatherer> gatherer_;  // stage 3
 };

@@ -447,8 +447,19 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     // replicas of unequal rows reduce its gradient densely instead.
     sc.row_exchange = false;
   }
-  if (o.gpu_memory_budget > 0 || o.host_memory_budget > 0 || o.offload_state != "auto" || o.offload_update != "auto")
+  if (o.zero > 0 && o.offload_state == "optimizer") {
+    // ZeRO shards the moments, and streams its shard through the device (dist/zero.h); the memory
+    // planner (offload/plan.h) does not model ZeRO, so the state is offloaded as asked.
+    BLU_CHECK(o.gpu_memory_budget == 0 && o.host_memory_budget == 0 && o.offload_update != "cpu",
+              "--zero ", o.zero, " --offload-state optimizer: the moments stream through the device (--offload-update ",
+              "gpu or auto, got ", o.offload_update, "); memory budgets are planned without ZeRO only");
+    sc.offload_state = true;
+    sc.offload.update = offload::UpdateOn::device;
+    sc.offload.chunk_elements = o.offload_chunk;
+  } else if (o.gpu_memory_budget > 0 || o.host_memory_budget > 0 || o.offload_state != "auto" ||
+             o.offload_update != "auto") {
     plan_memory(sc);
+  }
   const dist::OptimizerConfig oc{.name = o.optimizer, .lr = o.lr, .weight_decay = o.weight_decay};
   strategy_ = make_layout_strategy(*model_, layout, mesh_.get(), pg, sc, oc, o.precision, pipeline_gradients);
   if (o.compile) {
