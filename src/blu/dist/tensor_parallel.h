@@ -142,9 +142,11 @@ Tensor split_sequence(const Tensor& x, ProcessGroup& tp);
 
 // The mean cross-entropy of this rank's logits [N, Vl] (columns [rank·Vl, (rank+1)·Vl) of the
 // full vocabulary) against targets [N] (-1 ignored) over the first `vocab` full columns, never
-// gathering the logits: the row max all-reduced (max), the local sum of exponentials all-reduced
-// (sum), the target's logit from the rank that owns it all-reduced (sum). The backward is local
-// (softmax minus one-hot on this rank's columns). The same 0-d value (f32; f64 for f64 logits) on
+// gathering the logits: one pass of the fused kernel over the rank's columns gives their
+// logsumexp and, on the rank that owns it, the target's logit (ops/nn.h, cross_entropy_shard);
+// the largest logsumexp is all-reduced (max), then the rescaled sums and the target's logit in one
+// all-reduce (sum). The backward is local (softmax minus one-hot on this rank's columns), written
+// over the logits when nothing else holds them. The same 0-d value (f32; f64 for f64 logits) on
 // every rank.
 Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab, ProcessGroup& tp);
 
