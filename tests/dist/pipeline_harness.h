@@ -17,6 +17,7 @@
 #include <chrono>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -72,6 +73,15 @@ inline void write_params(const std::string& path, const nn::NamedTensors& params
   w.write(path);
 }
 
+// Bytes of the parameters the stage trains, each storage once.
+inline int64_t owned_bytes(const PipelineStage& stage) {
+  std::set<const Storage*> seen;
+  int64_t n = 0;
+  for (const auto& [name, p] : stage.owned_parameters())
+    if (seen.insert(p.storage().get()).second) n += int64_t(p.storage()->nbytes());
+  return n;
+}
+
 inline void pipeline_worker() {
   using namespace std::chrono_literals;
   const DistEnv env = detect_env();
@@ -119,6 +129,12 @@ inline void pipeline_worker() {
     };
     strategy = std::make_unique<Strategy>(*model, pg, po, StrategyConfig{}, oc);
     if (r == 0) std::printf("%s\n", strategy->describe().c_str());
+    // A stage holds the bytes of the parameters it trains, and of no others.
+    const int64_t resident = strategy->pipeline()->resident_parameter_bytes();
+    EXPECT_EQ(resident, owned_bytes(*strategy->pipeline())) << "rank " << r;
+    if (W > 1) {
+      EXPECT_LT(resident, model->num_parameters() * 4) << "rank " << r;
+    }
   }
   if (!resume_dir.empty()) {
     const std::string ckpt = strategy->latest_checkpoint(resume_dir);
@@ -151,7 +167,23 @@ inline void pipeline_worker() {
     ::_exit(0);  // the group's peer is gone: skip its destructor
   }
   ASSERT_LT(kill_rank, 0) << "rank " << r << " finished although rank " << kill_rank << " was killed";
+  // The whole model's loss on one batch, as evaluation takes it: every parameter current on every
+  // rank while the guard lives, the others' bytes given back after it.
+  double eval_loss = 0;
+  {
+    const auto full = strategy->full_parameters();
+    NoGradGuard no_grad;
+    const auto [x, y] = pipe_batch(7, 0);
+    eval_loss = to_vector(model->forward(x, y).loss)[0];
+  }
+  if (!single) {
+    EXPECT_EQ(strategy->pipeline()->resident_parameter_bytes(), owned_bytes(*strategy->pipeline()));
+  }
   if (!out.empty()) {
+    std::ofstream ef(out + ".rank" + std::to_string(r) + ".eval");
+    char eb[64];
+    std::snprintf(eb, sizeof eb, "%.17g\n", eval_loss);
+    ef << eb;
     nn::NamedTensors trained = single ? model->named_parameters() : strategy->pipeline()->owned_parameters();
     write_params(out + ".rank" + std::to_string(r) + ".safetensors", trained);
     if (r == 0) {

@@ -177,6 +177,7 @@ struct PipeRun {
   std::vector<double> losses;
   std::map<std::string, std::vector<float>> params;  // every trained parameter by global name
   std::vector<std::vector<std::string>> orders;       // per rank: one line of actions per step
+  std::vector<double> evals;  // per rank: the whole model's loss on one batch after training
   LaunchResult launch;
 };
 
@@ -199,6 +200,9 @@ PipeRun run_pipe(const TempDir& dir, const std::string& tag, int n, std::vector<
       // A tied weight trained on two stages: the copies are the same bits.
       if (!fresh) EXPECT_TRUE(it->second == v) << tag << ": the copies of " << e.name << " differ between stages";
     }
+    std::ifstream ef(out + ".rank" + std::to_string(r) + ".eval");
+    double e = 0;
+    if (ef >> e) run.evals.push_back(e);
     std::ifstream of(out + ".rank" + std::to_string(r) + ".order");
     run.orders.emplace_back();
     for (std::string line; std::getline(of, line);) run.orders.back().push_back(line);
@@ -224,9 +228,15 @@ void expect_same_training(const PipeRun& want, const PipeRun& got, double rel_lo
     for (size_t i = 0; i < w.size(); ++i)
       if (double(std::abs(w[i] - it->second[i])) > worst) worst = double(std::abs(w[i] - it->second[i])), worst_name = name;
   }
-  std::printf("%s: max relative loss diff %.3g, max |param diff| %.3g%s\n", what.c_str(), worst_loss, worst,
-              worst > 0 ? (" (" + worst_name + ")").c_str() : "");
+  // Every rank evaluates the whole model, the other stages' parameters lent for it.
+  ASSERT_FALSE(want.evals.empty()) << what;
+  ASSERT_EQ(got.evals.size(), got.orders.size()) << what << ": a rank wrote no evaluation";
+  double worst_eval = 0;
+  for (double e : got.evals) worst_eval = std::max(worst_eval, std::abs(e - want.evals[0]) / std::abs(want.evals[0]));
+  std::printf("%s: max relative loss diff %.3g, evaluation %.3g, max |param diff| %.3g%s\n", what.c_str(), worst_loss,
+              worst_eval, worst, worst > 0 ? (" (" + worst_name + ")").c_str() : "");
   EXPECT_LE(worst_loss, rel_loss) << what;
+  EXPECT_LE(worst_eval, rel_loss) << what;
   EXPECT_LE(worst, abs_param) << what;
 }
 

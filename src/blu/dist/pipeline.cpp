@@ -17,6 +17,7 @@
 #include "blu/io/checksum.h"
 #include "blu/io/json_file.h"
 #include "blu/io/safetensors.h"
+#include "blu/memory/allocator.h"
 #include "blu/ops/elementwise.h"
 #include "blu/ops/factory.h"
 #include "blu/ops/optim.h"
@@ -266,6 +267,32 @@ PipelineStage::PipelineStage(models::CausalLM& model, std::shared_ptr<ProcessGro
   if (model_.tied_embeddings() && stages > 1 && (owns_first() || owns_last()))
     tied_ = model_.token_embedding().weight;
   in_flight_.resize(size_t(options_.chunks * options_.micro_batches));
+
+  // The other stages' parameters keep their place in the model (names, shapes: checkpoints and
+  // share_parameters() need them) but not their bytes. A storage an owned parameter shares stays.
+  std::set<const Storage*> kept, seen;
+  for (const auto& [name, p] : owned_) kept.insert(p.storage().get());
+  for (const auto& [name, p] : model_.named_parameters()) {
+    const std::shared_ptr<Storage>& st = p.storage();
+    if (!kept.count(st.get()) && seen.insert(st.get()).second) unowned_.push_back({st, st->nbytes()});
+  }
+  drop_unowned();
+}
+
+void PipelineStage::drop_unowned() {
+  std::set<const Storage*> unowned;
+  for (const Unowned& u : unowned_) unowned.insert(u.storage.get());
+  for (const auto& [p, copy] : model_.compute_copies())  // a 16-bit copy made while they were shared
+    if (copy && unowned.count(p.storage().get())) copy->reset();
+  for (Unowned& u : unowned_) u.storage->data = DataPtr(nullptr, 0, u.storage->device(), nullptr, nullptr);
+}
+
+int64_t PipelineStage::resident_parameter_bytes() const {
+  std::set<const Storage*> seen;
+  int64_t n = 0;
+  for (const auto& [name, p] : model_.named_parameters())
+    if (seen.insert(p.storage().get()).second) n += int64_t(p.storage()->nbytes());
+  return n;
 }
 
 PipelineStage::~PipelineStage() = default;
@@ -620,6 +647,8 @@ TrainState PipelineStage::load(const std::string& ckpt_dir, optim::Optimizer& op
 }
 
 void PipelineStage::share_parameters() {
+  if (shared_++ > 0) return;
+  for (Unowned& u : unowned_) u.storage->data = allocator_for(u.storage->device()).allocate(u.bytes);
   const nn::NamedTensors all = model_.named_parameters();
   if (owners_.empty()) {  // once: the highest rank that trains each parameter, agreed by one all-reduce
     std::set<std::string> mine;
@@ -636,6 +665,11 @@ void PipelineStage::share_parameters() {
     }
   }
   for (size_t i = 0; i < all.size(); ++i) pg_->broadcast(all[i].second, owners_[i])->wait();
+}
+
+void PipelineStage::release_parameters() {
+  BLU_CHECK(shared_ > 0, "PipelineStage::release_parameters without share_parameters");
+  if (--shared_ == 0) drop_unowned();
 }
 
 }  // namespace blu::dist

@@ -77,7 +77,9 @@ struct PipelineStepValues {
 class PipelineStage {
  public:
   // `pg`: the pipeline dimension's group (rank r runs stage r). The whole model is built on every
-  // rank; only the owned parameters are trained. Builds and checks the schedule (BLU_CHECK).
+  // rank; only the owned parameters are trained, and the others give their bytes back here (their
+  // shapes, dtypes and devices stay; share_parameters() fills them again for a while). Builds and
+  // checks the schedule (BLU_CHECK).
   PipelineStage(models::CausalLM& model, std::shared_ptr<ProcessGroup> pg, PipelineOptions options);
   ~PipelineStage();
   PipelineStage(const PipelineStage&) = delete;
@@ -117,9 +119,15 @@ class PipelineStage {
   // and the files it names; BLU_CHECK naming the file, expected and got.
   static void verify_checkpoint(const std::string& ckpt_dir);
   static constexpr int kPipelineFormatVersion = 2;
-  // Every parameter of the model made current on every rank: each is broadcast from a rank that
-  // trains it (evaluation and sampling run the whole model). Collective over the pipeline group.
+  // Every parameter of the model made current on every rank until release_parameters(): the ones
+  // this rank does not train get bytes again and each parameter is broadcast from a rank that
+  // trains it (evaluation and sampling run the whole model). Collective over the pipeline group;
+  // nested calls count, and only the outermost pair moves data.
   void share_parameters();
+  void release_parameters();
+  // Bytes the model's parameters hold on this rank now (each storage once): the owned ones alone
+  // outside share_parameters().
+  int64_t resident_parameter_bytes() const;
 
  private:
   struct InFlight;
@@ -142,6 +150,13 @@ class PipelineStage {
   std::vector<std::unique_ptr<InFlight>> in_flight_;  // indexed by chunk · micro_batches + micro
   Tensor loss_sum_;
   std::vector<int> owners_;  // per model parameter, a rank that trains it (share_parameters)
+  struct Unowned {
+    std::shared_ptr<Storage> storage;
+    size_t bytes;
+  };
+  std::vector<Unowned> unowned_;  // the storages of the parameters this rank does not train
+  int shared_ = 0;                // share_parameters() depth
+  void drop_unowned();
 };
 
 }  // namespace blu::dist

@@ -168,13 +168,14 @@ Strategy::~Strategy() {
   if (block_hooks_ >= 0) dynamic_cast<models::CausalLM&>(model_).remove_block_hooks(block_hooks_);
 }
 
-Strategy::FullParameters::FullParameters(Strategy& s) : zero_(s.zero_) {
+Strategy::FullParameters::FullParameters(Strategy& s) : zero_(s.zero_), pipeline_(s.pipeline_.get()) {
   if (zero_) zero_->gather_full();
-  if (s.pipeline_) s.pipeline_->share_parameters();
+  if (pipeline_) pipeline_->share_parameters();
 }
 
 Strategy::FullParameters::~FullParameters() {
   if (zero_) zero_->release_full();
+  if (pipeline_) pipeline_->release_parameters();
 }
 
 int Strategy::rank() const { return pg_ ? pg_->rank() : 0; }

@@ -179,6 +179,7 @@ class Strategy {
 
    private:
     ZeroAdamW* zero_;
+    PipelineStage* pipeline_;
   };
   FullParameters full_parameters() { return FullParameters(*this); }
 
