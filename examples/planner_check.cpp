@@ -2,11 +2,13 @@
 // memory, for every layout that two CPU ranks run — single process, DDP, ZeRO-1/2/3, pipelines
 // (1F1B, GPipe), tensor parallelism with and without sequence parallelism.
 // Usage: blutrain launch -n 2 -- planner_check [MODEL] [GLOBAL_BATCH] [T] [STEPS]
-//   (defaults: llama:tiny 8 64 6). Rank 0 prints one line per layout and the median errors.
-// The costs are measured by rank 0 alone (the other rank waits) at micro-batch sizes B/4 and B/2, the
-// link by both; each layout then trains STEPS steps (after two warm-up steps) from the same
-// initial weights: the step time is the median, the memory the largest allocator peak over the
-// ranks above what the rank held before it built the model.
+//   (defaults: llama:tiny 8 64 6; MODEL may be a Hugging Face config folder such as
+//   examples/planner_llama). Rank 0 prints one line per layout and the median errors.
+// The costs are measured by both ranks in lockstep (rank 0's are used) at micro-batch sizes B/4
+// and B/2 — split(2)'s on a copy split over a stand-in group (measure_split) —, then the link;
+// each layout then trains STEPS steps (after two warm-up steps) from the same initial weights: the
+// step time is the median, the memory the largest allocator peak over the ranks, from the
+// layout's set-up on, above what the rank held before it built the model.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -77,6 +79,9 @@ Measured run_layout(const std::string& spec, const std::string& text, ProcessGro
       sc.zero = l.zero;
       s = std::make_unique<Strategy>(*model, pg, sc, oc);
     }
+    // What the rank holds from here on: building the whole model before a pipeline stage gives the
+    // other stages' parameters back is a start-up transient, not the step's memory.
+    alloc.reset_peak();
     Generator gen(7);
     const Tensor idx = randint(0, model->vocab_size(), {rows, T}, DType::i64, kCPU, &gen);
     std::vector<double> times;
@@ -113,14 +118,26 @@ int main(int argc, char** argv) {
   }
   TcpStore store(env.master_addr, env.master_port, env.rank == 0, std::chrono::milliseconds(30000));
   auto world = make_gloo_group(store, env.rank, 2, GlooOptions{.timeout = std::chrono::milliseconds(120000)});
-  // Costs on rank 0 alone (rank 1 waits at the barrier), then the link on both.
+  // Costs on both ranks at once and in lockstep, as `train --parallel auto` probes them: the
+  // layouts run two ranks on the machine's cores together, and a probe alone would have them to
+  // itself (on this 2-core machine 15-20% faster). Rank 0's are used; then the link.
   ModelCosts costs;
   auto model = models::build_model(models::resolve_model_config(spec), 1);
   std::vector<std::string> names;
   for (const auto& b : model->blocks()) names.push_back(b.name);
-  if (env.rank == 0) costs = measure_model(*model, std::max<int64_t>(1, B / 4), T, 5);  // b and 2b: the micro-batches the layouts run
+  const int64_t b = std::max<int64_t>(1, B / 4);  // b and 2b: the micro-batches the layouts run
+  costs = measure_model(*model, b, T, 5, world.get());
+  for (bool sp : {false, true}) {  // split(2)'s rank, probed on a split copy
+    auto copy = models::build_model(models::resolve_model_config(spec), 1);
+    try {
+      measure_split(costs, *copy, 2, sp, b, 5, world.get());
+    } catch (const Error& e) {  // the model does not split in two: its split layouts are refused below
+      if (env.rank == 0) std::printf("no split(2) probe: %s\n", e.what());
+      break;
+    }
+  }
   world->barrier()->wait();
-  const LinkCosts link = measure_link(*world, kCPU, 7);
+  const LinkCosts link = measure_link(*world, kCPU, 101);
   model.reset();
 
   const std::vector<std::string> layouts = {

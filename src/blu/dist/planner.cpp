@@ -9,6 +9,7 @@
 #include "blu/core/error.h"
 #include "blu/core/grad_mode.h"
 #include "blu/dist/ddp.h"
+#include "blu/dist/tensor_parallel.h"
 #include "blu/memory/allocator.h"
 #include "blu/ops/factory.h"
 #include "blu/ops/optim.h"
@@ -31,8 +32,12 @@ struct Probe {
   double act_bytes = 0;  // allocator bytes live after forward, beyond those before it
 };
 
-// Forward and backward of embed → (blocks) → head on idx, timed `reps` times after one warm-up.
-Probe probe(models::CausalLM& model, const Tensor& idx, bool with_blocks, int reps) {
+enum class Span { whole, outside_blocks, embedding };
+
+// Forward and backward of embed → blocks → head (whole), of embed → head (outside_blocks) or of
+// the embedding alone (its output summed) on idx, timed `reps` times after one warm-up.
+// With `lockstep`, every rank of it starts each repetition together (they probe at once).
+Probe probe(models::CausalLM& model, const Tensor& idx, Span span, int reps, ProcessGroup* lockstep) {
   Allocator& alloc = allocator_for(idx.device());
   const std::vector<Tensor> params = model.parameters();
   std::vector<double> times;
@@ -40,12 +45,14 @@ Probe probe(models::CausalLM& model, const Tensor& idx, bool with_blocks, int re
   for (int r = -1; r < reps; ++r) {
     model.zero_grad();
     settle(params.front());
+    if (lockstep) lockstep->barrier()->wait();
     const int64_t before = alloc.stats().current_bytes;
     const double t0 = now();
     Tensor x = model.embed(idx);
-    if (with_blocks)
+    if (span == Span::whole)
       for (size_t i = 0; i < model.num_blocks(); ++i) x = model.block(i, x);
-    Tensor loss = model.head(x, idx).loss;  // the ids as targets: any valid targets do
+    // The ids as targets: any valid targets do.
+    Tensor loss = span == Span::embedding ? sum(x) : model.head(x, idx).loss;
     x = Tensor();
     p.act_bytes = double(alloc.stats().current_bytes - before);
     loss.backward();
@@ -64,6 +71,81 @@ void fit(double b, double t1, double t2, double& fixed, double& per_seq) {
   fixed = std::max(0.0, t1 - per_seq * b);
 }
 
+struct Parts {
+  double block_fixed_s = 0, block_per_seq_s = 0, other_fixed_s = 0, other_per_seq_s = 0;
+  double embed_fixed_s = 0, embed_per_seq_s = 0;
+  double block_act_bytes = 0, other_act_bytes = 0;
+};
+
+// The blocks' and the rest's forward + backward, per call and per sequence, and the bytes each
+// keeps per sequence: probes at b and 2b with and without the blocks.
+Parts probe_parts(models::CausalLM& model, int64_t b, int64_t T, int reps, ProcessGroup* lockstep) {
+  const Device dev = model.token_embedding().weight.device();
+  const bool was_training = model.is_training();
+  model.train(true);
+  Generator gen(1234);
+  auto ids = [&](int64_t n) {
+    Tensor t = randint(0, model.vocab_size(), {n, T}, DType::i64, kCPU, &gen);
+    return dev.is_cpu() ? t : to_device(t, dev);
+  };
+  const Tensor x1 = ids(b), x2 = ids(2 * b);
+  const Probe full1 = probe(model, x1, Span::whole, reps, lockstep), full2 = probe(model, x2, Span::whole, reps, lockstep);
+  const Probe none1 = probe(model, x1, Span::outside_blocks, reps, lockstep), none2 = probe(model, x2, Span::outside_blocks, reps, lockstep);
+  const Probe emb1 = probe(model, x1, Span::embedding, reps, lockstep), emb2 = probe(model, x2, Span::embedding, reps, lockstep);
+  model.train(was_training);
+  const double L = double(std::max<size_t>(1, model.num_blocks()));
+  Parts p;
+  fit(double(b), none1.seconds, none2.seconds, p.other_fixed_s, p.other_per_seq_s);
+  fit(double(b), std::min(emb1.seconds, none1.seconds), std::min(emb2.seconds, none2.seconds), p.embed_fixed_s,
+      p.embed_per_seq_s);
+  fit(double(b), (full1.seconds - none1.seconds) / L, (full2.seconds - none2.seconds) / L, p.block_fixed_s,
+      p.block_per_seq_s);
+  p.other_act_bytes = std::max(0.0, none2.act_bytes / double(2 * b));
+  p.block_act_bytes = std::max(0.0, (full2.act_bytes - none2.act_bytes) / (L * double(2 * b)));
+  return p;
+}
+
+class DoneWork final : public Work {
+ public:
+  void wait() override {}
+  bool is_completed() const override { return true; }
+};
+
+// Rank 0 of `size` ranks whose collectives move no data: an all-reduce leaves its tensor as it
+// is, an all-gather writes the input into every slot, a reduce-scatter keeps the first part. What
+// a tensor-parallel rank computes runs unchanged on it (the shapes and the work; not the values).
+class StandInGroup final : public ProcessGroup {
+ public:
+  StandInGroup(int size, Device dev) : size_(size), dev_(dev) {}
+  int rank() const override { return 0; }
+  int size() const override { return size_; }
+  std::string backend() const override { return dev_.is_cuda() ? "nccl" : "gloo"; }
+  void set_timeout(std::chrono::milliseconds) override {}
+  std::chrono::milliseconds timeout() const override { return std::chrono::milliseconds(0); }
+  void set_phase(std::string) override {}
+  WorkPtr all_reduce(const Tensor&, ReduceOp) override { return done(); }
+  WorkPtr reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp) override {
+    NoGradGuard no_grad;  // as a real group writes the bytes: outside autograd
+    copy_(out, reshape(narrow(reshape(in, {in.numel()}), 0, 0, out.numel()), out.shape()));
+    return done();
+  }
+  WorkPtr all_gather(const Tensor& out, const Tensor& in) override {
+    NoGradGuard no_grad;
+    const Tensor flat = reshape(out, {out.numel()}), src = reshape(in, {in.numel()});
+    for (int i = 0; i < size_; ++i) copy_(narrow(flat, 0, int64_t(i) * in.numel(), in.numel()), src);
+    return done();
+  }
+  WorkPtr broadcast(const Tensor&, int) override { return done(); }
+  WorkPtr send(const Tensor&, int, int) override { BLU_CHECK(false, "StandInGroup: no point-to-point sends"); return nullptr; }
+  WorkPtr recv(const Tensor&, int, int) override { BLU_CHECK(false, "StandInGroup: no point-to-point receives"); return nullptr; }
+  WorkPtr barrier() override { return done(); }
+
+ private:
+  static WorkPtr done() { return std::make_shared<DoneWork>(); }
+  int size_;
+  Device dev_;
+};
+
 double ring(double bytes, int n, const LinkCosts& l) {  // all-reduce of `bytes` over n ranks
   if (n <= 1) return 0;
   return 2.0 * (n - 1) * l.latency_s + 2.0 * (n - 1) / n * bytes / l.bytes_per_s;
@@ -76,7 +158,7 @@ double half_ring(double bytes, int n, const LinkCosts& l) {  // reduce-scatter o
 
 }  // namespace
 
-ModelCosts measure_model(models::CausalLM& model, int64_t b, int64_t T, int reps) {
+ModelCosts measure_model(models::CausalLM& model, int64_t b, int64_t T, int reps, ProcessGroup* lockstep) {
   BLU_CHECK(b >= 1 && T >= 1 && T <= model.max_seq_len() && reps >= 1, "measure_model: expected b >= 1, 1 <= T <= ",
             model.max_seq_len(), ", reps >= 1; got b ", b, ", T ", T, ", reps ", reps);
   const Device dev = model.token_embedding().weight.device();
@@ -88,6 +170,13 @@ ModelCosts measure_model(models::CausalLM& model, int64_t b, int64_t T, int reps
   for (const models::BlockRef& br : model.blocks()) in_blocks += double(br.module->num_parameters());
   m.block_params = in_blocks / double(std::max<int64_t>(1, m.blocks));
   m.other_params = double(model.num_parameters()) - in_blocks;
+  // What the first and the last pipeline stage hold besides blocks: the embedding, the head (a
+  // tied weight on both), and the rest (positions, the final norm) on both.
+  const double emb = double(model.token_embedding().weight.numel());
+  const double head = model.tied_embeddings() ? emb : double(model.output_weight().numel());
+  const double rest = std::max(0.0, m.other_params - emb - (model.tied_embeddings() ? 0.0 : head));
+  m.first_params = emb + rest;
+  m.last_params = head + rest;
   const DType cdt = model.compute_dtype();
   const DType pdt = model.token_embedding().weight.dtype();
   m.param_bytes = m.grad_bytes = double(dtype_size(pdt));
@@ -95,23 +184,11 @@ ModelCosts measure_model(models::CausalLM& model, int64_t b, int64_t T, int reps
   m.compute_copy_bytes = cdt == pdt ? 0.0 : double(dtype_size(cdt));
   m.activation_elem_bytes = double(dtype_size(cdt));
 
-  const bool was_training = model.is_training();
-  model.train(true);
-  Generator gen(1234);
-  auto ids = [&](int64_t n) {
-    Tensor t = randint(0, model.vocab_size(), {n, T}, DType::i64, kCPU, &gen);
-    return dev.is_cpu() ? t : to_device(t, dev);
-  };
-  const Tensor x1 = ids(b), x2 = ids(2 * b);
-  const Probe full1 = probe(model, x1, true, reps), full2 = probe(model, x2, true, reps);
-  const Probe none1 = probe(model, x1, false, reps), none2 = probe(model, x2, false, reps);
-  model.train(was_training);
-  const double L = double(std::max<int64_t>(1, m.blocks));
-  fit(double(b), none1.seconds, none2.seconds, m.other_fixed_s, m.other_per_seq_s);
-  fit(double(b), (full1.seconds - none1.seconds) / L, (full2.seconds - none2.seconds) / L, m.block_fixed_s,
-      m.block_per_seq_s);
-  m.other_act_bytes = std::max(0.0, none2.act_bytes / double(2 * b));
-  m.block_act_bytes = std::max(0.0, (full2.act_bytes - none2.act_bytes) / (L * double(2 * b)));
+  const Parts parts = probe_parts(model, b, T, reps, lockstep);
+  m.block_fixed_s = parts.block_fixed_s, m.block_per_seq_s = parts.block_per_seq_s;
+  m.other_fixed_s = parts.other_fixed_s, m.other_per_seq_s = parts.other_per_seq_s;
+  m.embed_fixed_s = parts.embed_fixed_s, m.embed_per_seq_s = parts.embed_per_seq_s;
+  m.block_act_bytes = parts.block_act_bytes, m.other_act_bytes = parts.other_act_bytes;
 
   // The update: AdamW on the model's device and dtype, gated as in training, at two sizes; the
   // slope is the cost per parameter (a launch and the host's wait, which one call of the real step
@@ -139,6 +216,22 @@ ModelCosts measure_model(models::CausalLM& model, int64_t b, int64_t T, int reps
   return m;
 }
 
+void measure_split(ModelCosts& m, models::CausalLM& copy, int tp, bool sequence_parallel, int64_t b, int reps,
+                   ProcessGroup* lockstep) {
+  BLU_CHECK(tp >= 2 && b >= 1 && reps >= 1 && m.seq_len >= 1, "measure_split: expected tp >= 2, b >= 1, reps >= 1 ",
+            "and costs from measure_model; got tp ", tp, ", b ", b, ", reps ", reps, ", T ", m.seq_len);
+  BLU_CHECK(int64_t(copy.num_blocks()) == m.blocks, "measure_split: the copy has ", copy.num_blocks(),
+            " blocks, the measured model ", m.blocks);
+  const Device dev = copy.token_embedding().weight.device();
+  apply_tensor_parallel(copy, std::make_shared<StandInGroup>(tp, dev), TPOptions{.sequence_parallel = sequence_parallel});
+  const Parts p = probe_parts(copy, b, m.seq_len, reps, lockstep);
+  double partial = 0;
+  for (const ShardedParameter& sp : sharded_parameters(copy))
+    if (sp.info.partial_grad) partial += double(sp.param.numel()) * m.grad_bytes;
+  m.splits.push_back({tp, sequence_parallel, p.block_fixed_s, p.block_per_seq_s, p.other_fixed_s, p.other_per_seq_s,
+                      p.embed_fixed_s, p.embed_per_seq_s, p.block_act_bytes, p.other_act_bytes, partial});
+}
+
 LinkCosts measure_link(ProcessGroup& pg, Device dev, int reps) {
   BLU_CHECK(reps >= 1, "measure_link: reps must be >= 1, got ", reps);
   LinkCosts l;
@@ -153,8 +246,13 @@ LinkCosts measure_link(ProcessGroup& pg, Device dev, int reps) {
       settle(t);
       if (r >= 0) times.push_back(now() - t0);
     }
-    std::sort(times.begin(), times.end());
-    return times[times.size() / 2];
+    // The mean, not the median: a step pays the sum of its collectives. On CPU ranks their times
+    // are bimodal (a waiting thread whose core went idle wakes late: a 4 KiB all-reduce of two
+    // ranks on this 2-core machine has a median near 0.4 ms and a mean near 1.9), and the median
+    // picks either mode from one run to the next.
+    double sum = 0;
+    for (double t : times) sum += t;
+    return sum / double(times.size());
   };
   // The large size must be bandwidth-bound: 4 MiB over NVLink is still mostly latency (its slope
   // came out as infinite bandwidth on 2×H200), 64 MiB is not.
@@ -183,49 +281,81 @@ Prediction predict(const Layout& layout, const ModelCosts& m, const LinkCosts& l
   const double micro = piped ? double(std::max<int64_t>(1, layout.micro_batches)) : double(job.grad_accum);
   const double b = seqs / micro;  // sequences per micro-batch
 
-  // Blocks per stage: the largest stage bounds the pipeline.
-  int64_t max_blocks = m.blocks;
-  if (!layout.stage_blocks.empty()) {
-    max_blocks = 0;
-    // With chunks, rank r runs virtual stages r, r + pp, …: sum its chunks.
-    for (int r = 0; r < pp; ++r) {
-      int64_t n = 0;
-      for (size_t s = size_t(r); s < layout.stage_blocks.size(); s += size_t(pp))
-        n += layout.stage_blocks[s].second - layout.stage_blocks[s].first + 1;
-      max_blocks = std::max(max_blocks, n);
-    }
+  // Blocks per pipeline rank: with chunks, rank r runs virtual stages r, r + pp, …
+  std::vector<int64_t> blocks(size_t(pp), 0);
+  if (layout.stage_blocks.empty()) {
+    blocks.assign(size_t(pp), m.blocks / pp);
+  } else {
+    for (size_t s = 0; s < layout.stage_blocks.size(); ++s)
+      blocks[s % size_t(pp)] += layout.stage_blocks[s].second - layout.stage_blocks[s].first + 1;
   }
+  const auto first = [&](int r) { return r == 0; };
+  const auto last = [&](int r) { return r == pp - 1; };
   const double tp_width = layout.tp_widths.empty() ? 1.0 / tp : *std::max_element(layout.tp_widths.begin(), layout.tp_widths.end());
-  const double block_t = m.block_fixed_s + m.block_per_seq_s * b * tp_width;
-  // Embedding and head sit on the first and last stages; with a pipeline the busier of the two
-  // carries them (the head dominates), without one the single stage carries both.
-  const double other_t = m.other_fixed_s + m.other_per_seq_s * b * tp_width;
-  const double stage_compute = double(max_blocks) * block_t + other_t;
+  // A probed split (measure_split) of this tp, with this sequence parallelism if there is one.
+  const ModelCosts::Split* split = nullptr;
+  if (tp > 1 && std::all_of(layout.tp_widths.begin(), layout.tp_widths.end(),
+                            [&](double w) { return std::abs(w - 1.0 / tp) < 1e-9; }))
+    for (const ModelCosts::Split& s : m.splits)
+      if (s.tp == tp && (!split || s.sequence_parallel == layout.sequence_parallel)) split = &s;
+  const double block_t = split ? split->block_fixed_s + split->block_per_seq_s * b
+                               : m.block_fixed_s + m.block_per_seq_s * b * tp_width;
+  // Embedding, head and loss; of those the embedding runs on the first stage, the rest on the last.
+  const double other_t = split ? split->other_fixed_s + split->other_per_seq_s * b
+                               : m.other_fixed_s + m.other_per_seq_s * b * tp_width;
+  const double embed_t = std::min(other_t, split ? split->embed_fixed_s + split->embed_per_seq_s * b
+                                                 : m.embed_fixed_s + m.embed_per_seq_s * b * tp_width);
 
   // Tensor parallelism: per block two all-reduces forward and two backward of [b, T, C]
-  // (sequence parallel: all-gathers and reduce-scatters of the same total volume).
+  // (sequence parallel: all-gathers and reduce-scatters of the same total volume), one for the
+  // vocabulary-parallel embedding (first stage) and one for the head's input gradient and the
+  // vocabulary-parallel loss's two over the rows — the maximum; the sum of exponentials with the
+  // target's logit (last stage).
   const double act = b * double(m.seq_len * m.width) * m.activation_elem_bytes;
-  const double tp_comm = tp > 1 ? double(max_blocks) * 4.0 * ring(act, tp, link) + 2.0 * ring(act, tp, link) : 0.0;
+  const double rows = b * double(m.seq_len) * 4.0;
   // Pipeline: an activation forward and its gradient backward per micro-batch and stage boundary.
   const double p2p = pp > 1 ? 2.0 * (link.latency_s + act / tp / link.bytes_per_s) : 0.0;
-  const double slot = stage_compute + tp_comm + p2p;  // one micro-batch's forward + backward on a stage
-  const double v = double(std::max(1, layout.chunks));
-  double pipeline_t = micro * slot;
-  double bubble = 0;
-  if (pp > 1) {
-    // GPipe and 1F1B idle (pp − 1) slots per step; interleaving divides a slot by the chunk count.
-    bubble = double(pp - 1) * slot / (layout.schedule == Schedule::interleaved ? v : 1.0);
-    pipeline_t += bubble;
+  // One micro-batch's forward + backward on each rank; the busiest bounds the steady state, and
+  // filling and draining the pipeline costs the others' slots once (divided by the chunks when
+  // interleaved): for equal stages the (pp − 1) slots of GPipe's and 1F1B's bubble.
+  std::vector<double> slot(size_t(pp), 0.0), compute(size_t(pp), 0.0), tp_comm(size_t(pp), 0.0);
+  for (int r = 0; r < pp; ++r) {
+    compute[size_t(r)] = double(blocks[size_t(r)]) * block_t + (first(r) ? embed_t : 0.0) + (last(r) ? other_t - embed_t : 0.0);
+    if (tp > 1)
+      tp_comm[size_t(r)] = double(blocks[size_t(r)]) * 4.0 * ring(act, tp, link) + (first(r) ? ring(act, tp, link) : 0.0) +
+                           (last(r) ? ring(act, tp, link) + ring(rows, tp, link) + ring(2.0 * rows, tp, link) : 0.0);
+    slot[size_t(r)] = compute[size_t(r)] + tp_comm[size_t(r)] + p2p;
   }
-  p.compute_s = micro * stage_compute;
-  p.tp_comm_s = micro * tp_comm;
+  const size_t busiest = size_t(std::max_element(slot.begin(), slot.end()) - slot.begin());
+  const double v = double(std::max(1, layout.chunks));
+  double others = 0;
+  for (size_t r = 0; r < slot.size(); ++r)
+    if (r != busiest) others += slot[r];
+  const double bubble = pp > 1 ? others / (layout.schedule == Schedule::interleaved ? v : 1.0) : 0.0;
+  double pipeline_t = micro * slot[busiest] + bubble;
+  p.compute_s = micro * compute[busiest];
+  // Once a step: the gradient norm's sharded part, and under sequence parallelism the replicated
+  // parameters' partial gradients (one packed all-reduce).
+  const double tp_step = tp > 1 ? ring(4.0, tp, link) +
+                                      (split && layout.sequence_parallel ? ring(split->partial_grad_bytes, tp, link) : 0.0)
+                                : 0.0;
+  pipeline_t += tp_step;
+  p.tp_comm_s = micro * tp_comm[busiest] + tp_step;
   p.pp_comm_s = micro * p2p;
   p.bubble_s = bubble;
 
-  // Data parallelism over this rank's parameters: DDP all-reduces the gradients; ZeRO-1/2
-  // reduce-scatter them and all-gather the updated parameters (the same volume); ZeRO-3 gathers
-  // the parameters again for forward and backward.
-  const double rank_params = (double(max_blocks) * m.block_params + m.other_params) / tp;
+  // Parameters per rank: its blocks, the embedding on the first stage, the head on the last (a
+  // tied weight on both; one stage holds all).
+  std::vector<double> params(size_t(pp), 0.0);
+  for (int r = 0; r < pp; ++r)
+    params[size_t(r)] = (double(blocks[size_t(r)]) * m.block_params +
+                         (pp == 1 ? m.other_params : (first(r) ? m.first_params : 0.0) + (last(r) ? m.last_params : 0.0))) /
+                        tp;
+  const double rank_params = *std::max_element(params.begin(), params.end());
+
+  // Data parallelism over each rank's parameters (the largest bounds the step): DDP all-reduces
+  // the gradients; ZeRO-1/2 reduce-scatter them and all-gather the updated parameters (the same
+  // volume); ZeRO-3 gathers the parameters again for forward and backward.
   const double grad_bytes = rank_params * m.grad_bytes;
   double dp_comm = 0;
   if (dp > 1) {
@@ -235,29 +365,49 @@ Prediction predict(const Layout& layout, const ModelCosts& m, const LinkCosts& l
     // compute, only what outlasts the last micro-batch's backward (two thirds of its forward +
     // backward) stays on the step, and at least the last bucket's (DDPOptions::bucket_mib).
     if (layout.zero == 0 && link.overlaps_compute) {
-      const double backward_t = 2.0 / 3.0 * slot;
+      const double backward_t = 2.0 / 3.0 * slot[busiest];
       const double bucket = DDPOptions{}.bucket_mib * 1048576.0;
       dp_comm = std::max(ring(std::min(grad_bytes, bucket), dp, link), dp_comm - backward_t);
     }
-    if (layout.zero == 3) dp_comm += 2.0 * micro * half_ring(rank_params * m.param_bytes, dp, link);
+    // ZeRO-3 works per unit (each block, and the rest): an all-gather of its parameters for
+    // forward and again for backward, and a reduce-scatter of its gradient — no gather after the
+    // update. Each collective pays the link's latency.
+    if (layout.zero == 3) {
+      const double units = double(blocks[0]) + 1.0, unit = rank_params / units;
+      dp_comm = units * (half_ring(unit * m.grad_bytes, dp, link) + 2.0 * micro * half_ring(unit * m.param_bytes, dp, link));
+    }
   }
   p.dp_comm_s = dp_comm;
   const double update_params = layout.zero >= 1 ? rank_params / dp : rank_params;
   p.update_s = update_params * m.update_per_param_s;
   p.step_s = pipeline_t + dp_comm + p.update_s;
 
-  // Memory of the most loaded rank (stage 0 under 1F1B keeps pp micro-batches in flight).
+  // Memory of the most loaded rank: its state as sharded, and the activations of the micro-batches
+  // its schedule keeps in flight (all of them under GPipe; under 1F1B pp − r on rank r; one on the
+  // last).
   const double shard = double(dp);
-  double state = rank_params * (m.param_bytes + m.compute_copy_bytes) / (layout.zero == 3 ? shard : 1.0) +
-                 rank_params * m.grad_bytes / (layout.zero >= 2 ? shard : 1.0) +
-                 rank_params * m.optim_bytes / (layout.zero >= 1 ? shard : 1.0);
-  if (layout.zero == 3) state += (m.block_params / tp) * (m.param_bytes + m.compute_copy_bytes) * 2.0;  // gathered blocks
-  double in_flight = 1;
-  if (pp > 1) in_flight = layout.schedule == Schedule::gpipe ? micro : std::min(micro, double(pp));
-  const double acts = in_flight * b * (double(max_blocks) * m.block_act_bytes + m.other_act_bytes) / tp;
-  p.state_bytes = state;
-  p.activation_bytes = acts;
-  p.memory_bytes = state + acts;
+  p.memory_bytes = -1;
+  for (int r = 0; r < pp; ++r) {
+    const double n = params[size_t(r)];
+    double state = n * (m.param_bytes + m.compute_copy_bytes) / (layout.zero == 3 ? shard : 1.0) +
+                   n * m.grad_bytes / (layout.zero >= 2 ? shard : 1.0) + n * m.optim_bytes / (layout.zero >= 1 ? shard : 1.0);
+    if (layout.zero == 3) state += (m.block_params / tp) * (m.param_bytes + m.compute_copy_bytes) * 2.0;  // gathered blocks
+    // The last stage needs no gradient from another: message-driven execution (the default) runs
+    // each backward as soon as its forward is done, whatever the schedule, and keeps one.
+    double in_flight = 1;
+    if (pp > 1 && !last(r))
+      in_flight = layout.schedule == Schedule::gpipe         ? micro
+                  : layout.schedule == Schedule::interleaved ? std::min(micro, double(pp))
+                                                             : std::min(micro, double(pp - r));
+    const double per_seq = split ? double(blocks[size_t(r)]) * split->block_act_bytes + (last(r) ? split->other_act_bytes : 0.0)
+                                 : (double(blocks[size_t(r)]) * m.block_act_bytes + (last(r) ? m.other_act_bytes : 0.0)) / tp;
+    const double acts = in_flight * b * per_seq;
+    if (state + acts > p.memory_bytes) {
+      p.state_bytes = state;
+      p.activation_bytes = acts;
+      p.memory_bytes = state + acts;
+    }
+  }
   p.fits = job.memory_budget <= 0 || p.memory_bytes <= job.memory_budget;
   return p;
 }

@@ -4,6 +4,8 @@
 //     whose time is mostly per-op overhead, are predicted as well as large ones), the same for what
 //     lies outside the blocks (embedding, head, loss), the optimizer's time per parameter, and the
 //     bytes each part keeps for backward, read from the allocator;
+//   measure_split: the same probe of one rank's share of split(tp), on a copy of the model split
+//     over a stand-in group whose collectives move no data;
 //   measure_link: latency and bandwidth of a process group's all-reduce at two sizes;
 //   predict: a layout's step time — compute of the slowest stage per micro-batch, tensor-parallel
 //     all-reduces per block, point-to-point sends between stages, the pipeline bubble of its
@@ -32,9 +34,11 @@ struct ModelCosts {
   int64_t blocks = 0, seq_len = 0, width = 0;
   double block_params = 0;  // parameters per block (the mean)
   double other_params = 0;  // outside the blocks (embeddings, final norm, head)
+  double first_params = 0, last_params = 0;  // of those, on a pipeline's first and last stage
   // Forward + backward seconds for a micro-batch of b sequences: fixed + per_seq · b.
   double block_fixed_s = 0, block_per_seq_s = 0;  // one block
   double other_fixed_s = 0, other_per_seq_s = 0;  // embedding, head and loss
+  double embed_fixed_s = 0, embed_per_seq_s = 0;  // of those, the embedding (a pipeline's first stage)
   double update_per_param_s = 0;  // the optimizer step (with clipping), per parameter (two sizes' slope)
   // Bytes kept for backward per sequence.
   double block_act_bytes = 0, other_act_bytes = 0;
@@ -42,6 +46,19 @@ struct ModelCosts {
   // (and a 16-bit compute copy under mixed precision).
   double param_bytes = 4, grad_bytes = 4, optim_bytes = 8, compute_copy_bytes = 0;
   double activation_elem_bytes = 4;  // an activation element (TP all-reduces, pipeline sends)
+  // One rank's part of split(tp[, sp]) where measure_split probed it: its compute (the sharded
+  // matrices and attention heads, what every rank repeats — norms, residuals, biases — and the
+  // vocabulary-parallel embedding and loss) and the bytes it keeps. Without an entry, predict
+  // divides the whole model's costs by tp.
+  struct Split {
+    int tp = 1;
+    bool sequence_parallel = false;
+    double block_fixed_s = 0, block_per_seq_s = 0, other_fixed_s = 0, other_per_seq_s = 0;
+    double embed_fixed_s = 0, embed_per_seq_s = 0;
+    double block_act_bytes = 0, other_act_bytes = 0;
+    double partial_grad_bytes = 0;  // replicated parameters with partial gradients (sequence parallel)
+  };
+  std::vector<Split> splits;
 };
 
 struct LinkCosts {
@@ -70,11 +87,20 @@ struct Prediction {
 };
 
 // Probes `model` (on its device, in its compute dtype) at micro-batch sizes b and 2b of length T,
-// `reps` timed repetitions each after a warm-up; leaves the model's gradients cleared.
-ModelCosts measure_model(models::CausalLM& model, int64_t b, int64_t T, int reps = 3);
+// `reps` timed repetitions each after a warm-up; leaves the model's gradients cleared. With
+// `lockstep`, its every rank probes at once and starts each repetition together (a barrier): ranks
+// that share a machine's cores are measured sharing them, as they will train. Collective then.
+ModelCosts measure_model(models::CausalLM& model, int64_t b, int64_t T, int reps = 3, ProcessGroup* lockstep = nullptr);
+// Adds split(tp[, sp])'s costs to m (measure_model's, same T): `copy` — a fresh model of the same
+// configuration on the same device, which this call rewrites — is split by apply_tensor_parallel
+// over a stand-in group of tp ranks seen from rank 0, whose collectives move nothing, and its
+// forward + backward probed at b and 2b as measure_model probes the whole model. The collectives'
+// time is predict's, from LinkCosts.
+void measure_split(ModelCosts& m, models::CausalLM& copy, int tp, bool sequence_parallel, int64_t b, int reps = 3,
+                   ProcessGroup* lockstep = nullptr);
 // All-reduces of 4 KiB and 4 MiB (64 MiB on a GPU) (f32, on `device`: the group's) on `pg`, `reps` each: latency
-// and bandwidth of a ring. Collective: every rank of pg calls it.
-LinkCosts measure_link(ProcessGroup& pg, Device device, int reps = 5);
+// and bandwidth of a ring through the mean time of each size. Collective: every rank of pg calls it.
+LinkCosts measure_link(ProcessGroup& pg, Device device, int reps = 21);
 
 Prediction predict(const Layout& layout, const ModelCosts& m, const LinkCosts& link, const PlanJob& job);
 

@@ -138,8 +138,20 @@ LayoutDecision decide_parallel(const TrainOptions& o, const dist::DistEnv& env,
   dist::ModelCosts costs;
   dist::LinkCosts link;
   if (o.parallel == "auto") {
-    costs = dist::measure_model(*probe, std::max<int64_t>(1, o.batch_size / 2), o.seq_len, 3);
-    if (probe_pg) link = dist::measure_link(*probe_pg, dev, 5);
+    const int64_t b = std::max<int64_t>(1, o.batch_size / 2);
+    costs = dist::measure_model(*probe, b, o.seq_len, 3, probe_pg.get());
+    // Each tensor-parallel degree the planner will weigh, probed on a split copy of the model.
+    int64_t tp_units = 0;
+    for (const models::ShardSpec& spec : probe->tensor_parallel_plan())
+      if (spec.units > 0) tp_units = std::gcd(tp_units, spec.units);
+    for (int tp = 2; tp <= env.world_size && tp_units > 0; ++tp) {
+      if (env.world_size % tp || tp_units % tp) continue;
+      const std::unique_ptr<models::CausalLM> copy = models::build_model(o.model, 0);
+      copy->to(dev);
+      apply_precision(*copy, o.precision);
+      dist::measure_split(costs, *copy, tp, false, b, 3, probe_pg.get());
+    }
+    if (probe_pg) link = dist::measure_link(*probe_pg, dev, 21);
   }
   const LayoutDecision d = decide_layout(o.parallel, *probe, costs, link, probe_pg.get(), store_.get(), env.rank,
                                          env.world_size, o.batch_size, o.seq_len,
