@@ -3,6 +3,7 @@
 // COMMIT may name.
 #include "blu/dist/pipeline.h"
 #include "blu/dist/zero.h"
+#include "blu/dist/zero_checkpoint.h"
 #include "blu/io/checkpoint.h"
 #include "fuzz_util.h"
 

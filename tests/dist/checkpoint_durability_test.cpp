@@ -22,6 +22,7 @@
 #include "blu/dist/layout_checkpoint.h"
 #include "blu/dist/pipeline.h"
 #include "blu/dist/zero.h"
+#include "blu/dist/zero_checkpoint.h"
 #include "blu/io/json_file.h"
 #include "blu/train/trainer.h"
 #include "common/checks.h"

@@ -11,6 +11,7 @@
 #include "blu/core/grad_mode.h"
 #include "blu/dist/pipeline.h"
 #include "blu/dist/zero.h"
+#include "blu/dist/zero_checkpoint.h"
 #include "blu/io/checksum.h"
 #include "blu/io/json_file.h"
 #include "blu/io/safetensors.h"

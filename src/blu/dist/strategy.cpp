@@ -10,6 +10,7 @@
 #include "blu/core/grad_mode.h"
 #include "blu/dist/tensor_parallel.h"
 #include "blu/dist/zero.h"
+#include "blu/dist/zero_checkpoint.h"
 #include "blu/models/causal_lm.h"
 #include "blu/nn/layers.h"
 #include "blu/ops/elementwise.h"

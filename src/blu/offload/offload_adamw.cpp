@@ -195,43 +195,39 @@ void OffloadAdamW::step_on_device(const NormGate& gate) {
       off += len;
     }
   }
-  // Host moments written by the last step's downloads are read by this step's uploads.
-  engine_->wait(Lane::in, pending_out_);
-  EventPtr buffer_free[2];
-  for (size_t c = 0; c < chunks.size(); ++c) {
-    if (chunks[c].empty()) continue;
-    const int b = int(c % 2);
-    engine_->wait(Lane::in, buffer_free[b]);
-    for (const Piece& pc : chunks[c]) {
-      const State& s = *state_[pc.param];
-      engine_->copy(narrow(stage_m_[b], 0, pc.at, pc.length), piece(s.exp_avg, pc.offset, pc.length), Lane::in);
-      engine_->copy(narrow(stage_v_[b], 0, pc.at, pc.length), piece(s.exp_avg_sq, pc.offset, pc.length), Lane::in);
-    }
-    engine_->wait(Lane::compute, engine_->record(Lane::in));
-    // One adamw_step op per (weight decay, step count, compute-copy dtype), as AdamW batches them.
-    std::map<std::tuple<double, int64_t, DType>, std::vector<AdamWTensors>> batches;
-    for (const Piece& pc : chunks[c]) {
-      const size_t i = pc.param;
-      const Tensor copy = copies_[i] ? copies_[i]->target(params_[i]) : Tensor();
-      batches[{decay_[i], state_[i]->step, copy.defined() ? copy.dtype() : DType::f32}].push_back(
-          {piece(params_[i], pc.offset, pc.length), piece(params_[i].grad(), pc.offset, pc.length),
-           narrow(stage_m_[b], 0, pc.at, pc.length), narrow(stage_v_[b], 0, pc.at, pc.length),
-           copy.defined() ? piece(copy, pc.offset, pc.length) : Tensor()});
-    }
-    for (const auto& [key, tensors] : batches)
-      adamw_step_(tensors,
-                  {.lr = lr_, .beta1 = opt_.beta1, .beta2 = opt_.beta2, .eps = opt_.eps, .weight_decay = std::get<0>(key),
-                   .step = std::get<1>(key)},
-                  gate);
-    engine_->wait(Lane::out, engine_->record(Lane::compute));
-    for (const Piece& pc : chunks[c]) {
-      const State& s = *state_[pc.param];
-      engine_->copy(piece(s.exp_avg, pc.offset, pc.length), narrow(stage_m_[b], 0, pc.at, pc.length), Lane::out);
-      engine_->copy(piece(s.exp_avg_sq, pc.offset, pc.length), narrow(stage_v_[b], 0, pc.at, pc.length), Lane::out);
-    }
-    buffer_free[b] = engine_->record(Lane::out);
-  }
-  pending_out_ = engine_->record(Lane::out);
+  stream_through_slots(
+      *engine_, chunks.size(), pending_out_,
+      [&](size_t c, int b) {
+        for (const Piece& pc : chunks[c]) {
+          const State& s = *state_[pc.param];
+          engine_->copy(narrow(stage_m_[b], 0, pc.at, pc.length), piece(s.exp_avg, pc.offset, pc.length), Lane::in);
+          engine_->copy(narrow(stage_v_[b], 0, pc.at, pc.length), piece(s.exp_avg_sq, pc.offset, pc.length), Lane::in);
+        }
+      },
+      [&](size_t c, int b) {
+        // One adamw_step op per (weight decay, step count, compute-copy dtype), as AdamW batches them.
+        std::map<std::tuple<double, int64_t, DType>, std::vector<AdamWTensors>> batches;
+        for (const Piece& pc : chunks[c]) {
+          const size_t i = pc.param;
+          const Tensor copy = copies_[i] ? copies_[i]->target(params_[i]) : Tensor();
+          batches[{decay_[i], state_[i]->step, copy.defined() ? copy.dtype() : DType::f32}].push_back(
+              {piece(params_[i], pc.offset, pc.length), piece(params_[i].grad(), pc.offset, pc.length),
+               narrow(stage_m_[b], 0, pc.at, pc.length), narrow(stage_v_[b], 0, pc.at, pc.length),
+               copy.defined() ? piece(copy, pc.offset, pc.length) : Tensor()});
+        }
+        for (const auto& [key, tensors] : batches)
+          adamw_step_(tensors,
+                      {.lr = lr_, .beta1 = opt_.beta1, .beta2 = opt_.beta2, .eps = opt_.eps,
+                       .weight_decay = std::get<0>(key), .step = std::get<1>(key)},
+                      gate);
+      },
+      [&](size_t c, int b) {
+        for (const Piece& pc : chunks[c]) {
+          const State& s = *state_[pc.param];
+          engine_->copy(piece(s.exp_avg, pc.offset, pc.length), narrow(stage_m_[b], 0, pc.at, pc.length), Lane::out);
+          engine_->copy(piece(s.exp_avg_sq, pc.offset, pc.length), narrow(stage_v_[b], 0, pc.at, pc.length), Lane::out);
+        }
+      });
   // Every parameter with a copy was written together with it, by the ops above.
   for (size_t i = 0; i < params_.size(); ++i)
     if (copies_[i] && params_[i].grad().defined() && copies_[i]->target(params_[i]).defined())

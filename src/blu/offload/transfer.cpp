@@ -49,6 +49,24 @@ std::unique_ptr<CopyEngine> make_copy_engine(Device device) {
   return std::make_unique<HostPoolEngine>(device);
 }
 
+void stream_through_slots(CopyEngine& engine, size_t chunks, EventPtr& pending_out,
+                          const std::function<void(size_t, int)>& load, const std::function<void(size_t, int)>& update,
+                          const std::function<void(size_t, int)>& store) {
+  engine.wait(Lane::in, pending_out);
+  EventPtr slot_free[2];
+  for (size_t c = 0; c < chunks; ++c) {
+    const int b = int(c % 2);
+    engine.wait(Lane::in, slot_free[b]);
+    load(c, b);
+    engine.wait(Lane::compute, engine.record(Lane::in));
+    update(c, b);
+    engine.wait(Lane::out, engine.record(Lane::compute));
+    store(c, b);
+    slot_free[b] = engine.record(Lane::out);
+  }
+  pending_out = engine.record(Lane::out);
+}
+
 Allocator& host_allocator_for(Device device) {
 #ifdef BLU_HAVE_CUDA
   if (device.is_cuda()) return cuda::pinned_allocator();

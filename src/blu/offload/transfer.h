@@ -11,6 +11,7 @@
 // destination's storage version is bumped (Note [Storage versions]) and device memory used on a
 // side lane is recorded with it (so the caching allocator does not reuse it too early).
 #pragma once
+#include <functional>
 #include <memory>
 
 #include "blu/core/tensor.h"
@@ -40,6 +41,17 @@ class CopyEngine {
   // The host blocks until `e` (null: every lane) is reached.
   virtual void host_wait(const EventPtr& e) = 0;
 };
+
+// Host-resident state streamed through two device slots, chunk by chunk: chunk c uses slot
+// b = c % 2; `load(c, b)` queues its uploads on Lane::in once the slot's previous chunk has gone
+// out, `update(c, b)` queues its work on Lane::compute once they have landed, and `store(c, b)`
+// queues its downloads on Lane::out once that work is done. `pending_out` orders calls: this
+// call's first uploads wait for it (the last call's downloads wrote the host state they read),
+// and it is set to this call's last download.
+void stream_through_slots(CopyEngine& engine, size_t chunks, EventPtr& pending_out,
+                          const std::function<void(size_t c, int b)>& load,
+                          const std::function<void(size_t c, int b)>& update,
+                          const std::function<void(size_t c, int b)>& store);
 
 // The engine for `device` (cuda:N, or a pool cpu:N with N >= 1).
 std::unique_ptr<CopyEngine> make_copy_engine(Device device);
