@@ -9,6 +9,7 @@
 #include "blu/dist/planner.h"
 #include "blu/memory/allocator.h"
 #include "blu/models/registry.h"
+#include "dist_test_util.h"
 
 namespace blu::dist {
 namespace {
@@ -124,6 +125,12 @@ TEST(Planner, CandidatesResolveBackToTheirLayouts) {
   // A budget below every layout's memory puts none first as fitting.
   job.memory_budget = 1;
   for (const Prediction& p : plan(m, LinkCosts{}, job, names(8), 4, 2, 64)) EXPECT_FALSE(p.fits);
+}
+
+// Under `--parallel auto` every rank probes and keeps each time's slowest value over the ranks.
+TEST(Planner, EveryRankTakesTheSlowestRanksTimes) {
+  const test::LaunchResult r = test::run_workers("slowest_costs", 3);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
 }
 
 // The probe's bytes per sequence predict what a training step at another batch size keeps.

@@ -14,6 +14,7 @@
 #include "blu/dist/env.h"
 #include "blu/dist/hetero.h"
 #include "blu/dist/mesh.h"
+#include "blu/dist/planner.h"
 #include "blu/models/registry.h"
 #include "blu/dist/process_group.h"
 #include "blu/dist/strategy.h"
@@ -340,6 +341,28 @@ void scaler_agree() {
   pg.barrier()->wait();
 }
 
+// Each rank's costs, slower with its rank (the update slowest on rank 0): every rank ends with
+// each time's largest.
+void slowest_costs() {
+  Rank rk(5000ms);
+  ProcessGroup& pg = *rk.pg;
+  const double r = pg.rank(), last = pg.size() - 1;
+  ModelCosts m;
+  m.block_per_seq_s = 0.01 * (r + 1);
+  m.other_fixed_s = 0.5 - 0.1 * r;
+  m.update_per_param_s = r == 0 ? 5.0 : 1.0;
+  m.block_act_bytes = 1000;
+  m.splits.push_back({.tp = 2, .block_fixed_s = 0.2 * (r + 1), .embed_per_seq_s = 3 - r});
+  take_slowest(m, pg, kCPU);
+  EXPECT_DOUBLE_EQ(m.block_per_seq_s, 0.01 * (last + 1));
+  EXPECT_DOUBLE_EQ(m.other_fixed_s, 0.5);
+  EXPECT_DOUBLE_EQ(m.update_per_param_s, 5.0);
+  EXPECT_DOUBLE_EQ(m.block_act_bytes, 1000);
+  EXPECT_DOUBLE_EQ(m.splits[0].block_fixed_s, 0.2 * (last + 1));
+  EXPECT_DOUBLE_EQ(m.splits[0].embed_per_seq_s, 3);
+  pg.barrier()->wait();
+}
+
 TEST(DistWorker, Run) {
   const std::string scenario = env_or("BLU_DIST_SCENARIO", "");
   if (scenario.empty()) GTEST_SKIP() << "only runs as a rank of a multi-process test";
@@ -352,6 +375,7 @@ TEST(DistWorker, Run) {
   if (scenario == "train") return test::train_worker();
   if (scenario == "ddp_grads") return test::ddp_grads_worker();
   if (scenario == "scaler_agree") return scaler_agree();
+  if (scenario == "slowest_costs") return slowest_costs();
   if (scenario == "zero_gate") return test::zero_gate_worker();
   if (scenario == "pipeline") return test::pipeline_worker();
   if (scenario == "tp_train") return test::tp_train_worker();

@@ -232,6 +232,21 @@ void measure_split(ModelCosts& m, models::CausalLM& copy, int tp, bool sequence_
                       p.embed_fixed_s, p.embed_per_seq_s, p.block_act_bytes, p.other_act_bytes, partial});
 }
 
+void take_slowest(ModelCosts& m, ProcessGroup& pg, Device dev) {
+  std::vector<double*> times = {&m.block_fixed_s, &m.block_per_seq_s, &m.other_fixed_s, &m.other_per_seq_s,
+                                &m.embed_fixed_s, &m.embed_per_seq_s, &m.update_per_param_s};
+  for (ModelCosts::Split& s : m.splits)
+    times.insert(times.end(), {&s.block_fixed_s, &s.block_per_seq_s, &s.other_fixed_s, &s.other_per_seq_s,
+                               &s.embed_fixed_s, &s.embed_per_seq_s});
+  std::vector<double> v;
+  for (double* t : times) v.push_back(*t);
+  Tensor t = from_vector(v, {int64_t(v.size())}, DType::f64);
+  if (!dev.is_cpu()) t = to_device(t, dev);
+  pg.all_reduce(t, ReduceOp::max)->wait();
+  const std::vector<double> got = to_vector(t);
+  for (size_t i = 0; i < times.size(); ++i) *times[i] = got[i];
+}
+
 LinkCosts measure_link(ProcessGroup& pg, Device dev, int reps) {
   BLU_CHECK(reps >= 1, "measure_link: reps must be >= 1, got ", reps);
   LinkCosts l;

@@ -98,6 +98,9 @@ ModelCosts measure_model(models::CausalLM& model, int64_t b, int64_t T, int reps
 // time is predict's, from LinkCosts.
 void measure_split(ModelCosts& m, models::CausalLM& copy, int tp, bool sequence_parallel, int64_t b, int reps = 3,
                    ProcessGroup* lockstep = nullptr);
+// Every rank's probed times replaced by the slowest rank's (collective over pg, whose tensors live
+// on `device`; the bytes are the same everywhere): an even layout runs at its slowest rank's pace.
+void take_slowest(ModelCosts& m, ProcessGroup& pg, Device device);
 // All-reduces of 4 KiB and 4 MiB (64 MiB on a GPU) (f32, on `device`: the group's) on `pg`, `reps` each: latency
 // and bandwidth of a ring through the mean time of each size. Collective: every rank of pg calls it.
 LinkCosts measure_link(ProcessGroup& pg, Device device, int reps = 21);

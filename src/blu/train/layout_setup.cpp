@@ -67,7 +67,7 @@ LayoutDecision decide_layout(const std::string& text, models::CausalLM& model, c
     for (size_t i = 0; i < std::min<size_t>(5, ranked.size()); ++i)
       d.plan.push_back({{"layout", ranked[i].text}, {"step_ms", ranked[i].step_s * 1e3},
                         {"memory_mib", ranked[i].memory_bytes / double(1 << 20)}, {"fits", ranked[i].fits}});
-    // Rank 0's costs decide (each rank measured its own device; they differ by noise).
+    // Every rank holds the slowest rank's costs (take_slowest); rank 0's pick is agreed all the same.
     d.text = store ? dist::agree_on(*store, rank, "parallel_auto", ranked.front().text) : ranked.front().text;
     const dist::Layout l = dist::resolve_layout(dist::parse_annotation(d.text), names, world);
     const int64_t micro = l.pp > 1 ? l.micro_batches : 1;
@@ -100,9 +100,10 @@ LayoutDecision decide_layout(const std::string& text, models::CausalLM& model, c
 
 // Note [Deciding --parallel]: `--parallel auto` and weights=probe are decided before the layout is
 // resolved. Every rank builds a copy of the model on its device, probes it (auto: dist::
-// measure_model, and the link over a probe group of the whole job; probe: each replica's step
-// time) and train/layout_setup.h's decide_layout turns the text into a stated layout, rank 0's
-// pick agreed through the store. The run then trains that layout, and records it (and -B as the
+// measure_model and measure_split on every rank in lockstep, the slowest rank's times kept, and
+// the link over a probe group of the whole job; probe: each replica's step time) and
+// train/layout_setup.h's decide_layout turns the text into a stated layout, rank 0's pick agreed
+// through the store. The run then trains that layout, and records it (and -B as the
 // layout's rows per micro-batch per replica) in run.json, so a resume runs it again as it is. -B
 // under auto is rows per rank, as under --dp N: the global batch is -B x ranks. The default
 // generator is restored after the probe, so the run draws what it would have drawn without it.
@@ -151,7 +152,10 @@ LayoutDecision decide_parallel(const TrainOptions& o, const dist::DistEnv& env,
       apply_precision(*copy, o.precision);
       dist::measure_split(costs, *copy, tp, false, b, 3, probe_pg.get());
     }
-    if (probe_pg) link = dist::measure_link(*probe_pg, dev, 21);
+    if (probe_pg) {
+      dist::take_slowest(costs, *probe_pg, dev);
+      link = dist::measure_link(*probe_pg, dev, 21);
+    }
   }
   const LayoutDecision d = decide_layout(o.parallel, *probe, costs, link, probe_pg.get(), store_.get(), env.rank,
                                          env.world_size, o.batch_size, o.seq_len,
