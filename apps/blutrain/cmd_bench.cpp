@@ -169,10 +169,11 @@ double median_of(std::vector<double> v) {
 
 // `bench --parallel TEXT|auto` under `blutrain launch -n N`: the layout built as the trainer builds
 // it (train/layout_setup.h) on random tokens. Before the layout is built every rank probes the
-// model on its device (dist/planner.h: measure_model at micro-batches of max(1, B/2) and B rows)
-// and the link between the ranks (measure_link over a group of the whole job): rank 0's costs
-// predict the layout's step time and memory per rank, printed beside what the steps then measure,
-// with the error. "auto" takes the planner's fastest layout that fits --gpu-memory-budget for the
+// model on its device as `train --parallel auto` does (train::probe_layout_costs: measure_model at
+// micro-batches of max(1, B/2) and B rows on every rank in lockstep, measure_split for each
+// admitted tensor-parallel degree, the slowest rank's times, the link over a group of the whole
+// job): the costs predict the layout's step time and memory per rank, printed beside what the
+// steps then measure, with the error. "auto" takes the planner's fastest layout that fits --gpu-memory-budget for the
 // global batch B · N (the tokens of `--dp N`), agreed through the store; replicate(n,
 // weights=probe) splits the rows by each replica's measured speed (dist/hetero.h).
 // -B is the rows of one micro-batch of one replica (a pipeline runs micro of them per step), so a
@@ -229,9 +230,11 @@ int run_bench_layout(const BenchOptions& o) {
 #endif
       probe_pg = dist::make_gloo_group(*store, rank, world, dist::GlooOptions{.prefix = "probe"});
   }
-  const int64_t probe_b = std::max<int64_t>(1, o.batch / 2);
-  const dist::ModelCosts costs = dist::measure_model(model, probe_b, o.seq, 3);
-  const dist::LinkCosts link = probe_pg ? dist::measure_link(*probe_pg, dev, 5) : dist::LinkCosts{};
+  const train::LayoutCosts probed =
+      train::probe_layout_costs(model, cfg, o.precision, std::max<int64_t>(1, o.batch / 2), o.seq, dev, probe_pg.get(),
+                                world, o.parallel.find("sp=true") != std::string::npos);
+  const dist::ModelCosts& costs = probed.model;
+  const dist::LinkCosts& link = probed.link;
 
   // auto and weights=probe decided on the probes (train/layout_setup.h), as the trainer decides them.
   const train::LayoutDecision decision =

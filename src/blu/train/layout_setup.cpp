@@ -107,6 +107,31 @@ LayoutDecision decide_layout(const std::string& text, models::CausalLM& model, c
 // layout's rows per micro-batch per replica) in run.json, so a resume runs it again as it is. -B
 // under auto is rows per rank, as under --dp N: the global batch is -B x ranks. The default
 // generator is restored after the probe, so the run draws what it would have drawn without it.
+LayoutCosts probe_layout_costs(models::CausalLM& probe, const nlohmann::json& config, const std::string& precision,
+                               int64_t b, int64_t seq, Device dev, dist::ProcessGroup* pg, int world, bool with_sp) {
+  LayoutCosts c;
+  c.model = dist::measure_model(probe, b, seq, 3, pg);
+  // Each tensor-parallel degree the planner may weigh, probed on a split copy of the model.
+  int64_t tp_units = 0;
+  for (const models::ShardSpec& spec : probe.tensor_parallel_plan())
+    if (spec.units > 0) tp_units = std::gcd(tp_units, spec.units);
+  for (int tp = 2; tp <= world && tp_units > 0; ++tp) {
+    if (world % tp || tp_units % tp) continue;
+    for (bool sp : {false, true}) {
+      if (sp && (!with_sp || seq % tp)) continue;
+      const std::unique_ptr<models::CausalLM> copy = models::build_model(config, 0);
+      copy->to(dev);
+      apply_precision(*copy, precision);
+      dist::measure_split(c.model, *copy, tp, sp, b, 3, pg);
+    }
+  }
+  if (pg) {
+    dist::take_slowest(c.model, *pg, dev);
+    c.link = dist::measure_link(*pg, dev, 21);
+  }
+  return c;
+}
+
 LayoutDecision decide_parallel(const TrainOptions& o, const dist::DistEnv& env,
                                std::unique_ptr<dist::TcpStore>& store_, std::ostream* log) {
   const double timeout_s = o.dist_timeout > 0 ? o.dist_timeout : env.dist_timeout_s;
@@ -139,23 +164,10 @@ LayoutDecision decide_parallel(const TrainOptions& o, const dist::DistEnv& env,
   dist::ModelCosts costs;
   dist::LinkCosts link;
   if (o.parallel == "auto") {
-    const int64_t b = std::max<int64_t>(1, o.batch_size / 2);
-    costs = dist::measure_model(*probe, b, o.seq_len, 3, probe_pg.get());
-    // Each tensor-parallel degree the planner will weigh, probed on a split copy of the model.
-    int64_t tp_units = 0;
-    for (const models::ShardSpec& spec : probe->tensor_parallel_plan())
-      if (spec.units > 0) tp_units = std::gcd(tp_units, spec.units);
-    for (int tp = 2; tp <= env.world_size && tp_units > 0; ++tp) {
-      if (env.world_size % tp || tp_units % tp) continue;
-      const std::unique_ptr<models::CausalLM> copy = models::build_model(o.model, 0);
-      copy->to(dev);
-      apply_precision(*copy, o.precision);
-      dist::measure_split(costs, *copy, tp, false, b, 3, probe_pg.get());
-    }
-    if (probe_pg) {
-      dist::take_slowest(costs, *probe_pg, dev);
-      link = dist::measure_link(*probe_pg, dev, 21);
-    }
+    const LayoutCosts c = probe_layout_costs(*probe, o.model, o.precision, std::max<int64_t>(1, o.batch_size / 2),
+                                             o.seq_len, dev, probe_pg.get(), env.world_size, false);
+    costs = c.model;
+    link = c.link;
   }
   const LayoutDecision d = decide_layout(o.parallel, *probe, costs, link, probe_pg.get(), store_.get(), env.rank,
                                          env.world_size, o.batch_size, o.seq_len,

@@ -52,6 +52,18 @@ LayoutDecision decide_layout(const std::string& text, models::CausalLM& model, c
                              const dist::LinkCosts& link, dist::ProcessGroup* probe_pg, dist::TcpStore* store, int rank,
                              int world, int64_t rows_per_rank, int64_t seq, double memory_budget);
 
+// The planner's probes (Note [Deciding --parallel]): measure_model of `probe` (on its device, in its
+// precision) at b and 2b rows of `seq` tokens on every rank of `pg` in lockstep; measure_split on a
+// fresh copy built from `config` for each tensor-parallel degree that divides `world` and the
+// model's units (and with sequence parallelism too when `with_sp`); each time's slowest value over
+// the ranks; the link over `pg`. Collective over pg (null: one process, no link).
+struct LayoutCosts {
+  dist::ModelCosts model;
+  dist::LinkCosts link;
+};
+LayoutCosts probe_layout_costs(models::CausalLM& probe, const nlohmann::json& config, const std::string& precision,
+                               int64_t b, int64_t seq, Device dev, dist::ProcessGroup* pg, int world, bool with_sp);
+
 // The trainer's decision of `o.parallel` (auto or weights=probe) on this job: probes a copy of the
 // model on this rank's device and the link over a probe group, made through `store`, which it
 // creates when the job has several ranks (the trainer keeps it); prints the plan or the probe's
