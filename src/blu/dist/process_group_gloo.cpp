@@ -47,6 +47,38 @@ namespace blu::dist {
     default: BLU_ASSERT(false, "gloo: unchecked dtype ", dtype);      \
   }
 
+// Collectives that only move data (all-gather, broadcast) take 16-bit floats as their bits.
+#define BLU_DISPATCH_GLOO_MOVE(dtype, ...)                                                     \
+  switch (dtype) {                                                                            \
+    case DType::bf16:                                                                         \
+    case DType::f16: { using scalar_t = uint16_t; __VA_ARGS__; break; }                       \
+    default: BLU_DISPATCH_GLOO(dtype, __VA_ARGS__);                                           \
+  }
+
+// A 16-bit float tensor's values widened to f32 (reductions add in f32, as NCCL does for bf16,
+// and round once when written back), and written back.
+std::vector<float> widened(const Tensor& t) {
+  std::vector<float> out(size_t(t.numel()));
+  if (t.dtype() == DType::bf16) {
+    const bf16* p = static_cast<const bf16*>(t.raw_data());
+    for (size_t i = 0; i < out.size(); ++i) out[i] = float(p[i]);
+  } else {
+    const f16* p = static_cast<const f16*>(t.raw_data());
+    for (size_t i = 0; i < out.size(); ++i) out[i] = float(p[i]);
+  }
+  return out;
+}
+void narrowed(const std::vector<float>& v, const Tensor& t) {
+  if (t.dtype() == DType::bf16) {
+    bf16* p = static_cast<bf16*>(t.raw_data());
+    for (size_t i = 0; i < v.size(); ++i) p[i] = bf16(v[i]);
+  } else {
+    f16* p = static_cast<f16*>(t.raw_data());
+    for (size_t i = 0; i < v.size(); ++i) p[i] = f16(v[i]);
+  }
+}
+bool is_half(DType t) { return t == DType::bf16 || t == DType::f16; }
+
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
     case ReduceOp::sum: return "sum";
@@ -176,6 +208,19 @@ class GlooGroup final : public ProcessGroup {
     check_avg(t, op, "all_reduce");
     t.storage()->bump_version();  // Note [Storage versions]
     return enqueue("all_reduce", t, -1, [this, t, op](uint32_t tag) {
+      if (is_half(t.dtype())) {
+        std::vector<float> f = widened(t);
+        gloo::AllreduceOptions o(ctx_);
+        o.setOutput<float>(f.data(), f.size());
+        using ReduceFn = void (*)(void*, const void*, const void*, size_t);
+        o.setReduceFunction(op == ReduceOp::max ? ReduceFn(&gloo::max<float>) : ReduceFn(&gloo::sum<float>));
+        o.setTag(tag);
+        o.setTimeout(op_timeout_);
+        gloo::allreduce(o);
+        if (op == ReduceOp::avg) scale(f.data(), int64_t(f.size()), 1.0f / float(size_));
+        narrowed(f, t);
+        return;
+      }
       BLU_DISPATCH_GLOO(t.dtype(), {
         gloo::AllreduceOptions o(ctx_);
         o.setOutput<scalar_t>(t.data<scalar_t>(), size_t(t.numel()));
@@ -198,6 +243,13 @@ class GlooGroup final : public ProcessGroup {
               ") × output elements (", out.numel(), " → ", out.numel() * size_, "), got ", in.numel());
     out.storage()->bump_version();  // Note [Storage versions]
     return enqueue("reduce_scatter", in, -1, [this, out, in, op](uint32_t tag) {
+      if (is_half(in.dtype())) {
+        const std::vector<float> fin = widened(in);
+        std::vector<float> fout(size_t(out.numel()));
+        ring_reduce_scatter_raw<float>(fout.data(), fin.data(), fout.size(), op, tag);
+        narrowed(fout, out);
+        return;
+      }
       BLU_DISPATCH_GLOO(in.dtype(), { ring_reduce_scatter<scalar_t>(out, in, op, tag); });
     });
   }
@@ -210,10 +262,10 @@ class GlooGroup final : public ProcessGroup {
               ") × input elements (", in.numel(), " → ", in.numel() * size_, "), got ", out.numel());
     out.storage()->bump_version();  // Note [Storage versions]
     return enqueue("all_gather", out, -1, [this, out, in](uint32_t tag) {
-      BLU_DISPATCH_GLOO(in.dtype(), {
+      BLU_DISPATCH_GLOO_MOVE(in.dtype(), {
         gloo::AllgatherOptions o(ctx_);
-        o.setInput<scalar_t>(in.data<scalar_t>(), size_t(in.numel()));
-        o.setOutput<scalar_t>(out.data<scalar_t>(), size_t(out.numel()));
+        o.setInput<scalar_t>(static_cast<scalar_t*>(in.raw_data()), size_t(in.numel()));
+        o.setOutput<scalar_t>(static_cast<scalar_t*>(out.raw_data()), size_t(out.numel()));
         o.setTag(tag);
         o.setTimeout(op_timeout_);
         gloo::allgather(o);
@@ -226,9 +278,9 @@ class GlooGroup final : public ProcessGroup {
     check_rank(root, "broadcast root");
     t.storage()->bump_version();  // Note [Storage versions]
     return enqueue("broadcast", t, root, [this, t, root](uint32_t tag) {
-      BLU_DISPATCH_GLOO(t.dtype(), {
+      BLU_DISPATCH_GLOO_MOVE(t.dtype(), {
         gloo::BroadcastOptions o(ctx_);
-        o.setOutput<scalar_t>(t.data<scalar_t>(), size_t(t.numel()));
+        o.setOutput<scalar_t>(static_cast<scalar_t*>(t.raw_data()), size_t(t.numel()));
         o.setRoot(root);
         o.setTag(tag);
         o.setTimeout(op_timeout_);
@@ -289,8 +341,9 @@ class GlooGroup final : public ProcessGroup {
     BLU_CHECK(t.defined(), "gloo ", op, ": undefined tensor");
     BLU_CHECK(t.device().is_cpu(), "gloo ", op, ": expected a CPU tensor, got ", t.str(),
               " (CUDA tensors need the NCCL process group)");
-    BLU_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64 || t.dtype() == DType::i32 || t.dtype() == DType::i64,
-              "gloo ", op, ": expected dtype f32, f64, i32 or i64, got ", t.dtype());
+    BLU_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64 || is_half(t.dtype()) || t.dtype() == DType::i32 ||
+                  t.dtype() == DType::i64,
+              "gloo ", op, ": expected dtype f32, f64, bf16, f16, i32 or i64, got ", t.dtype());
     BLU_CHECK(t.is_contiguous(), "gloo ", op, ": expected a contiguous tensor, got ", t.str(), " with strides ",
               t.strides());
   }
@@ -325,9 +378,11 @@ class GlooGroup final : public ProcessGroup {
   // into its own; after size-1 steps chunk r holds every rank's contribution.
   template <typename T>
   void ring_reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op, uint32_t tag) {
-    const size_t n = size_t(out.numel());
-    const T* src = in.data<T>();
-    T* dst = out.data<T>();
+    ring_reduce_scatter_raw<T>(out.data<T>(), in.data<T>(), size_t(out.numel()), op, tag);
+  }
+  // dst[n] ← this rank's chunk of the reduction of every rank's src[n · size].
+  template <typename T>
+  void ring_reduce_scatter_raw(T* dst, const T* src, size_t n, ReduceOp op, uint32_t tag) {
     if (size_ == 1) {
       std::copy(src, src + n, dst);
       return;
