@@ -16,8 +16,10 @@
 // NCCL differs in when "done" means: its operations are queued on the group's communication
 // stream (after the work already queued on the caller's current stream) and wait() makes the
 // caller's current stream wait for them, without blocking the host (process_group_nccl.cpp).
-// Depends on core/tensor, dist/tcp_store (bootstrap). Keep: tensors are contiguous, f32 or f64
-// for Gloo, bf16/f16/f32/f64/i32/i64 on this rank's device for NCCL (BLU_CHECK otherwise) and must stay alive and untouched until their Work completes; a peer that
+// Depends on core/tensor, dist/tcp_store (bootstrap). Keep: tensors are contiguous,
+// bf16/f16/f32/f64/i32/i64, on the CPU for Gloo (16-bit floats reduced in f32) and on this rank's
+// device for NCCL (BLU_CHECK otherwise), and must stay alive and untouched until their Work
+// completes; a peer that
 // dies or stalls becomes an error on every surviving rank within the group's timeout, never a
 // hang; after a failure the group is broken and every later call fails too. Both record every
 // operation in the process's flight recorder (dist/flight_recorder.h) and dump it on a failure.
