@@ -44,8 +44,8 @@ Probe probe(models::CausalLM& model, const Tensor& idx, Span span, int reps, Pro
   Probe p;
   for (int r = -1; r < reps; ++r) {
     model.zero_grad();
+    if (lockstep) lockstep->barrier()->wait();  // on NCCL the stream waits for it: settled next
     settle(params.front());
-    if (lockstep) lockstep->barrier()->wait();
     const int64_t before = alloc.stats().current_bytes;
     const double t0 = now();
     Tensor x = model.embed(idx);
