@@ -256,6 +256,7 @@ LinkCosts measure_link(ProcessGroup& pg, Device dev, int reps) {
     std::vector<double> times;
     for (int r = -1; r < reps; ++r) {
       pg.barrier()->wait();
+      settle(t);  // on NCCL the barrier orders the stream only: the ranks have met once it is done
       const double t0 = now();
       pg.all_reduce(t)->wait();
       settle(t);
