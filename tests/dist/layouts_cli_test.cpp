@@ -84,6 +84,7 @@ class DistLayouts : public ::testing::Test {
         {"pp_tp", 4, 2,
          "pipeline(2, micro=2){ stage(" + stage0 + "){ split(2) } stage(" + stage1 + "){ split(2) } }"},
         {"uneven", 2, 2, "replicate(2, weights=[0.75,0.25])"},  // rows 3 and 1
+        {"tp_uneven", 2, 4, "split(2, widths=[0.75,0.25])"},      // MLP columns, vocabulary rows 3:1
     };
     if (family == "gpt2")
       cases.push_back({"dp_pp_tp", 8, 1,
@@ -138,8 +139,7 @@ TEST_F(DistLayouts, UnsupportedLayoutsAreRefusedByName) {
   };
   for (const Refusal& c : std::vector<Refusal>{
            {"split(2)", {"--keep-best", "--val-pattern", (dir.path / "g_train_*.bin").string()},
-            "--keep-best keeps a single-file checkpoint, and this layout writes a checkpoint directory"},
-           {"split(2, widths=[0.75,0.25])", {}, "uneven split widths are not implemented"}}) {
+            "--keep-best keeps a single-file checkpoint, and this layout writes a checkpoint directory"}}) {
     std::vector<std::string> args = {"--parallel", c.layout};
     args.insert(args.end(), c.extra.begin(), c.extra.end());
     const LaunchResult r = train("gpt2", 2, 2, "bad", args);
@@ -168,6 +168,7 @@ TEST_F(DistLayouts, TrainerResumesUnderAnotherLayout) {
   };
   for (const Case& c : std::vector<Case>{
            {"tp_to_single", 2, 4, "split(2)", 1, 4, ""},
+           {"uneven_tp_to_tp", 2, 4, "split(2, widths=[0.75,0.25])", 2, 4, "split(2)"},
            {"dppp_to_pptp", 4, 1, "replicate(2){ pipeline(2, micro=2) }", 4, 2,
             "pipeline(2, micro=2){ stage(h.0){ split(2) } stage(h.1){ split(2) } }"}}) {
     r = train("gpt2", c.ranks_a, c.batch_a, c.name, {"--parallel", c.layout_a, "--ckpt-every", "2"});

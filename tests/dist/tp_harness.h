@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -76,7 +77,16 @@ inline void tp_train_worker() {
   if (!plain) {
     store = std::make_unique<TcpStore>(env.master_addr, env.master_port, r == 0, 10000ms);
     pg = make_gloo_group(*store, r, W, GlooOptions{.timeout = 10000ms, .hostname = "", .prefix = "default_pg"});
-    apply_tensor_parallel(*model, pg, TPOptions{.sequence_parallel = sp});
+    std::vector<double> widths;  // BLU_TP_WIDTHS "0.75,0.25": an uneven split
+    std::stringstream ws(getenv_or("BLU_TP_WIDTHS", ""));
+    for (std::string w; std::getline(ws, w, ',');) widths.push_back(std::stod(w));
+    apply_tensor_parallel(*model, pg, TPOptions{.sequence_parallel = sp, .widths = widths});
+    if (!widths.empty()) {  // the ranks hold different numbers of parameters
+      const double n = double(model->num_parameters());
+      Tensor t = from_vector(std::vector<double>{n, -n}, {2}, DType::f64);
+      pg->all_reduce(t, ReduceOp::max)->wait();
+      EXPECT_GT(to_vector(t)[0], -to_vector(t)[1]) << "rank " << r << ": widths given, yet every rank holds as much";
+    }
   }
   StrategyConfig sc;
   sc.tp = pg;

@@ -41,13 +41,15 @@ std::vector<double> read_doubles(const std::string& path) {
   return v;
 }
 
-TPRun run(const TempDir& dir, const std::string& family, int n, bool plain, bool sp) {
-  const std::string tag = family + (plain ? "_plain" : "_tp" + std::to_string(n) + (sp ? "_sp" : ""));
+TPRun run(const TempDir& dir, const std::string& family, int n, bool plain, bool sp, const std::string& widths = "") {
+  const std::string tag = family + (plain ? "_plain" : "_tp" + std::to_string(n) + (sp ? "_sp" : "")) +
+                          (widths.empty() ? "" : "_uneven");
   const std::string out = dir.str() + "/" + tag;
   const LaunchResult r = run_workers("tp_train", n,
                                      {{"BLU_TP_FAMILY", family},
                                       {"BLU_TP_PLAIN", plain ? "1" : "0"},
                                       {"BLU_TP_SP", sp ? "1" : "0"},
+                                      {"BLU_TP_WIDTHS", widths},
                                       {"BLU_DIST_STEPS", "10"},
                                       {"BLU_DIST_OUT", out}});
   EXPECT_EQ(r.status, 0) << tag << "\nstdout:\n" << r.out << "\nstderr:\n" << r.err;
@@ -96,6 +98,31 @@ void check_family(const std::string& family) {
 
 TEST(TensorParallel, Gpt2MatchesOneProcess) { check_family("gpt2"); }
 TEST(TensorParallel, LlamaGqaMatchesOneProcess) { check_family("llama"); }
+
+// Uneven widths: every split cut by them (apportion_units). GPT-2's 4 heads, 128 MLP columns and
+// 128 vocabulary rows go 3/1, 96/32, 96/32 over [0.75, 0.25] and 2/1/1, 64/32/32, 64/32/32 over
+// [0.5, 0.25, 0.25]; Llama's 4 kv heads 3/1 and 2/1/1, their query heads following (6/2, 4/2/2).
+TEST(TensorParallel, UnevenWidthsMatchOneProcess) {
+  TempDir dir;
+  for (const std::string family : {"gpt2", "llama"}) {
+    const TPRun plain = run(dir, family, 1, true, false);
+    for (bool sp : {false, true})
+      expect_matches(plain, run(dir, family, 2, false, sp, "0.75,0.25"),
+                     family + " TP=2 widths [0.75, 0.25]" + (sp ? " + SP" : "") + " vs one process");
+    expect_matches(plain, run(dir, family, 3, false, false, "0.5,0.25,0.25"),
+                   family + " TP=3 widths [0.5, 0.25, 0.25] vs one process");
+  }
+}
+
+TEST(TensorParallel, ApportionUnitsByLargestRemainderInGroups) {
+  EXPECT_EQ(apportion_units(25, 1, {0.5, 0.5}), (std::vector<int64_t>{13, 12}));  // GPT-2 d48's heads over 2
+  EXPECT_EQ(apportion_units(4, 1, {0.75, 0.25}), (std::vector<int64_t>{3, 1}));
+  EXPECT_EQ(apportion_units(8, 2, {0.75, 0.25}), (std::vector<int64_t>{6, 2}));  // query heads in kv groups
+  EXPECT_EQ(apportion_units(4, 1, {0.97, 0.01, 0.02}), (std::vector<int64_t>{2, 1, 1}));  // one group each
+  EXPECT_EQ(apportion_units(128, 1, {0.5, 0.25, 0.25}), (std::vector<int64_t>{64, 32, 32}));
+  EXPECT_THROW(apportion_units(2, 1, {0.5, 0.25, 0.25}), Error);  // fewer groups than ranks
+  EXPECT_THROW(apportion_units(9, 2, {0.5, 0.5}), Error);         // not whole groups
+}
 
 TEST(TensorParallel, VocabParallelCrossEntropyMatchesPlain) {
   for (int n : {2, 4}) {
@@ -161,7 +188,8 @@ TEST(TensorParallel, RefusesSplitsTheSizesDoNotAllow) {
     c.n_head = 2, c.n_embd = 32;  // 2 heads over 4 ranks
     models::GPT m(c, 1);
     expect_error([&] { apply_tensor_parallel(m, std::make_shared<SizeOnlyGroup>(4)); },
-                 {"tensor parallelism over 4 ranks", "h.0.attn.c_attn", "n_head 2 is not divisible by 4"});
+                 {"tensor parallelism over 4 ranks", "h.0.attn.c_attn", "n_head 2 is not divisible by 4",
+                  "split(4, widths=[…]) cuts it unevenly"});
     // Nothing changed: the plain modules are still there, and the model is not marked sharded.
     EXPECT_EQ(dynamic_cast<ParallelLinear*>(m.find_module("h.0.attn.c_attn")), nullptr);
     EXPECT_FALSE(m.sharded.active());
@@ -196,11 +224,23 @@ TEST(TensorParallel, RefusesSplitsTheSizesDoNotAllow) {
   }
   {
     models::GPTConfig c = tp_gpt_config();
-    c.vocab_size = 20, c.padded_vocab_size = 128;  // the last of 8 shards (rows 112..127) is all padding
+    c.vocab_size = 20, c.padded_vocab_size = 128;  // shards 2..7 of 8 (rows 32..127) are all padding
     c.n_head = 8, c.n_embd = 64;
     models::GPT m(c, 1);
     expect_error([&] { apply_tensor_parallel(m, std::make_shared<SizeOnlyGroup>(8)); },
-                 {"rows [112, 128)", "none of the 20 real tokens"});
+                 {"rank 2's rows [32, 48)", "none of the 20 real tokens"});
+  }
+  {
+    models::GPTConfig c = tp_gpt_config();  // 4 heads: an uneven cut still gives each rank one
+    models::GPT m(c, 1);
+    expect_error([&] {
+      apply_tensor_parallel(m, std::make_shared<SizeOnlyGroup>(4), TPOptions{.widths = {0.25, 0.25, 0.25}});
+    }, {"tensor parallelism over 4 ranks", "3 widths given"});
+    c.n_head = 2, c.n_embd = 32;
+    models::GPT m2(c, 1);
+    expect_error([&] {
+      apply_tensor_parallel(m2, std::make_shared<SizeOnlyGroup>(4), TPOptions{.widths = {0.25, 0.25, 0.25, 0.25}});
+    }, {"h.0.attn.c_attn", "n_head 2 in groups of 1 cannot give every rank one"});
   }
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <tuple>
 
 #include "blu/autograd/function.h"
 #include "blu/core/grad_mode.h"
@@ -51,6 +52,25 @@ Tensor gathered(const Tensor& x, int64_t dim, ProcessGroup& pg) {
   return reshape(permute(out, perm), s);
 }
 
+// cat over ranks of x along `dim`, rank q's piece `lengths[q]` long there (empty: all alike):
+// each padded to the longest, gathered, and the padding dropped.
+Tensor gathered_uneven(const Tensor& x, int64_t dim, ProcessGroup& pg, const std::vector<int64_t>& lengths) {
+  if (lengths.empty()) return gathered(x, dim, pg);
+  NoGradGuard no_grad;
+  dim = norm_dim(x, dim);
+  const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+  Tensor padded = x;
+  if (x.size(dim) < longest) {
+    Shape pad = x.shape();
+    pad[size_t(dim)] = longest - x.size(dim);
+    padded = cat({x, zeros(pad, x.dtype(), x.device())}, dim);
+  }
+  const Tensor all = gathered(padded, dim, pg);
+  std::vector<Tensor> pieces;
+  for (size_t q = 0; q < lengths.size(); ++q) pieces.push_back(narrow(all, dim, int64_t(q) * longest, lengths[q]));
+  return contiguous(cat(pieces, dim));
+}
+
 // Chunk `rank` of x along `dim` — of the sum over ranks when `reduce`, else of this rank's x.
 Tensor scattered(const Tensor& x, int64_t dim, ProcessGroup& pg, bool reduce) {
   NoGradGuard no_grad;
@@ -80,16 +100,37 @@ Shape local_shape(const ShardInfo& s) {
   return sh;
 }
 
-ShardInfo split_info(const Tensor& full, int64_t dim, int64_t parts, const ProcessGroup& pg) {
+// This rank's length of `seg` elements cut into units apportioned as `counts` (empty: pg.size()
+// equal pieces), and its offset; BLU_CHECK that the cut is whole.
+std::pair<int64_t, int64_t> piece(int64_t seg, const ProcessGroup& pg, const std::vector<int64_t>& counts,
+                                  const Shape& shape) {
+  const int r = pg.rank();
+  if (counts.empty()) {
+    BLU_CHECK(seg % pg.size() == 0, "tensor parallelism over ", pg.size(), " ranks: ", seg, " elements of ", shape,
+              " do not split evenly");
+    return {int64_t(r) * (seg / pg.size()), seg / pg.size()};
+  }
+  BLU_ASSERT(int(counts.size()) == pg.size(), "tensor parallelism: ", counts.size(), " shares for ", pg.size(), " ranks");
+  int64_t units = 0, before = 0;
+  for (size_t q = 0; q < counts.size(); ++q) {
+    units += counts[q];
+    if (int(q) < r) before += counts[q];
+  }
+  BLU_CHECK(units > 0 && seg % units == 0, "tensor parallelism over ", pg.size(), " ranks: ", seg, " elements of ",
+            shape, " do not cut into ", units, " units");
+  const int64_t unit = seg / units;
+  return {before * unit, counts[size_t(r)] * unit};
+}
+
+ShardInfo split_info(const Tensor& full, int64_t dim, int64_t parts, const ProcessGroup& pg,
+                     const std::vector<int64_t>& counts) {
   ShardInfo s;
   s.dim = dim;
   s.parts = parts;
   s.full_shape = full.shape();
-  const int64_t seg = full.size(dim) / parts;
-  BLU_CHECK(full.size(dim) % parts == 0 && seg % pg.size() == 0, "tensor parallelism over ", pg.size(),
-            " ranks: dim ", dim, " of ", full.shape(), " (", parts, " segment(s)) does not split evenly");
-  s.length = seg / pg.size();
-  s.offset = int64_t(pg.rank()) * s.length;
+  BLU_CHECK(full.size(dim) % parts == 0, "tensor parallelism: dim ", dim, " of ", full.shape(), " is not ", parts,
+            " equal segments");
+  std::tie(s.offset, s.length) = piece(full.size(dim) / parts, pg, counts, full.shape());
   return s;
 }
 
@@ -114,11 +155,16 @@ void match(nn::Module& fresh, const Tensor& like, const nn::Module& old) {
   fresh.set_compute_copies(old.compute_copies_enabled());
 }
 
-int64_t linear_in(const nn::Linear& f, ParallelLinear::Kind k, const ProcessGroup& pg) {
-  return k == ParallelLinear::Kind::row ? f.in_features / pg.size() : f.in_features;
+int64_t linear_in(const nn::Linear& f, ParallelLinear::Kind k, const ProcessGroup& pg,
+                  const std::vector<int64_t>& counts) {
+  return k == ParallelLinear::Kind::row ? piece(f.in_features, pg, counts, f.weight.shape()).second : f.in_features;
 }
-int64_t linear_out(const nn::Linear& f, ParallelLinear::Kind k, const ProcessGroup& pg) {
-  return k == ParallelLinear::Kind::row ? f.out_features : f.out_features / pg.size();
+int64_t linear_out(const nn::Linear& f, ParallelLinear::Kind k, const ProcessGroup& pg, int64_t parts,
+                   const std::vector<int64_t>& counts) {
+  if (k == ParallelLinear::Kind::row) return f.out_features;
+  BLU_CHECK(f.out_features % parts == 0, "tensor parallelism: ", f.out_features, " output features are not ", parts,
+            " equal segments");
+  return parts * piece(f.out_features / parts, pg, counts, f.weight.shape()).second;
 }
 
 }  // namespace
@@ -184,11 +230,12 @@ Tensor split_sequence(const Tensor& x, ProcessGroup& tp) {
                sequence_shard(x));
 }
 
-Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab, ProcessGroup& tp) {
+Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab, ProcessGroup& tp,
+                                    int64_t offset) {
   BLU_CHECK(logits.dim() == 2 && targets.dim() == 1 && targets.size(0) == logits.size(0),
             "vocab_parallel_cross_entropy: expected logits [N, V/tp] and targets [N], got ", logits.shape(), " and ",
             targets.shape());
-  const int64_t Vl = logits.size(1), off = int64_t(tp.rank()) * Vl;
+  const int64_t Vl = logits.size(1), off = offset >= 0 ? offset : int64_t(tp.rank()) * Vl;
   const int64_t cols = std::clamp<int64_t>(vocab - off, 0, Vl);  // this rank's real (unpadded) columns
   BLU_CHECK(cols > 0, "vocab_parallel_cross_entropy: rank ", tp.rank(), " owns columns [", off, ", ", off + Vl,
             ") of a vocabulary of ", vocab, ": none is real");
@@ -237,18 +284,18 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
 // --- modules ---
 
 ParallelLinear::ParallelLinear(const nn::Linear& full, Kind k, std::shared_ptr<ProcessGroup> tp, bool sp,
-                               int64_t parts)
-    : nn::Linear(linear_in(full, k, *tp), linear_out(full, k, *tp), full.bias.defined()),
+                               int64_t parts, std::vector<int64_t> counts)
+    : nn::Linear(linear_in(full, k, *tp, counts), linear_out(full, k, *tp, parts, counts), full.bias.defined()),
       kind(k),
       tp_(std::move(tp)),
       sp_(sp) {
   match(*this, full.weight, full);
   if (kind == Kind::row) {
-    weight_info_ = split_info(full.weight, 1, 1, *tp_);
+    weight_info_ = split_info(full.weight, 1, 1, *tp_, counts);
     if (bias.defined()) bias_info_ = replicated_info(full.bias, sp_);
   } else {
-    weight_info_ = split_info(full.weight, 0, parts, *tp_);
-    if (bias.defined()) bias_info_ = split_info(full.bias, 0, parts, *tp_);
+    weight_info_ = split_info(full.weight, 0, parts, *tp_, counts);
+    if (bias.defined()) bias_info_ = split_info(full.bias, 0, parts, *tp_, counts);
   }
   load_shard(weight, full.weight, weight_info_);
   if (bias.defined()) load_shard(bias, full.bias, bias_info_);
@@ -281,12 +328,14 @@ ShardInfo ParallelLinear::shard_of(const Tensor& param) const {
   return bias_info_;
 }
 
-VocabParallelEmbedding::VocabParallelEmbedding(const nn::Embedding& full, std::shared_ptr<ProcessGroup> tp)
-    : nn::Embedding(full.weight.size(0) / tp->size(), full.weight.size(1)), tp_(std::move(tp)) {
+VocabParallelEmbedding::VocabParallelEmbedding(const nn::Embedding& full, std::shared_ptr<ProcessGroup> tp,
+                                               std::vector<int64_t> counts)
+    : nn::Embedding(piece(full.weight.size(0), *tp, counts, full.weight.shape()).second, full.weight.size(1)),
+      tp_(std::move(tp)) {
   BLU_CHECK(full.weight.size(0) < (int64_t(1) << 24), "VocabParallelEmbedding: ", full.weight.size(0),
             " rows are beyond the 2^24 ids the f32 index arithmetic holds exactly");
   match(*this, full.weight, full);
-  info_ = split_info(full.weight, 0, 1, *tp_);
+  info_ = split_info(full.weight, 0, 1, *tp_, counts);
   load_shard(weight, full.weight, info_);
 }
 
@@ -330,6 +379,35 @@ ShardInfo SequenceParallelRMSNorm::shard_of(const Tensor& param) const { return 
 
 // --- the rewrite ---
 
+std::vector<int64_t> apportion_units(int64_t units, int64_t group, const std::vector<double>& widths) {
+  const int64_t W = int64_t(widths.size());
+  BLU_CHECK(W >= 1 && group >= 1 && units % group == 0, "apportion_units: ", units, " units in groups of ", group,
+            " over ", W, " ranks");
+  const int64_t groups = units / group;
+  BLU_CHECK(groups >= W, groups, " groups of ", group, " cannot give each of ", W, " ranks one");
+  double total = 0;
+  for (double w : widths) {
+    BLU_CHECK(w > 0 && std::isfinite(w), "apportion_units: widths must be positive, got ", w);
+    total += w;
+  }
+  // One group each, the rest by largest remainder of the shares.
+  std::vector<int64_t> n(size_t(W), 1);
+  const double rest = double(groups - W);
+  std::vector<std::pair<double, int64_t>> frac;
+  int64_t given = W;
+  for (int64_t r = 0; r < W; ++r) {
+    const double exact = double(groups) * widths[size_t(r)] / total - 1.0;
+    const int64_t whole = std::max<int64_t>(0, int64_t(std::floor(std::min(exact, rest))));
+    n[size_t(r)] += whole;
+    given += whole;
+    frac.push_back({-(exact - double(whole)), r});
+  }
+  std::sort(frac.begin(), frac.end());
+  for (size_t i = 0; given < groups; i = (i + 1) % frac.size(), ++given) ++n[size_t(frac[i].second)];
+  for (int64_t& x : n) x *= group;
+  return n;
+}
+
 void apply_tensor_parallel(models::CausalLM& model, std::shared_ptr<ProcessGroup> tp, TPOptions options) {
   BLU_CHECK(tp, "apply_tensor_parallel: expected a process group");
   BLU_CHECK(!model.sharded.active(), "apply_tensor_parallel: the model is tensor-parallel already");
@@ -337,7 +415,12 @@ void apply_tensor_parallel(models::CausalLM& model, std::shared_ptr<ProcessGroup
   BLU_CHECK(!plan.empty(), "apply_tensor_parallel: the model family '", model.family(),
             "' declares no tensor-parallel plan (CausalLM::tensor_parallel_plan)");
   const int64_t W = tp->size();
+  const bool uneven = !options.widths.empty();
+  BLU_CHECK(!uneven || int64_t(options.widths.size()) == W, "tensor parallelism over ", W, " ranks: ",
+            options.widths.size(), " widths given");
   using models::ShardRole;
+  // Each split's units per rank (empty: equal shares).
+  std::map<std::string, std::vector<int64_t>> counts;
   // Everything is checked before anything changes.
   for (const models::ShardSpec& s : plan) {
     nn::Module* m = model.find_module(s.module);
@@ -348,34 +431,53 @@ void apply_tensor_parallel(models::CausalLM& model, std::shared_ptr<ProcessGroup
                         ? dynamic_cast<nn::LayerNorm*>(m) != nullptr || dynamic_cast<nn::RMSNorm*>(m) != nullptr
                         : linear;
     BLU_CHECK(ok, "apply_tensor_parallel: '", s.module, "' is not of the type its role needs");
-    if (s.units > 0) {
+    if (s.units > 0 && !uneven) {
       BLU_CHECK(s.units % W == 0, "tensor parallelism over ", W, " ranks: ", s.module, ": ", s.units_name, " ", s.units,
-                " is not divisible by ", W);
+                " is not divisible by ", W, " (split(", W, ", widths=[…]) cuts it unevenly)");
+    }
+    if (s.units > 0 && uneven) {
+      BLU_CHECK(s.units % s.group == 0 && s.units / s.group >= W, "tensor parallelism over ", W, " ranks: ", s.module,
+                ": ", s.units_name, " ", s.units, " in groups of ", s.group, " cannot give every rank one");
+      counts[s.module] = apportion_units(s.units, s.group, options.widths);
     }
     if (s.role == ShardRole::vocab_embedding || s.role == ShardRole::vocab_head) {
-      const int64_t rows = s.units / W;
-      BLU_CHECK((W - 1) * rows < model.vocab_size(), "tensor parallelism over ", W, " ranks: ", s.module,
-                ": the last rank's rows [", (W - 1) * rows, ", ", W * rows, ") hold none of the ", model.vocab_size(),
-                " real tokens");
+      const std::vector<int64_t> c = uneven ? counts[s.module] : std::vector<int64_t>(size_t(W), s.units / W);
+      int64_t lo = 0;
+      for (int64_t r = 0; r < W; ++r) {
+        BLU_CHECK(lo < model.vocab_size(), "tensor parallelism over ", W, " ranks: ", s.module, ": rank ", r,
+                  "'s rows [", lo, ", ", lo + c[size_t(r)], ") hold none of the ", model.vocab_size(), " real tokens");
+        lo += c[size_t(r)];
+      }
     }
   }
   const bool sp = options.sequence_parallel;
+  // The vocabulary's rows per rank (the embedding's and a separate head's are cut alike), and this
+  // rank's first row: the loss's column offset.
+  std::vector<int64_t> vocab_rows;
+  for (const models::ShardSpec& s : plan)
+    if (s.role == ShardRole::vocab_embedding) vocab_rows = counts[s.module];
+  int64_t vocab_offset = -1;
+  if (!vocab_rows.empty()) {
+    vocab_offset = 0;
+    for (int q = 0; q < tp->rank(); ++q) vocab_offset += vocab_rows[size_t(q)];
+  }
   for (const models::ShardSpec& s : plan) {
     nn::Module* m = model.find_module(s.module);
+    const std::vector<int64_t> c = counts[s.module];
     std::shared_ptr<nn::Module> fresh;
     switch (s.role) {
       case ShardRole::column:
         fresh = std::make_shared<ParallelLinear>(*dynamic_cast<nn::Linear*>(m), ParallelLinear::Kind::column, tp, sp,
-                                                 s.parts);
+                                                 s.parts, c);
         break;
       case ShardRole::row:
-        fresh = std::make_shared<ParallelLinear>(*dynamic_cast<nn::Linear*>(m), ParallelLinear::Kind::row, tp, sp);
+        fresh = std::make_shared<ParallelLinear>(*dynamic_cast<nn::Linear*>(m), ParallelLinear::Kind::row, tp, sp, 1, c);
         break;
       case ShardRole::vocab_head:
-        fresh = std::make_shared<ParallelLinear>(*dynamic_cast<nn::Linear*>(m), ParallelLinear::Kind::head, tp, sp);
+        fresh = std::make_shared<ParallelLinear>(*dynamic_cast<nn::Linear*>(m), ParallelLinear::Kind::head, tp, sp, 1, c);
         break;
       case ShardRole::vocab_embedding:
-        fresh = std::make_shared<VocabParallelEmbedding>(*dynamic_cast<nn::Embedding*>(m), tp);
+        fresh = std::make_shared<VocabParallelEmbedding>(*dynamic_cast<nn::Embedding*>(m), tp, c);
         break;
       case ShardRole::sequence_norm:
         if (!sp) continue;  // replicated and run on the whole sequence: nothing to change
@@ -389,10 +491,10 @@ void apply_tensor_parallel(models::CausalLM& model, std::shared_ptr<ProcessGroup
   if (sp) steps.enter_blocks = [tp](const Tensor& x) { return split_sequence(x, *tp); };
   steps.sequence_shards = sp ? W : 1;
   steps.enter_head = [tp, sp](const Tensor& x) { return sp ? gather_sequence(x, *tp) : copy_to_tp(x, *tp); };
-  steps.loss = [tp](const Tensor& logits, const Tensor& targets, int64_t vocab) {
-    return vocab_parallel_cross_entropy(logits, targets, vocab, *tp);
+  steps.loss = [tp, vocab_offset](const Tensor& logits, const Tensor& targets, int64_t vocab) {
+    return vocab_parallel_cross_entropy(logits, targets, vocab, *tp, vocab_offset);
   };
-  steps.gather_logits = [tp](const Tensor& logits) { return gathered(logits, -1, *tp); };
+  steps.gather_logits = [tp, vocab_rows](const Tensor& logits) { return gathered_uneven(logits, -1, *tp, vocab_rows); };
 }
 
 // --- the inverse ---
@@ -430,21 +532,36 @@ nn::NamedTensors gather_full_state(nn::Module& model, ProcessGroup& tp) {
     const ShardInfo& i = s.info;
     BLU_ASSERT(s.param.shape() == local_shape(i), "the shard of ", s.name, " is ", s.param.shape(), ", expected ",
                local_shape(i));
-    // Move the split dim to the front, gather ([W·P·L, …] in rank-major order), then reorder the
-    // pieces segment-major: [W, P, L, …] → [P, W, L, …].
+    // Move the split dim to the front ([P·L, …]: P segments of this rank's L rows), pad each
+    // segment to the longest rank's, gather ([W, P, Lmax, …]), and put segment p together from
+    // every rank's first L_w rows of it, in rank order.
     Shape perm{i.dim};
     for (int64_t d = 0; d < s.param.dim(); ++d)
       if (d != i.dim) perm.push_back(d);
     const Tensor front = contiguous(permute(s.param, perm));
-    const Tensor all = gathered(front, 0, tp);
     Shape rest(front.shape().begin() + 1, front.shape().end());
-    Shape split{int64_t(tp.size()), i.parts, i.length};
-    split.insert(split.end(), rest.begin(), rest.end());
-    Shape swap{1, 0};
-    for (int64_t d = 2; d < int64_t(split.size()); ++d) swap.push_back(d);
-    Shape merged{int64_t(tp.size()) * i.parts * i.length};
-    merged.insert(merged.end(), rest.begin(), rest.end());
-    const Tensor full_front = reshape(permute(reshape(all, split), swap), merged);
+    std::vector<int64_t> lengths;
+    {
+      const Tensor mine = full({1}, double(i.length), DType::f64, s.param.device());
+      Tensor all = empty({int64_t(tp.size())}, DType::f64, s.param.device());
+      tp.all_gather(all, mine)->wait();
+      for (double v : to_vector(all)) lengths.push_back(int64_t(v));
+    }
+    const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+    Shape seg{i.parts, i.length};
+    seg.insert(seg.end(), rest.begin(), rest.end());
+    Tensor mine = reshape(front, seg);  // [P, L, …]
+    if (i.length < longest) {
+      Shape pad = seg;
+      pad[1] = longest - i.length;
+      mine = cat({mine, zeros(pad, mine.dtype(), mine.device())}, 1);
+    }
+    const Tensor all = gathered(contiguous(mine), 0, tp);  // [W·P, Lmax, …]
+    std::vector<Tensor> pieces;
+    for (int64_t p = 0; p < i.parts; ++p)
+      for (int w = 0; w < tp.size(); ++w)
+        pieces.push_back(narrow(select(all, 0, int64_t(w) * i.parts + p), 0, 0, lengths[size_t(w)]));
+    const Tensor full_front = cat(pieces, 0);
     Shape back(size_t(s.param.dim()));  // inverse of perm
     for (size_t d = 0; d < perm.size(); ++d) back[size_t(perm[d])] = int64_t(d);
     out.emplace_back(s.name, contiguous(permute(full_front, back)));

@@ -39,7 +39,16 @@ namespace blu::dist {
 
 struct TPOptions {
   bool sequence_parallel = false;  // norms and dropout on sequence shards (T must divide by tp)
+  // Each rank's share of every split (empty: equal shares; otherwise one positive weight per rank,
+  // summing to 1). Each split's units — heads, MLP columns, vocabulary rows — are apportioned by
+  // largest remainder, in the spec's groups (ShardSpec::group), at least one group per rank.
+  std::vector<double> widths;
 };
+
+// Units per rank of `units` in groups of `group` under `widths` (largest remainder, ties to the
+// lower rank; at least one group each). BLU_CHECK when units do not divide into groups or there
+// are fewer groups than ranks.
+std::vector<int64_t> apportion_units(int64_t units, int64_t group, const std::vector<double>& widths);
 
 // A parameter's place in its full tensor. dim -1: replicated (every rank holds the full tensor).
 // Otherwise the full tensor's dim `dim` is `parts` equal segments (GPT-2's fused q|k|v: 3), and in
@@ -83,8 +92,9 @@ class ShardedModule {
 class ParallelLinear : public nn::Linear, public ShardedModule {
  public:
   enum class Kind { column, row, head };
+  // `counts`: the split units each rank holds (apportion_units; empty: equal shares).
   ParallelLinear(const nn::Linear& full, Kind kind, std::shared_ptr<ProcessGroup> tp, bool sequence_parallel,
-                 int64_t parts = 1);
+                 int64_t parts = 1, std::vector<int64_t> counts = {});
   Tensor forward(const Tensor& x) const override;
   Tensor forward(const Tensor& x, const Tensor& residual) const override;
   bool fusable() const override { return kind == Kind::head; }
@@ -101,7 +111,7 @@ class ParallelLinear : public nn::Linear, public ShardedModule {
 // output is all-reduced over the group (g).
 class VocabParallelEmbedding : public nn::Embedding, public ShardedModule {
  public:
-  VocabParallelEmbedding(const nn::Embedding& full, std::shared_ptr<ProcessGroup> tp);
+  VocabParallelEmbedding(const nn::Embedding& full, std::shared_ptr<ProcessGroup> tp, std::vector<int64_t> counts = {});
   Tensor forward(const Tensor& idx) const override;
   ShardInfo shard_of(const Tensor& param) const override;
   int64_t offset() const { return info_.offset; }
@@ -140,15 +150,16 @@ Tensor gather_sequence(const Tensor& x, ProcessGroup& tp);
 Tensor reduce_scatter_sequence(const Tensor& x, ProcessGroup& tp);
 Tensor split_sequence(const Tensor& x, ProcessGroup& tp);
 
-// The mean cross-entropy of this rank's logits [N, Vl] (columns [rank·Vl, (rank+1)·Vl) of the
-// full vocabulary) against targets [N] (-1 ignored) over the first `vocab` full columns, never
+// The mean cross-entropy of this rank's logits [N, Vl] (columns [offset, offset + Vl) of the full
+// vocabulary; offset -1: rank·Vl, the equal split's) against targets [N] (-1 ignored) over the first `vocab` full columns, never
 // gathering the logits: one pass of the fused kernel over the rank's columns gives their
 // logsumexp and, on the rank that owns it, the target's logit (ops/nn.h, cross_entropy_shard);
 // the largest logsumexp is all-reduced (max), then the rescaled sums and the target's logit in one
 // all-reduce (sum). The backward is local (softmax minus one-hot on this rank's columns), written
 // over the logits when nothing else holds them. The same 0-d value (f32; f64 for f64 logits) on
 // every rank.
-Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab, ProcessGroup& tp);
+Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab, ProcessGroup& tp,
+                                    int64_t offset = -1);
 
 struct ShardedParameter {
   std::string name;

@@ -90,6 +90,9 @@ struct ShardSpec {
   int64_t parts = 1;
   int64_t units = 0;
   std::string units_name;
+  // An uneven split (dist::TPOptions::widths) apportions the units in groups of this many, so
+  // that query heads follow their key-value heads (grouped-query attention).
+  int64_t group = 1;
 };
 
 // One repeated block: its dotted name ("h.3", "model.layers.3") and the module.

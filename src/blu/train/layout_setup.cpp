@@ -200,9 +200,6 @@ void check_layout_supported(const dist::Layout& l, const std::string& text, int6
   BLU_CHECK(!l.sequence_parallel || l.pp == 1, "--parallel '", text,
             "': sequence parallelism inside pipeline stages is not implemented (the stages send whole [B, T, C] "
             "activations); use split(n) in the stages");
-  BLU_CHECK(l.tp_widths.empty() || std::all_of(l.tp_widths.begin(), l.tp_widths.end(),
-                                               [&](double w) { return std::abs(w - 1.0 / l.tp) < 1e-12; }),
-            "--parallel '", text, "': uneven split widths are not implemented in tensor parallelism");
   BLU_CHECK(!l.sequence_parallel || seq_len % l.tp == 0, "--parallel '", text,
             "': sequence parallelism splits the sequence over ", l.tp, " ranks; the sequence length ", seq_len,
             " does not divide by it");
@@ -270,7 +267,12 @@ std::unique_ptr<dist::Strategy> make_layout_strategy(models::CausalLM& model, co
   // gradients averaged over the dp group.
   if (l.tp > 1) {
     sc.tp = mesh->group_ptr({"tp"});
-    dist::apply_tensor_parallel(model, sc.tp, dist::TPOptions{.sequence_parallel = l.sequence_parallel});
+    // Uneven widths cut every split by them (dist::apportion_units); equal ones are the even split.
+    const bool even = std::all_of(l.tp_widths.begin(), l.tp_widths.end(),
+                                  [&](double w) { return std::abs(w - 1.0 / l.tp) < 1e-12; });
+    dist::apply_tensor_parallel(
+        model, sc.tp,
+        dist::TPOptions{.sequence_parallel = l.sequence_parallel, .widths = even ? std::vector<double>{} : l.tp_widths});
     apply_precision(model, precision);  // the sharded modules take the compute dtype too
   }
   if (piped) {

@@ -331,10 +331,10 @@ std::vector<ShardSpec> Llama::tensor_parallel_plan() const {
   for (const BlockRef& b : blocks()) {
     const std::string p = b.name + ".";
     plan.push_back({p + "input_layernorm", ShardRole::sequence_norm, 1, 0, ""});
-    plan.push_back({p + "self_attn.q_proj", ShardRole::column, 1, H, "num_attention_heads"});
+    plan.push_back({p + "self_attn.q_proj", ShardRole::column, 1, H, "num_attention_heads", H / KV});
     plan.push_back({p + "self_attn.k_proj", ShardRole::column, 1, KV, "num_key_value_heads"});
     plan.push_back({p + "self_attn.v_proj", ShardRole::column, 1, KV, "num_key_value_heads"});
-    plan.push_back({p + "self_attn.o_proj", ShardRole::row, 1, H, "num_attention_heads"});
+    plan.push_back({p + "self_attn.o_proj", ShardRole::row, 1, H, "num_attention_heads", H / KV});
     plan.push_back({p + "post_attention_layernorm", ShardRole::sequence_norm, 1, 0, ""});
     plan.push_back({p + "mlp.gate_proj", ShardRole::column, 1, I, "intermediate_size"});
     plan.push_back({p + "mlp.up_proj", ShardRole::column, 1, I, "intermediate_size"});
