@@ -195,11 +195,12 @@ TEST_F(DistLayouts, TrainerDecidesAutoAndProbe) {
   LaunchResult r = train("gpt2", 1, 4, "single", {});
   ASSERT_EQ(r.status, 0) << r.out << r.err;
   const auto single = metric_losses(dir.path / "single");
-  for (const std::string layout : {"auto", "replicate(2, weights=probe)"}) {
-    const std::string out = layout == "auto" ? "auto" : "probe";
-    r = train("gpt2", 2, 2, out, {"--parallel", layout});
+  for (const std::string layout : {"auto", "replicate(2, weights=probe)", "split(2, widths=probe)"}) {
+    const bool split = layout.rfind("split", 0) == 0;
+    const std::string out = layout == "auto" ? "auto" : split ? "widths" : "probe";
+    r = train("gpt2", 2, split ? 4 : 2, out, {"--parallel", layout});  // TP ranks share their rows
     ASSERT_EQ(r.status, 0) << layout << "\n" << r.out << r.err;
-    EXPECT_NE(r.out.find(layout == "auto" ? "parallel auto: training " : "weights=probe measured step times of"),
+    EXPECT_NE(r.out.find(layout == "auto" ? "parallel auto: training " : "parallel: the probe measured step times of"),
               std::string::npos)
         << r.out;
     nlohmann::json run;
@@ -207,7 +208,7 @@ TEST_F(DistLayouts, TrainerDecidesAutoAndProbe) {
     const std::string stated = run["options"]["parallel"].get<std::string>();
     EXPECT_NE(stated, "auto");
     EXPECT_EQ(stated.find("probe"), std::string::npos) << stated;
-    if (layout != "auto") EXPECT_NE(stated.find("weights=["), std::string::npos) << stated;
+    if (layout != "auto") EXPECT_NE(stated.find(split ? "widths=[" : "weights=["), std::string::npos) << stated;
     const auto got = metric_losses(dir.path / out);
     ASSERT_EQ(got.size(), 3u) << layout;
     for (const auto& [step, loss] : single)
@@ -218,7 +219,7 @@ TEST_F(DistLayouts, TrainerDecidesAutoAndProbe) {
                   {{"OMP_NUM_THREADS", "1"}});
   ASSERT_EQ(r.status, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("step 4/4"), std::string::npos) << r.out;
-  EXPECT_EQ(r.out.find("weights=probe measured"), std::string::npos) << r.out;  // the recorded weights
+  EXPECT_EQ(r.out.find("the probe measured"), std::string::npos) << r.out;  // the recorded weights
 }
 
 }  // namespace

@@ -273,7 +273,11 @@ void resolve_split(const Annotation& a, Layout& out) {
   BLU_CHECK(a.degree >= 1, where(a), ": the degree must be at least 1");
   out.tp = int(a.degree);
   out.sequence_parallel = flag(a, "sp");
-  out.tp_widths = shares(a, "widths", a.degree);
+  // widths=probe: the ranks' speeds are measured at start-up (dist/hetero.h); until then even.
+  const auto w = a.args.find("widths");
+  out.probe_widths = w != a.args.end() && w->second == "probe";
+  out.tp_widths = out.probe_widths ? std::vector<double>(size_t(a.degree), 1.0 / double(a.degree))
+                                   : shares(a, "widths", a.degree);
 }
 
 void resolve_pipeline(const Annotation& a, const std::vector<std::string>& blocks, Layout& out) {
@@ -395,6 +399,13 @@ std::string Layout::describe() const {
   }
   os << " × tp=" << tp;
   if (sequence_parallel) os << " (sequence parallel)";
+  if (probe_widths) {
+    os << " (widths by probe)";
+  } else if (std::any_of(tp_widths.begin(), tp_widths.end(), [&](double w) { return std::abs(w - 1.0 / tp) > 1e-12; })) {
+    os << " (widths";
+    for (double w : tp_widths) os << " " << std::round(w * 1000) / 1000;
+    os << ")";
+  }
   return os.str();
 }
 

@@ -59,6 +59,7 @@ struct Layout {
   int zero = 0;                          // ZeRO stage of the data-parallel replicas (0: DDP)
   std::vector<double> replica_weights;   // dp shares of the batch, summing to 1 (even when not asked)
   bool probe_weights = false;            // weights=probe: shares from a start-up probe of each rank's speed
+  bool probe_widths = false;             // split's widths=probe: the same, for the tp shares
   Schedule schedule = Schedule::one_f_one_b;
   int64_t micro_batches = 0;             // per optimizer step and replica (0: not pipelined)
   int chunks = 1;                        // virtual stages per rank (interleaved)

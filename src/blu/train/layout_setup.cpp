@@ -23,14 +23,16 @@ namespace blu::train {
 namespace {
 
 bool has_probe(const dist::Annotation& a) {
-  if (auto it = a.args.find("weights"); it != a.args.end() && it->second == "probe") return true;
+  for (const char* key : {"weights", "widths"})
+    if (auto it = a.args.find(key); it != a.args.end() && it->second == "probe") return true;
   return std::any_of(a.children.begin(), a.children.end(), has_probe);
 }
 
-// The annotation with every weights=probe replaced by `weights`.
-void state_weights(dist::Annotation& a, const std::string& weights) {
-  if (auto it = a.args.find("weights"); it != a.args.end() && it->second == "probe") it->second = weights;
-  for (dist::Annotation& c : a.children) state_weights(c, weights);
+// The annotation with every weights=probe and widths=probe replaced by `shares`.
+void state_weights(dist::Annotation& a, const std::string& shares) {
+  for (const char* key : {"weights", "widths"})
+    if (auto it = a.args.find(key); it != a.args.end() && it->second == "probe") it->second = shares;
+  for (dist::Annotation& c : a.children) state_weights(c, shares);
 }
 
 }  // namespace
@@ -76,10 +78,13 @@ LayoutDecision decide_layout(const std::string& text, models::CausalLM& model, c
     d.rows = job.batch / (int64_t(l.dp) * micro);
     return d;
   }
-  // weights=probe: replicas of one rank each (dist/hetero.h measures a whole model per rank).
+  // weights=probe: replicas of one rank each; widths=probe: one split over every rank (dist/hetero.h
+  // measures a whole model per rank: its speed there is its speed on its share).
   const dist::Layout l = dist::resolve_layout(dist::parse_annotation(text), names, world);
-  BLU_CHECK(l.probe_weights && l.pp == 1 && l.tp == 1, "--parallel '", text,
-            "': weights=probe weighs replicas of one rank each (no split or pipeline inside)");
+  BLU_CHECK((l.probe_weights && l.pp == 1 && l.tp == 1) || (l.probe_widths && l.dp == 1 && l.pp == 1), "--parallel '",
+            text,
+            "': weights=probe weighs replicas of one rank each (no split or pipeline inside), widths=probe a split "
+            "of every rank (no replicate or pipeline around it)");
   const int64_t probe_b = std::max<int64_t>(1, rows_per_rank / 2);
   const std::vector<double> t =
       probe_pg ? dist::probe_step_times(model, *probe_pg, probe_b, seq, 3) : std::vector<double>{1.0};
@@ -185,7 +190,7 @@ LayoutDecision decide_parallel(const TrainOptions& o, const dist::DistEnv& env,
       }
       *log << "parallel auto: training " << d.text << " with -B " << d.rows << "\n";
     } else {
-      *log << "parallel: weights=probe measured step times of";
+      *log << "parallel: the probe measured step times of";
       for (double t : d.probe_ms) *log << " " << t << " ms";
       *log << ": training " << d.text << "\n";
     }
