@@ -53,6 +53,12 @@ TEST(Hetero, ProbeFindsAnInjectedSlowdown) {
 
 // A rank slowed per row of work trains faster with the probe's split than with the even one, and
 // both give one process's losses (worker_test.cpp: hetero_train; docs/distributed.md quotes its line).
+TEST(Hetero, ProbedTensorParallelWidthsAreFasterWithTheSameLosses) {
+  const auto r = test::run_workers("hetero_tp", 2);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  std::printf("%s", r.out.c_str());
+}
+
 TEST(Hetero, AwareSplitIsFasterWithTheSameLosses) {
   const auto r = test::run_workers("hetero_train", 2);
   EXPECT_EQ(r.status, 0) << r.out << r.err;

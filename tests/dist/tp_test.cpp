@@ -99,9 +99,10 @@ void check_family(const std::string& family) {
 TEST(TensorParallel, Gpt2MatchesOneProcess) { check_family("gpt2"); }
 TEST(TensorParallel, LlamaGqaMatchesOneProcess) { check_family("llama"); }
 
-// Uneven widths: every split cut by them (apportion_units). GPT-2's 4 heads, 128 MLP columns and
-// 128 vocabulary rows go 3/1, 96/32, 96/32 over [0.75, 0.25] and 2/1/1, 64/32/32, 64/32/32 over
-// [0.5, 0.25, 0.25]; Llama's 4 kv heads 3/1 and 2/1/1, their query heads following (6/2, 4/2/2).
+// Uneven widths: every split cut by them (apportion_units). GPT-2's 4 heads and 128 MLP columns go
+// 3/1 and 96/32 over [0.75, 0.25], 2/1/1 and 64/32/32 over [0.5, 0.25, 0.25]; its 101 real
+// vocabulary rows 76/25 and 51/25/25, the 27 padding rows to the last rank. Llama's 4 kv heads go
+// 3/1 and 2/1/1, their query heads following (6/2, 4/2/2).
 TEST(TensorParallel, UnevenWidthsMatchOneProcess) {
   TempDir dir;
   for (const std::string family : {"gpt2", "llama"}) {

@@ -438,7 +438,16 @@ void apply_tensor_parallel(models::CausalLM& model, std::shared_ptr<ProcessGroup
     if (s.units > 0 && uneven) {
       BLU_CHECK(s.units % s.group == 0 && s.units / s.group >= W, "tensor parallelism over ", W, " ranks: ", s.module,
                 ": ", s.units_name, " ", s.units, " in groups of ", s.group, " cannot give every rank one");
-      counts[s.module] = apportion_units(s.units, s.group, options.widths);
+      if (s.role == ShardRole::vocab_embedding || s.role == ShardRole::vocab_head) {
+        // The real tokens are apportioned, the padding rows (the table's end) go to the last rank:
+        // every rank holds real rows however skewed the widths.
+        const int64_t real = std::min(model.vocab_size(), s.units);
+        std::vector<int64_t> c = apportion_units(real, 1, options.widths);
+        c.back() += s.units - real;
+        counts[s.module] = c;
+      } else {
+        counts[s.module] = apportion_units(s.units, s.group, options.widths);
+      }
     }
     if (s.role == ShardRole::vocab_embedding || s.role == ShardRole::vocab_head) {
       const std::vector<int64_t> c = uneven ? counts[s.module] : std::vector<int64_t>(size_t(W), s.units / W);
