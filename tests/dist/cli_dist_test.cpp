@@ -247,7 +247,7 @@ TEST_F(DistCli, ParallelAnnotations) {
   for (const auto& [step, loss] : z1) EXPECT_NEAR(z3.at(step), loss, 1e-5 * std::abs(loss)) << "zero 3, step " << step;
   EXPECT_TRUE(fs::exists(dir.path / "rep3/ckpt_00000004/COMMIT"));
   for (const auto& [layout, message] : std::vector<std::pair<std::string, std::string>>{
-           {"split(2, sp=true, widths=[3,1])", "uneven split widths are not implemented"},
+           {"replicate(1, zero=1){ split(2) }", "over tensor-parallel replicas"},
            {"replicate(4)", "needs 4 ranks, the job has 2"},
            {"pipeline(4, micro=4)", "4 stages for a model of 2 blocks"},
            {"pipeline(2, micro=1)", "1 micro-batches for 2 stages"}}) {
