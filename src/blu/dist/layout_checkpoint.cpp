@@ -41,22 +41,13 @@ std::string pieces_file_name(int rank) {
   return buf;
 }
 
-// "ckpt_00001234" or "ckpt_00001234.safetensors" -> 1234; -1 otherwise.
-int64_t step_of(const std::string& name) {
-  if (name.rfind("ckpt_", 0) != 0) return -1;
-  std::string digits = name.substr(5);
-  if (digits.size() > 12 && digits.ends_with(".safetensors")) digits.resize(digits.size() - 12);
-  if (digits.size() < 8 || digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return -1;
-  return std::stoll(digits);
-}
-
 // Every checkpoint of `dir` by step: committed directories and single files (any format).
 std::vector<std::pair<int64_t, std::string>> all_checkpoints(const std::string& dir) {
   std::vector<std::pair<int64_t, std::string>> out;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return out;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const int64_t step = step_of(e.path().filename().string());
+    const int64_t step = checkpoint_step_of(e.path().filename().string());
     if (step < 0) continue;
     if (e.is_directory(ec) ? fs::exists(e.path() / kCommit) : e.path().extension() == ".safetensors")
       out.emplace_back(step, e.path().string());
@@ -208,7 +199,7 @@ std::string save_layout_checkpoint(const std::string& dir, const CheckpointRanks
     attempt([&] {  // an earlier save of this step (it may hold another layout's files) and saves cut short
       fs::create_directories(dir);
       for (const auto& e : fs::directory_iterator(dir))
-        if (e.is_directory() && step_of(e.path().filename().string()) >= 0 &&
+        if (e.is_directory() && checkpoint_step_of(e.path().filename().string()) >= 0 &&
             (e.path() == step_dir || !fs::exists(e.path() / kCommit)))
           fs::remove_all(e.path());
     });

@@ -41,21 +41,13 @@ std::string shard_file_name(int rank, int world) {
 constexpr const char* kCommit = "COMMIT";
 constexpr const char* kZeroMeta = "zero";
 
-// "ckpt_<digits>" -> its step; -1 for any other name.
-int64_t step_of_dir_name(const std::string& name) {
-  if (name.size() <= 5 || name.size() > 5 + 18 || name.rfind("ckpt_", 0) != 0) return -1;
-  for (size_t i = 5; i < name.size(); ++i)
-    if (name[i] < '0' || name[i] > '9') return -1;
-  return std::stoll(name.substr(5));
-}
-
 // (step, directory) of every ckpt_<step> directory in dir, committed or not, oldest first.
 std::vector<std::pair<int64_t, fs::path>> step_dirs(const fs::path& dir) {
   std::vector<std::pair<int64_t, fs::path>> out;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return out;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const int64_t step = step_of_dir_name(e.path().filename().string());
+    const int64_t step = checkpoint_step_of(e.path().filename().string());
     if (step >= 0 && e.is_directory(ec)) out.emplace_back(step, e.path());
   }
   std::sort(out.begin(), out.end());

@@ -109,16 +109,9 @@ TrainState train_state_from_json(const nlohmann::json& j, const std::string& pat
   return s;
 }
 
-// "ckpt_00001234.safetensors" -> 1234; -1 for any other name (temp files included).
+// "ckpt_00001234.safetensors" -> 1234; -1 for any other name (temp files and directories included).
 int64_t checkpoint_step(const std::string& filename) {
-  static const std::string pre = "ckpt_", suf = ".safetensors";
-  if (filename.size() < pre.size() + 8 + suf.size() || filename.compare(0, pre.size(), pre) != 0 ||
-      filename.compare(filename.size() - suf.size(), suf.size(), suf) != 0)
-    return -1;
-  const std::string digits = filename.substr(pre.size(), filename.size() - pre.size() - suf.size());
-  if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
-    return -1;
-  return std::stoll(digits);
+  return filename.ends_with(".safetensors") ? checkpoint_step_of(filename) : -1;
 }
 
 // (step, path) of every checkpoint in dir, oldest first.
@@ -175,6 +168,15 @@ std::string config_diff(const nlohmann::json& got, const nlohmann::json& want) {
 }
 
 }  // namespace
+
+int64_t checkpoint_step_of(const std::string& name) {
+  if (name.rfind("ckpt_", 0) != 0) return -1;
+  std::string digits = name.substr(5);
+  if (digits.ends_with(".safetensors")) digits.resize(digits.size() - 12);
+  if (digits.size() < 8 || digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return -1;
+  return std::stoll(digits);
+}
 
 std::string save_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer* opt,
                             const TrainState& st, int keep_last) {

@@ -45,6 +45,9 @@ std::string save_checkpoint(const std::string& dir, const nn::Module& model, con
                             const TrainState& st, int keep_last = 3);
 // The checkpoint with the highest step in dir; "" when none (or no such directory).
 std::string latest_checkpoint(const std::string& dir);
+// The step a checkpoint's name carries: "ckpt_<8 to 18 digits>" (a committed directory) or that
+// with ".safetensors" (a single file) -> the number; -1 for any other name (temp files included).
+int64_t checkpoint_step_of(const std::string& name);
 // Checks a checkpoint file without loading it — a valid safetensors file, a known format
 // version, the checksum (format 2) — and throws a blu::Error naming the file and what is wrong
 // (for a checksum: expected and got).
