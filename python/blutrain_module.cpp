@@ -30,6 +30,8 @@
 
 #ifdef BLU_HAVE_CUDA
 #include <cuda_runtime.h>
+
+#include "blu/core/cuda/runtime.h"
 #endif
 
 namespace py = pybind11;
@@ -105,7 +107,19 @@ py::capsule to_dlpack(const Tensor& t) {
 Tensor from_dlpack(const py::object& obj) {
   BLU_CHECK(py::hasattr(obj, "__dlpack__"), "from_dlpack: expected an object with __dlpack__ (a torch tensor, a "
             "NumPy array), got ", std::string(py::str(obj.get_type())));
-  py::object cap = obj.attr("__dlpack__")();
+  py::object cap;
+#ifdef BLU_HAVE_CUDA
+  if (py::hasattr(obj, "__dlpack_device__") && obj.attr("__dlpack_device__")()[py::int_(0)].cast<int>() == kDLCUDA) {
+    // DLPack's handshake: the consumer names the stream it will use, and the producer makes that
+    // stream wait for the work it still has queued on the tensor.
+    cudaStream_t s = cuda::current_stream();
+    cap = obj.attr("__dlpack__")(py::arg("stream") = reinterpret_cast<intptr_t>(s));
+  } else {
+    cap = obj.attr("__dlpack__")();
+  }
+#else
+  cap = obj.attr("__dlpack__")();
+#endif
   PyObject* c = cap.ptr();
   BLU_CHECK(PyCapsule_IsValid(c, "dltensor"), "from_dlpack: __dlpack__ did not return an unused 'dltensor' capsule");
   auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(c, "dltensor"));
@@ -194,7 +208,8 @@ PYBIND11_MODULE(blutrain, m) {
       .def_property_readonly("requires_grad", &Tensor::requires_grad)
       .def_property_readonly("grad", [](const Tensor& t) { return tensor_or_none(t.grad()); })
       .def("numel", &Tensor::numel)
-      .def("item", &Tensor::item)
+      .def("item", [](const Tensor& t) { return t.device().is_cpu() ? t.item() : to_device(t, kCPU).item(); },
+           "The one element as a float (copied from the device first).")
       .def("tolist", [](const Tensor& t) { return to_vector(t); }, "The elements, row-major, as floats.")
       .def("backward", [](const Tensor& t) { t.backward(); })
       .def("detach", &Tensor::detach)

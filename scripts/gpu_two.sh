@@ -13,6 +13,12 @@
 #             without SP), PP=2 (1F1B and interleaved, 4 micro-batches of 2), replicate(2) and auto —
 #             each beside the planner's prediction — and torch_parallel.py tp|pp|ddp (GPT-2) or
 #             torch_llama.py under torchrun (Llama) on the same batch (LAYOUT_PEERS=0: without them)
+#   tpoverlap — for each model in TP_MODELS (gpt2:d24 llama:llama3.2-1b), B=8, T=1024: one GPU, then
+#             each of TP_SPECS ("split(2)" "split(2, sp=true)") with BLU_TP_OVERLAP=0 (every column
+#             linear its own collective, waited where issued) and 1 (early input-gradient
+#             collectives, shared column inputs: dist/tensor_parallel.h), alternated twice
+#   python  — the Python module's CUDA tests (tests/python/test_blutrain_cuda.py) with the module
+#             built for this machine's Python (scripts/python_module.sh into .devpack/python)
 #   offload — ZeRO-3 with the optimizer state offloaded on two GPUs beside ZeRO-3 and PyTorch FSDP2
 #             with CPU offload (GPT-2 d48, B=8 per GPU), then larger shapes (OFFLOAD_SHAPES)
 #   faults  — a 5 s timeout: rank 1 stalled before step 3 (BLU_TEST_STALL) ends the job, the flight
@@ -55,6 +61,24 @@ for step in "$@"; do
         timeout 250 "${trun[@]}" "$peers/torch_gpt2.py" bf16 "$b" 1024 "$S" 2>&1 | row dp
         timeout 250 "${trun[@]}" "$peers/torch_parallel.py" fsdp --model d12 -B "$b" -T 1024 --steps "$S" 2>&1 | row dp
       done ;;
+    tpoverlap)
+      for m in ${TP_MODELS:-gpt2:d24 llama:llama3.2-1b}; do
+        common=(bench --device cuda --model "$m" --precision bf16 -T 1024 --steps "$S" -B 8)
+        [[ "$m" == llama* ]] && common+=(--lr 3e-4 --beta2 0.95)
+        timeout 200 "$bt" "${common[@]}" 2>&1 | row tpoverlap
+        specs=("split(2)" "split(2, sp=true)")
+        [ -n "${TP_SPECS:-}" ] && IFS=';' read -ra specs <<< "$TP_SPECS"
+        for spec in "${specs[@]}"; do
+          for ov in 0 1 0 1; do
+            echo "{\"model\": \"$m\", \"parallel\": \"$spec\", \"BLU_TP_OVERLAP\": $ov}" | row tpoverlap
+            BLU_TP_OVERLAP=$ov timeout 150 "$bt" launch -n 2 -- "$bt" "${common[@]}" --parallel "$spec" 2>&1 | row tpoverlap
+          done
+        done
+      done ;;
+    python)
+      mkdir -p /tmp/blupy && for f in .devpack/python/*.xz; do xz -dc "$f" > "/tmp/blupy/$(basename "${f%.xz}")"; done
+      python3 --version; ls /tmp/blupy
+      timeout 300 python3 tests/python/test_blutrain_cuda.py /tmp/blupy 2>&1 | tee "$out/python.log" | tail -25 ;;
     dpwin)
       # DDP's all-reduce through NCCL and through the copy-engine peer window
       # (BLU_NCCL_PEER_WINDOW_MIB, dist/nccl_peer_window.h), alternated twice, beside one GPU.

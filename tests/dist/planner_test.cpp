@@ -106,6 +106,28 @@ TEST(Planner, DdpHidesItsAllReduceBehindBackwardWhereTheLinkOverlaps) {
                    predict(resolved("replicate(2, zero=1)", 2), m, cpu, job).dp_comm_s);
 }
 
+// A split's collectives started early run beside the weight-gradient GEMM where the link
+// overlaps compute: per block, min(early · ring, a sixth of the block's time) leaves the step.
+TEST(Planner, EarlyTensorParallelCollectivesHideWhereTheLinkOverlaps) {
+  ModelCosts m = costs();
+  m.splits.push_back({.tp = 2, .block_fixed_s = 0.0005, .block_per_seq_s = 0.001, .other_fixed_s = 0.002,
+                      .other_per_seq_s = 0.0015, .early_per_block = 2});
+  PlanJob job;
+  job.world = 2, job.batch = 4;
+  const LinkCosts cpu{1e-5, 1e9, false}, gpu{1e-5, 1e9, true};
+  const Prediction full = predict(resolved("split(2)", 2), m, cpu, job);
+  const Prediction hidden = predict(resolved("split(2)", 2), m, gpu, job);
+  const double ring = 2 * 1e-5 + 4.0 * 64 * 32 * 4 / 1e9;  // [4, 64, 32] f32 over two ranks
+  const double block_t = 0.0005 + 0.001 * 4;
+  EXPECT_NEAR(full.tp_comm_s - hidden.tp_comm_s, 8 * std::min(2 * ring, block_t / 6), 1e-12);
+  EXPECT_NEAR(full.step_s - hidden.step_s, full.tp_comm_s - hidden.tp_comm_s, 1e-12);
+  m.splits[0].block_fixed_s = 0, m.splits[0].block_per_seq_s = 1e-5;  // a short block hides at most its sixth
+  EXPECT_NEAR(predict(resolved("split(2)", 2), m, cpu, job).tp_comm_s - predict(resolved("split(2)", 2), m, gpu, job).tp_comm_s,
+              8 * 4e-5 / 6, 1e-12);
+  m.splits[0].early_per_block = 0;  // no early collective (Llama's shared inputs): nothing hidden
+  EXPECT_DOUBLE_EQ(predict(resolved("split(2)", 2), m, gpu, job).tp_comm_s, full.tp_comm_s);
+}
+
 TEST(Planner, CandidatesResolveBackToTheirLayouts) {
   const ModelCosts m = costs();
   PlanJob job;
@@ -176,6 +198,9 @@ TEST(Planner, SplitProbeMeasuresOneRanksShare) {
   EXPECT_LT(sp.block_act_bytes, tp.block_act_bytes);
   EXPECT_EQ(tp.partial_grad_bytes, 0);
   EXPECT_GT(sp.partial_grad_bytes, 0);
+  // GPT-2's c_attn and c_fc each start their input gradient's collective early.
+  EXPECT_DOUBLE_EQ(tp.early_per_block, 2.0);
+  EXPECT_DOUBLE_EQ(sp.early_per_block, 2.0);
   std::printf("block bytes per sequence: whole %.0f, split(2) %.0f, with sp %.0f\n", m.block_act_bytes,
               tp.block_act_bytes, sp.block_act_bytes);
 }

@@ -115,6 +115,8 @@ inline void tp_train_worker() {
   if (r == 0 && !out.empty()) {
     write_doubles(out + ".losses", losses);
     write_doubles(out + ".norms", norms);
+    const ColumnInputStats cs = column_input_stats();
+    write_doubles(out + ".columns", {double(cs.early), double(cs.shared), double(model->num_blocks())});
     std::ofstream pf(out + ".params", std::ios::binary);
     for (const auto& [name, p] : full) {
       const Tensor c = contiguous(to_dtype(p, DType::f32));

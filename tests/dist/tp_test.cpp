@@ -31,6 +31,7 @@ namespace {
 
 struct TPRun {
   std::vector<double> losses, norms;
+  std::vector<double> columns;  // column inputs: collectives started early, linears that shared one, blocks
   std::vector<float> params;
 };
 
@@ -56,6 +57,7 @@ TPRun run(const TempDir& dir, const std::string& family, int n, bool plain, bool
   TPRun t;
   t.losses = read_doubles(out + ".losses");
   t.norms = read_doubles(out + ".norms");
+  t.columns = read_doubles(out + ".columns");
   std::ifstream pf(out + ".params", std::ios::binary);
   pf.seekg(0, std::ios::end);
   t.params.resize(size_t(pf.tellg()) / 4);
@@ -87,13 +89,28 @@ void expect_matches(const TPRun& ref, const TPRun& got, const std::string& what)
               worst_norm, worst);
 }
 
+// Column inputs (Note [Early input gradients], ops/early_grad.h): GPT-2's c_attn and c_fc are
+// their inputs' only consumers, so both input-gradient collectives of a block start early, inside
+// the linear's backward; Llama's k/v_proj share q_proj's input and up_proj gate_proj's, so a
+// block runs two such collectives instead of five, none early.
+void expect_columns(const TPRun& got, const std::string& family, const std::string& what) {
+  ASSERT_EQ(got.columns.size(), 3u) << what;
+  const double blocks = got.columns[2], steps = double(got.losses.size());
+  const double early = family == "gpt2" ? 2 * blocks * steps : 0, shared = family == "gpt2" ? 0 : 3 * blocks * steps;
+  EXPECT_EQ(got.columns[0], early) << what << ": input-gradient collectives started early";
+  EXPECT_EQ(got.columns[1], shared) << what << ": column linears that shared another's input";
+}
+
 void check_family(const std::string& family) {
   TempDir dir;
   const TPRun plain = run(dir, family, 1, true, false);
   for (int n : {2, 4})
-    for (bool sp : {false, true})
-      expect_matches(plain, run(dir, family, n, false, sp),
-                     family + " TP=" + std::to_string(n) + (sp ? " + SP" : "") + " vs one process");
+    for (bool sp : {false, true}) {
+      const std::string what = family + " TP=" + std::to_string(n) + (sp ? " + SP" : "") + " vs one process";
+      const TPRun got = run(dir, family, n, false, sp);
+      expect_matches(plain, got, what);
+      expect_columns(got, family, what);
+    }
 }
 
 TEST(TensorParallel, Gpt2MatchesOneProcess) { check_family("gpt2"); }

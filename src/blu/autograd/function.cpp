@@ -43,6 +43,13 @@ thread_local bool t_last_backward = false;
 
 bool function_backward_is_last() { return t_last_backward; }
 
+bool listen_for_input_grad(const Tensor& out, EarlyGradFn fn) {
+  auto* node = out.defined() ? dynamic_cast<OpNode*>(out.grad_fn().get()) : nullptr;
+  if (!node) return false;
+  node->early_grad = std::move(fn);
+  return true;
+}
+
 void FunctionNode::release_saved() { backward = nullptr; }
 
 std::vector<Tensor> FunctionNode::apply(std::vector<Tensor>&& grad_out) {

@@ -3,6 +3,8 @@
 //   identity_with_backward_callback — an identity that runs a callback when backward passes
 //     through it (ZeRO-3 gathers a block's parameters right before the block's backward and
 //     reduces their gradients right after it, dist/zero.h);
+//   listen_for_input_grad — a listener told of an op's input gradient from inside its backward
+//     (tensor parallelism starts a collective there: ops/early_grad.h);
 //   record_function — outputs the caller computed, recorded as one node over the inputs whose
 //     backward maps the outputs' gradients to the inputs' (the collectives inside the graph of
 //     tensor parallelism, dist/tensor_parallel.h: ops/ cannot call them, dist/ sits above it).
@@ -45,6 +47,12 @@ struct FunctionNode final : Node {
 // take the gradient in place (Note [Donated buffers], ops/dispatch.h); a backward that runs again
 // must leave it as it was.
 bool function_backward_is_last();
+
+// Makes `fn` the listener of the op node that produced `out` (Note [Early input gradients],
+// ops/early_grad.h): its backward formula may call it with an input's gradient before finishing.
+// False, and nothing set, when `out` was not made by an op node (grad mode off, a leaf, a
+// record_function output).
+bool listen_for_input_grad(const Tensor& out, EarlyGradFn fn);
 
 // `outputs` recorded as the outputs of one node over `inputs` whose backward is `backward`. With
 // grad mode off, or when no input requires grad, the outputs come back as they are. Floating

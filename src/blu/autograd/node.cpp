@@ -22,7 +22,11 @@ std::vector<Tensor> OpNode::apply(std::vector<Tensor>&& grad_out) {
     Tensor& slot = s < n_in ? ctx.inputs[s] : ctx.outputs[s - n_in];
     slot = boxed[s]->unpack();
   }
-  std::vector<Tensor> in_grads = ctx.op->backward(ctx, grad_out);
+  std::vector<Tensor> in_grads;
+  {
+    EarlyGradScope listen(early_grad ? &early_grad : nullptr);
+    in_grads = ctx.op->backward(ctx, grad_out);
+  }
   for (size_t s = 0; s < boxed.size(); ++s)  // the boxes keep what a second backward needs
     if (boxed[s]) (s < n_in ? ctx.inputs[s] : ctx.outputs[s - n_in]) = Tensor();
   ctx.grad_dst.clear();  // offered for this run only

@@ -13,6 +13,7 @@
 #include "blu/autograd/saved_hooks.h"
 #include "blu/core/tensor.h"
 #include "blu/ops/dispatch.h"
+#include "blu/ops/early_grad.h"
 
 namespace blu {
 
@@ -56,6 +57,9 @@ struct OpNode final : Node {
   // output (null where the tensor sits in ctx as usual). apply() unpacks them into ctx for the
   // backward and drops the unpacked tensors after it.
   std::vector<std::shared_ptr<SavedBox>> boxed;
+  // Told of an input's gradient from inside the backward, before the formula finishes (Note [Early
+  // input gradients], ops/early_grad.h); empty for almost every node.
+  EarlyGradFn early_grad;
   std::vector<Tensor> apply(std::vector<Tensor>&& grad_out) override;
   std::string name() const override { return ctx.op->name; }
   void release_saved() override;

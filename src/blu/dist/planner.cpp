@@ -223,13 +223,16 @@ void measure_split(ModelCosts& m, models::CausalLM& copy, int tp, bool sequence_
   BLU_CHECK(int64_t(copy.num_blocks()) == m.blocks, "measure_split: the copy has ", copy.num_blocks(),
             " blocks, the measured model ", m.blocks);
   const Device dev = copy.token_embedding().weight.device();
-  apply_tensor_parallel(copy, std::make_shared<StandInGroup>(tp, dev), TPOptions{.sequence_parallel = sequence_parallel});
+  apply_tensor_parallel(copy, std::make_shared<StandInGroup>(tp, dev), TPOptions{.sequence_parallel = sequence_parallel, .widths = {}});
+  const int64_t early0 = column_input_stats().early;
   const Parts p = probe_parts(copy, b, m.seq_len, reps, lockstep);
+  // probe_parts runs the blocks forward and backward 2·(reps + 1) times (at b and 2b, one warm-up each).
+  const double early = double(column_input_stats().early - early0) / (2.0 * (reps + 1) * double(m.blocks));
   double partial = 0;
   for (const ShardedParameter& sp : sharded_parameters(copy))
     if (sp.info.partial_grad) partial += double(sp.param.numel()) * m.grad_bytes;
   m.splits.push_back({tp, sequence_parallel, p.block_fixed_s, p.block_per_seq_s, p.other_fixed_s, p.other_per_seq_s,
-                      p.embed_fixed_s, p.embed_per_seq_s, p.block_act_bytes, p.other_act_bytes, partial});
+                      p.embed_fixed_s, p.embed_per_seq_s, p.block_act_bytes, p.other_act_bytes, partial, early});
 }
 
 void take_slowest(ModelCosts& m, ProcessGroup& pg, Device dev) {
@@ -337,9 +340,17 @@ Prediction predict(const Layout& layout, const ModelCosts& m, const LinkCosts& l
   std::vector<double> slot(size_t(pp), 0.0), compute(size_t(pp), 0.0), tp_comm(size_t(pp), 0.0);
   for (int r = 0; r < pp; ++r) {
     compute[size_t(r)] = double(blocks[size_t(r)]) * block_t + (first(r) ? embed_t : 0.0) + (last(r) ? other_t - embed_t : 0.0);
-    if (tp > 1)
-      tp_comm[size_t(r)] = double(blocks[size_t(r)]) * 4.0 * ring(act, tp, link) + (first(r) ? ring(act, tp, link) : 0.0) +
+    if (tp > 1) {
+      // Where the link runs beside the compute, a collective started early runs beside its
+      // linear's weight-gradient GEMM: it leaves the step, up to that GEMM's time — taken as a
+      // sixth of the block's forward + backward (GPT-2's c_attn and c_fc weight gradients are
+      // 14 of its 72 GEMM flops per token and C²).
+      const double early = split && link.overlaps_compute ? split->early_per_block : 0.0;
+      const double hidden = std::min(early * ring(act, tp, link), block_t / 6.0);
+      tp_comm[size_t(r)] = double(blocks[size_t(r)]) * (4.0 * ring(act, tp, link) - hidden) +
+                           (first(r) ? ring(act, tp, link) : 0.0) +
                            (last(r) ? ring(act, tp, link) + ring(rows, tp, link) + ring(2.0 * rows, tp, link) : 0.0);
+    }
     slot[size_t(r)] = compute[size_t(r)] + tp_comm[size_t(r)] + p2p;
   }
   const size_t busiest = size_t(std::max_element(slot.begin(), slot.end()) - slot.begin());

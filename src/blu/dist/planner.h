@@ -57,6 +57,9 @@ struct ModelCosts {
     double embed_fixed_s = 0, embed_per_seq_s = 0;
     double block_act_bytes = 0, other_act_bytes = 0;
     double partial_grad_bytes = 0;  // replicated parameters with partial gradients (sequence parallel)
+    // Per block and forward + backward: input-gradient collectives started inside a column
+    // linear's backward (Note [Early input gradients], ops/early_grad.h), counted in the probe.
+    double early_per_block = 0;
   };
   std::vector<Split> splits;
 };

@@ -1,7 +1,9 @@
 #include "blu/dist/tensor_parallel.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <tuple>
@@ -71,8 +73,21 @@ Tensor gathered_uneven(const Tensor& x, int64_t dim, ProcessGroup& pg, const std
   return contiguous(cat(pieces, dim));
 }
 
-// Chunk `rank` of x along `dim` — of the sum over ranks when `reduce`, else of this rank's x.
-Tensor scattered(const Tensor& x, int64_t dim, ProcessGroup& pg, bool reduce) {
+// A collective under way: `out` holds its result once `work` is done; `in` is what it reads,
+// kept alive until then.
+struct Pending {
+  Tensor out, in;
+  WorkPtr work;
+  Tensor finish() {
+    work->wait();
+    work.reset();
+    in = Tensor();
+    return std::exchange(out, Tensor());
+  }
+};
+
+// Starts chunk `rank` along `dim` of the sum over ranks of x.
+Pending start_reduce_scatter(const Tensor& x, int64_t dim, ProcessGroup& pg) {
   NoGradGuard no_grad;
   dim = norm_dim(x, dim);
   const int64_t W = pg.size(), n = x.size(dim);
@@ -80,7 +95,6 @@ Tensor scattered(const Tensor& x, int64_t dim, ProcessGroup& pg, bool reduce) {
             " (dim ", dim, " of ", x.shape(), ") is not divisible by ", W);
   Shape local = x.shape();
   local[size_t(dim)] = n / W;
-  if (!reduce) return contiguous(narrow(x, dim, pg.rank() * (n / W), n / W));
   // [d0, …, W·L, …] → [W, d0, …, L, …] contiguous: chunk w is rank w's.
   Shape split = x.shape();
   split[size_t(dim)] = n / W;
@@ -88,10 +102,22 @@ Tensor scattered(const Tensor& x, int64_t dim, ProcessGroup& pg, bool reduce) {
   Shape perm{dim};
   for (int64_t i = 0; i < int64_t(split.size()); ++i)
     if (i != dim) perm.push_back(i);
-  const Tensor in = contiguous(permute(reshape(x, split), perm));
-  Tensor out = empty(local, x.dtype(), x.device());
-  pg.reduce_scatter(out, in)->wait();
-  return out;
+  Pending p;
+  p.in = contiguous(permute(reshape(x, split), perm));
+  p.out = empty(local, x.dtype(), x.device());
+  p.work = pg.reduce_scatter(p.out, p.in);
+  return p;
+}
+
+// Chunk `rank` of x along `dim` — of the sum over ranks when `reduce`, else of this rank's x.
+Tensor scattered(const Tensor& x, int64_t dim, ProcessGroup& pg, bool reduce) {
+  if (reduce) return start_reduce_scatter(x, dim, pg).finish();
+  NoGradGuard no_grad;
+  dim = norm_dim(x, dim);
+  const int64_t W = pg.size(), n = x.size(dim);
+  BLU_CHECK(n % W == 0, "sequence parallelism over ", W, " ranks: the sequence length ", n,
+            " (dim ", dim, " of ", x.shape(), ") is not divisible by ", W);
+  return contiguous(narrow(x, dim, pg.rank() * (n / W), n / W));
 }
 
 Shape local_shape(const ShardInfo& s) {
@@ -190,6 +216,44 @@ Tensor noted(const char* name, const Tensor& in, Placement want, const Tensor& o
 Placement sequence_shard(const Tensor& t) { return Placement::shard(1 - t.dim()); }
 }  // namespace
 
+namespace {
+
+std::atomic<int64_t> g_early{0}, g_shared{0};
+
+// The collective over a column-parallel linear's input gradient, started early from inside that
+// linear's backward (Note [Early input gradients], ops/early_grad.h) when the linear is the input's
+// only consumer, and finished by the f / gather node.
+struct EarlyCollective {
+  int consumers = 1;
+  Tensor grad;  // the linear's input gradient it was started on
+  Pending pending;
+};
+
+// f (copy_to_tp) or, under sequence parallelism, gather_sequence, whose backward finishes the
+// collective `early` started instead of starting one when there is one.
+Tensor column_input(const Tensor& x, ProcessGroup& tp, bool sp, const std::shared_ptr<EarlyCollective>& early) {
+  auto backward = [&tp, sp, early](const std::vector<Tensor>& g) {
+    if (early->pending.work) {
+      const Tensor started_on = std::exchange(early->grad, Tensor());
+      BLU_ASSERT(g[0].storage() == started_on.storage() && g[0].raw_data() == started_on.raw_data(),
+                 "tensor parallelism: the column input's gradient is not the one its collective started on");
+      const Tensor r = early->pending.finish();  // sp: this rank's [B, T/W, C]; else the all-reduced [B·T, C]
+      return std::vector<Tensor>{sp ? r : reshape(r, g[0].shape())};
+    }
+    return std::vector<Tensor>{sp ? scattered(g[0], 1, tp, true) : all_reduced(g[0], tp)};
+  };
+  if (sp) {
+    return noted("gather_sequence", x, sequence_shard(x),
+                 record_function("gather_sequence", {x}, {gathered(x, 1, tp)}, backward)[0], Placement::replicate());
+  }
+  return noted("copy_to_tp (f)", x, Placement::replicate(), record_function("copy_to_tp (f)", {x}, {x}, backward)[0],
+               Placement::replicate());
+}
+
+}  // namespace
+
+ColumnInputStats column_input_stats() { return {g_early.load(), g_shared.load()}; }
+
 Tensor copy_to_tp(const Tensor& x, ProcessGroup& tp) {
   return noted("copy_to_tp (f)", x, Placement::replicate(), record_function("copy_to_tp (f)", {x}, {x}, [&tp](const std::vector<Tensor>& g) {
     return std::vector<Tensor>{all_reduced(g[0], tp)};
@@ -283,12 +347,24 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
 
 // --- modules ---
 
+struct ColumnInputs {
+  bool on = true;  // false (BLU_TP_OVERLAP=0): every column linear its own f / gather, waited where issued
+  Tensor fed;      // the tensor the last column linear was fed
+  Tensor made;  // its f / gather output
+  std::shared_ptr<EarlyCollective> early;
+  void clear() {
+    fed = made = Tensor();
+    early.reset();
+  }
+};
+
 ParallelLinear::ParallelLinear(const nn::Linear& full, Kind k, std::shared_ptr<ProcessGroup> tp, bool sp,
-                               int64_t parts, std::vector<int64_t> counts)
+                               int64_t parts, std::vector<int64_t> counts, std::shared_ptr<ColumnInputs> inputs)
     : nn::Linear(linear_in(full, k, *tp, counts), linear_out(full, k, *tp, parts, counts), full.bias.defined()),
       kind(k),
       tp_(std::move(tp)),
-      sp_(sp) {
+      sp_(sp),
+      inputs_(inputs ? std::move(inputs) : std::make_shared<ColumnInputs>()) {
   match(*this, full.weight, full);
   if (kind == Kind::row) {
     weight_info_ = split_info(full.weight, 1, 1, *tp_, counts);
@@ -304,9 +380,39 @@ ParallelLinear::ParallelLinear(const nn::Linear& full, Kind k, std::shared_ptr<P
 Tensor ParallelLinear::forward(const Tensor& x) const {
   const Tensor w = cast_param(weight, x.dtype()), b = cast_param(bias, x.dtype());
   switch (kind) {
-    case Kind::column:
-      return linear(sp_ ? gather_sequence(x, *tp_) : copy_to_tp(x, *tp_), w, b);
+    case Kind::column: {
+      if (!GradMode::enabled() || !x.requires_grad() || !inputs_->on) {
+        return linear(sp_ ? gather_sequence(x, *tp_) : copy_to_tp(x, *tp_), w, b);
+      }
+      ColumnInputs& in = *inputs_;
+      if (in.fed.defined() && in.fed.is_same(x)) {
+        ++in.early->consumers;
+        g_shared.fetch_add(1, std::memory_order_relaxed);
+        return linear(in.made, w, b);
+      }
+      in.fed = x;
+      in.early = std::make_shared<EarlyCollective>();
+      in.made = column_input(x, *tp_, sp_, in.early);
+      // Rows flattened here so that the listener sits on the linear's own node.
+      const Shape full = in.made.shape();
+      Shape out_shape(full.begin(), full.end() - 1);
+      out_shape.push_back(w.size(0));
+      const Tensor y = linear(reshape(in.made, {numel(full) / full.back(), full.back()}), w, b);
+      listen_for_input_grad(y, [early = in.early, tp = tp_, sp = sp_, full](size_t input, const Tensor& gx) {
+        if (input != 0 || early->consumers != 1 || !gx.is_contiguous()) return;
+        early->grad = gx;
+        if (sp) {
+          early->pending = start_reduce_scatter(reshape(gx, full), 1, *tp);
+        } else {
+          early->pending.out = gx;  // reduced in place: the linear made it and nothing else holds it
+          early->pending.work = tp->all_reduce(gx);
+        }
+        g_early.fetch_add(1, std::memory_order_relaxed);
+      });
+      return reshape(y, out_shape);
+    }
     case Kind::row: {
+      inputs_->clear();
       Tensor y = linear(x, w);  // a partial sum over the ranks' input features
       y = sp_ ? reduce_scatter_sequence(y, *tp_) : reduce_from_tp(y, *tp_);
       return b.defined() ? add(y, b) : y;
@@ -470,6 +576,8 @@ void apply_tensor_parallel(models::CausalLM& model, std::shared_ptr<ProcessGroup
     vocab_offset = 0;
     for (int q = 0; q < tp->rank(); ++q) vocab_offset += vocab_rows[size_t(q)];
   }
+  const auto column_inputs = std::make_shared<ColumnInputs>();
+  if (const char* e = std::getenv("BLU_TP_OVERLAP")) column_inputs->on = std::string(e) != "0";
   for (const models::ShardSpec& s : plan) {
     nn::Module* m = model.find_module(s.module);
     const std::vector<int64_t> c = counts[s.module];
@@ -477,10 +585,11 @@ void apply_tensor_parallel(models::CausalLM& model, std::shared_ptr<ProcessGroup
     switch (s.role) {
       case ShardRole::column:
         fresh = std::make_shared<ParallelLinear>(*dynamic_cast<nn::Linear*>(m), ParallelLinear::Kind::column, tp, sp,
-                                                 s.parts, c);
+                                                 s.parts, c, column_inputs);
         break;
       case ShardRole::row:
-        fresh = std::make_shared<ParallelLinear>(*dynamic_cast<nn::Linear*>(m), ParallelLinear::Kind::row, tp, sp, 1, c);
+        fresh = std::make_shared<ParallelLinear>(*dynamic_cast<nn::Linear*>(m), ParallelLinear::Kind::row, tp, sp, 1, c,
+                                                 column_inputs);
         break;
       case ShardRole::vocab_head:
         fresh = std::make_shared<ParallelLinear>(*dynamic_cast<nn::Linear*>(m), ParallelLinear::Kind::head, tp, sp, 1, c);

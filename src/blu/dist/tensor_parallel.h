@@ -18,7 +18,15 @@
 //   The inverse, for checkpoints and tests: every parameter's place in the full tensor
 //     (shard_info: dim, segments, offset and length, the full shape), and gather_full_state, the
 //     full (unsharded) state dict assembled on every rank.
-// Communication is not overlapped with compute here: every collective waits where it is issued.
+// Overlap: a column-parallel linear's input-gradient collective (f's all-reduce, or gather's
+//   reduce-scatter under SP) starts inside the linear's backward as soon as the input gradient
+//   exists and runs beside the weight-gradient GEMM (Note [Early input gradients],
+//   ops/early_grad.h); the f / gather node then only waits for it. Column linears fed the same
+//   tensor (Llama's q/k/v and gate/up projections) share one f / gather: one collective over their
+//   summed input gradients instead of one each (not started early: the sum exists only after the
+//   last of them). The forward collectives wait where they are issued. BLU_TP_OVERLAP=0 in the
+//   environment turns both off (every column linear its own f / gather, waited where issued), for
+//   measuring what they save.
 // Depends on dist/process_group, autograd/function, models/causal_lm (the interface only: dist/
 // knows no model type), nn/. Keep: every rank of the group applies the same rewrite and runs the
 // same forward and backward (the collectives pair up by order); the single-device model is
@@ -89,12 +97,26 @@ class ShardedModule {
 // all-gathered along the sequence); row: weight columns split, the GEMM's partial output summed by
 // g (or reduce-scattered along the sequence) before the replicated bias; head: weight rows split,
 // the input already prepared by the model's enter_head step (a plain linear over the shard).
+// The column input a model's column-parallel linears last made (f or gather over the tensor they
+// were fed), so that the next column linear fed the same tensor reuses it; a row-parallel linear's
+// forward clears it. One per model, shared by its ParallelLinears; forwards of one model run on one
+// thread.
+struct ColumnInputs;
+
+// What the column inputs did in this process so far: input-gradient collectives started early
+// (inside the linear's backward) and column linears that reused another's input.
+struct ColumnInputStats {
+  int64_t early = 0, shared = 0;
+};
+ColumnInputStats column_input_stats();
+
 class ParallelLinear : public nn::Linear, public ShardedModule {
  public:
   enum class Kind { column, row, head };
-  // `counts`: the split units each rank holds (apportion_units; empty: equal shares).
+  // `counts`: the split units each rank holds (apportion_units; empty: equal shares). `inputs`:
+  // the model's shared column inputs (null: this linear shares with none).
   ParallelLinear(const nn::Linear& full, Kind kind, std::shared_ptr<ProcessGroup> tp, bool sequence_parallel,
-                 int64_t parts = 1, std::vector<int64_t> counts = {});
+                 int64_t parts = 1, std::vector<int64_t> counts = {}, std::shared_ptr<ColumnInputs> inputs = nullptr);
   Tensor forward(const Tensor& x) const override;
   Tensor forward(const Tensor& x, const Tensor& residual) const override;
   bool fusable() const override { return kind == Kind::head; }
@@ -104,6 +126,7 @@ class ParallelLinear : public nn::Linear, public ShardedModule {
  private:
   std::shared_ptr<ProcessGroup> tp_;
   bool sp_;
+  std::shared_ptr<ColumnInputs> inputs_;
   ShardInfo weight_info_, bias_info_;
 };
 

@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "blu/ops/dispatch.h"
+#include "blu/ops/early_grad.h"
 #include "blu/ops/reduce.h"
 #include "blu/ops/view.h"
 
@@ -151,6 +152,7 @@ const OpDef kLinearWeightGradInto{.name = "linear_weight_grad_into",
 // given place (Note [Wide gradients]) is written there by linear_weight_grad_into.
 std::vector<Tensor> linear_bw(Ctx c, Grads g) {
   Tensor gx = c.needs_grad[0] ? matmul_prim(g[0], c.input(1)) : Tensor();
+  if (gx.defined()) input_grad_ready(0, gx);  // before the weight's GEMM (Note [Early input gradients])
   Tensor gr = c.needs_grad.size() > 3 && c.needs_grad[3] ? g[0] : Tensor();
   if (c.needs_grad[1] && (c.grad_is_directed(1) || (c.needs_grad[2] && c.grad_is_directed(2)))) {
     Tensor gw = c.grad_buffer(1), gb = c.needs_grad[2] ? c.grad_buffer(2) : Tensor();
