@@ -24,7 +24,8 @@
 #   faults  — a 5 s timeout: rank 1 stalled before step 3 (BLU_TEST_STALL) ends the job, the flight
 #             recorder names each rank's last collective; rank 1 killed with SIGKILL mid-run
 #   hetero  — a co-running matmul load on GPU 1 (no setting of the GPU is changed): replicate(2)
-#             with even rows beside replicate(2, weights=probe)
+#             with even rows beside replicate(2, weights=probe) (HETERO_SPECS "a;b;...",
+#             HETERO_MODEL, HETERO_B: other layouts, e.g. split(2) beside split(2, widths=probe))
 #   realtext — GPT-2 124M on the fortunes (GPT-2 tokens), bf16, REAL_STEPS (250) steps of 8 x 1024
 #             tokens: one GPU with two seeds (the seed-to-seed spread), DP, TP and PP on two
 #             (REAL_ONLY=TEXT: only the runs whose arguments hold TEXT)
@@ -156,7 +157,7 @@ for step in "$@"; do
       cat /tmp/kill.log >> "$out/faults.log"
       grep -iE "rank 1|error|signal|killed" /tmp/kill.log | grep -vE "step +[0-9]+/" | head -8 ;;
     hetero)
-      common=(bench --device cuda --model gpt2:d12 --precision bf16 -B 16 -T 1024 --steps "$S")
+      common=(bench --device cuda --model "${HETERO_MODEL:-gpt2:d12}" --precision bf16 -B "${HETERO_B:-16}" -T 1024 --steps "$S")
       python3 -c "
 import time, torch
 a = torch.randn(8192, 8192, device='cuda:1', dtype=torch.bfloat16)
@@ -167,7 +168,9 @@ while time.time() - t < ${HETERO_LOAD_S:-240}:
 " &
       load=$!
       sleep 5
-      for spec in "replicate(2)" "replicate(2, weights=probe)" "replicate(2)"; do
+      specs=("replicate(2)" "replicate(2, weights=probe)" "replicate(2)")
+      [ -n "${HETERO_SPECS:-}" ] && IFS=';' read -ra specs <<< "$HETERO_SPECS"
+      for spec in "${specs[@]}"; do
         timeout 200 "$bt" launch -n 2 -- "$bt" "${common[@]}" --parallel "$spec" 2>&1 | row hetero
       done
       kill "$load"; wait "$load" 2>/dev/null ;;
