@@ -158,7 +158,8 @@ train::TrainOptions pool_run(const TempDir& data, const std::filesystem::path& o
 struct RunResult {
   std::vector<double> losses;
   std::vector<std::vector<double>> weights;
-  int64_t pool_peak = 0;
+  int64_t pool_peak = 0;  // the pool's peak since the last logged step (after training: evaluation, checkpoint)
+  int64_t step_peak = 0;  // the training steps' peak (TrainSummary::peak_mem_bytes)
   std::optional<MemoryPlan> plan;
   std::string log;
 };
@@ -179,7 +180,7 @@ RunResult run(train::TrainOptions o, int64_t stop_at = 0) {
   device_pool(1).reset_peak();
   {
     train::Trainer t(o, cb);
-    t.run();
+    r.step_peak = t.run().peak_mem_bytes;
     for (const auto& [name, w] : t.model().state_dict()) r.weights.push_back(to_vector(w));
     r.pool_peak = device_pool(1).stats().peak_bytes;
     r.plan = t.memory_plan();
@@ -224,19 +225,20 @@ void check_offload_matches_plain(const std::string& precision) {
 TEST(Offload, TrainsLikePlainRunBitwiseFp32) { check_offload_matches_plain("fp32"); }
 TEST(Offload, TrainsLikePlainRunBitwiseBf16) { check_offload_matches_plain("bf16"); }
 
-// Disabled: the plan over-predicts the offloaded runs' pool peak (fp32: 345,344 predicted against
-// 326,912 measured, 5.6%; bf16: about 10%) — the probe's transient bytes are larger than what an
-// offloaded step holds at its peak, and why is not yet found. The plain layout's prediction is
-// within 5% (the test below).
-TEST(Offload, DISABLED_OffloadedPeakWithinFivePercentOfPlan) {
+// The training steps' peak against the plan, with gradient accumulation (pool_run: 2 micro-batches,
+// so the second runs beside the first's gradients: the probe runs both).
+TEST(Offload, OffloadedPeakWithinFivePercentOfPlan) {
   TempDir data;
   train::test_util::write_toy_shards(data.path(), kVocab, 2048, 8192);
   for (const char* precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
     train::TrainOptions o = pool_run(data, "", precision);
     o.offload_state = "optimizer";
     const RunResult r = run(o);
     ASSERT_TRUE(r.plan);
-    EXPECT_NEAR(double(r.pool_peak), double(r.plan->device_peak_bytes), 0.05 * double(r.plan->device_peak_bytes)) << r.log;
+    EXPECT_NEAR(double(r.step_peak), double(r.plan->device_peak_bytes), 0.05 * double(r.plan->device_peak_bytes)) << r.log;
+    std::printf("%s, state offloaded: planned %lld, steps' peak %lld bytes\n", precision,
+                (long long)r.plan->device_peak_bytes, (long long)r.step_peak);
   }
 }
 
@@ -249,7 +251,9 @@ TEST(Offload, PlanKeepsStateOnDeviceWhenItFitsAndPredictsPeak) {
   ASSERT_TRUE(r.plan);
   EXPECT_FALSE(r.plan->offload_state) << r.log;
   EXPECT_EQ(r.plan->device_bytes_per_param, 12.0);  // parameters and moments; gradients counted with activations
-  EXPECT_NEAR(double(r.pool_peak), double(r.plan->device_peak_bytes), 0.05 * double(r.plan->device_peak_bytes)) << r.log;
+  EXPECT_NEAR(double(r.step_peak), double(r.plan->device_peak_bytes), 0.05 * double(r.plan->device_peak_bytes)) << r.log;
+  std::printf("state on the device: planned %lld, steps' peak %lld bytes\n", (long long)r.plan->device_peak_bytes,
+              (long long)r.step_peak);
 }
 
 TEST(Offload, BudgetPicksOffloadAndTooSmallBudgetFailsEarly) {

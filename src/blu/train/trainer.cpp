@@ -924,9 +924,11 @@ TrainSummary Trainer::run() {
 }
 
 // --- memory budget and offload (offload/plan.h) ---
-// The probe: one micro-batch's forward and backward on the device, its transient bytes (saved
-// activations, workspaces and the gradients) read from the allocator's peak; the default generator
-// is restored and the gradients dropped, so training after it is what it would have been.
+// The probe: a micro-batch's forward and backward on the device — two with gradient accumulation,
+// the second beside the first's accumulated gradients, as every later micro-batch of a step runs —
+// its transient bytes (saved activations, workspaces and the gradients) read from the allocator's
+// peak; the default generator is restored and the gradients dropped, so training after it is what
+// it would have been.
 void Trainer::plan_memory(dist::StrategyConfig& sc) {
   const TrainOptions& o = opt_s_;
   BLU_CHECK(!pipelined_ && o.zero == 0 && o.optimizer == "adamw",
@@ -947,7 +949,8 @@ void Trainer::plan_memory(dist::StrategyConfig& sc) {
     const int64_t before = alloc.stats().current_bytes;
     alloc.reset_peak();
     const auto t0 = std::chrono::steady_clock::now();
-    {
+    const int64_t micro = std::min<int64_t>(2, o.grad_accum);
+    for (int64_t i = 0; i < micro; ++i) {
       const std::vector<int32_t> zeros(size_t(o.batch_size * o.seq_len), 0);
       Tensor loss = model_->forward(ids_tensor(zeros, o.batch_size, o.seq_len, device_),
                                     ids_tensor(zeros, o.batch_size, o.seq_len, device_))
@@ -955,7 +958,8 @@ void Trainer::plan_memory(dist::StrategyConfig& sc) {
       loss.backward();
       scalar_value(loss);  // waits for the device
     }
-    in.compute_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * double(o.grad_accum);
+    in.compute_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / double(micro) *
+                         double(o.grad_accum);
     // The compute copies the probe's forward made stay (and are counted as such by the plan).
     in.activations.device_bytes = alloc.stats().peak_bytes - before - in.compute_copy_bytes * in.param_elements;
     in.grads_in_activations = true;
