@@ -8,6 +8,8 @@
 #             torch_parallel.py fsdp
 #   dpwin   — DDP at B=16 and 32 per GPU with its all-reduce through NCCL and through the peer
 #             window (PW_MIB, default 128), alternated twice, beside one GPU
+#   dpwire  — DDP at B=16 and 32 per GPU (DP_BATCHES) with its gradient buckets travelling in fp32
+#             and in bf16 (BLU_DDP_REDUCE_DTYPE=bf16, dist/ddp.h), alternated twice, beside one GPU
 #   layouts — (LAYOUT_SPECS: "LAYOUT|B;..." instead of the list below) for each model in LAYOUT_MODELS (gpt2:d24 gpt2:d48 llama:llama3.2-1b), a global batch of
 #             8 sequences of 1024 tokens per step: one GPU, then bench --parallel with TP=2 (with and
 #             without SP), PP=2 (1F1B and interleaved, 4 micro-batches of 2), replicate(2) and auto —
@@ -80,6 +82,15 @@ for step in "$@"; do
       mkdir -p /tmp/blupy && for f in .devpack/python/*.xz; do xz -dc "$f" > "/tmp/blupy/$(basename "${f%.xz}")"; done
       python3 --version; ls /tmp/blupy
       timeout 300 python3 tests/python/test_blutrain_cuda.py /tmp/blupy 2>&1 | tee "$out/python.log" | tail -25 ;;
+    dpwire)
+      for b in ${DP_BATCHES:-16 32}; do
+        common=(bench --device cuda --model gpt2:d12 --precision bf16 -B "$b" -T 1024 --steps "$S")
+        timeout 120 "$bt" "${common[@]}" 2>&1 | row dpwire
+        for rep in 1 2; do
+          timeout 150 "$bt" launch -n 2 -- "$bt" "${common[@]}" --dp 2 2>&1 | row dpwire
+          BLU_DDP_REDUCE_DTYPE=bf16 timeout 150 "$bt" launch -n 2 -- "$bt" "${common[@]}" --dp 2 2>&1 | row dpwire
+        done
+      done ;;
     dpwin)
       # DDP's all-reduce through NCCL and through the copy-engine peer window
       # (BLU_NCCL_PEER_WINDOW_MIB, dist/nccl_peer_window.h), alternated twice, beside one GPU.

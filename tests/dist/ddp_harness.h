@@ -73,6 +73,7 @@ inline void ddp_grads_worker() {
   models::GPT model(::blu::test::tiny_gpt(), 1234 + uint64_t(r));  // DDP broadcasts rank 0's
   const std::string rows_path = getenv_or("BLU_DIST_ROWS", "");
   DDPOptions options = kGradBuckets;
+  if (const std::string wire = getenv_or("BLU_DIST_REDUCE_DTYPE", ""); !wire.empty()) options.reduce_dtype = dtype_from_name(wire);
   if (!rows_path.empty()) {
     options.exchange_rows = {model.wte.get()};
     options.rows_gather_limit = rows_path == "gather" ? 1e9 : 0.0;

@@ -217,6 +217,27 @@ TEST(DdpGradViews, NoSyncAccumulationOverThreeMicroBatchesMatchesConcatenatedBat
   }
 }
 
+// Buckets that travel in bf16 (DDPOptions::reduce_dtype): the averages are the reference's rounded
+// through bf16 — off by more than fp32's order-of-sums noise (the cast ran), within bf16's.
+TEST(DdpGradViews, Bf16WireAveragesWithinBf16Rounding) {
+  TempDir dir;
+  const std::string out = dir.str() + "/wire";
+  const LaunchResult r = run_workers("ddp_grads", 2, {{"BLU_DIST_OUT", out}, {"BLU_DIST_REDUCE_DTYPE", "bf16"}});
+  ASSERT_EQ(r.status, 0) << "stdout:\n" << r.out << "\nstderr:\n" << r.err;
+  const std::vector<float> got = read_floats(out + ".grads"), want = reference_grads();
+  ASSERT_EQ(got.size(), want.size());
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    worst = std::max(worst, std::abs(double(got[i]) - double(want[i])));
+    scale = std::max(scale, double(std::abs(want[i])));
+  }
+  std::printf("bf16 wire, 2 ranks: max |grad diff| %.3g (largest gradient %.3g)\n", worst, scale);
+  // Each rank's gradient and the average are rounded to bf16 (2^-9 relative each); where the ranks'
+  // gradients cancel the error is relative to them, not to the average: bounded by the largest.
+  EXPECT_GT(worst, 1e-6 * scale) << "the buckets did not travel in bf16";
+  EXPECT_LE(worst, scale / 64) << "beyond bf16's rounding";
+}
+
 TEST(DdpRowExchange, GatheredAndDenseRowsMatchConcatenatedBatch) {
   TempDir dir;
   for (const char* path : {"gather", "dense"})

@@ -46,6 +46,7 @@ struct DistributedDataParallel::State {
   };
   struct Bucket {
     Tensor buffer;  // 1-d, the bucket's dtype
+    Tensor wire;    // the buffer cast to DDPOptions::reduce_dtype while its all-reduce runs (else undefined)
     std::vector<size_t> params;
     size_t pending = 0;  // parameters whose gradient has not arrived yet
     WorkPtr work;        // set once issued
@@ -56,6 +57,7 @@ struct DistributedDataParallel::State {
   std::vector<RowExchange> rows;  // the exchange_rows embeddings (Row exchange in ddp.h)
   std::vector<bool> rows_warned;
   double gather_limit = 1.0;
+  std::optional<DType> reduce_dtype;
   size_t next_issue = 0;  // buckets [0, next_issue) are issued
   bool sync = true;
   int64_t copied = 0;  // gradients that were not their bucket view (copied_gradients())
@@ -66,6 +68,7 @@ struct DistributedDataParallel::State {
     for (Bucket& b : buckets) {
       b.pending = b.params.size();
       b.work.reset();
+      b.wire = Tensor();
     }
     for (RowExchange& r : rows) r.reset();
     next_issue = 0;
@@ -95,7 +98,13 @@ struct DistributedDataParallel::State {
   void issue_ready() {
     while (next_issue < buckets.size() && buckets[next_issue].pending == 0) {
       Bucket& b = buckets[next_issue++];
-      b.work = pg->all_reduce(b.buffer, ReduceOp::avg);
+      if (reduce_dtype && dtype_size(*reduce_dtype) < dtype_size(b.buffer.dtype())) {
+        NoGradGuard no_grad;
+        b.wire = to_dtype(b.buffer, *reduce_dtype);
+        b.work = pg->all_reduce(b.wire, ReduceOp::avg);
+      } else {
+        b.work = pg->all_reduce(b.buffer, ReduceOp::avg);
+      }
     }
     if (next_issue < buckets.size()) return;
     for (RowExchange& r : rows) {
@@ -156,6 +165,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, std::shared
   State& s = *state_;
   s.pg = pg_;
   s.gather_limit = options.rows_gather_limit;
+  s.reduce_dtype = options.reduce_dtype;
   const nn::NamedTensors named = module_.named_parameters();
   for (const auto& [name, t] : named) {
     BLU_CHECK(t.requires_grad(), "DistributedDataParallel: parameter '", name, "' does not require grad");
@@ -293,6 +303,8 @@ void DistributedDataParallel::finish() {
     BLU_CHECK(false, "DDP: no embedding rows arrived this step for ", missing,
               " (exchange_rows needs the embedding used in every synced backward, on every rank)");
   }
+  for (auto& b : s.buckets)  // averages that travelled narrower: back into their buckets
+    if (b.wire.defined()) copy_(b.buffer, b.wire);
   // The averages are in the buckets. Gradients that are the views already hold them (the usual
   // case: only pointers are compared); the others (none, or a replaced tensor) become the view.
   for (auto& p : s.params)

@@ -57,6 +57,7 @@
 // slots; gradients that are views keep their bucket alive).
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,11 @@ struct DDPOptions {
   // Row exchange gathers the rows while world × tokens ≤ this × num_embeddings; above, it
   // all-reduces them as a dense gradient.
   double rows_gather_limit = 1.0;
+  // The dtype the buckets travel in when narrower than theirs (bf16: half the bytes of fp32
+  // buckets; each bucket is cast into a temporary before its all-reduce and the average cast back
+  // into the bucket by finish()); nullopt: the buckets' own. The rows of exchange_rows travel in
+  // their own dtype either way. Changes the arithmetic: the sum over ranks is rounded to this dtype.
+  std::optional<DType> reduce_dtype;
 };
 
 // Copies rank `root`'s parameters and floating buffers into every rank's module (in place).

@@ -1,5 +1,7 @@
 #include "blu/dist/strategy.h"
 
+#include <cstdlib>
+
 #include <cmath>
 #include <limits>
 #include <map>
@@ -156,6 +158,8 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<ProcessGroup> pg, Strategy
                                          [z](size_t i, const Tensor& y) { return z->after_block(i, y); });
     } else {
       DDPOptions d = config_.ddp;
+      // BLU_DDP_REDUCE_DTYPE=bf16: the gradient buckets travel in bf16 (DDPOptions::reduce_dtype).
+      if (const char* e = std::getenv("BLU_DDP_REDUCE_DTYPE"); !d.reduce_dtype && e && *e) d.reduce_dtype = dtype_from_name(e);
       d.exchange_rows = rows;
       d.rows_gather_limit = config_.rows_gather_limit;
       ddp_ = std::make_unique<DistributedDataParallel>(model_, pg_, d);
