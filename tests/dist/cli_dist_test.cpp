@@ -297,6 +297,46 @@ TEST_F(DistCli, PipelineCheckpointsVerifyAndFallBack) {
 // ZeRO with an offloaded optimizer state streams the moments through the device: a host update
 // is refused by name, and so is a device that is the host itself (CPU ranks run on cpu, not on a
 // pool); neither leaves a run directory behind.
+// --gpu-memory-budget with data parallelism: each rank on its own device pool cpu:1, the plan
+// against the training steps' peak (metrics.jsonl's mem_bytes): DDP, ZeRO-1 with its moments on
+// the device and offloaded (streamed through the device); two micro-batches a step, the tied
+// embedding's rows exchanged apart (the probe keeps them as DDP does). ZeRO-2 is refused by name.
+TEST_F(DistCli, MemoryPlanComposesWithDdpAndZero1) {
+  struct Case {
+    int zero;
+    const char* state;
+  };
+  for (const Case c : {Case{0, "none"}, Case{1, "none"}, Case{1, "optimizer"}}) {
+    const std::string run = "plan_z" + std::to_string(c.zero) + "_" + c.state;
+    const LaunchResult r = train(c.zero, 3, run,
+                                 {"--device", "cpu:1", "--gpu-memory-budget", "1", "--offload-state", c.state,
+                                  "--offload-chunk", "100000", "--grad-accum", "2", "--log-every", "1"});
+    ASSERT_EQ(r.status, 0) << run << r.out << r.err;
+    const size_t at = r.out.find(" predicted peak");
+    ASSERT_NE(at, std::string::npos) << r.out;
+    const size_t from = r.out.rfind("device: ", at) + 8;
+    const double value = std::stod(r.out.substr(from, at - from));
+    const std::string unit = r.out.substr(at - 3, 3);
+    ASSERT_TRUE(unit == "MiB" || unit == "KiB") << r.out;
+    const double planned = value * (unit == "MiB" ? 1048576.0 : 1024.0);
+    double peak = 0;
+    std::ifstream m(dir.path / run / "metrics.jsonl");
+    for (std::string line; std::getline(m, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.value("event", "") == "step") peak = std::max(peak, j["mem_bytes"].get<double>());
+    }
+    ASSERT_GT(peak, 0) << run;
+    EXPECT_NEAR(peak, planned, 0.05 * planned) << run << "\n" << r.out;
+    EXPECT_EQ(r.out.find("ZeRO-1: this rank's moments, 1/2 of them") != std::string::npos, c.zero == 1) << r.out;
+    EXPECT_EQ(r.out.find("optimizer state on the host") != std::string::npos, std::string(c.state) == "optimizer")
+        << r.out;
+    std::printf("%s: planned %.0f, steps' peak %.0f bytes\n", run.c_str(), planned, peak);
+  }
+  const LaunchResult z2 = train(2, 2, "plan_z2", {"--device", "cpu:1", "--gpu-memory-budget", "1"});
+  EXPECT_NE(z2.status, 0);
+  EXPECT_NE(z2.err.find("the planner handles adamw without ZeRO or with --zero 1"), std::string::npos) << z2.err;
+}
+
 TEST_F(DistCli, ZeroWithOffloadedStateRefusesWhatItCannotRun) {
   const LaunchResult host = train(2, 2, "host_update", {"--offload-state", "optimizer", "--offload-update", "cpu"});
   EXPECT_NE(host.status, 0);

@@ -27,23 +27,24 @@ struct Candidate {
 
 Candidate candidate(const PlanInput& in, bool offload, UpdateOn u) {
   const int64_t n = in.param_elements;
+  const int64_t shard = (n + in.state_shards - 1) / in.state_shards;  // the elements whose moments this rank keeps
   const int64_t grads = in.grads_in_activations ? 0 : 4 * n;
   Candidate c{offload, u, 0, 0, 0};
   if (!offload) {
-    c.device_static = (4 + 8 + in.compute_copy_bytes) * n + grads;  // parameters, moments, copies
-    c.update_seconds = in.device_adamw_elements_per_s > 0 ? double(n) / in.device_adamw_elements_per_s : 0;
+    c.device_static = (4 + in.compute_copy_bytes) * n + 8 * shard + grads;  // parameters, copies, moments
+    c.update_seconds = in.device_adamw_elements_per_s > 0 ? double(shard) / in.device_adamw_elements_per_s : 0;
     return c;
   }
   OffloadOptions o = in.offload;
   o.update = u;
-  c.device_static = (4 + in.compute_copy_bytes) * n + grads + OffloadAdamW::staging_bytes(o, n);
-  c.host = OffloadAdamW::host_bytes_per_element(u) * n;
+  c.device_static = (4 + in.compute_copy_bytes) * n + grads + OffloadAdamW::staging_bytes(o, shard);
+  c.host = (in.state_shards > 1 ? 8 : OffloadAdamW::host_bytes_per_element(u)) * shard;
   if (in.transfer_bytes_per_s > 0) {
     if (u == UpdateOn::cpu)  // gradients down, parameters up; the host update overlaps the copies
       c.update_seconds = std::max(8.0 * double(n) / in.transfer_bytes_per_s,
                                   in.host_adamw_elements_per_s > 0 ? double(n) / in.host_adamw_elements_per_s : 0.0);
     else  // both moments up and down (the two directions overlap)
-      c.update_seconds = 8.0 * double(n) / in.transfer_bytes_per_s;
+      c.update_seconds = 8.0 * double(shard) / in.transfer_bytes_per_s;
   }
   return c;
 }
@@ -58,11 +59,15 @@ MemoryPlan plan_memory(const PlanInput& in) {
             "--offload-state: expected auto, none or optimizer, got '", in.offload_state, "'");
   BLU_CHECK(in.offload_update == "auto" || in.offload_update == "cpu" || in.offload_update == "gpu",
             "--offload-update: expected auto, cpu or gpu, got '", in.offload_update, "'");
+  BLU_CHECK(in.state_shards >= 1, "memory plan: state_shards must be >= 1, got ", in.state_shards);
+  BLU_CHECK(in.state_shards == 1 || in.offload_update != "cpu",
+            "--offload-update cpu: under ZeRO the offloaded moments stream through the device (--offload-update gpu "
+            "or auto)");
   const int64_t act = in.activations.device_bytes;
   std::vector<Candidate> tried;
   if (in.offload_state != "optimizer") tried.push_back(candidate(in, false, UpdateOn::device));
   if (in.offload_state != "none") {
-    if (in.offload_update != "gpu") tried.push_back(candidate(in, true, UpdateOn::cpu));
+    if (in.offload_update != "gpu" && in.state_shards == 1) tried.push_back(candidate(in, true, UpdateOn::cpu));
     if (in.offload_update != "cpu") tried.push_back(candidate(in, true, UpdateOn::device));
   }
   const auto fits = [&](const Candidate& c) {
@@ -107,6 +112,8 @@ MemoryPlan plan_memory(const PlanInput& in) {
   std::ostringstream os;
   os << "memory plan: " << (p.offload_state ? std::string("optimizer state on the host, update on the ") + update_name(p.update)
                                             : std::string("everything on the device"))
+     << (in.state_shards > 1 ? " (ZeRO-1: this rank's moments, 1/" + std::to_string(in.state_shards) + " of them)"
+                             : std::string())
      << "\n  device: " << fmt(p.device_peak_bytes) << " predicted peak = " << fmt(p.device_static_bytes)
      << " parameters/gradients/" << (p.offload_state ? "staging" : "optimizer state") << " ("
      << std::round(p.device_bytes_per_param * 100) / 100 << " bytes per parameter) + " << fmt(act) << " activations"

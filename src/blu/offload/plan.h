@@ -39,6 +39,9 @@ struct PlanInput {
   std::string offload_state = "auto";   // auto | none | optimizer
   std::string offload_update = "auto";  // auto | cpu | gpu
   OffloadOptions offload;          // chunk size, threads (update is decided here)
+  // ZeRO-1 over this many ranks (1: none): each rank keeps the moments of its 1/state_shards of
+  // the parameters; offloaded, they stream through the device (the update on the device only).
+  int64_t state_shards = 1;
   // Speeds for the step-time prediction (from the start-up probe; 0: not predicted).
   double compute_seconds = 0;      // forward + backward of the whole step
   double host_adamw_elements_per_s = 0;

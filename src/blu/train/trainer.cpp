@@ -276,9 +276,10 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
                                      " (or a --parallel layout of as many ranks) to the train command, or launch " +
                                      std::to_string(o.dp) + " process(es)"
                                : "start with `blutrain launch -n " + std::to_string(o.dp) + " -- blutrain train ...`");
-  BLU_CHECK(world_ == 1 || o.device == "cpu" || o.device == "cuda", "a job of ", world_,
-            " ranks runs on --device cpu (Gloo) or --device cuda (NCCL, each rank on cuda:LOCAL_RANK); got --device ",
-            o.device);
+  // cpu:N: each rank's own device pool N (memory/device_pool.h), over Gloo like cpu.
+  BLU_CHECK(world_ == 1 || o.device == "cuda" || Device(o.device).is_cpu(), "a job of ", world_,
+            " ranks runs on --device cpu (Gloo; cpu:N, each rank its own device pool N) or --device cuda (NCCL, each "
+            "rank on cuda:LOCAL_RANK); got --device ", o.device);
   // This rank's place on the mesh (row-major dp × pp × tp: dist/mesh.h).
   const dist::DeviceMesh grid(env.rank, world_, {{"dp", layout.dp}, {"pp", layout.pp}, {"tp", layout.tp}});
   const int replica = grid.coordinate("dp");
@@ -447,12 +448,12 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     // replicas of unequal rows reduce its gradient densely instead.
     sc.row_exchange = false;
   }
-  if (o.zero > 0 && o.offload_state == "optimizer") {
-    // ZeRO shards the moments, and streams its shard through the device (dist/zero.h); the memory
-    // planner (offload/plan.h) does not model ZeRO, so the state is offloaded as asked.
+  if (o.zero > 1 && o.offload_state == "optimizer") {
+    // ZeRO-2/3 shard the moments, and stream their shard through the device (dist/zero.h); the
+    // memory planner (offload/plan.h) models ZeRO-1 only, so the state is offloaded as asked.
     BLU_CHECK(o.gpu_memory_budget == 0 && o.host_memory_budget == 0 && o.offload_update != "cpu",
               "--zero ", o.zero, " --offload-state optimizer: the moments stream through the device (--offload-update ",
-              "gpu or auto, got ", o.offload_update, "); memory budgets are planned without ZeRO only");
+              "gpu or auto, got ", o.offload_update, "); memory budgets are planned without ZeRO or with --zero 1");
     sc.offload_state = true;
     sc.offload.update = offload::UpdateOn::device;
     sc.offload.chunk_elements = o.offload_chunk;
@@ -931,10 +932,11 @@ TrainSummary Trainer::run() {
 // it would have been.
 void Trainer::plan_memory(dist::StrategyConfig& sc) {
   const TrainOptions& o = opt_s_;
-  BLU_CHECK(!pipelined_ && o.zero == 0 && o.optimizer == "adamw",
-            "--gpu-memory-budget/--offload-*: the planner handles adamw without ZeRO or pipelines, got --optimizer ",
-            o.optimizer, " --zero ", o.zero, pipelined_ ? " and a pipeline" : "");
+  BLU_CHECK(!pipelined_ && o.zero <= 1 && o.optimizer == "adamw",
+            "--gpu-memory-budget/--offload-*: the planner handles adamw without ZeRO or with --zero 1, and no "
+            "pipeline; got --optimizer ", o.optimizer, " --zero ", o.zero, pipelined_ ? " and a pipeline" : "");
   offload::PlanInput in;
+  if (o.zero == 1) in.state_shards = int64_t(replica_rows_.size());  // the replicas ZeRO shards over
   for (const Tensor& p : model_->parameters()) in.param_elements += p.numel();
   in.compute_copy_bytes = o.precision == "bf16" || o.precision == "fp16" ? 2 : 0;
   in.device_budget = offload::gib_to_bytes(o.gpu_memory_budget);
@@ -948,6 +950,13 @@ void Trainer::plan_memory(dist::StrategyConfig& sc) {
     const uint64_t seed = gen.seed(), offset = gen.offset();
     const int64_t before = alloc.stats().current_bytes;
     alloc.reset_peak();
+    // Replicas that exchange a tied embedding's gradient rows apart (dist/ddp.h) never make its
+    // dense row gradient: the probe hands the rows to a sink that keeps them, as DDP's does.
+    std::vector<nn::Embedding*> sinks;
+    std::vector<Tensor> kept_rows;
+    if (sc.row_exchange && sc.zero != 3 && replica_rows_.size() > 1) sinks = dist::row_sparse_embeddings(*model_);
+    for (nn::Embedding* e : sinks)
+      e->set_row_grad_sink([&kept_rows](const Tensor& idx, const Tensor& g) { kept_rows.insert(kept_rows.end(), {idx, g}); });
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t micro = std::min<int64_t>(2, o.grad_accum);
     for (int64_t i = 0; i < micro; ++i) {
@@ -960,6 +969,8 @@ void Trainer::plan_memory(dist::StrategyConfig& sc) {
     }
     in.compute_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / double(micro) *
                          double(o.grad_accum);
+    for (nn::Embedding* e : sinks) e->set_row_grad_sink(nullptr);
+    kept_rows.clear();
     // The compute copies the probe's forward made stay (and are counted as such by the plan).
     in.activations.device_bytes = alloc.stats().peak_bytes - before - in.compute_copy_bytes * in.param_elements;
     in.grads_in_activations = true;
