@@ -7,6 +7,7 @@
 
 #include "blu/blu.h"
 #include "blu/dist/planner.h"
+#include "blu/dist/tensor_parallel.h"
 #include "blu/memory/allocator.h"
 #include "blu/models/registry.h"
 #include "dist_test_util.h"
@@ -147,6 +148,27 @@ TEST(Planner, CandidatesResolveBackToTheirLayouts) {
   // A budget below every layout's memory puts none first as fitting.
   job.memory_budget = 1;
   for (const Prediction& p : plan(m, LinkCosts{}, job, names(8), 4, 2, 64)) EXPECT_FALSE(p.fits);
+}
+
+// Heads the degree does not divide (GPT-2 d48's 25 over 2): the split is a candidate with the
+// heads apportioned as evenly as they go, its widths in the text, and it resolves back.
+TEST(Planner, IndivisibleHeadsGiveUnevenSplitCandidates) {
+  const ModelCosts m = costs();
+  PlanJob job;
+  job.world = 2, job.batch = 8;
+  const auto all = plan(m, LinkCosts{1e-5, 1e9}, job, names(8), /*heads=*/25, /*kv_heads=*/25, /*vocab=*/64);
+  int uneven = 0;
+  for (const Prediction& p : all) {
+    const Layout l = resolve_layout(parse_annotation(p.text), names(8), 2);
+    EXPECT_EQ(l.describe(), p.layout.describe()) << p.text;
+    if (l.tp != 2) continue;
+    ++uneven;
+    EXPECT_EQ(p.text, "split(2, widths=[0.52,0.48])");
+    EXPECT_EQ(apportion_units(25, 1, l.tp_widths), (std::vector<int64_t>{13, 12}));
+  }
+  EXPECT_EQ(uneven, 1);
+  // Fewer key-value heads than ranks: no split.
+  for (const Prediction& p : plan(m, LinkCosts{}, job, names(8), 3, 1, 64)) EXPECT_EQ(p.layout.tp, 1) << p.text;
 }
 
 // Under `--parallel auto` every rank probes and keeps each time's slowest value over the ranks.

@@ -455,7 +455,13 @@ std::string layout_text(const Layout& l, const std::vector<std::string>& names) 
   std::ostringstream os;
   std::string inner;
   if (l.tp > 1) {
-    inner = "split(" + std::to_string(l.tp) + (l.sequence_parallel ? ", sp=true" : "") + ")";
+    std::ostringstream w;
+    if (std::any_of(l.tp_widths.begin(), l.tp_widths.end(), [&](double x) { return std::abs(x - 1.0 / l.tp) > 1e-9; })) {
+      w << ", widths=[";
+      for (size_t i = 0; i < l.tp_widths.size(); ++i) w << (i ? "," : "") << std::setprecision(6) << l.tp_widths[i];
+      w << "]";
+    }
+    inner = "split(" + std::to_string(l.tp) + w.str() + (l.sequence_parallel ? ", sp=true" : "") + ")";
   }
   if (l.pp > 1 || l.micro_batches > 0) {
     std::ostringstream p;
@@ -486,7 +492,15 @@ std::vector<Prediction> plan(const ModelCosts& m, const LinkCosts& link, const P
   std::vector<Prediction> out;
   const int64_t L = int64_t(names.size());
   for (int tp = 1; tp <= job.world; ++tp) {
-    if (job.world % tp || heads % tp || kv_heads % tp || vocab % tp) continue;
+    if (job.world % tp) continue;
+    // Sizes the degree does not divide split unevenly (TPOptions::widths): the heads apportioned
+    // as evenly as they go, in their key-value groups, and everything else in the same shares.
+    std::vector<double> widths(size_t(tp), 1.0 / tp);
+    if (heads % tp || kv_heads % tp || vocab % tp) {
+      if (kv_heads < tp || heads % kv_heads || vocab < tp) continue;
+      const std::vector<int64_t> counts = apportion_units(heads, heads / kv_heads, widths);
+      for (int r = 0; r < tp; ++r) widths[size_t(r)] = double(counts[size_t(r)]) / double(heads);
+    }
     for (int pp = 1; pp * tp <= job.world; ++pp) {
       if ((job.world / tp) % pp) continue;
       const int dp = job.world / tp / pp;
@@ -507,7 +521,7 @@ std::vector<Prediction> plan(const ModelCosts& m, const LinkCosts& link, const P
             Layout l;
             l.dp = dp, l.pp = pp, l.tp = tp, l.zero = zero;
             l.replica_weights.assign(size_t(dp), 1.0 / dp);
-            l.tp_widths.assign(size_t(tp), 1.0 / tp);
+            l.tp_widths = widths;
             if (pp > 1) {
               l.schedule = s, l.micro_batches = micro, l.chunks = chunks;
               const int64_t per = L / (int64_t(pp) * chunks);
