@@ -35,7 +35,7 @@ class DistCli : public ::testing::Test {
     write_shard(dir.path / "d_train_000000.bin", t);
   }
   LaunchResult train(int zero, int steps, const std::string& run, std::vector<std::string> extra = {}, int ranks = 2,
-                     int batch = 2) {
+                     int batch = 2, std::vector<std::pair<std::string, std::string>> env = {}) {
     const std::string n = std::to_string(ranks);
     std::vector<std::string> cmd = {blutrain().string(), "launch", "-n", n, "--", blutrain().string(), "train",
                                     "--train-pattern", (dir.path / "d_train_*.bin").string(), "--model", "tiny",
@@ -43,7 +43,8 @@ class DistCli : public ::testing::Test {
                                     "--steps", std::to_string(steps), "--schedule", "constant", "--warmup", "0",
                                     "--lr", "1e-3", "--out", (dir.path / run).string()};
     cmd.insert(cmd.end(), extra.begin(), extra.end());
-    return run_command(1, cmd, {{"OMP_NUM_THREADS", "1"}});
+    env.emplace_back("OMP_NUM_THREADS", "1");
+    return run_command(1, cmd, env);
   }
   TempDir dir;
 };
@@ -335,6 +336,28 @@ TEST_F(DistCli, MemoryPlanComposesWithDdpAndZero1) {
   const LaunchResult z2 = train(2, 2, "plan_z2", {"--device", "cpu:1", "--gpu-memory-budget", "1"});
   EXPECT_NE(z2.status, 0);
   EXPECT_NE(z2.err.find("the planner handles adamw without ZeRO or with --zero 1"), std::string::npos) << z2.err;
+}
+
+// BLU_DDP_REDUCE_DTYPE=bf16 reaches DDP through the trainer: the gradient buckets travel in bf16,
+// so the losses leave the fp32 run's (bitwise equal otherwise) but stay within bf16's rounding.
+TEST_F(DistCli, DdpBf16WireTrainsCloseToFp32) {
+  const LaunchResult a = train(0, 4, "wire_f32");
+  ASSERT_EQ(a.status, 0) << a.out << a.err;
+  const LaunchResult b = train(0, 4, "wire_bf16", {}, 2, 2, {{"BLU_DDP_REDUCE_DTYPE", "bf16"}});
+  ASSERT_EQ(b.status, 0) << b.out << b.err;
+  const auto f32 = metric_losses(dir.path / "wire_f32"), bf16 = metric_losses(dir.path / "wire_bf16");
+  ASSERT_EQ(f32.size(), 4u);
+  ASSERT_EQ(bf16.size(), 4u);
+  EXPECT_EQ(f32.at(1), bf16.at(1));  // the first loss comes before any update
+  bool differs = false;
+  for (int64_t step = 2; step <= 4; ++step) {
+    differs |= f32.at(step) != bf16.at(step);
+    EXPECT_NEAR(bf16.at(step), f32.at(step), 1e-3 * std::abs(f32.at(step))) << "step " << step;
+  }
+  EXPECT_TRUE(differs) << "the buckets did not travel in bf16";
+  const LaunchResult bad = train(0, 1, "wire_bad", {}, 2, 2, {{"BLU_DDP_REDUCE_DTYPE", "bf17"}});
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.err.find("bf17"), std::string::npos) << bad.err;
 }
 
 TEST_F(DistCli, ZeroWithOffloadedStateRefusesWhatItCannotRun) {
