@@ -47,6 +47,19 @@ json() { grep '{"' | sed 's/^[^{]*//'; }  # the JSON lines (behind launch's rank
 row() { tee -a "$out/$1.log" | json | cut -c1-"${WIDTH:-330}"; }  # all output to STEP.log, JSON shown
 since() { awk -v t0="$1" -v t1="$(date +%s.%N)" 'BEGIN { printf "%.1f", t1 - t0 }'; }
 
+# GPT-2 124M DDP at each B of DP_BATCHES beside one GPU, alternated twice with and without the
+# environment setting VAR=VALUE (dpwin, dpwire); rows to STEP.log.
+dp_alternate() {  # STEP VAR=VALUE
+  for b in ${DP_BATCHES:-16 32}; do
+    common=(bench --device cuda --model gpt2:d12 --precision bf16 -B "$b" -T 1024 --steps "$S")
+    timeout 120 "$bt" "${common[@]}" 2>&1 | row "$1"
+    for rep in 1 2; do
+      timeout 150 "$bt" launch -n 2 -- "$bt" "${common[@]}" --dp 2 2>&1 | row "$1"
+      env "$2" timeout 150 "$bt" launch -n 2 -- "$bt" "${common[@]}" --dp 2 2>&1 | row "$1"
+    done
+  done
+}
+
 for step in "$@"; do
   echo "== $step"
   case "$step" in
@@ -83,25 +96,11 @@ for step in "$@"; do
       python3 --version; ls /tmp/blupy
       timeout 300 python3 tests/python/test_blutrain_cuda.py /tmp/blupy 2>&1 | tee "$out/python.log" | tail -25 ;;
     dpwire)
-      for b in ${DP_BATCHES:-16 32}; do
-        common=(bench --device cuda --model gpt2:d12 --precision bf16 -B "$b" -T 1024 --steps "$S")
-        timeout 120 "$bt" "${common[@]}" 2>&1 | row dpwire
-        for rep in 1 2; do
-          timeout 150 "$bt" launch -n 2 -- "$bt" "${common[@]}" --dp 2 2>&1 | row dpwire
-          BLU_DDP_REDUCE_DTYPE=bf16 timeout 150 "$bt" launch -n 2 -- "$bt" "${common[@]}" --dp 2 2>&1 | row dpwire
-        done
-      done ;;
+      dp_alternate dpwire BLU_DDP_REDUCE_DTYPE=bf16 ;;
     dpwin)
       # DDP's all-reduce through NCCL and through the copy-engine peer window
       # (BLU_NCCL_PEER_WINDOW_MIB, dist/nccl_peer_window.h), alternated twice, beside one GPU.
-      for b in ${DP_BATCHES:-16 32}; do
-        common=(bench --device cuda --model gpt2:d12 --precision bf16 -B "$b" -T 1024 --steps "$S")
-        timeout 120 "$bt" "${common[@]}" 2>&1 | row dpwin
-        for rep in 1 2; do
-          timeout 150 "$bt" launch -n 2 -- "$bt" "${common[@]}" --dp 2 2>&1 | row dpwin
-          BLU_NCCL_PEER_WINDOW_MIB="${PW_MIB:-128}" timeout 150 "$bt" launch -n 2 -- "$bt" "${common[@]}" --dp 2 2>&1 | row dpwin
-        done
-      done ;;
+      dp_alternate dpwin "BLU_NCCL_PEER_WINDOW_MIB=${PW_MIB:-128}" ;;
     layouts)
       for m in ${LAYOUT_MODELS:-gpt2:d24 gpt2:d48 llama:llama3.2-1b}; do
         common=(bench --device cuda --model "$m" --precision bf16 -T 1024 --steps "$S")
