@@ -404,7 +404,8 @@ int run_bench(const BenchOptions& o) {
   sc.zero_bucket_mib = o.ddp.bucket_mib;
   sc.fp16_loss_scaling = fp16;
   sc.skip_comm = o.skip_comm;
-  sc.offload_state = o.offload_state == "optimizer";
+  sc.offload_state = o.offload_state == "optimizer" || o.offload_state == "master";
+  sc.offload.masters_on_host = o.offload_state == "master";
   sc.offload.update = offload::parse_update(o.offload_update);
   sc.offload.chunk_elements = o.offload_chunk;
   if (dev.is_cpu() && dev.index >= 1) device_pool(dev.index).set_budget(offload::gib_to_bytes(o.gpu_memory_budget));
@@ -565,6 +566,7 @@ int run_bench(const BenchOptions& o) {
     j["device_bytes_per_param"] = std::round(double(st.current_bytes) / double(n) * 100) / 100;
     if (sc.offload_state) {
       j["offload"] = o.offload_update;
+      j["offload_state"] = o.offload_state;
       j["offload_chunk"] = o.offload_chunk;
     }
   }
@@ -679,9 +681,11 @@ Command add_bench(CLI::App& root) {
   app->add_option("--grad-accum", o->grad_accum, "Micro-batches per optimizer step (the same batch each)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app->add_option("--offload-state", o->offload_state, "none, or optimizer: AdamW's state in (pinned) host memory")
+  app->add_option("--offload-state", o->offload_state,
+                  "none, optimizer (AdamW's state in pinned host memory), or master (its state and the fp32 master "
+                  "weights; bf16/fp16, --offload-update cpu)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"none", "optimizer"}));
+      ->check(CLI::IsMember({"none", "optimizer", "master"}));
   app->add_option("--offload-update", o->offload_update, "cpu (host AdamW) or gpu (state streamed in chunks)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "gpu"}));

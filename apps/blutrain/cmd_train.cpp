@@ -389,9 +389,11 @@ Command add_train(CLI::App& root) {
   app->add_option("--host-memory-budget", o.host_memory_budget, "GiB of host memory the offloaded state may take")
       ->check(CLI::Range(0.0, 1e6));
   app->add_option("--offload-state", o.offload_state,
-                  "auto (offload AdamW's state only when the budget needs it), none, or optimizer (always)")
+                  "auto (offload what the budget needs), none, optimizer (AdamW's state, always), or master (AdamW's "
+                  "state and the fp32 master weights: the device keeps the 16-bit weights and the gradients; bf16/fp16, "
+                  "--offload-update cpu)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "none", "optimizer"}));
+      ->check(CLI::IsMember({"auto", "none", "optimizer", "master"}));
   app->add_option("--offload-update", o.offload_update,
                   "Where offloaded AdamW runs: cpu (threaded host AdamW), gpu (moments streamed through the "
                   "device in chunks), auto (the faster by a start-up probe)")

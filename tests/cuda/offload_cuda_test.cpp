@@ -130,8 +130,10 @@ TEST(OffloadCuda, TrainsLikePlainRun) {
     return l;
   };
   const std::vector<double> plain = losses(options("none", "auto"));
-  for (const char* update : {"cpu", "gpu"}) {
-    const std::vector<double> off = losses(options("optimizer", update));
+  for (const char* update : {"cpu", "gpu", "master"}) {
+    // master: the fp32 parameters on the host too, the device keeping their bf16 copies.
+    const bool masters = std::string(update) == "master";
+    const std::vector<double> off = losses(options(masters ? "master" : "optimizer", masters ? "cpu" : update));
     ASSERT_EQ(off.size(), plain.size());
     EXPECT_NEAR(off.back(), plain.back(), 0.02 * plain.back()) << update;
     EXPECT_LT(off.back(), 0.8 * off.front()) << update;

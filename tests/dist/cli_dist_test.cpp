@@ -338,6 +338,32 @@ TEST_F(DistCli, MemoryPlanComposesWithDdpAndZero1) {
   EXPECT_NE(z2.err.find("the planner handles adamw without ZeRO or with --zero 1"), std::string::npos) << z2.err;
 }
 
+// fp32 masters on the host under DDP: each rank updates its full copy on the host from the averaged
+// gradients, bit for bit the plain bf16 DDP run; the checkpoint it writes resumes that run exactly.
+TEST_F(DistCli, MastersOnHostComposeWithDdp) {
+  const std::vector<std::string> bf16 = {"--device", "cpu:1", "--precision", "bf16", "--grad-accum", "2"};
+  const LaunchResult a = train(0, 4, "ddp_plain", bf16);
+  ASSERT_EQ(a.status, 0) << a.out << a.err;
+  std::vector<std::string> masters = bf16;
+  masters.insert(masters.end(), {"--offload-state", "master"});
+  const LaunchResult b = train(0, 4, "ddp_masters", masters);
+  ASSERT_EQ(b.status, 0) << b.out << b.err;
+  EXPECT_NE(b.out.find("memory plan: optimizer state and fp32 master weights on the host"), std::string::npos) << b.out;
+  const auto plain = metric_losses(dir.path / "ddp_plain"), host = metric_losses(dir.path / "ddp_masters");
+  ASSERT_EQ(plain.size(), 4u);
+  EXPECT_EQ(plain, host);
+  // Resumed without the offload from the masters' run's step-2 checkpoint: the plain run's last losses.
+  const LaunchResult c = train(0, 2, "ddp_switch", masters);
+  ASSERT_EQ(c.status, 0) << c.out << c.err;
+  std::vector<std::string> rest = bf16;
+  rest.insert(rest.end(), {"--resume", "--offload-state", "none"});
+  const LaunchResult d = train(0, 4, "ddp_switch", rest);
+  ASSERT_EQ(d.status, 0) << d.out << d.err;
+  const auto switched = metric_losses(dir.path / "ddp_switch");
+  ASSERT_EQ(switched.size(), 4u) << d.out;
+  EXPECT_EQ(switched, plain);
+}
+
 // BLU_DDP_REDUCE_DTYPE=bf16 reaches DDP through the trainer: the gradient buckets travel in bf16,
 // so the losses leave the fp32 run's (bitwise equal otherwise) but stay within bf16's rounding.
 TEST_F(DistCli, DdpBf16WireTrainsCloseToFp32) {

@@ -160,6 +160,7 @@ struct RunResult {
   std::vector<std::vector<double>> weights;
   int64_t pool_peak = 0;  // the pool's peak since the last logged step (after training: evaluation, checkpoint)
   int64_t step_peak = 0;  // the training steps' peak (TrainSummary::peak_mem_bytes)
+  int64_t released = 0;   // parameter elements whose fp32 values lived only on the host
   std::optional<MemoryPlan> plan;
   std::string log;
 };
@@ -181,6 +182,8 @@ RunResult run(train::TrainOptions o, int64_t stop_at = 0) {
   {
     train::Trainer t(o, cb);
     r.step_peak = t.run().peak_mem_bytes;
+    r.released = t.strategy().released_elements();
+    const auto values = t.strategy().parameter_values();  // masters on the host: read there
     for (const auto& [name, w] : t.model().state_dict()) r.weights.push_back(to_vector(w));
     r.pool_peak = device_pool(1).stats().peak_bytes;
     r.plan = t.memory_plan();
@@ -281,14 +284,87 @@ TEST(Offload, BudgetPicksOffloadAndTooSmallBudgetFailsEarly) {
                       "the smallest device budget that fits is", "--gpu-memory-budget"});
 }
 
+// The fp32 masters on the host too (Note [Masters on the host]): the same arithmetic, so the same
+// run bit for bit, with the released parameters' 4 bytes per element off the device.
+TEST(Offload, MastersOnHostTrainLikePlainRunBitwise) {
+  TempDir data;
+  train::test_util::write_toy_shards(data.path(), kVocab, 2048, 8192);
+  const RunResult plain = run(pool_run(data, "", "bf16"));
+  train::TrainOptions opt = pool_run(data, "", "bf16");
+  opt.offload_state = "optimizer";
+  opt.offload_update = "cpu";
+  const RunResult state = run(opt);
+  train::TrainOptions mo = pool_run(data, "", "bf16");
+  mo.offload_state = "master";
+  const RunResult masters = run(mo);
+  ASSERT_TRUE(masters.plan && masters.plan->masters_on_host && masters.plan->offload_state) << masters.log;
+  EXPECT_NE(masters.log.find("memory plan: optimizer state and fp32 master weights on the host, update on the cpu"),
+            std::string::npos)
+      << masters.log;
+  expect_same_run(plain, masters);
+  // Every parameter but the two embeddings (looked up in fp32) left the device.
+  int64_t n = 0;
+  for (const std::vector<double>& w : plain.weights) n += int64_t(w.size());
+  const int64_t embeddings = (kVocab + 32) * 32;  // wte (tied with the head) and wpe, n_embd 32
+  EXPECT_EQ(masters.released, n - embeddings);
+  EXPECT_EQ(state.released, 0);
+  // The training steps' peak: the released fp32 bytes below the optimizer-offload run's, and the plan
+  // within 5%.
+  EXPECT_NEAR(double(state.step_peak - masters.step_peak), 4.0 * double(masters.released),
+              0.05 * 4.0 * double(masters.released));
+  EXPECT_NEAR(double(masters.step_peak), double(masters.plan->device_peak_bytes),
+              0.05 * double(masters.plan->device_peak_bytes))
+      << masters.log;
+  std::printf("bf16, %lld of %lld parameter elements released: steps' peak %lld bytes (optimizer offload %lld, "
+              "plain %lld), planned %lld\n",
+              (long long)masters.released, (long long)n, (long long)masters.step_peak, (long long)state.step_peak,
+              (long long)plain.step_peak, (long long)masters.plan->device_peak_bytes);
+}
+
+TEST(Offload, MastersOnHostRefusedWithoutCompute16BitCopies) {
+  TempDir data;
+  train::test_util::write_toy_shards(data.path(), kVocab, 2048, 8192);
+  train::TrainOptions o = pool_run(data, "", "fp32");
+  o.offload_state = "master";
+  std::ostringstream log;
+  test::expect_error([&] { train::Trainer t(o, {.log = &log}); },
+                     {"--offload-state master", "--precision bf16 or fp16"});
+  train::TrainOptions g = pool_run(data, "", "bf16");
+  g.offload_state = "master";
+  g.offload_update = "gpu";
+  test::expect_error([&] { train::Trainer t(g, {.log = &log}); }, {"--offload-state master", "--offload-update gpu"});
+}
+
+// A budget that only the masters' layout fits: auto takes it, and says so.
+TEST(Offload, BudgetTakesMastersOnHostOnlyWhenNothingElseFits) {
+  PlanInput in;
+  in.param_elements = 1000000;
+  in.resident_elements = 100000;
+  in.compute_copy_bytes = 2;
+  in.grads_in_activations = true;
+  in.activations.device_bytes = 4000000;  // the gradients among them
+  in.device_budget = 6200000 + 400000 + 2000000;  // masters: activations + 2 B copies + 4 B resident
+  const MemoryPlan p = plan_memory(in);
+  EXPECT_TRUE(p.masters_on_host && p.offload_state) << p.text;
+  EXPECT_EQ(p.device_static_bytes, 2000000 + 400000);
+  EXPECT_EQ(p.host_bytes, 16 * 1000000 + 2 * 900000);
+  EXPECT_NE(p.text.find("fp32 master weights on the host"), std::string::npos) << p.text;
+  in.device_budget += 4 * 1000000;  // now the optimizer state alone fits: preferred
+  const MemoryPlan q = plan_memory(in);
+  EXPECT_TRUE(q.offload_state && !q.masters_on_host) << q.text;
+  in.device_budget = 6000000;  // less than activations and copies: nothing fits, each layout named
+  test::expect_error([&] { plan_memory(in); },
+                     {"no memory layout fits", "optimizer state and fp32 master weights on the host", "--gpu-memory-budget"});
+}
+
 TEST(Offload, ResumeIsBitwiseExact) {
   TempDir data, runs;
   train::test_util::write_toy_shards(data.path(), kVocab, 2048, 8192);
-  for (const char* update : {"cpu", "gpu"}) {
+  for (const char* update : {"cpu", "gpu", "master"}) {
     SCOPED_TRACE(update);
     train::TrainOptions o = pool_run(data, runs.path() / (std::string("a") + update), "bf16");
-    o.offload_state = "optimizer";
-    o.offload_update = update;
+    o.offload_state = std::string(update) == "master" ? "master" : "optimizer";
+    o.offload_update = std::string(update) == "master" ? "cpu" : update;
     const RunResult straight = run(o);
 
     train::TrainOptions first = o;
@@ -298,6 +374,31 @@ TEST(Offload, ResumeIsBitwiseExact) {
     for (size_t i = 0; i < 4; ++i) EXPECT_EQ(std::memcmp(&stopped.losses[i], &straight.losses[i], sizeof(double)), 0);
     train::TrainOptions second = first;
     second.resume = true;
+    const RunResult rest = run(second);
+    ASSERT_EQ(rest.losses.size(), 4u);
+    for (size_t i = 0; i < 4; ++i)
+      EXPECT_EQ(std::memcmp(&rest.losses[i], &straight.losses[4 + i], sizeof(double)), 0) << "step " << 5 + i;
+    ASSERT_EQ(rest.weights.size(), straight.weights.size());
+    for (size_t i = 0; i < rest.weights.size(); ++i)
+      EXPECT_EQ(std::memcmp(rest.weights[i].data(), straight.weights[i].data(), rest.weights[i].size() * 8), 0);
+  }
+}
+
+// A checkpoint moves between a plain run and one with its masters on the host, both ways: resumed
+// under the other, it continues with the uninterrupted plain run's losses and weights.
+TEST(Offload, MastersOnHostCheckpointsMoveToAndFromPlainRuns) {
+  TempDir data, runs;
+  train::test_util::write_toy_shards(data.path(), kVocab, 2048, 8192);
+  const RunResult straight = run(pool_run(data, runs.path() / "straight", "bf16"));
+  for (const bool master_first : {true, false}) {
+    SCOPED_TRACE(master_first ? "master, then plain" : "plain, then master");
+    train::TrainOptions first = pool_run(data, runs.path() / (master_first ? "mp" : "pm"), "bf16");
+    first.offload_state = master_first ? "master" : "none";
+    const RunResult stopped = run(first, 4);
+    ASSERT_EQ(stopped.losses.size(), 4u);
+    train::TrainOptions second = first;
+    second.resume = true;
+    second.offload_state = master_first ? "none" : "master";
     const RunResult rest = run(second);
     ASSERT_EQ(rest.losses.size(), 4u);
     for (size_t i = 0; i < 4; ++i)

@@ -92,6 +92,9 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<ProcessGroup> pg, Strategy
   BLU_CHECK(!config_.offload_state || config_.zero == 0 || config_.offload.update == offload::UpdateOn::device,
             "optimizer state offload with --zero ", config_.zero, " streams the moments through the device: ",
             "--offload-update gpu, got ", offload::update_name(config_.offload.update));
+  BLU_CHECK(!config_.offload.masters_on_host || (config_.offload_state && config_.zero == 0 && !config_.tp),
+            "fp32 masters on the host (--offload-state master) need the host-run offloaded AdamW without ZeRO or ",
+            "tensor parallelism; got --zero ", config_.zero, config_.tp ? " with tensor parallelism" : "");
   BLU_CHECK(!config_.skip_comm || (world > 1 && config_.zero == 0), "--skip-comm needs --dp > 1 without --zero");
   BLU_CHECK(!config_.tp || config_.zero == 0, "tensor parallelism with --zero ", config_.zero,
             " is not implemented (ZeRO shards the data-parallel group's optimizer state of unsharded models)");
@@ -167,6 +170,31 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<ProcessGroup> pg, Strategy
     }
   }
   params_ = model_.parameters();
+  if (config_.offload_state && config_.offload.masters_on_host) release_masters();  // after DDP's broadcast
+}
+
+// Note [Masters on the host] (offload/offload_adamw.h). One token's forward, in eval mode (no
+// dropout draws from the generator), makes the compute copy of every parameter read through one;
+// those that are no embedding's weight (looked up in their own dtype) leave the device.
+void Strategy::release_masters() {
+  auto* lm = dynamic_cast<models::CausalLM*>(&model_);
+  BLU_CHECK(lm, "fp32 masters on the host: the model must be a models::CausalLM (its forward makes the compute copies)");
+  masters_ = dynamic_cast<offload::OffloadAdamW*>(opt_.get());
+  BLU_ASSERT(masters_, "fp32 masters on the host without the offloaded AdamW");
+  std::set<const Storage*> looked_up;
+  for (const auto& [path, m] : model_.named_modules())
+    if (auto* e = dynamic_cast<nn::Embedding*>(m)) looked_up.insert(e->weight.storage().get());
+  {
+    NoGradGuard no_grad;
+    const bool training = model_.is_training();
+    model_.eval();
+    lm->forward(zeros({1, 1}, DType::i64, params_.front().device()));
+    model_.train(training);
+  }
+  released_elements_ = masters_->release_parameters(
+      [&](const std::string&, const Tensor& p) { return !looked_up.count(p.storage().get()); });
+  BLU_CHECK(released_elements_ > 0, "fp32 masters on the host: no parameter is read through a 16-bit compute copy ",
+            "(--precision bf16 or fp16 makes them), so every fp32 parameter would stay on the device");
 }
 
 Strategy::Strategy(models::CausalLM& model, std::shared_ptr<ProcessGroup> pp, PipelineOptions pipeline,
@@ -412,6 +440,7 @@ void Strategy::barrier() {
 }
 
 std::string Strategy::save(const std::string& dir, const nn::Module& model, const TrainState& st, int keep_last) {
+  const auto values = parameter_values();  // fp32 masters on the host: written from there
   if (config_.tp || zero_ || pipeline_ || config_.layout_checkpoints) {
     const CheckpointRanks ranks = checkpoint_ranks();
     std::vector<GlobalPiece> pieces;
@@ -427,6 +456,7 @@ std::string Strategy::save(const std::string& dir, const nn::Module& model, cons
 }
 
 TrainState Strategy::load(const std::string& path, nn::Module& model, const nlohmann::json& expected_model_config) {
+  const auto values = parameter_values();  // fp32 masters on the host: loaded there, then re-cast
   // A layout's own older format through its own loader; everything else by global names.
   const std::string format = describe_checkpoint_format(path);
   if (pipeline_ && format.starts_with("pipeline")) return pipeline_->load(path, *opt_, expected_model_config);

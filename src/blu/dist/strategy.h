@@ -90,6 +90,8 @@ struct StrategyConfig {
   // Optimizer state offload (offload/offload_adamw.h): AdamW's moments in host memory, updated on
   // the host or streamed through the device. Composes with DDP (each rank updates its full copy
   // from the averaged gradients); ZeRO, tensor and pipeline layouts are refused until wired.
+  // offload.masters_on_host moves the fp32 parameters there too (Note [Masters on the host]): the
+  // model must be a models::CausalLM in bf16/fp16, and the host runs the update.
   bool offload_state = false;
   offload::OffloadOptions offload;
   // A single device and DDP write the layout checkpoint (dist/layout_checkpoint.h) too, instead of
@@ -182,6 +184,12 @@ class Strategy {
     PipelineStage* pipeline_;
   };
   FullParameters full_parameters() { return FullParameters(*this); }
+  // Every parameter's value readable and writable while the returned guard lives: with fp32 masters
+  // on the host the released parameters view their masters, on the CPU (checkpoints take one);
+  // otherwise the guard does nothing. Not for a forward: the model's device is where its copies are.
+  offload::OffloadAdamW::HostView parameter_values() { return offload::OffloadAdamW::HostView(masters_); }
+  // The parameter elements whose fp32 values live only on the host (0 without masters_on_host).
+  int64_t released_elements() const { return released_elements_; }
 
   // The layout's parts, for tests and `bench --comm-timeline`: DDP (null without it), ZeRO (null
   // without it).
@@ -211,6 +219,10 @@ class Strategy {
   nlohmann::json layout_json() const;
   // The factor of this rank's loss (batch_share × replicas; 1 for an even split).
   double share_factor_ = 1;
+  // offload.masters_on_host: the optimizer that holds the released parameters' values.
+  void release_masters();
+  offload::OffloadAdamW* masters_ = nullptr;
+  int64_t released_elements_ = 0;
 };
 
 // Every nn::Embedding of `model` that declares a row-sparse gradient, in module order.

@@ -35,7 +35,11 @@ struct OffloadAdamW::State {
   Tensor master, grad;         // host update only: the fp32 master weights, the gradient's landing buffer
   int64_t step = 0;
   std::weak_ptr<Storage> uploaded;  // the device storage master was last copied to / from ...
-  uint64_t version = 0;             // ... and its version then
+  uint64_t version = 0;             // ... and its version then (released: when a host view began)
+  // Masters on the host: the parameter's device bytes are released, master is its value, and
+  // staged (host, the copy's dtype) carries the update's 16-bit rounding up to the compute copy.
+  bool released = false;
+  Tensor staged;
 };
 
 OffloadAdamW::OffloadAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOptions opt, OffloadOptions options)
@@ -44,6 +48,8 @@ OffloadAdamW::OffloadAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOp
             ": lr >= 0, beta1 and beta2 in [0, 1), eps >= 0 expected, got lr ", opt.lr, ", betas ", opt.beta1, ", ",
             opt.beta2, ", eps ", opt.eps);
   BLU_CHECK(options.chunk_elements >= 1, kName, ": chunk_elements must be >= 1, got ", options.chunk_elements);
+  BLU_CHECK(!options.masters_on_host || options.update == UpdateOn::cpu, kName,
+            ": fp32 masters on the host need the host update (--offload-update cpu), got ", update_name(options.update));
   groups_ = std::move(groups);
   lr_ = opt.lr;
   for (const optim::detail::ParamRef& p : optim::detail::flatten_groups(groups_, kName)) {
@@ -76,6 +82,82 @@ OffloadAdamW::OffloadAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOp
 
 OffloadAdamW::~OffloadAdamW() {
   if (engine_) engine_->host_wait(nullptr);
+  // Released parameters keep their values: each takes over its master's host bytes (it is on the
+  // CPU from now on; nothing is allocated on the device here).
+  for (size_t i = 0; i < state_.size(); ++i)
+    if (state_[i]->released) params_[i].storage()->data = std::move(state_[i]->master.storage()->data);
+}
+
+bool OffloadAdamW::released(size_t i) const { return state_.at(i)->released; }
+
+int64_t OffloadAdamW::release_parameters(const std::function<bool(const std::string&, const Tensor&)>& release) {
+  BLU_CHECK(options_.masters_on_host, kName, ": release_parameters needs masters_on_host");
+  NoGradGuard no_grad;
+  std::map<const Storage*, int> views;  // parameter handles per storage: only a storage's sole view leaves
+  for (const Tensor& p : params_) ++views[p.storage().get()];
+  int64_t n = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    State& s = *state_[i];
+    const Tensor copy = copies_[i] ? copies_[i]->target(p) : Tensor();
+    if (s.released || !copy.defined() || !copies_[i]->current(p) || views[p.storage().get()] != 1 ||
+        p.offset() != 0 || int64_t(p.storage()->nbytes()) != p.numel() * int64_t(sizeof(float)) ||
+        !release(names_[i], p))
+      continue;
+    ensure_state(i);
+    refresh_master(i);  // waits for the copy: the device bytes can go
+    s.staged = empty_from(host_allocator_for(device_), p.shape(), copy.dtype());
+    s.released = true;
+    p.storage()->data = DataPtr(nullptr, 0, device_, nullptr, nullptr);
+    n += p.numel();
+  }
+  return n;
+}
+
+void OffloadAdamW::upload_copy(size_t i) {
+  const Tensor copy = copies_[i]->target(params_[i]);
+  BLU_ASSERT(copy.defined(), kName, ": released parameter '", names_[i], "' lost its compute copy");
+  engine_->copy(copy, state_[i]->staged, Lane::in);
+  copies_[i]->mark_written(params_[i]);
+}
+
+OffloadAdamW::HostView::HostView(OffloadAdamW* opt) : opt_(opt) {
+  if (opt_) opt_->view_masters();
+}
+OffloadAdamW::HostView::~HostView() {
+  if (opt_) opt_->end_view();
+}
+
+void OffloadAdamW::view_masters() {
+  engine_->host_wait(nullptr);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    State& s = *state_[i];
+    if (!s.released) continue;
+    Storage& st = *params_[i].storage();
+    st.data = DataPtr(s.master.raw_data(), s.master.nbytes(), s.master.device(), nullptr, nullptr);
+    s.version = st.version();
+  }
+}
+
+// A master written through the view (a checkpoint load) goes into its compute copy: the host's
+// to_dtype, which rounds as the device's does.
+void OffloadAdamW::end_view() {
+  NoGradGuard no_grad;
+  bool uploaded = false;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    State& s = *state_[i];
+    if (!s.released) continue;
+    Storage& st = *params_[i].storage();
+    const bool written = st.version() != s.version;
+    st.data = DataPtr(nullptr, 0, device_, nullptr, nullptr);
+    if (!written) continue;
+    copy_(s.staged, to_dtype(s.master, s.staged.dtype()));
+    upload_copy(i);
+    uploaded = true;
+  }
+  if (!uploaded) return;
+  pending_in_ = engine_->record(Lane::in);
+  engine_->wait(Lane::compute, pending_in_);
 }
 
 int64_t OffloadAdamW::staging_bytes(const OffloadOptions& o, int64_t total_elements) {
@@ -139,7 +221,7 @@ void OffloadAdamW::step_on_host(const NormGate& gate) {
     BLU_CHECK(g.dtype() == DType::f32 && g.shape() == params_[i].shape() && g.is_contiguous(), kName, ": gradient of '",
               names_[i], "' is ", g.str(), ", expected a contiguous f32 tensor of the parameter's shape");
     ensure_state(i);
-    refresh_master(i);
+    if (!state_[i]->released) refresh_master(i);
     engine_->copy(state_[i]->grad, g, Lane::out);
     landed.push_back(engine_->record(Lane::out));
     todo.push_back(i);
@@ -158,6 +240,13 @@ void OffloadAdamW::step_on_host(const NormGate& gate) {
     engine_->host_wait(landed[j]);
     if (decision.skip) continue;
     const auto k = AdamWCoefficients::make(lr_, opt_.beta1, opt_.beta2, opt_.eps, decay_[i], s.step);
+    if (s.released) {  // the master is the parameter; its rounding goes up into the compute copy
+      adamw_host_update(s.master.data<float>(), s.grad.data<float>(), s.exp_avg.data<float>(),
+                        s.exp_avg_sq.data<float>(), static_cast<uint16_t*>(s.staged.raw_data()), s.staged.dtype(),
+                        s.master.numel(), k, decision, options_.threads);
+      upload_copy(i);
+      continue;
+    }
     adamw_host_update(s.master.data<float>(), s.grad.data<float>(), s.exp_avg.data<float>(), s.exp_avg_sq.data<float>(),
                       nullptr, DType::bf16, s.master.numel(), k, decision, options_.threads);
     engine_->copy(params_[i], s.master, Lane::in);
@@ -259,9 +348,16 @@ void OffloadAdamW::load_state(const nn::NamedTensors& state) {
   Allocator& host = host_allocator_for(device_);
   for (size_t i = 0; i < params_.size(); ++i) {
     next.push_back(std::make_unique<State>());
+    State& s = *next.back();
+    if (State& old = *state_[i]; old.released) {  // the master is the parameter: it stays
+      s.released = true;
+      s.master = old.master;
+      s.grad = old.grad;
+      s.staged = old.staged;
+      s.version = old.version;
+    }
     const auto& t = parsed.per_param[i];
     if (t.empty()) continue;
-    State& s = *next.back();
     s.step = optim::detail::read_count(t[2], "step." + names_[i]);
     BLU_CHECK(s.step > 0, kName, " state: 'step.", names_[i], "' is 0 but moments are present");
     s.exp_avg = empty_from(host, params_[i].shape(), DType::f32);
@@ -269,7 +365,7 @@ void OffloadAdamW::load_state(const nn::NamedTensors& state) {
     copy_(s.exp_avg, to_device(t[0], kCPU));
     copy_(s.exp_avg_sq, to_device(t[1], kCPU));
   }
-  state_ = std::move(next);  // masters are re-read from the parameters at the next step
+  state_ = std::move(next);  // masters of resident parameters are re-read from them at the next step
   steps_ = parsed.step;
 }
 

@@ -9,7 +9,11 @@
 //            on master, moments and gradient, and the new parameter goes back on the in lane; the
 //            compute lane waits for the uploads by an event. The 16-bit compute copies are
 //            re-cast on the device by the next forward. One host read per step: the norm gate's
-//            total (the host needs the clip decision). 
+//            total (the host needs the clip decision).
+//            With masters_on_host the fp32 parameters leave the device too (release_parameters):
+//            the host master is the parameter, the update writes its 16-bit rounding into a host
+//            buffer that goes up into the compute copy (2 bytes per element instead of 4), and the
+//            device keeps the copies and the gradients (Note [Masters on the host]).
 //   device — the moments stream through the device in chunks of chunk_elements: chunk i+1 is
 //            uploaded on the in lane while chunk i is updated on the compute lane (the adamw_step
 //            op: the device kernel, norm gate decided on the device) and chunk i-1 is downloaded
@@ -22,7 +26,19 @@
 // after the events of the copies that touch it (state() waits for them); a parameter written by
 // anyone else (a checkpoint load, a broadcast) is noticed by its storage version and its master
 // re-read before the next host update.
+//
+// Note [Masters on the host]
+// A parameter whose forward reads only its 16-bit compute copy (Module::cast_param: every linear and
+// norm of a bf16/fp16 run) needs no fp32 bytes on the device: release_parameters() keeps its value
+// as the host master and points its storage at no bytes (shape, dtype and device unchanged, like a
+// pipeline's unowned parameters), and the copy stays current because nothing writes the parameter
+// but the update, which re-stamps the copy (ComputeCopy::mark_written). The backward still
+// accumulates an fp32 gradient on the device. Whoever must read or write the values (checkpoints)
+// takes host_view(): while it lives each released parameter's storage views its host master
+// (device kCPU), and a write through it is re-cast into the copy when the view ends. Parameters read
+// in their own dtype (an nn::Embedding's lookup) must stay resident: the caller chooses.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,6 +57,7 @@ struct OffloadOptions {
   UpdateOn update = UpdateOn::cpu;
   int64_t chunk_elements = int64_t(1) << 22;  // device update: elements per streamed chunk
   int threads = 0;                             // host update: 0 = OpenMP's default
+  bool masters_on_host = false;  // host update only: see Note [Masters on the host]
 };
 
 class OffloadAdamW final : public optim::Optimizer {
@@ -53,10 +70,29 @@ class OffloadAdamW final : public optim::Optimizer {
   void load_state(const nn::NamedTensors& state) override;
   void attach_compute_copies(const nn::ComputeCopies& copies) override;
 
+  // masters_on_host: the parameters `release(name, param)` accepts, each with a current 16-bit
+  // compute copy, leave the device (Note [Masters on the host]); the others stay resident. Call once,
+  // after the copies were made and before the first step. Returns the elements released.
+  int64_t release_parameters(const std::function<bool(const std::string&, const Tensor&)>& release);
+  bool released(size_t i) const;
+  // While the returned guard lives, every released parameter views its host master (kCPU).
+  class HostView {
+   public:
+    explicit HostView(OffloadAdamW* opt);
+    ~HostView();
+    HostView(const HostView&) = delete;
+    HostView& operator=(const HostView&) = delete;
+
+   private:
+    OffloadAdamW* opt_;
+  };
+  HostView host_view() { return HostView(this); }
+
   const OffloadOptions& options() const { return options_; }
   Device device() const { return device_; }
   // Host bytes per parameter element once every parameter has state: 8 (moments) for the device
   // update, 16 (moments, master, gradient) for the host update.
+  // With masters on the host, 2 more for the 16-bit staging of each released parameter.
   static int64_t host_bytes_per_element(UpdateOn u) { return u == UpdateOn::cpu ? 16 : 8; }
   // Device bytes of the device update's staging buffers (two chunks of both moments), 0 for cpu.
   static int64_t staging_bytes(const OffloadOptions& o, int64_t total_elements);
@@ -67,6 +103,9 @@ class OffloadAdamW final : public optim::Optimizer {
   void step_on_device(const NormGate& gate);
   void ensure_state(size_t i);
   void refresh_master(size_t i);
+  void upload_copy(size_t i);  // a released parameter: its staged 16-bit rounding into the device copy
+  void view_masters();
+  void end_view();
 
   optim::AdamWOptions opt_;
   OffloadOptions options_;

@@ -21,15 +21,39 @@ namespace {
 struct Candidate {
   bool offload;
   UpdateOn update;
+  bool masters = false;
   int64_t device_static, host;
   double update_seconds;
 };
+
+// The name a candidate goes by in the plan and in errors.
+std::string describe(const Candidate& c) {
+  if (c.masters) return "optimizer state and fp32 master weights on the host, update on the cpu";
+  return c.offload ? std::string("optimizer state on the host, update on the ") + update_name(c.update)
+                   : std::string("everything on the device");
+}
+
+// The optimizer state and the masters on the host: the device keeps the 16-bit copies, the fp32
+// parameters that stay (resident_elements) and the gradients; the host the master, moments and
+// gradient of every element plus the 16-bit staging of the released ones. Per step the gradients
+// go down (4 bytes) and the released copies up (2), the resident parameters up in fp32 (4).
+Candidate masters_candidate(const PlanInput& in) {
+  const int64_t n = in.param_elements, released = n - in.resident_elements;
+  Candidate c{true, UpdateOn::cpu, true, 0, 0, 0};
+  c.device_static = 4 * in.resident_elements + in.compute_copy_bytes * n + (in.grads_in_activations ? 0 : 4 * n);
+  c.host = OffloadAdamW::host_bytes_per_element(UpdateOn::cpu) * n + in.compute_copy_bytes * released;
+  if (in.transfer_bytes_per_s > 0)
+    c.update_seconds = std::max(double(4 * n + in.compute_copy_bytes * released + 4 * in.resident_elements) /
+                                    in.transfer_bytes_per_s,
+                                in.host_adamw_elements_per_s > 0 ? double(n) / in.host_adamw_elements_per_s : 0.0);
+  return c;
+}
 
 Candidate candidate(const PlanInput& in, bool offload, UpdateOn u) {
   const int64_t n = in.param_elements;
   const int64_t shard = (n + in.state_shards - 1) / in.state_shards;  // the elements whose moments this rank keeps
   const int64_t grads = in.grads_in_activations ? 0 : 4 * n;
-  Candidate c{offload, u, 0, 0, 0};
+  Candidate c{offload, u, false, 0, 0, 0};
   if (!offload) {
     c.device_static = (4 + in.compute_copy_bytes) * n + 8 * shard + grads;  // parameters, copies, moments
     c.update_seconds = in.device_adamw_elements_per_s > 0 ? double(shard) / in.device_adamw_elements_per_s : 0;
@@ -55,8 +79,18 @@ std::string fmt(int64_t b) { return format_bytes(b); }
 
 MemoryPlan plan_memory(const PlanInput& in) {
   BLU_CHECK(in.param_elements > 0, "memory plan: no parameters");
-  BLU_CHECK(in.offload_state == "auto" || in.offload_state == "none" || in.offload_state == "optimizer",
-            "--offload-state: expected auto, none or optimizer, got '", in.offload_state, "'");
+  BLU_CHECK(in.offload_state == "auto" || in.offload_state == "none" || in.offload_state == "optimizer" ||
+                in.offload_state == "master",
+            "--offload-state: expected auto, none, optimizer or master, got '", in.offload_state, "'");
+  BLU_CHECK(in.offload_state != "master" || in.compute_copy_bytes > 0,
+            "--offload-state master: the device keeps only the 16-bit compute copies of the parameters, so it needs "
+            "--precision bf16 or fp16 (an fp32 run reads the fp32 parameters themselves)");
+  BLU_CHECK(in.offload_state != "master" || (in.offload_update != "gpu" && in.state_shards == 1),
+            "--offload-state master: the host runs the update on the masters it holds (--offload-update cpu or auto, "
+            "no ZeRO); got --offload-update ", in.offload_update,
+            in.state_shards > 1 ? " with ZeRO-1 over " + std::to_string(in.state_shards) + " ranks" : std::string());
+  BLU_CHECK(in.resident_elements >= 0 && in.resident_elements <= in.param_elements,
+            "memory plan: resident_elements must be in [0, param_elements], got ", in.resident_elements);
   BLU_CHECK(in.offload_update == "auto" || in.offload_update == "cpu" || in.offload_update == "gpu",
             "--offload-update: expected auto, cpu or gpu, got '", in.offload_update, "'");
   BLU_CHECK(in.state_shards >= 1, "memory plan: state_shards must be >= 1, got ", in.state_shards);
@@ -65,11 +99,14 @@ MemoryPlan plan_memory(const PlanInput& in) {
             "or auto)");
   const int64_t act = in.activations.device_bytes;
   std::vector<Candidate> tried;
-  if (in.offload_state != "optimizer") tried.push_back(candidate(in, false, UpdateOn::device));
-  if (in.offload_state != "none") {
+  if (in.offload_state == "auto" || in.offload_state == "none") tried.push_back(candidate(in, false, UpdateOn::device));
+  if (in.offload_state == "auto" || in.offload_state == "optimizer") {
     if (in.offload_update != "gpu" && in.state_shards == 1) tried.push_back(candidate(in, true, UpdateOn::cpu));
     if (in.offload_update != "cpu") tried.push_back(candidate(in, true, UpdateOn::device));
   }
+  if (in.offload_state == "master" || (in.offload_state == "auto" && in.compute_copy_bytes > 0 &&
+                                       in.offload_update != "gpu" && in.state_shards == 1))
+    tried.push_back(masters_candidate(in));
   const auto fits = [&](const Candidate& c) {
     return (in.device_budget == 0 || c.device_static + act <= in.device_budget) &&
            (in.host_budget == 0 || c.host + in.activations.host_bytes <= in.host_budget);
@@ -77,9 +114,10 @@ MemoryPlan plan_memory(const PlanInput& in) {
   const Candidate* best = nullptr;
   for (const Candidate& c : tried) {
     if (!fits(c)) continue;
-    // Keeping the state on the device wins when it fits; among offloads the faster update.
-    if (!best || (best->offload && !c.offload) ||
-        (best->offload == c.offload && c.update_seconds < best->update_seconds))
+    // Keeping the state on the device wins when it fits, then the optimizer state alone on the host
+    // (the faster update), then the masters with it.
+    const auto rank = [](const Candidate& x) { return x.masters ? 2 : x.offload ? 1 : 0; };
+    if (!best || rank(c) < rank(*best) || (rank(c) == rank(*best) && c.update_seconds < best->update_seconds))
       best = &c;
   }
   if (!best) {
@@ -89,9 +127,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
     os << " under a device budget of " << (in.device_budget ? fmt(in.device_budget) : std::string("(none)"))
        << " and a host budget of " << (in.host_budget ? fmt(in.host_budget) : std::string("(none)")) << ":";
     for (const Candidate& c : tried)
-      os << "\n  " << (c.offload ? std::string("optimizer state on the host, update on the ") + update_name(c.update)
-                                 : std::string("everything on the device"))
-         << ": device " << fmt(c.device_static + act) << " (" << fmt(c.device_static) << " state + " << fmt(act)
+      os << "\n  " << describe(c) << ": device " << fmt(c.device_static + act) << " (" << fmt(c.device_static) << " state + " << fmt(act)
          << " activations), host " << fmt(c.host + in.activations.host_bytes);
     int64_t least = INT64_MAX;
     for (const Candidate& c : tried) least = std::min(least, c.device_static + act);
@@ -101,6 +137,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
   }
   MemoryPlan p;
   p.offload_state = best->offload;
+  p.masters_on_host = best->masters;
   p.update = best->update;
   p.device_static_bytes = best->device_static;
   p.device_peak_bytes = best->device_static + act;
@@ -110,13 +147,13 @@ MemoryPlan plan_memory(const PlanInput& in) {
   p.step_seconds = in.compute_seconds > 0 ? in.compute_seconds + best->update_seconds + in.activations.extra_seconds : 0;
   p.activations = in.activations;
   std::ostringstream os;
-  os << "memory plan: " << (p.offload_state ? std::string("optimizer state on the host, update on the ") + update_name(p.update)
-                                            : std::string("everything on the device"))
+  os << "memory plan: " << describe(*best)
      << (in.state_shards > 1 ? " (ZeRO-1: this rank's moments, 1/" + std::to_string(in.state_shards) + " of them)"
                              : std::string())
      << "\n  device: " << fmt(p.device_peak_bytes) << " predicted peak = " << fmt(p.device_static_bytes)
-     << " parameters/gradients/" << (p.offload_state ? "staging" : "optimizer state") << " ("
-     << std::round(p.device_bytes_per_param * 100) / 100 << " bytes per parameter) + " << fmt(act) << " activations"
+     << (p.masters_on_host ? " 16-bit copies/resident parameters/gradients"
+                           : p.offload_state ? " parameters/gradients/staging" : " parameters/gradients/optimizer state")
+     << " (" << std::round(p.device_bytes_per_param * 100) / 100 << " bytes per parameter) + " << fmt(act) << " activations"
      << (in.device_budget ? " (budget " + fmt(in.device_budget) + ")" : std::string());
   os << "\n  host: " << fmt(p.host_bytes) << (in.host_budget ? " (budget " + fmt(in.host_budget) + ")" : std::string());
   const ActivationPlan& a = in.activations;

@@ -1,6 +1,7 @@
 // offload/plan: the memory budget planner — given the parameter count, the precision, the
 // activations' device bytes and the device and host budgets, it decides where the optimizer state
-// lives (device, or host with the update on the CPU or streamed through the device), predicts the
+// lives (device, or host with the update on the CPU or streamed through the device, and with it,
+// when nothing else fits, the fp32 master weights), predicts the
 // device's peak bytes and the step time, prints the plan, and fails early, naming the numbers, when
 // no layout fits. `blutrain train|bench --gpu-memory-budget/--host-memory-budget` run it.
 // The activation side (selective / whole-block recompute, activation offload: autograd/ and
@@ -36,8 +37,14 @@ struct PlanInput {
   bool grads_in_activations = false;  // activations.device_bytes already counts the gradients (a probe does)
   int64_t device_budget = 0;       // bytes, 0: none
   int64_t host_budget = 0;         // bytes, 0: none
-  std::string offload_state = "auto";   // auto | none | optimizer
+  // auto | none | optimizer | master (the optimizer state and the fp32 master weights: Note
+  // [Masters on the host], offload/offload_adamw.h; bf16/fp16 only, the update on the cpu). auto
+  // takes master only when nothing else fits.
+  std::string offload_state = "auto";
   std::string offload_update = "auto";  // auto | cpu | gpu
+  // master: the parameter elements that stay fp32 on the device (looked up in their own dtype:
+  // embeddings).
+  int64_t resident_elements = 0;
   OffloadOptions offload;          // chunk size, threads (update is decided here)
   // ZeRO-1 over this many ranks (1: none): each rank keeps the moments of its 1/state_shards of
   // the parameters; offloaded, they stream through the device (the update on the device only).
@@ -51,6 +58,7 @@ struct PlanInput {
 
 struct MemoryPlan {
   bool offload_state = false;
+  bool masters_on_host = false;  // the fp32 parameters too (offload_state is then true)
   UpdateOn update = UpdateOn::cpu;
   int64_t device_static_bytes = 0;  // parameters, gradients, copies, state or staging
   int64_t device_peak_bytes = 0;    // static + activations

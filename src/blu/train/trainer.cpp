@@ -292,7 +292,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     BLU_CHECK(o.parallel.empty() || (layout.tp == 1 && layout.pp == 1 && !uneven), "--compile: the layout '",
               o.parallel, "' (tensor parallelism, a pipeline or uneven replica weights) is not supported by the ",
               "compiler yet; drop --compile or use --dp/--zero");
-    BLU_CHECK(o.gpu_memory_budget == 0 && o.host_memory_budget == 0 && o.offload_state != "optimizer",
+    BLU_CHECK(o.gpu_memory_budget == 0 && o.host_memory_budget == 0 && (o.offload_state == "auto" || o.offload_state == "none"),
               "--compile: memory budgets and optimizer state offload are not supported by the compiler yet; drop ",
               "--compile or --gpu-memory-budget/--host-memory-budget/--offload-state");
     BLU_CHECK(o.recompute == "none" && !o.offload_activations, "--compile: --recompute ", o.recompute,
@@ -938,6 +938,8 @@ void Trainer::plan_memory(dist::StrategyConfig& sc) {
   offload::PlanInput in;
   if (o.zero == 1) in.state_shards = int64_t(replica_rows_.size());  // the replicas ZeRO shards over
   for (const Tensor& p : model_->parameters()) in.param_elements += p.numel();
+  for (const auto& [path, m] : model_->named_modules())  // looked up in fp32: they stay on the device
+    if (auto* e = dynamic_cast<nn::Embedding*>(m)) in.resident_elements += e->weight.numel();
   in.compute_copy_bytes = o.precision == "bf16" || o.precision == "fp16" ? 2 : 0;
   in.device_budget = offload::gib_to_bytes(o.gpu_memory_budget);
   in.host_budget = offload::gib_to_bytes(o.host_memory_budget);
@@ -996,6 +998,7 @@ void Trainer::plan_memory(dist::StrategyConfig& sc) {
   sc.offload_state = plan.offload_state;
   sc.offload = in.offload;
   sc.offload.update = plan.update;
+  sc.offload.masters_on_host = plan.masters_on_host;
   if (device_.is_cpu() && device_.index >= 1) device_pool(device_.index).set_budget(in.device_budget);
   memory_plan_ = plan;
 }
