@@ -1,0 +1,92 @@
+// train/memory_probe: Trainer::plan_memory — the start-up probe of the memory budget planner
+// (offload/plan.h) and the strategy settings it decides.
+#include <chrono>
+
+#include "blu/core/rng.h"
+#include "blu/memory/allocator.h"
+#include "blu/memory/device_pool.h"
+#include "blu/nn/layers.h"
+#include "blu/offload/plan.h"
+#include "blu/ops/factory.h"
+#include "blu/ops/view.h"
+#include "blu/train/trainer.h"
+
+namespace blu::train {
+
+// The probe: a micro-batch's forward and backward on the device — two with gradient accumulation,
+// the second beside the first's accumulated gradients, as every later micro-batch of a step runs —
+// its transient bytes (saved activations, workspaces and the gradients) read from the allocator's
+// peak; the default generator is restored and the gradients dropped, so training after it is what
+// it would have been.
+void Trainer::plan_memory(dist::StrategyConfig& sc) {
+  const TrainOptions& o = opt_s_;
+  BLU_CHECK(!pipelined_ && o.zero <= 1 && o.optimizer == "adamw",
+            "--gpu-memory-budget/--offload-*: the planner handles adamw without ZeRO or with --zero 1, and no "
+            "pipeline; got --optimizer ", o.optimizer, " --zero ", o.zero, pipelined_ ? " and a pipeline" : "");
+  offload::PlanInput in;
+  if (o.zero == 1) in.state_shards = int64_t(replica_rows_.size());  // the replicas ZeRO shards over
+  for (const Tensor& p : model_->parameters()) in.param_elements += p.numel();
+  for (const auto& [path, m] : model_->named_modules())  // looked up in fp32: they stay on the device
+    if (auto* e = dynamic_cast<nn::Embedding*>(m)) in.resident_elements += e->weight.numel();
+  in.compute_copy_bytes = o.precision == "bf16" || o.precision == "fp16" ? 2 : 0;
+  in.device_budget = offload::gib_to_bytes(o.gpu_memory_budget);
+  in.host_budget = offload::gib_to_bytes(o.host_memory_budget);
+  in.offload_state = o.offload_state;
+  in.offload_update = o.offload_update;
+  in.offload.chunk_elements = o.offload_chunk;
+  {
+    Allocator& alloc = allocator_for(device_);
+    Generator& gen = default_generator();
+    const uint64_t seed = gen.seed(), offset = gen.offset();
+    const int64_t before = alloc.stats().current_bytes;
+    alloc.reset_peak();
+    // Replicas that exchange a tied embedding's gradient rows apart (dist/ddp.h) never make its
+    // dense row gradient: the probe hands the rows to a sink that keeps them, as DDP's does.
+    std::vector<nn::Embedding*> sinks;
+    std::vector<Tensor> kept_rows;
+    if (sc.row_exchange && sc.zero != 3 && replica_rows_.size() > 1) sinks = dist::row_sparse_embeddings(*model_);
+    for (nn::Embedding* e : sinks)
+      e->set_row_grad_sink([&kept_rows](const Tensor& idx, const Tensor& g) { kept_rows.insert(kept_rows.end(), {idx, g}); });
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t micro = std::min<int64_t>(2, o.grad_accum);
+    for (int64_t i = 0; i < micro; ++i) {
+      const Tensor ids = zeros({o.batch_size, o.seq_len}, DType::i32, device_);
+      Tensor loss = model_->forward(ids, ids).loss;
+      loss.backward();
+      to_device(loss, kCPU);  // waits for the device
+    }
+    in.compute_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / double(micro) *
+                         double(o.grad_accum);
+    for (nn::Embedding* e : sinks) e->set_row_grad_sink(nullptr);
+    kept_rows.clear();
+    // The compute copies the probe's forward made stay (and are counted as such by the plan).
+    in.activations.device_bytes = alloc.stats().peak_bytes - before - in.compute_copy_bytes * in.param_elements;
+    in.grads_in_activations = true;
+    for (Tensor p : model_->parameters()) p.zero_grad();
+    gen.set_state(seed, offset);
+    in.activations.blocks = int64_t(model_->blocks().size());
+    in.activations.kept = in.activations.blocks;
+    // The activation policy (models/activations.h): the probe ran under it, so device_bytes holds
+    // its effect; the blocks it keeps, offloads and recomputes and the host bytes come from it.
+    if (const models::ActivationPolicy& ap = model_->activation_policy(); ap.any()) {
+      const models::ActivationTotals t = models::activation_totals(*model_, o.batch_size, o.seq_len, ap);
+      in.activations.kept = t.kept_blocks;
+      in.activations.offloaded = t.offloaded_blocks;
+      in.activations.recomputed = t.recomputed_blocks;
+      in.activations.selective = t.selective;
+      in.activations.host_bytes = t.host_bytes;
+    }
+  }
+  in.host_adamw_elements_per_s = offload::probe_host_adamw(0);
+  if (device_ != kCPU) in.transfer_bytes_per_s = offload::probe_transfer(*offload::make_copy_engine(device_));
+  const offload::MemoryPlan plan = offload::plan_memory(in);
+  if (cb_.log) *cb_.log << plan.text << "\n";
+  sc.offload_state = plan.offload_state;
+  sc.offload = in.offload;
+  sc.offload.update = plan.update;
+  sc.offload.masters_on_host = plan.masters_on_host;
+  if (device_.is_cpu() && device_.index >= 1) device_pool(device_.index).set_budget(in.device_budget);
+  memory_plan_ = plan;
+}
+
+}  // namespace blu::train
