@@ -139,13 +139,40 @@ TEST_F(DistLayouts, UnsupportedLayoutsAreRefusedByName) {
   };
   for (const Refusal& c : std::vector<Refusal>{
            {"split(2)", {"--keep-best", "--val-pattern", (dir.path / "g_train_*.bin").string()},
-            "--keep-best keeps a single-file checkpoint, and this layout writes a checkpoint directory"}}) {
+            "--keep-best keeps a single-file checkpoint, and this layout writes a checkpoint directory"},
+           {"split(2)", {"--gpu-memory-budget", "1"}, "memory budgets are planned for data parallelism"},
+           {"pipeline(2, micro=2)", {"--offload-state", "master", "--precision", "bf16"},
+            "--offload-state master is implemented for data parallelism"}}) {
     std::vector<std::string> args = {"--parallel", c.layout};
     args.insert(args.end(), c.extra.begin(), c.extra.end());
     const LaunchResult r = train("gpt2", 2, 2, "bad", args);
     EXPECT_NE(r.status, 0) << c.layout;
     EXPECT_NE((r.out + r.err).find(c.message), std::string::npos) << c.layout << "\n" << r.out << r.err;
     EXPECT_FALSE(fs::exists(dir.path / "bad")) << c.layout << ": a refused run wrote its folder";
+  }
+}
+
+// AdamW's state offloaded under tensor and pipeline layouts (each rank's own parameters' state on
+// the host, either update): the same arithmetic, so the same losses bit for bit as the layout with
+// its state on the device. Every run on its rank's device pool cpu:1, as offload needs.
+TEST_F(DistLayouts, OffloadedStateUnderSplitAndPipelineMatchesOnDevice) {
+  for (const std::string layout : {"split(2)", "pipeline(2, schedule=1f1b, micro=2)"}) {
+    const std::string name = layout.starts_with("split") ? "tp" : "pp";
+    LaunchResult r = train("gpt2", 2, 4, name + "_dev", {"--parallel", layout, "--device", "cpu:1"});
+    ASSERT_EQ(r.status, 0) << layout << "\n" << r.out << r.err;
+    const auto on_device = metric_losses(dir.path / (name + "_dev"));
+    ASSERT_EQ(on_device.size(), 3u) << layout;
+    for (const char* update : {"cpu", "gpu"}) {
+      const std::string out = name + "_off_" + update;
+      r = train("gpt2", 2, 4, out,
+                {"--parallel", layout, "--device", "cpu:1", "--offload-state", "optimizer", "--offload-update", update});
+      ASSERT_EQ(r.status, 0) << layout << " " << update << "\n" << r.out << r.err;
+      EXPECT_NE(r.out.find(std::string("optimizer state on the host (each rank's own parameters), update on the ") +
+                           update),
+                std::string::npos)
+          << r.out;
+      EXPECT_EQ(metric_losses(dir.path / out), on_device) << layout << ", --offload-update " << update;
+    }
   }
 }
 

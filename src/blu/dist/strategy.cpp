@@ -141,8 +141,7 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<ProcessGroup> pg, Strategy
       auto z = std::make_unique<ZeroAdamW>(std::move(groups), a, pg_, config_.zero, std::move(zo));
       zero_ = z.get();
       opt_ = std::move(z);
-    } else if (config_.offload_state) {
-      BLU_CHECK(!config_.tp, "optimizer state offload with tensor parallelism is not implemented");
+    } else if (config_.offload_state) {  // under tensor parallelism: this rank's shards and replicas
       opt_ = std::make_unique<offload::OffloadAdamW>(std::move(groups), a, config_.offload);
     } else {
       opt_ = optim::make_adamw(std::move(groups), a);
@@ -202,7 +201,9 @@ Strategy::Strategy(models::CausalLM& model, std::shared_ptr<ProcessGroup> pp, Pi
     : model_(model), pg_(std::move(pp)), config_(std::move(config)) {
   BLU_CHECK(config_.zero == 0, "pipeline parallelism: --zero ", config_.zero, " is not supported with a pipeline");
   BLU_CHECK(!config_.fp16_loss_scaling, "pipeline parallelism: fp16 loss scaling is not supported with a pipeline");
-  BLU_CHECK(!config_.offload_state, "pipeline parallelism: optimizer state offload is not supported with a pipeline");
+  BLU_CHECK(!config_.offload_state || (oc.name == "adamw" && !config_.offload.masters_on_host),
+            "pipeline parallelism: optimizer state offload is implemented for adamw's state alone (--optimizer adamw, ",
+            "--offload-state optimizer)");
   BLU_CHECK(oc.name == "adamw" || oc.name == "sgd", "--optimizer must be adamw or sgd, got '", oc.name, "'");
   BLU_CHECK(config_.batch_share >= 0 && config_.batch_share <= 1, "batch_share must be in [0, 1], got ",
             config_.batch_share);
@@ -226,9 +227,11 @@ Strategy::Strategy(models::CausalLM& model, std::shared_ptr<ProcessGroup> pp, Pi
   pipeline_ = std::make_unique<PipelineStage>(model, pg_, std::move(pipeline));
   if (config_.job) pg_ = config_.job;
   auto groups = optim::decay_groups(pipeline_->owned_parameters(), oc.weight_decay);
-  if (oc.name == "adamw") {
-    opt_ = optim::make_adamw(std::move(groups),
-                             optim::AdamWOptions{.lr = oc.lr, .beta1 = oc.beta1, .beta2 = oc.beta2, .eps = oc.eps});
+  const optim::AdamWOptions a{.lr = oc.lr, .beta1 = oc.beta1, .beta2 = oc.beta2, .eps = oc.eps};
+  if (config_.offload_state) {  // the state of the parameters this stage owns
+    opt_ = std::make_unique<offload::OffloadAdamW>(std::move(groups), a, config_.offload);
+  } else if (oc.name == "adamw") {
+    opt_ = optim::make_adamw(std::move(groups), a);
   } else {
     opt_ = optim::make_sgd(std::move(groups), optim::SGDOptions{.lr = oc.lr, .momentum = oc.momentum});
   }

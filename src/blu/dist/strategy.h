@@ -89,7 +89,8 @@ struct StrategyConfig {
   double batch_share = 0;
   // Optimizer state offload (offload/offload_adamw.h): AdamW's moments in host memory, updated on
   // the host or streamed through the device. Composes with DDP (each rank updates its full copy
-  // from the averaged gradients); ZeRO, tensor and pipeline layouts are refused until wired.
+  // from the averaged gradients), ZeRO (the device update: dist/zero.h) and tensor and pipeline
+  // layouts (each rank's own parameters).
   // offload.masters_on_host moves the fp32 parameters there too (Note [Masters on the host]): the
   // model must be a models::CausalLM in bf16/fp16, and the host runs the update.
   bool offload_state = false;

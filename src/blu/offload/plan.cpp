@@ -166,6 +166,13 @@ MemoryPlan plan_memory(const PlanInput& in) {
   return p;
 }
 
+UpdateOn faster_update(const PlanInput& in) {
+  BLU_CHECK(in.param_elements > 0, "offloaded update: no parameters");
+  return candidate(in, true, UpdateOn::device).update_seconds < candidate(in, true, UpdateOn::cpu).update_seconds
+             ? UpdateOn::device
+             : UpdateOn::cpu;
+}
+
 double probe_host_adamw(int threads) {
   const int64_t n = int64_t(1) << 23;
   std::vector<float> p(size_t(n), 0.5f), g(size_t(n), 0.01f), m(size_t(n), 0.f), v(size_t(n), 0.f);

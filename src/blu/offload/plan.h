@@ -71,6 +71,10 @@ struct MemoryPlan {
 
 // BLU_CHECK with the budget and what each layout needs when none fits.
 MemoryPlan plan_memory(const PlanInput& in);
+// The offloaded update the planner would pick for in.param_elements at the probed speeds (the one
+// with the shorter predicted update; cpu when neither speed is known), budgets aside: for layouts
+// the planner does not model.
+UpdateOn faster_update(const PlanInput& in);
 
 // The start-up probe's host side: elements per second of the threaded host AdamW (about 8M
 // elements, once).

@@ -37,6 +37,7 @@
 #include "blu/train/layout_setup.h"
 #include "blu/io/checkpoint.h"
 #include "blu/io/json_file.h"
+#include "blu/offload/plan.h"
 #include "blu/ops/precision.h"
 #include "blu/memory/allocator.h"
 #include "blu/memory/device_pool.h"
@@ -243,6 +244,12 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     BLU_CHECK(o.zero == 0 || o.zero == l.zero, "--parallel '", o.parallel, "' asks for ZeRO-", l.zero,
               ", --zero says ", o.zero, ": give one of the two");
     check_layout_supported(l, o.parallel, o.seq_len);
+    // Tensor and pipeline layouts split the model, which the memory planner's probe runs whole.
+    BLU_CHECK((l.tp == 1 && l.pp == 1) || (o.gpu_memory_budget == 0 && o.host_memory_budget == 0), "--parallel '",
+              o.parallel, "': memory budgets are planned for data parallelism (without ZeRO or with --zero 1); drop ",
+              "--gpu-memory-budget/--host-memory-budget (--offload-state optimizer offloads each rank's AdamW state)");
+    BLU_CHECK((l.tp == 1 && l.pp == 1) || o.offload_state != "master", "--parallel '", o.parallel,
+              "': --offload-state master is implemented for data parallelism; use --offload-state optimizer");
     if (l.pp > 1) {
       BLU_CHECK(o.grad_accum == 1 || o.grad_accum == l.micro_batches, "--parallel '", o.parallel,
                 "': a pipeline's micro=", l.micro_batches, " is its accumulation; drop --grad-accum ", o.grad_accum);
@@ -448,15 +455,32 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     // replicas of unequal rows reduce its gradient densely instead.
     sc.row_exchange = false;
   }
-  if (o.zero > 1 && o.offload_state == "optimizer") {
-    // ZeRO-2/3 shard the moments, and stream their shard through the device (dist/zero.h); the
-    // memory planner (offload/plan.h) models ZeRO-1 only, so the state is offloaded as asked.
-    BLU_CHECK(o.gpu_memory_budget == 0 && o.host_memory_budget == 0 && o.offload_update != "cpu",
+  const bool split_model = layout.tp > 1 || layout.pp > 1;  // checked with the layout (step 1)
+  if ((o.zero > 1 || split_model) && o.offload_state == "optimizer") {
+    // ZeRO-2/3 shard the moments and stream their shard through the device (dist/zero.h); tensor
+    // and pipeline layouts offload the state of each rank's own parameters. The memory planner
+    // (offload/plan.h) models neither, so the state is offloaded as asked.
+    BLU_CHECK(o.gpu_memory_budget == 0 && o.host_memory_budget == 0 && (o.zero <= 1 || o.offload_update != "cpu"),
               "--zero ", o.zero, " --offload-state optimizer: the moments stream through the device (--offload-update ",
               "gpu or auto, got ", o.offload_update, "); memory budgets are planned without ZeRO or with --zero 1");
     sc.offload_state = true;
-    sc.offload.update = offload::UpdateOn::device;
     sc.offload.chunk_elements = o.offload_chunk;
+    if (o.zero > 1) {
+      sc.offload.update = offload::UpdateOn::device;
+    } else if (o.offload_update != "auto") {
+      sc.offload.update = offload::parse_update(o.offload_update);
+    } else {  // the faster by the planner's probes, for this rank's share of the parameters
+      offload::PlanInput in;
+      for (const Tensor& p : model_->parameters()) in.param_elements += p.numel();
+      in.param_elements /= int64_t(layout.tp) * layout.pp;
+      in.offload = sc.offload;
+      in.host_adamw_elements_per_s = offload::probe_host_adamw(0);
+      if (device_ != kCPU) in.transfer_bytes_per_s = offload::probe_transfer(*offload::make_copy_engine(device_));
+      sc.offload.update = offload::faster_update(in);
+    }
+    if (cb_.log)
+      *cb_.log << "optimizer state on the host (each rank's own parameters), update on the "
+               << offload::update_name(sc.offload.update) << "\n";
   } else if (o.gpu_memory_budget > 0 || o.host_memory_budget > 0 || o.offload_state != "auto" ||
              o.offload_update != "auto") {
     plan_memory(sc);
