@@ -404,8 +404,9 @@ int run_bench(const BenchOptions& o) {
   sc.zero_bucket_mib = o.ddp.bucket_mib;
   sc.fp16_loss_scaling = fp16;
   sc.skip_comm = o.skip_comm;
-  sc.offload_state = o.offload_state == "optimizer" || o.offload_state == "master";
-  sc.offload.masters_on_host = o.offload_state == "master";
+  sc.offload_state = o.offload_state != "none";
+  sc.offload.masters_on_host = o.offload_state.starts_with("master");
+  sc.offload.grads_on_host = o.offload_state == "master+grads";
   sc.offload.update = offload::parse_update(o.offload_update);
   sc.offload.chunk_elements = o.offload_chunk;
   if (dev.is_cpu() && dev.index >= 1) device_pool(dev.index).set_budget(offload::gib_to_bytes(o.gpu_memory_budget));
@@ -683,9 +684,9 @@ Command add_bench(CLI::App& root) {
       ->check(CLI::PositiveNumber);
   app->add_option("--offload-state", o->offload_state,
                   "none, optimizer (AdamW's state in pinned host memory), or master (its state and the fp32 master "
-                  "weights; bf16/fp16, --offload-update cpu)")
+                  "weights; bf16/fp16, --offload-update cpu), or master+grads (and their gradients; one rank, bf16)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"none", "optimizer", "master"}));
+      ->check(CLI::IsMember({"none", "optimizer", "master", "master+grads"}));
   app->add_option("--offload-update", o->offload_update, "cpu (host AdamW) or gpu (state streamed in chunks)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "gpu"}));

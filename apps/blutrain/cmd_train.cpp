@@ -391,9 +391,10 @@ Command add_train(CLI::App& root) {
   app->add_option("--offload-state", o.offload_state,
                   "auto (offload what the budget needs), none, optimizer (AdamW's state, always), or master (AdamW's "
                   "state and the fp32 master weights: the device keeps the 16-bit weights and the gradients; bf16/fp16, "
-                  "--offload-update cpu)")
+                  "--offload-update cpu), or master+grads (and those parameters' gradients, moved to the host as the "
+                  "backward makes them; one rank, bf16)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "none", "optimizer", "master"}));
+      ->check(CLI::IsMember({"auto", "none", "optimizer", "master", "master+grads"}));
   app->add_option("--offload-update", o.offload_update,
                   "Where offloaded AdamW runs: cpu (threaded host AdamW), gpu (moments streamed through the "
                   "device in chunks), auto (the faster by a start-up probe)")

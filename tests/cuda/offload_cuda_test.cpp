@@ -130,10 +130,11 @@ TEST(OffloadCuda, TrainsLikePlainRun) {
     return l;
   };
   const std::vector<double> plain = losses(options("none", "auto"));
-  for (const char* update : {"cpu", "gpu", "master"}) {
-    // master: the fp32 parameters on the host too, the device keeping their bf16 copies.
-    const bool masters = std::string(update) == "master";
-    const std::vector<double> off = losses(options(masters ? "master" : "optimizer", masters ? "cpu" : update));
+  for (const std::string update : {"cpu", "gpu", "master", "master+grads"}) {
+    // master: the fp32 parameters on the host too, the device keeping their bf16 copies;
+    // master+grads: and their gradients, copied down as the backward makes them.
+    const bool masters = update.starts_with("master");
+    const std::vector<double> off = losses(options(masters ? update : "optimizer", masters ? "cpu" : update));
     ASSERT_EQ(off.size(), plain.size());
     EXPECT_NEAR(off.back(), plain.back(), 0.02 * plain.back()) << update;
     EXPECT_LT(off.back(), 0.8 * off.front()) << update;

@@ -362,6 +362,14 @@ TEST_F(DistCli, MastersOnHostComposeWithDdp) {
   const auto switched = metric_losses(dir.path / "ddp_switch");
   ASSERT_EQ(switched.size(), 4u) << d.out;
   EXPECT_EQ(switched, plain);
+  // Their gradients too is a single rank's layout: refused by name.
+  std::vector<std::string> grads = bf16;
+  grads.insert(grads.end(), {"--offload-state", "master+grads"});
+  const LaunchResult e = train(0, 1, "ddp_grads", grads);
+  EXPECT_NE(e.status, 0);
+  EXPECT_NE(e.err.find("--offload-state master+grads: the gradients go to the host as the backward makes them"),
+            std::string::npos)
+      << e.err;
 }
 
 // BLU_DDP_REDUCE_DTYPE=bf16 reaches DDP through the trainer: the gradient buckets travel in bf16,

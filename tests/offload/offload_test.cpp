@@ -321,6 +321,47 @@ TEST(Offload, MastersOnHostTrainLikePlainRunBitwise) {
               (long long)plain.step_peak, (long long)masters.plan->device_peak_bytes);
 }
 
+// And their gradients (Note [Gradients on the host]): without clipping the same run bit for bit
+// (the norm's sum runs in another order, so with clipping the clip factor may differ in its last
+// bits: then within 1e-6), with the released parameters' first micro-batch gradients off the device.
+TEST(Offload, GradientsOnHostTrainLikePlainRun) {
+  TempDir data;
+  train::test_util::write_toy_shards(data.path(), kVocab, 2048, 8192);
+  for (const double clip : {0.0, 1.0}) {
+    SCOPED_TRACE(clip == 0 ? "no clipping" : "clipping at 1");
+    train::TrainOptions po = pool_run(data, "", "bf16");
+    po.grad_clip = clip;
+    const RunResult plain = run(po);
+    train::TrainOptions mo = po;
+    mo.offload_state = "master";
+    const RunResult masters = run(mo);
+    train::TrainOptions go = po;
+    go.offload_state = "master+grads";
+    const RunResult grads = run(go);
+    ASSERT_TRUE(grads.plan && grads.plan->grads_on_host && grads.plan->masters_on_host) << grads.log;
+    EXPECT_NE(grads.log.find("memory plan: optimizer state, fp32 master weights and their gradients on the host"),
+              std::string::npos)
+        << grads.log;
+    if (clip == 0) {
+      expect_same_run(plain, grads);
+    } else {
+      ASSERT_EQ(grads.losses.size(), plain.losses.size());
+      for (size_t i = 0; i < plain.losses.size(); ++i)
+        EXPECT_NEAR(grads.losses[i], plain.losses[i], 1e-6 * std::abs(plain.losses[i])) << "step " << i + 1;
+    }
+    // The first micro-batch's gradients of the released parameters no longer wait on the device
+    // beside the second's backward.
+    EXPECT_EQ(grads.released, masters.released);
+    EXPECT_LT(double(grads.step_peak), double(masters.step_peak) - 3.0 * double(grads.released)) << grads.log;
+    EXPECT_NEAR(double(grads.step_peak), double(grads.plan->device_peak_bytes),
+                0.1 * double(grads.plan->device_peak_bytes))
+        << grads.log;
+    std::printf("bf16, gradients on the host too: steps' peak %lld bytes (masters %lld, plain %lld), planned %lld\n",
+                (long long)grads.step_peak, (long long)masters.step_peak, (long long)plain.step_peak,
+                (long long)grads.plan->device_peak_bytes);
+  }
+}
+
 TEST(Offload, MastersOnHostRefusedWithoutCompute16BitCopies) {
   TempDir data;
   train::test_util::write_toy_shards(data.path(), kVocab, 2048, 8192);
@@ -360,15 +401,16 @@ TEST(Offload, BudgetTakesMastersOnHostOnlyWhenNothingElseFits) {
 TEST(Offload, ResumeIsBitwiseExact) {
   TempDir data, runs;
   train::test_util::write_toy_shards(data.path(), kVocab, 2048, 8192);
-  for (const char* update : {"cpu", "gpu", "master"}) {
+  for (const std::string update : {"cpu", "gpu", "master", "master+grads"}) {
     SCOPED_TRACE(update);
-    train::TrainOptions o = pool_run(data, runs.path() / (std::string("a") + update), "bf16");
-    o.offload_state = std::string(update) == "master" ? "master" : "optimizer";
-    o.offload_update = std::string(update) == "master" ? "cpu" : update;
+    const bool masters = update.starts_with("master");
+    train::TrainOptions o = pool_run(data, runs.path() / ("a" + update), "bf16");
+    o.offload_state = masters ? update : "optimizer";
+    o.offload_update = masters ? "cpu" : update;
     const RunResult straight = run(o);
 
     train::TrainOptions first = o;
-    first.out = (runs.path() / (std::string("b") + update)).string();
+    first.out = (runs.path() / ("b" + update)).string();
     const RunResult stopped = run(first, 4);
     ASSERT_EQ(stopped.losses.size(), 4u);
     for (size_t i = 0; i < 4; ++i) EXPECT_EQ(std::memcmp(&stopped.losses[i], &straight.losses[i], sizeof(double)), 0);

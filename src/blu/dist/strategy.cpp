@@ -95,6 +95,12 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<ProcessGroup> pg, Strategy
   BLU_CHECK(!config_.offload.masters_on_host || (config_.offload_state && config_.zero == 0 && !config_.tp),
             "fp32 masters on the host (--offload-state master) need the host-run offloaded AdamW without ZeRO or ",
             "tensor parallelism; got --zero ", config_.zero, config_.tp ? " with tensor parallelism" : "");
+  BLU_CHECK(!config_.offload.grads_on_host || (config_.offload.masters_on_host && world == 1 &&
+                                               !config_.fp16_loss_scaling && !config_.skip_comm),
+            "gradients on the host (--offload-state master+grads) go there as the backward makes them: they need ",
+            "the masters on the host, one rank (data parallelism reduces gradients on the device) and no fp16 loss ",
+            "scaling (it unscales them on the device); got ", world, " ranks",
+            config_.fp16_loss_scaling ? " with fp16 loss scaling" : "");
   BLU_CHECK(!config_.skip_comm || (world > 1 && config_.zero == 0), "--skip-comm needs --dp > 1 without --zero");
   BLU_CHECK(!config_.tp || config_.zero == 0, "tensor parallelism with --zero ", config_.zero,
             " is not implemented (ZeRO shards the data-parallel group's optimizer state of unsharded models)");
@@ -285,6 +291,7 @@ StepValues Strategy::step(int64_t n, const std::function<Tensor(int64_t)>& loss_
   v.micro_batches = n;
   v.lr = lr;
   opt_->zero_grad();
+  if (masters_ && config_.offload.grads_on_host) masters_->zero_host_gradients();
   for (int64_t micro = 0; micro < n; ++micro) {
     const bool last = micro + 1 == n;
     // Only the last micro-batch's backward communicates.
@@ -339,7 +346,10 @@ StepValues Strategy::step(int64_t n, const std::function<Tensor(int64_t)>& loss_
     scaler_->unscale(grads);
   }
   const double clip = max_norm > 0 ? max_norm : std::numeric_limits<double>::infinity();
-  v.gate = zero_ ? zero_->norm_gate(clip) : config_.tp ? tp_norm_gate(clip) : optim::grad_norm_gate(params_, clip);
+  v.gate = zero_                                     ? zero_->norm_gate(clip)
+           : config_.tp                                ? tp_norm_gate(clip)
+           : masters_ && config_.offload.grads_on_host ? host_gradients_gate(clip)
+                                                       : optim::grad_norm_gate(params_, clip);
   opt_->set_lr(lr);
   opt_->step(v.gate);
   if (scaler_) {
@@ -382,6 +392,18 @@ StepValues Strategy::step(int64_t n, const BatchFn& batch_of, double lr, double 
 
 // The global norm's square: the shards' squares summed over the TP group, plus the replicated
 // parameters' once (they are the same on every rank of the group).
+// Gradients on the host (Note [Gradients on the host]): the released parameters' squares summed
+// by the host, in double, added to the device's sum over the resident parameters' gradients.
+NormGate Strategy::host_gradients_gate(double max_norm) {
+  NoGradGuard no_grad;
+  const double host = masters_->finish_host_gradients();
+  NormGate gate = optim::grad_norm_gate(params_, max_norm);
+  const Tensor h = full({1}, host, DType::f64, params_.front().device());
+  gate.sum_squares = gate.defined() ? add(to_dtype(reshape(gate.sum_squares, {1}), DType::f64), h) : h;
+  gate.max_norm = max_norm;
+  return gate;
+}
+
 NormGate Strategy::tp_norm_gate(double max_norm) {
   NoGradGuard no_grad;
   auto squares = [](const std::vector<Tensor>& params) {

@@ -92,7 +92,8 @@ struct StrategyConfig {
   // from the averaged gradients), ZeRO (the device update: dist/zero.h) and tensor and pipeline
   // layouts (each rank's own parameters).
   // offload.masters_on_host moves the fp32 parameters there too (Note [Masters on the host]): the
-  // model must be a models::CausalLM in bf16/fp16, and the host runs the update.
+  // model must be a models::CausalLM in bf16/fp16, and the host runs the update; with
+  // offload.grads_on_host their gradients too (one rank, no fp16 loss scaling).
   bool offload_state = false;
   offload::OffloadOptions offload;
   // A single device and DDP write the layout checkpoint (dist/layout_checkpoint.h) too, instead of
@@ -213,6 +214,7 @@ class Strategy {
   // Tensor parallelism: parameters split over config_.tp, and replicated ones with partial gradients.
   std::vector<Tensor> tp_sharded_, tp_replicated_, tp_partial_;
   NormGate tp_norm_gate(double max_norm);
+  NormGate host_gradients_gate(double max_norm);
   // The layout checkpoint's writers and this rank's parameters with their global places
   // (layout_checkpoint.h).
   CheckpointRanks checkpoint_ranks() const;

@@ -40,6 +40,12 @@ struct OffloadAdamW::State {
   // staged (host, the copy's dtype) carries the update's 16-bit rounding up to the compute copy.
   bool released = false;
   Tensor staged;
+  // Gradients on the host: grad accumulates the step's micro-batches (micro of them so far); the
+  // first lands there (grad_landed), each later one in landing (landing_landed) until added in.
+  Tensor landing;
+  EventPtr grad_landed, landing_landed;  // null on a CPU pool, whose copies are done when queued
+  bool landing_full = false;             // landing holds a micro-batch not yet added in
+  int64_t micro = 0;
 };
 
 OffloadAdamW::OffloadAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOptions opt, OffloadOptions options)
@@ -50,6 +56,10 @@ OffloadAdamW::OffloadAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOp
   BLU_CHECK(options.chunk_elements >= 1, kName, ": chunk_elements must be >= 1, got ", options.chunk_elements);
   BLU_CHECK(!options.masters_on_host || options.update == UpdateOn::cpu, kName,
             ": fp32 masters on the host need the host update (--offload-update cpu), got ", update_name(options.update));
+  BLU_CHECK(!options.grads_on_host || options.masters_on_host, kName,
+            ": gradients on the host need the masters there too (masters_on_host)");
+  BLU_CHECK(options.grad_window_bytes >= 0, kName, ": grad_window_bytes must be >= 0, got ", options.grad_window_bytes);
+  self_ = std::make_shared<OffloadAdamW*>(this);
   groups_ = std::move(groups);
   lr_ = opt.lr;
   for (const optim::detail::ParamRef& p : optim::detail::flatten_groups(groups_, kName)) {
@@ -81,6 +91,7 @@ OffloadAdamW::OffloadAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOp
 }
 
 OffloadAdamW::~OffloadAdamW() {
+  self_.reset();
   if (engine_) engine_->host_wait(nullptr);
   // Released parameters keep their values: each takes over its master's host bytes (it is on the
   // CPU from now on; nothing is allocated on the device here).
@@ -109,9 +120,87 @@ int64_t OffloadAdamW::release_parameters(const std::function<bool(const std::str
     s.staged = empty_from(host_allocator_for(device_), p.shape(), copy.dtype());
     s.released = true;
     p.storage()->data = DataPtr(nullptr, 0, device_, nullptr, nullptr);
+    if (options_.grads_on_host) {
+      params_[i].register_grad_hook([weak = std::weak_ptr<OffloadAdamW*>(self_), i](Tensor& g) {
+        if (const auto self = weak.lock()) (*self)->land_gradient(i, g);
+      });
+    }
     n += p.numel();
   }
   return n;
+}
+
+void OffloadAdamW::land_gradient(size_t i, const Tensor& g) {
+  NoGradGuard no_grad;
+  State& s = *state_[i];
+  BLU_CHECK(g.dtype() == DType::f32 && g.shape() == params_[i].shape() && g.is_contiguous() && g.device() == device_,
+            kName, ": gradient of '", names_[i], "' is ", g.str(), ", expected a contiguous f32 tensor of the ",
+            "parameter's shape on ", device_);
+  engine_->wait(Lane::out, engine_->record(Lane::compute));  // after the backward that made it
+  EventPtr landed;
+  if (s.micro == 0) {
+    engine_->copy(s.grad, g, Lane::out);
+    landed = s.grad_landed = engine_->record(Lane::out);
+  } else {
+    add_landed(i);  // the previous micro-batch's, before its buffer is reused
+    if (!s.landing.defined()) s.landing = empty_from(host_allocator_for(device_), params_[i].shape(), DType::f32);
+    engine_->copy(s.landing, g, Lane::out);
+    landed = s.landing_landed = engine_->record(Lane::out);
+    s.landing_full = true;
+  }
+  ++s.micro;
+  if (landed) {  // an asynchronous copy (a CPU pool's is done when queued)
+    in_flight_bytes_ += int64_t(g.nbytes());
+    in_flight_.push_back({g, landed});
+  }
+  // The parameter holds no device gradient; the next micro-batch's starts afresh. (g is the
+  // parameter's gradient slot: not used after this.)
+  params_[i].zero_grad();
+  while (in_flight_bytes_ > options_.grad_window_bytes && !in_flight_.empty()) {
+    engine_->wait(Lane::compute, in_flight_.front().copied);  // later kernels may reuse its bytes
+    in_flight_bytes_ -= int64_t(in_flight_.front().grad.nbytes());
+    in_flight_.pop_front();
+  }
+}
+
+void OffloadAdamW::add_landed(size_t i) {
+  State& s = *state_[i];
+  if (!s.landing_full) return;
+  if (s.grad_landed) engine_->host_wait(s.grad_landed);  // (a null event would wait for every lane)
+  if (s.landing_landed) engine_->host_wait(s.landing_landed);
+  float* acc = s.grad.data<float>();
+  const float* in = s.landing.data<float>();
+  const int64_t n = s.grad.numel();
+  for (int64_t j = 0; j < n; ++j) acc[j] = acc[j] + in[j];
+  s.landing_full = false;
+}
+
+void OffloadAdamW::drain_in_flight() {
+  for (const InFlight& f : in_flight_) engine_->host_wait(f.copied);  // never null: only async copies wait here
+  in_flight_.clear();
+  in_flight_bytes_ = 0;
+}
+
+double OffloadAdamW::finish_host_gradients() {
+  double total = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    State& s = *state_[i];
+    if (!s.released || s.micro == 0) continue;
+    if (s.grad_landed) engine_->host_wait(s.grad_landed);
+    add_landed(i);
+    const float* g = s.grad.data<float>();
+    for (int64_t j = 0, n = s.grad.numel(); j < n; ++j) total += double(g[j]) * double(g[j]);
+  }
+  drain_in_flight();
+  return total;
+}
+
+void OffloadAdamW::zero_host_gradients() {
+  drain_in_flight();
+  for (auto& s : state_) {
+    s->micro = 0;
+    s->landing_full = false;
+  }
 }
 
 void OffloadAdamW::upload_copy(size_t i) {
@@ -216,6 +305,12 @@ void OffloadAdamW::step_on_host(const NormGate& gate) {
   std::vector<size_t> todo;
   std::vector<EventPtr> landed;
   for (size_t i = 0; i < params_.size(); ++i) {
+    if (state_[i]->released && options_.grads_on_host) {  // on the host already (finish_host_gradients)
+      if (state_[i]->micro == 0) continue;
+      landed.push_back(nullptr);
+      todo.push_back(i);
+      continue;
+    }
     const Tensor g = params_[i].grad();
     if (!g.defined()) continue;
     BLU_CHECK(g.dtype() == DType::f32 && g.shape() == params_[i].shape() && g.is_contiguous(), kName, ": gradient of '",
@@ -237,7 +332,8 @@ void OffloadAdamW::step_on_host(const NormGate& gate) {
     const size_t i = todo[j];
     State& s = *state_[i];
     ++s.step;  // counted even when the gate skips the update, as AdamW counts it
-    engine_->host_wait(landed[j]);
+    s.micro = 0;
+    if (landed[j]) engine_->host_wait(landed[j]);
     if (decision.skip) continue;
     const auto k = AdamWCoefficients::make(lr_, opt_.beta1, opt_.beta2, opt_.eps, decay_[i], s.step);
     if (s.released) {  // the master is the parameter; its rounding goes up into the compute copy

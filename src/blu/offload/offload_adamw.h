@@ -37,7 +37,20 @@
 // takes host_view(): while it lives each released parameter's storage views its host master
 // (device kCPU), and a write through it is re-cast into the copy when the view ends. Parameters read
 // in their own dtype (an nn::Embedding's lookup) must stay resident: the caller chooses.
+//
+// Note [Gradients on the host]
+// With grads_on_host a released parameter's gradient leaves the device too. A grad hook (run
+// after each micro-batch's backward has accumulated the parameter's gradient) queues its copy to
+// the host on the out lane, after the compute lane's work so far, and takes the gradient off the
+// parameter, so every micro-batch's backward starts it afresh: the first micro-batch's lands in
+// the host accumulator, later ones in a landing buffer that the host adds in (fp32, the device's
+// accumulation order: grad + incoming) before that buffer is reused and at the step. The device
+// bytes stay referenced until their copy is done (grad_window_bytes of them in flight; past it
+// the compute lane waits for the oldest copy, so the allocator reuses nothing a copy still reads).
+// finish_host_gradients() completes the accumulation and gives the sum of their squares for the
+// norm gate. Device bytes per released parameter: the 16-bit copy alone.
 #pragma once
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -58,6 +71,12 @@ struct OffloadOptions {
   int64_t chunk_elements = int64_t(1) << 22;  // device update: elements per streamed chunk
   int threads = 0;                             // host update: 0 = OpenMP's default
   bool masters_on_host = false;  // host update only: see Note [Masters on the host]
+  // With masters_on_host: the released parameters' gradients go to the host as each micro-batch's
+  // backward makes them, and are accumulated there (Note [Gradients on the host]).
+  bool grads_on_host = false;
+  // Device bytes of such gradients whose copy to the host may still be running; past it the
+  // compute lane waits for the oldest copy before its gradient's bytes go back.
+  int64_t grad_window_bytes = int64_t(64) << 20;
 };
 
 class OffloadAdamW final : public optim::Optimizer {
@@ -75,6 +94,12 @@ class OffloadAdamW final : public optim::Optimizer {
   // after the copies were made and before the first step. Returns the elements released.
   int64_t release_parameters(const std::function<bool(const std::string&, const Tensor&)>& release);
   bool released(size_t i) const;
+  // grads_on_host: waits for the released parameters' gradient copies of this step, adds the last
+  // micro-batch's in, and returns the sum of their squares (double, parameter order) for the norm
+  // gate. Once per step, after the backward and before step().
+  double finish_host_gradients();
+  // grads_on_host: forgets the host gradients accumulated so far (Strategy::step, with zero_grad).
+  void zero_host_gradients();
   // While the returned guard lives, every released parameter views its host master (kCPU).
   class HostView {
    public:
@@ -104,6 +129,9 @@ class OffloadAdamW final : public optim::Optimizer {
   void ensure_state(size_t i);
   void refresh_master(size_t i);
   void upload_copy(size_t i);  // a released parameter: its staged 16-bit rounding into the device copy
+  void land_gradient(size_t i, const Tensor& grad);  // grads_on_host: the grad hook
+  void add_landed(size_t i);                    // the landing buffer's micro-batch into the accumulator
+  void drain_in_flight();
   void view_masters();
   void end_view();
 
@@ -118,6 +146,13 @@ class OffloadAdamW final : public optim::Optimizer {
   std::vector<std::shared_ptr<nn::ComputeCopy>> copies_;
   Tensor stage_m_[2], stage_v_[2];  // device update: the two chunk buffers
   EventPtr pending_in_, pending_out_;  // the last step's uploads / downloads
+  struct InFlight {
+    Tensor grad;  // device bytes a copy to the host still reads
+    EventPtr copied;
+  };
+  std::deque<InFlight> in_flight_;
+  int64_t in_flight_bytes_ = 0;
+  std::shared_ptr<OffloadAdamW*> self_;  // the grad hooks hold it weakly: none fires after this is gone
 };
 
 }  // namespace blu::offload

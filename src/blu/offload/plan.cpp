@@ -24,10 +24,13 @@ struct Candidate {
   bool masters = false;
   int64_t device_static, host;
   double update_seconds;
+  bool grads = false;        // the released parameters' gradients on the host too
+  int64_t act_credit = 0;    // activation bytes the probe counted that this layout does not keep
 };
 
 // The name a candidate goes by in the plan and in errors.
 std::string describe(const Candidate& c) {
+  if (c.grads) return "optimizer state, fp32 master weights and their gradients on the host, update on the cpu";
   if (c.masters) return "optimizer state and fp32 master weights on the host, update on the cpu";
   return c.offload ? std::string("optimizer state on the host, update on the ") + update_name(c.update)
                    : std::string("everything on the device");
@@ -46,6 +49,27 @@ Candidate masters_candidate(const PlanInput& in) {
     c.update_seconds = std::max(double(4 * n + in.compute_copy_bytes * released + 4 * in.resident_elements) /
                                     in.transfer_bytes_per_s,
                                 in.host_adamw_elements_per_s > 0 ? double(n) / in.host_adamw_elements_per_s : 0.0);
+  return c;
+}
+
+// And the released parameters' gradients: the probe's activations counted every gradient (the
+// first micro-batch's kept beside the second), of which only the resident parameters' stay; the
+// window of gradients whose copy is in flight is added. Per micro-batch the released gradients
+// go down (4 bytes each) instead of once per step.
+Candidate grads_candidate(const PlanInput& in, int64_t micro_batches) {
+  Candidate c = masters_candidate(in);
+  const int64_t n = in.param_elements, released = n - in.resident_elements;
+  c.grads = true;
+  c.device_static = 4 * in.resident_elements + in.compute_copy_bytes * n + (in.grads_in_activations ? 0 : 4 * in.resident_elements) +
+                    std::min(in.offload.grad_window_bytes, 4 * released);
+  c.act_credit = in.grads_in_activations ? std::min(in.activations.device_bytes, 4 * released) : 0;
+  c.host += 4 * released;  // the landing buffers
+  if (in.transfer_bytes_per_s > 0)
+    c.update_seconds =
+        std::max(double(4 * released * micro_batches + 4 * in.resident_elements + in.compute_copy_bytes * released +
+                        4 * in.resident_elements) /
+                     in.transfer_bytes_per_s,
+                 in.host_adamw_elements_per_s > 0 ? double(n) / in.host_adamw_elements_per_s : 0.0);
   return c;
 }
 
@@ -80,12 +104,16 @@ std::string fmt(int64_t b) { return format_bytes(b); }
 MemoryPlan plan_memory(const PlanInput& in) {
   BLU_CHECK(in.param_elements > 0, "memory plan: no parameters");
   BLU_CHECK(in.offload_state == "auto" || in.offload_state == "none" || in.offload_state == "optimizer" ||
-                in.offload_state == "master",
-            "--offload-state: expected auto, none, optimizer or master, got '", in.offload_state, "'");
-  BLU_CHECK(in.offload_state != "master" || in.compute_copy_bytes > 0,
+                in.offload_state == "master" || in.offload_state == "master+grads",
+            "--offload-state: expected auto, none, optimizer, master or master+grads, got '", in.offload_state, "'");
+  const bool masters = in.offload_state.starts_with("master");
+  BLU_CHECK(in.offload_state != "master+grads" || in.single_rank,
+            "--offload-state master+grads: the gradients go to the host as the backward makes them, so it runs on one "
+            "rank (data parallelism reduces them on the device); use --offload-state master");
+  BLU_CHECK(!masters || in.compute_copy_bytes > 0,
             "--offload-state master: the device keeps only the 16-bit compute copies of the parameters, so it needs "
             "--precision bf16 or fp16 (an fp32 run reads the fp32 parameters themselves)");
-  BLU_CHECK(in.offload_state != "master" || (in.offload_update != "gpu" && in.state_shards == 1),
+  BLU_CHECK(!masters || (in.offload_update != "gpu" && in.state_shards == 1),
             "--offload-state master: the host runs the update on the masters it holds (--offload-update cpu or auto, "
             "no ZeRO); got --offload-update ", in.offload_update,
             in.state_shards > 1 ? " with ZeRO-1 over " + std::to_string(in.state_shards) + " ranks" : std::string());
@@ -104,19 +132,21 @@ MemoryPlan plan_memory(const PlanInput& in) {
     if (in.offload_update != "gpu" && in.state_shards == 1) tried.push_back(candidate(in, true, UpdateOn::cpu));
     if (in.offload_update != "cpu") tried.push_back(candidate(in, true, UpdateOn::device));
   }
-  if (in.offload_state == "master" || (in.offload_state == "auto" && in.compute_copy_bytes > 0 &&
-                                       in.offload_update != "gpu" && in.state_shards == 1))
-    tried.push_back(masters_candidate(in));
+  const bool auto_masters = in.offload_state == "auto" && in.compute_copy_bytes > 0 && in.offload_update != "gpu" &&
+                            in.state_shards == 1;
+  if (in.offload_state == "master" || auto_masters) tried.push_back(masters_candidate(in));
+  if (in.offload_state == "master+grads" || (auto_masters && in.single_rank))
+    tried.push_back(grads_candidate(in, std::max<int64_t>(1, in.micro_batches)));
   const auto fits = [&](const Candidate& c) {
-    return (in.device_budget == 0 || c.device_static + act <= in.device_budget) &&
+    return (in.device_budget == 0 || c.device_static + act - c.act_credit <= in.device_budget) &&
            (in.host_budget == 0 || c.host + in.activations.host_bytes <= in.host_budget);
   };
   const Candidate* best = nullptr;
   for (const Candidate& c : tried) {
     if (!fits(c)) continue;
     // Keeping the state on the device wins when it fits, then the optimizer state alone on the host
-    // (the faster update), then the masters with it.
-    const auto rank = [](const Candidate& x) { return x.masters ? 2 : x.offload ? 1 : 0; };
+    // (the faster update), then the masters with it, then their gradients too.
+    const auto rank = [](const Candidate& x) { return x.grads ? 3 : x.masters ? 2 : x.offload ? 1 : 0; };
     if (!best || rank(c) < rank(*best) || (rank(c) == rank(*best) && c.update_seconds < best->update_seconds))
       best = &c;
   }
@@ -127,10 +157,11 @@ MemoryPlan plan_memory(const PlanInput& in) {
     os << " under a device budget of " << (in.device_budget ? fmt(in.device_budget) : std::string("(none)"))
        << " and a host budget of " << (in.host_budget ? fmt(in.host_budget) : std::string("(none)")) << ":";
     for (const Candidate& c : tried)
-      os << "\n  " << describe(c) << ": device " << fmt(c.device_static + act) << " (" << fmt(c.device_static) << " state + " << fmt(act)
+      os << "\n  " << describe(c) << ": device " << fmt(c.device_static + act - c.act_credit) << " ("
+         << fmt(c.device_static) << " state + " << fmt(act - c.act_credit)
          << " activations), host " << fmt(c.host + in.activations.host_bytes);
     int64_t least = INT64_MAX;
-    for (const Candidate& c : tried) least = std::min(least, c.device_static + act);
+    for (const Candidate& c : tried) least = std::min(least, c.device_static + act - c.act_credit);
     os << "\n  the smallest device budget that fits is " << fmt(least) << " (--gpu-memory-budget "
        << std::ceil(double(least) / double(int64_t(1) << 30) * 100) / 100 << ")";
     BLU_CHECK(false, os.str());
@@ -140,7 +171,9 @@ MemoryPlan plan_memory(const PlanInput& in) {
   p.masters_on_host = best->masters;
   p.update = best->update;
   p.device_static_bytes = best->device_static;
-  p.device_peak_bytes = best->device_static + act;
+  p.grads_on_host = best->grads;
+  const int64_t kept_act = act - best->act_credit;  // the activations this layout keeps
+  p.device_peak_bytes = best->device_static + kept_act;
   p.host_bytes = best->host + in.activations.host_bytes;
   p.device_bytes_per_param = double(best->device_static) / double(in.param_elements);
   p.update_seconds = best->update_seconds;
@@ -153,7 +186,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
      << "\n  device: " << fmt(p.device_peak_bytes) << " predicted peak = " << fmt(p.device_static_bytes)
      << (p.masters_on_host ? " 16-bit copies/resident parameters/gradients"
                            : p.offload_state ? " parameters/gradients/staging" : " parameters/gradients/optimizer state")
-     << " (" << std::round(p.device_bytes_per_param * 100) / 100 << " bytes per parameter) + " << fmt(act) << " activations"
+     << " (" << std::round(p.device_bytes_per_param * 100) / 100 << " bytes per parameter) + " << fmt(kept_act) << " activations"
      << (in.device_budget ? " (budget " + fmt(in.device_budget) + ")" : std::string());
   os << "\n  host: " << fmt(p.host_bytes) << (in.host_budget ? " (budget " + fmt(in.host_budget) + ")" : std::string());
   const ActivationPlan& a = in.activations;

@@ -38,9 +38,12 @@ struct PlanInput {
   int64_t device_budget = 0;       // bytes, 0: none
   int64_t host_budget = 0;         // bytes, 0: none
   // auto | none | optimizer | master (the optimizer state and the fp32 master weights: Note
-  // [Masters on the host], offload/offload_adamw.h; bf16/fp16 only, the update on the cpu). auto
-  // takes master only when nothing else fits.
+  // [Masters on the host], offload/offload_adamw.h; bf16/fp16 only, the update on the cpu) |
+  // master+grads (and the released parameters' gradients: Note [Gradients on the host]; one rank,
+  // bf16). auto takes master, then master+grads, only when nothing before it fits.
   std::string offload_state = "auto";
+  bool single_rank = true;         // master+grads: one rank (data parallelism reduces on the device)
+  int64_t micro_batches = 1;       // per step (master+grads moves each micro-batch's gradients)
   std::string offload_update = "auto";  // auto | cpu | gpu
   // master: the parameter elements that stay fp32 on the device (looked up in their own dtype:
   // embeddings).
@@ -59,6 +62,7 @@ struct PlanInput {
 struct MemoryPlan {
   bool offload_state = false;
   bool masters_on_host = false;  // the fp32 parameters too (offload_state is then true)
+  bool grads_on_host = false;    // and the released parameters' gradients (masters_on_host is then true)
   UpdateOn update = UpdateOn::cpu;
   int64_t device_static_bytes = 0;  // parameters, gradients, copies, state or staging
   int64_t device_peak_bytes = 0;    // static + activations

@@ -32,8 +32,11 @@ void Trainer::plan_memory(dist::StrategyConfig& sc) {
   in.device_budget = offload::gib_to_bytes(o.gpu_memory_budget);
   in.host_budget = offload::gib_to_bytes(o.host_memory_budget);
   in.offload_state = o.offload_state;
+  in.single_rank = world_ == 1;
+  in.micro_batches = o.grad_accum;
   in.offload_update = o.offload_update;
   in.offload.chunk_elements = o.offload_chunk;
+  if (!device_.is_cuda()) in.offload.grad_window_bytes = 0;  // a pool's copies are done when queued
   {
     Allocator& alloc = allocator_for(device_);
     Generator& gen = default_generator();
@@ -85,6 +88,7 @@ void Trainer::plan_memory(dist::StrategyConfig& sc) {
   sc.offload = in.offload;
   sc.offload.update = plan.update;
   sc.offload.masters_on_host = plan.masters_on_host;
+  sc.offload.grads_on_host = plan.grads_on_host;
   if (device_.is_cpu() && device_.index >= 1) device_pool(device_.index).set_budget(in.device_budget);
   memory_plan_ = plan;
 }

@@ -248,8 +248,8 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     BLU_CHECK((l.tp == 1 && l.pp == 1) || (o.gpu_memory_budget == 0 && o.host_memory_budget == 0), "--parallel '",
               o.parallel, "': memory budgets are planned for data parallelism (without ZeRO or with --zero 1); drop ",
               "--gpu-memory-budget/--host-memory-budget (--offload-state optimizer offloads each rank's AdamW state)");
-    BLU_CHECK((l.tp == 1 && l.pp == 1) || o.offload_state != "master", "--parallel '", o.parallel,
-              "': --offload-state master is implemented for data parallelism; use --offload-state optimizer");
+    BLU_CHECK((l.tp == 1 && l.pp == 1) || !o.offload_state.starts_with("master"), "--parallel '", o.parallel, "': --offload-state ",
+              o.offload_state, " is implemented for data parallelism; use --offload-state optimizer");
     if (l.pp > 1) {
       BLU_CHECK(o.grad_accum == 1 || o.grad_accum == l.micro_batches, "--parallel '", o.parallel,
                 "': a pipeline's micro=", l.micro_batches, " is its accumulation; drop --grad-accum ", o.grad_accum);

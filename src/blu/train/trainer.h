@@ -144,7 +144,8 @@ struct TrainOptions {
   // before its first step when nothing fits. A device pool (--device cpu:N) enforces the device
   // budget. Not in to_json(): a layout changes memory, not the numbers (offload is bitwise equal).
   double gpu_memory_budget = 0, host_memory_budget = 0;  // GiB, 0: none
-  // auto (offload only when the budget needs it) | none | optimizer | master (the fp32 parameters too)
+  // auto (offload only when the budget needs it) | none | optimizer | master (the fp32 parameters
+  // too) | master+grads (and their gradients, one rank)
   std::string offload_state = "auto";
   std::string offload_update = "auto";  // auto (the faster by the probe) | cpu | gpu
   int64_t offload_chunk = int64_t(1) << 22;  // elements per streamed chunk of the gpu update
