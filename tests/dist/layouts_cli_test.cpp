@@ -155,16 +155,35 @@ TEST_F(DistLayouts, UnsupportedLayoutsAreRefusedByName) {
 // AdamW's state offloaded under tensor and pipeline layouts (each rank's own parameters' state on
 // the host, either update): the same arithmetic, so the same losses bit for bit as the layout with
 // its state on the device. Every run on its rank's device pool cpu:1, as offload needs.
+// The pipeline's stages are placed on their device pools holding only their own parameters, and
+// train as one process does.
 TEST_F(DistLayouts, OffloadedStateUnderSplitAndPipelineMatchesOnDevice) {
+  LaunchResult r = train("gpt2", 1, 4, "single", {});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  const auto single = metric_losses(dir.path / "single");
+  // Stage 0 of two trains the embeddings and h.0; h.1 and the final norm are stage 1's.
+  int64_t whole = 0, stage0 = 0;
+  for (const auto& [name, p] : models::build_model(models::resolve_model_config("tiny"), 1)->named_parameters()) {
+    whole += int64_t(p.nbytes());
+    if (!name.starts_with("h.1.") && !name.starts_with("ln_f.")) stage0 += int64_t(p.nbytes());
+  }
   for (const std::string layout : {"split(2)", "pipeline(2, schedule=1f1b, micro=2)"}) {
     const std::string name = layout.starts_with("split") ? "tp" : "pp";
-    LaunchResult r = train("gpt2", 2, 4, name + "_dev", {"--parallel", layout, "--device", "cpu:1"});
+    const int64_t rows = name == "pp" ? 2 : 4;  // a pipeline's step is micro=2 batches of -B rows
+    r = train("gpt2", 2, rows, name + "_dev", {"--parallel", layout, "--device", "cpu:1"});
     ASSERT_EQ(r.status, 0) << layout << "\n" << r.out << r.err;
     const auto on_device = metric_losses(dir.path / (name + "_dev"));
     ASSERT_EQ(on_device.size(), 3u) << layout;
+    for (const auto& [step, loss] : single)
+      EXPECT_NEAR(on_device.at(step), loss, 1e-5 * std::abs(loss)) << layout << ", step " << step;
+    if (name == "pp")
+      EXPECT_NE(r.out.find("pipeline stage 0: " + std::to_string(stage0) + " of the model's " + std::to_string(whole) +
+                           " parameter bytes placed on cpu:1"),
+                std::string::npos)
+          << r.out;
     for (const char* update : {"cpu", "gpu"}) {
       const std::string out = name + "_off_" + update;
-      r = train("gpt2", 2, 4, out,
+      r = train("gpt2", 2, rows, out,
                 {"--parallel", layout, "--device", "cpu:1", "--offload-state", "optimizer", "--offload-update", update});
       ASSERT_EQ(r.status, 0) << layout << " " << update << "\n" << r.out << r.err;
       EXPECT_NE(r.out.find(std::string("optimizer state on the host (each rank's own parameters), update on the ") +

@@ -240,27 +240,7 @@ PipelineStage::PipelineStage(models::CausalLM& model, std::shared_ptr<ProcessGro
   send_slots_ = std::max<int64_t>(1, schedule_.max_in_flight());
   check_schedule(schedule_, send_slots_);
 
-  // Ownership: the blocks of this rank's virtual stages, the embedding's parameters on the first
-  // stage, the head's on the last.
-  std::set<std::string> mine;
-  const std::vector<models::BlockRef> blocks = model_.blocks();
-  for (int64_t b : owned_blocks())
-    for (const auto& [name, p] : blocks[size_t(b)].module->named_parameters()) mine.insert(blocks[size_t(b)].name + "." + name);
-  const Device dev = model_.token_embedding().weight.device();
-  if (owns_first()) {
-    const std::set<std::string> e =
-        touched_by(model_, [&] { return model_.embed(zeros({1, 1}, DType::i64, dev)); });
-    mine.insert(e.begin(), e.end());
-  }
-  if (owns_last()) {
-    const int64_t C = model_.token_embedding().weight.size(1);
-    const std::set<std::string> h = touched_by(model_, [&] {
-      Tensor x = zeros({1, 1, C}, model_.compute_dtype(), dev);
-      x.set_requires_grad(true);
-      return model_.head(x).logits;
-    });
-    mine.insert(h.begin(), h.end());
-  }
+  const std::set<std::string> mine = stage_parameter_names(model_, layout_, rank_);
   for (const auto& [name, p] : model_.named_parameters())
     if (mine.count(name)) owned_.emplace_back(name, p);
   for (const auto& [name, p] : owned_) owned_sharded_.push_back(options_.tp && shard_info(model_, p).sharded());
@@ -270,13 +250,68 @@ PipelineStage::PipelineStage(models::CausalLM& model, std::shared_ptr<ProcessGro
 
   // The other stages' parameters keep their place in the model (names, shapes: checkpoints and
   // share_parameters() need them) but not their bytes. A storage an owned parameter shares stays.
-  std::set<const Storage*> kept, seen;
+  // (The trainer may have placed only the owned ones already: place_stage_parameters.)
+  std::set<const Storage*> kept;
+  std::map<const Storage*, size_t> at;  // a storage's entry in unowned_
   for (const auto& [name, p] : owned_) kept.insert(p.storage().get());
   for (const auto& [name, p] : model_.named_parameters()) {
     const std::shared_ptr<Storage>& st = p.storage();
-    if (!kept.count(st.get()) && seen.insert(st.get()).second) unowned_.push_back({st, st->nbytes()});
+    if (kept.count(st.get())) continue;
+    const size_t bytes = std::max(st->nbytes(), size_t(p.offset() + p.numel()) * dtype_size(p.dtype()));
+    if (auto it = at.find(st.get()); it != at.end()) {
+      unowned_[it->second].bytes = std::max(unowned_[it->second].bytes, bytes);
+    } else {
+      at.emplace(st.get(), unowned_.size());
+      unowned_.push_back({st, bytes});
+    }
   }
   drop_unowned();
+}
+
+std::set<std::string> stage_parameter_names(models::CausalLM& model, const StageLayout& layout, int rank) {
+  // The blocks of this rank's virtual stages, the embedding's parameters on the first stage, the
+  // head's on the last (whatever one token's embed or head gives a gradient: dist/ names no model).
+  std::set<std::string> mine;
+  const std::vector<models::BlockRef> blocks = model.blocks();
+  for (int c = 0; c < layout.chunks; ++c) {
+    const int vs = layout.virtual_stage(rank, c);
+    for (int64_t b = layout.first[size_t(vs)]; b < layout.first[size_t(vs)] + layout.count[size_t(vs)]; ++b)
+      for (const auto& [name, p] : blocks[size_t(b)].module->named_parameters())
+        mine.insert(blocks[size_t(b)].name + "." + name);
+  }
+  const Device dev = model.token_embedding().weight.device();
+  if (rank == 0) {
+    const std::set<std::string> e = touched_by(model, [&] { return model.embed(zeros({1, 1}, DType::i64, dev)); });
+    mine.insert(e.begin(), e.end());
+  }
+  if (layout.rank_of(layout.virtual_stages() - 1) == rank) {
+    const int64_t C = model.token_embedding().weight.size(1);
+    const std::set<std::string> h = touched_by(model, [&] {
+      Tensor x = zeros({1, 1, C}, model.compute_dtype(), dev);
+      x.set_requires_grad(true);
+      return model.head(x).logits;
+    });
+    mine.insert(h.begin(), h.end());
+  }
+  return mine;
+}
+
+int64_t place_stage_parameters(models::CausalLM& model, const std::set<std::string>& owned, Device device) {
+  NoGradGuard no_grad;
+  std::set<const Storage*> kept;
+  for (const auto& [name, p] : model.named_parameters())
+    if (owned.count(name)) kept.insert(p.storage().get());
+  int64_t placed = 0;
+  for (const auto& [name, p] : model.named_parameters()) {
+    const std::shared_ptr<Storage>& st = p.storage();
+    if (kept.count(st.get())) {
+      if (st->device() != device) placed += int64_t(st->nbytes());
+      continue;
+    }
+    if (st->device() != device) st->data = DataPtr(nullptr, 0, device, nullptr, nullptr);
+  }
+  model.to(device);  // the owned parameters (and every buffer); the others are there already, byte-less
+  return placed;
 }
 
 void PipelineStage::drop_unowned() {

@@ -22,6 +22,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -74,12 +75,21 @@ struct PipelineStepValues {
   NormGate gate;    // the global gradient norm's square (every stage's part, all-reduced)
 };
 
+// The global names of the parameters rank `rank` trains under `layout` (its blocks, the
+// embedding's on the first stage, the head's on the last) — what PipelineStage owns. Runs one
+// token's embed / head (eval mode, no dropout draw) on whichever device the model is.
+std::set<std::string> stage_parameter_names(models::CausalLM& model, const StageLayout& layout, int rank);
+// Moves the model (on another device) to `device` with only `owned`'s parameters' bytes (and any
+// storage one of them shares): the others arrive byte-less, as PipelineStage leaves them, so a
+// stage never holds the whole model. Returns the parameter bytes moved.
+int64_t place_stage_parameters(models::CausalLM& model, const std::set<std::string>& owned, Device device);
+
 class PipelineStage {
  public:
   // `pg`: the pipeline dimension's group (rank r runs stage r). The whole model is built on every
   // rank; only the owned parameters are trained, and the others give their bytes back here (their
-  // shapes, dtypes and devices stay; share_parameters() fills them again for a while). Builds and
-  // checks the schedule (BLU_CHECK).
+  // shapes, dtypes and devices stay; share_parameters() fills them again for a while), unless they
+  // never had them (place_stage_parameters). Builds and checks the schedule (BLU_CHECK).
   PipelineStage(models::CausalLM& model, std::shared_ptr<ProcessGroup> pg, PipelineOptions options);
   ~PipelineStage();
   PipelineStage(const PipelineStage&) = delete;

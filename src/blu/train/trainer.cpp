@@ -40,6 +40,7 @@
 #include "blu/offload/plan.h"
 #include "blu/ops/precision.h"
 #include "blu/memory/allocator.h"
+#include "blu/memory/caching_allocator.h"
 #include "blu/memory/device_pool.h"
 #include "blu/ops/elementwise.h"
 #include "blu/ops/factory.h"
@@ -410,7 +411,21 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     init_weights(*model_, o.init_from, o.model);
     if (cb_.log) *cb_.log << "initialised from " << o.init_from << "\n";
   }
-  if (device_ != kCPU) model_->to(device_);
+  if (pipelined_ && layout.tp == 1) {
+    // A stage's device gets its own parameters only (the others arrive byte-less, as the stage
+    // keeps them), never the whole model. (Under pp × tp the split rewrites the whole model first.)
+    const dist::PipelineOptions po = pipeline_options(layout);
+    const dist::StageLayout sl = dist::split_blocks(int64_t(model_->num_blocks()), layout.pp, po.chunks, po.layers);
+    int64_t whole = 0;
+    for (const Tensor& p : model_->parameters()) whole += int64_t(p.nbytes());
+    const int64_t placed =
+        dist::place_stage_parameters(*model_, dist::stage_parameter_names(*model_, sl, grid.coordinate("pp")), device_);
+    if (cb_.log && device_ != kCPU)
+      *cb_.log << "pipeline stage 0: " << placed << " of the model's " << whole << " parameter bytes placed on "
+               << device_.str() << " (" << format_bytes(placed) << ")\n";
+  } else if (device_ != kCPU) {
+    model_->to(device_);
+  }
   model_->train();
   apply_precision(*model_, o.precision);
   model_->set_activation_policy(models::ActivationPolicy::parse(o.recompute, o.offload_activations));
