@@ -36,15 +36,13 @@ struct OffloadAdamW::State {
   int64_t step = 0;
   std::weak_ptr<Storage> uploaded;  // the device storage master was last copied to / from ...
   uint64_t version = 0;             // ... and its version then (released: when a host view began)
-  // Masters on the host: the parameter's device bytes are released, master is its value, and
-  // staged (host, the copy's dtype) carries the update's 16-bit rounding up to the compute copy.
+  // Masters on the host: the parameter's device bytes are released and master is its value.
   bool released = false;
-  Tensor staged;
   // Gradients on the host: grad accumulates the step's micro-batches (micro of them so far); the
-  // first lands there (grad_landed), each later one in landing (landing_landed) until added in.
-  Tensor landing;
-  EventPtr grad_landed, landing_landed;  // null on a CPU pool, whose copies are done when queued
-  bool landing_full = false;             // landing holds a micro-batch not yet added in
+  // first lands there (grad_landed: null on a CPU pool, whose copies are done when queued), each
+  // later one in a slot of the down ring (landing: its index, -1 none) until added in.
+  EventPtr grad_landed;
+  int64_t landing = -1;
   int64_t micro = 0;
 };
 
@@ -117,7 +115,11 @@ int64_t OffloadAdamW::release_parameters(const std::function<bool(const std::str
       continue;
     ensure_state(i);
     refresh_master(i);  // waits for the copy: the device bytes can go
-    s.staged = empty_from(host_allocator_for(device_), p.shape(), copy.dtype());
+    BLU_ASSERT(up_.empty() || up_.front().buf.dtype() == copy.dtype(), kName, ": compute copies of two dtypes");
+    if (up_.empty()) up_.resize(kRingSlots);
+    for (Slot& slot : up_)
+      if (!slot.buf.defined() || slot.buf.numel() < p.numel())
+        slot.buf = empty_from(host_allocator_for(device_), {p.numel()}, copy.dtype());
     s.released = true;
     p.storage()->data = DataPtr(nullptr, 0, device_, nullptr, nullptr);
     if (options_.grads_on_host) {
@@ -142,11 +144,21 @@ void OffloadAdamW::land_gradient(size_t i, const Tensor& g) {
     engine_->copy(s.grad, g, Lane::out);
     landed = s.grad_landed = engine_->record(Lane::out);
   } else {
-    add_landed(i);  // the previous micro-batch's, before its buffer is reused
-    if (!s.landing.defined()) s.landing = empty_from(host_allocator_for(device_), params_[i].shape(), DType::f32);
-    engine_->copy(s.landing, g, Lane::out);
-    landed = s.landing_landed = engine_->record(Lane::out);
-    s.landing_full = true;
+    add_landed(i);  // this parameter's previous micro-batch first: the sum keeps their order
+    if (down_.empty()) {  // the first accumulation: slots of the largest released parameter's size
+      int64_t largest = 0;
+      for (size_t j = 0; j < params_.size(); ++j)
+        if (state_[j]->released) largest = std::max(largest, params_[j].numel());
+      for (int k = 0; k < kRingSlots; ++k)
+        down_.push_back({.buf = empty_from(host_allocator_for(device_), {largest}, DType::f32)});
+    }
+    const size_t k = down_next_;
+    down_next_ = (k + 1) % down_.size();
+    complete_landing(k);  // another parameter's micro-batch still in it: added in now
+    engine_->copy(view(narrow(down_[k].buf, 0, 0, g.numel()), g.shape()), g, Lane::out);
+    landed = down_[k].done = engine_->record(Lane::out);
+    down_[k].param = int64_t(i);
+    s.landing = int64_t(k);
   }
   ++s.micro;
   if (landed) {  // an asynchronous copy (a CPU pool's is done when queued)
@@ -164,15 +176,29 @@ void OffloadAdamW::land_gradient(size_t i, const Tensor& g) {
 }
 
 void OffloadAdamW::add_landed(size_t i) {
-  State& s = *state_[i];
-  if (!s.landing_full) return;
+  if (state_[i]->landing >= 0) complete_landing(size_t(state_[i]->landing));
+}
+
+void OffloadAdamW::complete_landing(size_t k) {
+  Slot& slot = down_[k];
+  if (slot.param < 0) return;
+  State& s = *state_[size_t(slot.param)];
   if (s.grad_landed) engine_->host_wait(s.grad_landed);  // (a null event would wait for every lane)
-  if (s.landing_landed) engine_->host_wait(s.landing_landed);
+  if (slot.done) engine_->host_wait(slot.done);
   float* acc = s.grad.data<float>();
-  const float* in = s.landing.data<float>();
+  const float* in = slot.buf.data<float>();
   const int64_t n = s.grad.numel();
   for (int64_t j = 0; j < n; ++j) acc[j] = acc[j] + in[j];
-  s.landing_full = false;
+  s.landing = -1;
+  slot.param = -1;
+}
+
+size_t OffloadAdamW::next_up_slot() {
+  const size_t k = up_next_;
+  up_next_ = (k + 1) % up_.size();
+  if (up_[k].done) engine_->host_wait(up_[k].done);  // its last upload has read it
+  up_[k].done = nullptr;
+  return k;
 }
 
 void OffloadAdamW::drain_in_flight() {
@@ -197,16 +223,21 @@ double OffloadAdamW::finish_host_gradients() {
 
 void OffloadAdamW::zero_host_gradients() {
   drain_in_flight();
+  for (Slot& slot : down_) {
+    if (slot.done) engine_->host_wait(slot.done);
+    slot.param = -1;
+  }
   for (auto& s : state_) {
     s->micro = 0;
-    s->landing_full = false;
+    s->landing = -1;
   }
 }
 
-void OffloadAdamW::upload_copy(size_t i) {
+void OffloadAdamW::upload_copy(size_t i, size_t k) {
   const Tensor copy = copies_[i]->target(params_[i]);
   BLU_ASSERT(copy.defined(), kName, ": released parameter '", names_[i], "' lost its compute copy");
-  engine_->copy(copy, state_[i]->staged, Lane::in);
+  engine_->copy(copy, view(narrow(up_[k].buf, 0, 0, copy.numel()), copy.shape()), Lane::in);
+  up_[k].done = engine_->record(Lane::in);
   copies_[i]->mark_written(params_[i]);
 }
 
@@ -240,8 +271,10 @@ void OffloadAdamW::end_view() {
     const bool written = st.version() != s.version;
     st.data = DataPtr(nullptr, 0, device_, nullptr, nullptr);
     if (!written) continue;
-    copy_(s.staged, to_dtype(s.master, s.staged.dtype()));
-    upload_copy(i);
+    const size_t k = next_up_slot();
+    const Tensor staged = view(narrow(up_[k].buf, 0, 0, s.master.numel()), s.master.shape());
+    copy_(staged, to_dtype(s.master, staged.dtype()));
+    upload_copy(i, k);
     uploaded = true;
   }
   if (!uploaded) return;
@@ -337,10 +370,11 @@ void OffloadAdamW::step_on_host(const NormGate& gate) {
     if (decision.skip) continue;
     const auto k = AdamWCoefficients::make(lr_, opt_.beta1, opt_.beta2, opt_.eps, decay_[i], s.step);
     if (s.released) {  // the master is the parameter; its rounding goes up into the compute copy
+      const size_t slot = next_up_slot();
       adamw_host_update(s.master.data<float>(), s.grad.data<float>(), s.exp_avg.data<float>(),
-                        s.exp_avg_sq.data<float>(), static_cast<uint16_t*>(s.staged.raw_data()), s.staged.dtype(),
-                        s.master.numel(), k, decision, options_.threads);
-      upload_copy(i);
+                        s.exp_avg_sq.data<float>(), static_cast<uint16_t*>(up_[slot].buf.raw_data()),
+                        up_[slot].buf.dtype(), s.master.numel(), k, decision, options_.threads);
+      upload_copy(i, slot);
       continue;
     }
     adamw_host_update(s.master.data<float>(), s.grad.data<float>(), s.exp_avg.data<float>(), s.exp_avg_sq.data<float>(),
@@ -449,7 +483,6 @@ void OffloadAdamW::load_state(const nn::NamedTensors& state) {
       s.released = true;
       s.master = old.master;
       s.grad = old.grad;
-      s.staged = old.staged;
       s.version = old.version;
     }
     const auto& t = parsed.per_param[i];

@@ -11,9 +11,9 @@
 //            re-cast on the device by the next forward. One host read per step: the norm gate's
 //            total (the host needs the clip decision).
 //            With masters_on_host the fp32 parameters leave the device too (release_parameters):
-//            the host master is the parameter, the update writes its 16-bit rounding into a host
-//            buffer that goes up into the compute copy (2 bytes per element instead of 4), and the
-//            device keeps the copies and the gradients (Note [Masters on the host]).
+//            the host master is the parameter, the update writes its 16-bit rounding into a slot
+//            of the up ring that goes up into the compute copy (2 bytes per element instead of 4),
+//            and the device keeps the copies and the gradients (Note [Masters on the host]).
 //   device — the moments stream through the device in chunks of chunk_elements: chunk i+1 is
 //            uploaded on the in lane while chunk i is updated on the compute lane (the adamw_step
 //            op: the device kernel, norm gate decided on the device) and chunk i-1 is downloaded
@@ -43,12 +43,13 @@
 // after each micro-batch's backward has accumulated the parameter's gradient) queues its copy to
 // the host on the out lane, after the compute lane's work so far, and takes the gradient off the
 // parameter, so every micro-batch's backward starts it afresh: the first micro-batch's lands in
-// the host accumulator, later ones in a landing buffer that the host adds in (fp32, the device's
-// accumulation order: grad + incoming) before that buffer is reused and at the step. The device
-// bytes stay referenced until their copy is done (grad_window_bytes of them in flight; past it
-// the compute lane waits for the oldest copy, so the allocator reuses nothing a copy still reads).
-// finish_host_gradients() completes the accumulation and gives the sum of their squares for the
-// norm gate. Device bytes per released parameter: the 16-bit copy alone.
+// the host accumulator, later ones in a slot of the down ring that the host adds in (fp32, the
+// device's accumulation order: grad + incoming) before the parameter's next micro-batch lands,
+// before the slot is reused, and at the step. The device bytes stay referenced until their copy is
+// done (grad_window_bytes of them in flight; past it the compute lane waits for the oldest copy, so
+// the allocator reuses nothing a copy still reads). finish_host_gradients() completes the
+// accumulation and gives the sum of their squares for the norm gate. Device bytes per released
+// parameter: the 16-bit copy alone.
 #pragma once
 #include <deque>
 #include <functional>
@@ -117,7 +118,7 @@ class OffloadAdamW final : public optim::Optimizer {
   Device device() const { return device_; }
   // Host bytes per parameter element once every parameter has state: 8 (moments) for the device
   // update, 16 (moments, master, gradient) for the host update.
-  // With masters on the host, 2 more for the 16-bit staging of each released parameter.
+  // (With masters or gradients on the host too, the same, plus a few buffers of the largest parameter.)
   static int64_t host_bytes_per_element(UpdateOn u) { return u == UpdateOn::cpu ? 16 : 8; }
   // Device bytes of the device update's staging buffers (two chunks of both moments), 0 for cpu.
   static int64_t staging_bytes(const OffloadOptions& o, int64_t total_elements);
@@ -128,9 +129,11 @@ class OffloadAdamW final : public optim::Optimizer {
   void step_on_device(const NormGate& gate);
   void ensure_state(size_t i);
   void refresh_master(size_t i);
-  void upload_copy(size_t i);  // a released parameter: its staged 16-bit rounding into the device copy
+  size_t next_up_slot();                // an up-ring slot whose last upload is done
+  void upload_copy(size_t i, size_t k);  // a released parameter: its 16-bit rounding in up-slot k into the copy
   void land_gradient(size_t i, const Tensor& grad);  // grads_on_host: the grad hook
-  void add_landed(size_t i);                    // the landing buffer's micro-batch into the accumulator
+  void add_landed(size_t i);           // this parameter's landed micro-batch into its accumulator
+  void complete_landing(size_t k);     // down-slot k's micro-batch into its parameter's accumulator
   void drain_in_flight();
   void view_masters();
   void end_view();
@@ -151,6 +154,18 @@ class OffloadAdamW final : public optim::Optimizer {
     EventPtr copied;
   };
   std::deque<InFlight> in_flight_;
+  // Host buffers of the largest released parameter's size, used in turn (Note [Masters on the
+  // host]): up_ carries 16-bit roundings up to the compute copies, down_ the gradients of a step's
+  // later micro-batches until they are added in. A few of them instead of one per parameter keep
+  // the host at 16 bytes per parameter.
+  struct Slot {
+    Tensor buf;          // flat, host
+    EventPtr done;       // the copy that last used it (null: none, or a CPU pool's)
+    int64_t param = -1;  // down_: whose gradient it holds, not yet added in
+  };
+  static constexpr int kRingSlots = 4;
+  std::vector<Slot> up_, down_;
+  size_t up_next_ = 0, down_next_ = 0;
   int64_t in_flight_bytes_ = 0;
   std::shared_ptr<OffloadAdamW*> self_;  // the grad hooks hold it weakly: none fires after this is gone
 };

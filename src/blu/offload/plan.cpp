@@ -38,13 +38,13 @@ std::string describe(const Candidate& c) {
 
 // The optimizer state and the masters on the host: the device keeps the 16-bit copies, the fp32
 // parameters that stay (resident_elements) and the gradients; the host the master, moments and
-// gradient of every element plus the 16-bit staging of the released ones. Per step the gradients
+// gradient of every element. Per step the gradients
 // go down (4 bytes) and the released copies up (2), the resident parameters up in fp32 (4).
 Candidate masters_candidate(const PlanInput& in) {
   const int64_t n = in.param_elements, released = n - in.resident_elements;
   Candidate c{true, UpdateOn::cpu, true, 0, 0, 0};
   c.device_static = 4 * in.resident_elements + in.compute_copy_bytes * n + (in.grads_in_activations ? 0 : 4 * n);
-  c.host = OffloadAdamW::host_bytes_per_element(UpdateOn::cpu) * n + in.compute_copy_bytes * released;
+  c.host = OffloadAdamW::host_bytes_per_element(UpdateOn::cpu) * n;  // (and a few buffers of the largest parameter)
   if (in.transfer_bytes_per_s > 0)
     c.update_seconds = std::max(double(4 * n + in.compute_copy_bytes * released + 4 * in.resident_elements) /
                                     in.transfer_bytes_per_s,
@@ -63,7 +63,6 @@ Candidate grads_candidate(const PlanInput& in, int64_t micro_batches) {
   c.device_static = 4 * in.resident_elements + in.compute_copy_bytes * n + (in.grads_in_activations ? 0 : 4 * in.resident_elements) +
                     std::min(in.offload.grad_window_bytes, 4 * released);
   c.act_credit = in.grads_in_activations ? std::min(in.activations.device_bytes, 4 * released) : 0;
-  c.host += 4 * released;  // the landing buffers
   if (in.transfer_bytes_per_s > 0)
     c.update_seconds =
         std::max(double(4 * released * micro_batches + 4 * in.resident_elements + in.compute_copy_bytes * released +
