@@ -80,6 +80,23 @@ TEST(HostAdamW, MatchesReferenceKernelBitwise) { check_host_adamw(DType::bf16, f
 TEST(HostAdamW, MatchesReferenceKernelBitwiseBf16Copy) { check_host_adamw(DType::bf16, true, INFINITY); }
 TEST(HostAdamW, MatchesReferenceKernelBitwiseF16CopyClipped) { check_host_adamw(DType::f16, true, 0.5); }
 
+// The host's gradient accumulation and sum of squares (gradients on the host): the add rounds as
+// one fp32 add per element, and the sum does not depend on the number of threads. Fresh random
+// data over several chunks, checked against a scalar loop and a long double sum.
+TEST(HostAdamW, AccumulationAndSumOfSquaresAreThreadIndependent) {
+  const int64_t n = 300000;  // five chunks, the last partial
+  const Tensor a = randn({n}, DType::f32), b = randn({n}, DType::f32);
+  std::vector<float> acc(a.data<float>(), a.data<float>() + n), want(acc);
+  for (int64_t i = 0; i < n; ++i) want[size_t(i)] = want[size_t(i)] + b.data<float>()[i];
+  add_host(acc.data(), b.data<float>(), n, 3);
+  EXPECT_EQ(std::memcmp(acc.data(), want.data(), size_t(n) * sizeof(float)), 0);
+  const double one = sum_squares_host(acc.data(), n, 1), three = sum_squares_host(acc.data(), n, 3);
+  EXPECT_EQ(std::memcmp(&one, &three, sizeof(double)), 0);
+  long double exact = 0;  // the higher-precision reference
+  for (float x : acc) exact += (long double)x * (long double)x;
+  EXPECT_NEAR(one, double(exact), 1e-12 * double(exact));
+}
+
 TEST(HostAdamW, NonFiniteGateSkips) {
   const auto d = GateDecision::from_total(INFINITY, 1.0);
   EXPECT_TRUE(d.skip);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace blu::offload {
 
@@ -80,6 +81,34 @@ void adamw_host_update(float* p, const float* g, float* m, float* v, uint16_t* c
     else
       run_gated<bf16>(p + b, g + b, m + b, v + b, c, len, k, gate);
   }
+}
+
+void add_host(float* acc, const float* in, int64_t n, int threads) {
+  constexpr int64_t kChunk = int64_t(1) << 16;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  const int nt = threads > 0 ? threads : omp_get_max_threads();
+#pragma omp parallel for schedule(static) num_threads(nt) if (chunks > 1)
+  for (int64_t ci = 0; ci < chunks; ++ci) {
+    const int64_t b = ci * kChunk, e = std::min(n, b + kChunk);
+    for (int64_t i = b; i < e; ++i) acc[i] = acc[i] + in[i];
+  }
+}
+
+double sum_squares_host(const float* x, int64_t n, int threads) {
+  constexpr int64_t kChunk = int64_t(1) << 16;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> part(size_t(std::max<int64_t>(chunks, 1)), 0.0);
+  const int nt = threads > 0 ? threads : omp_get_max_threads();
+#pragma omp parallel for schedule(static) num_threads(nt) if (chunks > 1)
+  for (int64_t ci = 0; ci < chunks; ++ci) {
+    const int64_t b = ci * kChunk, e = std::min(n, b + kChunk);
+    double s = 0;
+    for (int64_t i = b; i < e; ++i) s += double(x[i]) * double(x[i]);
+    part[size_t(ci)] = s;
+  }
+  double total = 0;
+  for (double p : part) total += p;
+  return total;
 }
 
 }  // namespace blu::offload

@@ -35,4 +35,10 @@ struct GateDecision {
 void adamw_host_update(float* p, const float* g, float* m, float* v, uint16_t* copy, DType copy_dtype, int64_t n,
                        const AdamWCoefficients& k, const GateDecision& gate, int threads = 0);
 
+// acc[i] = acc[i] + in[i] (fp32, one rounding each: a gradient's accumulation as the device adds).
+void add_host(float* acc, const float* in, int64_t n, int threads = 0);
+// Σ double(x[i])², summed in fixed chunks whose partial sums are added in order, so the result
+// does not depend on the number of threads.
+double sum_squares_host(const float* x, int64_t n, int threads = 0);
+
 }  // namespace blu::offload

@@ -185,10 +185,7 @@ void OffloadAdamW::complete_landing(size_t k) {
   State& s = *state_[size_t(slot.param)];
   if (s.grad_landed) engine_->host_wait(s.grad_landed);  // (a null event would wait for every lane)
   if (slot.done) engine_->host_wait(slot.done);
-  float* acc = s.grad.data<float>();
-  const float* in = slot.buf.data<float>();
-  const int64_t n = s.grad.numel();
-  for (int64_t j = 0; j < n; ++j) acc[j] = acc[j] + in[j];
+  add_host(s.grad.data<float>(), slot.buf.data<float>(), s.grad.numel(), options_.threads);
   s.landing = -1;
   slot.param = -1;
 }
@@ -214,8 +211,7 @@ double OffloadAdamW::finish_host_gradients() {
     if (!s.released || s.micro == 0) continue;
     if (s.grad_landed) engine_->host_wait(s.grad_landed);
     add_landed(i);
-    const float* g = s.grad.data<float>();
-    for (int64_t j = 0, n = s.grad.numel(); j < n; ++j) total += double(g[j]) * double(g[j]);
+    total += sum_squares_host(s.grad.data<float>(), s.grad.numel(), options_.threads);
   }
   drain_in_flight();
   return total;
