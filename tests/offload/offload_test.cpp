@@ -276,6 +276,36 @@ TEST(Offload, PlanKeepsStateOnDeviceWhenItFitsAndPredictsPeak) {
               (long long)r.step_peak);
 }
 
+// A training step that runs out of the device pool: parameters (and their compute copies) and
+// gradients are counted as such, not as activations, and the message names the offload layouts.
+TEST(Offload, OutOfMemoryInTrainingCountsParametersAndGradients) {
+  TempDir data;
+  train::test_util::write_toy_shards(data.path(), kVocab, 2048, 8192);
+  train::TrainOptions o = pool_run(data, "", "bf16");
+  o.steps = 1;
+  const RunResult full = run(o);  // the step's peak without a budget
+  device_pool(1).set_budget(0);
+  train::Trainer t(o, {});
+  const int64_t live = device_pool(1).stats().current_bytes;
+  int64_t params = 0;
+  for (const Tensor& p : t.model().parameters()) params += int64_t(p.nbytes());
+  ASSERT_LT(live, full.step_peak);
+  device_pool(1).set_budget(live + (full.step_peak - live) * 95 / 100);  // short late in the backward
+  try {
+    t.run();
+    device_pool(1).set_budget(0);
+    FAIL() << "trained within a budget below its peak";
+  } catch (const OutOfMemoryError& e) {
+    device_pool(1).set_budget(0);
+    const MemoryReport& r = e.report();
+    EXPECT_GE(r.by_category[size_t(MemoryCategory::parameters)], params) << e.what();  // fp32 and copies
+    EXPECT_GT(r.by_category[size_t(MemoryCategory::gradients)], 0) << e.what();
+    // (AdamW makes its state at the first update: none yet to offload.)
+    for (const char* want : {"--offload-state master", "parameters  wte.weight", "gradients"})
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << "missing '" << want << "' in:\n" << e.what();
+  }
+}
+
 TEST(Offload, BudgetPicksOffloadAndTooSmallBudgetFailsEarly) {
   TempDir data;
   train::test_util::write_toy_shards(data.path(), kVocab, 2048, 8192);

@@ -3,6 +3,7 @@
 #include <atomic>
 
 #include "blu/core/grad_mode.h"
+#include "blu/memory/memory_report.h"
 #include "blu/ops/elementwise.h"
 #include "blu/ops/view.h"
 
@@ -72,11 +73,13 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_out) {
     const Tensor& slot = *meta.grad_slot;
     if (g.storage() != slot.storage() || g.raw_data() != slot.raw_data()) copy_(slot, g);
     meta.grad = std::make_shared<Tensor>(slot);
+    tag_memory(slot, MemoryCategory::gradients);
   } else if (!meta.grad) {
     // Keep the incoming gradient only when nothing else refers to it; otherwise own a copy, so a
     // later in-place accumulation cannot change another tensor.
     const bool exclusive = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous();
     meta.grad = std::make_shared<Tensor>(exclusive ? g : clone(g));
+    tag_memory(*meta.grad, MemoryCategory::gradients);  // an out-of-memory report counts it as such
   } else {
     add_(*meta.grad, g);
   }

@@ -13,6 +13,7 @@
 #include "blu/dist/tensor_parallel.h"
 #include "blu/dist/zero.h"
 #include "blu/dist/zero_checkpoint.h"
+#include "blu/memory/memory_report.h"
 #include "blu/models/causal_lm.h"
 #include "blu/nn/layers.h"
 #include "blu/ops/elementwise.h"
@@ -23,6 +24,12 @@
 namespace blu::dist {
 
 namespace {
+
+// An out-of-memory report counts the parameters' bytes as such, by name (a byte-less one is skipped).
+void tag_parameters(nn::Module& model) {
+  for (const auto& [name, p] : model.named_parameters())
+    if (p.storage() && p.storage()->ptr()) tag_memory(p, MemoryCategory::parameters, name);
+}
 
 double host_value(const Tensor& t) { return t.device().is_cpu() ? t.item() : to_device(t, kCPU).item(); }
 
@@ -176,6 +183,7 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<ProcessGroup> pg, Strategy
   }
   params_ = model_.parameters();
   if (config_.offload_state && config_.offload.masters_on_host) release_masters();  // after DDP's broadcast
+  tag_parameters(model_);
 }
 
 // Note [Masters on the host] (offload/offload_adamw.h). One token's forward, in eval mode (no
@@ -243,6 +251,7 @@ Strategy::Strategy(models::CausalLM& model, std::shared_ptr<ProcessGroup> pp, Pi
   }
   opt_->attach_compute_copies(model_.compute_copies());
   for (const auto& [name, p] : pipeline_->owned_parameters()) params_.push_back(p);
+  tag_parameters(model_);
 }
 
 

@@ -85,13 +85,19 @@ std::string explain_oom(const MemoryReport& r) {
   os << "\n  what would fit: a budget of at least " << format_bytes(need) << " (--gpu-memory-budget "
      << std::ceil(double(need) / gib * 100) / 100 << ") holds what is live plus this request";
   const int64_t state = r.by_category[size_t(MemoryCategory::optimizer_state)];
+  const int64_t params = r.by_category[size_t(MemoryCategory::parameters)];
   const int64_t grads = r.by_category[size_t(MemoryCategory::gradients)];
   const int64_t short_by = r.limit > 0 ? need + r.cached - r.limit : r.requested;
   if (state > 0)
     os << "; offloading the optimizer state to the host (--offload-state optimizer) frees " << format_bytes(state)
        << (state >= short_by ? ", enough for this request" : ", not enough alone");
-  if (grads > 0 && state < short_by)
-    os << "; with the gradients it frees " << format_bytes(state + grads);
+  // The fp32 parameters go too under --offload-state master (bf16/fp16: their 16-bit copies and the
+  // embeddings stay, so "up to"), their gradients under master+grads.
+  if (params > 0 && state < short_by)
+    os << "; with the fp32 parameters (--offload-state master, bf16/fp16) up to " << format_bytes(state + params);
+  if (grads > 0 && state + params < short_by)
+    os << "; with their gradients too (--offload-state master+grads, one rank) up to "
+       << format_bytes(state + params + grads);
   if (const auto& f = oom_advice()) {
     const std::string extra = f(r);
     if (!extra.empty()) os << "\n  " << extra;

@@ -1,6 +1,7 @@
 #include "blu/nn/compute_copy.h"
 
 #include "blu/core/grad_mode.h"
+#include "blu/memory/memory_report.h"
 #include "blu/ops/view.h"
 
 namespace blu::nn {
@@ -10,6 +11,7 @@ Tensor ComputeCopy::cast(const Tensor& param, DType dtype) {
   if (!(copy_.defined() && copy_.dtype() == dtype && current(param))) {
     NoGradGuard no_grad;
     copy_ = to_dtype(param.detach(), dtype);  // a new tensor: graphs holding the old one keep it
+    tag_memory(copy_, MemoryCategory::parameters, "16-bit compute copy");
     remember(param);
   }
   return cast_with_copy(param, copy_);
