@@ -145,6 +145,24 @@ TEST(ShardedSelection, ByStepNumberVersionAndEmptyCommit) {
   EXPECT_NE(err.find(commit.string() + ": empty file"), std::string::npos) << err;
 }
 
+// A COMMIT listing a file name the file system refuses (longer than NAME_MAX) is an error naming
+// it, not a std::filesystem exception out of verify (found by fuzz_commit after 6.1M inputs).
+TEST(ShardedSelection, CommitWithAnOverlongFileNameIsRefusedByName) {
+  TempDir dir;
+  fs::copy(kLegacy / "zero/ckpt_00000002", dir.path / "ckpt_00000002");
+  const fs::path commit = dir.path / "ckpt_00000002/COMMIT";
+  nlohmann::json j = io::read_json_file(commit);  // format 1: made a version-2 COMMIT listing one file
+  j["format_version"] = 2;
+  j["files"] = nlohmann::json::array();  // the model file and the world size's 2 shards, one name too long
+  for (const std::string& name : {std::string(300, 'a'), std::string("b"), std::string("c")})
+    j["files"].push_back({{"name", name}, {"bytes", 1}, {"checksum", "0"}});
+  io::write_json_file(commit, j);
+  const std::string err = error_of([&] { verify_sharded_checkpoint(commit.parent_path().string()); });
+  EXPECT_NE(err.find("COMMIT lists a file name the file system refuses"), std::string::npos) << err;
+  EXPECT_NE(err.find("300 bytes"), std::string::npos) << err;
+  EXPECT_EQ(latest_sharded_checkpoint(dir.str(), [](const std::string&) {}), "");  // skipped, with a warning
+}
+
 // One rank of the legacy resume below: the Trainer of make_legacy_checkpoints.cpp, resuming.
 TEST(ShardedLegacyWorker, Run) {
   const char* out = std::getenv("BLU_LEGACY_OUT");
