@@ -397,8 +397,8 @@ TEST(Offload, GradientsOnHostTrainLikePlainRun) {
       for (size_t i = 0; i < plain.losses.size(); ++i)
         EXPECT_NEAR(grads.losses[i], plain.losses[i], 1e-6 * std::abs(plain.losses[i])) << "step " << i + 1;
     }
-    // The first micro-batch's gradients of the released parameters no longer wait on the device
-    // beside the second's backward.
+    // The first micro-batch's gradients of the released parameters are on the host, not on the
+    // device beside the second's backward.
     EXPECT_EQ(grads.released, masters.released);
     EXPECT_LT(double(grads.step_peak), double(masters.step_peak) - 3.0 * double(grads.released)) << grads.log;
     EXPECT_NEAR(double(grads.step_peak), double(grads.plan->device_peak_bytes),
@@ -446,6 +446,17 @@ TEST(Offload, BudgetTakesMastersOnHostOnlyWhenNothingElseFits) {
                      {"no memory layout fits", "optimizer state and fp32 master weights on the host", "--gpu-memory-budget"});
 }
 
+// A run resumed after step 4 of 8: its losses are the uninterrupted run's last four and its final
+// weights the same, bit for bit.
+void expect_continues(const RunResult& straight, const RunResult& rest) {
+  ASSERT_EQ(rest.losses.size(), 4u);
+  for (size_t i = 0; i < 4; ++i)
+    EXPECT_EQ(std::memcmp(&rest.losses[i], &straight.losses[4 + i], sizeof(double)), 0) << "step " << 5 + i;
+  ASSERT_EQ(rest.weights.size(), straight.weights.size());
+  for (size_t i = 0; i < rest.weights.size(); ++i)
+    EXPECT_EQ(std::memcmp(rest.weights[i].data(), straight.weights[i].data(), rest.weights[i].size() * 8), 0);
+}
+
 TEST(Offload, ResumeIsBitwiseExact) {
   TempDir data, runs;
   train::test_util::write_toy_shards(data.path(), kVocab, 2048, 8192);
@@ -465,12 +476,7 @@ TEST(Offload, ResumeIsBitwiseExact) {
     train::TrainOptions second = first;
     second.resume = true;
     const RunResult rest = run(second);
-    ASSERT_EQ(rest.losses.size(), 4u);
-    for (size_t i = 0; i < 4; ++i)
-      EXPECT_EQ(std::memcmp(&rest.losses[i], &straight.losses[4 + i], sizeof(double)), 0) << "step " << 5 + i;
-    ASSERT_EQ(rest.weights.size(), straight.weights.size());
-    for (size_t i = 0; i < rest.weights.size(); ++i)
-      EXPECT_EQ(std::memcmp(rest.weights[i].data(), straight.weights[i].data(), rest.weights[i].size() * 8), 0);
+    expect_continues(straight, rest);
   }
 }
 
@@ -490,12 +496,7 @@ TEST(Offload, MastersOnHostCheckpointsMoveToAndFromPlainRuns) {
     second.resume = true;
     second.offload_state = master_first ? "none" : "master";
     const RunResult rest = run(second);
-    ASSERT_EQ(rest.losses.size(), 4u);
-    for (size_t i = 0; i < 4; ++i)
-      EXPECT_EQ(std::memcmp(&rest.losses[i], &straight.losses[4 + i], sizeof(double)), 0) << "step " << 5 + i;
-    ASSERT_EQ(rest.weights.size(), straight.weights.size());
-    for (size_t i = 0; i < rest.weights.size(); ++i)
-      EXPECT_EQ(std::memcmp(rest.weights[i].data(), straight.weights[i].data(), rest.weights[i].size() * 8), 0);
+    expect_continues(straight, rest);
   }
 }
 
