@@ -47,6 +47,7 @@
 #include "blu/optim/optimizer.h"
 #include "blu/memory/device_pool.h"
 #include "blu/offload/plan.h"
+#include "blu/offload/transfer.h"
 #include "blu/train/layout_setup.h"
 #include "blu/train/trainer.h"
 #include "commands.h"
@@ -569,6 +570,11 @@ int run_bench(const BenchOptions& o) {
       j["offload"] = o.offload_update;
       j["offload_state"] = o.offload_state;
       j["offload_chunk"] = o.offload_chunk;
+      if (dev.is_cuda()) {  // pinned host memory: the offloaded state and the transfer rings
+        const AllocatorStats h = offload::host_allocator_for(dev).stats();
+        j["host_bytes_per_param"] = std::round(double(h.current_bytes) / double(n) * 100) / 100;
+        j["host_reserved_gib"] = std::round(double(h.reserved_bytes) / double(1 << 30) * 100) / 100;
+      }
     }
   }
   if (o.dp > 1) {
@@ -690,7 +696,7 @@ Command add_bench(CLI::App& root) {
   app->add_option("--offload-update", o->offload_update, "cpu (host AdamW) or gpu (state streamed in chunks)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "gpu"}));
-  app->add_option("--offload-chunk", o->offload_chunk, "Elements per streamed chunk of --offload-update gpu")
+  app->add_option("--offload-chunk", o->offload_chunk, "Elements per streamed chunk of the offloaded update (gpu: staged moments; cpu: staged gradients)")
       ->capture_default_str();
   app->add_option("--gpu-memory-budget", o->gpu_memory_budget, "GiB a device pool (--device cpu:N) may hold");
   app->add_option("--peak-tflops", o->peak_tflops, "The GPU's measured matmul peak for this precision (MFU)");

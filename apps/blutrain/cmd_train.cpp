@@ -400,7 +400,7 @@ Command add_train(CLI::App& root) {
                   "device in chunks), auto (the faster by a start-up probe)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "cpu", "gpu"}));
-  app->add_option("--offload-chunk", o.offload_chunk, "Elements per streamed chunk of --offload-update gpu")
+  app->add_option("--offload-chunk", o.offload_chunk, "Elements per streamed chunk of the offloaded update (gpu: staged moments; cpu: staged gradients)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app->add_flag("!--no-row-exchange", o.row_exchange,

@@ -436,7 +436,7 @@ TEST(Offload, BudgetTakesMastersOnHostOnlyWhenNothingElseFits) {
   const MemoryPlan p = plan_memory(in);
   EXPECT_TRUE(p.masters_on_host && p.offload_state) << p.text;
   EXPECT_EQ(p.device_static_bytes, 2000000 + 400000);
-  EXPECT_EQ(p.host_bytes, 16 * 1000000);
+  EXPECT_EQ(p.host_bytes, 12 * 1000000);  // master and moments; the gradients pass through the ring
   EXPECT_NE(p.text.find("fp32 master weights on the host"), std::string::npos) << p.text;
   in.device_budget += 4 * 1000000;  // now the optimizer state alone fits: preferred
   const MemoryPlan q = plan_memory(in);

@@ -32,7 +32,8 @@ UpdateOn parse_update(const std::string& name) {
 
 struct OffloadAdamW::State {
   Tensor exp_avg, exp_avg_sq;  // host, f32, the parameter's shape
-  Tensor master, grad;         // host update only: the fp32 master weights, the gradient's landing buffer
+  Tensor master;  // host update only: the fp32 master weights
+  Tensor grad;    // gradients on the host (released parameters): the step's accumulator
   int64_t step = 0;
   std::weak_ptr<Storage> uploaded;  // the device storage master was last copied to / from ...
   uint64_t version = 0;             // ... and its version then (released: when a host view began)
@@ -117,9 +118,11 @@ int64_t OffloadAdamW::release_parameters(const std::function<bool(const std::str
     refresh_master(i);  // waits for the copy: the device bytes can go
     BLU_ASSERT(up_.empty() || up_.front().buf.dtype() == copy.dtype(), kName, ": compute copies of two dtypes");
     if (up_.empty()) up_.resize(kRingSlots);
+    const int64_t slot_elements = std::min(p.numel(), options_.chunk_elements);
     for (Slot& slot : up_)
-      if (!slot.buf.defined() || slot.buf.numel() < p.numel())
-        slot.buf = empty_from(host_allocator_for(device_), {p.numel()}, copy.dtype());
+      if (!slot.buf.defined() || slot.buf.numel() < slot_elements)
+        slot.buf = empty_from(host_allocator_for(device_), {slot_elements}, copy.dtype());
+    if (options_.grads_on_host) s.grad = empty_from(host_allocator_for(device_), p.shape(), DType::f32);
     s.released = true;
     p.storage()->data = DataPtr(nullptr, 0, device_, nullptr, nullptr);
     if (options_.grads_on_host) {
@@ -229,12 +232,12 @@ void OffloadAdamW::zero_host_gradients() {
   }
 }
 
-void OffloadAdamW::upload_copy(size_t i, size_t k) {
+void OffloadAdamW::upload_copy(size_t i, size_t k, int64_t offset, int64_t length) {
   const Tensor copy = copies_[i]->target(params_[i]);
   BLU_ASSERT(copy.defined(), kName, ": released parameter '", names_[i], "' lost its compute copy");
-  engine_->copy(copy, view(narrow(up_[k].buf, 0, 0, copy.numel()), copy.shape()), Lane::in);
+  engine_->copy(piece(copy, offset, length), narrow(up_[k].buf, 0, 0, length), Lane::in);
   up_[k].done = engine_->record(Lane::in);
-  copies_[i]->mark_written(params_[i]);
+  if (offset + length == copy.numel()) copies_[i]->mark_written(params_[i]);
 }
 
 OffloadAdamW::HostView::HostView(OffloadAdamW* opt) : opt_(opt) {
@@ -267,10 +270,14 @@ void OffloadAdamW::end_view() {
     const bool written = st.version() != s.version;
     st.data = DataPtr(nullptr, 0, device_, nullptr, nullptr);
     if (!written) continue;
-    const size_t k = next_up_slot();
-    const Tensor staged = view(narrow(up_[k].buf, 0, 0, s.master.numel()), s.master.shape());
-    copy_(staged, to_dtype(s.master, staged.dtype()));
-    upload_copy(i, k);
+    const int64_t n = s.master.numel(), cap = up_.front().buf.numel();
+    for (int64_t off = 0; off < n; off += cap) {
+      const int64_t len = std::min(cap, n - off);
+      const size_t k = next_up_slot();
+      const Tensor staged = narrow(up_[k].buf, 0, 0, len);
+      copy_(staged, to_dtype(piece(s.master, off, len), staged.dtype()));
+      upload_copy(i, k, off, len);
+    }
     uploaded = true;
   }
   if (!uploaded) return;
@@ -299,10 +306,7 @@ void OffloadAdamW::ensure_state(size_t i) {
     std::memset(s.exp_avg.raw_data(), 0, s.exp_avg.nbytes());
     std::memset(s.exp_avg_sq.raw_data(), 0, s.exp_avg_sq.nbytes());
   }
-  if (options_.update == UpdateOn::cpu && !s.master.defined()) {
-    s.master = empty_from(host, p.shape(), DType::f32);
-    s.grad = empty_from(host, p.shape(), DType::f32);
-  }
+  if (options_.update == UpdateOn::cpu && !s.master.defined()) s.master = empty_from(host, p.shape(), DType::f32);
 }
 
 // The master must equal the device parameter: re-read it when anyone else wrote the parameter
@@ -331,25 +335,58 @@ void OffloadAdamW::step_on_host(const NormGate& gate) {
   engine_->host_wait(pending_in_);
   const EventPtr grads_ready = engine_->record(Lane::compute);
   engine_->wait(Lane::out, grads_ready);
-  std::vector<size_t> todo;
-  std::vector<EventPtr> landed;
+  // The update runs piece by piece (at most chunk_elements each). A piece whose gradient is on the
+  // device comes down into a slot of the staging ring (kRingSlots ahead of the update), so the
+  // host holds no gradient of its own for it (Note [Gradient staging]).
+  struct Piece {
+    size_t param;
+    int64_t offset, length;
+    bool staged;  // its gradient comes through the staging ring (else: the host accumulator)
+  };
+  std::vector<Piece> pieces;
+  std::vector<size_t> staged;  // indices into pieces, in ring order
+  int64_t stage_elements = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (state_[i]->released && options_.grads_on_host) {  // on the host already (finish_host_gradients)
+    const bool on_host = state_[i]->released && options_.grads_on_host;
+    if (on_host) {  // on the host already (finish_host_gradients)
       if (state_[i]->micro == 0) continue;
-      landed.push_back(nullptr);
-      todo.push_back(i);
-      continue;
+    } else {
+      const Tensor g = params_[i].grad();
+      if (!g.defined()) continue;
+      BLU_CHECK(g.dtype() == DType::f32 && g.shape() == params_[i].shape() && g.is_contiguous(), kName,
+                ": gradient of '", names_[i], "' is ", g.str(), ", expected a contiguous f32 tensor of the ",
+                "parameter's shape");
+      ensure_state(i);
+      if (!state_[i]->released) refresh_master(i);
     }
-    const Tensor g = params_[i].grad();
-    if (!g.defined()) continue;
-    BLU_CHECK(g.dtype() == DType::f32 && g.shape() == params_[i].shape() && g.is_contiguous(), kName, ": gradient of '",
-              names_[i], "' is ", g.str(), ", expected a contiguous f32 tensor of the parameter's shape");
-    ensure_state(i);
-    if (!state_[i]->released) refresh_master(i);
-    engine_->copy(state_[i]->grad, g, Lane::out);
-    landed.push_back(engine_->record(Lane::out));
-    todo.push_back(i);
+    for (int64_t off = 0, n = params_[i].numel(); off < n; off += options_.chunk_elements) {
+      const int64_t len = std::min(options_.chunk_elements, n - off);
+      if (!on_host) {
+        staged.push_back(pieces.size());
+        stage_elements = std::max(stage_elements, len);
+      }
+      pieces.push_back({i, off, len, !on_host});
+    }
   }
+  if (stage_.empty() && stage_elements > 0) stage_.resize(kRingSlots);
+  for (Slot& slot : stage_)
+    if (!slot.buf.defined() || slot.buf.numel() < stage_elements) {
+      if (slot.done) engine_->host_wait(slot.done);
+      slot.buf = empty_from(host_allocator_for(device_), {stage_elements}, DType::f32);
+      slot.done = nullptr;
+    }
+  // Staged piece t goes into slot t % kRingSlots once piece t - kRingSlots has been updated.
+  size_t issued = 0;
+  auto issue_until = [&](size_t end) {
+    for (; issued < std::min(end, staged.size()); ++issued) {
+      const Piece& pc = pieces[staged[issued]];
+      Slot& slot = stage_[issued % stage_.size()];
+      engine_->copy(narrow(slot.buf, 0, 0, pc.length), piece(params_[pc.param].grad(), pc.offset, pc.length),
+                    Lane::out);
+      slot.done = engine_->record(Lane::out);
+    }
+  };
+  issue_until(stage_.size());
   // The gate's total, read once (the host decides the clip as the kernels do on the device).
   double total = -1;
   if (gate.defined()) {
@@ -357,27 +394,42 @@ void OffloadAdamW::step_on_host(const NormGate& gate) {
     total = t.dtype() == DType::f64 ? *t.data<double>() : double(*t.data<float>());
   }
   const GateDecision decision = GateDecision::from_total(total, gate.max_norm);
-  for (size_t j = 0; j < todo.size(); ++j) {
-    const size_t i = todo[j];
+  size_t next_staged = 0;
+  for (const Piece& pc : pieces) {
+    const size_t i = pc.param;
     State& s = *state_[i];
-    ++s.step;  // counted even when the gate skips the update, as AdamW counts it
-    s.micro = 0;
-    if (landed[j]) engine_->host_wait(landed[j]);
+    if (pc.offset == 0) {
+      ++s.step;  // counted even when the gate skips the update, as AdamW counts it
+      s.micro = 0;
+    }
+    const float* g = nullptr;
+    if (pc.staged) {
+      issue_until(next_staged + stage_.size());
+      Slot& slot = stage_[next_staged % stage_.size()];
+      if (slot.done) engine_->host_wait(slot.done);
+      g = slot.buf.data<float>();
+      ++next_staged;
+    } else {
+      g = s.grad.data<float>() + pc.offset;
+    }
     if (decision.skip) continue;
     const auto k = AdamWCoefficients::make(lr_, opt_.beta1, opt_.beta2, opt_.eps, decay_[i], s.step);
+    float* const master = s.master.data<float>() + pc.offset;
+    float* const m = s.exp_avg.data<float>() + pc.offset;
+    float* const v = s.exp_avg_sq.data<float>() + pc.offset;
     if (s.released) {  // the master is the parameter; its rounding goes up into the compute copy
       const size_t slot = next_up_slot();
-      adamw_host_update(s.master.data<float>(), s.grad.data<float>(), s.exp_avg.data<float>(),
-                        s.exp_avg_sq.data<float>(), static_cast<uint16_t*>(up_[slot].buf.raw_data()),
-                        up_[slot].buf.dtype(), s.master.numel(), k, decision, options_.threads);
-      upload_copy(i, slot);
+      adamw_host_update(master, g, m, v, static_cast<uint16_t*>(up_[slot].buf.raw_data()), up_[slot].buf.dtype(),
+                        pc.length, k, decision, options_.threads);
+      upload_copy(i, slot, pc.offset, pc.length);
       continue;
     }
-    adamw_host_update(s.master.data<float>(), s.grad.data<float>(), s.exp_avg.data<float>(), s.exp_avg_sq.data<float>(),
-                      nullptr, DType::bf16, s.master.numel(), k, decision, options_.threads);
-    engine_->copy(params_[i], s.master, Lane::in);
-    s.uploaded = params_[i].storage();
-    s.version = params_[i].storage()->version();
+    adamw_host_update(master, g, m, v, nullptr, DType::bf16, pc.length, k, decision, options_.threads);
+    engine_->copy(piece(params_[i], pc.offset, pc.length), piece(s.master, pc.offset, pc.length), Lane::in);
+    if (pc.offset + pc.length == params_[i].numel()) {
+      s.uploaded = params_[i].storage();
+      s.version = params_[i].storage()->version();
+    }
   }
   pending_in_ = engine_->record(Lane::in);
   engine_->wait(Lane::compute, pending_in_);  // the next forward reads the new parameters

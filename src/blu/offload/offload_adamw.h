@@ -1,12 +1,12 @@
 // offload/offload_adamw: AdamW with its state in host memory — the first and second moments
-// (and, when the host runs the update, an fp32 master copy of each parameter and a gradient
-// buffer) live in pinned host memory on CUDA (host memory beside the device pool cpu:N on a CPU
+// (and, when the host runs the update, an fp32 master copy of each parameter) live in pinned host
+// memory on CUDA (host memory beside the device pool cpu:N on a CPU
 // build), so the device holds only what the forward and backward need: the parameters, their
 // gradients and the 16-bit compute copies. Two ways to run the update, chosen per machine
 // (OffloadOptions::update; the planner's probe picks for `auto`, offload/plan.h):
-//   cpu    — the gradients go to the host (one copy per parameter on the out lane, each awaited
-//            only before its own update), the host runs the threaded AdamW (offload/host_adamw.h)
-//            on master, moments and gradient, and the new parameter goes back on the in lane; the
+//   cpu    — the gradients go to the host in pieces through a staging ring (Note [Gradient
+//            staging]), the host runs the threaded AdamW (offload/host_adamw.h) on master, moments
+//            and gradient piece by piece, and each new piece goes back on the in lane; the
 //            compute lane waits for the uploads by an event. The 16-bit compute copies are
 //            re-cast on the device by the next forward. One host read per step: the norm gate's
 //            total (the host needs the clip decision).
@@ -37,6 +37,14 @@
 // takes host_view(): while it lives each released parameter's storage views its host master
 // (device kCPU), and a write through it is re-cast into the copy when the view ends. Parameters read
 // in their own dtype (an nn::Embedding's lookup) must stay resident: the caller chooses.
+//
+// Note [Gradient staging]
+// The host update needs a gradient on the host only while it updates it, so a gradient on the
+// device comes down in pieces of at most chunk_elements into kRingSlots host slots: piece t uses
+// slot t % kRingSlots, and its copy is queued on the out lane once piece t - kRingSlots has been
+// updated, so the copies run ahead of the update by the ring's depth and the host keeps 12 bytes
+// per element (master, two moments) instead of 16. The update is elementwise, so the pieces give
+// the parameter's update bit for bit.
 //
 // Note [Gradients on the host]
 // With grads_on_host a released parameter's gradient leaves the device too. A grad hook (run
@@ -69,7 +77,7 @@ UpdateOn parse_update(const std::string& name);  // "cpu", "gpu" (or "device")
 
 struct OffloadOptions {
   UpdateOn update = UpdateOn::cpu;
-  int64_t chunk_elements = int64_t(1) << 22;  // device update: elements per streamed chunk
+  int64_t chunk_elements = int64_t(1) << 22;  // elements per streamed chunk (device update) or piece (host update)
   int threads = 0;                             // host update: 0 = OpenMP's default
   bool masters_on_host = false;  // host update only: see Note [Masters on the host]
   // With masters_on_host: the released parameters' gradients go to the host as each micro-batch's
@@ -117,9 +125,12 @@ class OffloadAdamW final : public optim::Optimizer {
   const OffloadOptions& options() const { return options_; }
   Device device() const { return device_; }
   // Host bytes per parameter element once every parameter has state: 8 (moments) for the device
-  // update, 16 (moments, master, gradient) for the host update.
-  // (With masters or gradients on the host too, the same, plus a few buffers of the largest parameter.)
-  static int64_t host_bytes_per_element(UpdateOn u) { return u == UpdateOn::cpu ? 16 : 8; }
+  // update, 12 (moments, master) for the host update, 16 with the gradients on the host too (their
+  // accumulator). Plus the rings: a few buffers of chunk_elements (and, with gradients on the
+  // host, of the largest released parameter).
+  static int64_t host_bytes_per_element(UpdateOn u, bool grads_on_host = false) {
+    return u == UpdateOn::cpu ? (grads_on_host ? 16 : 12) : 8;
+  }
   // Device bytes of the device update's staging buffers (two chunks of both moments), 0 for cpu.
   static int64_t staging_bytes(const OffloadOptions& o, int64_t total_elements);
 
@@ -130,7 +141,8 @@ class OffloadAdamW final : public optim::Optimizer {
   void ensure_state(size_t i);
   void refresh_master(size_t i);
   size_t next_up_slot();                // an up-ring slot whose last upload is done
-  void upload_copy(size_t i, size_t k);  // a released parameter: its 16-bit rounding in up-slot k into the copy
+  // A released parameter's piece [offset, offset + length): its 16-bit rounding in up-slot k into the copy.
+  void upload_copy(size_t i, size_t k, int64_t offset, int64_t length);
   void land_gradient(size_t i, const Tensor& grad);  // grads_on_host: the grad hook
   void add_landed(size_t i);           // this parameter's landed micro-batch into its accumulator
   void complete_landing(size_t k);     // down-slot k's micro-batch into its parameter's accumulator
@@ -154,17 +166,18 @@ class OffloadAdamW final : public optim::Optimizer {
     EventPtr copied;
   };
   std::deque<InFlight> in_flight_;
-  // Host buffers of the largest released parameter's size, used in turn (Note [Masters on the
-  // host]): up_ carries 16-bit roundings up to the compute copies, down_ the gradients of a step's
-  // later micro-batches until they are added in. A few of them instead of one per parameter keep
-  // the host at 16 bytes per parameter.
+  // Host buffers used in turn: up_ (chunk_elements each) carries 16-bit roundings up to the compute
+  // copies (Note [Masters on the host]), stage_ (chunk_elements each) the device's gradients down
+  // to the host update (Note [Gradient staging]), down_ (the largest released parameter's size)
+  // the gradients of a step's later micro-batches until they are added in (Note [Gradients on the
+  // host]). A few of them instead of one per parameter keep the host at 12 or 16 bytes per element.
   struct Slot {
     Tensor buf;          // flat, host
     EventPtr done;       // the copy that last used it (null: none, or a CPU pool's)
     int64_t param = -1;  // down_: whose gradient it holds, not yet added in
   };
   static constexpr int kRingSlots = 4;
-  std::vector<Slot> up_, down_;
+  std::vector<Slot> up_, down_, stage_;
   size_t up_next_ = 0, down_next_ = 0;
   int64_t in_flight_bytes_ = 0;
   std::shared_ptr<OffloadAdamW*> self_;  // the grad hooks hold it weakly: none fires after this is gone

@@ -37,14 +37,14 @@ std::string describe(const Candidate& c) {
 }
 
 // The optimizer state and the masters on the host: the device keeps the 16-bit copies, the fp32
-// parameters that stay (resident_elements) and the gradients; the host the master, moments and
-// gradient of every element. Per step the gradients
+// parameters that stay (resident_elements) and the gradients; the host the master and moments of
+// every element (the gradients pass through its staging ring). Per step the gradients
 // go down (4 bytes) and the released copies up (2), the resident parameters up in fp32 (4).
 Candidate masters_candidate(const PlanInput& in) {
   const int64_t n = in.param_elements, released = n - in.resident_elements;
   Candidate c{true, UpdateOn::cpu, true, 0, 0, 0};
   c.device_static = 4 * in.resident_elements + in.compute_copy_bytes * n + (in.grads_in_activations ? 0 : 4 * n);
-  c.host = OffloadAdamW::host_bytes_per_element(UpdateOn::cpu) * n;  // (and a few buffers of the largest parameter)
+  c.host = OffloadAdamW::host_bytes_per_element(UpdateOn::cpu) * n;  // (and the rings' few buffers)
   if (in.transfer_bytes_per_s > 0)
     c.update_seconds = std::max(double(4 * n + in.compute_copy_bytes * released + 4 * in.resident_elements) /
                                     in.transfer_bytes_per_s,
@@ -52,7 +52,7 @@ Candidate masters_candidate(const PlanInput& in) {
   return c;
 }
 
-// And the released parameters' gradients: the probe's activations counted every gradient (the
+// And the released parameters' gradients, accumulated on the host (4 more bytes each there): the probe's activations counted every gradient (the
 // first micro-batch's kept beside the second), of which only the resident parameters' stay; the
 // window of gradients whose copy is in flight is added. Per micro-batch the released gradients
 // go down (4 bytes each) instead of once per step.
@@ -60,6 +60,7 @@ Candidate grads_candidate(const PlanInput& in, int64_t micro_batches) {
   Candidate c = masters_candidate(in);
   const int64_t n = in.param_elements, released = n - in.resident_elements;
   c.grads = true;
+  c.host = OffloadAdamW::host_bytes_per_element(UpdateOn::cpu, true) * n;
   c.device_static = 4 * in.resident_elements + in.compute_copy_bytes * n + (in.grads_in_activations ? 0 : 4 * in.resident_elements) +
                     std::min(in.offload.grad_window_bytes, 4 * released);
   c.act_credit = in.grads_in_activations ? std::min(in.activations.device_bytes, 4 * released) : 0;
