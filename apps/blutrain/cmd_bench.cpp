@@ -583,6 +583,7 @@ int run_bench(const BenchOptions& o) {
     j["backend"] = pg->backend();
     if (o.zero) j["zero"] = o.zero;
     j["bucket_mib"] = o.ddp.bucket_mib;
+    if (ddp) j["reduce_dtype"] = ddp->reduce_dtype() ? std::string(dtype_name(*ddp->reduce_dtype())) : "bucket";
     j["first_bucket_mib"] = o.ddp.first_bucket_mib;
     j["comm_priority"] = o.comm_priority;
     if (o.zero == 3) {  // units gathered at once (a block each, and the rest); no row exchange

@@ -340,6 +340,8 @@ std::vector<int> DistributedDataParallel::bucket_states() const {
   return out;
 }
 
+std::optional<DType> DistributedDataParallel::reduce_dtype() const { return state_->reduce_dtype; }
+
 std::vector<std::string> DistributedDataParallel::row_exchange_paths() const {
   std::lock_guard lock(state_->mu);
   std::vector<std::string> out;

@@ -131,6 +131,8 @@ class DistributedDataParallel {
   // How the last synced step exchanged each exchange_rows embedding's rows: "gather" or "dense"
   // ("" before the first).
   std::vector<std::string> row_exchange_paths() const;
+  // DDPOptions::reduce_dtype as resolved (with BLU_DDP_REDUCE_DTYPE): buckets of a wider dtype travel in it.
+  std::optional<DType> reduce_dtype() const;
 
  private:
   struct State;
