@@ -193,7 +193,9 @@ TEST_F(DistCli, BenchDataParallelOnCpuRanks) {
     const bool skip = mode.find("--skip-comm") != std::string::npos;
     EXPECT_EQ(j["row_exchange"], skip ? "" : mode.find("--no-row") != std::string::npos ? "off" : "gather") << mode;
     EXPECT_EQ(j.value("skip_comm", false), skip) << mode;
-    if (mode[0] == '0') EXPECT_EQ(j.value("reduce_dtype", ""), "bucket") << mode;  // fp32 buckets travel as they are
+    if (mode[0] == '0') {  // fp32 buckets travel as they are
+      EXPECT_EQ(j.value("reduce_dtype", ""), "bucket") << mode;
+    }
     last[mode] = j["last_loss"].get<double>();
     peak[mode] = j["peak_alloc_mib"].get<int64_t>();
     std::printf("--zero %s: last loss %.9g, peak %lld MiB\n", mode.c_str(), last[mode], static_cast<long long>(peak[mode]));

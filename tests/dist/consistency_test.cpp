@@ -152,7 +152,9 @@ TEST_F(DistStartup, ASlowRankZeroCheckpointOrSampleDoesNotKillTheJob) {
   EXPECT_EQ(r.status, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("[rank 0] checkpoint: "), std::string::npos) << r.out;
   EXPECT_GE(r.seconds, vocab ? 9.0 : 6.0);  // the checkpoints at steps 2 and 3 (and the sample at step 2)
-  if (vocab) EXPECT_NE(r.out.find("--- sample at step 2 ---"), std::string::npos) << r.out;
+  if (vocab) {
+    EXPECT_NE(r.out.find("--- sample at step 2 ---"), std::string::npos) << r.out;
+  }
   // With a work limit shorter than rank 0's work, the error names what the ranks waited for.
   const LaunchResult t = run_pair(0, {}, "f", {{"BLU_TEST_RANK0_DELAY_MS", "3000"}}, 3,
                                   {"--dist-timeout", "1.5", "--ckpt-every", "2", "--dist-work-timeout", "1"});
