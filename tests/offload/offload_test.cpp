@@ -72,7 +72,9 @@ void check_host_adamw(DType copy_dtype, bool with_copy, double max_norm) {
     ASSERT_TRUE(same_bytes(p, p2)) << "parameters differ at step " << step;
     ASSERT_TRUE(same_bytes(m, m2)) << "exp_avg differs at step " << step;
     ASSERT_TRUE(same_bytes(v, v2)) << "exp_avg_sq differs at step " << step;
-    if (with_copy) ASSERT_TRUE(same_bytes(c, c2)) << "compute copy differs at step " << step;
+    if (with_copy) {
+      ASSERT_TRUE(same_bytes(c, c2)) << "compute copy differs at step " << step;
+    }
   }
 }
 

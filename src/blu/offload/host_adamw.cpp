@@ -1,6 +1,9 @@
-// offload/host_adamw: the threaded host AdamW (header). No contraction into FMAs, so that a build
-// for a machine with FMA instructions still rounds every operation apart, as the kernels do.
-#pragma GCC optimize("fp-contract=off", "no-math-errno")
+// offload/host_adamw: the threaded host AdamW (header). Built with -ffp-contract=off (no FMA
+// contraction: every operation rounds apart, as the kernels' do) and -fno-math-errno (std::sqrt
+// without its errno branch, so the loops vectorise; CMakeLists.txt sets both for this file). On
+// x86-64 the chunk loop is cloned for AVX-512 and AVX2 and picked by the CPU at load time
+// (target_clones): vector sqrt and division round exactly as scalar ones, so every clone gives the
+// same bits.
 #include "blu/offload/host_adamw.h"
 
 #include <omp.h>
@@ -37,7 +40,7 @@ namespace {
 
 // One contiguous run, the kernel's order. Copy: a 16-bit float type of core/dtype.h, or void.
 template <typename Copy, bool kClip>
-void run(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
+[[gnu::always_inline]] inline void run(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
          uint16_t* __restrict c, int64_t n, const AdamWCoefficients k, float coef) {
   for (int64_t i = 0; i < n; ++i) {
     const float gi = kClip ? g[i] * coef : g[i];
@@ -54,12 +57,30 @@ void run(float* __restrict p, const float* __restrict g, float* __restrict m, fl
 }
 
 template <typename Copy>
-void run_gated(float* p, const float* g, float* m, float* v, uint16_t* c, int64_t n, const AdamWCoefficients& k,
-               const GateDecision& gate) {
+[[gnu::always_inline]] inline void run_gated(float* p, const float* g, float* m, float* v, uint16_t* c, int64_t n,
+                                             const AdamWCoefficients& k, const GateDecision& gate) {
   if (gate.clip)
     run<Copy, true>(p, g, m, v, c, n, k, gate.coef);
   else
     run<Copy, false>(p, g, m, v, c, n, k, 1.0f);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define BLU_HOST_ADAMW_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define BLU_HOST_ADAMW_CLONES
+#endif
+
+// One chunk of the update: copy null (none), or its bf16 / f16 bits.
+BLU_HOST_ADAMW_CLONES
+void run_chunk(float* p, const float* g, float* m, float* v, uint16_t* c, DType copy_dtype, int64_t n,
+               const AdamWCoefficients& k, const GateDecision& gate) {
+  if (!c)
+    run_gated<void>(p, g, m, v, c, n, k, gate);
+  else if (copy_dtype == DType::f16)
+    run_gated<f16>(p, g, m, v, c, n, k, gate);
+  else
+    run_gated<bf16>(p, g, m, v, c, n, k, gate);
 }
 
 }  // namespace
@@ -73,13 +94,7 @@ void adamw_host_update(float* p, const float* g, float* m, float* v, uint16_t* c
 #pragma omp parallel for schedule(static) num_threads(nt) if (chunks > 1)
   for (int64_t ci = 0; ci < chunks; ++ci) {
     const int64_t b = ci * kChunk, len = std::min(kChunk, n - b);
-    uint16_t* c = copy ? copy + b : nullptr;
-    if (!copy)
-      run_gated<void>(p + b, g + b, m + b, v + b, c, len, k, gate);
-    else if (copy_dtype == DType::f16)
-      run_gated<f16>(p + b, g + b, m + b, v + b, c, len, k, gate);
-    else
-      run_gated<bf16>(p + b, g + b, m + b, v + b, c, len, k, gate);
+    run_chunk(p + b, g + b, m + b, v + b, copy ? copy + b : nullptr, copy_dtype, len, k, gate);
   }
 }
 
