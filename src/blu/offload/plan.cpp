@@ -76,7 +76,10 @@ Candidate grads_candidate(const PlanInput& in, int64_t micro_batches) {
 Candidate candidate(const PlanInput& in, bool offload, UpdateOn u) {
   const int64_t n = in.param_elements;
   const int64_t shard = (n + in.state_shards - 1) / in.state_shards;  // the elements whose moments this rank keeps
-  const int64_t grads = in.grads_in_activations ? 0 : 4 * n;
+  // ZeRO-2: this rank's averaged gradient (a probe counts it with the activations) and the buckets
+  // being reduced.
+  const int64_t grads = (in.grads_in_activations ? 0 : 4 * n) +
+                        (in.shard_gradients ? (in.grads_in_activations ? 0 : 4 * shard) + in.gradient_staging_bytes : 0);
   Candidate c{offload, u, false, 0, 0, 0};
   if (!offload) {
     c.device_static = (4 + in.compute_copy_bytes) * n + 8 * shard + grads;  // parameters, copies, moments
@@ -122,6 +125,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
   BLU_CHECK(in.offload_update == "auto" || in.offload_update == "cpu" || in.offload_update == "gpu",
             "--offload-update: expected auto, cpu or gpu, got '", in.offload_update, "'");
   BLU_CHECK(in.state_shards >= 1, "memory plan: state_shards must be >= 1, got ", in.state_shards);
+  BLU_CHECK(!in.shard_gradients || in.state_shards > 1, "memory plan: sharded gradients (ZeRO-2) need state_shards > 1");
   BLU_CHECK(in.state_shards == 1 || in.offload_update != "cpu",
             "--offload-update cpu: under ZeRO the offloaded moments stream through the device (--offload-update gpu "
             "or auto)");
@@ -181,7 +185,9 @@ MemoryPlan plan_memory(const PlanInput& in) {
   p.activations = in.activations;
   std::ostringstream os;
   os << "memory plan: " << describe(*best)
-     << (in.state_shards > 1 ? " (ZeRO-1: this rank's moments, 1/" + std::to_string(in.state_shards) + " of them)"
+     << (in.state_shards > 1 ? (in.shard_gradients ? " (ZeRO-2: this rank's moments and averaged gradient, 1/"
+                                                   : " (ZeRO-1: this rank's moments, 1/") +
+                                   std::to_string(in.state_shards) + " of them)"
                              : std::string())
      << "\n  device: " << fmt(p.device_peak_bytes) << " predicted peak = " << fmt(p.device_static_bytes)
      << (p.masters_on_host ? " 16-bit copies/resident parameters/gradients"

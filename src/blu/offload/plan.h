@@ -52,6 +52,13 @@ struct PlanInput {
   // ZeRO-1 over this many ranks (1: none): each rank keeps the moments of its 1/state_shards of
   // the parameters; offloaded, they stream through the device (the update on the device only).
   int64_t state_shards = 1;
+  // ZeRO-2 (with state_shards > 1): each rank keeps the averaged gradient of its 1/state_shards (4
+  // bytes per element, from the step's first reduced bucket to its update) and the staging buffers
+  // of the buckets being reduced (gradient_staging_bytes, added). A probe (grads_in_activations)
+  // counts the first with the activations: it releases the synced micro-batch's gradients as
+  // backward makes them and opens the shard gradient at the first, as ZeRO-2 does.
+  bool shard_gradients = false;
+  int64_t gradient_staging_bytes = 0;
   // Speeds for the step-time prediction (from the start-up probe; 0: not predicted).
   double compute_seconds = 0;      // forward + backward of the whole step
   double host_adamw_elements_per_s = 0;

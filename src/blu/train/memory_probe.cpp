@@ -1,5 +1,6 @@
 // train/memory_probe: Trainer::plan_memory — the start-up probe of the memory budget planner
 // (offload/plan.h) and the strategy settings it decides.
+#include <algorithm>
 #include <chrono>
 
 #include "blu/core/rng.h"
@@ -20,11 +21,15 @@ namespace blu::train {
 // it would have been.
 void Trainer::plan_memory(dist::StrategyConfig& sc) {
   const TrainOptions& o = opt_s_;
-  BLU_CHECK(!pipelined_ && o.zero <= 1 && o.optimizer == "adamw",
-            "--gpu-memory-budget/--offload-*: the planner handles adamw without ZeRO or with --zero 1, and no "
+  BLU_CHECK(!pipelined_ && o.zero <= 2 && o.optimizer == "adamw",
+            "--gpu-memory-budget/--offload-*: the planner handles adamw without ZeRO or with --zero 1 or 2, and no "
             "pipeline; got --optimizer ", o.optimizer, " --zero ", o.zero, pipelined_ ? " and a pipeline" : "");
   offload::PlanInput in;
-  if (o.zero == 1) in.state_shards = int64_t(replica_rows_.size());  // the replicas ZeRO shards over
+  if (o.zero >= 1) in.state_shards = int64_t(replica_rows_.size());  // the replicas ZeRO shards over
+  // ZeRO-2 (Note [ZeRO-2 buckets], dist/zero.cpp): a bucket's staging buffer lives from its first
+  // gradient until its reduce-scatter completes, and two are reduced at once beside the one filling.
+  const int64_t bucket_bytes = int64_t(sc.zero_bucket_mib * double(1 << 20));
+  if (o.zero == 2 && in.state_shards > 1) in.shard_gradients = true;
   for (const Tensor& p : model_->parameters()) in.param_elements += p.numel();
   for (const auto& [path, m] : model_->named_modules())  // looked up in fp32: they stay on the device
     if (auto* e = dynamic_cast<nn::Embedding*>(m)) in.resident_elements += e->weight.numel();
@@ -52,11 +57,36 @@ void Trainer::plan_memory(dist::StrategyConfig& sc) {
       e->set_row_grad_sink([&kept_rows](const Tensor& idx, const Tensor& g) { kept_rows.insert(kept_rows.end(), {idx, g}); });
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t micro = std::min<int64_t>(2, o.grad_accum);
+    std::vector<Tensor> params = model_->parameters();
+    int64_t elements = 0;
+    for (const Tensor& p : params) elements += p.numel();
+    Tensor shard_grad;  // ZeRO-2's averaged gradient of this rank, from the first reduced bucket on
     for (int64_t i = 0; i < micro; ++i) {
+      // ZeRO-2's synced micro-batch (the last) hands each gradient to a bucket as soon as backward
+      // has made it and releases it, the first opening this rank's shard gradient: the probe does
+      // both (the buckets' staging is added by the plan).
+      const bool release = in.shard_gradients && i == micro - 1;
+      if (release)
+        for (Tensor& p : params)
+          if (p.requires_grad())
+            p.register_grad_hook([q = p, &shard_grad, n = (elements + in.state_shards - 1) / in.state_shards,
+                                  dev = device_](Tensor&) mutable {
+              if (!shard_grad.defined()) shard_grad = empty({n}, DType::f32, dev);
+              q.zero_grad();
+            });
       const Tensor ids = zeros({o.batch_size, o.seq_len}, DType::i32, device_);
       Tensor loss = model_->forward(ids, ids).loss;
       loss.backward();
       to_device(loss, kCPU);  // waits for the device
+      if (release)
+        for (Tensor& p : params)
+          if (p.requires_grad()) p.autograd_meta().grad_hooks.pop_back();
+    }
+    shard_grad = Tensor();
+    if (in.shard_gradients) {  // a parameter alone in its bucket reduces from its own gradient
+      int64_t largest = 0;
+      for (const Tensor& p : params) largest = std::max(largest, p.numel());
+      in.gradient_staging_bytes = std::min(3 * bucket_bytes, 4 * (elements - largest));
     }
     in.compute_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / double(micro) *
                          double(o.grad_accum);

@@ -471,13 +471,13 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     sc.row_exchange = false;
   }
   const bool split_model = layout.tp > 1 || layout.pp > 1;  // checked with the layout (step 1)
-  if ((o.zero > 1 || split_model) && o.offload_state == "optimizer") {
-    // ZeRO-2/3 shard the moments and stream their shard through the device (dist/zero.h); tensor
+  if ((o.zero > 2 || split_model) && o.offload_state == "optimizer") {
+    // ZeRO-3 shards the moments and streams their shard through the device (dist/zero.h); tensor
     // and pipeline layouts offload the state of each rank's own parameters. The memory planner
     // (offload/plan.h) models neither, so the state is offloaded as asked.
     BLU_CHECK(o.gpu_memory_budget == 0 && o.host_memory_budget == 0 && (o.zero <= 1 || o.offload_update != "cpu"),
               "--zero ", o.zero, " --offload-state optimizer: the moments stream through the device (--offload-update ",
-              "gpu or auto, got ", o.offload_update, "); memory budgets are planned without ZeRO or with --zero 1");
+              "gpu or auto, got ", o.offload_update, "); memory budgets are planned without ZeRO or with --zero 1 or 2");
     sc.offload_state = true;
     sc.offload.chunk_elements = o.offload_chunk;
     if (o.zero > 1) {
