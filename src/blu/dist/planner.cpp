@@ -10,6 +10,7 @@
 #include "blu/core/grad_mode.h"
 #include "blu/dist/ddp.h"
 #include "blu/dist/tensor_parallel.h"
+#include "blu/dist/zero.h"
 #include "blu/memory/allocator.h"
 #include "blu/ops/factory.h"
 #include "blu/ops/optim.h"
@@ -19,6 +20,9 @@
 namespace blu::dist {
 
 namespace {
+
+// ZeRO-2's gradient bucket capacity as the trainer and bench run it (ZeroOptions::bucket_mib).
+const double kZeroBucketBytes = ZeroOptions{}.bucket_mib * double(1 << 20);
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
@@ -177,6 +181,7 @@ ModelCosts measure_model(models::CausalLM& model, int64_t b, int64_t T, int reps
   const double rest = std::max(0.0, m.other_params - emb - (model.tied_embeddings() ? 0.0 : head));
   m.first_params = emb + rest;
   m.last_params = head + rest;
+  for (const Tensor& p : model.parameters()) m.largest_param = std::max(m.largest_param, double(p.numel()));
   const DType cdt = model.compute_dtype();
   const DType pdt = model.token_embedding().weight.dtype();
   m.param_bytes = m.grad_bytes = double(dtype_size(pdt));
@@ -419,6 +424,11 @@ Prediction predict(const Layout& layout, const ModelCosts& m, const LinkCosts& l
     double state = n * (m.param_bytes + m.compute_copy_bytes) / (layout.zero == 3 ? shard : 1.0) +
                    n * m.grad_bytes / (layout.zero >= 2 ? shard : 1.0) + n * m.optim_bytes / (layout.zero >= 1 ? shard : 1.0);
     if (layout.zero == 3) state += (m.block_params / tp) * (m.param_bytes + m.compute_copy_bytes) * 2.0;  // gathered blocks
+    // ZeRO-2's staging (Note [ZeRO-2 buckets], dist/zero.cpp): two buckets reduced at once beside
+    // the one filling, each holding its gradients whole; a parameter alone in its bucket (the
+    // largest, here) reduces from its own gradient.
+    if (layout.zero == 2)
+      state += m.grad_bytes * std::min(std::max(0.0, n - m.largest_param), 3.0 * kZeroBucketBytes / m.grad_bytes);
     // The last stage needs no gradient from another: message-driven execution (the default) runs
     // each backward as soon as its forward is done, whatever the schedule, and keeps one.
     double in_flight = 1;
