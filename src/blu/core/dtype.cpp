@@ -4,31 +4,6 @@
 
 namespace blu {
 
-uint16_t f16::from_float(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  const uint32_t abs = x & 0x7fffffffu;
-  if (abs > 0x7f800000u) return uint16_t(sign | 0x7e00u);  // NaN: quiet
-  if (abs >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds to >= 65520: inf
-  if (abs < 0x38800000u) {
-    // Result is subnormal (or zero) in f16: value = abs * 2^24 rounded to an integer, RNE.
-    if (abs < 0x33000000u) return uint16_t(sign);  // < 2^-25: rounds to zero (2^-25 ties to even 0)
-    const uint32_t exp = abs >> 23;
-    const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126 - exp;  // mantissa (24 bits) * 2^(exp-127-23) * 2^24 → shift right by 126-exp
-    uint32_t q = mant >> shift;
-    const uint32_t rem = mant & ((1u << shift) - 1);
-    const uint32_t half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (q & 1u))) ++q;
-    return uint16_t(sign | q);
-  }
-  // Normal: rebias exponent 127 → 15, round mantissa 23 → 10 bits, RNE; a carry bumps the exponent.
-  uint32_t r = abs - 0x38000000u;
-  r += 0xfffu + ((r >> 13) & 1u);
-  return uint16_t(sign | (r >> 13));
-}
-
 float f16::to_float(uint16_t h) {
   const uint32_t sign = uint32_t(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu;
