@@ -21,9 +21,6 @@ namespace blu::dist {
 
 namespace {
 
-// ZeRO-2's gradient bucket capacity as the trainer and bench run it (ZeroOptions::bucket_mib).
-const double kZeroBucketBytes = ZeroOptions{}.bucket_mib * double(1 << 20);
-
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // Waits for the device by reading one element of `t` on the host.
@@ -424,11 +421,7 @@ Prediction predict(const Layout& layout, const ModelCosts& m, const LinkCosts& l
     double state = n * (m.param_bytes + m.compute_copy_bytes) / (layout.zero == 3 ? shard : 1.0) +
                    n * m.grad_bytes / (layout.zero >= 2 ? shard : 1.0) + n * m.optim_bytes / (layout.zero >= 1 ? shard : 1.0);
     if (layout.zero == 3) state += (m.block_params / tp) * (m.param_bytes + m.compute_copy_bytes) * 2.0;  // gathered blocks
-    // ZeRO-2's staging (Note [ZeRO-2 buckets], dist/zero.cpp): two buckets reduced at once beside
-    // the one filling, each holding its gradients whole; a parameter alone in its bucket (the
-    // largest, here) reduces from its own gradient.
-    if (layout.zero == 2)
-      state += m.grad_bytes * std::min(std::max(0.0, n - m.largest_param), 3.0 * kZeroBucketBytes / m.grad_bytes);
+    if (layout.zero == 2) state += zero2_staging_bytes(n, m.largest_param, m.grad_bytes);  // at the default bucket size
     // The last stage needs no gradient from another: message-driven execution (the default) runs
     // each backward as soon as its forward is done, whatever the schedule, and keeps one.
     double in_flight = 1;

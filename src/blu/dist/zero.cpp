@@ -61,8 +61,12 @@ Tensor flat(const Tensor& t) { return view(t, {t.numel()}); }
 // that is added. Under set_sync(false) the rows are added into the local gradient at once (the
 // synced backward reduces it with the LM head's part). Every rank's batch must hold the same
 // number of tokens, and the embedding must be used in every synced backward.
+namespace {
+constexpr size_t kBucketsInFlight = 2;  // stage 2: buckets reduced at once
+}  // namespace
+
 struct ZeroAdamW::Reducer {
-  static constexpr size_t kInFlight = 2;
+  static constexpr size_t kInFlight = kBucketsInFlight;
   struct Bucket {
     std::vector<size_t> params;    // indices into params_, in bucket order
     std::vector<int64_t> offsets;  // each parameter's offset in the bucket
@@ -214,6 +218,11 @@ struct ZeroAdamW::Reducer {
     shard_grad = Tensor();  // not kept through the next forward
   }
 };
+
+double zero2_staging_bytes(double elements, double largest, double bytes_per_element, double bucket_mib) {
+  return std::min(bytes_per_element * std::max(0.0, elements - largest),
+                  double(kBucketsInFlight + 1) * bucket_mib * double(1 << 20));
+}
 
 ZeroOptions zero_options_for(const nn::Module& model, double bucket_mib, nn::Embedding* tied, bool exchange_rows) {
   ZeroOptions o;

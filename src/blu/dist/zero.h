@@ -81,6 +81,11 @@ struct ZeroOptions {
 ZeroOptions zero_options_for(const nn::Module& model, double bucket_mib = 25.0, nn::Embedding* tied = nullptr,
                              bool exchange_rows = false);
 
+// Stage 2: the most bytes its gradient staging buffers hold at once (Note [ZeRO-2 buckets]): the
+// buckets being reduced and the one filling, each up to bucket_mib of gradients; the largest
+// parameter, alone in its bucket, reduces from its own gradient.
+double zero2_staging_bytes(double elements, double largest, double bytes_per_element, double bucket_mib = 25.0);
+
 class ZeroAdamW final : public optim::Optimizer {
  public:
   ZeroAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOptions options, std::shared_ptr<ProcessGroup> pg,

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "blu/core/rng.h"
+#include "blu/dist/zero.h"
 #include "blu/memory/allocator.h"
 #include "blu/memory/device_pool.h"
 #include "blu/nn/layers.h"
@@ -26,9 +27,6 @@ void Trainer::plan_memory(dist::StrategyConfig& sc) {
             "pipeline; got --optimizer ", o.optimizer, " --zero ", o.zero, pipelined_ ? " and a pipeline" : "");
   offload::PlanInput in;
   if (o.zero >= 1) in.state_shards = int64_t(replica_rows_.size());  // the replicas ZeRO shards over
-  // ZeRO-2 (Note [ZeRO-2 buckets], dist/zero.cpp): a bucket's staging buffer lives from its first
-  // gradient until its reduce-scatter completes, and two are reduced at once beside the one filling.
-  const int64_t bucket_bytes = int64_t(sc.zero_bucket_mib * double(1 << 20));
   if (o.zero == 2 && in.state_shards > 1) in.shard_gradients = true;
   for (const Tensor& p : model_->parameters()) in.param_elements += p.numel();
   for (const auto& [path, m] : model_->named_modules())  // looked up in fp32: they stay on the device
@@ -58,8 +56,6 @@ void Trainer::plan_memory(dist::StrategyConfig& sc) {
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t micro = std::min<int64_t>(2, o.grad_accum);
     std::vector<Tensor> params = model_->parameters();
-    int64_t elements = 0;
-    for (const Tensor& p : params) elements += p.numel();
     Tensor shard_grad;  // ZeRO-2's averaged gradient of this rank, from the first reduced bucket on
     for (int64_t i = 0; i < micro; ++i) {
       // ZeRO-2's synced micro-batch (the last) hands each gradient to a bucket as soon as backward
@@ -69,7 +65,7 @@ void Trainer::plan_memory(dist::StrategyConfig& sc) {
       if (release)
         for (Tensor& p : params)
           if (p.requires_grad())
-            p.register_grad_hook([q = p, &shard_grad, n = (elements + in.state_shards - 1) / in.state_shards,
+            p.register_grad_hook([q = p, &shard_grad, n = (in.param_elements + in.state_shards - 1) / in.state_shards,
                                   dev = device_](Tensor&) mutable {
               if (!shard_grad.defined()) shard_grad = empty({n}, DType::f32, dev);
               q.zero_grad();
@@ -83,10 +79,11 @@ void Trainer::plan_memory(dist::StrategyConfig& sc) {
           if (p.requires_grad()) p.autograd_meta().grad_hooks.pop_back();
     }
     shard_grad = Tensor();
-    if (in.shard_gradients) {  // a parameter alone in its bucket reduces from its own gradient
+    if (in.shard_gradients) {
       int64_t largest = 0;
       for (const Tensor& p : params) largest = std::max(largest, p.numel());
-      in.gradient_staging_bytes = std::min(3 * bucket_bytes, 4 * (elements - largest));
+      in.gradient_staging_bytes =
+          int64_t(dist::zero2_staging_bytes(double(in.param_elements), double(largest), 4, sc.zero_bucket_mib));
     }
     in.compute_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / double(micro) *
                          double(o.grad_accum);
