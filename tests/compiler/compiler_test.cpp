@@ -12,6 +12,7 @@
 // TrainRun: ctest -R Compiler, or build-cpu/tests/test_compiler.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <iostream>
 #include <sstream>
@@ -238,6 +239,41 @@ TEST(Compiler, PlanPeakMatchesTheCpuAllocatorsPeak) {
     std::cout << family << ": plan peak " << plan.peak_bytes() << " B (" << plan.summary() << "); allocator peak "
               << measured << " B (live before the step " << before << " B); ratio " << ratio << "\n";
     EXPECT_NEAR(ratio, 1.0, 0.02) << family << ": " << plan.summary();
+  }
+}
+
+// The captured step runs the eager step's kernels, one for one: the tests of sole ownership that
+// choose kernels (Note [Donated buffers]: the logits take their own gradient; a parameter keeps
+// its first gradient without a copy) read the counts of the eager step, not the recorder's
+// handles. Without that the captured step ran cross_entropy_backward instead of
+// cross_entropy_backward_ and a clone per parameter, and its plan held the logits twice.
+TEST(Compiler, CaptureMakesTheEagerStepsOwnershipChoices) {
+  for (const std::string family : {"gpt2", "llama"}) {
+    auto model = make_model(family);
+    dist::Strategy strat(*model, nullptr, dist::StrategyConfig{}, dist::OptimizerConfig{.lr = 3e-3});
+    auto [idx, tg] = batch(0, 2, 8, 101);
+    auto one = [&] { (void)strat.step(1, [&](int64_t) { return std::pair<Tensor, Tensor>{idx, tg}; }, 1e-3, 1.0); };
+    one();  // the optimizer's state
+    std::vector<std::string> eager;
+    const int obs = add_op_observer([&](const OpDef& op, std::span<const Tensor>, std::span<const Tensor>, const Attrs&) {
+      if (!op.view) eager.push_back(op.name);
+    });
+    one();
+    remove_op_observer(obs);
+    Capture cap;
+    one();
+    const Graph& g = cap.finish();
+    std::vector<std::string> captured;
+    for (const Op& op : g.ops)
+      if (op.kind == OpKind::kernel) captured.push_back(op.name);
+    EXPECT_EQ(captured, eager) << family;
+    EXPECT_EQ(std::count(captured.begin(), captured.end(), "cross_entropy_backward_"), 1) << family;
+    // The logits' gradient is written over the logits: one buffer of that size in the plan.
+    for (const Op& op : g.ops) {
+      if (op.name == "cross_entropy_backward_") {
+        EXPECT_EQ(g.values[size_t(op.outputs[0])].buffer, g.values[size_t(op.inputs[0])].buffer) << family;
+      }
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include "blu/core/grad_mode.h"
 #include "blu/memory/memory_report.h"
+#include "blu/ops/dispatch.h"
 #include "blu/ops/elementwise.h"
 #include "blu/ops/view.h"
 
@@ -77,7 +78,8 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_out) {
   } else if (!meta.grad) {
     // Keep the incoming gradient only when nothing else refers to it; otherwise own a copy, so a
     // later in-place accumulation cannot change another tensor.
-    const bool exclusive = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous();
+    const RefCounts refs = eager_ref_counts(g);
+    const bool exclusive = refs.impl == 1 && refs.storage == 1 && g.is_contiguous();
     meta.grad = std::make_shared<Tensor>(exclusive ? g : clone(g));
     tag_memory(*meta.grad, MemoryCategory::gradients);  // an out-of-memory report counts it as such
   } else {

@@ -16,14 +16,37 @@ Capture::Capture() {
     if (t_active == this) on_op(op, in, out, attrs);
   });
   meta_ = std::make_unique<MetaDispatchGuard>();
+  set_ref_counter([this](const Tensor& t) { return eager_counts(t); });
 }
 
 Capture::~Capture() {
   if (!finished_) {
     meta_.reset();
+    set_ref_counter({});
     remove_op_observer(observer_);
     t_active = nullptr;
   }
+}
+
+// What an eager step would count: an impl that only our tensors_ hold is one it would have dropped
+// by now (it counts 0 towards its storage), our handles to an impl are not its, and storages_
+// holds one reference to each buffer's storage.
+RefCounts Capture::eager_counts(const Tensor& t) const {
+  const Storage* s = t.storage().get();
+  RefCounts c{t.impl_ptr().use_count(), t.storage().use_count()};
+  if (buffer_ids_.find(s) == buffer_ids_.end()) return c;
+  const std::vector<int>& values = values_on_[size_t(buffer_ids_.at(s))];
+  std::map<const TensorImpl*, long> ours;  // impls on the storage -> our handles to each
+  for (int v : values) ++ours[tensors_[size_t(v)].impl_ptr().get()];
+  if (auto it = ours.find(t.impl_ptr().get()); it != ours.end()) c.impl -= it->second;
+  c.storage -= 1;
+  for (const auto& [impl, handles] : ours)
+    for (int v : values)
+      if (tensors_[size_t(v)].impl_ptr().get() == impl) {
+        if (tensors_[size_t(v)].impl_ptr().use_count() == handles) --c.storage;
+        break;
+      }
+  return c;
 }
 
 void Capture::classify(const Tensor& t, BufferKind kind, const std::string& name) {
@@ -48,6 +71,7 @@ int Capture::buffer_of(const Tensor& t, BufferKind kind_if_new) {
   const int id = graph_.add_buffer(std::move(b));
   buffer_ids_.emplace(s, id);
   storages_.push_back(t.storage());
+  values_on_.emplace_back();
   latest_.push_back(-1);
   return id;
 }
@@ -63,6 +87,7 @@ int Capture::new_value(const Tensor& t, int buffer, int producer, bool writes) {
   v.producer = producer;
   const int id = graph_.add_value(std::move(v));
   tensors_.push_back(t);
+  values_on_[size_t(buffer)].push_back(id);
   value_ids_[t.impl_ptr().get()] = id;
   if (writes) latest_[size_t(buffer)] = id;
   version_.push_back(latest_[size_t(buffer)]);
@@ -161,6 +186,7 @@ Graph& Capture::finish() {
   BLU_CHECK(!finished_, "compiler capture: finish() called twice");
   finished_ = true;
   meta_.reset();
+  set_ref_counter({});
   remove_op_observer(observer_);
   t_active = nullptr;
   // Our own references: one per buffer (storages_), one per distinct TensorImpl per storage, and

@@ -60,6 +60,8 @@ class Capture {
   // writes: the value holds its buffer's newest contents (a fresh output, an in-place write).
   int new_value(const Tensor& t, int buffer, int producer, bool writes);
   int alias_of_current(const Tensor& t, int buffer);
+  // eager_ref_counts (ops/dispatch.h) while this capture records: t's counts without our references.
+  RefCounts eager_counts(const Tensor& t) const;
 
   Graph graph_;
   std::vector<Tensor> tensors_;
@@ -67,6 +69,7 @@ class Capture {
   std::unordered_map<const TensorImpl*, int> value_ids_;
   std::unordered_map<const Storage*, int> buffer_ids_;
   std::unordered_map<const Storage*, std::pair<BufferKind, std::string>> classes_;
+  std::vector<std::vector<int>> values_on_;  // per buffer: its values' ids
   std::vector<int> latest_;   // per buffer: the value that wrote its current contents (-1: none, an input)
   std::vector<int> version_;  // per value: latest_ of its buffer when the value was defined
   int observer_ = -1;

@@ -21,10 +21,17 @@ const Tensor& BackwardContext::output(size_t i) const {
   return outputs[i];
 }
 
+static thread_local RefCounter t_ref_counter;
+void set_ref_counter(RefCounter counter) { t_ref_counter = std::move(counter); }
+RefCounts eager_ref_counts(const Tensor& t) {
+  if (t_ref_counter) return t_ref_counter(t);
+  return {t.impl_ptr().use_count(), t.storage().use_count()};
+}
+
 Tensor BackwardContext::donated_input(size_t i) const {
   if (!saved_released_after || i >= inputs.size()) return {};
   const Tensor& t = inputs[i];
-  return t.defined() && t.storage().use_count() == 1 && t.is_contiguous() ? t : Tensor();
+  return t.defined() && t.is_contiguous() && eager_ref_counts(t).storage == 1 ? t : Tensor();
 }
 
 Tensor BackwardContext::grad_buffer(size_t i) const {

@@ -81,6 +81,9 @@ struct BackwardContext {
 // caller has dropped its own handle to them before backward (the trainer and bench do) and the
 // graph is not retained; otherwise the backward allocates as usual. The storage's reference count
 // is the test: every tensor or view of the buffer, and every node that saved it, holds one.
+// Under compiler capture (compiler/capture.h) the recorder keeps a handle to every tensor the step
+// made, so the count would never read 1 and a compiled step would hold both buffers: the count is
+// read through eager_ref_counts, which leaves the recorder's own references out.
 
 // Note [Wide gradients]
 // Under mixed precision a 16-bit weight is a cast of an fp32 master parameter, and the cast's
@@ -92,6 +95,18 @@ struct BackwardContext {
 // with an empty grad slot (DDP's bucket view), offers the slot itself as grad_destination(i). The
 // backward then returns the gradient in grad_dtype(i) (or in the input's dtype: either is
 // accepted), and the cast passes a gradient already in its source dtype through untouched.
+
+// The reference counts of a tensor's impl and storage that the eager step would see at this point:
+// use_count() of each, less the references a recorder on this thread holds of its own (handles to
+// tensors the eager step would have dropped by now). Tests of sole ownership (Note [Donated
+// buffers], a gradient kept without a copy) read these, so a captured step makes the eager step's
+// choices. set_ref_counter installs the recorder's count for this thread (empty: use_count()).
+struct RefCounts {
+  long impl = 0, storage = 0;
+};
+using RefCounter = std::function<RefCounts(const Tensor& t)>;
+void set_ref_counter(RefCounter counter);
+RefCounts eager_ref_counts(const Tensor& t);
 
 using InferFn = std::vector<TensorMeta> (*)(std::span<const Tensor> in, const Attrs& attrs);
 using ViewFn = std::vector<Tensor> (*)(std::span<const Tensor> in, const Attrs& attrs);
