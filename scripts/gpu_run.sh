@@ -33,6 +33,9 @@
 #   memory — GPT-2 124M (B=16) and llama-250m (B=8), bf16, T=1024: eager, each --recompute setting,
 #           --offload-activations and --compile, beside torch_gpt2.py / torch_llama.py (eager and
 #           torch.compile) in the same run
+#   compiled — GPT-2 124M (B=16) and llama-250m (B=8), bf16, T=1024: eager and --compile
+#           alternated REPS times (2), beside torch_gpt2.py / torch_llama.py (eager and
+#           torch.compile) in the same run; the compiled runs print the host time per step
 #   offload — scripts/offload_bench.sh with GRID=0 (GPT-2 d48 with its AdamW state on the host vs
 #           not, beside torch_parallel.py fsdp_offload under torchrun with one process)
 #   demo  — the README's first run (scripts/demo.sh) on the GPU: its GPU preset, the fortunes
@@ -173,6 +176,19 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
       timeout 300 python3 .devpack/peers/torch_gpt2.py bf16,bf16c 16 1024 20 2>&1 | grep '^{' | tee -a "$out/memory.log"
       timeout 400 python3 .devpack/peers/torch_llama.py bf16,bf16c --model llama-250m -B 8 -T 1024 --steps 20 2>&1 \
         | grep '^{' | tee -a "$out/memory.log" ;;
+    compiled)
+      for rep in $(seq "${REPS:-2}"); do
+        for args in "" "--compile"; do
+          timeout 150 "$pack/blutrain" bench --device cuda --model gpt2:d12 --precision bf16 -B 16 -T 1024 --steps 20 \
+            $args 2>&1 | grep -E '^\{|error' | tee -a "$out/compiled.log" | cut -c1-300
+          timeout 200 "$pack/blutrain" bench --device cuda --model llama:llama-250m --precision bf16 -B 8 -T 1024 \
+            --steps 20 --lr 3e-4 --beta2 0.95 $args 2>&1 | grep -E '^\{|error' | tee -a "$out/compiled.log" | cut -c1-300
+        done
+      done
+      grep -o '"compile":{[^}]*}' "$out/compiled.log" || true
+      timeout 300 python3 .devpack/peers/torch_gpt2.py bf16,bf16c 16 1024 20 2>&1 | grep '^{' | tee -a "$out/compiled.log"
+      timeout 400 python3 .devpack/peers/torch_llama.py bf16,bf16c --model llama-250m -B 8 -T 1024 --steps 20 2>&1 \
+        | grep '^{' | tee -a "$out/compiled.log" ;;
     offload)
       GRID=0 PEERS="$PWD/.devpack/peers" timeout 580 bash scripts/offload_bench.sh "$pack" 2>&1 | tee "$out/offload.log" | tail -30 ;;
     demo)

@@ -617,6 +617,10 @@ int run_bench(const BenchOptions& o) {
     const auto& c = compiled->counts();
     nlohmann::json cj = {{"compiled", c.compiled}, {"eager", c.eager}, {"fallback", c.fallback},
                          {"guard_failures", c.guard_failures}, {"variants", compiled->variants().size()}};
+    if (c.compiled > 0) {  // host time per compiled step
+      cj["capture_ms_per_step"] = c.capture_ms / double(c.compiled);
+      cj["replay_ms_per_step"] = c.replay_ms / double(c.compiled);
+    }
     if (!compiled->variants().empty()) {
       const compiler::Variant& v = *compiled->variants()[0];
       const compiler::MemoryPlan& plan = v.runtime->plan();
@@ -626,6 +630,9 @@ int run_bench(const BenchOptions& o) {
       cj["compile_ms"] = v.capture_ms + v.plan_ms;
       cj["graph_captures"] = v.runtime->stats().graph_captures;
       cj["graph_launches"] = v.runtime->stats().graph_launches;
+      cj["direct_launches"] = v.runtime->stats().direct_launches;
+      cj["graph_segments"] = v.runtime->stats().segments;
+      cj["steps_recorded"] = v.runtime->stats().steps_recorded;
     }
     j["compile"] = cj;
   }

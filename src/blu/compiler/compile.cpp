@@ -165,7 +165,10 @@ void CompiledStep::run(const std::vector<Tensor>& inputs, const std::function<vo
     return;
   }
   ++counts_.compiled;
+  counts_.capture_ms += ms_since(t_capture);
+  const auto t_replay = std::chrono::steady_clock::now();
   variant->runtime->run(cap);
+  counts_.replay_ms += ms_since(t_replay);
 }
 
 }  // namespace blu::compiler

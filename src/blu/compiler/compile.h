@@ -70,6 +70,9 @@ class CompiledStep {
 
   struct Counts {
     int64_t eager = 0, compiled = 0, fallback = 0, guard_failures = 0;
+    // Host time of the compiled steps: capturing the step's host logic (with the guard's structure
+    // check), and the runtime's replay call (binding, argument hashes, recordings, graph launches).
+    double capture_ms = 0, replay_ms = 0;
   };
   const Counts& counts() const { return counts_; }
   const std::vector<std::unique_ptr<Variant>>& variants() const { return variants_; }

@@ -6,10 +6,22 @@
 // per-step scalars such as lr, the AdamW step count, Philox offsets) is then bound to the arena:
 // every temporary storage the capture made is given its planned bytes, every step output a fresh
 // allocation, and the launches run in capture order with the capture's own attributes.
-// On CUDA the launch list is recorded once into a CUDA graph on the context's stream (the arena
-// addresses are fixed) and every later step with the same addresses and attributes is one
-// cudaGraphLaunch; a step whose kernel arguments differ (a new lr, a new step count) is recorded
-// again and the executable graph updated in place (cudaGraphExecUpdate), counted in stats().
+// On CUDA the launch list is replayed through CUDA graphs on the context's stream (Note [Graph
+// segments]): launches whose attributes change from step to step (AdamW's lr and step count) run
+// directly, and each run of launches between them is one recorded graph, replayed unchanged while
+// its addresses and attributes are those it was recorded with.
+//
+// Note [Graph segments]
+// A CUDA graph bakes in every kernel argument. The arena's addresses are fixed, but some launches
+// take per-step host scalars as arguments, and one such launch in a whole-step graph would make
+// every step record the whole graph again (and update the executable in place) before it can
+// launch — a host cost the GPU waits through. So the runtime hashes each launch's arguments
+// (bound addresses, attributes) every step; a launch whose attributes differ from the previous
+// step's becomes direct for good (it runs on the stream as an eager kernel would), and the
+// launches between direct ones form segments, each recorded as its own graph. A segment whose
+// addresses changed (a step output allocated elsewhere) is recorded again; its two most recent
+// executables are kept, so outputs that alternate between two places record nothing after the
+// second time. The order of launches on the stream is the capture's, so results stay bitwise.
 // Depends on compiler/{graph,capture,memory_plan}, backend/, memory/. Keep: the arena is never
 // reallocated while the Runtime lives; a launch never allocates (outputs are bound before it).
 #pragma once
@@ -21,6 +33,7 @@
 
 #include "blu/backend/backend.h"
 #include "blu/compiler/capture.h"
+#include "blu/compiler/codegen/region.h"
 #include "blu/compiler/memory_plan.h"
 
 namespace blu::compiler {
@@ -39,6 +52,7 @@ struct Launch {
   Kernel kernel = nullptr;  // kernel launches
   Device device;            // where the kernel runs
   FusedLaunch fused;        // fused launches
+  std::vector<int> attr_ops;  // ops of each step's capture whose attributes it reads
 };
 
 struct RuntimeOptions {
@@ -51,8 +65,11 @@ struct RuntimeOptions {
 struct RuntimeStats {
   int64_t steps = 0;
   int64_t launches = 0;          // launch-list entries run (or recorded, on CUDA)
-  int64_t graph_captures = 0;    // CUDA graphs recorded (the first, and updates)
-  int64_t graph_launches = 0;    // cudaGraphLaunch calls
+  int64_t graph_captures = 0;    // CUDA: segments recorded (Note [Graph segments])
+  int64_t graph_launches = 0;    // CUDA: cudaGraphLaunch calls
+  int64_t direct_launches = 0;   // CUDA: launches run outside a graph (their attributes change)
+  int64_t steps_recorded = 0;    // CUDA: steps that recorded a segment
+  int64_t segments = 0;          // CUDA: graphs a step launches now
 };
 
 class Runtime {
@@ -76,9 +93,11 @@ class Runtime {
 
  private:
   static std::vector<Launch> build_launches(const Graph& g, const std::vector<int>* source = nullptr,
-                                            const std::vector<FusedLaunch>* kernels = nullptr);
-  static void execute(const Graph& g, const std::vector<Tensor>& tensors, const std::vector<Launch>& launches,
+                                            const std::vector<FusedLaunch>* kernels = nullptr,
+                                            const std::vector<FusedRegion>* regions = nullptr);
+  static void execute(const Graph& g, const std::vector<Tensor>& tensors, std::span<const Launch> launches,
                       const std::function<void(size_t op)>& after_op);
+  void run_cuda(Capture& step);
   void poison(size_t op);
 
   Graph graph_;  // the structure compiled (its tensors' bindings come from each step's capture)
@@ -88,8 +107,8 @@ class Runtime {
   std::vector<DataPtr> arenas_;  // per plan arena
   std::vector<Launch> launches_;
   RuntimeStats stats_;
-  struct CudaGraph;
-  std::unique_ptr<CudaGraph> cuda_;
+  struct CudaGraphs;
+  std::unique_ptr<CudaGraphs> cuda_;
 };
 
 }  // namespace blu::compiler
