@@ -472,6 +472,9 @@ class GlooGroup final : public ProcessGroup {
           fr.dump(error);  // before the caller sees the error (and perhaps exits)
         }
       }
+      // The task's tensors go before its waiter wakes: once wait() returns, the group holds no
+      // reference to them (reference counts decide ownership: Note [Donated buffers]).
+      task.fn = nullptr;
       task.work->finish(std::move(error));
     }
   }
