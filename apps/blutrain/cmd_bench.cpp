@@ -615,7 +615,7 @@ int run_bench(const BenchOptions& o) {
   if (fp16) j["skipped_steps"] = strategy.loss_scaler()->skipped_steps();
   if (compiled) {
     const auto& c = compiled->counts();
-    nlohmann::json cj = {{"compiled", c.compiled}, {"eager", c.eager}, {"fallback", c.fallback},
+    nlohmann::json cj = {{"compiled", c.compiled}, {"eager", c.eager}, {"fallback", c.fallback}, {"streamed", c.streamed},
                          {"guard_failures", c.guard_failures}, {"variants", compiled->variants().size()}};
     if (c.compiled > 0) {  // host time per compiled step
       cj["capture_ms_per_step"] = c.capture_ms / double(c.compiled);

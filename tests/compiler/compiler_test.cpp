@@ -107,7 +107,18 @@ TEST_P(CompiledVsEager, TenStepsBitwise) {
   expect_bitwise(eager, compiled, GetParam());
   EXPECT_EQ(cs->counts().eager, 1);  // the warm-up step
   EXPECT_EQ(cs->counts().compiled, 9) << log.str();
+  EXPECT_EQ(cs->counts().streamed, 8) << "steps 3-10 replay while captured (Note [Streamed replay])";
   EXPECT_EQ(cs->counts().guard_failures, 0) << log.str();
+  {  // The same without streaming: every replay after the capture.
+    CompileOptions whole = o;
+    whole.stream = false;
+    CompiledStep* raw2 = nullptr;
+    const TrainRun after = train(GetParam(), &whole, &raw2);
+    std::unique_ptr<CompiledStep> cs2(raw2);
+    expect_bitwise(eager, after, GetParam() + " without streaming");
+    EXPECT_EQ(cs2->counts().streamed, 0);
+    EXPECT_EQ(cs2->counts().compiled, 9);
+  }
   ASSERT_EQ(cs->variants().size(), 1u);
   const Graph& g = cs->variants()[0]->graph;
   EXPECT_GT(g.ops.size(), 100u);
@@ -311,6 +322,62 @@ TEST(Compiler, ParseOpListAndExcludedBuffersStayOutOfTheArena) {
   EXPECT_FALSE(op_excluded("matmul"));
   set_excluded_ops({});
   EXPECT_FALSE(op_excluded("gelu"));
+}
+
+// Note [Streamed replay]: a streamed step that leaves the compiled structure part-way — at step 6
+// the loss passes through one more op (times 1, the same value) between forward and backward, or
+// one more op follows the step — has its forward already running when the capture meets the new
+// op; what has run stays, the rest runs unplanned, and the run stays bitwise the eager one.
+TEST(Compiler, StreamedStepThatLeavesTheStructureCompletesUnplanned) {
+  for (const bool middle : {true, false}) {
+    auto run = [&](bool compiled, CompiledStep** out) {
+      auto model = make_model("gpt2");
+      dist::Strategy strat(*model, nullptr, dist::StrategyConfig{}, dist::OptimizerConfig{.lr = 3e-3});
+      std::unique_ptr<CompiledStep> cs;
+      std::ostringstream log;
+      if (compiled) {
+        CompileOptions o;
+        o.log_stream = &log;
+        cs = std::make_unique<CompiledStep>(o);
+        cs->set_named(BufferKind::parameter, model->named_parameters());
+      }
+      TrainRun r;
+      for (int s = 0; s < 9; ++s) {
+        auto [idx, tg] = batch(s, 2, 8, 101);
+        const bool odd = s == 5;
+        dist::StepValues v;
+        Tensor extra;
+        auto step = [&] {
+          v = strat.step(1, [&](int64_t) {
+            Tensor loss = model->forward(idx, tg).loss;
+            return odd && middle ? mul(loss, 1.0) : loss;
+          }, 3e-3, 1.0);
+          if (odd && !middle) extra = mul(v.loss_sum, 2.0);
+        };
+        if (cs)
+          cs->run({idx, tg}, step);
+        else
+          step();
+        r.losses.push_back(strat.read(v, false).loss);
+      }
+      for (const Tensor& p : model->parameters()) r.params.push_back(clone(p.detach()));
+      if (out) *out = cs.release();
+      return r;
+    };
+    const TrainRun eager = run(false, nullptr);
+    CompiledStep* raw = nullptr;
+    const TrainRun compiled = run(true, &raw);
+    std::unique_ptr<CompiledStep> cs(raw);
+    const std::string what = middle ? "left in the middle" : "left at the end";
+    expect_bitwise(eager, compiled, what);
+    EXPECT_EQ(cs->counts().fallback, 1) << what;
+    EXPECT_EQ(cs->counts().streamed, 6) << what;  // steps 3-5 and 7-9
+    ASSERT_EQ(cs->guard_failures().size(), 1u) << what;
+    EXPECT_NE(cs->guard_failures()[0].find("of its launches had run, the rest runs unplanned"), std::string::npos)
+        << cs->guard_failures()[0];
+    if (middle) EXPECT_EQ(cs->guard_failures()[0].find(" 0 of its launches"), std::string::npos) << cs->guard_failures()[0];
+    std::cout << what << ": " << cs->guard_failures()[0] << "\n";
+  }
 }
 
 TEST(Compiler, CaptureDifferenceFallsBackToEagerKernels) {

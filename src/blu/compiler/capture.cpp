@@ -28,6 +28,22 @@ Capture::~Capture() {
   }
 }
 
+Capture::Pause::Pause(Capture& c) : c_(c) {
+  t_active = nullptr;
+  set_ref_counter({});
+}
+
+Capture::Pause::~Pause() {
+  t_active = &c_;
+  set_ref_counter([c = &c_](const Tensor& t) { return c->eager_counts(t); });
+}
+
+void Capture::notify() {
+  if (!listener_) return;
+  Pause pause(*this);
+  listener_();
+}
+
 // What an eager step would count: an impl that only our tensors_ hold is one it would have dropped
 // by now (it counts 0 towards its storage), our handles to an impl are not its, and storages_
 // holds one reference to each buffer's storage.
@@ -161,6 +177,7 @@ void Capture::on_op(const OpDef& def, std::span<const Tensor> in, std::span<cons
   }
   if (!any_new && !out.empty()) return;  // a composite whose ops are all recorded
   graph_.ops.push_back(std::move(op));
+  notify();
 }
 
 void Capture::record_collective(const std::string& name, Attrs attrs, std::vector<Tensor> in, std::vector<int> writes,
@@ -180,6 +197,7 @@ void Capture::record_collective(const std::string& name, Attrs attrs, std::vecto
   op.writes = std::move(writes);
   op.call = std::move(call);
   graph_.ops.push_back(std::move(op));
+  notify();
 }
 
 Graph& Capture::finish() {

@@ -13,6 +13,7 @@
 // thread, one at a time; the step must not read tensor values on the host (an unbacked tensor has
 // no bytes) — the loss scaler's and the trainer's reads happen after the step, in Strategy::read.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -46,6 +47,22 @@ class Capture {
   const std::vector<Tensor>& tensors() const { return tensors_; }
   const std::vector<std::shared_ptr<Storage>>& storages() const { return storages_; }
 
+  // Called after each op the capture records (Note [Streamed replay], compiler/compile.h), with
+  // the capture paused: kernels it runs are not recorded, and dispatch is real.
+  void set_listener(std::function<void()> listener) { listener_ = std::move(listener); }
+  // While a Pause lives the capture records nothing and dispatch on its thread is real.
+  class Pause {
+   public:
+    explicit Pause(Capture& c);
+    ~Pause();
+    Pause(const Pause&) = delete;
+    Pause& operator=(const Pause&) = delete;
+
+   private:
+    Capture& c_;
+    MetaDispatchGuard real_{false};
+  };
+
   // The Capture recording on this thread, or null.
   static Capture* active();
   // A collective over `in` that writes the inputs listed in `writes` in place, recorded as an
@@ -75,6 +92,8 @@ class Capture {
   int observer_ = -1;
   std::unique_ptr<MetaDispatchGuard> meta_;
   bool finished_ = false;
+  std::function<void()> listener_;
+  void notify();
 };
 
 // A process group that records its collectives into the active Capture (as opaque ops, their

@@ -13,6 +13,7 @@ namespace blu::compiler {
 
 CompiledStep::CompiledStep(CompileOptions options) : options_(std::move(options)) {
   if (const char* e = std::getenv("BLU_COMPILE_LOG"); e && *e && std::string(e) != "0") options_.log = true;
+  if (const char* e = std::getenv("BLU_COMPILE_STREAM"); e && std::string(e) == "0") options_.stream = false;
   if (options_.plan.exclude.empty()) options_.plan.exclude = excluded_ops();
 }
 
@@ -28,6 +29,58 @@ std::string format_ms(double ms) {
   os.precision(1);
   os << ms << " ms";
   return os.str();
+}
+
+// Note [Streamed replay]: how far a capture under way has been checked against the variant.
+struct Checked {
+  size_t buffers = 0, values = 0, ops = 0;
+};
+
+bool same_attrs(const Attrs& a, const Attrs& b) {
+  auto x = a.items().begin(), xe = a.items().end();
+  auto y = b.items().begin(), ye = b.items().end();
+  for (; x != xe && y != ye; ++x, ++y) {
+    const auto& [k, u] = *x;
+    const auto& [l, v] = *y;
+    if (k != l || u.index() != v.index()) return false;
+    // What structure_hash covers: every value but the float scalars and the per-step counters.
+    if (const auto* n = std::get_if<int64_t>(&u); n && k != "step" && k != "seed" && k != "offset" &&
+                                                   *n != std::get<int64_t>(v))
+      return false;
+    if (const auto* sh = std::get_if<Shape>(&u); sh && *sh != std::get<Shape>(v)) return false;
+    if (const auto* dt = std::get_if<DType>(&u); dt && *dt != std::get<DType>(v)) return false;
+    if (const auto* bo = std::get_if<bool>(&u); bo && *bo != std::get<bool>(v)) return false;
+  }
+  return x == xe && y == ye;
+}
+
+// Whether what the capture `got` recorded since `at` is the variant's `want` (a temporary may be
+// the variant's step output: that is decided at the capture's finish); advances `at`.
+bool same_so_far(const Graph& want, const Graph& got, Checked& at) {
+  if (got.buffers.size() > want.buffers.size() || got.values.size() > want.values.size() ||
+      got.ops.size() > want.ops.size())
+    return false;
+  for (; at.buffers < got.buffers.size(); ++at.buffers) {
+    const Buffer& a = want.buffers[at.buffers];
+    const Buffer& b = got.buffers[at.buffers];
+    const bool kind = a.kind == b.kind || (b.kind == BufferKind::temporary && a.kind == BufferKind::step_output);
+    if (a.nbytes != b.nbytes || a.device != b.device || !kind) return false;
+  }
+  for (; at.values < got.values.size(); ++at.values) {
+    const Value& a = want.values[at.values];
+    const Value& b = got.values[at.values];
+    if (a.buffer != b.buffer || a.shape != b.shape || a.strides != b.strides || a.offset != b.offset ||
+        a.dtype != b.dtype || a.producer != b.producer)
+      return false;
+  }
+  for (; at.ops < got.ops.size(); ++at.ops) {
+    const Op& a = want.ops[at.ops];
+    const Op& b = got.ops[at.ops];
+    if (a.kind != b.kind || a.name != b.name || a.inputs != b.inputs || a.outputs != b.outputs || a.views != b.views ||
+        a.writes != b.writes || !same_attrs(a.attrs, b.attrs))
+      return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -118,6 +171,22 @@ void CompiledStep::run(const std::vector<Tensor>& inputs, const std::function<vo
   for (const auto& [kind, tensors] : named_)
     for (const auto& [name, t] : tensors) cap.classify(t, kind, name);
   for (const Tensor& t : inputs) cap.classify(t, BufferKind::step_input);
+  // Note [Streamed replay]: a variant that has replayed a whole step replays the next ones while
+  // they are captured.
+  const bool stream = variant && options_.stream && variant->replays >= 1;
+  Checked checked;
+  bool left = false;  // the capture left the variant's structure
+  if (stream) {
+    variant->runtime->begin(cap);
+    cap.set_listener([&] {
+      if (left) return;
+      if (!same_so_far(variant->graph, cap.graph(), checked)) {
+        left = true;
+        return;
+      }
+      variant->runtime->advance(cap, cap.graph().ops.size());
+    });
+  }
   try {
     step();
   } catch (...) {
@@ -126,6 +195,23 @@ void CompiledStep::run(const std::vector<Tensor>& inputs, const std::function<vo
   }
   Graph& g = cap.finish();
   const uint64_t structure = g.structure_hash();
+  if (stream) {
+    counts_.capture_ms += ms_since(t_capture);
+    const auto t_replay = std::chrono::steady_clock::now();
+    if (!left && structure == variant->structure) {
+      ++counts_.compiled;
+      ++counts_.streamed;
+      ++variant->replays;
+      variant->runtime->end(cap);
+    } else {
+      fail("the step's capture differs from the compiled graph: " + first_difference(variant->graph, g) + "; " +
+           std::to_string(variant->runtime->issued()) + " of its launches had run, the rest runs unplanned");
+      ++counts_.fallback;
+      variant->runtime->salvage(cap);
+    }
+    counts_.replay_ms += ms_since(t_replay);
+    return;
+  }
   if (!variant) {
     auto v = std::make_unique<Variant>();
     v->capture_ms = ms_since(t_capture);
@@ -168,6 +254,7 @@ void CompiledStep::run(const std::vector<Tensor>& inputs, const std::function<vo
   counts_.capture_ms += ms_since(t_capture);
   const auto t_replay = std::chrono::steady_clock::now();
   variant->runtime->run(cap);
+  ++variant->replays;
   counts_.replay_ms += ms_since(t_replay);
 }
 

@@ -17,6 +17,20 @@
 // first compiled step, the excluded ops (compiler/exclude.h) it holds, and every guard failure.
 // Depends on compiler/{capture,graph,memory_plan,runtime}. Keep: a compiled step has the eager
 // step's kernels in the eager step's order, so its results are bitwise the eager ones.
+//
+// Note [Streamed replay]
+// Capturing a step runs its host logic (5–10 ms for GPT-2 or Llama on a GPU), and a replay that
+// starts only after the capture has finished leaves the GPU idle that long every step. Once a
+// variant has replayed a whole step, its later steps stream: each op the capture records is checked
+// at once against the variant's graph (what structure_hash covers: buffers, values, op names,
+// wiring, effects and the attributes compiled into kernels), and every segment of launches whose
+// ops are all recorded and checked is issued right away (Note [Graph segments], runtime.h), so the
+// GPU runs the start of the step while its end is still being captured, as an eager step's kernels
+// run while its host code goes on. The structure is compared once more after the capture's
+// finish (which decides the step outputs); if the step left the variant's structure (at an op, or
+// at the finish), what has run stays, the rest runs unplanned, and a value it needs that the
+// arena has already reused is an error (it does not happen when only the end of a step differs,
+// as when an optimizer creates state). BLU_COMPILE_STREAM=0 (CompileOptions::stream) turns it off.
 #pragma once
 #include <functional>
 #include <iosfwd>
@@ -31,6 +45,7 @@ namespace blu::compiler {
 
 struct CompileOptions {
   int max_variants = 4;
+  bool stream = true;  // Note [Streamed replay]; BLU_COMPILE_STREAM=0 turns it off
   int warmup_steps = 1;       // eager steps before the first capture
   bool log = false;           // also on when BLU_COMPILE_LOG is set to a value other than 0
   std::ostream* log_stream = nullptr;  // null: std::cerr
@@ -54,6 +69,7 @@ struct Variant {
   // The fusion (CompileOptions::fusion): FusedGraph::summary() and its counts; "" without fusion.
   std::string fusion;
   int regions = 0, kernels_compiled = 0, kernels_cached = 0;
+  int64_t replays = 0;  // whole steps replayed (streamed ones included)
 };
 
 class CompiledStep {
@@ -70,8 +86,10 @@ class CompiledStep {
 
   struct Counts {
     int64_t eager = 0, compiled = 0, fallback = 0, guard_failures = 0;
+    int64_t streamed = 0;  // compiled steps replayed while being captured (Note [Streamed replay])
     // Host time of the compiled steps: capturing the step's host logic (with the guard's structure
-    // check), and the runtime's replay call (binding, argument hashes, recordings, graph launches).
+    // check; streamed, also the launches issued during it), and the replay after the capture
+    // (binding, argument hashes, recordings, graph launches; streamed, what was left to issue).
     double capture_ms = 0, replay_ms = 0;
   };
   const Counts& counts() const { return counts_; }

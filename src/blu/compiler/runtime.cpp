@@ -15,9 +15,10 @@
 
 namespace blu::compiler {
 
-// Note [Graph segments]: per launch, the hashes of the previous step's attributes and whether it
-// runs directly; the segments of launches between direct ones, each with its recent graphs.
-struct Runtime::CudaGraphs {
+// Note [Graph segments]: per launch, the previous step's attribute hash and whether it runs
+// directly; the segments (a direct launch, or a chunk of at most kChunk graph launches), each
+// with its recent recordings; and what the step under way has issued (Note [Streamed replay]).
+struct Runtime::Replay {
   struct Recorded {
     uint64_t arguments = 0;  // hash of its launches' addresses and attributes
 #ifdef BLU_HAVE_CUDA
@@ -26,14 +27,24 @@ struct Runtime::CudaGraphs {
 #endif
   };
   struct Segment {
-    size_t first = 0, end = 0;  // launches [first, end)
-    bool direct = false;         // one launch, run outside a graph
+    size_t first = 0, end = 0;       // launches [first, end)
+    bool direct = false;             // run outside a graph
     std::vector<Recorded> recorded;  // most recent first, at most kKept
   };
   static constexpr size_t kKept = 2;
+  // Graph launches per segment: the GPU starts on a segment while the rest of the step is still
+  // being captured, so a step's first kernels wait for the capture of at most this many.
+  static constexpr size_t kChunk = 64;
+  bool graphs = false;               // CUDA graphs (else every launch runs directly)
   std::vector<uint64_t> attributes;  // per launch, the previous step's
   std::vector<bool> direct;          // per launch
   std::vector<Segment> segments;
+  // The step under way.
+  std::vector<uint64_t> step_attributes;
+  std::vector<char> bound;           // per buffer
+  size_t ready = 0, next_segment = 0;
+  bool recorded = false;
+
   static void release(Recorded& r) {
 #ifdef BLU_HAVE_CUDA
     if (r.exec) cudaGraphExecDestroy(r.exec);
@@ -42,12 +53,31 @@ struct Runtime::CudaGraphs {
     r.graph = nullptr;
 #endif
   }
-  void clear() {
+  // Segments from `direct`; a segment whose launches are unchanged keeps its recordings.
+  void resegment(size_t n) {
+    std::vector<Segment> old = std::move(segments);
+    segments.clear();
+    for (size_t i = 0; i < n;) {
+      Segment seg;
+      seg.first = i;
+      seg.direct = !graphs || direct[i];
+      if (seg.direct) {
+        ++i;
+      } else {
+        while (i < n && !direct[i] && i - seg.first < kChunk) ++i;
+      }
+      seg.end = seg.direct ? seg.first + 1 : i;
+      for (Segment& o : old)
+        if (!o.direct && !seg.direct && o.first == seg.first && o.end == seg.end) std::swap(seg.recorded, o.recorded);
+      segments.push_back(std::move(seg));
+    }
+    for (Segment& o : old)
+      for (Recorded& r : o.recorded) release(r);
+  }
+  ~Replay() {
     for (Segment& seg : segments)
       for (Recorded& r : seg.recorded) release(r);
-    segments.clear();
   }
-  ~CudaGraphs() { clear(); }
 };
 
 // The device a kernel runs on: the accelerator when one is involved (as ops/dispatch decides).
@@ -82,7 +112,9 @@ std::vector<Launch> Runtime::build_launches(const Graph& g, const std::vector<in
       BLU_CHECK(kernels && op.region >= 0 && size_t(op.region) < kernels->size(), "compiler runtime: fused op ", i,
                 " has no kernel for region ", op.region);
       l.fused = (*kernels)[size_t(op.region)];
-      if (regions && size_t(op.region) < regions->size()) l.attr_ops = (*regions)[size_t(op.region)].ops;
+      BLU_CHECK(regions && size_t(op.region) < regions->size() && !(*regions)[size_t(op.region)].ops.empty(),
+                "compiler runtime: fused op ", i, " has no region ", op.region);
+      l.attr_ops = (*regions)[size_t(op.region)].ops;
       l.inputs = op.inputs;
       l.outputs = op.outputs;
       l.device = kCPU;
@@ -102,16 +134,23 @@ std::vector<Launch> Runtime::build_launches(const Graph& g, const std::vector<in
 
 Runtime::Runtime(const Graph& graph, MemoryPlan plan, RuntimeOptions options)
     : graph_(graph), capture_ops_(int(graph.ops.size())), plan_(std::move(plan)), options_(options),
-      cuda_(std::make_unique<CudaGraphs>()) {
+      replay_(std::make_unique<Replay>()) {
   for (const Arena& a : plan_.arenas) arenas_.push_back(allocator_for(a.device).allocate(a.bytes));
   launches_ = build_launches(graph_);
+  set_needs();
 }
 
 Runtime::Runtime(FusedGraph fused, MemoryPlan plan, RuntimeOptions options)
     : graph_(std::move(fused.graph)), capture_ops_(fused.capture_ops), plan_(std::move(plan)), options_(options),
-      cuda_(std::make_unique<CudaGraphs>()) {
+      replay_(std::make_unique<Replay>()) {
   for (const Arena& a : plan_.arenas) arenas_.push_back(allocator_for(a.device).allocate(a.bytes));
   launches_ = build_launches(graph_, &fused.source, &fused.kernels, &fused.regions);
+  set_needs();
+}
+
+void Runtime::set_needs() {
+  need_.clear();
+  for (const Launch& l : launches_) need_.push_back(size_t(*std::max_element(l.attr_ops.begin(), l.attr_ops.end())));
 }
 
 Runtime::~Runtime() = default;
@@ -190,22 +229,6 @@ void Runtime::run_unplanned(Capture& step) {
   execute(g, step.tensors(), build_launches(g), {});
 }
 
-void Runtime::run(Capture& step) {
-  const Graph& g = step.graph();
-  BLU_ASSERT(g.ops.size() == size_t(capture_ops_) && g.buffers.size() == graph_.buffers.size(),
-             "compiler runtime: a capture of another structure (", g.ops.size(), " ops, compiled ", capture_ops_, ")");
-  bind_storages(g, step.storages(), &plan_, &arenas_);
-  ++stats_.steps;
-  stats_.launches += int64_t(launches_.size());
-  const bool on_cuda = !plan_.arenas.empty() && !plan_.arenas[0].device.is_cpu();
-  if (!on_cuda || !options_.cuda_graph) {
-    execute(g, step.tensors(), launches_, options_.poison_freed ? [this](size_t op) { poison(op); }
-                                                               : std::function<void(size_t)>());
-    return;
-  }
-  run_cuda(step);
-}
-
 namespace {
 
 struct Fnv {
@@ -233,75 +256,104 @@ uint64_t attribute_hash(const Graph& g, const Launch& l) {
   return f.h;
 }
 
+// The values a launch binds: a fused launch's region inputs and outputs, else its op's.
+template <typename F>
+void for_each_value(const Graph& g, const Launch& l, F&& f) {
+  const Op& op = g.ops[size_t(l.kind == OpKind::fused ? 0 : l.source)];
+  for (int v : l.kind == OpKind::fused ? l.inputs : op.inputs) f(v);
+  for (int v : l.kind == OpKind::fused ? l.outputs : op.outputs) f(v);
+}
+
 // The addresses a launch binds this step.
 uint64_t address_hash(const Graph& g, const std::vector<Tensor>& tensors, const Launch& l) {
   Fnv f;
-  const Op& op = g.ops[size_t(l.kind == OpKind::fused ? 0 : l.source)];
-  for (int v : l.kind == OpKind::fused ? l.inputs : op.inputs)
+  for_each_value(g, l, [&](int v) {
     f.mix(v >= 0 ? uint64_t(reinterpret_cast<uintptr_t>(tensors[size_t(v)].raw_data())) : 0);
-  for (int v : l.kind == OpKind::fused ? l.outputs : op.outputs)
-    f.mix(uint64_t(reinterpret_cast<uintptr_t>(tensors[size_t(v)].raw_data())));
+  });
   return f.h;
 }
 
 }  // namespace
 
-void Runtime::run_cuda(Capture& step) {
-#ifdef BLU_HAVE_CUDA
+void Runtime::run(Capture& step) {
+  begin(step);
+  end(step);
+}
+
+void Runtime::begin(Capture& step) {
+  Replay& r = *replay_;
+  r.graphs = options_.cuda_graph && !plan_.arenas.empty() && !plan_.arenas[0].device.is_cpu();
+#ifndef BLU_HAVE_CUDA
+  r.graphs = false;
+#endif
+  const size_t n = launches_.size();
+  if (r.direct.size() != n || r.segments.empty()) {
+    r.direct.assign(n, false);
+    r.resegment(n);
+    stats_.segments = int64_t(std::count_if(r.segments.begin(), r.segments.end(),
+                                            [](const Replay::Segment& s) { return !s.direct; }));
+  }
+  r.step_attributes.assign(n, 0);
+  r.bound.assign(graph_.buffers.size(), 0);
+  r.ready = 0;
+  r.next_segment = 0;
+  r.recorded = false;
+  (void)step;
+}
+
+// A buffer's bytes for this step, from the compiled structure's kinds (the capture's own kinds are
+// final only at finish): a temporary its place in the arena (or a fresh allocation when the plan
+// left it out), a step output a fresh allocation; what lives across steps is already bound.
+void Runtime::bind(Capture& step, int value) {
+  if (value < 0) return;
+  const int b = step.graph().values[size_t(value)].buffer;
+  Replay& r = *replay_;
+  if (r.bound[size_t(b)]) return;
+  r.bound[size_t(b)] = 1;
+  const Buffer& buf = graph_.buffers[size_t(b)];
+  Storage& s = *step.storages()[size_t(b)];
+  if (buf.kind == BufferKind::temporary) {
+    const Placement& p = plan_.placements[size_t(b)];
+    if (p.first < 0) return;  // a fused region's intermediate: no op touches it
+    if (p.in_arena) {
+      s.data = DataPtr(static_cast<char*>(arenas_[size_t(p.arena)].get()) + p.offset, buf.nbytes, buf.device,
+                       nullptr, nullptr);
+      return;
+    }
+    s.data = allocator_for(buf.device).allocate(buf.nbytes);
+  } else if (buf.kind == BufferKind::step_output) {
+    s.data = allocator_for(buf.device).allocate(buf.nbytes);
+  }
+}
+
+void Runtime::advance(Capture& step, size_t captured_ops) {
+  Replay& r = *replay_;
   const Graph& g = step.graph();
   const std::vector<Tensor>& tensors = step.tensors();
-  CudaGraphs& cg = *cuda_;
-  const size_t n = launches_.size();
-  std::vector<uint64_t> attrs(n), args(n);
-  for (size_t i = 0; i < n; ++i) {
-    attrs[i] = attribute_hash(g, launches_[i]);
-    args[i] = attrs[i] ^ (address_hash(g, tensors, launches_[i]) * 31);
-  }
-  // Launches whose attributes changed since the previous step run directly from now on.
-  bool resegment = cg.segments.empty() && n > 0;
-  if (cg.direct.size() != n) cg.direct.assign(n, false);
-  if (cg.attributes.size() == n)
-    for (size_t i = 0; i < n; ++i)
-      if (attrs[i] != cg.attributes[i] && !cg.direct[i]) {
-        cg.direct[i] = true;
-        resegment = true;
-      }
-  cg.attributes = attrs;
-  if (resegment) {
-    cg.clear();
-    for (size_t i = 0; i < n;) {
-      CudaGraphs::Segment seg;
-      seg.first = i;
-      seg.direct = cg.direct[i];
-      if (seg.direct) {
-        ++i;
-      } else {
-        while (i < n && !cg.direct[i]) ++i;
-      }
-      seg.end = seg.direct ? seg.first + 1 : i;
-      cg.segments.push_back(std::move(seg));
-    }
-    stats_.segments = int64_t(std::count_if(cg.segments.begin(), cg.segments.end(),
-                                            [](const CudaGraphs::Segment& s) { return !s.direct; }));
-  }
+  while (r.ready < launches_.size() && need_[r.ready] < captured_ops) ++r.ready;
   const std::function<void(size_t)> after_op =
       options_.poison_freed ? std::function<void(size_t)>([this](size_t op) { poison(op); }) : nullptr;
-  const Device dev = plan_.arenas[0].device;
-  const ExecContext& ctx = current_context(dev);
-  const cudaStream_t stream = cuda::stream_of(ctx);  // null in the context means the device's default stream
   const std::span<const Launch> all(launches_);
-  bool recorded = false;
-  for (CudaGraphs::Segment& seg : cg.segments) {
+  while (r.next_segment < r.segments.size() && r.segments[r.next_segment].end <= r.ready) {
+    Replay::Segment& seg = r.segments[r.next_segment++];
+    for (size_t i = seg.first; i < seg.end; ++i) {
+      r.step_attributes[i] = attribute_hash(g, launches_[i]);
+      for_each_value(g, launches_[i], [&](int v) { bind(step, v); });
+    }
     const std::span<const Launch> part = all.subspan(seg.first, seg.end - seg.first);
     if (seg.direct) {
       execute(g, tensors, part, after_op);
-      ++stats_.direct_launches;
+      if (r.graphs) ++stats_.direct_launches;
       continue;
     }
+#ifdef BLU_HAVE_CUDA
     Fnv f;
-    for (size_t i = seg.first; i < seg.end; ++i) f.mix(args[i]);
+    for (size_t i = seg.first; i < seg.end; ++i) f.mix(r.step_attributes[i] ^ (address_hash(g, tensors, launches_[i]) * 31));
+    const Device dev = plan_.arenas[0].device;
+    const ExecContext& ctx = current_context(dev);
+    const cudaStream_t stream = cuda::stream_of(ctx);  // null in the context means the device's default stream
     auto hit = std::find_if(seg.recorded.begin(), seg.recorded.end(),
-                            [&](const CudaGraphs::Recorded& r) { return r.arguments == f.h; });
+                            [&](const Replay::Recorded& x) { return x.arguments == f.h; });
     if (hit != seg.recorded.end()) {
       std::rotate(seg.recorded.begin(), hit, hit + 1);  // most recent first
     } else {
@@ -321,32 +373,131 @@ void Runtime::run_cuda(Capture& step) {
       }
       BLU_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
       if (!was_frozen) ctx.scratch->unfreeze();
-      CudaGraphs::Recorded r;
-      if (seg.recorded.size() >= CudaGraphs::kKept) {  // update the least recent in place
-        r = seg.recorded.back();
+      Replay::Recorded rec;
+      if (seg.recorded.size() >= Replay::kKept) {  // update the least recent in place
+        rec = seg.recorded.back();
         seg.recorded.pop_back();
         cudaGraphExecUpdateResultInfo info{};
-        if (cudaGraphExecUpdate(r.exec, graph, &info) != cudaSuccess) {
+        if (cudaGraphExecUpdate(rec.exec, graph, &info) != cudaSuccess) {
           (void)cudaGetLastError();
-          cudaGraphExecDestroy(r.exec);
-          r.exec = nullptr;
+          cudaGraphExecDestroy(rec.exec);
+          rec.exec = nullptr;
         }
-        if (r.graph) cudaGraphDestroy(r.graph);
+        if (rec.graph) cudaGraphDestroy(rec.graph);
       }
-      if (!r.exec) BLU_CUDA_CHECK(cudaGraphInstantiate(&r.exec, graph, 0));
-      r.graph = graph;
-      r.arguments = f.h;
-      seg.recorded.insert(seg.recorded.begin(), r);
+      if (!rec.exec) BLU_CUDA_CHECK(cudaGraphInstantiate(&rec.exec, graph, 0));
+      rec.graph = graph;
+      rec.arguments = f.h;
+      seg.recorded.insert(seg.recorded.begin(), rec);
       ++stats_.graph_captures;
-      recorded = true;
+      r.recorded = true;
     }
     BLU_CUDA_CHECK(cudaGraphLaunch(seg.recorded.front().exec, stream));
     ++stats_.graph_launches;
-  }
-  if (recorded) ++stats_.steps_recorded;
-#else
-  (void)step;
 #endif
+  }
+}
+
+void Runtime::end(Capture& step) {
+  const Graph& g = step.graph();
+  BLU_ASSERT(g.ops.size() == size_t(capture_ops_) && g.buffers.size() == graph_.buffers.size(),
+             "compiler runtime: a capture of another structure (", g.ops.size(), " ops, compiled ", capture_ops_, ")");
+  advance(step, g.ops.size());
+  Replay& r = *replay_;
+  ++stats_.steps;
+  stats_.launches += int64_t(launches_.size());
+  if (r.recorded) ++stats_.steps_recorded;
+  // Launches whose attributes changed since the previous step run directly from the next one on.
+  bool changed = false;
+  if (r.attributes.size() == launches_.size())
+    for (size_t i = 0; i < launches_.size(); ++i)
+      if (r.graphs && r.step_attributes[i] != r.attributes[i] && !r.direct[i]) {
+        r.direct[i] = true;
+        changed = true;
+      }
+  r.attributes = r.step_attributes;
+  if (changed) {
+    r.resegment(launches_.size());
+    stats_.segments = int64_t(std::count_if(r.segments.begin(), r.segments.end(),
+                                            [](const Replay::Segment& s) { return !s.direct; }));
+  }
+}
+
+size_t Runtime::issued() const {
+  const Replay& r = *replay_;
+  return r.next_segment == 0 ? 0 : r.segments[r.next_segment - 1].end;
+}
+
+// Note [Streamed replay]: the step left the compiled structure after `issued()` launches ran.
+// What the rest of the step needs of their results is moved out of the arena (the rest runs
+// unplanned, and the arena's bytes must not change under it), unless a later launch of the plan
+// already wrote over it: then the step cannot be completed and the error says so.
+void Runtime::salvage(Capture& step) {
+  const Graph& g = step.graph();
+  const std::vector<Tensor>& tensors = step.tensors();
+  Replay& r = *replay_;
+  const size_t done = issued();
+  r.bound.resize(g.buffers.size(), 0);  // the capture may have made more buffers than the variant
+  // Every launched launch's buffers, with the first and last launch that touched each.
+  const size_t nb = g.buffers.size();
+  std::vector<int64_t> first(nb, -1), last(nb, -1);
+  std::vector<char> ran(g.ops.size(), 0);
+  for (size_t k = 0; k < done; ++k) {
+    for (int o : launches_[k].attr_ops) ran[size_t(o)] = 1;
+    for_each_value(g, launches_[k], [&](int v) {
+      if (v < 0) return;
+      const int b = g.values[size_t(v)].buffer;
+      if (first[size_t(b)] < 0) first[size_t(b)] = int64_t(k);
+      last[size_t(b)] = int64_t(k);
+    });
+  }
+  // What the rest reads or writes, and what is read after the step.
+  std::vector<char> needed(nb, 0);
+  for (size_t i = 0; i < g.ops.size(); ++i) {
+    if (ran[i] || g.ops[i].kind == OpKind::view) continue;
+    for (int v : g.ops[i].inputs)
+      if (v >= 0) needed[size_t(g.values[size_t(v)].buffer)] = 1;
+  }
+  for (size_t b = 0; b < nb; ++b)
+    if (g.buffers[b].kind == BufferKind::step_output) needed[b] = 1;
+  for (size_t b = 0; b < nb; ++b) {
+    if (!needed[b] || first[b] < 0) continue;
+    const Placement& p = plan_.placements[b];
+    if (!r.bound[b] || graph_.buffers[b].kind != BufferKind::temporary || !p.in_arena) continue;
+    for (size_t c = 0; c < nb; ++c) {
+      if (c == b || first[c] <= last[b]) continue;  // launched buffers are the variant's: placed by the plan
+      const Placement& q = plan_.placements[c];
+      if (!q.in_arena || q.arena != p.arena) continue;
+      if (q.offset < p.offset + p.nbytes && p.offset < q.offset + q.nbytes)
+        BLU_CHECK(false, "compiled step: the step's capture left the compiled structure after ", done, " of ",
+                  launches_.size(), " launches had run, and a value it still needs (", g.buffers[b].nbytes,
+                  " bytes, buffer ", b, ") was already overwritten in the arena; it cannot be completed. Run with ",
+                  "BLU_COMPILE_STREAM=0 to replay only after the whole step is captured");
+    }
+    // Move it out of the arena.
+    Storage& s = *step.storages()[b];
+    DataPtr fresh = allocator_for(g.buffers[b].device).allocate(g.buffers[b].nbytes);
+    if (g.buffers[b].device.is_cpu()) {
+      std::memcpy(fresh.get(), s.data.get(), g.buffers[b].nbytes);
+    } else {
+#ifdef BLU_HAVE_CUDA
+      BLU_CUDA_CHECK(cudaMemcpyAsync(fresh.get(), s.data.get(), g.buffers[b].nbytes, cudaMemcpyDeviceToDevice,
+                                     cuda::stream_of(current_context(g.buffers[b].device))));
+#endif
+    }
+    s.data = std::move(fresh);
+  }
+  // The rest, unplanned: a fresh allocation for each buffer not bound yet, kernels in capture order.
+  for (size_t b = 0; b < nb; ++b) {
+    const Buffer& buf = g.buffers[b];
+    if (r.bound[b] || (buf.kind != BufferKind::temporary && buf.kind != BufferKind::step_output)) continue;
+    r.bound[b] = 1;
+    step.storages()[b]->data = allocator_for(buf.device).allocate(buf.nbytes);
+  }
+  std::vector<Launch> rest;
+  for (Launch& l : build_launches(g))
+    if (!ran[size_t(l.source)]) rest.push_back(std::move(l));
+  execute(g, tensors, rest, {});
 }
 
 }  // namespace blu::compiler

@@ -83,6 +83,17 @@ class Runtime {
 
   // Binds a capture with this runtime's structure to the arena and runs it.
   void run(Capture& step);
+  // Note [Streamed replay] (compiler/compile.h): the same in three calls while the step is being
+  // captured. begin before the step's host logic; advance each time the capture has recorded
+  // (and the caller checked against this structure) its first `captured_ops` ops — it issues every
+  // segment whose ops are all among them; after the capture's finish, end when the structure is
+  // this one (it issues the rest), or salvage when it is not (the ops not yet run run unplanned;
+  // an error when a value they need was overwritten in the arena already).
+  void begin(Capture& step);
+  void advance(Capture& step, size_t captured_ops);
+  void end(Capture& step);
+  void salvage(Capture& step);
+  size_t issued() const;  // launches issued in the step under way
   // Runs a capture of any structure with a fresh allocation per buffer, kernels in capture order:
   // exactly the eager step's kernels (the fallback when a guard fails after capture).
   static void run_unplanned(Capture& step);
@@ -97,7 +108,8 @@ class Runtime {
                                             const std::vector<FusedRegion>* regions = nullptr);
   static void execute(const Graph& g, const std::vector<Tensor>& tensors, std::span<const Launch> launches,
                       const std::function<void(size_t op)>& after_op);
-  void run_cuda(Capture& step);
+  void bind(Capture& step, int value);
+  void set_needs();
   void poison(size_t op);
 
   Graph graph_;  // the structure compiled (its tensors' bindings come from each step's capture)
@@ -107,8 +119,9 @@ class Runtime {
   std::vector<DataPtr> arenas_;  // per plan arena
   std::vector<Launch> launches_;
   RuntimeStats stats_;
-  struct CudaGraphs;
-  std::unique_ptr<CudaGraphs> cuda_;
+  std::vector<size_t> need_;  // per launch: the last op of each step's capture it runs
+  struct Replay;
+  std::unique_ptr<Replay> replay_;
 };
 
 }  // namespace blu::compiler

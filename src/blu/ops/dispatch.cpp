@@ -42,7 +42,7 @@ Tensor BackwardContext::grad_buffer(size_t i) const {
 
 static thread_local bool t_meta = false;
 bool meta_dispatch() { return t_meta; }
-MetaDispatchGuard::MetaDispatchGuard() : prev_(t_meta) { t_meta = true; }
+MetaDispatchGuard::MetaDispatchGuard(bool on) : prev_(t_meta) { t_meta = on; }
 MetaDispatchGuard::~MetaDispatchGuard() { t_meta = prev_; }
 
 static GradRecorder g_recorder = nullptr;

@@ -17,7 +17,7 @@ namespace blu {
 bool meta_dispatch();
 class MetaDispatchGuard {
  public:
-  MetaDispatchGuard();
+  explicit MetaDispatchGuard(bool on = true);  // off: real dispatch inside a meta region
   ~MetaDispatchGuard();
   MetaDispatchGuard(const MetaDispatchGuard&) = delete;
   MetaDispatchGuard& operator=(const MetaDispatchGuard&) = delete;

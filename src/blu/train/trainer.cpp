@@ -900,6 +900,7 @@ TrainSummary Trainer::run() {
     const auto& c = compiled_->counts();
     nlohmann::json ev = {{"event", "compile"}, {"step", step_},           {"compiled", c.compiled},
                          {"eager", c.eager},   {"fallback", c.fallback}, {"guard_failures", c.guard_failures},
+                         {"streamed", c.streamed},
                          {"variants", compiled_->variants().size()}};
     if (!compiled_->variants().empty()) {
       const compiler::Variant& v = *compiled_->variants()[0];
