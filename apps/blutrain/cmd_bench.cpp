@@ -461,6 +461,7 @@ int run_bench(const BenchOptions& o) {
     }
     compiled->run({cx, cy}, [&] {
       loss_t = strategy.step(1, [&](int64_t) { return model.forward(cx, cy).loss; }, o.lr, 1.0).loss_sum;
+      strategy.optimizer().zero_grad();  // as train --compile does: the gradients are the step's temporaries
     });
   };
   auto step = [&](const Tensor& x, const Tensor& y) {

@@ -669,6 +669,10 @@ dist::StepValues Trainer::train_step() {
       v = strategy_->step(o.grad_accum, [&](int64_t i) {
         return std::pair<Tensor, Tensor>{compile_inputs_[size_t(2 * i)], compile_inputs_[size_t(2 * i + 1)]};
       }, lr, o.grad_clip);
+      // The next step drops the gradients before its forward anyway; dropped inside the captured
+      // step they are its temporaries, which the plan packs into the bytes the activations free
+      // in backward, instead of step outputs beside the arena.
+      strategy_->optimizer().zero_grad();
     });
     return v;
   }
