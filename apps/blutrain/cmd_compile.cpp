@@ -97,8 +97,9 @@ int run_compile(const CompileCmdOptions& o) {
     }
     const auto t0 = std::chrono::steady_clock::now();
     Tensor loss;
-    compiled.run({cx, cy}, [&] {
+    compiled.run({cx, cy}, [&] {  // bench --compile's step, op for op (cmd_bench.cpp): the plan's key is its
       loss = strategy.step(1, [&](int64_t) { return model.forward(cx, cy).loss; }, o.lr, 1.0).loss_sum;
+      strategy.optimizer().zero_grad();
     });
     (void)to_vector(to_dtype(loss, DType::f32));
     step_s[i] = seconds_since(t0);
