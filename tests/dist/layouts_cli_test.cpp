@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <tuple>
+
 #include <nlohmann/json.hpp>
 
 #include "blu/data/shard.h"
@@ -99,8 +100,9 @@ class DistLayouts : public ::testing::Test {
       ASSERT_EQ(got.size(), 3u) << c.layout;
       for (const auto& [step, loss] : single)
         EXPECT_NEAR(got.at(step), loss, 1e-5 * std::abs(loss)) << family << " " << c.layout << ", step " << step;
-      if (c.name == "uneven")
+      if (c.name == "uneven") {
         EXPECT_NE(r.out.find("rows per replica: 3 1 (a global batch of 4 rows"), std::string::npos) << r.out;
+      }
     }
   }
   TempDir dir;
@@ -140,7 +142,8 @@ TEST_F(DistLayouts, UnsupportedLayoutsAreRefusedByName) {
   for (const Refusal& c : std::vector<Refusal>{
            {"split(2)", {"--keep-best", "--val-pattern", (dir.path / "g_train_*.bin").string()},
             "--keep-best keeps a single-file checkpoint, and this layout writes a checkpoint directory"},
-           {"split(2)", {"--gpu-memory-budget", "1"}, "memory budgets are planned for data parallelism"},
+           {"pipeline(2, micro=2)", {"--gpu-memory-budget", "1"},
+            "memory budgets are planned for data and tensor parallelism, not for pipeline stages"},
            {"pipeline(2, micro=2)", {"--offload-state", "master", "--precision", "bf16"},
             "--offload-state master is implemented for data parallelism"}}) {
     std::vector<std::string> args = {"--parallel", c.layout};
@@ -176,11 +179,12 @@ TEST_F(DistLayouts, OffloadedStateUnderSplitAndPipelineMatchesOnDevice) {
     ASSERT_EQ(on_device.size(), 3u) << layout;
     for (const auto& [step, loss] : single)
       EXPECT_NEAR(on_device.at(step), loss, 1e-5 * std::abs(loss)) << layout << ", step " << step;
-    if (name == "pp")
+    if (name == "pp") {
       EXPECT_NE(r.out.find("pipeline stage 0: " + std::to_string(stage0) + " of the model's " + std::to_string(whole) +
                            " parameter bytes placed on cpu:1"),
                 std::string::npos)
           << r.out;
+    }
     for (const char* update : {"cpu", "gpu"}) {
       const std::string out = name + "_off_" + update;
       r = train("gpt2", 2, rows, out,
@@ -193,6 +197,64 @@ TEST_F(DistLayouts, OffloadedStateUnderSplitAndPipelineMatchesOnDevice) {
       EXPECT_EQ(metric_losses(dir.path / out), on_device) << layout << ", --offload-update " << update;
     }
   }
+}
+
+// --gpu-memory-budget under split(2): each rank on its own device pool cpu:1 probes and plans its
+// tensor-parallel shard (the model is split before the probe), and the plan's predicted peak is the
+// training steps' (metrics.jsonl's mem_bytes) within 5%, with the state on the device and with it
+// offloaded (each rank's own parameters' moments on the host); both train to the losses of the run
+// without a budget. A budget nothing fits is refused with the smallest that would, before the run
+// writes anything (a pipeline's budget is refused by name: UnsupportedLayoutsAreRefusedByName).
+TEST_F(DistLayouts, MemoryBudgetUnderSplitPlansTheRanksShard) {
+  LaunchResult r = train("gpt2", 2, 4, "tp_plain", {"--parallel", "split(2)", "--device", "cpu:1"});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  const auto plain = metric_losses(dir.path / "tp_plain");
+  ASSERT_EQ(plain.size(), 3u);
+  int64_t whole = 0;
+  for (const Tensor& p : models::build_model(models::resolve_model_config("tiny"), 1)->parameters()) whole += p.numel();
+  for (const char* state : {"none", "optimizer"}) {
+    const std::string out = std::string("tp_budget_") + state;
+    r = train("gpt2", 2, 4, out,
+              {"--parallel", "split(2)", "--device", "cpu:1", "--gpu-memory-budget", "1", "--offload-state", state,
+               "--offload-chunk", "100000", "--log-every", "1"});
+    ASSERT_EQ(r.status, 0) << state << "\n" << r.out << r.err;
+    // The shard: fewer parameters than the model, more than half (norms and biases are whole).
+    const size_t at_shard = r.out.find("memory plan of this rank's tensor-parallel shard: ");
+    ASSERT_NE(at_shard, std::string::npos) << r.out;
+    const int64_t shard =
+        std::stoll(r.out.substr(at_shard + std::string("memory plan of this rank's tensor-parallel shard: ").size()));
+    EXPECT_LT(shard, whole) << r.out;
+    EXPECT_GT(2 * shard, whole) << r.out;
+    const size_t at = r.out.find(" predicted peak");
+    ASSERT_NE(at, std::string::npos) << r.out;
+    const size_t from = r.out.rfind("device: ", at) + 8;
+    const double value = std::stod(r.out.substr(from, at - from));
+    const std::string unit = r.out.substr(at - 3, 3);
+    ASSERT_TRUE(unit == "MiB" || unit == "KiB") << r.out;
+    const double planned = value * (unit == "MiB" ? 1048576.0 : 1024.0);
+    double peak = 0;
+    std::ifstream m(dir.path / out / "metrics.jsonl");
+    for (std::string line; std::getline(m, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.value("event", "") == "step") peak = std::max(peak, j["mem_bytes"].get<double>());
+    }
+    ASSERT_GT(peak, 0) << out;
+    EXPECT_NEAR(peak, planned, 0.05 * planned) << out << "\n" << r.out;
+    EXPECT_EQ(r.out.find("optimizer state on the host") != std::string::npos, std::string(state) == "optimizer")
+        << r.out;
+    EXPECT_EQ(metric_losses(dir.path / out), plain) << state;
+    std::printf("split(2), %s: shard of %lld of %lld parameters, planned %.0f, steps' peak %.0f bytes\n", state,
+                static_cast<long long>(shard), static_cast<long long>(whole), planned, peak);
+  }
+  r = train("gpt2", 2, 4, "tp_tiny_budget", {"--parallel", "split(2)", "--device", "cpu:1", "--gpu-memory-budget", "0.0001"});
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("no memory layout fits"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("the smallest device budget that fits is"), std::string::npos) << r.err;
+  // Nothing of a run is written; the ranks' flight-recorder dumps (every rank dumps on a fatal
+  // error once its groups exist: docs/reliability.md) are all the folder holds.
+  if (fs::exists(dir.path / "tp_tiny_budget"))
+    for (const auto& e : fs::directory_iterator(dir.path / "tp_tiny_budget"))
+      EXPECT_EQ(e.path().filename(), "flight_recorder") << "a refused run left " << e.path();
 }
 
 // The trainer's checkpoints resume under another layout (dist/layout_checkpoint.h): 2 steps under
@@ -254,7 +316,9 @@ TEST_F(DistLayouts, TrainerDecidesAutoAndProbe) {
     const std::string stated = run["options"]["parallel"].get<std::string>();
     EXPECT_NE(stated, "auto");
     EXPECT_EQ(stated.find("probe"), std::string::npos) << stated;
-    if (layout != "auto") EXPECT_NE(stated.find(split ? "widths=[" : "weights=["), std::string::npos) << stated;
+    if (layout != "auto") {
+      EXPECT_NE(stated.find(split ? "widths=[" : "weights=["), std::string::npos) << stated;
+    }
     const auto got = metric_losses(dir.path / out);
     ASSERT_EQ(got.size(), 3u) << layout;
     for (const auto& [step, loss] : single)

@@ -446,6 +446,19 @@ TEST(Offload, BudgetTakesMastersOnHostOnlyWhenNothingElseFits) {
   in.device_budget = 6000000;  // less than activations and copies: nothing fits, each layout named
   test::expect_error([&] { plan_memory(in); },
                      {"no memory layout fits", "optimizer state and fp32 master weights on the host", "--gpu-memory-budget"});
+  // Where the masters on the host are not implemented (a tensor-parallel shard), auto never tries
+  // them and asking for them is refused by name.
+  in.masters_allowed = false;
+  in.device_budget = 6200000 + 400000 + 2000000;
+  try {
+    (void)plan_memory(in);
+    ADD_FAILURE() << "a budget only the masters fit was planned without them";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no memory layout fits"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("master weights"), std::string::npos) << e.what();
+  }
+  in.offload_state = "master";
+  test::expect_error([&] { plan_memory(in); }, {"--offload-state master is implemented for data parallelism"});
 }
 
 // A run resumed after step 4 of 8: its losses are the uninterrupted run's last four and its final

@@ -136,8 +136,10 @@ MemoryPlan plan_memory(const PlanInput& in) {
     if (in.offload_update != "gpu" && in.state_shards == 1) tried.push_back(candidate(in, true, UpdateOn::cpu));
     if (in.offload_update != "cpu") tried.push_back(candidate(in, true, UpdateOn::device));
   }
-  const bool auto_masters = in.offload_state == "auto" && in.compute_copy_bytes > 0 && in.offload_update != "gpu" &&
-                            in.state_shards == 1;
+  BLU_CHECK(!masters || in.masters_allowed, "--offload-state ", in.offload_state,
+            " is implemented for data parallelism; use --offload-state optimizer");
+  const bool auto_masters = in.offload_state == "auto" && in.masters_allowed && in.compute_copy_bytes > 0 &&
+                            in.offload_update != "gpu" && in.state_shards == 1;
   if (in.offload_state == "master" || auto_masters) tried.push_back(masters_candidate(in));
   if (in.offload_state == "master+grads" || (auto_masters && in.single_rank))
     tried.push_back(grads_candidate(in, std::max<int64_t>(1, in.micro_batches)));

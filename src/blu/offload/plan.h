@@ -43,6 +43,7 @@ struct PlanInput {
   // bf16). auto takes master, then master+grads, only when nothing before it fits.
   std::string offload_state = "auto";
   bool single_rank = true;         // master+grads: one rank (data parallelism reduces on the device)
+  bool masters_allowed = true;     // master, master+grads: implemented for data parallelism only
   int64_t micro_batches = 1;       // per step (master+grads moves each micro-batch's gradients)
   std::string offload_update = "auto";  // auto | cpu | gpu
   // master: the parameter elements that stay fp32 on the device (looked up in their own dtype:

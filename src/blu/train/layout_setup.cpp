@@ -253,6 +253,17 @@ LayoutGroups make_layout_groups(dist::TcpStore& store, int rank, int world, cons
   return g;
 }
 
+void split_tensor_parallel(models::CausalLM& model, const dist::Layout& l, const dist::DeviceMesh& mesh,
+                           const std::string& precision) {
+  // Uneven widths cut every split by them (dist::apportion_units); equal ones are the even split.
+  const bool even = std::all_of(l.tp_widths.begin(), l.tp_widths.end(),
+                                [&](double w) { return std::abs(w - 1.0 / l.tp) < 1e-12; });
+  dist::apply_tensor_parallel(
+      model, mesh.group_ptr({"tp"}),
+      dist::TPOptions{.sequence_parallel = l.sequence_parallel, .widths = even ? std::vector<double>{} : l.tp_widths});
+  apply_precision(model, precision);  // the sharded modules take the compute dtype too
+}
+
 std::unique_ptr<dist::Strategy> make_layout_strategy(models::CausalLM& model, const dist::Layout& l,
                                                      const dist::DeviceMesh* mesh,
                                                      std::shared_ptr<dist::ProcessGroup> job, dist::StrategyConfig sc,
@@ -272,13 +283,7 @@ std::unique_ptr<dist::Strategy> make_layout_strategy(models::CausalLM& model, co
   // gradients averaged over the dp group.
   if (l.tp > 1) {
     sc.tp = mesh->group_ptr({"tp"});
-    // Uneven widths cut every split by them (dist::apportion_units); equal ones are the even split.
-    const bool even = std::all_of(l.tp_widths.begin(), l.tp_widths.end(),
-                                  [&](double w) { return std::abs(w - 1.0 / l.tp) < 1e-12; });
-    dist::apply_tensor_parallel(
-        model, sc.tp,
-        dist::TPOptions{.sequence_parallel = l.sequence_parallel, .widths = even ? std::vector<double>{} : l.tp_widths});
-    apply_precision(model, precision);  // the sharded modules take the compute dtype too
+    if (dist::sharded_parameters(model).empty()) split_tensor_parallel(model, l, *mesh, precision);
   }
   if (piped) {
     if (l.dp > 1) sc.dp = mesh->group_ptr({"dp"});

@@ -8,8 +8,10 @@
 //   make_layout_groups: the process groups — for a hybrid (tensor parallelism, or replicas of a
 //     pipeline) the dp × pp × tp mesh with a group per dimension and sub-mesh, created in one order
 //     on every rank; otherwise one group over the job — NCCL on a CUDA device, Gloo on the CPU;
-//   make_layout_strategy: the model rewritten into this rank's tensor-parallel shard (its compute
-//     dtype re-applied), and the dist::Strategy of the layout over the right groups;
+//   split_tensor_parallel: the model rewritten into this rank's tensor-parallel shard (its compute
+//     dtype re-applied);
+//   make_layout_strategy: the model split (unless it is already) and the dist::Strategy of the
+//     layout over the right groups;
 //   decide_layout: `--parallel auto` (the planner's pick) and weights=probe made into a stated layout.
 // Depends on dist/ (annotations, mesh, pipeline, strategy, tensor_parallel), models/causal_lm.
 // Keep: every rank calls make_layout_groups and make_layout_strategy in the same order (they hold
@@ -94,8 +96,13 @@ struct LayoutGroups {
 LayoutGroups make_layout_groups(dist::TcpStore& store, int rank, int world, const dist::Layout& l, Device device,
                                 double timeout_s);
 
-// The layout's strategy. Under tensor parallelism the model is rewritten first and `precision`
-// (fp32, tf32, bf16, fp16) applied again to the new modules. `mesh` is the hybrid's (null
+// The model rewritten into this rank's shard of the layout's split (over the mesh's tp group) and
+// `precision` (fp32, tf32, bf16, fp16) applied again to the new modules. Collective over tp.
+void split_tensor_parallel(models::CausalLM& model, const dist::Layout& l, const dist::DeviceMesh& mesh,
+                           const std::string& precision);
+
+// The layout's strategy. Under tensor parallelism the model is split first (split_tensor_parallel)
+// unless it is already (a memory budget's probe runs the shard: Trainer::plan_memory). `mesh` is the hybrid's (null
 // otherwise); `job` is the group of every rank, and the strategy's own when the layout is not a
 // hybrid (a pipeline's stages, or the replicas of DDP/ZeRO); null on a single process.
 // `pipeline_gradients`: LayoutGroups' (null: the pipeline's own group).

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "blu/core/rng.h"
+#include "blu/dist/tensor_parallel.h"
 #include "blu/dist/zero.h"
 #include "blu/memory/allocator.h"
 #include "blu/memory/device_pool.h"
@@ -26,6 +27,10 @@ void Trainer::plan_memory(dist::StrategyConfig& sc) {
             "--gpu-memory-budget/--offload-*: the planner handles adamw without ZeRO or with --zero 1 or 2, and no "
             "pipeline; got --optimizer ", o.optimizer, " --zero ", o.zero, pipelined_ ? " and a pipeline" : "");
   offload::PlanInput in;
+  // A tensor-parallel rank probes and plans its own shard (the model is split already); the
+  // fp32 masters on the host are implemented for data parallelism only.
+  const bool split = !dist::sharded_parameters(*model_).empty();
+  in.masters_allowed = !split;
   if (o.zero >= 1) in.state_shards = int64_t(replica_rows_.size());  // the replicas ZeRO shards over
   if (o.zero == 2 && in.state_shards > 1) in.shard_gradients = true;
   for (const Tensor& p : model_->parameters()) in.param_elements += p.numel();
@@ -110,7 +115,10 @@ void Trainer::plan_memory(dist::StrategyConfig& sc) {
   in.host_adamw_elements_per_s = offload::probe_host_adamw(0);
   if (device_ != kCPU) in.transfer_bytes_per_s = offload::probe_transfer(*offload::make_copy_engine(device_));
   const offload::MemoryPlan plan = offload::plan_memory(in);
-  if (cb_.log) *cb_.log << plan.text << "\n";
+  if (cb_.log) {
+    if (split) *cb_.log << "memory plan of this rank's tensor-parallel shard: " << in.param_elements << " parameters\n";
+    *cb_.log << plan.text << "\n";
+  }
   sc.offload_state = plan.offload_state;
   sc.offload = in.offload;
   sc.offload.update = plan.update;

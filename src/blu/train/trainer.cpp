@@ -245,10 +245,11 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     BLU_CHECK(o.zero == 0 || o.zero == l.zero, "--parallel '", o.parallel, "' asks for ZeRO-", l.zero,
               ", --zero says ", o.zero, ": give one of the two");
     check_layout_supported(l, o.parallel, o.seq_len);
-    // Tensor and pipeline layouts split the model, which the memory planner's probe runs whole.
-    BLU_CHECK((l.tp == 1 && l.pp == 1) || (o.gpu_memory_budget == 0 && o.host_memory_budget == 0), "--parallel '",
-              o.parallel, "': memory budgets are planned for data parallelism (without ZeRO or with --zero 1); drop ",
-              "--gpu-memory-budget/--host-memory-budget (--offload-state optimizer offloads each rank's AdamW state)");
+    // The memory planner's probe runs a tensor-parallel rank's shard; a pipeline stage keeps the
+    // activations of the micro-batches its schedule has in flight, which the probe does not run.
+    BLU_CHECK(l.pp == 1 || (o.gpu_memory_budget == 0 && o.host_memory_budget == 0), "--parallel '", o.parallel,
+              "': memory budgets are planned for data and tensor parallelism, not for pipeline stages; drop ",
+              "--gpu-memory-budget/--host-memory-budget (--offload-state optimizer offloads each stage's AdamW state)");
     BLU_CHECK((l.tp == 1 && l.pp == 1) || !o.offload_state.starts_with("master"), "--parallel '", o.parallel, "': --offload-state ",
               o.offload_state, " is implemented for data parallelism; use --offload-state optimizer");
     if (l.pp > 1) {
@@ -471,7 +472,8 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     sc.row_exchange = false;
   }
   const bool split_model = layout.tp > 1 || layout.pp > 1;  // checked with the layout (step 1)
-  if ((o.zero > 2 || split_model) && o.offload_state == "optimizer") {
+  const bool budgets = o.gpu_memory_budget > 0 || o.host_memory_budget > 0;
+  if ((o.zero > 2 || split_model) && o.offload_state == "optimizer" && !(budgets && layout.pp == 1)) {
     // ZeRO-3 shards the moments and streams their shard through the device (dist/zero.h); tensor
     // and pipeline layouts offload the state of each rank's own parameters. The memory planner
     // (offload/plan.h) models neither, so the state is offloaded as asked.
@@ -496,8 +498,10 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     if (cb_.log)
       *cb_.log << "optimizer state on the host (each rank's own parameters), update on the "
                << offload::update_name(sc.offload.update) << "\n";
-  } else if (o.gpu_memory_budget > 0 || o.host_memory_budget > 0 || o.offload_state != "auto" ||
-             o.offload_update != "auto") {
+  } else if (budgets || o.offload_state != "auto" || o.offload_update != "auto") {
+    // Under tensor parallelism the probe runs this rank's shard: the model is split now
+    // (make_layout_strategy finds it split).
+    if (layout.tp > 1) split_tensor_parallel(*model_, layout, *mesh_, o.precision);
     plan_memory(sc);
   }
   const dist::OptimizerConfig oc{.name = o.optimizer, .lr = o.lr, .weight_decay = o.weight_decay};
