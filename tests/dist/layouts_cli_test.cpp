@@ -16,6 +16,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <tuple>
 
 #include <nlohmann/json.hpp>
@@ -96,6 +97,19 @@ class DistLayouts : public ::testing::Test {
       r = train(family, c.ranks, c.batch, out, {"--parallel", c.layout});
       ASSERT_EQ(r.status, 0) << c.layout << "\n" << r.out << r.err;
       EXPECT_NE(r.out.find("parallel layout: "), std::string::npos) << r.out;
+      // A split layout trains a shard: the same losses would come from every rank training the
+      // whole model on the replica's rows, so the shard's size is checked too.
+      if (c.layout.find("split") != std::string::npos) {
+        const std::string said = "tensor parallel: this rank's shard holds ";
+        const size_t at = r.out.find(said);
+        ASSERT_NE(at, std::string::npos) << c.layout << "\n" << r.out;
+        std::istringstream line(r.out.substr(at + said.size()));
+        int64_t shard = 0, whole = 0;
+        std::string of, the, models;
+        line >> shard >> of >> the >> models >> whole;
+        EXPECT_GT(shard, 0) << c.layout;
+        EXPECT_LT(shard, whole) << c.layout << "\n" << r.out.substr(at, 120);
+      }
       const auto got = metric_losses(dir.path / out);
       ASSERT_EQ(got.size(), 3u) << c.layout;
       for (const auto& [step, loss] : single)

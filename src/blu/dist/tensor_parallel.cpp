@@ -617,6 +617,12 @@ void apply_tensor_parallel(models::CausalLM& model, std::shared_ptr<ProcessGroup
 
 // --- the inverse ---
 
+bool is_tensor_parallel(nn::Module& model) {
+  for (auto& [path, m] : model.named_modules())
+    if (dynamic_cast<ShardedModule*>(m)) return true;
+  return false;
+}
+
 std::vector<ShardedParameter> sharded_parameters(nn::Module& model) {
   std::map<std::string, ShardInfo> known;
   for (auto& [path, m] : model.named_modules()) {

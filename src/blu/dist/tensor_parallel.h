@@ -192,6 +192,8 @@ struct ShardedParameter {
 // Every parameter of `model` (registration order) with its place in the full tensor (replicated
 // ones: dim -1, full_shape their own).
 std::vector<ShardedParameter> sharded_parameters(nn::Module& model);
+// Whether apply_tensor_parallel has rewritten `model` (it holds a sharded module).
+bool is_tensor_parallel(nn::Module& model);
 // One parameter's place; BLU_CHECK when `param` is not a parameter of `model`.
 ShardInfo shard_info(nn::Module& model, const Tensor& param);
 // The full parameters by name (each in its own dtype, on its device), every sharded one

@@ -283,7 +283,7 @@ std::unique_ptr<dist::Strategy> make_layout_strategy(models::CausalLM& model, co
   // gradients averaged over the dp group.
   if (l.tp > 1) {
     sc.tp = mesh->group_ptr({"tp"});
-    if (dist::sharded_parameters(model).empty()) split_tensor_parallel(model, l, *mesh, precision);
+    if (!dist::is_tensor_parallel(model)) split_tensor_parallel(model, l, *mesh, precision);
   }
   if (piped) {
     if (l.dp > 1) sc.dp = mesh->group_ptr({"dp"});

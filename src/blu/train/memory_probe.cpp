@@ -29,7 +29,7 @@ void Trainer::plan_memory(dist::StrategyConfig& sc) {
   offload::PlanInput in;
   // A tensor-parallel rank probes and plans its own shard (the model is split already); the
   // fp32 masters on the host are implemented for data parallelism only.
-  const bool split = !dist::sharded_parameters(*model_).empty();
+  const bool split = dist::is_tensor_parallel(*model_);
   in.masters_allowed = !split;
   if (o.zero >= 1) in.state_shards = int64_t(replica_rows_.size());  // the replicas ZeRO shards over
   if (o.zero == 2 && in.state_shards > 1) in.shard_gradients = true;

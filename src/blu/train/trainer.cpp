@@ -407,6 +407,8 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   }
 
   // 4. Model and optimizer.
+  int64_t model_params = 0;  // the whole model's, before any split
+  for (const Tensor& p : model_->parameters()) model_params += p.numel();
   // The starting weights of --init-from; a resume takes them (and everything else) from its checkpoint.
   if (!o.init_from.empty() && resume_from.empty()) {
     init_weights(*model_, o.init_from, o.model);
@@ -506,6 +508,12 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   }
   const dist::OptimizerConfig oc{.name = o.optimizer, .lr = o.lr, .weight_decay = o.weight_decay};
   strategy_ = make_layout_strategy(*model_, layout, mesh_.get(), pg, sc, oc, o.precision, pipeline_gradients);
+  if (layout.tp > 1 && cb_.log) {
+    int64_t shard = 0;
+    for (const Tensor& p : model_->parameters()) shard += p.numel();
+    *cb_.log << "tensor parallel: this rank's shard holds " << shard << " of the model's " << model_params
+             << " parameters\n";
+  }
   if (o.compile) {
     if (!o.compile_exclude.empty()) compiler::set_excluded_ops(compiler::parse_op_list(o.compile_exclude));
     compiler::CompileOptions co;
