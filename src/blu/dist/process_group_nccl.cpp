@@ -152,8 +152,13 @@ struct NcclShared {
 
 class NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<NcclShared> sh, std::shared_ptr<cuda::Event> done, std::string what, bool blocking)
-      : sh_(std::move(sh)), done_(std::move(done)), what_(std::move(what)), blocking_(blocking) {}
+  // in_graph: enqueued while the caller's stream records a CUDA graph (the compiled step's
+  // replay): the collective runs when the graph does, so the host can neither query nor wait for
+  // its event; the waiter's stream still joins it.
+  NcclWork(std::shared_ptr<NcclShared> sh, std::shared_ptr<cuda::Event> done, std::string what, bool blocking,
+           bool in_graph = false)
+      : sh_(std::move(sh)), done_(std::move(done)), what_(std::move(what)), blocking_(blocking && !in_graph),
+        in_graph_(in_graph) {}
 
   void wait() override {
     if (blocking_) {
@@ -167,13 +172,13 @@ class NcclWork final : public Work {
     // The waiter's stream (its current context's) is ordered after the collective.
     BLU_CUDA_CHECK(cudaStreamWaitEvent(cuda::current_stream(), done_->get(), 0));
   }
-  bool is_completed() const override { return !sh_->failure().empty() || done_->query(); }
+  bool is_completed() const override { return in_graph_ || !sh_->failure().empty() || done_->query(); }
 
  private:
   std::shared_ptr<NcclShared> sh_;
   std::shared_ptr<cuda::Event> done_;
   std::string what_;
-  bool blocking_;
+  bool blocking_, in_graph_;
 };
 
 class NcclProcessGroup final : public ProcessGroup {
@@ -372,6 +377,12 @@ class NcclProcessGroup final : public ProcessGroup {
     if (prev != device_) cuda::set_device(device_);
     // The caller's stream: its execution context's for this device (Note [Execution context]).
     const cudaStream_t caller = cuda::stream_of(current_context(Device(DeviceType::cuda, device_)));
+    // Recorded into a CUDA graph (the compiled step): the events below become the graph's fork and
+    // join, which no host call may query, so the watchdog does not track it and the allocator is
+    // not asked to (the graph's buffers live as long as the graph).
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    BLU_CUDA_CHECK(cudaStreamIsCapturing(caller, &capture));
+    const bool in_graph = capture != cudaStreamCaptureStatusNone;
     const cudaStream_t comm = stream_->get();
     auto started = std::make_shared<cuda::Event>();
     auto done = std::make_shared<cuda::Event>();
@@ -384,8 +395,9 @@ class NcclProcessGroup final : public ProcessGroup {
       BLU_CUDA_CHECK(cudaStreamWaitEvent(comm, ready_.get(), 0));
       started->record(comm);
       enqueue(comm);
-      for (const Tensor& t : tensors)
-        if (t.numel() > 0) cuda::record_stream(t, comm);
+      if (!in_graph)
+        for (const Tensor& t : tensors)
+          if (t.numel() > 0) cuda::record_stream(t, comm);
       done->record(comm);
       enqueue_since_ns_ = 0;
     } catch (...) {
@@ -394,14 +406,16 @@ class NcclProcessGroup final : public ProcessGroup {
       if (prev != device_) cuda::set_device(prev);
       throw;
     }
-    {
-      std::lock_guard lock(pending_mu_);
-      pending_.push_back(
-          {started, done, fid, false, Clock::now(), desc, std::chrono::milliseconds(timeout_ms_.load())});
+    if (!in_graph) {
+      {
+        std::lock_guard lock(pending_mu_);
+        pending_.push_back(
+            {started, done, fid, false, Clock::now(), desc, std::chrono::milliseconds(timeout_ms_.load())});
+      }
+      pending_cv_.notify_one();
     }
-    pending_cv_.notify_one();
     if (prev != device_) cuda::set_device(prev);
-    return std::make_shared<NcclWork>(sh_, std::move(done), desc, blocking || blocking_wait_);
+    return std::make_shared<NcclWork>(sh_, std::move(done), desc, blocking || blocking_wait_, in_graph);
   }
 
   // A rank's last operation through the window writes into the peer's window after the peer's
