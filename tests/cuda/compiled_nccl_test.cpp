@@ -6,7 +6,8 @@
 // GPUs. Six AdamW steps of the tiny GPT-2, compiled, against the same strategy run eagerly on the
 // same group: losses within 1e-5 relative, weights within 2e-5 (bitwise is not asked of the GPU:
 // the flash-attention backward sums with atomics), every step after the warm-up compiled, none
-// falling back. The parent test re-runs this binary as one rank under dist::launch
+// falling back; the collectives recorded into the graphs show as `captured` in the flight
+// recorder. The parent test re-runs this binary as one rank under dist::launch
 // (BLU_COMPILED_NCCL=1 selects the worker).
 #include <gtest/gtest.h>
 
@@ -19,6 +20,7 @@
 #include "blu/compiler/capture.h"
 #include "blu/compiler/compile.h"
 #include "blu/dist/env.h"
+#include "blu/dist/flight_recorder.h"
 #include "blu/dist/strategy.h"
 #include "blu/dist/tcp_store.h"
 #include "blu/models/registry.h"
@@ -95,6 +97,11 @@ void worker() {
     EXPECT_LE(worst, 2e-5) << "zero " << zero;
     std::printf("zero %d: compiled over NCCL vs eager, max |param diff| %.3g\n", zero, worst);
   }
+  // The collectives recorded into the graphs are `captured` in the flight recorder, not pending.
+  int captured = 0;
+  for (const FlightEntry& e : FlightRecorder::global().snapshot()) captured += e.state == OpState::captured;
+  EXPECT_GT(captured, 0);
+  std::printf("flight recorder: %d captured collectives\n", captured);
 }
 
 TEST(CompiledNcclWorker, Run) {

@@ -29,6 +29,7 @@ const char* op_state_name(OpState s) {
     case OpState::started: return "started";
     case OpState::completed: return "completed";
     case OpState::failed: return "failed";
+    case OpState::captured: return "captured";
   }
   return "?";
 }

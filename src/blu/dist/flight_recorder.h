@@ -41,7 +41,9 @@
 
 namespace blu::dist {
 
-enum class OpState : uint8_t { enqueued, started, completed, failed };
+// captured: enqueued while its stream recorded a CUDA graph (the compiled step); it runs each time
+// the graph does, which the recorder does not observe.
+enum class OpState : uint8_t { enqueued, started, completed, failed, captured };
 const char* op_state_name(OpState s);
 
 struct FlightEntry {

@@ -406,6 +406,7 @@ class NcclProcessGroup final : public ProcessGroup {
       if (prev != device_) cuda::set_device(prev);
       throw;
     }
+    if (in_graph) fr.update(fid, OpState::captured);
     if (!in_graph) {
       {
         std::lock_guard lock(pending_mu_);
