@@ -320,19 +320,9 @@ TEST_F(DistCli, MemoryPlanComposesWithDdpAndZero) {
                                   "--offload-chunk", "100000", "--grad-accum", std::to_string(c.accum), "--log-every",
                                   "1"});
     ASSERT_EQ(r.status, 0) << run << r.out << r.err;
-    const size_t at = r.out.find(" predicted peak");
-    ASSERT_NE(at, std::string::npos) << r.out;
-    const size_t from = r.out.rfind("device: ", at) + 8;
-    const double value = std::stod(r.out.substr(from, at - from));
-    const std::string unit = r.out.substr(at - 3, 3);
-    ASSERT_TRUE(unit == "MiB" || unit == "KiB") << r.out;
-    const double planned = value * (unit == "MiB" ? 1048576.0 : 1024.0);
-    double peak = 0;
-    std::ifstream m(dir.path / run / "metrics.jsonl");
-    for (std::string line; std::getline(m, line);) {
-      const auto j = nlohmann::json::parse(line);
-      if (j.value("event", "") == "step") peak = std::max(peak, j["mem_bytes"].get<double>());
-    }
+    const double planned = blu::test::planned_peak_bytes(r.out);
+    ASSERT_GT(planned, 0) << r.out;
+    const double peak = blu::test::metric_peak_bytes(dir.path / run);
     ASSERT_GT(peak, 0) << run;
     EXPECT_NEAR(peak, planned, 0.05 * planned) << run << "\n" << r.out;
     EXPECT_EQ(r.out.find("ZeRO-1: this rank's moments, 1/2 of them") != std::string::npos, c.zero == 1) << r.out;

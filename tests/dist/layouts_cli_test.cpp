@@ -239,19 +239,9 @@ TEST_F(DistLayouts, MemoryBudgetUnderSplitPlansTheRanksShard) {
         std::stoll(r.out.substr(at_shard + std::string("memory plan of this rank's tensor-parallel shard: ").size()));
     EXPECT_LT(shard, whole) << r.out;
     EXPECT_GT(2 * shard, whole) << r.out;
-    const size_t at = r.out.find(" predicted peak");
-    ASSERT_NE(at, std::string::npos) << r.out;
-    const size_t from = r.out.rfind("device: ", at) + 8;
-    const double value = std::stod(r.out.substr(from, at - from));
-    const std::string unit = r.out.substr(at - 3, 3);
-    ASSERT_TRUE(unit == "MiB" || unit == "KiB") << r.out;
-    const double planned = value * (unit == "MiB" ? 1048576.0 : 1024.0);
-    double peak = 0;
-    std::ifstream m(dir.path / out / "metrics.jsonl");
-    for (std::string line; std::getline(m, line);) {
-      const auto j = nlohmann::json::parse(line);
-      if (j.value("event", "") == "step") peak = std::max(peak, j["mem_bytes"].get<double>());
-    }
+    const double planned = blu::test::planned_peak_bytes(r.out);
+    ASSERT_GT(planned, 0) << r.out;
+    const double peak = blu::test::metric_peak_bytes(dir.path / out);
     ASSERT_GT(peak, 0) << out;
     EXPECT_NEAR(peak, planned, 0.05 * planned) << out << "\n" << r.out;
     EXPECT_EQ(r.out.find("optimizer state on the host") != std::string::npos, std::string(state) == "optimizer")
