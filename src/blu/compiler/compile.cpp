@@ -43,13 +43,7 @@ bool same_attrs(const Attrs& a, const Attrs& b) {
     const auto& [k, u] = *x;
     const auto& [l, v] = *y;
     if (k != l || u.index() != v.index()) return false;
-    // What structure_hash covers: every value but the float scalars and the per-step counters.
-    if (const auto* n = std::get_if<int64_t>(&u); n && k != "step" && k != "seed" && k != "offset" &&
-                                                   *n != std::get<int64_t>(v))
-      return false;
-    if (const auto* sh = std::get_if<Shape>(&u); sh && *sh != std::get<Shape>(v)) return false;
-    if (const auto* dt = std::get_if<DType>(&u); dt && *dt != std::get<DType>(v)) return false;
-    if (const auto* bo = std::get_if<bool>(&u); bo && *bo != std::get<bool>(v)) return false;
+    if (!per_step_argument(k, u) && u != v) return false;
   }
   return x == xe && y == ye;
 }

@@ -165,7 +165,8 @@ uint64_t Graph::structure_hash() const {
     for (const auto& [k, v] : op.attrs.items()) {
       h.s(k);
       h.i(int64_t(v.index()));
-      if (const auto* n = std::get_if<int64_t>(&v); n && k != "step" && k != "seed" && k != "offset") h.i(*n);
+      if (per_step_argument(k, v)) continue;
+      if (const auto* n = std::get_if<int64_t>(&v)) h.i(*n);
       if (const auto* sh = std::get_if<Shape>(&v)) h.shape(*sh);
       if (const auto* dt = std::get_if<DType>(&v)) h.i(int64_t(*dt));
       if (const auto* b = std::get_if<bool>(&v)) h.i(*b);

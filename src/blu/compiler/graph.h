@@ -115,4 +115,12 @@ struct Graph {
   uint64_t structure_hash() const;
 };
 
+// Whether an attribute belongs to the structure (structure_hash, the streamed replay's op check):
+// its name always; its value unless it is a per-step kernel argument — a float scalar, or one of
+// the ints named step, seed, offset.
+inline bool per_step_argument(std::string_view key, const AttrValue& v) {
+  return std::holds_alternative<double>(v) ||
+         (std::holds_alternative<int64_t>(v) && (key == "step" || key == "seed" || key == "offset"));
+}
+
 }  // namespace blu::compiler
