@@ -10,6 +10,12 @@
 #             window (PW_MIB, default 128), alternated twice, beside one GPU
 #   dpwire  — DDP at B=16 and 32 per GPU (DP_BATCHES) with its gradient buckets travelling in fp32
 #             and in bf16 (BLU_DDP_REDUCE_DTYPE=bf16, dist/ddp.h), alternated twice, beside one GPU
+#   dpstack — DDP at B=16 per GPU: each GPU alone (CUDA_VISIBLE_DEVICES), then NCCL, the peer
+#             window, the bf16 wire and both together, alternated twice, and --skip-comm; each GPU
+#             alone again at the end
+#   dpops   — bench --profile (device time per op of one step, an event after each op, no sync)
+#             on one GPU and on DDP rank 0 at B=16, twice each, then the ops whose time grew most
+#             under DDP (scripts/lab/profile_diff.py); PROF_ENV="VAR=VALUE" for a third DDP variant
 #   layouts — (LAYOUT_SPECS: "LAYOUT|B;..." instead of the list below) for each model in LAYOUT_MODELS (gpt2:d24 gpt2:d48 llama:llama3.2-1b), a global batch of
 #             8 sequences of 1024 tokens per step: one GPU, then bench --parallel with TP=2 (with and
 #             without SP), PP=2 (1F1B and interleaved, 4 micro-batches of 2), replicate(2) and auto —
@@ -101,6 +107,31 @@ for step in "$@"; do
       # DDP's all-reduce through NCCL and through the copy-engine peer window
       # (BLU_NCCL_PEER_WINDOW_MIB, dist/nccl_peer_window.h), alternated twice, beside one GPU.
       dp_alternate dpwin "BLU_NCCL_PEER_WINDOW_MIB=${PW_MIB:-128}" ;;
+    dpstack)
+      common=(bench --device cuda --model gpt2:d12 --precision bf16 -B 16 -T 1024 --steps "${S}")
+      one() { for g in 0 1; do echo "{\"alone_on_gpu\": $g}" | row dpstack; CUDA_VISIBLE_DEVICES=$g timeout 100 "$bt" "${common[@]}" 2>&1 | row dpstack; done; }
+      one
+      for rep in 1 2; do
+        for v in "BLU_DDP_REDUCE_DTYPE=f32" "BLU_NCCL_PEER_WINDOW_MIB=128" "BLU_DDP_REDUCE_DTYPE=bf16" \
+                 "BLU_NCCL_PEER_WINDOW_MIB=128 BLU_DDP_REDUCE_DTYPE=bf16"; do
+          echo "{\"ddp_env\": \"$v\"}" | row dpstack
+          env $v timeout 120 "$bt" launch -n 2 -- "$bt" "${common[@]}" --dp 2 2>&1 | row dpstack
+        done
+      done
+      echo '{"ddp": "--skip-comm"}' | row dpstack
+      timeout 120 "$bt" launch -n 2 -- "$bt" "${common[@]}" --dp 2 --skip-comm 2>&1 | row dpstack
+      one ;;
+    dpops)
+      common=(bench --device cuda --model gpt2:d12 --precision bf16 -B 16 -T 1024 --steps "$S" --profile)
+      for rep in 1 2; do
+        timeout 120 "$bt" "${common[@]}" 2>&1 | tee -a "$out/dpops.log" | json > "$out/ops_one_$rep.json"
+        timeout 150 "$bt" launch -n 2 -- "$bt" "${common[@]}" --dp 2 2>&1 | tee -a "$out/dpops.log" | json > "$out/ops_ddp_$rep.json"
+        [ -z "${PROF_ENV:-}" ] || env $PROF_ENV timeout 150 "$bt" launch -n 2 -- "$bt" "${common[@]}" --dp 2 2>&1 \
+          | tee -a "$out/dpops.log" | json > "$out/ops_var_$rep.json"
+      done
+      python3 scripts/lab/profile_diff.py "$out"/ops_one_1.json "$out"/ops_ddp_1.json | tee "$out/dpops.txt"
+      python3 scripts/lab/profile_diff.py "$out"/ops_one_2.json "$out"/ops_ddp_2.json | tee -a "$out/dpops.txt"
+      [ -z "${PROF_ENV:-}" ] || python3 scripts/lab/profile_diff.py "$out"/ops_ddp_1.json "$out"/ops_var_1.json | tee -a "$out/dpops.txt" ;;
     layouts)
       for m in ${LAYOUT_MODELS:-gpt2:d24 gpt2:d48 llama:llama3.2-1b}; do
         common=(bench --device cuda --model "$m" --precision bf16 -T 1024 --steps "$S")
