@@ -13,6 +13,8 @@
 #   dpstack — DDP at B=16 per GPU: each GPU alone (CUDA_VISIBLE_DEVICES), then NCCL, the peer
 #             window, the bf16 wire and both together, alternated twice, and --skip-comm; each GPU
 #             alone again at the end
+#   dpcompiled — GPT-2 124M bf16 at B=16 per GPU under DDP, ZeRO-1 and ZeRO-2 (COMPILED_ZERO), eager
+#             and --compile alternated twice
 #   dpops   — bench --profile (device time per op of one step, an event after each op, no sync)
 #             on one GPU and on DDP rank 0 at B=16, twice each, then the ops whose time grew most
 #             under DDP (scripts/lab/profile_diff.py); PROF_ENV="VAR=VALUE" for a third DDP variant
@@ -121,6 +123,17 @@ for step in "$@"; do
       echo '{"ddp": "--skip-comm"}' | row dpstack
       timeout 120 "$bt" launch -n 2 -- "$bt" "${common[@]}" --dp 2 --skip-comm 2>&1 | row dpstack
       one ;;
+    dpcompiled)
+      common=(bench --device cuda --model gpt2:d12 --precision bf16 -B 16 -T 1024 --steps "$S" --dp 2)
+      for z in ${COMPILED_ZERO:-0 1 2}; do
+        for rep in 1 2; do
+          for v in eager compiled; do
+            extra=(); [ "$v" = compiled ] && extra=(--compile)
+            echo "{\"zero\": $z, \"run\": \"$v\"}" | row dpcompiled
+            timeout 150 "$bt" launch -n 2 -- "$bt" "${common[@]}" --zero "$z" "${extra[@]}" 2>&1 | row dpcompiled
+          done
+        done
+      done ;;
     dpops)
       common=(bench --device cuda --model gpt2:d12 --precision bf16 -B 16 -T 1024 --steps "$S" --profile)
       for rep in 1 2; do

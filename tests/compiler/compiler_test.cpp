@@ -21,7 +21,9 @@
 #include "blu/compiler/compile.h"
 #include "blu/compiler/exclude.h"
 #include "blu/memory/allocator.h"
+#include "blu/dist/ddp.h"
 #include "blu/dist/strategy.h"
+#include "blu/dist/tcp_store.h"
 #include "blu/models/gpt2/gpt2.h"
 #include "blu/models/llama/llama.h"
 #include "common/tiny_gpt.h"
@@ -164,6 +166,39 @@ TEST(Compiler, CaptureRunsNoKernel) {
   }
   // The next step's capture has the same text but for the per-step scalars (AdamW's step, lr).
   EXPECT_EQ(std::count(dump1.begin(), dump1.end(), '\n'), std::count(dump2.begin(), dump2.end(), '\n'));
+}
+
+// Note [Deferred collective waits]: a captured DDP step waits for each bucket's all-reduce where
+// finish() waits — after the rest of backward — not where backward issues it, so its replay
+// overlaps them as eager does; a collective nobody waits for is waited for at the end of the step.
+// (CompileCliDp.GlooDataParallelEqualsEagerBitwise replays such steps over two Gloo ranks.)
+TEST(Compiler, CollectivesAreWaitedForWhereTheCallerWaits) {
+  dist::TcpStore store{"127.0.0.1", 0, true, std::chrono::milliseconds(10000)};
+  const auto pg = capturable(dist::make_gloo_group(
+      store, 0, 1, dist::GlooOptions{.timeout = std::chrono::milliseconds(10000), .hostname = "", .prefix = "default_pg"}));
+  models::GPT model(::blu::test::tiny_gpt(), 7);
+  dist::DistributedDataParallel ddp(model, pg, {.bucket_mib = 0.02, .first_bucket_mib = 0.001});
+  auto [idx, tg] = batch(0, 2, 8, 101);
+  Capture cap;
+  model.forward(idx, tg).loss.backward();
+  ddp.finish();
+  dist::WorkPtr unwaited = pg->barrier();
+  const Graph& g = cap.finish();
+  std::vector<size_t> issued, waits;
+  for (size_t i = 0; i < g.ops.size(); ++i)
+    if (g.ops[i].kind == OpKind::collective) (g.ops[i].name == "wait" ? waits : issued).push_back(i);
+  ASSERT_GE(issued.size(), 3u) << g.summary();
+  ASSERT_EQ(waits.size(), issued.size()) << "one wait per collective";
+  // The first bucket is issued early in backward and waited for after the last bucket is issued,
+  // with the rest of backward's kernels in between.
+  const auto kernels_between = std::count_if(g.ops.begin() + std::ptrdiff_t(issued.front()),
+                                             g.ops.begin() + std::ptrdiff_t(waits.front()),
+                                             [](const Op& op) { return op.kind == OpKind::kernel; });
+  EXPECT_GT(waits.front(), issued[issued.size() - 2]) << g.summary();
+  EXPECT_GT(kernels_between, 20) << g.summary();
+  // The barrier's Work was dropped unwaited: its wait ends the step.
+  EXPECT_EQ(g.ops.back().name, "wait");
+  EXPECT_EQ(issued.back(), g.ops.size() - 2);
 }
 
 // The poison test: freed regions filled with 0xFF right after their last use.

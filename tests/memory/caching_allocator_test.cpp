@@ -269,6 +269,20 @@ TEST_F(CachingAllocatorTest, RecordStreamDelaysReuse) {
   alloc->free(c);
 }
 
+// A pointer the allocator did not hand out — inside a block (a compiled step's arena view) or
+// foreign memory — is its owner's to keep: record_stream leaves every block as it was.
+TEST_F(CachingAllocatorTest, RecordStreamOnMemoryItDidNotHandOutDoesNothing) {
+  void* a = alloc->malloc(4 * MiB, kA);
+  int foreign = 0;
+  alloc->record_stream(static_cast<char*>(a) + 4096, kB);
+  alloc->record_stream(&foreign, kB);
+  alloc->free(a);
+  EXPECT_EQ(events.recorded, 0);
+  EXPECT_EQ(alloc->stats().pending_blocks, 0);
+  EXPECT_EQ(alloc->malloc(4 * MiB, kA), a) << "the block is reusable at once";
+  alloc->free(a);
+}
+
 TEST_F(CachingAllocatorTest, RecordStreamOnTwoStreamsNeedsBoth) {
   constexpr StreamId kC = 0x300;
   void* a = alloc->malloc(1000, kA);

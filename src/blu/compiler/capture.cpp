@@ -1,5 +1,6 @@
 #include "blu/compiler/capture.h"
 
+#include <algorithm>
 #include <map>
 
 namespace blu::compiler {
@@ -180,8 +181,8 @@ void Capture::on_op(const OpDef& def, std::span<const Tensor> in, std::span<cons
   notify();
 }
 
-void Capture::record_collective(const std::string& name, Attrs attrs, std::vector<Tensor> in, std::vector<int> writes,
-                                std::function<void(std::span<const Tensor>)> call) {
+int Capture::record_collective(const std::string& name, Attrs attrs, std::vector<Tensor> in, std::vector<int> writes,
+                               std::function<void(std::span<const Tensor>)> call, std::function<void()> wait) {
   Op op;
   op.kind = OpKind::collective;
   op.name = name;
@@ -197,11 +198,34 @@ void Capture::record_collective(const std::string& name, Attrs attrs, std::vecto
   op.writes = std::move(writes);
   op.call = std::move(call);
   graph_.ops.push_back(std::move(op));
+  if (wait) unwaited_.emplace(producer, std::move(wait));
+  notify();
+  return producer;
+}
+
+void Capture::record_wait(int collective) {
+  const auto it = unwaited_.find(collective);
+  if (it == unwaited_.end()) return;  // waited already, or a collective without a wait
+  const Op& c = graph_.ops[size_t(collective)];
+  Op op;
+  op.kind = OpKind::collective;
+  op.name = "wait";
+  // The values it wrote (their newest versions) and the ones it only read.
+  std::vector<int> reads = c.outputs;
+  for (size_t i = 0; i < c.inputs.size(); ++i)
+    if (std::find(c.writes.begin(), c.writes.end(), int(i)) == c.writes.end()) reads.push_back(c.inputs[i]);
+  for (int v : reads)
+    if (v >= 0 && std::find(op.inputs.begin(), op.inputs.end(), v) == op.inputs.end()) op.inputs.push_back(v);
+  op.call = [w = std::move(it->second)](std::span<const Tensor>) { w(); };
+  unwaited_.erase(it);
+  graph_.ops.push_back(std::move(op));
   notify();
 }
 
 Graph& Capture::finish() {
   BLU_CHECK(!finished_, "compiler capture: finish() called twice");
+  // A collective whose Work nobody waited for is waited for at the end of the step.
+  while (!unwaited_.empty()) record_wait(unwaited_.begin()->first);
   finished_ = true;
   meta_.reset();
   set_ref_counter({});
@@ -236,10 +260,43 @@ Graph& Capture::finish() {
 
 namespace {
 
-class DoneWork final : public dist::Work {
+// Note [Deferred collective waits]
+// A collective recorded into a step replays the way eager ran it: issued where it was issued,
+// waited for where the caller waited for its Work. Each recorded collective gets a slot; its replay
+// puts the issued Work there, and the "wait" op recorded at the caller's wait() (or at the end of
+// the step, for a Work nobody waited for) takes it out and waits. The wait op reads every value the
+// collective touches, so the memory plan keeps them in place until the collective is done; the
+// compute in between overlaps the communication (DDP's buckets beside backward), as in eager.
+struct IssuedSlot {
+  dist::WorkPtr work;
+};
+// Slots issued by replays on this thread whose wait has not run (wait_issued_collectives()).
+thread_local std::vector<std::shared_ptr<IssuedSlot>> t_issued;
+
+void issue(const std::shared_ptr<IssuedSlot>& slot, dist::WorkPtr work) {
+  slot->work = std::move(work);
+  t_issued.push_back(slot);
+}
+
+void complete(const std::shared_ptr<IssuedSlot>& slot) {
+  std::erase(t_issued, slot);
+  if (dist::WorkPtr w = std::move(slot->work)) w->wait();
+}
+
+// What a capturing group returns while recording: its wait() records the wait op of the step.
+class RecordedWork final : public dist::Work {
  public:
-  void wait() override {}
+  RecordedWork(Capture* c, int op) : c_(c), op_(op) {}
+  void wait() override {
+    if (!waited_ && Capture::active() == c_) c_->record_wait(op_);
+    waited_ = true;
+  }
   bool is_completed() const override { return true; }
+
+ private:
+  Capture* c_;  // compared with the active capture only
+  int op_;
+  bool waited_ = false;
 };
 
 class CapturingGroup final : public dist::ProcessGroup {
@@ -255,71 +312,78 @@ class CapturingGroup final : public dist::ProcessGroup {
   dist::WorkPtr all_reduce(const Tensor& t, dist::ReduceOp op) override {
     if (Capture* c = Capture::active()) {
       auto g = inner_;
-      c->record_collective("all_reduce", Attrs{{"reduce", int64_t(op)}}, {t}, {0},
-                           [g, op](std::span<const Tensor> in) { g->all_reduce(in[0], op)->wait(); });
-      return std::make_shared<DoneWork>();
+      return record(c, "all_reduce", Attrs{{"reduce", int64_t(op)}}, {t}, {0},
+                    [g, op](std::span<const Tensor> in) { return g->all_reduce(in[0], op); });
     }
     return inner_->all_reduce(t, op);
   }
   dist::WorkPtr reduce_scatter(const Tensor& out, const Tensor& in, dist::ReduceOp op) override {
     if (Capture* c = Capture::active()) {
       auto g = inner_;
-      c->record_collective("reduce_scatter", Attrs{{"reduce", int64_t(op)}}, {out, in}, {0},
-                           [g, op](std::span<const Tensor> t) { g->reduce_scatter(t[0], t[1], op)->wait(); });
-      return std::make_shared<DoneWork>();
+      return record(c, "reduce_scatter", Attrs{{"reduce", int64_t(op)}}, {out, in}, {0},
+                    [g, op](std::span<const Tensor> t) { return g->reduce_scatter(t[0], t[1], op); });
     }
     return inner_->reduce_scatter(out, in, op);
   }
   dist::WorkPtr all_gather(const Tensor& out, const Tensor& in) override {
     if (Capture* c = Capture::active()) {
       auto g = inner_;
-      c->record_collective("all_gather", Attrs{}, {out, in}, {0},
-                           [g](std::span<const Tensor> t) { g->all_gather(t[0], t[1])->wait(); });
-      return std::make_shared<DoneWork>();
+      return record(c, "all_gather", Attrs{}, {out, in}, {0},
+                    [g](std::span<const Tensor> t) { return g->all_gather(t[0], t[1]); });
     }
     return inner_->all_gather(out, in);
   }
   dist::WorkPtr broadcast(const Tensor& t, int root) override {
     if (Capture* c = Capture::active()) {
       auto g = inner_;
-      c->record_collective("broadcast", Attrs{{"root", int64_t(root)}}, {t}, {0},
-                           [g, root](std::span<const Tensor> in) { g->broadcast(in[0], root)->wait(); });
-      return std::make_shared<DoneWork>();
+      return record(c, "broadcast", Attrs{{"root", int64_t(root)}}, {t}, {0},
+                    [g, root](std::span<const Tensor> in) { return g->broadcast(in[0], root); });
     }
     return inner_->broadcast(t, root);
   }
   dist::WorkPtr send(const Tensor& t, int dst, int tag) override {
     if (Capture* c = Capture::active()) {
       auto g = inner_;
-      c->record_collective("send", Attrs{{"peer", int64_t(dst)}, {"tag", int64_t(tag)}}, {t}, {},
-                           [g, dst, tag](std::span<const Tensor> in) { g->send(in[0], dst, tag)->wait(); });
-      return std::make_shared<DoneWork>();
+      return record(c, "send", Attrs{{"peer", int64_t(dst)}, {"tag", int64_t(tag)}}, {t}, {},
+                    [g, dst, tag](std::span<const Tensor> in) { return g->send(in[0], dst, tag); });
     }
     return inner_->send(t, dst, tag);
   }
   dist::WorkPtr recv(const Tensor& t, int src, int tag) override {
     if (Capture* c = Capture::active()) {
       auto g = inner_;
-      c->record_collective("recv", Attrs{{"peer", int64_t(src)}, {"tag", int64_t(tag)}}, {t}, {0},
-                           [g, src, tag](std::span<const Tensor> in) { g->recv(in[0], src, tag)->wait(); });
-      return std::make_shared<DoneWork>();
+      return record(c, "recv", Attrs{{"peer", int64_t(src)}, {"tag", int64_t(tag)}}, {t}, {0},
+                    [g, src, tag](std::span<const Tensor> in) { return g->recv(in[0], src, tag); });
     }
     return inner_->recv(t, src, tag);
   }
   dist::WorkPtr barrier() override {
     if (Capture* c = Capture::active()) {
       auto g = inner_;
-      c->record_collective("barrier", Attrs{}, {}, {}, [g](std::span<const Tensor>) { g->barrier()->wait(); });
-      return std::make_shared<DoneWork>();
+      return record(c, "barrier", Attrs{}, {}, {}, [g](std::span<const Tensor>) { return g->barrier(); });
     }
     return inner_->barrier();
   }
 
  private:
+  // Records the collective `issue_fn` replays (Note [Deferred collective waits]).
+  template <typename F>
+  static dist::WorkPtr record(Capture* c, const std::string& name, Attrs attrs, std::vector<Tensor> in,
+                              std::vector<int> writes, F issue_fn) {
+    auto slot = std::make_shared<IssuedSlot>();
+    const int op = c->record_collective(
+        name, std::move(attrs), std::move(in), std::move(writes),
+        [slot, issue_fn](std::span<const Tensor> t) { issue(slot, issue_fn(t)); }, [slot] { complete(slot); });
+    return std::make_shared<RecordedWork>(c, op);
+  }
   std::shared_ptr<dist::ProcessGroup> inner_;
 };
 
 }  // namespace
+
+void wait_issued_collectives() {
+  while (!t_issued.empty()) complete(t_issued.back());
+}
 
 std::shared_ptr<dist::ProcessGroup> capturable(std::shared_ptr<dist::ProcessGroup> inner) {
   if (!inner) return inner;

@@ -14,6 +14,7 @@
 // no bytes) — the loss scaler's and the trainer's reads happen after the step, in Strategy::read.
 #pragma once
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -66,9 +67,13 @@ class Capture {
   // The Capture recording on this thread, or null.
   static Capture* active();
   // A collective over `in` that writes the inputs listed in `writes` in place, recorded as an
-  // opaque op that `call` replays.
-  void record_collective(const std::string& name, Attrs attrs, std::vector<Tensor> in, std::vector<int> writes,
-                         std::function<void(std::span<const Tensor>)> call);
+  // opaque op that `call` replays; returns the op's index. `wait` (Note [Deferred collective
+  // waits], capture.cpp): what completes it, replayed by the wait op that record_wait(index)
+  // records — or finish(), at the end of the step, when nothing did.
+  int record_collective(const std::string& name, Attrs attrs, std::vector<Tensor> in, std::vector<int> writes,
+                        std::function<void(std::span<const Tensor>)> call, std::function<void()> wait = {});
+  // The wait op of collective op `collective` (reads every value it touches); once per collective.
+  void record_wait(int collective);
 
  private:
   void on_op(const OpDef& op, std::span<const Tensor> in, std::span<const Tensor> out, const Attrs& attrs);
@@ -92,13 +97,17 @@ class Capture {
   int observer_ = -1;
   std::unique_ptr<MetaDispatchGuard> meta_;
   bool finished_ = false;
+  std::map<int, std::function<void()>> unwaited_;  // collective op → its wait, not yet recorded
   std::function<void()> listener_;
   void notify();
 };
 
-// A process group that records its collectives into the active Capture (as opaque ops, their
-// Work already complete) and forwards every call to `inner` otherwise. Replay runs the recorded
-// collective on `inner` and waits for it.
+// A process group that records its collectives into the active Capture and forwards every call
+// to `inner` otherwise. Replay issues each recorded collective on `inner` where it was issued and
+// waits for it where the caller waited for its Work (Note [Deferred collective waits]).
 std::shared_ptr<dist::ProcessGroup> capturable(std::shared_ptr<dist::ProcessGroup> inner);
+// Waits for every collective that replays on this thread issued and whose wait op has not run
+// (before a step's values leave the arena: Runtime::salvage).
+void wait_issued_collectives();
 
 }  // namespace blu::compiler

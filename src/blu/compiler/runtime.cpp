@@ -288,7 +288,11 @@ void Runtime::begin(Capture& step) {
 #endif
   const size_t n = launches_.size();
   if (r.direct.size() != n || r.segments.empty()) {
+    // Collectives and their waits run outside the graphs: a collective recorded into a graph would
+    // be joined back into it before the graph ends, so the compute after it would wait for it
+    // (Note [Deferred collective waits], capture.cpp).
     r.direct.assign(n, false);
+    for (size_t i = 0; i < n; ++i) r.direct[i] = launches_[i].kind == OpKind::collective;
     r.resegment(n);
     stats_.segments = int64_t(std::count_if(r.segments.begin(), r.segments.end(),
                                             [](const Replay::Segment& s) { return !s.direct; }));
@@ -362,7 +366,9 @@ void Runtime::advance(Capture& step, size_t captured_ops) {
       const bool was_frozen = ctx.scratch->frozen();
       ctx.scratch->freeze();
       cudaGraph_t graph = nullptr;
-      BLU_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+      // Thread-local: other threads keep their CUDA calls while this one records — the NCCL group's
+      // watchdog queries the events of the collectives issued between the graphs.
+      BLU_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
       try {
         execute(g, tensors, part, after_op);
       } catch (...) {
@@ -433,6 +439,7 @@ size_t Runtime::issued() const {
 // unplanned, and the arena's bytes must not change under it), unless a later launch of the plan
 // already wrote over it: then the step cannot be completed and the error says so.
 void Runtime::salvage(Capture& step) {
+  wait_issued_collectives();  // what the arena holds is complete before it moves
   const Graph& g = step.graph();
   const std::vector<Tensor>& tensors = step.tensors();
   Replay& r = *replay_;

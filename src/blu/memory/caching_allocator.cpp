@@ -243,7 +243,7 @@ void CachingAllocator::free(void* ptr) {
 void CachingAllocator::record_stream(void* ptr, StreamId stream) {
   std::lock_guard lock(mu_);
   auto it = allocated_.find(ptr);
-  BLU_CHECK(it != allocated_.end(), config_.name, ": record_stream on ", ptr, ", which is not a live allocation");
+  if (it == allocated_.end()) return;  // not a block of this allocator's (see the header)
   Block* b = it->second;
   if (stream == b->stream) return;  // its own stream orders the reuse already
   if (std::find(b->other_streams.begin(), b->other_streams.end(), stream) == b->other_streams.end())
