@@ -415,6 +415,59 @@ TEST(Compiler, StreamedStepThatLeavesTheStructureCompletesUnplanned) {
   }
 }
 
+// A streamed DDP step that leaves the structure after backward, while the buckets' all-reduces
+// are issued and not yet waited for: the salvage waits for them before the arena's values move
+// (wait_issued_collectives), the rest runs unplanned, and every step stays bitwise eager.
+TEST(Compiler, StreamedDdpStepThatLeavesTheStructureWithCollectivesInFlight) {
+  auto run = [](bool compiled, CompiledStep** out) {
+    dist::TcpStore store{"127.0.0.1", 0, true, std::chrono::milliseconds(10000)};
+    const auto pg = capturable(dist::make_gloo_group(
+        store, 0, 1, dist::GlooOptions{.timeout = std::chrono::milliseconds(10000), .hostname = "", .prefix = "default_pg"}));
+    models::GPT model(::blu::test::tiny_gpt(), 7);
+    dist::DistributedDataParallel ddp(model, pg, {.bucket_mib = 0.02, .first_bucket_mib = 0.001});
+    auto opt = optim::make_adamw({{model.named_parameters(), 0.0}}, {.lr = 3e-3});
+    std::unique_ptr<CompiledStep> cs;
+    std::ostringstream log;
+    if (compiled) {
+      CompileOptions o;
+      o.log_stream = &log;
+      cs = std::make_unique<CompiledStep>(o);
+      cs->set_named(BufferKind::parameter, model.named_parameters());
+    }
+    TrainRun r;
+    for (int s = 0; s < 9; ++s) {
+      auto [idx, tg] = batch(s, 2, 8, 101);
+      Tensor loss;
+      auto step = [&] {
+        opt->zero_grad();
+        loss = model.forward(idx, tg).loss;
+        loss.backward();
+        if (s == 5) (void)mul(loss, 1.0);  // an op the compiled step lacks, with the buckets in flight
+        ddp.finish();
+        opt->step();
+      };
+      if (cs)
+        cs->run({idx, tg}, step);
+      else
+        step();
+      r.losses.push_back(to_vector(loss)[0]);
+    }
+    for (const Tensor& p : model.parameters()) r.params.push_back(clone(p.detach()));
+    if (out) *out = cs.release();
+    return r;
+  };
+  const TrainRun eager = run(false, nullptr);
+  CompiledStep* raw = nullptr;
+  const TrainRun compiled = run(true, &raw);
+  std::unique_ptr<CompiledStep> cs(raw);
+  expect_bitwise(eager, compiled, "DDP, left after backward");
+  EXPECT_EQ(cs->counts().fallback, 1);
+  EXPECT_GE(cs->counts().streamed, 5);
+  ASSERT_EQ(cs->guard_failures().size(), 1u);
+  EXPECT_NE(cs->guard_failures()[0].find("of its launches had run, the rest runs unplanned"), std::string::npos)
+      << cs->guard_failures()[0];
+}
+
 TEST(Compiler, CaptureDifferenceFallsBackToEagerKernels) {
   // The first step creates AdamW's state: with no warm-up that step's capture has ops the next
   // ones lack. Variant 1 is compiled from it (its zeros_like fills included); step 2's capture
