@@ -1,6 +1,7 @@
 #include "blu/compiler/capture.h"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 
 namespace blu::compiler {
@@ -10,6 +11,8 @@ static thread_local Capture* t_active = nullptr;
 Capture* Capture::active() { return t_active; }
 
 Capture::Capture() {
+  static std::atomic<uint64_t> next{1};
+  serial_ = next++;
   BLU_CHECK(!t_active, "compiler capture: a step is already being captured on this thread");
   t_active = this;
   observer_ = add_op_observer([this](const OpDef& op, std::span<const Tensor> in, std::span<const Tensor> out,
@@ -283,18 +286,20 @@ void complete(const std::shared_ptr<IssuedSlot>& slot) {
   if (dist::WorkPtr w = std::move(slot->work)) w->wait();
 }
 
-// What a capturing group returns while recording: its wait() records the wait op of the step.
+// What a capturing group returns while recording: its wait() records the wait op of the step
+// (during the capture that recorded the collective; a later one has its own collectives).
 class RecordedWork final : public dist::Work {
  public:
-  RecordedWork(Capture* c, int op) : c_(c), op_(op) {}
+  RecordedWork(const Capture& c, int op) : capture_(c.serial()), op_(op) {}
   void wait() override {
-    if (!waited_ && Capture::active() == c_) c_->record_wait(op_);
+    Capture* c = Capture::active();
+    if (!waited_ && c && c->serial() == capture_) c->record_wait(op_);
     waited_ = true;
   }
   bool is_completed() const override { return true; }
 
  private:
-  Capture* c_;  // compared with the active capture only
+  uint64_t capture_;
   int op_;
   bool waited_ = false;
 };
@@ -374,7 +379,7 @@ class CapturingGroup final : public dist::ProcessGroup {
     const int op = c->record_collective(
         name, std::move(attrs), std::move(in), std::move(writes),
         [slot, issue_fn](std::span<const Tensor> t) { issue(slot, issue_fn(t)); }, [slot] { complete(slot); });
-    return std::make_shared<RecordedWork>(c, op);
+    return std::make_shared<RecordedWork>(*c, op);
   }
   std::shared_ptr<dist::ProcessGroup> inner_;
 };

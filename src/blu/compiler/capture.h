@@ -13,6 +13,7 @@
 // thread, one at a time; the step must not read tensor values on the host (an unbacked tensor has
 // no bytes) — the loss scaler's and the trainer's reads happen after the step, in Strategy::read.
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -32,6 +33,8 @@ class Capture {
  public:
   Capture();   // starts recording on this thread (BLU_CHECK: no other Capture active on it)
   ~Capture();  // stops recording if finish() was not called
+  // Distinct for every Capture of the process (two captures may share an address in turn).
+  uint64_t serial() const { return serial_; }
   Capture(const Capture&) = delete;
   Capture& operator=(const Capture&) = delete;
 
@@ -97,6 +100,7 @@ class Capture {
   int observer_ = -1;
   std::unique_ptr<MetaDispatchGuard> meta_;
   bool finished_ = false;
+  uint64_t serial_ = 0;
   std::map<int, std::function<void()>> unwaited_;  // collective op → its wait, not yet recorded
   std::function<void()> listener_;
   void notify();
