@@ -269,18 +269,21 @@ TEST_F(CachingAllocatorTest, RecordStreamDelaysReuse) {
   alloc->free(c);
 }
 
-// A pointer the allocator did not hand out — inside a block (a compiled step's arena view) or
-// foreign memory — is its owner's to keep: record_stream leaves every block as it was.
-TEST_F(CachingAllocatorTest, RecordStreamOnMemoryItDidNotHandOutDoesNothing) {
+// A pointer inside a held block (a compiled step's arena view) marks that block; memory outside
+// every segment (a caller's own) is left alone.
+TEST_F(CachingAllocatorTest, RecordStreamInsideABlockMarksItAndForeignMemoryIsLeftAlone) {
   void* a = alloc->malloc(4 * MiB, kA);
   int foreign = 0;
-  alloc->record_stream(static_cast<char*>(a) + 4096, kB);
   alloc->record_stream(&foreign, kB);
+  alloc->record_stream(static_cast<char*>(a) + 4096, kB);
   alloc->free(a);
-  EXPECT_EQ(events.recorded, 0);
-  EXPECT_EQ(alloc->stats().pending_blocks, 0);
-  EXPECT_EQ(alloc->malloc(4 * MiB, kA), a) << "the block is reusable at once";
-  alloc->free(a);
+  EXPECT_EQ(events.recorded, 1) << "the view marked its block";
+  EXPECT_EQ(alloc->stats().pending_blocks, 1);
+  events.complete(kB);
+  void* b = alloc->malloc(4 * MiB, kA);
+  EXPECT_EQ(b, a) << "the block is back once stream B passed";
+  alloc->free(b);
+  EXPECT_THROW(alloc->record_stream(static_cast<char*>(a) + 4096, kB), Error) << "inside a freed block";
 }
 
 TEST_F(CachingAllocatorTest, RecordStreamOnTwoStreamsNeedsBoth) {

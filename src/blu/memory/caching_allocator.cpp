@@ -242,9 +242,22 @@ void CachingAllocator::free(void* ptr) {
 
 void CachingAllocator::record_stream(void* ptr, StreamId stream) {
   std::lock_guard lock(mu_);
-  auto it = allocated_.find(ptr);
-  if (it == allocated_.end()) return;  // not a block of this allocator's (see the header)
-  Block* b = it->second;
+  Block* b = nullptr;
+  if (auto it = allocated_.find(ptr); it != allocated_.end()) {
+    b = it->second;
+  } else {
+    // Not a block's start: inside one of our segments it is a view into a block (a compiled
+    // step's arena view: the arena's block then waits for the stream too), which must be held;
+    // outside them it is memory we did not hand out, its owner's to keep.
+    const uintptr_t u = reinterpret_cast<uintptr_t>(ptr);
+    auto seg = segments_.upper_bound(u);
+    if (seg == segments_.begin()) return;
+    for (Block* c = std::prev(seg)->second; c; c = c->next)
+      if (u >= c->addr && u < c->addr + c->size) b = c;
+    if (!b) return;
+    BLU_CHECK(b->state == BlockState::allocated, config_.name, ": record_stream on ", ptr,
+              ", which is not a live allocation");
+  }
   if (stream == b->stream) return;  // its own stream orders the reuse already
   if (std::find(b->other_streams.begin(), b->other_streams.end(), stream) == b->other_streams.end())
     b->other_streams.push_back(stream);

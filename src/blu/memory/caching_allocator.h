@@ -105,8 +105,9 @@ class CachingAllocator {
   // Returns the block. Reusable at once by its own stream; after the events of record_stream.
   void free(void* ptr);
   // `ptr` (from malloc, still held) is also used by work queued on `stream`: when freed, it is
-  // reused only once `stream` has passed that point. A pointer this allocator did not hand out (a
-  // view into a compiled step's arena, memory a caller owns) is its owner's to keep: nothing to do.
+  // reused only once `stream` has passed that point. A pointer inside a held block (a view into
+  // a compiled step's arena) marks that block; one outside every segment (memory a caller owns) is
+  // its owner's to keep: nothing to do. A freed block's is an error.
   void record_stream(void* ptr, StreamId stream);
   // What the block at `ptr` (held) holds, for the out-of-memory report (memory/memory_report.h);
   // dropped when it is freed.
