@@ -363,19 +363,22 @@ TEST(Compiler, ParseOpListAndExcludedBuffersStayOutOfTheArena) {
 // the loss passes through one more op (times 1, the same value) between forward and backward, or
 // one more op follows the step — has its forward already running when the capture meets the new
 // op; what has run stays, the rest runs unplanned, and the run stays bitwise the eager one.
+// A compiled step over `model`'s parameters whose log goes to `log` (the streamed tests).
+std::unique_ptr<CompiledStep> logged_step(const nn::Module& model, std::ostringstream& log) {
+  CompileOptions o;
+  o.log_stream = &log;
+  auto cs = std::make_unique<CompiledStep>(o);
+  cs->set_named(BufferKind::parameter, model.named_parameters());
+  return cs;
+}
+
 TEST(Compiler, StreamedStepThatLeavesTheStructureCompletesUnplanned) {
   for (const bool middle : {true, false}) {
     auto run = [&](bool compiled, CompiledStep** out) {
       auto model = make_model("gpt2");
       dist::Strategy strat(*model, nullptr, dist::StrategyConfig{}, dist::OptimizerConfig{.lr = 3e-3});
-      std::unique_ptr<CompiledStep> cs;
       std::ostringstream log;
-      if (compiled) {
-        CompileOptions o;
-        o.log_stream = &log;
-        cs = std::make_unique<CompiledStep>(o);
-        cs->set_named(BufferKind::parameter, model->named_parameters());
-      }
+      std::unique_ptr<CompiledStep> cs = compiled ? logged_step(*model, log) : nullptr;
       TrainRun r;
       for (int s = 0; s < 9; ++s) {
         auto [idx, tg] = batch(s, 2, 8, 101);
@@ -426,14 +429,8 @@ TEST(Compiler, StreamedDdpStepThatLeavesTheStructureWithCollectivesInFlight) {
     models::GPT model(::blu::test::tiny_gpt(), 7);
     dist::DistributedDataParallel ddp(model, pg, {.bucket_mib = 0.02, .first_bucket_mib = 0.001});
     auto opt = optim::make_adamw({{model.named_parameters(), 0.0}}, {.lr = 3e-3});
-    std::unique_ptr<CompiledStep> cs;
     std::ostringstream log;
-    if (compiled) {
-      CompileOptions o;
-      o.log_stream = &log;
-      cs = std::make_unique<CompiledStep>(o);
-      cs->set_named(BufferKind::parameter, model.named_parameters());
-    }
+    std::unique_ptr<CompiledStep> cs = compiled ? logged_step(model, log) : nullptr;
     TrainRun r;
     for (int s = 0; s < 9; ++s) {
       auto [idx, tg] = batch(s, 2, 8, 101);
