@@ -36,6 +36,15 @@
 #   compiled — GPT-2 124M (B=16) and llama-250m (B=8), bf16, T=1024: eager and --compile
 #           alternated REPS times (2), beside torch_gpt2.py / torch_llama.py (eager and
 #           torch.compile) in the same run; the compiled runs print the host time per step
+#   fuseexport — GPT-2 124M (B=16) and llama-250m (B=8), bf16, T=1024: one short `bench --compile
+#           --compile-export` each, writing the captured steps to $OUT/graphs (fused where MLIR is:
+#           `blutrain compile --from-graph`, docs/compiler_mlir.md "Fusion plans for the GPU")
+#   fused — the same two steps eager, compiled unfused and compiled fused (plans from the kernel
+#           cache carried in .devpack/kcache; NVRTC compiles the region kernels at first use),
+#           alternated REPS times (2), beside torch_gpt2.py / torch_llama.py (eager and
+#           torch.compile) in the same run
+#   fusedtext — GPT-2 124M bf16 trained on the fortunes (FUSED_STEPS, 250) eagerly with two seeds and
+#           compiled fused with the first (fuseexport exports this step too): validation losses
 #   offload — scripts/offload_bench.sh with GRID=0 (GPT-2 d48 with its AdamW state on the host vs
 #           not, beside torch_parallel.py fsdp_offload under torchrun with one process)
 #   demo  — the README's first run (scripts/demo.sh) on the GPU: its GPU preset, the fortunes
@@ -46,6 +55,9 @@ set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 B="${B:-16}"; T="${T:-1024}"; STEPS="${STEPS:-20}"
+# The real-text step of fuseexport and fusedtext (the same options, so the same captured step).
+fusedtext_args=(train --model d12 --data-dir .devpack/fortunes_gpt2 --device cuda --precision bf16 -B 8 -T 1024
+                --lr 6e-4 --warmup 25 --log-every 50 --sample-every 0 --val-batches 4)
 for step in "$@"; do
   case "$step" in
     gpt2)
@@ -189,6 +201,36 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
       timeout 300 python3 .devpack/peers/torch_gpt2.py bf16,bf16c 16 1024 20 2>&1 | grep '^{' | tee -a "$out/compiled.log"
       timeout 400 python3 .devpack/peers/torch_llama.py bf16,bf16c --model llama-250m -B 8 -T 1024 --steps 20 2>&1 \
         | grep '^{' | tee -a "$out/compiled.log" ;;
+    fuseexport)
+      timeout 150 "$pack/blutrain" bench --device cuda --model gpt2:d12 --precision bf16 -B 16 -T 1024 --steps 3 \
+        --compile --compile-log --compile-export "$out/graphs" 2>&1 | grep -E 'fusion plan|^\{|rror' | cut -c1-400
+      timeout 200 "$pack/blutrain" bench --device cuda --model llama:llama-250m --precision bf16 -B 8 -T 1024 --steps 3 \
+        --lr 3e-4 --beta2 0.95 --compile --compile-log --compile-export "$out/graphs" 2>&1 \
+        | grep -E 'fusion plan|^\{|rror' | cut -c1-400
+      timeout 200 "$pack/blutrain" "${fusedtext_args[@]}" --steps 2 --out /tmp/fuseexport_train --compile --compile-log \
+        --compile-export "$out/graphs" 2>&1 | grep -E 'fusion plan|rror' | cut -c1-400
+      ls -la "$out/graphs" ;;
+    fused)
+      export BLU_KERNEL_CACHE="$PWD/.devpack/kcache"
+      for rep in $(seq "${REPS:-2}"); do
+        for args in "" "--compile --compile-fuse off" "--compile --compile-log"; do
+          timeout 150 "$pack/blutrain" bench --device cuda --model gpt2:d12 --precision bf16 -B 16 -T 1024 --steps 20 \
+            $args 2>&1 | grep -E '^\{|fusion|rror' | tee -a "$out/fused.log" | cut -c1-400
+          timeout 200 "$pack/blutrain" bench --device cuda --model llama:llama-250m --precision bf16 -B 8 -T 1024 \
+            --steps 20 --lr 3e-4 --beta2 0.95 $args 2>&1 | grep -E '^\{|fusion|rror' | tee -a "$out/fused.log" | cut -c1-400
+        done
+      done
+      timeout 300 python3 .devpack/peers/torch_gpt2.py bf16,bf16c 16 1024 20 2>&1 | grep '^{' | tee -a "$out/fused.log"
+      timeout 400 python3 .devpack/peers/torch_llama.py bf16,bf16c --model llama-250m -B 8 -T 1024 --steps 20 2>&1 \
+        | grep '^{' | tee -a "$out/fused.log" ;;
+    fusedtext)
+      export BLU_KERNEL_CACHE="$PWD/.devpack/kcache"
+      for args in "--seed 1337" "--seed 7" "--seed 1337 --compile --compile-log"; do
+        echo "-- $args"
+        timeout 300 "$pack/blutrain" "${fusedtext_args[@]}" --steps "${FUSED_STEPS:-250}" --val-every "${FUSED_STEPS:-250}" \
+          --out "/tmp/fusedtext_${args// /_}" $args 2>&1 | tee -a "$out/fusedtext.log" \
+          | grep -E "val loss|fusion:|fusion plan|compiled steps|step +${FUSED_STEPS:-250}/|rror" | cut -c1-300 | tail -6
+      done ;;
     offload)
       GRID=0 PEERS="$PWD/.devpack/peers" timeout 580 bash scripts/offload_bench.sh "$pack" 2>&1 | tee "$out/offload.log" | tail -30 ;;
     demo)

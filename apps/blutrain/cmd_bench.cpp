@@ -79,6 +79,7 @@ struct BenchOptions {
   std::string recompute = "none";
   bool offload_activations = false;
   std::string compile_fuse = "on";            // fused regions (compiler/fusion_plan.h): on | off
+  std::string compile_export;                 // where a step without a cached plan is exported
   // A parallel layout (dist/annotations.h) or "auto" (the planner's pick): run_bench_layout.
   std::string parallel;
   double dist_timeout = 0;  // seconds; 0: NCCL's 600, Gloo's 30 (or BLU_DIST_TIMEOUT)
@@ -447,7 +448,7 @@ int run_bench(const BenchOptions& o) {
     co.config = o.precision + ", " + strategy.describe();
     co.fusion = compiler::fusion_for(o.compile_fuse, [log = co.log](const std::string& line) {
       if (log) std::cerr << "compile: " << line << "\n" << std::flush;
-    });
+    }, env.rank == 0 ? o.compile_export : "");
     compiled = std::make_unique<compiler::CompiledStep>(co);
     compiled->set_named(compiler::BufferKind::parameter, model.named_parameters());
     cx = empty({o.batch, o.seq}, DType::i64, dev);
@@ -721,6 +722,10 @@ Command add_bench(CLI::App& root) {
                   "cache's fusion plan in a build without MLIR), off runs every op's eager kernel")
       ->capture_default_str()
       ->check(CLI::IsMember({"on", "off"}));
+  app->add_option("--compile-export", o->compile_export,
+                  "With --compile: a directory where the captured step is written when its fusion plan is not in "
+                  "the kernel cache (the GPU machine, no MLIR); `blutrain compile --from-graph` fuses it where "
+                  "MLIR is installed (docs/compiler_mlir.md)");
   return {app, [o] { return run_bench(*o); }};
 }
 

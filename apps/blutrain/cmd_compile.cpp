@@ -10,11 +10,16 @@
 // on its device, and a CUDA step's graph is not the CPU step's (flash attention instead of the
 // matmul-softmax attention, f32 instead of f64 norm sums), so a CUDA plan needs a capture on a
 // CUDA device: --device cuda with --arch equal to that GPU's architecture, in a build with CUDA and
-// MLIR. Refused otherwise, by name (docs/compiler_mlir.md, "Ahead of time").
+// MLIR. Refused otherwise, by name (docs/compiler_mlir.md, "Ahead of time"). --from-graph FILE...
+// instead fuses steps captured elsewhere — `bench/train --compile --compile-export DIR` on a machine
+// without MLIR (the GPU machine) writes them — and stores each plan under the key the capturing
+// machine looks up; their kernels are compiled where the step runs (NVRTC, at first use).
 // Depends on compiler/{compile,fusion_plan}, dist/strategy, models/registry. Keep: the step is
 // bench's compiled step (same model construction, optimizer, clipping, input dtype), or the plan
 // it stores is never found by bench.
 #include <chrono>
+#include <fstream>
+#include <sstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -38,6 +43,7 @@ struct CompileCmdOptions {
   int64_t batch = 16, seq = 1024;
   double lr = 6e-4, beta2 = 0.999;  // bench's; float attributes are kernel arguments, not in the plan
   std::string compile_exclude;
+  std::vector<std::string> from_graph;
   bool log = false;
 };
 
@@ -45,10 +51,61 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+std::string read_whole(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  BLU_CHECK(f.good(), "--from-graph ", path, ": cannot be read");
+  std::ostringstream os;
+  os << f.rdbuf();
+  return os.str();
+}
+
+// --from-graph: each exported step fused and its plan stored, one JSON line each.
+int fuse_exported(const CompileCmdOptions& o) {
+  for (const std::string& path : o.from_graph) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string text = read_whole(path);
+    const compiler::ExportedGraph e = compiler::parse_exported_graph(text, path);
+    BLU_CHECK(compiler::exported_graph_text(e.graph, e.target) == text, "--from-graph ", path,
+              ": the graph does not read back as the text it was parsed from (edited by hand, or written by another ",
+              "version of blutrain): its plan would be stored under a key the capturing machine never looks up");
+    // The target carries the excluded op names (" -name"), which the pass must honour.
+    std::vector<std::string> excluded;
+    for (size_t at = e.target.find(" -"); at != std::string::npos; at = e.target.find(" -", at + 2)) {
+      const size_t end = e.target.find(' ', at + 2);
+      excluded.push_back(e.target.substr(at + 2, end == std::string::npos ? std::string::npos : end - at - 2));
+    }
+    compiler::set_excluded_ops(excluded);
+    const std::vector<compiler::FusedRegion> regions = compiler::fusion_pass()(e.graph);
+    compiler::store_fusion_plan(e.graph, e.target, regions);
+    size_t fused_ops = 0, kernel_ops = 0;
+    double saved = 0;
+    for (const compiler::FusedRegion& r : regions) {
+      fused_ops += r.ops.size();
+      saved += r.bytes_saved;
+    }
+    for (const compiler::Op& op : e.graph.ops) kernel_ops += op.kind == compiler::OpKind::kernel;
+    const nlohmann::json j = {
+        {"graph", path},
+        {"target", e.target},
+        {"key", compiler::fusion_plan_key(e.graph, e.target)},
+        {"cache", compiler::kernel_cache_dir()},
+        {"graph_ops", e.graph.ops.size()},
+        {"kernel_ops", kernel_ops},
+        {"regions", regions.size()},
+        {"fused_ops", fused_ops},
+        {"bytes_saved", saved},
+        {"fuse_s", seconds_since(t0)},
+    };
+    std::cout << j.dump() << std::endl;
+  }
+  return 0;
+}
+
 int run_compile(const CompileCmdOptions& o) {
   const auto t_start = std::chrono::steady_clock::now();
   BLU_CHECK(compiler::have_fusion_pass(), "blutrain compile needs the fusion pass: a build with MLIR (BLU_MLIR=ON, ",
             "libmlir-22-dev); this build only reads fusion plans from the kernel cache");
+  if (!o.from_graph.empty()) return fuse_exported(o);
   Device dev(o.device);
   if (!o.arch.empty()) {
     BLU_CHECK(dev.is_cuda(), "--arch ", o.arch, " names a CUDA architecture, but --device is ", o.device,
@@ -157,6 +214,13 @@ Command add_compile(CLI::App& root) {
       ->capture_default_str();
   app->add_option("--compile-exclude", o->compile_exclude, "Comma-separated op names kept out of fusion");
   app->add_flag("--compile-log", o->log, "Print the compiler's log (as BLU_COMPILE_LOG=1)");
+  app->add_option("--from-graph", o->from_graph,
+                  "Fuse steps exported by `bench/train --compile --compile-export DIR` elsewhere (DIR/<key>.graph) "
+                  "and store their plans in the kernel cache, instead of capturing a step here")
+      ->check(CLI::ExistingFile)
+      ->excludes("--arch")
+      ->excludes("--device")
+      ->excludes("--compile-exclude");
   return {app, [o] { return run_compile(*o); }};
 }
 

@@ -423,6 +423,10 @@ Command add_train(CLI::App& root) {
                   "eager kernel (docs/compiler_mlir.md)")
       ->capture_default_str()
       ->check(CLI::IsMember({"on", "off"}));
+  app->add_option("--compile-export", o.compile_export,
+                  "With --compile: a directory where the captured step is written when its fusion plan is not in "
+                  "the kernel cache (the GPU machine, no MLIR); `blutrain compile --from-graph` fuses it where "
+                  "MLIR is installed (docs/compiler_mlir.md)");
   return {app, [a, app] {
             if (!a->config.empty()) apply_config_file(*app, a->config);
             a->model_given = app->get_option("--model")->count() > 0;

@@ -5,16 +5,27 @@
 // - a plan stored for a captured graph is found again and gives the same regions with their
 //   inputs and outputs; cached_fusion with no fusion pass (a build without MLIR) applies it, and
 //   runs without regions, saying so, when the cache has none;
-// - a plan that names an op out of range or an op that cannot be fused is refused with the reason.
+// - a plan that names an op out of range or an op that cannot be fused is refused with the reason;
+// - the portable text of whole training steps (tiny GPT-2 and Llama: forward, backward, AdamW) reads
+//   back as a graph with the same text and key, on CPU and CUDA devices; damaged text is refused
+//   with the line and the field; a graph exported on a miss, planned from its parsed copy, is the
+//   plan the capturing side then finds.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <set>
 
 #include "blu/blu.h"
 #include "blu/compiler/capture.h"
 #include "blu/compiler/codegen/cpu_kernel.h"
 #include "blu/compiler/fusion_plan.h"
 #include "blu/core/error.h"
+#include "blu/dist/strategy.h"
+#include "blu/models/gpt2/gpt2.h"
+#include "blu/models/llama/llama.h"
+#include "common/tiny_gpt.h"
 
 namespace blu::compiler {
 namespace {
@@ -145,6 +156,121 @@ TEST(FusionPlanCache, APlanThatDoesNotFitIsRefused) {
   EXPECT_THROW_MSG(parse_fusion_plan(g, "something else\n"), "expected the header");
   EXPECT_THROW_MSG(fusion_for("maybe"), "expected on or off");
   EXPECT_FALSE(bool(fusion_for("off")));
+}
+
+// The second training step of a tiny model (the first, eager, makes AdamW's moments), captured.
+Graph training_step(const std::string& family) {
+  std::unique_ptr<models::CausalLM> model;
+  if (family == "gpt2") model = std::make_unique<models::GPT>(::blu::test::tiny_gpt(), 7);
+  else model = std::make_unique<models::Llama>(models::LlamaConfig::preset("tiny"), 7);
+  dist::Strategy strat(*model, nullptr, dist::StrategyConfig{}, dist::OptimizerConfig{.lr = 3e-3});
+  const Tensor idx = randint(0, 101, {2, 8}, DType::i32), tg = randint(0, 101, {2, 8}, DType::i32);
+  auto step = [&] { strat.step(1, [&](int64_t) { return std::pair<Tensor, Tensor>{idx, tg}; }, 3e-3, 1.0); };
+  step();
+  Capture cap;
+  cap.classify(idx, BufferKind::step_input);
+  cap.classify(tg, BufferKind::step_input);
+  step();
+  return cap.finish();
+}
+
+// text with every " cpu" device field made " cuda": the same step as a CUDA capture writes it.
+std::string as_cuda(std::string text) {
+  for (size_t at = text.find(" cpu"); at != std::string::npos; at = text.find(" cpu", at + 5)) text.replace(at, 4, " cuda");
+  return text;
+}
+
+TEST(PortableGraph, TrainingStepsReadBackWithTheSameTextAndKey) {
+  for (const std::string family : {"gpt2", "llama"}) {
+    const Graph g = training_step(family);
+    ASSERT_GT(g.ops.size(), 100u) << family;
+    const std::string text = portable_graph_text(g);
+    const Graph back = parse_portable_graph_text(text, family);
+    EXPECT_EQ(portable_graph_text(back), text) << family;
+    EXPECT_EQ(fusion_plan_key(back, kCpuTarget), fusion_plan_key(g, kCpuTarget)) << family;
+    ASSERT_EQ(back.ops.size(), g.ops.size());
+    ASSERT_EQ(back.values.size(), g.values.size());
+    for (size_t i = 0; i < g.ops.size(); ++i) {
+      EXPECT_EQ(back.ops[i].name, g.ops[i].name);
+      EXPECT_EQ(back.ops[i].rng, g.ops[i].rng) << family << " op " << i << " " << g.ops[i].name;
+      EXPECT_EQ(back.ops[i].writes, g.ops[i].writes);
+    }
+    // Every kind of attribute came back: the graphs hold shapes, dtypes, bools and ints.
+    std::set<size_t> kinds;
+    for (const Op& op : back.ops)
+      for (const auto& [k, v] : op.attrs.items()) kinds.insert(v.index());
+    EXPECT_GE(kinds.size(), 4u) << family;
+
+    const std::string cuda = as_cuda(text);
+    ASSERT_NE(cuda, text);
+    const Graph on_gpu = parse_portable_graph_text(cuda, family + " (cuda)");
+    EXPECT_EQ(portable_graph_text(on_gpu), cuda);
+    EXPECT_TRUE(on_gpu.values.front().device.is_cuda());
+  }
+}
+
+TEST(PortableGraph, DamagedTextIsRefusedWithTheLineAndTheField) {
+  const std::string text = portable_graph_text(pointwise_chain());
+  auto replace_line = [&](char tag, const std::string& with) {
+    const size_t at = text.find(std::string("\n") + tag + " ") + 1;
+    return text.substr(0, at) + with + text.substr(text.find('\n', at));
+  };
+  const int line_of_v = int(std::count(text.begin(), text.begin() + std::ptrdiff_t(text.find("\nv ")), '\n')) + 2;
+  EXPECT_THROW_MSG(parse_portable_graph_text(text.substr(0, text.find("\noutputs")), "g.graph"),
+                   "g.graph: the graph ends without its 'inputs' and 'outputs'");
+  EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('v', "v 999 [4] [1] 0 f32 cpu -1"), "g.graph"),
+                   "g.graph:" + std::to_string(line_of_v) + ": expected a buffer below");
+  EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('v', "v 0 [4] [1] 0 f33 cpu -1"), "g.graph"),
+                   "expected a dtype name, got 'f33'");
+  EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('v', "v 0 [4] [1] 0 f32 tpu -1"), "g.graph"),
+                   "expected a device type (cpu or cuda), got 'tpu'");
+  EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('v', "v 0 [4 [1] 0 f32 cpu -1"), "g.graph"),
+                   "expected the value's shape");
+  EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('o', "o 0 mul ( 0 ) ( 77777 ) views writes"), "g.graph"),
+                   "expected output value ids below");
+  EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('o', "o 0 mul ( 0 ) ( 1 ) views writes other#9=1"), "g.graph"),
+                   "expected an attribute type 0..4");
+  EXPECT_THROW_MSG(parse_portable_graph_text("x 1\n" + text, "g.graph"), "g.graph:1: expected a record");
+  EXPECT_THROW_MSG(parse_exported_graph(text, "e.graph"), "e.graph: expected the header 'blu-fusion-graph 1'");
+  EXPECT_THROW_MSG(parse_exported_graph("blu-fusion-graph 1\n" + text, "e.graph"), "e.graph:2: expected 'target <target>'");
+}
+
+TEST(PortableGraph, ExportedOnAMissPlannedElsewhereIsFoundByTheCapturingSide) {
+  use_temp_cache("export");
+  const auto dir = std::filesystem::temp_directory_path() / ("blu_plan_export_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const Graph g = pointwise_chain();
+  std::vector<std::string> log;
+  const FusionFn capturing_side = cached_fusion({}, [&](const std::string& s) { log.push_back(s); }, "cuda-sm_90a",
+                                                dir.string());
+  EXPECT_TRUE(capturing_side(g).empty());
+  const std::string file = (dir / (fusion_plan_key(g, "cuda-sm_90a") + ".graph")).string();
+  ASSERT_TRUE(std::filesystem::exists(file)) << (log.empty() ? "" : log.back());
+  ASSERT_EQ(log.size(), 2u);
+  EXPECT_NE(log[0].find("exported to " + file), std::string::npos) << log[0];
+
+  // Where MLIR is: the file read back, a stand-in pass's regions stored as its plan.
+  std::ifstream f(file);
+  const std::string text{std::istreambuf_iterator<char>(f), {}};
+  const ExportedGraph e = parse_exported_graph(text, file);
+  EXPECT_EQ(e.target, "cuda-sm_90a");
+  EXPECT_EQ(exported_graph_text(e.graph, e.target), text);
+  FusedRegion r;
+  r.shape = RegionShape::pointwise;
+  r.ops = kernel_ops(e.graph);
+  compute_region_io(e.graph, r);
+  store_fusion_plan(e.graph, e.target, {r});
+
+  // The capturing side now finds that plan for its own graph, the same ops with the same io.
+  log.clear();
+  const std::vector<FusedRegion> found = capturing_side(g);
+  ASSERT_EQ(found.size(), 1u) << (log.empty() ? "" : log.back());
+  EXPECT_EQ(found[0].ops, kernel_ops(g));
+  EXPECT_EQ(found[0].inputs, r.inputs);
+  EXPECT_EQ(found[0].outputs, r.outputs);
+  EXPECT_NE(log.back().find("from the cache, 1 regions"), std::string::npos) << log.back();
+  EXPECT_THROW_MSG(fusion_for("off", {}, dir.string()), "needs --compile-fuse on");
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

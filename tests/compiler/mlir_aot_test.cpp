@@ -7,7 +7,10 @@
 // - `blutrain train --compile` fuses by default (its log names the regions) and logs the eager
 //   run's losses and gradient norms bitwise; --compile-fuse off fuses nothing;
 // - `blutrain compile` stores the plan and kernels (a second run finds both: nothing compiled),
-//   and `blutrain bench --compile` of the same step reads the plan from the cache.
+//   and `blutrain bench --compile` of the same step reads the plan from the cache;
+// - a step exported by `bench --compile --compile-export` and fused by `blutrain compile
+//   --from-graph` into another cache gets the plan, byte for byte, that the pass made where it was
+//   captured, under the key the capturing machine looks up; that cache alone then serves bench.
 // Run: build-cpu/tests/test_compiler_mlir --gtest_filter='Aot*'.
 #include <gtest/gtest.h>
 
@@ -207,6 +210,49 @@ TEST_F(AotCli, CompileFillsTheCacheThatBenchReads) {
   EXPECT_NE(arch.first, 0);
   EXPECT_NE(arch.second.find("names a CUDA architecture"), std::string::npos) << arch.second;
   std::cout << "cold: " << c.dump() << "\nwarm: " << w.dump() << "\n";
+}
+
+TEST_F(AotCli, ExportedStepFusedElsewhereGetsTheCapturingSidesPlan) {
+  const std::string args = " --model tiny -B 2 -T 16 --device cpu --precision fp32 --steps 3 --compile --compile-log";
+  const fs::path graphs = dir / "graphs", other = dir / "other_cache";
+  const auto captured =
+      shell(env + blutrain().string() + " bench" + args + " --compile-export " + graphs.string());
+  ASSERT_EQ(captured.first, 0) << captured.second;
+  EXPECT_NE(captured.second.find("exported to " + graphs.string()), std::string::npos) << captured.second;
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(graphs)) files.push_back(e.path());
+  ASSERT_EQ(files.size(), 1u);
+  const std::string key = files[0].stem().string();
+  ASSERT_TRUE(fs::exists(dir / "cache" / (key + ".plan"))) << "the pass's plan where the step was captured";
+
+  const std::string other_env = "OMP_NUM_THREADS=1 BLU_KERNEL_CACHE=" + other.string() + " ";
+  const auto fused = shell(other_env + blutrain().string() + " compile --from-graph " + files[0].string());
+  ASSERT_EQ(fused.first, 0) << fused.second;
+  const nlohmann::json j = last_json_line(fused.second);
+  ASSERT_TRUE(j.is_object()) << fused.second;
+  EXPECT_EQ(j["key"].get<std::string>(), key) << j.dump();
+  EXPECT_GT(j["regions"].get<int>(), 0) << j.dump();
+  auto read = [](const fs::path& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::string{std::istreambuf_iterator<char>(f), {}};
+  };
+  EXPECT_EQ(read(other / (key + ".plan")), read(dir / "cache" / (key + ".plan")));
+  EXPECT_EQ(read(other / (key + ".txt")), read(dir / "cache" / (key + ".txt")));
+
+  // bench with only that cache finds the plan (and compiles the region kernels itself).
+  const auto served = shell(other_env + blutrain().string() + " bench" + args);
+  ASSERT_EQ(served.first, 0) << served.second;
+  EXPECT_NE(served.second.find("fusion plan: from the cache, " + std::to_string(j["regions"].get<int>()) + " regions"),
+            std::string::npos) << served.second;
+
+  // A damaged file is refused with its name and line; nothing is stored for it.
+  const fs::path bad = dir / "bad.graph";
+  std::ofstream(bad) << "blu-fusion-graph 1\ntarget cuda-sm_90a\nb 64 cpu 0\nv 3 [4] [1] 0 f32 cpu -1\n";
+  const auto refused = shell(other_env + blutrain().string() + " compile --from-graph " + bad.string());
+  EXPECT_NE(refused.first, 0);
+  EXPECT_NE(refused.second.find(bad.string() + " (after its 2 header lines):2: expected a buffer below 1"),
+            std::string::npos) << refused.second;
+  std::cout << j.dump() << "\n";
 }
 
 }  // namespace

@@ -39,6 +39,27 @@ std::string portable_graph_text(const Graph& g);
 // The cache key of g's fusion plan for `target` (kernel_cache_key of the portable text).
 std::string fusion_plan_key(const Graph& g, const std::string& target);
 
+// The portable text back as a graph: how a step captured where there is no fusion pass (the GPU
+// machine) is fused where MLIR is installed. portable_graph_text of the result is `text`. What the
+// text leaves out is what neither the key nor the pass reads: float attributes and the per-step
+// ints (step, seed, offset) come back as 0, device indices as 0, buffer names empty, no OpDef, no
+// collective call; an op with seed and offset attributes is an rng op. `where` names the text in
+// errors, which give the line, the field and what was expected.
+Graph parse_portable_graph_text(const std::string& text, const std::string& where);
+
+// An exported graph: "blu-fusion-graph 1", "target <target>" (the plan's target, with the excluded
+// op names as " -name"), then the portable text. Written by cached_fusion on a miss when it has an
+// export directory, as <dir>/<plan key>.graph; `blutrain compile --from-graph` fuses it and stores
+// the plan under the same key.
+struct ExportedGraph {
+  std::string target;
+  Graph graph;
+};
+std::string exported_graph_text(const Graph& g, const std::string& target);
+ExportedGraph parse_exported_graph(const std::string& text, const std::string& where);
+// Writes g's export file into `dir` (made if missing; the file atomically) and returns its path.
+std::string export_graph(const Graph& g, const std::string& target, const std::string& dir);
+
 // The plan file: "blu-fusion-plan 1", "structure <hex>", then one line per region
 // "region <pointwise|rows> <bytes_saved> <op> <op> ...".
 std::string fusion_plan_text(const Graph& g, const std::vector<FusedRegion>& regions);
@@ -53,11 +74,16 @@ std::optional<std::vector<FusedRegion>> find_fusion_plan(const Graph& g, const s
 // `pass` (when not empty) runs and its regions are stored as the graph's plan; else no regions.
 // The target is extended by the excluded op names (compiler/exclude.h), which change the regions.
 // `log` receives one line saying which happened ("fusion plan: from the cache (key …)", "…: none
-// in the cache and no fusion pass in this build"). target "" = fusion_target(g).
-FusionFn cached_fusion(FusionFn pass, std::function<void(const std::string&)> log = {}, std::string target = "");
+// in the cache and no fusion pass in this build"). target "" = fusion_target(g). With an
+// `export_dir`, a graph whose plan is not in the cache is also written there (export_graph).
+FusionFn cached_fusion(FusionFn pass, std::function<void(const std::string&)> log = {}, std::string target = "",
+                       std::string export_dir = "");
 
 // The fusion of a `--compile-fuse` value: "off" → empty; "on" → cached_fusion(fusion_pass(), log)
-// (a build without MLIR then applies cached plans only). BLU_CHECK: on or off.
-FusionFn fusion_for(const std::string& mode, std::function<void(const std::string&)> log = {});
+// (a build without MLIR then applies cached plans only), exporting missed graphs to `export_dir`
+// (`--compile-export`) when it is not empty. BLU_CHECK: on or off; an export directory with fusion
+// off (nothing would be looked up).
+FusionFn fusion_for(const std::string& mode, std::function<void(const std::string&)> log = {},
+                    const std::string& export_dir = "");
 
 }  // namespace blu::compiler

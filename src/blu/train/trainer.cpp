@@ -522,7 +522,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     co.config = o.precision + ", grad_accum " + std::to_string(o.grad_accum) + ", " + strategy_->describe();
     co.fusion = compiler::fusion_for(o.compile_fuse, [log = co.log, stream = cb_.log](const std::string& line) {
       if (log) (stream ? *stream : std::cerr) << "compile: " << line << "\n" << std::flush;
-    });
+    }, rank_ == 0 ? o.compile_export : "");
     compiled_ = std::make_unique<compiler::CompiledStep>(co);
     compiled_->set_named(compiler::BufferKind::parameter, model_->named_parameters());
     for (int64_t i = 0; i < 2 * o.grad_accum; ++i) compile_inputs_.push_back(empty({o.batch_size, o.seq_len}, DType::i32, device_));

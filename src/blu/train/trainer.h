@@ -159,6 +159,9 @@ struct TrainOptions {
   bool compile = false, compile_log = false;
   std::string compile_exclude;
   std::string compile_fuse = "on";
+  // compile_export: a directory where a captured step whose fusion plan is not in the kernel cache is
+  // written (compiler/fusion_plan.h, export_graph; rank 0 only), for `blutrain compile --from-graph`.
+  std::string compile_export;
 
   nlohmann::json to_json() const;  // recorded in run.json and in checkpoints
 };
