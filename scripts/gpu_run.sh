@@ -36,6 +36,10 @@
 #   compiled — GPT-2 124M (B=16) and llama-250m (B=8), bf16, T=1024: eager and --compile
 #           alternated REPS times (2), beside torch_gpt2.py / torch_llama.py (eager and
 #           torch.compile) in the same run; the compiled runs print the host time per step
+#   segments — GPT-2 124M (B=16) and llama-250m (B=8), bf16, T=1024: eager, and --compile with the
+#           step's first graph segment 64 launches long (BLU_COMPILE_FIRST_SEGMENT=0) and 4 (the
+#           default), alternated REPS times (2), beside torch_gpt2.py / torch_llama.py
+#   precisions — the same two models in fp32 and tf32 (PRECISIONS), eager and --compile, REPS (1)
 #   fuseexport — GPT-2 124M (B=16) and llama-250m (B=8), bf16, T=1024: one short `bench --compile
 #           --compile-export` each, writing the captured steps to $OUT/graphs (fused where MLIR is:
 #           `blutrain compile --from-graph`, docs/compiler_mlir.md "Fusion plans for the GPU")
@@ -201,6 +205,31 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
       timeout 300 python3 .devpack/peers/torch_gpt2.py bf16,bf16c 16 1024 20 2>&1 | grep '^{' | tee -a "$out/compiled.log"
       timeout 400 python3 .devpack/peers/torch_llama.py bf16,bf16c --model llama-250m -B 8 -T 1024 --steps 20 2>&1 \
         | grep '^{' | tee -a "$out/compiled.log" ;;
+    segments)
+      for rep in $(seq "${REPS:-2}"); do
+        for v in " | " "BLU_COMPILE_FIRST_SEGMENT=0 | --compile" "BLU_COMPILE_FIRST_SEGMENT=4 | --compile"; do
+          envs="${v%%|*}"; args="${v#*|}"
+          echo "== $v" >> "$out/segments.log"
+          env $envs timeout 150 "$pack/blutrain" bench --device cuda --model gpt2:d12 --precision bf16 -B 16 -T 1024 \
+            --steps 20 $args 2>&1 | grep -E '^\{|rror' | tee -a "$out/segments.log" | cut -c1-200
+          env $envs timeout 200 "$pack/blutrain" bench --device cuda --model llama:llama-250m --precision bf16 -B 8 \
+            -T 1024 --steps 20 --lr 3e-4 --beta2 0.95 $args 2>&1 | grep -E '^\{|rror' | tee -a "$out/segments.log" | cut -c1-200
+        done
+      done
+      timeout 300 python3 .devpack/peers/torch_gpt2.py bf16,bf16c 16 1024 20 2>&1 | grep '^{' | tee -a "$out/segments.log"
+      timeout 400 python3 .devpack/peers/torch_llama.py bf16,bf16c --model llama-250m -B 8 -T 1024 --steps 20 2>&1 \
+        | grep '^{' | tee -a "$out/segments.log" ;;
+    precisions)
+      for rep in $(seq "${REPS:-1}"); do
+        for p in ${PRECISIONS:-fp32 tf32}; do
+          for args in "" "--compile"; do
+            timeout 150 "$pack/blutrain" bench --device cuda --model gpt2:d12 --precision "$p" -B 16 -T 1024 --steps 10 \
+              $args 2>&1 | grep -E '^\{|rror' | tee -a "$out/precisions.log" | cut -c1-200
+            timeout 200 "$pack/blutrain" bench --device cuda --model llama:llama-250m --precision "$p" -B 8 -T 1024 \
+              --steps 10 --lr 3e-4 --beta2 0.95 $args 2>&1 | grep -E '^\{|rror' | tee -a "$out/precisions.log" | cut -c1-200
+          done
+        done
+      done ;;
     fuseexport)
       timeout 150 "$pack/blutrain" bench --device cuda --model gpt2:d12 --precision bf16 -B 16 -T 1024 --steps 3 \
         --compile --compile-log --compile-export "$out/graphs" 2>&1 | grep -E 'fusion plan|^\{|rror' | cut -c1-400

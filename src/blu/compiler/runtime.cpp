@@ -1,6 +1,7 @@
 #include "blu/compiler/runtime.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "blu/compiler/fused_step.h"
@@ -33,8 +34,22 @@ struct Runtime::Replay {
   };
   static constexpr size_t kKept = 2;
   // Graph launches per segment: the GPU starts on a segment while the rest of the step is still
-  // being captured, so a step's first kernels wait for the capture of at most this many.
+  // being captured, so a segment's first kernel waits for the capture of the whole segment. A step
+  // that begins on an idle GPU (the trainer and bench read the loss after every step) waits for its
+  // first segment's capture, so the step's first segments are short and double up to kChunk:
+  // first_chunk, 2·first_chunk, … (BLU_COMPILE_FIRST_SEGMENT sets first_chunk; 0 or ≥ kChunk
+  // makes every segment kChunk long).
   static constexpr size_t kChunk = 64;
+  size_t first_chunk = first_chunk_from_env();
+  static size_t first_chunk_from_env() {
+    const char* e = std::getenv("BLU_COMPILE_FIRST_SEGMENT");
+    if (!e || !*e) return 4;
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    BLU_CHECK(end && *end == '\0' && v >= 0, "BLU_COMPILE_FIRST_SEGMENT: expected a count of launches (0 or more), got '",
+              e, "'");
+    return size_t(v);
+  }
   bool graphs = false;               // CUDA graphs (else every launch runs directly)
   std::vector<uint64_t> attributes;  // per launch, the previous step's
   std::vector<bool> direct;          // per launch
@@ -57,6 +72,7 @@ struct Runtime::Replay {
   void resegment(size_t n) {
     std::vector<Segment> old = std::move(segments);
     segments.clear();
+    size_t limit = first_chunk == 0 ? kChunk : std::min(first_chunk, kChunk);
     for (size_t i = 0; i < n;) {
       Segment seg;
       seg.first = i;
@@ -64,7 +80,8 @@ struct Runtime::Replay {
       if (seg.direct) {
         ++i;
       } else {
-        while (i < n && !direct[i] && i - seg.first < kChunk) ++i;
+        while (i < n && !direct[i] && i - seg.first < limit) ++i;
+        limit = std::min(2 * limit, kChunk);
       }
       seg.end = seg.direct ? seg.first + 1 : i;
       for (Segment& o : old)
