@@ -39,6 +39,8 @@
 #   segments — GPT-2 124M (B=16) and llama-250m (B=8), bf16, T=1024: eager, and --compile with the
 #           step's first graph segment 64 launches long (BLU_COMPILE_FIRST_SEGMENT=0) and 4 (the
 #           default), alternated REPS times (2), beside torch_gpt2.py / torch_llama.py
+#   recompute — the same two models, bf16, eager and --compile under each --recompute setting
+#           (RECOMPUTE: selective block:2 block), beside torch_gpt2.py / torch_llama.py (bf16c)
 #   precisions — the same two models in fp32 and tf32 (PRECISIONS), eager and --compile, REPS (1)
 #   fuseexport — GPT-2 124M (B=16) and llama-250m (B=8), bf16, T=1024: one short `bench --compile
 #           --compile-export` each, writing the captured steps to $OUT/graphs (fused where MLIR is:
@@ -219,6 +221,20 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
       timeout 300 python3 .devpack/peers/torch_gpt2.py bf16,bf16c 16 1024 20 2>&1 | grep '^{' | tee -a "$out/segments.log"
       timeout 400 python3 .devpack/peers/torch_llama.py bf16,bf16c --model llama-250m -B 8 -T 1024 --steps 20 2>&1 \
         | grep '^{' | tee -a "$out/segments.log" ;;
+    recompute)
+      for r in ${RECOMPUTE:-selective block:2 block}; do
+        for args in "" "--compile"; do
+          echo "== $r $args" >> "$out/recompute.log"
+          timeout 150 "$pack/blutrain" bench --device cuda --model gpt2:d12 --precision bf16 -B 16 -T 1024 --steps 20 \
+            --recompute "$r" $args 2>&1 | grep -E '^\{|rror' | tee -a "$out/recompute.log" | cut -c1-200
+          timeout 200 "$pack/blutrain" bench --device cuda --model llama:llama-250m --precision bf16 -B 8 -T 1024 \
+            --steps 20 --lr 3e-4 --beta2 0.95 --recompute "$r" $args 2>&1 | grep -E '^\{|rror' | tee -a "$out/recompute.log" \
+            | cut -c1-200
+        done
+      done
+      timeout 300 python3 .devpack/peers/torch_gpt2.py bf16c 16 1024 20 2>&1 | grep '^{' | tee -a "$out/recompute.log"
+      timeout 400 python3 .devpack/peers/torch_llama.py bf16c --model llama-250m -B 8 -T 1024 --steps 20 2>&1 \
+        | grep '^{' | tee -a "$out/recompute.log" ;;
     precisions)
       for rep in $(seq "${REPS:-1}"); do
         for p in ${PRECISIONS:-fp32 tf32}; do

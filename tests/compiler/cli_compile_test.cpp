@@ -9,8 +9,11 @@
 // - a compiled run killed with SIGKILL at random moments and restarted with --auto-resume until
 //   it finishes logs the uninterrupted compiled run's losses bit for bit;
 // - ops named in --compile-exclude stay out of the arena (logged) and change no bit;
-// - what the compiler does not support (pipelines, ZeRO-3) is refused at start with a message
-//   naming it; bf16 and fp16 (loss scaling on the device) compile and match eager.
+// - what the compiler does not support (pipelines, ZeRO-3, activation offload) is refused at start
+//   with a message naming it; bf16 and fp16 (loss scaling on the device) compile and match eager;
+// - --recompute selective, block:2 and block compile (the recomputed forward is part of the
+//   captured backward) and match the eager run with the same setting bitwise (the plan peaks are
+//   printed; at these tiny shapes the logits, not the activations, make the peak).
 // Run: ctest -R CompileCli, or build-cpu/tests/test_compiler --gtest_filter='CompileCli*'.
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -243,6 +246,32 @@ TEST_F(CompileCli, HalfPrecisionEqualsEagerBitwise) {
     expect_same_steps(read_metrics(dir.path / ("eager_" + precision)), mc, 4, precision);
     EXPECT_EQ(mc.compile["compiled"], 3) << precision << ": " << mc.compile.dump();
   }
+}
+
+TEST_F(CompileCli, RecomputeCompilesAndEqualsEagerBitwise) {
+  for (const std::string model : {"tiny", "llama:tiny"}) {
+    const std::string tag = model == "tiny" ? "gpt2" : "llama";
+    const LaunchResult plain = run1(train_cmd(model, 4, "plain_" + tag, {"--compile"}));
+    ASSERT_EQ(plain.status, 0) << plain.out << plain.err;
+    const double plain_peak = read_metrics(dir.path / ("plain_" + tag)).compile["plan_peak_bytes"].get<double>();
+    for (const std::string r : {"selective", "block:2", "block"}) {
+      const std::string run = tag + "_" + (r == "block:2" ? std::string("block2") : r);
+      const LaunchResult e = run1(train_cmd(model, 4, "eager_" + run, {"--recompute", r}));
+      ASSERT_EQ(e.status, 0) << e.out << e.err;
+      const LaunchResult c = run1(train_cmd(model, 4, "compiled_" + run, {"--recompute", r, "--compile"}));
+      ASSERT_EQ(c.status, 0) << c.out << c.err;
+      const Metrics mc = read_metrics(dir.path / ("compiled_" + run));
+      expect_same_steps(read_metrics(dir.path / ("eager_" + run)), mc, 4, run);
+      EXPECT_EQ(mc.compile["compiled"], 3) << run << ": " << mc.compile.dump();
+      EXPECT_EQ(mc.compile["guard_failures"], 0) << run << ": " << mc.compile.dump();
+      std::cout << run << ": plan peak " << mc.compile["plan_peak_bytes"].get<double>() << " B, without recompute "
+                << plain_peak << " B\n";
+    }
+  }
+  const LaunchResult off = run1(train_cmd("tiny", 2, "offload", {"--offload-activations", "--compile"}));
+  EXPECT_NE(off.status, 0);
+  EXPECT_NE((off.out + off.err).find("--compile: --offload-activations is not supported"), std::string::npos)
+      << off.out << off.err;
 }
 
 TEST_F(CompileCli, ExcludedOpsStayOutOfTheArenaAndChangeNothing) {

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <cstring>
 #include <iostream>
 #include <sstream>
@@ -288,14 +289,56 @@ TEST(Compiler, PlanPeakMatchesTheCpuAllocatorsPeak) {
   }
 }
 
+// Recompute regions rebuild their forward inside backward on leaves of their own; once the step is
+// over only the capture holds that rebuilt graph, and its gradient accumulators hold the leaves
+// and so the activations they view. The capture drops the autograd state of what only it holds
+// (as the eager step drops those tensors), so the recomputed step has the step outputs of the
+// plain one, and its plan the lower peak that recompute is for, matched by the allocator.
+TEST(Compiler, RecomputedStepsPlanTheirLowerPeak) {
+  std::map<std::string, size_t> peak, outputs;
+  for (const std::string recompute : {"none", "selective", "block"}) {
+    auto model = std::make_unique<models::Llama>(models::LlamaConfig::preset("tiny"), 7);
+    model->set_activation_policy(models::ActivationPolicy::parse(recompute, false));
+    dist::Strategy strat(*model, nullptr, dist::StrategyConfig{}, dist::OptimizerConfig{.lr = 3e-3});
+    CompiledStep cs;
+    cs.set_named(BufferKind::parameter, model->named_parameters());
+    Allocator& alloc = allocator_for(kCPU);
+    auto [idx, tg] = batch(0, 32, 64, 101);
+    int64_t measured = 0;
+    for (int s = 0; s < 4; ++s) {
+      dist::StepValues v;
+      if (s == 3) alloc.reset_peak();
+      cs.run({idx, tg}, [&] {
+        v = strat.step(1, [&](int64_t) { return std::pair<Tensor, Tensor>{idx, tg}; }, 1e-3, 1.0);
+        strat.optimizer().zero_grad();
+      });
+      if (s == 3) measured = alloc.stats().peak_bytes;
+      (void)strat.read(v, false);
+    }
+    ASSERT_EQ(cs.counts().compiled, 3) << recompute;
+    const MemoryPlan& plan = cs.variants()[0]->runtime->plan();
+    peak[recompute] = plan.peak_bytes();
+    outputs[recompute] = plan.output_bytes;
+    std::cout << recompute << ": " << plan.summary() << "; allocator peak " << measured << " B\n";
+    EXPECT_NEAR(double(measured) / double(plan.peak_bytes()), 1.0, 0.02) << recompute << ": " << plan.summary();
+  }
+  EXPECT_EQ(outputs["selective"], outputs["none"]);
+  EXPECT_EQ(outputs["block"], outputs["none"]);
+  EXPECT_LT(peak["selective"], peak["none"] * 0.9);
+  EXPECT_LT(peak["block"], peak["selective"]);
+}
+
 // The captured step runs the eager step's kernels, one for one: the tests of sole ownership that
 // choose kernels (Note [Donated buffers]: the logits take their own gradient; a parameter keeps
 // its first gradient without a copy) read the counts of the eager step, not the recorder's
 // handles. Without that the captured step ran cross_entropy_backward instead of
 // cross_entropy_backward_ and a clone per parameter, and its plan held the logits twice.
 TEST(Compiler, CaptureMakesTheEagerStepsOwnershipChoices) {
+  for (const std::string recompute : {"none", "selective", "block"})
   for (const std::string family : {"gpt2", "llama"}) {
+    SCOPED_TRACE(family + ", recompute " + recompute);
     auto model = make_model(family);
+    model->set_activation_policy(models::ActivationPolicy::parse(recompute, false));
     dist::Strategy strat(*model, nullptr, dist::StrategyConfig{}, dist::OptimizerConfig{.lr = 3e-3});
     auto [idx, tg] = batch(0, 2, 8, 101);
     auto one = [&] { (void)strat.step(1, [&](int64_t) { return std::pair<Tensor, Tensor>{idx, tg}; }, 1e-3, 1.0); };

@@ -238,6 +238,21 @@ Graph& Capture::finish() {
   // one handle per value on each impl.
   std::map<const TensorImpl*, long> handles;
   for (const Tensor& t : tensors_) ++handles[t.impl_ptr().get()];
+  // A tensor only we still hold is one the eager step has dropped, and with it its autograd state.
+  // Drop that state here too: otherwise its grad_fn chain outlives the step and holds what the
+  // eager step freed — a recompute region's rebuilt graph, whose gradient accumulators hold the
+  // region's leaves and so the activations they view, would make those activations step outputs.
+  // Dropping one chain can leave more tensors held only by us: repeat until nothing changes.
+  for (bool dropped = true; dropped;) {
+    dropped = false;
+    for (const Tensor& t : tensors_) {
+      TensorImpl& impl = *t.impl_ptr();
+      if (impl.autograd && t.impl_ptr().use_count() <= handles[&impl]) {
+        impl.autograd.reset();
+        dropped = true;
+      }
+    }
+  }
   std::vector<long> impls_on(graph_.buffers.size(), 0);
   std::vector<bool> held(graph_.buffers.size(), false);
   for (const auto& [impl, n] : handles) {

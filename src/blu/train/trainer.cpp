@@ -304,9 +304,8 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     BLU_CHECK(o.gpu_memory_budget == 0 && o.host_memory_budget == 0 && (o.offload_state == "auto" || o.offload_state == "none"),
               "--compile: memory budgets and optimizer state offload are not supported by the compiler yet; drop ",
               "--compile or --gpu-memory-budget/--host-memory-budget/--offload-state");
-    BLU_CHECK(o.recompute == "none" && !o.offload_activations, "--compile: --recompute ", o.recompute,
-              o.offload_activations ? " and --offload-activations" : "", " are not supported by the compiler yet ",
-              "(recompute regions and activation copies run outside the captured step); drop one of the two");
+    BLU_CHECK(!o.offload_activations, "--compile: --offload-activations is not supported by the compiler yet (its ",
+              "copies to the host run outside dispatch); drop one of the two");
     BLU_CHECK(opt_s_.zero != 3, "--compile: ZeRO-3 (--zero 3) is not supported by the compiler yet (its block hooks ",
               "swap the parameters' storages outside dispatch, which capture does not see); use --zero 0, 1 or 2");
   } else {
