@@ -11,6 +11,9 @@
 // - ops named in --compile-exclude stay out of the arena (logged) and change no bit;
 // - what the compiler does not support (pipelines, ZeRO-3, activation offload) is refused at start
 //   with a message naming it; bf16 and fp16 (loss scaling on the device) compile and match eager;
+// - a --gpu-memory-budget under --compile is planned with the optimizer state on the device and
+//   met against the compiled steps' peak; a budget only offload would meet, and --offload-state,
+//   are refused by name;
 // - --recompute selective, block:2 and block compile (the recomputed forward is part of the
 //   captured backward) and match the eager run with the same setting bitwise (the plan peaks are
 //   printed; at these tiny shapes the logits, not the activations, make the peak).
@@ -272,6 +275,40 @@ TEST_F(CompileCli, RecomputeCompilesAndEqualsEagerBitwise) {
   EXPECT_NE(off.status, 0);
   EXPECT_NE((off.out + off.err).find("--compile: --offload-activations is not supported"), std::string::npos)
       << off.out << off.err;
+}
+
+// A device budget under --compile: the plan keeps the optimizer state on the device (the compiler
+// does not capture the offloaded update) and is met, against the compiled steps' peak on a device
+// pool, with the eager run's losses; a budget only offload would meet is refused, naming the
+// smallest that fits and --recompute; --offload-state is refused by name.
+TEST_F(CompileCli, MemoryBudgetIsPlannedWithTheStateOnTheDevice) {
+  const std::vector<std::string> budget = {"--device", "cpu:1", "--gpu-memory-budget", "1", "--log-every", "1"};
+  const LaunchResult e = run1(train_cmd("llama:tiny", 4, "eager_budget", budget));
+  ASSERT_EQ(e.status, 0) << e.out << e.err;
+  std::vector<std::string> compiled = budget;
+  compiled.push_back("--compile");
+  const LaunchResult c = run1(train_cmd("llama:tiny", 4, "compiled_budget", compiled));
+  ASSERT_EQ(c.status, 0) << c.out << c.err;
+  const Metrics mc = read_metrics(dir.path / "compiled_budget");
+  expect_same_steps(read_metrics(dir.path / "eager_budget"), mc, 4, "budget");
+  EXPECT_EQ(mc.compile["compiled"], 3) << mc.compile.dump();
+  const double planned = blu::test::planned_peak_bytes(c.out);
+  ASSERT_GT(planned, 0) << c.out;
+  const double peak = blu::test::metric_peak_bytes(dir.path / "compiled_budget");
+  EXPECT_NEAR(peak, planned, 0.05 * planned) << c.out;
+  EXPECT_EQ(c.out.find("optimizer state on the host"), std::string::npos) << c.out;
+  std::printf("compiled under a budget: planned %.0f, steps' peak %.0f bytes\n", planned, peak);
+
+  std::vector<std::string> small = {"--device", "cpu:1", "--gpu-memory-budget", "0.0001", "--compile"};
+  const LaunchResult s = run1(train_cmd("llama:tiny", 2, "small_budget", small));
+  EXPECT_NE(s.status, 0);
+  EXPECT_NE((s.out + s.err).find("the smallest device budget that fits is"), std::string::npos) << s.out << s.err;
+  EXPECT_NE((s.out + s.err).find("under --compile the optimizer state stays on the device"), std::string::npos)
+      << s.out << s.err;
+  const LaunchResult o = run1(train_cmd("llama:tiny", 2, "offload", {"--offload-state", "optimizer", "--compile"}));
+  EXPECT_NE(o.status, 0);
+  EXPECT_NE((o.out + o.err).find("--compile: optimizer state offload (--offload-state optimizer)"), std::string::npos)
+      << o.out << o.err;
 }
 
 TEST_F(CompileCli, ExcludedOpsStayOutOfTheArenaAndChangeNothing) {

@@ -39,7 +39,9 @@ void Trainer::plan_memory(dist::StrategyConfig& sc) {
   in.compute_copy_bytes = o.precision == "bf16" || o.precision == "fp16" ? 2 : 0;
   in.device_budget = offload::gib_to_bytes(o.gpu_memory_budget);
   in.host_budget = offload::gib_to_bytes(o.host_memory_budget);
-  in.offload_state = o.offload_state;
+  // Under --compile the state stays on the device (the compiler does not capture the offloaded
+  // update): the budget is met by the activations' recompute (--recompute) or refused.
+  in.offload_state = o.compile ? "none" : o.offload_state;
   in.single_rank = world_ == 1;
   in.micro_batches = o.grad_accum;
   in.offload_update = o.offload_update;
@@ -114,7 +116,15 @@ void Trainer::plan_memory(dist::StrategyConfig& sc) {
   }
   in.host_adamw_elements_per_s = offload::probe_host_adamw(0);
   if (device_ != kCPU) in.transfer_bytes_per_s = offload::probe_transfer(*offload::make_copy_engine(device_));
-  const offload::MemoryPlan plan = offload::plan_memory(in);
+  const offload::MemoryPlan plan = [&] {
+    try {
+      return offload::plan_memory(in);
+    } catch (const Error& e) {
+      BLU_CHECK(!o.compile, e.what(), "\n  under --compile the optimizer state stays on the device; --recompute ",
+                "selective|block:N|block (now ", o.recompute, ") lowers the activations' bytes");
+      throw;
+    }
+  }();
   if (cb_.log) {
     if (split) *cb_.log << "memory plan of this rank's tensor-parallel shard: " << in.param_elements << " parameters\n";
     *cb_.log << plan.text << "\n";
