@@ -4,13 +4,13 @@
 // cache (compiler/codegen/kernel_cache.h), which is how a build without MLIR fuses.
 // A fusion plan is the regions of one captured step — each region's ops by op index — and the
 // graph's structure hash, stored as one kernel-cache entry (extension "plan") keyed by the
-// graph's portable text (portable_graph_text: everything Graph::structure_hash covers except the
+// graph's portable text (compiler/portable_graph.h: everything Graph::structure_hash covers except the
 // devices' indices, i.e. op names, kinds, wiring, effects, every value's shape/strides/offset/
 // dtype, buffer sizes and kinds, the attributes compiled into kernels) and the target ("cpu-x86_64-
 // abi2", "cuda-sm_90a"). The graph holds no pointers, so a plan made on one machine applies on
 // another with the same model, shapes, precision and target; the region kernels it names are
 // found in the cache by their region text as usual (fuse_step).
-// Depends on compiler/{graph,fused_step}, compiler/codegen/{region,kernel_cache,cpu_kernel,
+// Depends on compiler/{graph,fused_step,portable_graph}, compiler/codegen/{region,kernel_cache,cpu_kernel,
 // cuda_kernel}. Keep: a plan is applied only to a graph whose portable text equals the stored one
 // (a key collision is a miss); a plan that does not fit the graph (an op index out of range, an
 // op that is not fusible) is refused with the reason, never applied in part.
@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "blu/compiler/fused_step.h"
+#include "blu/compiler/portable_graph.h"
 
 namespace blu::compiler {
 
@@ -34,30 +35,11 @@ bool have_fusion_pass();
 // first CUDA value's device for a CUDA graph (needs a CUDA build).
 std::string fusion_target(const Graph& g);
 
-// The graph as text without device indices or per-step scalars (see the header comment).
-std::string portable_graph_text(const Graph& g);
 // The cache key of g's fusion plan for `target` (kernel_cache_key of the portable text).
 std::string fusion_plan_key(const Graph& g, const std::string& target);
 
-// The portable text back as a graph: how a step captured where there is no fusion pass (the GPU
-// machine) is fused where MLIR is installed. portable_graph_text of the result is `text`. What the
-// text leaves out is what neither the key nor the pass reads: float attributes and the per-step
-// ints (step, seed, offset) come back as 0, device indices as 0, buffer names empty, no OpDef, no
-// collective call; an op with seed and offset attributes is an rng op. `where` names the text in
-// errors, which give the line, the field and what was expected.
-Graph parse_portable_graph_text(const std::string& text, const std::string& where);
-
-// An exported graph: "blu-fusion-graph 1", "target <target>" (the plan's target, with the excluded
-// op names as " -name"), then the portable text. Written by cached_fusion on a miss when it has an
-// export directory, as <dir>/<plan key>.graph; `blutrain compile --from-graph` fuses it and stores
-// the plan under the same key.
-struct ExportedGraph {
-  std::string target;
-  Graph graph;
-};
-std::string exported_graph_text(const Graph& g, const std::string& target);
-ExportedGraph parse_exported_graph(const std::string& text, const std::string& where);
-// Writes g's export file into `dir` (made if missing; the file atomically) and returns its path.
+// Writes g's export file (exported_graph_text, compiler/portable_graph.h) into `dir` as
+// <dir>/<plan key>.graph (made if missing; the file atomically) and returns its path.
 std::string export_graph(const Graph& g, const std::string& target, const std::string& dir);
 
 // The plan file: "blu-fusion-plan 1", "structure <hex>", then one line per region

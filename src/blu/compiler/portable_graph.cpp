@@ -1,0 +1,286 @@
+// compiler/portable_graph: see portable_graph.h.
+#include "blu/compiler/portable_graph.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <set>
+#include <sstream>
+
+#include "blu/core/error.h"
+
+namespace blu::compiler {
+
+namespace {
+
+const char* device_type_name(const Device& d) { return d.is_cuda() ? "cuda" : "cpu"; }
+
+}  // namespace
+
+std::string portable_graph_text(const Graph& g) {
+  std::ostringstream os;
+  for (const Buffer& b : g.buffers)
+    os << "b " << b.nbytes << " " << device_type_name(b.device) << " " << int(b.kind) << "\n";
+  for (const Value& v : g.values)
+    os << "v " << v.buffer << " " << to_string(v.shape) << " " << to_string(v.strides) << " " << v.offset << " "
+       << dtype_name(v.dtype) << " " << device_type_name(v.device) << " " << v.producer << "\n";
+  for (const Op& op : g.ops) {
+    os << "o " << int(op.kind) << " " << op.name << " (";
+    for (int x : op.inputs) os << " " << x;
+    os << " ) (";
+    for (int x : op.outputs) os << " " << x;
+    os << " ) views";
+    for (const auto& [j, i] : op.views) os << " " << j << ":" << i;
+    os << " writes";
+    for (int x : op.writes) os << " " << x;
+    // The attributes structure_hash covers: names, and the values that are compiled in (ints but
+    // the per-step counters, shapes, dtypes, bools); float scalars are kernel arguments.
+    for (const auto& [k, v] : op.attrs.items()) {
+      os << " " << k << "#" << v.index();
+      if (const auto* n = std::get_if<int64_t>(&v); n && k != "step" && k != "seed" && k != "offset") os << "=" << *n;
+      if (const auto* sh = std::get_if<Shape>(&v)) os << "=" << to_string(*sh);
+      if (const auto* dt = std::get_if<DType>(&v)) os << "=" << dtype_name(*dt);
+      if (const auto* b = std::get_if<bool>(&v)) os << "=" << int(*b);
+    }
+    os << "\n";
+  }
+  os << "inputs";
+  for (int x : g.inputs) os << " " << x;
+  os << "\noutputs";
+  for (int x : g.outputs) os << " " << x;
+  os << "\n";
+  return os.str();
+}
+
+namespace {
+
+// Attribute names in Attrs are string_views; the names of a parsed graph live here.
+std::string_view intern(const std::string& s) {
+  static std::set<std::string, std::less<>> names;
+  return *names.insert(s).first;
+}
+
+// One line of the portable text, read field by field; every error names the text, the line, the
+// field and what was there.
+struct LineReader {
+  const std::string& where;
+  int line_no;
+  std::string_view rest;
+
+  [[noreturn]] void fail(const std::string& what) const {
+    BLU_CHECK(false, where, ":", line_no, ": expected ", what, ", got '", std::string(rest.substr(0, 40)), "'");
+    std::abort();
+  }
+  void skip_spaces() {
+    while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
+  }
+  bool done() {
+    skip_spaces();
+    return rest.empty();
+  }
+  std::string word(const char* what) {
+    skip_spaces();
+    size_t n = 0;
+    while (n < rest.size() && rest[n] != ' ') ++n;
+    if (n == 0) fail(what);
+    std::string w(rest.substr(0, n));
+    rest.remove_prefix(n);
+    return w;
+  }
+  void expect(std::string_view w) {
+    skip_spaces();
+    if (rest.substr(0, w.size()) != w) fail(std::string(1, '\'').append(w).append(1, '\''));
+    rest.remove_prefix(w.size());
+  }
+  bool accept(std::string_view w) {
+    skip_spaces();
+    if (rest.substr(0, w.size()) != w) return false;
+    rest.remove_prefix(w.size());
+    return true;
+  }
+  int64_t integer(const char* what) {
+    skip_spaces();
+    size_t n = 0;
+    if (n < rest.size() && rest[n] == '-') ++n;
+    while (n < rest.size() && rest[n] >= '0' && rest[n] <= '9') ++n;
+    if (n == 0 || (n == 1 && rest[0] == '-')) fail(what);
+    const int64_t v = std::stoll(std::string(rest.substr(0, n)));
+    rest.remove_prefix(n);
+    return v;
+  }
+  Shape shape(const char* what) {
+    skip_spaces();
+    if (rest.empty() || rest.front() != '[') fail(what);
+    rest.remove_prefix(1);
+    Shape out;
+    skip_spaces();
+    if (!rest.empty() && rest.front() == ']') {
+      rest.remove_prefix(1);
+      return out;
+    }
+    for (;;) {
+      out.push_back(integer(what));
+      if (accept("]")) return out;
+      if (!accept(",")) fail(what);
+    }
+  }
+  // "( 1 2 3 )"
+  std::vector<int> id_list(const char* what) {
+    expect("(");
+    std::vector<int> out;
+    while (!accept(")")) out.push_back(int(integer(what)));
+    return out;
+  }
+};
+
+Device device_of(LineReader& r) {
+  const std::string d = r.word("a device type (cpu or cuda)");
+  if (d == "cpu") return Device(DeviceType::cpu, 0);
+  if (d == "cuda") return Device(DeviceType::cuda, 0);
+  r.rest = d;
+  r.fail("a device type (cpu or cuda)");
+}
+
+DType dtype_of(LineReader& r) {
+  const std::string d = r.word("a dtype");
+  try {
+    return dtype_from_name(d);
+  } catch (const Error&) {
+    r.rest = d;
+    r.fail("a dtype name");
+  }
+}
+
+}  // namespace
+
+Graph parse_portable_graph_text(const std::string& text, const std::string& where) {
+  Graph g;
+  std::istringstream in(text);
+  std::string line;
+  int line_no = 0;
+  bool saw_inputs = false, saw_outputs = false;
+  while (std::getline(in, line)) {
+    ++line_no;
+    LineReader r{where, line_no, line};
+    const std::string tag = r.word("a record (b, v, o, inputs or outputs)");
+    if (tag == "b") {
+      BLU_CHECK(g.values.empty() && g.ops.empty(), where, ":", line_no, ": a buffer after the values or ops");
+      Buffer b;
+      b.nbytes = size_t(r.integer("the buffer's byte count"));
+      b.device = device_of(r);
+      const int64_t kind = r.integer("the buffer's kind (0..7)");
+      if (kind < 0 || kind > int64_t(BufferKind::step_output)) r.fail("a buffer kind 0..7");
+      b.kind = BufferKind(kind);
+      g.add_buffer(b);
+    } else if (tag == "v") {
+      BLU_CHECK(g.ops.empty(), where, ":", line_no, ": a value after the ops");
+      Value v;
+      v.buffer = int(r.integer("the value's buffer"));
+      if (v.buffer < 0 || size_t(v.buffer) >= g.buffers.size())
+        r.fail("a buffer below " + std::to_string(g.buffers.size()) + " (the value's buffer was " +
+               std::to_string(v.buffer) + ")");
+      v.shape = r.shape("the value's shape [d, …]");
+      v.strides = r.shape("the value's strides [s, …]");
+      if (v.strides.size() != v.shape.size()) r.fail("as many strides as dims");
+      v.offset = r.integer("the value's offset");
+      v.dtype = dtype_of(r);
+      v.device = device_of(r);
+      v.producer = int(r.integer("the value's producer op (-1: an input)"));
+      g.add_value(v);
+    } else if (tag == "o") {
+      Op op;
+      const int64_t kind = r.integer("the op's kind (0..3)");
+      if (kind < 0 || kind > int64_t(OpKind::fused)) r.fail("an op kind 0..3");
+      op.kind = OpKind(kind);
+      op.name = r.word("the op's name");
+      op.inputs = r.id_list("an input value id or -1");
+      op.outputs = r.id_list("an output value id");
+      for (int x : op.inputs)
+        if (x < -1 || x >= int(g.values.size())) r.fail("input value ids below " + std::to_string(g.values.size()));
+      for (int x : op.outputs)
+        if (x < 0 || x >= int(g.values.size())) r.fail("output value ids below " + std::to_string(g.values.size()));
+      r.expect("views");
+      while (!r.done() && r.rest.front() != 'w') {
+        const int64_t j = r.integer("a view 'out:in'");
+        r.expect(":");
+        const int64_t i = r.integer("a view 'out:in'");
+        op.views.emplace_back(int(j), int(i));
+      }
+      r.expect("writes");
+      while (!r.done() && (r.rest.front() == '-' || (r.rest.front() >= '0' && r.rest.front() <= '9')))
+        op.writes.push_back(int(r.integer("a written input value id")));
+      while (!r.done()) {
+        // name#index[=value]
+        const std::string attr = r.word("an attribute name#type[=value]");
+        const size_t hash = attr.find('#');
+        if (hash == std::string::npos || hash == 0) {
+          r.rest = attr;
+          r.fail("an attribute name#type[=value]");
+        }
+        const std::string key = attr.substr(0, hash);
+        const size_t eq = attr.find('=', hash);
+        const std::string type = attr.substr(hash + 1, eq == std::string::npos ? std::string::npos : eq - hash - 1);
+        const std::string val = eq == std::string::npos ? "" : attr.substr(eq + 1);
+        const bool per_step = key == "step" || key == "seed" || key == "offset";
+        LineReader vr{where, line_no, val};
+        AttrValue v;
+        if (type == "0") {
+          v = per_step ? int64_t(0) : vr.integer(("an integer value of attribute " + key).c_str());
+        } else if (type == "1") {
+          v = 0.0;
+        } else if (type == "2") {
+          v = vr.integer(("0 or 1 for attribute " + key).c_str()) != 0;
+        } else if (type == "3") {
+          v = dtype_of(vr);
+        } else if (type == "4") {
+          // The shape was split at its spaces: read on to its ']'.
+          std::string whole = val;
+          while (whole.find(']') == std::string::npos && !r.done()) whole.append(1, ' ').append(r.word("the rest of a shape"));
+          LineReader sr{where, line_no, whole};
+          v = sr.shape(("the shape of attribute " + key).c_str());
+        } else {
+          r.rest = attr;
+          r.fail("an attribute type 0..4 (int, float, bool, dtype, shape)");
+        }
+        op.attrs.set(intern(key), std::move(v));
+      }
+      op.rng = op.attrs.has("seed") && op.attrs.has("offset");
+      const int oi = int(g.ops.size());
+      for (int x : op.outputs)
+        if (g.values[size_t(x)].producer != oi)
+          r.fail("outputs whose values name this op (" + std::to_string(oi) + ") as their producer");
+      g.ops.push_back(std::move(op));
+    } else if (tag == "inputs" || tag == "outputs") {
+      std::vector<int>& ids = tag == "inputs" ? g.inputs : g.outputs;
+      (tag == "inputs" ? saw_inputs : saw_outputs) = true;
+      while (!r.done()) {
+        const int64_t x = r.integer("a value id");
+        if (x < 0 || x >= int64_t(g.values.size())) r.fail("value ids below " + std::to_string(g.values.size()));
+        ids.push_back(int(x));
+      }
+    } else {
+      r.rest = tag;
+      r.fail("a record b, v, o, inputs or outputs");
+    }
+  }
+  BLU_CHECK(saw_inputs && saw_outputs, where, ": the graph ends without its 'inputs' and 'outputs' lines (cut short?)");
+  return g;
+}
+
+std::string exported_graph_text(const Graph& g, const std::string& target) {
+  return "blu-fusion-graph 1\ntarget " + target + "\n" + portable_graph_text(g);
+}
+
+ExportedGraph parse_exported_graph(const std::string& text, const std::string& where) {
+  const size_t l1 = text.find('\n');
+  BLU_CHECK(l1 != std::string::npos && text.substr(0, l1) == "blu-fusion-graph 1", where,
+            ": expected the header 'blu-fusion-graph 1', got '", text.substr(0, std::min<size_t>(l1, 40)), "'");
+  const size_t l2 = text.find('\n', l1 + 1);
+  BLU_CHECK(l2 != std::string::npos && text.compare(l1 + 1, 7, "target ") == 0 && l2 > l1 + 8, where,
+            ":2: expected 'target <target>', got '", text.substr(l1 + 1, std::min<size_t>(l2 - l1 - 1, 40)), "'");
+  ExportedGraph e;
+  e.target = text.substr(l1 + 8, l2 - l1 - 8);
+  e.graph = parse_portable_graph_text(text.substr(l2 + 1), where + " (after its 2 header lines)");
+  return e;
+}
+
+}  // namespace blu::compiler
