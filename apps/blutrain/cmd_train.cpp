@@ -317,7 +317,8 @@ Command add_train(CLI::App& root) {
   // Activations (models/activations.h).
   app->add_option("--recompute", o.recompute,
                   "Activation recompute: none, selective (attention core, MLP activation), block (every block), "
-                  "block:N (every N-th), selective+block:N")
+                  "block:N (every N-th), selective+block:N, or auto: the least of none, selective, block:4, block:2, "
+                  "block whose plan fits --gpu-memory-budget")
       ->capture_default_str();
   app->add_flag("--offload-activations", o.offload_activations,
                 "Copy the blocks' saved activations to host memory as they are saved, fetched back ahead of backward");

@@ -333,6 +333,54 @@ TEST(Offload, BudgetPicksOffloadAndTooSmallBudgetFailsEarly) {
                       "the smallest device budget that fits is", "--gpu-memory-budget"});
 }
 
+// --recompute auto: the planner probes none, selective, block:4, block:2, block in turn and keeps
+// the first whose plan fits, the optimizer state on the device before any offload; the run is the
+// chosen setting's run (recompute changes no arithmetic: the plain run's losses and weights), its
+// peak within 5% of the plan and under the budget. A budget nothing fits names every setting tried
+// with the smallest budget each needs; auto without a budget is refused.
+TEST(Offload, RecomputeAutoPicksTheLeastThatFits) {
+  TempDir data;
+  train::test_util::write_toy_shards(data.path(), kVocab, 2048, 8192);
+  auto planned = [&](const char* recompute) {
+    train::TrainOptions o = pool_run(data, "", "fp32");
+    o.gpu_memory_budget = 1.0;
+    o.recompute = recompute;
+    const RunResult r = run(o);
+    EXPECT_TRUE(r.plan && !r.plan->offload_state) << r.log;
+    return r;
+  };
+  const RunResult none = planned("none"), selective = planned("selective");
+  const int64_t need_none = none.plan->device_peak_bytes, need_selective = selective.plan->device_peak_bytes;
+  ASSERT_LT(need_selective, need_none);
+  train::TrainOptions o = pool_run(data, "", "fp32");
+  o.recompute = "auto";
+  const int64_t budget = (need_none + need_selective) / 2;
+  o.gpu_memory_budget = double(budget) / double(int64_t(1) << 30);
+  const RunResult r = run(o);
+  ASSERT_TRUE(r.plan) << r.log;
+  EXPECT_NE(r.log.find("recompute auto: selective (the least recompute that fits with the optimizer state on the device)"),
+            std::string::npos) << r.log;
+  EXPECT_FALSE(r.plan->offload_state) << r.log;
+  EXPECT_LE(r.plan->device_peak_bytes, budget);
+  EXPECT_LE(r.pool_peak, budget);
+  EXPECT_NEAR(double(r.step_peak), double(r.plan->device_peak_bytes), 0.05 * double(r.plan->device_peak_bytes)) << r.log;
+  expect_same_run(none, r);
+  std::printf("recompute auto under %lld bytes: selective, planned %lld, steps' peak %lld (none needs %lld)\n",
+              (long long)budget, (long long)r.plan->device_peak_bytes, (long long)r.step_peak, (long long)need_none);
+
+  train::TrainOptions tiny = pool_run(data, "", "fp32");
+  tiny.recompute = "auto";
+  tiny.gpu_memory_budget = 1e-6;
+  std::ostringstream log;
+  test::expect_error([&] { train::Trainer t(tiny, {.log = &log}); },
+                     {"--recompute auto: no recompute setting fits", "--recompute none, --offload-state none",
+                      "--recompute block, --offload-state auto", "the smallest device budget that fits is"});
+  train::TrainOptions unbounded = pool_run(data, "", "fp32");
+  unbounded.recompute = "auto";
+  test::expect_error([&] { train::Trainer t(unbounded, {.log = &log}); },
+                     {"--recompute auto picks the least recompute that fits a --gpu-memory-budget"});
+}
+
 // The fp32 masters on the host too (Note [Masters on the host]): the same arithmetic, so the same
 // run bit for bit, with the released parameters' 4 bytes per element off the device.
 TEST(Offload, MastersOnHostTrainLikePlainRunBitwise) {

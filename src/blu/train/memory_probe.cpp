@@ -21,6 +21,42 @@ namespace blu::train {
 // its transient bytes (saved activations, workspaces and the gradients) read from the allocator's
 // peak; the default generator is restored and the gradients dropped, so training after it is what
 // it would have been.
+// --recompute auto: the least recompute whose plan fits, the optimizer state on the device first.
+// Recompute costs a share of a forward; moving the state to the host costs its transfers or a host
+// update (docs/offload.md), more at every batch size measured, so every recompute setting is tried
+// with the state on the device before the user's --offload-state choice is let in (never under
+// --compile, which keeps the state on the device). Each candidate is probed (the activation bytes
+// are measured, not modelled); the model keeps the policy chosen.
+offload::MemoryPlan Trainer::plan_with_recompute(offload::PlanInput& in, const std::function<void()>& probe) {
+  const TrainOptions& o = opt_s_;
+  static const char* const kCandidates[] = {"none", "selective", "block:4", "block:2", "block"};
+  std::vector<std::string> states = {"none"};
+  if (!o.compile && o.offload_state != "none") states.push_back(o.offload_state);
+  std::string tried;
+  for (const std::string& state : states) {
+    for (const char* r : kCandidates) {
+      model_->set_activation_policy(models::ActivationPolicy::parse(r, o.offload_activations));
+      probe();
+      in.offload_state = state;
+      try {
+        offload::MemoryPlan plan = offload::plan_memory(in);
+        if (cb_.log)
+          *cb_.log << "recompute auto: " << r << " (the least recompute that fits"
+                   << (state == "none" ? " with the optimizer state on the device" : "") << ")\n";
+        return plan;
+      } catch (const Error& e) {
+        const std::string why = e.what();
+        const size_t at = why.rfind("the smallest device budget that fits is ");
+        tried += std::string("\n  --recompute ") + r + ", --offload-state " + state + ": " +
+                 (at == std::string::npos ? why.substr(0, 120) : why.substr(at));
+      }
+    }
+  }
+  BLU_CHECK(false, "--recompute auto: no recompute setting fits the budget (--gpu-memory-budget ", o.gpu_memory_budget,
+            ", --host-memory-budget ", o.host_memory_budget, "):", tried);
+  return {};
+}
+
 void Trainer::plan_memory(dist::StrategyConfig& sc) {
   const TrainOptions& o = opt_s_;
   BLU_CHECK(!pipelined_ && o.zero <= 2 && o.optimizer == "adamw",
@@ -47,7 +83,12 @@ void Trainer::plan_memory(dist::StrategyConfig& sc) {
   in.offload_update = o.offload_update;
   in.offload.chunk_elements = o.offload_chunk;
   if (!device_.is_cuda()) in.offload.grad_window_bytes = 0;  // a pool's copies are done when queued
-  {
+  // The probe, under the model's activation policy. The compute copies the first probe's forward
+  // makes stay (the plan counts them as such): later probes find them already there.
+  bool copies_made = false;
+  auto probe = [&] {
+    in.activations = {};
+    in.gradient_staging_bytes = 0;
     Allocator& alloc = allocator_for(device_);
     Generator& gen = default_generator();
     const uint64_t seed = gen.seed(), offset = gen.offset();
@@ -96,8 +137,9 @@ void Trainer::plan_memory(dist::StrategyConfig& sc) {
                          double(o.grad_accum);
     for (nn::Embedding* e : sinks) e->set_row_grad_sink(nullptr);
     kept_rows.clear();
-    // The compute copies the probe's forward made stay (and are counted as such by the plan).
-    in.activations.device_bytes = alloc.stats().peak_bytes - before - in.compute_copy_bytes * in.param_elements;
+    in.activations.device_bytes =
+        alloc.stats().peak_bytes - before - (copies_made ? 0 : in.compute_copy_bytes * in.param_elements);
+    copies_made = true;
     in.grads_in_activations = true;
     for (Tensor p : model_->parameters()) p.zero_grad();
     gen.set_state(seed, offset);
@@ -113,18 +155,22 @@ void Trainer::plan_memory(dist::StrategyConfig& sc) {
       in.activations.selective = t.selective;
       in.activations.host_bytes = t.host_bytes;
     }
-  }
+  };
   in.host_adamw_elements_per_s = offload::probe_host_adamw(0);
   if (device_ != kCPU) in.transfer_bytes_per_s = offload::probe_transfer(*offload::make_copy_engine(device_));
-  const offload::MemoryPlan plan = [&] {
+  offload::MemoryPlan plan;
+  if (o.recompute == "auto") {
+    plan = plan_with_recompute(in, probe);
+  } else {
+    probe();
     try {
-      return offload::plan_memory(in);
+      plan = offload::plan_memory(in);
     } catch (const Error& e) {
       BLU_CHECK(!o.compile, e.what(), "\n  under --compile the optimizer state stays on the device; --recompute ",
-                "selective|block:N|block (now ", o.recompute, ") lowers the activations' bytes");
+                "selective|block:N|block|auto (now ", o.recompute, ") lowers the activations' bytes");
       throw;
     }
-  }();
+  }
   if (cb_.log) {
     if (split) *cb_.log << "memory plan of this rank's tensor-parallel shard: " << in.param_elements << " parameters\n";
     *cb_.log << plan.text << "\n";

@@ -433,7 +433,11 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   }
   model_->train();
   apply_precision(*model_, o.precision);
-  model_->set_activation_policy(models::ActivationPolicy::parse(o.recompute, o.offload_activations));
+  // auto: the budget planner picks the policy (memory_probe.cpp); until then, none.
+  BLU_CHECK(o.recompute != "auto" || o.gpu_memory_budget > 0, "--recompute auto picks the least recompute that fits a ",
+            "--gpu-memory-budget; give one, or name the setting (none, selective, block:N, block)");
+  model_->set_activation_policy(
+      models::ActivationPolicy::parse(o.recompute == "auto" ? "none" : o.recompute, o.offload_activations));
   std::shared_ptr<dist::ProcessGroup> pg, pipeline_gradients;
   if (world > 1) {  // the job's process group: rendezvous through rank 0's store
     const double timeout_s = o.dist_timeout > 0 ? o.dist_timeout : env.dist_timeout_s;  // 0: each one's default

@@ -134,7 +134,8 @@ struct TrainOptions {
   // "pipeline(2, schedule=1f1b, micro=4)"; "" uses --dp / --zero. Must name the launched world size.
   std::string parallel;
   // What the blocks do with their saved activations (models/activations.h): recompute none |
-  // selective | block | block:N | selective+block:N, and offload to host memory. Not in to_json():
+  // selective | block | block:N | selective+block:N | auto (the budget planner picks:
+  // Trainer::plan_with_recompute), and offload to host memory. Not in to_json():
   // like the memory layout below, a policy changes memory, not the numbers.
   std::string recompute = "none";
   bool offload_activations = false;
@@ -276,6 +277,7 @@ class Trainer {
 
  private:
   void plan_memory(dist::StrategyConfig& sc);
+  offload::MemoryPlan plan_with_recompute(offload::PlanInput& in, const std::function<void()>& probe);
   std::optional<offload::MemoryPlan> memory_plan_;
   // --compile: the compiled step, and the batch tensors it reads (micro-batch i's ids and targets
   // at 2i and 2i+1), refilled before every step so their addresses stay fixed.
