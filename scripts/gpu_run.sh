@@ -41,6 +41,9 @@
 #           default), alternated REPS times (2), beside torch_gpt2.py / torch_llama.py
 #   recompute — the same two models, bf16, eager and --compile under each --recompute setting
 #           (RECOMPUTE: selective block:2 block), beside torch_gpt2.py / torch_llama.py (bf16c)
+#   autobudget — GPT-2 124M bf16 B=16 trained --compile on the fortunes (BUDGET_STEPS, 40) under
+#           --recompute auto with each --gpu-memory-budget in BUDGETS (GiB: 7.5 5.6 4.2): the setting
+#           the planner picks, the predicted and the measured peak, tok/s
 #   precisions — the same two models in fp32 and tf32 (PRECISIONS), eager and --compile, REPS (1)
 #   fuseexport — GPT-2 124M (B=16) and llama-250m (B=8), bf16, T=1024: one short `bench --compile
 #           --compile-export` each, writing the captured steps to $OUT/graphs (fused where MLIR is:
@@ -235,6 +238,15 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
       timeout 300 python3 .devpack/peers/torch_gpt2.py bf16c 16 1024 20 2>&1 | grep '^{' | tee -a "$out/recompute.log"
       timeout 400 python3 .devpack/peers/torch_llama.py bf16c --model llama-250m -B 8 -T 1024 --steps 20 2>&1 \
         | grep '^{' | tee -a "$out/recompute.log" ;;
+    autobudget)
+      for b in ${BUDGETS:-7.5 5.6 4.2}; do
+        echo "-- --gpu-memory-budget $b"
+        timeout 200 "$pack/blutrain" train --model d12 --data-dir .devpack/fortunes_gpt2 --device cuda --precision bf16 \
+          -B 16 -T 1024 --steps "${BUDGET_STEPS:-40}" --lr 6e-4 --warmup 10 --log-every 10 --sample-every 0 \
+          --val-every 1000 --compile --recompute auto --gpu-memory-budget "$b" --out "/tmp/autobudget_$b" 2>&1 \
+          | tee -a "$out/autobudget.log" | grep -E "recompute auto|predicted peak|step +[0-9]+0/|compiled steps|rror" \
+          | cut -c1-220
+      done ;;
     precisions)
       for rep in $(seq "${REPS:-1}"); do
         for p in ${PRECISIONS:-fp32 tf32}; do
