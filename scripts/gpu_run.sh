@@ -67,6 +67,21 @@ B="${B:-16}"; T="${T:-1024}"; STEPS="${STEPS:-20}"
 # The real-text step of fuseexport and fusedtext (the same options, so the same captured step).
 fusedtext_args=(train --model d12 --data-dir .devpack/fortunes_gpt2 --device cuda --precision bf16 -B 8 -T 1024
                 --lr 6e-4 --warmup 25 --log-every 50 --sample-every 0 --val-batches 4)
+# GPT-2 124M (B=16) and llama-250m (B=8), bf16, T=1024, 20 steps, each with ARGS (and the
+# environment ENVS, "" for none); the JSON lines and errors go to $out/LOG.
+bench_pair() {  # LOG ENVS ARGS...
+  local log="$1" envs="$2"; shift 2
+  env $envs timeout 150 "$pack/blutrain" bench --device cuda --model gpt2:d12 --precision bf16 -B 16 -T 1024 \
+    --steps 20 "$@" 2>&1 | grep -E '^\{|fusion|rror' | tee -a "$out/$log" | cut -c1-400
+  env $envs timeout 200 "$pack/blutrain" bench --device cuda --model llama:llama-250m --precision bf16 -B 8 -T 1024 \
+    --steps 20 --lr 3e-4 --beta2 0.95 "$@" 2>&1 | grep -E '^\{|fusion|rror' | tee -a "$out/$log" | cut -c1-400
+}
+# The PyTorch peers of bench_pair's two steps in MODES (bf16,bf16c: eager and torch.compile).
+peers_pair() {  # LOG MODES
+  timeout 300 python3 .devpack/peers/torch_gpt2.py "$2" 16 1024 20 2>&1 | grep '^{' | tee -a "$out/$1"
+  timeout 400 python3 .devpack/peers/torch_llama.py "$2" --model llama-250m -B 8 -T 1024 --steps 20 2>&1 \
+    | grep '^{' | tee -a "$out/$1"
+}
 for step in "$@"; do
   case "$step" in
     gpt2)
@@ -199,45 +214,26 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
         | grep '^{' | tee -a "$out/memory.log" ;;
     compiled)
       for rep in $(seq "${REPS:-2}"); do
-        for args in "" "--compile"; do
-          timeout 150 "$pack/blutrain" bench --device cuda --model gpt2:d12 --precision bf16 -B 16 -T 1024 --steps 20 \
-            $args 2>&1 | grep -E '^\{|error' | tee -a "$out/compiled.log" | cut -c1-300
-          timeout 200 "$pack/blutrain" bench --device cuda --model llama:llama-250m --precision bf16 -B 8 -T 1024 \
-            --steps 20 --lr 3e-4 --beta2 0.95 $args 2>&1 | grep -E '^\{|error' | tee -a "$out/compiled.log" | cut -c1-300
-        done
+        for args in "" "--compile"; do bench_pair compiled.log "" $args; done
       done
       grep -o '"compile":{[^}]*}' "$out/compiled.log" || true
-      timeout 300 python3 .devpack/peers/torch_gpt2.py bf16,bf16c 16 1024 20 2>&1 | grep '^{' | tee -a "$out/compiled.log"
-      timeout 400 python3 .devpack/peers/torch_llama.py bf16,bf16c --model llama-250m -B 8 -T 1024 --steps 20 2>&1 \
-        | grep '^{' | tee -a "$out/compiled.log" ;;
+      peers_pair compiled.log bf16,bf16c ;;
     segments)
       for rep in $(seq "${REPS:-2}"); do
         for v in " | " "BLU_COMPILE_FIRST_SEGMENT=0 | --compile" "BLU_COMPILE_FIRST_SEGMENT=4 | --compile"; do
-          envs="${v%%|*}"; args="${v#*|}"
           echo "== $v" >> "$out/segments.log"
-          env $envs timeout 150 "$pack/blutrain" bench --device cuda --model gpt2:d12 --precision bf16 -B 16 -T 1024 \
-            --steps 20 $args 2>&1 | grep -E '^\{|rror' | tee -a "$out/segments.log" | cut -c1-200
-          env $envs timeout 200 "$pack/blutrain" bench --device cuda --model llama:llama-250m --precision bf16 -B 8 \
-            -T 1024 --steps 20 --lr 3e-4 --beta2 0.95 $args 2>&1 | grep -E '^\{|rror' | tee -a "$out/segments.log" | cut -c1-200
+          bench_pair segments.log "${v%%|*}" ${v#*|}
         done
       done
-      timeout 300 python3 .devpack/peers/torch_gpt2.py bf16,bf16c 16 1024 20 2>&1 | grep '^{' | tee -a "$out/segments.log"
-      timeout 400 python3 .devpack/peers/torch_llama.py bf16,bf16c --model llama-250m -B 8 -T 1024 --steps 20 2>&1 \
-        | grep '^{' | tee -a "$out/segments.log" ;;
+      peers_pair segments.log bf16,bf16c ;;
     recompute)
       for r in ${RECOMPUTE:-selective block:2 block}; do
         for args in "" "--compile"; do
           echo "== $r $args" >> "$out/recompute.log"
-          timeout 150 "$pack/blutrain" bench --device cuda --model gpt2:d12 --precision bf16 -B 16 -T 1024 --steps 20 \
-            --recompute "$r" $args 2>&1 | grep -E '^\{|rror' | tee -a "$out/recompute.log" | cut -c1-200
-          timeout 200 "$pack/blutrain" bench --device cuda --model llama:llama-250m --precision bf16 -B 8 -T 1024 \
-            --steps 20 --lr 3e-4 --beta2 0.95 --recompute "$r" $args 2>&1 | grep -E '^\{|rror' | tee -a "$out/recompute.log" \
-            | cut -c1-200
+          bench_pair recompute.log "" --recompute "$r" $args
         done
       done
-      timeout 300 python3 .devpack/peers/torch_gpt2.py bf16c 16 1024 20 2>&1 | grep '^{' | tee -a "$out/recompute.log"
-      timeout 400 python3 .devpack/peers/torch_llama.py bf16c --model llama-250m -B 8 -T 1024 --steps 20 2>&1 \
-        | grep '^{' | tee -a "$out/recompute.log" ;;
+      peers_pair recompute.log bf16c ;;
     autobudget)
       for b in ${BUDGETS:-7.5 5.6 4.2}; do
         echo "-- --gpu-memory-budget $b"
@@ -271,15 +267,10 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
       export BLU_KERNEL_CACHE="$PWD/.devpack/kcache"
       for rep in $(seq "${REPS:-2}"); do
         for args in "" "--compile --compile-fuse off" "--compile --compile-log"; do
-          timeout 150 "$pack/blutrain" bench --device cuda --model gpt2:d12 --precision bf16 -B 16 -T 1024 --steps 20 \
-            $args 2>&1 | grep -E '^\{|fusion|rror' | tee -a "$out/fused.log" | cut -c1-400
-          timeout 200 "$pack/blutrain" bench --device cuda --model llama:llama-250m --precision bf16 -B 8 -T 1024 \
-            --steps 20 --lr 3e-4 --beta2 0.95 $args 2>&1 | grep -E '^\{|fusion|rror' | tee -a "$out/fused.log" | cut -c1-400
+          bench_pair fused.log "" $args
         done
       done
-      timeout 300 python3 .devpack/peers/torch_gpt2.py bf16,bf16c 16 1024 20 2>&1 | grep '^{' | tee -a "$out/fused.log"
-      timeout 400 python3 .devpack/peers/torch_llama.py bf16,bf16c --model llama-250m -B 8 -T 1024 --steps 20 2>&1 \
-        | grep '^{' | tee -a "$out/fused.log" ;;
+      peers_pair fused.log bf16,bf16c ;;
     fusedtext)
       export BLU_KERNEL_CACHE="$PWD/.devpack/kcache"
       for args in "--seed 1337" "--seed 7" "--seed 1337 --compile --compile-log"; do
