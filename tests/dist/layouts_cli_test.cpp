@@ -16,6 +16,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <tuple>
 
@@ -156,8 +157,6 @@ TEST_F(DistLayouts, UnsupportedLayoutsAreRefusedByName) {
   for (const Refusal& c : std::vector<Refusal>{
            {"split(2)", {"--keep-best", "--val-pattern", (dir.path / "g_train_*.bin").string()},
             "--keep-best keeps a single-file checkpoint, and this layout writes a checkpoint directory"},
-           {"pipeline(2, micro=2)", {"--gpu-memory-budget", "1"},
-            "memory budgets are planned for data and tensor parallelism, not for pipeline stages"},
            {"pipeline(2, micro=2)", {"--offload-state", "master", "--precision", "bf16"},
             "--offload-state master is implemented for data parallelism"}}) {
     std::vector<std::string> args = {"--parallel", c.layout};
@@ -218,7 +217,7 @@ TEST_F(DistLayouts, OffloadedStateUnderSplitAndPipelineMatchesOnDevice) {
 // training steps' (metrics.jsonl's mem_bytes) within 5%, with the state on the device and with it
 // offloaded (each rank's own parameters' moments on the host); both train to the losses of the run
 // without a budget. A budget nothing fits is refused with the smallest that would, before the run
-// writes anything (a pipeline's budget is refused by name: UnsupportedLayoutsAreRefusedByName).
+// writes anything.
 TEST_F(DistLayouts, MemoryBudgetUnderSplitPlansTheRanksShard) {
   LaunchResult r = train("gpt2", 2, 4, "tp_plain", {"--parallel", "split(2)", "--device", "cpu:1"});
   ASSERT_EQ(r.status, 0) << r.out << r.err;
@@ -259,6 +258,82 @@ TEST_F(DistLayouts, MemoryBudgetUnderSplitPlansTheRanksShard) {
   if (fs::exists(dir.path / "tp_tiny_budget"))
     for (const auto& e : fs::directory_iterator(dir.path / "tp_tiny_budget"))
       EXPECT_EQ(e.path().filename(), "flight_recorder") << "a refused run left " << e.path();
+}
+
+// --gpu-memory-budget under a pipeline: each stage on its rank's device pool cpu:1 is probed by
+// running one whole step of its schedule (every stage at once), so the plan holds the stage's own
+// parameters and the micro-batches its schedule keeps in flight. Rank 0 (stage 0) prints its plan;
+// the predicted peak is its training steps' within 5%, with the state on the device and offloaded,
+// under 1F1B and GPipe, under dp × pp (4 ranks, the replicas' gradient average in the probe) and
+// under pp × tp (4 ranks, each stage's tensor-parallel shard);
+// each trains to the losses of the same layout without a budget, bit for bit. The tiny Llama
+// (untied, a vocabulary of 128: its stage 0 is mostly activations) shows the schedules apart:
+// GPipe keeps all 4 micro-batches of stage 0 in flight, 1F1B two, and under a budget between
+// the two `--recompute auto` finds a recompute setting that fits on both stages (the candidates
+// are agreed over the ranks: each probe is a collective step). (The tiny GPT-2's stage 0 peaks at
+// the tied embedding's gradient exchange, after its activations are gone.) A budget nothing fits
+// is refused with the smallest that would.
+TEST_F(DistLayouts, MemoryBudgetUnderPipelinePlansEachStage) {
+  int64_t stage0 = 0;  // GPT-2's stage 0 parameter elements: all but h.1 and ln_f (the head is tied)
+  for (const auto& [name, p] : models::build_model(models::resolve_model_config("tiny"), 1)->named_parameters())
+    if (!name.starts_with("h.1.") && !name.starts_with("ln_f.")) stage0 += p.numel();
+  struct Case {
+    std::string name, family;
+    int ranks;
+    int64_t rows;  // per micro-batch
+    std::string layout, state;
+    std::string budget = "1";  // GiB
+    std::string recompute = "none";
+  };
+  std::map<std::string, double> planned_of;
+  for (const Case& c : std::vector<Case>{
+           {"1f1b", "llama", 2, 16, "pipeline(2, schedule=1f1b, micro=4)", "none"},
+           {"gpipe", "llama", 2, 16, "pipeline(2, schedule=gpipe, micro=4)", "none"},
+           {"gpipe_auto", "llama", 2, 16, "pipeline(2, schedule=gpipe, micro=4)", "none", "0.0068", "auto"},
+           {"gpt2_1f1b", "gpt2", 2, 2, "pipeline(2, schedule=1f1b, micro=2)", "none"},
+           {"gpt2_1f1b_off", "gpt2", 2, 2, "pipeline(2, schedule=1f1b, micro=2)", "optimizer"},
+           {"dp_pp", "gpt2", 4, 2, "replicate(2){ pipeline(2, schedule=1f1b, micro=2) }", "none"},
+           {"pp_tp", "llama", 4, 8, "pipeline(2, micro=2){ stage(model.layers.0){ split(2) } stage(model.layers.1){ split(2) } }",
+            "optimizer"}}) {
+    const std::string plain_out = "pp_plain_" + c.name;
+    LaunchResult r = train(c.family, c.ranks, c.rows, plain_out, {"--parallel", c.layout, "--device", "cpu:1"});
+    ASSERT_EQ(r.status, 0) << c.layout << "\n" << r.out << r.err;
+    const auto plain = metric_losses(dir.path / plain_out);
+    ASSERT_EQ(plain.size(), 3u) << c.layout;
+    const std::string out = "pp_budget_" + c.name;
+    r = train(c.family, c.ranks, c.rows, out,
+              {"--parallel", c.layout, "--device", "cpu:1", "--gpu-memory-budget", c.budget, "--offload-state", c.state,
+               "--offload-chunk", "100000", "--log-every", "1", "--recompute", c.recompute});
+    ASSERT_EQ(r.status, 0) << c.name << "\n" << r.out << r.err;
+    const bool split = c.layout.find("split") != std::string::npos;
+    const std::string stage_line =
+        std::string("memory plan of pipeline stage 0 (blocks 0-0") + (split ? ", a tensor-parallel shard" : "") + "): ";
+    EXPECT_NE(r.out.find(c.family == "gpt2" ? stage_line + std::to_string(stage0) + " parameters" : stage_line),
+              std::string::npos)
+        << r.out;
+    const double planned = blu::test::planned_peak_bytes(r.out);
+    ASSERT_GT(planned, 0) << r.out;
+    const double peak = blu::test::metric_peak_bytes(dir.path / out);
+    ASSERT_GT(peak, 0) << out;
+    EXPECT_NEAR(peak, planned, 0.05 * planned) << c.name << "\n" << r.out;
+    EXPECT_EQ(r.out.find("optimizer state on the host") != std::string::npos, c.state == "optimizer") << r.out;
+    EXPECT_EQ(metric_losses(dir.path / out), plain) << c.name;
+    if (c.recompute == "auto") {  // GPipe's four micro-batches do not fit without recompute
+      EXPECT_NE(r.out.find("recompute auto: "), std::string::npos) << r.out;
+      EXPECT_EQ(r.out.find("recompute auto: none"), std::string::npos) << r.out;
+      EXPECT_LT(planned, 0.0068 * 1073741824.0) << r.out;
+    }
+    planned_of[c.name] = planned;
+    std::printf("%s %s, state %s: planned %.0f, steps' peak %.0f bytes\n", c.family.c_str(), c.layout.c_str(),
+                c.state.c_str(), planned, peak);
+  }
+  EXPECT_GT(planned_of["gpipe"], planned_of["1f1b"]) << "GPipe holds every micro-batch in flight";
+  EXPECT_LT(planned_of["gpt2_1f1b_off"], planned_of["gpt2_1f1b"]) << "the moments on the host";
+  const LaunchResult r = train("gpt2", 2, 2, "pp_tiny_budget",
+                               {"--parallel", "pipeline(2, micro=2)", "--device", "cpu:1", "--gpu-memory-budget", "0.0001"});
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("no memory layout fits"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("the smallest device budget that fits is"), std::string::npos) << r.err;
 }
 
 // The trainer's checkpoints resume under another layout (dist/layout_checkpoint.h): 2 steps under

@@ -33,6 +33,9 @@ void tag_parameters(nn::Module& model) {
 
 double host_value(const Tensor& t) { return t.device().is_cpu() ? t.item() : to_device(t, kCPU).item(); }
 
+
+}  // namespace
+
 // All-reduces `grads` in place, the small ones packed: runs of them of one dtype, up to 32 MiB, are
 // copied into a flat buffer, reduced as one collective, and copied back; a large or non-contiguous
 // one is reduced where it is. Many small tensors (norms' and biases' gradients) would otherwise pay
@@ -74,8 +77,6 @@ void all_reduce_packed(ProcessGroup& pg, const std::vector<Tensor>& grads, Reduc
   }
   for (auto& [dt, list] : packs) flush(list);
 }
-
-}  // namespace
 
 std::vector<nn::Embedding*> row_sparse_embeddings(nn::Module& model) {
   std::vector<nn::Embedding*> out;

@@ -228,6 +228,11 @@ class Strategy {
   int64_t released_elements_ = 0;
 };
 
+// All-reduces `grads` in place over `pg`: runs of small ones of one dtype (up to 32 MiB) packed
+// into a flat buffer and reduced as one collective, large ones where they are (each collective
+// pays its latency: on two CPU ranks about a millisecond).
+void all_reduce_packed(ProcessGroup& pg, const std::vector<Tensor>& grads, ReduceOp op);
+
 // Every nn::Embedding of `model` that declares a row-sparse gradient, in module order.
 std::vector<nn::Embedding*> row_sparse_embeddings(nn::Module& model);
 

@@ -152,10 +152,12 @@ void ActivationOffloader::prefetch(size_t block) {
 
 // --- bytes per block ---
 
-std::vector<ActivationBytes> activation_bytes(CausalLM& model, int64_t B, int64_t T, const ActivationPolicy& policy) {
+std::vector<ActivationBytes> activation_bytes(CausalLM& model, int64_t B, int64_t T, const ActivationPolicy& policy,
+                                              size_t probe_block) {
   const size_t n = model.num_blocks();
   BLU_CHECK(n > 0 && B > 0 && T > 0, "activation_bytes: expected B, T > 0 and a model with blocks, got B ", B,
             ", T ", T, ", ", n, " blocks");
+  BLU_CHECK(probe_block < n, "activation_bytes: block ", probe_block, " of a model with ", n, " blocks");
   const Tensor w = model.token_embedding().weight;
   const Device device = w.device();
   const DType dtype = model.compute_dtype();
@@ -168,7 +170,7 @@ std::vector<ActivationBytes> activation_bytes(CausalLM& model, int64_t B, int64_
   std::vector<std::pair<uint64_t, uint64_t>> rng;
   for (Generator* g : gens) rng.emplace_back(g->seed(), g->offset());
 
-  // Block 0 under policy p on a fresh non-leaf input: the device bytes its graph holds once the
+  // The probe block under policy p on a fresh non-leaf input: the device bytes its graph holds once the
   // caller's handles to the input and the output are gone (the input counts when the graph keeps
   // it), and the host bytes it sent away.
   auto measure = [&](const ActivationPolicy& p) {
@@ -179,7 +181,7 @@ std::vector<ActivationBytes> activation_bytes(CausalLM& model, int64_t B, int64_
     Tensor input = mul(leaf, 1.0);
     const int64_t d0 = dev.stats().current_bytes - int64_t(input.storage()->nbytes());
     const int64_t h0 = host.stats().current_bytes;
-    Tensor y = model.block(0, input);
+    Tensor y = model.block(probe_block, input);
     input = Tensor();
     ActivationBytes b;
     b.kept = dev.stats().current_bytes - d0 - int64_t(y.storage()->nbytes());
@@ -189,9 +191,9 @@ std::vector<ActivationBytes> activation_bytes(CausalLM& model, int64_t B, int64_
   {  // lazily made state (Llama's RoPE tables) is not an activation: make it before measuring
     NoGradGuard no_grad;
     model.set_activation_policy(ActivationPolicy{});
-    model.block(0, zeros({B, T, C}, dtype, device));
+    model.block(probe_block, zeros({B, T, C}, dtype, device));
   }
-  // The blocks are alike: block 0 stands for every block, measured once per way it can run.
+  // The blocks are alike: the probe block stands for every block, measured once per way it can run.
   std::vector<ActivationBytes> out;
   try {
     const ActivationBytes full = measure(ActivationPolicy{});
@@ -217,20 +219,28 @@ std::vector<ActivationBytes> activation_bytes(CausalLM& model, int64_t B, int64_
   return out;
 }
 
-ActivationTotals activation_totals(CausalLM& model, int64_t B, int64_t T, const ActivationPolicy& policy) {
-  const std::vector<ActivationBytes> bytes = activation_bytes(model, B, T, policy);
+ActivationTotals activation_totals(CausalLM& model, int64_t B, int64_t T, const ActivationPolicy& policy,
+                                   const std::vector<int64_t>& blocks) {
+  const std::vector<ActivationBytes> bytes =
+      activation_bytes(model, B, T, policy, blocks.empty() ? 0 : size_t(blocks.front()));
+  std::vector<size_t> counted;
+  for (int64_t b : blocks) counted.push_back(size_t(b));
+  if (blocks.empty())
+    for (size_t i = 0; i < bytes.size(); ++i) counted.push_back(i);
   ActivationTotals t;
-  t.blocks = int64_t(bytes.size());
+  t.blocks = int64_t(counted.size());
   t.selective = policy.selective ? "attention core, MLP activation" : "";
   int64_t back = 0;  // the most one block's backward brings back
-  for (size_t i = 0; i < bytes.size(); ++i) {
+  for (size_t k = 0; k < counted.size(); ++k) {
+    const size_t i = counted[k];
+    BLU_CHECK(i < bytes.size(), "activation_totals: block ", i, " of a model with ", bytes.size(), " blocks");
     const ActivationBytes& b = bytes[i];
     if (policy.recompute_block(i) || policy.selective) ++t.recomputed_blocks;
     else if (policy.offload) ++t.offloaded_blocks;
     else ++t.kept_blocks;
     t.device_bytes += b.kept;
     t.host_bytes += b.offloaded;
-    const int64_t prev = i > 0 ? bytes[i - 1].offloaded : 0;
+    const int64_t prev = k > 0 ? bytes[counted[k - 1]].offloaded : 0;
     back = std::max(back, b.recomputed + (policy.offload ? b.offloaded + prev : 0));
   }
   t.device_bytes += back;

@@ -96,14 +96,15 @@ class ActivationOffloader {
 // compute dtype. kept: held on the device by the block's graph after its forward — its input
 // included when the graph keeps it, its output not (the next block's input, or the head's);
 // offloaded: sent to host memory; recomputed: what the plain run keeps beyond those two, rebuilt in
-// backward. Measured by running block 0 (the blocks are alike) on the model's device, grad mode
-// on and the training flag as it is, on a random input; the model's policy and generators are
-// left as they were. The step's activations after the forward are these summed over the blocks
+// backward. Measured by running block `probe_block` (the blocks are alike; a pipeline stage
+// measures one of its own) on the model's device, grad mode on and the training flag as it is, on
+// a random input; the model's policy and generators are left as they were. The step's activations after the forward are these summed over the blocks
 // plus the embedding's and the head's, which no policy changes.
 struct ActivationBytes {
   int64_t kept = 0, offloaded = 0, recomputed = 0;
 };
-std::vector<ActivationBytes> activation_bytes(CausalLM& model, int64_t B, int64_t T, const ActivationPolicy& policy);
+std::vector<ActivationBytes> activation_bytes(CausalLM& model, int64_t B, int64_t T, const ActivationPolicy& policy,
+                                              size_t probe_block = 0);
 
 // The whole model's activations under `policy` at [B, T], in the terms of the memory planner
 // (offload/plan.h's ActivationPlan): how many blocks keep, offload and recompute (a selectively
@@ -111,11 +112,13 @@ std::vector<ActivationBytes> activation_bytes(CausalLM& model, int64_t B, int64_
 // the blocks' kept bytes plus the most that one block's backward brings back — its recomputed
 // bytes, and with offload its own and the prefetched previous block's offloaded bytes;
 // host_bytes: all offloaded bytes. The embedding's and the head's activations are not included.
+// `blocks`: only these (a pipeline stage's, ascending; empty: every block).
 struct ActivationTotals {
   int64_t blocks = 0, kept_blocks = 0, offloaded_blocks = 0, recomputed_blocks = 0;
   std::string selective;  // "" or "attention core, MLP activation"
   int64_t device_bytes = 0, host_bytes = 0;
 };
-ActivationTotals activation_totals(CausalLM& model, int64_t B, int64_t T, const ActivationPolicy& policy);
+ActivationTotals activation_totals(CausalLM& model, int64_t B, int64_t T, const ActivationPolicy& policy,
+                                   const std::vector<int64_t>& blocks = {});
 
 }  // namespace blu::models

@@ -2,8 +2,11 @@
 // (offload/plan.h) and the strategy settings it decides.
 #include <algorithm>
 #include <chrono>
+#include <optional>
+#include <set>
 
 #include "blu/core/rng.h"
+#include "blu/dist/pipeline.h"
 #include "blu/dist/tensor_parallel.h"
 #include "blu/dist/zero.h"
 #include "blu/memory/allocator.h"
@@ -20,14 +23,16 @@ namespace blu::train {
 // the second beside the first's accumulated gradients, as every later micro-batch of a step runs —
 // its transient bytes (saved activations, workspaces and the gradients) read from the allocator's
 // peak; the default generator is restored and the gradients dropped, so training after it is what
-// it would have been.
+// it would have been. A pipeline stage runs a whole step of its schedule instead (every stage at
+// once), which holds the micro-batches its schedule keeps in flight.
 // --recompute auto: the least recompute whose plan fits, the optimizer state on the device first.
 // Recompute costs a share of a forward; moving the state to the host costs its transfers or a host
 // update (docs/offload.md), more at every batch size measured, so every recompute setting is tried
 // with the state on the device before the user's --offload-state choice is let in (never under
 // --compile, which keeps the state on the device). Each candidate is probed (the activation bytes
 // are measured, not modelled); the model keeps the policy chosen.
-offload::MemoryPlan Trainer::plan_with_recompute(offload::PlanInput& in, const std::function<void()>& probe) {
+offload::MemoryPlan Trainer::plan_with_recompute(offload::PlanInput& in, const std::function<void()>& probe,
+                                                 const std::function<bool(bool)>& all_fit) {
   const TrainOptions& o = opt_s_;
   static const char* const kCandidates[] = {"none", "selective", "block:4", "block:2", "block"};
   std::vector<std::string> states = {"none"};
@@ -38,18 +43,23 @@ offload::MemoryPlan Trainer::plan_with_recompute(offload::PlanInput& in, const s
       model_->set_activation_policy(models::ActivationPolicy::parse(r, o.offload_activations));
       probe();
       in.offload_state = state;
+      std::optional<offload::MemoryPlan> plan;
+      std::string why;
       try {
-        offload::MemoryPlan plan = offload::plan_memory(in);
+        plan = offload::plan_memory(in);
+      } catch (const Error& e) {
+        why = e.what();
+      }
+      if (all_fit(plan.has_value())) {
         if (cb_.log)
           *cb_.log << "recompute auto: " << r << " (the least recompute that fits"
                    << (state == "none" ? " with the optimizer state on the device" : "") << ")\n";
-        return plan;
-      } catch (const Error& e) {
-        const std::string why = e.what();
-        const size_t at = why.rfind("the smallest device budget that fits is ");
-        tried += std::string("\n  --recompute ") + r + ", --offload-state " + state + ": " +
-                 (at == std::string::npos ? why.substr(0, 120) : why.substr(at));
+        return *plan;
       }
+      const size_t at = why.rfind("the smallest device budget that fits is ");
+      tried += std::string("\n  --recompute ") + r + ", --offload-state " + state + ": " +
+               (plan ? std::string("fits this rank, not every rank")
+                     : at == std::string::npos ? why.substr(0, 120) : why.substr(at));
     }
   }
   BLU_CHECK(false, "--recompute auto: no recompute setting fits the budget (--gpu-memory-budget ", o.gpu_memory_budget,
@@ -57,21 +67,28 @@ offload::MemoryPlan Trainer::plan_with_recompute(offload::PlanInput& in, const s
   return {};
 }
 
-void Trainer::plan_memory(dist::StrategyConfig& sc) {
+void Trainer::plan_memory(dist::StrategyConfig& sc, dist::PipelineStage* stage, dist::ProcessGroup* job) {
   const TrainOptions& o = opt_s_;
-  BLU_CHECK(!pipelined_ && o.zero <= 2 && o.optimizer == "adamw",
-            "--gpu-memory-budget/--offload-*: the planner handles adamw without ZeRO or with --zero 1 or 2, and no "
-            "pipeline; got --optimizer ", o.optimizer, " --zero ", o.zero, pipelined_ ? " and a pipeline" : "");
+  BLU_CHECK(o.zero <= 2 && o.optimizer == "adamw",
+            "--gpu-memory-budget/--offload-*: the planner handles adamw without ZeRO or with --zero 1 or 2; got ",
+            "--optimizer ", o.optimizer, " --zero ", o.zero);
+  BLU_CHECK(!pipelined_ || stage, "plan_memory: a pipeline layout is planned from its probe stage");
   offload::PlanInput in;
-  // A tensor-parallel rank probes and plans its own shard (the model is split already); the
-  // fp32 masters on the host are implemented for data parallelism only.
+  // A tensor-parallel rank probes and plans its own shard (the model is split already), a
+  // pipeline rank its stage's parameters; the fp32 masters on the host are implemented for data
+  // parallelism only.
   const bool split = dist::is_tensor_parallel(*model_);
-  in.masters_allowed = !split;
+  in.masters_allowed = !split && !stage;
   if (o.zero >= 1) in.state_shards = int64_t(replica_rows_.size());  // the replicas ZeRO shards over
   if (o.zero == 2 && in.state_shards > 1) in.shard_gradients = true;
-  for (const Tensor& p : model_->parameters()) in.param_elements += p.numel();
+  std::set<const Storage*> own;  // a pipeline stage's parameters (a tied weight on both ends)
+  if (stage)
+    for (const auto& [name, p] : stage->owned_parameters()) own.insert(p.storage().get());
+  const auto counted = [&](const Tensor& p) { return !stage || own.count(p.storage().get()) > 0; };
+  for (const Tensor& p : model_->parameters())
+    if (counted(p)) in.param_elements += p.numel();
   for (const auto& [path, m] : model_->named_modules())  // looked up in fp32: they stay on the device
-    if (auto* e = dynamic_cast<nn::Embedding*>(m)) in.resident_elements += e->weight.numel();
+    if (auto* e = dynamic_cast<nn::Embedding*>(m); e && counted(e->weight)) in.resident_elements += e->weight.numel();
   in.compute_copy_bytes = o.precision == "bf16" || o.precision == "fp16" ? 2 : 0;
   in.device_budget = offload::gib_to_bytes(o.gpu_memory_budget);
   in.host_budget = offload::gib_to_bytes(o.host_memory_budget);
@@ -98,11 +115,21 @@ void Trainer::plan_memory(dist::StrategyConfig& sc) {
     // dense row gradient: the probe hands the rows to a sink that keeps them, as DDP's does.
     std::vector<nn::Embedding*> sinks;
     std::vector<Tensor> kept_rows;
-    if (sc.row_exchange && sc.zero != 3 && replica_rows_.size() > 1) sinks = dist::row_sparse_embeddings(*model_);
+    if (!stage && sc.row_exchange && sc.zero != 3 && replica_rows_.size() > 1) sinks = dist::row_sparse_embeddings(*model_);
     for (nn::Embedding* e : sinks)
       e->set_row_grad_sink([&kept_rows](const Tensor& idx, const Tensor& g) { kept_rows.insert(kept_rows.end(), {idx, g}); });
     const auto t0 = std::chrono::steady_clock::now();
-    const int64_t micro = std::min<int64_t>(2, o.grad_accum);
+    if (stage) {
+      // A whole step of the schedule: every stage runs it at once (sends, receives and the
+      // gradient norm's all-reduce pair up), so the stage's peak holds the micro-batches it has
+      // in flight. Its time is the step's forward and backward.
+      const Tensor ids = zeros({local_batch_, o.seq_len}, DType::i32, device_);
+      const dist::PipelineStepValues v =
+          stage->forward_backward(o.grad_accum, [&](int64_t) { return std::pair<Tensor, Tensor>{ids, ids}; }, o.grad_clip);
+      to_device(v.gate.sum_squares, kCPU);  // waits for the device
+      in.compute_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    const int64_t micro = stage ? 0 : std::min<int64_t>(2, o.grad_accum);
     std::vector<Tensor> params = model_->parameters();
     Tensor shard_grad;  // ZeRO-2's averaged gradient of this rank, from the first reduced bucket on
     for (int64_t i = 0; i < micro; ++i) {
@@ -133,8 +160,9 @@ void Trainer::plan_memory(dist::StrategyConfig& sc) {
       in.gradient_staging_bytes =
           int64_t(dist::zero2_staging_bytes(double(in.param_elements), double(largest), 4, sc.zero_bucket_mib));
     }
-    in.compute_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / double(micro) *
-                         double(o.grad_accum);
+    if (!stage)
+      in.compute_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+                           double(micro) * double(o.grad_accum);
     for (nn::Embedding* e : sinks) e->set_row_grad_sink(nullptr);
     kept_rows.clear();
     in.activations.device_bytes =
@@ -143,24 +171,39 @@ void Trainer::plan_memory(dist::StrategyConfig& sc) {
     in.grads_in_activations = true;
     for (Tensor p : model_->parameters()) p.zero_grad();
     gen.set_state(seed, offset);
-    in.activations.blocks = int64_t(model_->blocks().size());
+    // A stage runs its own blocks, with up to its schedule's in-flight bound of micro-batches saved.
+    const std::vector<int64_t> own_blocks = stage ? stage->owned_blocks() : std::vector<int64_t>{};
+    const int64_t in_flight = stage ? std::max<int64_t>(1, stage->schedule().max_in_flight(stage->rank())) : 1;
+    in.activations.blocks = stage ? int64_t(own_blocks.size()) : int64_t(model_->blocks().size());
     in.activations.kept = in.activations.blocks;
     // The activation policy (models/activations.h): the probe ran under it, so device_bytes holds
-    // its effect; the blocks it keeps, offloads and recomputes and the host bytes come from it.
-    if (const models::ActivationPolicy& ap = model_->activation_policy(); ap.any()) {
-      const models::ActivationTotals t = models::activation_totals(*model_, o.batch_size, o.seq_len, ap);
+    // its effect; the blocks it keeps, offloads and recomputes and the host bytes come from it
+    // (a stage's blocks; its host bytes for each micro-batch it may hold).
+    if (const models::ActivationPolicy& ap = model_->activation_policy(); ap.any() && (!stage || !own_blocks.empty())) {
+      const models::ActivationTotals t =
+          models::activation_totals(*model_, stage ? local_batch_ : o.batch_size, o.seq_len, ap, own_blocks);
       in.activations.kept = t.kept_blocks;
       in.activations.offloaded = t.offloaded_blocks;
       in.activations.recomputed = t.recomputed_blocks;
       in.activations.selective = t.selective;
-      in.activations.host_bytes = t.host_bytes;
+      in.activations.host_bytes = t.host_bytes * in_flight;
     }
   };
   in.host_adamw_elements_per_s = offload::probe_host_adamw(0);
   if (device_ != kCPU) in.transfer_bytes_per_s = offload::probe_transfer(*offload::make_copy_engine(device_));
   offload::MemoryPlan plan;
   if (o.recompute == "auto") {
-    plan = plan_with_recompute(in, probe);
+    // Where the probe is collective (a pipeline's step, a tensor-parallel shard's forward and
+    // backward) every rank must probe the same candidates: a candidate is taken when it fits on
+    // every rank of the job. Replicas of a plain layout probe without collectives and decide alone.
+    const bool collective = job && (stage || split);
+    const auto all_fit = [&](bool fits) {
+      if (!collective) return fits;
+      Tensor misfit = full({1}, fits ? 0.0 : 1.0, DType::f32, device_);
+      job->all_reduce(misfit, dist::ReduceOp::max)->wait();
+      return to_device(misfit, kCPU).item() == 0.0;
+    };
+    plan = plan_with_recompute(in, probe, all_fit);
   } else {
     probe();
     try {
@@ -172,7 +215,14 @@ void Trainer::plan_memory(dist::StrategyConfig& sc) {
     }
   }
   if (cb_.log) {
-    if (split) *cb_.log << "memory plan of this rank's tensor-parallel shard: " << in.param_elements << " parameters\n";
+    if (stage) {
+      const std::vector<int64_t> b = stage->owned_blocks();
+      *cb_.log << "memory plan of pipeline stage " << stage->rank() << " (blocks " << (b.empty() ? 0 : b.front()) << "-"
+               << (b.empty() ? -1 : b.back()) << (split ? ", a tensor-parallel shard" : "") << "): "
+               << in.param_elements << " parameters\n";
+    } else if (split) {
+      *cb_.log << "memory plan of this rank's tensor-parallel shard: " << in.param_elements << " parameters\n";
+    }
     *cb_.log << plan.text << "\n";
   }
   sc.offload_state = plan.offload_state;

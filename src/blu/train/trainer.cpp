@@ -245,11 +245,6 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     BLU_CHECK(o.zero == 0 || o.zero == l.zero, "--parallel '", o.parallel, "' asks for ZeRO-", l.zero,
               ", --zero says ", o.zero, ": give one of the two");
     check_layout_supported(l, o.parallel, o.seq_len);
-    // The memory planner's probe runs a tensor-parallel rank's shard; a pipeline stage keeps the
-    // activations of the micro-batches its schedule has in flight, which the probe does not run.
-    BLU_CHECK(l.pp == 1 || (o.gpu_memory_budget == 0 && o.host_memory_budget == 0), "--parallel '", o.parallel,
-              "': memory budgets are planned for data and tensor parallelism, not for pipeline stages; drop ",
-              "--gpu-memory-budget/--host-memory-budget (--offload-state optimizer offloads each stage's AdamW state)");
     BLU_CHECK((l.tp == 1 && l.pp == 1) || !o.offload_state.starts_with("master"), "--parallel '", o.parallel, "': --offload-state ",
               o.offload_state, " is implemented for data parallelism; use --offload-state optimizer");
     if (l.pp > 1) {
@@ -481,13 +476,13 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   }
   const bool split_model = layout.tp > 1 || layout.pp > 1;  // checked with the layout (step 1)
   const bool budgets = o.gpu_memory_budget > 0 || o.host_memory_budget > 0;
-  if ((o.zero > 2 || split_model) && o.offload_state == "optimizer" && !(budgets && layout.pp == 1)) {
+  if ((o.zero > 2 || split_model) && o.offload_state == "optimizer" && !budgets) {
     // ZeRO-3 shards the moments and streams their shard through the device (dist/zero.h); tensor
-    // and pipeline layouts offload the state of each rank's own parameters. The memory planner
-    // (offload/plan.h) models neither, so the state is offloaded as asked.
-    BLU_CHECK(o.gpu_memory_budget == 0 && o.host_memory_budget == 0 && (o.zero <= 1 || o.offload_update != "cpu"),
-              "--zero ", o.zero, " --offload-state optimizer: the moments stream through the device (--offload-update ",
-              "gpu or auto, got ", o.offload_update, "); memory budgets are planned without ZeRO or with --zero 1 or 2");
+    // and pipeline layouts offload the state of each rank's own parameters. Without a budget the
+    // state is offloaded as asked, the update on the faster side by the probes.
+    BLU_CHECK(o.zero <= 1 || o.offload_update != "cpu", "--zero ", o.zero,
+              " --offload-state optimizer: the moments stream through the device (--offload-update gpu or auto, got ",
+              o.offload_update, ")");
     sc.offload_state = true;
     sc.offload.chunk_elements = o.offload_chunk;
     if (o.zero > 1) {
@@ -510,7 +505,24 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     // Under tensor parallelism the probe runs this rank's shard: the model is split now
     // (make_layout_strategy finds it split).
     if (layout.tp > 1) split_tensor_parallel(*model_, layout, *mesh_, o.precision);
-    plan_memory(sc);
+    // A pipeline stage is probed by running a whole step of its schedule on a stage of its own
+    // (dropped after): the micro-batches in flight, the sends and receives and the replicas'
+    // gradient average are the training step's.
+    std::unique_ptr<dist::PipelineStage> probe_stage;
+    if (pipelined_) {
+      dist::PipelineOptions po = pipeline_options(layout);
+      po.gradients = pipeline_gradients;
+      if (layout.tp > 1) po.tp = mesh_->group_ptr({"tp"});
+      if (layout.dp > 1)
+        po.reduce_gradients = [this, dp = mesh_->group_ptr({"dp"})] {
+          std::vector<Tensor> grads;  // the stage's own: no other parameter runs on this rank
+          for (const Tensor& p : model_->parameters())
+            if (p.grad().defined()) grads.push_back(p.grad());
+          dist::all_reduce_packed(*dp, grads, dist::ReduceOp::avg);
+        };
+      probe_stage = std::make_unique<dist::PipelineStage>(*model_, mesh_ ? mesh_->group_ptr({"pp"}) : pg, po);
+    }
+    plan_memory(sc, probe_stage.get(), pg.get());
   }
   const dist::OptimizerConfig oc{.name = o.optimizer, .lr = o.lr, .weight_decay = o.weight_decay};
   strategy_ = make_layout_strategy(*model_, layout, mesh_.get(), pg, sc, oc, o.precision, pipeline_gradients);

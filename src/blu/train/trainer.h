@@ -276,8 +276,12 @@ class Trainer {
   const std::optional<offload::MemoryPlan>& memory_plan() const { return memory_plan_; }
 
  private:
-  void plan_memory(dist::StrategyConfig& sc);
-  offload::MemoryPlan plan_with_recompute(offload::PlanInput& in, const std::function<void()>& probe);
+  // `stage`: a pipeline layout's probe stage (its step is what is measured); null otherwise.
+  // `job`: the job's process group (null on one rank), over which --recompute auto agrees.
+  void plan_memory(dist::StrategyConfig& sc, dist::PipelineStage* stage, dist::ProcessGroup* job);
+  // --recompute auto; all_fit(fits here) says whether a candidate fits on every rank that must agree.
+  offload::MemoryPlan plan_with_recompute(offload::PlanInput& in, const std::function<void()>& probe,
+                                          const std::function<bool(bool)>& all_fit);
   std::optional<offload::MemoryPlan> memory_plan_;
   // --compile: the compiled step, and the batch tensors it reads (micro-batch i's ids and targets
   // at 2i and 2i+1), refilled before every step so their addresses stay fixed.
