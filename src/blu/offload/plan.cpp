@@ -80,15 +80,17 @@ Candidate candidate(const PlanInput& in, bool offload, UpdateOn u) {
   // being reduced.
   const int64_t grads = (in.grads_in_activations ? 0 : 4 * n) +
                         (in.shard_gradients ? (in.grads_in_activations ? 0 : 4 * shard) + in.gradient_staging_bytes : 0);
+  // The parameters and their compute copies, or ZeRO-3's measured shards.
+  const int64_t params = in.measured_parameter_bytes >= 0 ? in.measured_parameter_bytes : (4 + in.compute_copy_bytes) * n;
   Candidate c{offload, u, false, 0, 0, 0};
   if (!offload) {
-    c.device_static = (4 + in.compute_copy_bytes) * n + 8 * shard + grads;  // parameters, copies, moments
+    c.device_static = params + 8 * shard + grads;  // parameters, copies, moments
     c.update_seconds = in.device_adamw_elements_per_s > 0 ? double(shard) / in.device_adamw_elements_per_s : 0;
     return c;
   }
   OffloadOptions o = in.offload;
   o.update = u;
-  c.device_static = (4 + in.compute_copy_bytes) * n + grads + OffloadAdamW::staging_bytes(o, shard);
+  c.device_static = params + grads + OffloadAdamW::staging_bytes(o, shard);
   c.host = (in.state_shards > 1 ? 8 : OffloadAdamW::host_bytes_per_element(u)) * shard;
   if (in.transfer_bytes_per_s > 0) {
     if (u == UpdateOn::cpu)  // gradients down, parameters up; the host update overlaps the copies
@@ -126,6 +128,8 @@ MemoryPlan plan_memory(const PlanInput& in) {
             "--offload-update: expected auto, cpu or gpu, got '", in.offload_update, "'");
   BLU_CHECK(in.state_shards >= 1, "memory plan: state_shards must be >= 1, got ", in.state_shards);
   BLU_CHECK(!in.shard_gradients || in.state_shards > 1, "memory plan: sharded gradients (ZeRO-2) need state_shards > 1");
+  BLU_CHECK(in.measured_parameter_bytes < 0 || (in.state_shards > 1 && !in.shard_gradients),
+            "memory plan: measured parameter bytes (ZeRO-3) need state_shards > 1 and no ZeRO-2 gradient shard");
   BLU_CHECK(in.state_shards == 1 || in.offload_update != "cpu",
             "--offload-update cpu: under ZeRO the offloaded moments stream through the device (--offload-update gpu "
             "or auto)");
@@ -187,8 +191,9 @@ MemoryPlan plan_memory(const PlanInput& in) {
   p.activations = in.activations;
   std::ostringstream os;
   os << "memory plan: " << describe(*best)
-     << (in.state_shards > 1 ? (in.shard_gradients ? " (ZeRO-2: this rank's moments and averaged gradient, 1/"
-                                                   : " (ZeRO-1: this rank's moments, 1/") +
+     << (in.state_shards > 1 ? (in.measured_parameter_bytes >= 0 ? " (ZeRO-3: this rank's parameters, gradient and moments, 1/"
+                                : in.shard_gradients                ? " (ZeRO-2: this rank's moments and averaged gradient, 1/"
+                                                                    : " (ZeRO-1: this rank's moments, 1/") +
                                    std::to_string(in.state_shards) + " of them)"
                              : std::string())
      << "\n  device: " << fmt(p.device_peak_bytes) << " predicted peak = " << fmt(p.device_static_bytes)

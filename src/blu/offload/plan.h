@@ -60,6 +60,11 @@ struct PlanInput {
   // backward makes them and opens the shard gradient at the first, as ZeRO-2 does.
   bool shard_gradients = false;
   int64_t gradient_staging_bytes = 0;
+  // ZeRO-3 (with state_shards > 1): the parameters are sharded too, so their bytes on the device
+  // are measured, not modelled — this rank's parameter and gradient shards (the gathered units
+  // are transient: the probe counts them with the activations). -1: (4 + compute_copy_bytes)
+  // bytes per parameter element. The moments are planned on top, 1/state_shards of them.
+  int64_t measured_parameter_bytes = -1;
   // Speeds for the step-time prediction (from the start-up probe; 0: not predicted).
   double compute_seconds = 0;      // forward + backward of the whole step
   double host_adamw_elements_per_s = 0;

@@ -67,11 +67,11 @@ offload::MemoryPlan Trainer::plan_with_recompute(offload::PlanInput& in, const s
   return {};
 }
 
-void Trainer::plan_memory(dist::StrategyConfig& sc, dist::PipelineStage* stage, dist::ProcessGroup* job) {
+void Trainer::plan_memory(dist::StrategyConfig& sc, dist::PipelineStage* stage,
+                          const std::shared_ptr<dist::ProcessGroup>& job) {
   const TrainOptions& o = opt_s_;
-  BLU_CHECK(o.zero <= 2 && o.optimizer == "adamw",
-            "--gpu-memory-budget/--offload-*: the planner handles adamw without ZeRO or with --zero 1 or 2; got ",
-            "--optimizer ", o.optimizer, " --zero ", o.zero);
+  BLU_CHECK(o.optimizer == "adamw", "--gpu-memory-budget/--offload-*: the planner handles adamw; got --optimizer ",
+            o.optimizer);
   BLU_CHECK(!pipelined_ || stage, "plan_memory: a pipeline layout is planned from its probe stage");
   offload::PlanInput in;
   // A tensor-parallel rank probes and plans its own shard (the model is split already), a
@@ -89,7 +89,33 @@ void Trainer::plan_memory(dist::StrategyConfig& sc, dist::PipelineStage* stage, 
     if (counted(p)) in.param_elements += p.numel();
   for (const auto& [path, m] : model_->named_modules())  // looked up in fp32: they stay on the device
     if (auto* e = dynamic_cast<nn::Embedding*>(m); e && counted(e->weight)) in.resident_elements += e->weight.numel();
-  in.compute_copy_bytes = o.precision == "bf16" || o.precision == "fp16" ? 2 : 0;
+  // ZeRO-3 shards the parameters: a Strategy of its own (the state on the device) is built for the
+  // probe and dropped after it (the parameters get whole storage back). What it holds once built,
+  // less its moments, is this rank's parameter and gradient shards; the probe's micro-batches run
+  // through its gathers and reductions.
+  const bool zero3 = o.zero == 3;
+  std::unique_ptr<dist::Strategy> zero3_probe;
+  dist::ZeroAdamW* zero3_opt = nullptr;
+  if (zero3) {
+    BLU_CHECK(job, "--zero 3 shards over the job's ranks: it needs a process group");
+    model_->set_compute_copies(false);  // as ZeRO-3 does: each forward casts the gathered units
+    int64_t whole = 0;  // the parameters' bytes on the device now, each storage once
+    std::set<const Storage*> seen;
+    for (const Tensor& p : model_->parameters())
+      if (seen.insert(p.storage().get()).second) whole += int64_t(p.storage()->nbytes());
+    Allocator& alloc = allocator_for(device_);
+    const int64_t before = alloc.stats().current_bytes;
+    dist::StrategyConfig probe_sc = sc;
+    probe_sc.offload_state = false;
+    zero3_probe = std::make_unique<dist::Strategy>(
+        *model_, job, probe_sc, dist::OptimizerConfig{.name = o.optimizer, .lr = o.lr, .weight_decay = o.weight_decay});
+    zero3_opt = dynamic_cast<dist::ZeroAdamW*>(&zero3_probe->optimizer());
+    BLU_CHECK(zero3_opt, "plan_memory: the ZeRO-3 probe strategy has no ZeroAdamW");
+    in.state_shards = job->size();
+    in.measured_parameter_bytes = alloc.stats().current_bytes - before + whole - 8 * zero3_opt->shard_numel();
+  }
+  // ZeRO-3 keeps no compute copies (each forward casts the gathered units: the probe counts them).
+  in.compute_copy_bytes = !zero3 && (o.precision == "bf16" || o.precision == "fp16") ? 2 : 0;
   in.device_budget = offload::gib_to_bytes(o.gpu_memory_budget);
   in.host_budget = offload::gib_to_bytes(o.host_memory_budget);
   // Under --compile the state stays on the device (the compiler does not capture the offloaded
@@ -146,8 +172,11 @@ void Trainer::plan_memory(dist::StrategyConfig& sc, dist::PipelineStage* stage, 
               q.zero_grad();
             });
       const Tensor ids = zeros({o.batch_size, o.seq_len}, DType::i32, device_);
+      if (zero3) zero3_opt->begin_forward(i == 0);
       Tensor loss = model_->forward(ids, ids).loss;
+      if (zero3) zero3_opt->begin_backward();
       loss.backward();
+      if (zero3) zero3_opt->end_backward();
       to_device(loss, kCPU);  // waits for the device
       if (release)
         for (Tensor& p : params)
@@ -194,9 +223,9 @@ void Trainer::plan_memory(dist::StrategyConfig& sc, dist::PipelineStage* stage, 
   offload::MemoryPlan plan;
   if (o.recompute == "auto") {
     // Where the probe is collective (a pipeline's step, a tensor-parallel shard's forward and
-    // backward) every rank must probe the same candidates: a candidate is taken when it fits on
+    // backward, ZeRO-3's gathers) every rank must probe the same candidates: a candidate is taken when it fits on
     // every rank of the job. Replicas of a plain layout probe without collectives and decide alone.
-    const bool collective = job && (stage || split);
+    const bool collective = job && (stage || split || zero3);
     const auto all_fit = [&](bool fits) {
       if (!collective) return fits;
       Tensor misfit = full({1}, fits ? 0.0 : 1.0, DType::f32, device_);

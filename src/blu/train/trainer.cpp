@@ -522,7 +522,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
         };
       probe_stage = std::make_unique<dist::PipelineStage>(*model_, mesh_ ? mesh_->group_ptr({"pp"}) : pg, po);
     }
-    plan_memory(sc, probe_stage.get(), pg.get());
+    plan_memory(sc, probe_stage.get(), pg);
   }
   const dist::OptimizerConfig oc{.name = o.optimizer, .lr = o.lr, .weight_decay = o.weight_decay};
   strategy_ = make_layout_strategy(*model_, layout, mesh_.get(), pg, sc, oc, o.precision, pipeline_gradients);

@@ -277,8 +277,9 @@ class Trainer {
 
  private:
   // `stage`: a pipeline layout's probe stage (its step is what is measured); null otherwise.
-  // `job`: the job's process group (null on one rank), over which --recompute auto agrees.
-  void plan_memory(dist::StrategyConfig& sc, dist::PipelineStage* stage, dist::ProcessGroup* job);
+  // `job`: the job's process group (null on one rank), over which --recompute auto agrees and
+  // ZeRO-3's probe strategy shards.
+  void plan_memory(dist::StrategyConfig& sc, dist::PipelineStage* stage, const std::shared_ptr<dist::ProcessGroup>& job);
   // --recompute auto; all_fit(fits here) says whether a candidate fits on every rank that must agree.
   offload::MemoryPlan plan_with_recompute(offload::PlanInput& in, const std::function<void()>& probe,
                                           const std::function<bool(bool)>& all_fit);
