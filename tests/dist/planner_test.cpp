@@ -68,6 +68,25 @@ TEST(Planner, PipelineBubbleAndInFlightMicroBatches) {
   EXPECT_DOUBLE_EQ(g.activation_bytes, std::max(4 * b * 4 * 5000, 1 * b * (4 * 5000 + 20000)));
 }
 
+// A tied embedding/head weight: the first and the last stage each receive the other's part of its
+// gradient after the backward, so an end stage holds its state plus the larger of its activations
+// and that buffer; without a pipeline there is no exchange.
+TEST(Planner, TiedWeightExchangeBoundsTheEndStages) {
+  ModelCosts m = costs();
+  m.tied_params = 2000;
+  PlanJob job;
+  job.world = 2, job.batch = 8;
+  const Prediction untied = predict(resolved("pipeline(2, schedule=1f1b, micro=4)", 2), costs(), LinkCosts{}, job);
+  const Prediction tied = predict(resolved("pipeline(2, schedule=1f1b, micro=4)", 2), m, LinkCosts{}, job);
+  EXPECT_DOUBLE_EQ(tied.memory_bytes, tied.state_bytes + std::max(tied.activation_bytes, 2000.0 * 4));
+  EXPECT_DOUBLE_EQ(untied.memory_bytes, untied.state_bytes + untied.activation_bytes);
+  m.tied_params = 1e6;  // the exchange outweighs the activations
+  const Prediction big = predict(resolved("pipeline(2, schedule=1f1b, micro=4)", 2), m, LinkCosts{}, job);
+  EXPECT_DOUBLE_EQ(big.memory_bytes, big.state_bytes + 4e6);
+  EXPECT_DOUBLE_EQ(predict(resolved("replicate(2)", 2), m, LinkCosts{}, job).memory_bytes,
+                   predict(resolved("replicate(2)", 2), costs(), LinkCosts{}, job).memory_bytes);
+}
+
 TEST(Planner, ShardingShrinksState) {
   ModelCosts m = costs();
   m.largest_param = 3000;
@@ -86,6 +105,10 @@ TEST(Planner, ShardingShrinksState) {
   big.block_params = 4e6;
   EXPECT_LT(state(2, big), state(1, big));
   EXPECT_DOUBLE_EQ(state(2, big), state(1, big) - (8 * 4e6 + 4000) * 4 * 3 / 4 + 3 * 25.0 * 1048576);
+  // ZeRO-3 shards the parameters too, and gathers units: at the head's backward the rest (4000
+  // parameters and their whole gradient buffer) and the last block prefetched; in a block's
+  // backward the rest's gradient buffer, two blocks gathered and three blocks' gradient buffers.
+  EXPECT_DOUBLE_EQ(state(3, m), 12000.0 * 16 / 4 + std::max(4000.0 * 8 + 1000.0 * 4, 4000.0 * 4 + 1000.0 * (8 + 12)));
   const Prediction tp = predict(resolved("split(4)", 4), m, LinkCosts{1e-5, 1e9}, job);
   EXPECT_DOUBLE_EQ(tp.state_bytes, 12000.0 / 4 * 16);
   EXPECT_GT(tp.tp_comm_s, 0);

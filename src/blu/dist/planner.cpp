@@ -178,6 +178,7 @@ ModelCosts measure_model(models::CausalLM& model, int64_t b, int64_t T, int reps
   const double rest = std::max(0.0, m.other_params - emb - (model.tied_embeddings() ? 0.0 : head));
   m.first_params = emb + rest;
   m.last_params = head + rest;
+  m.tied_params = model.tied_embeddings() ? emb : 0.0;
   for (const Tensor& p : model.parameters()) m.largest_param = std::max(m.largest_param, double(p.numel()));
   const DType cdt = model.compute_dtype();
   const DType pdt = model.token_embedding().weight.dtype();
@@ -420,7 +421,17 @@ Prediction predict(const Layout& layout, const ModelCosts& m, const LinkCosts& l
     const double n = params[size_t(r)];
     double state = n * (m.param_bytes + m.compute_copy_bytes) / (layout.zero == 3 ? shard : 1.0) +
                    n * m.grad_bytes / (layout.zero >= 2 ? shard : 1.0) + n * m.optim_bytes / (layout.zero >= 1 ? shard : 1.0);
-    if (layout.zero == 3) state += (m.block_params / tp) * (m.param_bytes + m.compute_copy_bytes) * 2.0;  // gathered blocks
+    if (layout.zero == 3) {
+      // Gathered units (Note [ZeRO-3], dist/zero3.cpp), the larger of two moments: the head's
+      // backward, with the rest (embeddings, final norm, head) gathered, its whole gradient buffer
+      // and the last block prefetched; a block's backward, with the rest's gradient buffer (held
+      // through the backward), the block and its prefetched predecessor gathered, its gradient
+      // buffer and two reductions in flight. (ZeRO-3 runs without tensor or pipeline parallelism.)
+      const double unit = m.param_bytes + m.compute_copy_bytes;
+      const double head = m.other_params * (unit + m.grad_bytes) + m.block_params * unit;
+      const double block = m.other_params * m.grad_bytes + m.block_params * (2.0 * unit + 3.0 * m.grad_bytes);
+      state += std::max(head, block);
+    }
     if (layout.zero == 2) state += zero2_staging_bytes(n, m.largest_param, m.grad_bytes);  // at the default bucket size
     // The last stage needs no gradient from another: message-driven execution (the default) runs
     // each backward as soon as its forward is done, whatever the schedule, and keeps one.
@@ -432,10 +443,12 @@ Prediction predict(const Layout& layout, const ModelCosts& m, const LinkCosts& l
     const double per_seq = split ? double(blocks[size_t(r)]) * split->block_act_bytes + (last(r) ? split->other_act_bytes : 0.0)
                                  : (double(blocks[size_t(r)]) * m.block_act_bytes + (last(r) ? m.other_act_bytes : 0.0)) / tp;
     const double acts = in_flight * b * per_seq;
-    if (state + acts > p.memory_bytes) {
+    // The tied weight's gradient exchange comes after the backward, when the activations are gone.
+    const double tied = pp > 1 && (first(r) || last(r)) ? m.tied_params * m.grad_bytes / tp : 0.0;
+    if (state + std::max(acts, tied) > p.memory_bytes) {
       p.state_bytes = state;
       p.activation_bytes = acts;
-      p.memory_bytes = state + acts;
+      p.memory_bytes = state + std::max(acts, tied);
     }
   }
   p.fits = job.memory_budget <= 0 || p.memory_bytes <= job.memory_budget;

@@ -35,6 +35,10 @@ struct ModelCosts {
   double block_params = 0;  // parameters per block (the mean)
   double other_params = 0;  // outside the blocks (embeddings, final norm, head)
   double first_params = 0, last_params = 0;  // of those, on a pipeline's first and last stage
+  // A weight tied between the embedding and the head (GPT-2's wte): a pipeline's first and last
+  // stage each receive the other's part of its gradient at the end of the step, one more
+  // gradient's bytes once the activations are gone (dist/pipeline.h).
+  double tied_params = 0;
   double largest_param = 0;  // elements of the largest parameter (ZeRO-2 reduces it from its own gradient)
   // Forward + backward seconds for a micro-batch of b sequences: fixed + per_seq · b.
   double block_fixed_s = 0, block_per_seq_s = 0;  // one block
