@@ -70,8 +70,10 @@ TEST(Planner, PipelineBubbleAndInFlightMicroBatches) {
 
 // A tied embedding/head weight: the first and the last stage each receive the other's part of its
 // gradient after the backward, so an end stage holds its state plus the larger of its activations
-// and that buffer; without a pipeline there is no exchange.
-TEST(Planner, TiedWeightExchangeBoundsTheEndStages) {
+// and that buffer; without a pipeline there is no exchange. With several micro-batches the
+// largest parameter's gradient is also made apart before it is accumulated (not under ZeRO-3,
+// which reduces each micro-batch's).
+TEST(Planner, TiedWeightExchangeAndAccumulationBuffers) {
   ModelCosts m = costs();
   m.tied_params = 2000;
   PlanJob job;
@@ -85,6 +87,15 @@ TEST(Planner, TiedWeightExchangeBoundsTheEndStages) {
   EXPECT_DOUBLE_EQ(big.memory_bytes, big.state_bytes + 4e6);
   EXPECT_DOUBLE_EQ(predict(resolved("replicate(2)", 2), m, LinkCosts{}, job).memory_bytes,
                    predict(resolved("replicate(2)", 2), costs(), LinkCosts{}, job).memory_bytes);
+  m.tied_params = 0;
+  m.largest_param = 3000;
+  const Prediction acc = predict(resolved("pipeline(2, schedule=1f1b, micro=4)", 2), m, LinkCosts{}, job);
+  EXPECT_DOUBLE_EQ(acc.memory_bytes, acc.state_bytes + acc.activation_bytes + 3000.0 * 4);
+  job.grad_accum = 2;
+  const Prediction z3 = predict(resolved("replicate(2, zero=3)", 2), m, LinkCosts{}, job);
+  EXPECT_DOUBLE_EQ(z3.memory_bytes, z3.state_bytes + z3.activation_bytes);
+  const Prediction ddp = predict(resolved("replicate(2)", 2), m, LinkCosts{}, job);
+  EXPECT_DOUBLE_EQ(ddp.memory_bytes, ddp.state_bytes + ddp.activation_bytes + 3000.0 * 4);
 }
 
 TEST(Planner, ShardingShrinksState) {

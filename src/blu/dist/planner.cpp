@@ -443,12 +443,17 @@ Prediction predict(const Layout& layout, const ModelCosts& m, const LinkCosts& l
     const double per_seq = split ? double(blocks[size_t(r)]) * split->block_act_bytes + (last(r) ? split->other_act_bytes : 0.0)
                                  : (double(blocks[size_t(r)]) * m.block_act_bytes + (last(r) ? m.other_act_bytes : 0.0)) / tp;
     const double acts = in_flight * b * per_seq;
+    // From the second micro-batch on a gradient is made apart and then added into the accumulated
+    // one: the largest parameter's (a head or an embedding) is the most that is held twice.
+    // (ZeRO-3 reduces each micro-batch's gradients from a fresh buffer instead.)
+    const double accumulate = micro > 1 && layout.zero != 3 ? m.largest_param * m.grad_bytes / tp : 0.0;
     // The tied weight's gradient exchange comes after the backward, when the activations are gone.
     const double tied = pp > 1 && (first(r) || last(r)) ? m.tied_params * m.grad_bytes / tp : 0.0;
-    if (state + std::max(acts, tied) > p.memory_bytes) {
+    const double transient = std::max(acts + accumulate, tied);
+    if (state + transient > p.memory_bytes) {
       p.state_bytes = state;
       p.activation_bytes = acts;
-      p.memory_bytes = state + std::max(acts, tied);
+      p.memory_bytes = state + transient;
     }
   }
   p.fits = job.memory_budget <= 0 || p.memory_bytes <= job.memory_budget;
