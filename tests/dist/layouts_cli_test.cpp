@@ -303,7 +303,7 @@ TEST_F(DistLayouts, MemoryBudgetUnderPipelinePlansEachStage) {
     const std::string out = "pp_budget_" + c.name;
     r = train(c.family, c.ranks, c.rows, out,
               {"--parallel", c.layout, "--device", "cpu:1", "--gpu-memory-budget", c.budget, "--offload-state", c.state,
-               "--offload-chunk", "100000", "--log-every", "1", "--recompute", c.recompute});
+               "--offload-chunk", "100000", "--offload-update", "gpu", "--log-every", "1", "--recompute", c.recompute});
     ASSERT_EQ(r.status, 0) << c.name << "\n" << r.out << r.err;
     const bool split = c.layout.find("split") != std::string::npos;
     const std::string stage_line =

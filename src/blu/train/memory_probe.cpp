@@ -15,6 +15,7 @@
 #include "blu/offload/plan.h"
 #include "blu/ops/factory.h"
 #include "blu/ops/view.h"
+#include "blu/train/layout_setup.h"
 #include "blu/train/trainer.h"
 
 namespace blu::train {
@@ -67,12 +68,30 @@ offload::MemoryPlan Trainer::plan_with_recompute(offload::PlanInput& in, const s
   return {};
 }
 
-void Trainer::plan_memory(dist::StrategyConfig& sc, dist::PipelineStage* stage,
-                          const std::shared_ptr<dist::ProcessGroup>& job) {
+void Trainer::plan_memory(dist::StrategyConfig& sc, const dist::Layout& layout,
+                          const std::shared_ptr<dist::ProcessGroup>& job,
+                          const std::shared_ptr<dist::ProcessGroup>& pipeline_gradients) {
   const TrainOptions& o = opt_s_;
   BLU_CHECK(o.optimizer == "adamw", "--gpu-memory-budget/--offload-*: the planner handles adamw; got --optimizer ",
             o.optimizer);
-  BLU_CHECK(!pipelined_ || stage, "plan_memory: a pipeline layout is planned from its probe stage");
+  // A pipeline stage is probed by running a whole step of its schedule on a stage of its own
+  // (dropped after): the micro-batches in flight, the sends and receives and the replicas'
+  // gradient average are the training step's.
+  std::unique_ptr<dist::PipelineStage> probe_stage;
+  if (pipelined_) {
+    dist::PipelineOptions po = pipeline_options(layout);
+    po.gradients = pipeline_gradients;
+    if (layout.tp > 1) po.tp = mesh_->group_ptr({"tp"});
+    if (layout.dp > 1)
+      po.reduce_gradients = [this, dp = mesh_->group_ptr({"dp"})] {
+        std::vector<Tensor> grads;  // the stage's own: no other parameter runs on this rank
+        for (const Tensor& p : model_->parameters())
+          if (p.grad().defined()) grads.push_back(p.grad());
+        dist::all_reduce_packed(*dp, grads, dist::ReduceOp::avg);
+      };
+    probe_stage = std::make_unique<dist::PipelineStage>(*model_, mesh_ ? mesh_->group_ptr({"pp"}) : job, po);
+  }
+  dist::PipelineStage* const stage = probe_stage.get();
   offload::PlanInput in;
   // A tensor-parallel rank probes and plans its own shard (the model is split already), a
   // pipeline rank its stage's parameters; the fp32 masters on the host are implemented for data

@@ -505,24 +505,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     // Under tensor parallelism the probe runs this rank's shard: the model is split now
     // (make_layout_strategy finds it split).
     if (layout.tp > 1) split_tensor_parallel(*model_, layout, *mesh_, o.precision);
-    // A pipeline stage is probed by running a whole step of its schedule on a stage of its own
-    // (dropped after): the micro-batches in flight, the sends and receives and the replicas'
-    // gradient average are the training step's.
-    std::unique_ptr<dist::PipelineStage> probe_stage;
-    if (pipelined_) {
-      dist::PipelineOptions po = pipeline_options(layout);
-      po.gradients = pipeline_gradients;
-      if (layout.tp > 1) po.tp = mesh_->group_ptr({"tp"});
-      if (layout.dp > 1)
-        po.reduce_gradients = [this, dp = mesh_->group_ptr({"dp"})] {
-          std::vector<Tensor> grads;  // the stage's own: no other parameter runs on this rank
-          for (const Tensor& p : model_->parameters())
-            if (p.grad().defined()) grads.push_back(p.grad());
-          dist::all_reduce_packed(*dp, grads, dist::ReduceOp::avg);
-        };
-      probe_stage = std::make_unique<dist::PipelineStage>(*model_, mesh_ ? mesh_->group_ptr({"pp"}) : pg, po);
-    }
-    plan_memory(sc, probe_stage.get(), pg);
+    plan_memory(sc, layout, pg, pipeline_gradients);
   }
   const dist::OptimizerConfig oc{.name = o.optimizer, .lr = o.lr, .weight_decay = o.weight_decay};
   strategy_ = make_layout_strategy(*model_, layout, mesh_.get(), pg, sc, oc, o.precision, pipeline_gradients);

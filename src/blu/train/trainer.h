@@ -50,6 +50,7 @@
 #include "blu/core/rng.h"
 #include "blu/data/loader.h"
 #include "blu/data/ngram_baseline.h"
+#include "blu/dist/annotations.h"
 #include "blu/dist/env.h"
 #include "blu/dist/strategy.h"
 #include "blu/models/causal_lm.h"
@@ -276,10 +277,10 @@ class Trainer {
   const std::optional<offload::MemoryPlan>& memory_plan() const { return memory_plan_; }
 
  private:
-  // `stage`: a pipeline layout's probe stage (its step is what is measured); null otherwise.
   // `job`: the job's process group (null on one rank), over which --recompute auto agrees and
-  // ZeRO-3's probe strategy shards.
-  void plan_memory(dist::StrategyConfig& sc, dist::PipelineStage* stage, const std::shared_ptr<dist::ProcessGroup>& job);
+  // ZeRO-3's probe strategy shards; `pipeline_gradients`: a pipeline's second group (NCCL).
+  void plan_memory(dist::StrategyConfig& sc, const dist::Layout& layout, const std::shared_ptr<dist::ProcessGroup>& job,
+                   const std::shared_ptr<dist::ProcessGroup>& pipeline_gradients);
   // --recompute auto; all_fit(fits here) says whether a candidate fits on every rank that must agree.
   offload::MemoryPlan plan_with_recompute(offload::PlanInput& in, const std::function<void()>& probe,
                                           const std::function<bool(bool)>& all_fit);
