@@ -171,8 +171,8 @@ TEST_F(DistLayouts, UnsupportedLayoutsAreRefusedByName) {
 // AdamW's state offloaded under tensor and pipeline layouts (each rank's own parameters' state on
 // the host, either update): the same arithmetic, so the same losses bit for bit as the layout with
 // its state on the device. Every run on its rank's device pool cpu:1, as offload needs.
-// The pipeline's stages are placed on their device pools holding only their own parameters, and
-// train as one process does.
+// The pipeline's stages are placed on their device pools holding only their own parameters, a
+// tensor-parallel rank only its shard, and both train as one process does.
 TEST_F(DistLayouts, OffloadedStateUnderSplitAndPipelineMatchesOnDevice) {
   LaunchResult r = train("gpt2", 1, 4, "single", {});
   ASSERT_EQ(r.status, 0) << r.out << r.err;
@@ -195,6 +195,16 @@ TEST_F(DistLayouts, OffloadedStateUnderSplitAndPipelineMatchesOnDevice) {
     if (name == "pp") {
       EXPECT_NE(r.out.find("pipeline stage 0: " + std::to_string(stage0) + " of the model's " + std::to_string(whole) +
                            " parameter bytes placed on cpu:1"),
+                std::string::npos)
+          << r.out;
+    } else {  // rank 0's shard (fp32: 4 bytes a parameter), cut on the CPU and only then placed
+      const std::string shard = "tensor parallel: this rank's shard holds ";
+      const size_t at = r.out.find(shard);
+      ASSERT_NE(at, std::string::npos) << r.out;
+      const int64_t params = std::stoll(r.out.substr(at + shard.size()));
+      EXPECT_LT(4 * params, whole);
+      EXPECT_NE(r.out.find("tensor parallel rank 0: " + std::to_string(4 * params) + " of the model's " +
+                           std::to_string(whole) + " parameter bytes placed on cpu:1"),
                 std::string::npos)
           << r.out;
     }
@@ -255,9 +265,11 @@ TEST_F(DistLayouts, MemoryBudgetUnderSplitPlansTheRanksShard) {
   EXPECT_NE(r.err.find("the smallest device budget that fits is"), std::string::npos) << r.err;
   // Nothing of a run is written; the ranks' flight-recorder dumps (every rank dumps on a fatal
   // error once its groups exist: docs/reliability.md) are all the folder holds.
-  if (fs::exists(dir.path / "tp_tiny_budget"))
-    for (const auto& e : fs::directory_iterator(dir.path / "tp_tiny_budget"))
+  if (fs::exists(dir.path / "tp_tiny_budget")) {
+    for (const auto& e : fs::directory_iterator(dir.path / "tp_tiny_budget")) {
       EXPECT_EQ(e.path().filename(), "flight_recorder") << "a refused run left " << e.path();
+    }
+  }
 }
 
 // --gpu-memory-budget under a pipeline: each stage on its rank's device pool cpu:1 is probed by
@@ -311,6 +323,14 @@ TEST_F(DistLayouts, MemoryBudgetUnderPipelinePlansEachStage) {
     EXPECT_NE(r.out.find(c.family == "gpt2" ? stage_line + std::to_string(stage0) + " parameters" : stage_line),
               std::string::npos)
         << r.out;
+    if (split) {  // stage 0's shard is all its device ever got: the plan's parameters, 4 bytes each
+      const size_t at = r.out.find(stage_line);
+      ASSERT_NE(at, std::string::npos) << r.out;
+      const int64_t params = std::stoll(r.out.substr(at + stage_line.size()));
+      EXPECT_NE(r.out.find("pipeline stage 0 (a tensor-parallel shard): " + std::to_string(4 * params) + " of the model's "),
+                std::string::npos)
+          << r.out;
+    }
     const double planned = blu::test::planned_peak_bytes(r.out);
     ASSERT_GT(planned, 0) << r.out;
     const double peak = blu::test::metric_peak_bytes(dir.path / out);

@@ -12,6 +12,7 @@
 #include <iostream>
 #include <limits>
 #include <optional>
+#include <set>
 #include <ostream>
 #include <thread>
 
@@ -411,21 +412,30 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     init_weights(*model_, o.init_from, o.model);
     if (cb_.log) *cb_.log << "initialised from " << o.init_from << "\n";
   }
-  if (pipelined_ && layout.tp == 1) {
-    // A stage's device gets its own parameters only (the others arrive byte-less, as the stage
-    // keeps them), never the whole model. (Under pp × tp the split rewrites the whole model first.)
+  // A rank's device gets only what it trains, never the whole model: a pipeline stage's own
+  // parameters (the others arrive byte-less, as the stage keeps them), a tensor-parallel rank's
+  // shard. The split needs the tp group, so under tensor parallelism the model stays on the CPU
+  // until the groups exist (below).
+  std::set<std::string> stage_names;  // a pipeline stage's parameters, found on the whole model
+  int64_t whole_bytes = 0;
+  for (const Tensor& p : model_->parameters()) whole_bytes += int64_t(p.nbytes());
+  if (pipelined_) {
     const dist::PipelineOptions po = pipeline_options(layout);
     const dist::StageLayout sl = dist::split_blocks(int64_t(model_->num_blocks()), layout.pp, po.chunks, po.layers);
-    int64_t whole = 0;
-    for (const Tensor& p : model_->parameters()) whole += int64_t(p.nbytes());
-    const int64_t placed =
-        dist::place_stage_parameters(*model_, dist::stage_parameter_names(*model_, sl, grid.coordinate("pp")), device_);
-    if (cb_.log && device_ != kCPU)
-      *cb_.log << "pipeline stage 0: " << placed << " of the model's " << whole << " parameter bytes placed on "
-               << device_.str() << " (" << format_bytes(placed) << ")\n";
-  } else if (device_ != kCPU) {
-    model_->to(device_);
+    stage_names = dist::stage_parameter_names(*model_, sl, grid.coordinate("pp"));
   }
+  const auto place = [&] {
+    std::set<std::string> mine = stage_names;
+    if (!pipelined_)
+      for (const auto& [name, p] : model_->named_parameters()) mine.insert(name);
+    const int64_t placed = dist::place_stage_parameters(*model_, mine, device_);
+    if (cb_.log && device_ != kCPU && (pipelined_ || layout.tp > 1))
+      *cb_.log << (pipelined_ ? "pipeline stage 0" : "tensor parallel rank 0")
+               << (pipelined_ && layout.tp > 1 ? " (a tensor-parallel shard)" : "") << ": " << placed
+               << " of the model's " << whole_bytes << " parameter bytes placed on " << device_.str() << " ("
+               << format_bytes(placed) << ")\n";
+  };
+  if (layout.tp == 1) place();
   model_->train();
   apply_precision(*model_, o.precision);
   // auto: the budget planner picks the policy (memory_probe.cpp); until then, none.
@@ -462,6 +472,10 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     // here (dist/flight_recorder.h).
     if (!o.out.empty())
       dist::FlightRecorder::global().set_dump_target((fs::path(o.out) / "flight_recorder").string(), rank_, world);
+  }
+  if (layout.tp > 1) {  // this rank's shard, cut on the CPU, then placed (a stage's part of it)
+    split_tensor_parallel(*model_, layout, *mesh_, o.precision);
+    place();
   }
   if (o.compile) pg = compiler::capturable(std::move(pg));  // collectives recorded into the captured step
   dist::StrategyConfig sc;
@@ -502,9 +516,6 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
       *cb_.log << "optimizer state on the host (each rank's own parameters), update on the "
                << offload::update_name(sc.offload.update) << "\n";
   } else if (budgets || o.offload_state != "auto" || o.offload_update != "auto") {
-    // Under tensor parallelism the probe runs this rank's shard: the model is split now
-    // (make_layout_strategy finds it split).
-    if (layout.tp > 1) split_tensor_parallel(*model_, layout, *mesh_, o.precision);
     plan_memory(sc, layout, pg, pipeline_gradients);
   }
   const dist::OptimizerConfig oc{.name = o.optimizer, .lr = o.lr, .weight_decay = o.weight_decay};
