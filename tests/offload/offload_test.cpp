@@ -374,11 +374,63 @@ TEST(Offload, RecomputeAutoPicksTheLeastThatFits) {
   std::ostringstream log;
   test::expect_error([&] { train::Trainer t(tiny, {.log = &log}); },
                      {"--recompute auto: no recompute setting fits", "--recompute none, --offload-state none",
-                      "--recompute block, --offload-state auto", "the smallest device budget that fits is"});
+                      "--recompute block, --offload-state auto",
+                      "--recompute block, --offload-activations, --offload-state auto",
+                      "the smallest device budget that fits is"});
   train::TrainOptions unbounded = pool_run(data, "", "fp32");
   unbounded.recompute = "auto";
   test::expect_error([&] { train::Trainer t(unbounded, {.log = &log}); },
                      {"--recompute auto picks the least recompute that fits a --gpu-memory-budget"});
+}
+
+// --recompute auto's last resort: the block inputs a whole-block recompute keeps, offloaded to host
+// memory. Under a budget below what whole-block recompute needs with the optimizer state offloaded,
+// and above what it needs with its kept activations offloaded too, auto takes that candidate; the
+// run is the plain run (offload and recompute change no arithmetic), its peak within 5% of the plan
+// and under the budget.
+TEST(Offload, RecomputeAutoOffloadsActivationsLast) {
+  TempDir data;
+  train::test_util::write_toy_shards(data.path(), kVocab, 2048, 8192);
+  // Six blocks of 32 positions: in the backward a block's input and the next one's (fetched ahead)
+  // are on the device, the other four on the host.
+  const auto deep = [](train::TrainOptions o) {
+    o.model["n_layer"] = 6;
+    o.seq_len = 32;
+    o.steps = 4;
+    return o;
+  };
+  auto need = [&](bool offload_activations) {
+    train::TrainOptions o = deep(pool_run(data, "", "fp32"));
+    o.gpu_memory_budget = 1.0;
+    o.recompute = "block";
+    o.offload_state = "optimizer";
+    o.offload_update = "cpu";  // (the update streamed through the device adds its chunks' staging)
+    o.offload_activations = offload_activations;
+    const RunResult r = run(o);
+    EXPECT_TRUE(r.plan && r.plan->offload_state) << r.log;
+    return r.plan ? r.plan->device_peak_bytes : 0;
+  };
+  const int64_t kept = need(false), offloaded = need(true);
+  ASSERT_LT(offloaded, kept);
+  const RunResult plain = run(deep(pool_run(data, "", "fp32")));
+  train::TrainOptions o = deep(pool_run(data, "", "fp32"));
+  o.recompute = "auto";
+  o.offload_update = "cpu";
+  const int64_t budget = (kept + offloaded) / 2;
+  o.gpu_memory_budget = double(budget) / double(int64_t(1) << 30);
+  const RunResult r = run(o);
+  ASSERT_TRUE(r.plan) << r.log;
+  EXPECT_NE(r.log.find("recompute auto: block, --offload-activations (the least recompute that fits)"),
+            std::string::npos)
+      << r.log;
+  EXPECT_TRUE(r.plan->offload_state) << r.log;
+  EXPECT_LE(r.plan->device_peak_bytes, budget);
+  EXPECT_LE(r.pool_peak, budget);
+  EXPECT_NEAR(double(r.step_peak), double(r.plan->device_peak_bytes), 0.05 * double(r.plan->device_peak_bytes)) << r.log;
+  expect_same_run(plain, r);
+  std::printf("recompute auto under %lld bytes: block with its kept activations offloaded, planned %lld, steps' peak "
+              "%lld (kept on the device it needs %lld)\n",
+              (long long)budget, (long long)r.plan->device_peak_bytes, (long long)r.step_peak, (long long)kept);
 }
 
 // The fp32 masters on the host too (Note [Masters on the host]): the same arithmetic, so the same

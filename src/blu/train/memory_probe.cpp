@@ -30,38 +30,51 @@ namespace blu::train {
 // Recompute costs a share of a forward; moving the state to the host costs its transfers or a host
 // update (docs/offload.md), more at every batch size measured, so every recompute setting is tried
 // with the state on the device before the user's --offload-state choice is let in (never under
-// --compile, which keeps the state on the device). Each candidate is probed (the activation bytes
-// are measured, not modelled); the model keeps the policy chosen.
+// --compile, which keeps the state on the device). Offloading the activations a whole-block
+// recompute keeps (its blocks' inputs) comes last, with either state: the step waits for their
+// fetches (measured not hidden on the GPU). With --offload-activations given, every candidate
+// offloads what it keeps. Each candidate is probed (the activation bytes are measured, not
+// modelled); the model keeps the policy chosen.
 offload::MemoryPlan Trainer::plan_with_recompute(offload::PlanInput& in, const std::function<void()>& probe,
                                                  const std::function<bool(bool)>& all_fit) {
   const TrainOptions& o = opt_s_;
-  static const char* const kCandidates[] = {"none", "selective", "block:4", "block:2", "block"};
+  struct Candidate {
+    const char* recompute;
+    bool offload_activations;
+    std::string state;
+  };
   std::vector<std::string> states = {"none"};
   if (!o.compile && o.offload_state != "none") states.push_back(o.offload_state);
+  std::vector<Candidate> candidates;
+  for (const std::string& state : states)
+    for (const char* r : {"none", "selective", "block:4", "block:2", "block"})
+      candidates.push_back({r, o.offload_activations, state});
+  if (!o.offload_activations && !o.compile)  // the compiler does not capture activation offload
+    for (const std::string& state : states) candidates.push_back({"block", true, state});
   std::string tried;
-  for (const std::string& state : states) {
-    for (const char* r : kCandidates) {
-      model_->set_activation_policy(models::ActivationPolicy::parse(r, o.offload_activations));
-      probe();
-      in.offload_state = state;
-      std::optional<offload::MemoryPlan> plan;
-      std::string why;
-      try {
-        plan = offload::plan_memory(in);
-      } catch (const Error& e) {
-        why = e.what();
-      }
-      if (all_fit(plan.has_value())) {
-        if (cb_.log)
-          *cb_.log << "recompute auto: " << r << " (the least recompute that fits"
-                   << (state == "none" ? " with the optimizer state on the device" : "") << ")\n";
-        return *plan;
-      }
-      const size_t at = why.rfind("the smallest device budget that fits is ");
-      tried += std::string("\n  --recompute ") + r + ", --offload-state " + state + ": " +
-               (plan ? std::string("fits this rank, not every rank")
-                     : at == std::string::npos ? why.substr(0, 120) : why.substr(at));
+  for (const Candidate& c : candidates) {
+    model_->set_activation_policy(models::ActivationPolicy::parse(c.recompute, c.offload_activations));
+    probe();
+    in.offload_state = c.state;
+    std::optional<offload::MemoryPlan> plan;
+    std::string why;
+    try {
+      plan = offload::plan_memory(in);
+    } catch (const Error& e) {
+      why = e.what();
     }
+    const std::string name =
+        std::string(c.recompute) + (c.offload_activations && !o.offload_activations ? ", --offload-activations" : "");
+    if (all_fit(plan.has_value())) {
+      if (cb_.log)
+        *cb_.log << "recompute auto: " << name << " (the least recompute that fits"
+                 << (c.state == "none" ? " with the optimizer state on the device" : "") << ")\n";
+      return *plan;
+    }
+    const size_t at = why.rfind("the smallest device budget that fits is ");
+    tried += "\n  --recompute " + name + ", --offload-state " + c.state + ": " +
+             (plan ? std::string("fits this rank, not every rank")
+                   : at == std::string::npos ? why.substr(0, 120) : why.substr(at));
   }
   BLU_CHECK(false, "--recompute auto: no recompute setting fits the budget (--gpu-memory-budget ", o.gpu_memory_budget,
             ", --host-memory-budget ", o.host_memory_budget, "):", tried);
