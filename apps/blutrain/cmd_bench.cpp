@@ -260,6 +260,7 @@ int run_bench_layout(const BenchOptions& o) {
   dist::PlanJob job;
   job.world = world;
   job.batch = rows_micro * layout.dp * micro;
+  job.rank_speeds = decision.rank_speeds;  // as auto predicted it (each replica at its pace)
   const dist::Prediction pred = dist::predict(layout, costs, link, job);
 
   train::LayoutGroups groups;

@@ -15,6 +15,7 @@ TEST(Hetero, ProportionalSplit) {
   EXPECT_EQ(proportional_split(16, {3, 1}), std::vector<int64_t>({12, 4}));
   EXPECT_EQ(proportional_split(10, {1, 1, 1}), std::vector<int64_t>({4, 3, 3}));  // ties to the lower index
   EXPECT_EQ(proportional_split(5, {100, 1}), std::vector<int64_t>({4, 1}));      // at least one each
+  EXPECT_EQ(proportional_split(10, {0.8, 0.2}), std::vector<int64_t>({8, 2}));   // the shares, not one each first
   EXPECT_EQ(proportional_split(7, {0.5, 0.25, 0.25}, 2), std::vector<int64_t>({3, 2, 2}));
   int64_t sum = 0;
   for (int64_t v : proportional_split(1001, {0.3, 0.2, 0.5})) sum += v;
@@ -55,6 +56,13 @@ TEST(Hetero, ProbeFindsAnInjectedSlowdown) {
 // both give one process's losses (worker_test.cpp: hetero_train; docs/distributed.md quotes its line).
 TEST(Hetero, ProbedTensorParallelWidthsAreFasterWithTheSameLosses) {
   const auto r = test::run_workers("hetero_tp", 2);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  std::printf("%s", r.out.c_str());
+}
+
+// --parallel auto weighs the replicas by the ranks' probed speeds (worker_test.cpp: hetero_auto).
+TEST(Hetero, AutoWeighsUnequalReplicas) {
+  const auto r = test::run_workers("hetero_auto", 2);
   EXPECT_EQ(r.status, 0) << r.out << r.err;
   std::printf("%s", r.out.c_str());
 }

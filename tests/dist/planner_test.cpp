@@ -49,6 +49,35 @@ TEST(Planner, SingleDeviceIsTheMeasuredParts) {
   EXPECT_DOUBLE_EQ(p.activation_bytes, b * (8 * 5000 + 20000));
 }
 
+// Unequal ranks (PlanJob::rank_speeds, the costs the slowest rank's): an even layout runs at its
+// slowest replica's pace; plan() adds the replicas weighted by their speeds, whose text states the
+// weights, whose compute follows the rows each replica gets at its speed, and which it ranks
+// first. Speeds closer than kUnequalSpeeds add nothing.
+TEST(Planner, UnequalRanksGetWeightedReplicas) {
+  const ModelCosts m = costs();
+  PlanJob job;
+  job.world = 2, job.batch = 10;
+  job.rank_speeds = {4.0, 1.0};  // rank 0 four times rank 1's speed
+  const Prediction even = predict(resolved("replicate(2)", 2), m, LinkCosts{}, job);
+  // Each replica 5 rows; rank 1 (the costs' speed) bounds the step.
+  EXPECT_DOUBLE_EQ(even.compute_s, 8 * (0.001 + 0.002 * 5) + (0.004 + 0.003 * 5));
+  const std::vector<Prediction> ranked = plan(m, LinkCosts{}, job, names(8), 8, 8, 64);
+  const auto weighted = std::find_if(ranked.begin(), ranked.end(),
+                                     [](const Prediction& p) { return p.text == "replicate(2, weights=[0.8,0.2])"; });
+  ASSERT_NE(weighted, ranked.end());
+  // Rows 8 and 2 (dist::proportional_split): rank 0's 8 at four times the speed take what 2 take
+  // on rank 1.
+  EXPECT_DOUBLE_EQ(weighted->compute_s, 8 * (0.001 + 0.002 * 2) + (0.004 + 0.003 * 2));
+  EXPECT_NE(ranked.front().text.find("weights=[0.8,0.2]"), std::string::npos) << ranked.front().text;
+  EXPECT_LT(ranked.front().step_s, even.step_s);
+  const Layout back = resolved(weighted->text, 2);
+  EXPECT_NEAR(back.replica_weights[0], 0.8, 1e-12);
+  // Within the noise: no weighted layout.
+  job.rank_speeds = {1.4, 1.0};
+  for (const Prediction& p : plan(m, LinkCosts{}, job, names(8), 8, 8, 64))
+    EXPECT_EQ(p.text.find("weights="), std::string::npos) << p.text;
+}
+
 TEST(Planner, PipelineBubbleAndInFlightMicroBatches) {
   const ModelCosts m = costs();
   PlanJob job;

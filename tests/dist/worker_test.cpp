@@ -19,6 +19,7 @@
 #include "blu/dist/process_group.h"
 #include "blu/dist/strategy.h"
 #include "blu/dist/tcp_store.h"
+#include "blu/train/layout_setup.h"
 #include "blu/optim/loss_scaler.h"
 #include "ddp_harness.h"
 #include "pipeline_harness.h"
@@ -143,6 +144,46 @@ void hetero_train() {
     EXPECT_NEAR(even_losses[size_t(i)], ref[size_t(i)], 1e-5 * ref[size_t(i)]) << "step " << i;
     EXPECT_NEAR(aware_losses[size_t(i)], ref[size_t(i)], 1e-5 * ref[size_t(i)]) << "step " << i;
   }
+}
+
+// `--parallel auto` on unequal ranks (train::decide_layout, as the trainer and bench call it):
+// rank 1 sleeps 6 ms per row of every block's input, hidden from the planner. The ranks' probed
+// step times show it, the planner weighs the replicas weighted by their speeds against the even
+// ones, and picks a weighted layout that gives rank 0 the larger share; its predicted step is
+// below the even replicate(2)'s.
+void hetero_auto() {
+  Rank rk(60000ms);
+  const int rank = rk.env.rank;
+  auto model = models::build_model(models::resolve_model_config("llama:tiny"), 3);
+  const double per_row = 0.006;
+  if (rank == 1)
+    model->add_block_hooks([=](size_t, const Tensor& x) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(per_row * double(x.size(0))));
+      return x;
+    }, nullptr);
+  const int64_t T = 16, rows_per_rank = 4;
+  ModelCosts costs = measure_model(*model, 2, T, 3, rk.pg.get());
+  take_slowest(costs, *rk.pg, kCPU);
+  const LinkCosts link = measure_link(*rk.pg, kCPU, 5);
+  const train::LayoutDecision d =
+      train::decide_layout("auto", *model, costs, link, rk.pg.get(), rk.store.get(), rank, 2, rows_per_rank, T, 0);
+  ASSERT_EQ(d.probe_ms.size(), 2u);
+  EXPECT_GT(d.probe_ms[1], d.probe_ms[0]);
+  const Layout l = resolve_layout(parse_annotation(d.text), {"model.layers.0", "model.layers.1"}, 2);
+  ASSERT_EQ(l.replica_weights.size(), 2u) << d.text;
+  EXPECT_NE(d.text.find("weights=["), std::string::npos) << d.text;
+  EXPECT_GT(l.replica_weights[0], l.replica_weights[1]) << d.text;
+  // d.plan holds the five fastest: the even replicate(2) ranks below the pick, or not among them.
+  EXPECT_EQ(d.plan[0]["layout"].get<std::string>(), d.text);
+  std::string even = "not among the five fastest";
+  for (const auto& p : d.plan)
+    if (p["layout"] == "replicate(2)") {
+      EXPECT_LT(d.plan[0]["step_ms"].get<double>(), p["step_ms"].get<double>()) << d.plan.dump();
+      even = std::to_string(p["step_ms"].get<double>()) + " ms";
+    }
+  if (rank == 0)
+    std::printf("hetero auto: probe %.1f / %.1f ms -> %s (predicted %.1f ms; replicate(2): %s)\n", d.probe_ms[0],
+                d.probe_ms[1], d.text.c_str(), d.plan[0]["step_ms"].get<double>(), even.c_str());
 }
 
 // Tensor parallelism on unequal ranks: rank 1 sleeps 0.4 ms per MLP column it holds in every
@@ -441,6 +482,7 @@ TEST(DistWorker, Run) {
   if (scenario == "mesh") return mesh();
   if (scenario == "probe_speeds") return probe_speeds();
   if (scenario == "hetero_train") return hetero_train();
+  if (scenario == "hetero_auto") return hetero_auto();
   if (scenario == "hetero_tp") return hetero_tp();
   if (scenario == "peer_dies") return peer_dies();
   if (scenario == "peer_stalls") return peer_stalls();

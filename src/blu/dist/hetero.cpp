@@ -67,20 +67,27 @@ std::vector<int64_t> proportional_split(int64_t total, const std::vector<double>
     BLU_CHECK(w > 0 && std::isfinite(w), "proportional_split: weight ", w, " (expected positive)");
     wsum += w;
   }
-  // Each part gets min_each, the rest goes by weight: floors first, then the largest remainders.
-  const int64_t spare = total - min_each * n;
-  std::vector<int64_t> out(size_t(n), min_each);
+  // Every unit by weight (floors first, then the largest remainders), then a part below min_each
+  // takes units from the largest part: the parts stay as close to the exact shares as the floor
+  // allows (one unit to each first would move 0.8/0.2 of 10 to 7/3).
+  std::vector<int64_t> out(size_t(n), 0);
   std::vector<std::pair<double, int64_t>> rem;
   int64_t given = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const double exact = double(spare) * weights[size_t(i)] / wsum;
+    const double exact = double(total) * weights[size_t(i)] / wsum;
     const int64_t fl = int64_t(std::floor(exact));
-    out[size_t(i)] += fl;
+    out[size_t(i)] = fl;
     given += fl;
     rem.push_back({exact - double(fl), i});
   }
   std::stable_sort(rem.begin(), rem.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  for (int64_t k = 0; k < spare - given; ++k) ++out[size_t(rem[size_t(k)].second)];
+  for (int64_t k = 0; k < total - given; ++k) ++out[size_t(rem[size_t(k)].second)];
+  for (int64_t& part : out)
+    while (part < min_each) {
+      int64_t& largest = *std::max_element(out.begin(), out.end());
+      --largest;
+      ++part;
+    }
   return out;
 }
 

@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <iomanip>
 #include <sstream>
 
 #include "blu/core/error.h"
 #include "blu/core/grad_mode.h"
 #include "blu/dist/ddp.h"
+#include "blu/dist/hetero.h"
 #include "blu/dist/tensor_parallel.h"
 #include "blu/dist/zero.h"
 #include "blu/memory/allocator.h"
@@ -20,6 +22,13 @@
 namespace blu::dist {
 
 namespace {
+
+// A replica weight as the layout's text states it: four significant digits.
+std::string format_weight(double w) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", w);
+  return buf;
+}
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
@@ -295,13 +304,34 @@ Prediction predict(const Layout& layout, const ModelCosts& m, const LinkCosts& l
   p.layout = layout;
   const int dp = layout.dp, pp = layout.pp, tp = layout.tp;
   const bool piped = pp > 1 || layout.micro_batches > 0;
-  // The replica with the largest share bounds the step.
-  double share = 0;
-  for (double w : layout.replica_weights) share = std::max(share, w);
-  if (layout.replica_weights.empty()) share = 1.0 / dp;
-  const double seqs = double(job.batch) * share;
   const double micro = piped ? double(std::max<int64_t>(1, layout.micro_batches)) : double(job.grad_accum);
-  const double b = seqs / micro;  // sequences per micro-batch
+  // Each replica's rows per micro-batch, as the runtime splits them (dist::proportional_split):
+  // the largest sets the memory and the collectives' volume (b); the compute is bounded by the
+  // replica whose rows take longest at its slowest rank's speed, as rows at the speed the costs
+  // were probed at (bt).
+  const std::vector<double> even(size_t(dp), 1.0 / dp);
+  const std::vector<double>& weights = layout.replica_weights.empty() ? even : layout.replica_weights;
+  const bool uneven = std::any_of(weights.begin(), weights.end(), [&](double w) { return std::abs(w - 1.0 / dp) > 1e-9; });
+  const double per_micro = double(job.batch) / micro;
+  std::vector<double> replica_rows(size_t(dp), per_micro / dp);
+  if (uneven && per_micro >= dp) {
+    const std::vector<int64_t> r = proportional_split(int64_t(per_micro), weights);
+    for (int i = 0; i < dp; ++i) replica_rows[size_t(i)] = double(r[size_t(i)]);
+  } else if (uneven) {
+    for (int i = 0; i < dp; ++i) replica_rows[size_t(i)] = per_micro * weights[size_t(i)];
+  }
+  const bool speeds = int(job.rank_speeds.size()) == job.world && job.world == dp * pp * tp;
+  const double slowest = speeds ? *std::min_element(job.rank_speeds.begin(), job.rank_speeds.end()) : 1.0;
+  double b = 0, bt = 0;
+  for (int i = 0; i < dp; ++i) {
+    double pace = 1.0;  // the replica's slowest rank against the job's slowest
+    if (speeds) {
+      const auto first = job.rank_speeds.begin() + i * pp * tp;
+      pace = *std::min_element(first, first + pp * tp) / slowest;
+    }
+    b = std::max(b, replica_rows[size_t(i)]);
+    bt = std::max(bt, replica_rows[size_t(i)] / pace);
+  }
 
   // Blocks per pipeline rank: with chunks, rank r runs virtual stages r, r + pp, …
   std::vector<int64_t> blocks(size_t(pp), 0);
@@ -320,13 +350,13 @@ Prediction predict(const Layout& layout, const ModelCosts& m, const LinkCosts& l
                             [&](double w) { return std::abs(w - 1.0 / tp) < 1e-9; }))
     for (const ModelCosts::Split& s : m.splits)
       if (s.tp == tp && (!split || s.sequence_parallel == layout.sequence_parallel)) split = &s;
-  const double block_t = split ? split->block_fixed_s + split->block_per_seq_s * b
-                               : m.block_fixed_s + m.block_per_seq_s * b * tp_width;
+  const double block_t = split ? split->block_fixed_s + split->block_per_seq_s * bt
+                               : m.block_fixed_s + m.block_per_seq_s * bt * tp_width;
   // Embedding, head and loss; of those the embedding runs on the first stage, the rest on the last.
-  const double other_t = split ? split->other_fixed_s + split->other_per_seq_s * b
-                               : m.other_fixed_s + m.other_per_seq_s * b * tp_width;
-  const double embed_t = std::min(other_t, split ? split->embed_fixed_s + split->embed_per_seq_s * b
-                                                 : m.embed_fixed_s + m.embed_per_seq_s * b * tp_width);
+  const double other_t = split ? split->other_fixed_s + split->other_per_seq_s * bt
+                               : m.other_fixed_s + m.other_per_seq_s * bt * tp_width;
+  const double embed_t = std::min(other_t, split ? split->embed_fixed_s + split->embed_per_seq_s * bt
+                                                 : m.embed_fixed_s + m.embed_per_seq_s * bt * tp_width);
 
   // Tensor parallelism: per block two all-reduces forward and two backward of [b, T, C]
   // (sequence parallel: all-gathers and reduce-scatters of the same total volume), one for the
@@ -499,6 +529,13 @@ std::string layout_text(const Layout& l, const std::vector<std::string>& names) 
   if (l.dp > 1 || inner.empty()) {
     os << "replicate(" << l.dp;
     if (l.zero) os << ", zero=" << l.zero;
+    if (std::any_of(l.replica_weights.begin(), l.replica_weights.end(),
+                    [&](double x) { return std::abs(x - 1.0 / l.dp) > 1e-9; })) {
+      os << ", weights=[";
+      for (size_t i = 0; i < l.replica_weights.size(); ++i)
+        os << (i ? "," : "") << format_weight(l.replica_weights[i]);
+      os << "]";
+    }
     os << ")";
     if (!inner.empty()) os << " { " << inner << " }";
     return os.str();
@@ -551,6 +588,26 @@ std::vector<Prediction> plan(const ModelCosts& m, const LinkCosts& link, const P
             Prediction p = predict(l, m, link, job);
             p.text = layout_text(l, names);
             out.push_back(std::move(p));
+            // The replicas weighted by their speeds (each its slowest rank's), where they differ.
+            if (dp > 1 && int(job.rank_speeds.size()) == job.world) {
+              std::vector<double> pace(static_cast<size_t>(dp));
+              for (int i = 0; i < dp; ++i) {
+                const auto at = job.rank_speeds.begin() + i * pp * tp;
+                pace[size_t(i)] = *std::min_element(at, at + pp * tp);
+              }
+              const auto [lo, hi] = std::minmax_element(pace.begin(), pace.end());
+              if (*lo > 0 && *hi >= kUnequalSpeeds * *lo && job.batch / micro >= dp) {
+                Layout w = l;
+                double total = 0;
+                for (double x : pace) total += x;
+                // Four significant digits, as the text states them (the runtime splits by the text).
+                for (int i = 0; i < dp; ++i)
+                  w.replica_weights[size_t(i)] = std::stod(format_weight(pace[size_t(i)] / total));
+                Prediction q = predict(w, m, link, job);
+                q.text = layout_text(w, names);
+                out.push_back(std::move(q));
+              }
+            }
           }
         }
       }

@@ -82,7 +82,16 @@ struct PlanJob {
   int64_t batch = 1;        // sequences per optimizer step, over all replicas
   int64_t grad_accum = 1;   // micro-batches per replica when not pipelined
   double memory_budget = 0; // bytes per rank (0: no limit)
+  // Each rank's relative speed (dist::speeds_from_times of a probe of the whole model on every
+  // rank; row-major dp × pp × tp), whose slowest rank the ModelCosts describe; empty: all alike.
+  // A replica runs at its slowest rank's pace. Where the fastest replica is at least
+  // kUnequalSpeeds times the slowest, plan() adds each layout with replicas weighted by their speeds.
+  std::vector<double> rank_speeds;
 };
+// Below this ratio of replica speeds the replicas stay even: a probe's spread on shared CPU cores
+// is noise (two ranks beside other work measured 1.25× apart), and a smaller difference gains
+// little (at 1.5× the weighted compute is 0.8× the even one).
+inline constexpr double kUnequalSpeeds = 1.5;
 
 struct Prediction {
   Layout layout;
@@ -119,7 +128,9 @@ Prediction predict(const Layout& layout, const ModelCosts& m, const LinkCosts& l
 std::string layout_text(const Layout& layout, const std::vector<std::string>& block_names);
 
 // Every layout of job.world ranks that the model admits (dp × pp × tp, ZeRO 0–3, each schedule, a
-// few micro-batch counts), predicted and sorted: fitting ones by step time first, then the rest.
+// few micro-batch counts; with unequal job.rank_speeds each one with replicas also with weights
+// in proportion to its replicas' speeds), predicted and sorted: fitting ones by step time first,
+// then the rest.
 std::vector<Prediction> plan(const ModelCosts& m, const LinkCosts& link, const PlanJob& job,
                              const std::vector<std::string>& block_names, int64_t heads, int64_t kv_heads,
                              int64_t vocab);

@@ -58,6 +58,14 @@ LayoutDecision decide_layout(const std::string& text, models::CausalLM& model, c
     job.world = world;
     job.batch = rows_per_rank * world;
     job.memory_budget = memory_budget;
+    // Each rank's speed on the whole model (the costs are the slowest rank's): replicas of
+    // unequal speed are weighed with rows in proportion to it.
+    if (probe_pg && world > 1) {
+      const std::vector<double> t =
+          dist::probe_step_times(model, *probe_pg, std::max<int64_t>(1, rows_per_rank / 2), seq, 5);
+      job.rank_speeds = d.rank_speeds = dist::speeds_from_times(t);
+      for (double s : t) d.probe_ms.push_back(s * 1e3);
+    }
     const std::vector<dist::Prediction> ranked = dist::plan(costs, link, job, names, tp_units, tp_units, tp_units);
     BLU_CHECK(!ranked.empty(), "--parallel auto: no layout of ", world, " ranks admits a global batch of ", job.batch,
               " rows");
@@ -89,6 +97,7 @@ LayoutDecision decide_layout(const std::string& text, models::CausalLM& model, c
   const std::vector<double> t =
       probe_pg ? dist::probe_step_times(model, *probe_pg, probe_b, seq, 3) : std::vector<double>{1.0};
   const std::vector<double> w = dist::speeds_from_times(t);
+  d.rank_speeds = w;
   std::string stated = "[";
   char buf[32];
   for (size_t i = 0; i < w.size(); ++i) {
@@ -180,6 +189,11 @@ LayoutDecision decide_parallel(const TrainOptions& o, const dist::DistEnv& env,
   default_generator() = saved;
   if (log && env.rank == 0) {
     if (o.parallel == "auto") {
+      if (!d.probe_ms.empty()) {
+        *log << "parallel auto: the ranks' probed step times";
+        for (double t : d.probe_ms) *log << " " << t << " ms";
+        *log << "\n";
+      }
       *log << "parallel auto: the planner's fastest layouts for " << o.batch_size * env.world_size
                << " rows per step on " << env.world_size << " rank(s):\n";
       for (const auto& p : d.plan) {
