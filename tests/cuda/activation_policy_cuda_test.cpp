@@ -1,7 +1,8 @@
 // Activation policies on the GPU (models/activations.h, memory/host_transfer.h):
 //   - the CUDA HostTransfer moves a storage to pinned host memory and back on its side stream, in
 //     order with the current stream, even when the source is freed and its block reused right
-//     after to_host (record_stream keeps the block until the copy has read it);
+//     after to_host (record_stream keeps the block until the copy has read it), and a fetch back
+//     into a block the current stream has queued work on waits for that work;
 //   - a bf16 GPT-2 step (flash attention, dropout on) under every policy — selective, block,
 //     block:2, offload and their combinations — has the plain step's loss bit for bit (the forward
 //     is deterministic) and its gradients within the run-to-run noise of the attention backward's
@@ -43,6 +44,31 @@ TEST(ActivationOffloadCuda, RoundTripThroughPinnedMemoryOnTheSideStream) {
   const Tensor got(back.storage, {n}, {1}, 0, DType::f32);
   EXPECT_EQ(to_vector(got), want);
   EXPECT_EQ(to_vector(narrow(scribble, 0, 0, 4)), (std::vector<double>{-7, -7, -7, -7}));
+}
+
+// A fetch back (to_device) gets a block from the caching allocator, which hands a block freed by
+// the current stream back to it at once — though work that stream has queued may still write it.
+// The side stream's copy must wait for that work: here a fill queued behind a long GEMM, on a
+// block freed right after, would land on the fetched bytes.
+TEST(ActivationOffloadCuda, FetchWaitsForWorkQueuedOnTheBlockItReuses) {
+  SKIP_WITHOUT_GPU();
+  Generator g(2);
+  const int64_t n = int64_t(1) << 22;  // 16 MiB of f32
+  Tensor src = randn({n}, DType::f32, kGpu, &g);
+  const std::vector<double> want = to_vector(src);  // (waits: the source is final)
+  HostTransfer& t = host_transfer(kGpu);
+  TransferTicket host = t.to_host(src.storage());
+  src = Tensor();
+  t.wait(host);
+  const Tensor a = randn({8192, 8192}, DType::f32, kGpu, &g);
+  const Tensor busy = matmul(a, a);  // milliseconds of the current stream's work
+  Tensor victim = full({n}, -7.0, DType::f32, kGpu);  // queued behind it
+  victim = Tensor();                                  // its block is free for the current stream now
+  TransferTicket back = t.to_device(host, kGpu);      // most likely that block
+  t.wait(back);
+  const Tensor got(back.storage, {n}, {1}, 0, DType::f32);
+  EXPECT_EQ(to_vector(got), want);
+  (void)to_vector(narrow(reshape(busy, {busy.numel()}), 0, 0, 1));
 }
 
 struct Step {

@@ -39,10 +39,15 @@ class CudaHostTransfer final : public HostTransfer {
   TransferTicket to_device(const TransferTicket& host, Device device) override {
     BLU_CHECK(device.is_cuda(), "host_transfer: the CUDA transfer copies to a CUDA device, not ", device);
     DeviceGuard guard(device.index);
-    cudaStream_t side = side_stream(device.index);
+    cudaStream_t side = side_stream(device.index), compute = current_stream();
     // Allocated for the current stream (which reads it after wait()); written on the side stream,
-    // which already follows the host copy it reads (same stream, in order).
+    // which already follows the host copy it reads (same stream, in order). The block may have
+    // been freed by work the current stream has queued and not yet run (the caching allocator
+    // hands it back to the same stream at once): the side stream writes it only after that work.
     auto dst = std::make_shared<Storage>(allocator_for(device).allocate(host.storage->nbytes()));
+    Event queued;
+    queued.record(compute);
+    BLU_CUDA_CHECK(cudaStreamWaitEvent(side, queued.get(), 0));
     if (host.storage->nbytes())
       BLU_CUDA_CHECK(cudaMemcpyAsync(dst->ptr(), host.storage->ptr(), host.storage->nbytes(), cudaMemcpyHostToDevice, side));
     record_stream(Tensor(dst, {int64_t(dst->nbytes())}, {1}, 0, DType::u8), side);
