@@ -383,12 +383,12 @@ TEST(Offload, RecomputeAutoPicksTheLeastThatFits) {
                      {"--recompute auto picks the least recompute that fits a --gpu-memory-budget"});
 }
 
-// --recompute auto's last resort: the block inputs a whole-block recompute keeps, offloaded to host
+// --recompute auto after whole-block recompute: the block inputs it keeps, offloaded to host
 // memory. Under a budget below what whole-block recompute needs with the optimizer state offloaded,
 // and above what it needs with its kept activations offloaded too, auto takes that candidate; the
 // run is the plain run (offload and recompute change no arithmetic), its peak within 5% of the plan
 // and under the budget.
-TEST(Offload, RecomputeAutoOffloadsActivationsLast) {
+TEST(Offload, RecomputeAutoOffloadsBlockInputsAfterBlockRecompute) {
   TempDir data;
   train::test_util::write_toy_shards(data.path(), kVocab, 2048, 8192);
   // Six blocks of 32 positions: in the backward a block's input and the next one's (fetched ahead)
