@@ -333,6 +333,21 @@ TEST(Offload, BudgetPicksOffloadAndTooSmallBudgetFailsEarly) {
                       "the smallest device budget that fits is", "--gpu-memory-budget"});
 }
 
+// A --recompute auto run of `o` under a budget of `budget` bytes: it plans, its plan and the pool's
+// peak stay within the budget, its steps' peak within 5% of the plan, and it trains as `plain`.
+RunResult run_auto_under(train::TrainOptions o, int64_t budget, const RunResult& plain) {
+  o.recompute = "auto";
+  o.gpu_memory_budget = double(budget) / double(int64_t(1) << 30);
+  RunResult r = run(o);
+  EXPECT_TRUE(r.plan) << r.log;
+  if (!r.plan) return r;
+  EXPECT_LE(r.plan->device_peak_bytes, budget);
+  EXPECT_LE(r.pool_peak, budget);
+  EXPECT_NEAR(double(r.step_peak), double(r.plan->device_peak_bytes), 0.05 * double(r.plan->device_peak_bytes)) << r.log;
+  expect_same_run(plain, r);
+  return r;
+}
+
 // --recompute auto: the planner probes none, selective, block:4, block:2, block in turn and keeps
 // the first whose plan fits, the optimizer state on the device before any offload; the run is the
 // chosen setting's run (recompute changes no arithmetic: the plain run's losses and weights), its
@@ -352,19 +367,12 @@ TEST(Offload, RecomputeAutoPicksTheLeastThatFits) {
   const RunResult none = planned("none"), selective = planned("selective");
   const int64_t need_none = none.plan->device_peak_bytes, need_selective = selective.plan->device_peak_bytes;
   ASSERT_LT(need_selective, need_none);
-  train::TrainOptions o = pool_run(data, "", "fp32");
-  o.recompute = "auto";
   const int64_t budget = (need_none + need_selective) / 2;
-  o.gpu_memory_budget = double(budget) / double(int64_t(1) << 30);
-  const RunResult r = run(o);
+  const RunResult r = run_auto_under(pool_run(data, "", "fp32"), budget, none);
   ASSERT_TRUE(r.plan) << r.log;
   EXPECT_NE(r.log.find("recompute auto: selective (the least recompute that fits with the optimizer state on the device)"),
             std::string::npos) << r.log;
   EXPECT_FALSE(r.plan->offload_state) << r.log;
-  EXPECT_LE(r.plan->device_peak_bytes, budget);
-  EXPECT_LE(r.pool_peak, budget);
-  EXPECT_NEAR(double(r.step_peak), double(r.plan->device_peak_bytes), 0.05 * double(r.plan->device_peak_bytes)) << r.log;
-  expect_same_run(none, r);
   std::printf("recompute auto under %lld bytes: selective, planned %lld, steps' peak %lld (none needs %lld)\n",
               (long long)budget, (long long)r.plan->device_peak_bytes, (long long)r.step_peak, (long long)need_none);
 
@@ -414,20 +422,14 @@ TEST(Offload, RecomputeAutoOffloadsBlockInputsAfterBlockRecompute) {
   ASSERT_LT(offloaded, kept);
   const RunResult plain = run(deep(pool_run(data, "", "fp32")));
   train::TrainOptions o = deep(pool_run(data, "", "fp32"));
-  o.recompute = "auto";
   o.offload_update = "cpu";
   const int64_t budget = (kept + offloaded) / 2;
-  o.gpu_memory_budget = double(budget) / double(int64_t(1) << 30);
-  const RunResult r = run(o);
+  const RunResult r = run_auto_under(o, budget, plain);
   ASSERT_TRUE(r.plan) << r.log;
   EXPECT_NE(r.log.find("recompute auto: block, --offload-activations (the least recompute that fits)"),
             std::string::npos)
       << r.log;
   EXPECT_TRUE(r.plan->offload_state) << r.log;
-  EXPECT_LE(r.plan->device_peak_bytes, budget);
-  EXPECT_LE(r.pool_peak, budget);
-  EXPECT_NEAR(double(r.step_peak), double(r.plan->device_peak_bytes), 0.05 * double(r.plan->device_peak_bytes)) << r.log;
-  expect_same_run(plain, r);
   std::printf("recompute auto under %lld bytes: block with its kept activations offloaded, planned %lld, steps' peak "
               "%lld (kept on the device it needs %lld)\n",
               (long long)budget, (long long)r.plan->device_peak_bytes, (long long)r.step_peak, (long long)kept);

@@ -26,8 +26,8 @@ std::vector<double> probe_step_times(models::CausalLM& model, ProcessGroup& pg, 
 std::vector<double> speeds_from_times(const std::vector<double>& seconds);
 
 // `total` units split in proportion to `weights` (largest remainder; ties to the lower index),
-// then each part raised to `min_each` with units from the largest part. BLU_CHECK when total < min_each · parts or a weight is not
-// positive.
+// then each part raised to `min_each` with units from the largest part. BLU_CHECK when
+// total < min_each · parts or a weight is not positive.
 std::vector<int64_t> proportional_split(int64_t total, const std::vector<double>& weights, int64_t min_each = 1);
 
 // Contiguous block ranges [first, last] for stages of the given speeds that minimise the slowest

@@ -30,6 +30,18 @@ std::string format_weight(double w) {
   return buf;
 }
 
+// Each replica's pace: its slowest rank's speed in job.rank_speeds (row-major dp × pp × tp); empty
+// when the job states no speeds for this many ranks.
+std::vector<double> replica_paces(const PlanJob& job, int dp, int pp, int tp) {
+  if (int(job.rank_speeds.size()) != job.world || job.world != dp * pp * tp) return {};
+  std::vector<double> pace(static_cast<size_t>(dp));
+  for (int i = 0; i < dp; ++i) {
+    const auto first = job.rank_speeds.begin() + i * pp * tp;
+    pace[size_t(i)] = *std::min_element(first, first + pp * tp);
+  }
+  return pace;
+}
+
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // Waits for the device by reading one element of `t` on the host.
@@ -320,15 +332,11 @@ Prediction predict(const Layout& layout, const ModelCosts& m, const LinkCosts& l
   } else if (uneven) {
     for (int i = 0; i < dp; ++i) replica_rows[size_t(i)] = per_micro * weights[size_t(i)];
   }
-  const bool speeds = int(job.rank_speeds.size()) == job.world && job.world == dp * pp * tp;
-  const double slowest = speeds ? *std::min_element(job.rank_speeds.begin(), job.rank_speeds.end()) : 1.0;
+  const std::vector<double> paces = replica_paces(job, dp, pp, tp);
+  const double slowest = paces.empty() ? 1.0 : *std::min_element(job.rank_speeds.begin(), job.rank_speeds.end());
   double b = 0, bt = 0;
   for (int i = 0; i < dp; ++i) {
-    double pace = 1.0;  // the replica's slowest rank against the job's slowest
-    if (speeds) {
-      const auto first = job.rank_speeds.begin() + i * pp * tp;
-      pace = *std::min_element(first, first + pp * tp) / slowest;
-    }
+    const double pace = paces.empty() ? 1.0 : paces[size_t(i)] / slowest;  // against the job's slowest rank
     b = std::max(b, replica_rows[size_t(i)]);
     bt = std::max(bt, replica_rows[size_t(i)] / pace);
   }
@@ -589,12 +597,7 @@ std::vector<Prediction> plan(const ModelCosts& m, const LinkCosts& link, const P
             p.text = layout_text(l, names);
             out.push_back(std::move(p));
             // The replicas weighted by their speeds (each its slowest rank's), where they differ.
-            if (dp > 1 && int(job.rank_speeds.size()) == job.world) {
-              std::vector<double> pace(static_cast<size_t>(dp));
-              for (int i = 0; i < dp; ++i) {
-                const auto at = job.rank_speeds.begin() + i * pp * tp;
-                pace[size_t(i)] = *std::min_element(at, at + pp * tp);
-              }
+            if (const std::vector<double> pace = replica_paces(job, dp, pp, tp); dp > 1 && !pace.empty()) {
               const auto [lo, hi] = std::minmax_element(pace.begin(), pace.end());
               if (*lo > 0 && *hi >= kUnequalSpeeds * *lo && job.batch / micro >= dp) {
                 Layout w = l;

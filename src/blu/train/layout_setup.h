@@ -47,8 +47,9 @@ struct LayoutDecision {
   std::string text;              // an annotation without auto or probe: what run.json records
   int64_t rows = 0;              // -B for the layout: rows of one micro-batch of one replica
   nlohmann::json plan;           // auto: the planner's first five (layout, step_ms, memory_mib, fits)
-  std::vector<double> probe_ms;  // weights=probe, and auto over several ranks: each rank's probe step time (ms)
-  std::vector<double> rank_speeds;  // the same as dist::PlanJob::rank_speeds (predict the layout with them)
+  // weights=probe, and auto over several ranks: each rank's probe step time (ms), and the speeds
+  // from them (dist::PlanJob::rank_speeds: predict the layout with them).
+  std::vector<double> probe_ms, rank_speeds;
 };
 bool needs_decision(const std::string& text);  // "auto", or a weights=probe anywhere
 LayoutDecision decide_layout(const std::string& text, models::CausalLM& model, const dist::ModelCosts& costs,

@@ -32,7 +32,7 @@ namespace blu::train {
 // with the state on the device before the user's --offload-state choice is let in (never under
 // --compile, which keeps the state on the device). After whole-block recompute, with each state,
 // comes the same with the activations it keeps (its blocks' inputs) offloaded: on an H200 that
-// cost GPT-2 124M 1.5% of the step (docs/offload.md), less than any state offload. With
+// cost GPT-2 124M 1.7% of the step (docs/offload.md), less than any state offload. With
 // --offload-activations given, every candidate offloads what it keeps. Each candidate is probed
 // (the activation bytes are measured, not modelled); the model keeps the policy chosen.
 offload::MemoryPlan Trainer::plan_with_recompute(offload::PlanInput& in, const std::function<void()>& probe,
