@@ -3,11 +3,14 @@
 // (upload of chunk i+1 beside the update of chunk i) — both against the plain AdamW on the GPU bit
 // for bit (parameters, moments, bf16 compute copies) over several steps with clipping, and a small
 // GPT trained with its state offloaded ending where the plain run ends (within the rounding the
-// attention backward's atomics allow: tests/cuda/trainer_cuda_test.cpp).
+// attention backward's atomics allow: tests/cuda/trainer_cuda_test.cpp); the streamed update's first
+// upload waits for work the current stream had queued on the blocks its staging buffers reuse.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "blu/backend/cuda/runtime.h"
@@ -100,6 +103,56 @@ void check_against_plain(UpdateOn update) {
 
 TEST(OffloadCuda, HostUpdateMatchesPlainAdamWBitwise) { check_against_plain(UpdateOn::cpu); }
 TEST(OffloadCuda, StreamedChunkedUpdateMatchesPlainAdamWBitwise) { check_against_plain(UpdateOn::device); }
+
+// The streamed update's device staging buffers come from the caching allocator, which hands a block
+// freed by the current stream back to it at once, though work that stream has queued may still
+// write it. The first chunk's upload, on the in lane, must wait for that work: here fills held on
+// the current stream behind a 300 ms host callback, on blocks freed right before the optimizer is
+// made, would land on the uploaded moments. Nothing between the frees and the upload may wait for
+// the device, or the race would hide: every block comes from a cache, and every kernel has run
+// once (a kernel's first launch loads its module, which waits for the device).
+TEST(OffloadCuda, StreamedUpdateWaitsForWorkQueuedOnItsStagingBuffers) {
+  SKIP_WITHOUT_GPU();
+  const Device gpu("cuda");
+  std::mt19937 rng(5);
+  const int64_t n = int64_t(1) << 22;  // 16 MiB of f32: one chunk
+  Tensor a = random_cuda({n}, rng, 1.f), b = clone(a);
+  const Tensor g = random_cuda({n}, rng, 0.5f);
+  a.set_grad(clone(g));
+  b.set_grad(clone(g));
+  const optim::AdamWOptions opt{.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
+  OffloadOptions oo;
+  oo.update = UpdateOn::device;
+  oo.chunk_elements = n;
+  NoGradGuard no_grad;
+  auto plain = optim::make_adamw(optim::decay_groups({{"p", a}}, 0.1), opt);
+  plain->step();
+  const std::vector<float> want = host_floats(a);
+  {  // leaves the host state's pinned blocks in the pinned allocator's cache
+    Tensor w = clone(b);
+    w.set_grad(clone(g));
+    OffloadAdamW warm(optim::decay_groups({{"w", w}}, 0.1), opt, oo);
+    warm.step(NormGate{});
+  }
+  cuda::empty_cache();  // from here on, the only free blocks of the staging buffers' size are the victims'
+  std::vector<Tensor> victims;
+  for (int i = 0; i < 4; ++i) victims.push_back(full({n}, 1.0, DType::f32, gpu));  // (loads the fill kernel now)
+  const auto start = std::chrono::steady_clock::now();
+  BLU_CUDA_CHECK(cudaLaunchHostFunc(
+      cuda::current_stream(), [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); }, nullptr));
+  for (const Tensor& v : victims) fill_(v, 1e3);  // queued behind it
+  victims.clear();                                // their blocks are free for the current stream now
+  OffloadAdamW off(optim::decay_groups({{"p", b}}, 0.1), opt, oo);
+  off.step(NormGate{});
+  const double queued_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(queued_ms, 300) << "the step waited for the device: this test cannot see the race";
+  EXPECT_EQ(host_floats(b), want);
+  const nn::NamedTensors sa = plain->state(), sb = off.state();
+  ASSERT_EQ(sa.size(), sb.size());
+  for (size_t i = 0; i < sa.size(); ++i)
+    EXPECT_EQ(host_floats(to_dtype(sa[i].second, DType::f32)), host_floats(to_dtype(sb[i].second, DType::f32)))
+        << sa[i].first;
+}
 
 TEST(OffloadCuda, TrainsLikePlainRun) {
   SKIP_WITHOUT_GPU();

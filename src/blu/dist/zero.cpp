@@ -382,6 +382,9 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOptions 
     tag_memory(stage_m_[b], MemoryCategory::optimizer_state, "ZeRO offload staging (exp_avg)");
     tag_memory(stage_v_[b], MemoryCategory::optimizer_state, "ZeRO offload staging (exp_avg_sq)");
   }
+  // The first uploads into the staging buffers (on the in lane) wait for work the current stream
+  // had queued on their blocks (the caching allocator hands a freed block back to it at once).
+  pending_out_ = engine_->record(offload::Lane::compute);
 }
 
 ZeroAdamW::~ZeroAdamW() {

@@ -192,7 +192,7 @@ class ZeroAdamW final : public optim::Optimizer {
   // of each moment on the device, and the downloads of the last step.
   std::unique_ptr<offload::CopyEngine> engine_;
   Tensor stage_m_[2], stage_v_[2];
-  offload::EventPtr pending_out_;
+  offload::EventPtr pending_out_;  // before the first step: the staging buffers' allocation
   std::shared_ptr<Reducer> reducer_;  // stage 2; its grad hooks hold it weakly
   std::shared_ptr<Gatherer> gatherer_;  // stage 3
 };

@@ -86,6 +86,10 @@ OffloadAdamW::OffloadAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOp
       tag_memory(stage_m_[b], MemoryCategory::optimizer_state, "offload staging (exp_avg)");
       tag_memory(stage_v_[b], MemoryCategory::optimizer_state, "offload staging (exp_avg_sq)");
     }
+    // The caching allocator hands back a block freed by the current stream at once, though work
+    // that stream has queued may still write it: the first uploads into the staging buffers, on
+    // the in lane, wait for that work.
+    pending_out_ = engine_->record(Lane::compute);
   }
 }
 

@@ -160,7 +160,8 @@ class OffloadAdamW final : public optim::Optimizer {
   std::vector<std::unique_ptr<State>> state_;
   std::vector<std::shared_ptr<nn::ComputeCopy>> copies_;
   Tensor stage_m_[2], stage_v_[2];  // device update: the two chunk buffers
-  EventPtr pending_in_, pending_out_;  // the last step's uploads / downloads
+  // The last step's uploads / downloads (before the first step: the staging buffers' allocation).
+  EventPtr pending_in_, pending_out_;
   struct InFlight {
     Tensor grad;  // device bytes a copy to the host still reads
     EventPtr copied;
