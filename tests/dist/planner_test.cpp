@@ -78,6 +78,45 @@ TEST(Planner, UnequalRanksGetWeightedReplicas) {
     EXPECT_EQ(p.text.find("weights="), std::string::npos) << p.text;
 }
 
+// Unequal ranks under tensor parallelism: a split rank takes its share of the work at its speed, so
+// even widths run at the slower rank's half; plan() adds the split with widths by the positions'
+// speeds (heads apportioned: 0.8/0.2 of 8 heads is 6/2), whose text states them and whose compute
+// follows the widest share over its speed. Over replicas and stages a position's pace is its
+// slowest rank's.
+TEST(Planner, UnequalRanksGetWeightedSplitWidths) {
+  const ModelCosts m = costs();
+  PlanJob job;
+  job.world = 2, job.batch = 10;
+  job.rank_speeds = {4.0, 1.0};
+  const Prediction even = predict(resolved("split(2)", 2), m, LinkCosts{}, job);
+  // Rank 1 (the costs' speed) holds half the work of 10 rows: 5 rows' worth.
+  EXPECT_DOUBLE_EQ(even.compute_s, 8 * (0.001 + 0.002 * 5) + (0.004 + 0.003 * 5));
+  const std::vector<Prediction> ranked = plan(m, LinkCosts{}, job, names(8), 8, 8, 64);
+  const auto weighted = std::find_if(ranked.begin(), ranked.end(),
+                                     [](const Prediction& p) { return p.text == "split(2, widths=[0.75,0.25])"; });
+  ASSERT_NE(weighted, ranked.end());
+  // Rank 0's 0.75 at four times the speed takes 0.1875 of the work's time, rank 1's 0.25 bounds it.
+  EXPECT_DOUBLE_EQ(weighted->compute_s, 8 * (0.001 + 0.002 * 2.5) + (0.004 + 0.003 * 2.5));
+  EXPECT_LT(weighted->step_s, even.step_s);
+  const Layout back = resolved(weighted->text, 2);
+  EXPECT_EQ(apportion_units(8, 1, back.tp_widths), (std::vector<int64_t>{6, 2}));
+  // The same speeds predicted on a layout stated by hand.
+  EXPECT_DOUBLE_EQ(predict(back, m, LinkCosts{}, job).compute_s, weighted->compute_s);
+  // Two replicas of split(2): position 0 is ranks 0 and 2, position 1 ranks 1 and 3; the slower of
+  // each pair sets its pace (2 and 1: 0.67/0.33 of 8 heads is 5/3).
+  job.world = 4;
+  job.rank_speeds = {2.0, 1.0, 6.0, 3.0};
+  bool found = false;
+  for (const Prediction& p : plan(m, LinkCosts{}, job, names(8), 8, 8, 64))
+    found |= p.text == "replicate(2) { split(2, widths=[0.625,0.375]) }";
+  EXPECT_TRUE(found);
+  // Within the noise: no uneven widths (8 heads divide evenly).
+  job.world = 2;
+  job.rank_speeds = {1.4, 1.0};
+  for (const Prediction& p : plan(m, LinkCosts{}, job, names(8), 8, 8, 64))
+    EXPECT_EQ(p.text.find("widths="), std::string::npos) << p.text;
+}
+
 TEST(Planner, PipelineBubbleAndInFlightMicroBatches) {
   const ModelCosts m = costs();
   PlanJob job;

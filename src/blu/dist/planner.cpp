@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iomanip>
+#include <limits>
 #include <sstream>
 
 #include "blu/core/error.h"
@@ -39,6 +40,15 @@ std::vector<double> replica_paces(const PlanJob& job, int dp, int pp, int tp) {
     const auto first = job.rank_speeds.begin() + i * pp * tp;
     pace[size_t(i)] = *std::min_element(first, first + pp * tp);
   }
+  return pace;
+}
+
+// Each tensor-parallel position's pace: the slowest speed at that position (rank % tp) over every
+// replica and stage — one widths vector cuts every split of the layout; empty as replica_paces.
+std::vector<double> tp_position_paces(const PlanJob& job, int tp) {
+  if (int(job.rank_speeds.size()) != job.world || job.world % tp) return {};
+  std::vector<double> pace(size_t(tp), std::numeric_limits<double>::infinity());
+  for (int q = 0; q < job.world; ++q) pace[size_t(q % tp)] = std::min(pace[size_t(q % tp)], job.rank_speeds[size_t(q)]);
   return pace;
 }
 
@@ -334,11 +344,20 @@ Prediction predict(const Layout& layout, const ModelCosts& m, const LinkCosts& l
   }
   const std::vector<double> paces = replica_paces(job, dp, pp, tp);
   const double slowest = paces.empty() ? 1.0 : *std::min_element(job.rank_speeds.begin(), job.rank_speeds.end());
-  double b = 0, bt = 0;
+  // bt: rows at the costs' speed; btw: the same for one split rank's share of them — the widest
+  // share over its rank's speed, the longest over the replica's ranks (even shares on equal ranks:
+  // bt / tp).
+  const std::vector<double> even_widths(size_t(tp), 1.0 / tp);
+  const std::vector<double>& widths = layout.tp_widths.empty() ? even_widths : layout.tp_widths;
+  double b = 0, bt = 0, btw = 0;
   for (int i = 0; i < dp; ++i) {
     const double pace = paces.empty() ? 1.0 : paces[size_t(i)] / slowest;  // against the job's slowest rank
     b = std::max(b, replica_rows[size_t(i)]);
     bt = std::max(bt, replica_rows[size_t(i)] / pace);
+    double share = 0;
+    for (int q = i * pp * tp; q < (i + 1) * pp * tp; ++q)
+      share = std::max(share, widths[size_t(q % tp)] / (paces.empty() ? 1.0 : job.rank_speeds[size_t(q)] / slowest));
+    btw = std::max(btw, replica_rows[size_t(i)] * share);
   }
 
   // Blocks per pipeline rank: with chunks, rank r runs virtual stages r, r + pp, …
@@ -351,7 +370,6 @@ Prediction predict(const Layout& layout, const ModelCosts& m, const LinkCosts& l
   }
   const auto first = [&](int r) { return r == 0; };
   const auto last = [&](int r) { return r == pp - 1; };
-  const double tp_width = layout.tp_widths.empty() ? 1.0 / tp : *std::max_element(layout.tp_widths.begin(), layout.tp_widths.end());
   // A probed split (measure_split) of this tp, with this sequence parallelism if there is one.
   const ModelCosts::Split* split = nullptr;
   if (tp > 1 && std::all_of(layout.tp_widths.begin(), layout.tp_widths.end(),
@@ -359,12 +377,12 @@ Prediction predict(const Layout& layout, const ModelCosts& m, const LinkCosts& l
     for (const ModelCosts::Split& s : m.splits)
       if (s.tp == tp && (!split || s.sequence_parallel == layout.sequence_parallel)) split = &s;
   const double block_t = split ? split->block_fixed_s + split->block_per_seq_s * bt
-                               : m.block_fixed_s + m.block_per_seq_s * bt * tp_width;
+                               : m.block_fixed_s + m.block_per_seq_s * btw;
   // Embedding, head and loss; of those the embedding runs on the first stage, the rest on the last.
   const double other_t = split ? split->other_fixed_s + split->other_per_seq_s * bt
-                               : m.other_fixed_s + m.other_per_seq_s * bt * tp_width;
+                               : m.other_fixed_s + m.other_per_seq_s * btw;
   const double embed_t = std::min(other_t, split ? split->embed_fixed_s + split->embed_per_seq_s * bt
-                                                 : m.embed_fixed_s + m.embed_per_seq_s * bt * tp_width);
+                                                 : m.embed_fixed_s + m.embed_per_seq_s * btw);
 
   // Tensor parallelism: per block two all-reduces forward and two backward of [b, T, C]
   // (sequence parallel: all-gathers and reduce-scatters of the same total volume), one for the
@@ -609,6 +627,25 @@ std::vector<Prediction> plan(const ModelCosts& m, const LinkCosts& link, const P
                 Prediction q = predict(w, m, link, job);
                 q.text = layout_text(w, names);
                 out.push_back(std::move(q));
+              }
+            }
+            // The split's shares by its positions' speeds (heads in their key-value groups, and
+            // everything else in the same shares), where they differ.
+            if (const std::vector<double> pace = tp_position_paces(job, tp); tp > 1 && !pace.empty()) {
+              const auto [lo, hi] = std::minmax_element(pace.begin(), pace.end());
+              if (*lo > 0 && *hi >= kUnequalSpeeds * *lo && kv_heads >= tp && heads % kv_heads == 0 && vocab >= tp) {
+                double total = 0;
+                for (double x : pace) total += x;
+                std::vector<double> shares;
+                for (double x : pace) shares.push_back(x / total);
+                const std::vector<int64_t> counts = apportion_units(heads, heads / kv_heads, shares);
+                Layout w = l;
+                for (int r = 0; r < tp; ++r) w.tp_widths[size_t(r)] = double(counts[size_t(r)]) / double(heads);
+                if (w.tp_widths != l.tp_widths) {
+                  Prediction q = predict(w, m, link, job);
+                  q.text = layout_text(w, names);
+                  out.push_back(std::move(q));
+                }
               }
             }
           }

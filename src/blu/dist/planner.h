@@ -84,8 +84,10 @@ struct PlanJob {
   double memory_budget = 0; // bytes per rank (0: no limit)
   // Each rank's relative speed (dist::speeds_from_times of a probe of the whole model on every
   // rank; row-major dp × pp × tp), whose slowest rank the ModelCosts describe; empty: all alike.
-  // A replica runs at its slowest rank's pace. Where the fastest replica is at least
-  // kUnequalSpeeds times the slowest, plan() adds each layout with replicas weighted by their speeds.
+  // A replica runs at its slowest rank's pace, a split rank at its share of the work over its
+  // speed. Where the fastest replica is at least kUnequalSpeeds times the slowest, plan() adds each
+  // layout with replicas weighted by their speeds; where the fastest tensor-parallel position (rank
+  // % tp, its slowest rank over the replicas and stages) is, each split with widths by their speeds.
   std::vector<double> rank_speeds;
 };
 // Below this ratio of replica speeds the replicas stay even: a probe's spread on shared CPU cores
@@ -129,8 +131,8 @@ std::string layout_text(const Layout& layout, const std::vector<std::string>& bl
 
 // Every layout of job.world ranks that the model admits (dp × pp × tp, ZeRO 0–3, each schedule, a
 // few micro-batch counts; with unequal job.rank_speeds each one with replicas also with weights
-// in proportion to its replicas' speeds), predicted and sorted: fitting ones by step time first,
-// then the rest.
+// in proportion to its replicas' speeds, and each split also with widths in proportion to its
+// positions' speeds), predicted and sorted: fitting ones by step time first, then the rest.
 std::vector<Prediction> plan(const ModelCosts& m, const LinkCosts& link, const PlanJob& job,
                              const std::vector<std::string>& block_names, int64_t heads, int64_t kv_heads,
                              int64_t vocab);
