@@ -12,7 +12,8 @@ shift 3
 cd "$root"
 work="$(mktemp -d "${TMPDIR:-/tmp}/blu-fuzzcov-XXXXXX")"
 trap 'rm -rf "$work"' EXIT
-# The build's objects minus the ones compiled here, as an archive: only what is referenced links.
+# The build's objects minus the ones compiled here, linked whole as the fuzz target links them:
+# the model families register themselves from static initialisers nothing else references.
 objs=()
 while IFS= read -r o; do
   skip=0
@@ -24,10 +25,11 @@ flags=(-std=c++20 -O1 -g -fsanitize=address,undefined -fprofile-instr-generate -
        -I/usr/include/x86_64-linux-gnu/openblas-pthread -DBLU_VERSION=\"0.1.0\" -DBLU_SOURCE_DIR=\"$root\")
 cov_objs=()
 for s in "$@"; do
-  clang++ "${flags[@]}" -c "$s" -o "$work/$(basename "$s").o"
-  cov_objs+=("$work/$(basename "$s").o")
+  o="$work/${s//\//_}.o"  # by path: two sources may share a name (models/*/hf.cpp)
+  clang++ "${flags[@]}" -c "$s" -o "$o"
+  cov_objs+=("$o")
 done
-clang++ "${flags[@]}" -fsanitize=fuzzer "fuzz/$name.cpp" "${cov_objs[@]}" "$work/rest.a" \
+clang++ "${flags[@]}" -fsanitize=fuzzer "fuzz/$name.cpp" "${cov_objs[@]}" -Wl,--whole-archive "$work/rest.a" -Wl,--no-whole-archive \
   -lxxhash -lcrypto -lgloo -lopenblas -fopenmp -lpthread -o "$work/cov"
 LLVM_PROFILE_FILE="$work/cov.profraw" "$work/cov" -runs=0 "$corpus" "fuzz/corpus/$name" >"$work/run.log" 2>&1 ||
   { tail -20 "$work/run.log"; exit 1; }
