@@ -30,7 +30,7 @@ for s in "$@"; do
   cov_objs+=("$o")
 done
 clang++ "${flags[@]}" -fsanitize=fuzzer "fuzz/$name.cpp" "${cov_objs[@]}" -Wl,--whole-archive "$work/rest.a" -Wl,--no-whole-archive \
-  -lxxhash -lcrypto -lgloo -lopenblas -fopenmp -lpthread -o "$work/cov"
+  -lxxhash -lcrypto -lz -lgloo -lopenblas -fopenmp -lpthread -o "$work/cov"
 LLVM_PROFILE_FILE="$work/cov.profraw" "$work/cov" -runs=0 "$corpus" "fuzz/corpus/$name" >"$work/run.log" 2>&1 ||
   { tail -20 "$work/run.log"; exit 1; }
 llvm-profdata merge -sparse "$work/cov.profraw" -o "$work/cov.profdata"
