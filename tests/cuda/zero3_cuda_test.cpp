@@ -5,15 +5,18 @@
 // model trained by a single-device Strategy (losses within 1e-5 relative, weights within 2e-5: the
 // same kernels, the reduction an exact average over one rank), and between steps no parameter
 // holds device bytes. The parent test re-runs this binary as one rank under dist::launch
-// (BLU_ZERO3_CUDA=1 selects the worker).
+// (BLU_ZERO3_CUDA=1 selects the worker). ZeRO-1 with its moments offloaded runs on one rank the same
+// way (BLU_ZERO_OFFLOAD_CUDA=1): AdamW's parameters and moments bit for bit.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <thread>
 
 #include "common/tiny_gpt.h"
 #include "blu/backend/cuda/runtime.h"
+#include "blu/memory/cuda_allocator.h"
 #include "blu/blu.h"
 #include "blu/dist/env.h"
 #include "blu/dist/strategy.h"
@@ -83,6 +86,84 @@ void worker() {
     EXPECT_LE(worst, 2e-5) << family;
     std::printf("%s: ZeRO-3 on one GPU vs single device, max |param diff| %.3g\n", family.c_str(), worst);
   }
+}
+
+// ZeRO-1 with its moments offloaded (ZeroOptions::offload_chunk_elements: the shard streams
+// through two device staging buffers on the copy engine's side streams) on one GPU rank: the same
+// parameters and moments as AdamW, bit for bit. The staging buffers come from the caching
+// allocator, which hands a block the current stream freed back at once; the first step's uploads
+// must wait for work queued on those blocks. Here fills held behind a 300 ms host callback, on
+// blocks freed right before the optimizer is made, would land on the uploaded moments. Nothing in
+// between may wait for the device, or the race would hide: every block comes from a cache and
+// every kernel has run once (a first launch loads its module, which waits).
+void offload_worker() {
+  const DistEnv env = detect_env();
+  const Device dev(DeviceType::cuda, env.local_rank);
+  cuda::set_device(dev.index);
+  TcpStore store(env.master_addr, env.master_port, env.rank == 0, 20000ms);
+  auto pg = make_nccl_group(store, env.rank, env.world_size, NcclOptions{.timeout = 60000ms, .device = dev.index});
+  const int64_t n = int64_t(1) << 22;  // 16 MiB of f32: one chunk
+  Generator gen(5);
+  Tensor a = randn({n}, DType::f32, dev, &gen);
+  const Tensor g = mul(randn({n}, DType::f32, dev, &gen), 0.5);
+  Tensor b = clone(a);
+  a.set_grad(clone(g));
+  b.set_grad(clone(g));
+  const optim::AdamWOptions opt{.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
+  const ZeroOptions zo{.offload_chunk_elements = n};
+  NoGradGuard no_grad;
+  auto plain = optim::make_adamw(optim::decay_groups({{"p", a}}, 0.1), opt);
+  plain->step();
+  const std::vector<double> want = host(a);
+  {  // the host moments' pinned blocks into the pinned cache, the kernels (NCCL's too) loaded
+    Tensor w = clone(b);
+    w.set_grad(clone(g));
+    ZeroAdamW warm(optim::decay_groups({{"w", w}}, 0.1), opt, pg, 1, zo);
+    warm.step(NormGate{});
+    (void)host(w);
+  }
+  cuda::empty_cache();  // from here on, the only free blocks of the staging buffers' size are the victims'
+  std::vector<Tensor> victims;
+  for (int i = 0; i < 4; ++i) victims.push_back(full({n}, 1.0, DType::f32, dev));
+  const auto start = std::chrono::steady_clock::now();
+  BLU_CUDA_CHECK(cudaLaunchHostFunc(
+      cuda::current_stream(), [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); }, nullptr));
+  for (const Tensor& v : victims) fill_(v, 1e3);  // queued behind it
+  victims.clear();                                // their blocks are free for the current stream now
+  ZeroAdamW z(optim::decay_groups({{"p", b}}, 0.1), opt, pg, 1, zo);
+  ASSERT_TRUE(z.offloads_state());
+  z.step(NormGate{});
+  const double queued_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(queued_ms, 300) << "the step waited for the device: this test cannot see the race";
+  EXPECT_EQ(host(b), want);
+  // AdamW names a moment by its parameter ("exp_avg.p"); ZeroAdamW holds the rank's flat shard
+  // ("exp_avg"), here the one parameter whole.
+  const nn::NamedTensors sa = plain->state(), sb = z.state();
+  int moments = 0;
+  for (const auto& [name, t] : sa)
+    for (const auto& [name_b, u] : sb)
+      if (name == name_b + ".p" && t.numel() > 1) {
+        EXPECT_EQ(host(to_dtype(u, DType::f64)), host(to_dtype(t, DType::f64))) << name;
+        ++moments;
+      }
+  EXPECT_EQ(moments, 2) << "exp_avg and exp_avg_sq in both states";
+  if (!::testing::Test::HasFailure())
+    std::printf("ZeRO-1 with offloaded moments on one GPU: AdamW's parameters and moments bit for bit (%.0f ms queued)\n",
+                queued_ms);
+}
+
+TEST(Zero3CudaWorker, Offload) {
+  if (!std::getenv("BLU_ZERO_OFFLOAD_CUDA")) GTEST_SKIP() << "only runs as the rank of Zero3Cuda.OffloadedMomentsOnOneRank";
+  offload_worker();
+}
+
+TEST(Zero3Cuda, OffloadedMomentsOnOneRank) {
+  if (cuda::device_count() < 1) GTEST_SKIP() << "needs a GPU";
+  const test::LaunchResult res = test::run_command(
+      1, {test::self_exe(), "--gtest_filter=Zero3CudaWorker.Offload", "--gtest_brief=1"},
+      {{"BLU_ZERO_OFFLOAD_CUDA", "1"}, {"OMP_NUM_THREADS", "2"}});
+  EXPECT_EQ(res.status, 0) << "stdout:\n" << res.out << "\nstderr:\n" << res.err;
+  std::printf("%s", res.out.c_str());
 }
 
 TEST(Zero3CudaWorker, Run) {
