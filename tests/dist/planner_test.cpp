@@ -102,6 +102,9 @@ TEST(Planner, UnequalRanksGetWeightedSplitWidths) {
   EXPECT_EQ(apportion_units(8, 1, back.tp_widths), (std::vector<int64_t>{6, 2}));
   // The same speeds predicted on a layout stated by hand.
   EXPECT_DOUBLE_EQ(predict(back, m, LinkCosts{}, job).compute_s, weighted->compute_s);
+  // The widest rank holds 0.75 of the split parameters and activations, not half.
+  EXPECT_DOUBLE_EQ(weighted->state_bytes, 1.5 * even.state_bytes);
+  EXPECT_DOUBLE_EQ(weighted->activation_bytes, 1.5 * even.activation_bytes);
   // Two replicas of split(2): position 0 is ranks 0 and 2, position 1 ranks 1 and 3; the slower of
   // each pair sets its pace (2 and 1: 0.67/0.33 of 8 heads is 5/3).
   job.world = 4;

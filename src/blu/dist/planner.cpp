@@ -431,12 +431,13 @@ Prediction predict(const Layout& layout, const ModelCosts& m, const LinkCosts& l
   p.bubble_s = bubble;
 
   // Parameters per rank: its blocks, the embedding on the first stage, the head on the last (a
-  // tied weight on both; one stage holds all).
+  // tied weight on both; one stage holds all); of a split, the widest rank's share.
+  const double wmax = *std::max_element(widths.begin(), widths.end());
   std::vector<double> params(size_t(pp), 0.0);
   for (int r = 0; r < pp; ++r)
     params[size_t(r)] = (double(blocks[size_t(r)]) * m.block_params +
-                         (pp == 1 ? m.other_params : (first(r) ? m.first_params : 0.0) + (last(r) ? m.last_params : 0.0))) /
-                        tp;
+                         (pp == 1 ? m.other_params : (first(r) ? m.first_params : 0.0) + (last(r) ? m.last_params : 0.0))) *
+                        wmax;
   const double rank_params = *std::max_element(params.begin(), params.end());
 
   // Data parallelism over each rank's parameters (the largest bounds the step): DDP all-reduces
@@ -497,14 +498,14 @@ Prediction predict(const Layout& layout, const ModelCosts& m, const LinkCosts& l
                   : layout.schedule == Schedule::interleaved ? std::min(micro, double(pp))
                                                              : std::min(micro, double(pp - r));
     const double per_seq = split ? double(blocks[size_t(r)]) * split->block_act_bytes + (last(r) ? split->other_act_bytes : 0.0)
-                                 : (double(blocks[size_t(r)]) * m.block_act_bytes + (last(r) ? m.other_act_bytes : 0.0)) / tp;
+                                 : (double(blocks[size_t(r)]) * m.block_act_bytes + (last(r) ? m.other_act_bytes : 0.0)) * wmax;
     const double acts = in_flight * b * per_seq;
     // From the second micro-batch on a gradient is made apart and then added into the accumulated
     // one: the largest parameter's (a head or an embedding) is the most that is held twice.
     // (ZeRO-3 reduces each micro-batch's gradients from a fresh buffer instead.)
-    const double accumulate = micro > 1 && layout.zero != 3 ? m.largest_param * m.grad_bytes / tp : 0.0;
+    const double accumulate = micro > 1 && layout.zero != 3 ? m.largest_param * m.grad_bytes * wmax : 0.0;
     // The tied weight's gradient exchange comes after the backward, when the activations are gone.
-    const double tied = pp > 1 && (first(r) || last(r)) ? m.tied_params * m.grad_bytes / tp : 0.0;
+    const double tied = pp > 1 && (first(r) || last(r)) ? m.tied_params * m.grad_bytes * wmax : 0.0;
     const double transient = std::max(acts + accumulate, tied);
     if (state + transient > p.memory_bytes) {
       p.state_bytes = state;
