@@ -86,6 +86,23 @@ put("model_config", "llama", json.dumps({
 put("model_config", "gpt2", json.dumps({
     "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 32, "n_head": 2, "n_layer": 2,
     "n_positions": 16, "vocab_size": 100}))
+# ... and with every optional key each family checks: Llama 3's rope scaling, head_dim, the biases
+# and dropout; GPT-2's activation, epsilon, n_inner and tying (the shapes of Hugging Face's files)
+LLAMA3_SEED = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 1, "eos_token_id": 2, "head_dim": 16, "hidden_act": "silu", "hidden_size": 64,
+    "initializer_range": 0.02, "intermediate_size": 128, "max_position_embeddings": 64, "mlp_bias": False,
+    "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 2, "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05, "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                            "original_max_position_embeddings": 32, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16", "use_cache": True,
+    "vocab_size": 100}
+put("model_config", "llama3_rope_scaling", json.dumps(LLAMA3_SEED))
+put("model_config", "gpt2_every_key", json.dumps({
+    "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": "gelu_new", "attn_pdrop": 0.1,
+    "bos_token_id": 99, "embd_pdrop": 0.1, "eos_token_id": 99, "initializer_range": 0.02, "layer_norm_epsilon": 1e-05,
+    "n_ctx": 16, "n_embd": 32, "n_head": 2, "n_inner": None, "n_layer": 2, "n_positions": 16, "resid_pdrop": 0.1,
+    "tie_word_embeddings": True, "vocab_size": 100}))
 
 # train_config: `blutrain train --config` files
 put("train_config", "flat", "lr = 3e-4\nsteps = 100\nname = \"run\"\nflag = true\nlist = [1, 2, 3]\n")
