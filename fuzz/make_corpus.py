@@ -103,6 +103,8 @@ put("model_config", "gpt2_every_key", json.dumps({
     "bos_token_id": 99, "embd_pdrop": 0.1, "eos_token_id": 99, "initializer_range": 0.02, "layer_norm_epsilon": 1e-05,
     "n_ctx": 16, "n_embd": 32, "n_head": 2, "n_inner": None, "n_layer": 2, "n_positions": 16, "resid_pdrop": 0.1,
     "tie_word_embeddings": True, "vocab_size": 100}))
+put("model_config", "gpt2_n_inner", json.dumps({"model_type": "gpt2", "n_embd": 32, "n_head": 2, "n_inner": 128,
+                                                "n_layer": 2, "n_positions": 16, "vocab_size": 100}))
 
 # train_config: `blutrain train --config` files
 put("train_config", "flat", "lr = 3e-4\nsteps = 100\nname = \"run\"\nflag = true\nlist = [1, 2, 3]\n")
