@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cstring>
 #include <random>
-#include <thread>
 #include <vector>
 
 #include "blu/backend/cuda/runtime.h"
@@ -19,6 +18,7 @@
 #include "blu/nn/compute_copy.h"
 #include "blu/offload/offload_adamw.h"
 #include "blu/train/trainer.h"
+#include "cuda/held_fills.h"
 #include "data/data_test_util.h"
 #include "train/train_test_util.h"
 
@@ -107,10 +107,8 @@ TEST(OffloadCuda, StreamedChunkedUpdateMatchesPlainAdamWBitwise) { check_against
 // The streamed update's device staging buffers come from the caching allocator, which hands a block
 // freed by the current stream back to it at once, though work that stream has queued may still
 // write it. The first chunk's upload, on the in lane, must wait for that work: here fills held on
-// the current stream behind a 300 ms host callback, on blocks freed right before the optimizer is
-// made, would land on the uploaded moments. Nothing between the frees and the upload may wait for
-// the device, or the race would hide: every block comes from a cache, and every kernel has run
-// once (a kernel's first launch loads its module, which waits for the device).
+// the current stream (cuda/held_fills.h), on blocks freed right before the optimizer is made, would
+// land on the uploaded moments. A first optimizer warms the pinned cache and the kernels.
 TEST(OffloadCuda, StreamedUpdateWaitsForWorkQueuedOnItsStagingBuffers) {
   SKIP_WITHOUT_GPU();
   const Device gpu("cuda");
@@ -134,14 +132,7 @@ TEST(OffloadCuda, StreamedUpdateWaitsForWorkQueuedOnItsStagingBuffers) {
     OffloadAdamW warm(optim::decay_groups({{"w", w}}, 0.1), opt, oo);
     warm.step(NormGate{});
   }
-  cuda::empty_cache();  // from here on, the only free blocks of the staging buffers' size are the victims'
-  std::vector<Tensor> victims;
-  for (int i = 0; i < 4; ++i) victims.push_back(full({n}, 1.0, DType::f32, gpu));  // (loads the fill kernel now)
-  const auto start = std::chrono::steady_clock::now();
-  BLU_CUDA_CHECK(cudaLaunchHostFunc(
-      cuda::current_stream(), [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); }, nullptr));
-  for (const Tensor& v : victims) fill_(v, 1e3);  // queued behind it
-  victims.clear();                                // their blocks are free for the current stream now
+  const auto start = test::hold_fills_on_freed_blocks(n, 4, gpu);
   OffloadAdamW off(optim::decay_groups({{"p", b}}, 0.1), opt, oo);
   off.step(NormGate{});
   const double queued_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();

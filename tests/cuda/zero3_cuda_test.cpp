@@ -12,7 +12,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
-#include <thread>
 
 #include "common/tiny_gpt.h"
 #include "blu/backend/cuda/runtime.h"
@@ -24,6 +23,7 @@
 #include "blu/dist/zero.h"
 #include "blu/models/llama/llama.h"
 #include "blu/models/registry.h"
+#include "cuda/held_fills.h"
 #include "dist/dist_test_util.h"
 
 namespace blu::dist {
@@ -92,10 +92,9 @@ void worker() {
 // through two device staging buffers on the copy engine's side streams) on one GPU rank: the same
 // parameters and moments as AdamW, bit for bit. The staging buffers come from the caching
 // allocator, which hands a block the current stream freed back at once; the first step's uploads
-// must wait for work queued on those blocks. Here fills held behind a 300 ms host callback, on
-// blocks freed right before the optimizer is made, would land on the uploaded moments. Nothing in
-// between may wait for the device, or the race would hide: every block comes from a cache and
-// every kernel has run once (a first launch loads its module, which waits).
+// must wait for work queued on those blocks. Here fills held on the current stream
+// (cuda/held_fills.h), on blocks freed right before the optimizer is made, would land on the
+// uploaded moments. A first optimizer warms the pinned cache and the kernels, NCCL's too.
 void offload_worker() {
   const DistEnv env = detect_env();
   const Device dev(DeviceType::cuda, env.local_rank);
@@ -122,14 +121,7 @@ void offload_worker() {
     warm.step(NormGate{});
     (void)host(w);
   }
-  cuda::empty_cache();  // from here on, the only free blocks of the staging buffers' size are the victims'
-  std::vector<Tensor> victims;
-  for (int i = 0; i < 4; ++i) victims.push_back(full({n}, 1.0, DType::f32, dev));
-  const auto start = std::chrono::steady_clock::now();
-  BLU_CUDA_CHECK(cudaLaunchHostFunc(
-      cuda::current_stream(), [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); }, nullptr));
-  for (const Tensor& v : victims) fill_(v, 1e3);  // queued behind it
-  victims.clear();                                // their blocks are free for the current stream now
+  const auto start = ::blu::test::hold_fills_on_freed_blocks(n, 4, dev);
   ZeroAdamW z(optim::decay_groups({{"p", b}}, 0.1), opt, pg, 1, zo);
   ASSERT_TRUE(z.offloads_state());
   z.step(NormGate{});
@@ -157,14 +149,17 @@ TEST(Zero3CudaWorker, Offload) {
   offload_worker();
 }
 
-TEST(Zero3Cuda, OffloadedMomentsOnOneRank) {
+// Re-runs this binary as the one rank of a job (dist::launch), on the worker test `worker` that the
+// environment variable `selector` enables.
+void run_one_rank(const std::string& worker, const std::string& selector) {
   if (cuda::device_count() < 1) GTEST_SKIP() << "needs a GPU";
-  const test::LaunchResult res = test::run_command(
-      1, {test::self_exe(), "--gtest_filter=Zero3CudaWorker.Offload", "--gtest_brief=1"},
-      {{"BLU_ZERO_OFFLOAD_CUDA", "1"}, {"OMP_NUM_THREADS", "2"}});
+  const test::LaunchResult res = test::run_command(1, {test::self_exe(), "--gtest_filter=" + worker, "--gtest_brief=1"},
+                                                   {{selector, "1"}, {"OMP_NUM_THREADS", "2"}});
   EXPECT_EQ(res.status, 0) << "stdout:\n" << res.out << "\nstderr:\n" << res.err;
   std::printf("%s", res.out.c_str());
 }
+
+TEST(Zero3Cuda, OffloadedMomentsOnOneRank) { run_one_rank("Zero3CudaWorker.Offload", "BLU_ZERO_OFFLOAD_CUDA"); }
 
 TEST(Zero3CudaWorker, Run) {
   const char* v = std::getenv("BLU_ZERO3_CUDA");
@@ -172,14 +167,7 @@ TEST(Zero3CudaWorker, Run) {
   worker();
 }
 
-TEST(Zero3Cuda, OneRankMatchesSingleDevice) {
-  if (cuda::device_count() < 1) GTEST_SKIP() << "needs a GPU";
-  const test::LaunchResult res = test::run_command(
-      1, {test::self_exe(), "--gtest_filter=Zero3CudaWorker.Run", "--gtest_brief=1"},
-      {{"BLU_ZERO3_CUDA", "1"}, {"OMP_NUM_THREADS", "2"}});
-  EXPECT_EQ(res.status, 0) << "stdout:\n" << res.out << "\nstderr:\n" << res.err;
-  std::printf("%s", res.out.c_str());
-}
+TEST(Zero3Cuda, OneRankMatchesSingleDevice) { run_one_rank("Zero3CudaWorker.Run", "BLU_ZERO3_CUDA"); }
 
 }  // namespace
 }  // namespace blu::dist
