@@ -51,8 +51,8 @@ class CudaCopyEngine final : public CopyEngine {
     const bool to_device = dst.device().is_cuda();
     BLU_CHECK(to_device != src.device().is_cuda(), "offload copy: expected one host and one device tensor, got ",
               dst.device(), " and ", src.device());
-    cudaStream_t s = stream(lane);
     cuda::DeviceGuard g(device_.index);
+    cudaStream_t s = stream(lane);
     BLU_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(), cudaMemcpyDefault, s));
     const Tensor& dev = to_device ? dst : src;
     const Tensor& host = to_device ? src : dst;
@@ -61,6 +61,7 @@ class CudaCopyEngine final : public CopyEngine {
     dst.storage()->bump_version();
   }
   EventPtr record(Lane lane) override {
+    cuda::DeviceGuard g(device_.index);  // the event on the stream's device, from any thread
     auto e = std::make_shared<CudaCopyEvent>();
     e->event.record(stream(lane));
     return e;
