@@ -15,7 +15,7 @@
 #      on a 125 GiB host.
 # Usage (on the GPU machine, from the repository root, after a CUDA build in build-cuda):
 #   scripts/offload_bench.sh [BUILD_DIR]      env: STEPS (default 6), GRID=0 to skip the grid,
-#                                             ROWS (rows 1 and 1b: none, STATE:UPDATE ...;
+#                                             ROWS (rows 1 and 1b: none, STATE:UPDATE[:overlap] ...;
 #                                             empty: none), PEER=0 to skip row 2,
 #                                             WIDTHS, DEPTHS, SHAPES, TORCH_SHAPES, STATE,
 #                                             RECOMPUTE, GRID_STEPS, GRID_ARGS (the grid's)
@@ -30,9 +30,15 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 free -g | head -2
 
 bench() { "$BIN" bench --device cuda --precision bf16 -B 8 -T 1024 --steps "$STEPS" "$@" 2>&1 | tail -1; }
-# Each row: none (everything on the GPU) or STATE:UPDATE (--offload-state STATE --offload-update UPDATE).
-ROWS=${ROWS:-"none optimizer:cpu optimizer:gpu master:cpu master+grads:cpu"}
-row_args() { [ "$1" = none ] || echo "--offload-state ${1%%:*} --offload-update ${1#*:}"; }
+# Each row: none (everything on the GPU) or STATE:UPDATE (--offload-state STATE --offload-update UPDATE),
+# STATE:cpu:overlap the host update's blocks behind the next forward (--offload-overlap).
+ROWS=${ROWS:-"none optimizer:cpu optimizer:gpu master:cpu master:cpu:overlap master+grads:cpu"}
+row_args() {
+  [ "$1" = none ] && return
+  local state=${1%%:*} rest=${1#*:}
+  echo "--offload-state $state --offload-update ${rest%%:*}"
+  [ "${rest#*:}" = overlap ] && echo "--offload-overlap"
+}
 
 echo "# 1. d48, 64K tokens per optimizer step (B=8 x T=1024 x 8 micro-batches)"
 for r in $ROWS; do bench --model gpt2:d48 --grad-accum 8 $(row_args "$r"); done

@@ -37,7 +37,7 @@ case "$mode" in
     # Suppressions, each with its reason, once a run shows which are needed (libgloo is not
     # instrumented).
     [ ! -f .ci/tsan.supp ] || TSAN_OPTIONS+=":suppressions=$root/.ci/tsan.supp"
-    quick=("dist:TcpStore*:GlooCollectives*:DistWorker*" "data:Loader*:NgramBaselineLoader*")
+    quick=("dist:TcpStore*:GlooCollectives*:DistWorker*" "data:Loader*:NgramBaselineLoader*" "offload:Offload.UpdateBehind*")
     shares=("dist:DataParallel*:Ddp*:Consistency*:DistStartup*" "dist:Zero*:Sharded*:Hetero*"
             "dist:Pipeline*:TensorParallel*:Annotations*:Planner*" "dist:DistCli*:Launch*:DistEnv*:DeviceMesh*")
     ;;

@@ -404,6 +404,9 @@ Command add_train(CLI::App& root) {
   app->add_option("--offload-chunk", o.offload_chunk, "Elements per streamed chunk of the offloaded update (gpu: staged moments; cpu: staged gradients)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app->add_flag("--offload-overlap", o.offload_overlap,
+                "With the update on the cpu: the blocks' update runs on a worker thread behind the next step's "
+                "forward, each block waiting for its own (docs/offload.md; measured gain small and host-dependent)");
   app->add_flag("!--no-row-exchange", o.row_exchange,
                 "With --dp > 1: reduce the tied embedding's whole gradient at the end of backward instead "
                 "of its LM-head part early and its rows apart (docs/distributed.md)");

@@ -4,20 +4,25 @@
 // for bit (parameters, moments, bf16 compute copies) over several steps with clipping, and a small
 // GPT trained with its state offloaded ending where the plain run ends (within the rounding the
 // attention backward's atomics allow: tests/cuda/trainer_cuda_test.cpp); the streamed update's first
-// upload waits for work the current stream had queued on the blocks its staging buffers reuse.
+// upload waits for work the current stream had queued on the blocks its staging buffers reuse; the
+// host update behind the next forward (a worker thread, the forward's block hooks waiting for each
+// block's uploads) trains as the update inside the step does.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "blu/backend/cuda/runtime.h"
 #include "blu/blu.h"
+#include "blu/dist/strategy.h"
 #include "blu/memory/cuda_allocator.h"
 #include "blu/nn/compute_copy.h"
 #include "blu/offload/offload_adamw.h"
 #include "blu/train/trainer.h"
+#include "common/tiny_gpt.h"
 #include "cuda/held_fills.h"
 #include "data/data_test_util.h"
 #include "train/train_test_util.h"
@@ -143,6 +148,60 @@ TEST(OffloadCuda, StreamedUpdateWaitsForWorkQueuedOnItsStagingBuffers) {
   for (size_t i = 0; i < sa.size(); ++i)
     EXPECT_EQ(host_floats(to_dtype(sa[i].second, DType::f32)), host_floats(to_dtype(sb[i].second, DType::f32)))
         << sa[i].first;
+}
+
+// Note [Update behind the forward] on a GPU: the worker held 30 ms before each block, so every
+// block's forward reaches its hook before its update; the losses must be those of the update run
+// inside the step (to the rounding of the attention backward's atomics), and step() must return
+// before the worker reaches block 1.
+TEST(OffloadCuda, UpdateBehindForwardTrainsLikeUpdateInsideStep) {
+  SKIP_WITHOUT_GPU();
+  using Clock = std::chrono::steady_clock;
+  struct Run {
+    std::vector<double> losses;
+    std::vector<Clock::time_point> returned, at_block1;
+  };
+  auto run = [](const std::string& state, bool overlap) {
+    models::GPT model(test::tiny_gpt(), 7);
+    model.to(Device("cuda"));
+    model.train();
+    train::apply_precision(model, "bf16");
+    dist::StrategyConfig sc;
+    sc.offload_state = true;
+    sc.offload.update = UpdateOn::cpu;
+    sc.offload.masters_on_host = state == "master";
+    sc.offload.chunk_elements = 1000;
+    sc.offload.overlap_forward = overlap;
+    dist::Strategy strategy(model, nullptr, sc, dist::OptimizerConfig{.lr = 1e-2});
+    Run r;
+    if (overlap)
+      dynamic_cast<OffloadAdamW&>(strategy.optimizer()).set_worker_hook([&r](size_t block) {
+        if (block == 1) r.at_block1.push_back(Clock::now());
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      });
+    for (int64_t step = 0; step < 4; ++step) {
+      std::vector<double> ids;
+      for (int64_t i = 0; i < 4 * 16; ++i) ids.push_back(double((step * 37 + i * 11) % 101));
+      const Tensor all = to_device(from_vector(ids, {4, 16}, DType::i32), Device("cuda"));
+      const dist::StepValues v = strategy.step(2, [&](int64_t m) {
+        const Tensor x = narrow(all, 0, 2 * m, 2);
+        return std::pair<Tensor, Tensor>{x, x};
+      }, 1e-2, 1.0);
+      r.returned.push_back(Clock::now());
+      r.losses.push_back(strategy.read(v, false).loss);
+    }
+    strategy.finish_update();
+    return r;
+  };
+  for (const char* state : {"optimizer", "master"}) {
+    SCOPED_TRACE(std::string("--offload-state ") + state);
+    const Run inside = run(state, false), behind = run(state, true);
+    ASSERT_EQ(inside.losses.size(), behind.losses.size());
+    for (size_t i = 0; i < inside.losses.size(); ++i)
+      EXPECT_NEAR(behind.losses[i], inside.losses[i], 1e-4 * std::abs(inside.losses[i])) << "step " << i + 1;
+    ASSERT_EQ(behind.at_block1.size(), 4u);
+    for (size_t i = 0; i < 4; ++i) EXPECT_LT(behind.returned[i], behind.at_block1[i]) << "step " << i + 1;
+  }
 }
 
 TEST(OffloadCuda, TrainsLikePlainRun) {

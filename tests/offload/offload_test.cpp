@@ -7,13 +7,17 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <random>
 #include <sstream>
 #include <vector>
 
 #include "blu/core/grad_mode.h"
+#include "blu/dist/strategy.h"
 #include "blu/memory/device_pool.h"
+#include "blu/models/gpt2/gpt2.h"
 #include "blu/offload/host_adamw.h"
 #include "blu/offload/plan.h"
 #include "blu/ops/elementwise.h"
@@ -21,6 +25,7 @@
 #include "blu/ops/optim.h"
 #include "blu/train/trainer.h"
 #include "common/checks.h"
+#include "common/tiny_gpt.h"
 #include "data/data_test_util.h"
 #include "train/train_test_util.h"
 
@@ -264,6 +269,37 @@ TEST(Offload, OffloadedPeakWithinFivePercentOfPlan) {
   }
 }
 
+// The predicted step with the host update behind the next forward: compute + update, less the
+// first micro-batch's forward (a third of its forward and backward) or the update, the smaller —
+// not under ZeRO (state_shards > 1) or when the overlap is off.
+TEST(Offload, PlanHidesTheFirstForwardOfTheHostUpdate) {
+  PlanInput in;
+  in.param_elements = 100'000'000;
+  in.compute_copy_bytes = 2;
+  in.offload_state = "master";
+  in.offload_update = "cpu";
+  in.micro_batches = 2;
+  in.compute_seconds = 0.6;
+  in.host_adamw_elements_per_s = 1e9;  // 100 ms of update
+  in.transfer_bytes_per_s = 1e11;
+  in.offload.overlap_forward = true;  // --offload-overlap
+  MemoryPlan p = plan_memory(in);
+  ASSERT_TRUE(p.masters_on_host && p.update == UpdateOn::cpu) << p.text;
+  EXPECT_DOUBLE_EQ(p.update_seconds, 0.1);
+  EXPECT_DOUBLE_EQ(p.hidden_update_seconds, 0.1);  // 0.6 / 2 / 3 = 0.1 of forward
+  EXPECT_DOUBLE_EQ(p.step_seconds, 0.6);
+  EXPECT_NE(p.text.find("100 ms of it behind the next step's first forward"), std::string::npos) << p.text;
+  in.micro_batches = 8;  // 25 ms of forward hide 25 of the 100
+  p = plan_memory(in);
+  EXPECT_DOUBLE_EQ(p.hidden_update_seconds, 0.025);
+  EXPECT_DOUBLE_EQ(p.step_seconds, 0.675);
+  in.offload.overlap_forward = false;
+  p = plan_memory(in);
+  EXPECT_EQ(p.hidden_update_seconds, 0);
+  EXPECT_DOUBLE_EQ(p.step_seconds, 0.7);
+  EXPECT_EQ(p.text.find("behind"), std::string::npos) << p.text;
+}
+
 TEST(Offload, PlanKeepsStateOnDeviceWhenItFitsAndPredictsPeak) {
   TempDir data;
   train::test_util::write_toy_shards(data.path(), kVocab, 2048, 8192);
@@ -453,6 +489,12 @@ TEST(Offload, MastersOnHostTrainLikePlainRunBitwise) {
             std::string::npos)
       << masters.log;
   expect_same_run(plain, masters);
+  // --offload-overlap: the blocks' update behind the next forward, the same run, the same peak.
+  mo.offload_overlap = true;
+  const RunResult behind = run(mo);
+  expect_same_run(plain, behind);
+  EXPECT_EQ(behind.step_peak, masters.step_peak);
+  EXPECT_NE(behind.log.find("of it behind the next step's first forward"), std::string::npos) << behind.log;
   // Every parameter but the two embeddings (looked up in fp32) left the device.
   int64_t n = 0;
   for (const std::vector<double>& w : plain.weights) n += int64_t(w.size());
@@ -572,6 +614,93 @@ void expect_continues(const RunResult& straight, const RunResult& rest) {
   ASSERT_EQ(rest.weights.size(), straight.weights.size());
   for (size_t i = 0; i < rest.weights.size(); ++i)
     EXPECT_EQ(std::memcmp(rest.weights[i].data(), straight.weights[i].data(), rest.weights[i].size() * 8), 0);
+}
+
+// --- the update behind the next forward (Note [Update behind the forward]) ---
+
+struct StrategyRun {
+  std::vector<double> losses;
+  std::vector<std::vector<double>> weights;
+  // When each step() returned, and when the worker reached block 1 of each step's update.
+  std::vector<std::chrono::steady_clock::time_point> returned, at_block1;
+};
+
+// Four steps (two micro-batches each) of the tiny GPT on the pool cpu:1 through dist::Strategy with
+// the state offloaded and the host update; `hook` (when set) runs on the worker before each block
+// of each update (counted from 0).
+StrategyRun strategy_run(const std::string& state, bool overlap, const std::function<void(int64_t update, size_t block)>& hook) {
+  using Clock = std::chrono::steady_clock;
+  models::GPT model(test::tiny_gpt(), 7);
+  model.to(Device(DeviceType::cpu, 1));
+  model.train();
+  train::apply_precision(model, "bf16");
+  dist::StrategyConfig sc;
+  sc.offload_state = true;
+  sc.offload.update = UpdateOn::cpu;
+  sc.offload.masters_on_host = state == "master";
+  sc.offload.chunk_elements = 1000;  // several pieces a parameter
+  sc.offload.overlap_forward = overlap;
+  dist::Strategy strategy(model, nullptr, sc, dist::OptimizerConfig{.lr = 1e-2});
+  auto& opt = dynamic_cast<OffloadAdamW&>(strategy.optimizer());
+  StrategyRun r;
+  int64_t update = -1;  // the worker's count of the updates it ran
+  if (hook)
+    opt.set_worker_hook([&](size_t block) {
+      if (block == 0) ++update;
+      if (block == 1) r.at_block1.push_back(Clock::now());
+      hook(update, block);
+    });
+  for (int64_t step = 0; step < 4; ++step) {
+    std::vector<double> ids;
+    for (int64_t i = 0; i < 2 * 2 * 16; ++i) ids.push_back(double((step * 37 + i * 11) % 101));
+    const Tensor all = to_device(from_vector(ids, {4, 16}, DType::i32), Device(DeviceType::cpu, 1));
+    const dist::StepValues v = strategy.step(2, [&](int64_t m) {
+      const Tensor x = narrow(all, 0, 2 * m, 2);
+      return std::pair<Tensor, Tensor>{x, x};
+    }, 1e-2, 1.0);
+    r.returned.push_back(Clock::now());
+    r.losses.push_back(strategy.read(v, false).loss);
+  }
+  strategy.finish_update();
+  const auto values = strategy.parameter_values();
+  for (const auto& [name, w] : model.state_dict()) r.weights.push_back(to_vector(w));
+  return r;
+}
+
+// The worker is held 40 ms before each block, so the next forward reaches every block's hook
+// before its parameters are updated: the run must still be the plain one bit for bit (the hooks
+// wait), and step() must return before the worker reaches block 1 (the update runs behind it).
+TEST(Offload, UpdateBehindForwardWaitsForEachBlock) {
+  for (const char* state : {"optimizer", "master"}) {
+    SCOPED_TRACE(std::string("--offload-state ") + state);
+    const StrategyRun plain = strategy_run(state, false, nullptr);
+    const StrategyRun behind = strategy_run(state, true, [](int64_t, size_t) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(40));
+    });
+    ASSERT_EQ(plain.losses.size(), behind.losses.size());
+    for (size_t i = 0; i < plain.losses.size(); ++i)
+      EXPECT_EQ(std::memcmp(&plain.losses[i], &behind.losses[i], sizeof(double)), 0)
+          << "step " << i + 1 << ": " << plain.losses[i] << " vs " << behind.losses[i];
+    ASSERT_EQ(plain.weights.size(), behind.weights.size());
+    for (size_t i = 0; i < plain.weights.size(); ++i)
+      EXPECT_EQ(plain.weights[i], behind.weights[i]) << "tensor " << i;
+    ASSERT_EQ(behind.at_block1.size(), 4u);
+    for (size_t i = 0; i < 4; ++i)  // the worker reaches block 1 at least 40 ms after it starts
+      EXPECT_LT(behind.returned[i], behind.at_block1[i]) << "step " << i + 1 << " returned after its update";
+  }
+}
+
+// What the worker throws reaches the caller at the next forward's wait, and the optimizer can
+// still be destroyed.
+TEST(Offload, UpdateBehindForwardReportsWorkerErrors) {
+  try {
+    strategy_run("optimizer", true, [](int64_t update, size_t block) {
+      if (update == 1 && block == 1) throw std::runtime_error("worker failed at block 1");
+    });
+    FAIL() << "the worker's error was lost";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("worker failed at block 1"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Offload, ResumeIsBitwiseExact) {

@@ -184,6 +184,27 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<ProcessGroup> pg, Strategy
   }
   params_ = model_.parameters();
   if (config_.offload_state && config_.offload.masters_on_host) release_masters();  // after DDP's broadcast
+  if (config_.offload_state && config_.zero == 0 && config_.offload.update == offload::UpdateOn::cpu &&
+      config_.offload.overlap_forward && !config_.offload.grads_on_host && lm) {
+    // Note [Update behind the forward] (offload/offload_adamw.h): each block's forward waits for
+    // its parameters' update; the first backward of a step for the whole update. Not with the
+    // gradients on the host, whose own host work it slowed (docs/offload.md).
+    offload_ = dynamic_cast<offload::OffloadAdamW*>(opt_.get());
+    BLU_ASSERT(offload_, "optimizer state offload without the offloaded AdamW");
+    std::vector<std::vector<std::string>> blocks;
+    for (const models::BlockRef& b : lm->blocks()) {
+      blocks.emplace_back();
+      for (const auto& [name, t] : b.module->named_parameters()) blocks.back().push_back(b.name + "." + name);
+    }
+    offload_->overlap_with_forward(blocks);
+    offload::OffloadAdamW* o = offload_;
+    block_hooks_ = lm->add_block_hooks(
+        [o](size_t i, const Tensor& x) {
+          o->wait_block(i);
+          return x;
+        },
+        [](size_t, const Tensor& y) { return y; });
+  }
   tag_parameters(model_);
 }
 
@@ -260,7 +281,12 @@ Strategy::~Strategy() {
   if (block_hooks_ >= 0) dynamic_cast<models::CausalLM&>(model_).remove_block_hooks(block_hooks_);
 }
 
+void Strategy::finish_update() {
+  if (offload_) offload_->finish_update();
+}
+
 Strategy::FullParameters::FullParameters(Strategy& s) : zero_(s.zero_), pipeline_(s.pipeline_.get()) {
+  s.finish_update();
   if (zero_) zero_->gather_full();
   if (pipeline_) pipeline_->share_parameters();
 }
@@ -322,6 +348,7 @@ StepValues Strategy::step(int64_t n, const std::function<Tensor(int64_t)>& loss_
     // Gradients of the mean over all micro-batches (and of the fp16 loss scale, a device value),
     // weighted by this replica's share of the rows.
     if (zero3) zero_->begin_backward();
+    if (micro == 0) finish_update();  // the backward's gradients never meet the last update's copies
     if (scaler_) {
       mul(loss, mul(scaler_->scale_tensor(loss.device()), share_factor_ / double(n))).backward();
     } else {

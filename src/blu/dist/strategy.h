@@ -189,7 +189,15 @@ class Strategy {
   // Every parameter's value readable and writable while the returned guard lives: with fp32 masters
   // on the host the released parameters view their masters, on the CPU (checkpoints take one);
   // otherwise the guard does nothing. Not for a forward: the model's device is where its copies are.
-  offload::OffloadAdamW::HostView parameter_values() { return offload::OffloadAdamW::HostView(masters_); }
+  offload::OffloadAdamW::HostView parameter_values() {
+    finish_update();
+    return offload::OffloadAdamW::HostView(masters_);
+  }
+  // The offloaded update that runs behind the next forward (Note [Update behind the forward],
+  // offload/offload_adamw.h) done, its uploads ordered before the compute stream's next work: for
+  // whoever reads parameters or times steps outside step(). save, load, full_parameters and
+  // parameter_values call it.
+  void finish_update();
   // The parameter elements whose fp32 values live only on the host (0 without masters_on_host).
   int64_t released_elements() const { return released_elements_; }
 
@@ -209,7 +217,7 @@ class Strategy {
   ZeroAdamW* zero_ = nullptr;  // points into opt_ under ZeRO
   std::unique_ptr<DistributedDataParallel> ddp_;
   std::unique_ptr<optim::LossScaler> scaler_;
-  int block_hooks_ = -1;  // ZeRO-3's, on the model
+  int block_hooks_ = -1;  // ZeRO-3's or the offloaded update's, on the model
   std::unique_ptr<PipelineStage> pipeline_;
   // Tensor parallelism: parameters split over config_.tp, and replicated ones with partial gradients.
   std::vector<Tensor> tp_sharded_, tp_replicated_, tp_partial_;
@@ -225,6 +233,8 @@ class Strategy {
   // offload.masters_on_host: the optimizer that holds the released parameters' values.
   void release_masters();
   offload::OffloadAdamW* masters_ = nullptr;
+  // The host-run offloaded AdamW whose blocks' update runs behind the next forward (null: none).
+  offload::OffloadAdamW* offload_ = nullptr;
   int64_t released_elements_ = 0;
 };
 

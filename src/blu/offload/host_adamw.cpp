@@ -85,6 +85,8 @@ void run_chunk(float* p, const float* g, float* m, float* v, uint16_t* c, DType 
 
 }  // namespace
 
+int threads_beside_one() { return std::max(1, omp_get_max_threads() - 1); }
+
 void adamw_host_update(float* p, const float* g, float* m, float* v, uint16_t* copy, DType copy_dtype, int64_t n,
                        const AdamWCoefficients& k, const GateDecision& gate, int threads) {
   if (gate.skip || n <= 0) return;

@@ -1,8 +1,13 @@
 // offload/offload_adamw: AdamW over host-held state (header).
 #include "blu/offload/offload_adamw.h"
 
+#include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <exception>
 #include <map>
+#include <mutex>
+#include <thread>
 #include <tuple>
 
 #include "blu/core/grad_mode.h"
@@ -45,6 +50,78 @@ struct OffloadAdamW::State {
   EventPtr grad_landed;
   int64_t landing = -1;
   int64_t micro = 0;
+};
+
+// One step of the host update: its pieces (at most chunk_elements each) in the order they are
+// updated, and the progress of its staging ring (Note [Gradient staging]).
+struct OffloadAdamW::HostJob {
+  struct Piece {
+    size_t param;
+    int64_t offset, length;
+    bool staged;   // its gradient comes through the staging ring (else: the host accumulator)
+    Tensor grad;   // staged: the device gradient, taken from the parameter by step()
+    int64_t block; // the first block that reads the parameter (-1: none, or no overlap)
+  };
+  std::vector<Piece> pieces;
+  std::vector<size_t> staged;  // indices into pieces, in ring order
+  size_t issued = 0;           // staged pieces whose copy down is queued
+  size_t next_staged = 0;      // the next staged piece to update
+  GateDecision decision;
+  double lr = 0;
+  int threads = 0;  // the host AdamW's (0: OpenMP's default)
+};
+
+// Note [Update behind the forward]: the worker and what it shares with the calling thread.
+struct OffloadAdamW::Overlap {
+  std::vector<int64_t> block_of;  // per parameter: the first block that reads it, -1 none
+  size_t blocks = 0;
+  std::thread worker;
+  std::mutex mu;
+  std::condition_variable cv;
+  // Under mu: the job handed over (empty once taken), whether it has finished, what it threw, and
+  // how many blocks have their uploads queued (block_in[b]: the in lane after block b's).
+  std::function<void()> job;
+  bool finished = false, quit = false;
+  std::exception_ptr error;
+  size_t ready = 0;
+  std::vector<EventPtr> block_in;
+  std::function<void(size_t)> hook;  // set_worker_hook
+  // The calling thread's: a job handed over and not yet joined, and its pieces, whose gradients
+  // this thread lets go of block by block as the forward passes them (released: the pieces let go).
+  bool active = false;
+  std::shared_ptr<HostJob> running;
+  size_t released = 0;
+  void release_until(int64_t block) {  // the gradients of the pieces up to `block`, whose copies are done
+    for (; released < running->pieces.size() && running->pieces[released].block <= block; ++released)
+      running->pieces[released].grad = Tensor();
+  }
+
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu);
+    for (;;) {
+      cv.wait(lock, [&] { return quit || job; });
+      if (quit) return;
+      std::function<void()> f = std::move(job);
+      job = nullptr;
+      lock.unlock();
+      std::exception_ptr err;
+      try {
+        f();
+      } catch (...) {
+        err = std::current_exception();
+      }
+      lock.lock();
+      error = err;
+      finished = true;
+      cv.notify_all();
+    }
+  }
+  void publish(size_t b, EventPtr e) {
+    std::lock_guard<std::mutex> lock(mu);
+    block_in[b] = std::move(e);
+    ready = b + 1;
+    cv.notify_all();
+  }
 };
 
 OffloadAdamW::OffloadAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOptions opt, OffloadOptions options)
@@ -94,6 +171,18 @@ OffloadAdamW::OffloadAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOp
 }
 
 OffloadAdamW::~OffloadAdamW() {
+  if (overlap_) {
+    try {
+      finish_update();
+    } catch (...) {  // a destructor does not throw; the error was the step's to report
+    }
+    {
+      std::lock_guard<std::mutex> lock(overlap_->mu);
+      overlap_->quit = true;
+    }
+    overlap_->cv.notify_all();
+    overlap_->worker.join();
+  }
   self_.reset();
   if (engine_) engine_->host_wait(nullptr);
   // Released parameters keep their values: each takes over its master's host bytes (it is on the
@@ -104,8 +193,75 @@ OffloadAdamW::~OffloadAdamW() {
 
 bool OffloadAdamW::released(size_t i) const { return state_.at(i)->released; }
 
+void OffloadAdamW::overlap_with_forward(const std::vector<std::vector<std::string>>& blocks) {
+  BLU_CHECK(options_.update == UpdateOn::cpu, kName, ": the update runs behind the forward only on the host ",
+            "(--offload-update cpu), got ", update_name(options_.update));
+  BLU_CHECK(!overlap_, kName, ": overlap_with_forward called twice");
+  auto ov = std::make_unique<Overlap>();
+  ov->blocks = blocks.size();
+  ov->block_in.resize(blocks.size());
+  ov->block_of.assign(params_.size(), -1);
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < names_.size(); ++i) index[names_[i]] = i;
+  for (size_t b = 0; b < blocks.size(); ++b)
+    for (const std::string& name : blocks[b]) {
+      const auto it = index.find(name);
+      BLU_CHECK(it != index.end(), kName, ": block ", b, " reads '", name, "', which is not one of its parameters");
+      if (ov->block_of[it->second] < 0) ov->block_of[it->second] = int64_t(b);
+    }
+  overlap_ = std::move(ov);
+  overlap_->worker = std::thread([ov = overlap_.get()] { ov->loop(); });
+}
+
+void OffloadAdamW::wait_block(size_t b) {
+  Overlap* ov = overlap_.get();
+  if (!ov || !ov->active) return;
+  BLU_CHECK(b < ov->blocks, kName, ": wait_block(", b, ") of ", ov->blocks, " blocks");
+  EventPtr e;
+  bool failed = false;
+  {
+    std::unique_lock<std::mutex> lock(ov->mu);
+    ov->cv.wait(lock, [&] { return ov->ready > b || ov->finished; });
+    failed = ov->ready <= b;  // finished early: it threw
+    if (!failed) e = ov->block_in[b];
+  }
+  if (failed) {
+    finish_update();  // rethrows
+    return;
+  }
+  engine_->wait(Lane::compute, e);
+  ov->release_until(int64_t(b));  // the forward's activations may take their bytes
+}
+
+void OffloadAdamW::set_worker_hook(std::function<void(size_t)> hook) {
+  BLU_CHECK(overlap_, kName, ": set_worker_hook needs overlap_with_forward first");
+  finish_update();
+  overlap_->hook = std::move(hook);
+}
+
+void OffloadAdamW::finish_update() const {
+  Overlap* ov = overlap_.get();
+  if (!ov || !ov->active) return;
+  std::exception_ptr err;
+  {
+    std::unique_lock<std::mutex> lock(ov->mu);
+    ov->cv.wait(lock, [&] { return ov->finished; });
+    err = ov->error;
+    ov->error = nullptr;
+    ov->finished = false;
+    ov->ready = 0;
+    for (EventPtr& e : ov->block_in) e = nullptr;
+  }
+  ov->active = false;
+  ov->running.reset();  // the rest of the step's device gradients go back to the allocator
+  ov->released = 0;
+  if (err) std::rethrow_exception(err);
+  engine_->wait(Lane::compute, pending_in_);  // whatever reads a parameter next, after its upload
+}
+
 int64_t OffloadAdamW::release_parameters(const std::function<bool(const std::string&, const Tensor&)>& release) {
   BLU_CHECK(options_.masters_on_host, kName, ": release_parameters needs masters_on_host");
+  finish_update();
   NoGradGuard no_grad;
   std::map<const Storage*, int> views;  // parameter handles per storage: only a storage's sole view leaves
   for (const Tensor& p : params_) ++views[p.storage().get()];
@@ -212,6 +368,7 @@ void OffloadAdamW::drain_in_flight() {
 }
 
 double OffloadAdamW::finish_host_gradients() {
+  finish_update();
   double total = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
     State& s = *state_[i];
@@ -252,6 +409,7 @@ OffloadAdamW::HostView::~HostView() {
 }
 
 void OffloadAdamW::view_masters() {
+  finish_update();
   engine_->host_wait(nullptr);
   for (size_t i = 0; i < params_.size(); ++i) {
     State& s = *state_[i];
@@ -295,6 +453,7 @@ int64_t OffloadAdamW::staging_bytes(const OffloadOptions& o, int64_t total_eleme
 }
 
 void OffloadAdamW::attach_compute_copies(const nn::ComputeCopies& copies) {
+  finish_update();
   for (size_t i = 0; i < params_.size(); ++i)
     for (const auto& [t, c] : copies)
       if (t.is_same(params_[i])) copies_[i] = c;
@@ -327,6 +486,7 @@ void OffloadAdamW::refresh_master(size_t i) {
 
 void OffloadAdamW::step(const NormGate& gate) {
   NoGradGuard no_grad;
+  finish_update();
   if (options_.update == UpdateOn::cpu)
     step_on_host(gate);
   else
@@ -342,36 +502,43 @@ void OffloadAdamW::step_on_host(const NormGate& gate) {
   // The update runs piece by piece (at most chunk_elements each). A piece whose gradient is on the
   // device comes down into a slot of the staging ring (kRingSlots ahead of the update), so the
   // host holds no gradient of its own for it (Note [Gradient staging]).
-  struct Piece {
-    size_t param;
-    int64_t offset, length;
-    bool staged;  // its gradient comes through the staging ring (else: the host accumulator)
-  };
-  std::vector<Piece> pieces;
-  std::vector<size_t> staged;  // indices into pieces, in ring order
+  auto job = std::make_shared<HostJob>();
+  job->lr = lr_;
+  job->threads = options_.threads;
+  std::vector<HostJob::Piece>& pieces = job->pieces;
   int64_t stage_elements = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
-    const bool on_host = state_[i]->released && options_.grads_on_host;
+    State& s = *state_[i];
+    const bool on_host = s.released && options_.grads_on_host;
+    Tensor g;
     if (on_host) {  // on the host already (finish_host_gradients)
-      if (state_[i]->micro == 0) continue;
+      if (s.micro == 0) continue;
     } else {
-      const Tensor g = params_[i].grad();
+      g = params_[i].grad();
       if (!g.defined()) continue;
       BLU_CHECK(g.dtype() == DType::f32 && g.shape() == params_[i].shape() && g.is_contiguous(), kName,
                 ": gradient of '", names_[i], "' is ", g.str(), ", expected a contiguous f32 tensor of the ",
                 "parameter's shape");
       ensure_state(i);
-      if (!state_[i]->released) refresh_master(i);
+      if (!s.released) refresh_master(i);
     }
+    if (params_[i].numel() > 0) {
+      ++s.step;  // counted even when the gate skips the update, as AdamW counts it
+      s.micro = 0;
+    }
+    const int64_t block = overlap_ ? overlap_->block_of[i] : -1;
     for (int64_t off = 0, n = params_[i].numel(); off < n; off += options_.chunk_elements) {
       const int64_t len = std::min(options_.chunk_elements, n - off);
-      if (!on_host) {
-        staged.push_back(pieces.size());
-        stage_elements = std::max(stage_elements, len);
-      }
-      pieces.push_back({i, off, len, !on_host});
+      if (!on_host) stage_elements = std::max(stage_elements, len);
+      pieces.push_back({i, off, len, !on_host, on_host ? Tensor() : piece(g, off, len), block});
     }
   }
+  // The parameters no block reads first, then block by block (the order the forward reads them);
+  // the update is elementwise, so the order changes no bit.
+  std::stable_sort(pieces.begin(), pieces.end(),
+                   [](const HostJob::Piece& a, const HostJob::Piece& b) { return a.block < b.block; });
+  for (size_t t = 0; t < pieces.size(); ++t)
+    if (pieces[t].staged) job->staged.push_back(t);
   if (stage_.empty() && stage_elements > 0) stage_.resize(kRingSlots);
   for (Slot& slot : stage_)
     if (!slot.buf.defined() || slot.buf.numel() < stage_elements) {
@@ -379,64 +546,96 @@ void OffloadAdamW::step_on_host(const NormGate& gate) {
       slot.buf = empty_from(host_allocator_for(device_), {stage_elements}, DType::f32);
       slot.done = nullptr;
     }
-  // Staged piece t goes into slot t % kRingSlots once piece t - kRingSlots has been updated.
-  size_t issued = 0;
-  auto issue_until = [&](size_t end) {
-    for (; issued < std::min(end, staged.size()); ++issued) {
-      const Piece& pc = pieces[staged[issued]];
-      Slot& slot = stage_[issued % stage_.size()];
-      engine_->copy(narrow(slot.buf, 0, 0, pc.length), piece(params_[pc.param].grad(), pc.offset, pc.length),
-                    Lane::out);
-      slot.done = engine_->record(Lane::out);
-    }
-  };
-  issue_until(stage_.size());
+  issue_staged(*job, stage_.size());
   // The gate's total, read once (the host decides the clip as the kernels do on the device).
   double total = -1;
   if (gate.defined()) {
     const Tensor t = to_device(gate.sum_squares, kCPU);
     total = t.dtype() == DType::f64 ? *t.data<double>() : double(*t.data<float>());
   }
-  const GateDecision decision = GateDecision::from_total(total, gate.max_norm);
-  size_t next_staged = 0;
-  for (const Piece& pc : pieces) {
+  job->decision = GateDecision::from_total(total, gate.max_norm);
+  const size_t rest = size_t(std::find_if(pieces.begin(), pieces.end(), [](const HostJob::Piece& p) {
+                               return p.block >= 0;
+                             }) - pieces.begin());
+  run_pieces(*job, 0, rest);
+  if (rest == pieces.size()) {
+    pending_in_ = engine_->record(Lane::in);
+    engine_->wait(Lane::compute, pending_in_);  // the next forward reads the new parameters
+    return;
+  }
+  // Note [Update behind the forward]: the blocks' pieces on the worker; the next forward's block
+  // hooks wait for them.
+  engine_->wait(Lane::compute, engine_->record(Lane::in));  // the embedding and the head's uploads
+  // The worker's update leaves a core to the thread that queues the forward.
+  if (options_.threads <= 0) job->threads = threads_beside_one();
+  Overlap& ov = *overlap_;
+  ov.running = job;
+  ov.active = true;
+  ov.released = 0;
+  ov.release_until(-1);
+  {
+    std::lock_guard<std::mutex> lock(ov.mu);
+    ov.job = [this, job = job.get(), rest] {
+      size_t begin = rest;
+      for (size_t b = 0; b < overlap_->blocks; ++b) {
+        size_t end = begin;
+        while (end < job->pieces.size() && job->pieces[end].block == int64_t(b)) ++end;
+        if (overlap_->hook) overlap_->hook(b);
+        run_pieces(*job, begin, end);
+        overlap_->publish(b, engine_->record(Lane::in));
+        begin = end;
+      }
+      pending_in_ = engine_->record(Lane::in);
+    };
+  }
+  ov.cv.notify_all();
+}
+
+// Staged piece t goes into slot t % kRingSlots once piece t - kRingSlots has been updated.
+void OffloadAdamW::issue_staged(HostJob& job, size_t until) {
+  for (; job.issued < std::min(until, job.staged.size()); ++job.issued) {
+    const HostJob::Piece& pc = job.pieces[job.staged[job.issued]];
+    Slot& slot = stage_[job.issued % stage_.size()];
+    engine_->copy(narrow(slot.buf, 0, 0, pc.length), pc.grad, Lane::out);
+    slot.done = engine_->record(Lane::out);
+  }
+}
+
+void OffloadAdamW::run_pieces(HostJob& job, size_t begin, size_t end) {
+  const GateDecision& decision = job.decision;
+  for (size_t t = begin; t < end; ++t) {
+    const HostJob::Piece& pc = job.pieces[t];
     const size_t i = pc.param;
     State& s = *state_[i];
-    if (pc.offset == 0) {
-      ++s.step;  // counted even when the gate skips the update, as AdamW counts it
-      s.micro = 0;
-    }
     const float* g = nullptr;
     if (pc.staged) {
-      issue_until(next_staged + stage_.size());
-      Slot& slot = stage_[next_staged % stage_.size()];
+      issue_staged(job, job.next_staged + stage_.size());
+      Slot& slot = stage_[job.next_staged % stage_.size()];
       if (slot.done) engine_->host_wait(slot.done);
       g = slot.buf.data<float>();
-      ++next_staged;
+      ++job.next_staged;
     } else {
       g = s.grad.data<float>() + pc.offset;
     }
     if (decision.skip) continue;
-    const auto k = AdamWCoefficients::make(lr_, opt_.beta1, opt_.beta2, opt_.eps, decay_[i], s.step);
+    const auto k = AdamWCoefficients::make(job.lr, opt_.beta1, opt_.beta2, opt_.eps, decay_[i], s.step);
     float* const master = s.master.data<float>() + pc.offset;
     float* const m = s.exp_avg.data<float>() + pc.offset;
     float* const v = s.exp_avg_sq.data<float>() + pc.offset;
     if (s.released) {  // the master is the parameter; its rounding goes up into the compute copy
       const size_t slot = next_up_slot();
       adamw_host_update(master, g, m, v, static_cast<uint16_t*>(up_[slot].buf.raw_data()), up_[slot].buf.dtype(),
-                        pc.length, k, decision, options_.threads);
+                        pc.length, k, decision, job.threads);
       upload_copy(i, slot, pc.offset, pc.length);
       continue;
     }
-    adamw_host_update(master, g, m, v, nullptr, DType::bf16, pc.length, k, decision, options_.threads);
+    adamw_host_update(master, g, m, v, nullptr, DType::bf16, pc.length, k, decision, job.threads);
     engine_->copy(piece(params_[i], pc.offset, pc.length), piece(s.master, pc.offset, pc.length), Lane::in);
     if (pc.offset + pc.length == params_[i].numel()) {
       s.uploaded = params_[i].storage();
       s.version = params_[i].storage()->version();
     }
   }
-  pending_in_ = engine_->record(Lane::in);
-  engine_->wait(Lane::compute, pending_in_);  // the next forward reads the new parameters
 }
 
 void OffloadAdamW::step_on_device(const NormGate& gate) {
@@ -506,6 +705,7 @@ void OffloadAdamW::step_on_device(const NormGate& gate) {
 }
 
 nn::NamedTensors OffloadAdamW::state() const {
+  finish_update();
   engine_->host_wait(nullptr);  // the downloads of the last step have landed
   nn::NamedTensors out;
   out.emplace_back("step", optim::detail::count_tensor(steps_));
@@ -525,6 +725,7 @@ void OffloadAdamW::load_state(const nn::NamedTensors& state) {
   for (size_t i = 0; i < params_.size(); ++i) refs.push_back({names_[i], params_[i], decay_[i]});
   optim::detail::ParsedState parsed = optim::detail::parse_state(
       state, refs, {{"exp_avg", false}, {"exp_avg_sq", false}, {"step", true}}, kName);
+  finish_update();
   engine_->host_wait(nullptr);
   std::vector<std::unique_ptr<State>> next;
   Allocator& host = host_allocator_for(device_);

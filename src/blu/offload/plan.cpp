@@ -103,6 +103,11 @@ Candidate candidate(const PlanInput& in, bool offload, UpdateOn u) {
 }
 
 std::string fmt(int64_t b) { return format_bytes(b); }
+std::string fmt_ms(double seconds) {
+  std::ostringstream os;
+  os << std::round(seconds * 1e4) / 10 << " ms";
+  return os.str();
+}
 
 }  // namespace
 
@@ -187,7 +192,15 @@ MemoryPlan plan_memory(const PlanInput& in) {
   p.host_bytes = best->host + in.activations.host_bytes;
   p.device_bytes_per_param = double(best->device_static) / double(in.param_elements);
   p.update_seconds = best->update_seconds;
-  p.step_seconds = in.compute_seconds > 0 ? in.compute_seconds + best->update_seconds + in.activations.extra_seconds : 0;
+  // The host update of the blocks runs behind the next forward (Note [Update behind the forward]):
+  // it hides up to the first micro-batch's forward, taken as a third of its forward and backward.
+  if (best->offload && best->update == UpdateOn::cpu && !best->grads && in.offload.overlap_forward &&
+      in.state_shards == 1)
+    p.hidden_update_seconds =
+        std::min(best->update_seconds, in.compute_seconds / double(std::max<int64_t>(1, in.micro_batches)) / 3);
+  p.step_seconds = in.compute_seconds > 0 ? in.compute_seconds + best->update_seconds - p.hidden_update_seconds +
+                                                in.activations.extra_seconds
+                                          : 0;
   p.activations = in.activations;
   std::ostringstream os;
   os << "memory plan: " << describe(*best)
@@ -207,7 +220,11 @@ MemoryPlan plan_memory(const PlanInput& in) {
      << " recomputed" << (a.selective.empty() ? std::string() : " (selective: " + a.selective + ")");
   if (p.step_seconds > 0)
     os << "\n  predicted step: " << std::round(p.step_seconds * 1e4) / 10 << " ms (update "
-       << std::round(p.update_seconds * 1e4) / 10 << " ms)";
+       << std::round(p.update_seconds * 1e4) / 10 << " ms"
+       << (p.hidden_update_seconds > 0
+               ? ", " + fmt_ms(p.hidden_update_seconds) + " of it behind the next step's first forward"
+               : std::string())
+       << ")";
   p.text = os.str();
   return p;
 }

@@ -82,6 +82,7 @@ struct MemoryPlan {
   int64_t host_bytes = 0;
   double device_bytes_per_param = 0;  // static / parameter elements
   double update_seconds = 0, step_seconds = 0;  // predicted (0: no speeds given)
+  double hidden_update_seconds = 0;  // of update_seconds, behind the next forward (in step_seconds)
   ActivationPlan activations;
   std::string text;  // the plan, several lines, for the run header
 };

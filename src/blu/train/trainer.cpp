@@ -499,6 +499,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
               o.offload_update, ")");
     sc.offload_state = true;
     sc.offload.chunk_elements = o.offload_chunk;
+    sc.offload.overlap_forward = o.offload_overlap && layout.pp == 1;
     if (o.zero > 1) {
       sc.offload.update = offload::UpdateOn::device;
     } else if (o.offload_update != "auto") {
@@ -922,6 +923,7 @@ TrainSummary Trainer::run() {
       break;
     }
   }
+  strategy_->finish_update();  // the last update, when it runs behind the forward (offload/offload_adamw.h)
   if (val_loader_ && last_eval != step_ && !sum.interrupted) run_eval();
   if (last_save != step_) save(step_);
   if (compiled_) {  // how the steps ran: compiled, eager (warm-up, past the variant limit), fallback

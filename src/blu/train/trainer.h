@@ -150,6 +150,7 @@ struct TrainOptions {
   // too) | master+grads (and their gradients, one rank)
   std::string offload_state = "auto";
   std::string offload_update = "auto";  // auto (the faster by the probe) | cpu | gpu
+  bool offload_overlap = false;  // the cpu update's blocks behind the next forward (offload/offload_adamw.h)
   int64_t offload_chunk = int64_t(1) << 22;  // elements per streamed chunk of the offloaded update (moments for gpu, gradients for cpu)
   // Compiled steps (compiler/compile.h): every training step captured at the dispatch point,
   // planned into one arena and replayed (bitwise the eager step). Layouts and modes the compiler
