@@ -337,7 +337,11 @@ TEST_F(DistLayouts, MemoryBudgetUnderPipelinePlansEachStage) {
     ASSERT_GT(planned, 0) << r.out;
     const double peak = blu::test::metric_peak_bytes(dir.path / out);
     ASSERT_GT(peak, 0) << out;
-    EXPECT_NEAR(peak, planned, 0.05 * planned) << c.name << "\n" << r.out;
+    // The plan is the schedule's bound of micro-batches in flight (its probe runs the list in
+    // order); message-driven training reaches it unless a gradient arrives before the next
+    // forward's activation, which frees a micro-batch early (GPipe under load: three of four).
+    EXPECT_LE(peak, 1.05 * planned) << c.name << "\n" << r.out;
+    EXPECT_GE(peak, 0.75 * planned) << c.name << "\n" << r.out;
     EXPECT_EQ(r.out.find("optimizer state on the host") != std::string::npos, c.state == "optimizer") << r.out;
     EXPECT_EQ(metric_losses(dir.path / out), plain) << c.name;
     if (c.recompute == "auto") {  // GPipe's four micro-batches do not fit without recompute

@@ -103,6 +103,11 @@ void Trainer::plan_memory(dist::StrategyConfig& sc, const dist::Layout& layout,
           if (p.grad().defined()) grads.push_back(p.grad());
         dist::all_reduce_packed(*dp, grads, dist::ReduceOp::avg);
       };
+    // In list order, so the stage holds the schedule's bound of micro-batches in flight: message-
+    // driven, a gradient that arrives before the next forward's activation runs first and frees a
+    // micro-batch early, and the probe saw three of GPipe's four under load (then the plan was
+    // too small for training, which can reach the bound).
+    po.execution = dist::PipelineExecution::scheduled;
     probe_stage = std::make_unique<dist::PipelineStage>(*model_, mesh_ ? mesh_->group_ptr({"pp"}) : job, po);
   }
   dist::PipelineStage* const stage = probe_stage.get();
