@@ -188,7 +188,16 @@ TEST(ModelRegistry, HuggingFaceGpt2Folder) {
   hf["activation_function"] = "relu";
   std::ofstream(file) << hf.dump();
   expect_error([&] { resolve_model_config(file); }, {file, "activation_function", "relu"});
+  // Values of the wrong type (the model_config fuzzer's find: a number here ended the process with
+  // nlohmann's type_error, naming neither file nor key).
+  hf["activation_function"] = 0.02;
+  std::ofstream(file) << hf.dump();
+  expect_error([&] { resolve_model_config(file); }, {file, "activation_function", "0.02"});
   hf["activation_function"] = "gelu_new";
+  hf["layer_norm_epsilon"] = "1e-05";
+  std::ofstream(file) << hf.dump();
+  expect_error([&] { resolve_model_config(file); }, {file, "layer_norm_epsilon", "\"1e-05\""});
+  hf["layer_norm_epsilon"] = 1e-5;
   hf["architectures"] = {"BertModel"};
   std::ofstream(file) << hf.dump();
   expect_error([&] { resolve_model_config(file); }, {file, "architectures", "GPT2LMHeadModel", "BertModel"});

@@ -124,14 +124,18 @@ nlohmann::json gpt2_config_from_hf(const nlohmann::json& hf, const std::string& 
               hf.contains(key) ? hf[key].dump() : std::string("nothing"));
     return hf[key].get<int64_t>();
   };
+  // Each value's type checked before it is read: a get<> of the wrong type throws nlohmann's error,
+  // which names neither the file nor the key.
   if (hf.contains("activation_function")) {
-    const std::string act = hf["activation_function"].get<std::string>();
-    BLU_CHECK(act == "gelu_new" || act == "gelu_pytorch_tanh", file,
-              ": activation_function: expected \"gelu_new\" (tanh GELU), got \"", act, "\"");
+    const nlohmann::json& act = hf["activation_function"];
+    BLU_CHECK(act.is_string() && (act == "gelu_new" || act == "gelu_pytorch_tanh"), file,
+              ": activation_function: expected \"gelu_new\" (tanh GELU), got ", act.dump());
   }
-  if (hf.contains("layer_norm_epsilon"))
-    BLU_CHECK(hf["layer_norm_epsilon"].get<double>() == 1e-5, file, ": layer_norm_epsilon: expected 1e-05, got ",
-              hf["layer_norm_epsilon"].dump());
+  if (hf.contains("layer_norm_epsilon")) {
+    const nlohmann::json& eps = hf["layer_norm_epsilon"];
+    BLU_CHECK(eps.is_number() && eps.get<double>() == 1e-5, file, ": layer_norm_epsilon: expected 1e-05, got ",
+              eps.dump());
+  }
   if (hf.contains("tie_word_embeddings"))
     BLU_CHECK(hf["tie_word_embeddings"] == true, file, ": tie_word_embeddings: expected true (GPT-2 ties them), got ",
               hf["tie_word_embeddings"].dump());
