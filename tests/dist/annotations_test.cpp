@@ -78,6 +78,10 @@ TEST(Annotations, ShortFormsAndUnevenShares) {
   EXPECT_TRUE(w.sequence_parallel);
   EXPECT_EQ(w.tp, 2);
   EXPECT_TRUE(layout("pipeline(2, balance=time, micro=2)", 7).balance_by_time);
+  const Layout rows = layout("split(2, row_chunks=4)", 12, 2);
+  EXPECT_EQ(rows.tp_row_chunks, 4);
+  EXPECT_NE(rows.describe().find("(row chunks 4)"), std::string::npos) << rows.describe();
+  EXPECT_EQ(layout("split(2)", 12, 2).tp_row_chunks, 1);
 }
 
 TEST(Annotations, SyntaxErrorsNameTheColumn) {
@@ -98,6 +102,7 @@ TEST(Annotations, InvalidLayoutsAreRefused) {
   expect_refused("replicate(2) { split(2) split(2) }", {"at most one"});
   expect_refused("stage(h.0-h.3)", {"cannot stand outside a pipeline"});
   expect_refused("split(2) { split(2) }", {"split encloses nothing"});
+  expect_refused("split(2, row_chunks=0)", {"row_chunks must be a positive integer", "'0'"});
   expect_refused("pipeline(2, schedule=zigzag)", {"unknown schedule 'zigzag'", "gpipe, 1f1b or interleaved"});
   expect_refused("pipeline(4, micro=2)", {"2 micro-batches for 4 stages"});
   expect_refused("pipeline(2, schedule=interleaved, micro=3)", {"multiples of the stage count"});

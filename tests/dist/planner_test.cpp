@@ -242,6 +242,32 @@ TEST(Planner, EarlyTensorParallelCollectivesHideWhereTheLinkOverlaps) {
   EXPECT_DOUBLE_EQ(predict(resolved("split(2)", 2), m, gpu, job).tp_comm_s, full.tp_comm_s);
 }
 
+// Row pieces (split's row_chunks): each of a block's two forward collectives becomes k of a k-th
+// of the bytes — k − 1 more latencies — and where the link overlaps compute the first k − 1 run
+// beside the next piece's GEMM, up to (k − 1)/k of a row linear's forward (a fourteenth of the
+// block's forward + backward).
+TEST(Planner, RowPiecesHideForwardCollectivesWhereTheLinkOverlaps) {
+  ModelCosts m = costs();
+  m.splits.push_back({.tp = 2, .block_fixed_s = 0.0005, .block_per_seq_s = 0.001, .other_fixed_s = 0.002,
+                      .other_per_seq_s = 0.0015});
+  PlanJob job;
+  job.world = 2, job.batch = 4;
+  const LinkCosts cpu{1e-5, 1e9, false}, gpu{1e-5, 1e9, true};
+  const double bytes = 64 * 32 * 4 * 4.0;  // [4, 64, 32] f32
+  const auto ring = [](double b) { return 2 * 1e-5 + b / 1e9; };  // over two ranks
+  const double block_t = 0.0005 + 0.001 * 4;
+  const Prediction one = predict(resolved("split(2)", 2), m, cpu, job);
+  const Prediction four = predict(resolved("split(2, row_chunks=4)", 2), m, cpu, job);
+  EXPECT_NEAR(four.tp_comm_s - one.tp_comm_s, 8 * 2 * (4 * ring(bytes / 4) - ring(bytes)), 1e-12);
+  EXPECT_NEAR(four.tp_comm_s - one.tp_comm_s, 8 * 2 * 3 * 2e-5, 1e-12);  // only the latencies
+  const Prediction gpu_one = predict(resolved("split(2)", 2), m, gpu, job);
+  const Prediction gpu_four = predict(resolved("split(2, row_chunks=4)", 2), m, gpu, job);
+  const double hidden = std::min(3 * ring(bytes / 4), 0.75 * block_t / 14);
+  EXPECT_NEAR(gpu_four.tp_comm_s - gpu_one.tp_comm_s, 8 * 2 * (4 * ring(bytes / 4) - ring(bytes) - hidden), 1e-12);
+  EXPECT_LT(gpu_four.step_s, gpu_one.step_s);  // here the bytes outweigh the latencies
+  EXPECT_NEAR(gpu_one.step_s - gpu_four.step_s, gpu_one.tp_comm_s - gpu_four.tp_comm_s, 1e-12);
+}
+
 TEST(Planner, CandidatesResolveBackToTheirLayouts) {
   const ModelCosts m = costs();
   PlanJob job;

@@ -4,7 +4,7 @@
 //     model (BLU_TP_PLAIN=1), or every rank tensor-parallel over the whole world (BLU_TP_SP=1:
 //     with sequence parallelism) through dist::Strategy. Rank 0 writes <out>.losses, <out>.norms
 //     (the gradient norm of each step) and <out>.params (the full parameters, gathered, sorted
-//     by name, f32).
+//     by name, f32). BLU_TP_ROW_CHUNKS: TPOptions::row_chunks.
 //   tp_check_worker: one forward and backward of each family, TP over the world with and without
 //     sequence parallelism, under dist::ShardingCheck: no op may refuse its placements, and the
 //     rules must have run (rank 0 prints how many ops were checked).
@@ -62,6 +62,58 @@ inline void write_doubles(const std::string& path, const std::vector<double>& v)
   }
 }
 
+// Wraps the TP group and watches the ops: a collective counts as beside compute when at least one
+// GEMM ("linear") ran between its issue and its first wait. Only forwards run "linear" (backward
+// formulas run matmul and linear_weight_grad), so on a training step this counts the forward's
+// collectives that overlap a GEMM: row pieces' (Note [Row chunks]) and nothing else.
+class OverlapWatch final : public ProcessGroup {
+ public:
+  explicit OverlapWatch(std::shared_ptr<ProcessGroup> pg) : pg_(std::move(pg)) {
+    observer_ = add_op_observer([this](const OpDef& op, std::span<const Tensor>, std::span<const Tensor>, const Attrs&) {
+      if (std::string(op.name) == "linear") ++gemms_;
+    });
+  }
+  ~OverlapWatch() override { remove_op_observer(observer_); }
+  int64_t beside_compute() const { return beside_; }
+  int rank() const override { return pg_->rank(); }
+  int size() const override { return pg_->size(); }
+  std::string backend() const override { return pg_->backend(); }
+  void set_timeout(std::chrono::milliseconds t) override { pg_->set_timeout(t); }
+  std::chrono::milliseconds timeout() const override { return pg_->timeout(); }
+  void set_phase(std::string phase) override { pg_->set_phase(std::move(phase)); }
+  WorkPtr all_reduce(const Tensor& t, ReduceOp op) override { return watch(pg_->all_reduce(t, op)); }
+  WorkPtr reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op) override {
+    return watch(pg_->reduce_scatter(out, in, op));
+  }
+  WorkPtr all_gather(const Tensor& out, const Tensor& in) override { return watch(pg_->all_gather(out, in)); }
+  WorkPtr broadcast(const Tensor& t, int root) override { return pg_->broadcast(t, root); }
+  WorkPtr send(const Tensor& t, int dst, int tag) override { return pg_->send(t, dst, tag); }
+  WorkPtr recv(const Tensor& t, int src, int tag) override { return pg_->recv(t, src, tag); }
+  WorkPtr barrier() override { return pg_->barrier(); }
+
+ private:
+  struct Watched final : Work {
+    WorkPtr inner;
+    OverlapWatch* watch;
+    int64_t gemms_at_issue;
+    bool waited = false;
+    void wait() override {
+      if (!waited && watch->gemms_ > gemms_at_issue) ++watch->beside_;
+      waited = true;
+      inner->wait();
+    }
+    bool is_completed() const override { return inner->is_completed(); }
+  };
+  WorkPtr watch(WorkPtr w) {
+    auto x = std::make_shared<Watched>();
+    x->inner = std::move(w), x->watch = this, x->gemms_at_issue = gemms_;
+    return x;
+  }
+  std::shared_ptr<ProcessGroup> pg_;
+  int observer_ = -1;
+  int64_t gemms_ = 0, beside_ = 0;
+};
+
 inline void tp_train_worker() {
   using namespace std::chrono_literals;
   const DistEnv env = detect_env();
@@ -73,14 +125,18 @@ inline void tp_train_worker() {
   ASSERT_TRUE(!plain || W == 1);
   std::unique_ptr<TcpStore> store;
   std::shared_ptr<ProcessGroup> pg;
+  std::shared_ptr<OverlapWatch> watch;
   std::unique_ptr<models::CausalLM> model = tp_model(family, 1234);  // the same full weights on every rank
   if (!plain) {
     store = std::make_unique<TcpStore>(env.master_addr, env.master_port, r == 0, 10000ms);
-    pg = make_gloo_group(*store, r, W, GlooOptions{.timeout = 10000ms, .hostname = "", .prefix = "default_pg"});
+    watch = std::make_shared<OverlapWatch>(
+        make_gloo_group(*store, r, W, GlooOptions{.timeout = 10000ms, .hostname = "", .prefix = "default_pg"}));
+    pg = watch;
     std::vector<double> widths;  // BLU_TP_WIDTHS "0.75,0.25": an uneven split
     std::stringstream ws(getenv_or("BLU_TP_WIDTHS", ""));
     for (std::string w; std::getline(ws, w, ',');) widths.push_back(std::stod(w));
-    apply_tensor_parallel(*model, pg, TPOptions{.sequence_parallel = sp, .widths = widths});
+    apply_tensor_parallel(*model, pg, TPOptions{.sequence_parallel = sp, .widths = widths,
+                                                .row_chunks = std::stoll(getenv_or("BLU_TP_ROW_CHUNKS", "1"))});
     if (!widths.empty()) {  // the ranks hold different numbers of parameters
       const double n = double(model->num_parameters());
       Tensor t = from_vector(std::vector<double>{n, -n}, {2}, DType::f64);
@@ -116,7 +172,8 @@ inline void tp_train_worker() {
     write_doubles(out + ".losses", losses);
     write_doubles(out + ".norms", norms);
     const ColumnInputStats cs = column_input_stats();
-    write_doubles(out + ".columns", {double(cs.early), double(cs.shared), double(model->num_blocks())});
+    write_doubles(out + ".columns", {double(cs.early), double(cs.shared), double(model->num_blocks()),
+                                     double(row_chunk_collectives()), double(watch ? watch->beside_compute() : 0)});
     std::ofstream pf(out + ".params", std::ios::binary);
     for (const auto& [name, p] : full) {
       const Tensor c = contiguous(to_dtype(p, DType::f32));

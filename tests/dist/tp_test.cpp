@@ -42,15 +42,17 @@ std::vector<double> read_doubles(const std::string& path) {
   return v;
 }
 
-TPRun run(const TempDir& dir, const std::string& family, int n, bool plain, bool sp, const std::string& widths = "") {
+TPRun run(const TempDir& dir, const std::string& family, int n, bool plain, bool sp, const std::string& widths = "",
+          int row_chunks = 1) {
   const std::string tag = family + (plain ? "_plain" : "_tp" + std::to_string(n) + (sp ? "_sp" : "")) +
-                          (widths.empty() ? "" : "_uneven");
+                          (widths.empty() ? "" : "_uneven") + (row_chunks > 1 ? "_rows" + std::to_string(row_chunks) : "");
   const std::string out = dir.str() + "/" + tag;
   const LaunchResult r = run_workers("tp_train", n,
                                      {{"BLU_TP_FAMILY", family},
                                       {"BLU_TP_PLAIN", plain ? "1" : "0"},
                                       {"BLU_TP_SP", sp ? "1" : "0"},
                                       {"BLU_TP_WIDTHS", widths},
+                                      {"BLU_TP_ROW_CHUNKS", std::to_string(row_chunks)},
                                       {"BLU_DIST_STEPS", "10"},
                                       {"BLU_DIST_OUT", out}});
   EXPECT_EQ(r.status, 0) << tag << "\nstdout:\n" << r.out << "\nstderr:\n" << r.err;
@@ -93,12 +95,18 @@ void expect_matches(const TPRun& ref, const TPRun& got, const std::string& what)
 // their inputs' only consumers, so both input-gradient collectives of a block start early, inside
 // the linear's backward; Llama's k/v_proj share q_proj's input and up_proj gate_proj's, so a
 // block runs two such collectives instead of five, none early.
-void expect_columns(const TPRun& got, const std::string& family, const std::string& what) {
-  ASSERT_EQ(got.columns.size(), 3u) << what;
+// Row pieces (Note [Row chunks]): each block's two row linears issue `row_chunks` forward
+// collectives each, and all but the last of them are still running when the next piece's GEMM is
+// issued; with one piece no forward collective has a GEMM beside it.
+void expect_columns(const TPRun& got, const std::string& family, const std::string& what, int row_chunks = 1) {
+  ASSERT_EQ(got.columns.size(), 5u) << what;
   const double blocks = got.columns[2], steps = double(got.losses.size());
   const double early = family == "gpt2" ? 2 * blocks * steps : 0, shared = family == "gpt2" ? 0 : 3 * blocks * steps;
   EXPECT_EQ(got.columns[0], early) << what << ": input-gradient collectives started early";
   EXPECT_EQ(got.columns[1], shared) << what << ": column linears that shared another's input";
+  const double pieces = row_chunks > 1 ? 2 * blocks * steps * row_chunks : 0;
+  EXPECT_EQ(got.columns[3], pieces) << what << ": forward collectives issued per row piece";
+  EXPECT_EQ(got.columns[4], 2 * blocks * steps * (row_chunks - 1)) << what << ": forward collectives beside a GEMM";
 }
 
 void check_family(const std::string& family) {
@@ -129,6 +137,22 @@ TEST(TensorParallel, UnevenWidthsMatchOneProcess) {
                      family + " TP=2 widths [0.75, 0.25]" + (sp ? " + SP" : "") + " vs one process");
     expect_matches(plain, run(dir, family, 3, false, false, "0.5,0.25,0.25"),
                    family + " TP=3 widths [0.5, 0.25, 0.25] vs one process");
+  }
+}
+
+// The row linears' forward in pieces: 3 pieces of the 64 flattened rows (22/21/21), or under
+// sequence parallelism of the 4 batch rows (2/1/1). The weight gradients are sums of the pieces'
+// GEMMs — the same products summed in another order — so the bounds are the same fp32 ones.
+TEST(TensorParallel, RowPiecesOverlapTheForwardAndMatchOneProcess) {
+  TempDir dir;
+  for (const std::string family : {"gpt2", "llama"}) {
+    const TPRun plain = run(dir, family, 1, true, false);
+    for (bool sp : {false, true}) {
+      const std::string what = family + " TP=2" + (sp ? " + SP" : "") + ", row_chunks=3, vs one process";
+      const TPRun got = run(dir, family, 2, false, sp, "", 3);
+      expect_matches(plain, got, what);
+      expect_columns(got, family, what, 3);
+    }
   }
 }
 

@@ -269,10 +269,11 @@ std::pair<int64_t, int64_t> stage_range(const Annotation& a, const std::vector<s
 
 void resolve_split(const Annotation& a, Layout& out) {
   BLU_CHECK(a.children.empty(), where(a), ": split encloses nothing (it splits the layers of what encloses it)");
-  check_keys(a, {"sp", "widths"});
+  check_keys(a, {"sp", "widths", "row_chunks"});
   BLU_CHECK(a.degree >= 1, where(a), ": the degree must be at least 1");
   out.tp = int(a.degree);
   out.sequence_parallel = flag(a, "sp");
+  out.tp_row_chunks = positive(a, "row_chunks", 1);
   // widths=probe: the ranks' speeds are measured at start-up (dist/hetero.h); until then even.
   const auto w = a.args.find("widths");
   out.probe_widths = w != a.args.end() && w->second == "probe";
@@ -399,6 +400,7 @@ std::string Layout::describe() const {
   }
   os << " × tp=" << tp;
   if (sequence_parallel) os << " (sequence parallel)";
+  if (tp_row_chunks > 1) os << " (row chunks " << tp_row_chunks << ")";
   if (probe_widths) {
     os << " (widths by probe)";
   } else if (std::any_of(tp_widths.begin(), tp_widths.end(), [&](double w) { return std::abs(w - 1.0 / tp) > 1e-12; })) {

@@ -7,8 +7,11 @@
 //                                                            n pipeline stages over the model's blocks
 //   stage(BLOCKS) { … }                                      one stage: a contiguous range of blocks,
 //                                                            "h.0-h.5" or "h.0-5" or one block "h.7"
-//   split(n [, sp=true] [, widths=[w…]])                     tensor parallelism of degree n (Megatron
-//                                                            column/row splits); sp: sequence parallel
+//   split(n [, sp=true] [, widths=[w…]|probe] [, row_chunks=k])  tensor parallelism of degree n
+//                                                            (Megatron column/row splits); sp: sequence
+//                                                            parallel; row_chunks: each row linear's
+//                                                            forward in k pieces, each piece's
+//                                                            collective beside the next one's GEMM
 // For example, data parallel over a pipeline whose stages are tensor parallel (8 ranks):
 //   replicate(2) { pipeline(2, schedule=1f1b, micro=8) { stage(h.0-h.5) { split(2) } stage(h.6-h.11) { split(2) } } }
 // A tree resolves against the model's block names and the world size into a Layout — the mesh
@@ -68,6 +71,7 @@ struct Layout {
   std::vector<std::pair<int64_t, int64_t>> stage_blocks;
   bool sequence_parallel = false;
   std::vector<double> tp_widths;         // tp shares of each split dimension, summing to 1
+  int64_t tp_row_chunks = 1;             // split's row_chunks (TPOptions::row_chunks)
   int world_size() const { return dp * pp * tp; }
   std::string describe() const;          // "dp=2 × pp=2 (1f1b, 8 micro-batches) × tp=2"
 };

@@ -406,7 +406,17 @@ Prediction predict(const Layout& layout, const ModelCosts& m, const LinkCosts& l
       // 14 of its 72 GEMM flops per token and C²).
       const double early = split && link.overlaps_compute ? split->early_per_block : 0.0;
       const double hidden = std::min(early * ring(act, tp, link), block_t / 6.0);
-      tp_comm[size_t(r)] = double(blocks[size_t(r)]) * (4.0 * ring(act, tp, link) - hidden) +
+      // The two row linears' forward collectives, each in k row pieces (Note [Row chunks],
+      // tensor_parallel.cpp): k collectives of act/k, of which the first k − 1 run beside the
+      // next piece's GEMM where the link overlaps compute, up to that GEMM's time — a row linear's
+      // forward taken as a fourteenth of the block's forward + backward (GPT-2's two row GEMMs are
+      // 5 of the block's 36 GEMM flops per token and C² over forward and backward).
+      const double k = double(std::max<int64_t>(1, layout.tp_row_chunks));
+      const double piece = ring(act / k, tp, link);
+      const double row_fwd = 2.0 * (k * piece - (link.overlaps_compute ? std::min((k - 1.0) * piece,
+                                                                                   (k - 1.0) / k * block_t / 14.0)
+                                                                       : 0.0));
+      tp_comm[size_t(r)] = double(blocks[size_t(r)]) * (2.0 * ring(act, tp, link) + row_fwd - hidden) +
                            (first(r) ? ring(act, tp, link) : 0.0) +
                            (last(r) ? ring(act, tp, link) + ring(rows, tp, link) + ring(2.0 * rows, tp, link) : 0.0);
     }

@@ -345,10 +345,77 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
       })[0];
 }
 
+namespace {
+
+std::atomic<int64_t> g_row_chunks{0};
+
+// Note [Row chunks]
+// A row-parallel linear's output is a partial sum that the next op (the residual add) needs whole,
+// so its collective cannot run beside anything of the same rows. Cut into row pieces it can: the
+// GEMM runs piece by piece, each piece's collective starts as soon as its GEMM is queued, and it
+// runs beside the next piece's GEMM (on the NCCL group's stream, or the Gloo group's worker thread);
+// only the last piece's collective is waited for with nothing beside it. Without sequence
+// parallelism the pieces are ranges of the flattened rows and the collective an all-reduce, in
+// place on the piece's GEMM output (nothing else holds it); with it they are ranges of the batch
+// (a reduce-scatter along the sequence of whole sequences gives each rank its sequence shard of
+// those rows) — fewer batch rows than pieces, fewer pieces. Each piece is its own linear node over
+// a split of the input: the weight's gradient is the sum of the pieces' GEMMs (the same products
+// summed in another order: fp32 rounding), the input's one cat (split's backward). The outputs
+// are put together by one cat, which replaces the copy reduce_from_tp makes before reducing; the
+// backward is g's (identity) or, under sequence parallelism, one all-gather of the whole gradient.
+Tensor row_output_in_chunks(const Tensor& x, const Tensor& w, ProcessGroup& tp, bool sp, int64_t chunks) {
+  BLU_ASSERT(x.dim() >= 2, "row-parallel linear: input ", x.shape());
+  const int64_t in = x.shape().back();
+  const Tensor rows = sp ? x : reshape(x, {x.numel() / in, in});  // sp: [B, T, in], split along B
+  const int64_t n = rows.size(0), k = std::min(chunks, n);
+  if (k < 2) return sp ? reduce_scatter_sequence(linear(x, w), tp) : reduce_from_tp(linear(x, w), tp);
+  std::vector<int64_t> sizes;
+  for (int64_t i = 0; i < k; ++i) sizes.push_back(n / k + (i < n % k ? 1 : 0));
+  const std::vector<Tensor> pieces = split(rows, sizes, 0);
+  std::vector<Tensor> partial;   // each piece's partial sum
+  std::vector<Pending> pending;  // its collective
+  for (const Tensor& p : pieces) {
+    partial.push_back(linear(p, w));
+    NoGradGuard no_grad;
+    if (sp) {
+      pending.push_back(start_reduce_scatter(partial.back(), 1, tp));
+    } else {
+      Pending d;
+      d.out = partial.back();
+      d.work = tp.all_reduce(d.out);
+      pending.push_back(std::move(d));
+    }
+    g_row_chunks.fetch_add(1, std::memory_order_relaxed);
+  }
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    std::vector<Tensor> done;
+    for (Pending& d : pending) done.push_back(d.finish());
+    out = cat(done, 0);
+  }
+  const char* name = sp ? "reduce_scatter_sequence" : "reduce_from_tp (g)";
+  if (ShardingCheck* c = ShardingCheck::active())
+    for (const Tensor& y : partial) c->collective(name, y, Placement::partial(), out, sp ? sequence_shard(out) : Placement::replicate());
+  out = record_function(std::string(name) + " in row chunks", partial, {out},
+                        [&tp, sp, sizes](const std::vector<Tensor>& g) {
+                          return split(sp ? gathered(g[0], 1, tp) : g[0], sizes, 0);
+                        })[0];
+  if (sp) return out;
+  Shape shape(x.shape().begin(), x.shape().end() - 1);
+  shape.push_back(w.size(0));
+  return reshape(out, shape);
+}
+
+}  // namespace
+
+int64_t row_chunk_collectives() { return g_row_chunks.load(); }
+
 // --- modules ---
 
 struct ColumnInputs {
   bool on = true;  // false (BLU_TP_OVERLAP=0): every column linear its own f / gather, waited where issued
+  int64_t row_chunks = 1;  // TPOptions::row_chunks (1 when BLU_TP_OVERLAP=0)
   Tensor fed;      // the tensor the last column linear was fed
   Tensor made;  // its f / gather output
   std::shared_ptr<EarlyCollective> early;
@@ -413,8 +480,9 @@ Tensor ParallelLinear::forward(const Tensor& x) const {
     }
     case Kind::row: {
       inputs_->clear();
-      Tensor y = linear(x, w);  // a partial sum over the ranks' input features
-      y = sp_ ? reduce_scatter_sequence(y, *tp_) : reduce_from_tp(y, *tp_);
+      Tensor y = inputs_->row_chunks > 1 ? row_output_in_chunks(x, w, *tp_, sp_, inputs_->row_chunks)
+                 : sp_ ? reduce_scatter_sequence(linear(x, w), *tp_)  // linear: a partial sum over the
+                       : reduce_from_tp(linear(x, w), *tp_);           // ranks' input features
       return b.defined() ? add(y, b) : y;
     }
     case Kind::head:
@@ -516,6 +584,7 @@ std::vector<int64_t> apportion_units(int64_t units, int64_t group, const std::ve
 
 void apply_tensor_parallel(models::CausalLM& model, std::shared_ptr<ProcessGroup> tp, TPOptions options) {
   BLU_CHECK(tp, "apply_tensor_parallel: expected a process group");
+  BLU_CHECK(options.row_chunks >= 1, "apply_tensor_parallel: row_chunks must be at least 1, got ", options.row_chunks);
   BLU_CHECK(!model.sharded.active(), "apply_tensor_parallel: the model is tensor-parallel already");
   const std::vector<models::ShardSpec> plan = model.tensor_parallel_plan();
   BLU_CHECK(!plan.empty(), "apply_tensor_parallel: the model family '", model.family(),
@@ -578,6 +647,7 @@ void apply_tensor_parallel(models::CausalLM& model, std::shared_ptr<ProcessGroup
   }
   const auto column_inputs = std::make_shared<ColumnInputs>();
   if (const char* e = std::getenv("BLU_TP_OVERLAP")) column_inputs->on = std::string(e) != "0";
+  column_inputs->row_chunks = column_inputs->on ? options.row_chunks : 1;
   for (const models::ShardSpec& s : plan) {
     nn::Module* m = model.find_module(s.module);
     const std::vector<int64_t> c = counts[s.module];

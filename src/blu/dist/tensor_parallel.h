@@ -24,9 +24,11 @@
 //   ops/early_grad.h); the f / gather node then only waits for it. Column linears fed the same
 //   tensor (Llama's q/k/v and gate/up projections) share one f / gather: one collective over their
 //   summed input gradients instead of one each (not started early: the sum exists only after the
-//   last of them). The forward collectives wait where they are issued. BLU_TP_OVERLAP=0 in the
-//   environment turns both off (every column linear its own f / gather, waited where issued), for
-//   measuring what they save.
+//   last of them). A row-parallel linear's forward collective feeds the next op, so it is waited
+//   for where it is issued — unless TPOptions::row_chunks cuts the GEMM into row pieces, each
+//   piece's collective then running beside the next piece's GEMM. BLU_TP_OVERLAP=0 in the
+//   environment turns all of it off (every column linear its own f / gather, one GEMM and one
+//   collective per row linear), for measuring what they save.
 // Depends on dist/process_group, autograd/function, models/causal_lm (the interface only: dist/
 // knows no model type), nn/. Keep: every rank of the group applies the same rewrite and runs the
 // same forward and backward (the collectives pair up by order); the single-device model is
@@ -51,6 +53,11 @@ struct TPOptions {
   // summing to 1). Each split's units — heads, MLP columns, vocabulary rows — are apportioned by
   // largest remainder, in the spec's groups (ShardSpec::group), at least one group per rank.
   std::vector<double> widths;
+  // The row-parallel linears' forward in this many row pieces, each piece's collective started as
+  // soon as its GEMM is queued and run beside the next piece's GEMM (Note [Row chunks],
+  // tensor_parallel.cpp); 1: one GEMM and one collective, waited for where it is issued. Under
+  // sequence parallelism the pieces are batch rows (at most B of them).
+  int64_t row_chunks = 1;
 };
 
 // Units per rank of `units` in groups of `group` under `widths` (largest remainder, ties to the
@@ -109,6 +116,8 @@ struct ColumnInputStats {
   int64_t early = 0, shared = 0;
 };
 ColumnInputStats column_input_stats();
+// Row-parallel forward collectives issued per row piece in this process so far (row_chunks > 1).
+int64_t row_chunk_collectives();
 
 class ParallelLinear : public nn::Linear, public ShardedModule {
  public:

@@ -274,7 +274,9 @@ void split_tensor_parallel(models::CausalLM& model, const dist::Layout& l, const
                                 [&](double w) { return std::abs(w - 1.0 / l.tp) < 1e-12; });
   dist::apply_tensor_parallel(
       model, mesh.group_ptr({"tp"}),
-      dist::TPOptions{.sequence_parallel = l.sequence_parallel, .widths = even ? std::vector<double>{} : l.tp_widths});
+      dist::TPOptions{.sequence_parallel = l.sequence_parallel,
+                      .widths = even ? std::vector<double>{} : l.tp_widths,
+                      .row_chunks = l.tp_row_chunks});
   apply_precision(model, precision);  // the sharded modules take the compute dtype too
 }
 
