@@ -27,23 +27,26 @@ TEST(Hetero, ProportionalSplit) {
 TEST(Hetero, BalanceStages) {
   // Even speeds: an even split.
   const std::vector<std::pair<int64_t, int64_t>> even = {{0, 5}, {6, 11}};
-  EXPECT_EQ(balance_stages(12, {1, 1}, 1.0, 0.0), even);
+  EXPECT_EQ(balance_stages(12, {1, 1}, 1.0, 0.0, 0.0), even);
   // Stage 1 twice as fast: it takes twice the blocks.
   const std::vector<std::pair<int64_t, int64_t>> skew = {{0, 3}, {4, 11}};
-  EXPECT_EQ(balance_stages(12, {1, 2}, 1.0, 0.0), skew);
-  // The head's cost moves blocks off the last stage.
-  const auto edge = balance_stages(12, {1, 1}, 1.0, 4.0);
+  EXPECT_EQ(balance_stages(12, {1, 2}, 1.0, 0.0, 0.0), skew);
+  // Both stages carry an edge of the same cost: still even.
+  const auto edge = balance_stages(12, {1, 1}, 1.0, 4.0, 4.0);
   EXPECT_EQ(edge.front().first, 0);
   EXPECT_EQ(edge.back().second, 11);
   EXPECT_EQ(edge[0].second - edge[0].first + 1, 6);  // both stages carry one edge: still even
-  const auto head = balance_stages(12, {1, 1, 1}, 1.0, 3.0);
-  EXPECT_GT(head[1].second - head[1].first, head[0].second - head[0].first);  // the middle stage carries no edge
+  const auto middle = balance_stages(12, {1, 1, 1}, 1.0, 3.0, 3.0);
+  EXPECT_GT(middle[1].second - middle[1].first, middle[0].second - middle[0].first);  // the middle carries no edge
+  // The head and loss cost 4 blocks, the embedding nothing: the last stage gives up 2 blocks.
+  const std::vector<std::pair<int64_t, int64_t>> head = {{0, 7}, {8, 11}};
+  EXPECT_EQ(balance_stages(12, {1, 1}, 1.0, 0.0, 4.0), head);
   // A memory limit binds even against speed.
   const std::vector<std::pair<int64_t, int64_t>> capped = {{0, 8}, {9, 11}};
-  EXPECT_EQ(balance_stages(12, {1, 10}, 1.0, 0.0, {9, 3}), capped);
-  EXPECT_NE(error_of([] { balance_stages(12, {1, 1}, 1.0, 0.0, {5, 5}); }).find("do not fit 2 stages"),
+  EXPECT_EQ(balance_stages(12, {1, 10}, 1.0, 0.0, 0.0, {9, 3}), capped);
+  EXPECT_NE(error_of([] { balance_stages(12, {1, 1}, 1.0, 0.0, 0.0, {5, 5}); }).find("do not fit 2 stages"),
             std::string::npos);
-  EXPECT_NE(error_of([] { balance_stages(1, {1, 1}, 1.0, 0.0); }).find("1 blocks cannot fill 2 stages"),
+  EXPECT_NE(error_of([] { balance_stages(1, {1, 1}, 1.0, 0.0, 0.0); }).find("1 blocks cannot fill 2 stages"),
             std::string::npos);
 }
 
@@ -56,6 +59,14 @@ TEST(Hetero, ProbeFindsAnInjectedSlowdown) {
 // both give one process's losses (worker_test.cpp: hetero_train; docs/distributed.md quotes its line).
 TEST(Hetero, ProbedTensorParallelWidthsAreFasterWithTheSameLosses) {
   const auto r = test::run_workers("hetero_tp", 2);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  std::printf("%s", r.out.c_str());
+}
+
+// pipeline(2, balance=time): stages by the ranks' probed speeds under a memory budget
+// (worker_test.cpp: hetero_stages; docs/distributed.md quotes its line).
+TEST(Hetero, StagesByTimeAreFasterWithTheSameLosses) {
+  const auto r = test::run_workers("hetero_stages", 2);
   EXPECT_EQ(r.status, 0) << r.out << r.err;
   std::printf("%s", r.out.c_str());
 }

@@ -408,9 +408,10 @@ TEST_F(DistLayouts, TrainerDecidesAutoAndProbe) {
   LaunchResult r = train("gpt2", 1, 4, "single", {});
   ASSERT_EQ(r.status, 0) << r.out << r.err;
   const auto single = metric_losses(dir.path / "single");
-  for (const std::string layout : {"auto", "replicate(2, weights=probe)", "split(2, widths=probe)"}) {
-    const bool split = layout.rfind("split", 0) == 0;
-    const std::string out = layout == "auto" ? "auto" : split ? "widths" : "probe";
+  for (const std::string layout :
+       {"auto", "replicate(2, weights=probe)", "split(2, widths=probe)", "pipeline(2, balance=time, micro=2)"}) {
+    const bool split = layout.rfind("split", 0) == 0, piped = layout.rfind("pipeline", 0) == 0;
+    const std::string out = layout == "auto" ? "auto" : split ? "widths" : piped ? "balance" : "probe";
     r = train("gpt2", 2, split ? 4 : 2, out, {"--parallel", layout});  // TP ranks share their rows
     ASSERT_EQ(r.status, 0) << layout << "\n" << r.out << r.err;
     EXPECT_NE(r.out.find(layout == "auto" ? "parallel auto: training " : "parallel: the probe measured step times of"),
@@ -421,7 +422,10 @@ TEST_F(DistLayouts, TrainerDecidesAutoAndProbe) {
     const std::string stated = run["options"]["parallel"].get<std::string>();
     EXPECT_NE(stated, "auto");
     EXPECT_EQ(stated.find("probe"), std::string::npos) << stated;
-    if (layout != "auto") {
+    if (piped) {  // the stages the probe's times picked (Note [Stages by time])
+      EXPECT_EQ(stated.find("balance"), std::string::npos) << stated;
+      EXPECT_NE(stated.find("stage(h.0-"), std::string::npos) << stated;
+    } else if (layout != "auto") {
       EXPECT_NE(stated.find(split ? "widths=[" : "weights=["), std::string::npos) << stated;
     }
     const auto got = metric_losses(dir.path / out);

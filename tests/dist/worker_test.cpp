@@ -186,6 +186,101 @@ void hetero_auto() {
                 d.probe_ms[1], d.text.c_str(), d.plan[0]["step_ms"].get<double>(), even.c_str());
 }
 
+// Pipeline stages by measured time (pipeline(2, balance=time); Note [Stages by time] in
+// train/layout_setup.cpp): rank 1 sleeps 2 ms per row of every block's input, hidden from the
+// splitter. decide_layout states the stages from the probe, more blocks on rank 0; the balanced
+// pipeline's median step is at least 10% shorter than the even one's, and both train the same
+// losses (the same arithmetic in another split: within 1e-6). Under a memory budget that the
+// unbounded first stage exceeds, the stages move blocks to rank 1 and each fits the budget as the
+// planner predicts it; a budget no split fits is refused with the numbers.
+void hetero_stages() {
+  Rank rk(60000ms);
+  const int rank = rk.env.rank;
+  models::GPTConfig cfg = test::tp_gpt_config();
+  cfg.n_layer = 8;
+  const int64_t rows = 2, micro = 2, T = 16;
+  const double per_row = 0.002;
+  auto build = [&] {
+    auto m = std::make_unique<models::GPT>(cfg, 5);
+    if (rank == 1)
+      m->add_block_hooks([=](size_t, const Tensor& x) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(per_row * double(x.size(0))));
+        return x;
+      }, nullptr);
+    return m;
+  };
+  const std::string text = "pipeline(2, balance=time, micro=2)";
+  std::vector<std::string> names;
+  for (int i = 0; i < cfg.n_layer; ++i) names.push_back("h." + std::to_string(i));
+  auto probe = build();
+  ModelCosts costs = measure_model(*probe, rows, T, 3, rk.pg.get());
+  take_slowest(costs, *rk.pg, kCPU);
+  const train::LayoutDecision d =
+      train::decide_layout(text, *probe, costs, LinkCosts{}, rk.pg.get(), rk.store.get(), rank, 2, rows, T, 0);
+  const Layout l = resolve_layout(parse_annotation(d.text), names, 2);
+  ASSERT_EQ(l.stage_blocks.size(), 2u) << d.text;
+  const int64_t n0 = l.stage_blocks[0].second + 1;
+  EXPECT_GT(n0, 4) << d.text;  // the fast rank takes more than half
+  ASSERT_EQ(d.probe_ms.size(), 2u);
+  EXPECT_GT(d.probe_ms[1], d.probe_ms[0]);
+
+  Generator gen(11);
+  const Tensor idx = randint(0, cfg.vocab_size, {micro * rows, T}, DType::i64, kCPU, &gen);
+  const Tensor tgt = randint(0, cfg.vocab_size, {micro * rows, T}, DType::i64, kCPU, &gen);
+  const int steps = 6;
+  auto run = [&](std::vector<int64_t> layers, std::vector<double>& losses) {
+    auto model = build();
+    PipelineOptions po;
+    po.micro_batches = micro;
+    po.layers = std::move(layers);
+    Strategy s(*model, rk.pg, po, StrategyConfig{}, OptimizerConfig{.lr = 1e-3});
+    std::vector<double> times;
+    for (int i = 0; i < steps; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const StepValues v = s.step(micro, [&](int64_t m) {
+        return std::make_pair(narrow(idx, 0, m * rows, rows), narrow(tgt, 0, m * rows, rows));
+      }, 1e-3, 1.0);
+      losses.push_back(s.read(v, false).loss);
+      times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(times.begin() + 1, times.end());
+    return times[size_t(steps / 2 + 1)];
+  };
+  std::vector<double> even_losses, aware_losses;
+  const double even = run({4, 4}, even_losses);
+  const double aware = run({n0, cfg.n_layer - n0}, aware_losses);
+  if (rank == 0)
+    std::printf("balance=time: probe %.1f / %.1f ms -> %s; median step even %.1f ms, balanced %.1f ms (%.2fx)\n",
+                d.probe_ms[0], d.probe_ms[1], d.text.c_str(), even * 1e3, aware * 1e3, even / aware);
+  EXPECT_LT(aware, 0.9 * even) << "even " << even << " s, balanced " << aware << " s";
+  for (int i = 0; i < steps; ++i)
+    EXPECT_NEAR(aware_losses[size_t(i)], even_losses[size_t(i)], 1e-6 * std::abs(even_losses[size_t(i)])) << "step " << i;
+
+  // A budget between what the first stage holds with n0 and with n0 - 1 blocks.
+  auto stage_bytes = [&](int64_t first) {
+    Layout m = l;
+    m.stage_blocks = {{0, first - 1}, {first, cfg.n_layer - 1}};
+    PlanJob job;
+    job.world = 2, job.batch = rows * micro;
+    return predict(m, costs, LinkCosts{}, job).stage_memory_bytes;
+  };
+  const double budget = 0.5 * (stage_bytes(n0)[0] + stage_bytes(n0 - 1)[0]);
+  const train::LayoutDecision bounded =
+      train::decide_layout(text, *probe, costs, LinkCosts{}, rk.pg.get(), rk.store.get(), rank, 2, rows, T, budget);
+  const Layout lb = resolve_layout(parse_annotation(bounded.text), names, 2);
+  const int64_t b0 = lb.stage_blocks[0].second + 1;
+  EXPECT_LT(b0, n0) << bounded.text;
+  const std::vector<double> fits = stage_bytes(b0);
+  for (double bytes : fits) EXPECT_LE(bytes, budget) << bounded.text;
+  if (rank == 0)
+    std::printf("balance=time under %.0f bytes per stage: %s (stages predicted %.0f and %.0f bytes)\n", budget,
+                bounded.text.c_str(), fits[0], fits[1]);
+  const std::string e = error_of([&] {
+    train::decide_layout(text, *probe, costs, LinkCosts{}, rk.pg.get(), rk.store.get(), rank, 2, rows, T, 1000.0);
+  });
+  EXPECT_NE(e.find("balance=time: 8 blocks do not fit the stages' memory"), std::string::npos) << e;
+}
+
 // Tensor parallelism on unequal ranks: rank 1 sleeps 0.4 ms per MLP column it holds in every
 // block's forward (more than the compute, under the sanitizers too) (a device slower in proportion to its share, hidden from the splitter). The probe
 // of the whole model on each rank gives the speeds; split(2) with even widths and with the
@@ -484,6 +579,7 @@ TEST(DistWorker, Run) {
   if (scenario == "hetero_train") return hetero_train();
   if (scenario == "hetero_auto") return hetero_auto();
   if (scenario == "hetero_tp") return hetero_tp();
+  if (scenario == "hetero_stages") return hetero_stages();
   if (scenario == "peer_dies") return peer_dies();
   if (scenario == "peer_stalls") return peer_stalls();
   if (scenario == "train") return test::train_worker();

@@ -35,8 +35,11 @@ std::vector<double> probe_step_times(models::CausalLM& model, ProcessGroup& pg, 
   model.zero_grad();
   model.train(was_training);
   std::sort(times.begin(), times.end());
-  const double mine = times[times.size() / 2];
-  // All-gather as f64 on the CPU (Gloo), or on the group's device (NCCL takes device tensors).
+  return gather_values(pg, times[times.size() / 2], dev);
+}
+
+std::vector<double> gather_values(ProcessGroup& pg, double mine, Device dev) {
+  // NCCL takes device tensors, Gloo CPU ones.
   const Device gdev = pg.backend() == "nccl" ? dev : kCPU;
   Tensor one = from_vector({mine}, {1}, DType::f64), all = zeros({pg.size()}, DType::f64, gdev);
   if (!gdev.is_cpu()) one = to_device(one, gdev);
@@ -92,8 +95,8 @@ std::vector<int64_t> proportional_split(int64_t total, const std::vector<double>
 }
 
 std::vector<std::pair<int64_t, int64_t>> balance_stages(int64_t blocks, const std::vector<double>& speeds,
-                                                        double block_seconds, double edge_seconds,
-                                                        const std::vector<int64_t>& max_blocks) {
+                                                        double block_seconds, double first_seconds,
+                                                        double last_seconds, const std::vector<int64_t>& max_blocks) {
   const int64_t S = int64_t(speeds.size());
   BLU_CHECK(S >= 1 && blocks >= S, "balance_stages: ", blocks, " blocks cannot fill ", S, " stages");
   BLU_CHECK(max_blocks.empty() || int64_t(max_blocks.size()) == S, "balance_stages: ", max_blocks.size(),
@@ -102,8 +105,8 @@ std::vector<std::pair<int64_t, int64_t>> balance_stages(int64_t blocks, const st
   auto cost = [&](int64_t s, int64_t n) {  // stage s running n blocks
     if (!max_blocks.empty() && n > max_blocks[size_t(s)]) return std::numeric_limits<double>::infinity();
     double t = double(n) * block_seconds;
-    if (s == 0) t += edge_seconds;
-    if (s == S - 1) t += edge_seconds;
+    if (s == 0) t += first_seconds;
+    if (s == S - 1) t += last_seconds;
     return t / speeds[size_t(s)];
   };
   // best[s][k]: the least possible slowest-stage time with stages 0..s-1 holding the first k blocks.

@@ -22,6 +22,9 @@ namespace blu::dist {
 // Each rank's forward + backward time of `model` on b sequences of length T (median of `reps`
 // after a warm-up), all-gathered: the same vector on every rank, in rank order. Collective.
 std::vector<double> probe_step_times(models::CausalLM& model, ProcessGroup& pg, int64_t b, int64_t T, int reps = 3);
+// Every rank's `mine`, in rank order (an all-gather of one f64 on the group's device: `dev` for
+// NCCL, the CPU for Gloo). Collective.
+std::vector<double> gather_values(ProcessGroup& pg, double mine, Device dev);
 // Speeds (1 / time) normalised to sum to 1.
 std::vector<double> speeds_from_times(const std::vector<double>& seconds);
 
@@ -32,11 +35,12 @@ std::vector<int64_t> proportional_split(int64_t total, const std::vector<double>
 
 // Contiguous block ranges [first, last] for stages of the given speeds that minimise the slowest
 // stage's time: a stage runs its blocks at block_seconds / speed each, the first stage also the
-// embedding and the last the head (edge_seconds / speed each). `max_blocks[s]` (empty: no limit)
-// bounds stage s by its memory. Exact (dynamic programming over the block count). BLU_CHECK when
-// no split fits.
+// embedding (first_seconds / speed) and the last the head and loss (last_seconds / speed).
+// `max_blocks[s]` (empty: no limit) bounds stage s by its memory. Exact (dynamic programming over
+// the block count). BLU_CHECK when no split fits.
 std::vector<std::pair<int64_t, int64_t>> balance_stages(int64_t blocks, const std::vector<double>& speeds,
-                                                        double block_seconds, double edge_seconds,
+                                                        double block_seconds, double first_seconds,
+                                                        double last_seconds,
                                                         const std::vector<int64_t>& max_blocks = {});
 
 }  // namespace blu::dist

@@ -517,6 +517,7 @@ Prediction predict(const Layout& layout, const ModelCosts& m, const LinkCosts& l
     // The tied weight's gradient exchange comes after the backward, when the activations are gone.
     const double tied = pp > 1 && (first(r) || last(r)) ? m.tied_params * m.grad_bytes * wmax : 0.0;
     const double transient = std::max(acts + accumulate, tied);
+    p.stage_memory_bytes.push_back(state + transient);
     if (state + transient > p.memory_bytes) {
       p.state_bytes = state;
       p.activation_bytes = acts;

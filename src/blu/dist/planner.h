@@ -100,6 +100,7 @@ struct Prediction {
   std::string text;  // the layout's annotation
   double step_s = 0, compute_s = 0, tp_comm_s = 0, pp_comm_s = 0, bubble_s = 0, dp_comm_s = 0, update_s = 0;
   double memory_bytes = 0;      // the most loaded rank
+  std::vector<double> stage_memory_bytes;  // each pipeline rank's (one entry without a pipeline)
   double state_bytes = 0, activation_bytes = 0;
   bool fits = true;
   std::string describe() const;  // "step 0.412 s (compute 0.301, bubble 0.05, …), 1.9 GiB per rank"

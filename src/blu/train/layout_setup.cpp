@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <numeric>
 #include <ostream>
 
@@ -25,7 +26,96 @@ namespace {
 bool has_probe(const dist::Annotation& a) {
   for (const char* key : {"weights", "widths"})
     if (auto it = a.args.find(key); it != a.args.end() && it->second == "probe") return true;
+  if (auto it = a.args.find("balance"); a.kind == "pipeline" && it != a.args.end() && it->second == "time") return true;
   return std::any_of(a.children.begin(), a.children.end(), has_probe);
+}
+
+dist::Annotation* find_kind(dist::Annotation& a, const std::string& kind) {
+  if (a.kind == kind) return &a;
+  for (dist::Annotation& c : a.children)
+    if (dist::Annotation* f = find_kind(c, kind)) return f;
+  return nullptr;
+}
+
+// Note [Stages by time]: pipeline(n, balance=time) is decided into pipeline(n) { stage(…) … }
+// with the block counts dist::balance_stages picks (dist/hetero.h):
+//   - speeds: every rank's forward + backward time of the whole model (probe_step_times), each
+//     stage at its slowest rank's pace (the replicas of a stage run its blocks too), relative to
+//     the slowest rank of the job, whose pace the costs were probed at (take_slowest);
+//   - times: a block's, the embedding's (first stage) and the head's and loss's (last stage) from
+//     the costs at a micro-batch of `rows` sequences;
+//   - memory: each rank's capacity — memory_budget when given, else on a GPU the device's total
+//     memory, else none — the smallest over a stage's ranks, against the planner's prediction of
+//     the stage holding n blocks (Prediction::stage_memory_bytes); virtual stages (interleaved)
+//     share their rank's capacity in equal parts.
+// The times are all-gathered, so every rank states the same stages.
+std::string balance_by_time(const std::string& text, const dist::Layout& l, models::CausalLM& model,
+                            const dist::ModelCosts& costs, dist::ProcessGroup* probe_pg, int world, int64_t rows,
+                            int64_t seq, double memory_budget, std::vector<double>& probe_ms) {
+  const Device dev = model.token_embedding().weight.device();
+  const std::vector<double> t =
+      probe_pg ? dist::probe_step_times(model, *probe_pg, rows, seq, 3) : std::vector<double>{1.0};
+  double capacity = memory_budget > 0 ? memory_budget : 0.0;
+#ifdef BLU_HAVE_CUDA
+  if (capacity <= 0 && dev.is_cuda()) capacity = double(cuda::device_total_memory(dev.index));
+#endif
+  const std::vector<double> caps = probe_pg ? dist::gather_values(*probe_pg, capacity, dev) : std::vector<double>{capacity};
+  for (double s : t) probe_ms.push_back(s * 1e3);
+  const double slowest = *std::max_element(t.begin(), t.end());
+  const int pp = l.pp, tp = l.tp, virt = pp * std::max(1, l.chunks);
+  std::vector<double> stage_speed(size_t(pp), std::numeric_limits<double>::infinity());
+  std::vector<double> stage_cap(size_t(pp), std::numeric_limits<double>::infinity());
+  for (int r = 0; r < world && r < int(t.size()); ++r) {  // row-major dp × pp × tp: r's stage is (r / tp) % pp
+    const size_t s = size_t((r / tp) % pp);
+    stage_speed[s] = std::min(stage_speed[s], slowest / t[size_t(r)]);
+    if (caps[size_t(r)] > 0) stage_cap[s] = std::min(stage_cap[s], caps[size_t(r)]);
+  }
+  const double b = double(rows);
+  const double block_s = costs.block_fixed_s + costs.block_per_seq_s * b;
+  const double embed_s = costs.embed_fixed_s + costs.embed_per_seq_s * b;
+  const double head_s = std::max(0.0, costs.other_fixed_s + costs.other_per_seq_s * b - embed_s);
+  const int64_t B = costs.blocks;
+  // The largest block count each pipeline rank holds within its capacity, as the planner predicts it.
+  std::vector<int64_t> rank_max(size_t(pp), B);
+  for (int r = 0; r < pp; ++r) {
+    if (!std::isfinite(stage_cap[size_t(r)])) continue;
+    int64_t fit = 0;
+    for (int64_t n = 1; n <= B; ++n) {
+      dist::Layout probe = l;
+      probe.balance_by_time = false;
+      probe.chunks = 1;
+      probe.stage_blocks.clear();
+      for (int q = 0; q < pp; ++q) probe.stage_blocks.push_back({0, (q == r ? n : 1) - 1});  // only counts matter
+      dist::PlanJob job;
+      job.world = world;
+      job.batch = rows * l.dp * std::max<int64_t>(1, l.micro_batches);
+      const dist::Prediction p = dist::predict(probe, costs, dist::LinkCosts{}, job);
+      if (p.stage_memory_bytes.at(size_t(r)) > stage_cap[size_t(r)]) break;
+      fit = n;
+    }
+    rank_max[size_t(r)] = fit;
+  }
+  std::vector<double> speeds;
+  std::vector<int64_t> max_blocks;
+  const bool capped = std::any_of(stage_cap.begin(), stage_cap.end(), [](double c) { return std::isfinite(c); });
+  for (int v = 0; v < virt; ++v) {
+    speeds.push_back(stage_speed[size_t(v % pp)]);
+    if (capped) max_blocks.push_back(rank_max[size_t(v % pp)] / std::max(1, l.chunks));
+  }
+  BLU_CHECK(!capped || std::accumulate(max_blocks.begin(), max_blocks.end(), int64_t(0)) >= B, "--parallel '", text,
+            "': balance=time: ", B, " blocks do not fit the stages' memory (",
+            memory_budget > 0 ? "--gpu-memory-budget" : "the devices' memory", ": at most ",
+            std::accumulate(max_blocks.begin(), max_blocks.end(), int64_t(0)), " blocks over ", virt, " stages)");
+  const std::vector<std::pair<int64_t, int64_t>> ranges =
+      dist::balance_stages(B, speeds, block_s, embed_s, head_s, max_blocks);
+  dist::Annotation a = dist::parse_annotation(text);
+  dist::Annotation* pipe = find_kind(a, "pipeline");
+  BLU_ASSERT(pipe, "balance=time outside a pipeline: ", text);
+  pipe->args.erase("balance");
+  const std::vector<models::BlockRef> blocks = model.blocks();
+  for (const auto& [first, last] : ranges)
+    pipe->children.push_back(dist::stage(blocks[size_t(first)].name + "-" + blocks[size_t(last)].name));
+  return dist::to_text(a);
 }
 
 // The annotation with every weights=probe and widths=probe replaced by `shares`.
@@ -86,9 +176,15 @@ LayoutDecision decide_layout(const std::string& text, models::CausalLM& model, c
     d.rows = job.batch / (int64_t(l.dp) * micro);
     return d;
   }
+  const dist::Layout l = dist::resolve_layout(dist::parse_annotation(text), names, world);
+  if (l.balance_by_time) {
+    BLU_CHECK(!l.probe_weights && !l.probe_widths, "--parallel '", text,
+              "': balance=time and a probe's weights or widths in one layout are not implemented; state one of them");
+    d.text = balance_by_time(text, l, model, costs, probe_pg, world, rows_per_rank, seq, memory_budget, d.probe_ms);
+    return d;
+  }
   // weights=probe: replicas of one rank each; widths=probe: one split over every rank (dist/hetero.h
   // measures a whole model per rank: its speed there is its speed on its share).
-  const dist::Layout l = dist::resolve_layout(dist::parse_annotation(text), names, world);
   BLU_CHECK((l.probe_weights && l.pp == 1 && l.tp == 1) || (l.probe_widths && l.dp == 1 && l.pp == 1), "--parallel '",
             text,
             "': weights=probe weighs replicas of one rank each (no split or pipeline inside), widths=probe a split "
@@ -182,6 +278,9 @@ LayoutDecision decide_parallel(const TrainOptions& o, const dist::DistEnv& env,
                                              o.seq_len, dev, probe_pg.get(), env.world_size, false);
     costs = c.model;
     link = c.link;
+  } else if (o.parallel.find("balance=time") != std::string::npos) {  // a block's and the edges' times
+    costs = dist::measure_model(*probe, std::max<int64_t>(1, o.batch_size / 2), o.seq_len, 3, probe_pg.get());
+    if (probe_pg) dist::take_slowest(costs, *probe_pg, dev);
   }
   const LayoutDecision d = decide_layout(o.parallel, *probe, costs, link, probe_pg.get(), store_.get(), env.rank,
                                          env.world_size, o.batch_size, o.seq_len,

@@ -2,8 +2,8 @@
 // and `blutrain bench` so that a layout runs the same way in both:
 //   check_layout_supported: the layouts the annotations express but the runtime does not run yet
 //     (ZeRO over tensor-parallel or pipelined replicas, sequence parallelism inside pipeline
-//     stages, uneven split widths, a sequence that does not split over the TP ranks), refused with
-//     the annotation's text;
+//     stages, a sequence that does not split over the TP ranks), refused with the annotation's
+//     text;
 //   pipeline_options: a Layout's pipeline (schedule, chunks, micro-batches, blocks per stage);
 //   make_layout_groups: the process groups — for a hybrid (tensor parallelism, or replicas of a
 //     pipeline) the dp × pp × tp mesh with a group per dimension and sub-mesh, created in one order
@@ -12,7 +12,8 @@
 //     dtype re-applied);
 //   make_layout_strategy: the model split (unless it is already) and the dist::Strategy of the
 //     layout over the right groups;
-//   decide_layout: `--parallel auto` (the planner's pick) and weights=probe made into a stated layout.
+//   decide_layout: `--parallel auto` (the planner's pick), weights=probe, widths=probe and
+//     balance=time made into a stated layout.
 // Depends on dist/ (annotations, mesh, pipeline, strategy, tensor_parallel), models/causal_lm.
 // Keep: every rank calls make_layout_groups and make_layout_strategy in the same order (they hold
 // collectives); nothing here names a concrete model.
@@ -40,7 +41,9 @@ namespace blu::train {
 //     fits memory_budget bytes per rank (0: no limit), for a global batch of rows_per_rank x world
 //     rows (what --dp N trains on); `rows` is then that batch's rows per micro-batch per replica;
 //   weights=probe: each replica's forward + backward time of `model` (on its device) measured over
-//     probe_pg (dist/hetero.h), stated as weights=[...]; `rows` stays rows_per_rank.
+//     probe_pg (dist/hetero.h), stated as weights=[...]; `rows` stays rows_per_rank;
+//   balance=time: the pipeline's stages from the same probe, `costs` and memory_budget (Note
+//     [Stages by time], layout_setup.cpp), stated as stage(…) ranges; `rows` stays rows_per_rank.
 // A stated text comes back as it is. Rank 0's pick is agreed through `store` (null: one process).
 // Collective over probe_pg and the store when there is something to decide.
 struct LayoutDecision {
@@ -51,7 +54,7 @@ struct LayoutDecision {
   // from them (dist::PlanJob::rank_speeds: predict the layout with them).
   std::vector<double> probe_ms, rank_speeds;
 };
-bool needs_decision(const std::string& text);  // "auto", or a weights=probe anywhere
+bool needs_decision(const std::string& text);  // "auto", or a weights/widths=probe or balance=time anywhere
 LayoutDecision decide_layout(const std::string& text, models::CausalLM& model, const dist::ModelCosts& costs,
                              const dist::LinkCosts& link, dist::ProcessGroup* probe_pg, dist::TcpStore* store, int rank,
                              int world, int64_t rows_per_rank, int64_t seq, double memory_budget);
