@@ -404,6 +404,45 @@ TEST_F(DistLayouts, TrainerResumesUnderAnotherLayout) {
 // printed, recorded in run.json as a stated layout with -B as its rows, and trained — three steps
 // give one process's losses on the same global batch (-B 2 x 2 ranks = 4 rows) within 1e-5. A
 // resume given nothing but --out takes the recorded layout and trains on.
+// examples/parallel_script: the one script, four lines away from the one-device one, trains the
+// one-device losses under tensor parallelism, uneven replicas, a pipeline and DP × PP × TP (8
+// processes): the same global batch, cut by the layout (tolerance: the fp32 bounds above).
+TEST_F(DistLayouts, ScriptRunsEveryLayout) {
+  const fs::path script = blutrain().parent_path() / "examples" / "parallel_script";
+  ASSERT_TRUE(fs::exists(script)) << script;
+  auto losses = [&](const std::string& name) {
+    std::vector<double> v;
+    std::ifstream f(dir.path / name);
+    for (double x; f >> x;) v.push_back(x);
+    return v;
+  };
+  LaunchResult r = run_command(1, {script.string(), "", (dir.path / "one").string()}, {{"OMP_NUM_THREADS", "1"}});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  const std::vector<double> one = losses("one");
+  ASSERT_EQ(one.size(), 10u);
+  EXPECT_LT(one.back(), one.front() - 1e-3);  // it trains
+  const std::vector<std::pair<int, std::string>> layouts = {
+      {2, "split(2, sp=true)"},
+      {2, "replicate(2, weights=[3,1])"},
+      {2, "pipeline(2, schedule=gpipe, micro=4)"},
+      {8, "replicate(2){ pipeline(2, micro=2){ stage(h.0){ split(2) } stage(h.1){ split(2) } } }"}};
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    const auto& [n, layout] = layouts[i];
+    const std::string out = "script" + std::to_string(i);
+    r = run_command(1, {blutrain().string(), "launch", "-n", std::to_string(n), "--", script.string(), layout,
+                        (dir.path / out).string()},
+                    {{"OMP_NUM_THREADS", "1"}});
+    ASSERT_EQ(r.status, 0) << layout << "\n" << r.out << r.err;
+    const std::vector<double> got = losses(out);
+    ASSERT_EQ(got.size(), one.size()) << layout;
+    for (size_t k = 0; k < one.size(); ++k) EXPECT_NEAR(got[k], one[k], 1e-5 * std::abs(one[k])) << layout << ", step " << k;
+  }
+  // What the script cannot take: a layout still to be decided.
+  r = run_command(1, {script.string(), "split(1, widths=probe)"}, {});
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("asks for the planner or a probe"), std::string::npos) << r.err;
+}
+
 TEST_F(DistLayouts, TrainerDecidesAutoAndProbe) {
   LaunchResult r = train("gpt2", 1, 4, "single", {});
   ASSERT_EQ(r.status, 0) << r.out << r.err;

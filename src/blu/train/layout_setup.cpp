@@ -408,4 +408,48 @@ std::unique_ptr<dist::Strategy> make_layout_strategy(models::CausalLM& model, co
   return std::make_unique<dist::Strategy>(model, l.dp > 1 ? mesh->group_ptr({"dp"}) : nullptr, sc, oc);
 }
 
+Parallel parallelize(models::CausalLM& model, const std::string& text, int64_t rows, const dist::OptimizerConfig& oc,
+                     const std::string& precision) {
+  Parallel p;
+  const dist::DistEnv env = dist::detect_env();
+  BLU_CHECK(rows >= 1, "parallelize: expected a micro-batch of at least one row, got ", rows);
+  if (!text.empty()) {
+    BLU_CHECK(!needs_decision(text), "parallelize: '", text,
+              "' asks for the planner or a probe (auto, weights=probe, widths=probe, balance=time): `blutrain train` "
+              "and `bench` decide those and record the stated layout; pass that one");
+    std::vector<std::string> names;
+    for (const models::BlockRef& b : model.blocks()) names.push_back(b.name);
+    p.layout = dist::resolve_layout(dist::parse_annotation(text), names, env.world_size);
+    check_layout_supported(p.layout, text, 0);
+  }
+  const dist::Layout& l = p.layout;
+  BLU_CHECK(rows % p.micro_batches() == 0, "parallelize: '", text, "' runs ", p.micro_batches(),
+            " micro-batches a step; ", rows, " rows do not divide into them");
+  const int64_t micro_rows = rows / p.micro_batches();
+  const std::vector<int64_t> per_replica = dist::proportional_split(
+      micro_rows, l.replica_weights.empty() ? std::vector<double>{1.0} : l.replica_weights);
+  const dist::DeviceMesh grid(env.rank, env.world_size, {{"dp", l.dp}, {"pp", l.pp}, {"tp", l.tp}});
+  p.replica = grid.coordinate("dp");
+  for (int r = 0; r < p.replica; ++r) p.first_row += per_replica[size_t(r)];
+  p.rows = per_replica[size_t(p.replica)];
+  dist::StrategyConfig sc;
+  if (std::any_of(per_replica.begin(), per_replica.end(), [&](int64_t n) { return n * l.dp != micro_rows; })) {
+    sc.batch_share = double(p.rows) / double(micro_rows);
+    sc.row_exchange = false;  // its gather takes the same number of ids from every rank
+  }
+  if (env.world_size == 1 && text.empty()) {
+    p.strategy = std::make_unique<dist::Strategy>(model, nullptr, sc, oc);
+    return p;
+  }
+  const Device dev = model.token_embedding().weight.device();
+  if (env.world_size > 1) {
+    p.store = std::make_unique<dist::TcpStore>(env.master_addr, env.master_port, env.rank == 0,
+                                               dist::StoreOptions::from_env());
+    p.groups = make_layout_groups(*p.store, env.rank, env.world_size, l, dev, 0);
+  }
+  p.strategy = make_layout_strategy(model, l, p.groups.mesh.get(), p.groups.job, sc, oc, precision,
+                                    p.groups.pipeline_gradients);
+  return p;
+}
+
 }  // namespace blu::train

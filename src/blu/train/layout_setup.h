@@ -117,4 +117,26 @@ std::unique_ptr<dist::Strategy> make_layout_strategy(models::CausalLM& model, co
                                                      const dist::OptimizerConfig& oc, const std::string& precision,
                                                      std::shared_ptr<dist::ProcessGroup> pipeline_gradients = nullptr);
 
+// A script's whole rewrite from one device to a layout (docs/distributed.md, "From one device to
+// a layout"): the job from the launcher's environment (dist::detect_env), its store, `text`
+// resolved against the model's blocks and checked (check_layout_supported), the groups
+// (make_layout_groups, NCCL when the model is on a GPU), the model split and its strategy
+// (make_layout_strategy), and the rows of each micro-batch that this rank's replica trains: a
+// step's `rows` global rows make micro_batches() micro-batches of rows / micro_batches() each (a
+// BLU_CHECK that they divide), of which each replica takes its weight's share
+// (dist::proportional_split; each replica's gradient weighted by its rows). An empty text, or one process without a launcher, gives the single-device strategy.
+// `text` must be stated: auto and the probes (weights=probe, widths=probe, balance=time) are
+// decided by `blutrain train`/`bench`, which record the stated layout. Collective.
+struct Parallel {
+  dist::Layout layout;
+  std::unique_ptr<dist::TcpStore> store;
+  LayoutGroups groups;
+  std::unique_ptr<dist::Strategy> strategy;
+  int replica = 0;                  // this rank's replica (its dp coordinate)
+  int64_t first_row = 0, rows = 0;  // rows [first_row, first_row + rows) of each micro-batch
+  int64_t micro_batches() const { return layout.pp > 1 ? layout.micro_batches : 1; }
+};
+Parallel parallelize(models::CausalLM& model, const std::string& text, int64_t rows, const dist::OptimizerConfig& oc,
+                     const std::string& precision = "fp32");
+
 }  // namespace blu::train
