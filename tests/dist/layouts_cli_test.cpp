@@ -460,6 +460,22 @@ TEST_F(DistLayouts, TrainerDecidesAutoAndProbe) {
     std::ifstream(dir.path / out / "run.json") >> run;
     const std::string stated = run["options"]["parallel"].get<std::string>();
     EXPECT_NE(stated, "auto");
+    if (layout == "auto") {  // after the first steps: the prediction against what the steps measured
+      EXPECT_NE(r.out.find("parallel auto: measured "), std::string::npos) << r.out;
+      bool seen = false;
+      std::ifstream mf(dir.path / out / "metrics.jsonl");
+      for (std::string line; std::getline(mf, line);) {
+        const nlohmann::json ev = nlohmann::json::parse(line);
+        if (ev.value("event", "") != "parallel_auto") continue;
+        seen = true;
+        EXPECT_EQ(ev["layout"].get<std::string>(), stated);
+        EXPECT_GT(ev["ms"].get<double>(), 0);
+        EXPECT_GT(ev["mib"].get<double>(), 0);
+        EXPECT_NEAR(ev["error_step"].get<double>(),
+                    (ev["predicted_ms"].get<double>() - ev["ms"].get<double>()) / ev["ms"].get<double>(), 1e-9);
+      }
+      EXPECT_TRUE(seen) << "no parallel_auto event in metrics.jsonl";
+    }
     EXPECT_EQ(stated.find("probe"), std::string::npos) << stated;
     if (piped) {  // the stages the probe's times picked (Note [Stages by time])
       EXPECT_EQ(stated.find("balance"), std::string::npos) << stated;

@@ -233,6 +233,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   dist::Layout layout;  // dp = o.dp without --parallel
   if (!o.parallel.empty() && needs_decision(o.parallel)) {
     const LayoutDecision d = decide_parallel(o, env, store_, cb_.log);
+    if (o.parallel == "auto" && !d.plan.empty()) auto_prediction_ = d.plan[0];
     opt_s_.parallel = d.text;
     opt_s_.batch_size = d.rows;
   }
@@ -657,6 +658,36 @@ void apply_precision(models::CausalLM& model, const std::string& precision) {
   }
 }
 
+// --parallel auto, after the first steps: the planner's prediction for the layout it picked against
+// the step time of the second logged line (the steps after the first: set-up and warm-up stay
+// out) and the largest allocator peak over the ranks since the line before (gathered through the
+// store; every rank reads the same steps, so every rank gets here), with the errors as bench
+// --parallel reports them: (predicted − measured) / measured.
+void Trainer::check_auto_prediction(const StepStats& s) {
+  double peak = double(s.mem_bytes);
+  if (store_ && world_ > 1) {
+    const std::string key = "parallel_auto_peak/" + std::to_string(rank_);
+    store_->set(key, std::to_string(s.mem_bytes));
+    if (rank_ == 0)
+      for (int r = 1; r < world_; ++r) peak = std::max(peak, std::stod(store_->get("parallel_auto_peak/" + std::to_string(r))));
+  }
+  if (rank_ != 0) return;
+  const double pred_ms = (*auto_prediction_)["step_ms"].get<double>();
+  const double pred_mib = (*auto_prediction_)["memory_mib"].get<double>(), mib = peak / double(1 << 20);
+  const double e_step = (pred_ms - s.ms) / s.ms, e_mem = (pred_mib - mib) / mib;
+  metrics_.write({{"event", "parallel_auto"}, {"step", s.step}, {"layout", (*auto_prediction_)["layout"]},
+                  {"predicted_ms", pred_ms}, {"predicted_mib", pred_mib}, {"ms", s.ms}, {"mib", mib},
+                  {"error_step", e_step}, {"error_memory", e_mem}});
+  if (cb_.log) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "parallel auto: measured %.2f ms a step and %.1f MiB on the most loaded rank; predicted %.2f ms "
+                  "and %.1f MiB (error %+.1f%% and %+.1f%%)\n",
+                  s.ms, mib, pred_ms, pred_mib, 100 * e_step, 100 * e_mem);
+    *cb_.log << buf;
+  }
+}
+
 dist::StepValues Trainer::train_step() {
   const TrainOptions& o = opt_s_;
   // Only the loss is kept: with no handle left on the logits, cross-entropy's backward writes
@@ -898,6 +929,7 @@ TrainSummary Trainer::run() {
     // asked for during on_step counts at once.
     const bool stopping = r.stop || (!strategy_->process_group() && cb_.stop && cb_.stop->load());
     if (cb_.log) *cb_.log << format_progress_line(s) << "\n" << std::flush;
+    if (auto_prediction_ && ++auto_reads_ == 2) check_auto_prediction(s);
 
     if (val_loader_ && o.val_every > 0 && step_ % o.val_every == 0) run_eval();
     if (o.sample_every > 0 && step_ % o.sample_every == 0 && !stopping) {

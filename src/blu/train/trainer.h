@@ -273,6 +273,11 @@ class Trainer {
   std::unique_ptr<dist::DeviceMesh> mesh_;  // hybrid layouts (tp, dp × pp): a group per mesh dimension
   std::unique_ptr<dist::Strategy> strategy_;
   int64_t work_barriers_ = 0;
+  // --parallel auto: the planner's prediction for its pick (layout, step_ms, memory_mib), checked
+  // against the second logged line (check_auto_prediction); the logged lines so far.
+  std::optional<nlohmann::json> auto_prediction_;
+  int auto_reads_ = 0;
+  void check_auto_prediction(const StepStats& s);
  public:
   // The memory plan of this run (offload/plan.h); nullopt when no budget or offload option was set.
   const std::optional<offload::MemoryPlan>& memory_plan() const { return memory_plan_; }
