@@ -13,6 +13,8 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -144,6 +146,23 @@ inline void tp_train_worker() {
       EXPECT_GT(to_vector(t)[0], -to_vector(t)[1]) << "rank " << r << ": widths given, yet every rank holds as much";
     }
   }
+  // BLU_TP_KILL="RANK:STEP": that rank exits in the middle of that step's forward (entering its
+  // second block), without a word to the others; the others must fail naming it (Note [Roll call],
+  // process_group_gloo.cpp), each writing its error to <out>.rank<r>.error.
+  int kill_rank = -1;
+  int64_t kill_step = -1, step = 0;
+  if (const std::string k = getenv_or("BLU_TP_KILL", ""); !k.empty()) {
+    kill_rank = std::stoi(k.substr(0, k.find(':')));
+    kill_step = std::stoll(k.substr(k.find(':') + 1));
+  }
+  if (r == kill_rank)
+    model->add_block_hooks([&](size_t block, const Tensor& x) {
+      if (block == 1 && step == kill_step) {
+        std::fflush(nullptr);
+        ::_exit(0);  // exit 0, so the launcher lets the others report
+      }
+      return x;
+    }, nullptr);
   StrategyConfig sc;
   sc.tp = pg;
   Strategy strategy(*model, nullptr, sc,
@@ -151,7 +170,25 @@ inline void tp_train_worker() {
   EXPECT_EQ(strategy.name(), plain ? "single" : "tp");
   const int64_t B = 4, T = 16, V = model->vocab_size();
   std::vector<double> losses, norms;
-  for (int64_t step = 0; step < steps; ++step) {
+  if (kill_rank >= 0) {
+    try {
+      for (; step < steps; ++step) {
+        const auto batch = [&](int64_t m) {
+          std::vector<double> in, tg;
+          for (int64_t i = 0; i < B * T; ++i) in.push_back(token(0, m, i / T, i % T) % V), tg.push_back(token(0, m, i / T, i % T + 1) % V);
+          return std::make_pair(from_vector(in, {B, T}, DType::i32), from_vector(tg, {B, T}, DType::i32));
+        };
+        (void)strategy.read(strategy.step(1, batch, 1e-3, 1.0), false);
+      }
+    } catch (const Error& e) {
+      std::ofstream(out + ".rank" + std::to_string(r) + ".error") << e.what();
+      std::printf("rank %d: %s\n", r, e.what());
+      std::fflush(nullptr);
+      ::_exit(0);  // the group's peer is gone: skip its destructor
+    }
+    FAIL() << "rank " << r << " finished although rank " << kill_rank << " was killed";
+  }
+  for (; step < steps; ++step) {
     const auto loss_of = [&](int64_t m) {
       std::vector<double> in, tg;
       for (int64_t row = 0; row < B; ++row)

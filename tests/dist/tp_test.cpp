@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <sstream>
 
 #include "blu/dist/tensor_parallel.h"
 #include "common/checks.h"
@@ -153,6 +154,32 @@ TEST(TensorParallel, RowPiecesOverlapTheForwardAndMatchOneProcess) {
       expect_matches(plain, got, what);
       expect_columns(got, family, what, 3);
     }
+  }
+}
+
+// A rank killed in the middle of a tensor-parallel step (entering its second block's forward,
+// step 3): every survivor's next collective fails, and its error names the lost rank by its job
+// rank (Note [Roll call], process_group_gloo.cpp) within the group's timeout (10 s) — on three
+// ranks (uneven widths: GPT-2's 4 heads do not split in three) and on two.
+TEST(TensorParallel, KilledRankIsNamedByEverySurvivor) {
+  TempDir dir;
+  for (int n : {3, 2}) {
+    const std::string out = dir.str() + "/kill" + std::to_string(n);
+    std::vector<std::pair<std::string, std::string>> env = {{"BLU_TP_FAMILY", "gpt2"}, {"BLU_TP_PLAIN", "0"}, {"BLU_TP_SP", "0"},
+               {"BLU_TP_WIDTHS", n == 3 ? "0.5,0.25,0.25" : ""}, {"BLU_DIST_STEPS", "10"},
+               {"BLU_DIST_OUT", out}, {"BLU_TP_KILL", "1:2"}};
+    if (const char* tsan = std::getenv("TSAN_OPTIONS")) env.emplace_back("TSAN_OPTIONS", std::string(tsan) + ":report_thread_leaks=0");
+    const LaunchResult r = run_workers("tp_train", n, env);
+    std::printf("TP=%d, rank 1 killed: launch took %.2f s\n%s", n, r.seconds, r.out.c_str());
+    for (int q = 0; q < n; ++q) {
+      if (q == 1) continue;
+      std::ifstream f(out + ".rank" + std::to_string(q) + ".error");
+      std::stringstream ss;
+      ss << f.rdbuf();
+      EXPECT_NE(ss.str().find("rank 1 is lost: it did not answer the group's roll call"), std::string::npos)
+          << "TP=" << n << ", rank " << q << ": " << ss.str() << "\nstdout:\n" << r.out << "\nstderr:\n" << r.err;
+    }
+    EXPECT_LT(r.seconds, 10.0 + 8.0) << "TP=" << n;  // the timeout, plus start-up and steps on two shared cores
   }
 }
 

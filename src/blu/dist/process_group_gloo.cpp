@@ -9,6 +9,12 @@
 // Every operation is recorded in the flight recorder (dist/flight_recorder.h): enqueued when
 // issued, started and completed (or failed) on the worker — point to point: started when issued,
 // completed when waited for; the group's first failure dumps the recorder.
+// Note [Roll call]: a failed collective says which peer is gone. On the group's first failure the
+// worker connects to the job's store (a fresh client: the group keeps only its address and
+// options), writes its own key under the group's prefix and waits a short window (a quarter of
+// the timeout, 0.25–2 s) for every other member's; the members whose key did not come — a dead
+// process cannot write one, a stalled one does not — are named by their job rank in the error.
+// The store itself not answering names rank 0's process, which serves it.
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -20,6 +26,7 @@
 #include <gloo/types.h>
 
 #include <csignal>
+#include <cstdlib>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -178,6 +185,11 @@ class GlooGroup final : public ProcessGroup {
       BLU_CHECK(false, "gloo: rank ", rank, " of ", size, " could not connect to its peers within ",
                 options.timeout.count(), " ms: ", e.what());
     }
+    // Each member's rank in the job (RANK; the group rank without a launcher), for the roll call.
+    store_host_ = store.host(), store_port_ = store.port(), store_options_ = store.options();
+    const char* job_rank = std::getenv("RANK");
+    store.set(name_ + "/job_rank/" + std::to_string(rank), job_rank && *job_rank ? job_rank : std::to_string(rank));
+    for (int r = 0; r < size; ++r) job_ranks_.push_back(store.get(name_ + "/job_rank/" + std::to_string(r)));
     worker_ = std::thread([this] { run(); });
   }
 
@@ -466,7 +478,8 @@ class GlooGroup final : public ProcessGroup {
         } catch (const std::exception& e) {
           error = "gloo " + std::string(task.name) + " failed on rank " + std::to_string(rank_) + " of " +
                   std::to_string(size_) + (task.phase.empty() ? "" : " during " + task.phase) + " (timeout " +
-                  std::to_string(task.timeout.count()) + " ms; a peer exited or stalled?): " + e.what();
+                  std::to_string(task.timeout.count()) + " ms; a peer exited or stalled?): " + e.what() +
+                  roll_call(task.timeout);
           broken_ = error;
           fr.update(task.flight_id, OpState::failed);
           fr.dump(error);  // before the caller sees the error (and perhaps exits)
@@ -479,6 +492,43 @@ class GlooGroup final : public ProcessGroup {
     }
   }
 #undef BLU_DISPATCH_GLOO
+
+  // Note [Roll call]: "" when every member answered (the failure is not a lost peer's).
+  std::string roll_call(std::chrono::milliseconds timeout) {
+    using namespace std::chrono;
+    const milliseconds window = std::clamp<milliseconds>(timeout / 4, milliseconds(250), milliseconds(2000));
+    std::vector<int> missing;  // as of the last complete look at the keys
+    bool looked = false;
+    try {
+      StoreOptions o = store_options_;
+      o.timeout = window;
+      TcpStore store(store_host_, store_port_, false, o);
+      const std::string prefix = name_ + "/roll_call/";
+      store.set(prefix + std::to_string(rank_), "1");
+      const auto deadline = steady_clock::now() + window;
+      for (;;) {
+        std::vector<int> now;
+        for (int r = 0; r < size_; ++r)
+          if (r != rank_ && !store.check({prefix + std::to_string(r)})) now.push_back(r);
+        missing = std::move(now), looked = true;
+        if (missing.empty() || steady_clock::now() >= deadline) break;
+        std::this_thread::sleep_for(milliseconds(20));
+      }
+    } catch (const std::exception& e) {
+      // Once the keys were read, a store that goes away is its host's process ending after its
+      // own roll call: what the last look saw stands.
+      if (!looked)
+        return "; the job's store at " + store_host_ + ":" + std::to_string(store_port_) +
+               " does not answer, so rank 0's process, which serves it, is lost (" + e.what() + ")";
+    }
+    if (missing.empty()) return "";
+    std::string who;
+    for (size_t i = 0; i < missing.size(); ++i)
+      who += (i == 0 ? "" : i + 1 == missing.size() ? " and " : ", ") + job_ranks_[size_t(missing[i])];
+    return (missing.size() == 1 ? "; rank " : "; ranks ") + who + (missing.size() == 1 ? " is" : " are") + " lost: " +
+           (missing.size() == 1 ? "it" : "they") + " did not answer the group's roll call within " +
+           std::to_string(window.count()) + " ms (exited or stalled)";
+  }
 
   int rank_, size_;
   std::atomic<int64_t> timeout_;         // ms, for operations issued from now on
@@ -493,6 +543,11 @@ class GlooGroup final : public ProcessGroup {
   std::deque<Task> queue_;
   bool stop_ = false;
   std::string broken_;  // worker thread only
+  // The roll call's (Note [Roll call]): where the store is, and each member's job rank.
+  std::string store_host_;
+  int store_port_ = 0;
+  StoreOptions store_options_;
+  std::vector<std::string> job_ranks_;
 };
 
 }  // namespace

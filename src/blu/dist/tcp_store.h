@@ -97,6 +97,7 @@ class TcpStore {
   int port() const { return port_; }  // the server's port (the one picked when 0 was asked)
   const std::string& host() const { return host_; }
   const std::string& job() const { return options_.job; }
+  const StoreOptions& options() const { return options_; }  // another client connects with these
 
   // The server's state (is_server only; zeros otherwise): for tests and diagnostics.
   struct ServerStats {
