@@ -57,7 +57,11 @@ std::string balance_by_time(const std::string& text, const dist::Layout& l, mode
       probe_pg ? dist::probe_step_times(model, *probe_pg, rows, seq, 3) : std::vector<double>{1.0};
   double capacity = memory_budget > 0 ? memory_budget : 0.0;
 #ifdef BLU_HAVE_CUDA
-  if (capacity <= 0 && dev.is_cuda()) capacity = double(cuda::device_total_memory(dev.index));
+  if (capacity <= 0 && dev.is_cuda()) {
+    cudaDeviceProp prop{};
+    BLU_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev.index));
+    capacity = double(prop.totalGlobalMem);
+  }
 #endif
   const std::vector<double> caps = probe_pg ? dist::gather_values(*probe_pg, capacity, dev) : std::vector<double>{capacity};
   for (double s : t) probe_ms.push_back(s * 1e3);

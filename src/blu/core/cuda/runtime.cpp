@@ -25,12 +25,6 @@ std::string device_name(int index) {
   return prop.name;
 }
 
-int64_t device_total_memory(int index) {
-  cudaDeviceProp prop{};
-  BLU_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
-  return int64_t(prop.totalGlobalMem);
-}
-
 int current_device() {
   int d = 0;
   BLU_CUDA_CHECK(cudaGetDevice(&d));

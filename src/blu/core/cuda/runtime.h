@@ -10,7 +10,6 @@
 // BLU_CUDA_CHECK_LAUNCH(); kernels queue work on their call's context stream (stream_of), code
 // outside a kernel on current_stream(), never on the legacy default stream.
 #pragma once
-#include <cstdint>
 #include <string>
 #include <cuda_runtime.h>
 
@@ -34,7 +33,6 @@ namespace blu::cuda {
 
 int device_count();  // 0 when no driver/device (never throws)
 std::string device_name(int index);  // e.g. "NVIDIA H100 80GB HBM3"
-int64_t device_total_memory(int index);  // bytes
 int current_device();
 void set_device(int index);
 
