@@ -56,6 +56,10 @@
 #           compiled fused with the first (fuseexport exports this step too): validation losses
 #   offload — scripts/offload_bench.sh with GRID=0 (GPT-2 d48 with its AdamW state on the host vs
 #           not, beside torch_parallel.py fsdp_offload under torchrun with one process)
+#   planner1 — the planner on one GPU: `bench --parallel` (one rank) for each model in PLAN_MODELS
+#           (gpt2:d12 gpt2:d24 llama:llama-250m) and layout in PLAN_LAYOUTS (replicate(1),
+#           replicate(1, zero=3), pipeline(1, micro=2)), bf16, B=PLAN_B (8), T=1024: the prediction
+#           beside the measured step and peak, and the error
 #   demo  — the README's first run (scripts/demo.sh) on the GPU: its GPU preset, the fortunes
 #           carried in .devpack/fortunes (gpu_pack.sh copies them), the shards prepared there
 #   attnprof — the time of each kernel of BluTrain's bf16 attention forward+backward (ncu), beside
@@ -281,6 +285,21 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
       done ;;
     offload)
       GRID=0 PEERS="$PWD/.devpack/peers" timeout 580 bash scripts/offload_bench.sh "$pack" 2>&1 | tee "$out/offload.log" | tail -30 ;;
+    planner1)
+      IFS=';' read -r -a layouts <<< "${PLAN_LAYOUTS:-replicate(1);replicate(1, zero=3);pipeline(1, micro=2)}"
+      for m in ${PLAN_MODELS:-gpt2:d12 gpt2:d24 llama:llama-250m}; do
+        for l in "${layouts[@]}"; do
+          echo -n "$m $l " | tee -a "$out/planner1.log"
+          timeout 200 "$pack/blutrain" bench --device cuda --precision bf16 --model "$m" -B "${PLAN_B:-8}" -T 1024 \
+            --steps "${STEPS:-10}" --parallel "$l" 2>&1 | tee -a "$out/planner1.log" | grep -E '^\{|rror' | tail -1 \
+            | python3 -c 'import json,sys
+for line in sys.stdin:
+    if not line.startswith("{"): print(line.strip()); continue
+    j = json.loads(line); p = j["predicted"]; e = j["error"]
+    print("step %.2f ms (predicted %.2f, error %+.1f%%), peak %d MiB (predicted %.0f, error %+.1f%%), %d tok/s" % (
+        j["step_ms"], p["step_ms"], 100 * e["step"], j["peak_alloc_mib"], p["memory_mib"], 100 * e["memory"], j["tok_s"]))'
+        done
+      done ;;
     demo)
       mkdir -p /tmp/demobuild && ln -sf "$pack/blutrain" /tmp/demobuild/blutrain
       BUILD=/tmp/demobuild FORTUNES="$PWD/.devpack/fortunes" timeout 500 bash scripts/demo.sh 2>&1 \

@@ -6,7 +6,8 @@
 //   tp → pp, zero3 → tp, single → zero1, tpsp → zero3 (GPT-2);
 //   tp → single, zero1 → single (2 ranks to 1), pp → tpsp, zero3 → ddp (Llama).
 // Same layout: a resumed run equals the uninterrupted run of that layout bit for bit (TP, PP,
-// ZeRO-3, and single), also after `kill -9` of a rank in the forward or in the middle of a save;
+// ZeRO-3, and single), also after `kill -9` of a rank in the forward or in the middle of a save
+// (TP, TP+SP, PP, ZeRO-1, ZeRO-3, single);
 // a corrupt or truncated newest checkpoint falls back to the previous one under each layout.
 //
 // Tolerance across layouts (fp32): the layouts compute the same sums in other orders (TP's split
@@ -127,12 +128,13 @@ TEST(ReshardTest, SameLayoutResumesBitwise) {
   }
 }
 
-// kill -9 of rank 1 at a random step, in its forward or in the middle of a save; the job then
-// resumes from its newest committed checkpoint and gives the uninterrupted losses bit for bit.
+// kill -9 of rank 1 (of the one rank, alone) at a random step, in its forward or in the middle of
+// a save; the job then resumes from its newest committed checkpoint and gives the uninterrupted
+// losses bit for bit — under TP, TP+SP, a pipeline, ZeRO-1, ZeRO-3 and one process.
 TEST(ReshardTest, KillNineThenResumeIsBitwise) {
   std::srand(unsigned(::getpid()));
-  for (const auto& [family, layout] : std::vector<std::pair<std::string, std::string>>{{"gpt2", "tp"},
-                                                                                     {"llama", "pp"}}) {
+  for (const auto& [family, layout] : std::vector<std::pair<std::string, std::string>>{
+           {"gpt2", "tp"}, {"llama", "pp"}, {"llama", "tpsp"}, {"gpt2", "zero1"}, {"llama", "zero3"}, {"gpt2", "single"}}) {
     TempDir tmp;
     const std::string ck = tmp.str() + "/ckpt";
     const auto whole = run(tmp, family, layout, 0, 5, "", "");
@@ -141,7 +143,9 @@ TEST(ReshardTest, KillNineThenResumeIsBitwise) {
     const std::string what = family + " " + layout + " killed at step " + std::to_string(kill_at) +
                              (phase ? " in the save" : " in the forward");
     run(tmp, family, layout, 0, 5, "", ck,
-        {{"BLU_RS_KILL_AT", std::to_string(kill_at)}, {"BLU_RS_KILL_PHASE", std::to_string(phase)}}, /*status=*/1);
+        {{"BLU_RS_KILL_AT", std::to_string(kill_at)}, {"BLU_RS_KILL_PHASE", std::to_string(phase)},
+         {"BLU_RS_KILL_RANK", layout == "single" ? "0" : "1"}},
+        /*status=*/1);
     // Committed: the steps before kill_at (a save after each step).
     const std::string latest = latest_any_checkpoint(ck);
     ASSERT_FALSE(latest.empty()) << what;

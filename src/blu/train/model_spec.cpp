@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 
 #include "blu/core/error.h"
+#include "blu/dist/layout_checkpoint.h"
+#include "blu/dist/strategy.h"
 #include "blu/io/checkpoint.h"
 #include "blu/io/safetensors.h"
 #include "blu/models/registry.h"
@@ -142,14 +144,22 @@ std::unique_ptr<models::CausalLM> load_model(const std::string& path, Device dev
     fam.import_hf(*model, path);
   } else {
     std::string ckpt = path;
-    if (fs::is_directory(path)) {
-      ckpt = latest_checkpoint(path);
-      BLU_CHECK(!ckpt.empty(), "expected checkpoints (ckpt_*.safetensors) or a config.json in ", path, ", found neither");
+    if (fs::is_directory(path) && !dist::is_layout_checkpoint(path)) {
+      ckpt = dist::latest_any_checkpoint(path);
+      BLU_CHECK(!ckpt.empty(), "expected checkpoints (ckpt_*.safetensors, or a layout's ckpt_* folders) or a config.json in ",
+                path, ", found neither");
     }
-    BLU_CHECK(fs::is_regular_file(ckpt), "checkpoint not found: expected a file or a run directory, got '", ckpt, "'");
-    const nlohmann::json cfg = checkpoint_model_config(ckpt);
-    model = models::build_model(cfg);
-    load_checkpoint(ckpt, *model, nullptr, cfg);
+    if (dist::is_layout_checkpoint(ckpt)) {
+      // A parallel layout's pieces, put together by their global names on this one process.
+      const nlohmann::json cfg = dist::LayoutCheckpoint(ckpt).train_state().model_config;
+      model = models::build_model(cfg);
+      dist::Strategy(*model, nullptr, dist::StrategyConfig{}, dist::OptimizerConfig{}).load(ckpt, *model, cfg);
+    } else {
+      BLU_CHECK(fs::is_regular_file(ckpt), "checkpoint not found: expected a file or a run directory, got '", ckpt, "'");
+      const nlohmann::json cfg = checkpoint_model_config(ckpt);
+      model = models::build_model(cfg);
+      load_checkpoint(ckpt, *model, nullptr, cfg);
+    }
   }
   if (device != kCPU) model->to(device);
   model->eval();

@@ -35,7 +35,8 @@ nlohmann::json checkpoint_model_config(const std::string& checkpoint_path);
 std::string checkpoint_tokenizer(const std::string& checkpoint_file_or_run_dir);
 
 // A model for eval/sample on `device`, in eval mode: from a Hugging Face folder (its config.json and
-// weights), else from a checkpoint file or the latest checkpoint of a run directory.
+// weights), else from a checkpoint file or the latest checkpoint of a run directory — a parallel
+// layout's (dist/layout_checkpoint.h: its pieces put together by global name) included.
 std::unique_ptr<models::CausalLM> load_model(const std::string& checkpoint_or_hf_folder, Device device);
 
 // --init-from: starting weights for a new run (fine-tuning) from a Hugging Face folder
