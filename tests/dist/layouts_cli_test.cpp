@@ -390,7 +390,9 @@ TEST_F(DistLayouts, MemoryBudgetUnderPipelinePlansEachStage) {
 // The trainer's checkpoints resume under another layout (dist/layout_checkpoint.h): 2 steps under
 // layout A with a checkpoint at step 2, its final checkpoint removed, then --auto-resume under
 // layout B for step 3, whose loss must be one process's within 1e-5. The global batch per loader
-// round (-B × replicas) is kept, as the loader requires (docs/distributed.md).
+// round (-B × replicas) is kept, as the loader requires (docs/distributed.md). Writers and readers:
+// TP → one process, uneven widths → even, DP × PP → PP × TP, DP × PP × TP (8 ranks) → PP (2),
+// DP × TP → ZeRO-3, uneven replicas → TP + SP.
 TEST_F(DistLayouts, TrainerResumesUnderAnotherLayout) {
   LaunchResult r = train("gpt2", 1, 4, "single", {});
   ASSERT_EQ(r.status, 0) << r.out << r.err;
@@ -408,16 +410,24 @@ TEST_F(DistLayouts, TrainerResumesUnderAnotherLayout) {
            {"tp_to_single", 2, 4, "split(2)", 1, 4, ""},
            {"uneven_tp_to_tp", 2, 4, "split(2, widths=[0.75,0.25])", 2, 4, "split(2)"},
            {"dppp_to_pptp", 4, 1, "replicate(2){ pipeline(2, micro=2) }", 4, 2,
-            "pipeline(2, micro=2){ stage(h.0){ split(2) } stage(h.1){ split(2) } }"}}) {
+            "pipeline(2, micro=2){ stage(h.0){ split(2) } stage(h.1){ split(2) } }"},
+           {"dpptp_to_pp", 8, 1, "replicate(2){ pipeline(2, micro=2){ stage(h.0){ split(2) } stage(h.1){ split(2) } } }",
+            2, 2, "pipeline(2, micro=2)"},
+           {"dptp_to_zero3", 4, 2, "replicate(2){ split(2) }", 2, 2, "replicate(2, zero=3)"},
+           {"uneven_to_tpsp", 2, 2, "replicate(2, weights=[0.75,0.25])", 2, 4, "split(2, sp=true)"}}) {
     r = train("gpt2", c.ranks_a, c.batch_a, c.name, {"--parallel", c.layout_a, "--ckpt-every", "2"});
     ASSERT_EQ(r.status, 0) << c.layout_a << "\n" << r.out << r.err;
-    ASSERT_TRUE(fs::exists(dir.path / c.name / "ckpt_00000002" / "COMMIT")) << r.out;
+    // A layout checkpoint (a folder), or DDP's single file.
+    const fs::path folder = dir.path / c.name / "ckpt_00000002", file = dir.path / c.name / "ckpt_00000002.safetensors";
+    const fs::path written = fs::exists(file) ? file : folder;
+    ASSERT_TRUE(fs::exists(file) || fs::exists(folder / "COMMIT")) << r.out;
     fs::remove_all(dir.path / c.name / "ckpt_00000003");
+    fs::remove(dir.path / c.name / "ckpt_00000003.safetensors");
     std::vector<std::string> b = {"--auto-resume"};
     if (!c.layout_b.empty()) b.insert(b.end(), {"--parallel", c.layout_b});
     r = train("gpt2", c.ranks_b, c.batch_b, c.name, b);
     ASSERT_EQ(r.status, 0) << c.layout_b << "\n" << r.out << r.err;
-    EXPECT_NE(r.out.find("resumed from " + (dir.path / c.name / "ckpt_00000002").string()), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("resumed from " + written.string()), std::string::npos) << r.out;
     const auto got = metric_losses(dir.path / c.name);
     ASSERT_EQ(got.size(), 3u) << c.name;
     for (const auto& [step, loss] : single)
@@ -425,10 +435,6 @@ TEST_F(DistLayouts, TrainerResumesUnderAnotherLayout) {
   }
 }
 
-// `--parallel auto` and weights=probe in the trainer (Note [Deciding --parallel]): decided at start,
-// printed, recorded in run.json as a stated layout with -B as its rows, and trained — three steps
-// give one process's losses on the same global batch (-B 2 x 2 ranks = 4 rows) within 1e-5. A
-// resume given nothing but --out takes the recorded layout and trains on.
 // examples/parallel_script: the one script, four lines away from the one-device one, trains the
 // one-device losses under tensor parallelism, uneven replicas, a pipeline and DP × PP × TP (8
 // processes): the same global batch, cut by the layout (tolerance: the fp32 bounds above).
@@ -468,6 +474,10 @@ TEST_F(DistLayouts, ScriptRunsEveryLayout) {
   EXPECT_NE(r.err.find("asks for the planner or a probe"), std::string::npos) << r.err;
 }
 
+// `--parallel auto` and weights=probe in the trainer (Note [Deciding --parallel]): decided at start,
+// printed, recorded in run.json as a stated layout with -B as its rows, and trained — three steps
+// give one process's losses on the same global batch (-B 2 x 2 ranks = 4 rows) within 1e-5. A
+// resume given nothing but --out takes the recorded layout and trains on.
 TEST_F(DistLayouts, TrainerDecidesAutoAndProbe) {
   LaunchResult r = train("gpt2", 1, 4, "single", {});
   ASSERT_EQ(r.status, 0) << r.out << r.err;
