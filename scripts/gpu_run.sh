@@ -58,8 +58,8 @@
 #           not, beside torch_parallel.py fsdp_offload under torchrun with one process)
 #   planner1 — the planner on one GPU: `bench --parallel` (one rank) for each model in PLAN_MODELS
 #           (gpt2:d12 gpt2:d24 llama:llama-250m) and layout in PLAN_LAYOUTS (replicate(1),
-#           replicate(1, zero=3), pipeline(1, micro=2)), bf16, B=PLAN_B (8), T=1024: the prediction
-#           beside the measured step and peak, and the error
+#           pipeline(1, micro=2): the pipeline's code path on one rank), bf16, B=PLAN_B (8),
+#           T=1024: the prediction beside the measured step and peak, and the error
 #   demo  — the README's first run (scripts/demo.sh) on the GPU: its GPU preset, the fortunes
 #           carried in .devpack/fortunes (gpu_pack.sh copies them), the shards prepared there
 #   attnprof — the time of each kernel of BluTrain's bf16 attention forward+backward (ncu), beside
@@ -286,7 +286,7 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
     offload)
       GRID=0 PEERS="$PWD/.devpack/peers" timeout 580 bash scripts/offload_bench.sh "$pack" 2>&1 | tee "$out/offload.log" | tail -30 ;;
     planner1)
-      IFS=';' read -r -a layouts <<< "${PLAN_LAYOUTS:-replicate(1);replicate(1, zero=3);pipeline(1, micro=2)}"
+      IFS=';' read -r -a layouts <<< "${PLAN_LAYOUTS:-replicate(1);pipeline(1, micro=2)}"
       for m in ${PLAN_MODELS:-gpt2:d12 gpt2:d24 llama:llama-250m}; do
         for l in "${layouts[@]}"; do
           echo -n "$m $l " | tee -a "$out/planner1.log"

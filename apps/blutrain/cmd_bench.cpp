@@ -248,7 +248,7 @@ int run_bench_layout(const BenchOptions& o) {
   const std::vector<double>& probe_ms = decision.probe_ms;
   dist::Layout layout = dist::resolve_layout(dist::parse_annotation(text), names, world);
   train::check_layout_supported(layout, text, o.seq);
-  const int64_t micro = layout.pp > 1 ? layout.micro_batches : 1;
+  const int64_t micro = train::is_pipelined(layout) ? layout.micro_batches : 1;
   const int64_t rows_micro = decision.rows;
   const bool uneven = std::any_of(layout.replica_weights.begin(), layout.replica_weights.end(),
                                   [&](double w) { return std::abs(w - 1.0 / layout.dp) > 1e-12; });

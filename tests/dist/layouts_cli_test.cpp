@@ -102,6 +102,7 @@ class DistLayouts : public ::testing::Test {
         {"dp_tp", 4, 2, "replicate(2){ split(2) }"},
         {"pp_tp", 4, 2,
          "pipeline(2, micro=2){ stage(" + stage0 + "){ split(2) } stage(" + stage1 + "){ split(2) } }"},
+        {"pipeline1", 1, 2, "pipeline(1, micro=2)"},  // the pipeline's code path on one rank
         {"uneven", 2, 2, "replicate(2, weights=[0.75,0.25])"},  // rows 3 and 1
         {"uneven_zero1", 2, 2, "replicate(2, zero=1, weights=[0.75,0.25])"},
         {"uneven_zero3", 2, 2, "replicate(2, zero=3, weights=[0.75,0.25])"},
@@ -185,7 +186,8 @@ TEST_F(DistLayouts, UnsupportedLayoutsAreRefusedByName) {
            {"split(2)", {"--keep-best", "--val-pattern", (dir.path / "g_train_*.bin").string()},
             "--keep-best keeps a single-file checkpoint, and this layout writes a checkpoint directory"},
            {"pipeline(2, micro=2)", {"--offload-state", "master", "--precision", "bf16"},
-            "--offload-state master is implemented for data parallelism"}}) {
+            "--offload-state master is implemented for data parallelism"},
+           {"replicate(2){ pipeline(1, micro=2) }", {}, "a pipeline of one stage runs alone"}}) {
     std::vector<std::string> args = {"--parallel", c.layout};
     args.insert(args.end(), c.extra.begin(), c.extra.end());
     const LaunchResult r = train("gpt2", 2, 2, "bad", args);

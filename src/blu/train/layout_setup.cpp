@@ -174,7 +174,7 @@ LayoutDecision decide_layout(const std::string& text, models::CausalLM& model, c
     // Every rank holds the slowest rank's costs (take_slowest); rank 0's pick is agreed all the same.
     d.text = store ? dist::agree_on(*store, rank, "parallel_auto", ranked.front().text) : ranked.front().text;
     const dist::Layout l = dist::resolve_layout(dist::parse_annotation(d.text), names, world);
-    const int64_t micro = l.pp > 1 ? l.micro_batches : 1;
+    const int64_t micro = is_pipelined(l) ? l.micro_batches : 1;
     BLU_CHECK(job.batch % (int64_t(l.dp) * micro) == 0, "--parallel auto: ", d.text, " does not split ", job.batch,
               " rows");
     d.rows = job.batch / (int64_t(l.dp) * micro);
@@ -316,6 +316,9 @@ LayoutDecision decide_parallel(const TrainOptions& o, const dist::DistEnv& env,
 }
 
 void check_layout_supported(const dist::Layout& l, const std::string& text, int64_t seq_len) {
+  BLU_CHECK(l.pp > 1 || !is_pipelined(l) || (l.dp == 1 && l.tp == 1), "--parallel '", text,
+            "': a pipeline of one stage runs alone (the pipeline's code path on one rank); inside replicate(...) or "
+            "around a split it is not implemented — drop it and give its micro-batches as --grad-accum");
   BLU_CHECK(l.zero == 0 || (l.tp == 1 && l.pp == 1), "--parallel '", text, "': ZeRO-", l.zero,
             l.tp > 1 ? " over tensor-parallel replicas (replicate(zero=" : " over pipelined replicas (replicate(zero=",
             l.zero, ") of ", l.tp > 1 ? "split" : "pipeline", ") is not implemented");
@@ -388,7 +391,7 @@ std::unique_ptr<dist::Strategy> make_layout_strategy(models::CausalLM& model, co
                                                      std::shared_ptr<dist::ProcessGroup> job, dist::StrategyConfig sc,
                                                      const dist::OptimizerConfig& oc, const std::string& precision,
                                                      std::shared_ptr<dist::ProcessGroup> pipeline_gradients) {
-  const bool piped = l.pp > 1;
+  const bool piped = is_pipelined(l);
   dist::PipelineOptions pipeline;
   if (piped) {
     pipeline = pipeline_options(l);

@@ -82,7 +82,11 @@ LayoutDecision decide_parallel(const TrainOptions& o, const dist::DistEnv& env, 
 // BLU_CHECK for what the runtime does not implement; `text` is the annotation as the user gave it.
 void check_layout_supported(const dist::Layout& l, const std::string& text, int64_t seq_len);
 
-// The pipeline of `l` (l.pp > 1).
+// A layout with a pipeline annotation: several stages, or one (`pipeline(1, micro=M)`: the
+// pipeline's code path on one rank, its micro-batches accumulated as a pipeline of several does).
+inline bool is_pipelined(const dist::Layout& l) { return l.pp > 1 || l.micro_batches > 0; }
+
+// The pipeline of `l` (is_pipelined(l)).
 dist::PipelineOptions pipeline_options(const dist::Layout& l);
 
 // A layout that needs the mesh's groups: tensor parallelism, or a pipeline with replicas.
@@ -134,7 +138,7 @@ struct Parallel {
   std::unique_ptr<dist::Strategy> strategy;
   int replica = 0;                  // this rank's replica (its dp coordinate)
   int64_t first_row = 0, rows = 0;  // rows [first_row, first_row + rows) of each micro-batch
-  int64_t micro_batches() const { return layout.pp > 1 ? layout.micro_batches : 1; }
+  int64_t micro_batches() const { return is_pipelined(layout) ? layout.micro_batches : 1; }
 };
 Parallel parallelize(models::CausalLM& model, const std::string& text, int64_t rows, const dist::OptimizerConfig& oc,
                      const std::string& precision = "fp32");

@@ -163,7 +163,7 @@ void Trainer::plan_memory(dist::StrategyConfig& sc, const dist::Layout& layout,
   in.micro_batches = o.grad_accum;
   in.offload_update = o.offload_update;
   in.offload.chunk_elements = o.offload_chunk;
-  in.offload.overlap_forward = o.offload_overlap && layout.pp == 1;  // a pipeline's stages update inside the step
+  in.offload.overlap_forward = o.offload_overlap && !is_pipelined(layout);  // a pipeline's stages update inside the step
   if (!device_.is_cuda()) in.offload.grad_window_bytes = 0;  // a pool's copies are done when queued
   // The probe, under the model's activation policy. The compute copies the first probe's forward
   // makes stay (the plan counts them as such): later probes find them already there.

@@ -247,9 +247,9 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     BLU_CHECK(o.zero == 0 || o.zero == l.zero, "--parallel '", o.parallel, "' asks for ZeRO-", l.zero,
               ", --zero says ", o.zero, ": give one of the two");
     check_layout_supported(l, o.parallel, o.seq_len);
-    BLU_CHECK((l.tp == 1 && l.pp == 1) || !o.offload_state.starts_with("master"), "--parallel '", o.parallel, "': --offload-state ",
+    BLU_CHECK((l.tp == 1 && !is_pipelined(l)) || !o.offload_state.starts_with("master"), "--parallel '", o.parallel, "': --offload-state ",
               o.offload_state, " is implemented for data parallelism; use --offload-state optimizer");
-    if (l.pp > 1) {
+    if (is_pipelined(l)) {
       BLU_CHECK(o.grad_accum == 1 || o.grad_accum == l.micro_batches, "--parallel '", o.parallel,
                 "': a pipeline's micro=", l.micro_batches, " is its accumulation; drop --grad-accum ", o.grad_accum);
       pipelined_ = true;
@@ -258,7 +258,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     opt_s_.dp = l.dp;
     opt_s_.zero = l.zero;
     // Every layout checkpoints (dist/layout_checkpoint.h); --keep-best copies a single file.
-    BLU_CHECK(!o.keep_best || (l.tp == 1 && l.pp == 1), "--parallel '", o.parallel,
+    BLU_CHECK(!o.keep_best || (l.tp == 1 && !is_pipelined(l)), "--parallel '", o.parallel,
               "': --keep-best keeps a single-file checkpoint, and this layout writes a checkpoint directory");
     layout_text_ = l.describe();
   } else {
@@ -295,7 +295,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     // What the compiler does not capture yet, refused before anything runs (never half-compiled).
     BLU_CHECK(!pipelined_, "--compile: pipeline layouts (--parallel '", o.parallel,
               "') are not supported by the compiler yet; drop --compile or use --dp/--zero");
-    BLU_CHECK(o.parallel.empty() || (layout.tp == 1 && layout.pp == 1 && !uneven), "--compile: the layout '",
+    BLU_CHECK(o.parallel.empty() || (layout.tp == 1 && !is_pipelined(layout) && !uneven), "--compile: the layout '",
               o.parallel, "' (tensor parallelism, a pipeline or uneven replica weights) is not supported by the ",
               "compiler yet; drop --compile or use --dp/--zero");
     // A budget is honoured by the plan with the state on the device (memory_probe.cpp): the
@@ -489,7 +489,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     // replicas of unequal rows reduce its gradient densely instead.
     sc.row_exchange = false;
   }
-  const bool split_model = layout.tp > 1 || layout.pp > 1;  // checked with the layout (step 1)
+  const bool split_model = layout.tp > 1 || is_pipelined(layout);  // checked with the layout (step 1)
   const bool budgets = o.gpu_memory_budget > 0 || o.host_memory_budget > 0;
   if ((o.zero > 2 || split_model) && o.offload_state == "optimizer" && !budgets) {
     // ZeRO-3 shards the moments and streams their shard through the device (dist/zero.h); tensor
@@ -500,7 +500,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
               o.offload_update, ")");
     sc.offload_state = true;
     sc.offload.chunk_elements = o.offload_chunk;
-    sc.offload.overlap_forward = o.offload_overlap && layout.pp == 1;
+    sc.offload.overlap_forward = o.offload_overlap && !is_pipelined(layout);
     if (o.zero > 1) {
       sc.offload.update = offload::UpdateOn::device;
     } else if (o.offload_update != "auto") {
@@ -629,7 +629,7 @@ void Trainer::print_header() {
     os << buf << " (add-one smoothing, " << format_count(baseline_train_tokens_) << " train tokens counted, "
        << format_count(baseline_->tokens) << " val tokens scored)\n";
   }
-  if (!layout_text_.empty() && (mesh_ || replica_rows_.size() > 1)) {
+  if (!layout_text_.empty()) {  // every --parallel run says what it runs
     os << "parallel layout: " << layout_text_ << " over " << world_ << " ranks: " << strategy_->describe() << "\n";
     os << "rows per replica:";
     for (int64_t r : replica_rows_) os << " " << r;
