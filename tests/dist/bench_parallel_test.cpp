@@ -81,6 +81,26 @@ TEST_F(BenchParallel, LayoutsMatchOneProcessBesideTheirPrediction) {
   }
 }
 
+// The hybrids under bench: DP × TP on 4 ranks and DP × PP × TP on 8 run, print their prediction
+// and train (fresh random tokens each step, and replica 1 draws other batches than one process:
+// the losses are checked to be a cross-entropy near ln 128, not to equal one process's; the
+// layouts' arithmetic against one process is DistLayouts.*EveryLayoutMatchesOneProcess's).
+TEST_F(BenchParallel, HybridsRunBesideTheirPrediction) {
+  for (const auto& [ranks, layout] : std::vector<std::pair<int, std::string>>{
+           {4, "replicate(2){ split(2) }"},
+           {8, "replicate(2){ pipeline(2, micro=2){ stage(model.layers.0){ split(2) } stage(model.layers.1){ split(2) } } }"}}) {
+    const LaunchResult r = bench(ranks, {"--parallel", layout});
+    ASSERT_EQ(r.status, 0) << layout << "\n" << r.out << r.err;
+    const nlohmann::json j = bench_line(r);
+    EXPECT_EQ(j["world"], ranks) << layout;
+    EXPECT_EQ(j["micro"], layout.find("pipeline") != std::string::npos ? 2 : 1) << layout;
+    EXPECT_GT(j["predicted"]["step_ms"].get<double>(), 0) << j.dump();
+    EXPECT_GT(j["predicted"]["tp_comm_ms"].get<double>(), 0) << j.dump();
+    EXPECT_NEAR(j["first_loss"].get<double>(), std::log(128.0), 0.5) << layout;
+    EXPECT_NEAR(j["last_loss"].get<double>(), std::log(128.0), 0.5) << layout;
+  }
+}
+
 TEST_F(BenchParallel, ProbeWeightsAndAuto) {
   const LaunchResult probe = bench(2, {"--parallel", "replicate(2, weights=probe)"});
   ASSERT_EQ(probe.status, 0) << probe.out << probe.err;
