@@ -12,6 +12,7 @@
 // The multi-process tests are serialised by the CTest resource lock "dist_processes"
 // (tests/CMakeLists.txt): several jobs of up to 8 ranks at once overload the 2-core CI machine.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -387,6 +388,45 @@ TEST_F(DistLayouts, MemoryBudgetUnderPipelinePlansEachStage) {
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.err.find("no memory layout fits"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("the smallest device budget that fits is"), std::string::npos) << r.err;
+}
+
+// kill -9 under the hybrids, through the trainer: rank 1 is killed at a random moment of an
+// 8-step run that checkpoints every step (the moment drawn here: 1.0–3.9 s after its start, which
+// lands in start-up, a step or a save); `blutrain launch --max-restarts 1` restarts the job,
+// which resumes from its newest committed checkpoint (--auto-resume) and gives the losses of an
+// uninterrupted run of the same layout bit for bit.
+TEST_F(DistLayouts, KillNineUnderHybridsResumesBitwise) {
+  std::srand(unsigned(::getpid()));
+  for (const auto& [name, layout] : std::vector<std::pair<std::string, std::string>>{
+           {"dptp", "replicate(2){ split(2) }"},
+           {"pptp", "pipeline(2, micro=2){ stage(h.0){ split(2) } stage(h.1){ split(2) } }"}}) {
+    const int64_t batch = 2;  // rows per replica and micro-batch: 4 a step for both
+    LaunchResult r = train("gpt2", 4, batch, name + "_straight", {"--parallel", layout}, 8);
+    ASSERT_EQ(r.status, 0) << layout << "\n" << r.out << r.err;
+    const auto straight = metric_losses(dir.path / (name + "_straight"));
+    ASSERT_EQ(straight.size(), 8u);
+    std::string args;
+    for (const std::string& x :
+         {std::string("--train-pattern"), (dir.path / "g_train_*.bin").string(), std::string("--model"),
+          std::string("tiny"), std::string("-B"), std::to_string(batch), std::string("-T 32 --steps 8 --log-every 1"),
+          std::string("--schedule constant --warmup 0 --lr 1e-3 --ckpt-every 1 --auto-resume --out"),
+          (dir.path / (name + "_killed")).string()})
+      args += " " + x;
+    char delay[16];
+    std::snprintf(delay, sizeof delay, "%d.%d", 1 + std::rand() % 3, std::rand() % 10);
+    const std::string cmd = blutrain().string() + " train" + args + " --parallel '" + layout + "'";
+    const std::string script = "if [ \"$BLU_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 1 ]; then (sleep " +
+                               std::string(delay) + "; kill -9 $$) & fi; exec " + cmd;
+    r = run_command(1, {blutrain().string(), "launch", "-n", "4", "--max-restarts", "1", "--", "/bin/sh", "-c", script},
+                    {{"OMP_NUM_THREADS", "1"}});
+    ASSERT_EQ(r.status, 0) << layout << " killed after " << delay << " s\n" << r.out << r.err;
+    const bool killed = r.err.find("restarting all 4 ranks") != std::string::npos;
+    std::printf("%s: rank 1 killed %s s after its start%s\n", layout.c_str(), delay,
+                killed ? "; the job restarted" : ", after the run had ended");
+    const auto resumed = metric_losses(dir.path / (name + "_killed"));
+    ASSERT_EQ(resumed.size(), 8u) << layout;
+    for (const auto& [step, loss] : straight) EXPECT_EQ(resumed.at(step), loss) << layout << ", step " << step;
+  }
 }
 
 // The trainer's checkpoints resume under another layout (dist/layout_checkpoint.h): 2 steps under

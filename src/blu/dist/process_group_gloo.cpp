@@ -10,11 +10,12 @@
 // issued, started and completed (or failed) on the worker — point to point: started when issued,
 // completed when waited for; the group's first failure dumps the recorder.
 // Note [Roll call]: a failed collective says which peer is gone. On the group's first failure the
-// worker connects to the job's store (a fresh client: the group keeps only its address and
+// worker closes the group's connections (a survivor blocked on this rank, not on the lost one,
+// fails at once too instead of after this process exits), connects to the job's store (a fresh client: the group keeps only its address and
 // options), writes its own key under the group's prefix and waits a short window (a quarter of
 // the timeout, 0.25–2 s) for every other member's; the members whose key did not come — a dead
 // process cannot write one, a stalled one does not — are named by their job rank in the error.
-// The store itself not answering names rank 0's process, which serves it.
+// A store that cannot be reached names rank 0's process, which serves it, as possibly lost.
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -476,6 +477,12 @@ class GlooGroup final : public ProcessGroup {
           task.fn(tag++);
           fr.update(task.flight_id, OpState::completed);
         } catch (const std::exception& e) {
+          // This rank's connections close first, so that a peer blocked on it fails now and joins the
+          // roll call, rather than when this process ends (Note [Roll call]).
+          try {
+            ctx_->closeConnections();
+          } catch (const std::exception&) {
+          }
           error = "gloo " + std::string(task.name) + " failed on rank " + std::to_string(rank_) + " of " +
                   std::to_string(size_) + (task.phase.empty() ? "" : " during " + task.phase) + " (timeout " +
                   std::to_string(task.timeout.count()) + " ms; a peer exited or stalled?): " + e.what() +
@@ -499,6 +506,10 @@ class GlooGroup final : public ProcessGroup {
     const milliseconds window = std::clamp<milliseconds>(timeout / 4, milliseconds(250), milliseconds(2000));
     std::vector<int> missing;  // as of the last complete look at the keys
     bool looked = false;
+    // One roll call at a time in a process (a mesh's groups can fail together): one connection to
+    // the store each, within its connection limit.
+    static std::mutex one_at_a_time;
+    std::lock_guard lock(one_at_a_time);
     try {
       StoreOptions o = store_options_;
       o.timeout = window;
@@ -518,8 +529,8 @@ class GlooGroup final : public ProcessGroup {
       // Once the keys were read, a store that goes away is its host's process ending after its
       // own roll call: what the last look saw stands.
       if (!looked)
-        return "; the job's store at " + store_host_ + ":" + std::to_string(store_port_) +
-               " does not answer, so rank 0's process, which serves it, is lost (" + e.what() + ")";
+        return "; the roll call could not reach the job's store at " + store_host_ + ":" +
+               std::to_string(store_port_) + ", so rank 0's process, which serves it, may be lost (" + e.what() + ")";
     }
     if (missing.empty()) return "";
     std::string who;
