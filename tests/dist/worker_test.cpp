@@ -187,7 +187,7 @@ void hetero_auto() {
 }
 
 // Pipeline stages by measured time (pipeline(2, balance=time); Note [Stages by time] in
-// train/layout_setup.cpp): rank 1 sleeps 2 ms per row of every block's input, hidden from the
+// train/layout_setup.cpp): rank 1 sleeps 8 ms per row of every block's input, hidden from the
 // splitter. decide_layout states the stages from the probe, more blocks on rank 0; the balanced
 // pipeline's median step is at least 10% shorter than the even one's, and both train the same
 // losses (the same arithmetic in another split: within 1e-6). Under a memory budget that the
@@ -199,7 +199,7 @@ void hetero_stages() {
   models::GPTConfig cfg = test::tp_gpt_config();
   cfg.n_layer = 8;
   const int64_t rows = 2, micro = 2, T = 16;
-  const double per_row = 0.002;
+  const double per_row = 0.008;  // more than a block's compute, under the sanitizers too
   auto build = [&] {
     auto m = std::make_unique<models::GPT>(cfg, 5);
     if (rank == 1)
