@@ -25,6 +25,7 @@
 #include "common/tiny_gpt.h"
 #include "cuda/held_fills.h"
 #include "data/data_test_util.h"
+#include "offload/overlap_run.h"
 #include "train/train_test_util.h"
 
 namespace blu::offload {
@@ -156,46 +157,13 @@ TEST(OffloadCuda, StreamedUpdateWaitsForWorkQueuedOnItsStagingBuffers) {
 // before the worker reaches block 1.
 TEST(OffloadCuda, UpdateBehindForwardTrainsLikeUpdateInsideStep) {
   SKIP_WITHOUT_GPU();
-  using Clock = std::chrono::steady_clock;
-  struct Run {
-    std::vector<double> losses;
-    std::vector<Clock::time_point> returned, at_block1;
-  };
   auto run = [](const std::string& state, bool overlap) {
-    models::GPT model(test::tiny_gpt(), 7);
-    model.to(Device("cuda"));
-    model.train();
-    train::apply_precision(model, "bf16");
-    dist::StrategyConfig sc;
-    sc.offload_state = true;
-    sc.offload.update = UpdateOn::cpu;
-    sc.offload.masters_on_host = state == "master";
-    sc.offload.chunk_elements = 1000;
-    sc.offload.overlap_forward = overlap;
-    dist::Strategy strategy(model, nullptr, sc, dist::OptimizerConfig{.lr = 1e-2});
-    Run r;
-    if (overlap)
-      dynamic_cast<OffloadAdamW&>(strategy.optimizer()).set_worker_hook([&r](size_t block) {
-        if (block == 1) r.at_block1.push_back(Clock::now());
-        std::this_thread::sleep_for(std::chrono::milliseconds(30));
-      });
-    for (int64_t step = 0; step < 4; ++step) {
-      std::vector<double> ids;
-      for (int64_t i = 0; i < 4 * 16; ++i) ids.push_back(double((step * 37 + i * 11) % 101));
-      const Tensor all = to_device(from_vector(ids, {4, 16}, DType::i32), Device("cuda"));
-      const dist::StepValues v = strategy.step(2, [&](int64_t m) {
-        const Tensor x = narrow(all, 0, 2 * m, 2);
-        return std::pair<Tensor, Tensor>{x, x};
-      }, 1e-2, 1.0);
-      r.returned.push_back(Clock::now());
-      r.losses.push_back(strategy.read(v, false).loss);
-    }
-    strategy.finish_update();
-    return r;
+    const auto hold = [](int64_t, size_t) { std::this_thread::sleep_for(std::chrono::milliseconds(30)); };
+    return strategy_run(Device("cuda"), state, overlap, overlap ? std::function<void(int64_t, size_t)>(hold) : nullptr);
   };
   for (const char* state : {"optimizer", "master"}) {
     SCOPED_TRACE(std::string("--offload-state ") + state);
-    const Run inside = run(state, false), behind = run(state, true);
+    const StrategyRun inside = run(state, false), behind = run(state, true);
     ASSERT_EQ(inside.losses.size(), behind.losses.size());
     for (size_t i = 0; i < inside.losses.size(); ++i)
       EXPECT_NEAR(behind.losses[i], inside.losses[i], 1e-4 * std::abs(inside.losses[i])) << "step " << i + 1;

@@ -32,12 +32,7 @@ TEST(PipelineCuda, OneRankInterleavedMatchesThePlainStep) {
       }
       const OptimizerConfig oc{.lr = 1e-3, .weight_decay = 0.1};
       Strategy a(*plain, nullptr, StrategyConfig{}, oc);
-      PipelineOptions o;
-      o.schedule = PipelineScheduleKind::interleaved;
-      o.chunks = 2;
-      o.micro_batches = 3;
-      o.layers = {1, 3};
-      Strategy b(*piped, nullptr, o, StrategyConfig{}, oc);
+      Strategy b(*piped, nullptr, test::one_rank_two_chunks(), StrategyConfig{}, oc);
       ASSERT_EQ(b.name(), "pipeline");
       const std::string what = family + " " + precision;
       for (int64_t step = 0; step < 3; ++step) {
@@ -49,15 +44,8 @@ TEST(PipelineCuda, OneRankInterleavedMatchesThePlainStep) {
         const double lb = b.read(b.step(3, batch, 1e-3, 1.0), false).loss;
         EXPECT_NEAR(la, lb, loss_tol * std::abs(la)) << what << " step " << step;
       }
-      const auto pa = plain->named_parameters(), pb = piped->named_parameters();
-      ASSERT_EQ(pa.size(), pb.size());
-      double worst = 0;
-      for (size_t i = 0; i < pa.size(); ++i) {
-        EXPECT_TRUE(pb[i].second.device() == dev) << pb[i].first;
-        const std::vector<double> x = to_vector(to_device(pa[i].second, kCPU)),
-                                  y = to_vector(to_device(pb[i].second, kCPU));
-        for (size_t j = 0; j < x.size(); ++j) worst = std::max(worst, std::abs(x[j] - y[j]));
-      }
+      for (const auto& [name, p] : piped->named_parameters()) EXPECT_TRUE(p.device() == dev) << name;
+      const double worst = test::max_param_diff(*plain, *piped);
       std::printf("%s, one rank on %s, 2 chunks: max |param diff| %.3g\n", what.c_str(), dev.str().c_str(), worst);
       EXPECT_LE(worst, param_tol) << what;
     }

@@ -58,6 +58,30 @@ inline std::pair<Tensor, Tensor> pipe_batch(int64_t step, int64_t micro) {
   return {from_vector(in, {kPipeRows, kT}, DType::i32), from_vector(tg, {kPipeRows, kT}, DType::i32)};
 }
 
+// The one-rank pipeline the in-process tests (pipeline_test.cpp, cuda/pipeline_cuda_test.cpp)
+// compare with the plain step: interleaved 1F1B, two chunks of 1 and 3 blocks, three micro-batches.
+inline PipelineOptions one_rank_two_chunks() {
+  PipelineOptions o;
+  o.schedule = PipelineScheduleKind::interleaved;
+  o.chunks = 2;
+  o.micro_batches = 3;
+  o.layers = {1, 3};
+  return o;
+}
+
+// The largest |difference| between two models' parameters, pairwise in registration order, read
+// on the host.
+inline double max_param_diff(nn::Module& a, nn::Module& b) {
+  const auto pa = a.named_parameters(), pb = b.named_parameters();
+  EXPECT_EQ(pa.size(), pb.size());
+  double worst = 0;
+  for (size_t i = 0; i < std::min(pa.size(), pb.size()); ++i) {
+    const std::vector<double> x = to_vector(to_device(pa[i].second, kCPU)), y = to_vector(to_device(pb[i].second, kCPU));
+    for (size_t j = 0; j < x.size(); ++j) worst = std::max(worst, std::abs(x[j] - y[j]));
+  }
+  return worst;
+}
+
 inline std::vector<int64_t> parse_counts(const std::string& s) {
   std::vector<int64_t> out;
   std::stringstream ss(s);

@@ -146,12 +146,7 @@ TEST(PipelineOneRank, InterleavedChunksOnOneRankMatchThePlainStep) {
     auto plain = tiny_model(family, 4), piped = tiny_model(family, 4);
     const OptimizerConfig oc{.lr = 1e-3, .weight_decay = 0.1};
     Strategy a(*plain, nullptr, StrategyConfig{}, oc);
-    PipelineOptions o;
-    o.schedule = PipelineScheduleKind::interleaved;
-    o.chunks = 2;
-    o.micro_batches = 3;
-    o.layers = {1, 3};
-    Strategy b(*piped, nullptr, o, StrategyConfig{}, oc);
+    Strategy b(*piped, nullptr, one_rank_two_chunks(), StrategyConfig{}, oc);
     EXPECT_EQ(b.name(), "pipeline");
     EXPECT_EQ(b.pipeline()->owned_parameters().size(), piped->named_parameters().size());
     for (int64_t step = 0; step < 3; ++step) {
@@ -160,12 +155,7 @@ TEST(PipelineOneRank, InterleavedChunksOnOneRankMatchThePlainStep) {
       const double lb = b.read(b.step(3, batch, 1e-3, 1.0), false).loss;
       EXPECT_NEAR(la, lb, tol * std::abs(la)) << family << " step " << step;
     }
-    const auto pa = plain->named_parameters(), pb = piped->named_parameters();
-    double worst = 0;
-    for (size_t i = 0; i < pa.size(); ++i) {
-      const std::vector<double> x = to_vector(pa[i].second), y = to_vector(pb[i].second);
-      for (size_t j = 0; j < x.size(); ++j) worst = std::max(worst, std::abs(x[j] - y[j]));
-    }
+    const double worst = max_param_diff(*plain, *piped);
     std::printf("%s, one rank, 2 chunks: max |param diff| %.3g\n", family.c_str(), worst);
     EXPECT_LE(worst, tol) << family;
   }

@@ -27,6 +27,7 @@
 #include "common/checks.h"
 #include "common/tiny_gpt.h"
 #include "data/data_test_util.h"
+#include "offload/overlap_run.h"
 #include "train/train_test_util.h"
 
 namespace blu::offload {
@@ -618,63 +619,14 @@ void expect_continues(const RunResult& straight, const RunResult& rest) {
 
 // --- the update behind the next forward (Note [Update behind the forward]) ---
 
-struct StrategyRun {
-  std::vector<double> losses;
-  std::vector<std::vector<double>> weights;
-  // When each step() returned, and when the worker reached block 1 of each step's update.
-  std::vector<std::chrono::steady_clock::time_point> returned, at_block1;
-};
-
-// Four steps (two micro-batches each) of the tiny GPT on the pool cpu:1 through dist::Strategy with
-// the state offloaded and the host update; `hook` (when set) runs on the worker before each block
-// of each update (counted from 0).
-StrategyRun strategy_run(const std::string& state, bool overlap, const std::function<void(int64_t update, size_t block)>& hook) {
-  using Clock = std::chrono::steady_clock;
-  models::GPT model(test::tiny_gpt(), 7);
-  model.to(Device(DeviceType::cpu, 1));
-  model.train();
-  train::apply_precision(model, "bf16");
-  dist::StrategyConfig sc;
-  sc.offload_state = true;
-  sc.offload.update = UpdateOn::cpu;
-  sc.offload.masters_on_host = state == "master";
-  sc.offload.chunk_elements = 1000;  // several pieces a parameter
-  sc.offload.overlap_forward = overlap;
-  dist::Strategy strategy(model, nullptr, sc, dist::OptimizerConfig{.lr = 1e-2});
-  auto& opt = dynamic_cast<OffloadAdamW&>(strategy.optimizer());
-  StrategyRun r;
-  int64_t update = -1;  // the worker's count of the updates it ran
-  if (hook)
-    opt.set_worker_hook([&](size_t block) {
-      if (block == 0) ++update;
-      if (block == 1) r.at_block1.push_back(Clock::now());
-      hook(update, block);
-    });
-  for (int64_t step = 0; step < 4; ++step) {
-    std::vector<double> ids;
-    for (int64_t i = 0; i < 2 * 2 * 16; ++i) ids.push_back(double((step * 37 + i * 11) % 101));
-    const Tensor all = to_device(from_vector(ids, {4, 16}, DType::i32), Device(DeviceType::cpu, 1));
-    const dist::StepValues v = strategy.step(2, [&](int64_t m) {
-      const Tensor x = narrow(all, 0, 2 * m, 2);
-      return std::pair<Tensor, Tensor>{x, x};
-    }, 1e-2, 1.0);
-    r.returned.push_back(Clock::now());
-    r.losses.push_back(strategy.read(v, false).loss);
-  }
-  strategy.finish_update();
-  const auto values = strategy.parameter_values();
-  for (const auto& [name, w] : model.state_dict()) r.weights.push_back(to_vector(w));
-  return r;
-}
-
 // The worker is held 40 ms before each block, so the next forward reaches every block's hook
 // before its parameters are updated: the run must still be the plain one bit for bit (the hooks
 // wait), and step() must return before the worker reaches block 1 (the update runs behind it).
 TEST(Offload, UpdateBehindForwardWaitsForEachBlock) {
   for (const char* state : {"optimizer", "master"}) {
     SCOPED_TRACE(std::string("--offload-state ") + state);
-    const StrategyRun plain = strategy_run(state, false, nullptr);
-    const StrategyRun behind = strategy_run(state, true, [](int64_t, size_t) {
+    const StrategyRun plain = strategy_run(Device(DeviceType::cpu, 1), state, false, nullptr);
+    const StrategyRun behind = strategy_run(Device(DeviceType::cpu, 1), state, true, [](int64_t, size_t) {
       std::this_thread::sleep_for(std::chrono::milliseconds(40));
     });
     ASSERT_EQ(plain.losses.size(), behind.losses.size());
@@ -694,7 +646,7 @@ TEST(Offload, UpdateBehindForwardWaitsForEachBlock) {
 // still be destroyed.
 TEST(Offload, UpdateBehindForwardReportsWorkerErrors) {
   try {
-    strategy_run("optimizer", true, [](int64_t update, size_t block) {
+    strategy_run(Device(DeviceType::cpu, 1), "optimizer", true, [](int64_t update, size_t block) {
       if (update == 1 && block == 1) throw std::runtime_error("worker failed at block 1");
     });
     FAIL() << "the worker's error was lost";

@@ -363,7 +363,9 @@ std::atomic<int64_t> g_row_chunks{0};
 // summed in another order: fp32 rounding), the input's one cat (split's backward). The outputs
 // are put together by one cat, which replaces the copy reduce_from_tp makes before reducing; the
 // backward is g's (identity) or, under sequence parallelism, one all-gather of the whole gradient.
-Tensor row_output_in_chunks(const Tensor& x, const Tensor& w, ProcessGroup& tp, bool sp, int64_t chunks) {
+// A row-parallel linear's output: x · wᵀ, a partial sum over the ranks' input features, summed
+// (or reduce-scattered along the sequence) over the group — in `chunks` row pieces when asked.
+Tensor row_output(const Tensor& x, const Tensor& w, ProcessGroup& tp, bool sp, int64_t chunks) {
   BLU_ASSERT(x.dim() >= 2, "row-parallel linear: input ", x.shape());
   const int64_t in = x.shape().back();
   const Tensor rows = sp ? x : reshape(x, {x.numel() / in, in});  // sp: [B, T, in], split along B
@@ -480,9 +482,7 @@ Tensor ParallelLinear::forward(const Tensor& x) const {
     }
     case Kind::row: {
       inputs_->clear();
-      Tensor y = inputs_->row_chunks > 1 ? row_output_in_chunks(x, w, *tp_, sp_, inputs_->row_chunks)
-                 : sp_ ? reduce_scatter_sequence(linear(x, w), *tp_)  // linear: a partial sum over the
-                       : reduce_from_tp(linear(x, w), *tp_);           // ranks' input features
+      const Tensor y = row_output(x, w, *tp_, sp_, inputs_->row_chunks);
       return b.defined() ? add(y, b) : y;
     }
     case Kind::head:
