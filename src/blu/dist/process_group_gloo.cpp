@@ -11,10 +11,11 @@
 // completed when waited for; the group's first failure dumps the recorder.
 // Note [Roll call]: a failed collective says which peer is gone. On the group's first failure the
 // worker closes the group's connections (a survivor blocked on this rank, not on the lost one,
-// fails at once too instead of after this process exits), connects to the job's store (a fresh client: the group keeps only its address and
-// options), writes its own key under the group's prefix and waits a short window (a quarter of
-// the timeout, 0.25–2 s) for every other member's; the members whose key did not come — a dead
-// process cannot write one, a stalled one does not — are named by their job rank in the error.
+// fails at once too instead of after this process exits), connects to the job's store (a fresh
+// client: the group keeps only its address and options), writes its own key under the group's
+// prefix and waits a short window (a quarter of the timeout, 0.25–2 s) for every other member's;
+// the members whose key did not come — a dead process cannot write one, a stalled one does not —
+// are named by their job rank in the error.
 // A store that cannot be reached names rank 0's process, which serves it, as possibly lost.
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>

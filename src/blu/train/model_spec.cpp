@@ -6,7 +6,6 @@
 
 #include "blu/core/error.h"
 #include "blu/dist/layout_checkpoint.h"
-#include "blu/dist/strategy.h"
 #include "blu/io/checkpoint.h"
 #include "blu/io/safetensors.h"
 #include "blu/models/registry.h"
@@ -150,10 +149,13 @@ std::unique_ptr<models::CausalLM> load_model(const std::string& path, Device dev
                 path, ", found neither");
     }
     if (dist::is_layout_checkpoint(ckpt)) {
-      // A parallel layout's pieces, put together by their global names on this one process.
-      const nlohmann::json cfg = dist::LayoutCheckpoint(ckpt).train_state().model_config;
-      model = models::build_model(cfg);
-      dist::Strategy(*model, nullptr, dist::StrategyConfig{}, dist::OptimizerConfig{}).load(ckpt, *model, cfg);
+      // A parallel layout's pieces, put together by their global names on this one process: every
+      // parameter held whole, no optimizer state read.
+      const dist::LayoutCheckpoint ck(ckpt);
+      model = models::build_model(ck.train_state().model_config);
+      std::vector<dist::HeldParameter> held;
+      for (const auto& [name, p] : model->named_parameters()) held.push_back({name, p, p.shape(), -1, {}, true});
+      ck.load_held(held, nullptr);
     } else {
       BLU_CHECK(fs::is_regular_file(ckpt), "checkpoint not found: expected a file or a run directory, got '", ckpt, "'");
       const nlohmann::json cfg = checkpoint_model_config(ckpt);
