@@ -43,6 +43,25 @@ TEST(Launch, HandsEveryRankTheSameStoreSecretAndJob) {
   EXPECT_EQ(again.out.find(secret), std::string::npos);  // fresh per job
 }
 
+// The port the launcher picks stays taken from the moment it is picked: rank 0 inherits the
+// listening socket (Note [Launcher's socket]), so nothing else on the machine can bind it
+// meanwhile; rank 1 tries and must fail.
+TEST(Launch, HoldsThePickedPortForRankZerosStore) {
+  const LaunchResult r = run_command(
+      2, {"/bin/sh", "-c",
+          "f=/tmp/blu-held-$BLU_JOB_ID; "
+          "if [ $RANK = 0 ]; then [ -n \"$BLU_STORE_LISTEN_FD\" ] || exit 9; "
+          "  for i in $(seq 600); do [ -e $f ] && rm $f && echo held && exit; sleep 0.05; done; exit 10; fi; "
+          "trap 'touch $f' EXIT; [ -z \"$BLU_STORE_LISTEN_FD\" ] || exit 9; "
+          "/usr/bin/python3 -c 'import os,socket,errno\n"
+          "s=socket.socket()\n"
+          "try: s.bind((\"127.0.0.1\", int(os.environ[\"MASTER_PORT\"]))); print(\"bound\"); raise SystemExit(8)\n"
+          "except OSError as e: print(\"taken\" if e.errno==errno.EADDRINUSE else e); raise SystemExit(0 if e.errno==errno.EADDRINUSE else 7)'"});
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("[rank 0] held\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[rank 1] taken\n"), std::string::npos) << r.out;
+}
+
 TEST(Launch, OneFailingRankStopsTheOthers) {
   // Rank 1 fails at once; the others would sleep for a minute (and ignore nothing).
   const LaunchResult r =

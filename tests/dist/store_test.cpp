@@ -3,6 +3,7 @@
 // nothing without the secret or from another job, no allocation for a bare length prefix, no
 // thread or descriptor per connection, saturating timeouts, capped sizes.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <openssl/evp.h>
@@ -97,6 +98,33 @@ TEST(TcpStore, NoServerAndLostServerAreErrors) {
   killer.join();
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3.0);
   EXPECT_NE(lost.find("'never'"), std::string::npos) << lost;
+}
+
+// Note [Launcher's socket]: a server asked for the port of the socket in BLU_STORE_LISTEN_FD
+// serves on that socket (binding the port itself would fail: the socket holds it); a server asked
+// for any other port, or for port 0, leaves it alone.
+TEST(TcpStore, AdoptsTheLaunchersListeningSocketOnItsPortOnly) {
+  const int held = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(held, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(held, 16), 0);
+  ASSERT_EQ(::getsockname(held, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const int port = ntohs(a.sin_port);
+  ::setenv(kStoreListenFdEnv, std::to_string(held).c_str(), 1);
+  {
+    TcpStore other("127.0.0.1", 0, true, 2000ms);
+    EXPECT_NE(other.port(), port);
+    TcpStore server("127.0.0.1", port, true, 2000ms);
+    EXPECT_EQ(server.port(), port);
+    TcpStore client("127.0.0.1", port, false, 2000ms);
+    client.set("k", "v");
+    EXPECT_EQ(server.get("k"), "v");
+  }
+  EXPECT_EQ(::fcntl(held, F_GETFD), -1);  // the server owned it and closed it
+  ::unsetenv(kStoreListenFdEnv);
 }
 
 StoreOptions opts(const std::string& secret, const std::string& job = "job-a", int world = 1) {

@@ -2,6 +2,7 @@
 #include "blu/dist/launch.h"
 
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -123,10 +124,47 @@ int free_port() {
 
 namespace {
 
+// A socket bound to a free port of `addr` and listening, close-on-exec; -1 with `why` set when
+// that fails. The launcher holds it so that no other process can take the port before rank 0
+// serves the store on it (Note [Launcher's socket], tcp_store.cpp).
+int listening_socket(const std::string& addr, std::string& why) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (const int rc = ::getaddrinfo(addr.c_str(), nullptr, &hints, &res); rc != 0 || !res) {
+    why = "cannot resolve MASTER_ADDR '" + addr + "': " + ::gai_strerror(rc);
+    return -1;
+  }
+  sockaddr_in a = *reinterpret_cast<sockaddr_in*>(res->ai_addr);
+  ::freeaddrinfo(res);
+  a.sin_port = 0;
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 128) != 0) {
+    why = "cannot listen on MASTER_ADDR '" + addr + "': " + std::strerror(errno);
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+int bound_port(int fd) {
+  sockaddr_in a{};
+  socklen_t len = sizeof a;
+  BLU_CHECK(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0, "launch: getsockname failed: ",
+            std::strerror(errno));
+  return ntohs(a.sin_port);
+}
+
 // One start of the job (every rank); the result of launch(). `stopped` tells whether the launcher
 // itself was asked to stop (SIGINT/SIGTERM).
 int run_once(const LaunchOptions& o, int restart, std::FILE* out, std::FILE* err, bool& stopped) {
-  const int port = o.master_port > 0 ? o.master_port : free_port();
+  // A port given is bound by rank 0 itself; a port picked here is held, listening, until rank 0
+  // has inherited the socket (Note [Launcher's socket], tcp_store.cpp).
+  std::string why;
+  const int store_fd = o.master_port > 0 ? -1 : listening_socket(o.master_addr, why);
+  BLU_CHECK(o.master_port > 0 || store_fd >= 0, "launch: ", why);
+  const int port = o.master_port > 0 ? o.master_port : bound_port(store_fd);
   // The store's secret and namespace (Note [Store security], tcp_store.cpp): the launcher's own
   // BLU_STORE_SECRET / BLU_JOB_ID when set (or given in o.env), else fresh ones for this start.
   const char* given_secret = std::getenv("BLU_STORE_SECRET");
@@ -167,6 +205,12 @@ int run_once(const LaunchOptions& o, int restart, std::FILE* out, std::FILE* err
       ::setenv("BLU_STORE_SECRET", secret.c_str(), 1);
       ::setenv("BLU_JOB_ID", job.c_str(), 1);
       for (const auto& [k, v] : o.env) ::setenv(k.c_str(), v.c_str(), 1);
+      if (store_fd >= 0 && r == 0) {
+        ::fcntl(store_fd, F_SETFD, 0);  // rank 0 keeps the store's socket across exec
+        ::setenv(kStoreListenFdEnv, std::to_string(store_fd).c_str(), 1);
+      } else {
+        ::unsetenv(kStoreListenFdEnv);
+      }
       std::vector<char*> argv;
       for (const std::string& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));
       argv.push_back(nullptr);
@@ -183,6 +227,7 @@ int run_once(const LaunchOptions& o, int restart, std::FILE* out, std::FILE* err
     c.streams[0] = {pipes[0][0], {}, out, {}};
     c.streams[1] = {pipes[1][0], {}, err, {}};
   }
+  if (store_fd >= 0) ::close(store_fd);  // rank 0 has its own copy
 
   int failed_rank = -1, failed_status = 0;
   bool stopping = false;

@@ -32,7 +32,7 @@ struct LaunchOptions {
   int nproc = 1;
   std::vector<std::string> command;  // argv; command[0] is looked up in PATH
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;  // 0: a free port on this machine
+  int master_port = 0;  // 0: a free port, held listening and handed to rank 0's store (BLU_STORE_LISTEN_FD)
   std::chrono::milliseconds grace{5000};  // SIGTERM → SIGKILL
   std::vector<std::pair<std::string, std::string>> env;  // extra variables for every rank
   int max_restarts = 0;  // starts of the whole job after a failure (a fresh port each time when master_port is 0)

@@ -153,6 +153,36 @@ Proof prove(const std::string& secret, const char* label, const std::string& job
   return out;
 }
 
+// Note [Launcher's socket]
+// A port found free and released (free_port) can be taken by any other process before rank 0
+// binds it: with many jobs on one machine (a test suite running tests side by side), an outgoing
+// connection's ephemeral port lands on it now and then and rank 0 fails with "Address already in
+// use". So `blutrain launch`, when it picks the port itself, binds and listens on it first and
+// hands that socket to rank 0 (inherited across exec; kStoreListenFdEnv names its number). The
+// server adopts it only when it is a listening TCP socket on exactly the address and port it was
+// asked to serve, never for port 0 (else it binds as usual), once per process, and marks it close-on-exec so that
+// nothing rank 0 starts inherits it. Clients that connect before rank 0 is up wait in the socket's
+// backlog; their handshake deadline and retry cover a slow start.
+int adopt_launcher_socket(const sockaddr_in& want) {
+  static std::atomic<bool> adopted{false};
+  const char* v = std::getenv(kStoreListenFdEnv);
+  if (!v || !*v || adopted.load()) return -1;
+  char* end = nullptr;
+  const long fd = std::strtol(v, &end, 10);
+  if (*end != '\0' || fd < 3 || fd > 1 << 20) return -1;
+  int listening = 0;
+  socklen_t n = sizeof listening;
+  sockaddr_in got{};
+  socklen_t len = sizeof got;
+  if (::getsockopt(int(fd), SOL_SOCKET, SO_ACCEPTCONN, &listening, &n) != 0 || !listening ||
+      ::getsockname(int(fd), reinterpret_cast<sockaddr*>(&got), &len) != 0 || got.sin_family != AF_INET ||
+      got.sin_addr.s_addr != want.sin_addr.s_addr || want.sin_port == 0 || got.sin_port != want.sin_port)
+    return -1;
+  if (adopted.exchange(true)) return -1;
+  ::fcntl(int(fd), F_SETFD, FD_CLOEXEC);
+  return int(fd);
+}
+
 constexpr const char* kServerLabel = "blu-store server proof";
 constexpr const char* kClientLabel = "blu-store client proof";
 
@@ -179,11 +209,14 @@ class TcpStoreServer {
     addr.sin_port = htons(uint16_t(port));
     char ip[INET_ADDRSTRLEN] = {};
     ::inet_ntop(AF_INET, &addr.sin_addr, ip, sizeof ip);
-    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    BLU_CHECK(listen_fd_ >= 0, "TcpStore: socket() failed: ", std::strerror(errno));
-    const int one = 1;
-    ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(listen_fd_, 128) != 0) {
+    listen_fd_ = adopt_launcher_socket(addr);
+    if (listen_fd_ >= 0) {
+      // the launcher's socket (Note [Launcher's socket]): already bound and listening
+    } else if (listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0); listen_fd_ < 0) {
+      BLU_CHECK(false, "TcpStore: socket() failed: ", std::strerror(errno));
+    } else if (const int one = 1; ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one),
+               ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+                   ::listen(listen_fd_, 128) != 0) {
       const int e = errno;
       ::close(listen_fd_);
       BLU_CHECK(false, "TcpStore: cannot serve on ", host, " (", ip, ") port ", port, ": ", std::strerror(e),

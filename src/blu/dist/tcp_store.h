@@ -71,6 +71,11 @@ struct StoreOptions {
 // A fresh random secret: 32 bytes as 64 hex digits (what `blutrain launch` hands its ranks).
 std::string generate_store_secret();
 
+// The variable through which `blutrain launch` hands rank 0 an already listening socket on
+// MASTER_PORT (its file descriptor number); the server adopts it instead of binding the port
+// (Note [Launcher's socket], tcp_store.cpp).
+inline constexpr const char* kStoreListenFdEnv = "BLU_STORE_LISTEN_FD";
+
 class TcpStoreServer;  // tcp_store.cpp
 
 class TcpStore {
