@@ -76,9 +76,9 @@ fusedtext_args=(train --model d12 --data-dir .devpack/fortunes_gpt2 --device cud
 bench_pair() {  # LOG ENVS ARGS...
   local log="$1" envs="$2"; shift 2
   env $envs timeout 150 "$pack/blutrain" bench --device cuda --model gpt2:d12 --precision bf16 -B 16 -T 1024 \
-    --steps 20 "$@" 2>&1 | grep -E '^\{|fusion|rror' | tee -a "$out/$log" | cut -c1-400
+    --steps 20 "$@" 2>&1 | grep -E '^\{|fusion|recompute:|rror' | tee -a "$out/$log" | cut -c1-400
   env $envs timeout 200 "$pack/blutrain" bench --device cuda --model llama:llama-250m --precision bf16 -B 8 -T 1024 \
-    --steps 20 --lr 3e-4 --beta2 0.95 "$@" 2>&1 | grep -E '^\{|fusion|rror' | tee -a "$out/$log" | cut -c1-400
+    --steps 20 --lr 3e-4 --beta2 0.95 "$@" 2>&1 | grep -E '^\{|fusion|recompute:|rror' | tee -a "$out/$log" | cut -c1-400
 }
 # The PyTorch peers of bench_pair's two steps in MODES (bf16,bf16c: eager and torch.compile).
 peers_pair() {  # LOG MODES
@@ -238,6 +238,19 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
         done
       done
       peers_pair recompute.log bf16c ;;
+    remat)
+      # The compiler's own recompute (compiler/remat.h) against the plain compiled step, alternated
+      # REPS times, then the torch.compile peers in the same call.
+      for rep in $(seq "${REPS:-2}"); do
+        for r in ${RECOMPUTE:-none}; do
+          for args in "--compile" "--compile --compile-remat --compile-log"; do
+            echo "== $r $args" >> "$out/remat.log"
+            bench_pair remat.log "" --recompute "$r" $args
+          done
+        done
+      done
+      grep -h "compile: recompute" "$out/remat.log" | sort -u | cut -c1-300
+      peers_pair remat.log bf16c ;;
     autobudget)
       for b in ${BUDGETS:-7.5 5.6 4.2}; do
         echo "-- --gpu-memory-budget $b"

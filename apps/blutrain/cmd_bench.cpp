@@ -80,6 +80,7 @@ struct BenchOptions {
   std::string recompute = "none";
   bool offload_activations = false;
   std::string compile_fuse = "on";            // fused regions (compiler/fusion_plan.h): on | off
+  bool compile_remat = false;                 // the compiler's save-or-recompute pass (compiler/remat.h)
   std::string compile_export;                 // where a step without a cached plan is exported
   // A parallel layout (dist/annotations.h) or "auto" (the planner's pick): run_bench_layout.
   std::string parallel;
@@ -365,7 +366,8 @@ int run_bench(const BenchOptions& o) {
             "hooks swap the parameters' storages outside dispatch); use --zero 0, 1 or 2");
   BLU_CHECK(!o.compile || o.offload_state == "none", "--compile: optimizer state offload (--offload-state ",
             o.offload_state, ") is not supported by the compiler yet (its host side runs outside dispatch); drop one of the two");
-  BLU_CHECK(o.compile || (!o.compile_log && o.compile_exclude.empty()), "--compile-log and --compile-exclude need --compile");
+  BLU_CHECK(o.compile || (!o.compile_log && o.compile_exclude.empty() && !o.compile_remat),
+            "--compile-log, --compile-exclude and --compile-remat need --compile");
   Device dev = bench_device(o.device);
   BLU_CHECK(o.dp == 1 || o.device == "cuda" || o.device == "cpu", "--dp ", o.dp,
             " runs on --device cuda (NCCL, one GPU per rank) or cpu (Gloo), got ", o.device);
@@ -450,6 +452,7 @@ int run_bench(const BenchOptions& o) {
     compiler::CompileOptions co;
     co.log = o.compile_log && env.rank == 0;
     co.config = o.precision + ", " + strategy.describe();
+    co.remat = o.compile_remat;
     co.fusion = compiler::fusion_for(o.compile_fuse, [log = co.log](const std::string& line) {
       if (log) std::cerr << "compile: " << line << "\n" << std::flush;
     }, env.rank == 0 ? o.compile_export : "");
@@ -640,6 +643,10 @@ int run_bench(const BenchOptions& o) {
       cj["graph_ops"] = v.graph.ops.size();
       cj["plan_peak_mib"] = double(plan.peak_bytes()) / (1 << 20);
       cj["plan_arena_mib"] = double(plan.arena_bytes()) / (1 << 20);
+      if (o.compile_remat) {
+        cj["remat_buffers"] = v.remat_buffers;
+        cj["remat_mib"] = double(v.remat_bytes) / (1 << 20);
+      }
       cj["compile_ms"] = v.capture_ms + v.plan_ms;
       cj["graph_captures"] = v.runtime->stats().graph_captures;
       cj["graph_launches"] = v.runtime->stats().graph_launches;
@@ -731,6 +738,9 @@ Command add_bench(CLI::App& root) {
   app->add_flag("--compile-log", o->compile_log, "With --compile: print the compiler's log (as BLU_COMPILE_LOG=1)");
   app->add_option("--compile-exclude", o->compile_exclude,
                   "With --compile: comma-separated op names kept out of compilation (default BLU_COMPILE_EXCLUDE)");
+  app->add_flag("--compile-remat", o->compile_remat,
+                "With --compile: recompute saved activations whose cheap producer's inputs are held anyway "
+                "(compiler/remat.h; docs/compiler.md, \"Recompute chosen by the compiler\")");
   app->add_option("--compile-fuse", o->compile_fuse,
                   "With --compile: on fuses regions into generated kernels (the MLIR fusion pass, or the kernel "
                   "cache's fusion plan in a build without MLIR), off runs every op's eager kernel")

@@ -421,6 +421,10 @@ Command add_train(CLI::App& root) {
   app->add_option("--compile-exclude", o.compile_exclude,
                   "With --compile: comma-separated op names kept out of compilation (their buffers outside the "
                   "arena, never fused); default BLU_COMPILE_EXCLUDE");
+  app->add_flag("--compile-remat", o.compile_remat,
+                "With --compile: the compiler decides what to recompute — a saved activation whose cheap producer "
+                "(pointwise, a norm, a cast) reads only what is held anyway is dropped after the forward and made "
+                "again before its backward use; bitwise the same step (docs/compiler.md)");
   app->add_option("--compile-fuse", o.compile_fuse,
                   "With --compile: on fuses pointwise and row regions into generated kernels (the MLIR fusion "
                   "pass, or a fusion plan from the kernel cache in a build without MLIR), off runs every op's "

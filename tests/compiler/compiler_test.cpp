@@ -142,6 +142,46 @@ TEST_P(CompiledVsEager, TenStepsBitwise) {
 
 INSTANTIATE_TEST_SUITE_P(Compiler, CompiledVsEager, ::testing::Values("gpt2", "llama"));
 
+// The compiler's save-or-recompute pass (compiler/remat.h, Note [Recompute where it is free]):
+// the step with recomputed buffers gives bitwise the eager losses and weights (streamed, whole,
+// and with every freed region poisoned), its plan never overlaps two live buffers, its peak is
+// below the plain compiled step's, and the CPU allocator's peak during a replay matches it.
+TEST_P(CompiledVsEager, RecomputeChosenByTheCompilerIsBitwiseWithALowerPeak) {
+  const TrainRun eager = train(GetParam(), nullptr);
+  CompileOptions plain;
+  CompiledStep* raw = nullptr;
+  (void)train(GetParam(), &plain, &raw, 3);
+  std::unique_ptr<CompiledStep> plain_step(raw);
+  const MemoryPlan& plain_plan = plain_step->variants()[0]->runtime->plan();
+  for (const bool poison : {false, true})
+    for (const bool stream : {true, false}) {
+      SCOPED_TRACE(GetParam() + (poison ? ", poisoned" : "") + (stream ? ", streamed" : ", whole"));
+      std::ostringstream log;
+      CompileOptions o;
+      o.remat = true;
+      o.log = true;
+      o.log_stream = &log;
+      o.stream = stream;
+      o.runtime.poison_freed = poison;
+      const TrainRun compiled = train(GetParam(), &o, &raw);
+      std::unique_ptr<CompiledStep> cs(raw);
+      expect_bitwise(eager, compiled, GetParam());
+      EXPECT_EQ(cs->counts().compiled, 9) << log.str();
+      EXPECT_EQ(cs->counts().guard_failures, 0) << log.str();
+      const Variant& v = *cs->variants()[0];
+      EXPECT_GT(v.remat_buffers, 0) << log.str();
+      EXPECT_NE(log.str().find("recompute: " + v.remat), std::string::npos) << log.str();
+      const MemoryPlan& plan = v.runtime->plan();
+      EXPECT_EQ(check_plan(v.runtime->graph(), plan), "");
+      EXPECT_LT(plan.peak_live_bytes, plain_plan.peak_live_bytes);
+      EXPECT_LT(plan.arena_bytes(), plain_plan.arena_bytes());
+      if (!poison && stream)
+        std::cout << GetParam() << ": " << v.remat << "; arena " << plain_plan.arena_bytes() << " B → "
+                  << plan.arena_bytes() << " B, plan peak " << plain_plan.peak_bytes() << " B → " << plan.peak_bytes()
+                  << " B\n";
+    }
+}
+
 TEST(Compiler, CaptureRunsNoKernel) {
   auto model = make_model("gpt2");
   dist::Strategy strat(*model, nullptr, dist::StrategyConfig{}, dist::OptimizerConfig{.lr = 3e-3});

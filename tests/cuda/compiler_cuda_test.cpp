@@ -39,12 +39,14 @@ struct Result {
 
 // Six steps of the tiny GPT-2 with `optimizer` at lr_of(step), eager or compiled.
 Result train(bool compiled, compiler::RuntimeStats* stats, int64_t* compiled_steps, const std::string& optimizer = "sgd",
-             const std::function<double(int)>& lr_of = [](int) { return 1e-2; }) {
+             const std::function<double(int)>& lr_of = [](int) { return 1e-2; }, bool remat = false,
+             DType compute = DType::f32, std::string* remat_summary = nullptr) {
   cuda::Stream stream;
   Workspace ws(kGPU);
   ExecContextGuard ctx(ExecContext{kGPU, stream.get(), &ws});
   models::GPT model(test::tiny_gpt(), 7);
   model.to(kGPU);
+  if (compute != DType::f32) model.set_compute_dtype(compute);
   dist::Strategy strat(model, nullptr, dist::StrategyConfig{}, dist::OptimizerConfig{.name = optimizer, .lr = 1e-2});
   const int64_t B = 2, T = 16;
   // One pair of input tensors, refilled every step: the graph's input addresses stay fixed.
@@ -52,6 +54,7 @@ Result train(bool compiled, compiler::RuntimeStats* stats, int64_t* compiled_ste
   std::ostringstream log;
   compiler::CompileOptions o;
   o.log_stream = &log;
+  o.remat = remat;
   compiler::CompiledStep cs(o);
   Result r;
   for (int s = 0; s < 6; ++s) {
@@ -75,6 +78,7 @@ Result train(bool compiled, compiler::RuntimeStats* stats, int64_t* compiled_ste
     EXPECT_EQ(cs.counts().guard_failures, 0) << log.str();
     EXPECT_EQ(cs.variants().size(), 1u);
     if (!cs.variants().empty()) *stats = cs.variants()[0]->runtime->stats();
+    if (!cs.variants().empty() && remat_summary) *remat_summary = cs.variants()[0]->remat;
     *compiled_steps = cs.counts().compiled;
   }
   return r;
@@ -128,6 +132,40 @@ TEST(CompilerCuda, AdamWWithAChangingLrRecordsTwiceAndMatchesEager) {
   for (size_t i = 0; i < eager.losses.size(); ++i) EXPECT_EQ(eager.losses[i], compiled.losses[i]) << "step " << i + 1;
   for (size_t i = 0; i < eager.params.size(); ++i)
     EXPECT_TRUE(test::bitwise_equal(eager.params[i], compiled.params[i])) << "parameter " << i;
+}
+
+// The compiler's own recompute (compiler/remat.h) on the GPU, replayed from CUDA graphs with
+// AdamW and a changing lr: fp32 bitwise eager (the recompute runs the same kernel on the same
+// inputs); bf16 — whose attention backward accumulates with atomics, so two eager runs differ in
+// the last bits — within 1e-2 of the eager losses.
+TEST(CompilerCuda, RecomputeChosenByTheCompilerMatchesEager) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const auto lr_of = [](int s) { return 3e-3 * (1.0 - 0.1 * s); };
+  for (DType compute : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(compute));
+    manual_seed(5);
+    compiler::RuntimeStats unused;
+    int64_t n0 = 0;
+    const Result eager = train(false, &unused, &n0, "adamw", lr_of, false, compute);
+    manual_seed(5);
+    compiler::RuntimeStats stats;
+    int64_t n = 0;
+    std::string summary;
+    const Result compiled = train(true, &stats, &n, "adamw", lr_of, true, compute, &summary);
+    std::cout << dtype_name(compute) << ": " << summary << "\n";
+    EXPECT_EQ(n, 5);
+    EXPECT_NE(summary.find("buffers recomputed"), std::string::npos);
+    EXPECT_EQ(summary.find("0 buffers"), std::string::npos) << summary;
+    for (size_t i = 0; i < eager.losses.size(); ++i) {
+      if (compute == DType::f32)
+        EXPECT_EQ(eager.losses[i], compiled.losses[i]) << "step " << i + 1;
+      else
+        EXPECT_NEAR(eager.losses[i], compiled.losses[i], 1e-2) << "step " << i + 1;
+    }
+    if (compute == DType::f32)
+      for (size_t i = 0; i < eager.params.size(); ++i)
+        EXPECT_TRUE(test::bitwise_equal(eager.params[i], compiled.params[i])) << "parameter " << i;
+  }
 }
 
 size_t device_used_bytes() {

@@ -8,6 +8,7 @@
 
 #include "blu/compiler/fused_step.h"
 #include "blu/compiler/exclude.h"
+#include "blu/compiler/remat.h"
 
 namespace blu::compiler {
 
@@ -219,6 +220,15 @@ void CompiledStep::run(const std::vector<Tensor>& inputs, const std::function<vo
       v->regions = int(fused.regions.size());
       v->kernels_compiled = fused.kernels_compiled;
       v->kernels_cached = fused.kernels_cached;
+    }
+    if (options_.remat) {
+      RematOptions ro;
+      ro.exclude = options_.plan.exclude;
+      const RematResult rr = rematerialize(fused, ro);
+      v->remat = rr.summary();
+      v->remat_buffers = int(rr.choices.size());
+      for (const RematChoice& c : rr.choices) v->remat_bytes += c.bytes;
+      log("recompute: " + v->remat);
     }
     MemoryPlan plan = plan_memory(fused.graph, options_.plan);
     log("variant " + std::to_string(variants_.size() + 1) + " for " + key + ": " + g.summary());

@@ -58,6 +58,9 @@ struct CompileOptions {
   // (mlir_api::fuse where MLIR is built, or the fusion plan read from the kernel cache). Null: no
   // fusion, every op runs its eager kernel.
   std::function<std::vector<FusedRegion>(const Graph&)> fusion;
+  // The save-or-recompute pass (compiler/remat.h, Note [Recompute where it is free]): saved buffers
+  // made again by their cheap producer where that costs no other buffer's life.
+  bool remat = false;
 };
 
 struct Variant {
@@ -69,6 +72,10 @@ struct Variant {
   // The fusion (CompileOptions::fusion): FusedGraph::summary() and its counts; "" without fusion.
   std::string fusion;
   int regions = 0, kernels_compiled = 0, kernels_cached = 0;
+  // The recompute pass (CompileOptions::remat): RematResult::summary(), its counts; "" without it.
+  std::string remat;
+  int remat_buffers = 0;
+  size_t remat_bytes = 0;
   int64_t replays = 0;  // whole steps replayed (streamed ones included)
 };
 

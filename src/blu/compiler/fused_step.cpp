@@ -38,6 +38,8 @@ FusedGraph unfused(const Graph& g) {
   FusedGraph f;
   f.graph = g;
   f.capture_ops = int(g.ops.size());
+  f.capture_values = int(g.values.size());
+  f.capture_buffers = int(g.buffers.size());
   for (size_t i = 0; i < g.ops.size(); ++i) f.source.push_back(int(i));
   return f;
 }
@@ -196,6 +198,8 @@ FusedLaunch load_launch(const Graph& g, const FusedRegion& r, bool* compiled) {
 FusedGraph fuse_step(const Graph& g, std::vector<FusedRegion> regions) {
   FusedGraph f;
   f.capture_ops = int(g.ops.size());
+  f.capture_values = int(g.values.size());
+  f.capture_buffers = int(g.buffers.size());
   std::vector<FusedRegion> accepted;
   std::vector<FusedLaunch> launches;  // per accepted region
   std::vector<int> order;

@@ -37,6 +37,9 @@ struct FusedGraph {
   std::vector<FusedRegion> regions;  // the accepted regions; a fused op's Op::region indexes it
   std::vector<FusedLaunch> kernels;  // per accepted region
   int capture_ops = 0;               // ops in each step's capture
+  // Values and buffers in each step's capture; the graph's further ones are a rewrite's own
+  // (compiler/remat.h), bound by the runtime once.
+  int capture_values = 0, capture_buffers = 0;
   int refused = 0;                   // regions not accepted (reasons in `notes`)
   std::vector<std::string> notes;
   // "12 regions (58 ops → 12 kernels), 2 refused; kernels: 3 compiled, 9 from the cache"

@@ -143,14 +143,19 @@ std::vector<Launch> Runtime::build_launches(const Graph& g, const std::vector<in
       l.kernel = backend(l.device.type).find(op.name);
       BLU_CHECK(l.kernel, "compiler runtime: ", op.name, " has no kernel for device ", l.device);
     }
-    if (op.kind != OpKind::fused) l.attr_ops = {l.source};
+    if (op.kind != OpKind::fused) {
+      l.attr_ops = {l.source};
+      l.inputs = op.inputs;
+      l.outputs = op.outputs;
+    }
     out.push_back(std::move(l));
   }
   return out;
 }
 
 Runtime::Runtime(const Graph& graph, MemoryPlan plan, RuntimeOptions options)
-    : graph_(graph), capture_ops_(int(graph.ops.size())), plan_(std::move(plan)), options_(options),
+    : graph_(graph), capture_ops_(int(graph.ops.size())), capture_values_(graph.values.size()),
+      capture_buffers_(graph.buffers.size()), plan_(std::move(plan)), options_(options),
       replay_(std::make_unique<Replay>()) {
   for (const Arena& a : plan_.arenas) arenas_.push_back(allocator_for(a.device).allocate(a.bytes));
   launches_ = build_launches(graph_);
@@ -158,11 +163,33 @@ Runtime::Runtime(const Graph& graph, MemoryPlan plan, RuntimeOptions options)
 }
 
 Runtime::Runtime(FusedGraph fused, MemoryPlan plan, RuntimeOptions options)
-    : graph_(std::move(fused.graph)), capture_ops_(fused.capture_ops), plan_(std::move(plan)), options_(options),
+    : graph_(std::move(fused.graph)), capture_ops_(fused.capture_ops), capture_values_(size_t(fused.capture_values)),
+      capture_buffers_(size_t(fused.capture_buffers)), plan_(std::move(plan)), options_(options),
       replay_(std::make_unique<Replay>()) {
   for (const Arena& a : plan_.arenas) arenas_.push_back(allocator_for(a.device).allocate(a.bytes));
   launches_ = build_launches(graph_, &fused.source, &fused.kernels, &fused.regions);
   set_needs();
+  bind_rewrite_values();
+}
+
+// A rewrite's own buffers (compiler/remat.h) are no capture's: they get their bytes once, and
+// their values tensors over them, for the runtime's life.
+void Runtime::bind_rewrite_values() {
+  std::vector<std::shared_ptr<Storage>> storages(graph_.buffers.size());
+  for (size_t b = capture_buffers_; b < graph_.buffers.size(); ++b) {
+    const Buffer& buf = graph_.buffers[b];
+    const Placement& p = plan_.placements[b];
+    DataPtr d = p.in_arena ? DataPtr(static_cast<char*>(arenas_[size_t(p.arena)].get()) + p.offset, buf.nbytes,
+                                     buf.device, nullptr, nullptr)
+                           : allocator_for(buf.device).allocate(buf.nbytes);
+    storages[b] = std::make_shared<Storage>(std::move(d));
+  }
+  for (size_t v = capture_values_; v < graph_.values.size(); ++v) {
+    const Value& val = graph_.values[v];
+    BLU_ASSERT(size_t(val.buffer) >= capture_buffers_, "compiler runtime: value ", v,
+               " of a rewrite lies on the capture's buffer ", val.buffer);
+    extra_.emplace_back(storages[size_t(val.buffer)], val.shape, val.strides, val.offset, val.dtype);
+  }
 }
 
 void Runtime::set_needs() {
@@ -172,16 +199,17 @@ void Runtime::set_needs() {
 
 Runtime::~Runtime() = default;
 
-void Runtime::execute(const Graph& g, const std::vector<Tensor>& tensors, std::span<const Launch> launches,
-                      const std::function<void(size_t)>& after_op) {
+void Runtime::execute(const Graph& g, const std::vector<Tensor>& tensors, const std::vector<Tensor>& extra,
+                      size_t base, std::span<const Launch> launches, const std::function<void(size_t)>& after_op) {
   std::vector<Tensor> in, out;
+  auto tensor = [&](int v) -> const Tensor& { return size_t(v) >= base ? extra[size_t(v) - base] : tensors[size_t(v)]; };
   for (const Launch& l : launches) {
     const bool fused = l.kind == OpKind::fused;
     const Op& op = g.ops[size_t(fused ? 0 : l.source)];
     in.clear();
     out.clear();
-    for (int v : fused ? l.inputs : op.inputs) in.push_back(v >= 0 ? tensors[size_t(v)] : Tensor());
-    for (int v : fused ? l.outputs : op.outputs) out.push_back(tensors[size_t(v)]);
+    for (int v : l.inputs) in.push_back(v >= 0 ? tensor(v) : Tensor());
+    for (int v : l.outputs) out.push_back(tensor(v));
     switch (l.kind) {
       case OpKind::kernel: {
         const ExecContext& ctx = current_context(l.device);
@@ -243,7 +271,7 @@ static void bind_storages(const Graph& g, const std::vector<std::shared_ptr<Stor
 void Runtime::run_unplanned(Capture& step) {
   const Graph& g = step.graph();
   bind_storages(g, step.storages(), nullptr, nullptr);
-  execute(g, step.tensors(), build_launches(g), {});
+  execute(g, step.tensors(), {}, g.values.size(), build_launches(g), {});
 }
 
 namespace {
@@ -273,19 +301,18 @@ uint64_t attribute_hash(const Graph& g, const Launch& l) {
   return f.h;
 }
 
-// The values a launch binds: a fused launch's region inputs and outputs, else its op's.
+// The values a launch binds.
 template <typename F>
-void for_each_value(const Graph& g, const Launch& l, F&& f) {
-  const Op& op = g.ops[size_t(l.kind == OpKind::fused ? 0 : l.source)];
-  for (int v : l.kind == OpKind::fused ? l.inputs : op.inputs) f(v);
-  for (int v : l.kind == OpKind::fused ? l.outputs : op.outputs) f(v);
+void for_each_value(const Launch& l, F&& f) {
+  for (int v : l.inputs) f(v);
+  for (int v : l.outputs) f(v);
 }
 
-// The addresses a launch binds this step.
-uint64_t address_hash(const Graph& g, const std::vector<Tensor>& tensors, const Launch& l) {
+// The addresses a launch binds this step (a rewrite's own values are bound for good: not hashed).
+uint64_t address_hash(const std::vector<Tensor>& tensors, size_t base, const Launch& l) {
   Fnv f;
-  for_each_value(g, l, [&](int v) {
-    f.mix(v >= 0 ? uint64_t(reinterpret_cast<uintptr_t>(tensors[size_t(v)].raw_data())) : 0);
+  for_each_value(l, [&](int v) {
+    f.mix(v >= 0 && size_t(v) < base ? uint64_t(reinterpret_cast<uintptr_t>(tensors[size_t(v)].raw_data())) : 0);
   });
   return f.h;
 }
@@ -326,7 +353,7 @@ void Runtime::begin(Capture& step) {
 // final only at finish): a temporary its place in the arena (or a fresh allocation when the plan
 // left it out), a step output a fresh allocation; what lives across steps is already bound.
 void Runtime::bind(Capture& step, int value) {
-  if (value < 0) return;
+  if (value < 0 || size_t(value) >= capture_values_) return;
   const int b = step.graph().values[size_t(value)].buffer;
   Replay& r = *replay_;
   if (r.bound[size_t(b)]) return;
@@ -359,17 +386,18 @@ void Runtime::advance(Capture& step, size_t captured_ops) {
     Replay::Segment& seg = r.segments[r.next_segment++];
     for (size_t i = seg.first; i < seg.end; ++i) {
       r.step_attributes[i] = attribute_hash(g, launches_[i]);
-      for_each_value(g, launches_[i], [&](int v) { bind(step, v); });
+      for_each_value(launches_[i], [&](int v) { bind(step, v); });
     }
     const std::span<const Launch> part = all.subspan(seg.first, seg.end - seg.first);
     if (seg.direct) {
-      execute(g, tensors, part, after_op);
+      execute(g, tensors, extra_, capture_values_, part, after_op);
       if (r.graphs) ++stats_.direct_launches;
       continue;
     }
 #ifdef BLU_HAVE_CUDA
     Fnv f;
-    for (size_t i = seg.first; i < seg.end; ++i) f.mix(r.step_attributes[i] ^ (address_hash(g, tensors, launches_[i]) * 31));
+    for (size_t i = seg.first; i < seg.end; ++i)
+      f.mix(r.step_attributes[i] ^ (address_hash(tensors, capture_values_, launches_[i]) * 31));
     const Device dev = plan_.arenas[0].device;
     const ExecContext& ctx = current_context(dev);
     const cudaStream_t stream = cuda::stream_of(ctx);  // null in the context means the device's default stream
@@ -387,7 +415,7 @@ void Runtime::advance(Capture& step, size_t captured_ops) {
       // watchdog queries the events of the collectives issued between the graphs.
       BLU_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
       try {
-        execute(g, tensors, part, after_op);
+        execute(g, tensors, extra_, capture_values_, part, after_op);
       } catch (...) {
         cudaStreamEndCapture(stream, &graph);
         if (graph) cudaGraphDestroy(graph);
@@ -423,7 +451,7 @@ void Runtime::advance(Capture& step, size_t captured_ops) {
 
 void Runtime::end(Capture& step) {
   const Graph& g = step.graph();
-  BLU_ASSERT(g.ops.size() == size_t(capture_ops_) && g.buffers.size() == graph_.buffers.size(),
+  BLU_ASSERT(g.ops.size() == size_t(capture_ops_) && g.buffers.size() == capture_buffers_,
              "compiler runtime: a capture of another structure (", g.ops.size(), " ops, compiled ", capture_ops_, ")");
   advance(step, g.ops.size());
   Replay& r = *replay_;
@@ -461,16 +489,17 @@ void Runtime::salvage(Capture& step) {
   const std::vector<Tensor>& tensors = step.tensors();
   Replay& r = *replay_;
   const size_t done = issued();
-  r.bound.resize(g.buffers.size(), 0);  // the capture may have made more buffers than the variant
-  // Every launched launch's buffers, with the first and last launch that touched each.
-  const size_t nb = g.buffers.size();
-  std::vector<int64_t> first(nb, -1), last(nb, -1);
+  r.bound.resize(std::max(g.buffers.size(), graph_.buffers.size()), 0);  // the capture may have made more
+  // Every launched launch's buffers (the plan's: launched ones are the variant's), with the first
+  // and last launch that touched each.
+  const size_t nb = g.buffers.size(), np = graph_.buffers.size();
+  std::vector<int64_t> first(np, -1), last(np, -1);
   std::vector<char> ran(g.ops.size(), 0);
   for (size_t k = 0; k < done; ++k) {
     for (int o : launches_[k].attr_ops) ran[size_t(o)] = 1;
-    for_each_value(g, launches_[k], [&](int v) {
+    for_each_value(launches_[k], [&](int v) {
       if (v < 0) return;
-      const int b = g.values[size_t(v)].buffer;
+      const int b = graph_.values[size_t(v)].buffer;
       if (first[size_t(b)] < 0) first[size_t(b)] = int64_t(k);
       last[size_t(b)] = int64_t(k);
     });
@@ -485,10 +514,10 @@ void Runtime::salvage(Capture& step) {
   for (size_t b = 0; b < nb; ++b)
     if (g.buffers[b].kind == BufferKind::step_output) needed[b] = 1;
   for (size_t b = 0; b < nb; ++b) {
-    if (!needed[b] || first[b] < 0) continue;
+    if (!needed[b] || b >= np || first[b] < 0) continue;
     const Placement& p = plan_.placements[b];
     if (!r.bound[b] || graph_.buffers[b].kind != BufferKind::temporary || !p.in_arena) continue;
-    for (size_t c = 0; c < nb; ++c) {
+    for (size_t c = 0; c < np; ++c) {
       if (c == b || first[c] <= last[b]) continue;  // launched buffers are the variant's: placed by the plan
       const Placement& q = plan_.placements[c];
       if (!q.in_arena || q.arena != p.arena) continue;
@@ -521,7 +550,7 @@ void Runtime::salvage(Capture& step) {
   std::vector<Launch> rest;
   for (Launch& l : build_launches(g))
     if (!ran[size_t(l.source)]) rest.push_back(std::move(l));
-  execute(g, tensors, rest, {});
+  execute(g, tensors, {}, g.values.size(), rest, {});
 }
 
 }  // namespace blu::compiler

@@ -48,7 +48,7 @@ struct Launch {
   OpKind kind = OpKind::kernel;
   int op = -1;              // index in the runtime's graph (the memory plan's schedule)
   int source = -1;          // kernel and collective launches: the op of each step's capture it runs
-  std::vector<int> inputs, outputs;  // fused launches: the region's value ids
+  std::vector<int> inputs, outputs;  // the value ids it binds (a fused launch: its region's)
   Kernel kernel = nullptr;  // kernel launches
   Device device;            // where the kernel runs
   FusedLaunch fused;        // fused launches
@@ -99,6 +99,7 @@ class Runtime {
   static void run_unplanned(Capture& step);
 
   const MemoryPlan& plan() const { return plan_; }
+  const Graph& graph() const { return graph_; }  // the graph the plan is of (rewritten by passes)
   const std::vector<Launch>& launches() const { return launches_; }
   const RuntimeStats& stats() const { return stats_; }
 
@@ -106,14 +107,18 @@ class Runtime {
   static std::vector<Launch> build_launches(const Graph& g, const std::vector<int>* source = nullptr,
                                             const std::vector<FusedLaunch>* kernels = nullptr,
                                             const std::vector<FusedRegion>* regions = nullptr);
-  static void execute(const Graph& g, const std::vector<Tensor>& tensors, std::span<const Launch> launches,
-                      const std::function<void(size_t op)>& after_op);
+  // Runs `launches`; value v is tensors[v], or extra[v - base] for v >= base (a rewrite's own values).
+  static void execute(const Graph& g, const std::vector<Tensor>& tensors, const std::vector<Tensor>& extra,
+                      size_t base, std::span<const Launch> launches, const std::function<void(size_t op)>& after_op);
   void bind(Capture& step, int value);
+  void bind_rewrite_values();
   void set_needs();
   void poison(size_t op);
 
   Graph graph_;  // the structure compiled (its tensors' bindings come from each step's capture)
   int capture_ops_ = 0;  // ops in each step's capture (graph_ has fewer when regions are fused)
+  size_t capture_values_ = 0, capture_buffers_ = 0;  // graph_'s further ones are a rewrite's (remat.h)
+  std::vector<Tensor> extra_;  // per value id >= capture_values_: bound to the arena once
   MemoryPlan plan_;
   RuntimeOptions options_;
   std::vector<DataPtr> arenas_;  // per plan arena

@@ -23,6 +23,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"baseline", baseline}, {"baseline_vocab", baseline_vocab}, {"baseline_max_tokens", baseline_max_tokens},
           {"tokenizer", tokenizer}, {"shuffle", shuffle}};
   j["compile"] = compile;  // the ranks agree on it (consistency fingerprint)
+  if (compile_remat) j["compile_remat"] = true;
   return j;
 }
 

@@ -309,7 +309,8 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     BLU_CHECK(opt_s_.zero != 3, "--compile: ZeRO-3 (--zero 3) is not supported by the compiler yet (its block hooks ",
               "swap the parameters' storages outside dispatch, which capture does not see); use --zero 0, 1 or 2");
   } else {
-    BLU_CHECK(!o.compile_log && o.compile_exclude.empty(), "--compile-log and --compile-exclude need --compile");
+    BLU_CHECK(!o.compile_log && o.compile_exclude.empty() && !o.compile_remat,
+              "--compile-log, --compile-exclude and --compile-remat need --compile");
   }
   BLU_CHECK(o.compile_fuse == "on" || o.compile_fuse == "off", "--compile-fuse: expected on or off, got '", o.compile_fuse,
             "'");
@@ -534,6 +535,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     co.log = o.compile_log && rank_ == 0;  // guard failures are printed on every rank
     co.log_stream = cb_.log;
     co.config = o.precision + ", grad_accum " + std::to_string(o.grad_accum) + ", " + strategy_->describe();
+    co.remat = o.compile_remat;
     co.fusion = compiler::fusion_for(o.compile_fuse, [log = co.log, stream = cb_.log](const std::string& line) {
       if (log) (stream ? *stream : std::cerr) << "compile: " << line << "\n" << std::flush;
     }, rank_ == 0 ? o.compile_export : "");
@@ -970,6 +972,10 @@ TrainSummary Trainer::run() {
       ev["collectives"] = std::count_if(v.graph.ops.begin(), v.graph.ops.end(),
                                         [](const compiler::Op& op) { return op.kind == compiler::OpKind::collective; });
       ev["plan_peak_bytes"] = v.runtime->plan().peak_bytes();
+      if (opt_s_.compile_remat) {
+        ev["remat_buffers"] = v.remat_buffers;
+        ev["remat_bytes"] = v.remat_bytes;
+      }
       ev["compile_ms"] = v.capture_ms + v.plan_ms;
     }
     metrics_.write(ev);

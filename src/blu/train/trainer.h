@@ -162,6 +162,8 @@ struct TrainOptions {
   bool compile = false, compile_log = false;
   std::string compile_exclude;
   std::string compile_fuse = "on";
+  // compile_remat: the compiler's own save-or-recompute pass (compiler/remat.h).
+  bool compile_remat = false;
   // compile_export: a directory where a captured step whose fusion plan is not in the kernel cache is
   // written (compiler/fusion_plan.h, export_graph; rank 0 only), for `blutrain compile --from-graph`.
   std::string compile_export;
