@@ -290,11 +290,12 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
       peers_pair fused.log bf16,bf16c ;;
     fusedtext)
       export BLU_KERNEL_CACHE="$PWD/.devpack/kcache"
-      for args in "--seed 1337" "--seed 7" "--seed 1337 --compile --compile-log"; do
+      IFS=';' read -r -a runs <<< "${FUSED_RUNS:---seed 1337;--seed 7;--seed 1337 --compile --compile-log}"
+      for args in "${runs[@]}"; do
         echo "-- $args"
         timeout 300 "$pack/blutrain" "${fusedtext_args[@]}" --steps "${FUSED_STEPS:-250}" --val-every "${FUSED_STEPS:-250}" \
           --out "/tmp/fusedtext_${args// /_}" $args 2>&1 | tee -a "$out/fusedtext.log" \
-          | grep -E "val loss|fusion:|fusion plan|compiled steps|step +${FUSED_STEPS:-250}/|rror" | cut -c1-300 | tail -6
+          | grep -E "val loss|fusion:|fusion plan|recompute:|compiled steps|step +${FUSED_STEPS:-250}/|rror" | cut -c1-300 | tail -7
       done ;;
     offload)
       GRID=0 PEERS="$PWD/.devpack/peers" timeout 580 bash scripts/offload_bench.sh "$pack" 2>&1 | tee "$out/offload.log" | tail -30 ;;
