@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <sstream>
+#include <tuple>
 
 #include "blu/blu.h"
 #include "blu/compiler/codegen/cpu_kernel.h"
@@ -68,7 +69,8 @@ TrainRun train(const std::string& family, bool compiled, bool fusion, std::strin
   }
   TrainRun r;
   for (int s = 0; s < 10; ++s) {
-    auto [idx, tg] = batch(s, 2, 8, 101);
+    Tensor idx, tg;  // no structured binding: clang 14 cannot capture one in a lambda
+    std::tie(idx, tg) = batch(s, 2, 8, 101);
     const double lr = 3e-3 * (1.0 - 0.05 * s);
     dist::StepValues v;
     auto step = [&] { v = strat.step(1, [&](int64_t) { return std::pair<Tensor, Tensor>{idx, tg}; }, lr, 1.0); };

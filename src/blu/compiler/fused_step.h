@@ -40,6 +40,9 @@ struct FusedGraph {
   // Values and buffers in each step's capture; the graph's further ones are a rewrite's own
   // (compiler/remat.h), bound by the runtime once.
   int capture_values = 0, capture_buffers = 0;
+  // Per capture buffer that a rewrite drops across a gap (compiler/remat.h): the capture op that
+  // makes it, which can make it again; -1 for the others (empty: none dropped).
+  std::vector<int> remade_by;
   int refused = 0;                   // regions not accepted (reasons in `notes`)
   std::vector<std::string> notes;
   // "12 regions (58 ops → 12 kernels), 2 refused; kernels: 3 compiled, 9 from the cache"

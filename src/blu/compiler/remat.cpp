@@ -88,9 +88,10 @@ RematResult rematerialize(FusedGraph& f, const RematOptions& o) {
     if (t.size() < 2 || t.front() != p || op.kind != OpKind::kernel || op.rng || !op.writes.empty() ||
         !op.views.empty() || !listed(allowed, op.name) || listed(o.exclude, op.name) || f.source[size_t(p)] < 0)
       continue;
-    bool outputs_fresh = true;  // every output on a temporary that only this op defines
+    bool outputs_fresh = true;  // every output on a temporary that only this op defines and none updates
     for (int v : op.outputs)
-      outputs_fresh &= g.buffers[size_t(buf(v))].kind == BufferKind::temporary && definers[size_t(buf(v))].size() == 1;
+      outputs_fresh &= g.buffers[size_t(buf(v))].kind == BufferKind::temporary &&
+                       definers[size_t(buf(v))].size() == 1 && writers[size_t(buf(v))].empty();
     if (!outputs_fresh) continue;
     size_t gap_at = 0;
     for (size_t k = 1; k < t.size(); ++k)
@@ -250,6 +251,9 @@ RematResult rematerialize(FusedGraph& f, const RematOptions& o) {
   }
   for (size_t i = 0; i < ng.ops.size(); ++i)
     for (int v : ng.ops[i].outputs) ng.values[size_t(v)].producer = int(i);
+  f.remade_by.assign(size_t(f.capture_buffers), -1);
+  for (const RematChoice& ch : r.choices)
+    if (ch.buffer < f.capture_buffers) f.remade_by[size_t(ch.buffer)] = f.source[size_t(ch.op)];
   f.graph = std::move(ng);
   f.source = std::move(source);
   return r;

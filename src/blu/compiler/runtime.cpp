@@ -164,8 +164,8 @@ Runtime::Runtime(const Graph& graph, MemoryPlan plan, RuntimeOptions options)
 
 Runtime::Runtime(FusedGraph fused, MemoryPlan plan, RuntimeOptions options)
     : graph_(std::move(fused.graph)), capture_ops_(fused.capture_ops), capture_values_(size_t(fused.capture_values)),
-      capture_buffers_(size_t(fused.capture_buffers)), plan_(std::move(plan)), options_(options),
-      replay_(std::make_unique<Replay>()) {
+      capture_buffers_(size_t(fused.capture_buffers)), remade_by_(std::move(fused.remade_by)), plan_(std::move(plan)),
+      options_(options), replay_(std::make_unique<Replay>()) {
   for (const Arena& a : plan_.arenas) arenas_.push_back(allocator_for(a.device).allocate(a.bytes));
   launches_ = build_launches(graph_, &fused.source, &fused.kernels, &fused.regions);
   set_needs();
@@ -513,20 +513,45 @@ void Runtime::salvage(Capture& step) {
   }
   for (size_t b = 0; b < nb; ++b)
     if (g.buffers[b].kind == BufferKind::step_output) needed[b] = 1;
+  // Whether a launch after b's last one wrote over b's arena bytes.
+  auto overwritten = [&](size_t b) {
+    if (b >= np || first[b] < 0 || !r.bound[b] || graph_.buffers[b].kind != BufferKind::temporary) return false;
+    const Placement& p = plan_.placements[b];
+    if (!p.in_arena) return false;
+    for (size_t c = 0; c < np; ++c) {
+      if (c == b || first[c] <= last[b]) continue;  // launched buffers are the variant's: placed by the plan
+      const Placement& q = plan_.placements[c];
+      if (q.in_arena && q.arena == p.arena && q.offset < p.offset + p.nbytes && p.offset < q.offset + q.nbytes)
+        return true;
+    }
+    return false;
+  };
+  auto cannot = [&](size_t b) {
+    BLU_CHECK(false, "compiled step: the step's capture left the compiled structure after ", done, " of ",
+              launches_.size(), " launches had run, and a value it still needs (", g.buffers[b].nbytes, " bytes, buffer ",
+              b, ") was already overwritten in the arena; it cannot be completed. Run with ",
+              "BLU_COMPILE_STREAM=0 to replay only after the whole step is captured");
+  };
+  // A buffer the plan dropped across a gap (compiler/remat.h) is made again by its producer, whose
+  // inputs the plan keeps until after the gap: checked here, and moved with the rest below.
+  std::vector<int> remake;
+  for (size_t b = 0; b < nb; ++b) {
+    if (!needed[b] || !overwritten(b)) continue;
+    const int op = b < remade_by_.size() ? remade_by_[b] : -1;
+    if (op < 0) cannot(b);
+    for (int v : g.ops[size_t(op)].inputs)
+      if (v >= 0 && overwritten(size_t(g.values[size_t(v)].buffer))) cannot(b);
+    for (int v : g.ops[size_t(op)].inputs)
+      if (v >= 0) needed[size_t(g.values[size_t(v)].buffer)] = 1;
+    if (std::find(remake.begin(), remake.end(), op) == remake.end()) remake.push_back(op);
+  }
+  for (int op : remake)
+    for (int v : g.ops[size_t(op)].outputs) needed[size_t(g.values[size_t(v)].buffer)] = 0;
   for (size_t b = 0; b < nb; ++b) {
     if (!needed[b] || b >= np || first[b] < 0) continue;
     const Placement& p = plan_.placements[b];
     if (!r.bound[b] || graph_.buffers[b].kind != BufferKind::temporary || !p.in_arena) continue;
-    for (size_t c = 0; c < np; ++c) {
-      if (c == b || first[c] <= last[b]) continue;  // launched buffers are the variant's: placed by the plan
-      const Placement& q = plan_.placements[c];
-      if (!q.in_arena || q.arena != p.arena) continue;
-      if (q.offset < p.offset + p.nbytes && p.offset < q.offset + q.nbytes)
-        BLU_CHECK(false, "compiled step: the step's capture left the compiled structure after ", done, " of ",
-                  launches_.size(), " launches had run, and a value it still needs (", g.buffers[b].nbytes,
-                  " bytes, buffer ", b, ") was already overwritten in the arena; it cannot be completed. Run with ",
-                  "BLU_COMPILE_STREAM=0 to replay only after the whole step is captured");
-    }
+    if (overwritten(b)) cannot(b);
     // Move it out of the arena.
     Storage& s = *step.storages()[b];
     DataPtr fresh = allocator_for(g.buffers[b].device).allocate(g.buffers[b].nbytes);
@@ -547,9 +572,20 @@ void Runtime::salvage(Capture& step) {
     r.bound[b] = 1;
     step.storages()[b]->data = allocator_for(buf.device).allocate(buf.nbytes);
   }
-  std::vector<Launch> rest;
-  for (Launch& l : build_launches(g))
+  // The dropped buffers made again (their producers' outputs in fresh bytes: the same values),
+  // then the rest, unplanned: kernels in capture order.
+  std::vector<Launch> again, rest;
+  for (int op : remake)
+    for (int v : g.ops[size_t(op)].outputs) {
+      const int b = g.values[size_t(v)].buffer;
+      step.storages()[size_t(b)]->data = allocator_for(g.buffers[size_t(b)].device).allocate(g.buffers[size_t(b)].nbytes);
+    }
+  for (Launch& l : build_launches(g)) {
+    if (std::find(remake.begin(), remake.end(), l.source) != remake.end()) again.push_back(l);
     if (!ran[size_t(l.source)]) rest.push_back(std::move(l));
+  }
+  execute(g, tensors, {}, g.values.size(), again, {});
+  stats_.remade += int64_t(again.size());
   execute(g, tensors, {}, g.values.size(), rest, {});
 }
 

@@ -70,6 +70,7 @@ struct RuntimeStats {
   int64_t direct_launches = 0;   // CUDA: launches run outside a graph (their attributes change)
   int64_t steps_recorded = 0;    // CUDA: steps that recorded a segment
   int64_t segments = 0;          // CUDA: graphs a step launches now
+  int64_t remade = 0;            // salvage: buffers a rewrite had dropped, made again (compiler/remat.h)
 };
 
 class Runtime {
@@ -119,6 +120,7 @@ class Runtime {
   int capture_ops_ = 0;  // ops in each step's capture (graph_ has fewer when regions are fused)
   size_t capture_values_ = 0, capture_buffers_ = 0;  // graph_'s further ones are a rewrite's (remat.h)
   std::vector<Tensor> extra_;  // per value id >= capture_values_: bound to the arena once
+  std::vector<int> remade_by_;  // FusedGraph::remade_by (salvage makes a dropped buffer again)
   MemoryPlan plan_;
   RuntimeOptions options_;
   std::vector<DataPtr> arenas_;  // per plan arena
