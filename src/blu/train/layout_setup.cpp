@@ -459,4 +459,49 @@ Parallel parallelize(models::CausalLM& model, const std::string& text, int64_t r
   return p;
 }
 
+// --parallel: the layout resolved (every annotation error here, before anything runs) and mapped
+// onto what the trainer drives: data parallelism (with ZeRO), a pipeline, tensor parallelism and
+// their nestings; without it, --dp replicas (with --zero). Sets what the layout decides of the
+// options (the rows of an auto or probed decision, dp, zero, a pipeline's accumulation).
+dist::Layout Trainer::resolve_run_layout(const dist::DistEnv& env) {
+  const TrainOptions& o = opt_s_;
+  dist::Layout layout;
+  if (!o.parallel.empty() && needs_decision(o.parallel)) {
+    const LayoutDecision d = decide_parallel(o, env, store_, cb_.log);
+    if (o.parallel == "auto" && !d.plan.empty()) auto_prediction_ = d.plan[0];
+    opt_s_.parallel = d.text;
+    opt_s_.batch_size = d.rows;
+  }
+  if (!o.parallel.empty()) {
+    std::vector<std::string> names;
+    for (const models::BlockRef& b : model_->blocks()) names.push_back(b.name);
+    layout = dist::resolve_layout(dist::parse_annotation(o.parallel), names, env.world_size);
+    const dist::Layout& l = layout;
+    BLU_CHECK(o.dp == 1 || o.dp == l.dp, "--parallel '", o.parallel, "' gives ", l.dp, " replicas, --dp says ", o.dp,
+              ": give one of the two");
+    BLU_CHECK(o.zero == 0 || o.zero == l.zero, "--parallel '", o.parallel, "' asks for ZeRO-", l.zero,
+              ", --zero says ", o.zero, ": give one of the two");
+    check_layout_supported(l, o.parallel, o.seq_len);
+    BLU_CHECK((l.tp == 1 && !is_pipelined(l)) || !o.offload_state.starts_with("master"), "--parallel '", o.parallel, "': --offload-state ",
+              o.offload_state, " is implemented for data parallelism; use --offload-state optimizer");
+    if (is_pipelined(l)) {
+      BLU_CHECK(o.grad_accum == 1 || o.grad_accum == l.micro_batches, "--parallel '", o.parallel,
+                "': a pipeline's micro=", l.micro_batches, " is its accumulation; drop --grad-accum ", o.grad_accum);
+      pipelined_ = true;
+      opt_s_.grad_accum = l.micro_batches;  // the tokens of a step, as the header and metrics count them
+    }
+    opt_s_.dp = l.dp;
+    opt_s_.zero = l.zero;
+    // Every layout checkpoints (dist/layout_checkpoint.h); --keep-best copies a single file.
+    BLU_CHECK(!o.keep_best || (l.tp == 1 && !is_pipelined(l)), "--parallel '", o.parallel,
+              "': --keep-best keeps a single-file checkpoint, and this layout writes a checkpoint directory");
+    layout_text_ = l.describe();
+  } else {
+    layout.dp = int(o.dp);
+    layout.zero = o.zero;
+    layout.replica_weights.assign(size_t(o.dp), 1.0 / double(o.dp));
+  }
+  return layout;
+}
+
 }  // namespace blu::train

@@ -49,6 +49,7 @@
 #include "blu/models/registry.h"
 #include "blu/train/model_spec.h"
 #include "blu/train/peak_flops.h"
+#include "blu/train/run_dir.h"
 #include "blu/train/run_record.h"
 #ifdef BLU_HAVE_CUDA
 #include "blu/backend/cuda/runtime.h"
@@ -75,29 +76,6 @@ Tensor ids_tensor(const std::vector<int32_t>& ids, int64_t B, int64_t T, Device 
 // The value of a one-element tensor on any device.
 double scalar_value(const Tensor& t) {
   return t.device().is_cpu() ? t.item() : to_device(t, kCPU).item();
-}
-
-// The copy of the best-validation checkpoint (TrainOptions::keep_best).
-constexpr const char* kBestCheckpoint = "best.safetensors";
-
-bool is_checkpoint_file(const fs::path& p) {
-  const std::string name = p.filename().string();
-  return name.starts_with("ckpt_") && name.ends_with(".safetensors");
-}
-
-// Files this trainer writes into a run directory (and so the only ones --overwrite removes).
-std::vector<fs::path> own_files(const fs::path& dir) {
-  std::vector<fs::path> out;
-  if (!fs::is_directory(dir)) return out;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string name = e.path().filename().string();
-    if (name == "metrics.jsonl" || name == "run.json" || name == kBestCheckpoint || is_checkpoint_file(e.path()) ||
-        (e.is_directory() && name.starts_with("ckpt_")) ||  // a sharded checkpoint (dist/zero.h)
-        (e.is_directory() && name == "flight_recorder"))    // dist/flight_recorder.h
-      out.push_back(e.path());
-  }
-  std::sort(out.begin(), out.end());
-  return out;
 }
 
 // Shards for a pattern, with an error that names the flag and the pattern.
@@ -169,13 +147,6 @@ void test_stall(int rank, int64_t step) {
 
 }  // namespace
 
-bool holds_run(const std::string& dir) {
-  if (dir.empty() || !fs::is_directory(dir)) return false;
-  for (const auto& p : own_files(dir))
-    if (p.filename() == "metrics.jsonl" || p.filename().string().starts_with("ckpt_")) return true;
-  return false;
-}
-
 std::string resolve_checkpoint(const std::string& path) {
   BLU_CHECK(!path.empty(), "expected a checkpoint file or a run directory, got an empty path");
   if (fs::is_directory(path)) {
@@ -227,45 +198,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   // 1. Options: every check before anything is built or touched.
   check_options(o, *model_);
   const dist::DistEnv env = dist::detect_env();
-  // --parallel: the layout is resolved (every annotation error here, before anything runs) and
-  // mapped onto what the trainer drives: data parallelism (with ZeRO), a pipeline, tensor
-  // parallelism, and their nestings on a dp × pp × tp mesh.
-  dist::Layout layout;  // dp = o.dp without --parallel
-  if (!o.parallel.empty() && needs_decision(o.parallel)) {
-    const LayoutDecision d = decide_parallel(o, env, store_, cb_.log);
-    if (o.parallel == "auto" && !d.plan.empty()) auto_prediction_ = d.plan[0];
-    opt_s_.parallel = d.text;
-    opt_s_.batch_size = d.rows;
-  }
-  if (!o.parallel.empty()) {
-    std::vector<std::string> names;
-    for (const models::BlockRef& b : model_->blocks()) names.push_back(b.name);
-    layout = dist::resolve_layout(dist::parse_annotation(o.parallel), names, env.world_size);
-    const dist::Layout& l = layout;
-    BLU_CHECK(o.dp == 1 || o.dp == l.dp, "--parallel '", o.parallel, "' gives ", l.dp, " replicas, --dp says ", o.dp,
-              ": give one of the two");
-    BLU_CHECK(o.zero == 0 || o.zero == l.zero, "--parallel '", o.parallel, "' asks for ZeRO-", l.zero,
-              ", --zero says ", o.zero, ": give one of the two");
-    check_layout_supported(l, o.parallel, o.seq_len);
-    BLU_CHECK((l.tp == 1 && !is_pipelined(l)) || !o.offload_state.starts_with("master"), "--parallel '", o.parallel, "': --offload-state ",
-              o.offload_state, " is implemented for data parallelism; use --offload-state optimizer");
-    if (is_pipelined(l)) {
-      BLU_CHECK(o.grad_accum == 1 || o.grad_accum == l.micro_batches, "--parallel '", o.parallel,
-                "': a pipeline's micro=", l.micro_batches, " is its accumulation; drop --grad-accum ", o.grad_accum);
-      pipelined_ = true;
-      opt_s_.grad_accum = l.micro_batches;  // the tokens of a step, as the header and metrics count them
-    }
-    opt_s_.dp = l.dp;
-    opt_s_.zero = l.zero;
-    // Every layout checkpoints (dist/layout_checkpoint.h); --keep-best copies a single file.
-    BLU_CHECK(!o.keep_best || (l.tp == 1 && !is_pipelined(l)), "--parallel '", o.parallel,
-              "': --keep-best keeps a single-file checkpoint, and this layout writes a checkpoint directory");
-    layout_text_ = l.describe();
-  } else {
-    layout.dp = int(o.dp);
-    layout.zero = o.zero;
-    layout.replica_weights.assign(size_t(o.dp), 1.0 / double(o.dp));
-  }
+  const dist::Layout layout = resolve_run_layout(env);  // on a dp × pp × tp mesh; --dp replicas without --parallel
   // Each replica's rows of the global batch (batch_size · replicas rows), in proportion to the
   // replica weights; every TP rank and stage of a replica reads its replica's rows.
   const bool uneven = std::any_of(layout.replica_weights.begin(), layout.replica_weights.end(),
@@ -335,55 +268,10 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   if (peak_tflops_ == 0 && device_.is_cuda()) peak_tflops_ = dense_peak_tflops(cuda::device_name(device_.index), o.precision);
 #endif
 
-  // 2. The run directory.
-  std::string resume_from;
-  bool restart = false;  // --auto-resume over a run of this model without a checkpoint: from step 0
-  if (!o.out.empty()) {
-    if (o.resume || o.auto_resume) {
-      // The newest checkpoint that verifies; a corrupt or truncated newer one is skipped with a
-      // warning (rank 0 prints it).
-      std::vector<std::string> skipped;
-      const CheckpointWarning warn = [&](const std::string& w) {
-        skipped.push_back(w);
-        if (cb_.log) *cb_.log << w << "\n" << std::flush;
-      };
-      // Any format: every layout loads a layout checkpoint and a single file (dist/layout_checkpoint.h).
-      resume_from = dist::latest_any_checkpoint(o.out, warn);
-      std::string reasons;
-      for (const std::string& w : skipped) reasons += "\n  " + w;
-      BLU_CHECK(!resume_from.empty() || skipped.empty(), o.resume ? "--resume" : "--auto-resume",
-                ": no checkpoint in ", o.out, " verifies:", reasons);
-      BLU_CHECK(!o.resume || !resume_from.empty(), "--resume: expected a checkpoint (ckpt_*.safetensors or a "
-                "committed ckpt_*/COMMIT) in ", o.out, ", found none");
-      if (resume_from.empty() && holds_run(o.out)) {
-        const fs::path run_json = fs::path(o.out) / "run.json";
-        nlohmann::json saved;
-        if (fs::exists(run_json)) saved = io::read_json_file(run_json).value("model_config", nlohmann::json());
-        BLU_CHECK(saved == o.model, "--auto-resume: the run directory ", o.out,
-                  " holds a run without a checkpoint whose run.json ",
-                  saved.is_null() ? std::string("is missing or names no model") : "names another model (" + saved.dump() + ")",
-                  "; pass --overwrite to replace it or choose another --out");
-        restart = true;
-      }
-    } else {
-      BLU_CHECK(o.overwrite || !holds_run(o.out), "the run directory ", o.out,
-                " already holds a run (metrics.jsonl or checkpoints): pass --auto-resume to continue it (from its "
-                "newest valid checkpoint, or from the start when it has none), --overwrite to replace it, or choose "
-                "another --out");
-    }
-  } else {
-    BLU_CHECK(!o.resume && !o.auto_resume, "--resume and --auto-resume need --out (the run directory)");
-  }
-  // A resume continues the run: an option that changes its trajectory must be asked for.
-  if (!resume_from.empty() || restart) {
-    std::string refused;
-    for (const OptionChange& c : trajectory_changes(recorded_options(o.out), o.to_json()))
-      refused += (refused.empty() ? "" : ", ") + c.str();
-    BLU_CHECK(refused.empty() || o.allow_changes, o.resume ? "--resume" : "--auto-resume", ": the run in ", o.out,
-              " was trained with other options than this invocation gives (", refused,
-              "); a resume takes every option it is not given from the run's run.json, so drop these flags to "
-              "continue the run as it was, or pass --allow-changes to continue it with the new values");
-  }
+  // 2. The run directory: what a resume starts from (every refusal before anything is written).
+  const ResumePoint resume_point = find_resume_point(o, cb_.log);
+  std::string resume_from = resume_point.from;
+  bool restart = resume_point.restart;  // --auto-resume over a run of this model without a checkpoint
 
   // 3. Data (shards are validated here, still before anything is written).
   LoaderOptions lo;

@@ -204,9 +204,6 @@ std::string resolve_checkpoint(const std::string& file_or_run_dir);
 // Sets the model's compute dtype and the matmul precision for a --precision name.
 void apply_precision(models::CausalLM& model, const std::string& precision);
 
-// The run directory already holds a run: a metrics file or checkpoints.
-bool holds_run(const std::string& dir);
-
 // BLU_CHECK for option values that cannot run (each error names the flag, expected vs got); the
 // model's shapes bound some (the sequence length). Before anything is built or touched.
 void check_options(const TrainOptions& o, const models::CausalLM& model);
@@ -233,6 +230,7 @@ class Trainer {
 
  private:
   dist::StepValues train_step();
+  dist::Layout resolve_run_layout(const dist::DistEnv& env);  // layout_setup.cpp
   std::string save(int64_t step);
   void keep_best(double val_loss);
   void compute_baseline();
