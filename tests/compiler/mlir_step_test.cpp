@@ -52,7 +52,8 @@ struct TrainRun {
   int launches = 0, fused_launches = 0, fused_ops = 0, arena_buffers = 0;
 };
 
-TrainRun train(const std::string& family, bool compiled, bool fusion, std::string* log_out = nullptr) {
+TrainRun train(const std::string& family, bool compiled, bool fusion, std::string* log_out = nullptr,
+               bool remat = false) {
   std::unique_ptr<models::CausalLM> model;
   if (family == "gpt2") model = std::make_unique<models::GPT>(::blu::test::tiny_gpt(), 7);
   else model = std::make_unique<models::Llama>(models::LlamaConfig::preset("tiny"), 7);
@@ -62,6 +63,7 @@ TrainRun train(const std::string& family, bool compiled, bool fusion, std::strin
   o.log = true;
   o.log_stream = &log;
   if (fusion) o.fusion = [](const Graph& g) { return mlir_api::fuse(g); };
+  o.remat = remat;
   std::unique_ptr<CompiledStep> cs;
   if (compiled) {
     cs = std::make_unique<CompiledStep>(o);
@@ -114,6 +116,17 @@ TEST_P(FusedVsEager, TenStepsBitwiseWithFewerLaunches) {
             << fused.fused_launches << " fused kernels); arena buffers " << plain.arena_buffers << " -> "
             << fused.arena_buffers << "\n";
   std::cout << log.substr(log.find("fusion: ")) << "\n";
+  // The compiler's own recompute after fusion (compiler/remat.h): it never takes a producer that a
+  // region swallowed, and the ops after a gap (fused ones too) read the remade buffers; still bitwise.
+  std::string remat_log;
+  const TrainRun both = train(GetParam(), true, true, &remat_log, true);
+  for (size_t i = 0; i < eager.losses.size(); ++i) EXPECT_EQ(eager.losses[i], both.losses[i]) << "step " << i + 1;
+  for (size_t i = 0; i < eager.params.size(); ++i)
+    EXPECT_TRUE(same_bits(eager.params[i], both.params[i])) << "parameter " << i << "\n" << remat_log;
+  EXPECT_GE(both.fused_launches, 4) << remat_log;
+  const size_t at = remat_log.find("recompute: ");
+  ASSERT_NE(at, std::string::npos) << remat_log;
+  std::cout << GetParam() << " fused: " << remat_log.substr(at, remat_log.find('\n', at) - at) << "\n";
 }
 
 INSTANTIATE_TEST_SUITE_P(Compiler, FusedVsEager, ::testing::Values("gpt2", "llama"));
