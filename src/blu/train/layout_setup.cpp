@@ -433,14 +433,14 @@ Parallel parallelize(models::CausalLM& model, const std::string& text, int64_t r
   BLU_CHECK(rows % p.micro_batches() == 0, "parallelize: '", text, "' runs ", p.micro_batches(),
             " micro-batches a step; ", rows, " rows do not divide into them");
   const int64_t micro_rows = rows / p.micro_batches();
-  const std::vector<int64_t> per_replica = dist::proportional_split(
-      micro_rows, l.replica_weights.empty() ? std::vector<double>{1.0} : l.replica_weights);
+  const ReplicaRows split = replica_rows(l, micro_rows);
+  const std::vector<int64_t>& per_replica = split.rows;
   const dist::DeviceMesh grid(env.rank, env.world_size, {{"dp", l.dp}, {"pp", l.pp}, {"tp", l.tp}});
   p.replica = grid.coordinate("dp");
   for (int r = 0; r < p.replica; ++r) p.first_row += per_replica[size_t(r)];
   p.rows = per_replica[size_t(p.replica)];
   dist::StrategyConfig sc;
-  if (std::any_of(per_replica.begin(), per_replica.end(), [&](int64_t n) { return n * l.dp != micro_rows; })) {
+  if (split.uneven) {
     sc.batch_share = double(p.rows) / double(micro_rows);
     sc.row_exchange = false;  // its gather takes the same number of ids from every rank
   }
@@ -457,6 +457,15 @@ Parallel parallelize(models::CausalLM& model, const std::string& text, int64_t r
   p.strategy = make_layout_strategy(model, l, p.groups.mesh.get(), p.groups.job, sc, oc, precision,
                                     p.groups.pipeline_gradients);
   return p;
+}
+
+ReplicaRows replica_rows(const dist::Layout& l, int64_t rows) {
+  const int dp = std::max(l.dp, 1);
+  const bool uneven = std::any_of(l.replica_weights.begin(), l.replica_weights.end(),
+                                  [&](double w) { return std::abs(w - 1.0 / dp) > 1e-12; });
+  if (!uneven && rows % dp == 0) return {std::vector<int64_t>(size_t(dp), rows / dp), false};
+  const std::vector<double> equal(size_t(dp), 1.0 / dp);
+  return {dist::proportional_split(rows, l.replica_weights.empty() ? equal : l.replica_weights), true};
 }
 
 // --parallel: the layout resolved (every annotation error here, before anything runs) and mapped

@@ -71,6 +71,16 @@ struct LayoutCosts {
 LayoutCosts probe_layout_costs(models::CausalLM& probe, const nlohmann::json& config, const std::string& precision,
                                int64_t b, int64_t seq, Device dev, dist::ProcessGroup* pg, int world, bool with_sp);
 
+// Each replica's rows of a batch of `rows` rows: equal shares when the layout's replica weights are
+// equal and dp divides the rows, else in proportion to the weights (dist::proportional_split).
+// Uneven shares make a replica's gradient weigh its rows (StrategyConfig::batch_share) and turn the
+// tied embedding's row exchange off (it gathers as many ids from every rank); `uneven` says so.
+struct ReplicaRows {
+  std::vector<int64_t> rows;
+  bool uneven = false;
+};
+ReplicaRows replica_rows(const dist::Layout& l, int64_t rows);
+
 // The trainer's decision of `o.parallel` (auto or weights=probe) on this job: probes a copy of the
 // model on this rank's device and the link over a probe group, made through `store`, which it
 // creates when the job has several ranks (the trainer keeps it); prints the plan or the probe's

@@ -201,10 +201,9 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   const dist::Layout layout = resolve_run_layout(env);  // on a dp × pp × tp mesh; --dp replicas without --parallel
   // Each replica's rows of the global batch (batch_size · replicas rows), in proportion to the
   // replica weights; every TP rank and stage of a replica reads its replica's rows.
-  const bool uneven = std::any_of(layout.replica_weights.begin(), layout.replica_weights.end(),
-                                  [&](double w) { return std::abs(w - 1.0 / layout.dp) > 1e-12; });
-  replica_rows_ = uneven ? dist::proportional_split(o.batch_size * layout.dp, layout.replica_weights)
-                         : std::vector<int64_t>(size_t(layout.dp), o.batch_size);
+  const ReplicaRows split = replica_rows(layout, o.batch_size * layout.dp);
+  const bool uneven = split.uneven;
+  replica_rows_ = split.rows;
   BLU_CHECK(!uneven || !o.shuffle, "--parallel '", o.parallel, "': uneven replica weights read contiguous rows of "
             "one global batch; --shuffle is not supported with them");
   world_ = !o.parallel.empty() ? env.world_size : int(o.dp);
