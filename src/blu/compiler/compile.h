@@ -15,8 +15,11 @@
 // BLU_COMPILE_LOG=1 (or CompileOptions::log) prints each variant's graph size, memory plan (peak,
 // arena size, number of buffers) and compile time (capture, plan and runtime set-up) before its
 // first compiled step, the excluded ops (compiler/exclude.h) it holds, and every guard failure.
-// Depends on compiler/{capture,graph,memory_plan,runtime}. Keep: a compiled step has the eager
-// step's kernels in the eager step's order, so its results are bitwise the eager ones.
+// With CompileOptions::remat the variant's graph goes through the save-or-recompute pass
+// (compiler/remat.h) after fusion and before the memory plan.
+// Depends on compiler/{capture,graph,fused_step,remat,memory_plan,runtime}. Keep: a compiled step
+// has the eager step's kernels in the eager step's order (a recomputed buffer's producer runs a
+// second time on the same inputs), so its results are bitwise the eager ones.
 //
 // Note [Streamed replay]
 // Capturing a step runs its host logic (5–10 ms for GPT-2 or Llama on a GPU), and a replay that
