@@ -183,6 +183,22 @@ int adopt_launcher_socket(const sockaddr_in& want) {
   return int(fd);
 }
 
+// A fresh socket bound to addr and listening; BLU_CHECK naming the address when that fails.
+int bind_and_listen(const sockaddr_in& addr, const std::string& host, const char* ip, int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  BLU_CHECK(fd >= 0, "TcpStore: socket() failed: ", std::strerror(errno));
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, 128) != 0) {
+    const int e = errno;
+    ::close(fd);
+    BLU_CHECK(false, "TcpStore: cannot serve on ", host, " (", ip, ") port ", port, ": ", std::strerror(e),
+              e == EADDRNOTAVAIL ? " (MASTER_ADDR must be an address of the machine that runs rank 0)"
+                                 : " (is another job using MASTER_PORT?)");
+  }
+  return fd;
+}
+
 constexpr const char* kServerLabel = "blu-store server proof";
 constexpr const char* kClientLabel = "blu-store client proof";
 
@@ -209,20 +225,8 @@ class TcpStoreServer {
     addr.sin_port = htons(uint16_t(port));
     char ip[INET_ADDRSTRLEN] = {};
     ::inet_ntop(AF_INET, &addr.sin_addr, ip, sizeof ip);
-    listen_fd_ = adopt_launcher_socket(addr);
-    if (listen_fd_ >= 0) {
-      // the launcher's socket (Note [Launcher's socket]): already bound and listening
-    } else if (listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0); listen_fd_ < 0) {
-      BLU_CHECK(false, "TcpStore: socket() failed: ", std::strerror(errno));
-    } else if (const int one = 1; ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one),
-               ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-                   ::listen(listen_fd_, 128) != 0) {
-      const int e = errno;
-      ::close(listen_fd_);
-      BLU_CHECK(false, "TcpStore: cannot serve on ", host, " (", ip, ") port ", port, ": ", std::strerror(e),
-                e == EADDRNOTAVAIL ? " (MASTER_ADDR must be an address of the machine that runs rank 0)"
-                                   : " (is another job using MASTER_PORT?)");
-    }
+    listen_fd_ = adopt_launcher_socket(addr);  // Note [Launcher's socket]: bound and listening already
+    if (listen_fd_ < 0) listen_fd_ = bind_and_listen(addr, host, ip, port);
     socklen_t len = sizeof addr;
     ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
     port_ = ntohs(addr.sin_port);
