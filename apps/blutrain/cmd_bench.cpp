@@ -78,6 +78,7 @@ struct BenchOptions {
   std::string compile_exclude;                // ops kept out of compilation ("" = BLU_COMPILE_EXCLUDE)
   // Activations (models/activations.h): --recompute none|selective|block[:N], --offload-activations.
   std::string recompute = "none";
+  int64_t loss_chunks = 0;  // the head's loss in row pieces (ops/fused.h, Note [Chunked loss])
   bool offload_activations = false;
   std::string compile_fuse = "on";            // fused regions (compiler/fusion_plan.h): on | off
   bool compile_remat = false;                 // the compiler's save-or-recompute pass (compiler/remat.h)
@@ -189,9 +190,9 @@ int run_bench_layout(const BenchOptions& o) {
   BLU_CHECK(o.dp == 1 && o.zero == 0, "--parallel '", o.parallel, "' states the layout: drop --dp ", o.dp,
             " and --zero ", o.zero, " (replicate(n, zero=k) says both)");
   BLU_CHECK(!o.compile && !o.profile && !o.comm_timeline && o.offload_state == "none" && o.recompute == "none" &&
-                !o.offload_activations && o.grad_accum == 1,
-            "--parallel: --compile, --profile, --comm-timeline, --offload-state, --recompute, --offload-activations ",
-            "and --grad-accum run without a layout (a pipeline's micro=M is its accumulation)");
+                !o.offload_activations && o.grad_accum == 1 && o.loss_chunks == 0,
+            "--parallel: --compile, --profile, --comm-timeline, --offload-state, --recompute, --offload-activations, ",
+            "--loss-chunks and --grad-accum run without a layout (a pipeline's micro=M is its accumulation)");
   BLU_CHECK(o.precision != "fp16", "--parallel: --precision fp16 is not supported (the loss scaler's skip is per rank)");
   BLU_CHECK(world == 1 || o.device == "cuda" || o.device == "cpu", "--parallel over ", world,
             " ranks runs on --device cuda (NCCL, one GPU per rank) or cpu (Gloo), got ", o.device);
@@ -402,6 +403,7 @@ int run_bench(const BenchOptions& o) {
   train::apply_precision(model, o.precision);
   const models::ActivationPolicy activations = models::ActivationPolicy::parse(o.recompute, o.offload_activations);
   model.set_activation_policy(activations);
+  model.set_loss_chunks(o.loss_chunks);
   const bool fp16 = o.precision == "fp16";
   BLU_CHECK(!fp16 || o.dp == 1, "--precision fp16 with --dp is not supported (the loss scaler's skip is per rank)");
   dist::StrategyConfig sc;
@@ -563,6 +565,7 @@ int run_bench(const BenchOptions& o) {
                       {"tok_s", std::round(tok_s)},       {"peak_alloc_mib", st.peak_bytes >> 20},
                       {"peak_reserved_mib", st.reserved_bytes >> 20},
                       {"first_loss", first_loss},         {"last_loss", last_loss}};
+  if (o.loss_chunks > 1) j["loss_chunks"] = o.loss_chunks;
   if (activations.any()) {  // the policy and what it keeps per block (models/activations.h)
     j["recompute"] = activations.recompute_name();
     j["offload_activations"] = activations.offload;
@@ -711,6 +714,10 @@ Command add_bench(CLI::App& root) {
                   "Activation recompute: none, selective (attention core, MLP activation), block (every block), "
                   "block:N (every N-th), selective+block:N")
       ->capture_default_str();
+  app->add_option("--loss-chunks", o->loss_chunks,
+                  "The LM head and its loss in this many row pieces: the logits never held whole (train --loss-chunks)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app->add_flag("--offload-activations", o->offload_activations,
                 "Copy the blocks' saved activations to host memory as they are saved, fetched back ahead of backward");
   app->add_option("--grad-accum", o->grad_accum, "Micro-batches per optimizer step (the same batch each)")

@@ -320,6 +320,10 @@ Command add_train(CLI::App& root) {
                   "block:N (every N-th), selective+block:N, or auto: the least of none, selective, block:4, block:2, "
                   "block whose plan fits --gpu-memory-budget")
       ->capture_default_str();
+  app->add_option("--loss-chunks", o.loss_chunks,
+                  "Compute the LM head and its loss in this many row pieces, each piece's gradient at once, so the "
+                  "[B*T, vocab] logits are never held whole (ops/fused.h, Note [Chunked loss]); 0: off")
+      ->capture_default_str();
   app->add_flag("--offload-activations", o.offload_activations,
                 "Copy the blocks' saved activations to host memory as they are saved, fetched back ahead of backward");
   app->add_option("--peak-tflops", o.peak_tflops,

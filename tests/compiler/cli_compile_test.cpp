@@ -323,6 +323,44 @@ TEST_F(CompileCli, CompilerChosenRecomputeEqualsEagerBitwise) {
   std::cout << "zero 1: " << mc.compile.dump() << "\n";
 }
 
+// --loss-chunks (ops/fused.h, Note [Chunked loss]): the compiled run equals the eager run with the
+// same pieces bitwise, the plan's peak is below the compiled run with the whole logits, the losses
+// stay near the whole logits', run.json records the setting, and a bad value is refused before
+// anything is written.
+TEST_F(CompileCli, ChunkedLossCompiledEqualsEagerWithALowerPeak) {
+  // GPT-2 tiny (a vocabulary of 50257, padded to 50304) at 512 rows: its logits (100 MB in fp32)
+  // are the largest buffer of the step, as a real model's are.
+  auto cmd = [&](const std::string& run, std::vector<std::string> extra) {
+    auto t = train_cmd("tiny", 5, run, std::move(extra));
+    *(std::find(t.begin(), t.end(), "-B") + 1) = "8";
+    *(std::find(t.begin(), t.end(), "-T") + 1) = "64";
+    return t;
+  };
+  const LaunchResult whole = run1(cmd("whole", {"--compile"}));
+  ASSERT_EQ(whole.status, 0) << whole.out << whole.err;
+  const LaunchResult e = run1(cmd("pieces_eager", {"--loss-chunks", "4"}));
+  ASSERT_EQ(e.status, 0) << e.out << e.err;
+  const LaunchResult c = run1(cmd("pieces", {"--compile", "--loss-chunks", "4"}));
+  ASSERT_EQ(c.status, 0) << c.out << c.err;
+  const Metrics mw = read_metrics(dir.path / "whole"), mc = read_metrics(dir.path / "pieces");
+  expect_same_steps(read_metrics(dir.path / "pieces_eager"), mc, 5, "loss chunks");
+  EXPECT_EQ(mc.compile["compiled"], 4) << mc.compile.dump();
+  EXPECT_LT(mc.compile["plan_peak_bytes"].get<double>(), mw.compile["plan_peak_bytes"].get<double>())
+      << mc.compile.dump() << "\n" << mw.compile.dump();
+  for (int64_t s = 1; s <= 5; ++s)
+    EXPECT_NEAR(mc.steps.at(s).first, mw.steps.at(s).first, 1e-4 * mw.steps.at(s).first) << "step " << s;
+  std::ifstream f(dir.path / "pieces" / "run.json");
+  const nlohmann::json run = nlohmann::json::parse(f, nullptr, false);
+  ASSERT_FALSE(run.is_discarded());
+  EXPECT_NE(run.dump().find("\"loss_chunks\":4"), std::string::npos) << run.dump();
+  std::cout << "plan peak " << mw.compile["plan_peak_bytes"] << " B with the whole logits, "
+            << mc.compile["plan_peak_bytes"] << " B in 4 pieces\n";
+  const LaunchResult bad = run1(cmd("bad", {"--loss-chunks", "-1"}));
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE((bad.out + bad.err).find("--loss-chunks must be >= 0"), std::string::npos) << bad.out << bad.err;
+  EXPECT_FALSE(fs::exists(dir.path / "bad" / "run.json"));
+}
+
 // A device budget under --compile: the plan keeps the optimizer state on the device (the compiler
 // does not capture the offloaded update) and is met, against the compiled steps' peak on a device
 // pool, with the eager run's losses; a budget only offload would meet is refused, naming the

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <cstring>
 #include <iostream>
@@ -44,9 +45,12 @@ std::pair<Tensor, Tensor> batch(int64_t step, int64_t B, int64_t T, int64_t voca
   return {from_vector(in, {B, T}, DType::i32), from_vector(tg, {B, T}, DType::i32)};
 }
 
-std::unique_ptr<models::CausalLM> make_model(const std::string& family) {
-  if (family == "gpt2") return std::make_unique<models::GPT>(::blu::test::tiny_gpt(), 7);
-  return std::make_unique<models::Llama>(models::LlamaConfig::preset("tiny"), 7);
+std::unique_ptr<models::CausalLM> make_model(const std::string& family, int64_t loss_chunks = 0) {
+  std::unique_ptr<models::CausalLM> m;
+  if (family == "gpt2") m = std::make_unique<models::GPT>(::blu::test::tiny_gpt(), 7);
+  else m = std::make_unique<models::Llama>(models::LlamaConfig::preset("tiny"), 7);
+  m->set_loss_chunks(loss_chunks);
+  return m;
 }
 
 struct TrainRun {
@@ -56,8 +60,8 @@ struct TrainRun {
 
 // Ten steps of `family`; compiled when `opts` is given. Batch shape per step from `T_of`.
 TrainRun train(const std::string& family, const CompileOptions* opts, CompiledStep** out_step = nullptr,
-          int steps = 10, const std::function<int64_t(int)>& T_of = nullptr) {
-  auto model = make_model(family);
+          int steps = 10, const std::function<int64_t(int)>& T_of = nullptr, int64_t loss_chunks = 0) {
+  auto model = make_model(family, loss_chunks);
   dist::Strategy strat(*model, nullptr, dist::StrategyConfig{}, dist::OptimizerConfig{.lr = 3e-3});
   std::unique_ptr<CompiledStep> cs;
   if (opts) {
@@ -182,6 +186,43 @@ TEST_P(CompiledVsEager, RecomputeChosenByTheCompilerIsBitwiseWithALowerPeak) {
                   << plan.arena_bytes() << " B, plan peak " << plain_plan.peak_bytes() << " B → " << plan.peak_bytes()
                   << " B\n";
     }
+}
+
+// The head's loss in row pieces (ops/fused.h, Note [Chunked loss]) compiled: bitwise the eager
+// run with the same pieces (streamed, whole, poisoned, with the compiler's recompute), and no
+// value of the captured step has the logits' shape [B·T, V'].
+TEST_P(CompiledVsEager, ChunkedLossIsBitwiseAndHoldsNoWholeLogits) {
+  const int64_t chunks = 3;
+  const TrainRun eager = train(GetParam(), nullptr, nullptr, 10, nullptr, chunks);
+  for (const bool poison : {false, true})
+    for (const bool remat : {false, true}) {
+      SCOPED_TRACE(GetParam() + (poison ? ", poisoned" : "") + (remat ? ", remat" : ""));
+      std::ostringstream log;
+      CompileOptions o;
+      o.log = true;
+      o.log_stream = &log;
+      o.remat = remat;
+      o.runtime.poison_freed = poison;
+      CompiledStep* raw = nullptr;
+      const TrainRun compiled = train(GetParam(), &o, &raw, 10, nullptr, chunks);
+      std::unique_ptr<CompiledStep> cs(raw);
+      expect_bitwise(eager, compiled, GetParam());
+      EXPECT_EQ(cs->counts().compiled, 9) << log.str();
+      EXPECT_EQ(cs->counts().guard_failures, 0) << log.str();
+      const Variant& v = *cs->variants()[0];
+      EXPECT_EQ(check_plan(v.runtime->graph(), v.runtime->plan()), "");
+      int linear_ce = 0;
+      for (const Op& op : v.graph.ops) linear_ce += op.name == "linear_weight_grad_into" && op.attrs.has("accumulate");
+      EXPECT_EQ(linear_ce, chunks - 1) << "the w-gradient accumulates over the pieces";
+      const int64_t N = 2 * 8, Vp = make_model(GetParam())->output_weight().size(0);
+      for (const Value& val : v.graph.values)
+        EXPECT_FALSE(val.shape == Shape({N, Vp}) || val.shape == Shape({2, 8, Vp})) << "a whole logits value";
+    }
+  // The pieces change only the order of the w-gradient's sums: the eager losses stay near the
+  // whole logits' (fp32).
+  const TrainRun whole = train(GetParam(), nullptr);
+  for (size_t i = 0; i < whole.losses.size(); ++i)
+    EXPECT_NEAR(eager.losses[i], whole.losses[i], 1e-5 * std::abs(whole.losses[i])) << "step " << i + 1;
 }
 
 TEST(Compiler, CaptureRunsNoKernel) {

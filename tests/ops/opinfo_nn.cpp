@@ -89,6 +89,33 @@ BLU_OPINFO(CE_K("cross_entropy_classes_mean", cross_entropy(x[0], x[1], -100, Re
            CE_K("cross_entropy_classes_one", cross_entropy(x[0], x[1], -100, Reduction::sum, 1),
                 "F.cross_entropy(x0[..., :1], x1.long(), reduction='sum')", ce_one_class_samples));
 
+// --- linear_cross_entropy (ops/fused.h, Note [Chunked loss]) ---
+// The head and its loss in row pieces against the whole logits in PyTorch: pieces that split the
+// rows evenly and unevenly, more pieces than rows, padded classes (GPT-2's vocabulary), ignored
+// rows, an i32 target; the gradient the op table sends back is not 1, so the backward's scaling
+// of the forward-made gradients is checked too.
+std::vector<Sample> lce_samples(DType dt, Generator& g) {
+  return {{{rnd(g, {6, 4}, dt), rnd(g, {9, 4}, dt), ids({3, 0, -1, 8, 2, 4}, {6})}, "6 rows, 9 classes, an ignored row"},
+          {{rnd(g, {7, 5}, dt), rnd(g, {6, 5}, dt), ids({0, 5, 4, 1, 3, -1, 2}, {7}, DType::i32)},
+           "7 rows, 6 classes, i32 target"},
+          {{rnd(g, {2, 3}, dt), noncontig(rnd(g, {4, 3}, dt)), ids({1, 3}, {2})}, "2 rows, non-contiguous weight"}};
+}
+std::vector<Sample> lce_classes_samples(DType dt, Generator& g) {
+  return {{{rnd(g, {7, 5}, dt), rnd(g, {9, 5}, dt), ids({0, 4, 4, 1, 3, -1, 2}, {7}, DType::i32)},
+           "7 rows, 5 of 9 classes, i32 target"}};
+}
+#define LCE(NAME, CHUNKS, K, SAMPLES, TORCH)                                                              \
+  OpInfo {                                                                                                \
+    .name = NAME, .fn = [](const V& x) { return linear_cross_entropy(x[0], x[1], x[2], -1, K, CHUNKS); }, \
+    .samples = SAMPLES, .torch = TORCH                                                                    \
+  }
+#define LCE_TORCH "F.cross_entropy(F.linear(x0, x1), x2.long(), ignore_index=-1)"
+BLU_OPINFO(LCE("linear_cross_entropy_1_piece", 1, -1, lce_samples, LCE_TORCH),
+           LCE("linear_cross_entropy_3_pieces", 3, -1, lce_samples, LCE_TORCH),
+           LCE("linear_cross_entropy_8_pieces", 8, -1, lce_samples, LCE_TORCH),
+           LCE("linear_cross_entropy_classes", 2, 5, lce_classes_samples,
+               "F.cross_entropy(F.linear(x0, x1)[..., :5], x2.long(), ignore_index=-1)"));
+
 // --- layer_norm ---
 // (C == 1 is degenerate — the output is the bias — and tested in nn_test.cpp: PyTorch's f32
 // gradient there is rounding noise, not a reference.)

@@ -36,6 +36,14 @@ Tensor CausalLM::forward_cached(const Tensor& idx, KVCache& cache) {
   return sharded.gather_logits ? sharded.gather_logits(logits) : logits;  // tensor parallelism: the full vocabulary
 }
 
+void CausalLM::set_loss_chunks(int64_t chunks) {
+  BLU_CHECK(chunks >= 0, family(), ": loss chunks must be >= 0 (0 or 1: the logits made whole), got ", chunks);
+  BLU_CHECK(chunks <= 1 || !sharded.loss, family(), ": the loss in ", chunks,
+            " row pieces is not supported under tensor parallelism (its vocabulary-parallel loss holds this rank's "
+            "shard of the logits)");
+  loss_chunks_ = chunks;
+}
+
 void CausalLM::set_activation_policy(const ActivationPolicy& policy) {
   BLU_CHECK(policy.block_every >= 0, family(), ": block recompute every ", policy.block_every,
             " blocks: expected N >= 1 (or 0 for none)");

@@ -46,7 +46,7 @@ struct KVCache {
 // gradient over them, one [B·T, V'] buffer fewer at the step's peak (Note [Donated buffers],
 // ops/dispatch.h).
 struct LMOutput {
-  Tensor logits;  // [B, T, V']
+  Tensor logits;  // [B, T, V']; undefined when the loss came in row pieces (set_loss_chunks)
   Tensor loss;    // 0-d f32 (f64 for f64 models), defined when targets were given
 };
 
@@ -122,7 +122,7 @@ class CausalLM : public nn::Module {
   // and values are read and extended. Runs the block hooks around the block.
   Tensor block(size_t i, const Tensor& x, int64_t pos0 = 0, KVCache* cache = nullptr);
   // The final norm and the LM head on the last block's output: logits [B, T, V'] and, with
-  // targets [B, T], the loss (as forward).
+  // targets [B, T], the loss (as forward; the logits left undefined under set_loss_chunks).
   virtual LMOutput head(const Tensor& x, const Tensor& targets = Tensor()) = 0;
   virtual std::vector<BlockRef> blocks() const = 0;
   virtual size_t num_blocks() const { return blocks().size(); }
@@ -153,6 +153,13 @@ class CausalLM : public nn::Module {
   void set_compute_dtype(DType dtype);
   DType compute_dtype() const;  // until set, the parameters' dtype
 
+  // The head's loss in `chunks` row pieces (Note [Chunked loss], ops/fused.h): forward and head
+  // with targets then return the loss of linear_cross_entropy and no logits, and the step never
+  // holds the [B·T, V'] logits whole. 0 or 1: the logits made whole (the default). Not under
+  // tensor parallelism, whose vocabulary-parallel loss keeps its own shard of the logits (a
+  // BLU_CHECK error names the combination).
+  void set_loss_chunks(int64_t chunks);
+  int64_t loss_chunks() const { return loss_chunks_; }
   // What the blocks do with the activations they save (models/activations.h); applied by block()
   // when grad mode is on and no cache is given. Default: none (every block keeps them).
   void set_activation_policy(const ActivationPolicy& policy);
@@ -179,6 +186,7 @@ class CausalLM : public nn::Module {
   // Block i on x under the activation policy (the hooks already applied to x).
   Tensor run_block_with_policy(size_t i, const Tensor& x, int64_t pos0);
   std::optional<DType> compute_dtype_;
+  int64_t loss_chunks_ = 0;
   ActivationPolicy activation_policy_;
   std::shared_ptr<ActivationOffloader> offloader_;
   struct Hooks {

@@ -123,6 +123,7 @@ const OpDef kLinearWeightGrad{.name = "linear_weight_grad", .infer = infer_linea
                               .backward = linear_weight_grad_bw, .save_inputs = 0b11};
 
 // --- linear_weight_grad_into: (gw, g, x[, gb]), gw and gb written in place ---
+// Attr accumulate (optional, 1: gw += gᵀ·x; no gb then).
 std::vector<TensorMeta> infer_linear_weight_grad_into(std::span<const Tensor> in, const Attrs&) {
   const Tensor &gw = in[0], &g = in[1], &x = in[2], &gb = in[3];
   BLU_CHECK(g.dim() == 2 && x.dim() == 2 && g.shape()[0] == x.shape()[0],
@@ -181,9 +182,14 @@ std::vector<Tensor> linear_weight_grad(const Tensor& g, const Tensor& x) {
   return dispatch(kLinearWeightGrad, {g, x});
 }
 
-void linear_weight_grad_into(const Tensor& gw, const Tensor& g, const Tensor& x, const Tensor& gb) {
+void linear_weight_grad_into(const Tensor& gw, const Tensor& g, const Tensor& x, const Tensor& gb, bool accumulate) {
   BLU_CHECK(gw.defined() && g.defined() && x.defined(), "linear_weight_grad_into: gw, g and x must be defined");
-  dispatch(kLinearWeightGradInto, {gw, g, x, gb});
+  BLU_CHECK(!(accumulate && gb.defined()), "linear_weight_grad_into: accumulate takes no bias gradient");
+  if (!accumulate) {
+    dispatch(kLinearWeightGradInto, {gw, g, x, gb});
+    return;
+  }
+  dispatch(kLinearWeightGradInto, {gw, g, x, gb}, Attrs{{"accumulate", int64_t(1)}});
 }
 
 namespace {

@@ -21,7 +21,9 @@ std::vector<Tensor> linear_weight_grad(const Tensor& g, const Tensor& x);
 // The same products written into given tensors: gw = gᵀ·x and, when gb is defined, gb = Σ_rows g.
 // Each output is in g's dtype or, for a 16-bit g, in f32 — the fp32 accumulation stored unrounded
 // (how backward formulas hand an fp32 master weight its gradient: Note [Wide gradients]).
-// Not differentiable (backward formulas call it under no-grad).
-void linear_weight_grad_into(const Tensor& gw, const Tensor& g, const Tensor& x, const Tensor& gb = Tensor());
+// `accumulate`: gw += gᵀ·x instead (CUDA: the GEMM reads gw as C with beta = 1; no bias gradient
+// then). Not differentiable (backward formulas call it under no-grad).
+void linear_weight_grad_into(const Tensor& gw, const Tensor& g, const Tensor& x, const Tensor& gb = Tensor(),
+                             bool accumulate = false);
 
 }  // namespace blu

@@ -24,6 +24,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"tokenizer", tokenizer}, {"shuffle", shuffle}};
   j["compile"] = compile;  // the ranks agree on it (consistency fingerprint)
   if (compile_remat) j["compile_remat"] = true;
+  if (loss_chunks > 0) j["loss_chunks"] = loss_chunks;
   return j;
 }
 
@@ -47,6 +48,7 @@ void check_options(const TrainOptions& o, const models::CausalLM& model) {
   BLU_CHECK(!(o.auto_resume && (o.overwrite || o.resume)), "--auto-resume replaces --resume and contradicts ",
             "--overwrite: give one of the three");
   BLU_CHECK(o.dp >= 1, "--dp must be at least 1, got ", o.dp);
+  BLU_CHECK(o.loss_chunks >= 0, "--loss-chunks must be >= 0 (0: the logits made whole), got ", o.loss_chunks);
   BLU_CHECK(o.zero >= 0 && o.zero <= 3, "--zero must be 0, 1, 2 or 3, got ", o.zero);
   BLU_CHECK(o.zero == 0 || o.dp > 1, "--zero ", o.zero, " shards over data-parallel ranks: it needs --dp > 1");
   BLU_CHECK(o.zero == 0 || o.optimizer == "adamw", "--zero ", o.zero, " is implemented for adamw, got --optimizer ",

@@ -366,6 +366,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     split_tensor_parallel(*model_, layout, *mesh_, o.precision);
     place();
   }
+  model_->set_loss_chunks(o.loss_chunks);  // after the split: refused under tensor parallelism, by name
   if (o.compile) pg = compiler::capturable(std::move(pg));  // collectives recorded into the captured step
   dist::StrategyConfig sc;
   sc.zero = o.zero;

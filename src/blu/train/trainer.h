@@ -140,6 +140,10 @@ struct TrainOptions {
   // like the memory layout below, a policy changes memory, not the numbers.
   std::string recompute = "none";
   bool offload_activations = false;
+  // The head's loss in this many row pieces (models/causal_lm.h set_loss_chunks; ops/fused.h Note
+  // [Chunked loss]): the logits are never held whole. 0: off. In to_json(): the w-gradient's sums
+  // run in another order, so the numbers move by fp32 rounding.
+  int64_t loss_chunks = 0;
   // Memory budget and optimizer state offload (offload/plan.h, docs/offload.md): with any of these
   // set, a start-up probe measures one micro-batch's activations and the host AdamW and transfer
   // speeds, the planner decides where AdamW's state lives and prints the plan, and the run fails

@@ -88,7 +88,8 @@ void gemm(const Mat<T>& a, const Mat<T>& b, T* c, bool accumulate) {
 // O is S, or float for a 16-bit S (the fp32 product stored unrounded). `resid` (optional,
 // contiguous [M, N]) is added too, before the one rounding (linear's residual).
 template <typename S, typename O = S>
-void gemm_any(const Mat<S>& a, const Mat<S>& b, O* c, const S* init, int64_t init_stride, const S* resid = nullptr) {
+void gemm_any(const Mat<S>& a, const Mat<S>& b, O* c, const S* init, int64_t init_stride, const S* resid = nullptr,
+              bool into_c = false) {
   const int64_t M = a.rows, N = b.cols;
   using A = acc_t<S>;
   auto fill_rows = [&](A* dst) {
@@ -96,16 +97,20 @@ void gemm_any(const Mat<S>& a, const Mat<S>& b, O* c, const S* init, int64_t ini
       for (int64_t j = 0; j < N; ++j)
         dst[i * N + j] = (init ? A(init[j * init_stride]) : A(0)) + (resid ? A(resid[i * N + j]) : A(0));
   };
-  const bool accumulate = init || resid;
+  const bool accumulate = init || resid || into_c;  // into_c: c += a·b (c's own values the start)
   if constexpr (std::is_same_v<S, A>) {
     static_assert(std::is_same_v<O, S>, "fp32/f64 products are stored in their own dtype");
-    if (accumulate) fill_rows(c);
+    if (accumulate && !into_c) fill_rows(c);
     gemm<S>(a, b, c, accumulate);
   } else {
     std::vector<float> abuf, bbuf, cbuf;
     const Mat<float> af = pack<float>(a, abuf), bf = pack<float>(b, bbuf);
     cbuf.resize(size_t(M * N));
-    if (accumulate) fill_rows(cbuf.data());
+    if (into_c) {
+      for (int64_t i = 0; i < M * N; ++i) cbuf[size_t(i)] = float(c[i]);
+    } else if (accumulate) {
+      fill_rows(cbuf.data());
+    }
     gemm<float>(af, bf, cbuf.data(), accumulate);
     for (int64_t i = 0; i < M * N; ++i) c[i] = O(cbuf[size_t(i)]);
   }
@@ -160,16 +165,17 @@ BLU_REGISTER_KERNEL(cpu, "linear", linear_kernel);
 // grad_w[out, in] = g[R, out]ᵀ · x[R, in] (g read transposed in place), grad_b[o] = Σ_r g[r, o]
 // accumulated in double in row order and rounded once (as the CPU "sum" kernel does); each output
 // in its own dtype: g's, or f32 for a 16-bit g (linear_weight_grad_into). gb may be undefined.
-void weight_grads(const Tensor& g, const Tensor& x, Tensor& gw, Tensor* gb) {
+void weight_grads(const Tensor& g, const Tensor& x, Tensor& gw, Tensor* gb, bool accumulate = false) {
   BLU_DISPATCH_FLOATING(g.dtype(), "linear_weight_grad", {
     const scalar_t* gp = static_cast<const scalar_t*>(g.raw_data());
     const int64_t R = g.shape()[0], O = g.shape()[1], rs = g.strides()[0], cs = g.strides()[1];
     const Mat<scalar_t> gt{gp, O, R, cs, rs};
     if constexpr (sizeof(scalar_t) == 2) {
-      if (gw.dtype() == DType::f32) gemm_any<scalar_t, float>(gt, last_two<scalar_t>(x, 0), gw.data<float>(), nullptr, 0);
-      else gemm_any<scalar_t>(gt, last_two<scalar_t>(x, 0), gw.data<scalar_t>(), nullptr, 0);
+      if (gw.dtype() == DType::f32)
+        gemm_any<scalar_t, float>(gt, last_two<scalar_t>(x, 0), gw.data<float>(), nullptr, 0, nullptr, accumulate);
+      else gemm_any<scalar_t>(gt, last_two<scalar_t>(x, 0), gw.data<scalar_t>(), nullptr, 0, nullptr, accumulate);
     } else {
-      gemm_any<scalar_t>(gt, last_two<scalar_t>(x, 0), gw.data<scalar_t>(), nullptr, 0);
+      gemm_any<scalar_t>(gt, last_two<scalar_t>(x, 0), gw.data<scalar_t>(), nullptr, 0, nullptr, accumulate);
     }
     if (gb) {
       std::vector<double> acc(size_t(O), 0.0);
@@ -186,7 +192,7 @@ void linear_weight_grad_kernel(const KernelCall& c) { weight_grads(c.in[0], c.in
 // In place: (gw, g, x[, gb]).
 void linear_weight_grad_into_kernel(const KernelCall& c) {
   Tensor gw = c.in[0], gb = c.in[3];
-  weight_grads(c.in[1], c.in[2], gw, gb.defined() ? &gb : nullptr);
+  weight_grads(c.in[1], c.in[2], gw, gb.defined() ? &gb : nullptr, c.attrs.has("accumulate"));
 }
 BLU_REGISTER_KERNEL(cpu, "linear_weight_grad_into", linear_weight_grad_into_kernel);
 BLU_REGISTER_KERNEL(cpu, "linear_weight_grad", linear_weight_grad_kernel);

@@ -336,7 +336,8 @@ BLU_REGISTER_KERNEL(cuda, "linear", linear_kernel);
 // has no algorithm for it, e.g. f64). gw and gb (optional) are each in g's dtype or, for a 16-bit
 // g, in f32 (linear_weight_grad_into): then the GEMM stores its fp32 sums and the bias gradient
 // comes from the sum kernels.
-void weight_grads(const Tensor& g, const Tensor& x, const Tensor& gw, const Tensor* gb, const ExecContext& ctx) {
+void weight_grads(const Tensor& g, const Tensor& x, const Tensor& gw, const Tensor* gb, const ExecContext& ctx,
+                  bool accumulate = false) {
   const cudaStream_t s = stream_of(ctx);
   Workspace& ws = *ctx.scratch;
   void* gemm_ws = ws.take(kGemmWorkspaceBytes);
@@ -352,6 +353,10 @@ void weight_grads(const Tensor& g, const Tensor& x, const Tensor& gw, const Tens
   a.c = gw.raw_data();
   a.ldc = std::max<int64_t>(a.N, 1);
   a.c_f32 = gw.dtype() != g.dtype();
+  if (accumulate) {  // gw += gᵀ·x (no bias gradient: the op's check)
+    if (a.K == 0) return;
+    a.beta = 1;
+  }
   if (!gb || gb->numel() == 0) return gemm(a, s, gemm_ws);
   const bool gb_f32 = gb->dtype() != g.dtype();
   if (a.K > 0 && a.N > 0 && column_sum_fast(g, *gb, s, ws)) return gemm(a, s, gemm_ws);
@@ -374,7 +379,7 @@ void linear_weight_grad_kernel(const KernelCall& c) {
 // In place: (gw, g, x[, gb]).
 void linear_weight_grad_into_kernel(const KernelCall& c) {
   if (c.in[0].numel() == 0 && !(c.in[3].defined() && c.in[3].numel() > 0)) return;
-  weight_grads(c.in[1], c.in[2], c.in[0], c.in[3].defined() ? &c.in[3] : nullptr, c.ctx);
+  weight_grads(c.in[1], c.in[2], c.in[0], c.in[3].defined() ? &c.in[3] : nullptr, c.ctx, c.attrs.has("accumulate"));
 }
 BLU_REGISTER_KERNEL(cuda, "linear_weight_grad_into", linear_weight_grad_into_kernel);
 BLU_REGISTER_KERNEL(cuda, "linear_weight_grad", linear_weight_grad_kernel);

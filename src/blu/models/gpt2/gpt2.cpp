@@ -272,10 +272,19 @@ LMOutput GPT::head(const Tensor& x, const Tensor& targets) {
   LMOutput out;
   Tensor y = ln_f->forward(x);
   if (sharded.enter_head) y = sharded.enter_head(y);  // tensor parallelism: f, or the sequence gather
-  out.logits = linear(y, wte->cast_param(wte->weight, y.dtype()));  // tied: y · wteᵀ → [B, T, padded_vocab]
+  const Tensor w = wte->cast_param(wte->weight, y.dtype());  // tied: the head is y · wteᵀ
   if (targets.defined()) {
     BLU_CHECK(targets.dim() == 2 && targets.size(0) == y.size(0) && targets.size(1) == y.size(1), "GPT: targets ",
               targets.shape(), " must be [B, T] of the input's ", y.shape());
+    const int64_t B = y.size(0), T = y.size(1), V = cfg_.vocab_size;
+    if (loss_chunks() > 1 && !sharded.loss) {  // Note [Chunked loss]: no logits
+      out.loss = linear_cross_entropy(reshape(y, {B * T, y.size(2)}), w, reshape(targets, {B * T}),
+                                      /*ignore_index=*/-1, V, loss_chunks());
+      return out;
+    }
+  }
+  out.logits = linear(y, w);  // [B, T, padded_vocab]
+  if (targets.defined()) {
     const int64_t B = y.size(0), T = y.size(1), V = cfg_.vocab_size;
     // Only the real vocabulary takes part in the loss: the first V of the padded_vocab columns are
     // the classes (num_classes), so the logits go in as a view [B·T, Vp] with no copy (narrowing to

@@ -8,6 +8,7 @@
 #include "blu/ops/attention.h"
 #include "blu/ops/elementwise.h"
 #include "blu/ops/factory.h"
+#include "blu/ops/fused.h"
 #include "blu/ops/join.h"
 #include "blu/ops/linalg.h"
 #include "blu/ops/nn.h"
@@ -395,6 +396,16 @@ LMOutput Llama::head(const Tensor& x, const Tensor& targets) {
   LMOutput out;
   Tensor y = model->norm->forward(x);
   if (sharded.enter_head) y = sharded.enter_head(y);  // tensor parallelism: f, or the sequence gather
+  if (targets.defined() && loss_chunks() > 1 && !sharded.loss && (!lm_head || (lm_head->fusable() && !lm_head->bias.defined()))) {
+    BLU_CHECK(targets.dim() == 2 && targets.size(0) == y.size(0) && targets.size(1) == y.size(1),
+              "Llama: targets ", targets.shape(), " must be [B, T] of the input's ", y.shape());
+    const int64_t N = y.size(0) * y.size(1);
+    const nn::Module& m = lm_head ? static_cast<const nn::Module&>(*lm_head) : *model->embed_tokens;
+    const Tensor w = m.cast_param(lm_head ? lm_head->weight : model->embed_tokens->weight, y.dtype());
+    out.loss = linear_cross_entropy(reshape(y, {N, y.size(2)}), w, reshape(targets, {N}), /*ignore_index=*/-1,
+                                    cfg_.vocab_size, loss_chunks());  // Note [Chunked loss]: no logits
+    return out;
+  }
   if (lm_head) {
     out.logits = lm_head->forward(y);
   } else {
