@@ -251,6 +251,17 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
       done
       grep -h "compile: recompute" "$out/remat.log" | sort -u | cut -c1-300
       peers_pair remat.log bf16c ;;
+    chunks)
+      # The head's loss in row pieces (--loss-chunks, ops/fused.h) beside the settings in CHUNK_RUNS
+      # (`;`-separated bench arguments), alternated REPS times, then the torch.compile peers.
+      IFS=';' read -r -a runs <<< "${CHUNK_RUNS:---compile;--compile --loss-chunks 8;--compile --compile-remat --loss-chunks 8}"
+      for rep in $(seq "${REPS:-2}"); do
+        for args in "${runs[@]}"; do
+          echo "== $args" >> "$out/chunks.log"
+          bench_pair chunks.log "" $args
+        done
+      done
+      peers_pair chunks.log bf16c ;;
     autobudget)
       for b in ${BUDGETS:-7.5 5.6 4.2}; do
         echo "-- --gpu-memory-budget $b"

@@ -252,6 +252,17 @@ TEST(CudaElementwise, BroadcastAndStrided) {
   add_(transpose(c, 0, 1), transpose(ia, 0, 1));
   add_(transpose(gc, 0, 1), transpose(gpu(ia), 0, 1));
   EXPECT_TRUE(same_bits(c, gc)) << "add_ through a transposed view";
+  // mul_ by a broadcast 0-d tensor (linear_cross_entropy's backward scaling), f32 and i32.
+  const Tensor f = randn({513, 257}, DType::f32, kCPU, &g), s = full({}, 0.37, DType::f32);
+  Tensor fc = clone(f), fg = gpu(f);
+  mul_(fc, s);
+  mul_(fg, gpu(s));
+  EXPECT_TRUE(same_bits(fc, fg)) << "mul_ by a 0-d tensor";
+  EXPECT_TRUE(same_bits(fc, mul(f, s))) << "mul_ equals mul";
+  Tensor ic = clone(ia), ig = gpu(ia);
+  mul_(transpose(ic, 0, 1), transpose(ia, 0, 1));
+  mul_(transpose(ig, 0, 1), transpose(gpu(ia), 0, 1));
+  EXPECT_TRUE(same_bits(ic, ig)) << "mul_ through a transposed view";
 }
 
 TEST(CudaElementwise, UnaryMathAgainstCpu) {

@@ -28,11 +28,13 @@ RefCounts eager_ref_counts(const Tensor& t) {
   return {t.impl_ptr().use_count(), t.storage().use_count()};
 }
 
-Tensor BackwardContext::donated_input(size_t i) const {
-  if (!saved_released_after || i >= inputs.size()) return {};
-  const Tensor& t = inputs[i];
+static Tensor donated(bool released_after, const std::vector<Tensor>& saved, size_t i) {
+  if (!released_after || i >= saved.size()) return {};
+  const Tensor& t = saved[i];
   return t.defined() && t.is_contiguous() && eager_ref_counts(t).storage == 1 ? t : Tensor();
 }
+Tensor BackwardContext::donated_input(size_t i) const { return donated(saved_released_after, inputs, i); }
+Tensor BackwardContext::donated_output(size_t j) const { return donated(saved_released_after, outputs, j); }
 
 Tensor BackwardContext::grad_buffer(size_t i) const {
   if (Tensor dst = grad_destination(i); dst.defined()) return dst;

@@ -60,6 +60,7 @@ struct BackwardContext {
   // are freed after this backward and nothing else — no tensor, view or other node — refers to
   // its storage. Undefined otherwise.
   Tensor donated_input(size_t i) const;
+  Tensor donated_output(size_t j) const;  // the same for saved output j
   const Tensor& output(size_t i) const;
   const Shape& input_shape(size_t i) const { return input_metas.at(i).shape; }
   Tensor grad_destination(size_t i) const { return i < grad_dst.size() ? grad_dst[i] : Tensor(); }

@@ -154,6 +154,7 @@ const OpDef kGt{.name = "gt", .infer = infer_compare, .shard = shard_rule_pointw
 const OpDef kGe{.name = "ge", .infer = infer_compare, .shard = shard_rule_pointwise};
 const OpDef kWhere{.name = "where", .infer = infer_where, .shard = shard_rule_pointwise, .backward = where_bw, .save_inputs = kIn0};
 const OpDef kAddInplace{.name = "add_", .infer = infer_inplace_binary, .inplace = true};
+const OpDef kMulInplace{.name = "mul_", .infer = infer_inplace_binary, .inplace = true};
 const OpDef kMulScalarInplace{.name = "mul_scalar_", .infer = infer_inplace_unary, .inplace = true};
 
 Tensor scalar_like(const Tensor& t, double v) { return full({}, v, t.dtype(), t.device()); }
@@ -206,6 +207,10 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   BLU_CHECK(broadcast_shapes(mask.shape(), x.shape()) == x.shape(), "masked_fill: mask ", mask.shape(),
             " does not broadcast to ", x.shape());
   return where(mask, scalar_like(x, value), x);
+}
+const Tensor& mul_(const Tensor& a, const Tensor& b) {
+  dispatch(kMulInplace, {a, b});
+  return a;
 }
 const Tensor& add_(const Tensor& a, const Tensor& b) {
   dispatch(kAddInplace, {a, b});

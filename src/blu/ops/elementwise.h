@@ -53,8 +53,9 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 // x with `value` where mask (bool, broadcast to x) is true.
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 
-// In place, no autograd: a += b (b broadcast to a), a *= s, a += alpha * b.
+// In place, no autograd: a += b and a *= b (b broadcast to a, of a's dtype), a *= s.
 const Tensor& add_(const Tensor& a, const Tensor& b);
+const Tensor& mul_(const Tensor& a, const Tensor& b);
 const Tensor& mul_(const Tensor& a, double s);
 
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }

@@ -121,23 +121,33 @@ std::vector<Tensor> linear_cross_entropy_compute(std::span<const Tensor> in, con
   return {loss, pieces == 1 ? gx[0] : cat(gx, 0), gw};
 }
 
-// The loss's incoming gradient s (0-d, statistics dtype) scales the gradients the forward made.
+// The loss's incoming gradient s (0-d, statistics dtype) scales the gradients the forward made —
+// in place when the node's saved copies are the last references (Note [Donated buffers]), so the
+// backward adds no [V', C] buffer at the step's peak.
 std::vector<Tensor> linear_cross_entropy_backward(const BackwardContext& c, std::span<const Tensor> g) {
   const Tensor& s = g[0];
   Tensor dx, dw;
   if (c.needs_grad[0]) {
     const Tensor& gx = c.output(1);
-    dx = gx.dtype() == s.dtype() ? mul(gx, s) : to_dtype(mul(to_dtype(gx, s.dtype()), s), gx.dtype());
+    if (gx.dtype() != s.dtype()) {  // 16-bit: the product in fp32, rounded once ([N, C]: small)
+      dx = to_dtype(mul(to_dtype(gx, s.dtype()), s), gx.dtype());
+    } else if (const Tensor d = c.donated_output(1); d.defined()) {
+      dx = mul_(d, s);
+    } else {
+      dx = mul(gx, s);
+    }
   }
   if (c.needs_grad[1]) {
     const Tensor& gw = c.output(2);
-    dw = mul(gw, s.dtype() == gw.dtype() ? s : to_dtype(s, gw.dtype()));
-    if (const Tensor dst = c.grad_destination(1); dst.defined() && dst.dtype() == dw.dtype()) {
-      copy_(dst, dw);
-      dw = dst;
-    } else if (c.grad_dtype(1) != dw.dtype()) {
-      dw = to_dtype(dw, c.input_metas[1].dtype);
+    const Tensor sw = s.dtype() == gw.dtype() ? s : to_dtype(s, gw.dtype());
+    if (const Tensor dst = c.grad_destination(1); dst.defined() && dst.dtype() == gw.dtype()) {
+      dw = mul_(copy_(dst, gw), sw);
+    } else if (const Tensor d = c.donated_output(2); d.defined()) {
+      dw = mul_(d, sw);
+    } else {
+      dw = mul(gw, sw);
     }
+    if (dw.dtype() != c.grad_dtype(1)) dw = to_dtype(dw, c.input_metas[1].dtype);
   }
   return {dx, dw, Tensor()};
 }

@@ -227,6 +227,16 @@ void add_inplace(const KernelCall& c) {
   });
 }
 BLU_REGISTER_KERNEL(cpu, "add_", add_inplace);
+void mul_inplace(const KernelCall& c) {
+  Tensor& a = c.out[0];
+  BLU_DISPATCH_ALL(a.dtype(), "mul_", {
+    if constexpr (!std::is_same_v<scalar_t, bool>) {
+      using A = acc_t<scalar_t>;
+      map<scalar_t, scalar_t>(a, [](A x, A y) { return x * y; }, a, c.in[1]);
+    }
+  });
+}
+BLU_REGISTER_KERNEL(cpu, "mul_", mul_inplace);
 void mul_scalar_inplace(const KernelCall& c) {
   Tensor& a = c.out[0];
   BLU_DISPATCH_FLOATING(a.dtype(), "mul_scalar_", {
