@@ -314,6 +314,10 @@ PYBIND11_MODULE(blutrain, m) {
         o.allow_changes = py::cast<bool>(v);
         continue;
       }
+      if (key == "loss_chunks") {  // a run.json key only when set (the default run records none)
+        o.loss_chunks = py::cast<int64_t>(v);
+        continue;
+      }
       BLU_CHECK(j.contains(key), "train: unknown option '", key, "' (the options are run.json's keys, and allow_changes)");
       j[key] = key == "model" && py::isinstance<py::str>(v) ? models::resolve_model_config(py::cast<std::string>(v))
                                                              : py_to_json(v);

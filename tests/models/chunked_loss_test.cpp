@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <memory>
+#include <tuple>
 
 #include "blu/blu.h"
 #include "blu/models/gpt2/gpt2.h"
@@ -99,7 +100,8 @@ TEST_P(ChunkedLoss, EvaluationWithoutAutogradGivesTheSameLoss) {
 // real model's is: the pieces' peak is below the whole logits' by most of the logits' bytes.
 TEST_P(ChunkedLoss, StepPeakFallsByMostOfTheLogits) {
   auto m = make_model(GetParam(), 4000);
-  const auto [idx, tg] = batch(*m, 16, 16);  // 256 rows
+  Tensor idx, tg;  // no structured binding: clang 14 cannot capture one in a lambda
+  std::tie(idx, tg) = batch(*m, 16, 16);  // 256 rows
   auto peak = [&](int64_t chunks) {
     m->set_loss_chunks(chunks);
     m->forward(idx, tg).loss.backward();  // warm-up: the gradient buffers exist

@@ -114,6 +114,16 @@ class Trainer(unittest.TestCase):
             self.assertLess(seen[-1]["loss"], seen[0]["loss"])
             m = bt.load_model(os.path.join(d, "run"))
             self.assertEqual(m.config, json.loads(json.dumps(m.config)))
+            # The head's loss in row pieces: the same run's losses within fp32 rounding, recorded.
+            pieces = []
+            bt.train({"model": "gpt2:tiny", "train_pattern": os.path.join(d, "train_*.bin"),
+                      "val_pattern": os.path.join(d, "val_*.bin"), "batch_size": 4, "seq_len": 32,
+                      "steps": 12, "lr": 3e-3, "warmup": 2, "out": os.path.join(d, "pieces"), "loss_chunks": 4},
+                     progress=lambda s: pieces.append(s))
+            for a, b in zip(seen, pieces):
+                self.assertAlmostEqual(a["loss"], b["loss"], delta=1e-4 * a["loss"])
+            with open(os.path.join(d, "pieces", "run.json")) as f:
+                self.assertEqual(json.load(f)["options"]["loss_chunks"], 4)
             with self.assertRaises(bt.Error) as e:
                 bt.train({"stepz": 3})
             self.assertIn("unknown option 'stepz'", str(e.exception))
