@@ -385,6 +385,43 @@ TEST_F(CompileCli, ChunkedLossCompiledEqualsEagerWithALowerPeak) {
   EXPECT_FALSE(fs::exists(dir.path / "bad" / "run.json"));
 }
 
+// --loss-chunks under the layouts that keep the whole vocabulary on a rank (two Gloo ranks): DDP
+// and ZeRO-2 (the tied embedding's rows exchanged apart, its head gradient now made in the
+// forward) and a two-stage pipeline give the losses and gradient norms of the same layout with the
+// whole logits within fp32 rounding; tensor parallelism refuses the flag by name.
+TEST_F(CompileCli, ChunkedLossUnderDataParallelAndPipelineLayouts) {
+  auto near = [&](const std::string& a, const std::string& b) {
+    const Metrics ma = read_metrics(dir.path / a), mb = read_metrics(dir.path / b);
+    ASSERT_EQ(ma.steps.size(), 4u) << a;
+    ASSERT_EQ(mb.steps.size(), 4u) << b;
+    for (const auto& [s, ln] : ma.steps) {
+      EXPECT_NEAR(mb.steps.at(s).first, ln.first, 1e-5 * ln.first) << b << " step " << s;
+      EXPECT_NEAR(mb.steps.at(s).second, ln.second, 1e-4 * ln.second) << b << " norm of step " << s;
+    }
+  };
+  for (int zero : {0, 2}) {
+    const std::string tag = "zero" + std::to_string(zero);
+    ASSERT_EQ(run_dp(zero, 4, tag + "_whole").status, 0);
+    const LaunchResult p = run_dp(zero, 4, tag + "_pieces", {"--loss-chunks", "4"});
+    ASSERT_EQ(p.status, 0) << p.out << p.err;
+    near(tag + "_whole", tag + "_pieces");
+  }
+  auto layout = [&](const std::string& run, const std::string& parallel, std::vector<std::string> extra) {
+    std::vector<std::string> cmd = {blutrain().string(), "launch", "-n", "2", "--"};
+    const auto t = train_cmd("tiny", 4, run, {"--parallel", parallel});
+    cmd.insert(cmd.end(), t.begin(), t.end());
+    cmd.insert(cmd.end(), extra.begin(), extra.end());
+    return run_command(1, cmd, {{"OMP_NUM_THREADS", "1"}});
+  };
+  ASSERT_EQ(layout("pp_whole", "pipeline(2, micro=2)", {}).status, 0);
+  const LaunchResult pp = layout("pp_pieces", "pipeline(2, micro=2)", {"--loss-chunks", "4"});
+  ASSERT_EQ(pp.status, 0) << pp.out << pp.err;
+  near("pp_whole", "pp_pieces");
+  const LaunchResult tp = layout("tp_pieces", "split(2)", {"--loss-chunks", "4"});
+  EXPECT_NE(tp.status, 0);
+  EXPECT_NE((tp.out + tp.err).find("not supported under tensor parallelism"), std::string::npos) << tp.out << tp.err;
+}
+
 // A device budget under --compile: the plan keeps the optimizer state on the device (the compiler
 // does not capture the offloaded update) and is met, against the compiled steps' peak on a device
 // pool, with the eager run's losses; a budget only offload would meet is refused, naming the
