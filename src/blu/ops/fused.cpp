@@ -85,8 +85,6 @@ std::vector<TensorMeta> infer_linear_cross_entropy(std::span<const Tensor> in, c
   return {};  // the ops it is made of make (and check) the outputs
 }
 
-DType stats_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
-
 std::vector<Tensor> linear_cross_entropy_compute(std::span<const Tensor> in, const Attrs& a) {
   const bool grads = GradMode::enabled() && (in[0].requires_grad() || in[1].requires_grad());
   NoGradGuard no_grad;

@@ -185,11 +185,7 @@ std::vector<Tensor> linear_weight_grad(const Tensor& g, const Tensor& x) {
 void linear_weight_grad_into(const Tensor& gw, const Tensor& g, const Tensor& x, const Tensor& gb, bool accumulate) {
   BLU_CHECK(gw.defined() && g.defined() && x.defined(), "linear_weight_grad_into: gw, g and x must be defined");
   BLU_CHECK(!(accumulate && gb.defined()), "linear_weight_grad_into: accumulate takes no bias gradient");
-  if (!accumulate) {
-    dispatch(kLinearWeightGradInto, {gw, g, x, gb});
-    return;
-  }
-  dispatch(kLinearWeightGradInto, {gw, g, x, gb}, Attrs{{"accumulate", int64_t(1)}});
+  dispatch(kLinearWeightGradInto, {gw, g, x, gb}, accumulate ? Attrs{{"accumulate", int64_t(1)}} : Attrs{});
 }
 
 namespace {

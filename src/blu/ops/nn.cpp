@@ -11,9 +11,6 @@ namespace blu {
 
 namespace {
 
-// Statistics saved for backward (logsumexp, mean, rstd) are kept in f64 for f64 inputs and in
-// f32 otherwise (bf16/f16 inputs compute in f32).
-DType stat_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 
 void check_floating(const char* op, const char* what, const Tensor& t) {
   BLU_CHECK(is_floating(t.dtype()), op, ": expected ", what, " of a floating dtype (f32, f64, bf16, f16), got ",
@@ -78,8 +75,8 @@ std::vector<TensorMeta> infer_cross_entropy(std::span<const Tensor> in, const At
             "] (the logits' last dim) or -1, got ", k);
   const Shape rows = x.dim() == 2 ? Shape{x.shape()[0]} : Shape{};
   const auto red = Reduction(a.i("reduction"));
-  return {TensorMeta{red == Reduction::none ? rows : Shape{}, stat_dtype(x.dtype()), x.device()},
-          TensorMeta{rows, stat_dtype(x.dtype()), x.device()}};
+  return {TensorMeta{red == Reduction::none ? rows : Shape{}, stats_dtype(x.dtype()), x.device()},
+          TensorMeta{rows, stats_dtype(x.dtype()), x.device()}};
 }
 // Inputs (grad of the loss (statistics dtype), logits, target, logsumexp); the gradient of the
 // logits, in their dtype.
@@ -129,7 +126,7 @@ std::vector<TensorMeta> infer_layer_norm(std::span<const Tensor> in, const Attrs
               x.dtype());
   }
   const Shape rows(x.shape().begin(), x.shape().end() - 1);
-  const DType sd = stat_dtype(x.dtype());
+  const DType sd = stats_dtype(x.dtype());
   return {TensorMeta{x.shape(), x.dtype(), x.device()}, TensorMeta{rows, sd, x.device()},
           TensorMeta{rows, sd, x.device()}};
 }
@@ -287,7 +284,7 @@ Tensor cross_entropy_shard_backward(const Tensor& logits, const Tensor& target, 
                                     const Tensor& grad_rows, int64_t classes, int64_t class_offset, int64_t vocab,
                                     int64_t ignore_index, bool overwrite) {
   const Attrs a = shard_attrs(logits, target, classes, class_offset, vocab, ignore_index);
-  const DType sd = stat_dtype(logits.dtype());
+  const DType sd = stats_dtype(logits.dtype());
   BLU_CHECK(lse.shape() == target.shape() && grad_rows.shape() == target.shape() && lse.dtype() == sd &&
                 grad_rows.dtype() == sd,
             "cross_entropy_shard_backward: expected lse and grad_rows [", target.size(0), "] ", sd, ", got ",

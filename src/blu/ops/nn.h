@@ -9,6 +9,10 @@
 
 namespace blu {
 
+// The dtype the statistics of a floating tensor are kept in (a cross-entropy's logsumexp, a norm's
+// mean and rstd): f64 for f64, f32 otherwise (16-bit inputs compute in f32).
+inline DType stats_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+
 Tensor softmax(const Tensor& x, int64_t dim);
 Tensor log_softmax(const Tensor& x, int64_t dim);
 

@@ -13,8 +13,6 @@ namespace blu {
 
 namespace {
 
-DType stat_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
-
 // --- rms_norm --------------------------------------------------------------------------------
 // Inputs (x [..., C] contiguous, weight [C] contiguous or undefined); attr eps.
 // Outputs: y, and rstd = 1/sqrt(mean(x²) + eps) of shape x.shape[:-1] in the stat dtype (not
@@ -32,7 +30,7 @@ std::vector<TensorMeta> infer_rms_norm(std::span<const Tensor> in, const Attrs& 
     BLU_CHECK(w.dtype() == x.dtype(), "rms_norm: weight dtype ", w.dtype(), " differs from input dtype ", x.dtype());
   }
   const Shape rows(x.shape().begin(), x.shape().end() - 1);
-  return {TensorMeta{x.shape(), x.dtype(), x.device()}, TensorMeta{rows, stat_dtype(x.dtype()), x.device()}};
+  return {TensorMeta{x.shape(), x.dtype(), x.device()}, TensorMeta{rows, stats_dtype(x.dtype()), x.device()}};
 }
 // Inputs (grad, x, weight or undefined, rstd), grad and x contiguous; outputs grad_x and
 // grad_weight. Attr param_dtype (optional): f32 for grad_weight under a 16-bit x (Note [Wide

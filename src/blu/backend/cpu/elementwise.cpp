@@ -126,6 +126,9 @@ BLU_BINARY(sub, a - b);
 BLU_BINARY(mul, a * b);
 BLU_BINARY(div, safe_div(a, b));
 BLU_BINARY(pow, A(std::pow(a, b)));
+// In place, a op= b: the same kernels with the output being input 0 (read through its own strides).
+BLU_REGISTER_KERNEL(cpu, "add_", binary<add_f>);
+BLU_REGISTER_KERNEL(cpu, "mul_", binary<mul_f>);
 
 // Gradient helpers that read (grad, x).
 template <typename F>
@@ -216,27 +219,6 @@ void where_kernel(const KernelCall& c) {
 }
 BLU_REGISTER_KERNEL(cpu, "where", where_kernel);
 
-void add_inplace(const KernelCall& c) {
-  Tensor& a = c.out[0];
-  BLU_DISPATCH_ALL(a.dtype(), "add_", {
-    if constexpr (!std::is_same_v<scalar_t, bool>) {
-      using A = acc_t<scalar_t>;
-      // The destination is also an operand: read it through its own strides.
-      map<scalar_t, scalar_t>(a, [](A x, A y) { return x + y; }, a, c.in[1]);
-    }
-  });
-}
-BLU_REGISTER_KERNEL(cpu, "add_", add_inplace);
-void mul_inplace(const KernelCall& c) {
-  Tensor& a = c.out[0];
-  BLU_DISPATCH_ALL(a.dtype(), "mul_", {
-    if constexpr (!std::is_same_v<scalar_t, bool>) {
-      using A = acc_t<scalar_t>;
-      map<scalar_t, scalar_t>(a, [](A x, A y) { return x * y; }, a, c.in[1]);
-    }
-  });
-}
-BLU_REGISTER_KERNEL(cpu, "mul_", mul_inplace);
 void mul_scalar_inplace(const KernelCall& c) {
   Tensor& a = c.out[0];
   BLU_DISPATCH_FLOATING(a.dtype(), "mul_scalar_", {

@@ -349,31 +349,10 @@ BLU_REGISTER_KERNEL(cuda, "sub", binary<sub_op>);
 BLU_REGISTER_KERNEL(cuda, "mul", binary<mul_op>);
 BLU_REGISTER_KERNEL(cuda, "div", binary<div_op>);
 BLU_REGISTER_KERNEL(cuda, "pow", binary<pow_op>);
+// In place, a op= b: the same kernels with the output being input 0.
+BLU_REGISTER_KERNEL(cuda, "add_", binary<add_op>);
+BLU_REGISTER_KERNEL(cuda, "mul_", binary<mul_op>);
 
-void add_inplace(const KernelCall& c) {
-  const Tensor& a = c.out[0];
-  BLU_DISPATCH_ALL(a.dtype(), "add_", {
-    if constexpr (!std::is_same_v<scalar_t, bool>) {
-      using T = dev_t<scalar_t>;
-      launch_map<T, T, T>(stream_of(c.ctx), a, add_op{}, a, c.in[1]);
-    } else {
-      BLU_CHECK(false, "add_: arithmetic on bool tensors is not supported");
-    }
-  });
-}
-BLU_REGISTER_KERNEL(cuda, "add_", add_inplace);
-void mul_inplace(const KernelCall& c) {
-  const Tensor& a = c.out[0];
-  BLU_DISPATCH_ALL(a.dtype(), "mul_", {
-    if constexpr (!std::is_same_v<scalar_t, bool>) {
-      using T = dev_t<scalar_t>;
-      launch_map<T, T, T>(stream_of(c.ctx), a, mul_op{}, a, c.in[1]);
-    } else {
-      BLU_CHECK(false, "mul_: arithmetic on bool tensors is not supported");
-    }
-  });
-}
-BLU_REGISTER_KERNEL(cuda, "mul_", mul_inplace);
 
 // --- comparisons: bool out, any dtype ---
 #define BLU_CUDA_COMPARE(NAME, OP)                                                           \

@@ -400,8 +400,8 @@ LMOutput Llama::head(const Tensor& x, const Tensor& targets) {
     BLU_CHECK(targets.dim() == 2 && targets.size(0) == y.size(0) && targets.size(1) == y.size(1),
               "Llama: targets ", targets.shape(), " must be [B, T] of the input's ", y.shape());
     const int64_t N = y.size(0) * y.size(1);
-    const nn::Module& m = lm_head ? static_cast<const nn::Module&>(*lm_head) : *model->embed_tokens;
-    const Tensor w = m.cast_param(lm_head ? lm_head->weight : model->embed_tokens->weight, y.dtype());
+    const nn::Embedding& e = *model->embed_tokens;
+    const Tensor w = lm_head ? lm_head->cast_param(lm_head->weight, y.dtype()) : e.cast_param(e.weight, y.dtype());
     out.loss = linear_cross_entropy(reshape(y, {N, y.size(2)}), w, reshape(targets, {N}), /*ignore_index=*/-1,
                                     cfg_.vocab_size, loss_chunks());  // Note [Chunked loss]: no logits
     return out;
