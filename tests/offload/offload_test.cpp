@@ -23,6 +23,7 @@
 #include "blu/ops/elementwise.h"
 #include "blu/ops/factory.h"
 #include "blu/ops/optim.h"
+#include "blu/train/run_record.h"
 #include "blu/train/trainer.h"
 #include "common/checks.h"
 #include "common/tiny_gpt.h"
@@ -161,8 +162,9 @@ TEST(DevicePool, OutOfMemoryNamesCategoriesAndWhatFits) {
 
 constexpr int64_t kVocab = 256;
 
-train::TrainOptions pool_run(const TempDir& data, const std::filesystem::path& out, const std::string& precision) {
-  train::TrainOptions o = train::test_util::toy_run(data.path(), out, kVocab, precision);
+train::TrainOptions pool_run(const TempDir& data, const std::filesystem::path& out, const std::string& precision,
+                             int64_t vocab = kVocab) {
+  train::TrainOptions o = train::test_util::toy_run(data.path(), out, vocab, precision);
   o.model["n_layer"] = 2;
   o.model["n_head"] = 2;
   o.model["n_embd"] = 32;
@@ -426,6 +428,61 @@ TEST(Offload, RecomputeAutoPicksTheLeastThatFits) {
   unbounded.recompute = "auto";
   test::expect_error([&] { train::Trainer t(unbounded, {.log = &log}); },
                      {"--recompute auto picks the least recompute that fits a --gpu-memory-budget"});
+}
+
+// --recompute auto with --loss-chunks unset: each setting is followed by the same with the head's
+// loss in 8 row pieces (Note [Chunked loss]), cheaper than any recompute. With a vocabulary wide
+// enough for the logits to matter and a budget between what the plain step and the pieces need,
+// auto takes the pieces without recompute; the run is the explicit `--loss-chunks 8` run bit for
+// bit, inside the budget, and run.json records the pieces (a resume takes them). A given
+// --loss-chunks 1 keeps the logits whole: auto recomputes instead, and the run is the plain one.
+// A run whose first candidate fits records 1, so its resume keeps the logits whole too.
+TEST(Offload, RecomputeAutoTakesTheLossInPiecesBeforeRecompute) {
+  constexpr int64_t kWide = 2048;
+  TempDir data, out_auto, out_whole, out_roomy;
+  train::test_util::write_toy_shards(data.path(), kWide, 2048, 8192);
+  const auto wide = [&](const std::filesystem::path& out, int64_t loss_chunks) {
+    train::TrainOptions o = pool_run(data, out, "fp32", kWide);
+    o.batch_size = 4;  // 128 rows a micro-batch: the logits 4x the head's weight gradient, which the pieces hold
+    o.seq_len = 32;
+    o.steps = 4;
+    o.loss_chunks = loss_chunks;
+    return o;
+  };
+  const auto need = [&](const char* recompute, int64_t loss_chunks) {
+    train::TrainOptions o = wide("", loss_chunks);
+    o.gpu_memory_budget = 1.0;
+    o.recompute = recompute;
+    const RunResult r = run(o);
+    EXPECT_TRUE(r.plan && !r.plan->offload_state) << r.log;
+    return r.plan ? r.plan->device_peak_bytes : 0;
+  };
+  const int64_t need_none = need("none", 0), need_pieces = need("none", 8), need_selective = need("selective", 0);
+  ASSERT_LT(need_pieces, need_none);
+  const int64_t budget = (need_none + need_pieces) / 2;
+  std::printf("planned peak: whole logits %lld, in 8 pieces %lld, selective %lld bytes; budget %lld\n",
+              (long long)need_none, (long long)need_pieces, (long long)need_selective, (long long)budget);
+
+  const RunResult pieces = run(wide("", 8));
+  const RunResult r = run_auto_under(wide(out_auto.path(), 0), budget, pieces);
+  EXPECT_NE(r.log.find("recompute auto: none, --loss-chunks 8 (the least recompute that fits with the optimizer "
+                       "state on the device)"),
+            std::string::npos)
+      << r.log;
+  EXPECT_EQ(train::recorded_options(out_auto.path().string()).value("loss_chunks", int64_t(0)), 8);
+
+  const RunResult plain = run(wide("", 0));
+  const RunResult whole = run_auto_under(wide(out_whole.path(), 1), budget, plain);
+  EXPECT_EQ(whole.log.find("--loss-chunks"), std::string::npos) << whole.log;
+  EXPECT_NE(whole.log.find("recompute auto: "), std::string::npos) << whole.log;
+  EXPECT_EQ(train::recorded_options(out_whole.path().string()).value("loss_chunks", int64_t(0)), 1);
+  const size_t at = whole.log.find("recompute auto: ");
+  if (at != std::string::npos)
+    std::printf("with --loss-chunks 1: %s\n", whole.log.substr(at, whole.log.find('\n', at) - at).c_str());
+
+  const RunResult roomy = run_auto_under(wide(out_roomy.path(), 0), need_none + 1024, plain);
+  EXPECT_NE(roomy.log.find("recompute auto: none (the least"), std::string::npos) << roomy.log;
+  EXPECT_EQ(train::recorded_options(out_roomy.path().string()).value("loss_chunks", int64_t(0)), 1);
 }
 
 // --recompute auto after whole-block recompute: the block inputs it keeps, offloaded to host

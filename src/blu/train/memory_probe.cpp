@@ -35,6 +35,12 @@ namespace blu::train {
 // cost GPT-2 124M 1.7% of the step (docs/offload.md), less than any state offload. With
 // --offload-activations given, every candidate offloads what it keeps. Each candidate is probed
 // (the activation bytes are measured, not modelled); the model keeps the policy chosen.
+// With --loss-chunks left unset (0) and the loss not split by tensor parallelism, each setting is
+// followed by the same with the head's loss in kAutoLossChunks row pieces (Note [Chunked loss],
+// ops/fused.h): on an H200 they took 1.3 GiB off GPT-2 124M's peak for ~3% of the step, less than
+// `selective` costs (4-7%), and never a GEMM. The pieces change the w-gradient's sums by fp32
+// rounding, so the choice is written back into the options (run.json: a resume takes it, and a
+// run that kept the logits whole records 1, which the planner leaves alone).
 offload::MemoryPlan Trainer::plan_with_recompute(offload::PlanInput& in, const std::function<void()>& probe,
                                                  const std::function<bool(bool)>& all_fit) {
   const TrainOptions& o = opt_s_;
@@ -42,19 +48,26 @@ offload::MemoryPlan Trainer::plan_with_recompute(offload::PlanInput& in, const s
     const char* recompute;
     bool offload_activations;
     std::string state;
+    int64_t loss_chunks;
   };
+  // Decided by the planner only when the user left it unset; the model refuses pieces under tensor
+  // parallelism. Every rank that must agree sees the same options and layout, so the same list.
+  const bool try_pieces = o.loss_chunks == 0 && !dist::is_tensor_parallel(*model_);
   std::vector<std::string> states = {"none"};
   if (!o.compile && o.offload_state != "none") states.push_back(o.offload_state);
   std::vector<Candidate> candidates;
+  const auto add = [&](const char* r, bool offload_activations, const std::string& state) {
+    candidates.push_back({r, offload_activations, state, o.loss_chunks});
+    if (try_pieces) candidates.push_back({r, offload_activations, state, kAutoLossChunks});
+  };
   for (const std::string& state : states) {
-    for (const char* r : {"none", "selective", "block:4", "block:2", "block"})
-      candidates.push_back({r, o.offload_activations, state});
-    if (!o.offload_activations && !o.compile)  // the compiler does not capture activation offload
-      candidates.push_back({"block", true, state});
+    for (const char* r : {"none", "selective", "block:4", "block:2", "block"}) add(r, o.offload_activations, state);
+    if (!o.offload_activations && !o.compile) add("block", true, state);  // the compiler does not capture activation offload
   }
   std::string tried;
   for (const Candidate& c : candidates) {
     model_->set_activation_policy(models::ActivationPolicy::parse(c.recompute, c.offload_activations));
+    model_->set_loss_chunks(c.loss_chunks);
     probe();
     in.offload_state = c.state;
     std::optional<offload::MemoryPlan> plan;
@@ -64,9 +77,12 @@ offload::MemoryPlan Trainer::plan_with_recompute(offload::PlanInput& in, const s
     } catch (const Error& e) {
       why = e.what();
     }
-    const std::string name =
-        std::string(c.recompute) + (c.offload_activations && !o.offload_activations ? ", --offload-activations" : "");
+    const bool pieces = try_pieces && c.loss_chunks > 1;
+    const std::string name = std::string(c.recompute) +
+                             (c.offload_activations && !o.offload_activations ? ", --offload-activations" : "") +
+                             (pieces ? ", --loss-chunks " + std::to_string(c.loss_chunks) : "");
     if (all_fit(plan.has_value())) {
+      if (try_pieces) opt_s_.loss_chunks = pieces ? c.loss_chunks : 1;
       if (cb_.log)
         *cb_.log << "recompute auto: " << name << " (the least recompute that fits"
                  << (c.state == "none" ? " with the optimizer state on the device" : "") << ")\n";

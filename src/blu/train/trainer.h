@@ -69,6 +69,11 @@ class CompiledStep;
 
 namespace blu::train {
 
+// The row pieces --recompute auto tries for the head's loss (Trainer::plan_with_recompute): of 4, 8
+// and 16 on an H200, 8 gave GPT-2 124M and llama-250m the lowest peak at the least cost
+// (docs/performance.md, "The head's loss in row pieces").
+inline constexpr int64_t kAutoLossChunks = 8;
+
 struct TrainOptions {
   // Data: globs of token shards. val_pattern "" means no validation.
   std::string train_pattern, val_pattern;
@@ -141,8 +146,10 @@ struct TrainOptions {
   std::string recompute = "none";
   bool offload_activations = false;
   // The head's loss in this many row pieces (models/causal_lm.h set_loss_chunks; ops/fused.h Note
-  // [Chunked loss]): the logits are never held whole. 0: off. In to_json(): the w-gradient's sums
-  // run in another order, so the numbers move by fp32 rounding.
+  // [Chunked loss]): the logits are never held whole. 0: off, or under --recompute auto the
+  // planner's choice (which it writes back here: kAutoLossChunks or 1); 1: whole logits, never in
+  // pieces. In to_json(): the w-gradient's sums run in another order, so the numbers move by fp32
+  // rounding.
   int64_t loss_chunks = 0;
   // Memory budget and optimizer state offload (offload/plan.h, docs/offload.md): with any of these
   // set, a start-up probe measures one micro-batch's activations and the host AdamW and transfer
