@@ -23,7 +23,7 @@
 #           warp-stall samples by reason (ncu source page, files sass_fwd.csv, sass_bwd.csv), for
 #           scripts/lab/sass_hotspots.py
 #   profile — blutrain bench --profile (MODE, default bf16): device time per op, summarised by
-#           scripts/bench_summary.py
+#           scripts/bench_summary.py; one run per `;`-separated argument set in PROFILE_RUNS
 #   llama — blutrain bench --model llama:NAME beside ../shared/peers/torch_llama.py (eager and
 #           torch.compile) in the same run, for each NAME in LLAMA_MODELS (default llama-250m
 #           llama3.2-1b), bf16, B=LLAMA_B (8), T=LLAMA_T (1024)
@@ -42,8 +42,9 @@
 #   recompute — the same two models, bf16, eager and --compile under each --recompute setting
 #           (RECOMPUTE: selective block:2 block), beside torch_gpt2.py / torch_llama.py (bf16c)
 #   autobudget — GPT-2 124M bf16 B=16 trained --compile on the fortunes (BUDGET_STEPS, 40) under
-#           --recompute auto with each --gpu-memory-budget in BUDGETS (GiB: 7.5 5.6 4.2): the setting
-#           the planner picks, the predicted and the measured peak, tok/s
+#           --recompute auto with each --gpu-memory-budget in BUDGETS (GiB: 7.5 5.6 4.2), BUDGET_ARGS
+#           added: the setting the planner picks, the predicted and the measured peak, tok/s; then
+#           torch_gpt2.py bf16c (BUDGET_PEER=0: not)
 #   precisions — the same two models in fp32 and tf32 (PRECISIONS), eager and --compile, REPS (1)
 #   fuseexport — GPT-2 124M (B=16) and llama-250m (B=8), bf16, T=1024: one short `bench --compile
 #           --compile-export` each, writing the captured steps to $OUT/graphs (fused where MLIR is:
@@ -154,9 +155,17 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
           -T "$T" --steps "$STEPS" ${TRAIN_ARGS:-} 2>&1 | tee -a "$out/trainval.log" | grep -E "^\{|rror"
       done ;;
     profile)
-      timeout 150 "$pack/blutrain" bench --device cuda --precision "${MODE:-bf16}" -B "$B" -T "$T" --steps "$STEPS" \
-        --profile > "$out/profile.log" 2>&1
-      python3 scripts/bench_summary.py "$out/profile.log" ;;
+      # One profile per `;`-separated argument set in PROFILE_RUNS (default: one, no arguments),
+      # written to profile.log, profile_2.log, ...
+      IFS=';' read -r -a runs <<< "${PROFILE_RUNS:- }"
+      i=0
+      for args in "${runs[@]}"; do
+        i=$((i + 1)); log="$out/profile$([ "$i" = 1 ] || echo "_$i").log"
+        echo "== profile $i:$args"
+        timeout 150 "$pack/blutrain" bench --device cuda --precision "${MODE:-bf16}" -B "$B" -T "$T" --steps "$STEPS" \
+          --profile $args > "$log" 2>&1
+        python3 scripts/bench_summary.py "$log"
+      done ;;
     disttrainval)
       data="${DATA:-.devpack/fortunes}"; n="${DIST_N:-2}"
       for m in ${MODES:-bf16 tf32 fp32}; do
@@ -267,10 +276,13 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
         echo "-- --gpu-memory-budget $b"
         timeout 200 "$pack/blutrain" train --model d12 --data-dir .devpack/fortunes_gpt2 --device cuda --precision bf16 \
           -B 16 -T 1024 --steps "${BUDGET_STEPS:-40}" --lr 6e-4 --warmup 10 --log-every 10 --sample-every 0 \
-          --val-every 1000 --compile --recompute auto --gpu-memory-budget "$b" --out "/tmp/autobudget_$b" 2>&1 \
-          | tee -a "$out/autobudget.log" | grep -E "recompute auto|predicted peak|step +[0-9]+0/|compiled steps|rror" \
-          | cut -c1-220
-      done ;;
+          --val-every 1000 --compile --recompute auto --gpu-memory-budget "$b" --out "/tmp/autobudget_$b" \
+          ${BUDGET_ARGS:-} 2>&1 | tee -a "$out/autobudget.log" \
+          | grep -E "recompute auto|predicted peak|step +[0-9]+0/|compiled steps|rror" | cut -c1-220
+      done
+      if [ "${BUDGET_PEER:-1}" = 1 ]; then
+        timeout 300 python3 .devpack/peers/torch_gpt2.py bf16c 16 1024 20 2>&1 | grep '^{' | tee -a "$out/autobudget.log"
+      fi ;;
     precisions)
       for rep in $(seq "${REPS:-1}"); do
         for p in ${PRECISIONS:-fp32 tf32}; do
