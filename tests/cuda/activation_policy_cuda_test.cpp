@@ -18,28 +18,26 @@
 #include "blu/memory/host_transfer.h"
 #include "blu/models/gpt2/gpt2.h"
 #include "blu/train/trainer.h"
+#include "cuda/cuda_test_util.h"
 
 namespace blu {
 namespace {
 
-#define SKIP_WITHOUT_GPU() \
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
-
-const Device kGpu("cuda");
+using test::kGPU;
 
 TEST(ActivationOffloadCuda, RoundTripThroughPinnedMemoryOnTheSideStream) {
-  SKIP_WITHOUT_GPU();
+  SKIP_WITHOUT_CUDA();
   Generator g(1);
   const int64_t n = int64_t(1) << 22;  // 16 MiB of f32: copies long enough to overlap
-  Tensor src = randn({n}, DType::f32, kGpu, &g);
+  Tensor src = randn({n}, DType::f32, kGPU, &g);
   const std::vector<double> want = to_vector(src);
-  HostTransfer& t = host_transfer(kGpu);
+  HostTransfer& t = host_transfer(kGPU);
   const int64_t pinned0 = t.host_allocator().stats().current_bytes;
   TransferTicket host = t.to_host(src.storage());
   EXPECT_GE(t.host_allocator().stats().current_bytes - pinned0, n * 4);
   src = Tensor();  // freed while the copy may still read it: its block must wait
-  Tensor scribble = full({n}, -7.0, DType::f32, kGpu);  // likely the same block, written right away
-  TransferTicket back = t.to_device(host, kGpu);
+  Tensor scribble = full({n}, -7.0, DType::f32, kGPU);  // likely the same block, written right away
+  TransferTicket back = t.to_device(host, kGPU);
   t.wait(back);
   const Tensor got(back.storage, {n}, {1}, 0, DType::f32);
   EXPECT_EQ(to_vector(got), want);
@@ -51,20 +49,20 @@ TEST(ActivationOffloadCuda, RoundTripThroughPinnedMemoryOnTheSideStream) {
 // The side stream's copy must wait for that work: here a fill queued behind a long GEMM, on a
 // block freed right after, would land on the fetched bytes.
 TEST(ActivationOffloadCuda, FetchWaitsForWorkQueuedOnTheBlockItReuses) {
-  SKIP_WITHOUT_GPU();
+  SKIP_WITHOUT_CUDA();
   Generator g(2);
   const int64_t n = int64_t(1) << 22;  // 16 MiB of f32
-  Tensor src = randn({n}, DType::f32, kGpu, &g);
+  Tensor src = randn({n}, DType::f32, kGPU, &g);
   const std::vector<double> want = to_vector(src);  // (waits: the source is final)
-  HostTransfer& t = host_transfer(kGpu);
+  HostTransfer& t = host_transfer(kGPU);
   TransferTicket host = t.to_host(src.storage());
   src = Tensor();
   t.wait(host);
-  const Tensor a = randn({8192, 8192}, DType::f32, kGpu, &g);
+  const Tensor a = randn({8192, 8192}, DType::f32, kGPU, &g);
   const Tensor busy = matmul(a, a);  // milliseconds of the current stream's work
-  Tensor victim = full({n}, -7.0, DType::f32, kGpu);  // queued behind it
+  Tensor victim = full({n}, -7.0, DType::f32, kGPU);  // queued behind it
   victim = Tensor();                                  // its block is free for the current stream now
-  TransferTicket back = t.to_device(host, kGpu);      // most likely that block
+  TransferTicket back = t.to_device(host, kGPU);      // most likely that block
   t.wait(back);
   const Tensor got(back.storage, {n}, {1}, 0, DType::f32);
   EXPECT_EQ(to_vector(got), want);
@@ -83,7 +81,7 @@ std::unique_ptr<models::GPT> make_gpt() {
   c.n_layer = 4, c.n_head = 2, c.n_embd = 128;  // head dim 64: the flash-attention kernels
   c.dropout = 0.1;
   auto m = std::make_unique<models::GPT>(c, 3);
-  m->to(kGpu);
+  m->to(kGPU);
   m->train();
   train::apply_precision(*m, "bf16");
   return m;
@@ -91,7 +89,7 @@ std::unique_ptr<models::GPT> make_gpt() {
 
 Step run_step(models::GPT& m, const Tensor& idx, const Tensor& targets) {
   for (auto& [name, p] : m.named_parameters()) p.zero_grad();
-  Allocator& dev = allocator_for(kGpu);
+  Allocator& dev = allocator_for(kGPU);
   const int64_t base = dev.stats().current_bytes;
   Step s;
   Tensor loss = m.forward(idx, targets).loss;
@@ -108,11 +106,11 @@ double rel_diff(const Tensor& a, const Tensor& b) {
 }
 
 TEST(ActivationPolicyCuda, Bf16Gpt2StepUnderEveryPolicyMatchesThePlainStep) {
-  SKIP_WITHOUT_GPU();
+  SKIP_WITHOUT_CUDA();
   const int64_t B = 4, T = 64;
   Generator g(9);
-  const Tensor idx = to_device(randint(0, 512, {B, T}, DType::i64, kCPU, &g), kGpu);
-  const Tensor targets = to_device(randint(0, 512, {B, T}, DType::i64, kCPU, &g), kGpu);
+  const Tensor idx = to_device(randint(0, 512, {B, T}, DType::i64, kCPU, &g), kGPU);
+  const Tensor targets = to_device(randint(0, 512, {B, T}, DType::i64, kCPU, &g), kGPU);
   auto model = make_gpt();
   run_step(*model, idx, targets);  // warm: compute copies, allocator blocks
   // The same dropout masks each run: the model's generator is put back before every step.

@@ -20,14 +20,12 @@
 #include "blu/backend/cuda/runtime.h"
 #include "blu/blu.h"
 #include "blu/memory/cuda_allocator.h"
+#include "cuda/cuda_test_util.h"
 
 namespace blu {
 namespace {
 
-#define REQUIRE_GPU() \
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
-
-const Device kCuda("cuda");
+using test::kGPU;
 constexpr DType kAllDTypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16,
                                 DType::i32, DType::i64, DType::u8,   DType::b8};
 
@@ -83,9 +81,9 @@ Tensor random_bits(const Shape& shape, DType dtype, uint32_t seed) {
 // Allocator
 
 TEST(CudaAllocator, TensorsComeFromTheDevice) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_CUDA();
   const CachingAllocatorStats s0 = cuda::memory_stats(0);
-  Tensor t = empty({1000}, DType::f32, kCuda);
+  Tensor t = empty({1000}, DType::f32, kGPU);
   ASSERT_TRUE(t.device().is_cuda());
   cudaPointerAttributes attr{};
   BLU_CUDA_CHECK(cudaPointerGetAttributes(&attr, t.raw_data()));
@@ -94,7 +92,7 @@ TEST(CudaAllocator, TensorsComeFromTheDevice) {
   const CachingAllocatorStats s1 = cuda::memory_stats(0);
   EXPECT_EQ(s1.requested_bytes - s0.requested_bytes, 4000);
   EXPECT_EQ(s1.allocs - s0.allocs, 1);
-  const AllocatorStats a = allocator_for(kCuda).stats();
+  const AllocatorStats a = allocator_for(kGPU).stats();
   EXPECT_EQ(a.current_bytes, s1.requested_bytes);
   EXPECT_EQ(a.reserved_bytes, s1.reserved_bytes);
   t = Tensor();
@@ -103,12 +101,12 @@ TEST(CudaAllocator, TensorsComeFromTheDevice) {
 }
 
 TEST(CudaAllocator, WarmLoopMakesNoRawAllocations) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_CUDA();
   auto step = [] {
     std::vector<Tensor> ts;
     for (int64_t n : {int64_t(10), int64_t(1) << 12, int64_t(1) << 18, int64_t(3) << 20, int64_t(50'000'000)})
-      ts.push_back(empty({n}, DType::f32, kCuda));
-    ts.push_back(zeros({768, 3072}, DType::bf16, kCuda));
+      ts.push_back(empty({n}, DType::f32, kGPU));
+    ts.push_back(zeros({768, 3072}, DType::bf16, kGPU));
     ts.push_back(clone(ts.back()));
   };
   step();
@@ -123,11 +121,11 @@ TEST(CudaAllocator, WarmLoopMakesNoRawAllocations) {
 }
 
 TEST(CudaAllocator, StatsPeakEmptyCacheSnapshot) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_CUDA();
   cuda::reset_peak_memory_stats(0);
   const CachingAllocatorStats s0 = cuda::memory_stats(0);
   {
-    Tensor big = empty({int64_t(64) << 20}, DType::u8, kCuda);  // 64 MiB: a large segment
+    Tensor big = empty({int64_t(64) << 20}, DType::u8, kGPU);  // 64 MiB: a large segment
     const CachingAllocatorStats s1 = cuda::memory_stats(0);
     EXPECT_EQ(s1.requested_peak, s0.requested_bytes + (int64_t(64) << 20));
     EXPECT_GE(s1.reserved_bytes, s0.reserved_bytes);
@@ -151,9 +149,9 @@ TEST(CudaAllocator, StatsPeakEmptyCacheSnapshot) {
 }
 
 TEST(CudaAllocator, OutOfMemoryReportsAndRecovers) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_CUDA();
   try {
-    Tensor huge = empty({int64_t(1) << 50}, DType::u8, kCuda);  // 1 PiB
+    Tensor huge = empty({int64_t(1) << 50}, DType::u8, kGPU);  // 1 PiB
     FAIL() << "expected an out-of-memory error";
   } catch (const Error& e) {
     const std::string msg = e.what();
@@ -163,7 +161,7 @@ TEST(CudaAllocator, OutOfMemoryReportsAndRecovers) {
   }
   EXPECT_GE(cuda::memory_stats(0).num_ooms, 1);
   BLU_CUDA_CHECK(cudaGetLastError());  // the failed cudaMalloc left no sticky error
-  Tensor t = ones({16}, DType::f32, kCuda);
+  Tensor t = ones({16}, DType::f32, kGPU);
   EXPECT_EQ(to_vector(to_device(t, kCPU))[15], 1.0);
 }
 
@@ -187,46 +185,46 @@ struct BlockedStream {
 };
 
 TEST(CudaAllocator, RecordStreamHoldsTheBlockUntilTheStreamPasses) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_CUDA();
   BLU_CUDA_CHECK(cudaDeviceSynchronize());
   cuda::empty_cache();  // no cached block of the size below but the one under test
   BlockedStream side;
-  Tensor t = empty({int64_t(8) << 20}, DType::u8, kCuda);  // its own large block
+  Tensor t = empty({int64_t(8) << 20}, DType::u8, kGPU);  // its own large block
   void* p = t.raw_data();
   cuda::record_stream(t, side.stream.get());
   t = Tensor();
   EXPECT_EQ(cuda::memory_stats(0).pending_blocks, 1);
-  Tensor u = empty({int64_t(8) << 20}, DType::u8, kCuda);
+  Tensor u = empty({int64_t(8) << 20}, DType::u8, kGPU);
   EXPECT_NE(u.raw_data(), p) << "reused while the side stream may still read it";
   side.release = true;
   side.stream.synchronize();
-  Tensor v = empty({int64_t(8) << 20}, DType::u8, kCuda);
+  Tensor v = empty({int64_t(8) << 20}, DType::u8, kGPU);
   EXPECT_EQ(v.raw_data(), p) << "the block comes back once the side stream passed its event";
   EXPECT_EQ(cuda::memory_stats(0).pending_blocks, 0);
 }
 
 TEST(CudaAllocator, BlocksAreBoundToTheCurrentStream) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_CUDA();
   BLU_CUDA_CHECK(cudaDeviceSynchronize());
   cuda::empty_cache();
   cuda::Stream other;
   void* p = nullptr;
   {
-    Tensor t = empty({int64_t(6) << 20}, DType::u8, kCuda);
+    Tensor t = empty({int64_t(6) << 20}, DType::u8, kGPU);
     p = t.raw_data();
   }
   {
     cuda::StreamGuard g(other.get());
-    Tensor u = empty({int64_t(6) << 20}, DType::u8, kCuda);
+    Tensor u = empty({int64_t(6) << 20}, DType::u8, kGPU);
     EXPECT_NE(u.raw_data(), p) << "a block freed on the default stream went to another stream";
   }
-  Tensor w = empty({int64_t(6) << 20}, DType::u8, kCuda);
+  Tensor w = empty({int64_t(6) << 20}, DType::u8, kGPU);
   EXPECT_EQ(w.raw_data(), p);
   other.synchronize();
 }
 
 TEST(CudaAllocator, PinnedHostMemory) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_CUDA();
   cuda::PinnedAllocator& pa = cuda::pinned_allocator();
   EXPECT_TRUE(pa.device().is_cpu());
   const AllocatorStats s0 = pa.stats();
@@ -242,7 +240,7 @@ TEST(CudaAllocator, PinnedHostMemory) {
   // Host -> device copies stage through it and return the staging block.
   const int64_t raw0 = cuda::pinned_memory_stats().raw_allocs;
   for (int i = 0; i < 10; ++i) {
-    Tensor g = to_device(ones({1 << 16}, DType::f32), kCuda);
+    Tensor g = to_device(ones({1 << 16}, DType::f32), kGPU);
     BLU_CUDA_CHECK(cudaDeviceSynchronize());  // the staging block's event completes
   }
   EXPECT_LE(cuda::pinned_memory_stats().raw_allocs - raw0, 1) << cuda::memory_snapshot();
@@ -262,19 +260,19 @@ std::vector<std::pair<std::string, Tensor>> views_of(const Tensor& t) {
 }
 
 TEST(CudaCopy, RoundTripEveryDtypeBitExact) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_CUDA();
   uint32_t seed = 1;
   for (DType dt : kAllDTypes) {
     const Tensor base = random_bits({6, 5, 4}, dt, seed++);
     for (const auto& [name, v] : views_of(base)) {
       SCOPED_TRACE(std::string(dtype_name(dt)) + " " + name);
-      const Tensor g = to_device(v, kCuda);  // host gather into pinned staging
+      const Tensor g = to_device(v, kGPU);  // host gather into pinned staging
       ASSERT_TRUE(g.device().is_cuda());
       EXPECT_EQ(g.shape(), v.shape());
       EXPECT_TRUE(bits_equal(v, to_device(g, kCPU)));
     }
     // Non-contiguous on the GPU side: gather kernel before the device -> host copy.
-    const Tensor g = to_device(base, kCuda);
+    const Tensor g = to_device(base, kGPU);
     for (const auto& [name, gv] : views_of(g)) {
       SCOPED_TRACE(std::string(dtype_name(dt)) + " gpu-side " + name);
       Tensor want;
@@ -287,12 +285,12 @@ TEST(CudaCopy, RoundTripEveryDtypeBitExact) {
 }
 
 TEST(CudaCopy, EmptyAndLargeTransfers) {
-  REQUIRE_GPU();
-  Tensor e = to_device(empty({0, 3}, DType::f32), kCuda);
+  SKIP_WITHOUT_CUDA();
+  Tensor e = to_device(empty({0, 3}, DType::f32), kGPU);
   EXPECT_EQ(e.numel(), 0);
   EXPECT_EQ(to_device(e, kCPU).shape(), (Shape{0, 3}));
   const Tensor big = random_bits({int64_t(24) << 20}, DType::u8, 99);  // larger than a small segment
-  EXPECT_TRUE(bits_equal(big, to_device(to_device(big, kCuda), kCPU)));
+  EXPECT_TRUE(bits_equal(big, to_device(to_device(big, kGPU), kCPU)));
 }
 
 // Source values for casts: edge cases (as f64, cast to the source dtype on the CPU) then random bits.
@@ -313,11 +311,11 @@ Tensor cast_source(DType src, uint32_t seed) {
 }
 
 TEST(CudaCopy, CastMatchesCpuBitExact) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_CUDA();
   uint32_t seed = 100;
   for (DType from : kAllDTypes) {
     const Tensor src = cast_source(from, seed++);
-    const Tensor gsrc = to_device(src, kCuda);
+    const Tensor gsrc = to_device(src, kGPU);
     for (DType to : kAllDTypes) {
       if (to == from) continue;
       SCOPED_TRACE(std::string(dtype_name(from)) + " -> " + std::string(dtype_name(to)));
@@ -332,32 +330,32 @@ TEST(CudaCopy, CastMatchesCpuBitExact) {
 }
 
 TEST(CudaCopy, CopyIntoStridedDestinationWithBroadcast) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_CUDA();
   for (DType to : kAllDTypes) {
     for (DType from : {DType::f32, DType::bf16, DType::i64}) {
       SCOPED_TRACE(std::string(dtype_name(from)) + " -> " + std::string(dtype_name(to)));
       const Tensor src = cast_source(from, 7);
       const Tensor row = narrow(src, 0, 0, 5);  // broadcast over dim 0 of the destination
-      Tensor cdst = zeros({4, 8, 5}, to), gdst = zeros({4, 8, 5}, to, kCuda);
+      Tensor cdst = zeros({4, 8, 5}, to), gdst = zeros({4, 8, 5}, to, kGPU);
       Tensor cview = transpose(narrow(cdst, 1, 2, 5), 0, 1);  // [5, 4, 5], strided
       Tensor gview = transpose(narrow(gdst, 1, 2, 5), 0, 1);
       copy_(cview, row);
-      copy_(gview, to_device(row, kCuda));
+      copy_(gview, to_device(row, kGPU));
       EXPECT_TRUE(bits_equal(cdst, to_device(gdst, kCPU)));
     }
   }
 }
 
 TEST(CudaCopy, FillAndArangeMatchCpu) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_CUDA();
   for (DType dt : kAllDTypes) {
     SCOPED_TRACE(dtype_name(dt));
     for (double v : {0.0, 1.0, -1.5, 3.3, 65504.0, 1e5, 257.0}) {
       if (!is_floating(dt) && v != std::trunc(v)) continue;
       if ((dt == DType::u8 || dt == DType::b8) && (v < 0 || v > 255)) continue;
-      EXPECT_TRUE(bits_equal(full({3, 7}, v, dt), to_device(full({3, 7}, v, dt, kCuda), kCPU))) << "value " << v;
+      EXPECT_TRUE(bits_equal(full({3, 7}, v, dt), to_device(full({3, 7}, v, dt, kGPU), kCPU))) << "value " << v;
       // fill_ of a non-contiguous view leaves the rest alone.
-      Tensor c = zeros({6, 9}, dt), g = zeros({6, 9}, dt, kCuda);
+      Tensor c = zeros({6, 9}, dt), g = zeros({6, 9}, dt, kGPU);
       fill_(narrow(transpose(c, 0, 1), 0, 2, 4), v);
       fill_(narrow(transpose(g, 0, 1), 0, 2, 4), v);
       EXPECT_TRUE(bits_equal(c, to_device(g, kCPU))) << "value " << v;
@@ -365,7 +363,7 @@ TEST(CudaCopy, FillAndArangeMatchCpu) {
     if (dt == DType::b8) continue;
     const double step = is_floating(dt) ? 0.1 : 3;
     const double end = dt == DType::u8 ? 250 : 1000;
-    EXPECT_TRUE(bits_equal(arange(-2, end, step, dt), to_device(arange(-2, end, step, dt, kCuda), kCPU)));
+    EXPECT_TRUE(bits_equal(arange(-2, end, step, dt), to_device(arange(-2, end, step, dt, kGPU), kCPU)));
   }
 }
 

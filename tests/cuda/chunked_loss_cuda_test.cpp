@@ -16,16 +16,12 @@
 #include "blu/blu.h"
 #include "blu/models/gpt2/gpt2.h"
 #include "blu/train/trainer.h"
+#include "cuda/cuda_test_util.h"
 
 namespace blu {
 namespace {
 
-const Device kGpu{DeviceType::cuda, 0};
-
-#define SKIP_WITHOUT_CUDA()           \
-  if (cuda::device_count() == 0) {    \
-    GTEST_SKIP() << "no CUDA device"; \
-  }
+using test::kGPU;
 
 Tensor on_host_f64(const Tensor& t) {
   Tensor h = to_device(t, kCPU);
@@ -62,10 +58,10 @@ void check_against_f64(DType dt, double tol) {
   for (int64_t i = 0; i < N; i += 97) ids[size_t(i)] = -1;  // ignored rows
   const Tensor t = from_vector(ids, {N}, DType::i64);
   const Result ref = run(to_dtype(x0, DType::f64), to_dtype(w0, DType::f64), t, K, 0, kCPU);
-  const Result whole = run(x0, w0, t, K, 0, kGpu);
+  const Result whole = run(x0, w0, t, K, 0, kGPU);
   for (int64_t chunks : {1, 3, 8}) {
     SCOPED_TRACE(std::string(dtype_name(dt)) + ", " + std::to_string(chunks) + " pieces");
-    const Result p = run(x0, w0, t, K, chunks, kGpu);
+    const Result p = run(x0, w0, t, K, chunks, kGPU);
     const double e_loss = rel(p.loss, ref.loss), e_gx = rel(p.gx, ref.gx), e_gw = rel(p.gw, ref.gw);
     const double w_loss = rel(whole.loss, ref.loss), w_gx = rel(whole.gx, ref.gx), w_gw = rel(whole.gw, ref.gw);
     std::cout << dtype_name(dt) << " " << chunks << " pieces: loss " << e_loss << " (whole " << w_loss << "), gx "
@@ -90,14 +86,14 @@ Step gpt_step(int64_t chunks) {
   c.vocab_size = 8000, c.padded_vocab_size = 8064, c.block_size = 128;
   c.n_layer = 2, c.n_head = 2, c.n_embd = 128;
   models::GPT m(c, 5);
-  m.to(kGpu);
+  m.to(kGPU);
   m.train();
   train::apply_precision(m, "bf16");
   m.set_loss_chunks(chunks);
   Generator g(3);
-  const Tensor idx = to_device(randint(0, c.vocab_size, {16, 128}, DType::i64, kCPU, &g), kGpu);
-  const Tensor tg = to_device(randint(0, c.vocab_size, {16, 128}, DType::i64, kCPU, &g), kGpu);
-  Allocator& dev = allocator_for(kGpu);
+  const Tensor idx = to_device(randint(0, c.vocab_size, {16, 128}, DType::i64, kCPU, &g), kGPU);
+  const Tensor tg = to_device(randint(0, c.vocab_size, {16, 128}, DType::i64, kCPU, &g), kGPU);
+  Allocator& dev = allocator_for(kGPU);
   BLU_CUDA_CHECK(cudaDeviceSynchronize());
   const int64_t base = dev.stats().current_bytes;
   dev.reset_peak();

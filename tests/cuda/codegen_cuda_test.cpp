@@ -29,11 +29,12 @@
 #include "blu/models/gpt2/gpt2.h"
 #include "blu/ops/optim.h"
 #include "common/tiny_gpt.h"
+#include "cuda/cuda_test_util.h"
 
 namespace blu::compiler {
 namespace {
 
-const Device kGPU("cuda:0");
+using test::kGPU;
 
 void use_temp_cache() {
   static const std::string dir = [] {

@@ -26,11 +26,12 @@
 #include "blu/models/gpt2/gpt2.h"
 #include "common/checks.h"
 #include "common/tiny_gpt.h"
+#include "cuda/cuda_test_util.h"
 
 namespace blu {
 namespace {
 
-const Device kGPU("cuda:0");
+using test::kGPU;
 
 struct Result {
   std::vector<double> losses;

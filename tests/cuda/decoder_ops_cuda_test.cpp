@@ -19,18 +19,12 @@
 #include "blu/ops/nn.h"
 #include "common/checks.h"
 #include "common/opinfo.h"
+#include "cuda/cuda_test_util.h"
 
 namespace blu::test {
 namespace {
 
-const Device kGPU("cuda:0");
-
-#define SKIP_WITHOUT_CUDA()           \
-  if (cuda::device_count() == 0) {    \
-    GTEST_SKIP() << "no CUDA device"; \
-  }
-
-Tensor dev(const Tensor& t) { return to_device(t, kGPU); }
+// Like test::host (which this one hides here), but of t.detach().
 Tensor host(const Tensor& t) {
   Tensor h = to_device(t.detach(), kCPU);
   BLU_CUDA_CHECK(cudaDeviceSynchronize());

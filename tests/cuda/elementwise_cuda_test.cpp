@@ -17,18 +17,14 @@
 #include "blu/backend/cuda/philox.cuh"
 #include "blu/backend/cuda/runtime.h"
 #include "blu/blu.h"
+#include "cuda/cuda_test_util.h"
 
 namespace blu {
 namespace {
 
-const Device kCuda{DeviceType::cuda, 0};
+using test::kGPU;
 
-#define REQUIRE_GPU()                                                   \
-  do {                                                                  \
-    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";    \
-  } while (0)
-
-Tensor gpu(const Tensor& t) { return to_device(contiguous(t), kCuda); }
+Tensor gpu(const Tensor& t) { return to_device(contiguous(t), kGPU); }
 Tensor cpu(const Tensor& t) {
   Tensor c = to_device(t, kCPU);
   return c.is_contiguous() ? c : contiguous(c);
@@ -185,25 +181,25 @@ TEST(CudaElementwiseHost, RandnRoundingHasMarginOnEveryInput) {
 
 // ---------------------------------------------------------------- random
 TEST(CudaElementwise, RandomStreamsAreBitIdentical) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_CUDA();
   for (DType dt : kFloats)
     for (int64_t n : {int64_t(1), int64_t(3), int64_t(4), int64_t(1001), int64_t((1 << 20) + 3)}) {
       Generator gc(1234, 17), gg(1234, 17);
-      EXPECT_TRUE(same_bits(rand({n}, dt, kCPU, &gc), rand({n}, dt, kCuda, &gg))) << "rand " << dt << " n=" << n;
-      EXPECT_TRUE(same_bits(randn({n}, dt, kCPU, &gc), randn({n}, dt, kCuda, &gg))) << "randn " << dt << " n=" << n;
+      EXPECT_TRUE(same_bits(rand({n}, dt, kCPU, &gc), rand({n}, dt, kGPU, &gg))) << "rand " << dt << " n=" << n;
+      EXPECT_TRUE(same_bits(randn({n}, dt, kCPU, &gc), randn({n}, dt, kGPU, &gg))) << "randn " << dt << " n=" << n;
       EXPECT_EQ(gc.offset(), gg.offset());
     }
   for (DType dt : {DType::i64, DType::i32, DType::f32, DType::bf16, DType::u8})
     for (auto [lo, hi] : std::vector<std::pair<int64_t, int64_t>>{{0, 50257}, {-7, 8}, {0, 2}}) {
       Generator gc(7), gg(7);
-      EXPECT_TRUE(same_bits(randint(lo, hi, {100003}, dt, kCPU, &gc), randint(lo, hi, {100003}, dt, kCuda, &gg)))
+      EXPECT_TRUE(same_bits(randint(lo, hi, {100003}, dt, kCPU, &gc), randint(lo, hi, {100003}, dt, kGPU, &gg)))
           << "randint " << dt << " [" << lo << ", " << hi << ")";
     }
 }
 
 // ---------------------------------------------------------------- pointwise
 TEST(CudaElementwise, LargeContiguousBinaryBitIdentical) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_CUDA();
   Generator g(1);
   for (DType dt : kFloats)
     for (int64_t n : {int64_t(1000003), int64_t(7), int64_t(16)}) {
@@ -224,7 +220,7 @@ TEST(CudaElementwise, LargeContiguousBinaryBitIdentical) {
 }
 
 TEST(CudaElementwise, BroadcastAndStrided) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_CUDA();
   Generator g(2);
   for (DType dt : {DType::f32, DType::bf16}) {
     const Tensor x = to_dtype(randn({1001, 1031}, DType::f32, kCPU, &g), dt);
@@ -266,7 +262,7 @@ TEST(CudaElementwise, BroadcastAndStrided) {
 }
 
 TEST(CudaElementwise, UnaryMathAgainstCpu) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_CUDA();
   Generator g(3);
   // add/mul/neg/relu/abs/sign/clamp/sqrt/rsqrt/sigmoid* are IEEE-exact; exp/log/tanh/erf/pow come
   // from CUDA's math library (within 2 ulp in f32): bf16/f16 outputs agree within 1 ulp of their
@@ -298,7 +294,7 @@ TEST(CudaElementwise, UnaryMathAgainstCpu) {
 }
 
 TEST(CudaElementwise, SixteenBitRoundingAndNaN) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_CUDA();
   // Products and sums that land exactly between two bf16/f16 values (ties to even), overflow,
   // subnormal results and NaN (encoded as the CPU encodes it).
   for (DType dt : {DType::bf16, DType::f16}) {
@@ -317,7 +313,7 @@ TEST(CudaElementwise, SixteenBitRoundingAndNaN) {
 }
 
 TEST(CudaElementwise, GradHelpers) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_CUDA();
   Generator g(4);
   for (DType dt : kFloats) {
     const Tensor x = to_dtype(mul(randn({300007}, DType::f32, kCPU, &g), 3.0), dt);
@@ -340,7 +336,7 @@ TEST(CudaElementwise, GradHelpers) {
 
 // ---------------------------------------------------------------- reductions
 TEST(CudaElementwise, SumLargeDims) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_CUDA();
   Generator g(5);
   const Tensor x = randn({4097, 1031}, DType::f32, kCPU, &g), gx = gpu(x);
   // f32 accumulates in float on the GPU, double on the CPU.
@@ -366,11 +362,11 @@ TEST(CudaElementwise, SumLargeDims) {
   EXPECT_TRUE(same_bits(sum(xi, {0}), sum(gpu(xi), {0})));
   EXPECT_TRUE(same_bits(sum(xi), sum(gpu(xi))));
   const Tensor e = zeros({0, 5});
-  EXPECT_TRUE(same_bits(sum(e, {0}), sum(to_device(e, kCuda), {0}))) << "empty reduced dim";
+  EXPECT_TRUE(same_bits(sum(e, {0}), sum(to_device(e, kGPU), {0}))) << "empty reduced dim";
 }
 
 TEST(CudaElementwise, MaxMinNaNAndTies) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_CUDA();
   Generator g(6);
   for (DType dt : {DType::f32, DType::bf16, DType::i64}) {
     // Few distinct values: many ties; rows long enough to use many threads.
@@ -398,7 +394,7 @@ TEST(CudaElementwise, MaxMinNaNAndTies) {
 }
 
 TEST(CudaElementwise, MaxBackwardScatters) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_CUDA();
   Generator g(7);
   const Tensor x = randn({129, 257}, DType::f32, kCPU, &g);
   const Tensor gr = randn({257}, DType::f32, kCPU, &g);
@@ -410,7 +406,7 @@ TEST(CudaElementwise, MaxBackwardScatters) {
 
 // ---------------------------------------------------------------- join
 TEST(CudaElementwise, CatManyInputs) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_CUDA();
   Generator g(8);
   for (DType dt : {DType::f32, DType::bf16, DType::i64, DType::b8}) {
     const Tensor a = to_dtype(randn({37, 129}, DType::f32, kCPU, &g), dt);
@@ -430,7 +426,7 @@ TEST(CudaElementwise, CatManyInputs) {
 // last dim (split's backward in attention), a permute of outer dims, a broadcast row; rows that
 // are not whole vectors or not aligned fall back to the element path. All bit-exact vs the CPU.
 TEST(CudaElementwise, RowContiguousStridedCopies) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_CUDA();
   Generator g(9);
   for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
     auto r = [&](const Shape& s) { return to_dtype(randn(s, DType::f32, kCPU, &g), dt); };

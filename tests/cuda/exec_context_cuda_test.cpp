@@ -29,18 +29,13 @@
 #include "blu/optim/optimizer.h"
 #include "common/checks.h"
 #include "common/tiny_gpt.h"
+#include "cuda/cuda_test_util.h"
 
 namespace blu {
 namespace {
 
 using test::bitwise_equal;
-
-const Device kGPU("cuda:0");
-
-#define SKIP_WITHOUT_CUDA()           \
-  if (cuda::device_count() == 0) {    \
-    GTEST_SKIP() << "no CUDA device"; \
-  }
+using test::kGPU;
 
 // A stream that synchronises with the legacy default stream (cudaStreamCreate's default flags):
 // under a global-mode capture on it, any work queued on the legacy stream is an error.

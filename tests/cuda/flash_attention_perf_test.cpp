@@ -12,12 +12,11 @@
 #include "blu/backend/cuda/flash_attention.h"
 #include "blu/backend/cuda/runtime.h"
 #include "blu/blu.h"
+#include "cuda/cuda_test_util.h"
 #include "cuda/flash_attention_scopes.h"
 
 namespace blu::test {
 namespace {
-
-const Device kGPU("cuda:0");
 
 // GPT-2 124M attention: B16 H12 T1024 D64 (D: the head dim), causal, in `dtype`. Prints ms and
 // TFLOP/s (flops counted as FlashAttention does: forward 4·B·H·T²·D, halved for causal; backward

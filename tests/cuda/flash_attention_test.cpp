@@ -32,13 +32,12 @@
 #include "blu/backend/cuda/runtime.h"
 #include "blu/blu.h"
 #include "blu/ops/precision.h"
+#include "cuda/cuda_test_util.h"
 #include "cuda/flash_attention_checks.h"
 #include "cuda/flash_attention_scopes.h"
 
 namespace blu::test {
 namespace {
-
-const Device kGPU("cuda:0");
 
 enum class Layout { contiguous, gpt };
 

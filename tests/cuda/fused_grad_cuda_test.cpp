@@ -16,22 +16,14 @@
 #include "blu/ops/reduce.h"
 #include "blu/ops/view.h"
 #include "blu/optim/optimizer.h"
+#include "cuda/cuda_test_util.h"
 
 namespace blu {
 namespace {
 
-const Device kCuda{DeviceType::cuda, 0};
+using test::host;
+using test::kGPU;
 
-#define SKIP_WITHOUT_CUDA()           \
-  if (cuda::device_count() == 0) {    \
-    GTEST_SKIP() << "no CUDA device"; \
-  }
-
-Tensor host(const Tensor& t) {
-  Tensor h = to_device(t, kCPU);
-  BLU_CUDA_CHECK(cudaDeviceSynchronize());
-  return h;
-}
 std::vector<double> vals(const Tensor& t) {
   return to_vector(to_dtype(t.device().is_cpu() ? t : host(t), DType::f64));
 }
@@ -55,9 +47,9 @@ void check_linear_backward(DType dt, int64_t R, int64_t in, int64_t out, double 
   Tensor xc = clone(x0).set_requires_grad(true), wc = clone(w0).set_requires_grad(true),
          bc = clone(b0).set_requires_grad(true);
   linear(xc, wc, bc).backward(g0);
-  Tensor xd = to_device(x0, kCuda).set_requires_grad(true), wd = to_device(w0, kCuda).set_requires_grad(true),
-         bd = to_device(b0, kCuda).set_requires_grad(true);
-  linear(xd, wd, bd).backward(to_device(g0, kCuda));
+  Tensor xd = to_device(x0, kGPU).set_requires_grad(true), wd = to_device(w0, kGPU).set_requires_grad(true),
+         bd = to_device(b0, kGPU).set_requires_grad(true);
+  linear(xd, wd, bd).backward(to_device(g0, kGPU));
   const double scale = std::sqrt(double(R));  // gradients of w and b sum R products
   expect_close(xd.grad(), xc.grad(), atol * std::sqrt(double(out)), rtol, "grad_x");
   expect_close(wd.grad(), wc.grad(), atol * scale, rtol, "grad_w");
@@ -101,7 +93,7 @@ TEST(FusedGradCuda, SumSquaresMatchesCpuAndIsDeterministic) {
   SKIP_WITHOUT_CUDA();
   const std::vector<Tensor> cpu = mixed_tensors();
   std::vector<Tensor> gpu;
-  for (const Tensor& t : cpu) gpu.push_back(to_device(t, kCuda));
+  for (const Tensor& t : cpu) gpu.push_back(to_device(t, kGPU));
   const Tensor want = sum_squares(cpu);
   ASSERT_EQ(want.dtype(), DType::f64);
   const Tensor got = sum_squares(gpu);
@@ -118,8 +110,8 @@ TEST(FusedGradCuda, SumSquaresMatchesCpuAndIsDeterministic) {
 
 TEST(FusedGradCuda, SumSquaresEmptyAndSingle) {
   SKIP_WITHOUT_CUDA();
-  EXPECT_EQ(vals(sum_squares({to_device(zeros({0}), kCuda)}))[0], 0.0);
-  EXPECT_EQ(vals(sum_squares({to_device(full({3}, 2.0), kCuda)}))[0], 12.0);
+  EXPECT_EQ(vals(sum_squares({to_device(zeros({0}), kGPU)}))[0], 0.0);
+  EXPECT_EQ(vals(sum_squares({to_device(full({3}, 2.0), kGPU)}))[0], 12.0);
 }
 
 TEST(FusedGradCuda, ClipGradNormMatchesCpu) {
@@ -130,7 +122,7 @@ TEST(FusedGradCuda, ClipGradNormMatchesCpu) {
     Tensor p = randn({n}).set_requires_grad(true);
     sum(mul(p, p)).backward();
     pc.push_back(p);
-    Tensor q = to_device(p.detach(), kCuda).set_requires_grad(true);
+    Tensor q = to_device(p.detach(), kGPU).set_requires_grad(true);
     sum(mul(q, q)).backward();
     pd.push_back(q);
   }

@@ -22,6 +22,7 @@
 #include "blu/ops/optim.h"
 #include "blu/ops/precision.h"
 #include "blu/ops/view.h"
+#include "cuda/cuda_test_util.h"
 #include "ops/donated_logits_check.h"
 
 namespace blu {
@@ -30,21 +31,10 @@ namespace {
 using cuda::GemmArgs;
 using cuda::GemmCompute;
 using cuda::GemmEpilogue;
+using test::dev;
+using test::host;
+using test::kGPU;
 
-const Device kCuda{DeviceType::cuda, 0};
-
-#define SKIP_WITHOUT_CUDA()                     \
-  if (cuda::device_count() == 0) {              \
-    GTEST_SKIP() << "no CUDA device";           \
-  }
-
-Tensor dev(const Tensor& t) { return to_device(t, kCuda); }
-// Device → host, then wait for the device so the host reads finished data.
-Tensor host(const Tensor& t) {
-  Tensor h = to_device(t, kCPU);
-  BLU_CUDA_CHECK(cudaDeviceSynchronize());
-  return h;
-}
 std::vector<double> hvec(const Tensor& t) { return to_vector(t.device().is_cpu() ? t : host(t)); }
 Tensor f64(const Tensor& t) { return to_dtype(t.device().is_cpu() ? t : host(t), DType::f64); }
 // Random values exactly representable in dtype (drawn in f32, rounded once).
@@ -164,10 +154,10 @@ void run_gemm_case(const GemmCase& gc) {
   const Tensor b_log = gc.tb ? transpose(b_store, 0, 1) : b_store;
   const Tensor bias = rnd({N}, gc.dtype);
   const Tensor a_dev = dev(a_store), b_dev = dev(b_store), bias_dev = dev(bias);
-  const Tensor c_dev = empty({M, N}, gc.dtype, kCuda);
-  const Tensor aux_dev = empty({M, N}, gc.dtype, kCuda);
+  const Tensor c_dev = empty({M, N}, gc.dtype, kGPU);
+  const Tensor aux_dev = empty({M, N}, gc.dtype, kGPU);
   const int64_t bias_len = gc.epi == GemmEpilogue::bgrad_a ? M : N;
-  const Tensor bgrad_dev = empty({bias_len}, gc.dtype, kCuda);
+  const Tensor bgrad_dev = empty({bias_len}, gc.dtype, kGPU);
 
   GemmArgs g;
   g.dtype = gc.dtype;
@@ -640,7 +630,7 @@ TEST(CudaNN, LayerNormForwardBackwardMatchCpuAndIsDeterministic) {
 // [B·T, V] logits take their own gradient, one such buffer fewer at the step's peak.
 TEST(CudaNN, CrossEntropyBackwardWritesOverDroppedLogits) {
   SKIP_WITHOUT_CUDA();
-  for (DType dt : {DType::f32, DType::bf16}) test::check_donated_logits(kCuda, dt);
+  for (DType dt : {DType::f32, DType::bf16}) test::check_donated_logits(kGPU, dt);
 }
 
 TEST(CudaNN, EmbeddingForwardAndDeterministicBackward) {

@@ -21,11 +21,10 @@
 #include "blu/ops/precision.h"
 #include "blu/optim/optimizer.h"
 #include "common/torch_oracle.h"
+#include "cuda/cuda_test_util.h"
 
 namespace blu::test {
 namespace {
-
-const Device kGPU("cuda:0");
 
 // ‖got − ref‖ / ‖ref‖ over all elements (both moved to the host in f64).
 double rel_norm_error(const Tensor& got, const Tensor& ref) {

@@ -18,11 +18,10 @@
 #include "blu/blu.h"
 #include "blu/models/llama/llama.h"
 #include "blu/ops/precision.h"
+#include "cuda/cuda_test_util.h"
 
 namespace blu::test {
 namespace {
-
-const Device kGPU("cuda:0");
 
 double rel_norm_error(const Tensor& got, const Tensor& ref) {
   const auto a = to_vector(got), b = to_vector(ref);

@@ -20,23 +20,15 @@
 #include "blu/models/gpt2/gpt2.h"
 #include "blu/ops/optim.h"
 #include "blu/optim/optimizer.h"
+#include "cuda/cuda_test_util.h"
 
 namespace blu {
 namespace {
 
-const Device kCuda{DeviceType::cuda, 0};
+using test::dev;
+using test::host;
+using test::kGPU;
 
-#define SKIP_WITHOUT_CUDA()           \
-  if (cuda::device_count() == 0) {    \
-    GTEST_SKIP() << "no CUDA device"; \
-  }
-
-Tensor dev(const Tensor& t) { return to_device(t, kCuda); }
-Tensor host(const Tensor& t) {
-  Tensor h = to_device(t, kCPU);
-  BLU_CUDA_CHECK(cudaDeviceSynchronize());
-  return h;
-}
 // Bitwise equality of two tensors, either on either device (any layouts).
 ::testing::AssertionResult bit_equal(const std::string& what, const Tensor& x, const Tensor& y) {
   const Tensor a = contiguous(x.device().is_cpu() ? x : host(x)), b = contiguous(y.device().is_cpu() ? y : host(y));
@@ -176,7 +168,7 @@ GptRun train(bool adamw, bool gated, int steps) {
   GptRun r;
   models::GPTConfig cfg = ::blu::test::tiny_gpt();
   r.model = std::make_unique<models::GPT>(cfg, 3);
-  r.model->to(kCuda);
+  r.model->to(kGPU);
   r.model->set_compute_dtype(DType::bf16);
   auto groups = optim::decay_groups(r.model->named_parameters(), 0.1);
   r.opt = adamw ? optim::make_adamw(groups, {.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8})
@@ -185,8 +177,8 @@ GptRun train(bool adamw, bool gated, int steps) {
   const std::vector<Tensor> params = r.model->parameters();
   Generator data(5);
   for (int step = 0; step < steps; ++step) {
-    const Tensor idx = randint(0, 101, {2, 16}, DType::i64, kCuda, &data);
-    const Tensor tgt = randint(0, 101, {2, 16}, DType::i64, kCuda, &data);
+    const Tensor idx = randint(0, 101, {2, 16}, DType::i64, kGPU, &data);
+    const Tensor tgt = randint(0, 101, {2, 16}, DType::i64, kGPU, &data);
     r.opt->zero_grad();
     r.model->forward(idx, tgt).loss.backward();
     const uint64_t r0 = host_reads();
@@ -230,7 +222,7 @@ TEST(CudaNormGate, GptGateEqualsClipThenStepWithoutHostReads) {
     GptRun& g = gated;
     g.opt->zero_grad();
     Generator data(9);
-    const Tensor idx = randint(0, 101, {2, 16}, DType::i64, kCuda, &data);
+    const Tensor idx = randint(0, 101, {2, 16}, DType::i64, kGPU, &data);
     g.model->forward(idx, idx).loss.backward();
     Tensor w = g.model->named_parameters()[2].second;
     copy_(narrow(reshape(w.grad(), {w.numel()}), 0, 1, 1), dev(full({1}, NAN)));

@@ -23,6 +23,7 @@
 #include "blu/offload/offload_adamw.h"
 #include "blu/train/trainer.h"
 #include "common/tiny_gpt.h"
+#include "cuda/cuda_test_util.h"
 #include "cuda/held_fills.h"
 #include "data/data_test_util.h"
 #include "offload/overlap_run.h"
@@ -30,9 +31,6 @@
 
 namespace blu::offload {
 namespace {
-
-#define SKIP_WITHOUT_GPU() \
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
 
 std::vector<float> host_floats(const Tensor& t) {
   const Tensor h = to_device(t.dtype() == DType::f32 ? t : to_dtype(t, DType::f32), kCPU);
@@ -47,7 +45,7 @@ Tensor random_cuda(const Shape& shape, std::mt19937& rng, float scale) {
 }
 
 void check_against_plain(UpdateOn update) {
-  SKIP_WITHOUT_GPU();
+  SKIP_WITHOUT_CUDA();
   std::mt19937 rng(3);
   const std::vector<Shape> shapes{{257, 96}, {96}, {1000, 33}, {5}};
   std::vector<Tensor> a, b;  // the same parameters twice
@@ -116,7 +114,7 @@ TEST(OffloadCuda, StreamedChunkedUpdateMatchesPlainAdamWBitwise) { check_against
 // the current stream (cuda/held_fills.h), on blocks freed right before the optimizer is made, would
 // land on the uploaded moments. A first optimizer warms the pinned cache and the kernels.
 TEST(OffloadCuda, StreamedUpdateWaitsForWorkQueuedOnItsStagingBuffers) {
-  SKIP_WITHOUT_GPU();
+  SKIP_WITHOUT_CUDA();
   const Device gpu("cuda");
   std::mt19937 rng(5);
   const int64_t n = int64_t(1) << 22;  // 16 MiB of f32: one chunk
@@ -156,7 +154,7 @@ TEST(OffloadCuda, StreamedUpdateWaitsForWorkQueuedOnItsStagingBuffers) {
 // inside the step (to the rounding of the attention backward's atomics), and step() must return
 // before the worker reaches block 1.
 TEST(OffloadCuda, UpdateBehindForwardTrainsLikeUpdateInsideStep) {
-  SKIP_WITHOUT_GPU();
+  SKIP_WITHOUT_CUDA();
   auto run = [](const std::string& state, bool overlap) {
     const auto hold = [](int64_t, size_t) { std::this_thread::sleep_for(std::chrono::milliseconds(30)); };
     return strategy_run(Device("cuda"), state, overlap, overlap ? std::function<void(int64_t, size_t)>(hold) : nullptr);
@@ -173,7 +171,7 @@ TEST(OffloadCuda, UpdateBehindForwardTrainsLikeUpdateInsideStep) {
 }
 
 TEST(OffloadCuda, TrainsLikePlainRun) {
-  SKIP_WITHOUT_GPU();
+  SKIP_WITHOUT_CUDA();
   test::TempDir data;
   train::test_util::write_toy_shards(data.path(), 512, 8192, 65536);
   auto options = [&](const std::string& state, const std::string& update) {

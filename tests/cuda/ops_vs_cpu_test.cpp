@@ -7,11 +7,10 @@
 
 #include "blu/backend/cuda/runtime.h"
 #include "common/opinfo.h"
+#include "cuda/cuda_test_util.h"
 
 namespace blu::test {
 namespace {
-
-const Device kGPU("cuda:0");
 
 // The same values on the GPU, keeping the kind of layout the sample had.
 Tensor like_on_gpu(const Tensor& t) {

@@ -20,23 +20,15 @@
 #include "blu/models/gpt2/gpt2.h"
 #include "blu/ops/optim.h"
 #include "blu/optim/optimizer.h"
+#include "cuda/cuda_test_util.h"
 
 namespace blu {
 namespace {
 
-const Device kCuda{DeviceType::cuda, 0};
+using test::dev;
+using test::host;
+using test::kGPU;
 
-#define SKIP_WITHOUT_CUDA()           \
-  if (cuda::device_count() == 0) {    \
-    GTEST_SKIP() << "no CUDA device"; \
-  }
-
-Tensor dev(const Tensor& t) { return to_device(t, kCuda); }
-Tensor host(const Tensor& t) {
-  Tensor h = to_device(t, kCPU);
-  BLU_CUDA_CHECK(cudaDeviceSynchronize());
-  return h;
-}
 // Bitwise equality of a device tensor and a host tensor (any layouts).
 ::testing::AssertionResult bit_equal(const std::string& what, const Tensor& d, const Tensor& h) {
   const Tensor a = contiguous(d.device().is_cpu() ? d : host(d)), b = contiguous(h);
@@ -134,7 +126,7 @@ GptRun tiny_gpt(bool adamw) {
   cfg.n_embd = 128;  // head dim 64: the flash-attention path GPT-2 takes
   cfg.n_head = 2;
   r.model = std::make_unique<models::GPT>(cfg, 3);
-  r.model->to(kCuda);
+  r.model->to(kGPU);
   r.model->set_compute_dtype(DType::bf16);
   auto groups = optim::decay_groups(r.model->named_parameters(), 0.1);
   r.opt = adamw ? optim::make_adamw(groups, {.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8})
@@ -150,8 +142,8 @@ TEST(CudaComputeCopy, GptCopiesEqualTheCastAfterEveryStep) {
     GptRun r = tiny_gpt(adamw);
     Generator data(5);
     for (int step = 0; step < 3; ++step) {
-      const Tensor idx = randint(0, 101, {2, 16}, DType::i64, kCuda, &data);
-      const Tensor tgt = randint(0, 101, {2, 16}, DType::i64, kCuda, &data);
+      const Tensor idx = randint(0, 101, {2, 16}, DType::i64, kGPU, &data);
+      const Tensor tgt = randint(0, 101, {2, 16}, DType::i64, kGPU, &data);
       r.opt->zero_grad();
       r.model->forward(idx, tgt).loss.backward();
       r.opt->step();
@@ -169,7 +161,7 @@ TEST(CudaComputeCopy, GptCopiesEqualTheCastAfterEveryStep) {
     }
     // Logits with the (written or re-cast) copies equal those of plain casts.
     NoGradGuard ng;
-    const Tensor idx = randint(0, 101, {2, 16}, DType::i64, kCuda, &data);
+    const Tensor idx = randint(0, 101, {2, 16}, DType::i64, kGPU, &data);
     const Tensor on = r.model->forward(idx).logits;
     for (const auto& [p, c] : r.model->compute_copies()) {
       if (c->tensor().defined()) {

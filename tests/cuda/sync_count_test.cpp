@@ -20,6 +20,7 @@
 #include "blu/blu.h"
 #include "blu/models/registry.h"
 #include "blu/train/trainer.h"
+#include "cuda/cuda_test_util.h"
 #include "data/data_test_util.h"
 #include "train/train_test_util.h"
 
@@ -121,9 +122,6 @@ namespace {
 
 using test::TempDir;
 
-#define SKIP_WITHOUT_GPU() \
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
-
 // Trains `model` for 15 steps, logging every 5th; counts over steps 6..15 (after warm-up: the
 // caching allocator has its blocks, cuBLASLt its plans), which hold two logged steps.
 void expect_syncs_only_on_logged_steps(const nlohmann::json& model, const std::string& precision) {
@@ -165,7 +163,7 @@ void expect_syncs_only_on_logged_steps(const nlohmann::json& model, const std::s
 }
 
 TEST(SyncCount, Gpt2Bf16OnlyLoggedStepsSynchronise) {
-  SKIP_WITHOUT_GPU();
+  SKIP_WITHOUT_CUDA();
   nlohmann::json m = models::resolve_model_config("gpt2:tiny");
   m["vocab_size"] = 512, m["padded_vocab_size"] = 512, m["n_embd"] = 128, m["block_size"] = 64;
   expect_syncs_only_on_logged_steps(m, "bf16");
@@ -173,14 +171,14 @@ TEST(SyncCount, Gpt2Bf16OnlyLoggedStepsSynchronise) {
 
 // fp16: the loss scale, its unscaling and its overflow decision stay on the device as well.
 TEST(SyncCount, Gpt2Fp16OnlyLoggedStepsSynchronise) {
-  SKIP_WITHOUT_GPU();
+  SKIP_WITHOUT_CUDA();
   nlohmann::json m = models::resolve_model_config("gpt2:tiny");
   m["vocab_size"] = 512, m["padded_vocab_size"] = 512, m["n_embd"] = 128, m["block_size"] = 64;
   expect_syncs_only_on_logged_steps(m, "fp16");
 }
 
 TEST(SyncCount, LlamaBf16OnlyLoggedStepsSynchronise) {
-  SKIP_WITHOUT_GPU();
+  SKIP_WITHOUT_CUDA();
   nlohmann::json m = models::resolve_model_config("llama:tiny");  // widened to head dim 64: the flash kernels
   m["vocab_size"] = 512, m["hidden_size"] = 256, m["num_attention_heads"] = 4, m["num_key_value_heads"] = 2;
   m["intermediate_size"] = 512;

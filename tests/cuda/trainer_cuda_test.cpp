@@ -14,6 +14,7 @@
 #include "blu/blu.h"
 #include "blu/train/model_spec.h"
 #include "blu/train/trainer.h"
+#include "cuda/cuda_test_util.h"
 #include "data/data_test_util.h"
 #include "train/train_test_util.h"
 
@@ -21,9 +22,6 @@ namespace blu::train {
 namespace {
 
 constexpr int64_t kVocab = 512;
-
-#define SKIP_WITHOUT_GPU() \
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
 
 TrainOptions gpu_options(const test::TempDir& data, const std::filesystem::path& out, const std::string& precision) {
   TrainOptions o = test_util::toy_run(data.path(), out, kVocab, precision);
@@ -46,7 +44,7 @@ TrainOptions gpu_options(const test::TempDir& data, const std::filesystem::path&
 }
 
 void train_resume_and_sample(const std::string& precision) {
-  SKIP_WITHOUT_GPU();
+  SKIP_WITHOUT_CUDA();
   test::TempDir data, runs;
   test_util::write_toy_shards(data.path(), kVocab, 8192, 65536);
 
