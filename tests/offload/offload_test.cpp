@@ -431,15 +431,16 @@ TEST(Offload, RecomputeAutoPicksTheLeastThatFits) {
 }
 
 // --recompute auto with --loss-chunks unset: each setting is followed by the same with the head's
-// loss in 8 row pieces (Note [Chunked loss]), cheaper than any recompute. With a vocabulary wide
-// enough for the logits to matter and a budget between what the plain step and the pieces need,
-// auto takes the pieces without recompute; the run is the explicit `--loss-chunks 8` run bit for
-// bit, inside the budget, and run.json records the pieces (a resume takes them). A given
-// --loss-chunks 1 keeps the logits whole: auto recomputes instead, and the run is the plain one.
-// A run whose first candidate fits records 1, so its resume keeps the logits whole too.
+// loss in 4, then 8 row pieces (Note [Chunked loss]), cheaper than any recompute. With a vocabulary
+// wide enough for the logits to matter, a budget between what the plain step and 4 pieces need
+// takes 4 pieces without recompute, and one between what 4 and 8 pieces need takes 8; each run is
+// the explicit `--loss-chunks N` run bit for bit, inside the budget, and run.json records N (a
+// resume takes it). A given --loss-chunks 1 keeps the logits whole: auto recomputes instead, and
+// the run is the plain one. A run whose first candidate fits records 1, so its resume keeps the
+// logits whole too.
 TEST(Offload, RecomputeAutoTakesTheLossInPiecesBeforeRecompute) {
   constexpr int64_t kWide = 2048;
-  TempDir data, out_auto, out_whole, out_roomy;
+  TempDir data, out4, out8, out_whole, out_roomy;
   train::test_util::write_toy_shards(data.path(), kWide, 2048, 8192);
   const auto wide = [&](const std::filesystem::path& out, int64_t loss_chunks) {
     train::TrainOptions o = pool_run(data, out, "fp32", kWide);
@@ -449,40 +450,44 @@ TEST(Offload, RecomputeAutoTakesTheLossInPiecesBeforeRecompute) {
     o.loss_chunks = loss_chunks;
     return o;
   };
-  const auto need = [&](const char* recompute, int64_t loss_chunks) {
+  const auto need = [&](int64_t loss_chunks) {
     train::TrainOptions o = wide("", loss_chunks);
     o.gpu_memory_budget = 1.0;
-    o.recompute = recompute;
     const RunResult r = run(o);
     EXPECT_TRUE(r.plan && !r.plan->offload_state) << r.log;
     return r.plan ? r.plan->device_peak_bytes : 0;
   };
-  const int64_t need_none = need("none", 0), need_pieces = need("none", 8), need_selective = need("selective", 0);
-  ASSERT_LT(need_pieces, need_none);
-  const int64_t budget = (need_none + need_pieces) / 2;
-  std::printf("planned peak: whole logits %lld, in 8 pieces %lld, selective %lld bytes; budget %lld\n",
-              (long long)need_none, (long long)need_pieces, (long long)need_selective, (long long)budget);
+  const int64_t need_none = need(0), need4 = need(4), need8 = need(8);
+  ASSERT_LT(need4, need_none);
+  ASSERT_LT(need8, need4);
+  std::printf("planned peak: whole logits %lld, in 4 pieces %lld, in 8 pieces %lld bytes\n", (long long)need_none,
+              (long long)need4, (long long)need8);
+  const auto recorded = [](const TempDir& out) {
+    return train::recorded_options(out.path().string()).value("loss_chunks", int64_t(0));
+  };
+  const auto picked = [](const RunResult& r) {
+    const size_t at = r.log.find("recompute auto: ");
+    return at == std::string::npos ? std::string() : r.log.substr(at, r.log.find(" (", at) - at);
+  };
 
-  const RunResult pieces = run(wide("", 8));
-  const RunResult r = run_auto_under(wide(out_auto.path(), 0), budget, pieces);
-  EXPECT_NE(r.log.find("recompute auto: none, --loss-chunks 8 (the least recompute that fits with the optimizer "
-                       "state on the device)"),
-            std::string::npos)
-      << r.log;
-  EXPECT_EQ(train::recorded_options(out_auto.path().string()).value("loss_chunks", int64_t(0)), 8);
+  const RunResult r4 = run_auto_under(wide(out4.path(), 0), (need_none + need4) / 2, run(wide("", 4)));
+  EXPECT_EQ(picked(r4), "recompute auto: none, --loss-chunks 4") << r4.log;
+  EXPECT_EQ(recorded(out4), 4);
+  const int64_t budget8 = (need4 + need8) / 2;
+  const RunResult r8 = run_auto_under(wide(out8.path(), 0), budget8, run(wide("", 8)));
+  EXPECT_EQ(picked(r8), "recompute auto: none, --loss-chunks 8") << r8.log;
+  EXPECT_EQ(recorded(out8), 8);
 
   const RunResult plain = run(wide("", 0));
-  const RunResult whole = run_auto_under(wide(out_whole.path(), 1), budget, plain);
+  const RunResult whole = run_auto_under(wide(out_whole.path(), 1), budget8, plain);
   EXPECT_EQ(whole.log.find("--loss-chunks"), std::string::npos) << whole.log;
-  EXPECT_NE(whole.log.find("recompute auto: "), std::string::npos) << whole.log;
-  EXPECT_EQ(train::recorded_options(out_whole.path().string()).value("loss_chunks", int64_t(0)), 1);
-  const size_t at = whole.log.find("recompute auto: ");
-  if (at != std::string::npos)
-    std::printf("with --loss-chunks 1: %s\n", whole.log.substr(at, whole.log.find('\n', at) - at).c_str());
+  EXPECT_NE(picked(whole), "") << whole.log;
+  EXPECT_EQ(recorded(out_whole), 1);
+  std::printf("under %lld bytes with --loss-chunks 1: %s\n", (long long)budget8, picked(whole).c_str());
 
   const RunResult roomy = run_auto_under(wide(out_roomy.path(), 0), need_none + 1024, plain);
-  EXPECT_NE(roomy.log.find("recompute auto: none (the least"), std::string::npos) << roomy.log;
-  EXPECT_EQ(train::recorded_options(out_roomy.path().string()).value("loss_chunks", int64_t(0)), 1);
+  EXPECT_EQ(picked(roomy), "recompute auto: none") << roomy.log;
+  EXPECT_EQ(recorded(out_roomy), 1);
 }
 
 // --recompute auto after whole-block recompute: the block inputs it keeps, offloaded to host

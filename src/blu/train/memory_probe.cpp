@@ -36,11 +36,11 @@ namespace blu::train {
 // --offload-activations given, every candidate offloads what it keeps. Each candidate is probed
 // (the activation bytes are measured, not modelled); the model keeps the policy chosen.
 // With --loss-chunks left unset (0) and the loss not split by tensor parallelism, each setting is
-// followed by the same with the head's loss in kAutoLossChunks row pieces (Note [Chunked loss],
-// ops/fused.h): on an H200 they took 1.3 GiB off GPT-2 124M's peak for ~3% of the step, less than
-// `selective` costs (4-7%), and never a GEMM. The pieces change the w-gradient's sums by fp32
-// rounding, so the choice is written back into the options (run.json: a resume takes it, and a
-// run that kept the logits whole records 1, which the planner leaves alone).
+// followed by the same with the head's loss in row pieces, 4 then 8 (kAutoLossChunks; Note
+// [Chunked loss], ops/fused.h): on an H200 they took 1.2-1.3 GiB off GPT-2 124M's peak for 1.2%
+// and 3.7% of the step, less than `selective` costs (4-7%), and never a GEMM. The pieces change the
+// w-gradient's sums by fp32 rounding, so the choice is written back into the options (run.json: a
+// resume takes it, and a run that kept the logits whole records 1, which the planner leaves alone).
 offload::MemoryPlan Trainer::plan_with_recompute(offload::PlanInput& in, const std::function<void()>& probe,
                                                  const std::function<bool(bool)>& all_fit) {
   const TrainOptions& o = opt_s_;
@@ -58,7 +58,8 @@ offload::MemoryPlan Trainer::plan_with_recompute(offload::PlanInput& in, const s
   std::vector<Candidate> candidates;
   const auto add = [&](const char* r, bool offload_activations, const std::string& state) {
     candidates.push_back({r, offload_activations, state, o.loss_chunks});
-    if (try_pieces) candidates.push_back({r, offload_activations, state, kAutoLossChunks});
+    if (try_pieces)
+      for (const int64_t n : kAutoLossChunks) candidates.push_back({r, offload_activations, state, n});
   };
   for (const std::string& state : states) {
     for (const char* r : {"none", "selective", "block:4", "block:2", "block"}) add(r, o.offload_activations, state);

@@ -69,10 +69,12 @@ class CompiledStep;
 
 namespace blu::train {
 
-// The row pieces --recompute auto tries for the head's loss (Trainer::plan_with_recompute): of 4, 8
-// and 16 on an H200, 8 gave GPT-2 124M and llama-250m the lowest peak at the least cost
-// (docs/performance.md, "The head's loss in row pieces").
-inline constexpr int64_t kAutoLossChunks = 8;
+// The row pieces --recompute auto tries for the head's loss, in this order (Trainer::
+// plan_with_recompute). On an H200 (GPT-2 124M, B=16, T=1024, bf16) 4 pieces cost 1.2% of the step
+// and took 1,179 MiB off its peak, 8 cost 3.7% and took 1,332 MiB; 16 took no more than 8
+// (docs/performance.md, "The head's loss in row pieces"). Past 4 the weight-gradient GEMM's rows
+// per piece get short, and each piece re-reads and re-writes the fp32 gradient.
+inline constexpr int64_t kAutoLossChunks[] = {4, 8};
 
 struct TrainOptions {
   // Data: globs of token shards. val_pattern "" means no validation.
@@ -147,7 +149,7 @@ struct TrainOptions {
   bool offload_activations = false;
   // The head's loss in this many row pieces (models/causal_lm.h set_loss_chunks; ops/fused.h Note
   // [Chunked loss]): the logits are never held whole. 0: off, or under --recompute auto the
-  // planner's choice (which it writes back here: kAutoLossChunks or 1); 1: whole logits, never in
+  // planner's choice (which it writes back here: one of kAutoLossChunks, or 1); 1: whole logits, never in
   // pieces. In to_json(): the w-gradient's sums run in another order, so the numbers move by fp32
   // rounding.
   int64_t loss_chunks = 0;
