@@ -163,9 +163,10 @@ TEST(CompilerCuda, RecomputeChosenByTheCompilerMatchesEager) {
       else
         EXPECT_NEAR(eager.losses[i], compiled.losses[i], 1e-2) << "step " << i + 1;
     }
-    if (compute == DType::f32)
+    if (compute == DType::f32) {
       for (size_t i = 0; i < eager.params.size(); ++i)
         EXPECT_TRUE(test::bitwise_equal(eager.params[i], compiled.params[i])) << "parameter " << i;
+    }
   }
 }
 

@@ -569,8 +569,11 @@ TEST(CudaNN, CrossEntropyShardMatchesCpu) {
     EXPECT_TRUE(close("lse " + tag, hvec(d.lse), to_vector(c.lse), Tol{1e-5, 1e-6, 0}));
     EXPECT_TRUE(close("row loss " + tag, hvec(d.row_loss), to_vector(c.row_loss), Tol{2e-5, 2e-6, 0}));
     const auto rl = to_vector(c.row_loss);
-    for (int64_t i = 0; i < N; ++i)
-      if (tv[size_t(i)] < double(off)) EXPECT_EQ(rl[size_t(i)], 0.0) << "row " << i << " is the other shard's";
+    for (int64_t i = 0; i < N; ++i) {
+      if (tv[size_t(i)] < double(off)) {
+        EXPECT_EQ(rl[size_t(i)], 0.0) << "row " << i << " is the other shard's";
+      }
+    }
     // The whole vocabulary's logsumexp stands in for the shard's in the backward.
     const Tensor lse = add(c.lse, 0.75), g = rnd({N}, DType::f32);
     const Tensor gc = cross_entropy_shard_backward(x, t, lse, g, cols, off, V, ignore, false);
