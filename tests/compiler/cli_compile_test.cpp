@@ -456,6 +456,54 @@ TEST_F(CompileCli, MemoryBudgetIsPlannedWithTheStateOnTheDevice) {
       << o.out << o.err;
 }
 
+// A device budget under --compile --compile-remat counts the compiler's recompute: the planner
+// captures one micro-batch's forward and backward (no kernel runs), lets the pass decide on it,
+// and plans the compiled steps with what it takes off their peak, and the first, eager step with
+// its activations whole but no optimizer state yet (the larger of the two). The plan is lower than
+// without the pass, the steps' peak on a device pool within 5% of it; under a budget between the
+// two plans, --recompute auto keeps `none` (counting only the eager probe it would recompute),
+// runs inside the budget the pool enforces, and is the eager run bit for bit.
+TEST_F(CompileCli, MemoryBudgetCountsTheCompilersRecompute) {
+  auto cmd = [&](const std::string& run, std::vector<std::string> extra) {
+    auto t = train_cmd("llama:tiny", 4, run, std::move(extra));
+    *(std::find(t.begin(), t.end(), "-B") + 1) = "8";
+    *(std::find(t.begin(), t.end(), "-T") + 1) = "64";
+    t.insert(t.end(), {"--device", "cpu:1", "--log-every", "1", "--loss-chunks", "1"});
+    return t;
+  };
+  const LaunchResult e = run1(cmd("eager", {}));
+  ASSERT_EQ(e.status, 0) << e.out << e.err;
+  const LaunchResult plain = run1(cmd("plain", {"--compile", "--gpu-memory-budget", "1"}));
+  ASSERT_EQ(plain.status, 0) << plain.out << plain.err;
+  const LaunchResult remat = run1(cmd("remat", {"--compile", "--compile-remat", "--gpu-memory-budget", "1"}));
+  ASSERT_EQ(remat.status, 0) << remat.out << remat.err;
+  const double planned_plain = blu::test::planned_peak_bytes(plain.out);
+  const double planned_remat = blu::test::planned_peak_bytes(remat.out);
+  ASSERT_GT(planned_remat, 0) << remat.out;
+  EXPECT_LT(planned_remat, planned_plain) << remat.out;
+  EXPECT_NE(remat.out.find("compiled steps: the compiler's recompute takes "), std::string::npos) << remat.out;
+  const double peak_plain = blu::test::metric_peak_bytes(dir.path / "plain");
+  const double peak_remat = blu::test::metric_peak_bytes(dir.path / "remat");
+  EXPECT_NEAR(peak_remat, planned_remat, 0.05 * planned_remat) << remat.out;
+  EXPECT_LT(peak_remat, peak_plain);
+  expect_same_steps(read_metrics(dir.path / "eager"), read_metrics(dir.path / "remat"), 4, "remat under a budget");
+  std::printf("planned %.0f / steps' peak %.0f bytes compiled, %.0f / %.0f with the compiler's recompute\n",
+              planned_plain, peak_plain, planned_remat, peak_remat);
+
+  const double budget = (planned_plain + planned_remat) / 2;
+  const LaunchResult a = run1(cmd("auto", {"--compile", "--compile-remat", "--recompute", "auto", "--gpu-memory-budget",
+                                           std::to_string(budget / 1073741824.0)}));
+  ASSERT_EQ(a.status, 0) << a.out << a.err;
+  EXPECT_NE(a.out.find("recompute auto: none (the least recompute that fits"), std::string::npos) << a.out;
+  EXPECT_LE(blu::test::metric_peak_bytes(dir.path / "auto"), budget);
+  expect_same_steps(read_metrics(dir.path / "eager"), read_metrics(dir.path / "auto"), 4, "auto under a budget");
+  // Without the pass the same budget needs recompute.
+  const LaunchResult n = run1(cmd("auto_plain", {"--compile", "--recompute", "auto", "--gpu-memory-budget",
+                                                 std::to_string(budget / 1073741824.0)}));
+  ASSERT_EQ(n.status, 0) << n.out << n.err;
+  EXPECT_EQ(n.out.find("recompute auto: none ("), std::string::npos) << n.out;
+}
+
 TEST_F(CompileCli, ExcludedOpsStayOutOfTheArenaAndChangeNothing) {
   const LaunchResult e = run1(train_cmd("tiny", 4, "eager"));
   ASSERT_EQ(e.status, 0) << e.out << e.err;

@@ -303,6 +303,28 @@ TEST(Offload, PlanHidesTheFirstForwardOfTheHostUpdate) {
   EXPECT_EQ(p.text.find("behind"), std::string::npos) << p.text;
 }
 
+// The compiler's recompute (ActivationPlan::compiled_saving) lowers the compiled steps' peak; the
+// first step runs eager with every activation before AdamW has made its moments (8 bytes per
+// element), so the plan's peak is the larger of the two, and a budget is checked against it.
+TEST(Offload, PlanCountsTheCompilersRecomputeAndTheFirstEagerStep) {
+  PlanInput in;
+  in.param_elements = 1000;  // fp32: 4 bytes of parameter and 8 of moments each; the probe counts the gradients
+  in.grads_in_activations = true;
+  in.offload_state = "none";
+  in.activations.device_bytes = 10'000;
+  EXPECT_EQ(plan_memory(in).device_peak_bytes, 22'000);
+  in.activations.compiled_saving = 3'000;  // compiled 19,000; first step 4,000 + 10,000
+  MemoryPlan p = plan_memory(in);
+  EXPECT_EQ(p.device_peak_bytes, 19'000) << p.text;
+  EXPECT_NE(p.text.find("the compiler's recompute takes 2.93 KiB off the 9.77 KiB of activations"), std::string::npos)
+      << p.text;
+  in.activations.compiled_saving = 9'000;  // compiled 13,000: the first step's 14,000 binds
+  EXPECT_EQ(plan_memory(in).device_peak_bytes, 14'000);
+  in.device_budget = 13'999;
+  test::expect_error([&] { plan_memory(in); }, {"less what the compiler recomputes", "the smallest device budget that "
+                                                "fits is 13.67 KiB"});
+}
+
 TEST(Offload, PlanKeepsStateOnDeviceWhenItFitsAndPredictsPeak) {
   TempDir data;
   train::test_util::write_toy_shards(data.path(), kVocab, 2048, 8192);

@@ -262,4 +262,23 @@ void CompiledStep::run(const std::vector<Tensor>& inputs, const std::function<vo
   counts_.replay_ms += ms_since(t_replay);
 }
 
+size_t remat_peak_saving(const std::function<void()>& step,
+                         const std::vector<std::pair<std::string, Tensor>>& parameters,
+                         const std::vector<Tensor>& inputs, const std::vector<std::string>& exclude) {
+  Capture cap;
+  for (const auto& [name, t] : parameters) cap.classify(t, BufferKind::parameter, name);
+  for (const Tensor& t : inputs) cap.classify(t, BufferKind::step_input);
+  try {
+    step();
+  } catch (...) {
+    cap.finish();
+    throw;
+  }
+  FusedGraph f = unfused(cap.finish());
+  RematOptions ro;
+  ro.exclude = exclude;
+  const RematResult r = rematerialize(f, ro);
+  return r.peak_before > r.peak_after ? r.peak_before - r.peak_after : 0;
+}
+
 }  // namespace blu::compiler

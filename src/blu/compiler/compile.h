@@ -125,4 +125,15 @@ class CompiledStep {
 // The first difference between two graphs' structures, for a guard failure's message.
 std::string first_difference(const Graph& expected, const Graph& got);
 
+// What the save-or-recompute pass (CompileOptions::remat, compiler/remat.h) would take off the
+// live peak of a step that is not compiled: `step` is captured (its host logic runs, no kernel),
+// `parameters` classified as such and `inputs` as step inputs, the pass decides on the capture,
+// and its live peak before less after is returned. The step's host-side effects happen as in a
+// capture (generator offsets advance; a gradient it leaves in .grad is an unbacked tensor): the
+// caller puts them back. The memory budget planner counts --compile-remat with it
+// (train/memory_probe.cpp).
+size_t remat_peak_saving(const std::function<void()>& step,
+                         const std::vector<std::pair<std::string, Tensor>>& parameters,
+                         const std::vector<Tensor>& inputs, const std::vector<std::string>& exclude);
+
 }  // namespace blu::compiler

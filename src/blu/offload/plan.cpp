@@ -1,6 +1,7 @@
 // offload/plan: the memory budget planner (header).
 #include "blu/offload/plan.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <sstream>
@@ -26,7 +27,20 @@ struct Candidate {
   double update_seconds;
   bool grads = false;        // the released parameters' gradients on the host too
   int64_t act_credit = 0;    // activation bytes the probe counted that this layout does not keep
+  int64_t moments = 0;       // of device_static, the optimizer's moments (made at the first update)
 };
+
+// The activation bytes a candidate keeps on the device at its peak, and that peak: under the
+// compiler's recompute (ActivationPlan::compiled_saving) the compiled steps keep fewer, but the
+// first step runs eager, all of them, before the optimizer has made its moments.
+int64_t kept_activations(const Candidate& c, const PlanInput& in) {
+  return in.activations.device_bytes - c.act_credit;
+}
+int64_t device_need(const Candidate& c, const PlanInput& in) {
+  const int64_t act = kept_activations(c, in);
+  const int64_t saving = std::clamp<int64_t>(in.activations.compiled_saving, 0, act);
+  return std::max(c.device_static + act - saving, c.device_static - c.moments + act);
+}
 
 // The name a candidate goes by in the plan and in errors.
 std::string describe(const Candidate& c) {
@@ -85,6 +99,7 @@ Candidate candidate(const PlanInput& in, bool offload, UpdateOn u) {
   Candidate c{offload, u, false, 0, 0, 0};
   if (!offload) {
     c.device_static = params + 8 * shard + grads;  // parameters, copies, moments
+    c.moments = 8 * shard;
     c.update_seconds = in.device_adamw_elements_per_s > 0 ? double(shard) / in.device_adamw_elements_per_s : 0;
     return c;
   }
@@ -153,7 +168,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
   if (in.offload_state == "master+grads" || (auto_masters && in.single_rank))
     tried.push_back(grads_candidate(in, std::max<int64_t>(1, in.micro_batches)));
   const auto fits = [&](const Candidate& c) {
-    return (in.device_budget == 0 || c.device_static + act - c.act_credit <= in.device_budget) &&
+    return (in.device_budget == 0 || device_need(c, in) <= in.device_budget) &&
            (in.host_budget == 0 || c.host + in.activations.host_bytes <= in.host_budget);
   };
   const Candidate* best = nullptr;
@@ -172,11 +187,12 @@ MemoryPlan plan_memory(const PlanInput& in) {
     os << " under a device budget of " << (in.device_budget ? fmt(in.device_budget) : std::string("(none)"))
        << " and a host budget of " << (in.host_budget ? fmt(in.host_budget) : std::string("(none)")) << ":";
     for (const Candidate& c : tried)
-      os << "\n  " << describe(c) << ": device " << fmt(c.device_static + act - c.act_credit) << " ("
-         << fmt(c.device_static) << " state + " << fmt(act - c.act_credit)
-         << " activations), host " << fmt(c.host + in.activations.host_bytes);
+      os << "\n  " << describe(c) << ": device " << fmt(device_need(c, in)) << " (" << fmt(c.device_static)
+         << " state + " << fmt(kept_activations(c, in)) << " activations"
+         << (in.activations.compiled_saving > 0 ? ", less what the compiler recomputes" : "") << "), host "
+         << fmt(c.host + in.activations.host_bytes);
     int64_t least = INT64_MAX;
-    for (const Candidate& c : tried) least = std::min(least, c.device_static + act - c.act_credit);
+    for (const Candidate& c : tried) least = std::min(least, device_need(c, in));
     os << "\n  the smallest device budget that fits is " << fmt(least) << " (--gpu-memory-budget "
        << std::ceil(double(least) / double(int64_t(1) << 30) * 100) / 100 << ")";
     BLU_CHECK(false, os.str());
@@ -187,8 +203,9 @@ MemoryPlan plan_memory(const PlanInput& in) {
   p.update = best->update;
   p.device_static_bytes = best->device_static;
   p.grads_on_host = best->grads;
-  const int64_t kept_act = act - best->act_credit;  // the activations this layout keeps
-  p.device_peak_bytes = best->device_static + kept_act;
+  p.device_peak_bytes = device_need(*best, in);
+  const int64_t saving = std::clamp<int64_t>(in.activations.compiled_saving, 0, kept_activations(*best, in));
+  const int64_t kept_act = kept_activations(*best, in) - saving;  // in the (compiled) steps after the first
   p.host_bytes = best->host + in.activations.host_bytes;
   p.device_bytes_per_param = double(best->device_static) / double(in.param_elements);
   p.update_seconds = best->update_seconds;
@@ -214,6 +231,10 @@ MemoryPlan plan_memory(const PlanInput& in) {
                            : p.offload_state ? " parameters/gradients/staging" : " parameters/gradients/optimizer state")
      << " (" << std::round(p.device_bytes_per_param * 100) / 100 << " bytes per parameter) + " << fmt(kept_act) << " activations"
      << (in.device_budget ? " (budget " + fmt(in.device_budget) + ")" : std::string());
+  if (saving > 0)
+    os << "\n  compiled steps: the compiler's recompute takes " << fmt(saving) << " off the " << fmt(kept_act + saving)
+       << " of activations; the first step runs them eager, before the optimizer state is made, at "
+       << fmt(best->device_static - best->moments + kept_act + saving);
   os << "\n  host: " << fmt(p.host_bytes) << (in.host_budget ? " (budget " + fmt(in.host_budget) + ")" : std::string());
   const ActivationPlan& a = in.activations;
   os << "\n  activations: " << a.kept << " blocks kept, " << a.offloaded << " offloaded, " << a.recomputed

@@ -5,6 +5,8 @@
 #include <optional>
 #include <set>
 
+#include "blu/compiler/compile.h"
+#include "blu/compiler/exclude.h"
 #include "blu/core/rng.h"
 #include "blu/dist/pipeline.h"
 #include "blu/dist/tensor_parallel.h"
@@ -256,6 +258,17 @@ void Trainer::plan_memory(dist::StrategyConfig& sc, const dist::Layout& layout,
     in.grads_in_activations = true;
     for (Tensor p : model_->parameters()) p.zero_grad();
     gen.set_state(seed, offset);
+    // --compile-remat: what the compiler's recompute takes off the compiled steps' peak, decided on a
+    // capture of one micro-batch's forward and backward (no kernel runs; its unbacked gradients are
+    // dropped and the generator put back). The eager probe above measured the rest.
+    if (o.compile && o.compile_remat && !stage) {
+      const Tensor ids = zeros({o.batch_size, o.seq_len}, DType::i32, device_);
+      in.activations.compiled_saving = int64_t(compiler::remat_peak_saving(
+          [&] { model_->forward(ids, ids).loss.backward(); }, model_->named_parameters(), {ids},
+          o.compile_exclude.empty() ? compiler::excluded_ops() : compiler::parse_op_list(o.compile_exclude)));
+      for (Tensor p : model_->parameters()) p.zero_grad();
+      gen.set_state(seed, offset);
+    }
     // A stage runs its own blocks, with up to its schedule's in-flight bound of micro-batches saved.
     const std::vector<int64_t> own_blocks = stage ? stage->owned_blocks() : std::vector<int64_t>{};
     const int64_t in_flight = stage ? std::max<int64_t>(1, stage->schedule().max_in_flight(stage->rank())) : 1;
