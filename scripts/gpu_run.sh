@@ -41,10 +41,11 @@
 #           default), alternated REPS times (2), beside torch_gpt2.py / torch_llama.py
 #   recompute — the same two models, bf16, eager and --compile under each --recompute setting
 #           (RECOMPUTE: selective block:2 block), beside torch_gpt2.py / torch_llama.py (bf16c)
-#   autobudget — GPT-2 124M bf16 B=16 trained --compile on the fortunes (BUDGET_STEPS, 40) under
-#           --recompute auto with each --gpu-memory-budget in BUDGETS (GiB: 7.5 5.6 4.2), BUDGET_ARGS
-#           added: the setting the planner picks, the predicted and the measured peak, tok/s; then
-#           torch_gpt2.py bf16c (BUDGET_PEER=0: not)
+#   autobudget — BUDGET_MODEL (d12: GPT-2 124M; or llama:llama-250m) bf16, B=BUDGET_B (16),
+#           trained --compile on the fortunes (BUDGET_STEPS, 40; GPT-2 tokens, or BUDGET_DATA=byte:
+#           bytes, prepared there) under --recompute auto with each --gpu-memory-budget in BUDGETS
+#           (GiB: 7.5 5.6 4.2), BUDGET_ARGS added: the setting the planner picks, the predicted and
+#           the measured peak, tok/s; then the model's torch.compile peer (BUDGET_PEER=0: not)
 #   precisions — the same two models in fp32 and tf32 (PRECISIONS), eager and --compile, REPS (1)
 #   fuseexport — GPT-2 124M (B=16) and llama-250m (B=8), bf16, T=1024: one short `bench --compile
 #           --compile-export` each, writing the captured steps to $OUT/graphs (fused where MLIR is:
@@ -272,16 +273,27 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
       done
       peers_pair chunks.log bf16c ;;
     autobudget)
+      model="${BUDGET_MODEL:-d12}"; data="${BUDGET_DATA:-.devpack/fortunes_gpt2}"
+      if [ "$data" = byte ]; then
+        data=/tmp/fortunes_byte
+        [ -f "$data/shards.json" ] || "$pack/blutrain" prepare --input .devpack/fortunes --out "$data" --name fortunes \
+          --val-fraction 0.05 --tokenizer byte --overwrite > /dev/null
+      fi
       for b in ${BUDGETS:-7.5 5.6 4.2}; do
-        echo "-- --gpu-memory-budget $b"
-        timeout 200 "$pack/blutrain" train --model d12 --data-dir .devpack/fortunes_gpt2 --device cuda --precision bf16 \
-          -B 16 -T 1024 --steps "${BUDGET_STEPS:-40}" --lr 6e-4 --warmup 10 --log-every 10 --sample-every 0 \
-          --val-every 1000 --compile --recompute auto --gpu-memory-budget "$b" --out "/tmp/autobudget_$b" \
-          ${BUDGET_ARGS:-} 2>&1 | tee -a "$out/autobudget.log" \
-          | grep -E "recompute auto|predicted peak|step +[0-9]+0/|compiled steps|rror" | cut -c1-220
+        echo "-- $model --gpu-memory-budget $b ${BUDGET_ARGS:-}" | tee -a "$out/autobudget.log"
+        timeout 200 "$pack/blutrain" train --model "$model" --data-dir "$data" --device cuda --precision bf16 \
+          -B "${BUDGET_B:-16}" -T 1024 --steps "${BUDGET_STEPS:-40}" --lr 6e-4 --warmup 10 --log-every 10 \
+          --sample-every 0 --val-every 1000 --compile --recompute auto --gpu-memory-budget "$b" \
+          --out "/tmp/autobudget_${model//:/_}_$b" ${BUDGET_ARGS:-} 2>&1 | tee -a "$out/autobudget.log" \
+          | grep -E "recompute auto|predicted peak|compiled steps:|step +[0-9]+0/|peak memory|rror" | cut -c1-220
       done
       if [ "${BUDGET_PEER:-1}" = 1 ]; then
-        timeout 300 python3 .devpack/peers/torch_gpt2.py bf16c 16 1024 20 2>&1 | grep '^{' | tee -a "$out/autobudget.log"
+        if [ "$model" = d12 ]; then
+          timeout 300 python3 .devpack/peers/torch_gpt2.py bf16c 16 1024 20 2>&1 | grep '^{' | tee -a "$out/autobudget.log"
+        else
+          timeout 400 python3 .devpack/peers/torch_llama.py bf16c --model "${model#llama:}" -B "${BUDGET_B:-16}" -T 1024 \
+            --steps 20 2>&1 | grep '^{' | tee -a "$out/autobudget.log"
+        fi
       fi ;;
     precisions)
       for rep in $(seq "${REPS:-1}"); do

@@ -409,10 +409,11 @@ RunResult run_auto_under(train::TrainOptions o, int64_t budget, const RunResult&
   return r;
 }
 
-// --recompute auto: the planner probes none, selective, block:4, block:2, block in turn and keeps
-// the first whose plan fits, the optimizer state on the device before any offload; the run is the
-// chosen setting's run (recompute changes no arithmetic: the plain run's losses and weights), its
-// peak within 5% of the plan and under the budget. A budget nothing fits names every setting tried
+// --recompute auto: the planner probes none, selective, block:4, selective+block:4, block:2,
+// selective+block:2, block in turn and keeps the first whose plan fits, the optimizer state on
+// the device before any offload; the run is the chosen setting's run (recompute changes no
+// arithmetic: the plain run's losses and weights), its peak within 5% of the plan and under the
+// budget. A budget nothing fits names every setting tried
 // with the smallest budget each needs; auto without a budget is refused.
 TEST(Offload, RecomputeAutoPicksTheLeastThatFits) {
   TempDir data;
@@ -443,7 +444,8 @@ TEST(Offload, RecomputeAutoPicksTheLeastThatFits) {
   std::ostringstream log;
   test::expect_error([&] { train::Trainer t(tiny, {.log = &log}); },
                      {"--recompute auto: no recompute setting fits", "--recompute none, --offload-state none",
-                      "--recompute block, --offload-state auto",
+                      "--recompute selective+block:4, --offload-state none",
+                      "--recompute selective+block:2, --offload-state auto", "--recompute block, --offload-state auto",
                       "--recompute block, --offload-activations, --offload-state auto",
                       "the smallest device budget that fits is"});
   train::TrainOptions unbounded = pool_run(data, "", "fp32");
