@@ -284,7 +284,7 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
         timeout 200 "$pack/blutrain" train --model "$model" --data-dir "$data" --device cuda --precision bf16 \
           -B "${BUDGET_B:-16}" -T 1024 --steps "${BUDGET_STEPS:-40}" --lr 6e-4 --warmup 10 --log-every 10 \
           --sample-every 0 --val-every 1000 --compile --recompute auto --gpu-memory-budget "$b" \
-          --out "/tmp/autobudget_${model//:/_}_$b" ${BUDGET_ARGS:-} 2>&1 | tee -a "$out/autobudget.log" \
+          --out "/tmp/autobudget_${model//:/_}_$b" --overwrite ${BUDGET_ARGS:-} 2>&1 | tee -a "$out/autobudget.log" \
           | grep -E "recompute auto|predicted peak|compiled steps:|step +[0-9]+0/|peak memory|rror" | cut -c1-220
       done
       if [ "${BUDGET_PEER:-1}" = 1 ]; then

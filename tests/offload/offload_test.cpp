@@ -323,6 +323,14 @@ TEST(Offload, PlanCountsTheCompilersRecomputeAndTheFirstEagerStep) {
   in.device_budget = 13'999;
   test::expect_error([&] { plan_memory(in); }, {"less what the compiler recomputes", "the smallest device budget that "
                                                 "fits is 13.67 KiB"});
+  // Headroom (on a GPU, 2% of the budget kept free): 14,000 bytes need a budget of 14,286.
+  in.device_headroom = 0.02;
+  in.device_budget = 14'285;
+  test::expect_error([&] { plan_memory(in); }, {"(2% of it kept free)", "fits is 13.95 KiB"});
+  in.device_budget = 14'286;
+  p = plan_memory(in);
+  EXPECT_EQ(p.device_peak_bytes, 14'000);
+  EXPECT_NE(p.text.find("2% of it kept free"), std::string::npos) << p.text;
 }
 
 TEST(Offload, PlanKeepsStateOnDeviceWhenItFitsAndPredictsPeak) {

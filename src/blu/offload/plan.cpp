@@ -167,8 +167,11 @@ MemoryPlan plan_memory(const PlanInput& in) {
   if (in.offload_state == "master" || auto_masters) tried.push_back(masters_candidate(in));
   if (in.offload_state == "master+grads" || (auto_masters && in.single_rank))
     tried.push_back(grads_candidate(in, std::max<int64_t>(1, in.micro_batches)));
+  BLU_CHECK(in.device_headroom >= 0 && in.device_headroom < 1, "memory plan: device headroom must be in [0, 1), got ",
+            in.device_headroom);
+  const double usable = 1.0 - in.device_headroom;  // of the device budget
   const auto fits = [&](const Candidate& c) {
-    return (in.device_budget == 0 || device_need(c, in) <= in.device_budget) &&
+    return (in.device_budget == 0 || double(device_need(c, in)) <= usable * double(in.device_budget)) &&
            (in.host_budget == 0 || c.host + in.activations.host_bytes <= in.host_budget);
   };
   const Candidate* best = nullptr;
@@ -185,6 +188,9 @@ MemoryPlan plan_memory(const PlanInput& in) {
     os << "no memory layout fits: " << in.param_elements << " parameters with " << fmt(act)
        << " of activations on the device";
     os << " under a device budget of " << (in.device_budget ? fmt(in.device_budget) : std::string("(none)"))
+       << (in.device_budget && in.device_headroom > 0
+               ? " (" + std::to_string(int(std::lround(in.device_headroom * 100))) + "% of it kept free)"
+               : std::string())
        << " and a host budget of " << (in.host_budget ? fmt(in.host_budget) : std::string("(none)")) << ":";
     for (const Candidate& c : tried)
       os << "\n  " << describe(c) << ": device " << fmt(device_need(c, in)) << " (" << fmt(c.device_static)
@@ -192,7 +198,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
          << (in.activations.compiled_saving > 0 ? ", less what the compiler recomputes" : "") << "), host "
          << fmt(c.host + in.activations.host_bytes);
     int64_t least = INT64_MAX;
-    for (const Candidate& c : tried) least = std::min(least, device_need(c, in));
+    for (const Candidate& c : tried) least = std::min(least, int64_t(std::ceil(double(device_need(c, in)) / usable)));
     os << "\n  the smallest device budget that fits is " << fmt(least) << " (--gpu-memory-budget "
        << std::ceil(double(least) / double(int64_t(1) << 30) * 100) / 100 << ")";
     BLU_CHECK(false, os.str());
@@ -230,7 +236,12 @@ MemoryPlan plan_memory(const PlanInput& in) {
      << (p.masters_on_host ? " 16-bit copies/resident parameters/gradients"
                            : p.offload_state ? " parameters/gradients/staging" : " parameters/gradients/optimizer state")
      << " (" << std::round(p.device_bytes_per_param * 100) / 100 << " bytes per parameter) + " << fmt(kept_act) << " activations"
-     << (in.device_budget ? " (budget " + fmt(in.device_budget) + ")" : std::string());
+     << (in.device_budget ? " (budget " + fmt(in.device_budget) +
+                                (in.device_headroom > 0
+                                     ? ", " + std::to_string(int(std::lround(in.device_headroom * 100))) + "% of it kept free"
+                                     : std::string()) +
+                                ")"
+                          : std::string());
   if (saving > 0)
     os << "\n  compiled steps: the compiler's recompute takes " << fmt(saving) << " off the " << fmt(kept_act + saving)
        << " of activations; the first step runs them eager, before the optimizer state is made, at "
