@@ -316,13 +316,20 @@ TEST(Offload, PlanCountsTheCompilersRecomputeAndTheFirstEagerStep) {
   in.activations.compiled_saving = 3'000;  // compiled 19,000; first step 4,000 + 10,000
   MemoryPlan p = plan_memory(in);
   EXPECT_EQ(p.device_peak_bytes, 19'000) << p.text;
-  EXPECT_NE(p.text.find("the compiler's recompute takes 2.93 KiB off the 9.77 KiB of activations"), std::string::npos)
+  EXPECT_NE(p.text.find("compiled steps: 9.77 KiB of activations eager, less 2.93 KiB the compiler recomputes, plus "
+                        "0 B of the arena's packing"),
+            std::string::npos)
       << p.text;
   in.activations.compiled_saving = 9'000;  // compiled 13,000: the first step's 14,000 binds
   EXPECT_EQ(plan_memory(in).device_peak_bytes, 14'000);
   in.device_budget = 13'999;
-  test::expect_error([&] { plan_memory(in); }, {"less what the compiler recomputes", "the smallest device budget that "
-                                                "fits is 13.67 KiB"});
+  test::expect_error([&] { plan_memory(in); }, {"9.77 KiB activations eager, 1000 B compiled",
+                                                "the smallest device budget that fits is 13.67 KiB"});
+  // The arena's packing gaps add to the compiled steps: 13,000 + 2,000 now binds.
+  in.activations.compiled_excess = 2'000;
+  in.device_budget = 0;
+  EXPECT_EQ(plan_memory(in).device_peak_bytes, 15'000);
+  in.activations.compiled_excess = 0;
   // Headroom (on a GPU, 2% of the budget kept free): 14,000 bytes need a budget of 14,286.
   in.device_headroom = 0.02;
   in.device_budget = 14'285;

@@ -262,9 +262,10 @@ void CompiledStep::run(const std::vector<Tensor>& inputs, const std::function<vo
   counts_.replay_ms += ms_since(t_replay);
 }
 
-size_t remat_peak_saving(const std::function<void()>& step,
-                         const std::vector<std::pair<std::string, Tensor>>& parameters,
-                         const std::vector<Tensor>& inputs, const std::vector<std::string>& exclude) {
+CompiledPeakChange compiled_peak_change(const std::function<void()>& step,
+                                        const std::vector<std::pair<std::string, Tensor>>& parameters,
+                                        const std::vector<Tensor>& inputs, const std::vector<std::string>& exclude,
+                                        bool remat) {
   Capture cap;
   for (const auto& [name, t] : parameters) cap.classify(t, BufferKind::parameter, name);
   for (const Tensor& t : inputs) cap.classify(t, BufferKind::step_input);
@@ -275,10 +276,18 @@ size_t remat_peak_saving(const std::function<void()>& step,
     throw;
   }
   FusedGraph f = unfused(cap.finish());
-  RematOptions ro;
-  ro.exclude = exclude;
-  const RematResult r = rematerialize(f, ro);
-  return r.peak_before > r.peak_after ? r.peak_before - r.peak_after : 0;
+  CompiledPeakChange c;
+  if (remat) {
+    RematOptions ro;
+    ro.exclude = exclude;
+    const RematResult r = rematerialize(f, ro);
+    c.remat_saving = r.peak_before > r.peak_after ? r.peak_before - r.peak_after : 0;
+  }
+  PlanOptions po;
+  po.exclude = exclude;
+  const MemoryPlan plan = plan_memory(f.graph, po);
+  c.arena_excess = plan.arena_bytes() > plan.peak_live_bytes ? plan.arena_bytes() - plan.peak_live_bytes : 0;
+  return c;
 }
 
 }  // namespace blu::compiler

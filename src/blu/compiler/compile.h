@@ -125,15 +125,19 @@ class CompiledStep {
 // The first difference between two graphs' structures, for a guard failure's message.
 std::string first_difference(const Graph& expected, const Graph& got);
 
-// What the save-or-recompute pass (CompileOptions::remat, compiler/remat.h) would take off the
-// live peak of a step that is not compiled: `step` is captured (its host logic runs, no kernel),
-// `parameters` classified as such and `inputs` as step inputs, the pass decides on the capture,
-// and its live peak before less after is returned. The step's host-side effects happen as in a
-// capture (generator offsets advance; a gradient it leaves in .grad is an unbacked tensor): the
-// caller puts them back. The memory budget planner counts --compile-remat with it
-// (train/memory_probe.cpp).
-size_t remat_peak_saving(const std::function<void()>& step,
-                         const std::vector<std::pair<std::string, Tensor>>& parameters,
-                         const std::vector<Tensor>& inputs, const std::vector<std::string>& exclude);
+// What compiling a step would change in its peak, before it is compiled: `step` is captured (its
+// host logic runs, no kernel), `parameters` classified as such and `inputs` as step inputs; with
+// `remat` the save-or-recompute pass (compiler/remat.h) decides on the capture; then its memory is
+// planned. The step's host-side effects happen as in a capture (generator offsets advance; a
+// gradient it leaves in .grad is an unbacked tensor): the caller puts them back. The memory budget
+// planner counts --compile and --compile-remat with it (train/memory_probe.cpp).
+struct CompiledPeakChange {
+  size_t remat_saving = 0;  // the pass's live peak before less after (0 without remat)
+  size_t arena_excess = 0;  // the arena's bytes beyond the live peak it packs (best-fit's gaps)
+};
+CompiledPeakChange compiled_peak_change(const std::function<void()>& step,
+                                        const std::vector<std::pair<std::string, Tensor>>& parameters,
+                                        const std::vector<Tensor>& inputs, const std::vector<std::string>& exclude,
+                                        bool remat);
 
 }  // namespace blu::compiler

@@ -30,16 +30,20 @@ struct Candidate {
   int64_t moments = 0;       // of device_static, the optimizer's moments (made at the first update)
 };
 
-// The activation bytes a candidate keeps on the device at its peak, and that peak: under the
-// compiler's recompute (ActivationPlan::compiled_saving) the compiled steps keep fewer, but the
-// first step runs eager, all of them, before the optimizer has made its moments.
+// The activation bytes a candidate keeps on the device (eager), those of the compiled steps (less
+// the compiler's recompute, plus its arena's packing gaps: ActivationPlan::compiled_*), and the
+// peak: the larger of the compiled steps' and the first step's, which runs eager with all of them
+// before the optimizer has made its moments.
 int64_t kept_activations(const Candidate& c, const PlanInput& in) {
   return in.activations.device_bytes - c.act_credit;
 }
-int64_t device_need(const Candidate& c, const PlanInput& in) {
+int64_t compiled_activations(const Candidate& c, const PlanInput& in) {
   const int64_t act = kept_activations(c, in);
-  const int64_t saving = std::clamp<int64_t>(in.activations.compiled_saving, 0, act);
-  return std::max(c.device_static + act - saving, c.device_static - c.moments + act);
+  return act - std::clamp<int64_t>(in.activations.compiled_saving, 0, act) + std::max<int64_t>(0, in.activations.compiled_excess);
+}
+bool compiled(const PlanInput& in) { return in.activations.compiled_saving > 0 || in.activations.compiled_excess > 0; }
+int64_t device_need(const Candidate& c, const PlanInput& in) {
+  return std::max(c.device_static + compiled_activations(c, in), c.device_static - c.moments + kept_activations(c, in));
 }
 
 // The name a candidate goes by in the plan and in errors.
@@ -195,7 +199,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
     for (const Candidate& c : tried)
       os << "\n  " << describe(c) << ": device " << fmt(device_need(c, in)) << " (" << fmt(c.device_static)
          << " state + " << fmt(kept_activations(c, in)) << " activations"
-         << (in.activations.compiled_saving > 0 ? ", less what the compiler recomputes" : "") << "), host "
+         << (compiled(in) ? " eager, " + fmt(compiled_activations(c, in)) + " compiled" : std::string()) << "), host "
          << fmt(c.host + in.activations.host_bytes);
     int64_t least = INT64_MAX;
     for (const Candidate& c : tried) least = std::min(least, int64_t(std::ceil(double(device_need(c, in)) / usable)));
@@ -210,8 +214,8 @@ MemoryPlan plan_memory(const PlanInput& in) {
   p.device_static_bytes = best->device_static;
   p.grads_on_host = best->grads;
   p.device_peak_bytes = device_need(*best, in);
-  const int64_t saving = std::clamp<int64_t>(in.activations.compiled_saving, 0, kept_activations(*best, in));
-  const int64_t kept_act = kept_activations(*best, in) - saving;  // in the (compiled) steps after the first
+  // The activations of the steps after the first (compiled, when they are).
+  const int64_t kept_act = compiled(in) ? compiled_activations(*best, in) : kept_activations(*best, in);
   p.host_bytes = best->host + in.activations.host_bytes;
   p.device_bytes_per_param = double(best->device_static) / double(in.param_elements);
   p.update_seconds = best->update_seconds;
@@ -242,10 +246,12 @@ MemoryPlan plan_memory(const PlanInput& in) {
                                      : std::string()) +
                                 ")"
                           : std::string());
-  if (saving > 0)
-    os << "\n  compiled steps: the compiler's recompute takes " << fmt(saving) << " off the " << fmt(kept_act + saving)
-       << " of activations; the first step runs them eager, before the optimizer state is made, at "
-       << fmt(best->device_static - best->moments + kept_act + saving);
+  if (compiled(in))
+    os << "\n  compiled steps: " << fmt(kept_activations(*best, in)) << " of activations eager, "
+       << (in.activations.compiled_saving > 0 ? "less " + fmt(in.activations.compiled_saving) + " the compiler recomputes, "
+                                               : std::string())
+       << "plus " << fmt(in.activations.compiled_excess) << " of the arena's packing; the first step runs eager, "
+       << "before the optimizer state is made, at " << fmt(best->device_static - best->moments + kept_activations(*best, in));
   os << "\n  host: " << fmt(p.host_bytes) << (in.host_budget ? " (budget " + fmt(in.host_budget) + ")" : std::string());
   const ActivationPlan& a = in.activations;
   os << "\n  activations: " << a.kept << " blocks kept, " << a.offloaded << " offloaded, " << a.recomputed

@@ -28,10 +28,11 @@ struct ActivationPlan {
   int64_t device_bytes = 0;        // peak bytes of activations (and gradients being built) on the device
   int64_t host_bytes = 0;          // bytes of offloaded activations in host memory
   double extra_seconds = 0;        // recompute and exposed transfer time per step
-  // Of device_bytes, what the compiler's own recompute (--compile-remat) takes off the compiled
-  // steps' peak (compiler::remat_peak_saving). The first step runs eager, with device_bytes whole,
-  // before the optimizer has made its moments: the plan's peak is the larger of the two.
-  int64_t compiled_saving = 0;
+  // Under --compile (compiler::compiled_peak_change): what the compiler's own recompute
+  // (--compile-remat) takes off the compiled steps' activations, and what its arena adds beyond
+  // their live peak. The first step runs eager, with device_bytes whole, before the optimizer has
+  // made its moments: the plan's peak is the larger of the two.
+  int64_t compiled_saving = 0, compiled_excess = 0;
 };
 
 struct PlanInput {

@@ -265,14 +265,18 @@ void Trainer::plan_memory(dist::StrategyConfig& sc, const dist::Layout& layout,
     in.grads_in_activations = true;
     for (Tensor p : model_->parameters()) p.zero_grad();
     gen.set_state(seed, offset);
-    // --compile-remat: what the compiler's recompute takes off the compiled steps' peak, decided on a
-    // capture of one micro-batch's forward and backward (no kernel runs; its unbacked gradients are
-    // dropped and the generator put back). The eager probe above measured the rest.
-    if (o.compile && o.compile_remat && !stage) {
+    // --compile: what the compiled steps hold instead — less what the compiler's recompute
+    // (--compile-remat) takes off, plus the gaps of its arena's packing — decided on a capture of
+    // one micro-batch's forward and backward (no kernel runs; its unbacked gradients are dropped
+    // and the generator put back). The eager probe above measured the rest.
+    if (o.compile && !stage) {
       const Tensor ids = zeros({o.batch_size, o.seq_len}, DType::i32, device_);
-      in.activations.compiled_saving = int64_t(compiler::remat_peak_saving(
+      const compiler::CompiledPeakChange c = compiler::compiled_peak_change(
           [&] { model_->forward(ids, ids).loss.backward(); }, model_->named_parameters(), {ids},
-          o.compile_exclude.empty() ? compiler::excluded_ops() : compiler::parse_op_list(o.compile_exclude)));
+          o.compile_exclude.empty() ? compiler::excluded_ops() : compiler::parse_op_list(o.compile_exclude),
+          o.compile_remat);
+      in.activations.compiled_saving = int64_t(c.remat_saving);
+      in.activations.compiled_excess = int64_t(c.arena_excess);
       for (Tensor p : model_->parameters()) p.zero_grad();
       gen.set_state(seed, offset);
     }
