@@ -57,9 +57,10 @@ Run train(const nlohmann::json& cfg, const std::shared_ptr<ProcessGroup>& pg, De
     const Tensor targets = to_device(from_vector(tg, {4, 16}, DType::i32), dev);
     const StepValues v = s.step(1, [&](int64_t) { return model->forward(idx, targets).loss; }, 1e-3, 1.0);
     run.losses.push_back(s.read(v, false).loss);
-    if (pg)  // between steps the parameters hold no device bytes
+    if (pg) {  // between steps the parameters hold no device bytes
       for (const auto& [name, p] : model->named_parameters())
         EXPECT_EQ(p.storage()->nbytes(), 0u) << name << " after step " << step;
+    }
   }
   const auto full = s.full_parameters();
   for (const Tensor& p : model->parameters()) run.params.push_back(host(p));

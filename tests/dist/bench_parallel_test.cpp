@@ -76,8 +76,12 @@ TEST_F(BenchParallel, LayoutsMatchOneProcessBesideTheirPrediction) {
     EXPECT_NEAR(err, (j["predicted"]["step_ms"].get<double>() - j["step_ms"].get<double>()) / j["step_ms"].get<double>(),
                 1e-9);
     EXPECT_GT(j["link"]["gb_s"].get<double>(), 0);
-    if (layout == "split(2)") EXPECT_GT(j["predicted"]["tp_comm_ms"].get<double>(), 0);
-    if (micro > 1) EXPECT_GT(j["predicted"]["bubble_ms"].get<double>(), 0);
+    if (layout == "split(2)") {
+      EXPECT_GT(j["predicted"]["tp_comm_ms"].get<double>(), 0);
+    }
+    if (micro > 1) {
+      EXPECT_GT(j["predicted"]["bubble_ms"].get<double>(), 0);
+    }
   }
 }
 

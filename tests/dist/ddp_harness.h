@@ -107,7 +107,9 @@ inline void ddp_grads_worker() {
     }
     if (replace) replace_grads(2);
     ddp.finish();
-    if (!rows_path.empty()) EXPECT_EQ(ddp.row_exchange_paths(), std::vector<std::string>{rows_path});
+    if (!rows_path.empty()) {
+      EXPECT_EQ(ddp.row_exchange_paths(), std::vector<std::string>{rows_path});
+    }
     for (size_t i = 0; i < params.size(); ++i)
       ASSERT_TRUE(params[i].grad().defined() && buckets.count(params[i].grad().storage().get()))
           << "step " << step << ": the gradient of parameter " << i << " is not a bucket view after finish()";

@@ -188,7 +188,9 @@ PipeRun run_pipe(const TempDir& dir, const std::string& tag, int n, std::vector<
       std::memcpy(v.data(), file.bytes(e).data(), v.size() * 4);
       auto [it, fresh] = run.params.emplace(e.name, v);
       // A tied weight trained on two stages: the copies are the same bits.
-      if (!fresh) EXPECT_TRUE(it->second == v) << tag << ": the copies of " << e.name << " differ between stages";
+      if (!fresh) {
+        EXPECT_TRUE(it->second == v) << tag << ": the copies of " << e.name << " differ between stages";
+      }
     }
     std::ifstream ef(out + ".rank" + std::to_string(r) + ".eval");
     double e = 0;

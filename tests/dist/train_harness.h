@@ -181,7 +181,9 @@ inline void train_worker() {
     sc.offload.chunk_elements = 1000;
   }
   Strategy strategy(model, pg, sc, OptimizerConfig{.lr = 1e-3, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8});
-  if (offload && strategy.zero()) ASSERT_TRUE(strategy.zero()->offloads_state());
+  if (offload && strategy.zero()) {
+    ASSERT_TRUE(strategy.zero()->offloads_state());
+  }
   int64_t step = 0;
   if (!resume_dir.empty()) {
     ASSERT_NE(strategy.zero(), nullptr) << "resume is tested through sharded (ZeRO) checkpoints";

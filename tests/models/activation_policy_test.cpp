@@ -152,7 +152,9 @@ TEST_P(ActivationPolicies, DeviceMemoryFallsByWhatActivationBytesPredicts) {
       for (size_t i = 0; i < n; ++i) {
         kept += bytes[i].kept, off += bytes[i].offloaded;
         EXPECT_EQ(bytes[i].kept + bytes[i].offloaded + bytes[i].recomputed, plain_bytes[i].kept) << "block " << i;
-        if (p.recompute_block(i)) EXPECT_GT(bytes[i].recomputed, 0) << "block " << i;
+        if (p.recompute_block(i)) {
+          EXPECT_GT(bytes[i].recomputed, 0) << "block " << i;
+        }
         largest_block = std::max(largest_block, plain_bytes[i].kept);
       }
       EXPECT_LT(kept, plain_kept);

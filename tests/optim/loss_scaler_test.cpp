@@ -79,7 +79,9 @@ TEST(LossScaler, DeviceSideMatchesHostSide) {
     const NormGate gate = grad_norm_gate({pd}, 1.0);
     dev.update(gate.sum_squares);
     EXPECT_EQ(host_reads(), reads) << "the device side read a value on the host";
-    if (finite) EXPECT_EQ(to_vector(pd.grad()), to_vector(ph.grad()));
+    if (finite) {
+      EXPECT_EQ(to_vector(pd.grad()), to_vector(ph.grad()));
+    }
     EXPECT_EQ(dev.scale(), host.scale());
     EXPECT_EQ(dev.good_steps(), host.good_steps());
     EXPECT_EQ(dev.skipped_steps(), host.skipped_steps());

@@ -266,7 +266,9 @@ TEST_F(Cli, ResumeTakesTheRunsOptions) {
   const nlohmann::json& first = j["invocations"][0]["options"];
   const nlohmann::json& resumed = j["invocations"][1]["options"];
   for (const auto& [key, value] : first.items()) {
-    if (key != "steps") EXPECT_EQ(resumed[key], value) << key;
+    if (key != "steps") {
+      EXPECT_EQ(resumed[key], value) << key;
+    }
   }
   r = with({"--steps", "3", "--out", straight.string()});
   ASSERT_EQ(r.status, 0) << r.output;

@@ -129,7 +129,7 @@ TEST_F(FirstRun, ByteShardsTrainAndSampleWithoutTokenizerFlags) {
 
   // sample decodes with the recorded tokenizer: GPT-2's is out of reach (and has 50257 ids, more
   // than this model's 257), so only the byte tokenizer can give text here.
-  for (const fs::path ckpt : {run, run / "best.safetensors"}) {
+  for (const fs::path& ckpt : {run, run / "best.safetensors"}) {
     const Result s = blutrain({"sample", "--ckpt", ckpt.string(), "--prompt", "The cat", "-n", "12", "--seed", "3"});
     ASSERT_EQ(s.status, 0) << s.output;
     EXPECT_EQ(s.output.rfind("The cat", 0), 0u) << s.output;

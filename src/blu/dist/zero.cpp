@@ -497,7 +497,7 @@ void ZeroAdamW::step(const NormGate& gate) {
   const int64_t t = steps_ + 1;
   std::map<double, std::vector<AdamWTensors>> by_decay;  // one adamw_step op per weight decay
   const AdamWStepArgs args{.lr = lr_, .beta1 = options_.beta1, .beta2 = options_.beta2, .eps = options_.eps,
-                           .step = t};
+                           .weight_decay = 0.0 /* each group's, below */, .step = t};
   struct Piece {  // a segment's parameter and gradient; its moments are [shard, shard + length)
     Tensor w, g;
     int64_t shard, length;
