@@ -59,7 +59,7 @@ Measured run_layout(const std::string& spec, const std::string& text, ProcessGro
     alloc.reset_peak();
     auto model = models::build_model(models::resolve_model_config(spec), 1);
     std::shared_ptr<ProcessGroup> pg;
-    if (need > 1) pg = make_gloo_group(store, rank, need, GlooOptions{.timeout = std::chrono::milliseconds(60000), .hostname = {}, .prefix = prefix});
+    if (need > 1) pg = make_gloo_group(store, rank, need, GlooOptions{.timeout = std::chrono::milliseconds(60000), .prefix = prefix});
     StrategyConfig sc;
     OptimizerConfig oc{.lr = 1e-4};
     std::unique_ptr<Strategy> s;
@@ -72,7 +72,7 @@ Measured run_layout(const std::string& spec, const std::string& text, ProcessGro
       po.micro_batches = micro;
       s = std::make_unique<Strategy>(*model, pg, po, sc, oc);
     } else if (l.tp > 1) {
-      apply_tensor_parallel(*model, pg, TPOptions{.sequence_parallel = l.sequence_parallel, .widths = {}});
+      apply_tensor_parallel(*model, pg, TPOptions{.sequence_parallel = l.sequence_parallel});
       sc.tp = pg;
       s = std::make_unique<Strategy>(*model, nullptr, sc, oc);
     } else {
@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   TcpStore store(env.master_addr, env.master_port, env.rank == 0, std::chrono::milliseconds(30000));
-  auto world = make_gloo_group(store, env.rank, 2, GlooOptions{.timeout = std::chrono::milliseconds(120000), .hostname = {}, .prefix = "default_pg"});
+  auto world = make_gloo_group(store, env.rank, 2, GlooOptions{.timeout = std::chrono::milliseconds(120000)});
   // Costs on both ranks at once and in lockstep, as `train --parallel auto` probes them: the
   // layouts run two ranks on the machine's cores together, and a probe alone would have them to
   // itself (on this 2-core machine 15-20% faster). Rank 0's are used; then the link.

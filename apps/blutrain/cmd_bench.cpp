@@ -233,7 +233,7 @@ int run_bench_layout(const BenchOptions& o) {
       probe_pg = dist::make_nccl_group(*store, rank, world, dist::NcclOptions{.device = dev.index, .prefix = "probe"});
     else
 #endif
-      probe_pg = dist::make_gloo_group(*store, rank, world, dist::GlooOptions{.timeout = std::chrono::milliseconds(30000), .hostname = {}, .prefix = "probe"});
+      probe_pg = dist::make_gloo_group(*store, rank, world, dist::GlooOptions{.prefix = "probe"});
   }
   const train::LayoutCosts probed =
       train::probe_layout_costs(model, cfg, o.precision, std::max<int64_t>(1, o.batch / 2), o.seq, dev, probe_pg.get(),

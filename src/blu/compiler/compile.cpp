@@ -37,6 +37,18 @@ struct Checked {
   size_t buffers = 0, values = 0, ops = 0;
 };
 
+// Runs a step's host logic under `cap` and completes the graph; a throw finishes the capture first,
+// so its thread records nothing after it.
+Graph& capture_step(Capture& cap, const std::function<void()>& step) {
+  try {
+    step();
+  } catch (...) {
+    cap.finish();
+    throw;
+  }
+  return cap.finish();
+}
+
 bool same_attrs(const Attrs& a, const Attrs& b) {
   auto x = a.items().begin(), xe = a.items().end();
   auto y = b.items().begin(), ye = b.items().end();
@@ -182,13 +194,7 @@ void CompiledStep::run(const std::vector<Tensor>& inputs, const std::function<vo
       variant->runtime->advance(cap, cap.graph().ops.size());
     });
   }
-  try {
-    step();
-  } catch (...) {
-    cap.finish();
-    throw;
-  }
-  Graph& g = cap.finish();
+  Graph& g = capture_step(cap, step);
   const uint64_t structure = g.structure_hash();
   if (stream) {
     counts_.capture_ms += ms_since(t_capture);
@@ -269,13 +275,7 @@ CompiledPeakChange compiled_peak_change(const std::function<void()>& step,
   Capture cap;
   for (const auto& [name, t] : parameters) cap.classify(t, BufferKind::parameter, name);
   for (const Tensor& t : inputs) cap.classify(t, BufferKind::step_input);
-  try {
-    step();
-  } catch (...) {
-    cap.finish();
-    throw;
-  }
-  FusedGraph f = unfused(cap.finish());
+  FusedGraph f = unfused(capture_step(cap, step));
   CompiledPeakChange c;
   if (remat) {
     RematOptions ro;

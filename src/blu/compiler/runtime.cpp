@@ -308,8 +308,9 @@ void for_each_value(const Launch& l, F&& f) {
   for (int v : l.outputs) f(v);
 }
 
-// The addresses a launch binds this step (a rewrite's own values are bound for good: not hashed).
-uint64_t address_hash(const std::vector<Tensor>& tensors, size_t base, const Launch& l) {
+// The addresses a launch binds this step (a rewrite's own values are bound for good: not hashed);
+// a CUDA graph's recordings are told apart by them.
+[[maybe_unused]] uint64_t address_hash(const std::vector<Tensor>& tensors, size_t base, const Launch& l) {
   Fnv f;
   for_each_value(l, [&](int v) {
     f.mix(v >= 0 && size_t(v) < base ? uint64_t(reinterpret_cast<uintptr_t>(tensors[size_t(v)].raw_data())) : 0);

@@ -257,7 +257,7 @@ void measure_split(ModelCosts& m, models::CausalLM& copy, int tp, bool sequence_
   BLU_CHECK(int64_t(copy.num_blocks()) == m.blocks, "measure_split: the copy has ", copy.num_blocks(),
             " blocks, the measured model ", m.blocks);
   const Device dev = copy.token_embedding().weight.device();
-  apply_tensor_parallel(copy, std::make_shared<StandInGroup>(tp, dev), TPOptions{.sequence_parallel = sequence_parallel, .widths = {}});
+  apply_tensor_parallel(copy, std::make_shared<StandInGroup>(tp, dev), TPOptions{.sequence_parallel = sequence_parallel});
   const int64_t early0 = column_input_stats().early;
   const Parts p = probe_parts(copy, b, m.seq_len, reps, lockstep);
   // probe_parts runs the blocks forward and backward 2·(reps + 1) times (at b and 2b, one warm-up each).

@@ -73,7 +73,7 @@ struct GlooOptions {
   std::chrono::milliseconds timeout{30000};
   // Interface address the ranks' sockets bind to; "" uses the address that reaches MASTER_ADDR
   // ("127.0.0.1" on one node).
-  std::string hostname;
+  std::string hostname{};
   std::string prefix = "default_pg";  // store key prefix: several groups can share one store
 };
 

@@ -52,7 +52,7 @@ struct TPOptions {
   // Each rank's share of every split (empty: equal shares; otherwise one positive weight per rank,
   // summing to 1). Each split's units — heads, MLP columns, vocabulary rows — are apportioned by
   // largest remainder, in the spec's groups (ShardSpec::group), at least one group per rank.
-  std::vector<double> widths;
+  std::vector<double> widths{};
   // The row-parallel linears' forward in this many row pieces, each piece's collective started as
   // soon as its GEMM is queued and run beside the next piece's GEMM (Note [Row chunks],
   // tensor_parallel.cpp); 1: one GEMM and one collective, waited for where it is issued. Under

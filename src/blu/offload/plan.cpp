@@ -122,6 +122,12 @@ Candidate candidate(const PlanInput& in, bool offload, UpdateOn u) {
 }
 
 std::string fmt(int64_t b) { return format_bytes(b); }
+// "2% of it kept free" (PlanInput::device_headroom), or "".
+std::string headroom_text(const PlanInput& in) {
+  return in.device_budget && in.device_headroom > 0
+             ? std::to_string(int(std::lround(in.device_headroom * 100))) + "% of it kept free"
+             : std::string();
+}
 std::string fmt_ms(double seconds) {
   std::ostringstream os;
   os << std::round(seconds * 1e4) / 10 << " ms";
@@ -192,9 +198,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
     os << "no memory layout fits: " << in.param_elements << " parameters with " << fmt(act)
        << " of activations on the device";
     os << " under a device budget of " << (in.device_budget ? fmt(in.device_budget) : std::string("(none)"))
-       << (in.device_budget && in.device_headroom > 0
-               ? " (" + std::to_string(int(std::lround(in.device_headroom * 100))) + "% of it kept free)"
-               : std::string())
+       << (headroom_text(in).empty() ? std::string() : " (" + headroom_text(in) + ")")
        << " and a host budget of " << (in.host_budget ? fmt(in.host_budget) : std::string("(none)")) << ":";
     for (const Candidate& c : tried)
       os << "\n  " << describe(c) << ": device " << fmt(device_need(c, in)) << " (" << fmt(c.device_static)
@@ -241,10 +245,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
                            : p.offload_state ? " parameters/gradients/staging" : " parameters/gradients/optimizer state")
      << " (" << std::round(p.device_bytes_per_param * 100) / 100 << " bytes per parameter) + " << fmt(kept_act) << " activations"
      << (in.device_budget ? " (budget " + fmt(in.device_budget) +
-                                (in.device_headroom > 0
-                                     ? ", " + std::to_string(int(std::lround(in.device_headroom * 100))) + "% of it kept free"
-                                     : std::string()) +
-                                ")"
+                                (headroom_text(in).empty() ? std::string() : ", " + headroom_text(in)) + ")"
                           : std::string());
   if (compiled(in))
     os << "\n  compiled steps: " << fmt(kept_activations(*best, in)) << " of activations eager, "

@@ -138,7 +138,7 @@ bool needs_decision(const std::string& text) {
 LayoutDecision decide_layout(const std::string& text, models::CausalLM& model, const dist::ModelCosts& costs,
                              const dist::LinkCosts& link, dist::ProcessGroup* probe_pg, dist::TcpStore* store, int rank,
                              int world, int64_t rows_per_rank, int64_t seq, double memory_budget) {
-  LayoutDecision d{.text = text, .rows = rows_per_rank, .plan = nlohmann::json::array(), .probe_ms = {}, .rank_speeds = {}};
+  LayoutDecision d{.text = text, .rows = rows_per_rank, .plan = nlohmann::json::array()};
   if (!needs_decision(text)) return d;
   std::vector<std::string> names;
   for (const models::BlockRef& b : model.blocks()) names.push_back(b.name);
@@ -350,10 +350,10 @@ LayoutGroups make_layout_groups(dist::TcpStore& store, int rank, int world, cons
 #ifdef BLU_HAVE_CUDA
   const bool nccl = device.is_cuda();
   const dist::GroupFactory make = nccl ? dist::nccl_group_factory(dist::NcclOptions{.timeout = ms(600), .device = device.index})
-                                       : dist::gloo_group_factory(dist::GlooOptions{.timeout = ms(30), .hostname = {}, .prefix = "default_pg"});
+                                       : dist::gloo_group_factory(dist::GlooOptions{.timeout = ms(30)});
 #else
   const bool nccl = false;
-  const dist::GroupFactory make = dist::gloo_group_factory(dist::GlooOptions{.timeout = ms(30), .hostname = {}, .prefix = "default_pg"});
+  const dist::GroupFactory make = dist::gloo_group_factory(dist::GlooOptions{.timeout = ms(30)});
 #endif
   LayoutGroups g;
   if (is_hybrid(l)) {

@@ -52,7 +52,7 @@ struct LayoutDecision {
   nlohmann::json plan;           // auto: the planner's first five (layout, step_ms, memory_mib, fits)
   // weights=probe, and auto over several ranks: each rank's probe step time (ms), and the speeds
   // from them (dist::PlanJob::rank_speeds: predict the layout with them).
-  std::vector<double> probe_ms, rank_speeds;
+  std::vector<double> probe_ms{}, rank_speeds{};
 };
 bool needs_decision(const std::string& text);  // "auto", or a weights/widths=probe or balance=time anywhere
 LayoutDecision decide_layout(const std::string& text, models::CausalLM& model, const dist::ModelCosts& costs,

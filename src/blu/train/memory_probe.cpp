@@ -263,8 +263,11 @@ void Trainer::plan_memory(dist::StrategyConfig& sc, const dist::Layout& layout,
         alloc.stats().peak_bytes - before - (copies_made ? 0 : in.compute_copy_bytes * in.param_elements);
     copies_made = true;
     in.grads_in_activations = true;
-    for (Tensor p : model_->parameters()) p.zero_grad();
-    gen.set_state(seed, offset);
+    const auto put_back = [&] {  // the gradients dropped, the generator where the probe found it
+      for (Tensor p : model_->parameters()) p.zero_grad();
+      gen.set_state(seed, offset);
+    };
+    put_back();
     // --compile: what the compiled steps hold instead — less what the compiler's recompute
     // (--compile-remat) takes off, plus the gaps of its arena's packing — decided on a capture of
     // one micro-batch's forward and backward (no kernel runs; its unbacked gradients are dropped
@@ -273,12 +276,10 @@ void Trainer::plan_memory(dist::StrategyConfig& sc, const dist::Layout& layout,
       const Tensor ids = zeros({o.batch_size, o.seq_len}, DType::i32, device_);
       const compiler::CompiledPeakChange c = compiler::compiled_peak_change(
           [&] { model_->forward(ids, ids).loss.backward(); }, model_->named_parameters(), {ids},
-          o.compile_exclude.empty() ? compiler::excluded_ops() : compiler::parse_op_list(o.compile_exclude),
-          o.compile_remat);
+          compiler::excluded_ops(), o.compile_remat);
       in.activations.compiled_saving = int64_t(c.remat_saving);
       in.activations.compiled_excess = int64_t(c.arena_excess);
-      for (Tensor p : model_->parameters()) p.zero_grad();
-      gen.set_state(seed, offset);
+      put_back();
     }
     // A stage runs its own blocks, with up to its schedule's in-flight bound of micro-batches saved.
     const std::vector<int64_t> own_blocks = stage ? stage->owned_blocks() : std::vector<int64_t>{};

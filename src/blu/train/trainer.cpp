@@ -240,6 +240,8 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
               "copies to the host run outside dispatch); drop one of the two");
     BLU_CHECK(opt_s_.zero != 3, "--compile: ZeRO-3 (--zero 3) is not supported by the compiler yet (its block hooks ",
               "swap the parameters' storages outside dispatch, which capture does not see); use --zero 0, 1 or 2");
+    // Before the memory probe, which plans a capture with the same list (memory_probe.cpp).
+    if (!o.compile_exclude.empty()) compiler::set_excluded_ops(compiler::parse_op_list(o.compile_exclude));
   } else {
     BLU_CHECK(!o.compile_log && o.compile_exclude.empty() && !o.compile_remat,
               "--compile-log, --compile-exclude and --compile-remat need --compile");
@@ -418,7 +420,6 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
              << " parameters\n";
   }
   if (o.compile) {
-    if (!o.compile_exclude.empty()) compiler::set_excluded_ops(compiler::parse_op_list(o.compile_exclude));
     compiler::CompileOptions co;
     co.log = o.compile_log && rank_ == 0;  // guard failures are printed on every rank
     co.log_stream = cb_.log;
