@@ -178,7 +178,8 @@ bool on_cpu(const Graph& g, const FusedRegion& r) {
 // The region's kernel (the cache's, or compiled into it) as a launch: emitted C++ on the CPU,
 // NVRTC's cubin on the context's stream for a CUDA region (unsupported() let it through only in a
 // CUDA build). The region's scalars are read from each step's capture.
-FusedLaunch load_launch(const Graph& g, const FusedRegion& r, bool* compiled) {
+FusedLaunch load_launch(const Graph& g, const FusedRegion& r, bool* compiled, size_t* scratch) {
+  *scratch = 0;
   if (on_cpu(g, r)) {
     std::shared_ptr<CpuKernel> k = CpuKernel::load(g, r, compiled);
     return [k, region = r](const Graph& step, std::span<const Tensor> in, std::span<Tensor> out, const ExecContext&) {
@@ -187,9 +188,10 @@ FusedLaunch load_launch(const Graph& g, const FusedRegion& r, bool* compiled) {
     };
   }
   std::shared_ptr<CudaKernel> k = CudaKernel::load(g, r, compiled);
+  *scratch = k->scratch_bytes();
   return [k, region = r](const Graph& step, std::span<const Tensor> in, std::span<Tensor> out, const ExecContext& ctx) {
     k->run(std::vector<Tensor>(in.begin(), in.end()), std::vector<Tensor>(out.begin(), out.end()),
-           region_scalars(step, region), launch_stream(ctx));
+           region_scalars(step, region), launch_stream(ctx), ctx.scratch);
   };
 }
 
@@ -215,7 +217,9 @@ FusedGraph fuse_step(const Graph& g, std::vector<FusedRegion> regions) {
         // emitter's or loader's message as the reason.
         try {
           bool compiled = false;
-          launches.push_back(load_launch(g, r, &compiled));
+          size_t scratch = 0;
+          launches.push_back(load_launch(g, r, &compiled, &scratch));
+          f.kernel_scratch = std::max(f.kernel_scratch, scratch);
           (compiled ? f.kernels_compiled : f.kernels_cached) += 1;
           order = std::move(o);
           continue;

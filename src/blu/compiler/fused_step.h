@@ -36,6 +36,7 @@ struct FusedGraph {
   std::vector<int> source;           // per op of graph: the capture's op it runs, -1 for fused ops
   std::vector<FusedRegion> regions;  // the accepted regions; a fused op's Op::region indexes it
   std::vector<FusedLaunch> kernels;  // per accepted region
+  size_t kernel_scratch = 0;         // the most workspace bytes one kernel's launch takes
   int capture_ops = 0;               // ops in each step's capture
   // Values and buffers in each step's capture; the graph's further ones are a rewrite's own
   // (compiler/remat.h), bound by the runtime once.

@@ -165,7 +165,7 @@ Runtime::Runtime(const Graph& graph, MemoryPlan plan, RuntimeOptions options)
 Runtime::Runtime(FusedGraph fused, MemoryPlan plan, RuntimeOptions options)
     : graph_(std::move(fused.graph)), capture_ops_(fused.capture_ops), capture_values_(size_t(fused.capture_values)),
       capture_buffers_(size_t(fused.capture_buffers)), remade_by_(std::move(fused.remade_by)), plan_(std::move(plan)),
-      options_(options), replay_(std::make_unique<Replay>()) {
+      options_(options), fused_scratch_(fused.kernel_scratch), replay_(std::make_unique<Replay>()) {
   for (const Arena& a : plan_.arenas) arenas_.push_back(allocator_for(a.device).allocate(a.bytes));
   launches_ = build_launches(graph_, &fused.source, &fused.kernels, &fused.regions);
   set_needs();
@@ -407,8 +407,9 @@ void Runtime::advance(Capture& step, size_t captured_ops) {
     if (hit != seg.recorded.end()) {
       std::rotate(seg.recorded.begin(), hit, hit + 1);  // most recent first
     } else {
-      // Record the segment; the workspace may not grow inside the recording.
-      ctx.scratch->reserve(ctx.scratch->high_water());
+      // Record the segment; the workspace may not grow inside the recording (the fused kernels'
+      // column partials included, which no eager step has taken yet).
+      ctx.scratch->reserve(std::max(ctx.scratch->high_water(), fused_scratch_));
       const bool was_frozen = ctx.scratch->frozen();
       ctx.scratch->freeze();
       cudaGraph_t graph = nullptr;

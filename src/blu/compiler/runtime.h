@@ -125,6 +125,7 @@ class Runtime {
   RuntimeOptions options_;
   std::vector<DataPtr> arenas_;  // per plan arena
   std::vector<Launch> launches_;
+  size_t fused_scratch_ = 0;  // FusedGraph::kernel_scratch: reserved before a CUDA graph is recorded
   RuntimeStats stats_;
   std::vector<size_t> need_;  // per launch: the last op of each step's capture it runs
   struct Replay;

@@ -21,7 +21,9 @@
 namespace blu::compiler {
 namespace {
 
-constexpr int kBlock = 256;  // threads per block, both kernel shapes
+constexpr int kBlock = 256;  // threads per block of a pointwise kernel
+// The most blocks (partial rows) of a rows kernel with column sums.
+constexpr int64_t kColumnBlocks = 1024;
 
 const char* dev_ctype(DType t) {
   switch (t) {
@@ -131,6 +133,22 @@ template <typename T, int V> __device__ __forceinline__ void vstore(T* p, const 
 #pragma unroll
   for (int w = 0; w < int(sizeof(Vec<T, V>) / 16); ++w) q[w] = s[w];
 }
+// V elements at p: one vector access when `vec` (p 16-byte aligned), else element by element.
+template <typename T, int V> __device__ __forceinline__ Vec<T, V> vget(const T* p, bool vec) {
+  if (vec) return vload<T, V>(p);
+  Vec<T, V> r;
+#pragma unroll
+  for (int e = 0; e < V; ++e) r.v[e] = p[e];
+  return r;
+}
+template <typename T, int V> __device__ __forceinline__ void vput(T* p, const Vec<T, V>& x, bool vec) {
+  if (vec) {
+    vstore<T, V>(p, x);
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < V; ++e) p[e] = x.v[e];
+}
 // Block-wide sum and max over 256 threads: a fixed tree (warp shuffles, then warp 0 over the
 // warps' partials), every thread gets the result.
 template <typename A> __device__ __forceinline__ A block_sum(A v, A* sh) {
@@ -147,6 +165,57 @@ template <typename A> __device__ __forceinline__ A block_sum(A v, A* sh) {
   }
   __syncthreads();
   return sh[32];
+}
+// Two block-wide sums at once (one pair of barriers fewer than two block_sum calls); sh holds 66.
+__device__ __forceinline__ void block_sum2(double& a, double& b, double* sh) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    a += __shfl_xor_sync(0xffffffffu, a, o);
+    b += __shfl_xor_sync(0xffffffffu, b, o);
+  }
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) {
+    sh[threadIdx.x >> 5] = a;
+    sh[33 + (threadIdx.x >> 5)] = b;
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const bool live = threadIdx.x < blockDim.x / 32;
+    double t = live ? sh[threadIdx.x] : 0.0, u = live ? sh[33 + threadIdx.x] : 0.0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      t += __shfl_xor_sync(0xffffffffu, t, o);
+      u += __shfl_xor_sync(0xffffffffu, u, o);
+    }
+    if (threadIdx.x == 0) {
+      sh[32] = t;
+      sh[65] = u;
+    }
+  }
+  __syncthreads();
+  a = sh[32];
+  b = sh[65];
+}
+// Reductions over a row's group of TPR threads: one warp (shuffles only), or the whole block.
+template <int TPR, typename A> __device__ __forceinline__ A row_sum(A v, A* sh) {
+  if constexpr (TPR == 32) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+  } else {
+    return block_sum(v, sh);
+  }
+}
+template <int TPR> __device__ __forceinline__ void row_sum2(double& a, double& b, double* sh) {
+  if constexpr (TPR == 32) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      a += __shfl_xor_sync(0xffffffffu, a, o);
+      b += __shfl_xor_sync(0xffffffffu, b, o);
+    }
+  } else {
+    block_sum2(a, b, sh);
+  }
 }
 template <typename A> __device__ __forceinline__ A neg_inf() { return A(-__longlong_as_double(0x7ff0000000000000LL)); }
 // std::max(m, x) as the CPU applies it: a NaN x leaves m.
@@ -165,6 +234,15 @@ template <typename A> __device__ __forceinline__ A block_max(A v, A* sh) {
   }
   __syncthreads();
   return sh[32];
+}
+template <int TPR, typename A> __device__ __forceinline__ A row_max(A v, A* sh) {
+  if constexpr (TPR == 32) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = max_keep(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+  } else {
+    return block_max(v, sh);
+  }
 }
 )";
 
@@ -216,7 +294,6 @@ std::string binary_expr(const std::string& n, const std::string& a, const std::s
 }
 
 bool cuda_row_supported(const Op& op) {
-  if (op.name == "layer_norm_backward" || op.name == "rms_norm_backward") return false;  // column sums
   if (op.name == "cross_entropy") return op.attrs.i("reduction") == 0;
   if (op.name == "cross_entropy_backward") return op.attrs.i("reduction") != 1;
   return emit_row_supported(op);
@@ -249,7 +326,101 @@ Layout layout_of(const Graph& g, const FusedRegion& r) {
   return L;
 }
 
+bool is_norm_backward(const Op& op) { return op.name == "layer_norm_backward" || op.name == "rms_norm_backward"; }
+
+// Whether slot s of a rows region is read or written as whole vectors: a float value covering the
+// space (a row each) or one row long (a norm weight, the same for every row).
+bool row_vector_slot(const Graph& g, const Layout& L, size_t s) {
+  const Value& v = g.values[size_t(L.slots[s])];
+  if (!is_float_dtype(v.dtype)) return false;
+  const int64_t n = numel(v.shape);
+  return n == L.N || (n == L.C && !v.shape.empty() && v.shape.back() == L.C);
+}
+
+// How a rows kernel maps a row onto threads: a group of TPR threads owns a row; thread t of the
+// group holds the row's vectors t, t + TPR, … (J of them, V elements each) in every op. TPR is 32
+// (one warp; 4 rows to a block, reductions by shuffles) while that leaves J ≤ 8, else a whole block
+// of up to 1024 (one row to a block, the warps' partials through shared memory).
+struct RowGeometry {
+  int64_t C = 1, R = 0, vectors = 0;  // row length, rows, vectors of a row
+  int V = 1, tpr = 32, rows_per_block = 4, J = 1;
+  int64_t blocks = 1;         // grid: one row per group, or (column sums) cuda_column_blocks
+  int sums = 0;               // column sums
+  size_t partial_size = 4;    // bytes of one column partial (float, or double for f64)
+  size_t column_smem = 0;     // the per-group column sums' shared memory
+};
+
 }  // namespace
+
+// Blocks of a column-summing rows kernel: each adds its groups' rows into one partial row, so the
+// count depends on the rows alone (every GPU and run sums in the same order).
+int64_t cuda_column_blocks(int64_t rows, int rows_per_block) {
+  return std::clamp<int64_t>((rows + rows_per_block - 1) / rows_per_block, 1, kColumnBlocks);
+}
+
+namespace {
+
+std::vector<int> column_sum_outputs(const Graph& g, const FusedRegion& r);
+bool column_partials_double(const Graph& g, const FusedRegion& r);
+
+RowGeometry row_geometry(const Graph& g, const FusedRegion& r, const Layout& L) {
+  RowGeometry G;
+  G.C = std::max<int64_t>(L.C, 1);
+  G.R = L.N / G.C;
+  size_t narrow = 0;
+  for (size_t s = 0; s < L.slots.size(); ++s)
+    if (row_vector_slot(g, L, s)) {
+      const size_t b = dtype_size(g.values[size_t(L.slots[s])].dtype);
+      narrow = narrow ? std::min(narrow, b) : b;
+    }
+  G.V = narrow ? int(16 / narrow) : 1;
+  if (G.C % G.V != 0) G.V = 1;
+  G.vectors = G.C / G.V;
+  G.tpr = 32;
+  if ((G.vectors + 31) / 32 > 8) {
+    G.tpr = 128;
+    while ((G.vectors + G.tpr - 1) / G.tpr > 8 && G.tpr < 1024) G.tpr *= 2;
+  }
+  G.rows_per_block = G.tpr == 32 ? 4 : 1;
+  G.J = int((G.vectors + G.tpr - 1) / G.tpr);
+  G.sums = int(column_sum_outputs(g, r).size());
+  G.partial_size = column_partials_double(g, r) ? 8 : 4;
+  G.blocks = G.sums ? cuda_column_blocks(G.R, G.rows_per_block) : (G.R + G.rows_per_block - 1) / G.rows_per_block;
+  G.column_smem = size_t(G.rows_per_block) * size_t(G.sums) * size_t(G.J * G.V) * size_t(G.tpr) * G.partial_size;
+  return G;
+}
+
+// Static shared memory a kernel may hold beside the reductions' slots.
+constexpr size_t kColumnSmemLimit = size_t(40) << 10;
+
+// The column sums a rows region writes (the norm backwards' weight and bias gradients that leave
+// it), in emission order.
+std::vector<int> column_sum_outputs(const Graph& g, const FusedRegion& r) {
+  std::vector<int> out;
+  if (r.shape != RegionShape::rows) return out;
+  for (int oi : r.ops) {
+    const Op& op = g.ops[size_t(oi)];
+    if (!is_norm_backward(op)) continue;
+    for (size_t j = 1; j < op.outputs.size(); ++j)
+      if (std::find(r.outputs.begin(), r.outputs.end(), op.outputs[j]) != r.outputs.end()) out.push_back(op.outputs[j]);
+  }
+  return out;
+}
+
+// Whether the column partials are doubles (an f64 norm backward) rather than floats.
+bool column_partials_double(const Graph& g, const FusedRegion& r) {
+  for (int oi : r.ops)
+    if (is_norm_backward(g.ops[size_t(oi)]) && g.values[size_t(g.ops[size_t(oi)].inputs[1])].dtype == DType::f64) return true;
+  return false;
+}
+
+}  // namespace
+
+size_t cuda_region_scratch_bytes(const Graph& g, const FusedRegion& r) {
+  if (r.shape != RegionShape::rows || column_sum_outputs(g, r).empty()) return 0;
+  const RowGeometry G = row_geometry(g, r, layout_of(g, r));
+  return size_t(G.sums) * size_t(G.blocks * G.C) * G.partial_size;
+}
 
 bool cuda_emitter_supports(const Graph& g, const FusedRegion& r) {
   for (int oi : r.ops) {
@@ -282,6 +453,8 @@ bool cuda_emitter_supports(const Graph& g, const FusedRegion& r) {
     if (op.name == "cross_entropy" && std::find(r.inputs.begin(), r.inputs.end(), op.inputs[0]) == r.inputs.end())
       return false;
   }
+  // The groups' column sums live in static shared memory.
+  if (r.shape == RegionShape::rows && row_geometry(g, r, layout_of(g, r)).column_smem > kColumnSmemLimit) return false;
   return true;
 }
 
@@ -290,9 +463,10 @@ std::string emit_cuda_source(const Graph& g, const FusedRegion& r) {
   const Layout L = layout_of(g, r);
   const Scalars sc{g, r};
   const bool rows = r.shape == RegionShape::rows;
+  const RowGeometry RG = rows ? row_geometry(g, r, L) : RowGeometry{};
   const int64_t C = L.C, R = L.N / std::max<int64_t>(L.C, 1);
-  const int64_t J = (C + kBlock - 1) / kBlock;
-  const std::string Cs = std::to_string(C);
+  const int JV = RG.J * RG.V;
+  const std::string Cs = std::to_string(C), Vs = std::to_string(RG.V), TPR = std::to_string(RG.tpr);
   std::map<int, int> slot_of;
   for (size_t k = 0; k < L.slots.size(); ++k) slot_of.emplace(L.slots[k], int(k));
   std::set<int> written;  // input values the region updates in place (AdamW)
@@ -304,16 +478,33 @@ std::string emit_cuda_source(const Graph& g, const FusedRegion& r) {
 
   std::ostringstream os, body;
   os << kPrelude << "struct Args { void* p[" << L.slots.size() << "]; double s[" << std::max(L.nscalars, 1)
-     << "]; i64 vec; };\n";
-  std::map<int, std::string> local;  // value -> variable (pointwise: scalar; rows: array [J] or per-row scalar)
+     << "]; i64 vec; void* part; };\n";
+  std::map<int, std::string> local;  // value -> variable (pointwise: scalar; rows: array [J·V] or per-row scalar)
   std::set<int> per_row;
+  // Rows: the inputs read as vectors into registers — a row's at the row's start (v<slot>[J]), a
+  // row-long one once before the rows (w<slot>[J]).
+  std::map<int, std::string> vec_of;
+  std::ostringstream rowload, colload;
+  if (rows)
+    for (size_t k = 0; k < r.inputs.size(); ++k) {
+      if (!row_vector_slot(g, L, k)) continue;
+      const int v = L.slots[k];
+      const bool whole = numel(g.values[size_t(v)].shape) == L.N;
+      const std::string name = (whole ? "v" : "w") + std::to_string(k);
+      (whole ? rowload : colload) << "    Vec<" << T(v) << ", " << Vs << "> " << name << "[" << RG.J << "];\n#pragma unroll\n    for (int j = 0; j < "
+                                  << RG.J << "; ++j) {\n      const int vi = tid + " << TPR << " * j;\n      if (vi < " << RG.vectors << ") " << name
+                                  << "[j] = vget<" << T(v) << ", " << Vs << ">(" << P(v) << (whole ? " + r * " + Cs : std::string())
+                                  << " + i64(vi) * " << Vs << ", a.vec);\n    }\n";
+      vec_of[v] = name;
+    }
   int tmp = 0;
   auto fresh = [&] { return "t" + std::to_string(tmp++); };
   // Element expressions. Pointwise: full operands are the compute function's e<slot> references,
   // broadcast ones read at their index map of i. Rows: element k of the row (index r*C + k).
   const std::string ie = rows ? "(r * " + Cs + " + k)" : "i";
   auto elem = [&](int v) -> std::string {
-    if (local.count(v)) return per_row.count(v) ? local[v] : (rows ? local[v] + "[j]" : local[v]);
+    if (local.count(v)) return per_row.count(v) ? local[v] : (rows ? local[v] + "[q]" : local[v]);
+    if (vec_of.count(v)) return "to_acc(" + vec_of[v] + "[j].v[e])";
     const Value& val = g.values[size_t(v)];
     const int s = slot_of.at(v);
     if (!rows && L.full[size_t(s)]) return "to_acc(e" + std::to_string(s) + ")";
@@ -324,18 +515,27 @@ std::string emit_cuda_source(const Graph& g, const FusedRegion& r) {
     if (!rows && L.full[size_t(s)]) return "e" + std::to_string(s);
     return P(v) + "[" + index_expr(g.values[size_t(v)], L.space, ie) + "]";
   };
-  const std::string loop = "#pragma unroll\n    for (int j = 0; j < " + std::to_string(J) + "; ++j) {\n      const i64 k = threadIdx.x + j * " +
-                           std::to_string(kBlock) + ";\n      if (k < " + Cs + ") {\n";
-  const std::string end_loop = "      }\n    }\n";
+  // Rows: the thread's elements — vector vi = tid + TPR·j of the row, element e of it: column k,
+  // register q.
+  const std::string loop_head = "#pragma unroll\n    for (int j = 0; j < " + std::to_string(RG.J) + "; ++j) {\n      const int vi = tid + " + TPR +
+                                " * j;\n      if (vi < " + std::to_string(RG.vectors) + ") {\n";
+  const std::string elem_head = "#pragma unroll\n        for (int e = 0; e < " + Vs + "; ++e) {\n          const i64 k = i64(vi) * " + Vs +
+                                " + e;\n          const int q = j * " + Vs + " + e;\n          (void)k;\n          (void)q;\n";
+  const std::string loop = loop_head + elem_head;
+  const std::string end_loop = "        }\n      }\n    }\n";
   // A value computed element by element: expression `e` in its accumulation type.
   auto define = [&](int v, const std::string& e) {
     const DType t = g.values[size_t(v)].dtype;
     const std::string A = acc(t), var = fresh();
     if (rows) {
-      body << "    " << A << " " << var << "[" << J << "];\n" << loop << "        " << var << "[j] = to_acc(" << round_to(t, e)
-           << ");\n";
-      if (is_out(v)) body << "        " << P(v) << "[" << ie << "] = " << round_to(t, var + "[j]") << ";\n";
-      body << end_loop;
+      const bool out = is_out(v);
+      body << "    " << A << " " << var << "[" << JV << "];\n" << loop_head;
+      if (out) body << "        Vec<" << T(v) << ", " << Vs << "> o;\n";
+      body << elem_head << "          " << var << "[q] = to_acc(" << round_to(t, e) << ");\n";
+      if (out) body << "          o.v[e] = " << round_to(t, var + "[q]") << ";\n";
+      body << "        }\n";
+      if (out) body << "        vput<" << T(v) << ", " << Vs << ">(" << P(v) << " + r * " << Cs << " + i64(vi) * " << Vs << ", o, a.vec);\n";
+      body << "      }\n    }\n";
     } else {
       body << "  const " << A << " " << var << " = to_acc(" << round_to(t, e) << ");\n";
       if (is_out(v)) body << "  e" << slot_of.at(v) << " = " << round_to(t, var) << ";\n";
@@ -347,9 +547,24 @@ std::string emit_cuda_source(const Graph& g, const FusedRegion& r) {
     const DType t = g.values[size_t(v)].dtype;
     const std::string var = fresh();
     body << "    const double " << var << " = double(to_acc(" << round_to(t, e) << "));\n";
-    if (is_out(v)) body << "    if (threadIdx.x == 0) " << P(v) << "[r] = " << round_to(t, e) << ";\n";
+    if (is_out(v)) body << "    if (tid == 0) " << P(v) << "[r] = " << round_to(t, e) << ";\n";
     local[v] = var;
     per_row.insert(v);
+  };
+  // The per-row statistic of v in double: a statistic made in the region, or element r of an input.
+  auto stat = [&](int v) { return local.count(v) ? local[v] : "double(to_acc(" + P(v) + "[r]))"; };
+  // Column sums (rows regions): each thread adds its elements' terms over the rows its group
+  // visits into the group's shared sums (csm[group][sum][q][tid]: a thread alone touches its
+  // addresses, a warp 32 banks); the block's end adds its groups' sums in group order into its
+  // partial row, and a second kernel adds the blocks' partial rows in block order.
+  const std::vector<int> sums = column_sum_outputs(g, r);
+  const std::string PT = column_partials_double(g, r) ? "double" : "float";
+  auto column_sum = [&](int v, const std::string& term) {
+    const auto it = std::find(sums.begin(), sums.end(), v);
+    if (it == sums.end()) return;  // not read outside the region
+    const std::string s = std::to_string(it - sums.begin());
+    body << loop << "          csm[((group * " << sums.size() << " + " << s << ") * " << JV << " + q) * " << TPR << " + tid] += " << PT
+         << "(" << term << ");\n" << end_loop;
   };
   int scope = 0;
   for (int oi : r.ops) {
@@ -380,33 +595,51 @@ std::string emit_cuda_source(const Graph& g, const FusedRegion& r) {
       continue;
     }
     if (emit_row_supported(op)) {
-      const int xi = n == "cross_entropy_backward" ? 1 : 0;
+      const int xi = n == "cross_entropy_backward" || is_norm_backward(op) ? 1 : 0;
       const std::string A = acc(g.values[size_t(in(xi))].dtype);
       body << "  {  // " << n << "\n";
       ++scope;
-      if (n == "softmax") {
+      if (is_norm_backward(op)) {
+        // (g, x, weight or none, [mean,] rstd) -> grad_x, grad_weight[, grad_bias]; as
+        // backend/cuda/layer_norm.cu and rms_norm.cu: x̂ = (x - mean)·rstd, ĝ = g·w, grad_x =
+        // rstd·(ĝ - mean(ĝ) - x̂·mean(ĝ·x̂)), grad_weight = Σ_rows g·x̂, grad_bias = Σ_rows g.
+        const bool ln = n == "layer_norm_backward";
+        const int gv = in(0), xv = in(1), wv = in(2), mv = ln ? in(3) : -1, rv = ln ? in(4) : in(3);
+        body << "    const " << A << " mean" << o << " = " << A << "(" << (ln ? stat(mv) : "0.0") << "), rstd" << o << " = " << A
+             << "(" << stat(rv) << ");\n";
+        const std::string gh = wv >= 0 ? "(" + elem(gv) + " * " + elem(wv) + ")" : elem(gv);
+        const std::string xh = ln ? "((" + elem(xv) + " - mean" + o + ") * rstd" + o + ")" : "(" + elem(xv) + " * rstd" + o + ")";
+        body << "    double sg" << o << " = 0, sgx" << o << " = 0;\n" << loop << "        { const " << A << " gh = " << gh
+             << "; sg" << o << " += double(gh); sgx" << o << " += double(gh * " << xh << "); }\n" << end_loop
+             << "    row_sum2<" << TPR << ">(sg" << o << ", sgx" << o << ", shdouble);\n"
+             << "    const " << A << " sga" << o << " = " << A << "(sg" << o << " / double(" << Cs << ")), sgxa" << o << " = " << A
+             << "(sgx" << o << " / double(" << Cs << "));\n";
+        define(op.outputs[0], "rstd" + o + " * (" + gh + (ln ? " - sga" + o : "") + " - " + xh + " * sgxa" + o + ")");
+        column_sum(op.outputs[1], elem(gv) + " * " + xh);
+        if (ln) column_sum(op.outputs[2], elem(gv));
+      } else if (n == "softmax") {
         const int xv = in(0);
         const std::string m = "m" + o, s0 = "s" + o;
         body << "    " << A << " " << m << " = neg_inf<" << A << ">();\n" << loop << "        " << m << " = max_keep(" << m << ", " << elem(xv)
-             << ");\n" << end_loop << "    " << m << " = block_max(" << m << ", sh" << A << ");\n"
+             << ");\n" << end_loop << "    " << m << " = row_max<" << TPR << ">(" << m << ", sh" << A << ");\n"
              << "    double " << s0 << " = 0;\n" << loop << "        " << s0 << " += bexp(double(" << elem(xv) << " - " << m << "));\n"
-             << end_loop << "    " << s0 << " = block_sum(" << s0 << ", shdouble);\n"
+             << end_loop << "    " << s0 << " = row_sum<" << TPR << ">(" << s0 << ", shdouble);\n"
              << "    const " << A << " inv" << o << " = " << A << "(1.0 / " << s0 << ");\n";
         define(op.outputs[0], "bexp(" + elem(xv) + " - " + m + ") * inv" + o);
       } else if (n == "softmax_backward") {
         const int gv = in(0), yv = in(1);
         body << "    double s" << o << " = 0;\n" << loop << "        s" << o << " += double(" << elem(gv) << ") * double("
-             << elem(yv) << ");\n" << end_loop << "    s" << o << " = block_sum(s" << o << ", shdouble);\n";
+             << elem(yv) << ");\n" << end_loop << "    s" << o << " = row_sum<" << TPR << ">(s" << o << ", shdouble);\n";
         define(op.outputs[0], elem(yv) + " * (" + elem(gv) + " - " + A + "(s" + o + "))");
       } else if (n == "layer_norm" || n == "rms_norm") {
         const bool ln = n == "layer_norm";
         const int xv = in(0), wv = in(1), bv = ln ? in(2) : -1;
         body << "    double s" << o << " = 0;\n" << loop << "        { const double v = double(" << elem(xv) << "); s" << o
-             << " += " << (ln ? "v" : "v * v") << "; }\n" << end_loop << "    s" << o << " = block_sum(s" << o << ", shdouble);\n";
+             << " += " << (ln ? "v" : "v * v") << "; }\n" << end_loop << "    s" << o << " = row_sum<" << TPR << ">(s" << o << ", shdouble);\n";
         if (ln) {
           body << "    const double mean" << o << " = s" << o << " / double(" << Cs << ");\n    double v" << o << " = 0;\n"
                << loop << "        { const double d = double(" << elem(xv) << ") - mean" << o << "; v" << o << " += d * d; }\n"
-               << end_loop << "    v" << o << " = block_sum(v" << o << ", shdouble);\n"
+               << end_loop << "    v" << o << " = row_sum<" << TPR << ">(v" << o << ", shdouble);\n"
                << "    const double rstd" << o << " = 1.0 / sqrt(v" << o << " / double(" << Cs << ") + " << sc(oi, "eps", "double") << ");\n";
           define_stat(op.outputs[1], "mean" + o);
           define_stat(op.outputs[2], "rstd" + o);
@@ -426,13 +659,13 @@ std::string emit_cuda_source(const Graph& g, const FusedRegion& r) {
         const std::string ig = std::to_string(op.attrs.i("ignore_index"));
         body << "    const i64 tv" << o << " = i64(" << P(tv) << "[r]);\n    " << A << " m" << o << " = neg_inf<" << A << ">();\n" << loop
              << "        m" << o << " = max_keep(m" << o << ", " << elem(xv) << ");\n" << end_loop << "    m" << o
-             << " = block_max(m" << o << ", sh" << A << ");\n    double s" << o << " = 0;\n" << loop << "        s" << o
+             << " = row_max<" << TPR << ">(m" << o << ", sh" << A << ");\n    double s" << o << " = 0;\n" << loop << "        s" << o
              << " += bexp(double(" << elem(xv) << ") - double(m" << o << "));\n" << end_loop << "    s" << o
-             << " = block_sum(s" << o << ", shdouble);\n    const double l" << o << " = double(m" << o << ") + log(s" << o
+             << " = row_sum<" << TPR << ">(s" << o << ", shdouble);\n    const double l" << o << " = double(m" << o << ") + log(s" << o
              << ");\n";
         define_stat(op.outputs[1], "l" + o);
         const Value& lv = g.values[size_t(op.outputs[0])];
-        body << "    if (threadIdx.x == 0) {\n      double lrow = 0;\n      if (tv" << o << " != " << ig << ") lrow = l" << o
+        body << "    if (tid == 0) {\n      double lrow = 0;\n      if (tv" << o << " != " << ig << ") lrow = l" << o
              << " - double(to_acc(" << P(xv) << "[r * " << Cs << " + tv" << o << "]));\n";
         if (is_out(op.outputs[0])) body << "      " << P(op.outputs[0]) << "[r] = " << round_to(lv.dtype, "lrow") << ";\n";
         body << "    }\n";
@@ -484,11 +717,45 @@ std::string emit_cuda_source(const Graph& g, const FusedRegion& r) {
     ptrs << "  " << (w ? "" : "const ") << T(v) << "* __restrict__ p" << k << " = static_cast<" << (w ? "" : "const ") << T(v)
          << "*>(a.p[" << k << "]);\n";
   }
+  const std::string shared = "  __shared__ float shfloat[33];\n  __shared__ double shdouble[66];\n  (void)shfloat;\n  (void)shdouble;\n";
+  const int threads = RG.rows_per_block * RG.tpr;
+  const std::string head = "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(threads) +
+                           ") blu_region(const Args a) {\n" + shared + "  const int tid = threadIdx.x % " + TPR +
+                           ", group = threadIdx.x / " + TPR + ";\n  (void)group;\n";
+  if (rows && sums.empty()) {
+    // Group g of block b runs row b·RPB + g.
+    os << head << ptrs.str() << colload.str() << "  const i64 r = i64(blockIdx.x) * " << RG.rows_per_block << " + group;\n  if (r >= " << R
+       << ") return;\n" << rowload.str() << body.str() << "}\n";
+    return os.str();
+  }
   if (rows) {
-    os << "extern \"C\" __global__ void __launch_bounds__(" << kBlock << ") blu_region(const Args a) {\n"
-       << "  __shared__ float shfloat[33];\n  __shared__ double shdouble[33];\n  (void)shfloat;\n  (void)shdouble;\n"
-       << "  const i64 r = blockIdx.x;\n  if (r >= " << R << ") return;\n"
-       << ptrs.str() << body.str() << "}\n";
+    // Group g of block b runs rows b·RPB + g, then every G·RPB rows; the block then writes its
+    // partial row of each sum s at part[(s·G + b)·C].
+    const int64_t G = RG.blocks, SM = int64_t(RG.column_smem / RG.partial_size);
+    os << head << "  __shared__ " << PT << " csm[" << SM << "];\n  for (int i = threadIdx.x; i < " << SM << "; i += " << threads
+       << ") csm[i] = 0;\n  __syncthreads();\n" << ptrs.str() << "  " << PT << "* __restrict__ part = static_cast<" << PT
+       << "*>(a.part);\n" << colload.str() << "  for (i64 r = i64(blockIdx.x) * " << RG.rows_per_block << " + group; r < " << R
+       << "; r += " << G * RG.rows_per_block << ") {\n" << rowload.str() << body.str() << "  }\n  __syncthreads();\n"
+       << "  for (int col = threadIdx.x; col < " << Cs << "; col += " << threads << ") {\n    const int vi = col / " << Vs
+       << ", q = (vi / " << TPR << ") * " << Vs << " + col % " << Vs << ", t = vi % " << TPR << ";\n";
+    for (size_t k = 0; k < sums.size(); ++k)
+      os << "    {\n      " << PT << " s = 0;\n      for (int gi = 0; gi < " << RG.rows_per_block << "; ++gi) s += csm[((gi * "
+         << sums.size() << " + " << k << ") * " << JV << " + q) * " << TPR << " + t];\n      part[(" << k << " * " << G
+         << " + i64(blockIdx.x)) * " << Cs << " + col] = s;\n    }\n";
+    os << "  }\n}\n";
+    // The sums: block (32, 32) over 32 columns of sum blockIdx.y; thread (x, y) adds partial rows
+    // y, y + 32, … in order, then thread (x, 0) adds the 32 results in y order.
+    std::ostringstream stores;
+    for (size_t k = 0; k < sums.size(); ++k)
+      stores << "      case " << k << ": static_cast<" << T(sums[k]) << "*>(a.p[" << slot_of.at(sums[k]) << "])[k] = "
+             << round_to(g.values[size_t(sums[k])].dtype, std::string(acc(g.values[size_t(sums[k])].dtype)) + "(t)") << "; break;\n";
+    os << "extern \"C\" __global__ void __launch_bounds__(1024) blu_region_columns(const Args a) {\n"
+       << "  __shared__ double sh[32][33];\n  const " << PT << "* __restrict__ part = static_cast<const " << PT << "*>(a.part);\n"
+       << "  const i64 k = i64(blockIdx.x) * 32 + threadIdx.x;\n  double t = 0;\n"
+       << "  if (k < " << Cs << ")\n    for (i64 b = threadIdx.y; b < " << G << "; b += 32) t += double(part[(i64(blockIdx.y) * " << G
+       << " + b) * " << Cs << " + k]);\n  sh[threadIdx.y][threadIdx.x] = t;\n  __syncthreads();\n"
+       << "  if (threadIdx.y == 0 && k < " << Cs << ") {\n    t = 0;\n    for (int y = 0; y < 32; ++y) t += sh[y][threadIdx.x];\n"
+       << "    switch (blockIdx.y) {\n" << stores.str() << "    }\n  }\n}\n";
     return os.str();
   }
   // Pointwise: compute(a, i, e<slot>...) over references to each full operand's element.
@@ -661,12 +928,32 @@ std::unique_ptr<CudaKernel> CudaKernel::load(const Graph& g, const FusedRegion& 
   BLU_CU_CHECK(driver().module_get_function(&fn, m, "blu_region"), "cuModuleGetFunction(blu_region)");
   k->function_ = fn;
   const Layout L = layout_of(g, r);
+  k->device_ = dev;
   k->rows_ = r.shape == RegionShape::rows;
-  k->work_ = k->rows_ ? L.N / std::max<int64_t>(L.C, 1) : L.N;
-  k->vector_ = L.vector;
   k->scalars_ = L.nscalars;
-  for (size_t s = 0; s < L.full.size(); ++s)
-    if (L.full[s]) k->full_.push_back(int(s));
+  k->row_len_ = std::max<int64_t>(L.C, 1);
+  if (k->rows_) {
+    const RowGeometry G = row_geometry(g, r, L);
+    k->work_ = G.R;
+    k->vector_ = G.V;
+    k->grid_ = G.blocks;
+    k->threads_ = G.rows_per_block * G.tpr;
+    k->sums_ = G.sums;
+    k->scratch_ = cuda_region_scratch_bytes(g, r);
+    for (size_t s = 0; s < L.slots.size(); ++s)
+      if (row_vector_slot(g, L, s)) k->full_.push_back(int(s));
+  } else {
+    k->work_ = L.N;
+    k->vector_ = L.vector;
+    k->threads_ = kBlock;
+    for (size_t s = 0; s < L.full.size(); ++s)
+      if (L.full[s]) k->full_.push_back(int(s));
+  }
+  if (k->sums_ > 0) {
+    CUfunction cf = nullptr;
+    BLU_CU_CHECK(driver().module_get_function(&cf, m, "blu_region_columns"), "cuModuleGetFunction(blu_region_columns)");
+    k->columns_ = cf;
+  }
   return k;
 }
 
@@ -675,11 +962,12 @@ CudaKernel::~CudaKernel() {
 }
 
 void CudaKernel::run(const std::vector<Tensor>& ins, const std::vector<Tensor>& outs, const std::vector<double>& scalars,
-                     void* stream) const {
+                     void* stream, Workspace* scratch) const {
   BLU_CHECK(int(scalars.size()) == scalars_, "fused region: expected ", scalars_, " per-step scalars, got ", scalars.size());
-  // Args: the pointers, the scalars (at least one slot), the vector flag — as the emitted struct.
+  // Args: the pointers, the scalars (at least one slot), the vector flag, the column partials — as
+  // the emitted struct.
   const size_t np = ins.size() + outs.size();
-  std::vector<unsigned char> args(np * 8 + size_t(std::max(scalars_, 1)) * 8 + 8, 0);
+  std::vector<unsigned char> args(np * 8 + size_t(std::max(scalars_, 1)) * 8 + 16, 0);
   std::vector<void*> p;
   for (const Tensor& t : ins) {
     BLU_CHECK(t.is_contiguous(), "fused region: input ", t.str(), " must be contiguous");
@@ -692,16 +980,22 @@ void CudaKernel::run(const std::vector<Tensor>& ins, const std::vector<Tensor>& 
   std::memcpy(args.data(), p.data(), np * 8);
   if (!scalars.empty()) std::memcpy(args.data() + np * 8, scalars.data(), scalars.size() * 8);
   int64_t vec = 0;
-  if (!rows_ && work_ % vector_ == 0) {
+  if (rows_ ? vector_ > 1 : work_ % vector_ == 0) {
     vec = 1;
     for (int s : full_)
       if (reinterpret_cast<uintptr_t>(p[size_t(s)]) % 16 != 0) vec = 0;
   }
-  std::memcpy(args.data() + args.size() - 8, &vec, 8);
+  std::memcpy(args.data() + args.size() - 16, &vec, 8);
   if (work_ == 0) return;
+  void* part = nullptr;
+  if (scratch_ > 0) {
+    if (!scratch) scratch = current_context(device_).scratch;
+    part = scratch->take(scratch_);
+  }
+  std::memcpy(args.data() + args.size() - 8, &part, 8);
   unsigned grid;
   if (rows_) {
-    grid = unsigned(work_);
+    grid = unsigned(grid_);
   } else {
     static const int sms = [] {
       int dev = 0, n = 0;
@@ -713,9 +1007,13 @@ void CudaKernel::run(const std::vector<Tensor>& ins, const std::vector<Tensor>& 
     grid = unsigned(std::clamp<int64_t>((items + kBlock - 1) / kBlock, 1, int64_t(sms) * 16));
   }
   void* params[] = {args.data()};
-  BLU_CU_CHECK(driver().launch_kernel(static_cast<CUfunction>(function_), grid, 1, 1, kBlock, 1, 1, 0,
+  BLU_CU_CHECK(driver().launch_kernel(static_cast<CUfunction>(function_), grid, 1, 1, unsigned(threads_), 1, 1, 0,
                                       static_cast<CUstream>(stream), params, nullptr),
                "cuLaunchKernel(fused region)");
+  if (sums_ > 0)
+    BLU_CU_CHECK(driver().launch_kernel(static_cast<CUfunction>(columns_), unsigned((row_len_ + 31) / 32), unsigned(sums_),
+                                        1, 32, 32, 1, 0, static_cast<CUstream>(stream), params, nullptr),
+                 "cuLaunchKernel(fused region's column sums)");
 }
 
 #else  // no CUDA in this build
@@ -730,7 +1028,8 @@ std::unique_ptr<CudaKernel> CudaKernel::load(const Graph&, const FusedRegion& r,
   BLU_CHECK(false, "cuda codegen: this build has no CUDA; region ", r.index, " cannot be loaded");
 }
 CudaKernel::~CudaKernel() = default;
-void CudaKernel::run(const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<double>&, void*) const {}
+void CudaKernel::run(const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<double>&, void*,
+                     Workspace*) const {}
 
 #endif
 

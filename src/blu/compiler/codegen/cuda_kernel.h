@@ -9,20 +9,31 @@
 //              count divides into vectors, 16-byte loads and stores (V elements of the narrowest
 //              operand per iteration, as backend/cuda/loops.cuh's contiguous path); broadcast
 //              operands are read through their index map;
-//   rows       one block (256 threads) per row of the last dimension; thread t owns the row's
-//              elements t, t + 256, … in every op, so a row intermediate lives in that thread's
-//              registers (J = ceil(C / 256) of them) and only reductions synchronise (warp
-//              shuffles, then one shared slot per warp).
+//   rows       a group of TPR threads per row of the last dimension: one warp (4 rows to a
+//              block) while each thread then holds at most 8 vectors, else a block of up to 1024.
+//              Thread t of a group owns the row's vectors t, t + TPR, … (V elements each, 16 bytes
+//              of the narrowest row operand) in every op, so a row intermediate lives in its
+//              registers; the row's float inputs are read as 16-byte vectors at the row's start
+//              (a norm weight once, before the rows), outputs written as vectors (element-wise
+//              when an operand is not 16-byte aligned); only reductions communicate (warp
+//              shuffles; for a block, one shared slot per warp);
+//   rows with column sums (a norm backward's weight and bias gradients): G = min(ceil(R / rows
+//              per block), 1024) blocks; group g of block b runs rows b·RPB + g, then every G·RPB
+//              with the same per-row code, adding each element's terms into its group's shared
+//              sums (a thread alone touches its addresses); the block adds its groups' sums in
+//              group order into its partial row in the call's workspace, and a second kernel adds
+//              the G partial rows of each column in block order (in double) — the same order on
+//              every GPU and every run. The groups' sums must fit 40 KiB of shared memory
+//              (else the region is not emitted).
 // Arithmetic: 16-bit floats compute in float and round to their dtype where eager stores them (each
 // op's result), NaN encoded as the CPU encodes it; compiled with --fmad=false, so no multiply-add
 // is contracted — the eager kernels keep contraction out of their multi-step formulas with __f*_rn;
 // GELU on 16-bit outputs takes tanh from the same fast formula as eager (elementwise.cu); row
 // statistics (norm mean/variance, softmax and cross-entropy sums) accumulate in double over a
 // fixed tree, which is not eager's order (a stated tolerance, tests/cuda/codegen_cuda_test.cpp).
-// Covered: every pointwise op of emit_common, AdamW (with its copies), layer/RMS norm forward,
-// softmax (+backward), cross-entropy with reduction none (+backward, none or sum). Not covered
-// (the region runs its eager kernels): norm backward (its weight gradients are column sums across
-// rows), cross-entropy with reduction mean.
+// Covered: every pointwise op of emit_common, AdamW (with its copies), layer/RMS norm forward and
+// backward, softmax (+backward), cross-entropy with reduction none (+backward, none or sum). Not
+// covered (the region runs its eager kernels): cross-entropy with reduction mean.
 // Depends on compiler/codegen/{region,emit_common,kernel_cache}.h; NVRTC and the CUDA runtime only
 // in BLU_HAVE_CUDA builds (the emitter itself builds everywhere). Keep: region inputs and outputs
 // are contiguous (fused_step refuses strided ones); a launch never allocates or synchronises.
@@ -32,14 +43,22 @@
 #include <vector>
 
 #include "blu/compiler/codegen/region.h"
+#include "blu/core/exec_context.h"
 #include "blu/core/tensor.h"
 
 namespace blu::compiler {
 
 // Whether every op of the region has a CUDA emitter.
 bool cuda_emitter_supports(const Graph& g, const FusedRegion& r);
-// The region's kernel, `extern "C" __global__ void blu_region(Args)`, as CUDA C.
+// The region's kernel, `extern "C" __global__ void blu_region(Args)` (and, with column sums,
+// `blu_region_columns(Args)`), as CUDA C.
 std::string emit_cuda_source(const Graph& g, const FusedRegion& r);
+
+// Blocks of a column-summing rows kernel for `rows` rows, `rows_per_block` to a block (its
+// partial rows).
+int64_t cuda_column_blocks(int64_t rows, int rows_per_block);
+// Workspace bytes one launch of the region takes (its column partials; 0 without column sums).
+size_t cuda_region_scratch_bytes(const Graph& g, const FusedRegion& r);
 
 // The cache target for an architecture: "cuda-sm_90a".
 std::string cuda_target(const std::string& arch);
@@ -66,19 +85,29 @@ class CudaKernel {
   CudaKernel(const CudaKernel&) = delete;
   CudaKernel& operator=(const CudaKernel&) = delete;
   // Queues the kernel on `stream` (a cudaStream_t; null: the default stream). ins/outs as
-  // CpuKernel::run; scalars: region_scalars of this step's capture.
+  // CpuKernel::run; scalars: region_scalars of this step's capture. Column partials are taken
+  // from `scratch` (null: the current context's workspace of the region's device).
   void run(const std::vector<Tensor>& ins, const std::vector<Tensor>& outs, const std::vector<double>& scalars,
-           void* stream) const;
+           void* stream, Workspace* scratch = nullptr) const;
+  // Workspace bytes each run takes.
+  size_t scratch_bytes() const { return scratch_; }
 
  private:
   CudaKernel() = default;
   void* module_ = nullptr;    // CUmodule
   void* function_ = nullptr;  // CUfunction
+  void* columns_ = nullptr;   // CUfunction adding the column partials (null: no column sums)
+  Device device_;
   bool rows_ = false;
+  int64_t row_len_ = 1;       // C (rows)
+  int64_t grid_ = 1;          // blocks (rows)
+  int threads_ = 256;         // threads per block
+  int sums_ = 0;              // column sums
+  size_t scratch_ = 0;
   int64_t work_ = 0;          // elements (pointwise) or rows
-  int vector_ = 1;            // elements per vector iteration (pointwise)
+  int vector_ = 1;            // elements per vector access
   int scalars_ = 0;
-  std::vector<int> full_;     // operand slots (inputs then outputs) that cover the space
+  std::vector<int> full_;     // operand slots (inputs then outputs) accessed as vectors
 };
 
 }  // namespace blu::compiler
