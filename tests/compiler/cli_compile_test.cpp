@@ -10,7 +10,8 @@
 //   it finishes logs the uninterrupted compiled run's losses bit for bit;
 // - ops named in --compile-exclude stay out of the arena (logged) and change no bit;
 // - what the compiler does not support (pipelines, ZeRO-3, activation offload) is refused at start
-//   with a message naming it; bf16 and fp16 (loss scaling on the device) compile and match eager;
+//   with a message naming it; bf16 and fp16 (loss scaling on the device) compile, every region's
+//   kernel builds and loads, and they match eager;
 // - a --gpu-memory-budget under --compile is planned with the optimizer state on the device and
 //   met against the compiled steps' peak; a budget only offload would meet, and --offload-state,
 //   are refused by name;
@@ -137,6 +138,7 @@ TEST_P(CompileCliModels, TenStepsEqualEagerBitwise) {
   EXPECT_NE(log.find("compile: memory plan: peak"), std::string::npos) << log;
   EXPECT_NE(log.find("compile: compile time:"), std::string::npos) << log;
   EXPECT_NE(log.find("compiled steps: 9 compiled, 1 eager, 0 fallback, 0 guard failures"), std::string::npos) << log;
+  EXPECT_EQ(log.find("refused: its kernel failed"), std::string::npos) << log;  // every emitted kernel builds
   EXPECT_EQ(me.compile, nlohmann::json()) << "the eager run wrote a compile event";
 }
 
@@ -245,11 +247,16 @@ TEST_F(CompileCli, HalfPrecisionEqualsEagerBitwise) {
   for (const std::string precision : {"bf16", "fp16"}) {
     const LaunchResult e = run1(train_cmd("tiny", 4, "eager_" + precision, {"--precision", precision}));
     ASSERT_EQ(e.status, 0) << e.out << e.err;
-    const LaunchResult c = run1(train_cmd("tiny", 4, "compiled_" + precision, {"--precision", precision, "--compile"}));
+    const LaunchResult c =
+        run1(train_cmd("tiny", 4, "compiled_" + precision, {"--precision", precision, "--compile", "--compile-log"}));
     ASSERT_EQ(c.status, 0) << c.out << c.err;
     const Metrics mc = read_metrics(dir.path / ("compiled_" + precision));
     expect_same_steps(read_metrics(dir.path / ("eager_" + precision)), mc, 4, precision);
     EXPECT_EQ(mc.compile["compiled"], 3) << precision << ": " << mc.compile.dump();
+    // The 16-bit regions' kernels build and load (blu::bf16/f16 conversions inside the kernel).
+    const std::string log = c.out + c.err;
+    EXPECT_NE(log.find("compile: fusion: "), std::string::npos) << precision << ": " << log;
+    EXPECT_EQ(log.find("refused: its kernel failed"), std::string::npos) << precision << ": " << log;
   }
 }
 

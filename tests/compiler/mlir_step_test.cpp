@@ -4,9 +4,13 @@
 //   every emitted kernel does its ops' eager arithmetic in the eager order; the launch list shrinks
 //   by the fused ops, and the memory plan holds fewer buffers (the regions' intermediates);
 // - each fusible op of the op table that GPT-2 and Llama steps contain, captured in a region with
-//   a neighbour, equals eager bitwise (check_region: max |diff| 0).
+//   a neighbour, equals eager bitwise (check_region: max |diff| 0);
+// - the pass's region of the loss's scaled gradient with cross_entropy_backward (the trainer's
+//   1/grad-accum) compiles and equals eager bitwise; a [rows] value made in a rows region is refused;
+// - f16 regions equal eager bitwise, and no cached kernel needs a symbol of the app.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <sstream>
@@ -14,6 +18,7 @@
 
 #include "blu/blu.h"
 #include "blu/compiler/codegen/cpu_kernel.h"
+#include "blu/compiler/codegen/kernel_cache.h"
 #include "blu/compiler/codegen/region_check.h"
 #include "blu/compiler/compile.h"
 #include "blu/compiler/fused_step.h"
@@ -210,6 +215,126 @@ TEST(FusedKernels, SoftmaxAndCrossEntropyForwardBackward) {
   EXPECT_EQ(region_vs_eager(sm, {"softmax_backward", "where", "mul_scalar"}, RegionShape::rows), 0.0);
   EXPECT_EQ(region_vs_eager(ce, {"mul_scalar", "cross_entropy"}, RegionShape::rows), 0.0);
   EXPECT_EQ(region_vs_eager(ce, {"cross_entropy_backward", "mul_scalar"}, RegionShape::rows), 0.0);
+}
+
+// The fusion pass's regions of f's captured graph (run once, so every value has its eager bytes)
+// that hold an op named `name`.
+std::vector<FusedRegion> pass_regions_with(Capture& cap, const std::function<void()>& f, const std::string& name) {
+  f();
+  cap.finish();
+  Runtime::run_unplanned(cap);
+  const Graph& g = cap.graph();
+  std::vector<FusedRegion> found;
+  for (const FusedRegion& r : mlir_api::fuse(g))
+    for (int oi : r.ops)
+      if (g.ops[size_t(oi)].name == name) {
+        found.push_back(r);
+        break;
+      }
+  return found;
+}
+
+TEST(FusedKernels, CrossEntropyBackwardOfAScaledLoss) {
+  // The trainer's loss times 1/grad-accum: the loss's gradient is a scalar mul_scalar, which the
+  // pass puts in the region of cross_entropy_backward (that op's space is its gradient's size). In
+  // the row loop the scalar is one value, read as the row's scale.
+  use_temp_cache();
+  Tensor x = leaf({6, 33});
+  const Tensor t = from_vector({3, 0, 32, 7, 7, 1}, {6}, DType::i32);
+  for (const Reduction red : {Reduction::mean, Reduction::sum}) {
+    Capture cap;
+    const auto regions =
+        pass_regions_with(cap, [&] { mul(cross_entropy(x, t, -1, red), 0.5).backward(); }, "cross_entropy_backward");
+    const Graph& g = cap.graph();
+    ASSERT_EQ(regions.size(), 1u) << g.dump();
+    const FusedRegion& r = regions[0];
+    EXPECT_EQ(g.ops[size_t(r.ops.front())].name, "mul_scalar") << region_text(g, r);
+    ASSERT_TRUE(cpu_emitter_supports(g, r)) << region_text(g, r);
+    std::unique_ptr<CpuKernel> k;
+    ASSERT_NO_THROW(k = CpuKernel::load(g, r)) << emit_cpu_source(g, r);
+    std::vector<Tensor> ins;
+    for (int v : r.inputs) ins.push_back(cap.tensors()[size_t(v)]);
+    EXPECT_EQ(check_region(g, r, *k, ins), 0.0) << region_text(g, r);
+  }
+}
+
+TEST(FusedKernels, NoRegionHoldsBackALibraryCall) {
+  // The head's loss in two row pieces: each piece's cross_entropy_backward reads the one scalar
+  // loss gradient, and each piece's linear backward (library calls) reads its logits' gradient. A
+  // region over both pieces' cross_entropy_backward would run at the second, holding back the
+  // first piece's GEMMs and keeping both pieces' logits alive: the pass must not form it.
+  use_temp_cache();
+  Tensor x = leaf({8, 16}), w = leaf({33, 16});
+  const Tensor t = from_vector({3, 0, 32, 7, 7, 1, 30, 2}, {8}, DType::i32);
+  Capture cap;
+  std::vector<Tensor> logits;  // held, so the backward does not write its gradient over them
+  const auto regions = pass_regions_with(cap, [&] {
+    Tensor total;
+    for (int64_t p = 0; p < 2; ++p) {
+      logits.push_back(linear(narrow(x, 0, 4 * p, 4), w));
+      const Tensor l = cross_entropy(logits.back(), narrow(t, 0, 4 * p, 4), -1, Reduction::sum);
+      total = p == 0 ? l : add(total, l);
+    }
+    mul(total, 0.5).backward();
+  }, "cross_entropy_backward");
+  const Graph& g = cap.graph();
+  ASSERT_FALSE(regions.empty()) << g.dump();
+  for (const FusedRegion& r : regions) {
+    int ce = 0;
+    for (int oi : r.ops) ce += g.ops[size_t(oi)].name == "cross_entropy_backward";
+    EXPECT_EQ(ce, 1) << region_text(g, r);
+  }
+}
+
+TEST(FusedKernels, RowShapedValueMadeInARowsRegionIsRefused) {
+  // Per-row losses weighted by a [rows] tensor: the weighting's mul ([rows]) is grouped with
+  // cross_entropy_backward. The CPU row loop holds values of the whole space, a row's worth or
+  // one scalar, not one value per row made by a pointwise op: the region is refused, not emitted
+  // with a wrong index.
+  use_temp_cache();
+  Tensor x = leaf({6, 33}), w = leaf({6});
+  const Tensor t = from_vector({3, 0, 32, 7, 7, 1}, {6}, DType::i32);
+  Capture cap;
+  const auto regions = pass_regions_with(
+      cap, [&] { sum(mul(cross_entropy(x, t, -1, Reduction::none), w)).backward(); }, "cross_entropy_backward");
+  const Graph& g = cap.graph();
+  ASSERT_EQ(regions.size(), 1u) << g.dump();
+  EXPECT_FALSE(cpu_emitter_supports(g, regions[0])) << region_text(g, regions[0]);
+}
+
+// The framework's symbols (blu::…) that a shared object of the kernel cache leaves undefined, one
+// line each. A kernel takes nothing from the process that loads it: only an executable built to
+// export its symbols (CMAKE_ENABLE_EXPORTS) would provide them, never the Python module (loaded
+// RTLD_LOCAL).
+std::string framework_symbols_needed() {
+  std::string out;
+  for (const auto& e : std::filesystem::directory_iterator(kernel_cache_dir())) {
+    if (e.path().extension() != ".so") continue;
+    FILE* f = ::popen(("nm -D --undefined-only " + e.path().string() + " 2>&1").c_str(), "r");
+    if (!f) return "cannot run nm";
+    char buf[1024];
+    while (std::fgets(buf, sizeof buf, f))
+      if (std::string line = buf; line.find("_ZN3blu") != std::string::npos) out += e.path().filename().string() + ": " + line;
+    if (::pclose(f) != 0) out += "nm failed on " + e.path().string() + "\n";
+  }
+  return out;
+}
+
+TEST(FusedKernels, HalfPrecisionKernelsLoadAndEqualEager) {
+  // f16 values in pointwise and rows regions: blu::f16's conversions are inline (core/dtype.h),
+  // so the kernels' shared objects need no symbol of the app.
+  auto half = [](const Shape& s) { return to_dtype(randn(s), DType::f16).set_requires_grad(true); };
+  Tensor a = half({5, 24}), b = half({5, 24}), h = half({5, 24}), w = half({24}), bias = half({24});
+  const Tensor g = to_dtype(randn({5, 24}), DType::f16);
+  auto si = [&] { sum(mul(mul(silu(a), b), g)).backward(); };
+  auto ln = [&] {
+    Tensor xh = add(a, h);
+    sum(mul(add(layer_norm(xh, w, bias, 1e-5), xh), g)).backward();
+  };
+  EXPECT_EQ(region_vs_eager(si, {"silu", "mul"}, RegionShape::pointwise), 0.0);
+  EXPECT_EQ(region_vs_eager(si, {"mul", "silu_backward"}, RegionShape::pointwise), 0.0);
+  EXPECT_EQ(region_vs_eager(ln, {"add", "layer_norm"}, RegionShape::rows), 0.0);
+  EXPECT_EQ(framework_symbols_needed(), "");
 }
 
 TEST(FusedKernels, AdamWUpdateWithItsCastIsOneRegion) {

@@ -104,6 +104,8 @@ void for_each_case(DType t, Device dev, bool run_eager, const std::function<void
        },
        {{"cross_entropy(none)", {"cross_entropy"}, RegionShape::rows, false},
         {"cross_entropy_backward(none)+cast", {"cross_entropy_backward"}, RegionShape::rows, false}}},
+      {[&] { mul(cross_entropy(x, tg, -100, Reduction::sum), 0.5).backward(); },
+       {{"mul_scalar+cross_entropy_backward(sum)", {"-mul_scalar", "mul_scalar", "cross_entropy_backward"}, RegionShape::rows, false}}},
   };
   for (Fn& f : fns) {
     // Fresh leaves: a capture leaves unbacked .grad tensors behind, which the next backward reads.

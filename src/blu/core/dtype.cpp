@@ -4,28 +4,6 @@
 
 namespace blu {
 
-float f16::to_float(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t x;
-  if (exp == 0x1f) {
-    x = sign | 0x7f800000u | (mant << 13);
-  } else if (exp != 0) {
-    x = sign | ((exp + 112) << 23) | (mant << 13);
-  } else if (mant == 0) {
-    x = sign;
-  } else {
-    // Subnormal: normalise.
-    int e = -1;
-    do { ++e; mant <<= 1; } while (!(mant & 0x400u));
-    x = sign | uint32_t(112 - e) << 23 | ((mant & 0x3ffu) << 13);
-  }
-  float f;
-  std::memcpy(&f, &x, 4);
-  return f;
-}
-
 size_t dtype_size(DType t) {
   switch (t) {
     case DType::f32: case DType::i32: return 4;

@@ -114,6 +114,7 @@ template <typename T> static inline T silu_grad_of(T x) {
 }  // namespace
 
 bool cpu_emitter_supports(const Graph& g, const FusedRegion& r) {
+  if (!rows_region_values_fit(g, r)) return false;
   for (int oi : r.ops) {
     const Op& op = g.ops.at(size_t(oi));
     if (op.name == "adamw_step") {
@@ -143,8 +144,9 @@ bool cpu_emitter_supports(const Graph& g, const FusedRegion& r) {
 
 // Emission. Pointwise regions: one loop over the space, each intermediate a scalar. Rows regions:
 // one loop over rows; each op runs over its row in turn (intermediates of row length in row
-// arrays, per-row statistics in scalars); column sums (norm weight gradients) accumulate in double
-// arrays over the rows in row order, as eager's serial pass does, and are stored after the loop.
+// arrays, per-row statistics and the region's scalar values in scalars); column sums (norm weight
+// gradients) accumulate in double arrays over the rows in row order, as eager's serial pass does,
+// and are stored after the loop.
 std::string emit_cpu_source(const Graph& g, const FusedRegion& r) {
   BLU_CHECK(cpu_emitter_supports(g, r), "cpu codegen: region ", r.index, " holds an op without a CPU emitter");
   const Scalars sc{g, r};
@@ -202,6 +204,15 @@ std::string emit_cpu_source(const Graph& g, const FusedRegion& r) {
     const Value& val = g.values[size_t(v)];
     const std::string A = acc(val.dtype), T = ctype(val.dtype);
     const std::string var = fresh();
+    if (rows && numel(val.shape) == 1 && N != 1) {
+      // A scalar (the loss's gradient times 1/grad-accum before cross_entropy_backward): one value
+      // per row pass, read as is (elem, stat), not a row of copies.
+      os << "    const " << A << " " << var << " = " << A << "(" << T << "(" << e << "));\n";
+      if (is_out(v)) os << "    " << ptr[v] << "[0] = " << T << "(" << var << ");\n";
+      local[v] = var;
+      per_row.insert(v);
+      return;
+    }
     if (rows) {
       os << "    " << A << " " << var << "[" << C << "];\n    for (int64_t k = 0; k < " << C << "; ++k) {\n"
          << "      " << var << "[k] = " << A << "(" << T << "(" << e << "));\n";

@@ -423,6 +423,7 @@ size_t cuda_region_scratch_bytes(const Graph& g, const FusedRegion& r) {
 }
 
 bool cuda_emitter_supports(const Graph& g, const FusedRegion& r) {
+  if (!rows_region_values_fit(g, r)) return false;
   for (int oi : r.ops) {
     const Op& op = g.ops.at(size_t(oi));
     if (op.name == "adamw_step") {
@@ -527,6 +528,15 @@ std::string emit_cuda_source(const Graph& g, const FusedRegion& r) {
   auto define = [&](int v, const std::string& e) {
     const DType t = g.values[size_t(v)].dtype;
     const std::string A = acc(t), var = fresh();
+    if (rows && numel(g.values[size_t(v)].shape) == 1 && L.N != 1) {
+      // A scalar (the loss's gradient times 1/grad-accum before cross_entropy_backward): one value
+      // per row, read as is, stored once.
+      body << "    const " << A << " " << var << " = to_acc(" << round_to(t, e) << ");\n";
+      if (is_out(v)) body << "    if (r == 0 && tid == 0) " << P(v) << "[0] = " << round_to(t, var) << ";\n";
+      local[v] = var;
+      per_row.insert(v);
+      return;
+    }
     if (rows) {
       const bool out = is_out(v);
       body << "    " << A << " " << var << "[" << JV << "];\n" << loop_head;

@@ -29,6 +29,20 @@ bool emit_row_supported(const Op& op) {
          op.name == "softmax" || op.name == "softmax_backward";
 }
 
+bool rows_region_values_fit(const Graph& g, const FusedRegion& r) {
+  if (r.shape != RegionShape::rows) return true;
+  const int64_t space_n = numel(region_space(g, r));
+  for (int oi : r.ops) {
+    const Op& op = g.ops.at(size_t(oi));
+    if (emit_row_supported(op) || op.name == "adamw_step") continue;
+    for (int v : op.outputs) {
+      const int64_t n = numel(g.values.at(size_t(v)).shape);
+      if (n != space_n && n != 1) return false;
+    }
+  }
+  return true;
+}
+
 Shape region_space(const Graph& g, const FusedRegion& r) {
   Shape space;
   for (int oi : r.ops) {

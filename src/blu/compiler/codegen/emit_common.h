@@ -17,6 +17,10 @@ bool emit_row_supported(const Op& op);
 // An adamw_step both generators emit: one ungated parameter group of contiguous tensors (parameter,
 // gradient, two moments, and the 16-bit copy when `copies`) in a pointwise region.
 bool emit_adamw_supported(const Graph& g, const FusedRegion& r, const Op& op);
+// Whether a rows region's pointwise values each fit its row loop: a row (a value of the whole
+// space) or one scalar. A value of another size made in the region (one per row: the [rows]
+// gradient of cross_entropy(reduction none)) has no place in it. Pointwise regions: true.
+bool rows_region_values_fit(const Graph& g, const FusedRegion& r);
 // The region's iteration space: the largest value its ops read or write (rows: the row op's input).
 Shape region_space(const Graph& g, const FusedRegion& r);
 // The element index of value v at linear index `i` of `space` (v broadcast to it by NumPy rules):
