@@ -80,6 +80,21 @@ std::vector<FusedRegion> fuse_module(mlir::ModuleOp module, const Graph& g, cons
     return false;
   };
 
+  // Whether op q joining group gr would hold back a library call or collective: one between the
+  // group's last op and q that reads what the group makes would wait for the region, which runs
+  // where its last op is (compiler/fused_step.h), and every buffer live across it would live until
+  // then. (The head's loss in row pieces: each piece's cross_entropy_backward reads the one loss
+  // gradient, so without this one region took every piece's, and every piece's logits lived until
+  // the last.)
+  auto holds_back_library = [&](int q, const Group& gr) {
+    for (int p = gr.ops.back() + 1; p < q; ++p) {
+      const Op& o = g.ops[size_t(p)];
+      const bool barrier = o.kind == OpKind::collective || (o.kind == OpKind::kernel && op_class(o.name) == OpClass::library);
+      if (barrier && depends_on(p, gr)) return true;
+    }
+    return false;
+  };
+
   module.walk([&](mlir::Operation* mop) {
     if (!llvm::isa<mlir_blu::BluDialect>(mop->getDialect())) return;
     // Candidates by their effects: pure blu ops of the pointwise/row kinds and the AdamW update.
@@ -114,6 +129,7 @@ std::vector<FusedRegion> fuse_module(mlir::ModuleOp module, const Graph& g, cons
         if (ok && u >= 0 && producer[size_t(u)] >= 0 && !gr.members.count(producer[size_t(u)]) &&
             producer[size_t(u)] > gr.ops.front() && depends_on(producer[size_t(u)], gr))
           ok = false;  // joining would make a cycle through an op outside the region
+      if (ok && holds_back_library(oi, gr)) ok = false;
       if (ok && saved > best_saved) {
         best = gi;
         best_saved = saved;

@@ -33,7 +33,9 @@ struct FusionOptions {
 // or collective, each with inputs/outputs in graph value ids. Greedy in schedule order: an op joins
 // the region of the producer whose edge saves the most bytes (the intermediate's write and re-read)
 // when its iteration space matches (same element count; rows of the same length for row
-// reductions) and joining makes no cycle through an op outside the region. No op is duplicated, so
+// reductions), joining makes no cycle through an op outside the region, and no library call or
+// collective between the region's ops reads what the region makes (it would wait for the region,
+// which runs at its last op, and the buffers live across it with it). No op is duplicated, so
 // nothing is recomputed. Regions of one op are not returned (nothing saved).
 std::vector<FusedRegion> fuse(const Graph& g, const FusionOptions& opt = {});
 
