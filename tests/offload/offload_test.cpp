@@ -14,6 +14,7 @@
 #include <sstream>
 #include <vector>
 
+#include "blu/core/exec_context.h"
 #include "blu/core/grad_mode.h"
 #include "blu/dist/strategy.h"
 #include "blu/memory/device_pool.h"
@@ -477,6 +478,35 @@ TEST(Offload, RecomputeAutoPicksTheLeastThatFits) {
 // resume takes it). A given --loss-chunks 1 keeps the logits whole: auto recomputes instead, and
 // the run is the plain one. A run whose first candidate fits records 1, so its resume keeps the
 // logits whole too.
+TEST(Offload, PlanCountsTheScratchWorkspaceItFindsHeld) {
+  // The scratch workspace keeps its block once grown (on a GPU cuBLASLt's and flash attention's
+  // scratch, tens of MiB): a probe after another (--recompute auto's later candidates) finds it
+  // held before it starts, and every step holds it at its peak, so the plan must count it.
+  TempDir data;
+  train::test_util::write_toy_shards(data.path(), kVocab, 2048, 8192);
+  train::TrainOptions o = pool_run(data, "", "fp32");
+  o.gpu_memory_budget = 1.0;  // roomy: the plan is made and kept
+  // A workspace of this test's own (the thread's default one stays as other tests left it).
+  const Device dev("cpu:1");
+  Workspace scratch(dev);
+  ExecContextGuard own(ExecContext{dev, nullptr, &scratch});
+  const RunResult a = run(o);
+  // The workspace's block: its capacity and one alignment unit (core/exec_context.cpp).
+  const auto block = [&] { return scratch.capacity() ? int64_t(scratch.capacity() + Workspace::kAlignment) : 0; };
+  const int64_t held_a = block();
+  constexpr int64_t kGrown = int64_t(8) << 20;
+  scratch.reserve(size_t(int64_t(scratch.capacity()) + kGrown));
+  const int64_t added = block() - held_a;
+  const RunResult b = run(o);
+  ASSERT_TRUE(a.plan && b.plan) << a.log << b.log;
+  std::printf("workspace %lld -> %lld B; planned peak %lld -> %lld B, steps' peak %lld -> %lld B\n", (long long)held_a,
+              (long long)scratch.capacity(), (long long)a.plan->device_peak_bytes, (long long)b.plan->device_peak_bytes,
+              (long long)a.step_peak, (long long)b.step_peak);
+  EXPECT_EQ(b.step_peak - a.step_peak, added) << "the grown workspace is in the steps' peak";
+  EXPECT_EQ(b.plan->device_peak_bytes - a.plan->device_peak_bytes, added) << "and in the plan";
+  expect_same_run(a, b);
+}
+
 TEST(Offload, RecomputeAutoTakesTheLossInPiecesBeforeRecompute) {
   constexpr int64_t kWide = 2048;
   TempDir data, out4, out8, out_whole, out_roomy;

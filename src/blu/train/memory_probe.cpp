@@ -7,6 +7,7 @@
 
 #include "blu/compiler/compile.h"
 #include "blu/compiler/exclude.h"
+#include "blu/core/exec_context.h"
 #include "blu/core/rng.h"
 #include "blu/dist/pipeline.h"
 #include "blu/dist/tensor_parallel.h"
@@ -24,9 +25,10 @@ namespace blu::train {
 
 // The probe: a micro-batch's forward and backward on the device — two with gradient accumulation,
 // the second beside the first's accumulated gradients, as every later micro-batch of a step runs —
-// its transient bytes (saved activations, workspaces and the gradients) read from the allocator's
-// peak; the default generator is restored and the gradients dropped, so training after it is what
-// it would have been. A pipeline stage runs a whole step of its schedule instead (every stage at
+// its transient bytes (saved activations, the scratch workspace and the gradients) read from the
+// allocator's peak, with the workspace an earlier probe left counted again; the default generator
+// is restored and the gradients dropped, so training after it is what it would have been. A
+// pipeline stage runs a whole step of its schedule instead (every stage at
 // once), which holds the micro-batches its schedule keeps in flight.
 // --recompute auto: the least recompute whose plan fits, the optimizer state on the device first.
 // The settings in the order of what they cost a step: none, selective, block:4, selective+block:4,
@@ -201,6 +203,10 @@ void Trainer::plan_memory(dist::StrategyConfig& sc, const dist::Layout& layout,
     Generator& gen = default_generator();
     const uint64_t seed = gen.seed(), offset = gen.offset();
     const int64_t before = alloc.stats().current_bytes;
+    // The scratch workspace (cuBLASLt's, flash attention's) grows to its high-water mark and keeps
+    // its block: an earlier probe's is already in `before`, yet every step holds it at its peak.
+    const Workspace& scratch = *current_context(device_).scratch;
+    const int64_t scratch_held = scratch.capacity() ? int64_t(scratch.capacity() + Workspace::kAlignment) : 0;
     alloc.reset_peak();
     // Replicas that exchange a tied embedding's gradient rows apart (dist/ddp.h) never make its
     // dense row gradient: the probe hands the rows to a sink that keeps them, as DDP's does.
@@ -260,7 +266,7 @@ void Trainer::plan_memory(dist::StrategyConfig& sc, const dist::Layout& layout,
     for (nn::Embedding* e : sinks) e->set_row_grad_sink(nullptr);
     kept_rows.clear();
     in.activations.device_bytes =
-        alloc.stats().peak_bytes - before - (copies_made ? 0 : in.compute_copy_bytes * in.param_elements);
+        alloc.stats().peak_bytes - before + scratch_held - (copies_made ? 0 : in.compute_copy_bytes * in.param_elements);
     copies_made = true;
     in.grads_in_activations = true;
     const auto put_back = [&] {  // the gradients dropped, the generator where the probe found it
