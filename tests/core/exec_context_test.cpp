@@ -57,7 +57,8 @@ TEST(Workspace, GrowsThroughTheAllocatorAndKeepsTheCallsSlices) {
   EXPECT_EQ(cpu_allocator().stats().current_bytes - live0, int64_t(cap1 + ws.capacity() + 2 * Workspace::kAlignment))
       << "the outgrown block is held until the next reset";
   ws.reset();
-  EXPECT_EQ(cpu_allocator().stats().current_bytes - live0, int64_t(ws.capacity() + Workspace::kAlignment))
+  EXPECT_EQ(int64_t(ws.block_bytes()), int64_t(ws.capacity() + Workspace::kAlignment));
+  EXPECT_EQ(cpu_allocator().stats().current_bytes - live0, int64_t(ws.block_bytes()))
       << "and released by it";
   EXPECT_GE(ws.capacity(), ws.high_water()) << "the new block holds the whole call that outgrew the old one";
   // The same call again fits without growing.

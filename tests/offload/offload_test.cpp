@@ -491,12 +491,10 @@ TEST(Offload, PlanCountsTheScratchWorkspaceItFindsHeld) {
   Workspace scratch(dev);
   ExecContextGuard own(ExecContext{dev, nullptr, &scratch});
   const RunResult a = run(o);
-  // The workspace's block: its capacity and one alignment unit (core/exec_context.cpp).
-  const auto block = [&] { return scratch.capacity() ? int64_t(scratch.capacity() + Workspace::kAlignment) : 0; };
-  const int64_t held_a = block();
+  const int64_t held_a = int64_t(scratch.block_bytes());
   constexpr int64_t kGrown = int64_t(8) << 20;
   scratch.reserve(size_t(int64_t(scratch.capacity()) + kGrown));
-  const int64_t added = block() - held_a;
+  const int64_t added = int64_t(scratch.block_bytes()) - held_a;
   const RunResult b = run(o);
   ASSERT_TRUE(a.plan && b.plan) << a.log << b.log;
   std::printf("workspace %lld -> %lld B; planned peak %lld -> %lld B, steps' peak %lld -> %lld B\n", (long long)held_a,

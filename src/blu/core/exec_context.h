@@ -66,6 +66,8 @@ class Workspace {
 
   Device device() const { return device_; }
   size_t capacity() const { return capacity_; }
+  // Bytes of the device block it holds (the capacity and one alignment unit; 0 before it grew).
+  size_t block_bytes() const { return block_.get() ? capacity_ + kAlignment : 0; }
   size_t used() const { return used_; }          // bytes taken since the last reset()
   size_t high_water() const { return high_; }    // the most bytes taken between two resets
   void reset_high_water() { high_ = used_; }

@@ -205,8 +205,7 @@ void Trainer::plan_memory(dist::StrategyConfig& sc, const dist::Layout& layout,
     const int64_t before = alloc.stats().current_bytes;
     // The scratch workspace (cuBLASLt's, flash attention's) grows to its high-water mark and keeps
     // its block: an earlier probe's is already in `before`, yet every step holds it at its peak.
-    const Workspace& scratch = *current_context(device_).scratch;
-    const int64_t scratch_held = scratch.capacity() ? int64_t(scratch.capacity() + Workspace::kAlignment) : 0;
+    const int64_t scratch_held = int64_t(current_context(device_).scratch->block_bytes());
     alloc.reset_peak();
     // Replicas that exchange a tied embedding's gradient rows apart (dist/ddp.h) never make its
     // dense row gradient: the probe hands the rows to a sink that keeps them, as DDP's does.

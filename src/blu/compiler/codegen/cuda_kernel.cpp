@@ -350,15 +350,11 @@ struct RowGeometry {
   size_t column_smem = 0;     // the per-group column sums' shared memory
 };
 
-}  // namespace
-
 // Blocks of a column-summing rows kernel: each adds its groups' rows into one partial row, so the
 // count depends on the rows alone (every GPU and run sums in the same order).
 int64_t cuda_column_blocks(int64_t rows, int rows_per_block) {
   return std::clamp<int64_t>((rows + rows_per_block - 1) / rows_per_block, 1, kColumnBlocks);
 }
-
-namespace {
 
 std::vector<int> column_sum_outputs(const Graph& g, const FusedRegion& r);
 bool column_partials_double(const Graph& g, const FusedRegion& r);
@@ -414,13 +410,10 @@ bool column_partials_double(const Graph& g, const FusedRegion& r) {
   return false;
 }
 
-}  // namespace
+// Workspace bytes one launch takes: a rows kernel's column partials (0 without column sums).
+size_t scratch_bytes_of(const RowGeometry& G) { return size_t(G.sums) * size_t(G.blocks * G.C) * G.partial_size; }
 
-size_t cuda_region_scratch_bytes(const Graph& g, const FusedRegion& r) {
-  if (r.shape != RegionShape::rows || column_sum_outputs(g, r).empty()) return 0;
-  const RowGeometry G = row_geometry(g, r, layout_of(g, r));
-  return size_t(G.sums) * size_t(G.blocks * G.C) * G.partial_size;
-}
+}  // namespace
 
 bool cuda_emitter_supports(const Graph& g, const FusedRegion& r) {
   if (!rows_region_values_fit(g, r)) return false;
@@ -949,7 +942,7 @@ std::unique_ptr<CudaKernel> CudaKernel::load(const Graph& g, const FusedRegion& 
     k->grid_ = G.blocks;
     k->threads_ = G.rows_per_block * G.tpr;
     k->sums_ = G.sums;
-    k->scratch_ = cuda_region_scratch_bytes(g, r);
+    k->scratch_ = scratch_bytes_of(G);
     for (size_t s = 0; s < L.slots.size(); ++s)
       if (row_vector_slot(g, L, s)) k->full_.push_back(int(s));
   } else {

@@ -54,12 +54,6 @@ bool cuda_emitter_supports(const Graph& g, const FusedRegion& r);
 // `blu_region_columns(Args)`), as CUDA C.
 std::string emit_cuda_source(const Graph& g, const FusedRegion& r);
 
-// Blocks of a column-summing rows kernel for `rows` rows, `rows_per_block` to a block (its
-// partial rows).
-int64_t cuda_column_blocks(int64_t rows, int rows_per_block);
-// Workspace bytes one launch of the region takes (its column partials; 0 without column sums).
-size_t cuda_region_scratch_bytes(const Graph& g, const FusedRegion& r);
-
 // The cache target for an architecture: "cuda-sm_90a".
 std::string cuda_target(const std::string& arch);
 
