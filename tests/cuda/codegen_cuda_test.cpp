@@ -1,4 +1,4 @@
-// NVRTC kernels for fused regions (compiler/codegen/cuda_kernel.h):
+// NVRTC kernels for fused regions (compiler/codegen/cuda_kernel.h, cuda_module.h):
 // - every region kind's emitted CUDA C compiles with NVRTC for sm_90a (no GPU needed: this runs on
 //   the build machine as well);
 // - on the GPU, each region kind against the eager CUDA kernels on the same inputs, fp32 and bf16:
@@ -21,7 +21,7 @@
 #include "blu/backend/cuda/runtime.h"
 #include "blu/blu.h"
 #include "blu/compiler/capture.h"
-#include "blu/compiler/codegen/cuda_kernel.h"
+#include "blu/compiler/codegen/cuda_module.h"
 #include "blu/compiler/codegen/kernel_cache.h"
 #include "blu/compiler/codegen/region_check.h"
 #include "blu/compiler/compile.h"

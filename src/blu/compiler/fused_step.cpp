@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "blu/compiler/codegen/cpu_kernel.h"
-#include "blu/compiler/codegen/cuda_kernel.h"
+#include "blu/compiler/codegen/cuda_module.h"
 #include "blu/compiler/codegen/region_check.h"
 #ifdef BLU_HAVE_CUDA
 #include "blu/core/cuda/runtime.h"

@@ -56,7 +56,7 @@ FusedGraph unfused(const Graph& g);
 
 // Accepts what it can of `regions` (see the header comment) and loads each accepted region's
 // kernel (emitted C++, compiler/codegen/cpu_kernel.h; on a CUDA device emitted CUDA C through
-// NVRTC, compiler/codegen/cuda_kernel.h) from the kernel cache or compiles it into the cache. A
+// NVRTC, compiler/codegen/cuda_module.h) from the kernel cache or compiles it into the cache. A
 // region with an op its device's emitter does not cover is refused and runs its eager kernels.
 FusedGraph fuse_step(const Graph& g, std::vector<FusedRegion> regions);
 

@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "blu/compiler/codegen/cpu_kernel.h"
-#include "blu/compiler/codegen/cuda_kernel.h"
+#include "blu/compiler/codegen/cuda_module.h"
 #include "blu/compiler/codegen/kernel_cache.h"
 #include "blu/compiler/exclude.h"
 #include "blu/core/error.h"

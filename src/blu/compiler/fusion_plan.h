@@ -11,7 +11,7 @@
 // another with the same model, shapes, precision and target; the region kernels it names are
 // found in the cache by their region text as usual (fuse_step).
 // Depends on compiler/{graph,fused_step,portable_graph}, compiler/codegen/{region,kernel_cache,cpu_kernel,
-// cuda_kernel}. Keep: a plan is applied only to a graph whose portable text equals the stored one
+// cuda_module}. Keep: a plan is applied only to a graph whose portable text equals the stored one
 // (a key collision is a miss); a plan that does not fit the graph (an op index out of range, an
 // op that is not fusible) is refused with the reason, never applied in part.
 #pragma once

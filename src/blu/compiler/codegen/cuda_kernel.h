@@ -1,7 +1,5 @@
-// compiler/codegen/cuda_kernel: a fused region as a CUDA kernel — emitted CUDA C compiled by NVRTC
-// for the device's architecture (sm_90a on an H100) to a cubin, kept in the kernel cache (keyed by
-// the region text, "cuda-<arch>" and nvrtcVersion) and loaded with the driver API
-// (cuModuleLoadData, cuModuleGetFunction; cuLaunchKernel on the execution context's stream).
+// compiler/codegen/cuda_kernel: a fused region as CUDA C — the emitter, and the launch shape the
+// emitted code expects (cuda_module.h compiles it with NVRTC, loads it and launches it).
 // The emitted source includes no header (its own bf16/f16 conversions in PTX, its own integer
 // types), so NVRTC needs no include path and a cold compile is a fraction of a second.
 // Kernel shapes:
@@ -34,17 +32,13 @@
 // Covered: every pointwise op of emit_common, AdamW (with its copies), layer/RMS norm forward and
 // backward, softmax (+backward), cross-entropy with reduction none (+backward, none or sum). Not
 // covered (the region runs its eager kernels): cross-entropy with reduction mean.
-// Depends on compiler/codegen/{region,emit_common,kernel_cache}.h; NVRTC and the CUDA runtime only
-// in BLU_HAVE_CUDA builds (the emitter itself builds everywhere). Keep: region inputs and outputs
-// are contiguous (fused_step refuses strided ones); a launch never allocates or synchronises.
+// Depends on compiler/codegen/{region,emit_common}.h only: it builds everywhere, CUDA or not.
+// Keep: region inputs and outputs are contiguous (fused_step refuses strided ones).
 #pragma once
-#include <memory>
 #include <string>
 #include <vector>
 
 #include "blu/compiler/codegen/region.h"
-#include "blu/core/exec_context.h"
-#include "blu/core/tensor.h"
 
 namespace blu::compiler {
 
@@ -54,54 +48,20 @@ bool cuda_emitter_supports(const Graph& g, const FusedRegion& r);
 // `blu_region_columns(Args)`), as CUDA C.
 std::string emit_cuda_source(const Graph& g, const FusedRegion& r);
 
-// The cache target for an architecture: "cuda-sm_90a".
-std::string cuda_target(const std::string& arch);
-
-// NVRTC's identity for the cache key ("nvrtc 13.0"); "none" in a build without CUDA.
-std::string nvrtc_version();
-
-// The architecture NVRTC compiles for on `device_index` ("sm_90a" for compute capability 9.0,
-// "sm_<major><minor>" otherwise).
-std::string cuda_device_arch(int device_index);
-
-// The region's cubin for `arch` in the kernel cache: found there, or compiled with NVRTC and stored.
-// Needs no GPU. Returns the cubin's path; `compiled` says whether NVRTC ran.
-std::string build_cuda_kernel(const Graph& g, const FusedRegion& r, const std::string& arch, bool* compiled = nullptr);
-
-// How many times this process has called nvrtcCompileProgram (the cache test's "no NVRTC call").
-int nvrtc_compile_count();
-
-class CudaKernel {
- public:
-  // build_cuda_kernel for the device of the region's values, then the module loaded on it.
-  static std::unique_ptr<CudaKernel> load(const Graph& g, const FusedRegion& r, bool* compiled = nullptr);
-  ~CudaKernel();
-  CudaKernel(const CudaKernel&) = delete;
-  CudaKernel& operator=(const CudaKernel&) = delete;
-  // Queues the kernel on `stream` (a cudaStream_t; null: the default stream). ins/outs as
-  // CpuKernel::run; scalars: region_scalars of this step's capture. Column partials are taken
-  // from `scratch` (null: the current context's workspace of the region's device).
-  void run(const std::vector<Tensor>& ins, const std::vector<Tensor>& outs, const std::vector<double>& scalars,
-           void* stream, Workspace* scratch = nullptr) const;
-  // Workspace bytes each run takes.
-  size_t scratch_bytes() const { return scratch_; }
-
- private:
-  CudaKernel() = default;
-  void* module_ = nullptr;    // CUmodule
-  void* function_ = nullptr;  // CUfunction
-  void* columns_ = nullptr;   // CUfunction adding the column partials (null: no column sums)
-  Device device_;
-  bool rows_ = false;
-  int64_t row_len_ = 1;       // C (rows)
-  int64_t grid_ = 1;          // blocks (rows)
-  int threads_ = 256;         // threads per block
-  int sums_ = 0;              // column sums
-  size_t scratch_ = 0;
-  int64_t work_ = 0;          // elements (pointwise) or rows
-  int vector_ = 1;            // elements per vector access
-  int scalars_ = 0;
-  std::vector<int> full_;     // operand slots (inputs then outputs) accessed as vectors
+// How the emitted kernel is launched: its Args struct is the operand pointers (inputs, then
+// outputs), `scalars` doubles (at least one slot), the vector flag and the column partials.
+struct CudaLaunchShape {
+  bool rows = false;       // a rows kernel (a group of threads per row) rather than a grid-stride loop
+  int64_t work = 0;        // elements (pointwise) or rows
+  int vector = 1;          // elements per vector access
+  int64_t grid = 1;        // blocks of a rows kernel (a pointwise grid is sized at launch by the SMs)
+  int threads = 256;       // threads per block
+  int64_t row_len = 1;     // C (rows)
+  int sums = 0;            // column sums: a second kernel, blu_region_columns, adds their partials
+  size_t scratch = 0;      // workspace bytes a launch takes (the column partials)
+  int scalars = 0;         // per-step scalars (region_scalars)
+  std::vector<int> full;   // operand slots accessed as vectors (when every one is 16-byte aligned)
 };
+CudaLaunchShape cuda_launch_shape(const Graph& g, const FusedRegion& r);
 
 }  // namespace blu::compiler
