@@ -109,21 +109,21 @@ struct Plan {
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
   ~Plan() {
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (lc) cublasLtMatrixLayoutDestroy(lc);
-    if (desc) cublasLtMatmulDescDestroy(desc);
+    if (la) cublaslt().MatrixLayoutDestroy(la);
+    if (lb) cublaslt().MatrixLayoutDestroy(lb);
+    if (lc) cublaslt().MatrixLayoutDestroy(lc);
+    if (desc) cublaslt().MatmulDescDestroy(desc);
   }
 };
 
 cublasLtMatrixLayout_t make_layout(cudaDataType_t t, uint64_t rows, uint64_t cols, int64_t ld, int64_t batch,
                                    int64_t batch_stride) {
   cublasLtMatrixLayout_t l = nullptr;
-  BLU_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, t, rows, cols, ld));
+  BLU_CUBLAS_CHECK(cublaslt().MatrixLayoutCreate(&l, t, rows, cols, ld));
   if (batch > 1) {
     const int32_t count = int32_t(batch);
-    BLU_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
-    BLU_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch_stride,
+    BLU_CUBLAS_CHECK(cublaslt().MatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+    BLU_CUBLAS_CHECK(cublaslt().MatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch_stride,
                                                       sizeof(batch_stride)));
   }
   return l;
@@ -143,7 +143,7 @@ cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
 
 template <typename T>
 void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const T& v) {
-  BLU_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof(v)));
+  BLU_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(d, attr, &v, sizeof(v)));
 }
 
 std::unique_ptr<Plan> make_plan(const PlanKey& k, const GemmArgs& g, const OperandLayout& lA, const OperandLayout& lB) {
@@ -157,7 +157,7 @@ std::unique_ptr<Plan> make_plan(const PlanKey& k, const GemmArgs& g, const Opera
     case GemmCompute::f16_f32: ct = CUBLAS_COMPUTE_32F; break;
     case GemmCompute::f64: ct = CUBLAS_COMPUTE_64F; scale = CUDA_R_64F; break;
   }
-  BLU_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, ct, scale));
+  BLU_CUBLAS_CHECK(cublaslt().MatmulDescCreate(&p->desc, ct, scale));
   // cuBLAS A is our B (lB), cuBLAS B is our A (lA).
   const int32_t opa = lB.trans ? CUBLAS_OP_T : CUBLAS_OP_N, opb = lA.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
   set_desc(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, opa);
@@ -181,24 +181,24 @@ std::unique_ptr<Plan> make_plan(const PlanKey& k, const GemmArgs& g, const Opera
   p->lc = make_layout(g.c_f32 ? CUDA_R_32F : t, uint64_t(g.N), uint64_t(g.M), g.ldc, g.batch, g.c_batch_stride);
 
   cublasLtMatmulPreference_t pref = nullptr;
-  BLU_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  BLU_CUBLAS_CHECK(cublaslt().MatmulPreferenceCreate(&pref));
   const uint64_t ws64 = kGemmWorkspaceBytes;
   BLU_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws64, sizeof(ws64)));
+      cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws64, sizeof(ws64)));
   const uint32_t al_a = uint32_t(k.align_b), al_b = uint32_t(k.align_a), al_c = uint32_t(k.align_c);
   BLU_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
+      cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
   BLU_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
+      cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
   BLU_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
+      cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
   BLU_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
+      cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
   cublasLtMatmulHeuristicResult_t res{};
   int found = 0;
   const cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(cublaslt_handle(), p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
+      cublaslt().MatmulAlgoGetHeuristic(cublaslt_handle(), p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found);
+  cublaslt().MatmulPreferenceDestroy(pref);
   if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
     p->algo = res.algo;
     p->have_algo = true;
@@ -318,7 +318,7 @@ void gemm(const GemmArgs& g, cudaStream_t stream, void* workspace) {
   const double alpha_d = g.alpha, beta_d = g.beta;
   const void* alpha = g.compute == GemmCompute::f64 ? static_cast<const void*>(&alpha_d) : &g.alpha;
   const void* beta = g.compute == GemmCompute::f64 ? static_cast<const void*>(&beta_d) : &g.beta;
-  BLU_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(), p.desc, alpha, g.b.ptr, p.la, g.a.ptr, p.lb, beta,
+  BLU_CUBLAS_CHECK(cublaslt().Matmul(cublaslt_handle(), p.desc, alpha, g.b.ptr, p.la, g.a.ptr, p.lb, beta,
                                   g.c_in ? g.c_in : g.c, p.lc, g.c, p.lc, &p.algo, workspace, kGemmWorkspaceBytes, stream));
 }
 
