@@ -502,15 +502,7 @@ CpuKernel::~CpuKernel() {
 
 void CpuKernel::run(const std::vector<Tensor>& ins, const std::vector<Tensor>& outs,
                     const std::vector<double>& scalars) const {
-  std::vector<void*> p;
-  for (const Tensor& t : ins) {
-    BLU_CHECK(t.is_contiguous(), "fused region: input ", t.str(), " must be contiguous");
-    p.push_back(t.raw_data());
-  }
-  for (const Tensor& t : outs) {
-    BLU_CHECK(t.is_contiguous(), "fused region: output ", t.str(), " must be contiguous");
-    p.push_back(t.raw_data());
-  }
+  const std::vector<void*> p = region_operand_pointers(ins, outs);
   fn_(p.data(), scalars.data());
 }
 

@@ -174,15 +174,7 @@ void CudaKernel::run(const std::vector<Tensor>& ins, const std::vector<Tensor>& 
   // the emitted struct.
   const size_t np = ins.size() + outs.size();
   std::vector<unsigned char> args(np * 8 + size_t(std::max(sh.scalars, 1)) * 8 + 16, 0);
-  std::vector<void*> p;
-  for (const Tensor& t : ins) {
-    BLU_CHECK(t.is_contiguous(), "fused region: input ", t.str(), " must be contiguous");
-    p.push_back(t.raw_data());
-  }
-  for (const Tensor& t : outs) {
-    BLU_CHECK(t.is_contiguous(), "fused region: output ", t.str(), " must be contiguous");
-    p.push_back(t.raw_data());
-  }
+  const std::vector<void*> p = region_operand_pointers(ins, outs);
   std::memcpy(args.data(), p.data(), np * 8);
   if (!scalars.empty()) std::memcpy(args.data() + np * 8, scalars.data(), scalars.size() * 8);
   int64_t vec = 0;

@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "blu/core/error.h"
+#include "blu/core/tensor.h"
 
 namespace blu::compiler {
 
@@ -138,6 +139,19 @@ std::string region_text(const Graph& g, const FusedRegion& r) {
   for (size_t i = 0; i < r.outputs.size(); ++i) os << (i ? ", " : " ") << names.at(r.outputs[i]);
   os << "\n";
   return os.str();
+}
+
+std::vector<void*> region_operand_pointers(const std::vector<Tensor>& ins, const std::vector<Tensor>& outs) {
+  std::vector<void*> p;
+  for (const Tensor& t : ins) {
+    BLU_CHECK(t.is_contiguous(), "fused region: input ", t.str(), " must be contiguous");
+    p.push_back(t.raw_data());
+  }
+  for (const Tensor& t : outs) {
+    BLU_CHECK(t.is_contiguous(), "fused region: output ", t.str(), " must be contiguous");
+    p.push_back(t.raw_data());
+  }
+  return p;
 }
 
 }  // namespace blu::compiler

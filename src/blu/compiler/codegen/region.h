@@ -53,4 +53,7 @@ int region_scalar_slot(const Graph& g, const FusedRegion& r, int oi, std::string
 // outputs).
 void compute_region_io(const Graph& g, FusedRegion& r);
 
+// A region kernel's operand pointers: the inputs, then the outputs. BLU_CHECK: each is contiguous.
+std::vector<void*> region_operand_pointers(const std::vector<Tensor>& ins, const std::vector<Tensor>& outs);
+
 }  // namespace blu::compiler
