@@ -1,5 +1,8 @@
 // Ahead-of-time compilation through the kernel cache (compiler/fusion_plan.h, `blutrain compile`):
-// - the MLIR fusion pass is this build's registered pass (compiler/mlir/register_fusion.cpp);
+// - the MLIR fusion pass is the plugin beside the app (compiler/fusion_plugin.h), opened at its
+//   first use, and gives the regions the pass gives in process (with and without an excluded op);
+//   a file that does not load or is no plugin is refused with its path; `blutrain --version` loads
+//   neither libMLIR nor libLLVM;
 // - ten steps of the tiny GPT-2 compiled with the cached fusion: the first run makes the plan
 //   with the pass and compiles its kernels; a second run with no pass (as a build without MLIR
 //   runs) finds the plan and every kernel in the cache, compiles nothing, and both equal eager
@@ -25,7 +28,10 @@
 
 #include "blu/blu.h"
 #include "blu/compiler/compile.h"
+#include "blu/compiler/exclude.h"
 #include "blu/compiler/fusion_plan.h"
+#include "blu/compiler/fusion_plugin.h"
+#include "blu/compiler/mlir/mlir_api.h"
 #include "blu/data/shard.h"
 #include "blu/dist/strategy.h"
 #include "blu/models/gpt2/gpt2.h"
@@ -37,6 +43,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
+fs::path blutrain() { return fs::canonical("/proc/self/exe").parent_path().parent_path() / "blutrain"; }
+
 fs::path temp_dir(const std::string& tag) {
   const fs::path d = fs::temp_directory_path() / ("blu_aot_" + tag + "_" + std::to_string(::getpid()));
   fs::remove_all(d);
@@ -44,7 +52,6 @@ fs::path temp_dir(const std::string& tag) {
   return d;
 }
 
-TEST(AotFusionPass, IsRegisteredWhereMlirIsLinked) { EXPECT_TRUE(have_fusion_pass()); }
 
 struct AotRun {
   std::vector<double> losses;
@@ -90,6 +97,75 @@ bool same_bits(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
 }
 
+// The pass of these tests is the plugin of this build, as the app's is (compiler/fusion_plugin.h).
+const bool plugin_of_this_build = [] { return ::setenv("BLU_FUSION_PLUGIN", BLU_TEST_FUSION_PLUGIN, 0) == 0; }();
+
+TEST(AotFusionPlugin, LoadsAtFirstUseAndFusesAsTheInProcessPass) {
+  ASSERT_TRUE(plugin_of_this_build);
+  ::setenv("BLU_KERNEL_CACHE", temp_dir("plugin").c_str(), 1);
+  ASSERT_TRUE(have_fusion_pass());
+  const std::string path = fusion_plugin_path();
+  const FusionFn pass = fusion_pass();
+  EXPECT_FALSE(fusion_plugin_loaded(path)) << "loaded before the pass ran";
+  const AotRun run = train({}, true);  // a captured training step, no fusion
+  const Graph& g = run.variant->graph;
+  for (const std::vector<std::string>& no_fuse : {std::vector<std::string>{}, std::vector<std::string>{"gelu"}}) {
+    set_excluded_ops(no_fuse);
+    const std::vector<FusedRegion> plugin = pass(g);
+    EXPECT_TRUE(fusion_plugin_loaded(path));
+    const std::vector<FusedRegion> in_process = mlir_api::fuse(g, mlir_api::FusionOptions{.no_fuse = no_fuse});
+    ASSERT_GE(plugin.size(), 4u);
+    ASSERT_EQ(plugin.size(), in_process.size());
+    for (size_t i = 0; i < plugin.size(); ++i) {
+      EXPECT_EQ(plugin[i].ops, in_process[i].ops) << "region " << i;
+      EXPECT_EQ(plugin[i].shape, in_process[i].shape) << "region " << i;
+      EXPECT_EQ(plugin[i].bytes_saved, in_process[i].bytes_saved) << "region " << i;
+      EXPECT_EQ(plugin[i].inputs, in_process[i].inputs) << "region " << i;
+      EXPECT_EQ(plugin[i].outputs, in_process[i].outputs) << "region " << i;
+      for (int oi : plugin[i].ops)
+        for (const std::string& name : no_fuse) EXPECT_NE(g.ops[size_t(oi)].name, name) << "region " << i;
+    }
+  }
+  set_excluded_ops({});
+}
+
+TEST(AotFusionPlugin, ABadPluginIsRefusedWithItsPath) {
+  Graph g;
+  EXPECT_THROW(
+      try { plugin_fusion_pass("/nonexistent/libblutrain_fusion.so")(g); } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("/nonexistent/libblutrain_fusion.so does not load"), std::string::npos)
+            << e.what();
+        throw;
+      },
+      Error);
+  // A shared object that is not a plugin: its path and the missing entry point.
+  std::string zlib;
+  for (const char* p : {"/lib/x86_64-linux-gnu/libz.so.1", "/usr/lib/x86_64-linux-gnu/libz.so.1"})
+    if (fs::exists(p)) zlib = p;
+  if (zlib.empty()) GTEST_SKIP() << "no libz.so.1 to load as a non-plugin";
+  EXPECT_THROW(
+      try { plugin_fusion_pass(zlib)(g); } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(zlib + ": no entry point blu_fusion_plugin_abi"), std::string::npos)
+            << e.what();
+        throw;
+      },
+      Error);
+}
+
+TEST(AotFusionPlugin, TheAppDoesNotLoadMlirToStart) {
+  if (!fs::exists(blutrain())) GTEST_SKIP() << blutrain() << " not built";
+  // The dynamic loader's own account of what it loads (LD_DEBUG=libs): no MLIR or LLVM for --version.
+  FILE* p = ::popen(("LD_DEBUG=libs " + blutrain().string() + " --version 2>&1").c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  for (size_t n; (n = std::fread(buf.data(), 1, buf.size(), p)) > 0;) out.append(buf.data(), n);
+  ASSERT_EQ(::pclose(p), 0) << out;
+  ASSERT_NE(out.find("calling init"), std::string::npos) << "LD_DEBUG printed nothing:\n" << out;
+  EXPECT_EQ(out.find("libMLIR"), std::string::npos) << out;
+  EXPECT_EQ(out.find("libLLVM"), std::string::npos) << out;
+  EXPECT_TRUE(fs::exists(blutrain().parent_path() / kFusionPluginFile)) << "no plugin beside the app";
+}
+
 TEST(AotPlan, CachedPlanWithoutThePassCompilesNothingAndEqualsEager) {
   ::setenv("BLU_KERNEL_CACHE", temp_dir("plan").c_str(), 1);
   const AotRun eager = train({}, false);
@@ -114,8 +190,6 @@ TEST(AotPlan, CachedPlanWithoutThePassCompilesNothingAndEqualsEager) {
 }
 
 // --- the command line ---
-
-fs::path blutrain() { return fs::canonical("/proc/self/exe").parent_path().parent_path() / "blutrain"; }
 
 // Runs a shell command; its exit status and stdout+stderr.
 std::pair<int, std::string> shell(const std::string& cmd) {

@@ -9,6 +9,7 @@
 #include "blu/compiler/codegen/cuda_module.h"
 #include "blu/compiler/codegen/kernel_cache.h"
 #include "blu/compiler/exclude.h"
+#include "blu/compiler/fusion_plugin.h"
 #include "blu/core/error.h"
 #include "blu/io/json_file.h"
 
@@ -16,19 +17,16 @@ namespace blu::compiler {
 
 namespace {
 
-FusionFn& registered() {
-  static FusionFn pass;
-  return pass;
-}
-
 // The plan format's version: part of the key, so a format change misses instead of misreading.
 constexpr const char* kPlanToolchain = "fusion-plan-1";
 
 }  // namespace
 
-void register_fusion_pass(FusionFn pass) { registered() = std::move(pass); }
-const FusionFn& fusion_pass() { return registered(); }
-bool have_fusion_pass() { return bool(registered()); }
+FusionFn fusion_pass() {
+  const std::string path = fusion_plugin_path();
+  return path.empty() ? FusionFn{} : plugin_fusion_pass(path);
+}
+bool have_fusion_pass() { return !fusion_plugin_path().empty(); }
 
 std::string fusion_target(const Graph& g) {
   for (const Value& v : g.values)
@@ -45,50 +43,6 @@ std::string export_graph(const Graph& g, const std::string& target, const std::s
   const std::filesystem::path path = std::filesystem::path(dir) / (fusion_plan_key(g, target) + ".graph");
   io::write_file_atomic(path, exported_graph_text(g, target));
   return path.string();
-}
-
-std::string fusion_plan_text(const Graph& g, const std::vector<FusedRegion>& regions) {
-  std::ostringstream os;
-  os << "blu-fusion-plan 1\nstructure " << std::hex << g.structure_hash() << std::dec << "\n";
-  for (const FusedRegion& r : regions) {
-    os << "region " << (r.shape == RegionShape::rows ? "rows" : "pointwise") << " " << r.bytes_saved;
-    for (int oi : r.ops) os << " " << oi;
-    os << "\n";
-  }
-  return os.str();
-}
-
-std::vector<FusedRegion> parse_fusion_plan(const Graph& g, const std::string& text) {
-  std::istringstream in(text);
-  std::string line;
-  BLU_CHECK(std::getline(in, line) && line == "blu-fusion-plan 1", "fusion plan: expected the header 'blu-fusion-plan 1', got '",
-            line, "'");
-  BLU_CHECK(std::getline(in, line) && line.rfind("structure ", 0) == 0, "fusion plan: expected 'structure <hash>', got '",
-            line, "'");
-  std::vector<FusedRegion> regions;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    std::istringstream ls(line);
-    std::string word, shape;
-    FusedRegion r;
-    ls >> word >> shape >> r.bytes_saved;
-    BLU_CHECK(word == "region" && (shape == "rows" || shape == "pointwise") && !ls.fail(),
-              "fusion plan: expected 'region <rows|pointwise> <bytes> <ops>', got '", line, "'");
-    r.shape = shape == "rows" ? RegionShape::rows : RegionShape::pointwise;
-    r.index = int(regions.size());
-    for (int oi; ls >> oi;) {
-      BLU_CHECK(oi >= 0 && size_t(oi) < g.ops.size(), "fusion plan: region ", r.index, " names op ", oi,
-                ", expected an op index below ", g.ops.size());
-      const Op& op = g.ops[size_t(oi)];
-      BLU_CHECK(op.kind == OpKind::kernel && is_fusible_op(op.name), "fusion plan: region ", r.index, " names op ", oi,
-                " (", op.name, "), expected a fusible kernel op");
-      r.ops.push_back(oi);
-    }
-    BLU_CHECK(!r.ops.empty(), "fusion plan: region ", r.index, " has no ops");
-    compute_region_io(g, r);
-    regions.push_back(std::move(r));
-  }
-  return regions;
 }
 
 void store_fusion_plan(const Graph& g, const std::string& target, const std::vector<FusedRegion>& regions) {

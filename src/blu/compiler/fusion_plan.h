@@ -1,7 +1,7 @@
 // compiler/fusion_plan: where a compiled step's fused regions come from — the fusion pass
-// (compiler/mlir/, registered here by a translation unit of blutrain_mlir linked into the app, so
-// nothing outside compiler/mlir/ includes an MLIR header), or a fusion plan read from the kernel
-// cache (compiler/codegen/kernel_cache.h), which is how a build without MLIR fuses.
+// (compiler/mlir/, a plugin loaded at first use: compiler/fusion_plugin.h, so nothing outside
+// compiler/mlir/ includes an MLIR header), or a fusion plan read from the kernel cache
+// (compiler/codegen/kernel_cache.h), which is how a build without MLIR fuses.
 // A fusion plan is the regions of one captured step — each region's ops by op index — and the
 // graph's structure hash, stored as one kernel-cache entry (extension "plan") keyed by the
 // graph's portable text (compiler/portable_graph.h: everything Graph::structure_hash covers except the
@@ -10,8 +10,8 @@
 // abi2", "cuda-sm_90a"). The graph holds no pointers, so a plan made on one machine applies on
 // another with the same model, shapes, precision and target; the region kernels it names are
 // found in the cache by their region text as usual (fuse_step).
-// Depends on compiler/{graph,fused_step,portable_graph}, compiler/codegen/{region,kernel_cache,cpu_kernel,
-// cuda_module}. Keep: a plan is applied only to a graph whose portable text equals the stored one
+// Depends on compiler/{graph,fused_step,portable_graph,fusion_plugin},
+// compiler/codegen/{region,kernel_cache,cpu_kernel,cuda_module}. Keep: a plan is applied only to a graph whose portable text equals the stored one
 // (a key collision is a miss); a plan that does not fit the graph (an op index out of range, an
 // op that is not fusible) is refused with the reason, never applied in part.
 #pragma once
@@ -25,10 +25,9 @@
 
 namespace blu::compiler {
 
-// The fusion pass of this build: set once by compiler/mlir/register_fusion.cpp where the app links
-// blutrain_mlir; empty otherwise.
-void register_fusion_pass(FusionFn pass);
-const FusionFn& fusion_pass();
+// The fusion pass: the MLIR plugin's (compiler/fusion_plugin.h) where fusion_plugin_path() finds
+// one, loaded at the pass's first call; empty otherwise (a build without MLIR, BLU_FUSION_PLUGIN=none).
+FusionFn fusion_pass();
 bool have_fusion_pass();
 
 // The kernel target of a graph's region kernels: kCpuTarget for a CPU graph, "cuda-<arch>" of the
@@ -41,13 +40,6 @@ std::string fusion_plan_key(const Graph& g, const std::string& target);
 // Writes g's export file (exported_graph_text, compiler/portable_graph.h) into `dir` as
 // <dir>/<plan key>.graph (made if missing; the file atomically) and returns its path.
 std::string export_graph(const Graph& g, const std::string& target, const std::string& dir);
-
-// The plan file: "blu-fusion-plan 1", "structure <hex>", then one line per region
-// "region <pointwise|rows> <bytes_saved> <op> <op> ...".
-std::string fusion_plan_text(const Graph& g, const std::vector<FusedRegion>& regions);
-// The regions of a plan file for g, inputs and outputs recomputed from the ops (region.h).
-// BLU_CHECK: the file parses and every op index names a fusible op of g.
-std::vector<FusedRegion> parse_fusion_plan(const Graph& g, const std::string& text);
 
 void store_fusion_plan(const Graph& g, const std::string& target, const std::vector<FusedRegion>& regions);
 std::optional<std::vector<FusedRegion>> find_fusion_plan(const Graph& g, const std::string& target);

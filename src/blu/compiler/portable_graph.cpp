@@ -6,6 +6,7 @@
 #include <set>
 #include <sstream>
 
+#include "blu/compiler/codegen/region.h"
 #include "blu/core/error.h"
 
 namespace blu::compiler {
@@ -281,6 +282,50 @@ ExportedGraph parse_exported_graph(const std::string& text, const std::string& w
   e.target = text.substr(l1 + 8, l2 - l1 - 8);
   e.graph = parse_portable_graph_text(text.substr(l2 + 1), where + " (after its 2 header lines)");
   return e;
+}
+
+std::string fusion_plan_text(const Graph& g, const std::vector<FusedRegion>& regions) {
+  std::ostringstream os;
+  os << "blu-fusion-plan 1\nstructure " << std::hex << g.structure_hash() << std::dec << "\n";
+  for (const FusedRegion& r : regions) {
+    os << "region " << (r.shape == RegionShape::rows ? "rows" : "pointwise") << " " << r.bytes_saved;
+    for (int oi : r.ops) os << " " << oi;
+    os << "\n";
+  }
+  return os.str();
+}
+
+std::vector<FusedRegion> parse_fusion_plan(const Graph& g, const std::string& text) {
+  std::istringstream in(text);
+  std::string line;
+  BLU_CHECK(std::getline(in, line) && line == "blu-fusion-plan 1", "fusion plan: expected the header 'blu-fusion-plan 1', got '",
+            line, "'");
+  BLU_CHECK(std::getline(in, line) && line.rfind("structure ", 0) == 0, "fusion plan: expected 'structure <hash>', got '",
+            line, "'");
+  std::vector<FusedRegion> regions;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    std::istringstream ls(line);
+    std::string word, shape;
+    FusedRegion r;
+    ls >> word >> shape >> r.bytes_saved;
+    BLU_CHECK(word == "region" && (shape == "rows" || shape == "pointwise") && !ls.fail(),
+              "fusion plan: expected 'region <rows|pointwise> <bytes> <ops>', got '", line, "'");
+    r.shape = shape == "rows" ? RegionShape::rows : RegionShape::pointwise;
+    r.index = int(regions.size());
+    for (int oi; ls >> oi;) {
+      BLU_CHECK(oi >= 0 && size_t(oi) < g.ops.size(), "fusion plan: region ", r.index, " names op ", oi,
+                ", expected an op index below ", g.ops.size());
+      const Op& op = g.ops[size_t(oi)];
+      BLU_CHECK(op.kind == OpKind::kernel && is_fusible_op(op.name), "fusion plan: region ", r.index, " names op ", oi,
+                " (", op.name, "), expected a fusible kernel op");
+      r.ops.push_back(oi);
+    }
+    BLU_CHECK(!r.ops.empty(), "fusion plan: region ", r.index, " has no ops");
+    compute_region_io(g, r);
+    regions.push_back(std::move(r));
+  }
+  return regions;
 }
 
 }  // namespace blu::compiler
