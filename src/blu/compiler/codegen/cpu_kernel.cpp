@@ -197,7 +197,11 @@ std::string emit_cpu_source(const Graph& g, const FusedRegion& r) {
   if (rows) os << "  for (int64_t r = 0; r < " << N / C << "; ++r) {\n";
   else os << "  for (int64_t i = 0; i < " << N << "; ++i) {\n";
   int tmp = 0;
-  auto fresh = [&] { return "t" + std::to_string(tmp++); };
+  // Appended rather than `"t" + std::to_string(...)`, on which GCC 12 warns falsely (-Wrestrict).
+  auto fresh = [&] {
+    std::string name = "t";
+    return name += std::to_string(tmp++);
+  };
   // Stores value v (type A expression `e`, rounded to v's dtype) as a local and, when it leaves
   // the region, to its pointer.
   auto define = [&](int v, const std::string& e) {
