@@ -18,6 +18,7 @@
 // bench's compiled step (same model construction, optimizer, clipping, input dtype), or the plan
 // it stores is never found by bench.
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <iostream>
@@ -29,6 +30,7 @@
 #include "blu/compiler/compile.h"
 #include "blu/compiler/exclude.h"
 #include "blu/compiler/fusion_plan.h"
+#include "blu/compiler/fusion_plugin.h"
 #include "blu/dist/strategy.h"
 #include "blu/models/registry.h"
 #include "blu/train/trainer.h"
@@ -103,8 +105,10 @@ int fuse_exported(const CompileCmdOptions& o) {
 
 int run_compile(const CompileCmdOptions& o) {
   const auto t_start = std::chrono::steady_clock::now();
-  BLU_CHECK(compiler::have_fusion_pass(), "blutrain compile needs the fusion pass: a build with MLIR (BLU_MLIR=ON, ",
-            "libmlir-22-dev); this build only reads fusion plans from the kernel cache");
+  BLU_CHECK(compiler::have_fusion_pass(), "blutrain compile needs the fusion pass: the plugin ", compiler::kFusionPluginFile,
+            " beside this program (a build with MLIR: BLU_MLIR=ON, libmlir-22-dev) or BLU_FUSION_PLUGIN=<its path>",
+            std::getenv("BLU_FUSION_PLUGIN") ? std::string(" (BLU_FUSION_PLUGIN is '") + std::getenv("BLU_FUSION_PLUGIN") + "')" : "",
+            "; without it this program only reads fusion plans from the kernel cache");
   if (!o.from_graph.empty()) return fuse_exported(o);
   Device dev(o.device);
   if (!o.arch.empty()) {

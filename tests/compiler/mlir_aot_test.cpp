@@ -329,5 +329,22 @@ TEST_F(AotCli, ExportedStepFusedElsewhereGetsTheCapturingSidesPlan) {
   std::cout << j.dump() << "\n";
 }
 
+// Without the plugin (BLU_FUSION_PLUGIN=none): `compile` is refused with what it needs, and
+// `train --compile` runs unfused, bitwise eager, saying why in its log.
+TEST_F(AotCli, WithoutThePluginCompileIsRefusedAndTrainRunsUnfused) {
+  const std::string none = "BLU_FUSION_PLUGIN=none ";
+  const auto refused = shell(none + env + blutrain().string() + " compile --model tiny -B 2 -T 16 --device cpu");
+  EXPECT_NE(refused.first, 0) << refused.second;
+  EXPECT_NE(refused.second.find("blutrain compile needs the fusion pass: the plugin libblutrain_fusion.so"),
+            std::string::npos) << refused.second;
+  EXPECT_NE(refused.second.find("(BLU_FUSION_PLUGIN is 'none')"), std::string::npos) << refused.second;
+  const auto eager = shell(train_cmd("eager", ""));
+  ASSERT_EQ(eager.first, 0) << eager.second;
+  const auto unfused = shell(none + train_cmd("unfused", "--compile --compile-log"));
+  ASSERT_EQ(unfused.first, 0) << unfused.second;
+  EXPECT_NE(unfused.second.find("none in the cache and no fusion pass"), std::string::npos) << unfused.second;
+  EXPECT_EQ(step_metrics(dir / "unfused"), step_metrics(dir / "eager"));
+}
+
 }  // namespace
 }  // namespace blu::compiler

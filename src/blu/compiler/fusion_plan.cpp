@@ -77,8 +77,8 @@ FusionFn cached_fusion(FusionFn pass, std::function<void(const std::string&)> lo
       say("not in the cache; the graph is exported to " + export_graph(g, t, export_dir) +
           " (`blutrain compile --from-graph` where MLIR is installed makes its plan)");
     if (!pass) {
-      say("none in the cache and no fusion pass in this build (BLU_MLIR=OFF): every op runs its eager kernel; "
-          "`blutrain compile` where MLIR is installed fills the cache");
+      say("none in the cache and no fusion pass (no fusion plugin: a build without MLIR, or BLU_FUSION_PLUGIN=none): "
+          "every op runs its eager kernel; `blutrain compile` where MLIR is installed fills the cache");
       return std::vector<FusedRegion>{};
     }
     std::vector<FusedRegion> regions = pass(g);
