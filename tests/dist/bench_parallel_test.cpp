@@ -19,8 +19,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path blutrain() { return fs::path(self_exe()).parent_path().parent_path() / "blutrain"; }
-
 // The JSON line a bench prints (under launch, rank 0's line behind its prefixes).
 nlohmann::json bench_line(const LaunchResult& r) {
   const size_t at = r.out.find("{\"");

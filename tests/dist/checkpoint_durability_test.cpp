@@ -38,8 +38,6 @@ using blu::test::error_of;
 
 const fs::path kLegacy = fs::path(BLU_TEST_DIR) / "train/data/legacy_765617b";
 
-fs::path blutrain() { return fs::path(self_exe()).parent_path().parent_path() / "blutrain"; }
-
 class ShardedDurability : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -19,8 +19,6 @@ namespace {
 namespace fs = std::filesystem;
 using blu::test::metric_losses;
 
-fs::path blutrain() { return fs::path(self_exe()).parent_path().parent_path() / "blutrain"; }
-
 std::string read_text(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(f), {}};

@@ -20,8 +20,6 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using blu::test::error_of;
 
-fs::path blutrain() { return fs::path(self_exe()).parent_path().parent_path() / "blutrain"; }
-
 TEST(Consistency, EveryRankGetsTheSameVerdictNamingKeysAndValues) {
   StoreOptions so;
   so.secret = "s";

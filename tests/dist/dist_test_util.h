@@ -18,6 +18,10 @@
 namespace blu::dist::test {
 
 inline std::string self_exe() { return std::filesystem::read_symlink("/proc/self/exe").string(); }
+// The blutrain app of this build (tests/../blutrain), which the CLI tests run.
+inline std::filesystem::path blutrain() {
+  return std::filesystem::path(self_exe()).parent_path().parent_path() / "blutrain";
+}
 
 struct LaunchResult {
   int status = 0;

@@ -19,8 +19,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path blutrain() { return fs::path(self_exe()).parent_path().parent_path() / "blutrain"; }
-
 int64_t now_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();

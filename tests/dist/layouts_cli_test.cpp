@@ -36,8 +36,6 @@ namespace {
 namespace fs = std::filesystem;
 using blu::test::metric_losses;
 
-fs::path blutrain() { return fs::path(self_exe()).parent_path().parent_path() / "blutrain"; }
-
 class DistLayouts : public ::testing::Test {
  protected:
   void SetUp() override {
