@@ -30,6 +30,7 @@
 #   gpt2cmp — the bf16 GPT-2 124M step of this build and of the base build packed beside it
 #           (blutrain_base: gpu_pack.sh BASE=<build dir>), alternated REPS times (3), beside
 #           torch_gpt2.py: the new build must stay within the base build's run-to-run spread
+#   llamacmp — the same for llama-250m (set B=8) beside torch_llama.py
 #   memory — GPT-2 124M (B=16) and llama-250m (B=8), bf16, T=1024: eager, each --recompute setting,
 #           --offload-activations and --compile, beside torch_gpt2.py / torch_llama.py (eager and
 #           torch.compile) in the same run
@@ -184,16 +185,23 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
         timeout 400 python3 .devpack/peers/torch_llama.py "${LLAMA_PEER_MODES:-bf16,bf16c}" --model "$m" \
           -B "${LLAMA_B:-8}" -T "${LLAMA_T:-1024}" --steps "$STEPS" 2>&1 | tee -a "$out/llama.log" | grep -E '^\{|rror' | tail -3
       done ;;
-    gpt2cmp)
+    gpt2cmp|llamacmp)
+      modes="${PEER_MODES:-bf16,bf16c}"
+      if [ "$step" = llamacmp ]; then
+        model=(--model llama:llama-250m --lr 3e-4 --beta2 0.95)
+        peer=(torch_llama.py "$modes" --model llama-250m -B "$B" -T "$T" --steps "$STEPS")
+      else
+        model=() peer=(torch_gpt2.py "$modes" "$B" "$T" "$STEPS")
+      fi
       for i in $(seq "${REPS:-3}"); do
         for b in blutrain_base blutrain; do
-          echo -n "$b " | tee -a "$out/gpt2cmp.log"
-          timeout 150 "$pack/$b" bench --device cuda --precision bf16 -B "$B" -T "$T" --steps "$STEPS" 2>&1 \
-            | tee -a "$out/gpt2cmp.log" | grep -E '^\{|rror' | tail -1
+          echo -n "$b " | tee -a "$out/$step.log"
+          timeout 150 "$pack/$b" bench --device cuda --precision bf16 -B "$B" -T "$T" --steps "$STEPS" "${model[@]}" 2>&1 \
+            | tee -a "$out/$step.log" | grep -E '^\{|rror' | tail -1
         done
       done
-      timeout 300 python3 .devpack/peers/torch_gpt2.py "${PEER_MODES:-bf16,bf16c}" "$B" "$T" "$STEPS" 2>&1 \
-        | tee -a "$out/gpt2cmp.log" | grep -E '^\{|rror' | tail -3 ;;
+      timeout 400 python3 ".devpack/peers/${peer[0]}" "${peer[@]:1}" 2>&1 \
+        | tee -a "$out/$step.log" | grep -E '^\{|rror' | tail -3 ;;
     attnprof)
       timeout 300 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
         --launch-skip "${NCU_SKIP:-0}" --launch-count "${NCU_COUNT:-400}" "$pack/test_cuda" \

@@ -7,11 +7,12 @@ does), so that no gradient-accumulation adds are counted. ../shared/peers/attent
 gradients, so its fwd+bwd includes three `grad += new` kernels; both figures are printed
 (`fwd_bwd_ms`, `fwd_bwd_accum_ms`). `kernels` lists each CUDA kernel of one forward+backward with
 its time in microseconds (torch.profiler), so the two implementations can be compared piece by piece.
-Usage: python3 scripts/sdpa_default.py [B H T D]"""
+Usage: python3 scripts/sdpa_default.py [B H T D [HKV]] (HKV < H: grouped-query, enable_gqa=True)"""
 import json, sys, torch
 import torch.nn.functional as F
 
 B, H, T, D = ([int(a) for a in sys.argv[1:5]] + [16, 12, 1024, 64][len(sys.argv[1:5]):])
+HKV = int(sys.argv[5]) if len(sys.argv) > 5 else H
 
 
 def bench(f, n=50):
@@ -24,11 +25,11 @@ def bench(f, n=50):
 
 
 for dt in (torch.bfloat16, torch.float32):
-    q, k, v = (torch.randn(B, H, T, D, device="cuda", dtype=dt, requires_grad=True) for _ in range(3))
+    q, k, v = (torch.randn(B, H if i == 0 else HKV, T, D, device="cuda", dtype=dt, requires_grad=True) for i in range(3))
     g = torch.randn(B, H, T, D, device="cuda", dtype=dt)
 
     def fwd():
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=HKV != H)
 
     def fwdbwd():
         q.grad = k.grad = v.grad = None
@@ -45,6 +46,6 @@ for dt in (torch.bfloat16, torch.float32):
         torch.cuda.synchronize()
     kernels = [[e.name[:70], round(e.time_range.elapsed_us(), 1)] for e in prof.events()
                if e.device_type == torch.autograd.DeviceType.CUDA]
-    print(json.dumps({"sdpa": "default", "dtype": str(dt), "B": B, "H": H, "T": T, "D": D,
+    print(json.dumps({"sdpa": "default", "dtype": str(dt), "B": B, "H": H, "Hkv": HKV, "T": T, "D": D,
                       "fwd_ms": round(fwd_ms, 4), "fwd_bwd_ms": round(fb, 4), "fwd_bwd_accum_ms": round(fb_accum, 4),
                       "kernels_us": kernels}))

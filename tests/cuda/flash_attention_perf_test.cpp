@@ -1,4 +1,5 @@
-// Timings of the flash-attention kernels at GPT-2 124M's shape (B16 H12 T1024 D64, causal): bf16
+// Timings of the flash-attention kernels at GPT-2 124M's shape (B16 H12 T1024 D64, causal) and
+// llama-250m's (B8 H16, 4 key/value heads): bf16
 // on each kernel family, variant and CTA order, and f32 in each mode, forward and forward+backward,
 // with q, k, v as views of [B, T, H, D] leaves as in GPT. Correctness is flash_attention_test.cpp.
 // Run on the GPU machine: ./build-cuda/tests/test_cuda --gtest_filter='FlashAttentionPerf.*'
@@ -18,19 +19,28 @@
 namespace blu::test {
 namespace {
 
-// GPT-2 124M attention: B16 H12 T1024 D64 (D: the head dim), causal, in `dtype`. Prints ms and
-// TFLOP/s (flops counted as FlashAttention does: forward 4·B·H·T²·D, halved for causal; backward
-// 2.5x the forward; at 3xTF32 the tensor cores do three times that work).
-void time_gpt2_causal(DType dtype, const char* label = "", int64_t D = 64) {
+// The attention shape timed: GPT-2 124M's by default; llama-250m's with grouped-query heads.
+struct AttnShape {
+  int64_t B = 16, H = 12, Hkv = 12, T = 1024, D = 64;
+};
+
+// Causal attention at `s` (D: the head dim) in `dtype`. Prints ms and TFLOP/s (flops counted as
+// FlashAttention does: forward 4·B·H·T²·D, halved for causal; backward 2.5x the forward; at 3xTF32
+// the tensor cores do three times that work).
+void time_causal(DType dtype, const char* label, AttnShape s) {
   ASSERT_GT(cuda::device_count(), 0) << "no CUDA device";
-  const int64_t B = 16, H = 12, T = 1024;
-  // q, k, v are [B, H, T, D] views of [B, T, H, D] leaves, as in GPT (heads split off c_attn's
-  // output): the backward's dq, dk, dv buffers ([B, T, H, D]) then become the leaves' gradients as
-  // they are, and the time is the kernels' alone, as PyTorch's with its contiguous inputs.
-  const Shape shape{B, T, H, D};
+  const int64_t B = s.B, H = s.H, T = s.T, D = s.D;
+  // q, k, v are [B, H, T, D] views of the head ranges of one [B, T, H + 2·Hkv, D] leaf, as in GPT
+  // (heads split off c_attn's output): the backward writes dq, dk, dv side by side into one buffer
+  // of that shape, which becomes the leaf's gradient as it is (split's backward joins the pieces as
+  // a view), so the time is the kernels' alone, as PyTorch's with its contiguous inputs.
   Generator gen(11);
-  std::vector<Tensor> qkv;
-  for (int i = 0; i < 3; ++i) qkv.push_back(to_device(randn(shape, dtype, kCPU, &gen), kGPU));
+  const Tensor leaf = to_device(randn({B, T, H + 2 * s.Hkv, D}, dtype, kCPU, &gen), kGPU);
+  auto heads = [&](const Tensor& t) {
+    std::vector<Tensor> p = split(t, {H, s.Hkv, s.Hkv}, 2);
+    for (Tensor& x : p) x = transpose(x, 1, 2);
+    return p;
+  };
   Tensor dout = to_device(randn({B, H, T, D}, dtype, kCPU, &gen), kGPU);
   cudaStream_t stream = cuda::current_stream();
   cuda::Event start(true), stop(true);
@@ -49,19 +59,24 @@ void time_gpt2_causal(DType dtype, const char* label = "", int64_t D = 64) {
 
   const double fwd_ms = time_it([&] {
     NoGradGuard ng;
-    (void)scaled_dot_product_attention(transpose(qkv[0], 1, 2), transpose(qkv[1], 1, 2), transpose(qkv[2], 1, 2), true);
+    const std::vector<Tensor> q = heads(leaf);
+    (void)scaled_dot_product_attention(q[0], q[1], q[2], true);
   });
-  std::vector<Tensor> in;
-  for (const Tensor& t : qkv) in.push_back(t.detach().set_requires_grad(true));
+  Tensor in = leaf.detach().set_requires_grad(true);
   const double fwdbwd_ms = time_it([&] {
-    for (Tensor& t : in) t.zero_grad();
-    scaled_dot_product_attention(transpose(in[0], 1, 2), transpose(in[1], 1, 2), transpose(in[2], 1, 2), true)
-        .backward(dout);
+    in.zero_grad();
+    const std::vector<Tensor> q = heads(in);
+    scaled_dot_product_attention(q[0], q[1], q[2], true).backward(dout);
   });
-  std::printf("flash attention %s%s B16 H12 T1024 D%d causal: fwd %.4f ms (%.1f TFLOP/s), fwd+bwd %.4f ms "
+  std::printf("flash attention %s%s B%d H%d Hkv%d T%d D%d causal: fwd %.4f ms (%.1f TFLOP/s), fwd+bwd %.4f ms "
               "(%.1f TFLOP/s), bwd alone ~%.4f ms\n",
-              std::string(dtype_name(dtype)).c_str(), label, int(D), fwd_ms, fwd_flops / (fwd_ms * 1e-3) / 1e12, fwdbwd_ms,
-              3.5 * fwd_flops / (fwdbwd_ms * 1e-3) / 1e12, fwdbwd_ms - fwd_ms);
+              std::string(dtype_name(dtype)).c_str(), label, int(B), int(H), int(s.Hkv), int(T), int(D), fwd_ms,
+              fwd_flops / (fwd_ms * 1e-3) / 1e12, fwdbwd_ms, 3.5 * fwd_flops / (fwdbwd_ms * 1e-3) / 1e12,
+              fwdbwd_ms - fwd_ms);
+}
+
+void time_gpt2_causal(DType dtype, const char* label = "", int64_t D = 64) {
+  time_causal(dtype, label, AttnShape{.D = D});
 }
 
 // The default bf16 kernels (on Hopper the wgmma forward and backward), the mma.sync ones, and the
@@ -80,6 +95,21 @@ TEST(FlashAttentionPerf, Gpt2Bf16CausalMmaSyncBwd) {
 // Head dim 128 (not GPT-2's; models with wider heads).
 TEST(FlashAttentionPerf, Bf16CausalD128) {
   time_gpt2_causal(DType::bf16, cuda::flash_attention_wgmma_available() ? " [wgmma fwd, wgmma bwd]" : "", 128);
+}
+// llama-250m's attention (B8 H16 T1024 D64, 4 key/value heads: grouped-query, Note [GQA backward]),
+// and the same with 16 key/value heads: what the grouping costs.
+TEST(FlashAttentionPerf, LlamaBf16CausalGqa) {
+  time_causal(DType::bf16, " [GQA]", AttnShape{.B = 8, .H = 16, .Hkv = 4});
+  time_causal(DType::bf16, " [no grouping]", AttnShape{.B = 8, .H = 16, .Hkv = 16});
+}
+// The backward's head group at grouped-query shapes (llama-250m's; llama3.2-1b's heads at B8): the
+// wgmma backward deals out head_group / G key/value heads at a time (launch_bwd_wgmma).
+TEST(FlashAttentionPerf, LlamaBf16CausalGqaHeadGroups) {
+  for (AttnShape s : {AttnShape{.B = 8, .H = 16, .Hkv = 4}, AttnShape{.B = 8, .H = 32, .Hkv = 8}})
+    for (int heads : {0, 16, 32, 48, 64, 96, 128, 256}) {
+      HeadGroupScope g(cuda::flash_attention_head_group(false), heads);
+      time_causal(DType::bf16, (" [backward head group " + std::to_string(heads) + "]").c_str(), s);
+    }
 }
 // The CTA order's head group (Note [head groups]), forward and backward: 0 is the plain grid order.
 TEST(FlashAttentionPerf, Gpt2Bf16CausalHeadGroups) {
