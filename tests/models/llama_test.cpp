@@ -263,7 +263,9 @@ TEST(LlamaModel, CachedForwardAndGenerationMatchTheUncachedArgmax) {
   EXPECT_EQ(cache.length(), 20);
   ASSERT_EQ(cache.k.size(), 2u);
   EXPECT_EQ(cache.k[0].shape(), Shape({2, 2, 20, 8})) << "the cache holds the key/value heads only";
-  EXPECT_EQ(compare(cat(steps, 1), full, 1e-5, 1e-4), "");
+  // fp32 sums in another order (one-row GEMMs against 20-row ones): the logits reach 7.8 here and
+  // differ by up to ~2e-5, a few parts in a million of that scale.
+  EXPECT_EQ(compare(cat(steps, 1), full, 5e-5, 1e-4), "");
   expect_error([&] { m.forward_cached(narrow(idx, 1, 0, 2), cache); }, {"one position", "got 2"});
   models::KVCache long_cache;
   m.forward_cached(narrow(idx, 1, 0, 20), long_cache);

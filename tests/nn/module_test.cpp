@@ -6,6 +6,7 @@
 #include "blu/blu.h"
 #include "blu/models/gpt2/gpt2.h"
 #include "blu/nn/layers.h"
+#include "blu/ops/dispatch.h"
 
 namespace blu::nn {
 namespace {
@@ -185,6 +186,87 @@ TEST(Layers, InitNormalIsSeeded) {
   EXPECT_EQ(to_vector(a.weight), to_vector(b.weight));
   EXPECT_EQ(to_vector(a.bias), std::vector<double>(5, 0.0));
   EXPECT_TRUE(a.weight.requires_grad());
+}
+
+// Counts the "linear" ops dispatched while alive.
+struct LinearCounter {
+  int linears = 0;
+  int handle;
+  LinearCounter() {
+    handle = add_op_observer([this](const OpDef& op, std::span<const Tensor>, std::span<const Tensor>, const Attrs&) {
+      linears += std::string_view(op.name) == "linear";
+    });
+  }
+  ~LinearCounter() { remove_op_observer(handle); }
+};
+
+struct NotFusable : Linear {
+  using Linear::Linear;
+  bool fusable() const override { return false; }
+};
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  const std::vector<double> x = to_vector(a), y = to_vector(b);
+  double m = 0;
+  for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]));
+  return m;
+}
+
+// Note [Sibling linears]: q/k/v-like siblings (widths 8, 2, 2) as one GEMM give each layer's
+// forward and the same gradients of x and of every weight; a layer with a bias or one that is not
+// fusable makes each run its own forward.
+TEST(Layers, SiblingLinearsAreOneGemmWithTheSeparateResults) {
+  for (DType dt : {DType::f64, DType::bf16}) {
+    SCOPED_TRACE(std::string(dtype_name(dt)));
+    Linear q(6, 8, false), k(6, 2, false), v(6, 2, false);
+    Generator g(3);
+    for (Linear* l : {&q, &k, &v}) {
+      if (dt == DType::f64) l->to(DType::f64);
+      init_normal_(l->weight, 0.5, g);
+    }
+    const DType wt = dt == DType::f64 ? DType::f64 : DType::f32;
+    Generator gx(4);
+    const Tensor x0 = to_dtype(randn({3, 5, 6}, DType::f32, kCPU, &gx), dt);
+    const Tensor dy = to_dtype(randn({3, 5, 12}, DType::f32, kCPU, &gx), dt);
+    auto run = [&](bool fused) {
+      for (Linear* l : {&q, &k, &v}) l->zero_grad();
+      Tensor x = x0.detach().set_requires_grad(true);
+      std::vector<Tensor> y;
+      LinearCounter count;
+      if (fused) {
+        y = sibling_linears(x, {&q, &k, &v});
+      } else {
+        for (Linear* l : {&q, &k, &v}) y.push_back(l->forward(x));
+      }
+      EXPECT_EQ(count.linears, fused ? 1 : 3);
+      std::vector<Tensor> out = y;
+      for (size_t i = 0; i < 3; ++i) y[i] = sum(mul(y[i], narrow(dy, 2, i == 0 ? 0 : 6 + 2 * int64_t(i - 1), y[i].size(2))));
+      add(add(y[0], y[1]), y[2]).backward();
+      out.push_back(x.grad());
+      for (Linear* l : {&q, &k, &v}) out.push_back(l->weight.grad());
+      return out;
+    };
+    const std::vector<Tensor> fused = run(true), plain = run(false);
+    // bf16: the separate input gradient adds three 16-bit-rounded GEMM results, the fused one
+    // rounds once: they differ by a few bf16 steps (2^-8 relative).
+    for (size_t i = 0; i < fused.size(); ++i) {
+      SCOPED_TRACE(i);
+      EXPECT_EQ(fused[i].dtype(), i >= 4 ? wt : dt) << "weight gradients in the master dtype";
+      const double scale = max_abs_diff(plain[i], zeros_like(plain[i]));
+      EXPECT_LE(max_abs_diff(fused[i], plain[i]), (dt == DType::f64 ? 1e-12 : 1.0 / 64) * scale);
+    }
+  }
+  Linear a(4, 3, true), b(4, 2, false);
+  NotFusable c(4, 2, false);
+  const Tensor x = ones({2, 4});
+  for (const std::vector<const Linear*>& group : {std::vector<const Linear*>{&a, &b}, {&b, &c}, {&b}}) {
+    LinearCounter count;
+    const std::vector<Tensor> y = sibling_linears(x, group);
+    EXPECT_EQ(count.linears, int(group.size()));
+    ASSERT_EQ(y.size(), group.size());
+    for (size_t i = 0; i < y.size(); ++i) EXPECT_EQ(y[i].shape(), Shape({2, group[i]->out_features}));
+  }
 }
 
 TEST(GPTConfig, PresetsAndJson) {

@@ -106,11 +106,11 @@ void fit(double b, double t1, double t2, double& fixed, double& per_seq) {
 struct Parts {
   double block_fixed_s = 0, block_per_seq_s = 0, other_fixed_s = 0, other_per_seq_s = 0;
   double embed_fixed_s = 0, embed_per_seq_s = 0;
-  double block_act_bytes = 0, other_act_bytes = 0;
+  double block_act_bytes = 0, other_act_bytes = 0, block_act_fixed_bytes = 0, other_act_fixed_bytes = 0;
 };
 
 // The blocks' and the rest's forward + backward, per call and per sequence, and the bytes each
-// keeps per sequence: probes at b and 2b with and without the blocks.
+// keeps per call and per sequence: probes at b and 2b with and without the blocks.
 Parts probe_parts(models::CausalLM& model, int64_t b, int64_t T, int reps, ProcessGroup* lockstep) {
   const Device dev = model.token_embedding().weight.device();
   const bool was_training = model.is_training();
@@ -132,8 +132,9 @@ Parts probe_parts(models::CausalLM& model, int64_t b, int64_t T, int reps, Proce
       p.embed_per_seq_s);
   fit(double(b), (full1.seconds - none1.seconds) / L, (full2.seconds - none2.seconds) / L, p.block_fixed_s,
       p.block_per_seq_s);
-  p.other_act_bytes = std::max(0.0, none2.act_bytes / double(2 * b));
-  p.block_act_bytes = std::max(0.0, (full2.act_bytes - none2.act_bytes) / (L * double(2 * b)));
+  fit(double(b), none1.act_bytes, none2.act_bytes, p.other_act_fixed_bytes, p.other_act_bytes);
+  fit(double(b), (full1.act_bytes - none1.act_bytes) / L, (full2.act_bytes - none2.act_bytes) / L,
+      p.block_act_fixed_bytes, p.block_act_bytes);
   return p;
 }
 
@@ -223,6 +224,7 @@ ModelCosts measure_model(models::CausalLM& model, int64_t b, int64_t T, int reps
   m.other_fixed_s = parts.other_fixed_s, m.other_per_seq_s = parts.other_per_seq_s;
   m.embed_fixed_s = parts.embed_fixed_s, m.embed_per_seq_s = parts.embed_per_seq_s;
   m.block_act_bytes = parts.block_act_bytes, m.other_act_bytes = parts.other_act_bytes;
+  m.block_act_fixed_bytes = parts.block_act_fixed_bytes, m.other_act_fixed_bytes = parts.other_act_fixed_bytes;
 
   // The update: AdamW on the model's device and dtype, gated as in training, at two sizes; the
   // slope is the cost per parameter (a launch and the host's wait, which one call of the real step
@@ -266,7 +268,8 @@ void measure_split(ModelCosts& m, models::CausalLM& copy, int tp, bool sequence_
   for (const ShardedParameter& sp : sharded_parameters(copy))
     if (sp.info.partial_grad) partial += double(sp.param.numel()) * m.grad_bytes;
   m.splits.push_back({tp, sequence_parallel, p.block_fixed_s, p.block_per_seq_s, p.other_fixed_s, p.other_per_seq_s,
-                      p.embed_fixed_s, p.embed_per_seq_s, p.block_act_bytes, p.other_act_bytes, partial, early});
+                      p.embed_fixed_s, p.embed_per_seq_s, p.block_act_bytes, p.other_act_bytes,
+                      p.block_act_fixed_bytes, p.other_act_fixed_bytes, partial, early});
 }
 
 void take_slowest(ModelCosts& m, ProcessGroup& pg, Device dev) {
@@ -509,7 +512,12 @@ Prediction predict(const Layout& layout, const ModelCosts& m, const LinkCosts& l
                                                              : std::min(micro, double(pp - r));
     const double per_seq = split ? double(blocks[size_t(r)]) * split->block_act_bytes + (last(r) ? split->other_act_bytes : 0.0)
                                  : (double(blocks[size_t(r)]) * m.block_act_bytes + (last(r) ? m.other_act_bytes : 0.0)) * wmax;
-    const double acts = in_flight * b * per_seq;
+    const double fixed = split ? double(blocks[size_t(r)]) * split->block_act_fixed_bytes +
+                                     (last(r) ? split->other_act_fixed_bytes : 0.0)
+                               : (double(blocks[size_t(r)]) * m.block_act_fixed_bytes +
+                                  (last(r) ? m.other_act_fixed_bytes : 0.0)) *
+                                     wmax;
+    const double acts = in_flight * (b * per_seq + fixed);
     // From the second micro-batch on a gradient is made apart and then added into the accumulated
     // one: the largest parameter's (a head or an embedding) is the most that is held twice.
     // (ZeRO-3 reduces each micro-batch's gradients from a fresh buffer instead.)

@@ -45,8 +45,10 @@ struct ModelCosts {
   double other_fixed_s = 0, other_per_seq_s = 0;  // embedding, head and loss
   double embed_fixed_s = 0, embed_per_seq_s = 0;  // of those, the embedding (a pipeline's first stage)
   double update_per_param_s = 0;  // the optimizer step (with clipping), per parameter (two sizes' slope)
-  // Bytes kept for backward per sequence.
+  // Bytes kept for backward: per sequence, and per micro-batch whatever its size (tensors a forward
+  // makes from the weights alone: the concatenated sibling weights of Note [Sibling linears]).
   double block_act_bytes = 0, other_act_bytes = 0;
+  double block_act_fixed_bytes = 0, other_act_fixed_bytes = 0;
   // Bytes per parameter of the training state: the parameter, its gradient, AdamW's two moments
   // (and a 16-bit compute copy under mixed precision).
   double param_bytes = 4, grad_bytes = 4, optim_bytes = 8, compute_copy_bytes = 0;
@@ -61,6 +63,7 @@ struct ModelCosts {
     double block_fixed_s = 0, block_per_seq_s = 0, other_fixed_s = 0, other_per_seq_s = 0;
     double embed_fixed_s = 0, embed_per_seq_s = 0;
     double block_act_bytes = 0, other_act_bytes = 0;
+    double block_act_fixed_bytes = 0, other_act_fixed_bytes = 0;
     double partial_grad_bytes = 0;  // replicated parameters with partial gradients (sequence parallel)
     // Per block and forward + backward: input-gradient collectives started inside a column
     // linear's backward (Note [Early input gradients], ops/early_grad.h), counted in the probe.

@@ -4,6 +4,7 @@
 #include "blu/core/grad_mode.h"
 #include "blu/ops/elementwise.h"
 #include "blu/ops/factory.h"
+#include "blu/ops/join.h"
 #include "blu/ops/linalg.h"
 #include "blu/ops/nn.h"
 #include "blu/ops/view.h"
@@ -30,6 +31,38 @@ Tensor Linear::forward(const Tensor& x) const {
 }
 Tensor Linear::forward(const Tensor& x, const Tensor& residual) const {
   return linear(x, cast_param(weight, x.dtype()), cast_param(bias, x.dtype()), residual);
+}
+
+// Note [Sibling linears]
+// A GQA model's k and v projections are narrow (Hkv·D columns: 256 for llama-250m), and a GEMM that
+// narrow fills few of the GPU's multiprocessors; their weight gradients ([256, C] from a sum over
+// every token) fewer still, and the input gradient of n siblings is n GEMMs and n - 1 adds. One
+// GEMM over [W_1; …; W_n] makes the same products: the forward one wide GEMM, the backward one
+// input-gradient GEMM whose inner dim is Σ out (no adds) and one weight gradient [Σ out, in].
+// The weights are concatenated in their master dtype and cast once (16-bit under mixed
+// precision), so the weight gradient comes out of the GEMM in fp32 (Note [Wide gradients],
+// ops/dispatch.h) and cat's backward hands each parameter its rows. The price is the
+// concatenation and cast of the weights at every forward (Σ out · in elements: 1.5M for
+// llama-250m's q/k/v, against the 12.6M-element activations of its B·T = 8192 tokens).
+// The outputs are adjacent column ranges of one buffer: ops that take such pieces without a copy
+// (swiglu's halves) do, and split's backward joins their gradients as a view when they come back
+// side by side. A consumer that keeps one piece keeps the whole buffer alive (Llama copies v).
+std::vector<Tensor> sibling_linears(const Tensor& x, const std::vector<const Linear*>& layers) {
+  bool fuse = layers.size() > 1;
+  for (const Linear* l : layers)
+    fuse = fuse && l->fusable() && !l->bias.defined() && l->weight.dtype() == layers[0]->weight.dtype() &&
+           l->weight.device() == layers[0]->weight.device();
+  std::vector<Tensor> out;
+  if (!fuse) {
+    for (const Linear* l : layers) out.push_back(l->forward(x));
+    return out;
+  }
+  std::vector<Tensor> weights;
+  std::vector<int64_t> widths;
+  for (const Linear* l : layers) weights.push_back(l->weight), widths.push_back(l->out_features);
+  Tensor w = cat(weights, 0);
+  if (w.dtype() != x.dtype()) w = to_dtype(w, x.dtype());
+  return split(linear(x, w), widths, -1);
 }
 
 Embedding::Embedding(int64_t num, int64_t dim) {

@@ -36,6 +36,12 @@ class Linear : public Module {
   Tensor bias;    // [out], undefined without bias
 };
 
+// Linears that read the same input (Llama's q/k/v projections, its gate and up): each one's
+// forward(x), in order. When every one is fusable() and without bias, one GEMM over their weights
+// concatenated along the output dim computes them all, and the outputs are views of its [..., Σ out]
+// result (Note [Sibling linears], layers.cpp); otherwise each layer's own forward runs.
+std::vector<Tensor> sibling_linears(const Tensor& x, const std::vector<const Linear*>& layers);
+
 class Embedding : public Module {
  public:
   Embedding(int64_t num_embeddings, int64_t dim);

@@ -218,9 +218,14 @@ Tensor LlamaAttention::forward(const Tensor& x, const Tensor& cos, const Tensor&
             q_proj->in_features, "], got ", x.shape());
   // RoPE on [B, T, heads, D], then [B, heads, T, D] for attention. T is the projections' (sequence
   // parallelism gathers them from x's sequence shard).
-  const Tensor qp = q_proj->forward(x), kp = k_proj->forward(x), vp = v_proj->forward(x);
+  // One GEMM for the three projections where they are plain linears (Note [Sibling linears]).
+  const std::vector<Tensor> proj = nn::sibling_linears(x, {q_proj.get(), k_proj.get(), v_proj.get()});
+  const Tensor &qp = proj[0], &kp = proj[1], &vp = proj[2];
   const int64_t B = qp.size(0), T = qp.size(1), D = head_dim;
   const int64_t H = q_proj->out_features / D, Hkv = k_proj->out_features / D;
+  // v as its own buffer: attention (and a key/value cache) keeps v, and a column range of the one
+  // projection's output would keep all of it alive; q and k leave it through RoPE.
+  const auto own = [](const Tensor& t) { return t.is_contiguous() ? t : clone(t); };
   if (!cache_k) {
     // The attention core, a selective-recompute region (models/activations.h): under a selective
     // policy only the projections are kept; RoPE's outputs, the attention output and the merged
@@ -230,7 +235,7 @@ Tensor LlamaAttention::forward(const Tensor& x, const Tensor& cos, const Tensor&
         [=](const std::vector<Tensor>& in) {
           const Tensor q = transpose(rotary_embedding(view(in[0], {B, T, H, D}), in[3], in[4]), 1, 2);
           const Tensor k = transpose(rotary_embedding(view(in[1], {B, T, Hkv, D}), in[3], in[4]), 1, 2);
-          const Tensor v = transpose(view(in[2], {B, T, Hkv, D}), 1, 2);
+          const Tensor v = transpose(view(own(in[2]), {B, T, Hkv, D}), 1, 2);
           return reshape(transpose(scaled_dot_product_attention(q, k, v, true), 1, 2), {B, T, H * D});
         },
         {qp, kp, vp, cos, sin});
@@ -238,7 +243,7 @@ Tensor LlamaAttention::forward(const Tensor& x, const Tensor& cos, const Tensor&
   }
   Tensor q = transpose(rotary_embedding(view(qp, {B, T, H, D}), cos, sin), 1, 2);
   Tensor k = transpose(rotary_embedding(view(kp, {B, T, Hkv, D}), cos, sin), 1, 2);
-  Tensor v = transpose(view(vp, {B, T, Hkv, D}), 1, 2);
+  Tensor v = transpose(view(own(vp), {B, T, Hkv, D}), 1, 2);
   bool causal = true;
   if (cache_k) {
     BLU_ASSERT(cache_v, "a key cache without a value cache");
@@ -267,9 +272,10 @@ LlamaMLP::LlamaMLP(const LlamaConfig& cfg) {
 
 Tensor LlamaMLP::forward(const Tensor& x, const Tensor& residual) const {
   // SwiGLU, a selective-recompute region: its output (down_proj's input) is rebuilt in backward.
+  // gate and up by one GEMM (Note [Sibling linears]): swiglu reads its two halves in place.
   const Tensor h = selective_region(
       "swiglu", [](const std::vector<Tensor>& in) { return swiglu(in[0], in[1]); },
-      {gate_proj->forward(x), up_proj->forward(x)});
+      nn::sibling_linears(x, {gate_proj.get(), up_proj.get()}));
   return residual.defined() ? down_proj->forward(h, residual) : down_proj->forward(h);
 }
 
