@@ -22,7 +22,12 @@
 #include "blu/backend/cuda/runtime.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
+#include <map>
+#include <mutex>
+#include <queue>
+#include <vector>
 #include <cstdlib>
 #include <iterator>
 #include <string_view>
@@ -231,6 +236,54 @@ std::atomic<int> g_head_group[2] = {head_group_from_env(kDefaultFwdHeadGroup),
 void set_flash_attention_head_group(bool backward, int heads) { g_head_group[backward].store(std::max(0, heads)); }
 int flash_attention_head_group(bool backward) { return g_head_group[backward].load(); }
 
+
+namespace {
+// The time the CTAs of a (kv_heads, ranks) grid in head groups of g take when each multiprocessor
+// runs one at a time and takes the next in launch order as it frees: a CTA of key tile kb walks
+// group · (query_tiles − 2·kb) query tiles under causal (group · query_tiles otherwise), plus one
+// tile's worth for loading K, V and storing dK, dV.
+double simulated_makespan(int kv_heads, int ranks, int query_tiles, int group, bool causal, int sms, int g) {
+  std::priority_queue<double, std::vector<double>, std::greater<>> free_at;
+  for (int i = 0; i < sms; ++i) free_at.push(0.0);
+  double end = 0;
+  for (int lin = 0; lin < kv_heads * ranks; ++lin) {
+    const int kb = tile_slot_of(lin, kv_heads, ranks, g).rank;
+    const double work = group * double(causal ? std::max(query_tiles - 2 * kb, 1) : query_tiles) + 1;
+    const double t = free_at.top() + work;
+    free_at.pop();
+    free_at.push(t);
+    end = std::max(end, t);
+  }
+  return end;
+}
+}  // namespace
+
+int gqa_backward_head_group(int kv_heads, int ranks, int query_tiles, int group, bool causal, int sms,
+                            int preferred) {
+  if (preferred <= 0) return 0;
+  if (preferred >= kv_heads) return kv_heads;
+  // Past 8 waves of CTAs the launch order moves the end by little (a few heavy CTAs among many):
+  // keep the L2's choice.
+  if (int64_t(kv_heads) * ranks > int64_t(8) * sms) return preferred;
+  static std::mutex mu;
+  static std::map<std::array<int, 7>, int> chosen;
+  const std::array<int, 7> key{kv_heads, ranks, query_tiles, group, int(causal), sms, preferred};
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = chosen.find(key); it != chosen.end()) return it->second;
+  std::vector<std::pair<int, double>> candidates;  // preferred, doubled, ..., then all of them
+  for (int g = preferred; g < kv_heads; g *= 2)
+    candidates.emplace_back(g, simulated_makespan(kv_heads, ranks, query_tiles, group, causal, sms, g));
+  candidates.emplace_back(kv_heads, simulated_makespan(kv_heads, ranks, query_tiles, group, causal, sms, kv_heads));
+  double best = candidates[0].second;
+  for (const auto& c : candidates) best = std::min(best, c.second);
+  int pick = kv_heads;
+  for (const auto& c : candidates)
+    if (c.second <= 1.02 * best) {
+      pick = c.first;
+      break;
+    }
+  return chosen[key] = pick;
+}
 
 bool flash_attention_supported(DType dtype, int64_t head_dim) {
   return (dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16) && (head_dim == 64 || head_dim == 128);

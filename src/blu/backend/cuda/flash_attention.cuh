@@ -226,6 +226,20 @@ __device__ __forceinline__ T* slice_mut(const AttnOperand& a, int b, int h) {
 // host-tested). Used by the tensor-core forwards (fwd_tile) and the wgmma backward. The default G
 // is 48 for both (kDefault{Fwd,Bwd}HeadGroup in flash_attention.h), the fastest of the
 // FlashAttentionPerf.Gpt2Bf16CausalHeadGroups sweep on an H200 (docs/performance.md).
+// Note [GQA head groups]
+// With GQA a backward CTA walks G query heads, so its working set is G heads' Q, dO and dQ, and
+// the L2's head group in key/value heads is head_group / G. But a causal GQA backward is made of few,
+// long, unequal CTAs — at llama-250m's B8 H16 Hkv4 T1024, 256 CTAs of 8 to 64 query tiles on 132
+// multiprocessors, under two waves — and head groups reorder them: the heaviest CTAs of a later
+// group start after the light ones of the first, and the last of them ends late. Groups of 12
+// key/value heads (48 / 4) took the backward from 0.1611 to 0.2227 ms there (H200, the
+// FlashAttentionPerf.LlamaBf16CausalGqaHeadGroups sweep). So the launcher simulates the
+// order (gqa_backward_head_group, flash_attention.cu: each multiprocessor takes the next CTA as it
+// frees, a CTA costs its query tiles plus one) for head_group / G, its doublings and the plain
+// order, and takes the smallest group within 2% of the best makespan. The simulation ranks the
+// sweep's groups at both swept shapes as measured (llama-250m's: 4, 8, 12, 24 slow, 16 and 32
+// fast; B8 H32 Hkv8: 12 and 24 slow, 16, 32, 64 fast). Past 8 waves of CTAs it is skipped: the
+// order then moves the end little and head_group / G stands.
 __device__ __forceinline__ TileSlot tile_slot(int head_group) {
   const int bh_count = int(gridDim.x);
   return tile_slot_of(int(blockIdx.x) + bh_count * int(blockIdx.y), bh_count, int(gridDim.y), head_group);

@@ -115,5 +115,13 @@ BLU_HD inline TileSlot tile_slot_of(int lin, int bh_count, int ranks, int head_g
   return {group * g + r % size, r / size};
 }
 
+// The head group of the GQA wgmma backward (Note [GQA head groups] in flash_attention.cuh), in
+// key/value heads: `preferred` (the backward's head group over `group`, at least 1) or a larger
+// one up to kv_heads (one group), the smallest whose simulated makespan is within 2% of the best.
+// kv_heads = B·Hkv CTA columns, ranks key tiles of 128 per column, query_tiles of 64 per head,
+// group = H / Hkv query heads per CTA, sms CTAs at once (one per multiprocessor). preferred ≤ 0:
+// 0 (the plain order).
+int gqa_backward_head_group(int kv_heads, int ranks, int query_tiles, int group, bool causal, int sms,
+                            int preferred);
 
 }  // namespace blu::cuda

@@ -121,6 +121,7 @@
 #include "blu/backend/cuda/flash_attention.cuh"
 #include "blu/backend/cuda/flash_attention_wgmma.cuh"
 #include "blu/backend/cuda/flash_attention_wgmma.h"
+#include "blu/backend/cuda/loops.cuh"
 #include "blu/backend/cuda/runtime.h"
 
 #include <algorithm>
@@ -481,10 +482,13 @@ void launch_bwd_wgmma_variant(const FlashBwdParams& p, cudaStream_t stream) {
 template <typename T, int D>
 void launch_bwd_wgmma(const FlashBwdParams& p, cudaStream_t stream) {
   if (p.group > 1) {
-    // A CTA reads Q, dO and adds to dQ of `group` query heads: deal out as many fewer key/value
-    // heads per head group, to keep a group's working set in the L2 (Note [head groups]).
+    // A CTA reads Q, dO and adds to dQ of `group` query heads: as many fewer key/value heads per
+    // head group keep a group's working set in the L2, unless that order ends later (Note [GQA
+    // head groups]).
     FlashBwdParams pg = p;
-    if (pg.head_group > 0) pg.head_group = std::max(1, pg.head_group / pg.group);
+    pg.head_group = gqa_backward_head_group(p.B * (p.H / p.group), (p.T + kWbBK - 1) / kWbBK,
+                                            (p.T + kWbBQ - 1) / kWbBQ, p.group, p.causal, sm_count(),
+                                            p.head_group > 0 ? std::max(1, p.head_group / p.group) : 0);
     return launch_bwd_wgmma_variant<T, D, true>(pg, stream);
   }
   launch_bwd_wgmma_variant<T, D, false>(p, stream);
