@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 
 #include "blu/blu.h"
 #include "blu/dist/planner.h"
@@ -47,6 +48,25 @@ TEST(Planner, SingleDeviceIsTheMeasuredParts) {
   EXPECT_EQ(p.bubble_s, 0);
   EXPECT_DOUBLE_EQ(p.state_bytes, 12000 * (4 + 4 + 8));
   EXPECT_DOUBLE_EQ(p.activation_bytes, b * (8 * 5000 + 20000));
+  EXPECT_DOUBLE_EQ(p.memory_bytes, p.state_bytes + p.activation_bytes + m.largest_param * 4)
+      << "every gradient held through both micro-batches, the largest twice";
+}
+
+// One micro-batch on one process: the step starts without gradients (the previous step dropped
+// them), so the peak is the state without them plus the larger of the activations with the head's
+// gradient (the backward's first) and every gradient (its end).
+TEST(Planner, OneMicroBatchHoldsTheGradientsOnlyAsBackwardMakesThem) {
+  ModelCosts m = costs();
+  PlanJob job;
+  job.batch = 4;
+  const Prediction p = predict(resolved("replicate(1)", 1), m, LinkCosts{}, job);
+  EXPECT_DOUBLE_EQ(p.state_bytes, 12000 * (4 + 8));
+  EXPECT_DOUBLE_EQ(p.activation_bytes, 4 * (8 * 5000 + 20000));
+  EXPECT_DOUBLE_EQ(p.memory_bytes, p.state_bytes + p.activation_bytes + 2500 * 4);
+  job.batch = 1;
+  m.block_act_bytes = 100, m.other_act_bytes = 200;  // 1000 bytes of activations: every gradient (48000) outweighs them
+  const Prediction small = predict(resolved("replicate(1)", 1), m, LinkCosts{}, job);
+  EXPECT_DOUBLE_EQ(small.memory_bytes, 12000 * (4 + 8) + 12000 * 4);
 }
 
 // Unequal ranks (PlanJob::rank_speeds, the costs the slowest rank's): an even layout runs at its
@@ -191,8 +211,10 @@ TEST(Planner, ShardingShrinksState) {
   // parameters and their whole gradient buffer) and the last block prefetched; in a block's
   // backward the rest's gradient buffer, two blocks gathered and three blocks' gradient buffers.
   EXPECT_DOUBLE_EQ(state(3, m), 12000.0 * 16 / 4 + std::max(4000.0 * 8 + 1000.0 * 4, 4000.0 * 4 + 1000.0 * (8 + 12)));
+  // Tensor parallelism alone: each rank a quarter, its gradients made by its backward (one
+  // micro-batch, no data-parallel bucket), so not in the state.
   const Prediction tp = predict(resolved("split(4)", 4), m, LinkCosts{1e-5, 1e9}, job);
-  EXPECT_DOUBLE_EQ(tp.state_bytes, 12000.0 / 4 * 16);
+  EXPECT_DOUBLE_EQ(tp.state_bytes, 12000.0 / 4 * 12);
   EXPECT_GT(tp.tp_comm_s, 0);
 }
 
@@ -338,6 +360,33 @@ TEST(Planner, ProbePredictsActivationMemory) {
   const double predicted =
       double(B) * (2 * m.block_act_bytes + m.other_act_bytes) + 2 * m.block_act_fixed_bytes + m.other_act_fixed_bytes;
   EXPECT_NEAR(predicted / kept, 1.0, 0.10) << "predicted " << predicted << " bytes, kept " << kept;
+}
+
+// Under mixed precision the state counts the compute copies the model keeps, which the probe's
+// forwards made: every parameter cast by its own forward has one; the embeddings gathered in fp32
+// (GPT-2's positions, Llama's untied tokens) and Llama's q/k/v, gate and up, whose concatenated
+// weights are cast at each forward instead (Note [Sibling linears]), have none.
+TEST(Planner, ComputeCopyBytesAreTheCopiesKept) {
+  const std::map<std::string, std::vector<std::string>> uncast = {
+      {"gpt2:tiny", {"wpe."}}, {"llama:tiny", {"embed_tokens.", "q_proj.", "k_proj.", "v_proj.", "gate_proj.", "up_proj."}}};
+  for (const auto& [spec, names] : uncast) {
+    SCOPED_TRACE(spec);
+    auto model = models::build_model(models::resolve_model_config(spec), 1);
+    model->set_compute_dtype(DType::bf16);
+    const ModelCosts m = measure_model(*model, 1, 16, 1);
+    double with_copy = 0;
+    for (const auto& [name, p] : model->named_parameters()) {
+      bool expected = true;
+      for (const std::string& n : names) expected = expected && name.find(n) == std::string::npos;
+      bool has = false;
+      for (const auto& [param, copy] : model->compute_copies())
+        if (param.is_same(p)) has = copy->tensor().defined();
+      EXPECT_EQ(has, expected) << name;
+      if (has) with_copy += double(p.numel());
+    }
+    EXPECT_DOUBLE_EQ(m.compute_copy_bytes, 2.0 * with_copy / double(model->num_parameters()));
+    EXPECT_LT(m.compute_copy_bytes, 2.0);
+  }
 }
 
 // One rank's share of split(2), probed on a copy split over the stand-in group: its blocks keep

@@ -50,7 +50,8 @@ struct ModelCosts {
   double block_act_bytes = 0, other_act_bytes = 0;
   double block_act_fixed_bytes = 0, other_act_fixed_bytes = 0;
   // Bytes per parameter of the training state: the parameter, its gradient, AdamW's two moments
-  // (and a 16-bit compute copy under mixed precision).
+  // (and under mixed precision the 16-bit compute copies, averaged over all parameters: those of
+  // sibling linears keep none).
   double param_bytes = 4, grad_bytes = 4, optim_bytes = 8, compute_copy_bytes = 0;
   double activation_elem_bytes = 4;  // an activation element (TP all-reduces, pipeline sends)
   // One rank's part of split(tp[, sp]) where measure_split probed it: its compute (the sharded
