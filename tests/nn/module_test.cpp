@@ -247,7 +247,10 @@ TEST(Layers, SiblingLinearsAreOneGemmWithTheSeparateResults) {
       for (Linear* l : {&q, &k, &v}) out.push_back(l->weight.grad());
       return out;
     };
-    const std::vector<Tensor> fused = run(true), plain = run(false);
+    const std::vector<Tensor> fused = run(true);
+    for (Linear* l : {&q, &k, &v})  // each its own gradient, not rows pinning the whole [12, 6]
+      EXPECT_EQ(l->weight.grad().storage()->nbytes(), l->weight.grad().nbytes());
+    const std::vector<Tensor> plain = run(false);
     // bf16: the separate input gradient adds three 16-bit-rounded GEMM results, the fused one
     // rounds once: they differ by a few bf16 steps (2^-8 relative).
     for (size_t i = 0; i < fused.size(); ++i) {

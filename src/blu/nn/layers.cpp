@@ -41,7 +41,8 @@ Tensor Linear::forward(const Tensor& x, const Tensor& residual) const {
 // input-gradient GEMM whose inner dim is Σ out (no adds) and one weight gradient [Σ out, in].
 // The weights are concatenated in their master dtype and cast once (16-bit under mixed
 // precision), so the weight gradient comes out of the GEMM in fp32 (Note [Wide gradients],
-// ops/dispatch.h) and cat's backward hands each parameter its rows. The price is the
+// ops/dispatch.h) and cat's backward hands each parameter its rows (copied into a gradient of its
+// own: AccumulateGrad keeps no piece of a larger buffer). The price is the
 // concatenation and cast of the weights at every forward (Σ out · in elements: 1.5M for
 // llama-250m's q/k/v, against the 12.6M-element activations of its B·T = 8192 tokens).
 // The outputs are adjacent column ranges of one buffer: ops that take such pieces without a copy
