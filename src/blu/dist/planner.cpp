@@ -539,7 +539,7 @@ Prediction predict(const Layout& layout, const ModelCosts& m, const LinkCosts& l
     // activations — the peak is at its start, the activations and the head's gradient (made
     // first), or at its end, every gradient, whichever is more. (On an H200 counting every
     // gradient beside the activations over-predicted these steps by 6-11%.)
-    if (dp == 1 && pp == 1 && micro == 1) {
+    if (dp == 1 && pp == 1 && micro == 1 && layout.zero == 0) {
       const double grads = n * m.grad_bytes;
       state -= grads;
       transient = std::max(acts + m.last_params * m.grad_bytes * wmax, grads);

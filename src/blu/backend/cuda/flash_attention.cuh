@@ -226,6 +226,7 @@ __device__ __forceinline__ T* slice_mut(const AttnOperand& a, int b, int h) {
 // host-tested). Used by the tensor-core forwards (fwd_tile) and the wgmma backward. The default G
 // is 48 for both (kDefault{Fwd,Bwd}HeadGroup in flash_attention.h), the fastest of the
 // FlashAttentionPerf.Gpt2Bf16CausalHeadGroups sweep on an H200 (docs/performance.md).
+//
 // Note [GQA head groups]
 // With GQA a backward CTA walks G query heads, so its working set is G heads' Q, dO and dQ, and
 // the L2's head group in key/value heads is head_group / G. But a causal GQA backward is made of few,
