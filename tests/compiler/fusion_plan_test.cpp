@@ -110,7 +110,7 @@ TEST(FusionPlanCache, StoredPlanIsFoundAndAppliedWithoutAPass) {
   ASSERT_GE(ops.size(), 3u) << g.dump();
   FusedRegion r;
   r.ops = {ops[0], ops[1], ops[2]};
-  r.bytes_saved = 256;
+  r.bytes_saved = 123456789;  // more digits than a stream's default 6: stored exactly
   compute_region_io(g, r);
 
   std::vector<std::string> log;
@@ -125,7 +125,7 @@ TEST(FusionPlanCache, StoredPlanIsFoundAndAppliedWithoutAPass) {
   EXPECT_EQ(got[0].ops, r.ops);
   EXPECT_EQ(got[0].inputs, r.inputs);
   EXPECT_EQ(got[0].outputs, r.outputs);
-  EXPECT_EQ(got[0].bytes_saved, 256);
+  EXPECT_EQ(got[0].bytes_saved, 123456789);
   EXPECT_NE(log.back().find("from the cache, 1 regions"), std::string::npos) << log.back();
 
   // Applied: one fused op replaces the three, and its kernel equals the eager ops.

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <iomanip>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -288,7 +290,8 @@ std::string fusion_plan_text(const Graph& g, const std::vector<FusedRegion>& reg
   std::ostringstream os;
   os << "blu-fusion-plan 1\nstructure " << std::hex << g.structure_hash() << std::dec << "\n";
   for (const FusedRegion& r : regions) {
-    os << "region " << (r.shape == RegionShape::rows ? "rows" : "pointwise") << " " << r.bytes_saved;
+    os << "region " << (r.shape == RegionShape::rows ? "rows" : "pointwise") << " "
+       << std::setprecision(std::numeric_limits<double>::max_digits10) << r.bytes_saved;
     for (int oi : r.ops) os << " " << oi;
     os << "\n";
   }
