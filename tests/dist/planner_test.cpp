@@ -368,7 +368,8 @@ TEST(Planner, ProbePredictsActivationMemory) {
 // weights are cast at each forward instead (Note [Sibling linears]), have none.
 TEST(Planner, ComputeCopyBytesAreTheCopiesKept) {
   const std::map<std::string, std::vector<std::string>> uncast = {
-      {"gpt2:tiny", {"wpe."}}, {"llama:tiny", {"embed_tokens.", "q_proj.", "k_proj.", "v_proj.", "gate_proj.", "up_proj."}}};
+      {"gpt2:tiny", {"wpe."}},
+      {"llama:tiny", {"embed_tokens.", "q_proj.", "k_proj.", "v_proj.", "gate_proj.", "up_proj."}}};
   for (const auto& [spec, names] : uncast) {
     SCOPED_TRACE(spec);
     auto model = models::build_model(models::resolve_model_config(spec), 1);
