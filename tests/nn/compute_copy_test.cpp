@@ -2,7 +2,8 @@
 // 16-bit copy and casts only when the parameter was written since (load_state_dict, copy_, an SGD
 // step, to()); AdamW leaves every copy equal to to_dtype(param) and current; gradients still
 // reach the fp32 parameters; and bf16/f16 GPT training gives the same losses and weights bit for
-// bit with copies on as with the plain per-forward casts (copies off).
+// bit with copies on as with the plain per-forward casts (copies off); so does Llama training, whose
+// sibling projections read their copies as rows of one buffer (Note [Sibling linears]).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -10,6 +11,7 @@
 #include "common/tiny_gpt.h"
 #include "blu/blu.h"
 #include "blu/models/gpt2/gpt2.h"
+#include "blu/models/llama/llama.h"
 #include "blu/ops/dispatch.h"
 #include "blu/optim/optimizer.h"
 #include "common/checks.h"
@@ -119,15 +121,18 @@ TEST(ComputeCopy, ModuleToAndSwitchingOffDropCopies) {
   }
 }
 
-// A tiny GPT trained a few steps in `dtype` compute; returns the losses, leaves the model.
+// A tiny GPT (or Llama) trained a few steps in `dtype` compute; returns the losses, leaves the model.
 struct TrainRun {
-  std::unique_ptr<GPT> model;
+  std::unique_ptr<models::CausalLM> model;
   std::vector<double> losses;
 };
-TrainRun train(DType dtype, bool copies, bool adamw, int steps, bool check_copies = false) {
+TrainRun train(DType dtype, bool copies, bool adamw, int steps, bool check_copies = false, bool llama = false) {
   TrainRun r;
   const GPTConfig cfg = ::blu::test::tiny_gpt();
-  r.model = std::make_unique<GPT>(cfg, 7);
+  if (llama)
+    r.model = std::make_unique<models::Llama>(models::LlamaConfig::preset("tiny"), 7);
+  else
+    r.model = std::make_unique<GPT>(cfg, 7);
   r.model->set_compute_dtype(dtype);
   r.model->set_compute_copies(copies);
   auto groups = optim::decay_groups(r.model->named_parameters(), 0.1);
@@ -137,8 +142,8 @@ TrainRun train(DType dtype, bool copies, bool adamw, int steps, bool check_copie
   Generator data(11);
   const auto params = r.model->parameters();
   for (int s = 0; s < steps; ++s) {
-    const Tensor idx = randint(0, cfg.vocab_size, {2, 16}, DType::i64, kCPU, &data);
-    const Tensor tgt = randint(0, cfg.vocab_size, {2, 16}, DType::i64, kCPU, &data);
+    const Tensor idx = randint(0, r.model->vocab_size(), {2, 16}, DType::i64, kCPU, &data);
+    const Tensor tgt = randint(0, r.model->vocab_size(), {2, 16}, DType::i64, kCPU, &data);
     opt->zero_grad();
     const models::LMOutput out = r.model->forward(idx, tgt);
     r.losses.push_back(out.loss.item());
@@ -168,8 +173,29 @@ TEST(ComputeCopy, GptTrainingIsBitwiseTheSameWithAndWithoutCopies) {
       const NamedTensors a = on.model->named_parameters(), b = off.model->named_parameters();
       for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(bitwise_equal(a[i].second, b[i].second)) << a[i].first;
       const GPT fresh(::blu::test::tiny_gpt(), 7);  // it trains: the weights moved
-      EXPECT_FALSE(bitwise_equal((*on.model->h)[0].mlp->c_fc->weight, (*fresh.h)[0].mlp->c_fc->weight));
+      EXPECT_FALSE(bitwise_equal((*dynamic_cast<GPT&>(*on.model).h)[0].mlp->c_fc->weight, (*fresh.h)[0].mlp->c_fc->weight));
     }
+  }
+}
+
+// Llama's q/k/v and gate/up run as one GEMM each over their compute copies kept side by side
+// (Note [Sibling linears]): training is bitwise that of per-forward casts and concatenations.
+TEST(ComputeCopy, LlamaTrainingIsBitwiseTheSameWithAndWithoutCopies) {
+  for (bool adamw : {true, false}) {
+    SCOPED_TRACE(adamw ? "adamw" : "sgd");
+    const TrainRun on = train(DType::bf16, true, adamw, 4, true, true), off = train(DType::bf16, false, adamw, 4, false, true);
+    ASSERT_EQ(on.losses.size(), off.losses.size());
+    for (size_t i = 0; i < on.losses.size(); ++i) EXPECT_EQ(on.losses[i], off.losses[i]) << "step " << i;
+    const NamedTensors a = on.model->named_parameters(), b = off.model->named_parameters();
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(bitwise_equal(a[i].second, b[i].second)) << a[i].first;
+    // The copies of one layer's q, k and v are adjacent rows of one buffer, AdamW kept them so.
+    auto& attn = *(*dynamic_cast<models::Llama&>(*on.model).model->layers)[0].self_attn;
+    const auto cq = attn.q_proj->compute_copy_of(attn.q_proj->weight), ck = attn.k_proj->compute_copy_of(attn.k_proj->weight),
+               cv = attn.v_proj->compute_copy_of(attn.v_proj->weight);
+    ASSERT_TRUE(cq && ck && cv);
+    EXPECT_EQ(cq->tensor().storage(), cv->tensor().storage());
+    EXPECT_EQ(ck->tensor().offset(), cq->tensor().offset() + cq->tensor().numel());
+    EXPECT_EQ(cv->tensor().offset(), ck->tensor().offset() + ck->tensor().numel());
   }
 }
 

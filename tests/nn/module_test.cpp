@@ -2,6 +2,7 @@
 // strict errors), train/eval, to(dtype), zero_grad; the GPT-2 presets' parameter counts.
 #include <gtest/gtest.h>
 
+#include "common/checks.h"
 #include "common/opinfo.h"
 #include "common/tiny_gpt.h"
 #include "blu/blu.h"
@@ -242,8 +243,16 @@ TEST(Layers, SiblingLinearsAreOneGemmWithTheSeparateResults) {
       return out;
     };
     const std::vector<Tensor> fused = run(true);
-    for (Linear* l : {&q, &k, &v})  // each its own gradient, not rows pinning the whole [12, 6]
-      EXPECT_EQ(l->weight.grad().storage()->nbytes(), l->weight.grad().nbytes());
+    // f64: each weight owns a copy of its rows of the [12, 6] gradient. bf16: the rows of the fp32
+    // gradient the GEMM made, kept as they are, filling it.
+    size_t grad_bytes = 0;
+    for (Linear* l : {&q, &k, &v}) {
+      const Tensor gw = l->weight.grad();
+      grad_bytes += gw.nbytes();
+      if (l != &q) EXPECT_EQ(gw.storage() == q.weight.grad().storage(), dt == DType::bf16);
+      if (dt == DType::f64) EXPECT_EQ(gw.storage()->nbytes(), gw.nbytes());
+    }
+    EXPECT_EQ(q.weight.grad().storage()->nbytes(), dt == DType::bf16 ? grad_bytes : q.weight.grad().nbytes());
     const std::vector<Tensor> plain = run(false);
     // bf16: the separate input gradient adds three 16-bit-rounded GEMM results, the fused one
     // rounds once: they differ by a few bf16 steps (2^-8 relative).
@@ -264,6 +273,64 @@ TEST(Layers, SiblingLinearsAreOneGemmWithTheSeparateResults) {
     ASSERT_EQ(y.size(), group.size());
     for (size_t i = 0; i < y.size(); ++i) EXPECT_EQ(y[i].shape(), Shape({2, group[i]->out_features}));
   }
+}
+
+// Counts the ops that make 16-bit weights: casts, the copies into compute copies, cats.
+struct WeightOpCounter {
+  int casts = 0, copies = 0, cats = 0;
+  int handle;
+  WeightOpCounter() {
+    handle = add_op_observer([this](const OpDef& op, std::span<const Tensor>, std::span<const Tensor>, const Attrs&) {
+      const std::string_view name = op.name;
+      casts += name == "cast";
+      copies += name == "copy_";
+      cats += name == "cat";
+    });
+  }
+  ~WeightOpCounter() { remove_op_observer(handle); }
+};
+
+// Under mixed precision the siblings' compute copies are rows of one buffer (Note [Sibling
+// linears]): the first forward casts each weight into it, later ones read it with no kernel, a
+// write to one weight makes the next forward cast them all again, and a weight that takes no
+// gradient makes the others copy their rows of it.
+TEST(Layers, SiblingLinearsReadTheirComputeCopiesSideBySide) {
+  Linear q(6, 8, false), k(6, 2, false), v(6, 2, false);
+  Generator g(5);
+  for (Linear* l : {&q, &k, &v}) init_normal_(l->weight, 0.5, g);
+  const Tensor x = to_dtype(randn({4, 6}, DType::f32, kCPU, &g), DType::bf16);
+  auto forward = [&](int want_copies) {
+    WeightOpCounter count;
+    std::vector<Tensor> y = sibling_linears(x, {&q, &k, &v});
+    EXPECT_EQ(count.casts + count.cats, 0);
+    EXPECT_EQ(count.copies, want_copies);
+    const Tensor w = to_dtype(cat({q.weight, k.weight, v.weight}, 0), DType::bf16);
+    EXPECT_TRUE(test::bitwise_equal(cat(y, 1), linear(x, w)));
+    return y;
+  };
+  forward(3);
+  forward(0);
+  const Tensor first = q.compute_copy_of(q.weight)->tensor();
+  {
+    NoGradGuard no_grad;
+    copy_(k.weight, mul(k.weight, 2.0));
+  }
+  forward(3);
+  const Tensor again = q.compute_copy_of(q.weight)->tensor();
+  EXPECT_NE(again.storage(), first.storage()) << "a new buffer: a graph that saved the old one keeps it";
+  EXPECT_EQ(k.compute_copy_of(k.weight)->tensor().storage(), again.storage());
+  v.weight.set_requires_grad(false);
+  std::vector<Tensor> y = forward(0);
+  sum(to_dtype(add(add(sum(y[0]), sum(y[1])), sum(y[2])), DType::f32)).backward();
+  for (Linear* l : {&q, &k}) EXPECT_EQ(l->weight.grad().storage()->nbytes(), l->weight.grad().nbytes());
+  EXPECT_FALSE(v.weight.grad().defined());
+  // Compute copies off: a cat and a cast at every forward, and no copy is kept.
+  for (Linear* l : {&q, &k, &v}) l->set_compute_copies(false);
+  WeightOpCounter count;
+  (void)sibling_linears(x, {&q, &k, &v});
+  EXPECT_EQ(count.cats, 1);
+  EXPECT_EQ(count.casts, 1);
+  EXPECT_FALSE(q.compute_copy_of(q.weight));
 }
 
 TEST(GPTConfig, PresetsAndJson) {

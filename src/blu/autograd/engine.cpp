@@ -117,6 +117,7 @@ void Tensor::backward(const Tensor& grad_root, bool retain_graph) const {
         n->offer_grad_dtype(i, *wide);
         Node* leaf = to->next.empty() ? nullptr : to->next[0].fn.get();
         dst = leaf && !buffers.count(leaf) ? leaf->fresh_grad_slot() : Tensor();
+        if (dst.defined() && dst.shape() != to->out_metas[0].shape) dst = Tensor();  // one of several sources
       }
       if (!dst.defined() || buffers.count(to)) continue;
       bool first_edge = true;

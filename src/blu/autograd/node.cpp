@@ -79,10 +79,12 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_out) {
     // Keep the incoming gradient only when nothing else refers to it; otherwise own a copy, so a
     // later in-place accumulation cannot change another tensor. A copy too when it is a piece of a
     // larger buffer (the last parameter's rows of a concatenated weight's gradient, Note [Sibling
-    // linears] in nn/layers.cpp), which keeping it would hold whole until the next step.
+    // linears] in nn/layers.cpp), which keeping it would hold whole until the next step — unless
+    // the buffer is split among leaves (core/storage.h): its other pieces are other parameters'
+    // gradients, kept too.
     const RefCounts refs = eager_ref_counts(g);
-    const bool exclusive =
-        refs.impl == 1 && refs.storage == 1 && g.is_contiguous() && g.nbytes() == g.storage()->nbytes();
+    const bool whole = refs.storage == 1 && g.nbytes() == g.storage()->nbytes();
+    const bool exclusive = refs.impl == 1 && g.is_contiguous() && (whole || g.storage()->split_among_leaves);
     meta.grad = std::make_shared<Tensor>(exclusive ? g : clone(g));
     tag_memory(*meta.grad, MemoryCategory::gradients);  // an out-of-memory report counts it as such
   } else {

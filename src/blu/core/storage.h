@@ -72,6 +72,11 @@ struct Storage {
   uint64_t version() const { return version_.load(std::memory_order_relaxed); }
   void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
 
+  // Set by a backward that hands disjoint pieces of this storage, a gradient nothing else refers
+  // to, to different leaf tensors as their gradients (ops/view.h: cast_with_copy over sibling
+  // parameters): a leaf may keep its piece without a copy (autograd/node.cpp, AccumulateGrad).
+  bool split_among_leaves = false;
+
  private:
   std::atomic<uint64_t> version_{0};
 };

@@ -225,9 +225,8 @@ ModelCosts measure_model(models::CausalLM& model, int64_t b, int64_t T, int reps
   m.embed_fixed_s = parts.embed_fixed_s, m.embed_per_seq_s = parts.embed_per_seq_s;
   m.block_act_bytes = parts.block_act_bytes, m.other_act_bytes = parts.other_act_bytes;
   m.block_act_fixed_bytes = parts.block_act_fixed_bytes, m.other_act_fixed_bytes = parts.other_act_fixed_bytes;
-  // The compute copies the probe's forwards left: only parameters cast one by one keep one (Note
-  // [Compute copies]); sibling linears cast their concatenated weights at every forward instead,
-  // which the fixed activation bytes count (Note [Sibling linears]). Their bytes per parameter.
+  // The compute copies the probe's forwards left (Note [Compute copies]; sibling linears keep
+  // theirs as rows of one buffer, Note [Sibling linears]): their bytes per parameter.
   if (m.compute_copy_bytes > 0) {
     double copies = 0;
     for (const auto& [param, copy] : model.compute_copies())

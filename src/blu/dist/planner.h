@@ -46,12 +46,13 @@ struct ModelCosts {
   double embed_fixed_s = 0, embed_per_seq_s = 0;  // of those, the embedding (a pipeline's first stage)
   double update_per_param_s = 0;  // the optimizer step (with clipping), per parameter (two sizes' slope)
   // Bytes kept for backward: per sequence, and per micro-batch whatever its size (tensors a forward
-  // makes from the weights alone: the concatenated sibling weights of Note [Sibling linears]).
+  // makes from the weights alone: without compute copies, the concatenated sibling weights of Note
+  // [Sibling linears]).
   double block_act_bytes = 0, other_act_bytes = 0;
   double block_act_fixed_bytes = 0, other_act_fixed_bytes = 0;
   // Bytes per parameter of the training state: the parameter, its gradient, AdamW's two moments
-  // (and under mixed precision the 16-bit compute copies, averaged over all parameters: those of
-  // sibling linears keep none).
+  // (and under mixed precision the 16-bit compute copies, averaged over all parameters: those the
+  // probe found kept).
   double param_bytes = 4, grad_bytes = 4, optim_bytes = 8, compute_copy_bytes = 0;
   double activation_elem_bytes = 4;  // an activation element (TP all-reduces, pipeline sends)
   // One rank's part of split(tp[, sp]) where measure_split probed it: its compute (the sharded

@@ -17,6 +17,16 @@ Tensor ComputeCopy::cast(const Tensor& param, DType dtype) {
   return cast_with_copy(param, copy_);
 }
 
+void ComputeCopy::cast_into(const Tensor& param, const Tensor& dest) {
+  BLU_ASSERT(dest.shape() == param.shape() && dest.device() == param.device() &&
+                 (dest.dtype() == DType::bf16 || dest.dtype() == DType::f16),
+             "cast_into: ", dest.str(), " cannot hold a compute copy of ", param.str());
+  NoGradGuard no_grad;
+  blu::copy_(dest, param.detach());
+  copy_ = dest;
+  remember(param);
+}
+
 bool ComputeCopy::current(const Tensor& param) const {
   if (!copy_.defined()) return false;
   const std::shared_ptr<Storage> s = source_.lock();

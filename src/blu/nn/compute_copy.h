@@ -37,6 +37,9 @@ class ComputeCopy {
   // to_dtype(param, dtype) for a forward, linked to param by autograd: the kept copy when it is
   // current, else a new cast (one cast kernel) kept from then on. dtype == param's dtype: param.
   Tensor cast(const Tensor& param, DType dtype);
+  // Casts param into `dest` (16-bit, param's shape: rows of a buffer shared with sibling
+  // parameters, Note [Sibling linears] in nn/layers.cpp) and keeps dest as the copy from then on.
+  void cast_into(const Tensor& param, const Tensor& dest);
   // Whether the kept copy equals to_dtype(param, its dtype) by the rule above.
   bool current(const Tensor& param) const;
   // What an update of `param` may write its rounded values into (adamw_step_'s compute_copy):

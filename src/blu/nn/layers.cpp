@@ -2,6 +2,7 @@
 
 #include "blu/autograd/node.h"
 #include "blu/core/grad_mode.h"
+#include "blu/memory/memory_report.h"
 #include "blu/ops/elementwise.h"
 #include "blu/ops/factory.h"
 #include "blu/ops/join.h"
@@ -39,18 +40,60 @@ Tensor Linear::forward(const Tensor& x, const Tensor& residual) const {
 // every token) fewer still, and the input gradient of n siblings is n GEMMs and n - 1 adds. One
 // GEMM over [W_1; …; W_n] makes the same products: the forward one wide GEMM, the backward one
 // input-gradient GEMM whose inner dim is Σ out (no adds) and one weight gradient [Σ out, in].
-// The weights are concatenated in their master dtype and cast once (16-bit under mixed
-// precision), so the weight gradient comes out of the GEMM in fp32 (Note [Wide gradients],
-// ops/dispatch.h) and cat's backward hands each parameter its rows, copied into a gradient of its
-// own (AccumulateGrad keeps no piece of a larger buffer). The price: the concatenation and cast of
-// the weights at every forward (Σ out · in elements: 1.5M for llama-250m's q/k/v, against the
-// 12.6M-element activations of its B·T = 8192 tokens), and those copies of the gradients: on an
-// H200, estimated from the llama-250m step's per-op profile, ~0.8 ms of the ~1.2 ms a step the
-// single GEMMs save (with the join of q/k/v's gradients and the copy of v). Parameters stored side
-// by side (views of one buffer, with their gradients and compute copies) would remove most of it.
-// The outputs are adjacent column ranges of one buffer: ops that take such pieces without a copy
-// (swiglu's halves) do, and split's backward joins their gradients as a view when they come back
-// side by side. A consumer that keeps one piece keeps the whole buffer alive (Llama copies v).
+// Under mixed precision the joined 16-bit weight is the siblings' compute copies (Note [Compute
+// copies], nn/compute_copy.h) kept as adjacent rows of one buffer: a forward that finds them
+// current and side by side reads that buffer as it is (no kernel) — AdamW writes each row range
+// in place as it updates the parameter — and otherwise casts every weight into a new buffer,
+// which becomes their copies (the first forward, or after any weight was written). The weight
+// gradient comes out of the GEMM in fp32 (Note [Wide gradients], ops/dispatch.h) and
+// cast_with_copy's backward hands each parameter its rows of it, which each keeps without a copy
+// (the buffer is split among them: core/storage.h). Without compute copies (fp32 training, or
+// copies off) the weights are concatenated and cast at every forward, and each parameter copies
+// its rows of the gradient (AccumulateGrad keeps no piece of a larger buffer it cannot account
+// for). The outputs are adjacent column ranges of one buffer: ops that take such pieces without a
+// copy (swiglu's halves) do, and split's backward joins their gradients as a view when they come
+// back side by side. A consumer that keeps one piece keeps the whole buffer alive (Llama copies v).
+namespace {
+
+// The layers' weights in `dtype` as one [Σ out, in] tensor linked to each weight by autograd,
+// from their compute copies; undefined when a layer keeps none.
+Tensor joined_compute_copy(const std::vector<const Linear*>& layers, DType dtype) {
+  std::vector<std::shared_ptr<ComputeCopy>> copies;
+  std::vector<Tensor> weights;
+  for (const Linear* l : layers) {
+    std::shared_ptr<ComputeCopy> c = l->compute_copy_of(l->weight);
+    if (!c || l->weight.dim() != 2) return Tensor();
+    copies.push_back(std::move(c));
+    weights.push_back(l->weight);
+  }
+  const int64_t in = weights[0].size(1);
+  const Tensor& first = copies[0]->tensor();
+  bool side_by_side = first.defined() && first.dtype() == dtype;
+  int64_t next = side_by_side ? first.offset() : 0, rows = 0;
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const Tensor& c = copies[i]->tensor();
+    side_by_side = side_by_side && c.defined() && copies[i]->current(weights[i]) && c.dtype() == dtype &&
+                   c.storage() == first.storage() && c.offset() == next && c.is_contiguous();
+    next += c.defined() ? c.numel() : 0;
+    rows += weights[i].size(0);
+  }
+  Tensor joined;
+  if (side_by_side) {
+    joined = first.alias_with({rows, in}, {in, 1}, first.offset());
+  } else {
+    joined = empty({rows, in}, dtype, weights[0].device());
+    tag_memory(joined, MemoryCategory::parameters, "16-bit compute copy");
+    int64_t start = 0;
+    for (size_t i = 0; i < copies.size(); ++i) {
+      copies[i]->cast_into(weights[i], narrow(joined, 0, start, weights[i].size(0)));
+      start += weights[i].size(0);
+    }
+  }
+  return cast_with_copy(weights, joined);
+}
+
+}  // namespace
+
 std::vector<Tensor> sibling_linears(const Tensor& x, const std::vector<const Linear*>& layers) {
   bool fuse = layers.size() > 1;
   for (const Linear* l : layers)
@@ -61,11 +104,16 @@ std::vector<Tensor> sibling_linears(const Tensor& x, const std::vector<const Lin
     for (const Linear* l : layers) out.push_back(l->forward(x));
     return out;
   }
-  std::vector<Tensor> weights;
   std::vector<int64_t> widths;
-  for (const Linear* l : layers) weights.push_back(l->weight), widths.push_back(l->out_features);
-  Tensor w = cat(weights, 0);
-  if (w.dtype() != x.dtype()) w = to_dtype(w, x.dtype());
+  for (const Linear* l : layers) widths.push_back(l->out_features);
+  Tensor w;
+  if (layers[0]->weight.dtype() != x.dtype()) w = joined_compute_copy(layers, x.dtype());
+  if (!w.defined()) {
+    std::vector<Tensor> weights;
+    for (const Linear* l : layers) weights.push_back(l->weight);
+    w = cat(weights, 0);
+    if (w.dtype() != x.dtype()) w = to_dtype(w, x.dtype());
+  }
   return split(linear(x, w), widths, -1);
 }
 

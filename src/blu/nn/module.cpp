@@ -152,6 +152,13 @@ Tensor Module::cast_param(const Tensor& param, DType dtype) const {
   BLU_CHECK(false, "cast_param: ", param.str(), " is not a parameter of this module");
 }
 
+std::shared_ptr<ComputeCopy> Module::compute_copy_of(const Tensor& param) const {
+  if (!compute_copies_ || !param.defined()) return nullptr;
+  for (const ParamSlot& p : params_)
+    if (p.slot == &param || p.slot->is_same(param)) return p.copy;
+  return nullptr;
+}
+
 void Module::set_compute_copies(bool on) {
   each_module([on](Module& m) { m.compute_copies_ = on; });
   if (!on) drop_compute_copies();

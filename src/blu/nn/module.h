@@ -58,6 +58,10 @@ class Module {
   // compute copy (nn/compute_copy.h) — re-cast only when param was written since — or, with
   // compute copies off, a fresh cast as to_dtype gives. Either way the same values.
   Tensor cast_param(const Tensor& param, DType dtype) const;
+  // The compute copy kept for `param` (one of this module's own parameters), to be filled or
+  // reused by a caller that casts several parameters together (nn/layers.h: sibling_linears);
+  // null when compute copies are off or param is not one of this module's own.
+  std::shared_ptr<ComputeCopy> compute_copy_of(const Tensor& param) const;
   // Keep compute copies (on by default) in this module and every submodule; off drops them and
   // casts every forward instead.
   void set_compute_copies(bool on);

@@ -185,20 +185,68 @@ std::vector<Tensor> cast_backward(const BackwardContext& c, std::span<const Tens
 }
 const OpDef kCast{.name = "cast", .infer = infer_cast, .shard = shard_rule_linear_unary, .backward = cast_backward, .grad_in_source_dtype = true};
 
+// Inputs t_0 … t_{n-1} and the copy: the copy holds their rows joined along dim 0 (n = 1: t_0's
+// shape).
 std::vector<TensorMeta> infer_cast_with_copy(std::span<const Tensor> in, const Attrs&) {
-  const Tensor &t = in[0], &copy = in[1];
-  BLU_CHECK(is_floating(t.dtype()) && is_floating(copy.dtype()), "cast_with_copy: expected floating tensors, got ",
-            t.str(), " and copy ", copy.str());
-  BLU_CHECK(copy.shape() == t.shape(), "cast_with_copy: copy ", copy.str(), " must have the shape of ", t.str());
+  const Tensor& copy = in.back();
+  const std::span<const Tensor> ts = in.first(in.size() - 1);
+  int64_t rows = 0;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const Tensor& t = ts[i];
+    BLU_CHECK(is_floating(t.dtype()) && is_floating(copy.dtype()), "cast_with_copy: expected floating tensors, got ",
+              t.str(), " and copy ", copy.str());
+    BLU_CHECK(t.dtype() == ts[0].dtype() && t.device() == ts[0].device(), "cast_with_copy: tensor ", i, " ",
+              t.str(), " differs in dtype or device from tensor 0 ", ts[0].str());
+    if (ts.size() > 1) {
+      BLU_CHECK(t.dim() >= 1 && copy.dim() == t.dim(), "cast_with_copy: tensor ", i, " ", t.str(),
+                " cannot be rows of copy ", copy.str());
+      for (int64_t k = 1; k < t.dim(); ++k)
+        BLU_CHECK(t.shape()[k] == copy.shape()[k], "cast_with_copy: tensor ", i, " ", t.str(),
+                  " cannot be rows of copy ", copy.str());
+      rows += t.shape()[0];
+    }
+  }
+  if (ts.size() == 1)
+    BLU_CHECK(copy.shape() == ts[0].shape(), "cast_with_copy: copy ", copy.str(), " must have the shape of ",
+              ts[0].str());
+  else
+    BLU_CHECK(rows == copy.shape()[0], "cast_with_copy: the tensors have ", rows, " rows in all, copy ",
+              copy.str(), " has ", copy.shape()[0]);
   return {};
 }
 // The forward is the copy itself, seen through a new handle (its own autograd state).
 std::vector<Tensor> cast_with_copy_view(std::span<const Tensor> in, const Attrs&) {
-  const Tensor& copy = in[1];
+  const Tensor& copy = in.back();
   return {copy.alias_with(copy.shape(), copy.strides(), copy.offset())};
 }
+// One source: into its grad slot when there is one, as cast does. Several: each its rows of the
+// gradient, in its dtype. Rows of one gradient in the wide dtype (Note [Wide gradients]) are
+// handed out as they are, and when nothing else refers to that buffer and every source takes its
+// rows, the storage is marked as split among leaves (core/storage.h): each parameter keeps its
+// rows without a copy (AccumulateGrad) and together they fill the buffer. Otherwise each
+// parameter copies its rows, as it does any gradient that is a piece of a larger buffer.
 std::vector<Tensor> cast_with_copy_backward(const BackwardContext& c, std::span<const Tensor> g) {
-  return {cast_backward(c, g)[0], Tensor()};  // into the grad slot when there is one, as cast does
+  const size_t n = c.input_metas.size() - 1;
+  if (n == 1) return {cast_backward(c, g)[0], Tensor()};
+  std::vector<Tensor> grads(n + 1);
+  const RefCounts refs = eager_ref_counts(g[0]);
+  bool all = refs.impl == 1 && refs.storage == 1;
+  int64_t start = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const TensorMeta& m = c.input_metas[i];
+    all = all && c.needs_grad[i];
+    if (c.needs_grad[i]) {
+      Tensor rows = narrow(g[0], 0, start, m.shape[0]);
+      if (rows.dtype() != m.dtype) rows = to_dtype(rows, m.dtype);
+      if (const Tensor dst = c.grad_destination(i); dst.defined()) rows = copy_(dst, rows);
+      grads[i] = rows;
+    }
+    start += m.shape[0];
+  }
+  if (all && g[0].dtype() == c.input_metas[0].dtype && g[0].is_contiguous() && g[0].offset() == 0 &&
+      g[0].nbytes() == g[0].storage()->nbytes() && !c.grad_destination(0).defined())
+    g[0].storage()->split_among_leaves = true;
+  return grads;
 }
 const OpDef kCastWithCopy{.name = "cast_with_copy",
                           .infer = infer_cast_with_copy,
@@ -313,5 +361,11 @@ Tensor to_dtype(const Tensor& t, DType dtype) {
   return dispatch1(kCast, {t}, Attrs{{"dtype", dtype}});
 }
 Tensor cast_with_copy(const Tensor& t, const Tensor& copy) { return dispatch1(kCastWithCopy, {t, copy}); }
+Tensor cast_with_copy(const std::vector<Tensor>& ts, const Tensor& copy) {
+  BLU_CHECK(!ts.empty(), "cast_with_copy: expected at least one tensor, got none");
+  std::vector<Tensor> in = ts;
+  in.push_back(copy);
+  return dispatch1(kCastWithCopy, in);
+}
 
 }  // namespace blu

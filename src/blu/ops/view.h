@@ -44,5 +44,10 @@ Tensor to_dtype(const Tensor& t, DType dtype);
 // `copy` (no kernel) that autograd links to t — the gradient comes back cast to t's dtype, none
 // goes to `copy`. The caller vouches for the values (nn/compute_copy.h, Note [Compute copies]).
 Tensor cast_with_copy(const Tensor& t, const Tensor& copy);
+// The same over several tensors whose rows (dim 0) `copy` holds joined in order, i.e.
+// to_dtype(cat(ts, 0), copy.dtype()): an alias of `copy` linked to every t, each getting its rows
+// of the gradient (nn/layers.h: sibling_linears over parameters whose compute copies lie side by
+// side).
+Tensor cast_with_copy(const std::vector<Tensor>& ts, const Tensor& copy);
 
 }  // namespace blu
