@@ -143,12 +143,13 @@ struct RopeCase {
   DType dt, cs;
   int64_t B, T, H, D;
   bool qkv_slice;
+  int64_t rotate = -1;  // heads rotated (-1: all), the rest copied
 };
 
 // Both sides compute x·c ∓ x'·s in the accumulation type without FMA and round once: the CPU's
 // result bit for bit, forward and backward, vectorised (head dims of whole 16-byte halves, 16-byte
 // strides) or scalar (D = 24 or 40 in 16 bits: halves of 12 or 20; D = 6 or 10), for every pair of
-// x's dtype and the tables' (f32 or x's).
+// x's dtype and the tables' (f32 or x's), all heads rotated or the first few (the rest copied).
 TEST(CudaDecoderOps, RotaryMatchesCpuBitForBit) {
   SKIP_WITHOUT_CUDA();
   manual_seed(43);
@@ -158,18 +159,20 @@ TEST(CudaDecoderOps, RotaryMatchesCpuBitForBit) {
       {DType::f16, DType::f16, 1, 7, 2, 128, false},  {DType::f32, DType::f32, 2, 31, 5, 64, true},
       {DType::f32, DType::f32, 1, 9, 2, 6, false},    {DType::f64, DType::f32, 2, 8, 2, 64, true},
       {DType::f64, DType::f64, 1, 5, 3, 10, true},    {DType::bf16, DType::bf16, 2, 5, 2, 24, false},
-      {DType::f16, DType::f16, 1, 6, 3, 40, true},    {DType::f64, DType::f32, 1, 4, 2, 6, false}};
+      {DType::f16, DType::f16, 1, 6, 3, 40, true},    {DType::f64, DType::f32, 1, 4, 2, 6, false},
+      {DType::bf16, DType::f32, 2, 64, 6, 64, false, 4}, {DType::f32, DType::f32, 1, 9, 3, 6, true, 1}};
   for (const RopeCase& c : cases) {
     const std::string t = std::string(dtype_name(c.dt)) + " cos " + std::string(dtype_name(c.cs)) + " B" +
                           std::to_string(c.B) + " T" + std::to_string(c.T) + " H" + std::to_string(c.H) + " D" +
-                          std::to_string(c.D) + (c.qkv_slice ? " qkv slice" : "");
+                          std::to_string(c.D) + (c.qkv_slice ? " qkv slice" : "") + " rotate " + std::to_string(c.rotate);
     SCOPED_TRACE(t);
     // x: contiguous, or heads [1, 1 + H) of a [B, T, H + 3, D] projection (strided, no copy).
     const Tensor full = rnd16({c.B, c.T, c.qkv_slice ? c.H + 3 : c.H, c.D}, c.dt);
     const Tensor cos = rnd16({c.T, c.D}, c.cs), sin = rnd16({c.T, c.D}, c.cs), g = rnd16({c.B, c.T, c.H, c.D}, c.dt);
     Tensor fc = grad_leaf(full), fg = grad_leaf(dev(full));
     auto pick = [&](const Tensor& f) { return c.qkv_slice ? narrow(f, 2, 1, c.H) : f; };
-    const Tensor yc = rotary_embedding(pick(fc), cos, sin), yg = rotary_embedding(pick(fg), dev(cos), dev(sin));
+    const Tensor yc = rotary_embedding(pick(fc), cos, sin, c.rotate),
+                 yg = rotary_embedding(pick(fg), dev(cos), dev(sin), c.rotate);
     EXPECT_TRUE(bitwise_equal(host(yg), yc.detach())) << "forward: " << compare(host(yg), yc.detach(), 0, 0);
     yc.backward(g);
     yg.backward(dev(g));

@@ -204,6 +204,7 @@ TEST(Rotary, Errors) {
   expect_error([] { rotary_embedding(zeros({1, 3, 2, 5}), zeros({3, 5}), zeros({3, 5})); }, {"even", "D"});
   expect_error([&] { rotary_embedding(zeros({1, 2, 2, 4}), cs, cs); }, {"cos of shape [2, 4]", "[3, 4]"});
   expect_error([&] { rotary_embedding(zeros({1, 3, 2, 4}), cs, zeros({3, 2})); }, {"sin of shape [3, 4]"});
+  expect_error([&] { rotary_embedding(zeros({1, 3, 2, 4}), cs, cs, 3); }, {"rotate in [0, H = 2]", "got 3"});
   expect_error([&] { rotary_embedding(zeros({1, 3, 2, 4}), zeros({3, 4}, DType::bf16), cs); },
                {"cos in f32 or in x's dtype f32", "bf16"});
   expect_error([&] { rotary_embedding(zeros({1, 3, 2, 4}, DType::bf16), cs, zeros({3, 4}, DType::bf16)); },

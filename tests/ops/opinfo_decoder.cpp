@@ -76,6 +76,19 @@ BLU_OPINFO(OpInfo{.name = "rotary_embedding",
                            "x0[..., :x0.shape[-1] // 2]], -1) * x2[:, None, :]",
                   .no_grad_inputs = {1, 2}});
 
+// Only the first two heads rotated, the rest copied (a GQA model's packed q/k/v with v last).
+S rope_partial_samples(DType dt, Generator& g) {
+  return S{rope(g, rnd(g, {2, 3, 4, 4}, dt), dt, "2x3x4x4, heads 2 and 3 copied"),
+           rope(g, rnd(g, {1, 2, 2, 6}, dt), dt, "1x2x2x6, every head rotated"),
+           rope(g, narrow(rnd(g, {2, 3, 5, 4}, dt), 2, 1, 3), DType::f32, "head slice, f32 cos/sin")};
+}
+BLU_OPINFO(OpInfo{.name = "rotary_embedding (rotate 2)",
+                  .fn = [](const V& x) { return rotary_embedding(x[0], x[1], x[2], 2); },
+                  .samples = rope_partial_samples,
+                  .torch = "torch.cat([x0[:, :, :2] * x1[:, None, :] + torch.cat([-x0[:, :, :2, x0.shape[-1] // 2:], "
+                           "x0[:, :, :2, :x0.shape[-1] // 2]], -1) * x2[:, None, :], x0[:, :, 2:]], 2)",
+                  .no_grad_inputs = {1, 2}});
+
 // --- silu / swiglu ---
 S silu_samples(DType dt, Generator& g) {
   return S{{{rnd(g, {3, 4, 5}, dt)}, "3x4x5"},

@@ -94,18 +94,12 @@ Tensor joined_compute_copy(const std::vector<const Linear*>& layers, DType dtype
 
 }  // namespace
 
-std::vector<Tensor> sibling_linears(const Tensor& x, const std::vector<const Linear*>& layers) {
+Tensor sibling_linears_joined(const Tensor& x, const std::vector<const Linear*>& layers) {
   bool fuse = layers.size() > 1;
   for (const Linear* l : layers)
     fuse = fuse && l->fusable() && !l->bias.defined() && l->weight.dtype() == layers[0]->weight.dtype() &&
            l->weight.device() == layers[0]->weight.device();
-  std::vector<Tensor> out;
-  if (!fuse) {
-    for (const Linear* l : layers) out.push_back(l->forward(x));
-    return out;
-  }
-  std::vector<int64_t> widths;
-  for (const Linear* l : layers) widths.push_back(l->out_features);
+  if (!fuse) return Tensor();
   Tensor w;
   if (layers[0]->weight.dtype() != x.dtype()) w = joined_compute_copy(layers, x.dtype());
   if (!w.defined()) {
@@ -114,7 +108,19 @@ std::vector<Tensor> sibling_linears(const Tensor& x, const std::vector<const Lin
     w = cat(weights, 0);
     if (w.dtype() != x.dtype()) w = to_dtype(w, x.dtype());
   }
-  return split(linear(x, w), widths, -1);
+  return linear(x, w);
+}
+
+std::vector<Tensor> sibling_linears(const Tensor& x, const std::vector<const Linear*>& layers) {
+  std::vector<Tensor> out;
+  const Tensor joined = sibling_linears_joined(x, layers);
+  if (!joined.defined()) {
+    for (const Linear* l : layers) out.push_back(l->forward(x));
+    return out;
+  }
+  std::vector<int64_t> widths;
+  for (const Linear* l : layers) widths.push_back(l->out_features);
+  return split(joined, widths, -1);
 }
 
 Embedding::Embedding(int64_t num, int64_t dim) {

@@ -41,6 +41,9 @@ class Linear : public Module {
 // concatenated along the output dim computes them all, and the outputs are views of its [..., Σ out]
 // result (Note [Sibling linears], layers.cpp); otherwise each layer's own forward runs.
 std::vector<Tensor> sibling_linears(const Tensor& x, const std::vector<const Linear*>& layers);
+// The one GEMM's [..., Σ out] result itself, for a caller that reads the outputs as one buffer
+// (Llama's q/k/v as [B, T, H + 2·Hkv, D] heads); undefined when the layers cannot be fused.
+Tensor sibling_linears_joined(const Tensor& x, const std::vector<const Linear*>& layers);
 
 class Embedding : public Module {
  public:

@@ -81,7 +81,10 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-5);
 // x's dtype; the caller already selected the rows for the positions), computed in fp32 (f64 for f64
 // x) and rounded once to x's dtype. Output contiguous [B, T, H, D]. Differentiable in x only. x may
 // be any view with unit stride along D (a head slice of a fused qkv projection): read in place.
-Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin);
+// rotate ≥ 0: only heads [0, rotate) are rotated, the others copied unchanged (a GQA model's packed
+// [B, T, H + 2·Hkv, D] q/k/v projection with rotate = H + Hkv: q and k rotated and v beside them in
+// the one buffer attention reads, whose gradient comes back the same way); -1: every head.
+Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin, int64_t rotate = -1);
 Tensor silu(const Tensor& x);                          // x·sigmoid(x)
 // silu(gate)·up, same shapes, computed in fp32 and rounded once. gate and up may be row-strided
 // views (unit stride along the last dim), e.g. the two halves of one [N, 2I] projection taken

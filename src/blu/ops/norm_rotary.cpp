@@ -74,7 +74,8 @@ const OpDef kRmsNorm{.name = "rms_norm",
 // The backward op takes the same inputs with the gradient in x's place and applies the
 // transposed rotation:
 //   dx[j] = g[j]·cos[j] + g[j+D/2]·sin[j+D/2],   dx[j+D/2] = g[j+D/2]·cos[j+D/2] − g[j]·sin[j].
-std::vector<TensorMeta> infer_rotary(const char* op, std::span<const Tensor> in) {
+// Attr "rotate" (absent: every head): heads h ≥ rotate are copied unchanged, both ways.
+std::vector<TensorMeta> infer_rotary(const char* op, std::span<const Tensor> in, const Attrs& a) {
   const Tensor &x = in[0], &cos = in[1], &sin = in[2];
   BLU_CHECK(is_floating(x.dtype()), op, ": expected x of a floating dtype (f32, f64, bf16, f16), got ", x.dtype());
   BLU_CHECK(x.dim() == 4, op, ": expected x [B, T, H, D], got ", x.shape());
@@ -91,13 +92,16 @@ std::vector<TensorMeta> infer_rotary(const char* op, std::span<const Tensor> in)
             ") must share a dtype");
   BLU_ASSERT(cos.is_contiguous() && sin.is_contiguous() && (x.stride(3) == 1 || D <= 1), op, ": layouts x ",
              x.str(), ", cos ", cos.str(), ", sin ", sin.str());
+  if (a.has("rotate"))
+    BLU_CHECK(a.i("rotate") >= 0 && a.i("rotate") <= x.size(2), op, ": expected 0 <= rotate <= H = ", x.size(2),
+              " (x ", x.shape(), "), got ", a.i("rotate"));
   return {TensorMeta{x.shape(), x.dtype(), x.device()}};
 }
-std::vector<TensorMeta> infer_rotary_embedding(std::span<const Tensor> in, const Attrs&) {
-  return infer_rotary("rotary_embedding", in);
+std::vector<TensorMeta> infer_rotary_embedding(std::span<const Tensor> in, const Attrs& a) {
+  return infer_rotary("rotary_embedding", in, a);
 }
-std::vector<TensorMeta> infer_rotary_embedding_backward(std::span<const Tensor> in, const Attrs&) {
-  return infer_rotary("rotary_embedding_backward", in);
+std::vector<TensorMeta> infer_rotary_embedding_backward(std::span<const Tensor> in, const Attrs& a) {
+  return infer_rotary("rotary_embedding_backward", in, a);
 }
 const OpDef kRotaryBackward{.name = "rotary_embedding_backward", .infer = infer_rotary_embedding_backward};
 
@@ -106,7 +110,7 @@ Tensor rotary_ready(const Tensor& x) { return x.dim() == 4 && x.stride(3) == 1 ?
 
 std::vector<Tensor> rotary_bw(const BackwardContext& c, std::span<const Tensor> g) {
   if (!c.needs_grad[0]) return {Tensor(), Tensor(), Tensor()};
-  return {dispatch1(kRotaryBackward, {rotary_ready(g[0]), c.input(1), c.input(2)}), Tensor(), Tensor()};
+  return {dispatch1(kRotaryBackward, {rotary_ready(g[0]), c.input(1), c.input(2)}, c.attrs), Tensor(), Tensor()};
 }
 const OpDef kRotary{
     .name = "rotary_embedding", .infer = infer_rotary_embedding, .backward = rotary_bw, .save_inputs = 0b110};
@@ -118,10 +122,14 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   return dispatch(kRmsNorm, {contiguous(x), weight.defined() ? contiguous(weight) : weight}, Attrs{{"eps", eps}})[0];
 }
 
-Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin, int64_t rotate) {
   BLU_CHECK(x.defined() && cos.defined() && sin.defined(), "rotary_embedding: x, cos and sin must be defined");
   BLU_CHECK(x.dim() == 4, "rotary_embedding: expected x [B, T, H, D], got ", x.shape());
-  return dispatch1(kRotary, {rotary_ready(x), contiguous(cos), contiguous(sin)});
+  BLU_CHECK(rotate >= -1 && rotate <= x.size(2), "rotary_embedding: expected rotate in [0, H = ", x.size(2),
+            "] or -1 (every head), got ", rotate);
+  Attrs a;
+  if (rotate >= 0 && rotate < x.size(2)) a.set("rotate", rotate);  // every head: no attribute
+  return dispatch1(kRotary, {rotary_ready(x), contiguous(cos), contiguous(sin)}, a);
 }
 
 }  // namespace blu

@@ -109,11 +109,13 @@ BLU_REGISTER_KERNEL(cpu, "rms_norm_backward", rms_norm_backward_kernel);
 // dtype); output [B, T, H, D] contiguous. For each pair (j, j + D/2), h = D/2:
 //   forward:   y[j] = x[j]·c[j] − x[j+h]·s[j],    y[j+h] = x[j+h]·c[j+h] + x[j]·s[j+h]
 //   backward:  y[j] = x[j]·c[j] + x[j+h]·s[j+h],  y[j+h] = x[j+h]·c[j+h] − x[j]·s[j]
-// (x is then the gradient), in the accumulation type (f64 for f64 x).
+// (x is then the gradient), in the accumulation type (f64 for f64 x). Heads ≥ attr "rotate" are
+// copied unchanged.
 template <bool kBackward>
 void rotary_kernel(const KernelCall& c) {
   const Tensor &x = c.in[0], &cos = c.in[1], &sin = c.in[2];
   const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3), h = D / 2;
+  const int64_t rotate = c.attrs.has("rotate") ? c.attrs.i("rotate") : H;
   const int64_t sb = x.stride(0), st = x.stride(1), sh = x.stride(2);
   BLU_DISPATCH_FLOATING(x.dtype(), c.op, {
     using A = acc_t<scalar_t>;
@@ -128,6 +130,10 @@ void rotary_kernel(const KernelCall& c) {
         scalar_t* yr = yp + row * D;
         const CS* cr = cp + t * D;
         const CS* sr = sp + t * D;
+        if (hh >= rotate) {
+          for (int64_t j = 0; j < D; ++j) yr[j] = xr[j];
+          continue;
+        }
         for (int64_t j = 0; j < h; ++j) {
           const A x1 = A(xr[j]), x2 = A(xr[j + h]);
           const A c1 = A(cr[j]), c2 = A(cr[j + h]), s1 = A(sr[j]), s2 = A(sr[j + h]);

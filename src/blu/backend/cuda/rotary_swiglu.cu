@@ -4,9 +4,9 @@
 // - rotary: a thread takes V elements (16 bytes) of the first half of a row at column j and the V
 //   elements at j + D/2 — the pairs the rotation mixes — from x of any strides over (B, T, H)
 //   with unit stride along D, and the matching cos/sin vectors of row t (f32 or x's dtype; [T, D]
-//   is small and stays in L2), and writes both to the contiguous output. Index → (b, t, h, j) by
-//   32-bit magic-number division. The scalar form (V = 1) takes rows whose half or strides are not
-//   whole vectors, or misaligned data.
+//   is small and stays in L2), and writes both to the contiguous output (unrotated for heads past
+//   the op's "rotate"). Index → (b, t, h, j) by 32-bit magic-number division. The scalar form
+//   (V = 1) takes rows whose half or strides are not whole vectors, or misaligned data.
 // - silu, silu_backward and swiglu through loops.cuh's launch_map (its 16-byte paths, row-strided
 //   views included: the halves of one [N, 2I] projection are read where they lie).
 // - swiglu_backward: one pass over rows of whole 16-byte vectors (or scalars) reading g, gate, up
@@ -50,6 +50,7 @@ struct IndexDiv {
 struct RotaryShape {
   int64_t n = 0;                 // work items: B·T·H rows × h / V vectors
   int64_t T = 0, H = 0, D = 0;   // D = 2h
+  int64_t rotate = 0;            // heads [rotate, H) are copied unchanged
   int64_t sb = 0, st = 0, sh = 0;  // x's strides over (B, T, H), in elements
   IndexDiv per_row, heads, times;  // by h / V, H, T
 };
@@ -73,17 +74,19 @@ __global__ void rotary_kernel(const T* __restrict__ x, const CS* __restrict__ co
     const Vec<CS, V> c2 = *reinterpret_cast<const Vec<CS, V>*>(cos + t * s.D + j + h);
     const Vec<CS, V> s1 = *reinterpret_cast<const Vec<CS, V>*>(sin + t * s.D + j);
     const Vec<CS, V> s2 = *reinterpret_cast<const Vec<CS, V>*>(sin + t * s.D + j + h);
-    Vec<T, V> y1, y2;
+    Vec<T, V> y1 = x1, y2 = x2;
+    if (hh < s.rotate) {
 #pragma unroll
-    for (int e = 0; e < V; ++e) {
-      const A a = to_acc(x1.v[e]), b2 = to_acc(x2.v[e]);
-      const A c_1 = A(to_acc(c1.v[e])), c_2 = A(to_acc(c2.v[e])), s_1 = A(to_acc(s1.v[e])), s_2 = A(to_acc(s2.v[e]));
-      if constexpr (kBackward) {
-        y1.v[e] = from_acc<T>(add_rn(mul_rn(a, c_1), mul_rn(b2, s_2)));
-        y2.v[e] = from_acc<T>(sub_rn(mul_rn(b2, c_2), mul_rn(a, s_1)));
-      } else {
-        y1.v[e] = from_acc<T>(sub_rn(mul_rn(a, c_1), mul_rn(b2, s_1)));
-        y2.v[e] = from_acc<T>(add_rn(mul_rn(b2, c_2), mul_rn(a, s_2)));
+      for (int e = 0; e < V; ++e) {
+        const A a = to_acc(x1.v[e]), b2 = to_acc(x2.v[e]);
+        const A c_1 = A(to_acc(c1.v[e])), c_2 = A(to_acc(c2.v[e])), s_1 = A(to_acc(s1.v[e])), s_2 = A(to_acc(s2.v[e]));
+        if constexpr (kBackward) {
+          y1.v[e] = from_acc<T>(add_rn(mul_rn(a, c_1), mul_rn(b2, s_2)));
+          y2.v[e] = from_acc<T>(sub_rn(mul_rn(b2, c_2), mul_rn(a, s_1)));
+        } else {
+          y1.v[e] = from_acc<T>(sub_rn(mul_rn(a, c_1), mul_rn(b2, s_1)));
+          y2.v[e] = from_acc<T>(add_rn(mul_rn(b2, c_2), mul_rn(a, s_2)));
+        }
       }
     }
     T* yr = y + row * s.D;
@@ -93,7 +96,8 @@ __global__ void rotary_kernel(const T* __restrict__ x, const CS* __restrict__ co
 }
 
 template <typename T, typename CS, bool kBackward>
-void launch_rotary(cudaStream_t stream, const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& y) {
+void launch_rotary(cudaStream_t stream, const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& y,
+                   int64_t rotate) {
   constexpr int V = 16 / int(sizeof(T));
   const int64_t B = x.size(0), T_ = x.size(1), H = x.size(2), D = x.size(3), h = D / 2;
   const T* xp = static_cast<const T*>(x.raw_data());
@@ -110,6 +114,7 @@ void launch_rotary(cudaStream_t stream, const Tensor& x, const Tensor& cos, cons
     s.T = T_;
     s.H = H;
     s.D = D;
+    s.rotate = rotate;
     s.sb = x.stride(0);
     s.st = x.stride(1);
     s.sh = x.stride(2);
@@ -132,10 +137,12 @@ void rotary_embedding_kernel(const KernelCall& c) {
   BLU_ASSERT(x.dim() == 4 && (x.stride(3) == 1 || x.size(3) <= 1) && cos.is_contiguous() && sin.is_contiguous() &&
                  c.out[0].is_contiguous(),
              c.op, ": layouts x ", x.str(), ", cos ", cos.str(), ", sin ", sin.str());
+  const int64_t rotate = c.attrs.has("rotate") ? c.attrs.i("rotate") : x.size(2);
   BLU_DISPATCH_FLOATING(x.dtype(), c.op, {
     using T = dev_t<scalar_t>;
-    if (cos.dtype() == DType::f32 && !std::is_same_v<T, float>) launch_rotary<T, float, kBackward>(stream_of(c.ctx), x, cos, sin, c.out[0]);
-    else launch_rotary<T, T, kBackward>(stream_of(c.ctx), x, cos, sin, c.out[0]);
+    if (cos.dtype() == DType::f32 && !std::is_same_v<T, float>)
+      launch_rotary<T, float, kBackward>(stream_of(c.ctx), x, cos, sin, c.out[0], rotate);
+    else launch_rotary<T, T, kBackward>(stream_of(c.ctx), x, cos, sin, c.out[0], rotate);
   });
 }
 BLU_REGISTER_KERNEL(cuda, "rotary_embedding", rotary_embedding_kernel<false>);

@@ -218,44 +218,64 @@ Tensor LlamaAttention::forward(const Tensor& x, const Tensor& cos, const Tensor&
             q_proj->in_features, "], got ", x.shape());
   // RoPE on [B, T, heads, D], then [B, heads, T, D] for attention. T is the projections' (sequence
   // parallelism gathers them from x's sequence shard).
-  // One GEMM for the three projections where they are plain linears (Note [Sibling linears]).
-  const std::vector<Tensor> proj = nn::sibling_linears(x, {q_proj.get(), k_proj.get(), v_proj.get()});
-  const Tensor &qp = proj[0], &kp = proj[1], &vp = proj[2];
-  const int64_t B = qp.size(0), T = qp.size(1), D = head_dim;
-  const int64_t H = q_proj->out_features / D, Hkv = k_proj->out_features / D;
-  // v as its own buffer: attention (and a key/value cache) keeps v, and a column range of the one
-  // projection's output would keep all of it alive; q and k leave it through RoPE.
-  const auto own = [](const Tensor& t) { return t.is_contiguous() ? t : clone(t); };
+  const int64_t D = head_dim, H = q_proj->out_features / D, Hkv = k_proj->out_features / D;
   if (!cache_k) {
-    // The attention core, a selective-recompute region (models/activations.h): under a selective
+    // One GEMM for the three projections where they are plain linears (Note [Sibling linears]),
+    // its output read as [B, T, H + 2·Hkv, D] heads: one RoPE over all of them rotates q and k and
+    // copies v beside them, so attention reads q, k, v as head ranges of one buffer and its
+    // backward writes their gradients side by side, which RoPE's backward takes whole (no copy of v,
+    // no join of the three gradients). Separate projections (tensor parallelism's) rotate q and k
+    // apart and pass v as it is.
+    // The attention core is a selective-recompute region (models/activations.h): under a selective
     // policy only the projections are kept; RoPE's outputs, the attention output and the merged
     // heads are rebuilt in backward.
-    const Tensor y = selective_region(
-        "attention core",
-        [=](const std::vector<Tensor>& in) {
-          const Tensor q = transpose(rotary_embedding(view(in[0], {B, T, H, D}), in[3], in[4]), 1, 2);
-          const Tensor k = transpose(rotary_embedding(view(in[1], {B, T, Hkv, D}), in[3], in[4]), 1, 2);
-          const Tensor v = transpose(view(own(in[2]), {B, T, Hkv, D}), 1, 2);
-          return reshape(transpose(scaled_dot_product_attention(q, k, v, true), 1, 2), {B, T, H * D});
-        },
-        {qp, kp, vp, cos, sin});
+    const Tensor qkv = nn::sibling_linears_joined(x, {q_proj.get(), k_proj.get(), v_proj.get()});
+    Tensor y;
+    if (qkv.defined()) {
+      const int64_t B = qkv.size(0), T = qkv.size(1);
+      y = selective_region(
+          "attention core",
+          [=](const std::vector<Tensor>& in) {
+            const Tensor r = rotary_embedding(view(in[0], {B, T, H + 2 * Hkv, D}), in[1], in[2], H + Hkv);
+            const std::vector<Tensor> heads = split(r, {H, Hkv, Hkv}, 2);
+            const Tensor o = scaled_dot_product_attention(transpose(heads[0], 1, 2), transpose(heads[1], 1, 2),
+                                                          transpose(heads[2], 1, 2), true);
+            return reshape(transpose(o, 1, 2), {B, T, H * D});
+          },
+          {qkv, cos, sin});
+    } else {
+      const Tensor qp = q_proj->forward(x), kp = k_proj->forward(x), vp = v_proj->forward(x);
+      const int64_t B = qp.size(0), T = qp.size(1);
+      y = selective_region(
+          "attention core",
+          [=](const std::vector<Tensor>& in) {
+            const Tensor q = transpose(rotary_embedding(view(in[0], {B, T, H, D}), in[3], in[4]), 1, 2);
+            const Tensor k = transpose(rotary_embedding(view(in[1], {B, T, Hkv, D}), in[3], in[4]), 1, 2);
+            const Tensor v = transpose(view(in[2], {B, T, Hkv, D}), 1, 2);
+            return reshape(transpose(scaled_dot_product_attention(q, k, v, true), 1, 2), {B, T, H * D});
+          },
+          {qp, kp, vp, cos, sin});
+    }
     return residual.defined() ? o_proj->forward(y, residual) : o_proj->forward(y);
   }
+  // Decoding with a key/value cache: the cache keeps k and v, so v gets a buffer of its own (a
+  // column range of the one projection's output would keep all of it alive).
+  BLU_ASSERT(cache_v, "a key cache without a value cache");
+  const std::vector<Tensor> proj = nn::sibling_linears(x, {q_proj.get(), k_proj.get(), v_proj.get()});
+  const Tensor &qp = proj[0], &kp = proj[1], &vp = proj[2];
+  const int64_t B = qp.size(0), T = qp.size(1);
   Tensor q = transpose(rotary_embedding(view(qp, {B, T, H, D}), cos, sin), 1, 2);
   Tensor k = transpose(rotary_embedding(view(kp, {B, T, Hkv, D}), cos, sin), 1, 2);
-  Tensor v = transpose(view(own(vp), {B, T, Hkv, D}), 1, 2);
+  Tensor v = transpose(view(vp.is_contiguous() ? vp : clone(vp), {B, T, Hkv, D}), 1, 2);
   bool causal = true;
-  if (cache_k) {
-    BLU_ASSERT(cache_v, "a key cache without a value cache");
-    if (cache_k->defined()) {
-      BLU_CHECK(T == 1, "LlamaAttention: with a non-empty cache the input must be one position, got ", T);
-      k = cat({*cache_k, k}, 2);
-      v = cat({*cache_v, v}, 2);
-      causal = false;  // one query at the end sees every cached key
-    }
-    *cache_k = k;
-    *cache_v = v;
+  if (cache_k->defined()) {
+    BLU_CHECK(T == 1, "LlamaAttention: with a non-empty cache the input must be one position, got ", T);
+    k = cat({*cache_k, k}, 2);
+    v = cat({*cache_v, v}, 2);
+    causal = false;  // one query at the end sees every cached key
   }
+  *cache_k = k;
+  *cache_v = v;
   Tensor y = scaled_dot_product_attention(q, k, v, causal);  // [B, H, T, D], grouped-query when Hkv < H
   y = reshape(transpose(y, 1, 2), {B, T, H * D});
   return residual.defined() ? o_proj->forward(y, residual) : o_proj->forward(y);
