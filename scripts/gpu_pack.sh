@@ -2,8 +2,9 @@
 # Packs what the GPU machine needs into .devpack/ (ignored by git, carried by the device tool):
 # stripped blutrain and test_cuda from the CUDA build, the host libraries they load that the GPU
 # image lacks, the PyTorch peers and the fortunes (as text, and as GPT-2 shards); with
-# BASE=<another build dir>, that build's blutrain as blutrain_base (gpu_run.sh gpt2cmp).
-# Usage: [BASE=dir] bash scripts/gpu_pack.sh [build-cuda]
+# BASE=<another build dir>, that build's blutrain as blutrain_base (gpu_run.sh gpt2cmp), and with
+# MID=<a third>, its blutrain as blutrain_mid (CMP_BINS="blutrain_base blutrain_mid blutrain").
+# Usage: [BASE=dir] [MID=dir] bash scripts/gpu_pack.sh [build-cuda]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build-cuda}"
@@ -11,6 +12,7 @@ stage=$(mktemp -d)
 cp "$build/blutrain" "$build/tests/test_cuda" "$stage/"
 strip "$stage/blutrain" "$stage/test_cuda"
 if [ -n "${BASE:-}" ]; then cp "$BASE/blutrain" "$stage/blutrain_base" && strip "$stage/blutrain_base"; fi
+if [ -n "${MID:-}" ]; then cp "$MID/blutrain" "$stage/blutrain_mid" && strip "$stage/blutrain_mid"; fi
 # Host libraries outside CUDA and glibc (OpenBLAS and its Fortran runtime, OpenMP, Gloo, ...).
 ldd "$stage/blutrain" "$stage/test_cuda" | awk '/=>/ {print $3}' | sort -u |
   grep -vE '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux)[.-]|/usr/local/cuda|libcuda' |

@@ -29,7 +29,8 @@
 #           llama3.2-1b), bf16, B=LLAMA_B (8), T=LLAMA_T (1024)
 #   gpt2cmp — the bf16 GPT-2 124M step of this build and of the base build packed beside it
 #           (blutrain_base: gpu_pack.sh BASE=<build dir>), alternated REPS times (3), beside
-#           torch_gpt2.py: the new build must stay within the base build's run-to-run spread
+#           torch_gpt2.py: the new build must stay within the base build's run-to-run spread;
+#           CMP_BINS names the binaries alternated (a third: blutrain_mid, gpu_pack.sh MID=<dir>)
 #   llamacmp — the same for llama-250m (set B=8) beside torch_llama.py
 #   memory — GPT-2 124M (B=16) and llama-250m (B=8), bf16, T=1024: eager, each --recompute setting,
 #           --offload-activations and --compile, beside torch_gpt2.py / torch_llama.py (eager and
@@ -194,7 +195,7 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
         model=() peer=(torch_gpt2.py "$modes" "$B" "$T" "$STEPS")
       fi
       for i in $(seq "${REPS:-3}"); do
-        for b in blutrain_base blutrain; do
+        for b in ${CMP_BINS:-blutrain_base blutrain}; do
           echo -n "$b " | tee -a "$out/$step.log"
           timeout 150 "$pack/$b" bench --device cuda --precision bf16 -B "$B" -T "$T" --steps "$STEPS" "${model[@]}" 2>&1 \
             | tee -a "$out/$step.log" | grep -E '^\{|rror' | tail -1
