@@ -52,7 +52,8 @@ Tensor Linear::forward(const Tensor& x, const Tensor& residual) const {
 // its rows of the gradient (AccumulateGrad keeps no piece of a larger buffer it cannot account
 // for). The outputs are adjacent column ranges of one buffer: ops that take such pieces without a
 // copy (swiglu's halves) do, and split's backward joins their gradients as a view when they come
-// back side by side. A consumer that keeps one piece keeps the whole buffer alive (Llama copies v).
+// back side by side. A consumer that keeps one piece keeps the whole buffer alive (Llama's cache
+// copies v; its training step reads the whole output as heads: sibling_linears_joined).
 namespace {
 
 // The layers' weights in `dtype` as one [Σ out, in] tensor linked to each weight by autograd,
