@@ -306,12 +306,8 @@ __global__ void layer_norm_grad_wb_final_kernel(const acc_of<T>* __restrict__ pa
                                                 O* __restrict__ gw, O* __restrict__ gb) {
   __shared__ double sw[32][33], sb[32][33];
   const int64_t col = int64_t(blockIdx.x) * 32 + threadIdx.x;
-  double tw = 0, tb = 0;
-  if (col < C)
-    for (int64_t i = threadIdx.y; i < chunks; i += blockDim.y) {
-      tw += double(partial_w[i * C + col]);
-      tb += double(partial_b[i * C + col]);
-    }
+  double tw = col < C ? column_sum_rows(partial_w, chunks, C, col, threadIdx.y, blockDim.y) : 0.0;
+  double tb = col < C ? column_sum_rows(partial_b, chunks, C, col, threadIdx.y, blockDim.y) : 0.0;
   sw[threadIdx.y][threadIdx.x] = tw;
   sb[threadIdx.y][threadIdx.x] = tb;
   __syncthreads();

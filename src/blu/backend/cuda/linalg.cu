@@ -88,9 +88,7 @@ template <typename O>
 __global__ void colsum_final_kernel(const float* __restrict__ partial, int64_t chunks, int64_t N, O* __restrict__ out) {
   __shared__ double sm[32][33];
   const int64_t col = int64_t(blockIdx.x) * 32 + threadIdx.x;
-  double t = 0;
-  if (col < N)
-    for (int64_t i = threadIdx.y; i < chunks; i += blockDim.y) t += double(partial[i * N + col]);
+  double t = col < N ? column_sum_rows(partial, chunks, N, col, threadIdx.y, blockDim.y) : 0.0;
   sm[threadIdx.y][threadIdx.x] = t;
   __syncthreads();
   if (threadIdx.y == 0 && col < N) {

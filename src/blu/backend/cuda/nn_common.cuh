@@ -1,6 +1,7 @@
 // backend/cuda/nn_common: what the linalg/nn/optim kernels share — the device scalar type of each
 // floating DType (float, double, __nv_bfloat16, __half) with its accumulation type, conversions,
-// warp and block sum reductions in a fixed order (deterministic), a rank-8 strided index, the
+// warp and block sum reductions and column sums of partial rows in a fixed order
+// (deterministic), a rank-8 strided index, the
 // block → tensor map of multi-tensor launches, and temporary device buffers from the CUDA allocator.
 // Depends on backend/cuda/runtime, memory/allocator. Keep: 16-bit types compute in float;
 // reductions combine in an order fixed by the launch shape, so reruns are bit-identical.
@@ -59,6 +60,27 @@ template <typename A>
 __device__ __forceinline__ A warp_max(A v) {
   for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
+}
+
+// Σ_i p[(first + i·step)·C + col] over the rows first, first + step, … < rows, added in that
+// order in double: one column's share of a fixed-order sum of partial rows (the weight and bias
+// gradients of the norms, column sums). Eight loads are issued before their additions, so a
+// thread has eight rows in flight instead of one; the order of the additions does not change.
+template <typename P>
+__device__ __forceinline__ double column_sum_rows(const P* __restrict__ p, int64_t rows, int64_t C, int64_t col,
+                                                  int64_t first, int64_t step) {
+  constexpr int kInFlight = 8;
+  double t = 0;
+  int64_t i = first;
+  for (; i + (kInFlight - 1) * step < rows; i += kInFlight * step) {
+    P v[kInFlight];
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) v[k] = p[(i + k * step) * C + col];
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) t += double(v[k]);
+  }
+  for (; i < rows; i += step) t += double(p[i * C + col]);
+  return t;
 }
 
 // Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.

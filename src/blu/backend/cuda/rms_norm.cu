@@ -105,9 +105,7 @@ __global__ void rms_norm_grad_w_final_kernel(const P* __restrict__ partial, int6
                                              O* __restrict__ gw) {
   __shared__ double s[32][33];
   const int64_t col = int64_t(blockIdx.x) * 32 + threadIdx.x;
-  double t = 0;
-  if (col < C)
-    for (int64_t i = threadIdx.y; i < chunks; i += blockDim.y) t += double(partial[i * C + col]);
+  double t = col < C ? column_sum_rows(partial, chunks, C, col, threadIdx.y, blockDim.y) : 0.0;
   s[threadIdx.y][threadIdx.x] = t;
   __syncthreads();
   if (threadIdx.y == 0 && col < C) {
