@@ -12,6 +12,7 @@
 #include "blu/blu.h"
 #include "blu/dist/ddp.h"
 #include "blu/models/gpt2/gpt2.h"
+#include "blu/models/llama/llama.h"
 #include "blu/nn/layers.h"
 #include "common/checks.h"
 #include "ddp_harness.h"
@@ -135,6 +136,38 @@ void grads_alias_buckets(DType compute) {
     }
   }
   EXPECT_EQ(ddp.copied_gradients(), 0);
+}
+
+// Llama in bf16: q/k/v and gate/up run as one GEMM over compute copies side by side (Note
+// [Sibling linears]); each weight's rows of the joined gradient are copied into its bucket slot,
+// and every gradient is its bucket view and equals, bit for bit, the plain model's.
+TEST(DdpGradViews, LlamaSiblingGradsLandInTheBuckets) {
+  OneRank rk;
+  const models::LlamaConfig cfg = models::LlamaConfig::preset("tiny");
+  models::Llama model(cfg, 7), plain(cfg, 7);
+  model.set_compute_dtype(DType::bf16);
+  plain.set_compute_dtype(DType::bf16);
+  DistributedDataParallel ddp(model, rk.pg, {.bucket_mib = 0.02, .first_bucket_mib = 0.001});
+  std::map<std::string, Tensor> buffer_of;
+  const auto layout = ddp.bucket_layout();
+  for (size_t b = 0; b < layout.size(); ++b)
+    for (const auto& n : layout[b]) buffer_of[n] = ddp.bucket_buffer(b);
+  const auto named = model.named_parameters(), plain_named = plain.named_parameters();
+  Generator data(3);
+  for (int64_t step = 0; step < 2; ++step) {
+    const Tensor in = randint(0, cfg.vocab_size, {2, 8}, DType::i64, kCPU, &data);
+    const Tensor tg = randint(0, cfg.vocab_size, {2, 8}, DType::i64, kCPU, &data);
+    model.zero_grad();
+    plain.zero_grad();
+    model.forward(in, tg).loss.backward();
+    plain.forward(in, tg).loss.backward();
+    ddp.finish();
+    for (size_t i = 0; i < named.size(); ++i) {
+      const Tensor g = named[i].second.grad();
+      ASSERT_TRUE(aliases(g, buffer_of[named[i].first])) << "step " << step << " " << named[i].first;
+      EXPECT_EQ(to_vector(g), to_vector(plain_named[i].second.grad())) << "step " << step << " " << named[i].first;
+    }
+  }
 }
 
 TEST(DdpGradViews, GradsAliasTheBucketBuffersThroughSteps) { grads_alias_buckets(DType::f32); }

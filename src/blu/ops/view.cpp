@@ -220,11 +220,11 @@ std::vector<Tensor> cast_with_copy_view(std::span<const Tensor> in, const Attrs&
   return {copy.alias_with(copy.shape(), copy.strides(), copy.offset())};
 }
 // One source: into its grad slot when there is one, as cast does. Several: each its rows of the
-// gradient, in its dtype. Rows of one gradient in the wide dtype (Note [Wide gradients]) are
-// handed out as they are, and when nothing else refers to that buffer and every source takes its
-// rows, the storage is marked as split among leaves (core/storage.h): each parameter keeps its
-// rows without a copy (AccumulateGrad) and together they fill the buffer. Otherwise each
-// parameter copies its rows, as it does any gradient that is a piece of a larger buffer.
+// gradient, in its dtype, copied into its grad slot when it has one. When the gradient is in the
+// sources' (wide) dtype (Note [Wide gradients]), nothing else refers to its buffer and every
+// source takes its rows as they are, the storage is marked as split among leaves (core/storage.h):
+// each parameter keeps its rows without a copy (AccumulateGrad) and together they fill the
+// buffer. Otherwise each parameter copies its rows, as it does any piece of a larger buffer.
 std::vector<Tensor> cast_with_copy_backward(const BackwardContext& c, std::span<const Tensor> g) {
   const size_t n = c.input_metas.size() - 1;
   if (n == 1) return {cast_backward(c, g)[0], Tensor()};
@@ -234,7 +234,7 @@ std::vector<Tensor> cast_with_copy_backward(const BackwardContext& c, std::span<
   int64_t start = 0;
   for (size_t i = 0; i < n; ++i) {
     const TensorMeta& m = c.input_metas[i];
-    all = all && c.needs_grad[i];
+    all = all && c.needs_grad[i] && !c.grad_destination(i).defined();
     if (c.needs_grad[i]) {
       Tensor rows = narrow(g[0], 0, start, m.shape[0]);
       if (rows.dtype() != m.dtype) rows = to_dtype(rows, m.dtype);
@@ -244,7 +244,7 @@ std::vector<Tensor> cast_with_copy_backward(const BackwardContext& c, std::span<
     start += m.shape[0];
   }
   if (all && g[0].dtype() == c.input_metas[0].dtype && g[0].is_contiguous() && g[0].offset() == 0 &&
-      g[0].nbytes() == g[0].storage()->nbytes() && !c.grad_destination(0).defined())
+      g[0].nbytes() == g[0].storage()->nbytes())
     g[0].storage()->split_among_leaves = true;
   return grads;
 }
