@@ -67,22 +67,18 @@ Tensor joined_compute_copy(const std::vector<const Linear*>& layers, DType dtype
     copies.push_back(std::move(c));
     weights.push_back(l->weight);
   }
-  const int64_t in = weights[0].size(1);
-  const Tensor& first = copies[0]->tensor();
-  bool side_by_side = first.defined() && first.dtype() == dtype;
-  int64_t next = side_by_side ? first.offset() : 0, rows = 0;
+  // The kept copies as one view when they are all current and lie side by side.
+  std::vector<Tensor> kept;
+  bool current = true;
   for (size_t i = 0; i < copies.size(); ++i) {
-    const Tensor& c = copies[i]->tensor();
-    side_by_side = side_by_side && c.defined() && copies[i]->current(weights[i]) && c.dtype() == dtype &&
-                   c.storage() == first.storage() && c.offset() == next && c.is_contiguous();
-    next += c.defined() ? c.numel() : 0;
-    rows += weights[i].size(0);
+    kept.push_back(copies[i]->tensor());
+    current = current && copies[i]->current(weights[i]) && kept.back().dtype() == dtype;
   }
-  Tensor joined;
-  if (side_by_side) {
-    joined = first.alias_with({rows, in}, {in, 1}, first.offset());
-  } else {
-    joined = empty({rows, in}, dtype, weights[0].device());
+  Tensor joined = current ? adjacent_join(kept, 0) : Tensor();
+  if (!joined.defined()) {
+    int64_t rows = 0;
+    for (const Tensor& w : weights) rows += w.size(0);
+    joined = empty({rows, weights[0].size(1)}, dtype, weights[0].device());
     tag_memory(joined, MemoryCategory::parameters, "16-bit compute copy");
     int64_t start = 0;
     for (size_t i = 0; i < copies.size(); ++i) {

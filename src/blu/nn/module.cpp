@@ -143,20 +143,22 @@ void Module::train(bool on) {
   for (auto& c : children_) c.module->train(on);
 }
 
+const Module::ParamSlot* Module::slot_of(const Tensor& param) const {
+  for (const ParamSlot& p : params_)
+    if (p.slot == &param || p.slot->is_same(param)) return &p;
+  return nullptr;
+}
+
 Tensor Module::cast_param(const Tensor& param, DType dtype) const {
   if (!param.defined() || param.dtype() == dtype) return param;
-  for (const ParamSlot& p : params_) {
-    if (p.slot != &param && !p.slot->is_same(param)) continue;
-    return compute_copies_ ? p.copy->cast(*p.slot, dtype) : to_dtype(*p.slot, dtype);
-  }
-  BLU_CHECK(false, "cast_param: ", param.str(), " is not a parameter of this module");
+  const ParamSlot* p = slot_of(param);
+  BLU_CHECK(p, "cast_param: ", param.str(), " is not a parameter of this module");
+  return compute_copies_ ? p->copy->cast(*p->slot, dtype) : to_dtype(*p->slot, dtype);
 }
 
 std::shared_ptr<ComputeCopy> Module::compute_copy_of(const Tensor& param) const {
-  if (!compute_copies_ || !param.defined()) return nullptr;
-  for (const ParamSlot& p : params_)
-    if (p.slot == &param || p.slot->is_same(param)) return p.copy;
-  return nullptr;
+  const ParamSlot* p = compute_copies_ && param.defined() ? slot_of(param) : nullptr;
+  return p ? p->copy : nullptr;
 }
 
 void Module::set_compute_copies(bool on) {

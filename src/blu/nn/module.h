@@ -93,6 +93,7 @@ class Module {
     Tensor* slot;
     std::shared_ptr<ComputeCopy> copy;
   };
+  const ParamSlot* slot_of(const Tensor& param) const;  // this module's own parameter; null if not
   void visit(const std::string& prefix, bool params, NamedTensors& out) const;
   void each_slot(const std::function<void(Tensor&, bool is_param)>& f);
   void each_module(const std::function<void(Module&)>& f);

@@ -61,25 +61,8 @@ std::vector<Tensor> split_view(std::span<const Tensor> in, const Attrs& a) {
   }
   return pieces;
 }
-// The pieces' gradients joined along d: when they already lie side by side in one buffer — same
-// storage, dtype and strides, each starting where the previous one ends along d (the attention
-// backward writes dq, dk, dv that way) — the join is a view of that buffer; otherwise a cat.
-Tensor adjacent_join(std::span<const Tensor> g, int64_t d) {
-  const Tensor& g0 = g[0];
-  int64_t next = g0.offset(), total = 0;
-  for (const Tensor& t : g) {
-    if (!t.defined() || t.storage() != g0.storage() || t.dtype() != g0.dtype() || t.strides() != g0.strides() ||
-        t.dim() != g0.dim() || t.offset() != next)
-      return {};
-    for (int64_t k = 0; k < t.dim(); ++k)
-      if (k != d && t.shape()[k] != g0.shape()[k]) return {};
-    next += t.shape()[d] * t.strides()[d];
-    total += t.shape()[d];
-  }
-  Shape shape = g0.shape();
-  shape[d] = total;
-  return g0.alias_with(shape, g0.strides(), g0.offset());
-}
+// The pieces' gradients joined along d: a view when they lie side by side in one buffer (the
+// attention backward writes dq, dk, dv that way), otherwise a cat.
 std::vector<Tensor> split_backward(const BackwardContext& c, std::span<const Tensor> g) {
   const int64_t d = c.attrs.i("dim");
   if (Tensor joined = adjacent_join(g, d); joined.defined()) return {joined};
@@ -92,6 +75,25 @@ std::vector<Tensor> split_sizes(const Tensor& t, const Shape& sizes, int64_t d) 
 }
 
 }  // namespace
+
+Tensor adjacent_join(std::span<const Tensor> pieces, int64_t dim) {
+  if (pieces.empty() || !pieces[0].defined()) return {};
+  const int64_t d = wrap_dim(dim, pieces[0].dim());
+  const Tensor& g0 = pieces[0];
+  int64_t next = g0.offset(), total = 0;
+  for (const Tensor& t : pieces) {
+    if (!t.defined() || t.storage() != g0.storage() || t.dtype() != g0.dtype() || t.strides() != g0.strides() ||
+        t.dim() != g0.dim() || t.offset() != next)
+      return {};
+    for (int64_t k = 0; k < t.dim(); ++k)
+      if (k != d && t.shape()[k] != g0.shape()[k]) return {};
+    next += t.shape()[d] * t.strides()[d];
+    total += t.shape()[d];
+  }
+  Shape shape = g0.shape();
+  shape[d] = total;
+  return g0.alias_with(shape, g0.strides(), g0.offset());
+}
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   BLU_CHECK(!tensors.empty(), "cat: expected at least one tensor, got none");
