@@ -4,6 +4,8 @@
 // (f32: the same arithmetic in the same order), and a second load is a kernel-cache hit.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -127,6 +129,44 @@ TEST(MlirCompiler, FusedPointwiseOpsEqualEagerBitwise) {
     EXPECT_EQ(fused_vs_eager({a, b, row}, f), 0.0);
   }
   EXPECT_EQ(fused_vs_eager({abs(pos)}, [](auto& v) { return sqrt(log(v[0])); }), 0.0);
+}
+
+TEST(MlirCompiler, FusedComparisonsEqualEagerBitwise) {
+  // Each comparison feeding where, NaN and infinities among the inputs, and a comparison's bool as
+  // the region's output (against a broadcast row); in f32, bf16 and f64.
+  Tensor a = randn({6, 10}), b = randn({6, 10}), row = randn({10});
+  for (int64_t i : {3, 17, 41}) a.data<float>()[i] = NAN;
+  a.data<float>()[5] = INFINITY;
+  b.data<float>()[5] = INFINITY;
+  b.data<float>()[29] = a.data<float>()[29];
+  // Every comparison in one region, each choosing through its own where.
+  auto all = [](auto& v) {
+    const Tensor b2 = mul(v[1], 2.0);
+    Tensor y = add(where(eq(v[0], v[1]), v[0], b2), where(ne(v[0], v[1]), v[0], b2));
+    y = add(y, add(where(lt(v[0], v[1]), v[0], b2), where(le(v[0], v[1]), v[0], b2)));
+    return add(y, add(where(gt(v[0], v[2]), v[0], b2), where(ge(exp(v[0]), v[2]), v[0], v[1])));
+  };
+  auto bool_out = [](auto& v) { return gt(add(v[0], v[1]), v[2]); };
+  for (DType t : {DType::f32, DType::bf16, DType::f64}) {
+    SCOPED_TRACE(std::string(dtype_name(t)));
+    const std::vector<Tensor> ins = {to_dtype(a, t), to_dtype(b, t), to_dtype(row, t)};
+    EXPECT_EQ(fused_vs_eager(ins, all), 0.0);
+    EXPECT_EQ(fused_vs_eager(ins, bool_out), 0.0);
+  }
+  // The fp16 loss scaler's update (optim/loss_scaler.cpp): f64 scalars, a finiteness test and the
+  // growth interval's, each choosing through where.
+  const Tensor sq = full({}, 3.5, DType::f64), scale = full({}, 1024.0, DType::f64), good = full({}, 7.0, DType::f64);
+  const Tensor inf = full({}, INFINITY, DType::f64), interval = full({}, 8.0, DType::f64), zero = zeros({}, DType::f64);
+  for (const Tensor& s : {sq, full({}, INFINITY, DType::f64), full({}, NAN, DType::f64)}) {
+    EXPECT_EQ(fused_vs_eager({s, scale, inf}, [](auto& v) {
+      return where(lt(abs(v[0]), v[2]), v[1], mul(v[1], 0.5));
+    }), 0.0);
+  }
+  EXPECT_EQ(fused_vs_eager({good, interval, scale, zero}, [](auto& v) {
+    const Tensor grown = add(v[0], 1.0);
+    const Tensor at = ge(grown, v[1]);
+    return add(where(at, mul(v[2], 2.0), v[2]), where(at, v[3], grown));
+  }), 0.0);
 }
 
 TEST(MlirCompiler, FusedCastChainEqualsEagerBitwise) {

@@ -32,7 +32,8 @@ const char* ctype(DType t) {
     default: BLU_CHECK(false, "cpu codegen: dtype ", dtype_name(t), " not supported in a fused region");
   }
 }
-const char* acc(DType t) { return t == DType::f64 ? "double" : "float"; }
+// Values in a kernel: floats in float (double for f64), a comparison's result as a bool.
+const char* acc(DType t) { return t == DType::f64 ? "double" : t == DType::b8 ? "bool" : "float"; }
 
 // A per-step scalar of the region (region.h): read from the kernel's scalar array, never baked.
 struct Scalars {
@@ -70,6 +71,12 @@ std::string binary_expr(const std::string& n, const std::string& a, const std::s
   if (n == "mul") return "(" + a + " * " + b + ")";
   if (n == "div") return "(" + a + " / " + b + ")";
   if (n == "pow") return A + "(std::pow(" + a + ", " + b + "))";
+  if (n == "eq") return "(" + a + " == " + b + ")";
+  if (n == "ne") return "(" + a + " != " + b + ")";
+  if (n == "lt") return "(" + a + " < " + b + ")";
+  if (n == "le") return "(" + a + " <= " + b + ")";
+  if (n == "gt") return "(" + a + " > " + b + ")";
+  if (n == "ge") return "(" + a + " >= " + b + ")";
   BLU_CHECK(false, "cpu codegen: no emitter for binary op ", n);
 }
 
@@ -123,16 +130,7 @@ bool cpu_emitter_supports(const Graph& g, const FusedRegion& r) {
     }
     const bool row = emit_row_supported(op);
     if (!(emit_pointwise_supported(op) || (row && r.shape == RegionShape::rows))) return false;
-    for (int v : op.outputs)
-      if (!is_float_dtype(g.values.at(size_t(v)).dtype)) return false;
-    for (size_t k = 0; k < op.inputs.size(); ++k) {
-      const int v = op.inputs[k];
-      if (v < 0) continue;
-      const DType t = g.values[size_t(v)].dtype;
-      const bool target = (op.name == "cross_entropy" && k == 1) || (op.name == "cross_entropy_backward" && k == 2);
-      const bool cond = op.name == "where" && k == 0;
-      if (!(is_float_dtype(t) || (target && (t == DType::i32 || t == DType::i64)) || (cond && t == DType::b8))) return false;
-    }
+    if (!emit_dtypes_supported(g, r, op)) return false;
     if (op.name == "softmax" || op.name == "softmax_backward") {
       const Value& y = g.values[size_t(op.outputs[0])];
       const int64_t d = op.attrs.i("dim");
@@ -436,7 +434,7 @@ std::string emit_cpu_source(const Graph& g, const FusedRegion& r) {
     std::string e;
     if (n == "silu_backward") e = elem(in(0)) + " * silu_grad_of<" + A + ">(" + elem(in(1)) + ")";
     else if (n == "gelu_backward") e = elem(in(0)) + " * gelu_bwd<" + A + ">(" + elem(in(1)) + ", " + (op.attrs.b("approximate") ? "true" : "false") + ")";
-    else if (n == "where") e = "(" + load(in(0), ie) + " ? " + elem(in(1)) + " : " + elem(in(2)) + ")";
+    else if (n == "where") e = "(" + elem(in(0)) + " ? " + elem(in(1)) + " : " + elem(in(2)) + ")";
     else if (n == "swiglu") e = elem(in(0)) + " * sigmoid_of<" + A + ">(" + elem(in(0)) + ") * " + elem(in(1));
     else if (op_class(n) == OpClass::unary) e = n == "cast" ? A + "(" + elem(in(0)) + ")" : unary_expr(op, oi, sc, elem(in(0)), A);
     else e = binary_expr(n, elem(in(0)), elem(in(1)), A);

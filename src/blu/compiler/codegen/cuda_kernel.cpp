@@ -28,7 +28,8 @@ const char* dev_ctype(DType t) {
     default: BLU_CHECK(false, "cuda codegen: dtype ", dtype_name(t), " not supported in a fused region");
   }
 }
-const char* acc(DType t) { return t == DType::f64 ? "double" : "float"; }
+// Values in a kernel: floats in float (double for f64), a comparison's result as a bool.
+const char* acc(DType t) { return t == DType::f64 ? "double" : t == DType::b8 ? "bool" : "float"; }
 // The expression `e` (accumulation type) rounded to dtype t, as a value of t's storage type.
 std::string round_to(DType t, const std::string& e) {
   switch (t) {
@@ -45,6 +46,7 @@ struct bf16s { u16 x; };
 struct f16s { u16 x; };
 __device__ __forceinline__ float to_acc(float x) { return x; }
 __device__ __forceinline__ double to_acc(double x) { return x; }
+__device__ __forceinline__ bool to_acc(bool x) { return x; }
 __device__ __forceinline__ float to_acc(bf16s b) { return __uint_as_float(u32(b.x) << 16); }
 __device__ __forceinline__ float to_acc(f16s h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h.x)); return f; }
 // One rounding, ties to even; NaN as the CPU writes it (bf16 0x7fc0, f16 sign|0x7e00).
@@ -281,6 +283,12 @@ std::string binary_expr(const std::string& n, const std::string& a, const std::s
   if (n == "mul") return "(" + a + " * " + b + ")";
   if (n == "div") return "(" + a + " / " + b + ")";
   if (n == "pow") return "bpow(" + a + ", " + b + ")";
+  if (n == "eq") return "(" + a + " == " + b + ")";
+  if (n == "ne") return "(" + a + " != " + b + ")";
+  if (n == "lt") return "(" + a + " < " + b + ")";
+  if (n == "le") return "(" + a + " <= " + b + ")";
+  if (n == "gt") return "(" + a + " > " + b + ")";
+  if (n == "ge") return "(" + a + " >= " + b + ")";
   BLU_CHECK(false, "cuda codegen: no emitter for binary op ", n);
 }
 
@@ -417,16 +425,7 @@ bool cuda_emitter_supports(const Graph& g, const FusedRegion& r) {
     const bool row = cuda_row_supported(op);
     if (!(emit_pointwise_supported(op) || (row && r.shape == RegionShape::rows))) return false;
     if (emit_row_supported(op) && !row) return false;
-    for (int v : op.outputs)
-      if (!is_float_dtype(g.values.at(size_t(v)).dtype)) return false;
-    for (size_t k = 0; k < op.inputs.size(); ++k) {
-      const int v = op.inputs[k];
-      if (v < 0) continue;
-      const DType t = g.values[size_t(v)].dtype;
-      const bool target = (op.name == "cross_entropy" && k == 1) || (op.name == "cross_entropy_backward" && k == 2);
-      const bool cond = op.name == "where" && k == 0;
-      if (!(is_float_dtype(t) || (target && (t == DType::i32 || t == DType::i64)) || (cond && t == DType::b8))) return false;
-    }
+    if (!emit_dtypes_supported(g, r, op)) return false;
     if (op.name == "softmax" || op.name == "softmax_backward") {
       const Value& y = g.values[size_t(op.outputs[0])];
       const int64_t d = op.attrs.i("dim");
@@ -496,6 +495,7 @@ std::string emit_cuda_source(const Graph& g, const FusedRegion& r) {
     return "to_acc(" + P(v) + "[" + index_expr(val, L.space, ie) + "])";
   };
   auto raw = [&](int v) -> std::string {  // a bool or integer operand, not converted
+    if (local.count(v)) return per_row.count(v) || !rows ? local[v] : local[v] + "[q]";  // made in the region
     const int s = slot_of.at(v);
     if (!rows && L.full[size_t(s)]) return "e" + std::to_string(s);
     return P(v) + "[" + index_expr(g.values[size_t(v)], L.space, ie) + "]";

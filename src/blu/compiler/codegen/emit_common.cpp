@@ -5,13 +5,36 @@ namespace blu::compiler {
 
 bool is_float_dtype(DType t) { return t == DType::f32 || t == DType::f64 || t == DType::bf16 || t == DType::f16; }
 
+bool is_comparison(const std::string& name) {
+  return name == "eq" || name == "ne" || name == "lt" || name == "le" || name == "gt" || name == "ge";
+}
+
 bool emit_pointwise_supported(const Op& op) {
   const OpClass c = op_class(op.name);
   if (c == OpClass::unary) return true;
-  if (c == OpClass::binary) return op.name == "add" || op.name == "sub" || op.name == "mul" || op.name == "div" || op.name == "pow";
+  if (c == OpClass::binary)
+    return op.name == "add" || op.name == "sub" || op.name == "mul" || op.name == "div" || op.name == "pow" ||
+           is_comparison(op.name);
   if (op.name == "silu_backward" || op.name == "swiglu" || op.name == "gelu_backward" || op.name == "where") return true;
   if (op.name == "swiglu_backward") return !op.attrs.has("joined") || !op.attrs.b("joined");
   return false;
+}
+
+bool emit_dtypes_supported(const Graph& g, const FusedRegion& r, const Op& op) {
+  for (int v : op.outputs) {
+    const DType t = g.values.at(size_t(v)).dtype;
+    if (!(is_float_dtype(t) || (t == DType::b8 && is_comparison(op.name) && r.shape == RegionShape::pointwise)))
+      return false;
+  }
+  for (size_t k = 0; k < op.inputs.size(); ++k) {
+    const int v = op.inputs[k];
+    if (v < 0) continue;
+    const DType t = g.values[size_t(v)].dtype;
+    const bool target = (op.name == "cross_entropy" && k == 1) || (op.name == "cross_entropy_backward" && k == 2);
+    const bool cond = op.name == "where" && k == 0;
+    if (!(is_float_dtype(t) || (target && (t == DType::i32 || t == DType::i64)) || (cond && t == DType::b8))) return false;
+  }
+  return true;
 }
 
 bool emit_adamw_supported(const Graph& g, const FusedRegion& r, const Op& op) {

@@ -10,8 +10,15 @@
 namespace blu::compiler {
 
 bool is_float_dtype(DType t);
+// eq, ne, lt, le, gt, ge: two operands of one float dtype, a bool out (compared in the
+// accumulation type, as the eager kernels compare).
+bool is_comparison(const std::string& name);
 // Pointwise ops with an emitter (one or more outputs, each element on its own).
 bool emit_pointwise_supported(const Op& op);
+// Whether the emitters take op's operand dtypes in region r: float values, plus a cross-entropy's
+// integer target, a bool condition of where, and the bool out of a comparison in a pointwise
+// region (a rows region's arrays and vectors are of float values).
+bool emit_dtypes_supported(const Graph& g, const FusedRegion& r, const Op& op);
 // Row ops (reductions over the last dimension) with an emitter.
 bool emit_row_supported(const Op& op);
 // An adamw_step both generators emit: one ungated parameter group of contiguous tensors (parameter,
