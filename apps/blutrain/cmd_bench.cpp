@@ -401,6 +401,11 @@ int run_bench(const BenchOptions& o) {
   model.to(dev);
   model.train();
   train::apply_precision(model, o.precision);
+  // The memory planner that resolves `auto` probes and plans beside the optimizer state and its
+  // offload (train/memory_probe.cpp); bench times one given setting.
+  BLU_CHECK(o.recompute != "auto", "bench --recompute auto: bench times one setting; `blutrain train --recompute auto ",
+            "--gpu-memory-budget GIB` logs the planner's choice (\"recompute auto: ...\"), which bench takes as ",
+            "--recompute and --loss-chunks");
   const models::ActivationPolicy activations = models::ActivationPolicy::parse(o.recompute, o.offload_activations);
   model.set_activation_policy(activations);
   model.set_loss_chunks(o.loss_chunks);

@@ -147,6 +147,15 @@ TEST_F(Cli, BenchWithoutGpuSaysToUseTheCpu) {
   EXPECT_NE(r.output.find("--device cpu"), std::string::npos) << r.output;
 }
 
+// bench times one recompute setting: `auto` is refused with where the planner's choice comes from.
+TEST_F(Cli, BenchRecomputeAutoNamesTrainsPlanner) {
+  const Result r = run({"bench", "--device", "cpu", "--model", "tiny", "-B", "2", "-T", "16", "--steps", "1",
+                        "--recompute", "auto"});
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("bench --recompute auto"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("train --recompute auto --gpu-memory-budget"), std::string::npos) << r.output;
+}
+
 // The progress line's time per step leaves out samples (and validation and checkpoints): rank 0's
 // samples are slowed by 2 s (BLU_TEST_RANK0_DELAY_MS) after every step, and no step's "ms" may
 // carry that delay — a step that did would take at least the delay — while the elapsed time does.
