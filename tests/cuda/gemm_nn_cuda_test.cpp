@@ -652,6 +652,15 @@ TEST(CudaNN, EmbeddingForwardAndDeterministicBackward) {
     const Tensor wd = dev(w), idd = dev(idx);
     EXPECT_TRUE(bit_equal(std::string("embedding forward ") + std::string(dtype_name(dt)), embedding(wd, idd),
                           embedding(w, idx)));
+    // An index outside [0, V) cannot be reported without a host sync: its row reads NaN (the CPU
+    // raises), in the vectorised kernel (C = 768) and the scalar one (a row stride of 3 columns).
+    for (const Tensor& table : {wd, contiguous(narrow(wd, 1, 0, 3))}) {
+      const Tensor bad = dev(from_vector({1.0, double(V), -1.0}, {3}, DType::i64));
+      const auto rows = to_vector(to_device(embedding(table, bad), kCPU));
+      const int64_t width = table.size(1);
+      for (int64_t k = 0; k < 3 * width; ++k)
+        EXPECT_EQ(std::isnan(rows[size_t(k)]), k >= width) << dtype_name(dt) << " width " << width << " element " << k;
+    }
     const Tensor g = rnd({B, T, C}, dt), gdv = dev(g);
     const Attrs attrs{{"num_weights", V}};
     const Tensor r1 = dispatch1(kEmbBackward, {gdv, idd}, attrs);

@@ -30,6 +30,31 @@ __global__ void embedding_forward_kernel(const T* __restrict__ w, int64_t s0, in
   }
 }
 
+template <typename T, int V>
+struct alignas(16) Vec16 {
+  T v[V];
+};
+
+// The same with V elements a thread (one 16-byte vector): rows of unit column stride whose length
+// and row stride are multiples of V, 16-byte aligned. Thread e takes vector e: row i = e / (C/V).
+template <typename T, typename I, int V>
+__global__ void embedding_forward_vec_kernel(const T* __restrict__ w, int64_t s0, const I* __restrict__ idx, int64_t M,
+                                             int64_t V_rows, int64_t C, T* __restrict__ out) {
+  const int64_t per_row = C / V;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < M * per_row; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = e / per_row, k = (e - i * per_row) * V;
+    const int64_t v = int64_t(idx[i]);
+    Vec16<T, V> r;
+    if (v >= 0 && v < V_rows) {
+      r = *reinterpret_cast<const Vec16<T, V>*>(w + v * s0 + k);
+    } else {
+#pragma unroll
+      for (int q = 0; q < V; ++q) r.v[q] = from_acc<T>(acc_of<T>(NAN));
+    }
+    *reinterpret_cast<Vec16<T, V>*>(out + i * C + k) = r;
+  }
+}
+
 // keys[j] = idx[j] - first_row (V for an index outside the window [first_row, first_row + V):
 // sorted last, skipped), vals[j] = j.
 template <typename I>
@@ -71,9 +96,18 @@ void embedding_kernel(const KernelCall& c) {
     using I = scalar_t;
     const I* ip = static_cast<const I*>(idx.raw_data());
     BLU_CUDA_DISPATCH_FLOATING(w.dtype(), "embedding", {
-      embedding_forward_kernel<scalar_t, I><<<grid_for(M * C), 256, 0, stream_of(c.ctx)>>>(
-          static_cast<const scalar_t*>(w.raw_data()), w.stride(0), w.stride(1), ip, M, V, C,
-          static_cast<scalar_t*>(c.out[0].raw_data()));
+      constexpr int kV = 16 / int(sizeof(scalar_t));
+      const scalar_t* wp = static_cast<const scalar_t*>(w.raw_data());
+      scalar_t* op = static_cast<scalar_t*>(c.out[0].raw_data());
+      const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+      if (kV > 1 && w.stride(1) == 1 && C % kV == 0 && w.stride(0) % kV == 0 && aligned(wp) && aligned(op) &&
+          c.out[0].is_contiguous()) {
+        embedding_forward_vec_kernel<scalar_t, I, kV><<<grid_for(M * (C / kV)), 256, 0, stream_of(c.ctx)>>>(
+            wp, w.stride(0), ip, M, V, C, op);
+      } else {
+        embedding_forward_kernel<scalar_t, I><<<grid_for(M * C), 256, 0, stream_of(c.ctx)>>>(
+            wp, w.stride(0), w.stride(1), ip, M, V, C, op);
+      }
       BLU_CUDA_CHECK_LAUNCH();
     });
   });

@@ -127,7 +127,9 @@ __global__ void layer_norm_grad_wb_partial_kernel(const T* __restrict__ g, const
 template <typename T>
 constexpr int kVec = 16 / int(sizeof(T));  // elements per 16-byte vector
 constexpr int kMaxVecsPerLane = 8;            // C ≤ 32·8·V: 2048 bf16/f16 columns, 1024 fp32
-constexpr int kFastMaxBlocks = 1024;          // partial rows of the weight gradients
+// Partial rows of the weight gradients: 512 beat 1024, 384 and 256 (H200, GPT-2 124M B=16: the
+// step's 25 backwards 1.12 → 0.94 ms; fewer partial rows to write and to sum).
+constexpr int kFastMaxBlocks = 512;
 
 template <typename T>
 struct alignas(16) Vec16 {

@@ -142,7 +142,9 @@ struct alignas(16) Vec16 {
 template <int TPR>
 constexpr int kBlockOf = TPR == 32 ? 128 : TPR;
 constexpr int kMaxVecsPerThread = 8;
-constexpr int kFastMaxBlocks = 1024;  // partial rows of the weight gradient
+// Partial rows of the weight gradient: 512 beat 1024, 384 and 256 (H200, llama-250m B=8: the
+// step's 33 backwards 0.94 → 0.80 ms; fewer partial rows to write and to sum).
+constexpr int kFastMaxBlocks = 512;
 
 // Thread t's NV vectors of a row (vectors past C / V are zeros, never stored).
 template <typename T, int NV, int TPR>

@@ -70,12 +70,12 @@ __global__ void rotary_kernel(const T* __restrict__ x, const CS* __restrict__ co
     const T* xr = x + b * s.sb + t * s.st + hh * s.sh;
     const Vec<T, V> x1 = *reinterpret_cast<const Vec<T, V>*>(xr + j);
     const Vec<T, V> x2 = *reinterpret_cast<const Vec<T, V>*>(xr + j + h);
-    const Vec<CS, V> c1 = *reinterpret_cast<const Vec<CS, V>*>(cos + t * s.D + j);
-    const Vec<CS, V> c2 = *reinterpret_cast<const Vec<CS, V>*>(cos + t * s.D + j + h);
-    const Vec<CS, V> s1 = *reinterpret_cast<const Vec<CS, V>*>(sin + t * s.D + j);
-    const Vec<CS, V> s2 = *reinterpret_cast<const Vec<CS, V>*>(sin + t * s.D + j + h);
     Vec<T, V> y1 = x1, y2 = x2;
-    if (hh < s.rotate) {
+    if (hh < s.rotate) {  // heads past `rotate` are copied: no cos/sin read for them
+      const Vec<CS, V> c1 = *reinterpret_cast<const Vec<CS, V>*>(cos + t * s.D + j);
+      const Vec<CS, V> c2 = *reinterpret_cast<const Vec<CS, V>*>(cos + t * s.D + j + h);
+      const Vec<CS, V> s1 = *reinterpret_cast<const Vec<CS, V>*>(sin + t * s.D + j);
+      const Vec<CS, V> s2 = *reinterpret_cast<const Vec<CS, V>*>(sin + t * s.D + j + h);
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const A a = to_acc(x1.v[e]), b2 = to_acc(x2.v[e]);
