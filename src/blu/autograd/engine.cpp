@@ -13,7 +13,9 @@
 // changes no value; among sinks, and among op nodes, the later-created runs first. Each incoming
 // gradient is checked against the metadata the node recorded for that output. A leaf with a grad
 // slot (Tensor::set_grad_slot) and no grad yet has its slot offered to the node that makes its
-// first gradient, and later contributions are summed into the slot in place.
+// first gradient, and later contributions are summed into the slot in place. An op that can add
+// an input's waiting gradient into its own is handed it (Note [Folded gradient sums],
+// ops/dispatch.h).
 #include <queue>
 #include <unordered_map>
 
@@ -119,9 +121,21 @@ void Tensor::backward(const Tensor& grad_root, bool retain_graph) const {
         dst = leaf && !buffers.count(leaf) ? leaf->fresh_grad_slot() : Tensor();
         if (dst.defined() && dst.shape() != to->out_metas[0].shape) dst = Tensor();  // one of several sources
       }
-      if (!dst.defined() || buffers.count(to)) continue;
       bool first_edge = true;
       for (size_t j = 0; j < i; ++j) first_edge &= n->next[j].fn.get() != to;
+      if (n->can_fold_grad(i) && first_edge && !to->is_sink()) {
+        // The other consumers' gradient of this input, when it is waiting and has exactly the
+        // layout this op's backward writes (Note [Folded gradient sums]).
+        const auto it = buffers.find(to);
+        const uint32_t slot = n->next[i].input_nr;
+        if (it != buffers.end() && slot < it->second.size() && it->second[slot].defined()) {
+          const Tensor& pending = it->second[slot];
+          const TensorMeta& m = to->out_metas[slot];
+          if (pending.dtype() == m.dtype && pending.shape() == m.shape && pending.is_contiguous())
+            n->offer_pending_grad(i, pending);
+        }
+      }
+      if (!dst.defined() || buffers.count(to)) continue;
       if (first_edge) n->offer_grad_destination(i, dst);
     }
     n->will_release_saved(!retain_graph);
@@ -130,7 +144,14 @@ void Tensor::backward(const Tensor& grad_root, bool retain_graph) const {
     for (size_t i = 0; i < n->next.size(); ++i) {
       const Edge& e = n->next[i];
       if (!e.fn) continue;
-      if (i < in_grads.size() && in_grads[i].defined()) add_to_buffer(e.fn.get(), e.input_nr, std::move(in_grads[i]), n);
+      if (i < in_grads.size() && in_grads[i].defined()) {
+        if (n->folded_grad(i)) {  // the waiting gradient is in it: it replaces that one
+          check_grad(*e.fn, e.input_nr, in_grads[i], n);
+          buffers.at(e.fn.get()).at(e.input_nr) = std::move(in_grads[i]);
+        } else {
+          add_to_buffer(e.fn.get(), e.input_nr, std::move(in_grads[i]), n);
+        }
+      }
       if (--deps[e.fn.get()] == 0) {
         keep.push_back(e.fn);
         ready.push(e.fn.get());

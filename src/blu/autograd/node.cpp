@@ -25,6 +25,7 @@ std::vector<Tensor> OpNode::apply(std::vector<Tensor>&& grad_out) {
     slot = boxed[s]->unpack();
   }
   std::vector<Tensor> in_grads;
+  ctx.folded.clear();
   {
     EarlyGradScope listen(early_grad ? &early_grad : nullptr);
     in_grads = ctx.op->backward(ctx, grad_out);
@@ -33,6 +34,7 @@ std::vector<Tensor> OpNode::apply(std::vector<Tensor>&& grad_out) {
     if (boxed[s]) (s < n_in ? ctx.inputs[s] : ctx.outputs[s - n_in]) = Tensor();
   ctx.grad_dst.clear();  // offered for this run only
   ctx.grad_dtypes.clear();
+  ctx.pending_grads.clear();  // ctx.folded stays until the next apply: the engine reads it
   ctx.saved_released_after = false;
   return in_grads;
 }
@@ -40,6 +42,11 @@ std::vector<Tensor> OpNode::apply(std::vector<Tensor>&& grad_out) {
 void OpNode::offer_grad_destination(size_t input, const Tensor& dst) {
   if (ctx.grad_dst.size() < next.size()) ctx.grad_dst.resize(next.size());
   ctx.grad_dst.at(input) = dst;
+}
+
+void OpNode::offer_pending_grad(size_t input, const Tensor& pending) {
+  if (ctx.pending_grads.size() < next.size()) ctx.pending_grads.resize(next.size());
+  ctx.pending_grads.at(input) = pending;
 }
 
 void OpNode::offer_grad_dtype(size_t input, DType dtype) {

@@ -38,6 +38,11 @@ struct Node {
   // request that it do so (Note [Wide gradients], ops/dispatch.h); only ops can.
   virtual bool can_widen_grad(size_t /*input*/) const { return false; }
   virtual void offer_grad_dtype(size_t /*input*/, DType /*dtype*/) {}
+  // Whether the backward can add input `input`'s waiting gradient into its own, the engine's offer
+  // of it, and whether the last apply() did (Note [Folded gradient sums], ops/dispatch.h).
+  virtual bool can_fold_grad(size_t /*input*/) const { return false; }
+  virtual void offer_pending_grad(size_t /*input*/, const Tensor& /*pending*/) {}
+  virtual bool folded_grad(size_t /*input*/) const { return false; }
   // A cast node whose output gradient may arrive in its source dtype: that dtype (else nullopt).
   virtual std::optional<DType> grad_source_dtype() const { return std::nullopt; }
   // A leaf's grad slot while its grad is undefined (AccumulateGrad); undefined otherwise.
@@ -67,6 +72,9 @@ struct OpNode final : Node {
   void offer_grad_destination(size_t input, const Tensor& dst) override;
   bool can_widen_grad(size_t input) const override { return input < 32 && (ctx.op->wide_grads >> input & 1u); }
   void offer_grad_dtype(size_t input, DType dtype) override;
+  bool can_fold_grad(size_t input) const override { return input < 32 && (ctx.op->folds_grads >> input & 1u); }
+  void offer_pending_grad(size_t input, const Tensor& pending) override;
+  bool folded_grad(size_t input) const override { return input < ctx.folded.size() && ctx.folded[input]; }
   std::optional<DType> grad_source_dtype() const override;
 };
 

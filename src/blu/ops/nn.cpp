@@ -130,18 +130,23 @@ std::vector<TensorMeta> infer_layer_norm(std::span<const Tensor> in, const Attrs
   return {TensorMeta{x.shape(), x.dtype(), x.device()}, TensorMeta{rows, sd, x.device()},
           TensorMeta{rows, sd, x.device()}};
 }
-// Inputs (grad, x, weight or undefined, mean, rstd); outputs grad_x, grad_weight, grad_bias. Attr
-// param_dtype (optional): f32 for the last two under a 16-bit x (Note [Wide gradients]).
+// Inputs (grad, x, weight or undefined, mean, rstd[, pending]); outputs grad_x, grad_weight,
+// grad_bias. pending (x's shape and dtype, contiguous): added into grad_x after grad_x is rounded
+// to x's dtype, the sum rounded again (Note [Folded gradient sums]). Attr param_dtype (optional):
+// f32 for the last two under a 16-bit x (Note [Wide gradients]).
 std::vector<TensorMeta> infer_layer_norm_backward(std::span<const Tensor> in, const Attrs& a) {
   const Tensor& x = in[1];
   const DType pd = a.has("param_dtype") ? a.get<DType>("param_dtype") : x.dtype();
   BLU_ASSERT(pd == x.dtype() || (pd == DType::f32 && (x.dtype() == DType::bf16 || x.dtype() == DType::f16)),
              "layer_norm_backward: parameter gradients in ", pd, " for input ", x.str());
+  BLU_ASSERT(in.size() < 6 || !in[5].defined() ||
+                 (in[5].shape() == x.shape() && in[5].dtype() == x.dtype() && in[5].is_contiguous()),
+             "layer_norm_backward: pending gradient ", in[5].str(), " for input ", x.str());
   const TensorMeta p{Shape{x.shape().back()}, pd, x.device()};
   return {TensorMeta{x.shape(), x.dtype(), x.device()}, p, p};
 }
 const OpDef kLayerNormBackward{
-    .name = "layer_norm_backward", .infer = infer_layer_norm_backward, .optional_inputs = 0b100};
+    .name = "layer_norm_backward", .infer = infer_layer_norm_backward, .optional_inputs = 0b100100};
 
 std::vector<Tensor> layer_norm_bw(const BackwardContext& c, std::span<const Tensor> g) {
   const Tensor w = c.inputs.at(1);  // undefined when the call had no weight
@@ -150,7 +155,12 @@ std::vector<Tensor> layer_norm_bw(const BackwardContext& c, std::span<const Tens
   const DType xd = c.input_metas[0].dtype;
   if ((c.needs_grad[1] && c.grad_dtype(1) != xd) || (c.needs_grad[2] && c.grad_dtype(2) != xd))
     attrs = Attrs{{"param_dtype", DType::f32}};
-  auto gs = dispatch(kLayerNormBackward, {contiguous(g[0]), c.input(0), w, c.output(1), c.output(2)}, attrs);
+  std::vector<Tensor> in = {contiguous(g[0]), c.input(0), w, c.output(1), c.output(2)};
+  if (const Tensor pending = c.pending_grad(0); pending.defined() && c.needs_grad[0]) {
+    in.push_back(pending);
+    c.fold_pending_grad(0);
+  }
+  auto gs = dispatch(kLayerNormBackward, std::move(in), attrs);
   auto param = [&](size_t i) {
     if (!c.needs_grad[i]) return Tensor();
     return gs[i].dtype() == c.grad_dtype(i) ? gs[i] : to_dtype(gs[i], c.grad_dtype(i));
@@ -165,7 +175,8 @@ const OpDef kLayerNorm{.name = "layer_norm",
                        .save_outputs = 0b110,
                        .diff_outputs = 1,
                        .optional_inputs = 0b110,
-                       .wide_grads = 0b110};
+                       .wide_grads = 0b110,
+                       .folds_grads = 0b1};
 
 // --- embedding -------------------------------------------------------------------------------
 // Inputs (weight [V, C], indices contiguous i32/i64); output [indices..., C].

@@ -32,9 +32,10 @@ std::vector<TensorMeta> infer_rms_norm(std::span<const Tensor> in, const Attrs& 
   const Shape rows(x.shape().begin(), x.shape().end() - 1);
   return {TensorMeta{x.shape(), x.dtype(), x.device()}, TensorMeta{rows, stats_dtype(x.dtype()), x.device()}};
 }
-// Inputs (grad, x, weight or undefined, rstd), grad and x contiguous; outputs grad_x and
-// grad_weight. Attr param_dtype (optional): f32 for grad_weight under a 16-bit x (Note [Wide
-// gradients]).
+// Inputs (grad, x, weight or undefined, rstd[, pending]), grad and x contiguous; outputs grad_x and
+// grad_weight. pending (x's shape and dtype, contiguous): added into grad_x after grad_x is rounded
+// to x's dtype, the sum rounded again (Note [Folded gradient sums]). Attr param_dtype (optional):
+// f32 for grad_weight under a 16-bit x (Note [Wide gradients]).
 std::vector<TensorMeta> infer_rms_norm_backward(std::span<const Tensor> in, const Attrs& a) {
   const Tensor& x = in[1];
   const DType pd = a.has("param_dtype") ? a.get<DType>("param_dtype") : x.dtype();
@@ -42,9 +43,13 @@ std::vector<TensorMeta> infer_rms_norm_backward(std::span<const Tensor> in, cons
              "rms_norm_backward: weight gradient in ", pd, " for input ", x.str());
   BLU_ASSERT(in[0].shape() == x.shape() && in[0].is_contiguous() && x.is_contiguous(), "rms_norm_backward: grad ",
              in[0].str(), " for input ", x.str());
+  BLU_ASSERT(in.size() < 5 || !in[4].defined() ||
+                 (in[4].shape() == x.shape() && in[4].dtype() == x.dtype() && in[4].is_contiguous()),
+             "rms_norm_backward: pending gradient ", in[4].str(), " for input ", x.str());
   return {TensorMeta{x.shape(), x.dtype(), x.device()}, TensorMeta{Shape{x.shape().back()}, pd, x.device()}};
 }
-const OpDef kRmsNormBackward{.name = "rms_norm_backward", .infer = infer_rms_norm_backward, .optional_inputs = 0b100};
+const OpDef kRmsNormBackward{
+    .name = "rms_norm_backward", .infer = infer_rms_norm_backward, .optional_inputs = 0b10100};
 
 std::vector<Tensor> rms_norm_bw(const BackwardContext& c, std::span<const Tensor> g) {
   const Tensor w = c.inputs.at(1);  // undefined when the call had no weight
@@ -52,7 +57,12 @@ std::vector<Tensor> rms_norm_bw(const BackwardContext& c, std::span<const Tensor
   // The weight's gradient in fp32 when asked for (its column sums are fp32 anyway).
   Attrs attrs;
   if (c.needs_grad[1] && c.grad_dtype(1) != xd) attrs = Attrs{{"param_dtype", DType::f32}};
-  auto gs = dispatch(kRmsNormBackward, {contiguous(g[0]), c.input(0), w, c.output(1)}, attrs);
+  std::vector<Tensor> in = {contiguous(g[0]), c.input(0), w, c.output(1)};
+  if (const Tensor pending = c.pending_grad(0); pending.defined() && c.needs_grad[0]) {
+    in.push_back(pending);
+    c.fold_pending_grad(0);
+  }
+  auto gs = dispatch(kRmsNormBackward, std::move(in), attrs);
   Tensor gw;
   if (c.needs_grad[1]) gw = gs[1].dtype() == c.grad_dtype(1) ? gs[1] : to_dtype(gs[1], c.grad_dtype(1));
   return {c.needs_grad[0] ? gs[0] : Tensor(), gw};
@@ -65,7 +75,8 @@ const OpDef kRmsNorm{.name = "rms_norm",
                      .save_outputs = 0b10,
                      .diff_outputs = 1,
                      .optional_inputs = 0b10,
-                     .wide_grads = 0b10};
+                     .wide_grads = 0b10,
+                     .folds_grads = 0b1};
 
 // --- rotary_embedding ------------------------------------------------------------------------
 // Inputs (x [B, T, H, D] with unit stride along D, any other strides; cos, sin [T, D] contiguous,

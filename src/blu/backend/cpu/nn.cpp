@@ -296,9 +296,10 @@ void layer_norm_kernel(const KernelCall& c) {
 }
 BLU_REGISTER_KERNEL(cpu, "layer_norm", layer_norm_kernel);
 
-// Inputs (g, x, weight or undefined, mean, rstd), g and x contiguous. With xh = (x - mean) * rstd
-// and gh = g * w:  gx = rstd * (gh - mean(gh) - xh * mean(gh * xh));  gw = sum_rows g * xh;
-// gb = sum_rows g. The column sums run serially over rows in double (deterministic).
+// Inputs (g, x, weight or undefined, mean, rstd[, pending]), g and x contiguous. With xh = (x -
+// mean) * rstd and gh = g * w:  gx = rstd * (gh - mean(gh) - xh * mean(gh * xh)) [+ pending, after
+// rounding];  gw = sum_rows g * xh;  gb = sum_rows g. The column sums run serially over rows in
+// double (deterministic).
 void layer_norm_backward_kernel(const KernelCall& c) {
   const Tensor& g = c.in[0];
   const Tensor& x = c.in[1];
@@ -313,6 +314,7 @@ void layer_norm_backward_kernel(const KernelCall& c) {
     const int64_t ws = wp ? c.in[2].stride(0) : 0;
     const S* mp = cdata<S>(c.in[3]);
     const S* rp = cdata<S>(c.in[4]);
+    const scalar_t* pp = c.in.size() > 5 && c.in[5].defined() ? cdata<scalar_t>(c.in[5]) : nullptr;
     scalar_t* gxp = c.out[0].data<scalar_t>();
     const int nt = row_threads(R, x.numel());
     _Pragma("omp parallel for num_threads(nt) schedule(static)")
@@ -331,7 +333,8 @@ void layer_norm_backward_kernel(const KernelCall& c) {
       for (int64_t k = 0; k < C; ++k) {
         const double xh = (double(A(xrow[k])) - mean) * rstd;
         const double gh = double(A(grow[k])) * (wp ? double(A(wp[k * ws])) : 1.0);
-        gxp[r * C + k] = scalar_t(A(rstd * (gh - sg - xh * sgx)));
+        const scalar_t gx = scalar_t(A(rstd * (gh - sg - xh * sgx)));
+        gxp[r * C + k] = pp ? scalar_t(A(gx) + A(pp[r * C + k])) : gx;  // as add(pending, gx) rounds
       }
     }
     std::vector<double> gw(size_t(C), 0.0), gb(size_t(C), 0.0);

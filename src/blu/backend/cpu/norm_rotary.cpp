@@ -56,8 +56,10 @@ void rms_norm_kernel(const KernelCall& c) {
 }
 BLU_REGISTER_KERNEL(cpu, "rms_norm", rms_norm_kernel);
 
-// Inputs (g, x, weight or undefined, rstd), g and x contiguous. With xh = x·rstd and gh = g·w:
-//   gx = rstd·(gh − xh·mean(gh·xh)),   gw = Σ_rows g·xh   (in x's dtype, or f32: param_dtype).
+// Inputs (g, x, weight or undefined, rstd[, pending]), g and x contiguous. With xh = x·rstd and
+// gh = g·w:
+//   gx = rstd·(gh − xh·mean(gh·xh)) [+ pending, after rounding],   gw = Σ_rows g·xh   (in x's
+//   dtype, or f32: param_dtype).
 void rms_norm_backward_kernel(const KernelCall& c) {
   const Tensor& g = c.in[0];
   const Tensor& x = c.in[1];
@@ -70,6 +72,7 @@ void rms_norm_backward_kernel(const KernelCall& c) {
     const scalar_t* xp = cdata<scalar_t>(x);
     const scalar_t* wp = c.in[2].defined() ? cdata<scalar_t>(c.in[2]) : nullptr;
     const S* rp = cdata<S>(c.in[3]);
+    const scalar_t* pp = c.in.size() > 4 && c.in[4].defined() ? cdata<scalar_t>(c.in[4]) : nullptr;
     scalar_t* gxp = c.out[0].data<scalar_t>();
     const int nt = row_threads(R, x.numel());
     _Pragma("omp parallel for num_threads(nt) schedule(static)")
@@ -86,7 +89,8 @@ void rms_norm_backward_kernel(const KernelCall& c) {
       for (int64_t k = 0; k < C; ++k) {
         const double xh = double(A(xrow[k])) * rstd;
         const double gh = double(A(grow[k])) * (wp ? double(A(wp[k])) : 1.0);
-        gxp[r * C + k] = scalar_t(A(rstd * (gh - xh * sgx)));
+        const scalar_t gx = scalar_t(A(rstd * (gh - xh * sgx)));
+        gxp[r * C + k] = pp ? scalar_t(A(gx) + A(pp[r * C + k])) : gx;  // as add(pending, gx) rounds
       }
     }
     std::vector<double> gw(size_t(C), 0.0);

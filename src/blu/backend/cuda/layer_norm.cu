@@ -59,12 +59,12 @@ __global__ void layer_norm_forward_kernel(const T* __restrict__ x, const T* __re
   }
 }
 
-// gx = rstd * (gh - mean(gh) - xh * mean(gh * xh)), gh = g * w, xh = (x - mean) * rstd.
+// gx = rstd * (gh - mean(gh) - xh * mean(gh * xh)) [+ pending], gh = g * w, xh = (x - mean) * rstd.
 template <typename T>
 __global__ void layer_norm_grad_x_kernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
                                          int64_t ws, const acc_of<T>* __restrict__ mean_in,
                                          const acc_of<T>* __restrict__ rstd_in, int64_t R, int64_t C,
-                                         T* __restrict__ gx) {
+                                         const T* __restrict__ pending, T* __restrict__ gx) {
   using A = acc_of<T>;
   const int lane = threadIdx.x % 32;
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
@@ -84,7 +84,8 @@ __global__ void layer_norm_grad_x_kernel(const T* __restrict__ g, const T* __res
   for (int64_t k = lane; k < C; k += 32) {
     const A xh = (to_acc(xr[k]) - mean) * rstd;
     const A gh = to_acc(gr[k]) * (w ? to_acc(w[k * ws]) : A(1));
-    out[k] = from_acc<T>(rstd * (gh - sg - xh * sgx));
+    const T v = from_acc<T>(rstd * (gh - sg - xh * sgx));
+    out[k] = pending ? add_pending(v, pending[row * C + k]) : v;
   }
 }
 
@@ -210,8 +211,8 @@ constexpr int kBwdWarps = 4;
 template <typename T, int NV>
 __global__ void __launch_bounds__(32 * kBwdWarps) layer_norm_backward_vec_kernel(
     const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ mean_in,
-    const float* __restrict__ rstd_in, int64_t R, int C, T* __restrict__ gx, float* __restrict__ partial_w,
-    float* __restrict__ partial_b) {
+    const float* __restrict__ rstd_in, int64_t R, int C, const T* __restrict__ pending, T* __restrict__ gx,
+    float* __restrict__ partial_w, float* __restrict__ partial_b) {
   constexpr int V = kVec<T>, S = NV * V * 32;  // S: one warp's sums of one kind
   extern __shared__ float smem[];                // [kBwdWarps][2][S]
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nvec = C / V;
@@ -248,11 +249,13 @@ __global__ void __launch_bounds__(32 * kBwdWarps) layer_norm_backward_vec_kernel
     for (int j = 0; j < NV; ++j) {
       const int vi = lane + 32 * j;
       if (vi >= nvec) continue;
-      Vec16<T> o;
+      Vec16<T> o, pv;
+      if (pending) pv = reinterpret_cast<const Vec16<T>*>(pending + row * C)[vi];
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const float gh = gv[j][e] * float(to_acc(wv[j].v[e]));
         o.v[e] = from_acc<T>(rstd * (gh - sg - xh[j][e] * sgx));
+        if (pending) o.v[e] = add_pending(o.v[e], pv.v[e]);
         sw[(j * V + e) * 32 + lane] += gv[j][e] * xh[j][e];
         sb[(j * V + e) * 32 + lane] += gv[j][e];
       }
@@ -375,7 +378,8 @@ bool layer_norm_backward_fast(const KernelCall& c, int64_t R, int64_t C) {
   if constexpr (sizeof(T) == 8) {
     return false;
   } else {
-    if (R == 0 || nv == 0 || !fast_operands({c.in[0], c.in[1], c.in[2], c.out[0]})) return false;
+    const Tensor pending = c.in.size() > 5 ? c.in[5] : Tensor();
+    if (R == 0 || nv == 0 || !fast_operands({c.in[0], c.in[1], c.in[2], c.out[0], pending})) return false;
     cudaStream_t s = stream_of(c.ctx);
     const int64_t nb = fast_backward_blocks(R);
     Scratch partial(c.ctx, size_t(2 * nb * C) * sizeof(float));
@@ -388,7 +392,7 @@ bool layer_norm_backward_fast(const KernelCall& c, int64_t R, int64_t C) {
       layer_norm_backward_vec_kernel<T, NV><<<unsigned(nb), 32 * kBwdWarps, smem, s>>>(
                         static_cast<const T*>(c.in[0].raw_data()), static_cast<const T*>(c.in[1].raw_data()),
                         opt_ptr<T>(c.in[2]), static_cast<const float*>(c.in[3].raw_data()),
-                        static_cast<const float*>(c.in[4].raw_data()), R, int(C),
+                        static_cast<const float*>(c.in[4].raw_data()), R, int(C), opt_ptr<T>(pending),
                         static_cast<T*>(c.out[0].raw_data()), pw, pw + nb * C);
     });
     BLU_CUDA_CHECK_LAUNCH();
@@ -417,7 +421,8 @@ void layer_norm_kernel(const KernelCall& c) {
 }
 BLU_REGISTER_KERNEL(cuda, "layer_norm", layer_norm_kernel);
 
-// Inputs (g, x, weight or undefined, mean, rstd); outputs grad_x, grad_weight, grad_bias.
+// Inputs (g, x, weight or undefined, mean, rstd[, pending]); outputs grad_x (+ pending), grad_weight,
+// grad_bias.
 void layer_norm_backward_kernel(const KernelCall& c) {
   const Tensor& g = c.in[0];
   const Tensor& x = c.in[1];
@@ -437,7 +442,8 @@ void layer_norm_backward_kernel(const KernelCall& c) {
     if (R > 0) {
       layer_norm_grad_x_kernel<scalar_t><<<unsigned((R + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0,
                                            s>>>(gp, xp, opt_ptr<scalar_t>(w), w.defined() ? w.stride(0) : 0, mp, rp,
-                                                R, C, static_cast<scalar_t*>(c.out[0].raw_data()));
+                                                R, C, c.in.size() > 5 ? opt_ptr<scalar_t>(c.in[5]) : nullptr,
+                                                static_cast<scalar_t*>(c.out[0].raw_data()));
       BLU_CUDA_CHECK_LAUNCH();
     }
     const int64_t chunks = std::max<int64_t>((R + kChunkRows - 1) / kChunkRows, 1);

@@ -35,6 +35,15 @@ __device__ __forceinline__ T from_acc(A v) {
   else return T(v);
 }
 
+// A gradient already rounded to T plus the gradient waiting for the same input, rounded once: what
+// the autograd engine's add of the two would give (Note [Folded gradient sums], ops/dispatch.h).
+// The _rn intrinsics are never contracted into a multiply before them.
+template <typename T>
+__device__ __forceinline__ T add_pending(T gx, T pending) {
+  if constexpr (std::is_same_v<T, double>) return __dadd_rn(gx, pending);
+  else return from_acc<T>(__fadd_rn(to_acc(gx), to_acc(pending)));
+}
+
 // The tensor that owns block b of a multi-tensor launch: the last i with first_block[i] <= b
 // (binary search; first_block ascending, first_block[0] = 0).
 __device__ __forceinline__ int owning_tensor(const int32_t* first_block, int count, int b) {

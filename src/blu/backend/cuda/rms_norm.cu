@@ -51,11 +51,11 @@ __global__ void rms_norm_forward_kernel(const T* __restrict__ x, const T* __rest
   }
 }
 
-// gx = rstd·(gh − x̂·mean(gh·x̂)), gh = g·w, x̂ = x·rstd.
+// gx = rstd·(gh − x̂·mean(gh·x̂)) [+ pending], gh = g·w, x̂ = x·rstd.
 template <typename T>
 __global__ void rms_norm_grad_x_kernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
                                        const acc_of<T>* __restrict__ rstd_in, int64_t R, int64_t C,
-                                       T* __restrict__ gx) {
+                                       const T* __restrict__ pending, T* __restrict__ gx) {
   using A = acc_of<T>;
   const int lane = threadIdx.x % 32;
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
@@ -70,7 +70,8 @@ __global__ void rms_norm_grad_x_kernel(const T* __restrict__ g, const T* __restr
   for (int64_t k = lane; k < C; k += 32) {
     const A xh = to_acc(xr[k]) * rstd;
     const A gh = to_acc(gr[k]) * (w ? to_acc(w[k]) : A(1));
-    out[k] = from_acc<T>(rstd * (gh - xh * sgx));
+    const T v = from_acc<T>(rstd * (gh - xh * sgx));
+    out[k] = pending ? add_pending(v, pending[row * C + k]) : v;
   }
 }
 
@@ -223,7 +224,7 @@ __global__ void __launch_bounds__(kBlockOf<TPR>) rms_norm_forward_vec_kernel(con
 template <typename T, int NV, int TPR>
 __global__ void __launch_bounds__(kBlockOf<TPR>) rms_norm_backward_vec_kernel(
     const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ rstd_in,
-    int64_t R, int C, T* __restrict__ gx, float* __restrict__ partial) {
+    int64_t R, int C, const T* __restrict__ pending, T* __restrict__ gx, float* __restrict__ partial) {
   constexpr int V = kVec<T>, RPB = kBlockOf<TPR> / TPR, S = NV * V * TPR;
   extern __shared__ float smem[];
   const int t = threadIdx.x % TPR, group = threadIdx.x / TPR, nvec = C / V;
@@ -257,11 +258,13 @@ __global__ void __launch_bounds__(kBlockOf<TPR>) rms_norm_backward_vec_kernel(
     for (int j = 0; j < NV; ++j) {
       const int vi = t + TPR * j;
       if (vi >= nvec) continue;
-      Vec16<T> o;
+      Vec16<T> o, pv;
+      if (pending) pv = reinterpret_cast<const Vec16<T>*>(pending + row * C)[vi];
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const float gh = gv[j][e] * float(to_acc(wv[j].v[e]));
         o.v[e] = from_acc<T>(rstd * (gh - xh[j][e] * sgx));
+        if (pending) o.v[e] = add_pending(o.v[e], pv.v[e]);
         sw[(j * V + e) * TPR + t] += gv[j][e] * xh[j][e];
       }
       reinterpret_cast<Vec16<T>*>(gx + row * C)[vi] = o;
@@ -347,7 +350,8 @@ bool rms_norm_backward_fast(const KernelCall& c, int64_t R, int64_t C) {
     return false;
   } else {
     const FastShape fs = fast_shape<T>(C);
-    if (R == 0 || fs.tpr == 0 || !fast_operands({c.in[0], c.in[1], c.in[2], c.out[0]})) return false;
+    const Tensor pending = c.in.size() > 4 ? c.in[4] : Tensor();
+    if (R == 0 || fs.tpr == 0 || !fast_operands({c.in[0], c.in[1], c.in[2], c.out[0], pending})) return false;
     cudaStream_t s = stream_of(c.ctx);
     // Blocks: a function of R and C alone (reruns and other GPUs sum alike).
     const int block = fs.tpr == 32 ? kBlockOf<32> : fs.tpr, rpb = block / fs.tpr;
@@ -360,8 +364,8 @@ bool rms_norm_backward_fast(const KernelCall& c, int64_t R, int64_t C) {
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
       rms_norm_backward_vec_kernel<T, NV, TPR><<<unsigned(nb), kBlockOf<TPR>, smem, s>>>(
           static_cast<const T*>(c.in[0].raw_data()), static_cast<const T*>(c.in[1].raw_data()), opt_ptr<T>(c.in[2]),
-          static_cast<const float*>(c.in[3].raw_data()), R, int(C), static_cast<T*>(c.out[0].raw_data()),
-          partial.as<float>());
+          static_cast<const float*>(c.in[3].raw_data()), R, int(C), opt_ptr<T>(pending),
+          static_cast<T*>(c.out[0].raw_data()), partial.as<float>());
     });
     BLU_CUDA_CHECK_LAUNCH();
     rms_norm_grad_w_final<T>(c, partial.as<float>(), nb, C, 32);
@@ -388,7 +392,7 @@ void rms_norm_kernel(const KernelCall& c) {
 }
 BLU_REGISTER_KERNEL(cuda, "rms_norm", rms_norm_kernel);
 
-// Inputs (g, x, weight or undefined, rstd); outputs grad_x, grad_weight.
+// Inputs (g, x, weight or undefined, rstd[, pending]); outputs grad_x (+ pending), grad_weight.
 void rms_norm_backward_kernel(const KernelCall& c) {
   const Tensor& g = c.in[0];
   const Tensor& x = c.in[1];
@@ -407,6 +411,7 @@ void rms_norm_backward_kernel(const KernelCall& c) {
     if (R > 0) {
       rms_norm_grad_x_kernel<scalar_t><<<unsigned((R + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0,
                                          s>>>(gp, xp, opt_ptr<scalar_t>(c.in[2]), rp, R, C,
+                                              c.in.size() > 4 ? opt_ptr<scalar_t>(c.in[4]) : nullptr,
                                               static_cast<scalar_t*>(c.out[0].raw_data()));
       BLU_CUDA_CHECK_LAUNCH();
     }

@@ -352,6 +352,7 @@ std::string emit_cpu_source(const Graph& g, const FusedRegion& r) {
       if (n == "layer_norm_backward" || n == "rms_norm_backward") {
         const bool ln = n == "layer_norm_backward";
         const int gv = in(0), xv = in(1), wv = in(2), mv = ln ? in(3) : -1, rv = ln ? in(4) : in(3);
+        const int pv = in(ln ? 5 : 4);  // the gradient waiting for x: added after rounding
         const std::string wexpr = wv >= 0 ? "double(" + elem(wv) + ")" : "1.0";
         row_os << "      const double mean = " << (ln ? stat(mv) : "0.0") << ", rstd = " << stat(rv) << ";\n"
            << "      double sg = 0, sgx = 0;\n      for (int64_t k = 0; k < " << C << "; ++k) {\n"
@@ -362,6 +363,8 @@ std::string emit_cpu_source(const Graph& g, const FusedRegion& r) {
         std::string body = "      const double xh = (" + xe(xv) + (ln ? " - mean" : "") + ") * rstd;\n"
                            "      const double gh = " + xe(gv) + " * " + wexpr + ";\n"
                            "      y = " + A + "(rstd * (gh - " + (ln ? "sg - " : "") + "xh * sgx));\n";
+        if (pv >= 0)
+          body += "      y = " + A + "(" + ctype(g.values[size_t(op.outputs[0])].dtype) + "(y)) + " + elem(pv) + ";\n";
         define_row(op.outputs[0], A, body);
         if (ln) {
           column_sum(op.outputs[1], xe(gv) + " * (" + xe(xv) + " - mean) * rstd", A);

@@ -594,11 +594,13 @@ std::string emit_cuda_source(const Graph& g, const FusedRegion& r) {
       body << "  {  // " << n << "\n";
       ++scope;
       if (is_norm_backward(op)) {
-        // (g, x, weight or none, [mean,] rstd) -> grad_x, grad_weight[, grad_bias]; as
+        // (g, x, weight or none, [mean,] rstd[, pending]) -> grad_x, grad_weight[, grad_bias]; as
         // backend/cuda/layer_norm.cu and rms_norm.cu: x̂ = (x - mean)·rstd, ĝ = g·w, grad_x =
-        // rstd·(ĝ - mean(ĝ) - x̂·mean(ĝ·x̂)), grad_weight = Σ_rows g·x̂, grad_bias = Σ_rows g.
+        // rstd·(ĝ - mean(ĝ) - x̂·mean(ĝ·x̂)) [rounded, + pending], grad_weight = Σ_rows g·x̂,
+        // grad_bias = Σ_rows g.
         const bool ln = n == "layer_norm_backward";
         const int gv = in(0), xv = in(1), wv = in(2), mv = ln ? in(3) : -1, rv = ln ? in(4) : in(3);
+        const int pv = in(ln ? 5 : 4);
         body << "    const " << A << " mean" << o << " = " << A << "(" << (ln ? stat(mv) : "0.0") << "), rstd" << o << " = " << A
              << "(" << stat(rv) << ");\n";
         const std::string gh = wv >= 0 ? "(" + elem(gv) + " * " + elem(wv) + ")" : elem(gv);
@@ -608,7 +610,9 @@ std::string emit_cuda_source(const Graph& g, const FusedRegion& r) {
              << "    row_sum2<" << TPR << ">(sg" << o << ", sgx" << o << ", shdouble);\n"
              << "    const " << A << " sga" << o << " = " << A << "(sg" << o << " / double(" << Cs << ")), sgxa" << o << " = " << A
              << "(sgx" << o << " / double(" << Cs << "));\n";
-        define(op.outputs[0], "rstd" + o + " * (" + gh + (ln ? " - sga" + o : "") + " - " + xh + " * sgxa" + o + ")");
+        std::string gx = "rstd" + o + " * (" + gh + (ln ? " - sga" + o : "") + " - " + xh + " * sgxa" + o + ")";
+        if (pv >= 0) gx = "to_acc(" + round_to(g.values[size_t(op.outputs[0])].dtype, gx) + ") + " + elem(pv);
+        define(op.outputs[0], gx);
         column_sum(op.outputs[1], elem(gv) + " * " + xh);
         if (ln) column_sum(op.outputs[2], elem(gv));
       } else if (n == "softmax") {
