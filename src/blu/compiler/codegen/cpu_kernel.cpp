@@ -71,12 +71,7 @@ std::string binary_expr(const std::string& n, const std::string& a, const std::s
   if (n == "mul") return "(" + a + " * " + b + ")";
   if (n == "div") return "(" + a + " / " + b + ")";
   if (n == "pow") return A + "(std::pow(" + a + ", " + b + "))";
-  if (n == "eq") return "(" + a + " == " + b + ")";
-  if (n == "ne") return "(" + a + " != " + b + ")";
-  if (n == "lt") return "(" + a + " < " + b + ")";
-  if (n == "le") return "(" + a + " <= " + b + ")";
-  if (n == "gt") return "(" + a + " > " + b + ")";
-  if (n == "ge") return "(" + a + " >= " + b + ")";
+  if (is_comparison(n)) return comparison_expr(n, a, b);
   BLU_CHECK(false, "cpu codegen: no emitter for binary op ", n);
 }
 

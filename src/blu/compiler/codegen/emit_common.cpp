@@ -9,6 +9,12 @@ bool is_comparison(const std::string& name) {
   return name == "eq" || name == "ne" || name == "lt" || name == "le" || name == "gt" || name == "ge";
 }
 
+std::string comparison_expr(const std::string& name, const std::string& a, const std::string& b) {
+  const char* op = name == "eq" ? " == " : name == "ne" ? " != " : name == "lt" ? " < " : name == "le" ? " <= "
+                 : name == "gt" ? " > " : " >= ";
+  return "(" + a + op + b + ")";
+}
+
 bool emit_pointwise_supported(const Op& op) {
   const OpClass c = op_class(op.name);
   if (c == OpClass::unary) return true;

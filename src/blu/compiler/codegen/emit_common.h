@@ -13,6 +13,8 @@ bool is_float_dtype(DType t);
 // eq, ne, lt, le, gt, ge: two operands of one float dtype, a bool out (compared in the
 // accumulation type, as the eager kernels compare).
 bool is_comparison(const std::string& name);
+// A comparison's expression on two operand expressions of one type, in C++ and CUDA C alike.
+std::string comparison_expr(const std::string& name, const std::string& a, const std::string& b);
 // Pointwise ops with an emitter (one or more outputs, each element on its own).
 bool emit_pointwise_supported(const Op& op);
 // Whether the emitters take op's operand dtypes in region r: float values, plus a cross-entropy's
