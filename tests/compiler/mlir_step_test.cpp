@@ -218,6 +218,15 @@ TEST(FusedKernels, SiluSwigluGeluForwardBackward) {
   EXPECT_EQ(region_vs_eager(sw, {"mul", "swiglu_backward"}, RegionShape::pointwise), 0.0);
   EXPECT_EQ(region_vs_eager(ge, {"gelu", "mul"}, RegionShape::pointwise), 0.0);
   EXPECT_EQ(region_vs_eager(ge, {"mul", "gelu_backward"}, RegionShape::pointwise), 0.0);
+  // clamp's gradient (elements on both bounds, which pass the gradient: the range is closed), and
+  // gelu_linear's backward's GELU with its gradient in one pass (two outputs).
+  Tensor w = leaf({7, 24}), bias = leaf({7});
+  Tensor c = from_vector({-1.0, 1.0, -1.5, 0.25, 1.0001, -0.9999, 3.0, -1.0}, {2, 4}).set_requires_grad(true);
+  const Tensor gc = randn({2, 4});
+  auto cl = [&] { sum(mul(clamp(c, -1.0, 1.0), gc)).backward(); };
+  auto gl = [&] { sum(mul(gelu_linear(a, w, bias), randn({5, 7}))).backward(); };
+  EXPECT_EQ(region_vs_eager(cl, {"mul", "clamp_backward"}, RegionShape::pointwise), 0.0);
+  EXPECT_EQ(region_vs_eager(gl, {"gelu_and_backward"}, RegionShape::pointwise), 0.0);
 }
 
 TEST(FusedKernels, SoftmaxAndCrossEntropyForwardBackward) {
@@ -228,6 +237,9 @@ TEST(FusedKernels, SoftmaxAndCrossEntropyForwardBackward) {
   auto ce = [&] { cross_entropy(mul(x, 0.5), t).backward(); };
   EXPECT_EQ(region_vs_eager(sm, {"mul_scalar", "where", "softmax"}, RegionShape::rows), 0.0);
   EXPECT_EQ(region_vs_eager(sm, {"softmax_backward", "where", "mul_scalar"}, RegionShape::rows), 0.0);
+  auto ls = [&] { sum(mul(log_softmax(mul(x, 0.5), -1), g)).backward(); };
+  EXPECT_EQ(region_vs_eager(ls, {"mul_scalar", "log_softmax"}, RegionShape::rows), 0.0);
+  EXPECT_EQ(region_vs_eager(ls, {"log_softmax_backward", "mul_scalar"}, RegionShape::rows), 0.0);
   EXPECT_EQ(region_vs_eager(ce, {"mul_scalar", "cross_entropy"}, RegionShape::rows), 0.0);
   EXPECT_EQ(region_vs_eager(ce, {"cross_entropy_backward", "mul_scalar"}, RegionShape::rows), 0.0);
 }

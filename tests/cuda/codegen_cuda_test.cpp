@@ -28,6 +28,7 @@
 #include "blu/compiler/fused_step.h"
 #include "blu/dist/strategy.h"
 #include "blu/models/gpt2/gpt2.h"
+#include "blu/ops/fused.h"
 #include "blu/ops/optim.h"
 #include "common/tiny_gpt.h"
 #include "cuda/cuda_test_util.h"
@@ -98,6 +99,13 @@ void for_each_case(DType t, Device dev, bool run_eager, const std::function<void
         {"mul+layer_norm_backward (residual folded)", {"-mul", "mul", "layer_norm_backward"}, RegionShape::rows, false}}},
       {[&] { sum(mul(add(x, rms_norm(x, w, 1e-6)), g)).backward(); },
        {{"mul+rms_norm_backward (residual folded)", {"-mul", "mul", "rms_norm_backward"}, RegionShape::rows, false}}},
+      {[&] { sum(mul(clamp(mul(x, 2.0), -1.0, 1.0), g)).backward(); },
+       {{"mul+clamp_backward", {"-mul_scalar", "-mul", "mul", "clamp_backward"}, RegionShape::pointwise, true}}},
+      {[&] { sum(gelu_linear(x, leaf({8, 40}, t, dev))).backward(); },
+       {{"gelu_and_backward", {"gelu_and_backward"}, RegionShape::pointwise, true}}},
+      {[&] { sum(mul(log_softmax(mul(x, 0.25), -1), g)).backward(); },
+       {{"mul_scalar+log_softmax", {"mul_scalar", "log_softmax"}, RegionShape::rows, false},
+        {"log_softmax_backward+mul_scalar", {"log_softmax_backward", "mul_scalar"}, RegionShape::rows, false}}},
       {[&] { sum(mul(softmax(mul(x, 0.25), -1), g)).backward(); },
        {{"mul_scalar+softmax", {"mul_scalar", "softmax"}, RegionShape::rows, false},
         {"softmax_backward+mul_scalar", {"softmax_backward", "mul_scalar"}, RegionShape::rows, false}}},

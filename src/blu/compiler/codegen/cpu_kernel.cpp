@@ -125,12 +125,7 @@ bool cpu_emitter_supports(const Graph& g, const FusedRegion& r) {
     }
     const bool row = emit_row_supported(op);
     if (!(emit_pointwise_supported(op) || (row && r.shape == RegionShape::rows))) return false;
-    if (!emit_dtypes_supported(g, r, op)) return false;
-    if (op.name == "softmax" || op.name == "softmax_backward") {
-      const Value& y = g.values[size_t(op.outputs[0])];
-      const int64_t d = op.attrs.i("dim");
-      if (y.shape.empty() || !(d == -1 || d == int64_t(y.shape.size()) - 1)) return false;  // rows of the last dim
-    }
+    if (!emit_dtypes_supported(g, r, op) || !emit_layout_supported(g, r, op)) return false;
   }
   return true;
 }
@@ -310,6 +305,25 @@ std::string emit_cpu_source(const Graph& g, const FusedRegion& r) {
         os << "    {\n" << row_os.str() << "    }\n";
         continue;
       }
+      if (n == "log_softmax") {
+        // As backend/cpu/nn.cpp: e^(x - m) in double (libm), lse = m + log(Σ) in A, y = x - lse.
+        const int xv = in(0);
+        row_os << "      " << A << " m = -std::numeric_limits<" << A << ">::infinity();\n"
+               << "      for (int64_t k = 0; k < " << C << "; ++k) m = std::max(m, " << elem(xv) << ");\n"
+               << "      double s0 = 0;\n      for (int64_t k = 0; k < " << C << "; ++k) s0 += std::exp(double(" << elem(xv)
+               << " - m));\n      const " << A << " lse = m + " << A << "(std::log(s0));\n";
+        define_row(op.outputs[0], A, "      y = " + elem(xv) + " - lse;\n");
+        os << "    {\n" << row_os.str() << "    }\n";
+        continue;
+      }
+      if (n == "log_softmax_backward") {
+        const int gv = in(0), yv = in(1);
+        row_os << "      double s0 = 0;\n      for (int64_t k = 0; k < " << C << "; ++k) s0 += double(" << elem(gv)
+               << ");\n      const " << A << " sa = " << A << "(s0);\n";
+        define_row(op.outputs[0], A, "      y = " + elem(gv) + " - std::exp(" + elem(yv) + ") * sa;\n");
+        os << "    {\n" << row_os.str() << "    }\n";
+        continue;
+      }
       if (n == "softmax_backward") {
         const int gv = in(0), yv = in(1);
         row_os << "      double s0 = 0;\n      for (int64_t k = 0; k < " << C << "; ++k) s0 += double(" << elem(gv)
@@ -429,8 +443,20 @@ std::string emit_cpu_source(const Graph& g, const FusedRegion& r) {
       define(op.outputs[1], gs + " * (" + a + " * sg_s" + std::to_string(oi) + ")");
       continue;
     }
+    if (n == "gelu_and_backward") {
+      // (g, x) -> gelu(x), g·gelu'(x), as backend/cpu/elementwise.cpp.
+      if (rows) BLU_CHECK(false, "cpu codegen: gelu_and_backward in a rows region");
+      const bool approx = op.attrs.b("approximate");
+      const std::string x = elem(in(1)), gs = elem(in(0));
+      define(op.outputs[0], std::string(approx ? "gelu_tanh" : "gelu_erf") + "<" + A + ">(" + x + ")");
+      define(op.outputs[1], gs + " * gelu_bwd<" + A + ">(" + x + ", " + (approx ? "true" : "false") + ")");
+      continue;
+    }
     std::string e;
     if (n == "silu_backward") e = elem(in(0)) + " * silu_grad_of<" + A + ">(" + elem(in(1)) + ")";
+    else if (n == "clamp_backward")
+      e = "(" + elem(in(1)) + " >= " + sc(oi, "lo", A) + " && " + elem(in(1)) + " <= " + sc(oi, "hi", A) + " ? " +
+          elem(in(0)) + " : " + A + "(0))";
     else if (n == "gelu_backward") e = elem(in(0)) + " * gelu_bwd<" + A + ">(" + elem(in(1)) + ", " + (op.attrs.b("approximate") ? "true" : "false") + ")";
     else if (n == "where") e = "(" + elem(in(0)) + " ? " + elem(in(1)) + " : " + elem(in(2)) + ")";
     else if (n == "swiglu") e = elem(in(0)) + " * sigmoid_of<" + A + ">(" + elem(in(0)) + ") * " + elem(in(1));

@@ -420,14 +420,7 @@ bool cuda_emitter_supports(const Graph& g, const FusedRegion& r) {
     const bool row = cuda_row_supported(op);
     if (!(emit_pointwise_supported(op) || (row && r.shape == RegionShape::rows))) return false;
     if (emit_row_supported(op) && !row) return false;
-    if (!emit_dtypes_supported(g, r, op)) return false;
-    if (op.name == "softmax" || op.name == "softmax_backward") {
-      const Value& y = g.values[size_t(op.outputs[0])];
-      const int64_t d = op.attrs.i("dim");
-      if (y.shape.empty() || !(d == -1 || d == int64_t(y.shape.size()) - 1)) return false;
-    }
-    // swiglu_backward has two outputs; in a rows region it is not emitted (as on the CPU).
-    if (op.name == "swiglu_backward" && r.shape == RegionShape::rows) return false;
+    if (!emit_dtypes_supported(g, r, op) || !emit_layout_supported(g, r, op)) return false;
     // cross_entropy reads its target's logit by index: the logits come from outside the region.
     if (op.name == "cross_entropy" && std::find(r.inputs.begin(), r.inputs.end(), op.inputs[0]) == r.inputs.end())
       return false;
@@ -619,6 +612,20 @@ std::string emit_cuda_source(const Graph& g, const FusedRegion& r) {
              << end_loop << "    " << s0 << " = row_sum<" << TPR << ">(" << s0 << ", shdouble);\n"
              << "    const " << A << " inv" << o << " = " << A << "(1.0 / " << s0 << ");\n";
         define(op.outputs[0], "bexp(" + elem(xv) + " - " + m + ") * inv" + o);
+      } else if (n == "log_softmax") {
+        const int xv = in(0);
+        const std::string m = "m" + o, s0 = "s" + o;
+        body << "    " << A << " " << m << " = neg_inf<" << A << ">();\n" << loop << "        " << m << " = max_keep(" << m << ", " << elem(xv)
+             << ");\n" << end_loop << "    " << m << " = row_max<" << TPR << ">(" << m << ", sh" << A << ");\n"
+             << "    double " << s0 << " = 0;\n" << loop << "        " << s0 << " += bexp(double(" << elem(xv) << " - " << m << "));\n"
+             << end_loop << "    " << s0 << " = row_sum<" << TPR << ">(" << s0 << ", shdouble);\n"
+             << "    const " << A << " lse" << o << " = " << m << " + " << A << "(blog(" << s0 << "));\n";
+        define(op.outputs[0], elem(xv) + " - lse" + o);
+      } else if (n == "log_softmax_backward") {
+        const int gv = in(0), yv = in(1);
+        body << "    double s" << o << " = 0;\n" << loop << "        s" << o << " += double(" << elem(gv) << ");\n" << end_loop
+             << "    s" << o << " = row_sum<" << TPR << ">(s" << o << ", shdouble);\n";
+        define(op.outputs[0], elem(gv) + " - bexp(" + elem(yv) + ") * " + A + "(s" + o + ")");
       } else if (n == "softmax_backward") {
         const int gv = in(0), yv = in(1);
         body << "    double s" << o << " = 0;\n" << loop << "        s" << o << " += double(" << elem(gv) << ") * double("
@@ -689,8 +696,19 @@ std::string emit_cuda_source(const Graph& g, const FusedRegion& r) {
       define(op.outputs[1], gs + " * (" + x + " * " + s + ")");
       continue;
     }
+    if (n == "gelu_and_backward") {
+      // (g, x) -> gelu(x), g·gelu'(x), as backend/cuda/elementwise.cu.
+      const std::string approx = op.attrs.b("approximate") ? "true" : "false", f = fast ? "true" : "false";
+      const std::string x = elem(in(1)), gs = elem(in(0));
+      define(op.outputs[0], "gelu_fwd<" + A + ">(" + x + ", " + approx + ", " + f + ")");
+      define(op.outputs[1], gs + " * gelu_bwd<" + A + ">(" + x + ", " + approx + ", " + f + ")");
+      continue;
+    }
     std::string e;
     if (n == "silu_backward") e = elem(in(0)) + " * silu_grad_of<" + A + ">(" + elem(in(1)) + ", sigmoid_of<" + A + ">(" + elem(in(1)) + "))";
+    else if (n == "clamp_backward")
+      e = "(" + elem(in(1)) + " >= " + sc(oi, "lo", A) + " && " + elem(in(1)) + " <= " + sc(oi, "hi", A) + " ? " +
+          elem(in(0)) + " : " + A + "(0))";
     else if (n == "gelu_backward")
       e = elem(in(0)) + " * gelu_bwd<" + A + ">(" + elem(in(1)) + ", " + (op.attrs.b("approximate") ? "true" : "false") + ", " +
           (fast ? "true" : "false") + ")";

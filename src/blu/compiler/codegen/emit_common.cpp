@@ -21,9 +21,23 @@ bool emit_pointwise_supported(const Op& op) {
   if (c == OpClass::binary)
     return op.name == "add" || op.name == "sub" || op.name == "mul" || op.name == "div" || op.name == "pow" ||
            is_comparison(op.name);
-  if (op.name == "silu_backward" || op.name == "swiglu" || op.name == "gelu_backward" || op.name == "where") return true;
+  if (op.name == "silu_backward" || op.name == "swiglu" || op.name == "gelu_backward" || op.name == "where" ||
+      op.name == "clamp_backward" || op.name == "gelu_and_backward")
+    return true;
   if (op.name == "swiglu_backward") return !op.attrs.has("joined") || !op.attrs.b("joined");
   return false;
+}
+
+bool emit_layout_supported(const Graph& g, const FusedRegion& r, const Op& op) {
+  // Two outputs (the gradient pairs) are written element by element, not as rows.
+  if ((op.name == "swiglu_backward" || op.name == "gelu_and_backward") && r.shape == RegionShape::rows) return false;
+  if (op.name == "softmax" || op.name == "softmax_backward" || op.name == "log_softmax" ||
+      op.name == "log_softmax_backward") {
+    const Value& y = g.values[size_t(op.outputs[0])];
+    const int64_t d = op.attrs.i("dim");
+    if (y.shape.empty() || !(d == -1 || d == int64_t(y.shape.size()) - 1)) return false;  // rows of the last dim
+  }
+  return true;
 }
 
 bool emit_dtypes_supported(const Graph& g, const FusedRegion& r, const Op& op) {
@@ -55,7 +69,8 @@ bool emit_row_supported(const Op& op) {
   if (op.attrs.has("class_offset")) return false;  // cross-entropy on a shard of the classes
   return op.name == "layer_norm" || op.name == "rms_norm" || op.name == "layer_norm_backward" ||
          op.name == "rms_norm_backward" || op.name == "cross_entropy" || op.name == "cross_entropy_backward" ||
-         op.name == "softmax" || op.name == "softmax_backward";
+         op.name == "softmax" || op.name == "softmax_backward" || op.name == "log_softmax" ||
+         op.name == "log_softmax_backward";
 }
 
 bool rows_region_values_fit(const Graph& g, const FusedRegion& r) {

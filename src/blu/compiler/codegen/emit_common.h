@@ -21,6 +21,9 @@ bool emit_pointwise_supported(const Op& op);
 // integer target, a bool condition of where, and the bool out of a comparison in a pointwise
 // region (a rows region's arrays and vectors are of float values).
 bool emit_dtypes_supported(const Graph& g, const FusedRegion& r, const Op& op);
+// Whether the emitters take op's layout in region r: the (log-)softmaxes over the last dim only,
+// the two-output gradient ops (swiglu_backward, gelu_and_backward) in pointwise regions only.
+bool emit_layout_supported(const Graph& g, const FusedRegion& r, const Op& op);
 // Row ops (reductions over the last dimension) with an emitter.
 bool emit_row_supported(const Op& op);
 // An adamw_step both generators emit: one ungated parameter group of contiguous tensors (parameter,
