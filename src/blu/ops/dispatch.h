@@ -57,12 +57,14 @@ struct BackwardContext {
   bool saved_released_after = false;
   // pending_grads: input i's gradient from its other consumers, already summed and waiting for
   // this one's (Note [Folded gradient sums]); empty, or one per input, set only while the backward
-  // runs, for inputs of bit i in OpDef::folds_grads. A formula that adds it into its result calls
-  // fold_pending_grad(i) and returns the sum.
+  // runs, for inputs of bit i in OpDef::folds_grads. A formula whose kernel adds it takes it with
+  // take_pending_grad(i, kernel_inputs): appended as the kernel's last input when there is one and
+  // input i needs a gradient, and marked as folded, so the engine takes the result as the sum.
   std::vector<Tensor> pending_grads;
   mutable std::vector<bool> folded;
-  Tensor pending_grad(size_t i) const { return i < pending_grads.size() ? pending_grads[i] : Tensor(); }
-  void fold_pending_grad(size_t i) const {
+  void take_pending_grad(size_t i, std::vector<Tensor>& kernel_inputs) const {
+    if (i >= pending_grads.size() || !pending_grads[i].defined() || !needs_grad.at(i)) return;
+    kernel_inputs.push_back(pending_grads[i]);
     if (folded.size() <= i) folded.resize(i + 1);
     folded[i] = true;
   }
@@ -115,9 +117,9 @@ struct BackwardContext {
 // An op whose backward can add a given tensor into its input-i gradient as it writes it sets bit i
 // of OpDef::folds_grads. When the other consumers' gradient is already waiting in the engine (the
 // residual add's backward ran first, as it was created later) and has the input's shape, dtype and
-// layout, the engine hands it to the backward as pending_grad(i); the backward adds it into its
-// result, rounded as the engine's add would round it (the op's gradient rounded to the dtype, then
-// the sum rounded: the same bits), marks it with fold_pending_grad(i), and the engine replaces the
+// layout, the engine hands it to the backward (ctx.pending_grads[i]); the backward's kernel adds it
+// into its result, rounded as the engine's add would round it (the op's gradient rounded to the
+// dtype, then the sum rounded: the same bits), take_pending_grad marks it, and the engine replaces the
 // waiting gradient with the sum instead of adding. Never for a leaf's accumulator (its first
 // gradient may sit in the leaf's grad slot, Note [Wide gradients]) nor between two edges of one op
 // to the same tensor.
@@ -161,7 +163,7 @@ struct OpDef {
   uint32_t optional_inputs = 0;   // bit i: input i may be undefined
   bool cross_device = false;      // inputs/outputs may sit on different devices (copies)
   uint32_t wide_grads = 0;        // bit i: the backward honours ctx.grad_dtype(i) (Note [Wide gradients])
-  uint32_t folds_grads = 0;       // bit i: the backward can add ctx.pending_grad(i) (Note [Folded gradient sums])
+  uint32_t folds_grads = 0;       // bit i: the backward can add ctx.pending_grads[i] (Note [Folded gradient sums])
   bool grad_in_source_dtype = false;  // a cast: output 0's gradient may arrive in input 0's dtype
   // Not part of the definition (leave it out of the initialiser): the backend kernel per device
   // type, filled by dispatch() on the op's first call on that type, null until then (and while

@@ -156,10 +156,7 @@ std::vector<Tensor> layer_norm_bw(const BackwardContext& c, std::span<const Tens
   if ((c.needs_grad[1] && c.grad_dtype(1) != xd) || (c.needs_grad[2] && c.grad_dtype(2) != xd))
     attrs = Attrs{{"param_dtype", DType::f32}};
   std::vector<Tensor> in = {contiguous(g[0]), c.input(0), w, c.output(1), c.output(2)};
-  if (const Tensor pending = c.pending_grad(0); pending.defined() && c.needs_grad[0]) {
-    in.push_back(pending);
-    c.fold_pending_grad(0);
-  }
+  c.take_pending_grad(0, in);
   auto gs = dispatch(kLayerNormBackward, std::move(in), attrs);
   auto param = [&](size_t i) {
     if (!c.needs_grad[i]) return Tensor();

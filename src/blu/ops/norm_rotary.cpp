@@ -58,10 +58,7 @@ std::vector<Tensor> rms_norm_bw(const BackwardContext& c, std::span<const Tensor
   Attrs attrs;
   if (c.needs_grad[1] && c.grad_dtype(1) != xd) attrs = Attrs{{"param_dtype", DType::f32}};
   std::vector<Tensor> in = {contiguous(g[0]), c.input(0), w, c.output(1)};
-  if (const Tensor pending = c.pending_grad(0); pending.defined() && c.needs_grad[0]) {
-    in.push_back(pending);
-    c.fold_pending_grad(0);
-  }
+  c.take_pending_grad(0, in);
   auto gs = dispatch(kRmsNormBackward, std::move(in), attrs);
   Tensor gw;
   if (c.needs_grad[1]) gw = gs[1].dtype() == c.grad_dtype(1) ? gs[1] : to_dtype(gs[1], c.grad_dtype(1));

@@ -603,24 +603,22 @@ std::string emit_cuda_source(const Graph& g, const FusedRegion& r) {
         define(op.outputs[0], gx);
         column_sum(op.outputs[1], elem(gv) + " * " + xh);
         if (ln) column_sum(op.outputs[2], elem(gv));
-      } else if (n == "softmax") {
+      } else if (n == "softmax" || n == "log_softmax") {
+        // The row's max and Σ e^(x - max) in double; softmax scales e^(x - max) by 1/Σ, log-softmax
+        // takes x - (max + log Σ).
         const int xv = in(0);
         const std::string m = "m" + o, s0 = "s" + o;
         body << "    " << A << " " << m << " = neg_inf<" << A << ">();\n" << loop << "        " << m << " = max_keep(" << m << ", " << elem(xv)
              << ");\n" << end_loop << "    " << m << " = row_max<" << TPR << ">(" << m << ", sh" << A << ");\n"
              << "    double " << s0 << " = 0;\n" << loop << "        " << s0 << " += bexp(double(" << elem(xv) << " - " << m << "));\n"
-             << end_loop << "    " << s0 << " = row_sum<" << TPR << ">(" << s0 << ", shdouble);\n"
-             << "    const " << A << " inv" << o << " = " << A << "(1.0 / " << s0 << ");\n";
-        define(op.outputs[0], "bexp(" + elem(xv) + " - " + m + ") * inv" + o);
-      } else if (n == "log_softmax") {
-        const int xv = in(0);
-        const std::string m = "m" + o, s0 = "s" + o;
-        body << "    " << A << " " << m << " = neg_inf<" << A << ">();\n" << loop << "        " << m << " = max_keep(" << m << ", " << elem(xv)
-             << ");\n" << end_loop << "    " << m << " = row_max<" << TPR << ">(" << m << ", sh" << A << ");\n"
-             << "    double " << s0 << " = 0;\n" << loop << "        " << s0 << " += bexp(double(" << elem(xv) << " - " << m << "));\n"
-             << end_loop << "    " << s0 << " = row_sum<" << TPR << ">(" << s0 << ", shdouble);\n"
-             << "    const " << A << " lse" << o << " = " << m << " + " << A << "(blog(" << s0 << "));\n";
-        define(op.outputs[0], elem(xv) + " - lse" + o);
+             << end_loop << "    " << s0 << " = row_sum<" << TPR << ">(" << s0 << ", shdouble);\n";
+        if (n == "softmax") {
+          body << "    const " << A << " inv" << o << " = " << A << "(1.0 / " << s0 << ");\n";
+          define(op.outputs[0], "bexp(" + elem(xv) + " - " + m + ") * inv" + o);
+        } else {
+          body << "    const " << A << " lse" << o << " = " << m << " + " << A << "(blog(" << s0 << "));\n";
+          define(op.outputs[0], elem(xv) + " - lse" + o);
+        }
       } else if (n == "log_softmax_backward") {
         const int gv = in(0), yv = in(1);
         body << "    double s" << o << " = 0;\n" << loop << "        s" << o << " += double(" << elem(gv) << ");\n" << end_loop
