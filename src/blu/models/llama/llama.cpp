@@ -199,6 +199,15 @@ std::pair<Tensor, Tensor> llama_rope_tables(const LlamaConfig& cfg, int64_t posi
 
 // --- modules ---
 
+namespace {
+// Causal attention over q [B, T, H, D] and k, v [B, T, Hkv, D] (grouped-query when Hkv < H), its
+// heads merged back: [B, T, H·D]. The body of both training paths' attention-core region.
+Tensor attend_and_merge(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const Tensor o = scaled_dot_product_attention(transpose(q, 1, 2), transpose(k, 1, 2), transpose(v, 1, 2), true);
+  return reshape(transpose(o, 1, 2), {q.size(0), q.size(1), q.size(2) * q.size(3)});
+}
+}  // namespace
+
 LlamaAttention::LlamaAttention(const LlamaConfig& cfg)
     : num_heads(cfg.num_attention_heads), num_kv_heads(cfg.num_key_value_heads), head_dim(cfg.head_dim()) {
   const int64_t C = cfg.hidden_size;
@@ -238,9 +247,7 @@ Tensor LlamaAttention::forward(const Tensor& x, const Tensor& cos, const Tensor&
           [=](const std::vector<Tensor>& in) {
             const Tensor r = rotary_embedding(view(in[0], {B, T, H + 2 * Hkv, D}), in[1], in[2], H + Hkv);
             const std::vector<Tensor> heads = split(r, {H, Hkv, Hkv}, 2);
-            const Tensor o = scaled_dot_product_attention(transpose(heads[0], 1, 2), transpose(heads[1], 1, 2),
-                                                          transpose(heads[2], 1, 2), true);
-            return reshape(transpose(o, 1, 2), {B, T, H * D});
+            return attend_and_merge(heads[0], heads[1], heads[2]);
           },
           {qkv, cos, sin});
     } else {
@@ -249,10 +256,9 @@ Tensor LlamaAttention::forward(const Tensor& x, const Tensor& cos, const Tensor&
       y = selective_region(
           "attention core",
           [=](const std::vector<Tensor>& in) {
-            const Tensor q = transpose(rotary_embedding(view(in[0], {B, T, H, D}), in[3], in[4]), 1, 2);
-            const Tensor k = transpose(rotary_embedding(view(in[1], {B, T, Hkv, D}), in[3], in[4]), 1, 2);
-            const Tensor v = transpose(view(in[2], {B, T, Hkv, D}), 1, 2);
-            return reshape(transpose(scaled_dot_product_attention(q, k, v, true), 1, 2), {B, T, H * D});
+            return attend_and_merge(rotary_embedding(view(in[0], {B, T, H, D}), in[3], in[4]),
+                                    rotary_embedding(view(in[1], {B, T, Hkv, D}), in[3], in[4]),
+                                    view(in[2], {B, T, Hkv, D}));
           },
           {qp, kp, vp, cos, sin});
     }
