@@ -51,13 +51,16 @@
 #   precisions — the same two models in fp32 and tf32 (PRECISIONS), eager and --compile, REPS (1)
 #   fuseexport — GPT-2 124M (B=16) and llama-250m (B=8), bf16, T=1024: one short `bench --compile
 #           --compile-export` each, writing the captured steps to $OUT/graphs (fused where MLIR is:
-#           `blutrain compile --from-graph`, docs/compiler_mlir.md "Fusion plans for the GPU")
+#           `blutrain compile --from-graph`, docs/compiler_mlir.md "Fusion plans for the GPU"), and two
+#           steps of fusedtext's training step (FUSED_MODEL)
 #   fused — the same two steps eager, compiled unfused and compiled fused (plans from the kernel
 #           cache carried in .devpack/kcache; NVRTC compiles the region kernels at first use),
 #           alternated REPS times (2), beside torch_gpt2.py / torch_llama.py (eager and
 #           torch.compile) in the same run
-#   fusedtext — GPT-2 124M bf16 trained on the fortunes (FUSED_STEPS, 250) eagerly with two seeds and
-#           compiled fused with the first (fuseexport exports this step too): validation losses
+#   fusedtext — FUSED_MODEL (d12: GPT-2 124M on GPT-2 tokens; llama:llama-250m: on bytes, prepared
+#           there) bf16, B=8, trained on the fortunes (FUSED_STEPS, 250) with each argument set of
+#           FUSED_RUNS (eagerly with two seeds and compiled fused with the first; fuseexport exports
+#           this step too, so its plan is in the carried cache): validation losses
 #   offload — scripts/offload_bench.sh with GRID=0 (GPT-2 d48 with its AdamW state on the host vs
 #           not, beside torch_parallel.py fsdp_offload under torchrun with one process)
 #   planner1 — the planner on one GPU: `bench --parallel` (one rank) for each model in PLAN_MODELS
@@ -73,8 +76,17 @@ source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 B="${B:-16}"; T="${T:-1024}"; STEPS="${STEPS:-20}"
 # The real-text step of fuseexport and fusedtext (the same options, so the same captured step).
-fusedtext_args=(train --model d12 --data-dir .devpack/fortunes_gpt2 --device cuda --precision bf16 -B 8 -T 1024
-                --lr 6e-4 --warmup 25 --log-every 50 --sample-every 0 --val-batches 4)
+fused_model="${FUSED_MODEL:-d12}"
+if [ "$fused_model" = d12 ]; then
+  fusedtext_args=(train --model d12 --data-dir .devpack/fortunes_gpt2 --lr 6e-4)
+else  # a Llama preset on the fortunes' bytes
+  fusedtext_args=(train --model "$fused_model" --data-dir /tmp/fortunes_byte --lr 3e-4)
+fi
+fusedtext_args+=(--device cuda --precision bf16 -B 8 -T 1024 --warmup 25 --log-every 50 --sample-every 0 --val-batches 4)
+fortunes_bytes() {  # the fortunes as bytes in /tmp/fortunes_byte, for a Llama model
+  [ -f /tmp/fortunes_byte/shards.json ] || "$pack/blutrain" prepare --input .devpack/fortunes --out /tmp/fortunes_byte \
+    --name fortunes --val-fraction 0.05 --tokenizer byte --overwrite > /dev/null
+}
 # GPT-2 124M (B=16) and llama-250m (B=8), bf16, T=1024, 20 steps, each with ARGS (and the
 # environment ENVS, "" for none); the JSON lines and errors go to $out/LOG.
 bench_pair() {  # LOG ENVS ARGS...
@@ -285,8 +297,7 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
       model="${BUDGET_MODEL:-d12}"; data="${BUDGET_DATA:-.devpack/fortunes_gpt2}"
       if [ "$data" = byte ]; then
         data=/tmp/fortunes_byte
-        [ -f "$data/shards.json" ] || "$pack/blutrain" prepare --input .devpack/fortunes --out "$data" --name fortunes \
-          --val-fraction 0.05 --tokenizer byte --overwrite > /dev/null
+        fortunes_bytes
       fi
       for b in ${BUDGETS:-7.5 5.6 4.2}; do
         echo "-- $model --gpu-memory-budget $b ${BUDGET_ARGS:-}" | tee -a "$out/autobudget.log"
@@ -321,6 +332,7 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
       timeout 200 "$pack/blutrain" bench --device cuda --model llama:llama-250m --precision bf16 -B 8 -T 1024 --steps 3 \
         --lr 3e-4 --beta2 0.95 --compile --compile-log --compile-export "$out/graphs" 2>&1 \
         | grep -E 'fusion plan|^\{|rror' | cut -c1-400
+      [ "$fused_model" = d12 ] || fortunes_bytes
       timeout 200 "$pack/blutrain" "${fusedtext_args[@]}" --steps 2 --out /tmp/fuseexport_train --compile --compile-log \
         --compile-export "$out/graphs" 2>&1 | grep -E 'fusion plan|rror' | cut -c1-400
       ls -la "$out/graphs" ;;
@@ -334,6 +346,7 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
       peers_pair fused.log bf16,bf16c ;;
     fusedtext)
       export BLU_KERNEL_CACHE="$PWD/.devpack/kcache"
+      [ "$fused_model" = d12 ] || fortunes_bytes
       IFS=';' read -r -a runs <<< "${FUSED_RUNS:---seed 1337;--seed 7;--seed 1337 --compile --compile-log}"
       for args in "${runs[@]}"; do
         echo "-- $args"
