@@ -351,7 +351,7 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
       for args in "${runs[@]}"; do
         echo "-- $args"
         timeout 300 "$pack/blutrain" "${fusedtext_args[@]}" --steps "${FUSED_STEPS:-250}" --val-every "${FUSED_STEPS:-250}" \
-          --out "/tmp/fusedtext_${args// /_}" $args 2>&1 | tee -a "$out/fusedtext.log" \
+          --out "/tmp/fusedtext_${args// /_}" --overwrite $args 2>&1 | tee -a "$out/fusedtext.log" \
           | grep -E "val loss|fusion:|fusion plan|recompute:|compiled steps|step +${FUSED_STEPS:-250}/|rror" | cut -c1-300 | tail -7
       done ;;
     offload)
