@@ -256,9 +256,9 @@ Tensor LlamaAttention::forward(const Tensor& x, const Tensor& cos, const Tensor&
       y = selective_region(
           "attention core",
           [=](const std::vector<Tensor>& in) {
-            return attend_and_merge(rotary_embedding(view(in[0], {B, T, H, D}), in[3], in[4]),
-                                    rotary_embedding(view(in[1], {B, T, Hkv, D}), in[3], in[4]),
-                                    view(in[2], {B, T, Hkv, D}));
+            const Tensor q = rotary_embedding(view(in[0], {B, T, H, D}), in[3], in[4]);  // q's, then k's
+            const Tensor k = rotary_embedding(view(in[1], {B, T, Hkv, D}), in[3], in[4]);
+            return attend_and_merge(q, k, view(in[2], {B, T, Hkv, D}));
           },
           {qp, kp, vp, cos, sin});
     }
