@@ -26,6 +26,8 @@ struct KernelCall {
   std::span<Tensor> out;
   const Attrs& attrs;
   const ExecContext& ctx;  // of the kernel's device; its workspace was reset for this call
+  // Input i, or an undefined tensor when the call has fewer inputs (an optional last input).
+  Tensor optional_in(size_t i) const { return i < in.size() ? in[i] : Tensor(); }
 };
 using Kernel = void (*)(const KernelCall&);
 

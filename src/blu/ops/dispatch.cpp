@@ -55,6 +55,13 @@ static std::map<int, OpObserver>& observers() {
   return m;
 }
 static int g_next_observer = 0;
+void check_pending_grad(std::string_view op, std::span<const Tensor> in, size_t i, const Tensor& x) {
+  if (i >= in.size() || !in[i].defined()) return;
+  const Tensor& p = in[i];
+  BLU_ASSERT(p.shape() == x.shape() && p.dtype() == x.dtype() && p.is_contiguous(), op, ": pending gradient ",
+             p.str(), " for input ", x.str());
+}
+
 int add_op_observer(OpObserver obs) {
   observers().emplace(g_next_observer, std::move(obs));
   return g_next_observer++;

@@ -124,6 +124,10 @@ struct BackwardContext {
 // gradient may sit in the leaf's grad slot, Note [Wide gradients]) nor between two edges of one op
 // to the same tensor.
 
+// The kernel-input side of the Note above: op's optional input i, when given, must have x's shape
+// and dtype and be contiguous (a BLU_ASSERT: only a backward formula passes it).
+void check_pending_grad(std::string_view op, std::span<const Tensor> in, size_t i, const Tensor& x);
+
 // The reference counts of a tensor's impl and storage that the eager step would see at this point:
 // use_count() of each, less the references a recorder on this thread holds of its own (handles to
 // tensors the eager step would have dropped by now). Tests of sole ownership (Note [Donated

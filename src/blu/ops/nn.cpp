@@ -139,9 +139,7 @@ std::vector<TensorMeta> infer_layer_norm_backward(std::span<const Tensor> in, co
   const DType pd = a.has("param_dtype") ? a.get<DType>("param_dtype") : x.dtype();
   BLU_ASSERT(pd == x.dtype() || (pd == DType::f32 && (x.dtype() == DType::bf16 || x.dtype() == DType::f16)),
              "layer_norm_backward: parameter gradients in ", pd, " for input ", x.str());
-  BLU_ASSERT(in.size() < 6 || !in[5].defined() ||
-                 (in[5].shape() == x.shape() && in[5].dtype() == x.dtype() && in[5].is_contiguous()),
-             "layer_norm_backward: pending gradient ", in[5].str(), " for input ", x.str());
+  check_pending_grad("layer_norm_backward", in, 5, x);
   const TensorMeta p{Shape{x.shape().back()}, pd, x.device()};
   return {TensorMeta{x.shape(), x.dtype(), x.device()}, p, p};
 }

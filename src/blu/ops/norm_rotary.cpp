@@ -43,9 +43,7 @@ std::vector<TensorMeta> infer_rms_norm_backward(std::span<const Tensor> in, cons
              "rms_norm_backward: weight gradient in ", pd, " for input ", x.str());
   BLU_ASSERT(in[0].shape() == x.shape() && in[0].is_contiguous() && x.is_contiguous(), "rms_norm_backward: grad ",
              in[0].str(), " for input ", x.str());
-  BLU_ASSERT(in.size() < 5 || !in[4].defined() ||
-                 (in[4].shape() == x.shape() && in[4].dtype() == x.dtype() && in[4].is_contiguous()),
-             "rms_norm_backward: pending gradient ", in[4].str(), " for input ", x.str());
+  check_pending_grad("rms_norm_backward", in, 4, x);
   return {TensorMeta{x.shape(), x.dtype(), x.device()}, TensorMeta{Shape{x.shape().back()}, pd, x.device()}};
 }
 const OpDef kRmsNormBackward{

@@ -314,7 +314,8 @@ void layer_norm_backward_kernel(const KernelCall& c) {
     const int64_t ws = wp ? c.in[2].stride(0) : 0;
     const S* mp = cdata<S>(c.in[3]);
     const S* rp = cdata<S>(c.in[4]);
-    const scalar_t* pp = c.in.size() > 5 && c.in[5].defined() ? cdata<scalar_t>(c.in[5]) : nullptr;
+    const Tensor pending = c.optional_in(5);
+    const scalar_t* pp = pending.defined() ? cdata<scalar_t>(pending) : nullptr;
     scalar_t* gxp = c.out[0].data<scalar_t>();
     const int nt = row_threads(R, x.numel());
     _Pragma("omp parallel for num_threads(nt) schedule(static)")

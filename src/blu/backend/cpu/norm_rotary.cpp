@@ -72,7 +72,8 @@ void rms_norm_backward_kernel(const KernelCall& c) {
     const scalar_t* xp = cdata<scalar_t>(x);
     const scalar_t* wp = c.in[2].defined() ? cdata<scalar_t>(c.in[2]) : nullptr;
     const S* rp = cdata<S>(c.in[3]);
-    const scalar_t* pp = c.in.size() > 4 && c.in[4].defined() ? cdata<scalar_t>(c.in[4]) : nullptr;
+    const Tensor pending = c.optional_in(4);
+    const scalar_t* pp = pending.defined() ? cdata<scalar_t>(pending) : nullptr;
     scalar_t* gxp = c.out[0].data<scalar_t>();
     const int nt = row_threads(R, x.numel());
     _Pragma("omp parallel for num_threads(nt) schedule(static)")

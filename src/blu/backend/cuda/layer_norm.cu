@@ -378,7 +378,7 @@ bool layer_norm_backward_fast(const KernelCall& c, int64_t R, int64_t C) {
   if constexpr (sizeof(T) == 8) {
     return false;
   } else {
-    const Tensor pending = c.in.size() > 5 ? c.in[5] : Tensor();
+    const Tensor pending = c.optional_in(5);
     if (R == 0 || nv == 0 || !fast_operands({c.in[0], c.in[1], c.in[2], c.out[0], pending})) return false;
     cudaStream_t s = stream_of(c.ctx);
     const int64_t nb = fast_backward_blocks(R);
@@ -442,7 +442,7 @@ void layer_norm_backward_kernel(const KernelCall& c) {
     if (R > 0) {
       layer_norm_grad_x_kernel<scalar_t><<<unsigned((R + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0,
                                            s>>>(gp, xp, opt_ptr<scalar_t>(w), w.defined() ? w.stride(0) : 0, mp, rp,
-                                                R, C, c.in.size() > 5 ? opt_ptr<scalar_t>(c.in[5]) : nullptr,
+                                                R, C, opt_ptr<scalar_t>(c.optional_in(5)),
                                                 static_cast<scalar_t*>(c.out[0].raw_data()));
       BLU_CUDA_CHECK_LAUNCH();
     }

@@ -350,7 +350,7 @@ bool rms_norm_backward_fast(const KernelCall& c, int64_t R, int64_t C) {
     return false;
   } else {
     const FastShape fs = fast_shape<T>(C);
-    const Tensor pending = c.in.size() > 4 ? c.in[4] : Tensor();
+    const Tensor pending = c.optional_in(4);
     if (R == 0 || fs.tpr == 0 || !fast_operands({c.in[0], c.in[1], c.in[2], c.out[0], pending})) return false;
     cudaStream_t s = stream_of(c.ctx);
     // Blocks: a function of R and C alone (reruns and other GPUs sum alike).
@@ -411,7 +411,7 @@ void rms_norm_backward_kernel(const KernelCall& c) {
     if (R > 0) {
       rms_norm_grad_x_kernel<scalar_t><<<unsigned((R + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0,
                                          s>>>(gp, xp, opt_ptr<scalar_t>(c.in[2]), rp, R, C,
-                                              c.in.size() > 4 ? opt_ptr<scalar_t>(c.in[4]) : nullptr,
+                                              opt_ptr<scalar_t>(c.optional_in(4)),
                                               static_cast<scalar_t*>(c.out[0].raw_data()));
       BLU_CUDA_CHECK_LAUNCH();
     }

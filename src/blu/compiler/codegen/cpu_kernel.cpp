@@ -455,8 +455,7 @@ std::string emit_cpu_source(const Graph& g, const FusedRegion& r) {
     std::string e;
     if (n == "silu_backward") e = elem(in(0)) + " * silu_grad_of<" + A + ">(" + elem(in(1)) + ")";
     else if (n == "clamp_backward")
-      e = "(" + elem(in(1)) + " >= " + sc(oi, "lo", A) + " && " + elem(in(1)) + " <= " + sc(oi, "hi", A) + " ? " +
-          elem(in(0)) + " : " + A + "(0))";
+      e = clamp_backward_expr(elem(in(0)), elem(in(1)), sc(oi, "lo", A), sc(oi, "hi", A), A);
     else if (n == "gelu_backward") e = elem(in(0)) + " * gelu_bwd<" + A + ">(" + elem(in(1)) + ", " + (op.attrs.b("approximate") ? "true" : "false") + ")";
     else if (n == "where") e = "(" + elem(in(0)) + " ? " + elem(in(1)) + " : " + elem(in(2)) + ")";
     else if (n == "swiglu") e = elem(in(0)) + " * sigmoid_of<" + A + ">(" + elem(in(0)) + ") * " + elem(in(1));

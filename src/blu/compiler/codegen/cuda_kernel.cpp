@@ -705,8 +705,7 @@ std::string emit_cuda_source(const Graph& g, const FusedRegion& r) {
     std::string e;
     if (n == "silu_backward") e = elem(in(0)) + " * silu_grad_of<" + A + ">(" + elem(in(1)) + ", sigmoid_of<" + A + ">(" + elem(in(1)) + "))";
     else if (n == "clamp_backward")
-      e = "(" + elem(in(1)) + " >= " + sc(oi, "lo", A) + " && " + elem(in(1)) + " <= " + sc(oi, "hi", A) + " ? " +
-          elem(in(0)) + " : " + A + "(0))";
+      e = clamp_backward_expr(elem(in(0)), elem(in(1)), sc(oi, "lo", A), sc(oi, "hi", A), A);
     else if (n == "gelu_backward")
       e = elem(in(0)) + " * gelu_bwd<" + A + ">(" + elem(in(1)) + ", " + (op.attrs.b("approximate") ? "true" : "false") + ", " +
           (fast ? "true" : "false") + ")";

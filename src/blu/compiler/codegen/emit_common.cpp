@@ -15,6 +15,11 @@ std::string comparison_expr(const std::string& name, const std::string& a, const
   return "(" + a + op + b + ")";
 }
 
+std::string clamp_backward_expr(const std::string& g, const std::string& x, const std::string& lo,
+                                const std::string& hi, const std::string& A) {
+  return "(" + x + " >= " + lo + " && " + x + " <= " + hi + " ? " + g + " : " + A + "(0))";
+}
+
 bool emit_pointwise_supported(const Op& op) {
   const OpClass c = op_class(op.name);
   if (c == OpClass::unary) return true;

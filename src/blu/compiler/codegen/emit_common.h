@@ -15,6 +15,10 @@ bool is_float_dtype(DType t);
 bool is_comparison(const std::string& name);
 // A comparison's expression on two operand expressions of one type, in C++ and CUDA C alike.
 std::string comparison_expr(const std::string& name, const std::string& a, const std::string& b);
+// clamp_backward's expression: g where lo <= x <= hi (bounds included, as the eager kernels), else
+// zero of type A; the same text in C++ and CUDA C.
+std::string clamp_backward_expr(const std::string& g, const std::string& x, const std::string& lo,
+                                const std::string& hi, const std::string& A);
 // Pointwise ops with an emitter (one or more outputs, each element on its own).
 bool emit_pointwise_supported(const Op& op);
 // Whether the emitters take op's operand dtypes in region r: float values, plus a cross-entropy's
