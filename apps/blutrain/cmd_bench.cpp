@@ -75,6 +75,7 @@ struct BenchOptions {
   bool comm_timeline = false;  // one extra DDP step: when each bucket's all-reduce completes
   bool skip_comm = false;      // DDP without its collectives (ranks diverge): the compute of a DDP step
   bool compile = false, compile_log = false;  // compiled steps (compiler/compile.h), the compiler's log
+  bool compile_check = false;                 // each fused region against its eager ops (CompileOptions::check)
   std::string compile_exclude;                // ops kept out of compilation ("" = BLU_COMPILE_EXCLUDE)
   // Activations (models/activations.h): --recompute none|selective|block[:N], --offload-activations.
   std::string recompute = "none";
@@ -367,8 +368,8 @@ int run_bench(const BenchOptions& o) {
             "hooks swap the parameters' storages outside dispatch); use --zero 0, 1 or 2");
   BLU_CHECK(!o.compile || o.offload_state == "none", "--compile: optimizer state offload (--offload-state ",
             o.offload_state, ") is not supported by the compiler yet (its host side runs outside dispatch); drop one of the two");
-  BLU_CHECK(o.compile || (!o.compile_log && o.compile_exclude.empty() && !o.compile_remat),
-            "--compile-log, --compile-exclude and --compile-remat need --compile");
+  BLU_CHECK(o.compile || (!o.compile_log && o.compile_exclude.empty() && !o.compile_remat && !o.compile_check),
+            "--compile-log, --compile-exclude, --compile-remat and --compile-check need --compile");
   Device dev = bench_device(o.device);
   BLU_CHECK(o.dp == 1 || o.device == "cuda" || o.device == "cpu", "--dp ", o.dp,
             " runs on --device cuda (NCCL, one GPU per rank) or cpu (Gloo), got ", o.device);
@@ -460,6 +461,7 @@ int run_bench(const BenchOptions& o) {
     co.log = o.compile_log && env.rank == 0;
     co.config = o.precision + ", " + strategy.describe();
     co.remat = o.compile_remat;
+    co.check = o.compile_check;
     co.fusion = compiler::fusion_for(o.compile_fuse, [log = co.log](const std::string& line) {
       if (log) std::cerr << "compile: " << line << "\n" << std::flush;
     }, env.rank == 0 ? o.compile_export : "");
@@ -655,6 +657,8 @@ int run_bench(const BenchOptions& o) {
         cj["remat_buffers"] = v.remat_buffers;
         cj["remat_mib"] = double(v.remat_bytes) / (1 << 20);
       }
+      cj["fused_regions"] = v.regions - v.epilogues;
+      cj["gemm_epilogues"] = v.epilogues;
       cj["compile_ms"] = v.capture_ms + v.plan_ms;
       cj["graph_captures"] = v.runtime->stats().graph_captures;
       cj["graph_launches"] = v.runtime->stats().graph_launches;
@@ -748,6 +752,9 @@ Command add_bench(CLI::App& root) {
   app->add_flag("--compile", o->compile,
                 "Run the steps compiled (captured, memory-planned, replayed; a CUDA graph on the GPU): docs/compiler.md");
   app->add_flag("--compile-log", o->compile_log, "With --compile: print the compiler's log (as BLU_COMPILE_LOG=1)");
+  app->add_flag("--compile-check", o->compile_check,
+                "With --compile: run each fused region's first launch against its ops run eagerly on the same "
+                "inputs and print the largest difference (as BLU_COMPILE_CHECK=1; replays without CUDA graphs)");
   app->add_option("--compile-exclude", o->compile_exclude,
                   "With --compile: comma-separated op names kept out of compilation (default BLU_COMPILE_EXCLUDE)");
   app->add_flag("--compile-remat", o->compile_remat,

@@ -423,6 +423,9 @@ Command add_train(CLI::App& root) {
   app->add_flag("--compile-log", o.compile_log,
                 "With --compile: print the graph size, memory plan, compile time and guard failures (as "
                 "BLU_COMPILE_LOG=1)");
+  app->add_flag("--compile-check", o.compile_check,
+                "With --compile: run each fused region's first launch against its ops run eagerly on the same "
+                "inputs and print the largest difference (as BLU_COMPILE_CHECK=1; replays without CUDA graphs)");
   app->add_option("--compile-exclude", o.compile_exclude,
                   "With --compile: comma-separated op names kept out of compilation (their buffers outside the "
                   "arena, never fused); default BLU_COMPILE_EXCLUDE");

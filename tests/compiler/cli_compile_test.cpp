@@ -547,10 +547,13 @@ TEST_F(CompileCli, UnsupportedLayoutsAreRefusedByName) {
   EXPECT_NE(zero3.status, 0);
   EXPECT_NE((zero3.out + zero3.err).find("--compile: ZeRO-3 (--zero 3) is not supported"), std::string::npos)
       << zero3.out << zero3.err;
-  const LaunchResult log_only = run1(train_cmd("tiny", 2, "log", {"--compile-log"}));
-  EXPECT_NE(log_only.status, 0);
-  EXPECT_NE((log_only.out + log_only.err).find("--compile-log, --compile-exclude and --compile-remat need --compile"), std::string::npos)
-      << log_only.out << log_only.err;
+  for (const char* flag : {"--compile-log", "--compile-check"}) {
+    const LaunchResult alone = run1(train_cmd("tiny", 2, "alone", {flag}));
+    EXPECT_NE(alone.status, 0) << flag;
+    EXPECT_NE((alone.out + alone.err).find("--compile-log, --compile-exclude, --compile-remat and --compile-check need --compile"),
+              std::string::npos)
+        << flag << ": " << alone.out << alone.err;
+  }
 }
 
 }  // namespace

@@ -55,10 +55,11 @@ struct TrainRun {
   std::vector<double> losses;
   std::vector<Tensor> params;
   int launches = 0, fused_launches = 0, fused_ops = 0, arena_buffers = 0;
+  std::vector<RegionCheck> checks;  // check mode
 };
 
 TrainRun train(const std::string& family, bool compiled, bool fusion, std::string* log_out = nullptr,
-               bool remat = false) {
+               bool remat = false, bool check = false) {
   std::unique_ptr<models::CausalLM> model;
   if (family == "gpt2") model = std::make_unique<models::GPT>(::blu::test::tiny_gpt(), 7);
   else model = std::make_unique<models::Llama>(models::LlamaConfig::preset("tiny"), 7);
@@ -69,6 +70,7 @@ TrainRun train(const std::string& family, bool compiled, bool fusion, std::strin
   o.log_stream = &log;
   if (fusion) o.fusion = [](const Graph& g) { return mlir_api::fuse(g); };
   o.remat = remat;
+  o.check = check;
   std::unique_ptr<CompiledStep> cs;
   if (compiled) {
     cs = std::make_unique<CompiledStep>(o);
@@ -92,6 +94,7 @@ TrainRun train(const std::string& family, bool compiled, bool fusion, std::strin
     r.launches = int(rt.launches().size());
     for (const Launch& l : rt.launches()) r.fused_launches += l.kind == OpKind::fused;
     r.arena_buffers = rt.plan().arena_buffers;
+    r.checks = cs->region_checks();
   }
   if (log_out) *log_out = log.str();
   return r;
@@ -179,6 +182,22 @@ bool norm_backward_folds(const std::function<void()>& f, const std::string& name
   for (const Op& op : g.ops)
     if (op.name == name) return op.inputs.size() == (name == "layer_norm_backward" ? 6u : 5u) && op.inputs.back() >= 0;
   return false;
+}
+
+// Check mode (CompileOptions::check, BLU_COMPILE_CHECK=1, `--compile-check`): every generated
+// region of the step is run once against its ops run eagerly on copies of the same inputs; on the
+// CPU the fused kernels keep the eager arithmetic order, so every difference is 0, and the run is
+// still the eager one bit for bit.
+TEST_P(FusedVsEager, CheckModeComparesEveryRegionWithItsEagerOps) {
+  use_temp_cache();
+  const TrainRun eager = train(GetParam(), false, false);
+  std::string log;
+  const TrainRun checked = train(GetParam(), true, true, &log, false, true);
+  EXPECT_EQ(int(checked.checks.size()), checked.fused_launches) << log;
+  EXPECT_GE(checked.checks.size(), 4u) << log;
+  for (const RegionCheck& c : checked.checks) EXPECT_EQ(c.max_diff, 0.0) << "region " << c.region << " (" << c.ops << ")";
+  EXPECT_NE(log.find("compile: check: region 0 ("), std::string::npos) << log;
+  for (size_t i = 0; i < eager.losses.size(); ++i) EXPECT_EQ(eager.losses[i], checked.losses[i]) << "step " << i + 1;
 }
 
 TEST(FusedKernels, NormsForwardAndBackwardWithResidualAdd) {

@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <iostream>
 #include <sstream>
@@ -25,6 +26,7 @@
 #include "blu/memory/cuda_allocator.h"
 #include "blu/models/gpt2/gpt2.h"
 #include "common/checks.h"
+#include "common/plain_decoder.h"
 #include "common/tiny_gpt.h"
 #include "cuda/cuda_test_util.h"
 
@@ -133,6 +135,62 @@ TEST(CompilerCuda, AdamWWithAChangingLrRecordsTwiceAndMatchesEager) {
   for (size_t i = 0; i < eager.losses.size(); ++i) EXPECT_EQ(eager.losses[i], compiled.losses[i]) << "step " << i + 1;
   for (size_t i = 0; i < eager.params.size(); ++i)
     EXPECT_TRUE(test::bitwise_equal(eager.params[i], compiled.params[i])) << "parameter " << i;
+}
+
+// GEMM epilogues chosen by the compiler (compiler/epilogue.h) on the GPU: the plain decoder's
+// residual and bias adds run as cuBLASLt epilogues inside the recorded graphs; its losses equal
+// eager's within fp32 rounding, and the check mode (which replays without graphs) reports both
+// regions at rounding level against their eager ops.
+std::vector<double> train_plain(compiler::CompiledStep* cs) {
+  cuda::Stream stream;
+  Workspace ws(kGPU);
+  ExecContextGuard ctx(ExecContext{kGPU, stream.get(), &ws});
+  test::PlainDecoder m(11, kGPU);
+  Tensor idx = empty({m.n.B, m.n.T}, DType::i32, kGPU), tg = empty({m.n.B, m.n.T}, DType::i32, kGPU);
+  std::vector<double> losses;
+  for (int s = 0; s < 6; ++s) {
+    {
+      NoGradGuard ng;
+      copy_(idx, to_device(m.batch(s).first, kGPU));
+      copy_(tg, to_device(m.batch(s).second, kGPU));
+    }
+    Tensor loss;
+    auto one = [&] { loss = m.step(idx, tg, 0.1); };
+    if (cs)
+      cs->run({idx, tg}, one);
+    else
+      one();
+    losses.push_back(to_device(loss, kCPU).item());
+  }
+  return losses;
+}
+
+TEST(CompilerCuda, GemmEpiloguesMatchEagerAndCheck) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const std::vector<double> eager = train_plain(nullptr);
+  std::ostringstream log;
+  compiler::CompileOptions o;
+  o.log = true;
+  o.log_stream = &log;
+  compiler::CompiledStep cs(o);
+  const std::vector<double> compiled = train_plain(&cs);
+  ASSERT_EQ(cs.variants().size(), 1u) << log.str();
+  EXPECT_EQ(cs.variants()[0]->epilogues, 2) << log.str();
+  EXPECT_GT(cs.variants()[0]->runtime->stats().graph_launches, 0);
+  for (size_t i = 0; i < eager.size(); ++i)
+    EXPECT_NEAR(compiled[i], eager[i], 1e-5 * std::abs(eager[i])) << "step " << i + 1;
+  compiler::CompileOptions c;
+  c.check = true;
+  c.log_stream = &log;
+  compiler::CompiledStep checked(c);
+  const std::vector<double> again = train_plain(&checked);
+  ASSERT_EQ(checked.region_checks().size(), 2u) << log.str();
+  for (const compiler::RegionCheck& rc : checked.region_checks()) {
+    std::cout << "check: region " << rc.region << " (" << rc.ops << "): max |diff| " << rc.max_diff << "\n";
+    EXPECT_TRUE(std::isfinite(rc.max_diff)) << rc.ops;
+    EXPECT_LT(rc.max_diff, 1e-4) << rc.ops;
+  }
+  EXPECT_EQ(again, compiled);
 }
 
 // The compiler's own recompute (compiler/remat.h) on the GPU, replayed from CUDA graphs with

@@ -6,6 +6,8 @@
 #include <map>
 #include <sstream>
 
+#include "blu/compiler/codegen/region_check.h"
+#include "blu/compiler/epilogue.h"
 #include "blu/compiler/fused_step.h"
 #include "blu/compiler/exclude.h"
 #include "blu/compiler/remat.h"
@@ -15,6 +17,8 @@ namespace blu::compiler {
 CompiledStep::CompiledStep(CompileOptions options) : options_(std::move(options)) {
   if (const char* e = std::getenv("BLU_COMPILE_LOG"); e && *e && std::string(e) != "0") options_.log = true;
   if (const char* e = std::getenv("BLU_COMPILE_STREAM"); e && std::string(e) == "0") options_.stream = false;
+  if (compile_check_enabled()) options_.check = true;
+  if (options_.check) options_.runtime.cuda_graph = false;
   if (options_.plan.exclude.empty()) options_.plan.exclude = excluded_ops();
 }
 
@@ -143,10 +147,37 @@ std::string first_difference(const Graph& a, const Graph& b) {
 }
 
 FusedGraph CompiledStep::fuse_variant(const Graph& g) {
-  if (!options_.fusion) return unfused(g);
-  FusedGraph f = fuse_step(g, options_.fusion(g));
+  std::vector<FusedRegion> regions;
+  if (options_.epilogues) regions = epilogue_regions(g);
+  if (options_.fusion) {
+    // A generated region that holds an op of an epilogue gives way: the epilogue saves the
+    // product's write and read, which a region after the GEMM cannot.
+    std::vector<bool> taken(g.ops.size(), false);
+    for (const FusedRegion& r : regions)
+      for (int oi : r.ops) taken[size_t(oi)] = true;
+    int dropped = 0;
+    for (FusedRegion& r : options_.fusion(g)) {
+      if (std::any_of(r.ops.begin(), r.ops.end(), [&](int oi) { return taken[size_t(oi)]; })) {
+        ++dropped;
+        continue;
+      }
+      regions.push_back(std::move(r));
+    }
+    if (dropped > 0) log("fusion: " + std::to_string(dropped) + " generated regions give way to GEMM epilogues");
+  }
+  if (regions.empty()) return unfused(g);
+  FusedGraph f = fuse_step(g, std::move(regions));
   log("fusion: " + f.summary());
   for (const std::string& note : f.notes) log("fusion: " + note);
+  if (options_.check)
+    for (size_t i = 0; i < f.kernels.size(); ++i)
+      f.kernels[i] = checked_launch(std::move(f.kernels[i]), f.regions[i], [this](const RegionCheck& c) {
+        checks_.push_back(c);
+        std::ostringstream line;
+        line << "check: region " << c.region << " (" << c.ops << "): max |diff| " << c.max_diff;
+        std::ostream& os = options_.log_stream ? *options_.log_stream : std::cerr;
+        os << "compile: " << line.str() << "\n" << std::flush;
+      });
   return f;
 }
 
@@ -221,9 +252,10 @@ void CompiledStep::run(const std::vector<Tensor>& inputs, const std::function<vo
     v->structure = structure;
     v->graph = g;
     FusedGraph fused = fuse_variant(g);
-    if (options_.fusion) {
+    if (options_.fusion || !fused.regions.empty()) {
       v->fusion = fused.summary();
       v->regions = int(fused.regions.size());
+      v->epilogues = fused.epilogues;
       v->kernels_compiled = fused.kernels_compiled;
       v->kernels_cached = fused.kernels_cached;
     }

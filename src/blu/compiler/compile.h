@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "blu/compiler/codegen/region.h"
+#include "blu/compiler/fused_step.h"
 #include "blu/compiler/runtime.h"
 
 namespace blu::compiler {
@@ -64,6 +65,14 @@ struct CompileOptions {
   // The save-or-recompute pass (compiler/remat.h, Note [Recompute where it is free]): saved buffers
   // made again by their cheap producer where that costs no other buffer's life.
   bool remat = false;
+  // GEMM epilogues chosen by the compiler (compiler/epilogue.h, Note [GEMM epilogues]): a linear
+  // and the add that alone reads it run as one GEMM with a bias or residual epilogue.
+  bool epilogues = true;
+  // Check mode (also on when BLU_COMPILE_CHECK=1): each fused region's first launch is run against
+  // its ops run eagerly on copies of the same inputs, and the largest difference is logged (always,
+  // not only under `log`) and kept in CompiledStep::region_checks(). The replay then runs without
+  // CUDA graphs (the eager copies allocate).
+  bool check = false;
 };
 
 struct Variant {
@@ -75,6 +84,7 @@ struct Variant {
   // The fusion (CompileOptions::fusion): FusedGraph::summary() and its counts; "" without fusion.
   std::string fusion;
   int regions = 0, kernels_compiled = 0, kernels_cached = 0;
+  int epilogues = 0;  // of the regions, GEMM epilogues (compiler/epilogue.h)
   // The recompute pass (CompileOptions::remat): RematResult::summary(), its counts; "" without it.
   std::string remat;
   int remat_buffers = 0;
@@ -106,6 +116,8 @@ class CompiledStep {
   const std::vector<std::unique_ptr<Variant>>& variants() const { return variants_; }
   // Every guard failure's reason, in order (also logged).
   const std::vector<std::string>& guard_failures() const { return failures_; }
+  // Check mode (CompileOptions::check): one entry per fused region checked, in launch order.
+  const std::vector<RegionCheck>& region_checks() const { return checks_; }
 
  private:
   void log(const std::string& line);
@@ -118,6 +130,7 @@ class CompiledStep {
   std::vector<std::pair<BufferKind, std::vector<std::pair<std::string, Tensor>>>> named_;
   std::vector<std::unique_ptr<Variant>> variants_;
   std::vector<std::string> failures_;
+  std::vector<RegionCheck> checks_;
   Counts counts_;
   int64_t step_ = 0;
 };

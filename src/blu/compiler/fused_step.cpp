@@ -2,6 +2,7 @@
 #include "blu/compiler/fused_step.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 #include <sstream>
@@ -9,6 +10,9 @@
 #include "blu/compiler/codegen/cpu_kernel.h"
 #include "blu/compiler/codegen/cuda_module.h"
 #include "blu/compiler/codegen/region_check.h"
+#include "blu/compiler/epilogue.h"
+#include "blu/core/grad_mode.h"
+#include "blu/ops/view.h"
 #ifdef BLU_HAVE_CUDA
 #include "blu/core/cuda/runtime.h"
 #endif
@@ -26,11 +30,13 @@ static void* launch_stream(const ExecContext& ctx) {
 }
 
 std::string FusedGraph::summary() const {
-  int ops = 0;
-  for (const FusedRegion& r : regions) ops += int(r.ops.size());
+  int ops = 0, epilogue_ops = 0;
+  for (const FusedRegion& r : regions) (r.kind == RegionKind::gemm_epilogue ? epilogue_ops : ops) += int(r.ops.size());
+  const size_t generated = regions.size() - size_t(epilogues);
   std::ostringstream os;
-  os << regions.size() << " regions (" << ops << " ops → " << regions.size() << " kernels), " << refused
+  os << generated << " regions (" << ops << " ops → " << generated << " kernels), " << refused
      << " refused; kernels: " << kernels_compiled << " compiled, " << kernels_cached << " from the cache";
+  if (epilogues > 0) os << "; " << epilogues << " GEMM epilogues (" << epilogue_ops << " ops → " << epilogues << " GEMMs)";
   return os.str();
 }
 
@@ -197,6 +203,35 @@ FusedLaunch load_launch(const Graph& g, const FusedRegion& r, bool* compiled, si
 
 }  // namespace
 
+FusedLaunch checked_launch(FusedLaunch launch, FusedRegion region, std::function<void(const RegionCheck&)> report) {
+  auto done = std::make_shared<bool>(false);
+  return [launch = std::move(launch), r = std::move(region), report = std::move(report), done](
+             const Graph& step, std::span<const Tensor> in, std::span<Tensor> out, const ExecContext& ctx) {
+    if (*done) return launch(step, in, out, ctx);
+    *done = true;
+    NoGradGuard no_grad;
+    std::vector<Tensor> copies;
+    for (const Tensor& t : in) copies.push_back(t.defined() ? clone(t) : Tensor());
+    launch(step, in, out, ctx);
+    const std::vector<Tensor> eager = run_region_eager(step, r, copies);
+    RegionCheck c;
+    c.region = r.index;
+    for (int oi : r.ops) c.ops += (c.ops.empty() ? "" : ", ") + step.ops[size_t(oi)].name;
+    auto worse = [&](double d) {
+      if (!std::isnan(c.max_diff)) c.max_diff = std::isnan(d) ? d : std::max(c.max_diff, d);
+    };
+    for (size_t j = 0; j < out.size(); ++j) worse(max_abs_diff(out[j], eager.at(j)));
+    // What the region updates in place (AdamW's state): the fused result in the input itself, the
+    // eager one in its copy.
+    for (int oi : r.ops)
+      for (int w : step.ops[size_t(oi)].writes) {
+        const auto it = std::find(r.inputs.begin(), r.inputs.end(), step.ops[size_t(oi)].inputs[size_t(w)]);
+        if (it != r.inputs.end()) worse(max_abs_diff(in[size_t(it - r.inputs.begin())], copies[size_t(it - r.inputs.begin())]));
+      }
+    report(c);
+  };
+}
+
 FusedGraph fuse_step(const Graph& g, std::vector<FusedRegion> regions) {
   FusedGraph f;
   f.capture_ops = int(g.ops.size());
@@ -206,7 +241,9 @@ FusedGraph fuse_step(const Graph& g, std::vector<FusedRegion> regions) {
   std::vector<FusedLaunch> launches;  // per accepted region
   std::vector<int> order;
   for (FusedRegion& r : regions) {
-    std::string why = unsupported(g, r);
+    // A GEMM epilogue runs linear's own kernel: epilogue_regions checked what it needs.
+    const bool epilogue = r.kind == RegionKind::gemm_epilogue;
+    std::string why = epilogue ? "" : unsupported(g, r);
     if (why.empty()) {
       accepted.push_back(r);
       std::vector<int> o = fused_schedule(g, accepted, &why);
@@ -215,6 +252,12 @@ FusedGraph fuse_step(const Graph& g, std::vector<FusedRegion> regions) {
       } else {
         // A kernel that does not compile or load refuses its region (its ops run eager), with the
         // emitter's or loader's message as the reason.
+        if (epilogue) {
+          launches.push_back(epilogue_launch(g, r));
+          ++f.epilogues;
+          order = std::move(o);
+          continue;
+        }
         try {
           bool compiled = false;
           size_t scratch = 0;

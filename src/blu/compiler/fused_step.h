@@ -1,5 +1,6 @@
 // compiler/fused_step: the fusion pass's regions (compiler/mlir/ fuse(), or a fusion plan read
-// from the kernel cache) made part of the compiled step. fuse_step rewrites the captured graph:
+// from the kernel cache) and the GEMM epilogues (compiler/epilogue.h) made part of the compiled
+// step. fuse_step rewrites the captured graph:
 // each accepted region's ops become one `fused` op (inputs: the region's inputs, outputs: its
 // outputs) placed where the region's last op was; ops between the region's first and last op that
 // read a value the region makes move to just after it. The region's intermediate values are then
@@ -45,6 +46,7 @@ struct FusedGraph {
   // makes it, which can make it again; -1 for the others (empty: none dropped).
   std::vector<int> remade_by;
   int refused = 0;                   // regions not accepted (reasons in `notes`)
+  int epilogues = 0;                 // accepted regions that are GEMM epilogues (compiler/epilogue.h)
   std::vector<std::string> notes;
   // "12 regions (58 ops → 12 kernels), 2 refused; kernels: 3 compiled, 9 from the cache"
   std::string summary() const;
@@ -59,6 +61,19 @@ FusedGraph unfused(const Graph& g);
 // NVRTC, compiler/codegen/cuda_module.h) from the kernel cache or compiles it into the cache. A
 // region with an op its device's emitter does not cover is refused and runs its eager kernels.
 FusedGraph fuse_step(const Graph& g, std::vector<FusedRegion> regions);
+
+// Check mode (BLU_COMPILE_CHECK=1; compiler/codegen/region_check.h) in the compiled step: the
+// first time the returned launch runs it copies its inputs, runs `launch`, then runs the region's
+// ops eagerly through dispatch on the copies and gives `report` the largest difference over the
+// region's outputs and the inputs it updates in place; later runs are `launch` alone. The copies
+// and the eager ops allocate, so it must not run while a CUDA graph is recorded (CompiledStep
+// replays without graphs in check mode).
+struct RegionCheck {
+  int region = -1;
+  std::string ops;        // the region's op names, in order
+  double max_diff = 0;    // max |fused - eager|, NaN when one side has a NaN the other has not
+};
+FusedLaunch checked_launch(FusedLaunch launch, FusedRegion region, std::function<void(const RegionCheck&)> report);
 
 // The rewritten op order for `accepted` regions of g (an op index, or -(r + 1) for region r), or
 // an empty result with the reason in `why` when the order would break a buffer's read/write

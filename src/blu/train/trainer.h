@@ -173,6 +173,8 @@ struct TrainOptions {
   // the fusion pass where the app links MLIR, else only fusion plans found in the kernel cache),
   // "off" runs every op's eager kernel.
   bool compile = false, compile_log = false;
+  // compile_check: each fused region's first launch against its eager ops (CompileOptions::check).
+  bool compile_check = false;
   std::string compile_exclude;
   std::string compile_fuse = "on";
   // compile_remat: the compiler's own save-or-recompute pass (compiler/remat.h).

@@ -172,8 +172,8 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     // Before the memory probe, which plans a capture with the same list (memory_probe.cpp).
     if (!o.compile_exclude.empty()) compiler::set_excluded_ops(compiler::parse_op_list(o.compile_exclude));
   } else {
-    BLU_CHECK(!o.compile_log && o.compile_exclude.empty() && !o.compile_remat,
-              "--compile-log, --compile-exclude and --compile-remat need --compile");
+    BLU_CHECK(!o.compile_log && o.compile_exclude.empty() && !o.compile_remat && !o.compile_check,
+              "--compile-log, --compile-exclude, --compile-remat and --compile-check need --compile");
   }
   BLU_CHECK(o.compile_fuse == "on" || o.compile_fuse == "off", "--compile-fuse: expected on or off, got '", o.compile_fuse,
             "'");
@@ -354,6 +354,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     co.log_stream = cb_.log;
     co.config = o.precision + ", grad_accum " + std::to_string(o.grad_accum) + ", " + strategy_->describe();
     co.remat = o.compile_remat;
+    co.check = o.compile_check;
     co.fusion = compiler::fusion_for(o.compile_fuse, [log = co.log, stream = cb_.log](const std::string& line) {
       if (log) (stream ? *stream : std::cerr) << "compile: " << line << "\n" << std::flush;
     }, rank_ == 0 ? o.compile_export : "");

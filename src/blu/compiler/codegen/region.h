@@ -21,8 +21,13 @@ namespace blu::compiler {
 // pointwise).
 enum class RegionShape : uint8_t { pointwise, rows };
 
+// How a region runs: one kernel generated from its ops (the fusion pass's regions), or a library
+// GEMM with the region's add as its epilogue (compiler/epilogue.h).
+enum class RegionKind : uint8_t { generated, gemm_epilogue };
+
 struct FusedRegion {
   int index = -1;
+  RegionKind kind = RegionKind::generated;
   RegionShape shape = RegionShape::pointwise;
   std::vector<int> ops;      // op indices into Graph::ops, schedule order
   std::vector<int> inputs;   // value ids read from outside the region

@@ -1,6 +1,7 @@
 // compiler/codegen/region_check: see region_check.h.
 #include "blu/compiler/codegen/region_check.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -40,6 +41,22 @@ std::vector<Tensor> alloc_region_outputs(const Graph& g, const FusedRegion& r) {
   return outs;
 }
 
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  BLU_CHECK(a.shape() == b.shape(), "compile check: comparing ", a.str(), " with ", b.str());
+  const Tensor x = contiguous(to_dtype(to_device(a, kCPU), DType::f64));
+  const Tensor y = contiguous(to_dtype(to_device(b, kCPU), DType::f64));
+  const double* pa = x.data<double>();
+  const double* pb = y.data<double>();
+  double worst = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    // Equal values (infinities of one sign included) and NaN against NaN differ by nothing.
+    const double d = pa[i] == pb[i] || (std::isnan(pa[i]) && std::isnan(pb[i])) ? 0.0 : std::abs(pa[i] - pb[i]);
+    if (std::isnan(d)) return d;  // NaN against a number is the worst there is
+    worst = std::max(worst, d);
+  }
+  return worst;
+}
+
 double check_region(const Graph& g, const FusedRegion& r, const CpuKernel& k, const std::vector<Tensor>& ins) {
   NoGradGuard no_grad;
   const std::vector<Tensor> eager = run_region_eager(g, r, ins);
@@ -47,13 +64,12 @@ double check_region(const Graph& g, const FusedRegion& r, const CpuKernel& k, co
   k.run(ins, fused, region_scalars(g, r));
   double worst = 0;
   for (size_t j = 0; j < fused.size(); ++j) {
-    const Tensor a = contiguous(to_dtype(fused[j], DType::f64)), b = contiguous(to_dtype(eager[j], DType::f64));
-    const double* pa = a.data<double>();
-    const double* pb = b.data<double>();
-    for (int64_t i = 0; i < a.numel(); ++i) {
-      const double d = std::isnan(pa[i]) && std::isnan(pb[i]) ? 0.0 : std::abs(pa[i] - pb[i]);
-      if (!(d <= worst)) worst = d;  // NaN against a number counts as the worst
+    const double d = max_abs_diff(fused[j], eager[j]);
+    if (std::isnan(d)) {
+      worst = d;
+      break;
     }
+    worst = std::max(worst, d);
   }
   if (compile_check_enabled())
     std::fprintf(stderr, "compile check: region %d (%zu ops): max |diff| %.3g\n", r.index, r.ops.size(), worst);

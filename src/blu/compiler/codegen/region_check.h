@@ -17,6 +17,9 @@ bool compile_check_enabled();  // BLU_COMPILE_CHECK=1
 std::vector<Tensor> run_region_eager(const Graph& g, const FusedRegion& r, const std::vector<Tensor>& ins);
 // Fresh contiguous outputs for the fused kernel.
 std::vector<Tensor> alloc_region_outputs(const Graph& g, const FusedRegion& r);
+// max |a - b| over two tensors of one shape, in f64 on the CPU: equal values (infinities too) and
+// NaN against NaN differ by 0, a NaN against a number makes the result NaN.
+double max_abs_diff(const Tensor& a, const Tensor& b);
 // max |fused - eager| over all outputs (in f64); logs "compile check: region N (k ops): max |diff| X".
 double check_region(const Graph& g, const FusedRegion& r, const CpuKernel& k, const std::vector<Tensor>& ins);
 

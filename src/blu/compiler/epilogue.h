@@ -1,0 +1,41 @@
+// compiler/epilogue: GEMM epilogues chosen by the compiler (Note [GEMM epilogues]). The pass finds,
+// in a captured step, each `linear` whose output only an `add` reads, and makes the pair a region
+// that runs as one `linear` with the add as its epilogue: a bias (the add's other operand is a
+// vector over the output features, and the linear has none) or a residual (the other operand has
+// the output's shape) — cuBLASLt's bias epilogue and its C operand with beta = 1 on the GPU, the
+// accumulation's initial value on the CPU. compiler/fused_step.h puts the regions into the step
+// beside the fusion pass's generated kernels.
+// Depends on compiler/{graph,runtime,exclude}, compiler/codegen/region.h, backend/. Keep: the
+// region runs linear's own kernel (no generated code); the add's output is the region's only
+// output, the linear's output gets no bytes.
+#pragma once
+#include <vector>
+
+#include "blu/compiler/codegen/region.h"
+#include "blu/compiler/graph.h"
+#include "blu/compiler/runtime.h"
+
+namespace blu::compiler {
+
+// Note [GEMM epilogues]
+// A model written plainly — `x + proj(y)`, `matmul`-free `linear(x, w) + b` — pays for the add as
+// a separate pass over the output: the linear writes y, the add reads it back with the other
+// operand and writes the sum. Folded into the GEMM, the other operand is read once by the GEMM's
+// epilogue and y never exists: one kernel and two passes over [rows, out] less, and y's bytes are
+// not planned at all. Only the forward changes: add's backward passes its gradient through, and
+// linear's backward reads x and w, never y. The arithmetic differs from eager in its order only
+// (the residual is the GEMM's initial value instead of a sum after the rounding of y), so compiled
+// and eager agree within rounding, not bitwise, where a fold happens. GPT-2 and the Llama family
+// pass their skip connections to the projections by hand (nn::Linear's residual), which eager
+// mode needs for its speed; the pass makes the same GEMM for any model. `--compile-exclude
+// linear` or `add` keeps the pair as it is.
+
+// Regions of kind gemm_epilogue: {linear, the views of its output, add}; inputs x, w, the bias (the
+// linear's or the add's), the residual when there is one; output the add's.
+std::vector<FusedRegion> epilogue_regions(const Graph& g);
+
+// The region's launch: the backend's `linear` kernel on the region's device with the bias and the
+// residual in their slots, the add's output as the linear's [rows, out] output.
+FusedLaunch epilogue_launch(const Graph& g, const FusedRegion& r);
+
+}  // namespace blu::compiler
