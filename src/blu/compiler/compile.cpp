@@ -1,5 +1,6 @@
 #include "blu/compiler/compile.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
@@ -11,6 +12,7 @@
 #include "blu/compiler/fused_step.h"
 #include "blu/compiler/exclude.h"
 #include "blu/compiler/remat.h"
+#include "blu/memory/allocator.h"
 
 namespace blu::compiler {
 
@@ -279,6 +281,11 @@ void CompiledStep::run(const std::vector<Tensor>& inputs, const std::function<vo
       log(line);
     }
     log("memory plan: " + plan.summary());
+    // The eager warm-up's activations are cached by the allocator and the replay never uses them:
+    // they go back before the arena is allocated, which then gets a segment of its own instead of a
+    // share of a larger one that could not be given back while the arena lives.
+    for (const Arena& a : plan.arenas)
+      if (!a.device.is_cpu()) allocator_for(a.device).release_cached();
     v->runtime = std::make_unique<Runtime>(std::move(fused), std::move(plan), options_.runtime);
     v->plan_ms = ms_since(t_plan);
     log("compile time: " + format_ms(v->capture_ms + v->plan_ms) + " (capture " + format_ms(v->capture_ms) +

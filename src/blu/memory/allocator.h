@@ -32,6 +32,9 @@ class Allocator {
   // Records what the live block at `ptr` holds, for the out-of-memory report
   // (memory/memory_report.h). Allocators that keep no tags ignore it.
   virtual void tag(void* ptr, MemoryTag tag) {}
+  // Gives cached free memory back to the system (a caching allocator's free segments); what is
+  // allocated stays. Allocators that cache nothing do nothing.
+  virtual void release_cached() {}
 };
 
 // Counters shared by allocators; thread-safe.

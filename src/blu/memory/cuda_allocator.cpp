@@ -135,6 +135,10 @@ class CudaDeviceAllocator final : public Allocator {
   void reset_peak() override { caching_.reset_peak(); }
   Device device() const override { return Device(DeviceType::cuda, device_); }
   void tag(void* ptr, MemoryTag tag) override { caching_.tag(ptr, std::move(tag)); }
+  void release_cached() override {
+    DeviceGuard g(device_);
+    caching_.empty_cache();
+  }
   CachingAllocator& caching() { return caching_; }
 
  private:
