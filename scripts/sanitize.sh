@@ -28,7 +28,7 @@ case "$mode" in
     quick=("io:*" "data:*" "dist:TcpStore*")
     # The remaining shares (a share per push in CI).
     shares=("core:*" "memory:*" "autograd:*" "nn:*" "optim:*" "ops:*" "train:*" "gpt2:*" "models:*"
-            "dist:-TcpStore*" "offload:*" "compiler:Compiler*:FusionPlan*")
+            "dist:-TcpStore*" "offload:*" "compiler:Compiler*:FusionPlan*:Epilogue*")
     ;;
   tsan)
     build=build-tsan
