@@ -175,10 +175,9 @@ FusedGraph CompiledStep::fuse_variant(const Graph& g) {
     for (size_t i = 0; i < f.kernels.size(); ++i)
       f.kernels[i] = checked_launch(std::move(f.kernels[i]), f.regions[i], [this](const RegionCheck& c) {
         checks_.push_back(c);
-        std::ostringstream line;
-        line << "check: region " << c.region << " (" << c.ops << "): max |diff| " << c.max_diff;
-        std::ostream& os = options_.log_stream ? *options_.log_stream : std::cerr;
-        os << "compile: " << line.str() << "\n" << std::flush;
+        (options_.log_stream ? *options_.log_stream : std::cerr)
+            << "compile: check: region " << c.region << " (" << c.ops << "): max |diff| " << c.max_diff << "\n"
+            << std::flush;
       });
   return f;
 }

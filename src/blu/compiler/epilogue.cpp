@@ -13,16 +13,10 @@ namespace {
 
 int buffer_of(const Graph& g, int v) { return g.values[size_t(v)].buffer; }
 
-int64_t numel_of(const Value& v) {
-  int64_t n = 1;
-  for (int64_t d : v.shape) n *= d;
-  return n;
-}
-
 // Whether value v is its whole buffer, contiguous from its start, of n elements.
 bool whole(const Graph& g, int v, int64_t n) {
   const Value& x = g.values[size_t(v)];
-  return x.contiguous() && x.offset == 0 && numel_of(x) == n && x.nbytes() == g.buffers[size_t(x.buffer)].nbytes;
+  return x.contiguous() && x.offset == 0 && numel(x.shape) == n && x.nbytes() == g.buffers[size_t(x.buffer)].nbytes;
 }
 
 // The add's operand that the fold adds to the product: a residual (the product's shape) or, when
@@ -35,7 +29,7 @@ Fold fold_kind(const Graph& g, const Op& linear, int product_view, int other) {
   const int64_t out = g.values[size_t(linear.outputs[0])].shape[1];
   if (o.dtype != y.dtype || o.device != y.device || !o.contiguous()) return Fold::none;
   if (o.shape == y.shape) return Fold::residual;
-  const bool vector = !o.shape.empty() && o.shape.back() == out && numel_of(o) == out;
+  const bool vector = !o.shape.empty() && o.shape.back() == out && numel(o.shape) == out;
   return vector && linear.inputs[2] < 0 ? Fold::bias : Fold::none;
 }
 
@@ -75,7 +69,7 @@ std::vector<FusedRegion> epilogue_regions(const Graph& g) {
     const int by = buffer_of(g, y);
     const Value& yv = g.values[size_t(y)];
     if (g.buffers[size_t(by)].kind != BufferKind::temporary || read_after[size_t(by)] || yv.shape.size() != 2) continue;
-    const int64_t n = numel_of(yv);
+    const int64_t n = numel(yv.shape);
     if (!whole(g, y, n)) continue;
     // Every later op on the product's buffer: views of it, then exactly one add.
     std::vector<int> views;

@@ -2,7 +2,6 @@
 #include "blu/compiler/fused_step.h"
 
 #include <algorithm>
-#include <cmath>
 #include <map>
 #include <set>
 #include <sstream>
@@ -217,16 +216,15 @@ FusedLaunch checked_launch(FusedLaunch launch, FusedRegion region, std::function
     RegionCheck c;
     c.region = r.index;
     for (int oi : r.ops) c.ops += (c.ops.empty() ? "" : ", ") + step.ops[size_t(oi)].name;
-    auto worse = [&](double d) {
-      if (!std::isnan(c.max_diff)) c.max_diff = std::isnan(d) ? d : std::max(c.max_diff, d);
-    };
-    for (size_t j = 0; j < out.size(); ++j) worse(max_abs_diff(out[j], eager.at(j)));
+    for (size_t j = 0; j < out.size(); ++j) c.max_diff = worse_diff(c.max_diff, max_abs_diff(out[j], eager.at(j)));
     // What the region updates in place (AdamW's state): the fused result in the input itself, the
     // eager one in its copy.
     for (int oi : r.ops)
       for (int w : step.ops[size_t(oi)].writes) {
         const auto it = std::find(r.inputs.begin(), r.inputs.end(), step.ops[size_t(oi)].inputs[size_t(w)]);
-        if (it != r.inputs.end()) worse(max_abs_diff(in[size_t(it - r.inputs.begin())], copies[size_t(it - r.inputs.begin())]));
+        if (it == r.inputs.end()) continue;
+        const size_t k = size_t(it - r.inputs.begin());
+        c.max_diff = worse_diff(c.max_diff, max_abs_diff(in[k], copies[k]));
       }
     report(c);
   };

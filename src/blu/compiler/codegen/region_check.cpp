@@ -63,14 +63,7 @@ double check_region(const Graph& g, const FusedRegion& r, const CpuKernel& k, co
   const std::vector<Tensor> fused = alloc_region_outputs(g, r);
   k.run(ins, fused, region_scalars(g, r));
   double worst = 0;
-  for (size_t j = 0; j < fused.size(); ++j) {
-    const double d = max_abs_diff(fused[j], eager[j]);
-    if (std::isnan(d)) {
-      worst = d;
-      break;
-    }
-    worst = std::max(worst, d);
-  }
+  for (size_t j = 0; j < fused.size(); ++j) worst = worse_diff(worst, max_abs_diff(fused[j], eager[j]));
   if (compile_check_enabled())
     std::fprintf(stderr, "compile check: region %d (%zu ops): max |diff| %.3g\n", r.index, r.ops.size(), worst);
   return worst;

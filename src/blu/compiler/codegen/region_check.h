@@ -5,6 +5,8 @@
 // Depends on compiler/codegen/cpu_kernel.h, ops/dispatch. Keep: the check never changes what the
 // step computes (it reads copies of the inputs, writes its own outputs).
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "blu/compiler/codegen/cpu_kernel.h"
@@ -20,6 +22,11 @@ std::vector<Tensor> alloc_region_outputs(const Graph& g, const FusedRegion& r);
 // max |a - b| over two tensors of one shape, in f64 on the CPU: equal values (infinities too) and
 // NaN against NaN differ by 0, a NaN against a number makes the result NaN.
 double max_abs_diff(const Tensor& a, const Tensor& b);
+// The worse of two such differences: NaN once either is NaN, else the larger.
+inline double worse_diff(double a, double b) {
+  if (std::isnan(a)) return a;
+  return std::isnan(b) ? b : std::max(a, b);
+}
 // max |fused - eager| over all outputs (in f64); logs "compile check: region N (k ops): max |diff| X".
 double check_region(const Graph& g, const FusedRegion& r, const CpuKernel& k, const std::vector<Tensor>& ins);
 
