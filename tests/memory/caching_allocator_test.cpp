@@ -93,9 +93,12 @@ struct Fixture : ::testing::Test {
   FakeSource source;
   FakeEvents events;
   std::unique_ptr<CachingAllocator> alloc = std::make_unique<CachingAllocator>(source, events, config());
+  // Without the shared 20 MiB segments, so each large request's segment is its own and the
+  // tests below can count them (MidSizeRequestsShareTwentyMiBSegments tests the default).
   static CachingAllocatorConfig config() {
     CachingAllocatorConfig c;
     c.name = "fake:0";
+    c.mid_request = 0;
     return c;
   }
   uintptr_t addr(void* p) { return reinterpret_cast<uintptr_t>(p); }
@@ -157,6 +160,35 @@ TEST_F(CachingAllocatorTest, LargeRequestsGetTheirOwnRoundedSegment) {
   EXPECT_EQ(source.alloc_calls, 2);
   alloc->free(a);
   alloc->free(c);
+}
+
+TEST(CachingAllocatorMid, MidSizeRequestsShareTwentyMiBSegments) {
+  FakeSource source;
+  FakeEvents events;
+  CachingAllocator alloc(source, events, CachingAllocatorConfig{.name = "fake:0"});
+  // One transformer layer's fp32 weights at C=768: 6.75, 2.25, 9 and 9 MiB.
+  void* qkv = alloc.malloc(3 * 768 * 768 * 4, kA);
+  void* proj = alloc.malloc(768 * 768 * 4, kA);
+  EXPECT_EQ(source.alloc_calls, 1) << snapshot_text(alloc.snapshot());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(proj), reinterpret_cast<uintptr_t>(qkv) + 3 * 768 * 768 * 4);
+  void* fc = alloc.malloc(4 * 768 * 768 * 4, kA);  // 9 MiB: 11 MiB are left, it fits
+  void* fc_proj = alloc.malloc(4 * 768 * 768 * 4, kA);  // 2 MiB left: a second segment
+  EXPECT_EQ(source.alloc_calls, 2);
+  EXPECT_EQ(source.used(), 40 * MiB);
+  // Each its own rounded segment would have taken 8 + 4 + 10 + 10 = 32 MiB for 27 MiB; shared,
+  // the 13 MiB left over serve the next mid-size requests.
+  auto s = alloc.stats();
+  EXPECT_EQ(s.allocated_bytes, int64_t(27 * MiB));
+  EXPECT_EQ(s.free_bytes, int64_t(13 * MiB));
+  void* more = alloc.malloc(10 * MiB, kA);  // the largest mid-size request fits the 11 MiB block
+  EXPECT_EQ(source.alloc_calls, 2);
+  // Beyond 10 MiB a request gets a segment of its own, rounded to 2 MiB.
+  void* big = alloc.malloc(10 * MiB + 1, kA);
+  EXPECT_EQ(source.alloc_calls, 3);
+  EXPECT_EQ(source.used(), 40 * MiB + 12 * MiB);
+  for (void* p : {qkv, proj, fc, fc_proj, more, big}) alloc.free(p);
+  alloc.empty_cache();
+  EXPECT_EQ(source.used(), 0u);
 }
 
 TEST_F(CachingAllocatorTest, PoolsAreSeparate) {

@@ -2,6 +2,7 @@
 // bitwise, strict state loading, grouping, argument checks, and clipping's edge cases.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -164,6 +165,49 @@ TEST(Optim, AdamWStateNamesAndSkippedParameters) {
   EXPECT_EQ(st[0].second.dim(), 0);
   EXPECT_EQ(st[0].second.item(), 1);
   EXPECT_TRUE(bitwise_equal(pb.params[3].second, unused_before));  // no grad: untouched, no decay
+}
+
+// Note [Optimizer state in one buffer]: each moment of every parameter updated in a step is a
+// view into one allocation, on a 64-byte boundary, none overlapping; a loaded state is laid out
+// the same way, and a parameter whose first gradient comes later gets state of its own.
+TEST(Optim, AdamWMomentsLiveInOneAllocation) {
+  auto check_packed = [](const nn::NamedTensors& st, size_t expect_each) {
+    for (const char* kind : {"exp_avg.", "exp_avg_sq."}) {
+      std::vector<Tensor> ts;
+      for (auto& [n, t] : st)
+        if (n.rfind(kind, 0) == 0) ts.push_back(t);
+      ASSERT_EQ(ts.size(), expect_each) << kind;
+      std::vector<std::pair<int64_t, int64_t>> spans;
+      for (const Tensor& t : ts) {
+        EXPECT_EQ(t.storage().get(), ts[0].storage().get()) << kind << " in more than one allocation";
+        EXPECT_TRUE(t.is_contiguous());
+        EXPECT_EQ(t.offset() % 16, 0) << kind << " view at element " << t.offset();  // 64 bytes
+        spans.emplace_back(t.offset(), t.offset() + t.numel());
+      }
+      std::sort(spans.begin(), spans.end());
+      for (size_t i = 1; i < spans.size(); ++i) EXPECT_LE(spans[i - 1].second, spans[i].first) << kind;
+      EXPECT_NE(ts[0].storage().get(), nullptr);
+    }
+  };
+  Problem pb(3);
+  auto opt = optim::make_adamw(pb.groups(), {});
+  Generator gen(5);
+  pb.set_grads(gen);
+  opt->step();
+  check_packed(opt->state(), 3);
+  nn::NamedTensors saved;
+  for (auto& [n, t] : opt->state()) saved.emplace_back(n, clone(t));
+  Problem fresh_pb(3);
+  auto fresh = optim::make_adamw(fresh_pb.groups(), {});
+  fresh->load_state(saved);
+  check_packed(fresh->state(), 3);
+  for (size_t i = 0; i < saved.size(); ++i) EXPECT_TRUE(bitwise_equal(fresh->state()[i].second, saved[i].second));
+  // "unused" gets its first gradient now: its moments are made then, the others stay where they are.
+  const Tensor before = opt->state()[1].second;
+  for (auto [name, p] : pb.params) p.set_grad(rnd(gen, p.shape(), DType::f32));
+  opt->step();
+  EXPECT_EQ(opt->state().size(), 1u + 3 * 4);
+  EXPECT_EQ(opt->state()[1].second.storage().get(), before.storage().get());
 }
 
 TEST(Optim, StrictLoadRefusesAndChangesNothing) {

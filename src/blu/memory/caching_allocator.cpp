@@ -12,8 +12,13 @@
 //
 // Sizes. Requests are rounded up to a multiple of 512 bytes (so every block is 512-aligned inside
 // a segment). Requests up to 1 MiB are "small" and come from 2 MiB segments shared by many
-// blocks; larger requests are "large" and get a segment of the request rounded up to 2 MiB. The
-// two kinds live in separate pools, so a long-lived small tensor never pins down a big segment.
+// blocks; larger requests are "large". A large request up to 10 MiB that finds no free block
+// gets a 20 MiB segment, whose rest serves the next ones; a larger one gets a segment of the
+// request rounded up to 2 MiB. Without the 20 MiB segments every mid-size tensor would hold up
+// to 2 MiB it cannot use (a 2.25 MiB projection weight takes a 4 MiB segment, whose 1.75 MiB
+// tail only a request of 1-1.75 MiB could take): GPT-2's parameters, 495.5 MB, held 560 MB of
+// segments that way. The two pools are separate, so a long-lived small tensor never pins down a
+// big segment.
 //
 // Streams. A block belongs to the stream it was allocated on and is only handed out again for
 // that stream. Work on one stream runs in order, so when the host frees a block while kernels
@@ -94,9 +99,11 @@ std::string format_bytes(int64_t bytes) {
 CachingAllocator::CachingAllocator(DeviceMemorySource& source, EventSource& events, CachingAllocatorConfig config)
     : source_(source), events_(events), config_(std::move(config)) {
   BLU_CHECK(config_.round > 0 && config_.small_segment % config_.round == 0 &&
-                config_.small_request <= config_.small_segment && config_.large_round % config_.round == 0,
+                config_.small_request <= config_.small_segment && config_.large_round % config_.round == 0 &&
+                config_.mid_request <= config_.mid_segment && config_.mid_segment % config_.round == 0,
             "caching allocator: inconsistent sizes (round ", config_.round, ", small segment ", config_.small_segment,
-            ", small request ", config_.small_request, ", large round ", config_.large_round, ")");
+            ", small request ", config_.small_request, ", mid segment ", config_.mid_segment, ", mid request ",
+            config_.mid_request, ", large round ", config_.large_round, ")");
 }
 
 CachingAllocator::~CachingAllocator() {
@@ -128,7 +135,9 @@ void* CachingAllocator::malloc(size_t bytes, StreamId stream) {
     b = *it;
     pool.erase(it);
   } else {
-    const size_t seg = small ? config_.small_segment : (size + config_.large_round - 1) / config_.large_round * config_.large_round;
+    const size_t seg = small                         ? config_.small_segment
+                       : size <= config_.mid_request ? config_.mid_segment
+                                                     : (size + config_.large_round - 1) / config_.large_round * config_.large_round;
     void* p = raw_alloc_locked(seg);
     if (!p) {
       // Flush the cache and retry once: cached segments of other streams, or split ones whose

@@ -53,7 +53,9 @@ struct CachingAllocatorConfig {
   size_t round = 512;                   // every block size is a multiple of this
   size_t small_request = size_t(1) << 20;  // requests up to this go to the small pool ...
   size_t small_segment = size_t(2) << 20;  // ... whose segments have this size
-  size_t large_round = size_t(2) << 20;    // large segments are requests rounded up to this
+  size_t mid_request = size_t(10) << 20;   // larger requests up to this (0: none) share ...
+  size_t mid_segment = size_t(20) << 20;   // ... segments of this size
+  size_t large_round = size_t(2) << 20;    // other large segments are requests rounded up to this
   size_t large_split_min = size_t(1) << 20;  // a large block splits when more than this is left
 };
 

@@ -36,15 +36,12 @@ class AdamW final : public Optimizer {
     // Parameters with equal coefficients go into one op; map order keeps the ops deterministic.
     std::map<std::tuple<double, int64_t, DType>, std::vector<AdamWTensors>> batches;
     std::vector<size_t> copies_written;
+    make_state();
     for (size_t i = 0; i < params_.size(); ++i) {
       const detail::ParamRef& p = params_[i];
       const Tensor g = detail::checked_grad(p, kName);
       if (!g.defined()) continue;
       State& s = state_[i];
-      if (s.step == 0) {
-        s.exp_avg = zeros_like(p.param);
-        s.exp_avg_sq = zeros_like(p.param);
-      }
       ++s.step;
       const Tensor copy = copies_[i] ? copies_[i]->target(p.param) : Tensor();
       if (copy.defined()) copies_written.push_back(i);
@@ -84,20 +81,49 @@ class AdamW final : public Optimizer {
     detail::ParsedState parsed = detail::parse_state(
         state, params_, {{"exp_avg", false}, {"exp_avg_sq", false}, {"step", true}}, kName);
     std::vector<State> next(params_.size());
+    std::vector<size_t> loaded;
+    std::vector<Tensor> likes, avg, avg_sq;
     for (size_t i = 0; i < params_.size(); ++i) {
       const auto& t = parsed.per_param[i];
       if (t.empty()) continue;
       const std::string& name = params_[i].name;
       next[i].step = detail::read_count(t[2], "step." + name);
       BLU_CHECK(next[i].step > 0, "AdamW state: 'step.", name, "' is 0 but moments are present");
-      next[i].exp_avg = detail::f32_copy(t[0], params_[i].param);
-      next[i].exp_avg_sq = detail::f32_copy(t[1], params_[i].param);
+      loaded.push_back(i);
+      likes.push_back(params_[i].param);
+      avg.push_back(t[0]);
+      avg_sq.push_back(t[1]);
+    }
+    const std::vector<Tensor> m = detail::packed_copies(avg, likes, "AdamW exp_avg"),
+                              v = detail::packed_copies(avg_sq, likes, "AdamW exp_avg_sq");
+    for (size_t k = 0; k < loaded.size(); ++k) {
+      next[loaded[k]].exp_avg = m[k];
+      next[loaded[k]].exp_avg_sq = v[k];
     }
     state_ = std::move(next);
     steps_ = parsed.step;
   }
 
  private:
+  // The moments of every parameter that has a gradient and no state yet, in one allocation per
+  // moment (Note [Optimizer state in one buffer]).
+  void make_state() {
+    std::vector<size_t> fresh;
+    std::vector<Tensor> likes;
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (state_[i].step == 0 && params_[i].param.grad().defined()) {
+        fresh.push_back(i);
+        likes.push_back(params_[i].param);
+      }
+    if (fresh.empty()) return;
+    const std::vector<Tensor> m = detail::packed_zeros(likes, "AdamW exp_avg"),
+                              v = detail::packed_zeros(likes, "AdamW exp_avg_sq");
+    for (size_t k = 0; k < fresh.size(); ++k) {
+      state_[fresh[k]].exp_avg = m[k];
+      state_[fresh[k]].exp_avg_sq = v[k];
+    }
+  }
+
   struct State {
     Tensor exp_avg, exp_avg_sq;
     int64_t step = 0;  // updates this parameter has had (0: no state yet)

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <set>
 
+#include "blu/memory/memory_report.h"
 #include "blu/ops/factory.h"
 #include "blu/ops/view.h"
 #include "blu/optim/state_io.h"
@@ -63,6 +64,41 @@ Tensor f32_copy(const Tensor& src, const Tensor& like) {
   Tensor dst = empty(like.shape(), DType::f32, like.device());
   copy_(dst, to_device(src, like.device()));
   return dst;
+}
+
+std::vector<Tensor> packed_zeros(const std::vector<Tensor>& likes, const char* label) {
+  constexpr int64_t kAlign = 64 / 4;  // f32 elements
+  struct Flat {
+    Device device;
+    int64_t numel = 0;
+    Tensor buffer;
+  };
+  std::vector<Flat> flats;  // one per device, in order of first use
+  std::vector<std::pair<size_t, int64_t>> at(likes.size());  // (flat, offset)
+  for (size_t i = 0; i < likes.size(); ++i) {
+    size_t f = 0;
+    while (f < flats.size() && flats[f].device != likes[i].device()) ++f;
+    if (f == flats.size()) flats.push_back({likes[i].device()});
+    at[i] = {f, flats[f].numel};
+    flats[f].numel += (likes[i].numel() + kAlign - 1) / kAlign * kAlign;
+  }
+  for (Flat& f : flats) {
+    f.buffer = zeros({f.numel}, DType::f32, f.device);
+    tag_memory(f.buffer, MemoryCategory::optimizer_state, label);
+  }
+  std::vector<Tensor> out;
+  out.reserve(likes.size());
+  for (size_t i = 0; i < likes.size(); ++i)
+    out.push_back(view(narrow(flats[at[i].first].buffer, 0, at[i].second, likes[i].numel()), likes[i].shape()));
+  return out;
+}
+
+std::vector<Tensor> packed_copies(const std::vector<Tensor>& values, const std::vector<Tensor>& likes,
+                                  const char* label) {
+  BLU_ASSERT(values.size() == likes.size());
+  std::vector<Tensor> out = packed_zeros(likes, label);
+  for (size_t i = 0; i < out.size(); ++i) copy_(out[i], to_device(values[i], likes[i].device()));
+  return out;
 }
 
 ParsedState parse_state(const nn::NamedTensors& state, const std::vector<ParamRef>& params,

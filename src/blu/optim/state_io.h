@@ -46,4 +46,18 @@ int64_t read_count(const Tensor& t, const std::string& name);
 // A fresh f32 copy of `src` on `like`'s device, shaped like `like`.
 Tensor f32_copy(const Tensor& src, const Tensor& like);
 
+// Note [Optimizer state in one buffer]
+// Per-parameter state (AdamW's two moments) lives as long as the run, so it is made as one
+// allocation per device and kind, each parameter's tensor a contiguous view starting on a 64-byte
+// boundary (the CPU pools' rounding, and past the 16 bytes of the GPU kernels' vector loads).
+// Made one by one, a model's moments are as many allocations as it has parameters, each rounded by
+// the device allocator and placed in whatever freed block the first step left; one allocation
+// holds their bytes and leaves no hole for a later step to fill. The allocation is tagged as
+// optimizer state (memory/memory_report.h) with `label`.
+// packed_zeros gives f32 zeros shaped like each of `likes`; packed_copies gives f32 copies of
+// `values[i]` shaped like `likes[i]` (a loaded checkpoint's state), in the same layout.
+std::vector<Tensor> packed_zeros(const std::vector<Tensor>& likes, const char* label);
+std::vector<Tensor> packed_copies(const std::vector<Tensor>& values, const std::vector<Tensor>& likes,
+                                  const char* label);
+
 }  // namespace blu::optim::detail
