@@ -462,6 +462,7 @@ int run_bench(const BenchOptions& o) {
     co.config = o.precision + ", " + strategy.describe();
     co.remat = o.compile_remat;
     co.check = o.compile_check;
+    co.epilogues = o.compile_fuse == "on";  // off: every op's eager kernel, GEMMs as written
     co.fusion = compiler::fusion_for(o.compile_fuse, [log = co.log](const std::string& line) {
       if (log) std::cerr << "compile: " << line << "\n" << std::flush;
     }, env.rank == 0 ? o.compile_export : "");
@@ -762,7 +763,8 @@ Command add_bench(CLI::App& root) {
                 "(compiler/remat.h; docs/compiler.md, \"Recompute chosen by the compiler\")");
   app->add_option("--compile-fuse", o->compile_fuse,
                   "With --compile: on fuses regions into generated kernels (the MLIR fusion pass, or the kernel "
-                  "cache's fusion plan in a build without MLIR), off runs every op's eager kernel")
+                  "cache's fusion plan in a build without MLIR) and chooses GEMM epilogues, off runs every op's eager "
+                  "kernel")
       ->capture_default_str()
       ->check(CLI::IsMember({"on", "off"}));
   app->add_option("--compile-export", o->compile_export,

@@ -178,7 +178,8 @@ int run_compile(const CompileCmdOptions& o) {
       {"device", dev.str()},
       {"cache", compiler::kernel_cache_dir()},
       {"graph_ops", v.graph.ops.size()},
-      {"regions", v.regions},
+      {"regions", v.regions},  // generated kernels' regions and GEMM epilogues
+      {"gemm_epilogues", v.epilogues},
       {"kernels_compiled", v.kernels_compiled},
       {"kernels_cached", v.kernels_cached},
       {"fusion", v.fusion},

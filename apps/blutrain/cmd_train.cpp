@@ -435,8 +435,8 @@ Command add_train(CLI::App& root) {
                 "again before its backward use; bitwise the same step (docs/compiler.md)");
   app->add_option("--compile-fuse", o.compile_fuse,
                   "With --compile: on fuses pointwise and row regions into generated kernels (the MLIR fusion "
-                  "pass, or a fusion plan from the kernel cache in a build without MLIR), off runs every op's "
-                  "eager kernel (docs/compiler_mlir.md)")
+                  "pass, or a fusion plan from the kernel cache in a build without MLIR) and chooses GEMM "
+                  "epilogues, off runs every op's eager kernel (docs/compiler_mlir.md)")
       ->capture_default_str()
       ->check(CLI::IsMember({"on", "off"}));
   app->add_option("--compile-export", o.compile_export,

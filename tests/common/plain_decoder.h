@@ -1,7 +1,8 @@
 // A decoder written without hand fusion, for the compiler's GEMM epilogues (compiler/epilogue.h):
 // an embedding, then per layer `x + linear(relu(linear(x, w1) + b1), w2, b2)` — a bias add after
-// a GEMM without one, and a residual add after a GEMM — then a head and the loss; one SGD step per
-// call. The compiled-step tests train it small on the CPU and the GPU; a GPU perf test times it at
+// a GEMM without one, and a residual add after a GEMM — or, with `gelu`, `x + linear(gelu_tanh(
+// linear(x, w1, b1)), w2, b2)` — a GELU after a GEMM with its bias — then a head and the loss; one
+// SGD step per call. The compiled-step tests train it small on the CPU and the GPU; a GPU perf test times it at
 // GPT-2's width.
 #pragma once
 #include <utility>
@@ -13,6 +14,7 @@ namespace blu::test {
 
 struct PlainDecoderSize {
   int64_t B = 2, T = 8, C = 16, V = 29, layers = 1;
+  bool gelu = false;
 };
 
 struct PlainDecoder {
@@ -45,7 +47,8 @@ struct PlainDecoder {
   Tensor step(const Tensor& idx, const Tensor& tg, double lr) {
     Tensor x = embedding(emb, idx);  // [B, T, C]
     for (size_t l = 0; l < size_t(n.layers); ++l)
-      x = x + linear(relu(linear(x, w1[l]) + b1[l]), w2[l], b2[l]);  // a bias and a residual epilogue
+      x = n.gelu ? x + linear(gelu(linear(x, w1[l], b1[l]), true), w2[l], b2[l])  // GELU and residual epilogues
+                 : x + linear(relu(linear(x, w1[l]) + b1[l]), w2[l], b2[l]);  // a bias and a residual epilogue
     const Tensor logits = linear(x, head);
     Tensor loss = cross_entropy(reshape(logits, {n.B * n.T, n.V}), reshape(tg, {n.B * n.T}));
     loss.backward();

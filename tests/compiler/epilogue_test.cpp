@@ -10,8 +10,11 @@
 // - what is not folded: a product read by a second op, an add of another shape, a linear that has
 //   a bias already (no second bias), a product that is a step output; and nothing with `add`
 //   excluded (BLU_COMPILE_EXCLUDE, --compile-exclude);
+// - a tanh GELU after a linear with its bias (`gelu = true` in the plain decoder): folded, bitwise
+//   eager on the CPU; not folded for the exact GELU, without a bias, or without a backward;
 // - the tiny GPT-2 and Llama pass their skip connections to the projections by hand, so the pass
-//   finds nothing there and their compiled steps stay bitwise (CompiledVsEager in compiler_test).
+//   finds no add there; GPT-2's GELU after c_fc folds (on the CPU eager's kernels run, so its
+//   compiled step stays bitwise: CompiledVsEager in compiler_test).
 // The GPU replay is CompilerCuda.GemmEpiloguesMatchEagerAndCheck.
 // Run: ctest -R Epilogue, or build/tests/test_compiler --gtest_filter='*Epilogue*'.
 #include <gtest/gtest.h>
@@ -28,6 +31,7 @@
 #include "blu/dist/strategy.h"
 #include "blu/models/gpt2/gpt2.h"
 #include "blu/models/llama/llama.h"
+#include "common/checks.h"
 #include "common/plain_decoder.h"
 #include "common/tiny_gpt.h"
 
@@ -43,8 +47,8 @@ struct PlainRun {
   std::unique_ptr<CompiledStep> cs;
 };
 
-PlainRun train(const CompileOptions* opts) {
-  PlainDecoder m(11, kCPU);
+PlainRun train(const CompileOptions* opts, test::PlainDecoderSize size = {}) {
+  PlainDecoder m(11, kCPU, size);
   PlainRun r;
   if (opts) r.cs = std::make_unique<CompiledStep>(*opts);
   Tensor idx = empty({m.n.B, m.n.T}, DType::i32), tg = empty({m.n.B, m.n.T}, DType::i32);
@@ -153,6 +157,68 @@ TEST(Epilogue, WhatIsNotFolded) {
   set_excluded_ops({});
 }
 
+// A GELU after a linear with its bias: one region {linear, views, gelu} writing the GELU and the
+// product the GELU's gradient reads. On the CPU it runs eager's two kernels, so with the residual
+// fold excluded the compiled run is bitwise eager; with it, both folds and rounding-level agreement.
+TEST(Epilogue, GeluAfterALinearFoldsAndMatchesEager) {
+  const test::PlainDecoderSize gelu_size{.layers = 2, .gelu = true};
+  const PlainRun eager = train(nullptr, gelu_size);
+  std::ostringstream log;
+  CompileOptions o;
+  o.log = true;
+  o.log_stream = &log;
+  set_excluded_ops({"add"});
+  const PlainRun gelu_only = train(&o, gelu_size);
+  set_excluded_ops({});
+  ASSERT_EQ(gelu_only.cs->variants().size(), 1u) << log.str();
+  EXPECT_EQ(gelu_only.cs->variants()[0]->epilogues, 2) << log.str();
+  EXPECT_EQ(gelu_only.losses, eager.losses);
+  for (size_t i = 0; i < eager.params.size(); ++i)
+    EXPECT_TRUE(test::bitwise_equal(gelu_only.params[i], eager.params[i])) << "parameter " << i;
+
+  CompileOptions c;
+  c.check = true;
+  c.log_stream = &log;
+  const PlainRun both = train(&c, gelu_size);
+  EXPECT_EQ(both.cs->variants()[0]->epilogues, 4) << log.str();
+  int gelus = 0;
+  for (const RegionCheck& rc : both.cs->region_checks()) {
+    gelus += rc.ops.find("gelu") != std::string::npos;
+    EXPECT_LT(rc.max_diff, 1e-5) << rc.ops;
+  }
+  EXPECT_EQ(gelus, 2) << log.str();
+  for (size_t i = 0; i < eager.losses.size(); ++i)
+    EXPECT_NEAR(both.losses[i], eager.losses[i], 1e-5 * std::abs(eager.losses[i])) << "step " << i + 1;
+}
+
+TEST(Epilogue, WhatGeluIsNotFolded) {
+  manual_seed(4);
+  const Tensor x0 = randn({kB, kT, kC}), w = randn({kC, kC}), b = randn({kC});
+  auto count = [&](const std::function<Tensor(const Tensor&)>& f) {
+    return epilogue_regions(capture([&] {
+             Tensor x = x0.detach();
+             x.set_requires_grad();
+             sum(f(x)).backward();
+           }))
+        .size();
+  };
+  EXPECT_EQ(count([&](const Tensor& x) { return gelu(linear(x, w, b), true); }), 1u);
+  EXPECT_EQ(count([&](const Tensor& x) { return gelu(linear(x, w, b), false); }), 0u);  // erf: not cuBLASLt's
+  EXPECT_EQ(count([&](const Tensor& x) { return gelu(linear(x, w), true); }), 0u);      // no bias
+  EXPECT_EQ(count([&](const Tensor& x) {
+              const Tensor y = linear(x, w, b);
+              return gelu(y, true) * y;  // read again after the GELU: still one fold, the GEMM writes it
+            }),
+            1u);
+  {
+    NoGradGuard ng;  // nothing reads the product after the GELU: no auxiliary output to write
+    EXPECT_EQ(epilogue_regions(capture([&] { (void)gelu(linear(x0, w, b), true); })).size(), 0u);
+  }
+  set_excluded_ops({"gelu"});
+  EXPECT_EQ(count([&](const Tensor& x) { return gelu(linear(x, w, b), true); }), 0u);
+  set_excluded_ops({});
+}
+
 TEST(Epilogue, HandFusedModelsHaveNothingToFold) {
   for (const std::string family : {"gpt2", "llama"}) {
     std::unique_ptr<models::CausalLM> m;
@@ -168,7 +234,12 @@ TEST(Epilogue, HandFusedModelsHaveNothingToFold) {
     int linears = 0;
     for (const Op& op : g.ops) linears += op.name == "linear";
     EXPECT_GT(linears, 0) << family;
-    EXPECT_EQ(epilogue_regions(g).size(), 0u) << family;
+    // No add to fold; GPT-2's MLP (c_fc, then gelu_linear: a tanh GELU and c_proj) has its GELU
+    // folded into c_fc, one a layer.
+    int adds = 0, gelus = 0;
+    for (const FusedRegion& r : epilogue_regions(g)) (g.ops[size_t(r.ops.back())].name == "gelu" ? gelus : adds) += 1;
+    EXPECT_EQ(adds, 0) << family;
+    EXPECT_EQ(gelus, family == "gpt2" ? int(::blu::test::tiny_gpt().n_layer) : 0) << family;
   }
 }
 

@@ -21,6 +21,7 @@
 #include "blu/backend/cuda/runtime.h"
 #include "blu/blu.h"
 #include "blu/compiler/compile.h"
+#include "blu/compiler/exclude.h"
 #include "blu/core/exec_context.h"
 #include "blu/dist/strategy.h"
 #include "blu/memory/cuda_allocator.h"
@@ -141,11 +142,12 @@ TEST(CompilerCuda, AdamWWithAChangingLrRecordsTwiceAndMatchesEager) {
 // residual and bias adds run as cuBLASLt epilogues inside the recorded graphs; its losses equal
 // eager's within fp32 rounding, and the check mode (which replays without graphs) reports both
 // regions at rounding level against their eager ops.
-std::vector<double> train_plain(compiler::CompiledStep* cs) {
+std::vector<double> train_plain(compiler::CompiledStep* cs, test::PlainDecoderSize size = {},
+                                DType dtype = DType::f32) {
   cuda::Stream stream;
   Workspace ws(kGPU);
   ExecContextGuard ctx(ExecContext{kGPU, stream.get(), &ws});
-  test::PlainDecoder m(11, kGPU);
+  test::PlainDecoder m(11, kGPU, size, dtype);
   Tensor idx = empty({m.n.B, m.n.T}, DType::i32, kGPU), tg = empty({m.n.B, m.n.T}, DType::i32, kGPU);
   std::vector<double> losses;
   for (int s = 0; s < 6; ++s) {
@@ -191,6 +193,48 @@ TEST(CompilerCuda, GemmEpiloguesMatchEagerAndCheck) {
     EXPECT_LT(rc.max_diff, 1e-4) << rc.ops;
   }
   EXPECT_EQ(again, compiled);
+}
+
+// The GELU epilogue on the GPU: in bf16 one GEMM (cuBLASLt's GELU_AUX_BIAS) writes the GELU and
+// the product, which the GELU's gradient reads; the GELU of the unrounded sum differs from eager's
+// GELU of the rounded product by rounding (the check mode reports it per region). In fp32 the
+// region runs eager's two kernels: with the residual fold excluded, bitwise eager.
+TEST(CompilerCuda, GeluEpilogueMatchesEager) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const test::PlainDecoderSize size{.C = 32, .layers = 2, .gelu = true};
+  {
+    const std::vector<double> eager = train_plain(nullptr, size, DType::bf16);
+    std::ostringstream log;
+    compiler::CompileOptions c;
+    c.check = true;
+    c.log_stream = &log;
+    compiler::CompiledStep checked(c);
+    const std::vector<double> compiled = train_plain(&checked, size, DType::bf16);
+    ASSERT_EQ(checked.variants().size(), 1u) << log.str();
+    EXPECT_EQ(checked.variants()[0]->epilogues, 4) << log.str();
+    int gelus = 0;
+    for (const compiler::RegionCheck& rc : checked.region_checks()) {
+      std::cout << "bf16 check: region " << rc.region << " (" << rc.ops << "): max |diff| " << rc.max_diff << "\n";
+      gelus += rc.ops.find("gelu") != std::string::npos;
+      EXPECT_LT(rc.max_diff, 0.07) << rc.ops;  // a few bf16 ulps of values up to ~4
+    }
+    EXPECT_EQ(gelus, 2);
+    for (size_t i = 0; i < eager.size(); ++i)
+      EXPECT_NEAR(compiled[i], eager[i], 2e-2 * std::abs(eager[i])) << "bf16 step " << i + 1;
+  }
+  {
+    const std::vector<double> eager = train_plain(nullptr, size, DType::f32);
+    std::ostringstream log;
+    compiler::CompileOptions o;
+    o.log_stream = &log;
+    compiler::set_excluded_ops({"add"});
+    compiler::CompiledStep cs(o);
+    const std::vector<double> compiled = train_plain(&cs, size, DType::f32);
+    compiler::set_excluded_ops({});
+    ASSERT_EQ(cs.variants().size(), 1u) << log.str();
+    EXPECT_EQ(cs.variants()[0]->epilogues, 2) << log.str();
+    EXPECT_EQ(compiled, eager);
+  }
 }
 
 // The compiler's own recompute (compiler/remat.h) on the GPU, replayed from CUDA graphs with

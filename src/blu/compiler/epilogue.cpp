@@ -40,11 +40,63 @@ int product_operand(const Graph& g, const FusedRegion& r) {
   return buffer_of(g, add.inputs[0]) == by ? 0 : 1;
 }
 
+bool is_gelu_tanh(const Op& o) {
+  return o.kind == OpKind::kernel && o.name == "gelu" && o.inputs.size() == 1 && o.outputs.size() == 1 &&
+         o.writes.empty() && o.attrs.has("approximate") && o.attrs.b("approximate");
+}
+
+// A linear with a bias whose product's first reader after views is a tanh GELU: the region
+// {linear, views, gelu}, its outputs the GELU's and the product itself (whole: the backward's
+// GELU gradient reads it), which the GEMM writes as its auxiliary output. `users`: the ops on the
+// product's buffer, in order.
+bool gelu_region(const Graph& g, const std::vector<int>& users, int lin, FusedRegion& r) {
+  const Op& l = g.ops[size_t(lin)];
+  if (l.inputs[2] < 0 || op_excluded("gelu")) return false;
+  const int y = l.outputs[0];
+  const int64_t n = numel(g.values[size_t(y)].shape);
+  std::vector<int> views;
+  int gelu = -1;
+  for (int k : users) {
+    if (k <= lin) continue;
+    const Op& o = g.ops[size_t(k)];
+    if (o.kind == OpKind::view) {
+      views.push_back(k);
+      continue;
+    }
+    if (is_gelu_tanh(o)) gelu = k;
+    break;
+  }
+  if (gelu < 0) return false;
+  const Op& ge = g.ops[size_t(gelu)];
+  const int h = ge.outputs[0];
+  if (!whole(g, ge.inputs[0], n) || !g.values[size_t(h)].contiguous() ||
+      buffer_of(g, h) == buffer_of(g, y) || numel(g.values[size_t(h)].shape) != n)
+    return false;
+  r.kind = RegionKind::gemm_epilogue;
+  r.ops.push_back(lin);
+  for (int v : views)
+    if (v < gelu) r.ops.push_back(v);
+  r.ops.push_back(gelu);
+  compute_region_io(g, r);
+  // Outputs: the GELU's, and values that are each the whole product (the GEMM's aux; the linear's
+  // own output and a view of it are the same bytes), at least one.
+  int aux = 0;
+  for (int v : r.outputs) {
+    if (v == h) continue;
+    if (buffer_of(g, v) != buffer_of(g, y) || !whole(g, v, n)) return false;
+    ++aux;
+  }
+  if (aux == 0 || std::find(r.outputs.begin(), r.outputs.end(), h) == r.outputs.end()) return false;
+  r.bytes_saved = double(g.buffers[size_t(buffer_of(g, y))].nbytes);  // the product read back
+  return true;
+}
+
 }  // namespace
 
 std::vector<FusedRegion> epilogue_regions(const Graph& g) {
   std::vector<FusedRegion> out;
-  if (op_excluded("linear") || op_excluded("add")) return out;
+  if (op_excluded("linear")) return out;
+  const bool adds = !op_excluded("add");
   // Per buffer: the ops that touch it, in order; and the buffers read after the step.
   std::vector<std::vector<int>> users(g.buffers.size());
   for (size_t i = 0; i < g.ops.size(); ++i) {
@@ -71,6 +123,12 @@ std::vector<FusedRegion> epilogue_regions(const Graph& g) {
     if (g.buffers[size_t(by)].kind != BufferKind::temporary || read_after[size_t(by)] || yv.shape.size() != 2) continue;
     const int64_t n = numel(yv.shape);
     if (!whole(g, y, n)) continue;
+    if (FusedRegion r; gelu_region(g, users[size_t(by)], int(i), r)) {
+      r.index = int(out.size());
+      out.push_back(std::move(r));
+      continue;
+    }
+    if (!adds) continue;
     // Every later op on the product's buffer: views of it, then exactly one add.
     std::vector<int> views;
     int add = -1;
@@ -112,9 +170,51 @@ std::vector<FusedRegion> epilogue_regions(const Graph& g) {
   return out;
 }
 
+namespace {
+
+// {linear, views, gelu}: on the GPU in 16 bits, one GEMM writing gelu(x·wᵀ + b) and, as its
+// auxiliary output, x·wᵀ + b (the backend's `linear_gelu`, cuBLASLt's GELU_AUX_BIAS); elsewhere the
+// linear and the gelu kernels one after the other, eager's arithmetic.
+FusedLaunch gelu_launch(const Graph& g, const FusedRegion& r) {
+  const Op& lin = g.ops[size_t(r.ops.front())];
+  const Op& ge = g.ops[size_t(r.ops.back())];
+  auto at = [](const std::vector<int>& vs, int v) { return int(std::find(vs.begin(), vs.end(), v) - vs.begin()); };
+  const int sx = at(r.inputs, lin.inputs[0]), sw = at(r.inputs, lin.inputs[1]), sb = at(r.inputs, lin.inputs[2]);
+  BLU_CHECK(sx < int(r.inputs.size()) && sw < int(r.inputs.size()) && sb < int(r.inputs.size()) &&
+                r.outputs.size() >= 2,
+            "epilogue_launch: region ", r.index, " is not a linear with its bias and a GELU");
+  const int sh = at(r.outputs, ge.outputs[0]), sa = sh == 0 ? 1 : 0;  // any other output: the product
+  const Value& y = g.values[size_t(lin.outputs[0])];
+  const Shape rows_out = y.shape, row_major{y.shape[1], 1};
+  const Backend& be = backend(y.device.type);
+  const bool sixteen = y.dtype == DType::bf16 || y.dtype == DType::f16;
+  const bool fits = sixteen && y.shape[1] % 8 == 0 && g.values[size_t(lin.inputs[2])].contiguous();
+  const Kernel fused = fits ? be.find("linear_gelu") : nullptr;
+  const Kernel linear = be.find("linear"), gelu = be.find("gelu");
+  BLU_CHECK(linear && gelu, "epilogue_launch: no linear or gelu kernel for ", y.device);
+  const int linear_op = r.ops.front(), gelu_op = r.ops.back();
+  return [=](const Graph& step, std::span<const Tensor> in, std::span<Tensor> out, const ExecContext& ctx) {
+    std::array<Tensor, 2> result{out[size_t(sh)].alias_with(rows_out, row_major, out[size_t(sh)].offset()),
+                                 out[size_t(sa)].alias_with(rows_out, row_major, out[size_t(sa)].offset())};
+    const Attrs& lin_attrs = step.ops[size_t(linear_op)].attrs;
+    if (fused) {
+      std::array<Tensor, 3> args{in[size_t(sx)], in[size_t(sw)], in[size_t(sb)]};
+      fused(KernelCall{"linear_gelu", args, result, lin_attrs, ctx});
+      return;
+    }
+    std::array<Tensor, 4> args{in[size_t(sx)], in[size_t(sw)], in[size_t(sb)], Tensor()};
+    linear(KernelCall{"linear", args, std::span<Tensor>(&result[1], 1), lin_attrs, ctx});
+    std::array<Tensor, 1> pre{result[1]};
+    gelu(KernelCall{"gelu", pre, std::span<Tensor>(&result[0], 1), step.ops[size_t(gelu_op)].attrs, ctx});
+  };
+}
+
+}  // namespace
+
 FusedLaunch epilogue_launch(const Graph& g, const FusedRegion& r) {
   BLU_CHECK(r.kind == RegionKind::gemm_epilogue && r.ops.size() >= 2, "epilogue_launch: region ", r.index,
             " is not a GEMM epilogue region");
+  if (g.ops[size_t(r.ops.back())].name == "gelu") return gelu_launch(g, r);
   const Op& lin = g.ops[size_t(r.ops.front())];
   const Op& add = g.ops[size_t(r.ops.back())];
   const int pi = product_operand(g, r);

@@ -3,11 +3,14 @@
 // that runs as one `linear` with the add as its epilogue: a bias (the add's other operand is a
 // vector over the output features, and the linear has none) or a residual (the other operand has
 // the output's shape) — cuBLASLt's bias epilogue and its C operand with beta = 1 on the GPU, the
-// accumulation's initial value on the CPU. compiler/fused_step.h puts the regions into the step
-// beside the fusion pass's generated kernels.
+// accumulation's initial value on the CPU. A `linear` with a bias whose output a tanh `gelu` reads
+// first becomes one GEMM that writes the GELU and keeps the product for the GELU's gradient
+// (cuBLASLt's GELU_AUX_BIAS, 16-bit on the GPU; the two kernels in turn elsewhere).
+// compiler/fused_step.h puts the regions into the step beside the fusion pass's generated kernels.
 // Depends on compiler/{graph,runtime,exclude}, compiler/codegen/region.h, backend/. Keep: the
-// region runs linear's own kernel (no generated code); the add's output is the region's only
-// output, the linear's output gets no bytes.
+// region runs the backend's own kernels (no generated code); an add fold's only output is the
+// add's and the linear's output gets no bytes; a GELU fold's outputs are the GELU's and the
+// product.
 #pragma once
 #include <vector>
 
@@ -29,9 +32,15 @@ namespace blu::compiler {
 // pass their skip connections to the projections by hand (nn::Linear's residual), which eager
 // mode needs for its speed; the pass makes the same GEMM for any model. `--compile-exclude
 // linear` or `add` keeps the pair as it is.
+// The GELU after a linear is the third epilogue cuBLASLt offers: in training the product is still
+// needed (GELU's gradient reads it), so the fold saves one read of it and a launch, not its bytes.
+// In 16 bits the GELU is computed from the fp32 sum before the rounding, so it agrees with eager
+// within rounding; on the CPU and in fp32 it runs eager's two kernels and is bitwise.
+// `--compile-exclude gelu` keeps them apart.
 
 // Regions of kind gemm_epilogue: {linear, the views of its output, add}; inputs x, w, the bias (the
-// linear's or the add's), the residual when there is one; output the add's.
+// linear's or the add's), the residual when there is one; output the add's. Or {linear, views,
+// gelu}: inputs x, w, the bias; outputs the GELU's and the whole product.
 std::vector<FusedRegion> epilogue_regions(const Graph& g);
 
 // The region's launch: the backend's `linear` kernel on the region's device with the bias and the

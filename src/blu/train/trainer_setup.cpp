@@ -355,6 +355,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     co.config = o.precision + ", grad_accum " + std::to_string(o.grad_accum) + ", " + strategy_->describe();
     co.remat = o.compile_remat;
     co.check = o.compile_check;
+    co.epilogues = o.compile_fuse == "on";  // off: every op's eager kernel, GEMMs as written
     co.fusion = compiler::fusion_for(o.compile_fuse, [log = co.log, stream = cb_.log](const std::string& line) {
       if (log) (stream ? *stream : std::cerr) << "compile: " << line << "\n" << std::flush;
     }, rank_ == 0 ? o.compile_export : "");

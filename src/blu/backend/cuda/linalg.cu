@@ -1,6 +1,7 @@
-// CUDA kernels for ops/linalg ("matmul", "linear", "linear_weight_grad[_into]") over the cuBLASLt gemm of gemm.h, and the
-// small helper kernels gemm needs (fill rows with a bias, pack a strided operand, a
-// deterministic strided sum for the bias-gradient fallback).
+// CUDA kernels for ops/linalg ("matmul", "linear", "linear_weight_grad[_into]"; "linear_gelu" for
+// the compiler's GELU epilogue) over the cuBLASLt gemm of gemm.h, and the small helper kernels
+// gemm needs (fill rows with a bias, pack a strided operand, a deterministic strided sum for the
+// bias-gradient fallback).
 // Operands reach cuBLAS uncopied whenever one of their two matrix strides is 1 (transposed views
 // included); others (stride 0 from expand inside a matrix, every-other-element views) are packed
 // into a temporary from the caching allocator. Batch dims that are laid out as one are merged
@@ -277,6 +278,21 @@ void matmul_kernel(const KernelCall& c) {
 }
 BLU_REGISTER_KERNEL(cuda, "matmul", matmul_kernel);
 
+// The product both linear kernels run: out[R, out] = x[R, in] · w[out, in]ᵀ, x and w prepared.
+GemmArgs linear_gemm(const Tensor& x, const Tensor& w, const Operand& px, const Operand& pw, Tensor& out) {
+  GemmArgs g;
+  g.dtype = x.dtype();
+  g.compute = default_gemm_compute(x.dtype());
+  g.M = x.shape()[0];
+  g.K = x.shape()[1];
+  g.N = w.shape()[0];
+  g.a = {px.ptr, px.strides[0], px.strides[1], 0};
+  g.b = {pw.ptr, pw.strides[1], pw.strides[0], 0};  // B[k, n] = w[n, k]
+  g.c = out.raw_data();
+  g.ldc = g.N;
+  return g;
+}
+
 // out[R, out] = x[R, in] · w[out, in]ᵀ + bias (+ residual), the bias fused as a cuBLASLt epilogue
 // and the residual read as C with beta = 1 (f64: the rows are filled with bias + residual first and
 // the product accumulated onto them).
@@ -297,16 +313,7 @@ void linear_kernel(const KernelCall& c) {
       bp = packed;
     }
   }
-  GemmArgs g;
-  g.dtype = x.dtype();
-  g.compute = default_gemm_compute(x.dtype());
-  g.M = x.shape()[0];
-  g.K = x.shape()[1];
-  g.N = w.shape()[0];
-  g.a = {px.ptr, px.strides[0], px.strides[1], 0};
-  g.b = {pw.ptr, pw.strides[1], pw.strides[0], 0};  // B[k, n] = w[n, k]
-  g.c = out.raw_data();
-  g.ldc = g.N;
+  GemmArgs g = linear_gemm(x, w, px, pw, out);
   const void* rp = residual.defined() ? residual.raw_data() : nullptr;
   if ((bp || rp) && x.dtype() == DType::f64) {
     fill_rows_launch(g.dtype, g.c, 1, g.M, g.N, g.ldc, 0, bp, rp, s);
@@ -325,6 +332,29 @@ void linear_kernel(const KernelCall& c) {
   gemm(g, s, gemm_ws);
 }
 BLU_REGISTER_KERNEL(cuda, "linear", linear_kernel);
+
+// The compiler's GELU epilogue (compiler/epilogue.h): out[0] = gelu_tanh(x·wᵀ + bias) and out[1] =
+// x·wᵀ + bias, both [R, out], in one GEMM (cuBLASLt's GELU_AUX_BIAS; 16-bit, out % 8 == 0).
+void linear_gelu_kernel(const KernelCall& c) {
+  const Tensor &x = c.in[0], &w = c.in[1], &bias = c.in[2];
+  Tensor &out = c.out[0], &pre = c.out[1];
+  BLU_CHECK((x.dtype() == DType::bf16 || x.dtype() == DType::f16) && bias.defined() && bias.is_contiguous() &&
+                out.is_contiguous() && pre.is_contiguous() && w.shape()[0] % 8 == 0,
+            "linear_gelu: needs 16-bit operands, a contiguous bias and outputs, and a multiple of 8 output "
+            "features; got x ", x.str(), ", w ", w.str(), ", bias ", bias.str());
+  if (out.numel() == 0) return;
+  const cudaStream_t s = stream_of(c.ctx);
+  Workspace& ws = *c.ctx.scratch;
+  void* gemm_ws = ws.take(kGemmWorkspaceBytes);
+  const Operand px = prepare(x, s, ws), pw = prepare(w, s, ws);
+  GemmArgs g = linear_gemm(x, w, px, pw, out);
+  g.epilogue = GemmEpilogue::gelu_aux_bias;
+  g.bias = bias.raw_data();
+  g.aux = pre.raw_data();
+  g.aux_ld = g.N;
+  gemm(g, s, gemm_ws);
+}
+BLU_REGISTER_KERNEL(cuda, "linear_gelu", linear_gelu_kernel);
 
 // grad_w[out, in] = g[R, out]ᵀ · x[R, in] and grad_b[o] = Σ_r g[r, o]. Where g suits the column-
 // sum kernels above, a plain GEMM and that sum: cuBLASLt's BGRAD epilogue picks slower kernels
