@@ -40,6 +40,14 @@ int product_operand(const Graph& g, const FusedRegion& r) {
   return buffer_of(g, add.inputs[0]) == by ? 0 : 1;
 }
 
+// Where value v sits among region r's inputs (-1 for an absent optional operand, v < 0).
+int input_slot(const FusedRegion& r, int v) {
+  if (v < 0) return -1;
+  const auto it = std::find(r.inputs.begin(), r.inputs.end(), v);
+  BLU_CHECK(it != r.inputs.end(), "epilogue_launch: value %", v, " is not an input of region ", r.index);
+  return int(it - r.inputs.begin());
+}
+
 bool is_gelu_tanh(const Op& o) {
   return o.kind == OpKind::kernel && o.name == "gelu" && o.inputs.size() == 1 && o.outputs.size() == 1 &&
          o.writes.empty() && o.attrs.has("approximate") && o.attrs.b("approximate");
@@ -178,12 +186,11 @@ namespace {
 FusedLaunch gelu_launch(const Graph& g, const FusedRegion& r) {
   const Op& lin = g.ops[size_t(r.ops.front())];
   const Op& ge = g.ops[size_t(r.ops.back())];
-  auto at = [](const std::vector<int>& vs, int v) { return int(std::find(vs.begin(), vs.end(), v) - vs.begin()); };
-  const int sx = at(r.inputs, lin.inputs[0]), sw = at(r.inputs, lin.inputs[1]), sb = at(r.inputs, lin.inputs[2]);
-  BLU_CHECK(sx < int(r.inputs.size()) && sw < int(r.inputs.size()) && sb < int(r.inputs.size()) &&
-                r.outputs.size() >= 2,
-            "epilogue_launch: region ", r.index, " is not a linear with its bias and a GELU");
-  const int sh = at(r.outputs, ge.outputs[0]), sa = sh == 0 ? 1 : 0;  // any other output: the product
+  const int sx = input_slot(r, lin.inputs[0]), sw = input_slot(r, lin.inputs[1]), sb = input_slot(r, lin.inputs[2]);
+  const auto h = std::find(r.outputs.begin(), r.outputs.end(), ge.outputs[0]);
+  BLU_CHECK(sb >= 0 && h != r.outputs.end() && r.outputs.size() >= 2, "epilogue_launch: region ", r.index,
+            " is not a linear with its bias and a GELU");
+  const int sh = int(h - r.outputs.begin()), sa = sh == 0 ? 1 : 0;  // any other output: the product
   const Value& y = g.values[size_t(lin.outputs[0])];
   const Shape rows_out = y.shape, row_major{y.shape[1], 1};
   const Backend& be = backend(y.device.type);
@@ -221,15 +228,9 @@ FusedLaunch epilogue_launch(const Graph& g, const FusedRegion& r) {
   const int other = add.inputs[size_t(1 - pi)];
   const Fold fold = fold_kind(g, lin, add.inputs[size_t(pi)], other);
   BLU_CHECK(fold != Fold::none, "epilogue_launch: region ", r.index, " has nothing to fold");
-  auto slot = [&](int v) {
-    if (v < 0) return -1;
-    const auto it = std::find(r.inputs.begin(), r.inputs.end(), v);
-    BLU_CHECK(it != r.inputs.end(), "epilogue_launch: value %", v, " is not an input of region ", r.index);
-    return int(it - r.inputs.begin());
-  };
-  const int sx = slot(lin.inputs[0]), sw = slot(lin.inputs[1]);
-  const int sb = fold == Fold::bias ? slot(other) : slot(lin.inputs[2]);
-  const int sr = fold == Fold::residual ? slot(other) : -1;
+  const int sx = input_slot(r, lin.inputs[0]), sw = input_slot(r, lin.inputs[1]);
+  const int sb = input_slot(r, fold == Fold::bias ? other : lin.inputs[2]);
+  const int sr = fold == Fold::residual ? input_slot(r, other) : -1;
   const Value& y = g.values[size_t(lin.outputs[0])];
   const Shape rows_out = y.shape, row_major{y.shape[1], 1};
   const int64_t out_features = y.shape[1];

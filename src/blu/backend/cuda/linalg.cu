@@ -278,8 +278,19 @@ void matmul_kernel(const KernelCall& c) {
 }
 BLU_REGISTER_KERNEL(cuda, "matmul", matmul_kernel);
 
-// The product both linear kernels run: out[R, out] = x[R, in] · w[out, in]ᵀ, x and w prepared.
-GemmArgs linear_gemm(const Tensor& x, const Tensor& w, const Operand& px, const Operand& pw, Tensor& out) {
+// The product both linear kernels run, out[R, out] = x[R, in] · w[out, in]ᵀ: x and w prepared on
+// the call's stream, the GEMM's workspace taken from the call's.
+struct LinearGemm {
+  GemmArgs args;
+  cudaStream_t stream;
+  void* workspace;
+};
+LinearGemm linear_gemm(const KernelCall& c, const Tensor& out) {
+  const Tensor &x = c.in[0], &w = c.in[1];
+  const cudaStream_t s = stream_of(c.ctx);
+  Workspace& ws = *c.ctx.scratch;
+  void* gemm_ws = ws.take(kGemmWorkspaceBytes);
+  const Operand px = prepare(x, s, ws), pw = prepare(w, s, ws);
   GemmArgs g;
   g.dtype = x.dtype();
   g.compute = default_gemm_compute(x.dtype());
@@ -290,30 +301,26 @@ GemmArgs linear_gemm(const Tensor& x, const Tensor& w, const Operand& px, const 
   g.b = {pw.ptr, pw.strides[1], pw.strides[0], 0};  // B[k, n] = w[n, k]
   g.c = out.raw_data();
   g.ldc = g.N;
-  return g;
+  return {g, s, gemm_ws};
 }
 
 // out[R, out] = x[R, in] · w[out, in]ᵀ + bias (+ residual), the bias fused as a cuBLASLt epilogue
 // and the residual read as C with beta = 1 (f64: the rows are filled with bias + residual first and
 // the product accumulated onto them).
 void linear_kernel(const KernelCall& c) {
-  const Tensor &x = c.in[0], &w = c.in[1], &bias = c.in[2], &residual = c.in[3];
+  const Tensor &x = c.in[0], &bias = c.in[2], &residual = c.in[3];
   Tensor& out = c.out[0];
   if (out.numel() == 0) return;
-  const cudaStream_t s = stream_of(c.ctx);
-  Workspace& ws = *c.ctx.scratch;
-  void* gemm_ws = ws.take(kGemmWorkspaceBytes);
-  const Operand px = prepare(x, s, ws), pw = prepare(w, s, ws);
+  auto [g, s, gemm_ws] = linear_gemm(c, out);
   const void* bp = nullptr;
   if (bias.defined()) {
     bp = bias.raw_data();
     if (bias.shape()[0] > 1 && bias.strides()[0] != 1) {
-      void* packed = ws.take(bias.nbytes());
+      void* packed = c.ctx.scratch->take(bias.nbytes());
       pack_strided_launch(bias.itemsize(), bias.raw_data(), packed, 1, bias.shape().data(), bias.strides().data(), s);
       bp = packed;
     }
   }
-  GemmArgs g = linear_gemm(x, w, px, pw, out);
   const void* rp = residual.defined() ? residual.raw_data() : nullptr;
   if ((bp || rp) && x.dtype() == DType::f64) {
     fill_rows_launch(g.dtype, g.c, 1, g.M, g.N, g.ldc, 0, bp, rp, s);
@@ -343,11 +350,7 @@ void linear_gelu_kernel(const KernelCall& c) {
             "linear_gelu: needs 16-bit operands, a contiguous bias and outputs, and a multiple of 8 output "
             "features; got x ", x.str(), ", w ", w.str(), ", bias ", bias.str());
   if (out.numel() == 0) return;
-  const cudaStream_t s = stream_of(c.ctx);
-  Workspace& ws = *c.ctx.scratch;
-  void* gemm_ws = ws.take(kGemmWorkspaceBytes);
-  const Operand px = prepare(x, s, ws), pw = prepare(w, s, ws);
-  GemmArgs g = linear_gemm(x, w, px, pw, out);
+  auto [g, s, gemm_ws] = linear_gemm(c, out);
   g.epilogue = GemmEpilogue::gelu_aux_bias;
   g.bias = bias.raw_data();
   g.aux = pre.raw_data();
