@@ -341,10 +341,17 @@ TEST(Compiler, GuardFailureIsLoggedAndBounded) {
 // bytes), and nothing else. Eagerly, by contrast, the peak is what the caching-free allocator sees
 // of the step's own order of frees. The bound: within 2% of the plan's peak (measured: see
 // docs/compiler.md, "Memory plan against the allocator").
+// With an op excluded (compiler/exclude.h) its temporaries live outside the arena, each from
+// right before its first launch to right after its last: the plan counts their live peak, the
+// runtime frees each after its last launch, and the allocator's peak stays the plan's.
 TEST(Compiler, PlanPeakMatchesTheCpuAllocatorsPeak) {
-  for (const std::string family : {"gpt2", "llama"}) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"gpt2", ""}, {"llama", ""}, {"gpt2", "gelu"}, {"llama", "swiglu"}};
+  for (const auto& [family, excluded] : cases) {
+    SCOPED_TRACE(family + (excluded.empty() ? "" : ", " + excluded + " excluded"));
     auto model = make_model(family);
     dist::Strategy strat(*model, nullptr, dist::StrategyConfig{}, dist::OptimizerConfig{.lr = 3e-3});
+    set_excluded_ops(excluded.empty() ? std::vector<std::string>{} : std::vector<std::string>{excluded});
     CompiledStep cs;
     cs.set_named(BufferKind::parameter, model->named_parameters());
     Allocator& alloc = allocator_for(kCPU);
@@ -367,11 +374,30 @@ TEST(Compiler, PlanPeakMatchesTheCpuAllocatorsPeak) {
       (void)strat.read(v, false);
     }
     ASSERT_EQ(cs.counts().compiled, 3);
-    const MemoryPlan& plan = cs.variants()[0]->runtime->plan();
+    const Runtime& runtime = *cs.variants()[0]->runtime;
+    const MemoryPlan& plan = runtime.plan();
     const double ratio = double(measured) / double(plan.peak_bytes());
-    std::cout << family << ": plan peak " << plan.peak_bytes() << " B (" << plan.summary() << "); allocator peak "
-              << measured << " B (live before the step " << before << " B); ratio " << ratio << "\n";
-    EXPECT_NEAR(ratio, 1.0, 0.02) << family << ": " << plan.summary();
+    std::cout << family << " " << excluded << ": plan peak " << plan.peak_bytes() << " B (" << plan.summary()
+              << "); allocator peak " << measured << " B (live before the step " << before << " B); ratio " << ratio
+              << "\n";
+    EXPECT_NEAR(ratio, 1.0, 0.02) << plan.summary();
+    set_excluded_ops({});
+    if (excluded.empty()) {
+      EXPECT_EQ(plan.excluded_buffers, 0);
+      EXPECT_EQ(runtime.stats().released, 0);
+      continue;
+    }
+    size_t all_excluded = 0;
+    for (size_t b = 0; b < plan.placements.size(); ++b)
+      if (!plan.placements[b].in_arena && plan.placements[b].first >= 0 &&
+          runtime.graph().buffers[b].kind == BufferKind::temporary)
+        all_excluded += plan.placements[b].nbytes;
+    ASSERT_EQ(plan.excluded_buffers, 2);  // one per layer
+    EXPECT_EQ(runtime.stats().released, 3 * plan.excluded_buffers);  // every one, every compiled step
+    // GPT-2's MLP computes its GELU again in backward, so each forward GELU output dies at once:
+    // one is live at a time. Llama's SwiGLU output is down_proj's saved input: both are live when
+    // backward starts.
+    EXPECT_EQ(all_excluded, (family == "gpt2" ? 2 : 1) * plan.excluded_bytes) << plan.summary();
   }
 }
 

@@ -2,8 +2,9 @@
 // `--compile-exclude`, which sets the same list) names dispatch ops (OpDef names, as the graph's
 // dump shows them) that the compiler must leave as they are eagerly:
 //   memory plan  a temporary buffer that an excluded op defines or writes is not packed into the
-//                arena; it gets its own allocation every step, held until the step ends (the plan
-//                counts every such buffer at once);
+//                arena; it gets its own allocation every step, made right before its first launch
+//                and freed right after its last, as eagerly (the plan counts their live peak; the
+//                launches that touch one run outside the CUDA graphs);
 //   fusion       an excluded op is never part of a fused region (compiler/mlir/ asks op_excluded
 //                before it puts an op into a region) and runs its backend kernel alone.
 // What the step computes does not change: a compiled step runs the eager kernels either way; the

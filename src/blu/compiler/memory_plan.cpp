@@ -1,6 +1,7 @@
 #include "blu/compiler/memory_plan.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <sstream>
 
@@ -31,12 +32,35 @@ std::string MemoryPlan::summary() const {
      << " buffers, live peak " << format_bytes(peak_live_bytes) << "; held " << format_bytes(held_bytes)
      << "; step outputs " << format_bytes(output_bytes);
   if (excluded_buffers > 0)
-    os << "; " << excluded_buffers << " excluded temporaries " << format_bytes(excluded_bytes) << " outside the arena";
+    os << "; " << excluded_buffers << " excluded temporaries outside the arena, at most " << format_bytes(excluded_bytes)
+       << " live";
   os << ")";
   return os.str();
 }
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+namespace {
+
+// Bytes live at each op of a schedule, from intervals [first, last] (inclusive).
+class LiveBytes {
+ public:
+  explicit LiveBytes(size_t ops) : delta_(ops + 1, 0) {}
+  void add(int first, int last, size_t bytes) {
+    delta_[size_t(first)] += int64_t(bytes);
+    delta_[size_t(last) + 1] -= int64_t(bytes);
+  }
+  size_t peak() const {
+    int64_t cur = 0, most = 0;
+    for (int64_t d : delta_) most = std::max(most, cur += d);
+    return size_t(most);
+  }
+
+ private:
+  std::vector<int64_t> delta_;
+};
+
+}  // namespace
 
 MemoryPlan plan_memory(const Graph& g, const PlanOptions& o) {
   MemoryPlan plan;
@@ -64,6 +88,17 @@ MemoryPlan plan_memory(const Graph& g, const PlanOptions& o) {
       for (int i : op.writes)
         if (op.inputs[size_t(i)] >= 0) excluded[size_t(g.values[size_t(op.inputs[size_t(i)])].buffer)] = true;
     }
+  // An excluded temporary that a collective touches stays until the step ends (the collective's
+  // wait may come later than its last use in the schedule).
+  std::vector<bool> held_to_end(nb, false);
+  for (const Op& op : g.ops)
+    if (op.kind == OpKind::collective) {
+      for (int v : op.inputs)
+        if (v >= 0) held_to_end[size_t(g.values[size_t(v)].buffer)] = true;
+      for (int v : op.outputs) held_to_end[size_t(g.values[size_t(v)].buffer)] = true;
+    }
+  LiveBytes excluded_live(g.ops.size());
+  plan.releases_after.resize(g.ops.size());
   std::vector<int> temps;
   for (size_t b = 0; b < nb; ++b) {
     const Buffer& buf = g.buffers[b];
@@ -72,7 +107,9 @@ MemoryPlan plan_memory(const Graph& g, const PlanOptions& o) {
     if (buf.kind == BufferKind::temporary) {
       if (p.first < 0) continue;  // never touched (cannot happen for a captured buffer)
       if (excluded[b]) {
-        plan.excluded_bytes += buf.nbytes;
+        held_to_end[b] ? excluded_live.add(p.first, int(g.ops.size()) - 1, buf.nbytes)
+                       : excluded_live.add(p.first, p.last, buf.nbytes);
+        if (!held_to_end[b]) plan.releases_after[size_t(p.last)].push_back(int(b));
         ++plan.excluded_buffers;
         continue;
       }
@@ -142,17 +179,13 @@ MemoryPlan plan_memory(const Graph& g, const PlanOptions& o) {
       }
   }
   // The lower bound: temporary bytes live at each op.
-  std::vector<size_t> live(g.ops.size() + 1, 0);
+  LiveBytes arena_live(g.ops.size());
   for (int b : temps) {
     const Placement& p = plan.placements[size_t(b)];
-    live[size_t(p.first)] += p.nbytes;
-    live[size_t(p.last) + 1] -= p.nbytes;
+    arena_live.add(p.first, p.last, p.nbytes);
   }
-  size_t cur = 0;
-  for (size_t i = 0; i < g.ops.size(); ++i) {
-    cur += live[i];
-    plan.peak_live_bytes = std::max(plan.peak_live_bytes, cur);
-  }
+  plan.peak_live_bytes = arena_live.peak();
+  plan.excluded_bytes = excluded_live.peak();
   return plan;
 }
 

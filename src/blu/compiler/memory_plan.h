@@ -9,7 +9,8 @@
 // (read after the step: the loss, gradients kept as .grad) get their own allocation per step, so
 // nothing read after the step ever sits in bytes the next step reuses. A temporary that an op named
 // in PlanOptions::exclude defines or writes (compiler/exclude.h) is left out of the arena too: it
-// gets its own allocation per step, as eagerly.
+// gets its own allocation per step and is freed after its last use, as eagerly (releases_after;
+// one that a collective touches is held until the step ends, as the collective may still read it).
 // Depends on compiler/graph. Keep: two temporaries whose intervals overlap never overlap in the
 // arena (check_plan verifies it; the runtime's poison mode shows it end to end).
 #pragma once
@@ -48,15 +49,17 @@ struct MemoryPlan {
   std::vector<Placement> placements;     // per buffer id
   std::vector<Arena> arenas;             // one per device with temporaries
   std::vector<std::vector<int>> frees_after;  // per op: the temporaries whose last use it is
+  // Per op: the excluded temporaries whose last use it is (the runtime frees them after it).
+  std::vector<std::vector<int>> releases_after;
   size_t peak_live_bytes = 0;   // the most temporary bytes live at one op (a lower bound for the arena)
   size_t held_bytes = 0;        // placed once: parameters, gradients, state, inputs, constants
   size_t output_bytes = 0;      // step outputs, allocated per step
-  size_t excluded_bytes = 0;    // temporaries of excluded ops, allocated per step (an upper bound:
-                                // all of them counted as live at once)
+  size_t excluded_bytes = 0;    // the most excluded temporary bytes live at one op (each is
+                                // allocated before its first use and freed after its last)
   int arena_buffers = 0, excluded_buffers = 0;
   size_t arena_bytes() const;
   // What the step holds at its peak: the arenas, the held buffers, the step outputs and the
-  // excluded temporaries.
+  // excluded temporaries at their peak.
   size_t peak_bytes() const { return arena_bytes() + held_bytes + output_bytes + excluded_bytes; }
   // "peak 1.2 MiB (arena 800 KiB for 212 buffers, live peak 790 KiB; held 400 KiB; outputs 8 B)"
   std::string summary() const;

@@ -160,6 +160,7 @@ Runtime::Runtime(const Graph& graph, MemoryPlan plan, RuntimeOptions options)
   for (const Arena& a : plan_.arenas) arenas_.push_back(allocator_for(a.device).allocate(a.bytes));
   launches_ = build_launches(graph_);
   set_needs();
+  set_releases();
 }
 
 Runtime::Runtime(FusedGraph fused, MemoryPlan plan, RuntimeOptions options)
@@ -169,6 +170,7 @@ Runtime::Runtime(FusedGraph fused, MemoryPlan plan, RuntimeOptions options)
   for (const Arena& a : plan_.arenas) arenas_.push_back(allocator_for(a.device).allocate(a.bytes));
   launches_ = build_launches(graph_, &fused.source, &fused.kernels, &fused.regions);
   set_needs();
+  set_releases();
   bind_rewrite_values();
 }
 
@@ -320,6 +322,28 @@ void for_each_value(const Launch& l, F&& f) {
 
 }  // namespace
 
+// The excluded temporaries (placed outside the arena): which launches touch one, and after which
+// launch each is freed — the plan's releases_after, an op's moved to the first launch at or after
+// it (a view launches nothing).
+void Runtime::set_releases() {
+  const size_t n = launches_.size();
+  release_after_.assign(n, {});
+  unplanned_.assign(n, 0);
+  std::vector<char> unplanned(graph_.buffers.size(), 0);
+  for (size_t b = 0; b < capture_buffers_; ++b) {
+    const Placement& p = plan_.placements[b];
+    unplanned[b] = graph_.buffers[b].kind == BufferKind::temporary && p.first >= 0 && !p.in_arena;
+  }
+  size_t op = 0;
+  for (size_t i = 0; i < n; ++i) {
+    for_each_value(launches_[i], [&](int v) {
+      if (v >= 0 && size_t(v) < capture_values_ && unplanned[size_t(graph_.values[size_t(v)].buffer)]) unplanned_[i] = 1;
+    });
+    for (; op <= size_t(launches_[i].op); ++op)
+      for (int b : plan_.releases_after[op]) release_after_[i].push_back(b);
+  }
+}
+
 void Runtime::run(Capture& step) {
   begin(step);
   end(step);
@@ -337,7 +361,8 @@ void Runtime::begin(Capture& step) {
     // be joined back into it before the graph ends, so the compute after it would wait for it
     // (Note [Deferred collective waits], capture.cpp).
     r.direct.assign(n, false);
-    for (size_t i = 0; i < n; ++i) r.direct[i] = launches_[i].kind == OpKind::collective;
+    // So do the launches that touch an excluded temporary: it is allocated and freed around them.
+    for (size_t i = 0; i < n; ++i) r.direct[i] = launches_[i].kind == OpKind::collective || unplanned_[i];
     r.resegment(n);
     stats_.segments = int64_t(std::count_if(r.segments.begin(), r.segments.end(),
                                             [](const Replay::Segment& s) { return !s.direct; }));
@@ -383,6 +408,17 @@ void Runtime::advance(Capture& step, size_t captured_ops) {
   const std::function<void(size_t)> after_op =
       options_.poison_freed ? std::function<void(size_t)>([this](size_t op) { poison(op); }) : nullptr;
   const std::span<const Launch> all(launches_);
+  // An excluded temporary goes back to its allocator once its last launch is on the stream (the
+  // caching allocator reuses it in stream order).
+  auto release = [&](const Replay::Segment& seg) {
+    for (size_t i = seg.first; i < seg.end; ++i)
+      for (int b : release_after_[i]) {
+        if (r.bound[size_t(b)] != 1) continue;
+        step.storages()[size_t(b)]->data = DataPtr();
+        r.bound[size_t(b)] = 2;
+        ++stats_.released;
+      }
+  };
   while (r.next_segment < r.segments.size() && r.segments[r.next_segment].end <= r.ready) {
     Replay::Segment& seg = r.segments[r.next_segment++];
     for (size_t i = seg.first; i < seg.end; ++i) {
@@ -393,6 +429,7 @@ void Runtime::advance(Capture& step, size_t captured_ops) {
     if (seg.direct) {
       execute(g, tensors, extra_, capture_values_, part, after_op);
       if (r.graphs) ++stats_.direct_launches;
+      release(seg);
       continue;
     }
 #ifdef BLU_HAVE_CUDA
@@ -448,6 +485,7 @@ void Runtime::advance(Capture& step, size_t captured_ops) {
     BLU_CUDA_CHECK(cudaGraphLaunch(seg.recorded.front().exec, stream));
     ++stats_.graph_launches;
 #endif
+    release(seg);
   }
 }
 
@@ -531,9 +569,11 @@ void Runtime::salvage(Capture& step) {
   auto cannot = [&](size_t b) {
     BLU_CHECK(false, "compiled step: the step's capture left the compiled structure after ", done, " of ",
               launches_.size(), " launches had run, and a value it still needs (", g.buffers[b].nbytes, " bytes, buffer ",
-              b, ") was already overwritten in the arena; it cannot be completed. Run with ",
-              "BLU_COMPILE_STREAM=0 to replay only after the whole step is captured");
+              b, ") was already ", r.bound[b] == 2 ? "freed after its last launch (an excluded op's)" : "overwritten in the arena",
+              "; it cannot be completed. Run with BLU_COMPILE_STREAM=0 to replay only after the whole step is captured");
   };
+  for (size_t b = 0; b < nb; ++b)
+    if (needed[b] && r.bound[b] == 2) cannot(b);
   // A buffer the plan dropped across a gap (compiler/remat.h) is made again by its producer, whose
   // inputs the plan keeps until after the gap: checked here, and moved with the rest below.
   std::vector<int> remake;

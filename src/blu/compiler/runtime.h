@@ -22,6 +22,9 @@
 // addresses changed (a step output allocated elsewhere) is recorded again; its two most recent
 // executables are kept, so outputs that alternate between two places record nothing after the
 // second time. The order of launches on the stream is the capture's, so results stay bitwise.
+// A temporary the plan left out of the arena (an excluded op's, compiler/exclude.h) is allocated
+// right before its first launch and freed right after its last (MemoryPlan::releases_after), as
+// eagerly; every launch that touches one runs directly, since a recording cannot allocate.
 // Depends on compiler/{graph,capture,memory_plan}, backend/, memory/. Keep: the arena is never
 // reallocated while the Runtime lives; a launch never allocates (outputs are bound before it).
 #pragma once
@@ -71,6 +74,7 @@ struct RuntimeStats {
   int64_t steps_recorded = 0;    // CUDA: steps that recorded a segment
   int64_t segments = 0;          // CUDA: graphs a step launches now
   int64_t remade = 0;            // salvage: buffers a rewrite had dropped, made again (compiler/remat.h)
+  int64_t released = 0;          // excluded temporaries freed right after their last launch
 };
 
 class Runtime {
@@ -114,6 +118,7 @@ class Runtime {
   void bind(Capture& step, int value);
   void bind_rewrite_values();
   void set_needs();
+  void set_releases();
   void poison(size_t op);
 
   Graph graph_;  // the structure compiled (its tensors' bindings come from each step's capture)
@@ -128,6 +133,8 @@ class Runtime {
   size_t fused_scratch_ = 0;  // FusedGraph::kernel_scratch: reserved before a CUDA graph is recorded
   RuntimeStats stats_;
   std::vector<size_t> need_;  // per launch: the last op of each step's capture it runs
+  std::vector<std::vector<int>> release_after_;  // per launch: the excluded temporaries freed after it
+  std::vector<char> unplanned_;  // per launch: touches an excluded temporary (runs directly)
   struct Replay;
   std::unique_ptr<Replay> replay_;
 };
