@@ -26,6 +26,7 @@
 #include <numeric>
 #include <nlohmann/json.hpp>
 #ifdef BLU_HAVE_CUDA
+#include "blu/backend/cuda/gemm.h"
 #include "blu/backend/cuda/runtime.h"
 #include "blu/core/cuda/runtime.h"
 #endif
@@ -82,6 +83,7 @@ struct BenchOptions {
   int64_t loss_chunks = 0;  // the head's loss in row pieces (ops/fused.h, Note [Chunked loss])
   bool offload_activations = false;
   std::string compile_fuse = "on";            // fused regions (compiler/fusion_plan.h): on | off
+  std::string gemm_tune;                      // on | off: train::apply_gemm_tune ("" = BLU_GEMM_TUNE)
   bool compile_remat = false;                 // the compiler's save-or-recompute pass (compiler/remat.h)
   std::string compile_export;                 // where a step without a cached plan is exported
   // A parallel layout (dist/annotations.h) or "auto" (the planner's pick): run_bench_layout.
@@ -222,6 +224,7 @@ int run_bench_layout(const BenchOptions& o) {
   model.to(dev);
   model.train();
   train::apply_precision(model, o.precision);
+  train::apply_gemm_tune(o.gemm_tune);
 
   // The probes: this rank's model costs, the link over the whole job.
   std::unique_ptr<dist::TcpStore> store;
@@ -402,6 +405,7 @@ int run_bench(const BenchOptions& o) {
   model.to(dev);
   model.train();
   train::apply_precision(model, o.precision);
+  train::apply_gemm_tune(o.gemm_tune);
   // The memory planner that resolves `auto` probes and plans beside the optimizer state and its
   // offload (train/memory_probe.cpp); bench times one given setting.
   BLU_CHECK(o.recompute != "auto", "bench --recompute auto: bench times one setting; `blutrain train --recompute auto ",
@@ -639,6 +643,12 @@ int run_bench(const BenchOptions& o) {
                       {"host_fwd_bwd", host_median(host_bwd_ms)}, {"host_step", host_median(host_ms)}};
   }
   if (o.peak_tflops > 0) j["mfu"] = tok_s * flops_tok / (o.peak_tflops * 1e12 * o.dp);  // per GPU
+#ifdef BLU_HAVE_CUDA
+  if (dev.is_cuda() && cuda::gemm_tuning().on) {
+    const cuda::GemmTuneStats t = cuda::gemm_tune_stats();
+    j["gemm_tune"] = {{"timed", t.timed}, {"changed", t.changed}, {"from_table", t.from_table}, {"skipped", t.skipped}};
+  }
+#endif
   if (fp16) j["skipped_steps"] = strategy.loss_scaler()->skipped_steps();
   if (compiled) {
     const auto& c = compiled->counts();
@@ -761,6 +771,11 @@ Command add_bench(CLI::App& root) {
   app->add_flag("--compile-remat", o->compile_remat,
                 "With --compile: recompute saved activations whose cheap producer's inputs are held anyway "
                 "(compiler/remat.h; docs/compiler.md, \"Recompute chosen by the compiler\")");
+  app->add_option("--gemm-tune", o->gemm_tune,
+                  "on: time cuBLASLt's candidate algorithms for each GEMM shape and keep the fastest "
+                  "(docs/performance.md, \"GEMM tuning\"); off: the heuristic's first choice (default BLU_GEMM_TUNE, "
+                  "else off)")
+      ->check(CLI::IsMember({"on", "off"}));
   app->add_option("--compile-fuse", o->compile_fuse,
                   "With --compile: on fuses regions into generated kernels (the MLIR fusion pass, or the kernel "
                   "cache's fusion plan in a build without MLIR) and chooses GEMM epilogues, off runs every op's eager "

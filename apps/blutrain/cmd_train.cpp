@@ -433,6 +433,11 @@ Command add_train(CLI::App& root) {
                 "With --compile: the compiler decides what to recompute — a saved activation whose cheap producer "
                 "(pointwise, a norm, a cast) reads only what is held anyway is dropped after the forward and made "
                 "again before its backward use; bitwise the same step (docs/compiler.md)");
+  app->add_option("--gemm-tune", o.gemm_tune,
+                  "on: time cuBLASLt's candidate algorithms for each GEMM shape on its first call and keep the "
+                  "fastest, remembered in BLU_GEMM_TUNE_FILE (default ~/.cache/blutrain/gemm_tune.tsv) so a resumed "
+                  "run multiplies the same way; off: the heuristic's first choice (default BLU_GEMM_TUNE, else off)")
+      ->check(CLI::IsMember({"on", "off"}));
   app->add_option("--compile-fuse", o.compile_fuse,
                   "With --compile: on fuses pointwise and row regions into generated kernels (the MLIR fusion "
                   "pass, or a fusion plan from the kernel cache in a build without MLIR) and chooses GEMM "

@@ -4,13 +4,17 @@
 // Every test skips when no CUDA device is present. Run: ctest -L cuda, or build-cuda/tests/test_cuda.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "blu/backend/cuda/gemm.h"
+#include "blu/backend/gemm_tune_table.h"
 #include "blu/backend/cuda/runtime.h"
 #include "blu/core/grad_mode.h"
 #include "blu/ops/dispatch.h"
@@ -274,6 +278,142 @@ TEST(CudaGemm, PlansAreCachedByShape) {
   EXPECT_EQ(cuda::gemm_plan_cache_size(), n1) << "the same product must reuse its plan";
   (void)matmul(a, dev(rnd({17, 10}, DType::f32)));
   EXPECT_EQ(cuda::gemm_plan_cache_size(), n1 + 1) << "a new shape adds one plan";
+}
+
+// --- Note [GEMM tuning] ------------------------------------------------------------------------
+
+// Sets the tuning for a scope, and puts the previous setting back.
+struct TuneScope {
+  cuda::GemmTuning before = cuda::gemm_tuning();
+  explicit TuneScope(cuda::GemmTuning t) { cuda::set_gemm_tuning(std::move(t)); }
+  ~TuneScope() { cuda::set_gemm_tuning(before); }
+};
+
+// Timed candidates write D, aux and the bias gradient before the kept call does: every dtype,
+// transposition and epilogue still matches the f64 reference.
+TEST(CudaGemmTune, TunedProductsMatchTheReference) {
+  SKIP_WITHOUT_CUDA();
+  manual_seed(11);
+  TuneScope tune({true, ""});
+  const int64_t timed = cuda::gemm_tune_stats().timed;
+  for (const Mode& m : kModes)
+    for (int t = 0; t < 4; ++t)
+      for (GemmEpilogue e : {GemmEpilogue::none, GemmEpilogue::bias, GemmEpilogue::bgrad_a})
+        run_gemm_case({m.dtype, m.compute, bool(t & 1), bool(t & 2), 37, 53, 71, e});
+  const int64_t R = 2048;
+  run_gemm_case({DType::bf16, GemmCompute::f16_f32, false, true, R, 3072, 768, GemmEpilogue::gelu_aux_bias});
+  run_gemm_case({DType::bf16, GemmCompute::f16_f32, false, true, R, 768, 768, GemmEpilogue::bias});
+  run_gemm_case({DType::bf16, GemmCompute::f16_f32, true, false, 768, 3072, R, GemmEpilogue::bgrad_a});
+  run_gemm_case({DType::bf16, GemmCompute::f16_f32, false, true, 512, 50304, 768, GemmEpilogue::none});
+  EXPECT_GT(cuda::gemm_tune_stats().timed, timed) << "nothing was timed";
+}
+
+// The weight gradient's form: bf16 operands accumulated into an f32 D (beta 1). The timed calls
+// add into D again and again, so D is copied aside first and put back: one sum, not twenty.
+TEST(CudaGemmTune, AccumulatingProductIsTimedOnACopy) {
+  SKIP_WITHOUT_CUDA();
+  NoGradGuard ng;
+  manual_seed(12);
+  TuneScope tune({true, ""});
+  const int64_t N = 768, K = 1024, M = 640;  // dW[N, M] += dYᵀ[N, K] · X[K, M]
+  const Tensor dy = rnd({K, N}, DType::bf16), x = rnd({K, M}, DType::bf16), c0 = rnd({N, M}, DType::f32);
+  const Tensor dy_d = dev(dy), x_d = dev(x), c_d = dev(c0);
+  GemmArgs g;
+  g.dtype = DType::bf16;
+  g.compute = GemmCompute::f16_f32;
+  g.M = N;
+  g.N = M;
+  g.K = K;
+  g.a = {dy_d.raw_data(), 1, N, 0};  // dYᵀ: a transposed view of [K, N]
+  g.b = {x_d.raw_data(), M, 1, 0};
+  g.c = c_d.raw_data();
+  g.ldc = M;
+  g.c_f32 = true;
+  g.beta = 1;
+  const int64_t timed = cuda::gemm_tune_stats().timed;
+  const ExecContext& ctx = current_context(c_d.device());
+  ctx.scratch->reset();
+  cuda::gemm(g, cuda::stream_of(ctx), ctx.scratch->take(cuda::kGemmWorkspaceBytes));
+  ASSERT_EQ(cuda::gemm_tune_stats().timed, timed + 1) << "the plan was not timed";
+  const Tensor dy64 = f64(dy), x64 = f64(x);
+  std::vector<double> ref = to_vector(add(matmul(transpose(dy64, 0, 1), x64), f64(c0)));
+  std::vector<double> scale = to_vector(add(matmul(abs(transpose(dy64, 0, 1)), abs(x64)), abs(f64(c0))));
+  EXPECT_TRUE(close("C + dYᵀ·X", hvec(c_d), ref, Tol{0, 0, 1e-5}, &scale));
+}
+
+// The choices go to the table file; a later setting (a later process) takes them from there and
+// multiplies with the same algorithms: the same bits. A plan first used under a stream capture
+// is not timed there (a capture cannot synchronise); its first call outside one is.
+TEST(CudaGemmTune, ChoicesComeBackFromTheTableBitwiseAndCapturesAreNotTimed) {
+  SKIP_WITHOUT_CUDA();
+  NoGradGuard ng;
+  manual_seed(13);
+  const std::string file = (std::filesystem::temp_directory_path() /
+                            ("blu_gemm_tune_" + std::to_string(::getpid()) + "/table.tsv")).string();
+  std::filesystem::remove_all(std::filesystem::path(file).parent_path());
+  const Tensor x = dev(rnd({4096, 768}, DType::bf16)), w = dev(rnd({2304, 768}, DType::bf16));
+  const Tensor w2 = dev(rnd({768, 768}, DType::bf16)), w3 = dev(rnd({3072, 768}, DType::bf16));
+  auto products = [&] {
+    std::vector<Tensor> out;
+    for (const Tensor& m : {w, w2, w3}) out.push_back(host(matmul(x, transpose(m, 0, 1))));
+    return out;
+  };
+  std::vector<Tensor> first;
+  int64_t timed = 0;
+  {
+    TuneScope tune({true, file});
+    const cuda::GemmTuneStats s0 = cuda::gemm_tune_stats();
+    first = products();
+    const cuda::GemmTuneStats s1 = cuda::gemm_tune_stats();
+    timed = s1.timed - s0.timed;
+    ASSERT_GE(timed, 1);
+    EXPECT_EQ(s1.from_table, s0.from_table);
+    std::vector<std::string> warnings;
+    EXPECT_EQ(int64_t(load_gemm_tune_table(file, &warnings).size()), timed);
+    EXPECT_TRUE(warnings.empty()) << warnings[0];
+  }
+  {
+    TuneScope tune({true, file});
+    const cuda::GemmTuneStats s0 = cuda::gemm_tune_stats();
+    const std::vector<Tensor> again = products();
+    const cuda::GemmTuneStats s1 = cuda::gemm_tune_stats();
+    EXPECT_EQ(s1.timed, s0.timed) << "a choice in the table was timed again";
+    EXPECT_EQ(s1.from_table - s0.from_table, timed);
+    for (size_t i = 0; i < first.size(); ++i)
+      EXPECT_EQ(std::memcmp(first[i].raw_data(), again[i].raw_data(), first[i].nbytes()), 0) << "product " << i;
+  }
+  {
+    TuneScope tune({true, ""});
+    const Tensor y = empty({4096, 1536}, DType::bf16, kGPU), w4 = dev(rnd({1536, 768}, DType::bf16));
+    const ExecContext& ctx = current_context(kGPU);
+    const cudaStream_t stream = cuda::stream_of(ctx);
+    const int64_t before = cuda::gemm_tune_stats().timed;
+    GemmArgs g;
+    g.dtype = DType::bf16;
+    g.compute = GemmCompute::f16_f32;
+    g.M = 4096;
+    g.N = 1536;
+    g.K = 768;
+    g.a = {x.raw_data(), 768, 1, 0};
+    g.b = {w4.raw_data(), 1, 768, 0};  // w4ᵀ
+    g.c = y.raw_data();
+    g.ldc = 1536;
+    ctx.scratch->reset();
+    void* ws = ctx.scratch->take(cuda::kGemmWorkspaceBytes);
+    cudaGraph_t graph = nullptr;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    cuda::gemm(g, stream, ws);
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    cudaGraphDestroy(graph);
+    EXPECT_EQ(cuda::gemm_tune_stats().timed, before) << "timed under a capture";
+    cuda::gemm(g, stream, ws);
+    EXPECT_EQ(cuda::gemm_tune_stats().timed, before + 1) << "not timed after the capture";
+    const std::vector<double> got = hvec(y);
+    const std::vector<double> ref = to_vector(matmul(f64(x), transpose(f64(w4), 0, 1)));
+    const std::vector<double> scale = to_vector(matmul(abs(f64(x)), abs(transpose(f64(w4), 0, 1))));
+    EXPECT_TRUE(close("X·W4ᵀ", got, ref, gemm_tol(DType::bf16, GemmCompute::f16_f32), &scale));
+  }
+  std::filesystem::remove_all(std::filesystem::path(file).parent_path());
 }
 
 // --- matmul / linear ops against the CPU backend ---------------------------------------------

@@ -177,6 +177,8 @@ struct TrainOptions {
   bool compile_check = false;
   std::string compile_exclude;
   std::string compile_fuse = "on";
+  // gemm_tune: "on" times cuBLASLt's candidate algorithms per GEMM shape (apply_gemm_tune).
+  std::string gemm_tune;
   // compile_remat: the compiler's own save-or-recompute pass (compiler/remat.h).
   bool compile_remat = false;
   // compile_export: a directory where a captured step whose fusion plan is not in the kernel cache is
@@ -218,6 +220,9 @@ double evaluate(models::CausalLM& model, DataLoader& loader, int64_t batches, De
 std::string resolve_checkpoint(const std::string& file_or_run_dir);
 // Sets the model's compute dtype and the matmul precision for a --precision name.
 void apply_precision(models::CausalLM& model, const std::string& precision);
+// --gemm-tune on|off: cuBLASLt's algorithms timed per GEMM shape (Note [GEMM tuning],
+// backend/cuda/gemm.h); "" keeps BLU_GEMM_TUNE's setting. Nothing to tune in a build without CUDA.
+void apply_gemm_tune(const std::string& setting);
 
 // BLU_CHECK for option values that cannot run (each error names the flag, expected vs got); the
 // model's shapes bound some (the sequence length). Before anything is built or touched.

@@ -56,12 +56,25 @@
 #include "blu/train/run_dir.h"
 #include "blu/train/run_record.h"
 #ifdef BLU_HAVE_CUDA
+#include "blu/backend/cuda/gemm.h"
 #include "blu/backend/cuda/runtime.h"
 #endif
 
 namespace blu::train {
 
 namespace fs = std::filesystem;
+
+void apply_gemm_tune(const std::string& setting) {
+  BLU_CHECK(setting.empty() || setting == "on" || setting == "off", "--gemm-tune: expected on or off, got '", setting,
+            "'");
+  if (setting.empty()) return;
+#ifdef BLU_HAVE_CUDA
+  cuda::GemmTuning t = cuda::gemm_tuning();
+  t.on = setting == "on";
+  cuda::set_gemm_tuning(t);
+#endif
+}
+
 
 namespace {
 
@@ -192,6 +205,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   if (device_.is_cuda() && world_ > 1) device_ = Device(DeviceType::cuda, env.local_rank);  // one GPU per rank
   if (device_.is_cuda()) cuda::set_device(device_.index);
 #endif
+  apply_gemm_tune(o.gemm_tune);
   BLU_CHECK(o.peak_tflops >= 0, "--peak-tflops must be >= 0 (0: the GPU's datasheet peak), got ", o.peak_tflops);
   peak_tflops_ = o.peak_tflops;
 #ifdef BLU_HAVE_CUDA

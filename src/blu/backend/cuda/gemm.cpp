@@ -2,12 +2,19 @@
 // key of everything they depend on. See gemm.h for the row-major ↔ column-major mapping.
 #include "blu/backend/cuda/gemm.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "blu/backend/cuda/runtime.h"
+#include "blu/backend/gemm_tune_table.h"
+#include "blu/core/cuda/runtime.h"
 #include "blu/core/precision.h"
 
 namespace blu::cuda {
@@ -105,6 +112,10 @@ struct Plan {
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;  // cuBLAS A (= our B), B (= our A), C/D
   cublasLtMatmulAlgo_t algo{};
   bool have_algo = false;
+  // Note [GEMM tuning]: the heuristic's candidates (first choice first) until the plan is tuned.
+  std::vector<cublasLtMatmulAlgo_t> candidates;
+  bool tuned = true;
+  std::string table_key;
   Plan() = default;
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
@@ -139,6 +150,111 @@ cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
     case GemmEpilogue::bgrad_b: return CUBLASLT_EPILOGUE_BGRADA;  // our B is cuBLAS's A
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+// Note [GEMM tuning]: the process's setting, its counters and its table.
+constexpr size_t kTuneCandidates = 8;
+struct TuneState {
+  std::mutex mu;
+  bool read = false;  // the setting (from the environment, or set_gemm_tuning)
+  GemmTuning setting;
+  std::atomic<uint64_t> generation{0};  // bumped by set_gemm_tuning: plan caches made before are dropped
+  GemmTuneStats stats;
+  bool loaded = false;
+  GemmTuneTable table;
+};
+TuneState& tune_state() {
+  static TuneState s;
+  return s;
+}
+GemmTuning tuning_from_env() {
+  GemmTuning t;
+  const char* on = std::getenv("BLU_GEMM_TUNE");
+  const std::string v = on ? on : "";
+  BLU_CHECK(v.empty() || v == "0" || v == "1" || v == "on" || v == "off",
+            "BLU_GEMM_TUNE: expected 1, on, 0 or off, got '", v, "'");
+  t.on = v == "1" || v == "on";
+  const char* file = std::getenv("BLU_GEMM_TUNE_FILE");
+  t.file = file && *file ? (std::string(file) == "none" ? "" : std::string(file)) : default_gemm_tune_file();
+  return t;
+}
+// The setting under the lock (read from the environment the first time).
+GemmTuning& tuning_locked(TuneState& s) {
+  if (!s.read) {
+    s.setting = tuning_from_env();
+    s.read = true;
+  }
+  return s.setting;
+}
+bool tuning_on() {
+  TuneState& s = tune_state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return tuning_locked(s).on;
+}
+void count(int64_t GemmTuneStats::*field) {
+  TuneState& s = tune_state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  ++(s.stats.*field);
+}
+
+// The table file's lines, loaded on first use; warnings about its bad lines go to stderr once.
+void load_table_locked(TuneState& s) {
+  if (s.loaded) return;
+  s.loaded = true;
+  const std::string& file = tuning_locked(s).file;
+  if (file.empty()) return;
+  std::vector<std::string> warnings;
+  s.table = load_gemm_tune_table(file, &warnings);
+  for (const std::string& w : warnings) std::fprintf(stderr, "blu: gemm tuning: %s\n", w.c_str());
+}
+bool tune_table_find(const std::string& key, TunedGemm& out) {
+  TuneState& s = tune_state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  load_table_locked(s);
+  auto it = s.table.find(key);
+  if (it == s.table.end()) return false;
+  out = it->second;
+  return true;
+}
+void tune_table_add(const std::string& key, const TunedGemm& t) {
+  TuneState& s = tune_state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  load_table_locked(s);
+  s.table[key] = t;
+  const std::string& file = tuning_locked(s).file;
+  if (file.empty()) return;
+  try {
+    save_gemm_tune_table(file, {{key, t}});
+  } catch (const Error& e) {  // a cache: the run goes on, this process keeps its choice
+    static bool warned = false;
+    if (!warned) std::fprintf(stderr, "blu: gemm tuning: %s; choices are kept in this process only\n", e.what());
+    warned = true;
+  }
+}
+
+// The plan's line in the table: the GPU, cuBLASLt's version, and the key's every field but the
+// device's index.
+std::string table_key(const PlanKey& k) {
+  static thread_local std::string device;
+  static thread_local int device_of = -1;
+  if (device_of != k.device) {
+    cudaDeviceProp prop{};
+    BLU_CUDA_CHECK(cudaGetDeviceProperties(&prop, k.device));
+    device = std::string(prop.name) + " sm" + std::to_string(prop.major * 10 + prop.minor);
+    for (char& c : device)
+      if (c == '\t' || c == '\n') c = ' ';
+    device_of = k.device;
+  }
+  char fields[512];
+  std::snprintf(fields, sizeof fields,
+                " lt%zu dt%d c32%d cm%d ep%d t%d%d b%d M%lld N%lld K%lld B%lld ld%lld,%lld,%lld s%lld,%lld,%lld "
+                "aux%lld al%d,%d,%d,%d,%d",
+                cublaslt().GetVersion(), int(k.dtype), int(k.c_f32), int(k.compute), int(k.epilogue), int(k.trans_a),
+                int(k.trans_b), int(k.beta_nonzero), (long long)k.M, (long long)k.N, (long long)k.K,
+                (long long)k.batch, (long long)k.lda, (long long)k.ldb, (long long)k.ldc, (long long)k.sa,
+                (long long)k.sb, (long long)k.sc, (long long)k.aux_ld, k.align_a, k.align_b, k.align_c, k.align_bias,
+                k.align_aux);
+  return device + fields;
 }
 
 template <typename T>
@@ -194,22 +310,118 @@ std::unique_ptr<Plan> make_plan(const PlanKey& k, const GemmArgs& g, const Opera
       cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
   BLU_CUBLAS_CHECK(
       cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
-  cublasLtMatmulHeuristicResult_t res{};
+  const bool tune = tuning_on();
+  std::vector<cublasLtMatmulHeuristicResult_t> res(tune ? kTuneCandidates : 1);
   int found = 0;
-  const cublasStatus_t st =
-      cublaslt().MatmulAlgoGetHeuristic(cublaslt_handle(), p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found);
+  const cublasStatus_t st = cublaslt().MatmulAlgoGetHeuristic(cublaslt_handle(), p->desc, p->la, p->lb, p->lc, p->lc,
+                                                              pref, int(res.size()), res.data(), &found);
   cublaslt().MatmulPreferenceDestroy(pref);
   if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
-    p->algo = res.algo;
+    p->algo = res[0].algo;
     p->have_algo = true;
+  }
+  if (tune && p->have_algo) {
+    p->table_key = table_key(k);
+    TunedGemm t;
+    if (tune_table_find(p->table_key, t)) {
+      cublasLtMatmulAlgo_t algo{};
+      static_assert(sizeof(algo.data) == sizeof(t.algo));
+      std::memcpy(algo.data, t.algo.data(), sizeof(algo.data));
+      cublasLtMatmulHeuristicResult_t check{};
+      if (cublaslt().MatmulAlgoCheck(cublaslt_handle(), p->desc, p->la, p->lb, p->lc, p->lc, &algo, &check) ==
+              CUBLAS_STATUS_SUCCESS &&
+          check.workspaceSize <= kGemmWorkspaceBytes) {
+        p->algo = algo;
+        count(&GemmTuneStats::from_table);
+        return p;
+      }
+    }
+    for (int i = 0; i < found; ++i) p->candidates.push_back(res[size_t(i)].algo);
+    p->tuned = false;
   }
   return p;
 }
 
+// Note [GEMM tuning]: times the plan's candidates with this call's operands and arguments on
+// `stream`, and keeps the fastest (the first choice unless another is 2% faster). Under a stream
+// capture nothing is timed; a later call tunes the plan.
+void tune_plan(Plan& p, const GemmArgs& g, const void* alpha, const void* beta, cudaStream_t stream,
+               void* workspace) {
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  BLU_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+  if (capturing != cudaStreamCaptureStatusNone) return;
+  p.tuned = true;
+  const size_t n = p.candidates.size();
+  if (n < 2) return;
+  const void* c_in = g.c_in ? g.c_in : g.c;
+  // The timed calls write D again and again: a D that the product also reads goes aside first.
+  const size_t c_bytes = size_t((g.batch - 1) * g.c_batch_stride + (g.M - 1) * g.ldc + g.N) *
+                         (g.c_f32 ? sizeof(float) : dtype_size(g.dtype));
+  void* saved = nullptr;
+  if (g.beta != 0 && c_in == g.c) {
+    if (cudaMallocAsync(&saved, c_bytes, stream) != cudaSuccess) {
+      (void)cudaGetLastError();
+      count(&GemmTuneStats::skipped);
+      return;
+    }
+    BLU_CUDA_CHECK(cudaMemcpyAsync(saved, g.c, c_bytes, cudaMemcpyDeviceToDevice, stream));
+  }
+  auto call = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublaslt().Matmul(cublaslt_handle(), p.desc, alpha, g.b.ptr, p.la, g.a.ptr, p.lb, beta, c_in, p.lc, g.c,
+                             p.lc, &algo, workspace, kGemmWorkspaceBytes, stream);
+  };
+  cudaEvent_t start = nullptr, stop = nullptr;
+  BLU_CUDA_CHECK(cudaEventCreate(&start));
+  BLU_CUDA_CHECK(cudaEventCreate(&stop));
+  constexpr int kWarm = 2, kReps = 10, kRounds = 2;
+  std::vector<float> ms(n, -1);  // each candidate's best round; negative: it did not run
+  for (size_t i = 0; i < n; ++i) {
+    bool ok = true;
+    for (int w = 0; w < kWarm && ok; ++w) ok = call(p.candidates[i]) == CUBLAS_STATUS_SUCCESS;
+    if (ok) ms[i] = 1e30f;
+  }
+  for (int round = 0; round < kRounds; ++round)
+    for (size_t i = 0; i < n; ++i) {
+      if (ms[i] < 0) continue;
+      BLU_CUDA_CHECK(cudaEventRecord(start, stream));
+      for (int r = 0; r < kReps; ++r) (void)call(p.candidates[i]);
+      BLU_CUDA_CHECK(cudaEventRecord(stop, stream));
+      BLU_CUDA_CHECK(cudaEventSynchronize(stop));
+      float t = 0;
+      BLU_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+      ms[i] = std::min(ms[i], t / kReps);
+    }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (saved) {
+    BLU_CUDA_CHECK(cudaMemcpyAsync(g.c, saved, c_bytes, cudaMemcpyDeviceToDevice, stream));
+    BLU_CUDA_CHECK(cudaFreeAsync(saved, stream));
+  }
+  size_t best = 0;
+  for (size_t i = 1; i < n; ++i)
+    if (ms[i] >= 0 && (ms[best] < 0 || ms[i] < ms[best])) best = i;
+  if (ms[0] >= 0 && ms[best] > 0.98f * ms[0]) best = 0;
+  p.algo = p.candidates[best];
+  p.candidates.clear();
+  count(&GemmTuneStats::timed);
+  if (best != 0) count(&GemmTuneStats::changed);
+  TunedGemm t;
+  std::memcpy(t.algo.data(), p.algo.data, sizeof(p.algo.data));
+  t.ms = ms[best];
+  tune_table_add(p.table_key, t);
+}
+
 using PlanCache = std::unordered_map<PlanKey, std::unique_ptr<Plan>, PlanKeyHash>;
 PlanCache& plan_cache() {
-  // Per thread: the plan's descriptor gets per-call pointers written into it.
+  // Per thread: the plan's descriptor gets per-call pointers written into it. Dropped when the
+  // tuning setting changes.
   thread_local PlanCache cache;
+  thread_local uint64_t generation = 0;
+  const uint64_t now = tune_state().generation.load();
+  if (generation != now) {
+    cache.clear();
+    generation = now;
+  }
   return cache;
 }
 
@@ -241,6 +453,28 @@ bool gemm_operand_ok(int64_t rows, int64_t cols, int64_t row_stride, int64_t col
 }
 
 size_t gemm_plan_cache_size() { return plan_cache().size(); }
+
+GemmTuning gemm_tuning() {
+  TuneState& s = tune_state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return tuning_locked(s);
+}
+
+void set_gemm_tuning(GemmTuning t) {
+  TuneState& s = tune_state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.read = true;
+  s.setting = std::move(t);
+  s.loaded = false;
+  s.table.clear();
+  ++s.generation;
+}
+
+GemmTuneStats gemm_tune_stats() {
+  TuneState& s = tune_state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.stats;
+}
 
 void gemm(const GemmArgs& g, cudaStream_t stream, void* workspace) {
   BLU_CHECK(g.M >= 0 && g.N >= 0 && g.K >= 0 && g.batch >= 1, "gemm: bad sizes M=", g.M, " N=", g.N, " K=", g.K,
@@ -318,6 +552,7 @@ void gemm(const GemmArgs& g, cudaStream_t stream, void* workspace) {
   const double alpha_d = g.alpha, beta_d = g.beta;
   const void* alpha = g.compute == GemmCompute::f64 ? static_cast<const void*>(&alpha_d) : &g.alpha;
   const void* beta = g.compute == GemmCompute::f64 ? static_cast<const void*>(&beta_d) : &g.beta;
+  if (!p.tuned) tune_plan(p, g, alpha, beta, stream, workspace);
   BLU_CUBLAS_CHECK(cublaslt().Matmul(cublaslt_handle(), p.desc, alpha, g.b.ptr, p.la, g.a.ptr, p.lb, beta,
                                   g.c_in ? g.c_in : g.c, p.lc, g.c, p.lc, &p.algo, workspace, kGemmWorkspaceBytes, stream));
 }

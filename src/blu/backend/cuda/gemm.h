@@ -12,8 +12,23 @@
 // Descriptors, layouts and the heuristic's choice are cached per thread by everything that
 // determines them (shapes, strides, dtypes, transposes, epilogue, compute mode, pointer
 // alignment); pointers are set per call.
-// Depends on backend/cuda/runtime, core/dtype. Keep: launches on the stream it is given, never
-// synchronises, uses the kGemmWorkspaceBytes of cuBLASLt workspace it is given (a slice of the
+//
+// Note [GEMM tuning]
+// cuBLASLt's heuristic ranks candidate algorithms without running them, and its first choice is
+// what a plan takes. On the step's own shapes another of its first eight candidates is often
+// faster — by up to 17% on GPT-2's head and 10-15% on its 768-wide projections (H200, bf16,
+// scripts/lab/gemm_algos.cu: 1.2 ms of GPT-2 124M's 17.3 ms of GEMMs per step, 0.6 of
+// llama-250m's 14.1). With tuning on (GemmTuning, BLU_GEMM_TUNE=1, `--gemm-tune`), a plan's first
+// call on a stream that is not being captured times each candidate on the call's own operands (a D
+// that the product reads is copied aside and put back) and keeps the fastest, unless the
+// heuristic's choice is within 2% of it. That call synchronises the host with the stream once.
+// Which candidate wins a timing can differ between processes, and with it the bits of the result:
+// so the choices go to a table file (backend/gemm_tune_table.h) keyed by the GPU, cuBLASLt's
+// version and the plan's key, and a later process takes its choices from there — a resumed run
+// multiplies with the algorithms of the run it resumes. Off, every plan takes the heuristic's
+// first choice, the same in every process on the same GPU and library.
+// Depends on backend/cuda/runtime, backend/gemm_tune_table, core/dtype. Keep: launches on the
+// stream it is given, never synchronises (but for a tuned plan's first call), uses the kGemmWorkspaceBytes of cuBLASLt workspace it is given (a slice of the
 // call's Workspace, so two streams never share one — Note [Execution context]); no
 // algorithm → BLU_CHECK, except a bias-gradient epilogue, which falls back (logged once) to a
 // plain gemm and a separate deterministic sum.
@@ -22,6 +37,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "blu/core/dtype.h"
 
@@ -88,6 +104,24 @@ bool gemm_operand_ok(int64_t rows, int64_t cols, int64_t row_stride, int64_t col
 
 // Number of cached plans on this thread (tests check the cache is hit).
 size_t gemm_plan_cache_size();
+
+// Note [GEMM tuning]. `file`: the table ("" keeps choices in this process only).
+struct GemmTuning {
+  bool on = false;
+  std::string file;
+};
+// Until set_gemm_tuning: BLU_GEMM_TUNE (1/on or 0/off, default off) and BLU_GEMM_TUNE_FILE (default
+// default_gemm_tune_file(); "none": no file). BLU_CHECK on another BLU_GEMM_TUNE value.
+GemmTuning gemm_tuning();
+// Applies to plans made from now on (each thread's plan cache is dropped).
+void set_gemm_tuning(GemmTuning t);
+struct GemmTuneStats {
+  int64_t timed = 0;       // plans whose candidates were timed
+  int64_t changed = 0;     // of those, plans that took another than the heuristic's first choice
+  int64_t from_table = 0;  // plans that took a choice from the table file
+  int64_t skipped = 0;     // plans left with the heuristic's choice (no memory to copy D aside)
+};
+GemmTuneStats gemm_tune_stats();
 
 // Kernels in linalg.cu used by gemm and the op kernels.
 // dst[r, c] (row-major, row stride ldc, `batch` matrices of batch stride bs) = bias[c] or 0, plus

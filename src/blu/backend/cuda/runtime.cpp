@@ -53,6 +53,7 @@ const LoadedCublasLt& loaded_cublaslt() {
     get("cublasLtCreate", a.Create);
     get("cublasLtMatmul", a.Matmul);
     get("cublasLtMatmulAlgoGetHeuristic", a.MatmulAlgoGetHeuristic);
+    get("cublasLtMatmulAlgoCheck", a.MatmulAlgoCheck);
     get("cublasLtMatmulDescCreate", a.MatmulDescCreate);
     get("cublasLtMatmulDescDestroy", a.MatmulDescDestroy);
     get("cublasLtMatmulDescSetAttribute", a.MatmulDescSetAttribute);

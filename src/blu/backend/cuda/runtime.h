@@ -42,6 +42,7 @@ struct CublasLtApi {
   decltype(&::cublasLtCreate) Create;
   decltype(&::cublasLtMatmul) Matmul;
   decltype(&::cublasLtMatmulAlgoGetHeuristic) MatmulAlgoGetHeuristic;
+  decltype(&::cublasLtMatmulAlgoCheck) MatmulAlgoCheck;
   decltype(&::cublasLtMatmulDescCreate) MatmulDescCreate;
   decltype(&::cublasLtMatmulDescDestroy) MatmulDescDestroy;
   decltype(&::cublasLtMatmulDescSetAttribute) MatmulDescSetAttribute;
