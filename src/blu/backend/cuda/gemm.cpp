@@ -176,6 +176,8 @@ GemmTuning tuning_from_env() {
   t.on = v == "1" || v == "on";
   const char* file = std::getenv("BLU_GEMM_TUNE_FILE");
   t.file = file && *file ? (std::string(file) == "none" ? "" : std::string(file)) : default_gemm_tune_file();
+  const char* log = std::getenv("BLU_GEMM_TUNE_LOG");
+  t.log = log && std::string(log) == "1";
   return t;
 }
 // The setting under the lock (read from the environment the first time).
@@ -409,6 +411,9 @@ void tune_plan(Plan& p, const GemmArgs& g, const void* alpha, const void* beta, 
   std::memcpy(t.algo.data(), p.algo.data, sizeof(p.algo.data));
   t.ms = ms[best];
   tune_table_add(p.table_key, t);
+  if (gemm_tuning().log)
+    std::fprintf(stderr, "blu: gemm tuning: %s: candidate %zu of %zu, %.4f ms against %.4f for the first choice\n",
+                 p.table_key.c_str(), best + 1, n, double(ms[best]), double(ms[0]));
 }
 
 using PlanCache = std::unordered_map<PlanKey, std::unique_ptr<Plan>, PlanKeyHash>;

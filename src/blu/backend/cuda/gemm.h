@@ -109,9 +109,11 @@ size_t gemm_plan_cache_size();
 struct GemmTuning {
   bool on = false;
   std::string file;
+  bool log = false;  // one line on stderr per timed plan: its key, the kept candidate, both times
 };
-// Until set_gemm_tuning: BLU_GEMM_TUNE (1/on or 0/off, default off) and BLU_GEMM_TUNE_FILE (default
-// default_gemm_tune_file(); "none": no file). BLU_CHECK on another BLU_GEMM_TUNE value.
+// Until set_gemm_tuning: BLU_GEMM_TUNE (1/on or 0/off, default off), BLU_GEMM_TUNE_FILE (default
+// default_gemm_tune_file(); "none": no file) and BLU_GEMM_TUNE_LOG=1. BLU_CHECK on another
+// BLU_GEMM_TUNE value.
 GemmTuning gemm_tuning();
 // Applies to plans made from now on (each thread's plan cache is dropped).
 void set_gemm_tuning(GemmTuning t);
