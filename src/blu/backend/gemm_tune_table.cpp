@@ -1,5 +1,7 @@
 #include "blu/backend/gemm_tune_table.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -117,12 +119,23 @@ GemmTuneTable load_gemm_tune_table(const std::string& path, std::vector<std::str
 
 void save_gemm_tune_table(const std::string& path, const GemmTuneTable& add) {
   namespace fs = std::filesystem;
-  GemmTuneTable table = load_gemm_tune_table(path, nullptr);
-  for (const auto& [key, g] : add) table[key] = g;
   const fs::path p(path);
   std::error_code ec;
   if (p.has_parent_path()) fs::create_directories(p.parent_path(), ec);
   BLU_CHECK(!ec, "gemm tuning table ", path, ": cannot create its folder: ", ec.message());
+  // Read, merge and replace under an exclusive lock on a file beside it: two processes that save
+  // at once (the ranks of one job) both keep their lines.
+  const std::string lock_path = path + ".lock";
+  const int lock = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  BLU_CHECK(lock >= 0, "gemm tuning table ", path, ": cannot open ", lock_path, ": ", std::strerror(errno));
+  struct Unlock {
+    int fd;
+    ~Unlock() { ::close(fd); }  // closing releases the lock
+  } unlock{lock};
+  while (::flock(lock, LOCK_EX) != 0)
+    BLU_CHECK(errno == EINTR, "gemm tuning table ", path, ": cannot lock ", lock_path, ": ", std::strerror(errno));
+  GemmTuneTable table = load_gemm_tune_table(path, nullptr);
+  for (const auto& [key, g] : add) table[key] = g;
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);

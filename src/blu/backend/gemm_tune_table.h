@@ -6,9 +6,9 @@
 // and holds no tab. The file is a cache: a line that does not parse is skipped with a warning that
 // names the file and line, and the choice is timed again; a file of another format is not read
 // (its first line is not the header) and is replaced by the next save.
-// Depends on nothing but the standard library. Keep: save never leaves a half-written file (it
-// writes a temporary beside it and renames it over), and merges what is on disk first, so two
-// processes that tune at once both keep their lines.
+// Depends on core/error and POSIX (flock). Keep: save never leaves a half-written file (it writes
+// a temporary beside it and renames it over), and merges what is on disk first under a lock on
+// `<file>.lock`, so two processes that tune at once both keep their lines.
 #pragma once
 #include <array>
 #include <cstdint>
