@@ -3,17 +3,14 @@
 #include "blu/backend/cuda/gemm.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <unordered_map>
 #include <vector>
 
+#include "blu/backend/cuda/gemm_tune.h"
 #include "blu/backend/cuda/runtime.h"
-#include "blu/backend/gemm_tune_table.h"
 #include "blu/core/cuda/runtime.h"
 #include "blu/core/precision.h"
 
@@ -152,87 +149,7 @@ cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
 
-// Note [GEMM tuning]: the process's setting, its counters and its table.
-constexpr size_t kTuneCandidates = 8;
-struct TuneState {
-  std::mutex mu;
-  bool read = false;  // the setting (from the environment, or set_gemm_tuning)
-  GemmTuning setting;
-  std::atomic<uint64_t> generation{0};  // bumped by set_gemm_tuning: plan caches made before are dropped
-  GemmTuneStats stats;
-  bool loaded = false;
-  GemmTuneTable table;
-};
-TuneState& tune_state() {
-  static TuneState s;
-  return s;
-}
-GemmTuning tuning_from_env() {
-  GemmTuning t;
-  const char* on = std::getenv("BLU_GEMM_TUNE");
-  const std::string v = on ? on : "";
-  BLU_CHECK(v.empty() || v == "0" || v == "1" || v == "on" || v == "off",
-            "BLU_GEMM_TUNE: expected 1, on, 0 or off, got '", v, "'");
-  t.on = v == "1" || v == "on";
-  const char* file = std::getenv("BLU_GEMM_TUNE_FILE");
-  t.file = file && *file ? (std::string(file) == "none" ? "" : std::string(file)) : default_gemm_tune_file();
-  const char* log = std::getenv("BLU_GEMM_TUNE_LOG");
-  t.log = log && std::string(log) == "1";
-  return t;
-}
-// The setting under the lock (read from the environment the first time).
-GemmTuning& tuning_locked(TuneState& s) {
-  if (!s.read) {
-    s.setting = tuning_from_env();
-    s.read = true;
-  }
-  return s.setting;
-}
-bool tuning_on() {
-  TuneState& s = tune_state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  return tuning_locked(s).on;
-}
-void count(int64_t GemmTuneStats::*field) {
-  TuneState& s = tune_state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  ++(s.stats.*field);
-}
-
-// The table file's lines, loaded on first use; warnings about its bad lines go to stderr once.
-void load_table_locked(TuneState& s) {
-  if (s.loaded) return;
-  s.loaded = true;
-  const std::string& file = tuning_locked(s).file;
-  if (file.empty()) return;
-  std::vector<std::string> warnings;
-  s.table = load_gemm_tune_table(file, &warnings);
-  for (const std::string& w : warnings) std::fprintf(stderr, "blu: gemm tuning: %s\n", w.c_str());
-}
-bool tune_table_find(const std::string& key, TunedGemm& out) {
-  TuneState& s = tune_state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  load_table_locked(s);
-  auto it = s.table.find(key);
-  if (it == s.table.end()) return false;
-  out = it->second;
-  return true;
-}
-void tune_table_add(const std::string& key, const TunedGemm& t) {
-  TuneState& s = tune_state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  load_table_locked(s);
-  s.table[key] = t;
-  const std::string& file = tuning_locked(s).file;
-  if (file.empty()) return;
-  try {
-    save_gemm_tune_table(file, {{key, t}});
-  } catch (const Error& e) {  // a cache: the run goes on, this process keeps its choice
-    static bool warned = false;
-    if (!warned) std::fprintf(stderr, "blu: gemm tuning: %s; choices are kept in this process only\n", e.what());
-    warned = true;
-  }
-}
+constexpr size_t kTuneCandidates = 8;  // Note [GEMM tuning]
 
 // The plan's line in the table: the GPU, cuBLASLt's version, and the key's every field but the
 // device's index.
@@ -312,7 +229,7 @@ std::unique_ptr<Plan> make_plan(const PlanKey& k, const GemmArgs& g, const Opera
       cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
   BLU_CUBLAS_CHECK(
       cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
-  const bool tune = tuning_on();
+  const bool tune = gemm_tuning().on;
   std::vector<cublasLtMatmulHeuristicResult_t> res(tune ? kTuneCandidates : 1);
   int found = 0;
   const cublasStatus_t st = cublaslt().MatmulAlgoGetHeuristic(cublaslt_handle(), p->desc, p->la, p->lb, p->lc, p->lc,
@@ -325,7 +242,7 @@ std::unique_ptr<Plan> make_plan(const PlanKey& k, const GemmArgs& g, const Opera
   if (tune && p->have_algo) {
     p->table_key = table_key(k);
     TunedGemm t;
-    if (tune_table_find(p->table_key, t)) {
+    if (gemm_tune_find(p->table_key, t)) {
       cublasLtMatmulAlgo_t algo{};
       static_assert(sizeof(algo.data) == sizeof(t.algo));
       std::memcpy(algo.data, t.algo.data(), sizeof(algo.data));
@@ -334,7 +251,7 @@ std::unique_ptr<Plan> make_plan(const PlanKey& k, const GemmArgs& g, const Opera
               CUBLAS_STATUS_SUCCESS &&
           check.workspaceSize <= kGemmWorkspaceBytes) {
         p->algo = algo;
-        count(&GemmTuneStats::from_table);
+        gemm_tune_count(&GemmTuneStats::from_table);
         return p;
       }
     }
@@ -363,7 +280,7 @@ void tune_plan(Plan& p, const GemmArgs& g, const void* alpha, const void* beta, 
   if (g.beta != 0 && c_in == g.c) {
     if (cudaMallocAsync(&saved, c_bytes, stream) != cudaSuccess) {
       (void)cudaGetLastError();
-      count(&GemmTuneStats::skipped);
+      gemm_tune_count(&GemmTuneStats::skipped);
       return;
     }
     BLU_CUDA_CHECK(cudaMemcpyAsync(saved, g.c, c_bytes, cudaMemcpyDeviceToDevice, stream));
@@ -405,12 +322,12 @@ void tune_plan(Plan& p, const GemmArgs& g, const void* alpha, const void* beta, 
   if (ms[0] >= 0 && ms[best] > 0.98f * ms[0]) best = 0;
   p.algo = p.candidates[best];
   p.candidates.clear();
-  count(&GemmTuneStats::timed);
-  if (best != 0) count(&GemmTuneStats::changed);
+  gemm_tune_count(&GemmTuneStats::timed);
+  if (best != 0) gemm_tune_count(&GemmTuneStats::changed);
   TunedGemm t;
   std::memcpy(t.algo.data(), p.algo.data, sizeof(p.algo.data));
   t.ms = ms[best];
-  tune_table_add(p.table_key, t);
+  gemm_tune_store(p.table_key, t);
   if (gemm_tuning().log)
     std::fprintf(stderr, "blu: gemm tuning: %s: candidate %zu of %zu, %.4f ms against %.4f for the first choice\n",
                  p.table_key.c_str(), best + 1, n, double(ms[best]), double(ms[0]));
@@ -422,7 +339,7 @@ PlanCache& plan_cache() {
   // tuning setting changes.
   thread_local PlanCache cache;
   thread_local uint64_t generation = 0;
-  const uint64_t now = tune_state().generation.load();
+  const uint64_t now = gemm_tuning_generation();
   if (generation != now) {
     cache.clear();
     generation = now;
@@ -458,28 +375,6 @@ bool gemm_operand_ok(int64_t rows, int64_t cols, int64_t row_stride, int64_t col
 }
 
 size_t gemm_plan_cache_size() { return plan_cache().size(); }
-
-GemmTuning gemm_tuning() {
-  TuneState& s = tune_state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  return tuning_locked(s);
-}
-
-void set_gemm_tuning(GemmTuning t) {
-  TuneState& s = tune_state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  s.read = true;
-  s.setting = std::move(t);
-  s.loaded = false;
-  s.table.clear();
-  ++s.generation;
-}
-
-GemmTuneStats gemm_tune_stats() {
-  TuneState& s = tune_state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  return s.stats;
-}
 
 void gemm(const GemmArgs& g, cudaStream_t stream, void* workspace) {
   BLU_CHECK(g.M >= 0 && g.N >= 0 && g.K >= 0 && g.batch >= 1, "gemm: bad sizes M=", g.M, " N=", g.N, " K=", g.K,
