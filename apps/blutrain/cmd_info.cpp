@@ -1,5 +1,5 @@
 // `blutrain info`: what this binary is and what it can run on — version, build, CUDA, devices,
-// BLAS, allocators; `blutrain info CKPT`: a checkpoint's format, step, the layout that wrote it and
+// BLAS, allocators, GEMM tuning and its table file; `blutrain info CKPT`: a checkpoint's format, step, the layout that wrote it and
 // its global tensors (dist/layout_checkpoint.h), without loading a model; `blutrain info --flight
 // DIR`: each rank's flight-recorder dump in a run folder (DIR/flight_recorder) or a dump folder,
 // summarised (dist/flight_recorder.h).
@@ -23,6 +23,9 @@
 #include "commands.h"
 #ifdef BLU_HAVE_CUDA
 #include <cuda_runtime.h>
+
+#include "blu/backend/cuda/gemm.h"
+#include "blu/backend/gemm_tune_table.h"
 #endif
 
 namespace blu::cli {
@@ -114,6 +117,18 @@ int run_info() {
     std::cout << "  cuda      caching allocator\n";
   } catch (const std::exception& e) {
     std::cout << "  cuda      unavailable: " << e.what() << "\n";
+  }
+  // Note [GEMM tuning] (backend/cuda/gemm.h): the setting, and what the table file holds.
+  const cuda::GemmTuning tune = cuda::gemm_tuning();
+  std::cout << "GEMM tuning: " << (tune.on ? "on" : "off") << " (BLU_GEMM_TUNE, --gemm-tune); table ";
+  if (tune.file.empty()) {
+    std::cout << "none (BLU_GEMM_TUNE_FILE=none)\n";
+  } else {
+    std::vector<std::string> warnings;
+    const size_t choices = std::filesystem::exists(tune.file) ? load_gemm_tune_table(tune.file, &warnings).size() : 0;
+    std::cout << tune.file << ": "
+              << (std::filesystem::exists(tune.file) ? std::to_string(choices) + " choices" : std::string("not written yet"))
+              << (warnings.empty() ? "" : ", " + std::to_string(warnings.size()) + " lines skipped") << "\n";
   }
 #endif
   return 0;

@@ -79,6 +79,14 @@ TEST_F(Cli, Info) {
   EXPECT_EQ(r.status, 0) << r.output;
   for (const char* part : {"blutrain", "build:", "CUDA:", "cpu", "BLAS:", "allocators:"})
     EXPECT_NE(r.output.find(part), std::string::npos) << "missing '" << part << "' in:\n" << r.output;
+#ifdef BLU_HAVE_CUDA
+  // Note [GEMM tuning]: the setting and the table file (BLU_GEMM_TUNE_FILE=none in this test's run).
+  const Result t = run({"info"}, "BLU_GEMM_TUNE=on BLU_GEMM_TUNE_FILE=none ");
+  EXPECT_NE(t.output.find("GEMM tuning: on (BLU_GEMM_TUNE, --gemm-tune); table none"), std::string::npos) << t.output;
+  const Result bad = run({"info"}, "BLU_GEMM_TUNE=maybe ");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.output.find("BLU_GEMM_TUNE: expected 1, on, 0 or off, got 'maybe'"), std::string::npos) << bad.output;
+#endif
 }
 
 TEST_F(Cli, HelpListsSubcommands) {
