@@ -234,6 +234,13 @@ TEST(CompilerCuda, GeluEpilogueMatchesEager) {
     ASSERT_EQ(cs.variants().size(), 1u) << log.str();
     EXPECT_EQ(cs.variants()[0]->epilogues, 2) << log.str();
     EXPECT_EQ(compiled, eager);
+    // The excluded adds' outputs live outside the arena, each freed after its last launch (those
+    // launches run outside the CUDA graphs), every compiled step.
+    const compiler::Runtime& rt = *cs.variants()[0]->runtime;
+    EXPECT_GT(rt.plan().excluded_buffers, 0) << log.str();
+    EXPECT_EQ(rt.stats().released, rt.plan().excluded_buffers * rt.stats().steps) << log.str();
+    EXPECT_GT(rt.stats().direct_launches, 0);
+    EXPECT_GT(rt.stats().graph_launches, 0);
   }
 }
 
