@@ -122,6 +122,7 @@ void apply_config_file(CLI::App& app, const std::string& path) {
 // processes as the run had. What is given wins; the trainer then refuses a given value that changes the trajectory
 // (train/run_record.h) unless --allow-changes. Options run.json does not record (recompute,
 // offload, the compiler's switches) are given again when wanted: they change memory, not numbers.
+// --gemm-tune is recorded when given, and taken: it changes the products' last bits.
 void take_from_run_record(CLI::App& app, TrainArgs& a) {
   train::TrainOptions& o = a.o;
   const nlohmann::json rec = train::recorded_options(o.out);

@@ -263,7 +263,8 @@ TEST_F(Cli, ResumeTakesTheRunsOptions) {
                                          "32",      "-B",              "2",
                                          "-T",      "16",              "--lr",
                                          "2e-3",    "--warmup",        "0",
-                                         "--shuffle", "--schedule",    "constant"};
+                                         "--shuffle", "--schedule",    "constant",
+                                         "--gemm-tune", "on"};  // recorded, and taken (a no-op on the CPU)
   auto with = [&](std::vector<std::string> extra) {
     std::vector<std::string> a = args;
     a.insert(a.end(), extra.begin(), extra.end());
@@ -282,6 +283,7 @@ TEST_F(Cli, ResumeTakesTheRunsOptions) {
   ASSERT_EQ(j["invocations"].size(), 2u) << j.dump();
   const nlohmann::json& first = j["invocations"][0]["options"];
   const nlohmann::json& resumed = j["invocations"][1]["options"];
+  EXPECT_EQ(first.value("gemm_tune", ""), "on") << first.dump();
   for (const auto& [key, value] : first.items()) {
     if (key != "steps") {
       EXPECT_EQ(resumed[key], value) << key;

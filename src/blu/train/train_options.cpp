@@ -25,6 +25,9 @@ nlohmann::json TrainOptions::to_json() const {
   j["compile"] = compile;  // the ranks agree on it (consistency fingerprint)
   if (compile_remat) j["compile_remat"] = true;
   if (loss_chunks > 0) j["loss_chunks"] = loss_chunks;
+  // Taken again by a resume (Note [A resume takes the run's options]): with the table file, the
+  // resumed run multiplies with the same algorithms (Note [GEMM tuning]).
+  if (!gemm_tune.empty()) j["gemm_tune"] = gemm_tune;
   return j;
 }
 
