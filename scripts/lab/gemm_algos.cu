@@ -1,7 +1,7 @@
 // How much the step's GEMMs gain when cuBLASLt's candidate algorithms are timed instead of taking
 // its heuristic's first choice (what BluTrain's gemm.cpp and PyTorch both take).
 //
-//   nvcc -O2 -arch=sm_90a -o /tmp/gemm_algos scripts/lab/gemm_algos.cu -lcublasLt && /tmp/gemm_algos [candidates]
+//   nvcc -O2 -arch=sm_90a -o /tmp/gemm_algos scripts/lab/gemm_algos.cu -lcublasLt && /tmp/gemm_algos [candidates [cold]]
 //
 // Per model and per GEMM of the bf16 step (the shapes of scripts/lab/gemm_shapes.py), with the
 // layouts BluTrain's linear uses: forward Y = X W^T (bf16 out), input gradient dX = dY W (bf16 out),
@@ -51,6 +51,10 @@ const char* kind_name(Kind k) {
 static cublasLtHandle_t handle;
 static void* workspace;
 static const size_t kWorkspace = size_t(32) << 20;
+// `/tmp/gemm_algos 32 cold`: every timed call starts with its operands out of L2.
+static bool cold_l2 = false;
+static void* flush;
+static const size_t kFlush = size_t(256) << 20;
 
 // Times `algo` (null: no algorithm given) in ms per call; negative when it fails to run.
 float time_one(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
@@ -65,13 +69,26 @@ float time_one(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la, cublasLtMat
         CUBLAS_STATUS_SUCCESS)
       return -1;
   const int reps = 30;
-  CK(cudaEventRecord(e0));
-  for (int i = 0; i < reps; ++i)
-    cublasLtMatmul(handle, desc, &alpha, a, la, b, lb, &beta, c, lc, c, lc, algo, workspace, kWorkspace, 0);
-  CK(cudaEventRecord(e1));
-  CK(cudaEventSynchronize(e1));
   float ms = 0;
-  CK(cudaEventElapsedTime(&ms, e0, e1));
+  if (cold_l2) {  // each call timed alone after 256 MiB of writes have pushed its operands out of L2
+    for (int i = 0; i < reps; ++i) {
+      CK(cudaMemsetAsync(flush, i, kFlush));
+      CK(cudaEventRecord(e0));
+      cublasLtMatmul(handle, desc, &alpha, a, la, b, lb, &beta, c, lc, c, lc, algo, workspace, kWorkspace, 0);
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      float one = 0;
+      CK(cudaEventElapsedTime(&one, e0, e1));
+      ms += one;
+    }
+  } else {
+    CK(cudaEventRecord(e0));
+    for (int i = 0; i < reps; ++i)
+      cublasLtMatmul(handle, desc, &alpha, a, la, b, lb, &beta, c, lc, c, lc, algo, workspace, kWorkspace, 0);
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+  }
   CK(cudaEventDestroy(e0));
   CK(cudaEventDestroy(e1));
   return ms / reps;
@@ -89,6 +106,8 @@ __global__ void fill_bf16(__nv_bfloat16* p, size_t n, uint32_t seed) {
 
 int main(int argc, char** argv) {
   const int want = argc > 1 ? std::atoi(argv[1]) : 32;
+  cold_l2 = argc > 2 && std::string_view(argv[2]) == "cold";
+  CK(cudaMalloc(&flush, kFlush));
   LT(cublasLtCreate(&handle));
   CK(cudaMalloc(&workspace, kWorkspace));
   std::vector<Shape> shapes;
