@@ -340,7 +340,8 @@ void Runtime::set_releases() {
       if (v >= 0 && size_t(v) < capture_values_ && unplanned[size_t(graph_.values[size_t(v)].buffer)]) unplanned_[i] = 1;
     });
     for (; op <= size_t(launches_[i].op); ++op)
-      for (int b : plan_.releases_after[op]) release_after_[i].push_back(b);
+      for (int b : plan_.releases_after[op])
+        if (size_t(b) < capture_buffers_) release_after_[i].push_back(b);  // a rewrite's own are bound for good
   }
 }
 
