@@ -8,8 +8,10 @@
 
 #include <atomic>
 #include <cmath>
+#include <sstream>
 #include <vector>
 
+#include "blu/backend/cuda/gemm.h"
 #include "blu/backend/cuda/runtime.h"
 #include "blu/blu.h"
 #include "blu/train/model_spec.h"
@@ -88,6 +90,28 @@ void train_resume_and_sample(const std::string& precision) {
   const std::vector<int32_t> out = model->generate({1, 2, 3}, 8, 0.8, 20, gen);  // the new tokens only
   EXPECT_EQ(out.size(), 8u);
   for (int32_t t : out) EXPECT_TRUE(t >= 0 && t < kVocab) << t;
+}
+
+// --gemm-tune on (Note [GEMM tuning]): the run's log says what the tuning did.
+TEST(TrainerCuda, GemmTuningIsReportedInTheLog) {
+  SKIP_WITHOUT_CUDA();
+  test::TempDir data, runs;
+  test_util::write_toy_shards(data.path(), kVocab, 8192, 65536);
+  const cuda::GemmTuning before = cuda::gemm_tuning();
+  cuda::set_gemm_tuning({false, ""});  // the table in this process only
+  TrainOptions o = gpu_options(data, runs / "tuned", "bf16");
+  o.steps = 2;
+  o.val_every = o.sample_every = 0;
+  o.gemm_tune = "on";
+  std::ostringstream log;
+  TrainCallbacks cb;
+  cb.log = &log;
+  Trainer t(o, cb);
+  EXPECT_EQ(t.run().end_step, 2);
+  cuda::set_gemm_tuning(before);
+  EXPECT_NE(log.str().find("gemm tuning: "), std::string::npos) << log.str();
+  EXPECT_NE(log.str().find(" plans timed ("), std::string::npos) << log.str();
+  EXPECT_NE(log.str().find("taken from this process's choices"), std::string::npos) << log.str();
 }
 
 TEST(TrainerCuda, Fp32TrainsResumesAndSamples) { train_resume_and_sample("fp32"); }

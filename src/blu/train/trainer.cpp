@@ -532,6 +532,8 @@ TrainSummary Trainer::run() {
                << " fallback, " << c.guard_failures << " guard failures\n";
   }
 
+  if (const std::string tuned = gemm_tune_summary(); !tuned.empty() && cb_.log) *cb_.log << tuned << "\n";
+
   sum.end_step = step_;
   if (std::isfinite(best_val_)) sum.best_val_loss = best_val_;
   sum.seconds = seconds_since(t_run);

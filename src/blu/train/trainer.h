@@ -223,6 +223,10 @@ void apply_precision(models::CausalLM& model, const std::string& precision);
 // --gemm-tune on|off: cuBLASLt's algorithms timed per GEMM shape (Note [GEMM tuning],
 // backend/cuda/gemm.h); "" keeps BLU_GEMM_TUNE's setting. Nothing to tune in a build without CUDA.
 void apply_gemm_tune(const std::string& setting);
+// What GEMM tuning did in this process, for the run's log: "gemm tuning: 15 plans timed (7 took
+// another algorithm than the heuristic's first), 0 taken from FILE"; "" when tuning is off or the
+// build has no CUDA.
+std::string gemm_tune_summary();
 
 // BLU_CHECK for option values that cannot run (each error names the flag, expected vs got); the
 // model's shapes bound some (the sequence length). Before anything is built or touched.

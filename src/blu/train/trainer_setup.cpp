@@ -64,6 +64,20 @@ namespace blu::train {
 
 namespace fs = std::filesystem;
 
+std::string gemm_tune_summary() {
+#ifdef BLU_HAVE_CUDA
+  const cuda::GemmTuning t = cuda::gemm_tuning();
+  if (!t.on) return "";
+  const cuda::GemmTuneStats s = cuda::gemm_tune_stats();
+  return "gemm tuning: " + std::to_string(s.timed) + " plans timed (" + std::to_string(s.changed) +
+         " took another algorithm than the heuristic's first), " + std::to_string(s.from_table) + " taken from " +
+         (t.file.empty() ? std::string("this process's choices") : t.file) +
+         (s.skipped ? ", " + std::to_string(s.skipped) + " left untimed (no memory to copy D aside)" : "");
+#else
+  return "";
+#endif
+}
+
 void apply_gemm_tune(const std::string& setting) {
   BLU_CHECK(setting.empty() || setting == "on" || setting == "off", "--gemm-tune: expected on or off, got '", setting,
             "'");
