@@ -9,9 +9,7 @@
 // repetitions between CUDA events; one JSON line per GEMM: the heuristic's first choice, the
 // fastest candidate and its rank, both in ms; a summary line per model weighted by the count per
 // step.
-#include <cublasLt.h>
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
+#include "cublaslt_lab.cuh"
 
 #include <algorithm>
 #include <cstdint>
@@ -19,23 +17,6 @@
 #include <string_view>
 #include <cstdlib>
 #include <vector>
-
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
-#define LT(x)                                                              \
-  do {                                                                     \
-    cublasStatus_t s_ = (x);                                               \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                     \
-      std::fprintf(stderr, "%s:%d cublasLt %d\n", __FILE__, __LINE__, int(s_)); \
-      std::exit(1);                                                        \
-    }                                                                      \
-  } while (0)
 
 struct Shape {
   const char* model;
@@ -48,9 +29,6 @@ const char* kind_name(Kind k) {
   return k == kFwd ? "fwd" : k == kDgrad ? "dgrad" : k == kWgrad ? "wgrad" : k == kFwdBias ? "fwd+bias" : "fwd+gelu_aux";
 }
 
-static cublasLtHandle_t handle;
-static void* workspace;
-static const size_t kWorkspace = size_t(32) << 20;
 // `/tmp/gemm_algos 32 cold`: every timed call starts with its operands out of L2.
 static bool cold_l2 = false;
 static void* flush;
@@ -92,16 +70,6 @@ float time_one(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la, cublasLtMat
   CK(cudaEventDestroy(e0));
   CK(cudaEventDestroy(e1));
   return ms / reps;
-}
-
-__global__ void fill_bf16(__nv_bfloat16* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed * 0x9e3779b9u;
-    h ^= h >> 15;
-    h *= 0x2c1b3c6du;
-    h ^= h >> 12;
-    p[i] = __float2bfloat16(float(h) / 2147483648.0f - 1.0f);
-  }
 }
 
 int main(int argc, char** argv) {
