@@ -1,8 +1,8 @@
 // `blutrain info`: what this binary is and what it can run on — version, build, CUDA, devices,
-// BLAS, allocators, GEMM tuning and its table file; `blutrain info CKPT`: a checkpoint's format, step, the layout that wrote it and
-// its global tensors (dist/layout_checkpoint.h), without loading a model; `blutrain info --flight
-// DIR`: each rank's flight-recorder dump in a run folder (DIR/flight_recorder) or a dump folder,
-// summarised (dist/flight_recorder.h).
+// BLAS, allocators, GEMM tuning and its table file; `blutrain info CKPT`: a checkpoint's format,
+// step, the layout that wrote it and its global tensors (dist/layout_checkpoint.h), without
+// loading a model; `blutrain info --flight DIR`: each rank's flight-recorder dump in a run folder
+// (DIR/flight_recorder) or a dump folder, summarised (dist/flight_recorder.h).
 #include <dlfcn.h>
 #include <omp.h>
 
@@ -124,11 +124,14 @@ int run_info() {
   if (tune.file.empty()) {
     std::cout << "none (BLU_GEMM_TUNE_FILE=none)\n";
   } else {
-    std::vector<std::string> warnings;
-    const size_t choices = std::filesystem::exists(tune.file) ? load_gemm_tune_table(tune.file, &warnings).size() : 0;
-    std::cout << tune.file << ": "
-              << (std::filesystem::exists(tune.file) ? std::to_string(choices) + " choices" : std::string("not written yet"))
-              << (warnings.empty() ? "" : ", " + std::to_string(warnings.size()) + " lines skipped") << "\n";
+    std::cout << tune.file << ": ";
+    if (!std::filesystem::exists(tune.file)) {
+      std::cout << "not written yet\n";
+    } else {
+      std::vector<std::string> warnings;
+      std::cout << load_gemm_tune_table(tune.file, &warnings).size() << " choices"
+                << (warnings.empty() ? "" : ", " + std::to_string(warnings.size()) + " lines skipped") << "\n";
+    }
   }
 #endif
   return 0;

@@ -151,17 +151,14 @@ cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
 
 constexpr size_t kTuneCandidates = 8;  // Note [GEMM tuning]
 
-// The plan's line in the table: the GPU, cuBLASLt's version, and the key's every field but the
-// device's index.
+// The plan's line in the table: the GPU's name, cuBLASLt's version, and the key's every field but
+// the device's index.
 std::string table_key(const PlanKey& k) {
   static thread_local std::string device;
   static thread_local int device_of = -1;
   if (device_of != k.device) {
-    cudaDeviceProp prop{};
-    BLU_CUDA_CHECK(cudaGetDeviceProperties(&prop, k.device));
-    device = std::string(prop.name) + " sm" + std::to_string(prop.major * 10 + prop.minor);
-    for (char& c : device)
-      if (c == '\t' || c == '\n') c = ' ';
+    device = device_name(k.device);
+    std::replace(device.begin(), device.end(), '\t', ' ');  // the table's field separator
     device_of = k.device;
   }
   char fields[512];

@@ -28,8 +28,9 @@
 // multiplies with the algorithms of the run it resumes. Off, every plan takes the heuristic's
 // first choice, the same in every process on the same GPU and library.
 // Depends on backend/cuda/runtime, backend/cuda/gemm_tune, core/dtype. Keep: launches on the
-// stream it is given, never synchronises (but for a tuned plan's first call), uses the kGemmWorkspaceBytes of cuBLASLt workspace it is given (a slice of the
-// call's Workspace, so two streams never share one — Note [Execution context]); no
+// stream it is given, never synchronises (but for a tuned plan's first call), uses the
+// kGemmWorkspaceBytes of cuBLASLt workspace it is given (a slice of the call's Workspace, so two
+// streams never share one — Note [Execution context]); no
 // algorithm → BLU_CHECK, except a bias-gradient epilogue, which falls back (logged once) to a
 // plain gemm and a separate deterministic sum.
 #pragma once
