@@ -350,6 +350,13 @@ TEST(CudaElementwise, SumLargeDims) {
   const Tensor y = randn({3, 5000, 7}, DType::f32, kCPU, &g);
   EXPECT_TRUE(close_rel(sum(y, {0, 2}), sum(gpu(y), {0, 2}), 1e-5, 1e-4)) << "dims (0, 2)";
   EXPECT_TRUE(close_rel(sum(y, {1}), sum(gpu(y), {1}), 1e-5, 1e-4)) << "middle dim";
+  // Many outputs over a few rows (a position embedding's gradient): a thread per 16 bytes of outputs.
+  const Tensor z = randn({16, 64, 1024}, DType::f32, kCPU, &g), gz = gpu(z);
+  EXPECT_TRUE(close_rel(sum(z, {0}), sum(gz, {0}), 1e-5, 1e-4)) << "leading rows f32";
+  EXPECT_TRUE(close_rel(sum(z, {0, 1}), sum(gz, {0, 1}), 1e-5, 1e-4)) << "leading rows, few outputs";
+  const Tensor zb = to_dtype(z, DType::bf16);
+  EXPECT_TRUE(close_rel(sum(zb, {0}), sum(gpu(zb), {0}), 1e-2, 1e-1)) << "leading rows bf16";
+  EXPECT_TRUE(same_bits(cpu(sum(gz, {0})), sum(gz, {0})));
   // Deterministic: the same sum twice gives the same bits.
   EXPECT_TRUE(same_bits(cpu(sum(gx, {0})), sum(gx, {0})));
   EXPECT_TRUE(same_bits(cpu(sum(gx)), sum(gx)));

@@ -5,7 +5,8 @@
 //   rows: the reduced elements of an output are contiguous (e.g. over the last dim) → a block per
 //         output, threads stride over them, a shared-memory tree combines the threads' states;
 //   cols: the outputs are contiguous and the reduced dims are not (e.g. a bias gradient, sum over
-//         dim 0) → a block per 32 outputs, 16 lanes per output stride over the reduced elements.
+//         dim 0) → a block per 32 outputs, 16 lanes per output stride over the reduced elements;
+//         many outputs over a few rows (sum_leading_rows) → a thread per 16 bytes of outputs.
 // Few outputs over many elements split the reduced range: pass 1 writes one partial per
 // (output, split), pass 2 sums each output's partials as a row.
 // Every order is fixed by the shapes alone (never by timing or the device's SM count), so sums
@@ -141,6 +142,31 @@ __global__ void reduce_cols_kernel(const T* __restrict__ in, ReduceArgs a, R op,
   }
 }
 
+// Sums of many contiguous outputs over a few rows (a position embedding's gradient: Σ over the
+// batch of [B, T·C]): a thread per V outputs adds its rows in order with 16-byte loads. The cols
+// kernel gives each output 16 lanes for a handful of rows and moves 2-byte elements: GPT-2's
+// [16, 786,432] bf16 takes 140 µs there, 14 µs here (H200).
+constexpr int64_t kLeadingRowsMax = 64, kLeadingMinVectors = 8192;
+template <typename T, typename Acc, typename Out, int V>
+__global__ void sum_leading_rows_kernel(const T* __restrict__ in, int64_t nvec, int64_t nred, int64_t row_stride,
+                                        Out* __restrict__ out) {
+  const int64_t step = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < nvec; i += step) {
+    Acc s[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) s[e] = Acc(0);
+    const T* p = in + i * V;
+#pragma unroll 4
+    for (int64_t r = 0; r < nred; ++r) {
+      const Vec<T, V> v = *reinterpret_cast<const Vec<T, V>*>(p + r * row_stride);
+#pragma unroll
+      for (int e = 0; e < V; ++e) s[e] += Acc(to_acc(v.v[e]));
+    }
+#pragma unroll
+    for (int e = 0; e < V; ++e) out[i * V + e] = from_acc<Out>(s[e]);
+  }
+}
+
 struct ReducePlan {
   Coalesced kept, red;  // innermost first, one operand (the input)
   int64_t nout = 1, nred = 1;
@@ -217,6 +243,17 @@ void sum_impl(const ExecContext& ctx, const Tensor& in, const std::vector<bool>&
     return;
   }
   const T* iptr = static_cast<const T*>(in.raw_data());
+  if constexpr (std::is_floating_point_v<Acc>) {
+    constexpr int V = 16 / int(sizeof(T));
+    if (p.cols && p.kept.size.size() == 1 && p.red.size.size() == 1 && p.nred <= kLeadingRowsMax &&
+        p.nout % V == 0 && p.nout / V >= kLeadingMinVectors && p.red.stride[0][0] % V == 0 && aligned_to(iptr, 16)) {
+      const int64_t nvec = p.nout / V;
+      sum_leading_rows_kernel<T, Acc, Out, V><<<blocks_for(nvec), 256, 0, stream>>>(iptr, nvec, p.nred,
+                                                                                   p.red.stride[0][0], optr);
+      BLU_CUDA_CHECK_LAUNCH();
+      return;
+    }
+  }
   const SumReducer<Acc> op;
   if (p.splits == 1) {
     launch_reduce(stream, iptr, make_args(p.kept, p.red, p.nout, p.nred, 1), p.cols, op, FinalWriter<Out>{optr});
