@@ -15,62 +15,34 @@
 #include <cstdio>
 #include <vector>
 
-struct Call {
-  cublasLtMatmulDesc_t desc;
-  cublasLtMatrixLayout_t la, lb, lc;
-  const void *a, *b;
-  void* c;
-};
-
-float time_algo(const Call& k, const cublasLtMatmulAlgo_t* algo, int reps) {
-  const float alpha = 1, beta = 0;
-  for (int i = 0; i < 5; ++i)
-    if (cublasLtMatmul(handle, k.desc, &alpha, k.a, k.la, k.b, k.lb, &beta, k.c, k.lc, k.c, k.lc, algo, workspace,
-                       kWorkspace, 0) != CUBLAS_STATUS_SUCCESS)
-      return -1;
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  CK(cudaEventRecord(e0));
-  for (int i = 0; i < reps; ++i)
-    cublasLtMatmul(handle, k.desc, &alpha, k.a, k.la, k.b, k.lb, &beta, k.c, k.lc, k.c, k.lc, algo, workspace,
-                   kWorkspace, 0);
-  CK(cudaEventRecord(e1));
-  CK(cudaEventSynchronize(e1));
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, e0, e1));
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
-  return ms / reps;
-}
-
 // The best of the first eight candidates: {ms, rank, candidates} (ms < 0: none ran).
 struct Best {
   float ms;
   int rank, found;
   float first_ms;
 };
-Best best_of(const Call& k) {
-  cublasLtMatmulPreference_t pref;
-  LT(cublasLtMatmulPreferenceCreate(&pref));
-  LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspace,
-                                          sizeof kWorkspace));
-  std::vector<cublasLtMatmulHeuristicResult_t> res(8);
-  int found = 0;
-  cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, k.desc, k.la, k.lb, k.lc, k.lc, pref, 8, res.data(), &found);
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (st != CUBLAS_STATUS_SUCCESS || found == 0) return {-1, -1, 0, -1};
+Best best_of(const Problem& k) {
+  std::vector<cublasLtMatmulHeuristicResult_t> res;
+  const int found = heuristic(k, 8, res);
+  if (found == 0) return {-1, -1, 0, -1};
   float best = 1e30f, first = -1;
   int rank = -1;
   for (int i = 0; i < found; ++i) {
-    const float ms = time_algo(k, &res[size_t(i)].algo, 30);
+    const float ms = time_algo(k, res[size_t(i)].algo, 5, 30);
     if (i == 0) first = ms;
     if (ms > 0 && ms < best) best = ms, rank = i;
   }
   if (rank < 0) return {-1, -1, found, first};
   best = 1e30f;
-  for (int r = 0; r < 3; ++r) best = std::min(best, time_algo(k, &res[size_t(rank)].algo, 30));
+  for (int r = 0; r < 3; ++r) best = std::min(best, time_algo(k, res[size_t(rank)].algo, 5, 30));
   return {best, rank, found, first};
+}
+
+// One JSON line for a variant.
+void report(const char* gemm, long M, long n, long k, const char* epilogue, const Best& b) {
+  std::printf("{\"gemm\": \"%s\", \"out\": %ld, \"in\": %ld, \"epilogue\": \"%s\", \"candidates\": %d, "
+              "\"first_ms\": %.4f, \"best_ms\": %.4f, \"rank\": %d, \"tflops\": %.0f}\n",
+              gemm, n, k, epilogue, b.found, b.first_ms, b.ms, b.rank, b.ms > 0 ? 2.0 * M * n * k / b.ms / 1e9 : 0.0);
 }
 
 void set(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const void* v, size_t n) {
@@ -102,7 +74,7 @@ int main() {
   for (auto [n, k] : {std::pair{2304L, 768L}, {768L, 768L}, {3072L, 768L}, {768L, 3072L}}) {
     // dWᵀ[k, n] (column-major) = Xᵀ (k × M, ld k) · dY (n × M, ld n)ᵀ; Σ over M of dY: BGRADB.
     for (int bgrad_type = 0; bgrad_type < 3; ++bgrad_type) {  // none, BGRADB with fp32, with bf16
-      Call c{};
+      Problem c{};
       LT(cublasLtMatmulDescCreate(&c.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
       set(c.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opn, sizeof opn);
       set(c.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opt, sizeof opt);
@@ -117,14 +89,8 @@ int main() {
       LT(cublasLtMatrixLayoutCreate(&c.lc, f32, k, n, k));
       c.a = x, c.b = dy, c.c = d32;
       const Best b = best_of(c);
-      std::printf("{\"gemm\": \"wgrad\", \"out\": %ld, \"in\": %ld, \"epilogue\": \"%s\", \"candidates\": %d, "
-                  "\"first_ms\": %.4f, \"best_ms\": %.4f, \"rank\": %d, \"tflops\": %.0f}\n",
-                  n, k, bgrad_type == 0 ? "none" : bgrad_type == 1 ? "bgradb_f32" : "bgradb_bf16", b.found, b.first_ms,
-                  b.ms, b.rank, b.ms > 0 ? 2.0 * M * n * k / b.ms / 1e9 : 0.0);
-      cublasLtMatrixLayoutDestroy(c.la);
-      cublasLtMatrixLayoutDestroy(c.lb);
-      cublasLtMatrixLayoutDestroy(c.lc);
-      cublasLtMatmulDescDestroy(c.desc);
+      report("wgrad", M, n, k, bgrad_type == 0 ? "none" : bgrad_type == 1 ? "bgradb_f32" : "bgradb_bf16", b);
+      destroy(c);
     }
     if (k != 3072) continue;
     // dHᵀ[k, M] = Wᵀ... as BluTrain's dgrad: D (k × M, ld k) = W (k × n, ld k) · dYᵀ (n × M, ld n).
@@ -136,7 +102,7 @@ int main() {
     for (V v : {V{"none", CUBLASLT_EPILOGUE_DEFAULT, nullptr}, V{"dgelu", CUBLASLT_EPILOGUE_DGELU, nullptr},
                 V{"dgelu_bgrad_f32", CUBLASLT_EPILOGUE_DGELU_BGRAD, &f32},
                 V{"dgelu_bgrad_bf16", CUBLASLT_EPILOGUE_DGELU_BGRAD, &bf16}}) {
-      Call c{};
+      Problem c{};
       LT(cublasLtMatmulDescCreate(&c.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
       set(c.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opn, sizeof opn);
       set(c.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opn, sizeof opn);
@@ -156,13 +122,8 @@ int main() {
       LT(cublasLtMatrixLayoutCreate(&c.lc, bf16, k, M, k));
       c.a = w, c.b = dy, c.c = d16;
       const Best b = best_of(c);
-      std::printf("{\"gemm\": \"dgrad\", \"out\": %ld, \"in\": %ld, \"epilogue\": \"%s\", \"candidates\": %d, "
-                  "\"first_ms\": %.4f, \"best_ms\": %.4f, \"rank\": %d, \"tflops\": %.0f}\n",
-                  n, k, v.name, b.found, b.first_ms, b.ms, b.rank, b.ms > 0 ? 2.0 * M * n * k / b.ms / 1e9 : 0.0);
-      cublasLtMatrixLayoutDestroy(c.la);
-      cublasLtMatrixLayoutDestroy(c.lb);
-      cublasLtMatrixLayoutDestroy(c.lc);
-      cublasLtMatmulDescDestroy(c.desc);
+      report("dgrad", M, n, k, v.name, b);
+      destroy(c);
     }
   }
   return 0;

@@ -17,40 +17,6 @@
 #include <string>
 #include <vector>
 
-struct Problem {
-  cublasLtMatmulDesc_t desc;
-  cublasLtMatrixLayout_t la, lb, lc;
-  const void *a, *b;
-  void* c;
-};
-
-float time_algo(const Problem& p, const cublasLtMatmulAlgo_t& algo, int warm, int reps) {
-  const float alpha = 1, beta = 0;
-  for (int i = 0; i < warm; ++i)
-    if (cublasLtMatmul(handle, p.desc, &alpha, p.a, p.la, p.b, p.lb, &beta, p.c, p.lc, p.c, p.lc, &algo, workspace,
-                       kWorkspace, 0) != CUBLAS_STATUS_SUCCESS) {
-      cudaGetLastError();
-      return -1;
-    }
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  CK(cudaEventRecord(e0));
-  for (int i = 0; i < reps; ++i)
-    cublasLtMatmul(handle, p.desc, &alpha, p.a, p.la, p.b, p.lb, &beta, p.c, p.lc, p.c, p.lc, &algo, workspace,
-                   kWorkspace, 0);
-  CK(cudaEventRecord(e1));
-  if (cudaEventSynchronize(e1) != cudaSuccess) {
-    cudaGetLastError();
-    return -1;
-  }
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, e0, e1));
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  return ms / reps;
-}
-
 std::string config(const cublasLtMatmulAlgo_t& a) {
   int32_t id = 0;
   uint32_t tile = 0, stages = 0, splitk = 0, swizzle = 0, custom = 0;
@@ -129,13 +95,12 @@ int main() {
     LT(cublasLtMatrixLayoutCreate(&p.la, CUDA_R_16BF, ra, ca, lda));
     LT(cublasLtMatrixLayoutCreate(&p.lb, CUDA_R_16BF, rb, cb, ldb));
     LT(cublasLtMatrixLayoutCreate(&p.lc, CUDA_R_16BF, rc, cc, rc));
-    cublasLtMatmulPreference_t pref;
-    LT(cublasLtMatmulPreferenceCreate(&pref));
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspace,
-                                            sizeof kWorkspace));
-    std::vector<cublasLtMatmulHeuristicResult_t> res(8);
-    int found = 0;
-    LT(cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.la, p.lb, p.lc, p.lc, pref, 8, res.data(), &found));
+    std::vector<cublasLtMatmulHeuristicResult_t> res;
+    const int found = heuristic(p, 8, res);
+    if (found == 0) {
+      std::fprintf(stderr, "no candidate for this shape\n");
+      std::exit(1);
+    }
     float first = time_algo(p, res[0].algo, 3, 20), best8 = first;
     int best8_rank = 0;
     for (int i = 1; i < found; ++i) {
@@ -203,11 +168,7 @@ int main() {
                 config(res[0].algo).c_str(), config(res[size_t(best8_rank)].algo).c_str(),
                 timed.empty() ? "" : config(best_algo).c_str());
     std::fflush(stdout);
-    cublasLtMatmulPreferenceDestroy(pref);
-    cublasLtMatrixLayoutDestroy(p.la);
-    cublasLtMatrixLayoutDestroy(p.lb);
-    cublasLtMatrixLayoutDestroy(p.lc);
-    cublasLtMatmulDescDestroy(p.desc);
+    destroy(p);
   }
   return 0;
 }
