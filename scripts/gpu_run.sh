@@ -22,8 +22,9 @@
 #   attnsass — per-instruction SASS of our wgmma attention kernels: executed instructions and
 #           warp-stall samples by reason (ncu source page, files sass_fwd.csv, sass_bwd.csv), for
 #           scripts/lab/sass_hotspots.py
-#   kernels — one --compile --gemm-tune on step of GPT-2 124M (B=16) and llama-250m (B=8), bf16,
-#           kernel by kernel under ncu (time and DRAM bytes), summarised by scripts/lab/ncu_step.py
+#   kernels — one --gemm-tune on step of GPT-2 124M (B=16) and llama-250m (B=8), bf16, kernel by
+#           kernel under ncu (time and DRAM bytes), summarised by scripts/lab/ncu_step.py, for each
+#           mode in KERNEL_MODES (compiled, eager; default compiled)
 #   profile — blutrain bench --profile (MODE, default bf16): device time per op, summarised by
 #           scripts/bench_summary.py; one run per `;`-separated argument set in PROFILE_RUNS
 #   llama — blutrain bench --model llama:NAME beside ../shared/peers/torch_llama.py (eager and
@@ -184,18 +185,23 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
         python3 scripts/bench_summary.py "$log"
       done ;;
     kernels)
-      # One compiled step of each model kernel by kernel (ncu, each kernel alone: no overlap or
-      # launch gaps), after a short run that fills the GEMM tuning table the traced run reads;
-      # KERNEL_ARGS added to both. Summaries: scripts/lab/ncu_step.py (files kernels_*.txt).
-      for m in "gpt2:d12 -B 16" "llama:llama-250m -B 8 --lr 3e-4 --beta2 0.95"; do
-        n="${m%%:*}"
-        args=(bench --device cuda --model $m --precision bf16 -T 1024 --compile --gemm-tune on ${KERNEL_ARGS:-})
-        BLU_GEMM_TUNE_FILE=/tmp/kernels_tune.tsv timeout 100 "$pack/blutrain" "${args[@]}" --steps 4 > /dev/null 2>&1
-        BLU_GEMM_TUNE_FILE=/tmp/kernels_tune.tsv timeout 250 ncu --graph-profiling node --cache-control none \
-          --clock-control none --metrics gpu__time_duration.sum,dram__bytes.sum --csv --print-units base \
-          "$pack/blutrain" "${args[@]}" --steps 3 > "$out/kernels_$n.csv" 2> "$out/kernels_$n.err"
-        python3 scripts/lab/ncu_step.py "$out/kernels_$n.csv" 40 | tee "$out/kernels_$n.txt" | head -14
-        gzip -f "$out/kernels_$n.csv"
+      # One step of each model kernel by kernel (ncu, each kernel alone: no overlap or launch
+      # gaps) for each mode of KERNEL_MODES (compiled: --compile; eager), after a short run that
+      # fills the GEMM tuning table the traced run reads; KERNEL_ARGS added to both. Summaries:
+      # scripts/lab/ncu_step.py (files kernels_MODEL_MODE.txt).
+      for mode in ${KERNEL_MODES:-compiled}; do
+        for m in "gpt2:d12 -B 16" "llama:llama-250m -B 8 --lr 3e-4 --beta2 0.95"; do
+          n="${m%%:*}_$mode"
+          args=(bench --device cuda --model $m --precision bf16 -T 1024 --gemm-tune on ${KERNEL_ARGS:-})
+          [ "$mode" = compiled ] && args+=(--compile)
+          BLU_GEMM_TUNE_FILE=/tmp/kernels_tune.tsv timeout 100 "$pack/blutrain" "${args[@]}" --steps 4 > /dev/null 2>&1
+          BLU_GEMM_TUNE_FILE=/tmp/kernels_tune.tsv timeout 250 ncu --graph-profiling node --cache-control none \
+            --clock-control none --metrics gpu__time_duration.sum,dram__bytes.sum --csv --print-units base \
+            "$pack/blutrain" "${args[@]}" --steps 3 > "$out/kernels_$n.csv" 2> "$out/kernels_$n.err"
+          echo "== $n"
+          python3 scripts/lab/ncu_step.py "$out/kernels_$n.csv" 40 | tee "$out/kernels_$n.txt" | head -14
+          gzip -f "$out/kernels_$n.csv"
+        done
       done ;;
     disttrainval)
       data="${DATA:-.devpack/fortunes}"; n="${DIST_N:-2}"
