@@ -163,13 +163,9 @@ int main(int argc, char** argv) {
       LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, rows_a, cols_a, lda));
       LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, rows_b, cols_b, ldb));
       LT(cublasLtMatrixLayoutCreate(&lc, ct, rows_c, cols_c, rows_c));
-      cublasLtMatmulPreference_t pref;
-      LT(cublasLtMatmulPreferenceCreate(&pref));
-      LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspace,
-                                              sizeof kWorkspace));
-      std::vector<cublasLtMatmulHeuristicResult_t> res(static_cast<size_t>(want));
-      int found = 0;
-      LT(cublasLtMatmulAlgoGetHeuristic(handle, desc, la, lb, lc, lc, pref, want, res.data(), &found));
+      std::vector<cublasLtMatmulHeuristicResult_t> res;
+      Problem prob{desc, la, lb, lc, a, b, c};
+      const int found = heuristic(prob, want, res);
       float first = -1, best = 1e30f;
       int best_rank = -1;
       for (int i = 0; i < found; ++i) {
@@ -196,11 +192,7 @@ int main(int argc, char** argv) {
         first_total += double(first) * s.count;
         best_total += double(best) * s.count;
       }
-      cublasLtMatmulPreferenceDestroy(pref);
-      cublasLtMatrixLayoutDestroy(la);
-      cublasLtMatrixLayoutDestroy(lb);
-      cublasLtMatrixLayoutDestroy(lc);
-      cublasLtMatmulDescDestroy(desc);
+      destroy(prob);
     }
   }
   flush();
