@@ -253,6 +253,65 @@ TEST(Compiler, CaptureRunsNoKernel) {
   EXPECT_EQ(std::count(dump1.begin(), dump1.end(), '\n'), std::count(dump2.begin(), dump2.end(), '\n'));
 }
 
+// Classes shared across captures (CompiledStep keeps its named tensors' classes from step to step)
+// name the buffers they hold; classify()'s, made for this capture, win where both name one.
+TEST(Compiler, SharedClassesNameBuffersAndTheCapturesOwnWin) {
+  const Tensor w = from_vector({1.0, 2.0}, {2}, DType::f32), x = from_vector({3.0, 4.0}, {2}, DType::f32);
+  BufferClasses shared;
+  shared[w.storage().get()] = {BufferKind::parameter, "w"};
+  shared[x.storage().get()] = {BufferKind::parameter, "x"};
+  Capture cap;
+  cap.classify_all(&shared);
+  cap.classify(x, BufferKind::step_input, "batch");
+  (void)add(w, x);
+  const Graph& g = cap.finish();
+  std::map<std::string, BufferKind> kinds;
+  for (const Buffer& b : g.buffers) kinds[b.name] = b.kind;
+  ASSERT_EQ(kinds.count("w"), 1u) << g.dump();
+  EXPECT_EQ(kinds["w"], BufferKind::parameter);
+  ASSERT_EQ(kinds.count("batch"), 1u) << g.dump();
+  EXPECT_EQ(kinds["batch"], BufferKind::step_input);
+  EXPECT_EQ(kinds.count("x"), 0u);
+}
+
+// The named tensors' classes are built once and rebuilt when a named tensor's storage changes: a
+// parameter given new storage between compiled steps is still a parameter (the guard holds) and
+// the run stays bitwise eager.
+TEST(Compiler, ParameterGivenNewStorageIsClassifiedAgain) {
+  auto run = [](bool compiled) {
+    auto model = make_model("gpt2");
+    dist::Strategy strat(*model, nullptr, dist::StrategyConfig{}, dist::OptimizerConfig{.lr = 3e-3});
+    std::unique_ptr<CompiledStep> cs;
+    if (compiled) {
+      cs = std::make_unique<CompiledStep>(CompileOptions{});
+      cs->set_named(BufferKind::parameter, model->named_parameters());
+    }
+    TrainRun r;
+    for (int s = 0; s < 6; ++s) {
+      if (s == 3) {  // a new storage under the first parameter, same values
+        Tensor p = model->parameters().front();
+        const Tensor fresh = clone(p.detach());
+        p.impl_ptr()->storage = fresh.storage();
+      }
+      Tensor idx, tg;
+      std::tie(idx, tg) = batch(s, 2, 8, 101);
+      dist::StepValues v;
+      auto step = [&] { v = strat.step(1, [&](int64_t) { return std::pair<Tensor, Tensor>{idx, tg}; }, 3e-3, 1.0); };
+      if (cs) cs->run({idx, tg}, step);
+      else step();
+      r.losses.push_back(strat.read(v, false).loss);
+    }
+    for (const Tensor& p : model->parameters()) r.params.push_back(clone(p.detach()));
+    if (cs) {  // a parameter classified as a constant would change the structure: a guard failure
+      EXPECT_EQ(cs->counts().guard_failures, 0);
+      EXPECT_EQ(cs->counts().compiled, 5);
+      EXPECT_EQ(cs->counts().fallback, 0);
+    }
+    return r;
+  };
+  expect_bitwise(run(false), run(true), "a parameter with new storage");
+}
+
 // Note [Deferred collective waits]: a captured DDP step waits for each bucket's all-reduce where
 // finish() waits — after the rest of backward — not where backward issues it, so its replay
 // overlaps them as eager does; a collective nobody waits for is waited for at the end of the step.

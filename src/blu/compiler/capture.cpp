@@ -73,6 +73,19 @@ void Capture::classify(const Tensor& t, BufferKind kind, const std::string& name
   if (t.defined()) classes_[t.storage().get()] = {kind, name};
 }
 
+void Capture::reserve_like(const Graph& like) {
+  graph_.ops.reserve(like.ops.size());
+  graph_.values.reserve(like.values.size());
+  graph_.buffers.reserve(like.buffers.size());
+  tensors_.reserve(like.values.size());
+  version_.reserve(like.values.size());
+  value_ids_.reserve(like.values.size());
+  storages_.reserve(like.buffers.size());
+  values_on_.reserve(like.buffers.size());
+  latest_.reserve(like.buffers.size());
+  buffer_ids_.reserve(like.buffers.size());
+}
+
 int Capture::buffer_of(const Tensor& t, BufferKind kind_if_new) {
   const Storage* s = t.storage().get();
   if (auto it = buffer_ids_.find(s); it != buffer_ids_.end()) return it->second;
@@ -86,6 +99,11 @@ int Capture::buffer_of(const Tensor& t, BufferKind kind_if_new) {
     if (auto c = classes_.find(s); c != classes_.end()) {
       b.kind = c->second.first;
       b.name = c->second.second;
+    } else if (shared_classes_) {
+      if (auto n = shared_classes_->find(s); n != shared_classes_->end()) {
+        b.kind = n->second.first;
+        b.name = n->second.second;
+      }
     }
   }
   const int id = graph_.add_buffer(std::move(b));

@@ -29,6 +29,9 @@
 
 namespace blu::compiler {
 
+// What tensors made before a step are, by storage: their buffer kind and name (Capture::classify).
+using BufferClasses = std::unordered_map<const Storage*, std::pair<BufferKind, std::string>>;
+
 class Capture {
  public:
   Capture();   // starts recording on this thread (BLU_CHECK: no other Capture active on it)
@@ -41,6 +44,12 @@ class Capture {
   // Names what a tensor made before the step is, for the graph's buffer kinds (unnamed ones are
   // constants). Call before the step runs.
   void classify(const Tensor& t, BufferKind kind, const std::string& name = "");
+  // The same for many tensors at once, kept by the caller and consulted after classify()'s (which
+  // wins where both name a storage): `classes` must outlive the capture and not change during it.
+  void classify_all(const BufferClasses* classes) { shared_classes_ = classes; }
+  // Makes room for a step the size of `like` (a previous capture of the same step), so that
+  // recording grows no table on the way.
+  void reserve_like(const Graph& like);
 
   // Stops recording and completes the graph: the buffers the step made that are still referenced
   // outside the capture (the loss, a gradient kept as .grad) become step outputs.
@@ -93,7 +102,8 @@ class Capture {
   std::vector<std::shared_ptr<Storage>> storages_;
   std::unordered_map<const TensorImpl*, int> value_ids_;
   std::unordered_map<const Storage*, int> buffer_ids_;
-  std::unordered_map<const Storage*, std::pair<BufferKind, std::string>> classes_;
+  BufferClasses classes_;
+  const BufferClasses* shared_classes_ = nullptr;
   std::vector<std::vector<int>> values_on_;  // per buffer: its values' ids
   std::vector<int> latest_;   // per buffer: the value that wrote its current contents (-1: none, an input)
   std::vector<int> version_;  // per value: latest_ of its buffer when the value was defined

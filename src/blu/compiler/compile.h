@@ -125,9 +125,15 @@ class CompiledStep {
   FusedGraph fuse_variant(const Graph& g);
   void fail(const std::string& reason);
   std::string key_of(const std::vector<Tensor>& inputs) const;
+  // named_'s classes for the step's Capture: rebuilt when a named tensor's storage is not the one
+  // it was built for (set_named again, a parameter given new storage), else kept from the last
+  // step — on a GPU the step's first kernel waits for it.
+  const BufferClasses& named_classes();
 
   CompileOptions options_;
   std::vector<std::pair<BufferKind, std::vector<std::pair<std::string, Tensor>>>> named_;
+  BufferClasses named_classes_;
+  std::vector<const Storage*> named_storages_;  // what named_classes_ was built from, in named_'s order
   std::vector<std::unique_ptr<Variant>> variants_;
   std::vector<std::string> failures_;
   std::vector<RegionCheck> checks_;
