@@ -77,4 +77,5 @@ def main():
         print(f"{ms:8.3f} {n:8d} {gb:7.3f} {gb / ms * 1e3 if ms else 0:6.0f}  {name}")
 
 
-main()
+if __name__ == "__main__":
+    main()
