@@ -14,6 +14,8 @@ static void record(const OpDef& op, std::span<const Tensor> in, std::span<Tensor
   ctx.needs_grad.resize(in.size());
   const bool hooked = saved_hooks_active();  // saved tensors may go into boxes (autograd/saved_hooks.h)
   node->next.resize(in.size());
+  ctx.input_metas.reserve(in.size());
+  node->out_metas.reserve(out.size());
   for (size_t i = 0; i < in.size(); ++i) {
     if (in[i].defined()) {
       ctx.input_metas.push_back({in[i].shape(), in[i].dtype(), in[i].device()});

@@ -56,16 +56,26 @@ RefCounts Capture::eager_counts(const Tensor& t) const {
   RefCounts c{t.impl_ptr().use_count(), t.storage().use_count()};
   if (buffer_ids_.find(s) == buffer_ids_.end()) return c;
   const std::vector<int>& values = values_on_[size_t(buffer_ids_.at(s))];
-  std::map<const TensorImpl*, long> ours;  // impls on the storage -> our handles to each
-  for (int v : values) ++ours[tensors_[size_t(v)].impl_ptr().get()];
-  if (auto it = ours.find(t.impl_ptr().get()); it != ours.end()) c.impl -= it->second;
+  // Impls on the storage and our handles to each (a few per storage: a flat list, no map nodes),
+  // with one of our tensors of each impl.
+  struct Ours {
+    const TensorImpl* impl;
+    long handles;
+    const Tensor* any;
+  };
+  std::vector<Ours> ours;
+  ours.reserve(values.size());
+  for (int v : values) {
+    const Tensor& held = tensors_[size_t(v)];
+    auto it = std::find_if(ours.begin(), ours.end(), [&](const Ours& o) { return o.impl == held.impl_ptr().get(); });
+    if (it == ours.end()) ours.push_back({held.impl_ptr().get(), 1, &held});
+    else ++it->handles;
+  }
   c.storage -= 1;
-  for (const auto& [impl, handles] : ours)
-    for (int v : values)
-      if (tensors_[size_t(v)].impl_ptr().get() == impl) {
-        if (tensors_[size_t(v)].impl_ptr().use_count() == handles) --c.storage;
-        break;
-      }
+  for (const Ours& o : ours) {
+    if (o.impl == t.impl_ptr().get()) c.impl -= o.handles;
+    if (o.any->impl_ptr().use_count() == o.handles) --c.storage;
+  }
   return c;
 }
 
@@ -168,6 +178,8 @@ void Capture::on_op(const OpDef& def, std::span<const Tensor> in, std::span<cons
   op.def = &def;
   op.attrs = attrs;
   op.rng = attrs.has("seed") && attrs.has("offset");
+  op.inputs.reserve(in.size());
+  op.outputs.reserve(out.size());
   for (const Tensor& t : in) op.inputs.push_back(t.defined() ? value_of(t) : -1);
   if (def.inplace)
     for (size_t i = 0; i < in.size(); ++i)
