@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <map>
 
 namespace blu::compiler {
 
@@ -266,8 +265,15 @@ Graph& Capture::finish() {
   t_active = nullptr;
   // Our own references: one per buffer (storages_), one per distinct TensorImpl per storage, and
   // one handle per value on each impl.
-  std::map<const TensorImpl*, long> handles;
-  for (const Tensor& t : tensors_) ++handles[t.impl_ptr().get()];
+  // Each impl once per value that holds it, sorted: handles(impl) is its run's length.
+  std::vector<const TensorImpl*> impls;
+  impls.reserve(tensors_.size());
+  for (const Tensor& t : tensors_) impls.push_back(t.impl_ptr().get());
+  std::sort(impls.begin(), impls.end());
+  const auto handles = [&](const TensorImpl* impl) {
+    const auto [lo, hi] = std::equal_range(impls.begin(), impls.end(), impl);
+    return long(hi - lo);
+  };
   // A tensor only we still hold is one the eager step has dropped, and with it its autograd state.
   // Drop that state here too: otherwise its grad_fn chain outlives the step and holds what the
   // eager step freed — a recompute region's rebuilt graph, whose gradient accumulators hold the
@@ -277,7 +283,7 @@ Graph& Capture::finish() {
     dropped = false;
     for (const Tensor& t : tensors_) {
       TensorImpl& impl = *t.impl_ptr();
-      if (impl.autograd && t.impl_ptr().use_count() <= handles[&impl]) {
+      if (impl.autograd && t.impl_ptr().use_count() <= handles(&impl)) {
         impl.autograd.reset();
         dropped = true;
       }
@@ -285,13 +291,11 @@ Graph& Capture::finish() {
   }
   std::vector<long> impls_on(graph_.buffers.size(), 0);
   std::vector<bool> held(graph_.buffers.size(), false);
-  for (const auto& [impl, n] : handles) {
-    const int b = buffer_ids_.at(impl->storage.get());
-    ++impls_on[size_t(b)];
-  }
+  for (size_t i = 0; i < impls.size(); ++i)
+    if (i == 0 || impls[i] != impls[i - 1]) ++impls_on[size_t(buffer_ids_.at(impls[i]->storage.get()))];
   for (const Tensor& t : tensors_) {
     const int b = buffer_ids_.at(t.storage().get());
-    if (t.impl_ptr().use_count() > handles[t.impl_ptr().get()]) held[size_t(b)] = true;
+    if (t.impl_ptr().use_count() > handles(t.impl_ptr().get())) held[size_t(b)] = true;
   }
   for (size_t b = 0; b < graph_.buffers.size(); ++b) {
     Buffer& buf = graph_.buffers[b];
