@@ -264,8 +264,8 @@ Graph& Capture::finish() {
   remove_op_observer(observer_);
   t_active = nullptr;
   // Our own references: one per buffer (storages_), one per distinct TensorImpl per storage, and
-  // one handle per value on each impl.
-  // Each impl once per value that holds it, sorted: handles(impl) is its run's length.
+  // one handle per value on each impl — `impls` lists each impl once per value that holds it,
+  // sorted, so handles(impl) is the length of its run.
   std::vector<const TensorImpl*> impls;
   impls.reserve(tensors_.size());
   for (const Tensor& t : tensors_) impls.push_back(t.impl_ptr().get());
