@@ -673,6 +673,7 @@ int run_bench(const BenchOptions& o) {
       cj["compile_ms"] = v.capture_ms + v.plan_ms;
       cj["graph_captures"] = v.runtime->stats().graph_captures;
       cj["graph_launches"] = v.runtime->stats().graph_launches;
+      cj["graph_memsets_lowered"] = v.runtime->stats().memsets_lowered;
       cj["direct_launches"] = v.runtime->stats().direct_launches;
       cj["graph_segments"] = v.runtime->stats().segments;
       cj["steps_recorded"] = v.runtime->stats().steps_recorded;

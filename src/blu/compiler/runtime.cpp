@@ -11,6 +11,7 @@
 #ifdef BLU_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "blu/backend/cuda/graph_memset.h"
 #include "blu/core/cuda/runtime.h"
 #endif
 
@@ -464,6 +465,7 @@ void Runtime::advance(Capture& step, size_t captured_ops) {
       }
       BLU_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
       if (!was_frozen) ctx.scratch->unfreeze();
+      stats_.memsets_lowered += cuda::lower_small_memsets(graph);
       Replay::Recorded rec;
       if (seg.recorded.size() >= Replay::kKept) {  // update the least recent in place
         rec = seg.recorded.back();

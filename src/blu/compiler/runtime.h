@@ -70,6 +70,7 @@ struct RuntimeStats {
   int64_t launches = 0;          // launch-list entries run (or recorded, on CUDA)
   int64_t graph_captures = 0;    // CUDA: segments recorded (Note [Graph segments])
   int64_t graph_launches = 0;    // CUDA: cudaGraphLaunch calls
+  int64_t memsets_lowered = 0;   // CUDA: small memset nodes recorded as kernel nodes (backend/cuda/graph_memset.h)
   int64_t direct_launches = 0;   // CUDA: launches run outside a graph (their attributes change)
   int64_t steps_recorded = 0;    // CUDA: steps that recorded a segment
   int64_t segments = 0;          // CUDA: graphs a step launches now
