@@ -156,13 +156,23 @@ void CompiledStep::fail(const std::string& reason) {
                                                            << std::flush;
 }
 
-std::string CompiledStep::key_of(const std::vector<Tensor>& inputs) const {
+const std::string& CompiledStep::key_of(const std::vector<Tensor>& inputs) {
+  bool same = !key_.empty() && key_inputs_.size() == inputs.size();
+  for (size_t i = 0; same && i < inputs.size(); ++i) {
+    const InputMeta& m = key_inputs_[i];
+    const Tensor& t = inputs[i];
+    same = t.shape() == m.shape && t.strides() == m.strides && t.dtype() == m.dtype && t.device() == m.device;
+  }
+  if (same) return key_;
+  key_inputs_.clear();
+  for (const Tensor& t : inputs) key_inputs_.push_back({t.shape(), t.strides(), t.dtype(), t.device()});
   std::ostringstream os;
   for (const Tensor& t : inputs)
     os << to_string(t.shape()) << " " << t.dtype() << " strides " << to_string(t.strides()) << " " << t.device()
        << "; ";
   os << "config " << options_.config;
-  return os.str();
+  key_ = os.str();
+  return key_;
 }
 
 std::string first_difference(const Graph& a, const Graph& b) {
@@ -229,7 +239,7 @@ void CompiledStep::run(const std::vector<Tensor>& inputs, const std::function<vo
     step();
     return;
   }
-  const std::string key = key_of(inputs);
+  const std::string& key = key_of(inputs);
   Variant* variant = nullptr;
   for (auto& v : variants_)
     if (v->key == key) variant = v.get();

@@ -99,7 +99,10 @@ class CompiledStep {
 
   // Tensors that live across steps, named for the graph's buffer kinds (dump, plan summary).
   void set_named(BufferKind kind, const std::vector<std::pair<std::string, Tensor>>& tensors);
-  void set_config(std::string config) { options_.config = std::move(config); }
+  void set_config(std::string config) {
+    options_.config = std::move(config);
+    key_.clear();
+  }
 
   // One step (see the header comment). `inputs` are the step's batch tensors.
   void run(const std::vector<Tensor>& inputs, const std::function<void()>& step);
@@ -124,7 +127,9 @@ class CompiledStep {
   // The variant's graph with options_.fusion's regions fused (compiler/fused_step.h), or unchanged.
   FusedGraph fuse_variant(const Graph& g);
   void fail(const std::string& reason);
-  std::string key_of(const std::vector<Tensor>& inputs) const;
+  // The guard's key for `inputs`: their shapes, dtypes, strides and devices, and the configuration.
+  // Formatted only when they differ from the last step's (~20 µs, before the step's first kernel).
+  const std::string& key_of(const std::vector<Tensor>& inputs);
   // named_'s classes for the step's Capture: rebuilt when a named tensor's storage is not the one
   // it was built for (set_named again, a parameter given new storage), else kept from the last
   // step — on a GPU the step's first kernel waits for it.
@@ -134,6 +139,13 @@ class CompiledStep {
   std::vector<std::pair<BufferKind, std::vector<std::pair<std::string, Tensor>>>> named_;
   BufferClasses named_classes_;
   std::vector<const Storage*> named_storages_;  // what named_classes_ was built from, in named_'s order
+  struct InputMeta {
+    Shape shape, strides;
+    DType dtype;
+    Device device;
+  };
+  std::vector<InputMeta> key_inputs_;  // what key_ was formatted for
+  std::string key_;  // empty: format it again
   std::vector<std::unique_ptr<Variant>> variants_;
   std::vector<std::string> failures_;
   std::vector<RegionCheck> checks_;
