@@ -42,7 +42,7 @@
 #           alternated REPS times (2), beside torch_gpt2.py / torch_llama.py (eager and
 #           torch.compile) in the same run; the compiled runs print the host time per step
 #   segments — GPT-2 124M (B=16) and llama-250m (B=8), bf16, T=1024: eager, and --compile with the
-#           step's first graph segment 64 launches long (BLU_COMPILE_FIRST_SEGMENT=0) and 4 (the
+#           step's first graph segment 64 launches long (BLU_COMPILE_FIRST_SEGMENT=0), 4, and 2 (the
 #           default), alternated REPS times (2), beside torch_gpt2.py / torch_llama.py
 #   recompute — the same two models, bf16, eager and --compile under each --recompute setting
 #           (RECOMPUTE: selective block:2 block), beside torch_gpt2.py / torch_llama.py (bf16c)
@@ -277,7 +277,7 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
       peers_pair compiled.log bf16,bf16c ;;
     segments)
       for rep in $(seq "${REPS:-2}"); do
-        for v in " | " "BLU_COMPILE_FIRST_SEGMENT=0 | --compile" "BLU_COMPILE_FIRST_SEGMENT=4 | --compile"; do
+        for v in " | " "BLU_COMPILE_FIRST_SEGMENT=0 | --compile" "BLU_COMPILE_FIRST_SEGMENT=4 | --compile" "BLU_COMPILE_FIRST_SEGMENT=2 | --compile"; do
           echo "== $v" >> "$out/segments.log"
           bench_pair segments.log "${v%%|*}" ${v#*|}
         done

@@ -39,12 +39,13 @@ struct Runtime::Replay {
   // that begins on an idle GPU (the trainer and bench read the loss after every step) waits for its
   // first segment's capture, so the step's first segments are short and double up to kChunk:
   // first_chunk, 2·first_chunk, … (BLU_COMPILE_FIRST_SEGMENT sets first_chunk; 0 or ≥ kChunk
-  // makes every segment kChunk long).
+  // makes every segment kChunk long). 2 rather than 4: llama-250m +0.8% tok/s, GPT-2 level (H200,
+  // docs/performance.md, "Memset nodes made kernels").
   static constexpr size_t kChunk = 64;
   size_t first_chunk = first_chunk_from_env();
   static size_t first_chunk_from_env() {
     const char* e = std::getenv("BLU_COMPILE_FIRST_SEGMENT");
-    if (!e || !*e) return 4;
+    if (!e || !*e) return 2;
     char* end = nullptr;
     const long v = std::strtol(e, &end, 10);
     BLU_CHECK(end && *end == '\0' && v >= 0, "BLU_COMPILE_FIRST_SEGMENT: expected a count of launches (0 or more), got '",
