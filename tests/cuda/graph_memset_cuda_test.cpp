@@ -18,19 +18,7 @@
 namespace blu {
 namespace {
 
-size_t count_nodes(cudaGraph_t g, cudaGraphNodeType type) {
-  size_t n = 0;
-  BLU_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &n));
-  std::vector<cudaGraphNode_t> nodes(n);
-  BLU_CUDA_CHECK(cudaGraphGetNodes(g, nodes.data(), &n));
-  size_t k = 0;
-  for (cudaGraphNode_t node : nodes) {
-    cudaGraphNodeType t{};
-    BLU_CUDA_CHECK(cudaGraphNodeGetType(node, &t));
-    k += t == type;
-  }
-  return k;
-}
+size_t count_nodes(cudaGraph_t g, cudaGraphNodeType type) { return cuda::graph_nodes(g, type).size(); }
 
 size_t count_edges(cudaGraph_t g) {
   size_t n = 0;

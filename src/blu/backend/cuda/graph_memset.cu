@@ -33,16 +33,22 @@ bool plain_edges(const std::vector<cudaGraphEdgeData>& edges) {
 
 }  // namespace
 
-int lower_small_memsets(cudaGraph_t graph) {
+std::vector<cudaGraphNode_t> graph_nodes(cudaGraph_t graph, cudaGraphNodeType type) {
   size_t count = 0;
   BLU_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &count));
   std::vector<cudaGraphNode_t> nodes(count);
   BLU_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &count));
+  std::erase_if(nodes, [&](cudaGraphNode_t node) {
+    cudaGraphNodeType t{};
+    BLU_CUDA_CHECK(cudaGraphNodeGetType(node, &t));
+    return t != type;
+  });
+  return nodes;
+}
+
+int lower_small_memsets(cudaGraph_t graph) {
   int lowered = 0;
-  for (cudaGraphNode_t node : nodes) {
-    cudaGraphNodeType type{};
-    BLU_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
-    if (type != cudaGraphNodeTypeMemset) continue;
+  for (cudaGraphNode_t node : graph_nodes(graph, cudaGraphNodeTypeMemset)) {
     cudaMemsetParams m{};
     BLU_CUDA_CHECK(cudaGraphMemsetNodeGetParams(node, &m));
     if (m.width * m.height * m.elementSize > kSmallMemsetBytes) continue;

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <vector>
 
 namespace blu::cuda {
 
@@ -20,5 +21,8 @@ inline constexpr size_t kSmallMemsetBytes = 64 << 10;
 // node with the same dependencies and dependents; returns how many it replaced. BLU_CUDA_CHECK on a
 // graph call that fails.
 int lower_small_memsets(cudaGraph_t graph);
+
+// The nodes of `graph` of one type, in cudaGraphGetNodes' order.
+std::vector<cudaGraphNode_t> graph_nodes(cudaGraph_t graph, cudaGraphNodeType type);
 
 }  // namespace blu::cuda
