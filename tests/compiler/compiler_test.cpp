@@ -59,8 +59,10 @@ struct TrainRun {
 };
 
 // Ten steps of `family`; compiled when `opts` is given. Batch shape per step from `T_of`.
+// `reshape_batch`, when given, replaces step s's batch by another layout or dtype of it.
 TrainRun train(const std::string& family, const CompileOptions* opts, CompiledStep** out_step = nullptr,
-          int steps = 10, const std::function<int64_t(int)>& T_of = nullptr, int64_t loss_chunks = 0) {
+          int steps = 10, const std::function<int64_t(int)>& T_of = nullptr, int64_t loss_chunks = 0,
+          const std::function<Tensor(int, const Tensor&)>& reshape_batch = nullptr) {
   auto model = make_model(family, loss_chunks);
   dist::Strategy strat(*model, nullptr, dist::StrategyConfig{}, dist::OptimizerConfig{.lr = 3e-3});
   std::unique_ptr<CompiledStep> cs;
@@ -73,6 +75,10 @@ TrainRun train(const std::string& family, const CompileOptions* opts, CompiledSt
     const int64_t T = T_of ? T_of(s) : 8;
     Tensor idx, tg;  // no structured binding: clang 14 cannot capture one in a lambda
     std::tie(idx, tg) = batch(s, 2, T, 101);
+    if (reshape_batch) {
+      idx = reshape_batch(s, idx);
+      tg = reshape_batch(s, tg);
+    }
     const double lr = 3e-3 * (1.0 - 0.05 * s);
     dist::StepValues v;
     auto step = [&] {
@@ -390,6 +396,34 @@ TEST(Compiler, GuardFailureIsLoggedAndBounded) {
   const std::string text = log.str();
   EXPECT_NE(text.find("guard failed at step 3: no compiled variant for [2, 4] i32"), std::string::npos) << text;
   EXPECT_NE(text.find("limit of 3 variants is reached; the step runs eager"), std::string::npos) << text;
+}
+
+// The guard's key is kept from step to step while the inputs' layout is the same: an input with
+// the same shape but other strides (step 4: a narrowed view of a wider batch) or another dtype
+// (step 6: i64) is a new variant, logged, and the run stays bitwise eager.
+TEST(Compiler, InputWithOtherStridesOrDtypeIsANewVariant) {
+  const auto reshape = [](int s, const Tensor& t) {
+    if (s == 3) {  // the same values in the first 8 of 16 columns
+      Tensor wide = zeros({t.size(0), 16}, t.dtype());
+      copy_(narrow(wide, 1, 0, 8), t);
+      return narrow(wide, 1, 0, 8);
+    }
+    return s == 5 ? to_dtype(t, DType::i64) : t;
+  };
+  const TrainRun eager = train("gpt2", nullptr, nullptr, 8, nullptr, 0, reshape);
+  std::ostringstream log;
+  CompileOptions o;
+  o.log_stream = &log;
+  CompiledStep* raw = nullptr;
+  const TrainRun compiled = train("gpt2", &o, &raw, 8, nullptr, 0, reshape);
+  std::unique_ptr<CompiledStep> cs(raw);
+  expect_bitwise(eager, compiled, "with strided and i64 batches");
+  const std::string text = log.str();
+  EXPECT_NE(text.find("guard failed at step 4: no compiled variant for [2, 8] i32 strides [16, 1]"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("guard failed at step 6: no compiled variant for [2, 8] i64"), std::string::npos) << text;
+  EXPECT_EQ(cs->variants().size(), 3u) << text;
+  EXPECT_EQ(cs->counts().guard_failures, 2) << text;
 }
 
 // Note [Plan against the allocator]: on the CPU every byte a compiled step holds comes from the CPU
