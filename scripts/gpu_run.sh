@@ -44,6 +44,15 @@
 #   segments — GPT-2 124M (B=16) and llama-250m (B=8), bf16, T=1024: eager, and --compile with the
 #           step's first graph segment 64 launches long (BLU_COMPILE_FIRST_SEGMENT=0), 4, and 2 (the
 #           default), alternated REPS times (2), beside torch_gpt2.py / torch_llama.py
+#   compiledab — the tuned compiled step (`--compile --gemm-tune on`, 30 steps) of GPT-2 124M (B=16)
+#           and llama-250m (B=8) under each variant of AB_RUNS ("label|binary|environment;…",
+#           default "base|blutrain_base|;new|blutrain|"; a binary packed by gpu_pack.sh BASE=/MID=),
+#           alternated REPS times (3), each variant with its own tuning table filled by a first run,
+#           then torch_gpt2.py / torch_llama.py bf16c. TIMELINE=1: one CUPTI timeline a variant and
+#           model (.devpack/lab/libkernel_timeline.so and libcupti.so.13, scripts/lab/README.md),
+#           summarised by scripts/lab/timeline_steps.py. POWER=1: nvidia-smi's power and SM clock
+#           every 100 ms through a 150-step run of the first variant and of each peer (the median of
+#           the samples above 400 W)
 #   recompute — the same two models, bf16, eager and --compile under each --recompute setting
 #           (RECOMPUTE: selective block:2 block), beside torch_gpt2.py / torch_llama.py (bf16c)
 #   autobudget — BUDGET_MODEL (d12: GPT-2 124M; or llama:llama-250m) bf16, B=BUDGET_B (16),
@@ -220,6 +229,38 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
         timeout 400 python3 .devpack/peers/torch_llama.py "${LLAMA_PEER_MODES:-bf16,bf16c}" --model "$m" \
           -B "${LLAMA_B:-8}" -T "${LLAMA_T:-1024}" --steps "$STEPS" 2>&1 | tee -a "$out/llama.log" | grep -E '^\{|rror' | tail -3
       done ;;
+    compiledab)
+      export LD_LIBRARY_PATH="$PWD/.devpack/lab:$LD_LIBRARY_PATH"
+      IFS=';' read -r -a ab_runs <<< "${AB_RUNS:-base|blutrain_base|;new|blutrain|}"
+      ab_models=("gpt2|--model gpt2:d12 -B 16" "llama|--model llama:llama-250m -B 8 --lr 3e-4 --beta2 0.95")
+      ab_bench() {  # VARIANT MODEL STEPS [ENV...]: prints tok/s, step ms, peak MiB, memsets made kernels
+        local label bin envs m; IFS='|' read -r label bin envs <<< "$1"; IFS='|' read -r _ m <<< "$2"
+        env $envs BLU_GEMM_TUNE_FILE="/tmp/ab_tune_$label.tsv" "${@:4}" timeout 150 "$pack/$bin" bench --device cuda \
+          --precision bf16 -T 1024 --compile --gemm-tune on --steps "$3" $m 2>&1 | grep -E '^\{' | python3 -c \
+          'import json,sys; d=json.loads(sys.stdin.read()); c=d.get("compile",{}); print(round(d["tok_s"]), d["step_ms"], d["peak_alloc_mib"], c.get("graph_memsets_lowered"))'
+      }
+      for v in "${ab_runs[@]}"; do for m in "${ab_models[@]}"; do ab_bench "$v" "$m" 4 > /dev/null; done; done
+      for i in $(seq "${REPS:-3}"); do for m in "${ab_models[@]}"; do for v in "${ab_runs[@]}"; do
+        echo "${m%%|*} ${v%%|*} $(ab_bench "$v" "$m" 30)" | tee -a "$out/compiledab.log"
+      done; done; done
+      peers_pair compiledab.log bf16c
+      if [ "${TIMELINE:-0}" = 1 ]; then for m in "${ab_models[@]}"; do for v in "${ab_runs[@]}"; do
+        f="$out/timeline_${m%%|*}_${v%%|*}.csv"
+        ab_bench "$v" "$m" 14 CUDA_INJECTION64_PATH="$PWD/.devpack/lab/libkernel_timeline.so" BLU_TIMELINE_FILE="$f" > /dev/null
+        echo "${m%%|*} ${v%%|*} memsets $(grep -c '^S' "$f") $(python3 scripts/lab/timeline_steps.py "$f" 4 6 | grep '^median')" \
+          | tee -a "$out/compiledab.log"
+        gzip -f "$f"
+      done; done; fi
+      if [ "${POWER:-0}" = 1 ]; then
+        sampled() {  # NAME COMMAND...: the command with nvidia-smi sampling beside it
+          nvidia-smi --query-gpu=power.draw,clocks.sm --format=csv,noheader,nounits -lms 100 > "$out/power_$1.txt" &
+          local p=$!; "${@:2}" > /dev/null 2>&1; kill $p
+          echo "$1 $(python3 -c 'import statistics,sys; r=[tuple(map(float,l.split(","))) for l in open(sys.argv[1]) if l.strip() and "N/A" not in l]; h=[x for x in r if x[0]>400]; print(statistics.median(x[0] for x in h), "W", statistics.median(x[1] for x in h), "MHz") if h else print("no samples above 400 W")' "$out/power_$1.txt")" | tee -a "$out/compiledab.log"
+        }
+        for m in "${ab_models[@]}"; do sampled "ours_${m%%|*}" ab_bench "${ab_runs[0]}" "$m" 150; done
+        sampled peer_gpt2 timeout 400 python3 .devpack/peers/torch_gpt2.py bf16c 16 1024 150
+        sampled peer_llama timeout 500 python3 .devpack/peers/torch_llama.py bf16c --model llama-250m -B 8 -T 1024 --steps 150
+      fi ;;
     gpt2cmp|llamacmp)
       modes="${PEER_MODES:-bf16,bf16c}"
       if [ "$step" = llamacmp ]; then

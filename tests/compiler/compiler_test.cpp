@@ -398,6 +398,31 @@ TEST(Compiler, GuardFailureIsLoggedAndBounded) {
   EXPECT_NE(text.find("limit of 3 variants is reached; the step runs eager"), std::string::npos) << text;
 }
 
+// A timing, not a check: the host time of capturing one step of the tiny model (BENCH_FAMILY,
+// default llama), the best of five rounds of 500 captures (docs/performance.md, "Where the timed
+// step waits"). Run with --gtest_also_run_disabled_tests --gtest_filter='*CaptureTiming'.
+TEST(Compiler, DISABLED_CaptureTiming) {
+  const char* family = std::getenv("BENCH_FAMILY");
+  auto model = make_model(family && *family ? family : "llama");
+  dist::Strategy strat(*model, nullptr, dist::StrategyConfig{}, dist::OptimizerConfig{.lr = 3e-3});
+  Tensor idx, tg;
+  std::tie(idx, tg) = batch(0, 2, 8, 101);
+  const auto one = [&] { (void)strat.step(1, [&](int64_t) { return std::pair<Tensor, Tensor>{idx, tg}; }, 3e-3, 1.0); };
+  one();  // eager: the optimizer state and the model's tables exist
+  double best = 1e30;
+  size_t ops = 0;
+  for (int round = 0; round < 5; ++round) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 500; ++i) {
+      Capture cap;
+      one();
+      ops = cap.finish().ops.size();
+    }
+    best = std::min(best, std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / 500);
+  }
+  std::printf("capture of one step: %zu ops, %.1f us\n", ops, best);
+}
+
 // The guard's key is kept from step to step while the inputs' layout is the same: an input with
 // the same shape but other strides (step 4: a narrowed view of a wider batch) or another dtype
 // (step 6: i64) is a new variant, logged, and the run stays bitwise eager.
