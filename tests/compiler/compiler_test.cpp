@@ -423,6 +423,46 @@ TEST(Compiler, DISABLED_CaptureTiming) {
   std::printf("capture of one step: %zu ops, %.1f us\n", ops, best);
 }
 
+// Note [Tied rows on one device] (dist/strategy.cpp): a single-device Strategy adds the tied
+// embedding's rows into its gradient in place for a step of one micro-batch — the captured step
+// has embedding_backward_add_ and no dense embedding_backward for it — and its gradient has the plain
+// loop's bits (model.forward, backward, no Strategy); with two micro-batches the dense path stays.
+TEST(Compiler, TiedEmbeddingRowsAreAddedInPlaceOnOneDevice) {
+  const auto op_count = [](const Graph& g, const std::string& name) {
+    return std::count_if(g.ops.begin(), g.ops.end(), [&](const Op& op) { return op.name == name; });
+  };
+  Tensor idx, tg;
+  std::tie(idx, tg) = batch(0, 2, 8, 101);
+  const auto batch_of = [&](int64_t) { return std::pair<Tensor, Tensor>{idx, tg}; };
+  for (int64_t micro : {1, 2}) {
+    SCOPED_TRACE(std::to_string(micro) + " micro-batches");
+    auto model = make_model("gpt2");
+    dist::Strategy strat(*model, nullptr, dist::StrategyConfig{}, dist::OptimizerConfig{.lr = 3e-3});
+    (void)strat.step(micro, batch_of, 3e-3, 1.0);  // eager: the optimizer state exists
+    Capture cap;
+    (void)strat.step(micro, batch_of, 3e-3, 1.0);
+    const Graph& g = cap.finish();
+    EXPECT_EQ(op_count(g, "embedding_backward_add_"), micro == 1 ? 1 : 0);
+    // The position embedding (not tied) keeps its dense gradient: one a micro-batch.
+    EXPECT_EQ(op_count(g, "embedding_backward"), micro == 1 ? 1 : 2 * micro);
+  }
+  // The gradient's bits against the plain loop's (one micro-batch, no update: max_norm 0 keeps
+  // the step from scaling, lr 0 from moving the weights).
+  auto plain = make_model("gpt2");
+  auto ours = make_model("gpt2");
+  plain->forward(idx, tg).loss.backward();
+  dist::Strategy strat(*ours, nullptr, dist::StrategyConfig{}, dist::OptimizerConfig{.lr = 0.0});
+  (void)strat.step(1, batch_of, 0.0, 0.0);
+  const auto grad_of = [](models::CausalLM& m, const std::string& name) {
+    for (const auto& [n, p] : m.named_parameters())
+      if (n == name) return p.grad();
+    return Tensor();
+  };
+  const Tensor a = grad_of(*plain, "wte.weight"), b = grad_of(*ours, "wte.weight");
+  ASSERT_TRUE(a.defined() && b.defined());
+  EXPECT_TRUE(same_bits(a, b)) << "wte.weight's gradient";
+}
+
 // The guard's key is kept from step to step while the inputs' layout is the same: an input with
 // the same shape but other strides (step 4: a narrowed view of a wider batch) or another dtype
 // (step 6: i64) is a new variant, logged, and the run stays bitwise eager.

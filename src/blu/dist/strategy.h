@@ -67,7 +67,9 @@ struct OptimizerConfig {
 struct StrategyConfig {
   int zero = 0;               // 0: DDP when the group has several ranks; 1, 2, 3: ZeRO stage (AdamW)
   bool zero3_keep_forward = false;  // ZeRO-3: blocks stay gathered from forward to backward
-  bool row_exchange = true;   // row-sparse embeddings' rows exchanged apart (DDP, ZeRO-2)
+  // Row-sparse embeddings' rows exchanged apart (DDP, ZeRO-2), or with no process group added into
+  // the weight's gradient in place (Note [Tied rows on one device], strategy.cpp).
+  bool row_exchange = true;
   double rows_gather_limit = 1.0;  // rows gathered while world × tokens ≤ this × rows (dist/ddp.h)
   DDPOptions ddp;             // bucket sizes (DDP, ZeRO-1); exchange_rows is filled by the strategy
   double zero_bucket_mib = 25.0;  // ZeRO-2's gradient buckets
@@ -218,6 +220,7 @@ class Strategy {
   std::unique_ptr<DistributedDataParallel> ddp_;
   std::unique_ptr<optim::LossScaler> scaler_;
   int block_hooks_ = -1;  // ZeRO-3's or the offloaded update's, on the model
+  std::vector<nn::Embedding*> local_rows_;  // the embeddings given a local row sink (removed at the end)
   std::unique_ptr<PipelineStage> pipeline_;
   // Tensor parallelism: parameters split over config_.tp, and replicated ones with partial gradients.
   std::vector<Tensor> tp_sharded_, tp_replicated_, tp_partial_;
