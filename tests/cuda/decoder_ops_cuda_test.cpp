@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "blu/backend/cuda/runtime.h"
@@ -156,7 +157,8 @@ TEST(CudaDecoderOps, NormBackwardFoldsTheResidualGradientBitwise) {
       const Tensor t = mul(x, 2.0), tr = mul(xr, 2.0);
       std::vector<size_t> inputs;
       const int obs = add_op_observer([&](const OpDef& op, std::span<const Tensor> in, auto, const Attrs&) {
-        if (op.name == (rms ? "rms_norm_backward" : "layer_norm_backward")) inputs.push_back(in.size());
+        // OpDef::name is a C string: compare the text, not the pointer.
+        if (std::string_view(op.name) == (rms ? "rms_norm_backward" : "layer_norm_backward")) inputs.push_back(in.size());
       });
       sum(mul(add(norm(t), t), g)).backward();
       remove_op_observer(obs);
