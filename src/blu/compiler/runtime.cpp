@@ -39,8 +39,8 @@ struct Runtime::Replay {
   // that begins on an idle GPU (the trainer and bench read the loss after every step) waits for its
   // first segment's capture, so the step's first segments are short and double up to kChunk:
   // first_chunk, 2·first_chunk, … (BLU_COMPILE_FIRST_SEGMENT sets first_chunk; 0 or ≥ kChunk
-  // makes every segment kChunk long). 2 rather than 4: llama-250m +0.8% tok/s, GPT-2 level (H200,
-  // docs/performance.md, "Memset nodes made kernels").
+  // makes every segment kChunk long). The default, 2, ran llama-250m 0.8% faster than 4 and GPT-2
+  // level with it (H200, docs/performance.md, "Memset nodes made kernels").
   static constexpr size_t kChunk = 64;
   size_t first_chunk = first_chunk_from_env();
   static size_t first_chunk_from_env() {

@@ -103,6 +103,9 @@ void add_rows_to_grad(nn::Embedding& e, const Tensor& idx, const Tensor& g) {
   }
   RowExchange::add_locally(gw, idx, g);
 }
+nn::Embedding::RowGradSink local_row_sink(nn::Embedding* e) {
+  return [e](const Tensor& idx, const Tensor& g) { add_rows_to_grad(*e, idx, g); };
+}
 }  // namespace
 
 std::vector<nn::Embedding*> row_sparse_embeddings(nn::Module& model) {
@@ -212,7 +215,7 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<ProcessGroup> pg, Strategy
   if (!pg_ && !config_.tp && !config_.offload.grads_on_host)  // Note [Tied rows on one device]
     for (nn::Embedding* e : rows) {
       if (e->has_row_grad_sink()) continue;
-      e->set_row_grad_sink([e](const Tensor& idx, const Tensor& g) { add_rows_to_grad(*e, idx, g); });
+      e->set_row_grad_sink(local_row_sink(e));
       local_rows_.push_back(e);
     }
   params_ = model_.parameters();
@@ -364,11 +367,7 @@ StepValues Strategy::step(int64_t n, const std::function<Tensor(int64_t)>& loss_
   if (masters_ && config_.offload.grads_on_host) masters_->zero_host_gradients();
   // Note [Tied rows on one device]: one micro-batch only; with several, autograd's sum of each
   // micro-batch's two gradients before the accumulation is the plain loop's association.
-  for (nn::Embedding* e : local_rows_)
-    e->set_row_grad_sink(n == 1 ? nn::Embedding::RowGradSink([e](const Tensor& idx, const Tensor& g) {
-      add_rows_to_grad(*e, idx, g);
-    })
-                                : nn::Embedding::RowGradSink());
+  for (nn::Embedding* e : local_rows_) e->set_row_grad_sink(n == 1 ? local_row_sink(e) : nn::Embedding::RowGradSink());
   for (int64_t micro = 0; micro < n; ++micro) {
     const bool last = micro + 1 == n;
     // Only the last micro-batch's backward communicates.
