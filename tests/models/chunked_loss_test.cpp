@@ -3,18 +3,22 @@
 // - the loss and every parameter's gradient match the whole logits' within fp32 rounding, for
 //   pieces that split the rows evenly and not, and forward gives no logits;
 // - without autograd (evaluation) the loss is the same and nothing is kept for a backward;
+// - backward()'s own seed (exactly 1) is not multiplied in, with the same bits as a given 1;
 // - the step's peak device memory falls by most of the logits' bytes (the CPU allocator plays the
 //   device);
 // - bad settings and tensor parallelism are refused by name.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <memory>
+#include <string_view>
 #include <tuple>
 
 #include "blu/blu.h"
 #include "blu/models/gpt2/gpt2.h"
 #include "blu/models/llama/llama.h"
+#include "blu/ops/dispatch.h"
 #include "common/tiny_gpt.h"
 
 namespace blu::test {
@@ -81,6 +85,42 @@ TEST_P(ChunkedLoss, LossAndGradientsMatchTheWholeLogits) {
   }
   m->set_loss_chunks(0);
   EXPECT_EQ(loss_and_grads(*m, idx, tg).loss, whole.loss);
+}
+
+// backward() with no gradient seeds the loss's with ones, exactly 1 (BackwardContext::grad_is_one):
+// linear_cross_entropy's backward then returns the forward-made gradients unscaled — two multiplies
+// fewer (x's, w's) — with the same bits as a backward given that gradient, which scales by it;
+// fp32, and bf16 compute over fp32 masters (x's gradient through fp32 and back, w's widened).
+TEST_P(ChunkedLoss, SeededBackwardSkipsTheScalingWithTheSameBits) {
+  for (DType compute : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(GetParam() + ", compute " + std::string(dtype_name(compute)));
+    auto run = [&](bool seeded, int64_t& muls) {
+      auto m = make_model(GetParam());
+      if (compute != DType::f32) m->set_compute_dtype(compute);
+      m->set_loss_chunks(4);
+      const auto [idx, tg] = batch(*m, 3, 7);
+      models::LMOutput out = m->forward(idx, tg);
+      muls = 0;
+      const int obs = add_op_observer([&](const OpDef& op, auto, auto, const Attrs&) {
+        const std::string_view name = op.name;
+        muls += name == "mul" || name == "mul_" ? 1 : 0;
+      });
+      if (seeded) out.loss.backward();
+      else out.loss.backward(ones_like(out.loss));
+      remove_op_observer(obs);
+      std::vector<Tensor> grads;
+      for (auto& [name, p] : m->named_parameters()) grads.push_back(clone(p.grad()));
+      return grads;
+    };
+    int64_t seeded_muls = 0, given_muls = 0;
+    const std::vector<Tensor> a = run(true, seeded_muls), b = run(false, given_muls);
+    EXPECT_EQ(given_muls - seeded_muls, 2) << given_muls << " multiplies given a gradient, " << seeded_muls << " seeded";
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(a[i].nbytes(), b[i].nbytes());
+      EXPECT_EQ(std::memcmp(a[i].raw_data(), b[i].raw_data(), a[i].nbytes()), 0) << "gradient of parameter " << i;
+    }
+  }
 }
 
 TEST_P(ChunkedLoss, EvaluationWithoutAutogradGivesTheSameLoss) {

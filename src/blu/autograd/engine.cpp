@@ -46,7 +46,8 @@ void check_grad(const Node& to, uint32_t slot, const Tensor& g, const Node* from
 void Tensor::backward(const Tensor& grad_root, bool retain_graph) const {
   BLU_CHECK(requires_grad(), "backward() on a tensor that does not require grad (", str(), ")");
   Tensor g = grad_root;
-  if (!g.defined()) {
+  const bool seeded = !g.defined();  // the root's gradient is ours: exactly 1
+  if (seeded) {
     BLU_CHECK(numel() == 1, "backward() without a gradient needs a 1-element tensor; got shape ", shape(),
               " (pass the gradient explicitly)");
     g = ones(shape(), dtype(), device());
@@ -139,6 +140,7 @@ void Tensor::backward(const Tensor& grad_root, bool retain_graph) const {
       if (first_edge) n->offer_grad_destination(i, dst);
     }
     n->will_release_saved(!retain_graph);
+    n->offer_unit_grad(seeded && n == root.fn.get() ? int(root.input_nr) : -1);
     std::vector<Tensor> in_grads = n->apply(std::move(grads));
     if (!retain_graph) n->release_saved();
     for (size_t i = 0; i < n->next.size(); ++i) {

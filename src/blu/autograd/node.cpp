@@ -36,6 +36,7 @@ std::vector<Tensor> OpNode::apply(std::vector<Tensor>&& grad_out) {
   ctx.grad_dtypes.clear();
   ctx.pending_grads.clear();  // ctx.folded stays until the next apply: the engine reads it
   ctx.saved_released_after = false;
+  ctx.unit_grad_output = -1;
   return in_grads;
 }
 

@@ -34,6 +34,9 @@ struct Node {
   // The engine offers `dst` as where input `input`'s gradient may be written (see
   // BackwardContext::grad_dst); only ops can use it.
   virtual void offer_grad_destination(size_t /*input*/, const Tensor& /*dst*/) {}
+  // The engine tells the next apply() which output's gradient is its own seed, exactly 1 (-1:
+  // none; BackwardContext::unit_grad_output); only ops can use it.
+  virtual void offer_unit_grad(int /*output*/) {}
   // Whether the backward can return input `input`'s gradient in a wider dtype, and the engine's
   // request that it do so (Note [Wide gradients], ops/dispatch.h); only ops can.
   virtual bool can_widen_grad(size_t /*input*/) const { return false; }
@@ -70,6 +73,7 @@ struct OpNode final : Node {
   void release_saved() override;
   void will_release_saved(bool yes) override { ctx.saved_released_after = yes; }
   void offer_grad_destination(size_t input, const Tensor& dst) override;
+  void offer_unit_grad(int output) override { ctx.unit_grad_output = output; }
   bool can_widen_grad(size_t input) const override { return input < 32 && (ctx.op->wide_grads >> input & 1u); }
   void offer_grad_dtype(size_t input, DType dtype) override;
   bool can_fold_grad(size_t input) const override { return input < 32 && (ctx.op->folds_grads >> input & 1u); }

@@ -55,6 +55,11 @@ struct BackwardContext {
   // Set by the engine while the backward runs when the saved tensors are freed right after it (no
   // retain_graph): see donated_input().
   bool saved_released_after = false;
+  // Set by the engine, while the backward runs, on the node a backward() without a given gradient
+  // starts from: the gradient of output `unit_grad_output` is the seed the engine made, exactly 1
+  // (ones). A formula may skip multiplying by it (x·1 is x, bit for bit). -1 otherwise.
+  int unit_grad_output = -1;
+  bool grad_is_one(size_t j) const { return unit_grad_output == int(j); }
   // pending_grads: input i's gradient from its other consumers, already summed and waiting for
   // this one's (Note [Folded gradient sums]); empty, or one per input, set only while the backward
   // runs, for inputs of bit i in OpDef::folds_grads. A formula whose kernel adds it takes it with

@@ -121,13 +121,19 @@ std::vector<Tensor> linear_cross_entropy_compute(std::span<const Tensor> in, con
 
 // The loss's incoming gradient s (0-d, statistics dtype) scales the gradients the forward made —
 // in place when the node's saved copies are the last references (Note [Donated buffers]), so the
-// backward adds no [V', C] buffer at the step's peak.
+// backward adds no [V', C] buffer at the step's peak. When s is backward()'s own seed (exactly 1:
+// BackwardContext::grad_is_one) there is nothing to scale: a donated gradient is returned as it
+// is and the weight's is copied into its destination without the multiply, the same bits with
+// three passes over x's gradient and one over w's fewer (GPT-2 124M: ~0.5 GB a step).
 std::vector<Tensor> linear_cross_entropy_backward(const BackwardContext& c, std::span<const Tensor> g) {
   const Tensor& s = g[0];
+  const bool one = c.grad_is_one(0);
   Tensor dx, dw;
   if (c.needs_grad[0]) {
     const Tensor& gx = c.output(1);
-    if (gx.dtype() != s.dtype()) {  // 16-bit: the product in fp32, rounded once ([N, C]: small)
+    if (const Tensor d = one ? c.donated_output(1) : Tensor(); d.defined()) {
+      dx = d;
+    } else if (gx.dtype() != s.dtype()) {  // 16-bit: the product in fp32, rounded once ([N, C]: small)
       dx = to_dtype(mul(to_dtype(gx, s.dtype()), s), gx.dtype());
     } else if (const Tensor d = c.donated_output(1); d.defined()) {
       dx = mul_(d, s);
@@ -139,9 +145,9 @@ std::vector<Tensor> linear_cross_entropy_backward(const BackwardContext& c, std:
     const Tensor& gw = c.output(2);
     const Tensor sw = s.dtype() == gw.dtype() ? s : to_dtype(s, gw.dtype());
     if (const Tensor dst = c.grad_destination(1); dst.defined() && dst.dtype() == gw.dtype()) {
-      dw = mul_(copy_(dst, gw), sw);
+      dw = one ? copy_(dst, gw) : mul_(copy_(dst, gw), sw);
     } else if (const Tensor d = c.donated_output(2); d.defined()) {
-      dw = mul_(d, sw);
+      dw = one ? d : mul_(d, sw);
     } else {
       dw = mul(gw, sw);
     }

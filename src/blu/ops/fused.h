@@ -25,7 +25,8 @@ Tensor gelu_linear(const Tensor& u, const Tensor& w, const Tensor& bias = Tensor
 // into the piece's rows of x's gradient and its share of w's (accumulated in fp32 for 16-bit
 // weights, as the unchunked GEMM accumulates). The piece's logits are then dropped. What lives to
 // the backward is x's gradient [N, C] and w's [V, C], which the backward scales by the loss's
-// incoming gradient (a 16-bit x's through fp32): the same arithmetic as the unchunked head but
+// incoming gradient (a 16-bit x's through fp32; nothing to scale when that is backward()'s own
+// seed, exactly 1: BackwardContext::grad_is_one): the same arithmetic as the unchunked head but
 // for the order of the w-gradient's sums (chunk by chunk) and that scaling, done after the
 // rounding to x's dtype instead of before. No GEMM is added: the backward's two are done in the
 // forward. Without autograd (no grad mode, or neither x nor w requiring one) only the losses are
