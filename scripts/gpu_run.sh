@@ -52,7 +52,10 @@
 #           model (.devpack/lab/libkernel_timeline.so and libcupti.so.13, scripts/lab/README.md),
 #           summarised by scripts/lab/timeline_steps.py. POWER=1: nvidia-smi's power and SM clock
 #           every 100 ms through a 150-step run of the first variant and of each peer (the median of
-#           the samples above 400 W)
+#           the samples above 400 W). AB_ARGS: more bench arguments for both models (e.g.
+#           "--compile-remat --loss-chunks 4"), AB_LLAMA_ARGS: more for llama-250m alone
+#   lab   — each program named in LAB (space-separated), built here from scripts/lab/*.cu and
+#           carried in .devpack/lab, run in turn (output in lab.log)
 #   recompute — the same two models, bf16, eager and --compile under each --recompute setting
 #           (RECOMPUTE: selective block:2 block), beside torch_gpt2.py / torch_llama.py (bf16c)
 #   autobudget — BUDGET_MODEL (d12: GPT-2 124M; or llama:llama-250m) bf16, B=BUDGET_B (16),
@@ -232,7 +235,8 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
     compiledab)
       export LD_LIBRARY_PATH="$PWD/.devpack/lab:$LD_LIBRARY_PATH"
       IFS=';' read -r -a ab_runs <<< "${AB_RUNS:-base|blutrain_base|;new|blutrain|}"
-      ab_models=("gpt2|--model gpt2:d12 -B 16" "llama|--model llama:llama-250m -B 8 --lr 3e-4 --beta2 0.95")
+      ab_models=("gpt2|--model gpt2:d12 -B 16 ${AB_ARGS:-}"
+                 "llama|--model llama:llama-250m -B 8 --lr 3e-4 --beta2 0.95 ${AB_ARGS:-} ${AB_LLAMA_ARGS:-}")
       ab_bench() {  # VARIANT MODEL STEPS [ENV...]: prints tok/s, step ms, peak MiB, memsets made kernels
         local label bin envs m; IFS='|' read -r label bin envs <<< "$1"; IFS='|' read -r _ m <<< "$2"
         env $envs BLU_GEMM_TUNE_FILE="/tmp/ab_tune_$label.tsv" "${@:4}" timeout 150 "$pack/$bin" bench --device cuda \
@@ -261,6 +265,11 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
         sampled peer_gpt2 timeout 400 python3 .devpack/peers/torch_gpt2.py bf16c 16 1024 150
         sampled peer_llama timeout 500 python3 .devpack/peers/torch_llama.py bf16c --model llama-250m -B 8 -T 1024 --steps 150
       fi ;;
+    lab)
+      for prog in ${LAB:-}; do
+        echo "== $prog" | tee -a "$out/lab.log"
+        timeout 300 ".devpack/lab/$prog" 2>&1 | tee -a "$out/lab.log"
+      done ;;
     gpt2cmp|llamacmp)
       modes="${PEER_MODES:-bf16,bf16c}"
       if [ "$step" = llamacmp ]; then

@@ -1,0 +1,365 @@
+// Whether the loss's forward and its logit gradient, made by one kernel that holds each row in
+// registers between its logsumexp and its gradient, beat the two kernels the step runs now
+// (backend/cuda/nn.cu: cross_entropy_rows_kernel with exp2f, then cross_entropy_backward_kernel
+// with expf over the logits in place). One read and one write of the logits instead of two reads
+// and a write (GPT-2 124M B=16: 3.3 GB instead of 4.9 a step). A row of GPT-2's 50,304 bf16
+// columns is 100 KB, more than one block's registers leave room for at several blocks a
+// multiprocessor, so a row is split over a cluster of `cl` blocks: each loads its share into
+// registers (all of a thread's 16-byte loads issued before the first is used), takes its
+// (max, sum of exp), the blocks merge theirs through distributed shared memory in rank order (the
+// same lse in every block), and each writes its share's gradient over the logits. The shared-memory
+// one-pass kernel (cross_entropy_one_pass.patch) held two rows a multiprocessor and lost in the
+// step; here a multiprocessor holds as many row shares as its registers allow.
+//
+//   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/cross_entropy_registers scripts/lab/cross_entropy_registers.cu && /tmp/cross_entropy_registers
+//
+// Times in µs a call (CUDA events, 10 calls after 2; the logits are far larger than L2). "differ"
+// counts the gradient's elements that differ from the two kernels' (bf16 units; > 1 ulp apart in
+// brackets) and the largest relative difference of lse.
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "lab_check.cuh"
+
+namespace cg = cooperative_groups;
+
+typedef __nv_bfloat16 T;
+constexpr int V = 8;
+struct alignas(16) Vec {
+  T v[V];
+};
+constexpr float kLog2e = 1.4426950408889634f;
+__device__ __forceinline__ float to_f(T x) { return __bfloat162float(x); }
+__device__ __forceinline__ T to_t(float x) { return __float2bfloat16_rn(x); }
+
+// Marks a vector's words as rewritten, so that the compiler converts its values to fp32 again
+// where they are next used instead of keeping twice as many fp32 registers live between uses.
+__device__ __forceinline__ void refresh(Vec& p) {
+  uint32_t* w = reinterpret_cast<uint32_t*>(&p);
+#pragma unroll
+  for (int i = 0; i < V / 2; ++i) asm volatile("" : "+r"(w[i]));
+}
+
+struct MaxSum {
+  float m, s;
+};
+__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return {m, a.s + b.s};
+  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+}
+__device__ __forceinline__ MaxSum warp_merge(MaxSum v) {
+  for (int o = 16; o > 0; o >>= 1)
+    v = merge(v, MaxSum{__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)});
+  return v;
+}
+__device__ __forceinline__ MaxSum block_merge(MaxSum v, float* sm, float* ss) {
+  v = warp_merge(v);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = (blockDim.x + 31) / 32;
+  if (lane == 0) sm[warp] = v.m, ss[warp] = v.s;
+  __syncthreads();
+  v = lane < nwarps ? MaxSum{sm[lane], ss[lane]} : MaxSum{-INFINITY, 0.f};
+  return warp_merge(v);
+}
+
+// --- the step's two kernels (backend/cuda/nn.cu, aligned rows, mean reduction) ---
+__global__ void rows_kernel(const T* x, const int64_t* target, int64_t C, int64_t K, float* lse, float* loss) {
+  __shared__ float sm[32], ss[32];
+  const T* xr = x + int64_t(blockIdx.x) * C;
+  MaxSum acc{-INFINITY, 0.f};
+  const Vec* xv = reinterpret_cast<const Vec*>(xr);
+  const int64_t nv = K / V;
+  for (int64_t j = threadIdx.x; j < nv; j += blockDim.x) {
+    const Vec p = xv[j];
+    float vals[V];
+    float vmax = to_f(p.v[0]);
+#pragma unroll
+    for (int i = 0; i < V; ++i) vals[i] = to_f(p.v[i]), vmax = fmaxf(vmax, vals[i]);
+    if (vmax > acc.m) {
+      acc.s = acc.m == -INFINITY ? 0.f : acc.s * expf(acc.m - vmax);
+      acc.m = vmax;
+    }
+    if (acc.m != -INFINITY) {
+      const float ml = acc.m * kLog2e;
+#pragma unroll
+      for (int i = 0; i < V; ++i) acc.s += exp2f(fmaf(vals[i], kLog2e, -ml));
+    }
+  }
+  for (int64_t k = nv * V + threadIdx.x; k < K; k += blockDim.x) {
+    const float v = to_f(xr[k]);
+    if (v > acc.m) {
+      acc.s = acc.s * expf(acc.m - v) + 1.f;
+      acc.m = v;
+    } else {
+      acc.s += expf(v - acc.m);
+    }
+  }
+  acc = block_merge(acc, sm, ss);
+  if (threadIdx.x == 0) {
+    const float l = acc.m + logf(acc.s);
+    lse[blockIdx.x] = l;
+    loss[blockIdx.x] = l - to_f(xr[target[blockIdx.x]]);
+  }
+}
+
+__global__ void backward_kernel(float scale, const T* x, const int64_t* target, const float* lse, int64_t C, int64_t K,
+                                T* gx) {
+  const int64_t row = blockIdx.x;
+  const Vec* xv = reinterpret_cast<const Vec*>(x + row * C);
+  Vec* gv = reinterpret_cast<Vec*>(gx + row * C);
+  const int64_t t = target[row];
+  const float l = lse[row];
+  for (int64_t j = threadIdx.x; j < C / V; j += blockDim.x) {
+    Vec o;
+    if (j * V >= K) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) o.v[i] = to_t(0.f);
+    } else {
+      const Vec p = xv[j];
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const int64_t k = j * V + i;
+        o.v[i] = k < K ? to_t((expf(to_f(p.v[i]) - l) - (k == t ? 1.f : 0.f)) * scale) : to_t(0.f);
+      }
+    }
+    gv[j] = o;
+  }
+}
+
+// --- one pass, the row in registers, split over a cluster ---
+// kVpt: 16-byte vectors a thread holds. Block b of cluster rank r takes vectors r·blockDim +
+// threadIdx + i·blockDim·cl (i < kVpt) of row b / cl. kFastGrad: the gradient's exp as exp2f of
+// one FMA (else expf, as the step's backward kernel).
+template <int kVpt, bool kFastGrad, int kMaxThreads = 1024, int kMinBlocks = 1>
+__global__ void __launch_bounds__(kMaxThreads, kMinBlocks) registers_kernel(T* x, const int64_t* target, float scale, int64_t C, int64_t K, float* lse,
+                                 float* loss) {
+  __shared__ float sm[32], ss[32];
+  __shared__ float part_m, part_s, tot_m, tot_s;
+  cg::cluster_group cl = cg::this_cluster();
+  const int ncl = int(cl.num_blocks()), rank = int(cl.block_rank());
+  const int64_t row = blockIdx.x / ncl;
+  T* xr = x + row * C;
+  Vec* xv = reinterpret_cast<Vec*>(xr);
+  // 32-bit indices within the row (a row has far fewer than 2^31 vectors).
+  const int nv = int(C / V), k_end = int(K);
+  const int j0 = rank * int(blockDim.x) + int(threadIdx.x), stride = int(blockDim.x) * ncl;
+  const int t = int(target[row]);
+  float xt = 0.f;
+  if (rank == 0 && threadIdx.x == 0) xt = to_f(xr[t]);  // before any block of the cluster writes the row
+  Vec p[kVpt];
+#pragma unroll
+  for (int i = 0; i < kVpt; ++i)
+    if (j0 + i * stride < nv) p[i] = xv[j0 + i * stride];
+  float m = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kVpt; ++i) {
+    const int j = j0 + i * stride;
+    if (j >= nv) continue;
+    if ((j + 1) * V <= k_end) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) m = fmaxf(m, to_f(p[i].v[e]));
+    } else {
+#pragma unroll
+      for (int e = 0; e < V; ++e)
+        if (j * V + e < k_end) m = fmaxf(m, to_f(p[i].v[e]));
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kVpt; ++i) refresh(p[i]);
+  float s = 0.f;
+  if (m != -INFINITY) {
+    const float ml = m * kLog2e;
+#pragma unroll
+    for (int i = 0; i < kVpt; ++i) {
+      const int j = j0 + i * stride;
+      if (j >= nv) continue;
+#pragma unroll
+      for (int e = 0; e < V; ++e)
+        if (j * V + e < k_end) s += exp2f(fmaf(to_f(p[i].v[e]), kLog2e, -ml));
+    }
+  }
+  MaxSum acc = block_merge(MaxSum{m, s}, sm, ss);
+  if (threadIdx.x == 0) part_m = acc.m, part_s = acc.s;
+  cl.sync();
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    MaxSum v{-INFINITY, 0.f};
+    if (lane < ncl) v = MaxSum{*cl.map_shared_rank(&part_m, lane), *cl.map_shared_rank(&part_s, lane)};
+    v = warp_merge(v);
+    if (lane == 0) tot_m = v.m, tot_s = v.s;
+  }
+  __syncthreads();
+  cl.barrier_arrive();  // this block has read the others' partials; they stay until every block has
+  const float l = tot_m + logf(tot_s);
+  if (rank == 0 && threadIdx.x == 0) {
+    lse[row] = l;
+    loss[row] = l - xt;
+  }
+  const float ll = l * kLog2e;
+#pragma unroll
+  for (int i = 0; i < kVpt; ++i) refresh(p[i]);
+#pragma unroll
+  for (int i = 0; i < kVpt; ++i) {
+    const int j = j0 + i * stride;
+    if (j >= nv) continue;
+    Vec o;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const int k = j * V + e;
+      const float v = to_f(p[i].v[e]);
+      const float ex = kFastGrad ? exp2f(fmaf(v, kLog2e, -ll)) : expf(v - l);
+      o.v[e] = k < k_end ? to_t((ex - (k == t ? 1.f : 0.f)) * scale) : to_t(0.f);
+    }
+    xv[j] = o;
+  }
+  cl.barrier_wait();
+}
+
+__global__ void copy_kernel(const Vec* x, Vec* y, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) y[i] = x[i];
+}
+
+__global__ void fill(T* p, int64_t n, int64_t C, int64_t K, uint32_t seed) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
+    p[i] = i % C < K ? to_t(4.f * (float(h & 0xffff) / 32768.f - 1.f)) : to_t(0.f);
+  }
+}
+
+template <typename F>
+float time_us(F&& call) {
+  for (int i = 0; i < 2; ++i) call();
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  CK(cudaEventRecord(a));
+  for (int i = 0; i < 10; ++i) call();
+  CK(cudaEventRecord(b));
+  CK(cudaEventSynchronize(b));
+  float ms;
+  CK(cudaEventElapsedTime(&ms, a, b));
+  CK(cudaGetLastError());
+  return ms * 100.f;
+}
+
+// Gradient elements of a and b that differ, and those more than one bf16 unit apart.
+__global__ void count_diff(const uint16_t* a, const uint16_t* b, int64_t n, unsigned long long* out) {
+  unsigned long long d = 0, f = 0;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    if (a[i] != b[i]) ++d, f += abs(int(a[i]) - int(b[i])) > 1;
+  atomicAdd(&out[0], d);
+  atomicAdd(&out[1], f);
+}
+
+template <int kVpt, bool kFastGrad, int kMaxThreads = 1024, int kMinBlocks = 1>
+void run_registers(const char* name, T* x, T* ref, const float* lse_ref, int64_t N, int64_t C, int64_t K,
+                   const int64_t* target, float scale, float* lse, float* loss, int ncl) {
+  const int64_t nv = C / V;
+  const int64_t per_block = (nv + int64_t(ncl) - 1) / ncl;
+  const int threads = int(((per_block + kVpt - 1) / kVpt + 31) / 32 * 32);
+  if (threads > kMaxThreads || threads * int64_t(kVpt) * ncl < nv) return;
+  auto kern = registers_kernel<kVpt, kFastGrad, kMaxThreads, kMinBlocks>;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(N * ncl));
+  cfg.blockDim = dim3(unsigned(threads));
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(ncl);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cudaFuncAttributes fa;
+  CK(cudaFuncGetAttributes(&fa, kern));
+  int clusters = 0;
+  CK(cudaOccupancyMaxActiveClusters(&clusters, kern, &cfg));
+  const int64_t n = N * C;
+  fill<<<4096, 256>>>(x, n, C, K, 1);
+  CK(cudaLaunchKernelEx(&cfg, kern, x, target, scale, C, K, lse, loss));
+  CK(cudaDeviceSynchronize());
+  // Against the two kernels: lse relative, gradient elements that differ.
+  std::vector<float> a(N), b(N);
+  CK(cudaMemcpy(a.data(), lse, N * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(b.data(), lse_ref, N * 4, cudaMemcpyDeviceToHost));
+  double worst = 0;
+  for (int64_t r = 0; r < N; ++r) worst = std::fmax(worst, std::fabs(double(a[r]) - b[r]) / std::fabs(double(b[r])));
+  static unsigned long long* counts = nullptr;
+  if (!counts) CK(cudaMalloc(&counts, 16));
+  CK(cudaMemset(counts, 0, 16));
+  count_diff<<<1024, 256>>>(reinterpret_cast<const uint16_t*>(x), reinterpret_cast<const uint16_t*>(ref), n, counts);
+  unsigned long long hc[2];
+  CK(cudaMemcpy(hc, counts, 16, cudaMemcpyDeviceToHost));
+  const long long differ = (long long)hc[0], far = (long long)hc[1];
+  const float us = time_us([&] { CK(cudaLaunchKernelEx(&cfg, kern, x, target, scale, C, K, lse, loss)); });
+  const double bytes = 2.0 * n * sizeof(T);
+  std::printf("  %-10s vpt %d cl %d threads %4d (bound %4d, %d) regs %3d clusters/GPU %4d  %8.1f us %5.2f TB/s  differ %lld (%lld) lse %.1e\n",
+              name, kVpt, ncl, threads, kMaxThreads, kMinBlocks, fa.numRegs, clusters, us, bytes / us / 1e6, differ,
+              far, worst);
+}
+
+void shape(const char* name, int64_t N, int64_t C, int64_t K) {
+  const int64_t n = N * C;
+  T *x, *x2, *ref;
+  CK(cudaMalloc(&x, n * sizeof(T)));
+  CK(cudaMalloc(&x2, n * sizeof(T)));
+  CK(cudaMalloc(&ref, n * sizeof(T)));
+  std::vector<int64_t> tg(N);
+  for (int64_t r = 0; r < N; ++r) tg[r] = (r * 7919) % K;
+  int64_t* target;
+  float *lse, *loss, *lse_ref;
+  CK(cudaMalloc(&target, N * 8));
+  CK(cudaMemcpy(target, tg.data(), N * 8, cudaMemcpyHostToDevice));
+  for (float** p : {&lse, &loss, &lse_ref}) CK(cudaMalloc(p, N * 4));
+  const float scale = 1.f / float(N);
+  int sms;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const double bytes = 2.0 * n * sizeof(T);
+  std::printf("%s: logits bf16 [%lld, %lld], %lld classes; one read and one write %.2f GB\n", name, (long long)N,
+              (long long)C, (long long)K, bytes / 1e9);
+  auto two = [&](T* buf) {
+    rows_kernel<<<unsigned(N), 256>>>(buf, target, C, K, lse, loss);
+    backward_kernel<<<unsigned(N), 256>>>(scale, buf, target, lse, C, K, buf);
+  };
+  fill<<<4096, 256>>>(x, n, C, K, 1);
+  two(x);
+  CK(cudaMemcpy(ref, x, n * sizeof(T), cudaMemcpyDeviceToDevice));
+  CK(cudaMemcpy(lse_ref, lse, N * 4, cudaMemcpyDeviceToDevice));
+  float us = time_us([&] { two(x); });
+  std::printf("  %-60s %8.1f us %5.2f TB/s\n", "rows + backward (the step's two kernels)", us, bytes / us / 1e6);
+  us = time_us([&] { copy_kernel<<<unsigned(sms * 8), 256>>>((const Vec*)x, (Vec*)x2, n / V); });
+  std::printf("  %-60s %8.1f us %5.2f TB/s\n", "copy (one read, one write: the ceiling)", us, bytes / us / 1e6);
+  for (int ncl : {1, 2, 4, 8}) {
+#define RUN(vpt, fast, ...) \
+  run_registers<vpt, fast, ##__VA_ARGS__>(fast ? "fast grad" : "expf grad", x, ref, lse_ref, N, C, K, target, scale, lse, loss, ncl)
+    RUN(2, true);
+    RUN(4, true);
+    RUN(7, true);
+    RUN(4, true, 512, 2);
+    RUN(4, true, 256, 4);
+    RUN(7, true, 512, 2);
+    RUN(7, true, 256, 4);
+    RUN(7, true, 160, 6);
+    RUN(7, true, 128, 8);
+    RUN(4, false);
+    RUN(7, false);
+    RUN(7, false, 256, 4);
+#undef RUN
+  }
+  CK(cudaFree(x));
+  CK(cudaFree(x2));
+  CK(cudaFree(ref));
+}
+
+int main() {
+  shape("GPT-2 124M B=16", 16384, 50304, 50257);
+  shape("llama-250m B=8", 8192, 32000, 32000);
+  return 0;
+}
