@@ -9,9 +9,13 @@
 // (max, sum of exp), the blocks merge theirs through distributed shared memory in rank order (the
 // same lse in every block), and each writes its share's gradient over the logits. The shared-memory
 // one-pass kernel (cross_entropy_one_pass.patch) held two rows a multiprocessor and lost in the
-// step; here a multiprocessor holds as many row shares as its registers allow.
+// step; here a multiprocessor holds as many row shares as its registers allow. A second one-pass
+// design runs first: persistent blocks whose producer warp moves whole rows between memory and
+// shared-memory buffers with bulk copies while the other warps compute (tma_kernel).
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/cross_entropy_registers scripts/lab/cross_entropy_registers.cu && /tmp/cross_entropy_registers
+//   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/cross_entropy_registers scripts/lab/cross_entropy_registers.cu && /tmp/cross_entropy_registers [all]
+//
+// (`all`: the register variants too.)
 //
 // Times in µs a call (CUDA events, 10 calls after 2; the logits are far larger than L2). "differ"
 // counts the gradient's elements that differ from the two kernels' (bf16 units; > 1 ulp apart in
@@ -259,6 +263,180 @@ __global__ void count_diff(const uint16_t* a, const uint16_t* b, int64_t n, unsi
   atomicAdd(&out[1], f);
 }
 
+// --- one pass, persistent blocks, rows staged through shared memory by the TMA ---
+// One block a multiprocessor, kBuf row buffers in shared memory. Warp 0's lane 0 is the producer:
+// it loads row i into buffer i % kBuf with one bulk copy (cp.async.bulk, completing on full[b]),
+// and once the consumers have written the row's gradient over it (done[b]) stores it back with a
+// bulk copy and, when the store has read the buffer, loads the block's next row into it. The
+// kCons consumer threads (warps 1..) take the row's (max, sum of exp) from shared memory, merge
+// them over the block, write the gradient over the row in place, and arrive on done[b]. So a
+// multiprocessor's loads and stores run while its consumers compute another row.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void mbar_init(uint64_t* b, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(b)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* b, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(b)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(b)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* b, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n}\n" ::"r"(smem_addr(b)),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
+__device__ __forceinline__ void bulk_store(void* dst, const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(smem_addr(src)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read0() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait0() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+__device__ __forceinline__ void cons_sync(int cons) { asm volatile("bar.sync 1, %0;" ::"r"(cons) : "memory"); }
+
+constexpr uint32_t kPiece = 32768;  // bytes a bulk copy moves at most
+__device__ __forceinline__ void load_row(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  mbar_expect_tx(bar, bytes);
+  for (uint32_t o = 0; o < bytes; o += kPiece)
+    bulk_load(static_cast<char*>(dst) + o, static_cast<const char*>(src) + o, min(kPiece, bytes - o), bar);
+}
+__device__ __forceinline__ void store_row(void* dst, const void* src, uint32_t bytes) {
+  for (uint32_t o = 0; o < bytes; o += kPiece)
+    bulk_store(static_cast<char*>(dst) + o, static_cast<const char*>(src) + o, min(kPiece, bytes - o));
+  bulk_commit();
+}
+
+template <int kBuf, int kCons, bool kFastGrad>
+__global__ void __launch_bounds__(32 + kCons, 1) tma_kernel(T* x, const int64_t* target, float scale, int64_t N,
+                                                            int64_t C, int64_t K, float* lse, float* loss) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ uint64_t full[kBuf], done[kBuf];
+  __shared__ float sm[32], ss[32];
+  const uint32_t row_bytes = uint32_t(C * sizeof(T));
+  const uint32_t buf_bytes = (row_bytes + 127) / 128 * 128;
+  const int64_t first = blockIdx.x, step = gridDim.x;
+  const int64_t rows = first < N ? (N - 1 - first) / step + 1 : 0;
+  if (threadIdx.x == 0) {
+    for (int b = 0; b < kBuf; ++b) mbar_init(&full[b], 1), mbar_init(&done[b], kCons);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {  // the producer warp
+    if (threadIdx.x == 0) {
+      for (int64_t i = 0; i < rows + kBuf; ++i) {
+        const int b = int(i % kBuf);
+        if (i >= kBuf) {  // buffer b holds row i - kBuf: store it once its gradient is written
+          mbar_wait(&done[b], uint32_t((i / kBuf - 1) & 1));
+          store_row(x + (first + (i - kBuf) * step) * C, smem + b * buf_bytes, row_bytes);
+          bulk_wait_read0();
+        }
+        if (i < rows) load_row(smem + b * buf_bytes, x + (first + i * step) * C, row_bytes, &full[b]);
+      }
+      bulk_wait0();
+    }
+    return;
+  }
+  const int tid = threadIdx.x - 32;
+  const int nv = int(C / V), k_end = int(K);
+  for (int64_t i = 0; i < rows; ++i) {
+    const int b = int(i % kBuf);
+    const int64_t row = first + i * step;
+    const int t = int(target[row]);
+    mbar_wait(&full[b], uint32_t((i / kBuf) & 1));
+    Vec* xv = reinterpret_cast<Vec*>(smem + b * buf_bytes);
+    const T* xs = reinterpret_cast<const T*>(xv);
+    MaxSum acc{-INFINITY, 0.f};
+    for (int j = tid; j < nv; j += kCons) {
+      const Vec p = xv[j];
+      float vals[V];
+      float vmax = -INFINITY;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        vals[e] = j * V + e < k_end ? to_f(p.v[e]) : -INFINITY;
+        vmax = fmaxf(vmax, vals[e]);
+      }
+      if (vmax > acc.m) {
+        acc.s = acc.m == -INFINITY ? 0.f : acc.s * expf(acc.m - vmax);
+        acc.m = vmax;
+      }
+      if (acc.m != -INFINITY) {
+        const float ml = acc.m * kLog2e;
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc.s += exp2f(fmaf(vals[e], kLog2e, -ml));
+      }
+    }
+    // The block merge over the consumers (named barrier 1; the producer warp is not in it).
+    acc = warp_merge(acc);
+    const int lane = tid % 32, warp = tid / 32;
+    if (lane == 0) sm[warp] = acc.m, ss[warp] = acc.s;
+    const float xt = to_f(xs[t]);  // before the barrier after which the row is overwritten
+    cons_sync(kCons);
+    acc = lane < kCons / 32 ? MaxSum{sm[lane], ss[lane]} : MaxSum{-INFINITY, 0.f};
+    acc = warp_merge(acc);
+    const float l = acc.m + logf(acc.s);
+    if (tid == 0) lse[row] = l, loss[row] = l - xt;
+    const float ll = l * kLog2e;
+    for (int j = tid; j < nv; j += kCons) {
+      const Vec p = xv[j];
+      Vec o;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const int k = j * V + e;
+        const float v = to_f(p.v[e]);
+        const float ex = kFastGrad ? exp2f(fmaf(v, kLog2e, -ll)) : expf(v - l);
+        o.v[e] = k < k_end ? to_t((ex - (k == t ? 1.f : 0.f)) * scale) : to_t(0.f);
+      }
+      xv[j] = o;
+    }
+    fence_async_smem();  // the gradient's stores before the bulk store that reads them
+    mbar_arrive(&done[b]);
+    cons_sync(kCons);  // sm/ss are free for the next row
+  }
+}
+
+template <int kBuf, int kCons, bool kFastGrad>
+void run_tma(T* x, T* ref, const float* lse_ref, int64_t N, int64_t C, int64_t K, const int64_t* target, float scale,
+             float* lse, float* loss, int sms) {
+  const size_t buf_bytes = (size_t(C) * sizeof(T) + 127) / 128 * 128;
+  const size_t smem = kBuf * buf_bytes;
+  auto kern = tma_kernel<kBuf, kCons, kFastGrad>;
+  int smem_max;
+  CK(cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+  if (smem + 2048 > size_t(smem_max)) return;
+  CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const int64_t n = N * C;
+  fill<<<4096, 256>>>(x, n, C, K, 1);
+  kern<<<unsigned(sms), 32 + kCons, smem>>>(x, target, scale, N, C, K, lse, loss);
+  CK(cudaDeviceSynchronize());
+  std::vector<float> a(N), b(N);
+  CK(cudaMemcpy(a.data(), lse, N * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(b.data(), lse_ref, N * 4, cudaMemcpyDeviceToHost));
+  double worst = 0;
+  for (int64_t r = 0; r < N; ++r) worst = std::fmax(worst, std::fabs(double(a[r]) - b[r]) / std::fabs(double(b[r])));
+  static unsigned long long* counts = nullptr;
+  if (!counts) CK(cudaMalloc(&counts, 16));
+  CK(cudaMemset(counts, 0, 16));
+  count_diff<<<1024, 256>>>(reinterpret_cast<const uint16_t*>(x), reinterpret_cast<const uint16_t*>(ref), n, counts);
+  unsigned long long hc[2];
+  CK(cudaMemcpy(hc, counts, 16, cudaMemcpyDeviceToHost));
+  const float us = time_us([&] { kern<<<unsigned(sms), 32 + kCons, smem>>>(x, target, scale, N, C, K, lse, loss); });
+  const double bytes = 2.0 * n * sizeof(T);
+  std::printf("  tma %s  buffers %d consumers %4d smem %6zu  %8.1f us %5.2f TB/s  differ %lld (%lld) lse %.1e\n",
+              kFastGrad ? "fast grad" : "expf grad", kBuf, kCons, smem, us, bytes / us / 1e6, (long long)hc[0],
+              (long long)hc[1], worst);
+}
+
 template <int kVpt, bool kFastGrad, int kMaxThreads = 1024, int kMinBlocks = 1>
 void run_registers(const char* name, T* x, T* ref, const float* lse_ref, int64_t N, int64_t C, int64_t K,
                    const int64_t* target, float scale, float* lse, float* loss, int ncl) {
@@ -305,6 +483,8 @@ void run_registers(const char* name, T* x, T* ref, const float* lse_ref, int64_t
               far, worst);
 }
 
+bool g_registers = false;  // the cluster-register variants too (argument "all")
+
 void shape(const char* name, int64_t N, int64_t C, int64_t K) {
   const int64_t n = N * C;
   T *x, *x2, *ref;
@@ -336,6 +516,14 @@ void shape(const char* name, int64_t N, int64_t C, int64_t K) {
   std::printf("  %-60s %8.1f us %5.2f TB/s\n", "rows + backward (the step's two kernels)", us, bytes / us / 1e6);
   us = time_us([&] { copy_kernel<<<unsigned(sms * 8), 256>>>((const Vec*)x, (Vec*)x2, n / V); });
   std::printf("  %-60s %8.1f us %5.2f TB/s\n", "copy (one read, one write: the ceiling)", us, bytes / us / 1e6);
+  run_tma<2, 256, false>(x, ref, lse_ref, N, C, K, target, scale, lse, loss, sms);
+  run_tma<2, 512, false>(x, ref, lse_ref, N, C, K, target, scale, lse, loss, sms);
+  run_tma<2, 992, false>(x, ref, lse_ref, N, C, K, target, scale, lse, loss, sms);
+  run_tma<2, 512, true>(x, ref, lse_ref, N, C, K, target, scale, lse, loss, sms);
+  run_tma<3, 512, false>(x, ref, lse_ref, N, C, K, target, scale, lse, loss, sms);
+  run_tma<3, 992, false>(x, ref, lse_ref, N, C, K, target, scale, lse, loss, sms);
+  run_tma<3, 512, true>(x, ref, lse_ref, N, C, K, target, scale, lse, loss, sms);
+  if (!g_registers) return;
   for (int ncl : {1, 2, 4, 8}) {
 #define RUN(vpt, fast, ...) \
   run_registers<vpt, fast, ##__VA_ARGS__>(fast ? "fast grad" : "expf grad", x, ref, lse_ref, N, C, K, target, scale, lse, loss, ncl)
@@ -358,7 +546,8 @@ void shape(const char* name, int64_t N, int64_t C, int64_t K) {
   CK(cudaFree(ref));
 }
 
-int main() {
+int main(int argc, char** argv) {
+  g_registers = argc > 1 && std::strcmp(argv[1], "all") == 0;
   shape("GPT-2 124M B=16", 16384, 50304, 50257);
   shape("llama-250m B=8", 8192, 32000, 32000);
   return 0;
