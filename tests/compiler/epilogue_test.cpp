@@ -13,8 +13,10 @@
 // - a tanh GELU after a linear with its bias (`gelu = true` in the plain decoder): folded, bitwise
 //   eager on the CPU; not folded for the exact GELU, without a bias, or without a backward;
 // - the tiny GPT-2 and Llama pass their skip connections to the projections by hand, so the pass
-//   finds no add there; GPT-2's GELU after c_fc folds (on the CPU eager's kernels run, so its
-//   compiled step stays bitwise: CompiledVsEager in compiler_test).
+//   finds no add there; GPT-2's GELU after c_fc folds, and so does c_fc's bias gradient into the
+//   GELU's backward (on the CPU eager's kernels run, so its compiled step stays bitwise:
+//   CompiledVsEager in compiler_test; on the GPU the fold's kernel gives eager's bits:
+//   CudaElementwise.GeluAndBackwardSumsTheBiasGradientBitwise, CompilerCuda.CompiledStepIsGraph…).
 // The GPU replay is CompilerCuda.GemmEpiloguesMatchEagerAndCheck.
 // Run: ctest -R Epilogue, or build/tests/test_compiler --gtest_filter='*Epilogue*'.
 #include <gtest/gtest.h>
@@ -235,11 +237,19 @@ TEST(Epilogue, HandFusedModelsHaveNothingToFold) {
     for (const Op& op : g.ops) linears += op.name == "linear";
     EXPECT_GT(linears, 0) << family;
     // No add to fold; GPT-2's MLP (c_fc, then gelu_linear: a tanh GELU and c_proj) has its GELU
-    // folded into c_fc, one a layer.
-    int adds = 0, gelus = 0;
-    for (const FusedRegion& r : epilogue_regions(g)) (g.ops[size_t(r.ops.back())].name == "gelu" ? gelus : adds) += 1;
+    // folded into c_fc and c_fc's bias gradient into the GELU's backward, one each a layer.
+    int adds = 0, gelus = 0, bias_grads = 0;
+    for (const FusedRegion& r : epilogue_regions(g)) {
+      const std::string& last = g.ops[size_t(r.ops.back())].name;
+      (last == "gelu" ? gelus : last.starts_with("linear_weight_grad") ? bias_grads : adds) += 1;
+    }
+    const int layers = family == "gpt2" ? int(::blu::test::tiny_gpt().n_layer) : 0;
     EXPECT_EQ(adds, 0) << family;
-    EXPECT_EQ(gelus, family == "gpt2" ? int(::blu::test::tiny_gpt().n_layer) : 0) << family;
+    EXPECT_EQ(gelus, layers) << family;
+    EXPECT_EQ(bias_grads, layers) << family;
+    set_excluded_ops({"gelu_and_backward"});
+    EXPECT_EQ(epilogue_regions(g).size(), size_t(layers)) << family;  // the GELU folds alone
+    set_excluded_ops({});
   }
 }
 

@@ -39,6 +39,7 @@ using test::kGPU;
 struct Result {
   std::vector<double> losses;
   std::vector<Tensor> params;  // on the CPU
+  int epilogues = 0;           // compiled: the GEMM epilogue regions of its variant
 };
 
 // Six steps of the tiny GPT-2 with `optimizer` at lr_of(step), eager or compiled.
@@ -84,6 +85,7 @@ Result train(bool compiled, compiler::RuntimeStats* stats, int64_t* compiled_ste
     if (!cs.variants().empty()) *stats = cs.variants()[0]->runtime->stats();
     if (!cs.variants().empty() && remat_summary) *remat_summary = cs.variants()[0]->remat;
     *compiled_steps = cs.counts().compiled;
+    if (!cs.variants().empty()) r.epilogues = cs.variants()[0]->epilogues;
   }
   return r;
 }
@@ -99,6 +101,9 @@ TEST(CompilerCuda, CompiledStepIsGraphLaunchesAndMatchesEager) {
   int64_t n = 0;
   const Result compiled = train(true, &stats, &n);
   EXPECT_EQ(n, 5);  // step 1 is the eager warm-up
+  // A GELU epilogue and a bias-gradient fold a layer (compiler/epilogue.h), the fold's kernel
+  // summing in the weight gradient's own order: still bitwise eager.
+  EXPECT_EQ(compiled.epilogues, 2 * test::tiny_gpt().n_layer);
   // Every launch in a graph: a step is one graph launch per segment of at most 64 launches.
   EXPECT_EQ(stats.direct_launches, 0);
   EXPECT_GE(stats.segments, 1);

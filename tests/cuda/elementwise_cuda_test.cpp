@@ -13,6 +13,7 @@
 #include <random>
 #include <sstream>
 
+#include "blu/backend/backend.h"
 #include "blu/backend/cuda/int_div.h"
 #include "blu/backend/cuda/philox.cuh"
 #include "blu/backend/cuda/runtime.h"
@@ -334,6 +335,38 @@ TEST(CudaElementwise, GradHelpers) {
   }
 }
 
+// gelu_and_backward with a third output (the compiler's bias-gradient fold, compiler/epilogue.h):
+// the GELU, its gradient and the gradient's column sum in one pass, each bit for bit what
+// gelu_and_backward and the weight-gradient op's own bias gradient (linear_weight_grad[_into])
+// give, in the gradient's dtype and in f32.
+TEST(CudaElementwise, GeluAndBackwardSumsTheBiasGradientBitwise) {
+  SKIP_WITHOUT_CUDA();
+  Generator g(6);
+  const Kernel fused = backend(DeviceType::cuda).find("gelu_and_backward");
+  ASSERT_NE(fused, nullptr);
+  for (DType dt : {DType::bf16, DType::f16, DType::f32})
+    for (auto [R, N] : {std::pair<int64_t, int64_t>{16384, 768}, {777, 3072}, {5, 40}}) {
+      SCOPED_TRACE(testing::Message() << dt << " [" << R << ", " << N << "]");
+      const Tensor x = gpu(to_dtype(mul(randn({R, N}, DType::f32, kCPU, &g), 2.0), dt));
+      const Tensor gr = gpu(to_dtype(randn({R, N}, DType::f32, kCPU, &g), dt));
+      const Tensor xin = gpu(to_dtype(randn({R, 24}, DType::f32, kCPU, &g), dt));
+      const std::vector<Tensor> ref = gelu_and_backward(gr, x, true);
+      const std::vector<Tensor> wb = linear_weight_grad(ref[1], xin);
+      const Tensor gw32 = empty({N, 24}, DType::f32, kGPU), gb32 = empty({N}, DType::f32, kGPU);
+      linear_weight_grad_into(gw32, ref[1], xin, gb32);
+      for (DType bias_dt : {dt, DType::f32}) {
+        std::array<Tensor, 2> in{gr, x};
+        std::array<Tensor, 3> out{empty({R, N}, dt, kGPU), empty({R, N}, dt, kGPU), empty({N}, bias_dt, kGPU)};
+        Attrs a;
+        a.set("approximate", true);
+        fused(KernelCall{"gelu_and_backward", in, out, a, current_context(kGPU)});
+        EXPECT_TRUE(same_bits(cpu(ref[0]), out[0])) << "gelu";
+        EXPECT_TRUE(same_bits(cpu(ref[1]), out[1])) << "gradient";
+        EXPECT_TRUE(same_bits(cpu(bias_dt == dt ? wb[1] : gb32), out[2])) << "bias gradient in " << bias_dt;
+      }
+    }
+}
+
 // ---------------------------------------------------------------- reductions
 TEST(CudaElementwise, SumLargeDims) {
   SKIP_WITHOUT_CUDA();
@@ -355,7 +388,8 @@ TEST(CudaElementwise, SumLargeDims) {
   EXPECT_TRUE(close_rel(sum(z, {0}), sum(gz, {0}), 1e-5, 1e-4)) << "leading rows f32";
   EXPECT_TRUE(close_rel(sum(z, {0, 1}), sum(gz, {0, 1}), 1e-5, 1e-4)) << "leading rows, few outputs";
   const Tensor zb = to_dtype(z, DType::bf16);
-  EXPECT_TRUE(close_rel(sum(zb, {0}), sum(gpu(zb), {0}), 1e-2, 1e-1)) << "leading rows bf16";
+  EXPECT_TRUE(close_rel(sum(zb, {0}), sum(gpu(zb), {0}), 1e-2, 1e-1))
+      << "leading rows bf16";
   EXPECT_TRUE(same_bits(cpu(sum(gz, {0})), sum(gz, {0})));
   // Deterministic: the same sum twice gives the same bits.
   EXPECT_TRUE(same_bits(cpu(sum(gx, {0})), sum(gx, {0})));

@@ -99,6 +99,67 @@ bool gelu_region(const Graph& g, const std::vector<int>& users, int lin, FusedRe
   return true;
 }
 
+bool is_weight_grad(const Op& o) {
+  return o.kind == OpKind::kernel && (o.name == "linear_weight_grad_into" || o.name == "linear_weight_grad");
+}
+
+// The weight-gradient op's g operand (linear_weight_grad: input 0; _into: input 1).
+int weight_grad_g(const Op& o) { return o.inputs.size() >= 2 ? o.inputs[o.name == "linear_weight_grad" ? 0 : 1] : -1; }
+
+// {gelu_and_backward, views of its gradient output, the weight-gradient op that sums that gradient
+// for a bias}: gelu_and_backward makes gu ([rows, n], its whole buffer); a later
+// linear_weight_grad(_into) reads all of gu's buffer (through views) as g, with a bias gradient and
+// no accumulation, and no op between writes gu's buffer. Both of the GELU's outputs must be read
+// outside the region (c_proj's weight gradient reads the GELU, c_fc's input gradient reads gu), so
+// the region defines nothing that would get no bytes.
+bool bias_grad_region(const Graph& g, const std::vector<std::vector<int>>& users, int ga, FusedRegion& r) {
+  const Op& a = g.ops[size_t(ga)];
+  if (a.kind != OpKind::kernel || a.name != "gelu_and_backward" || a.inputs.size() != 2 || a.outputs.size() != 2 ||
+      !a.writes.empty() || op_excluded("gelu_and_backward") || op_excluded("linear_weight_grad_into"))
+    return false;
+  const int gu = a.outputs[1];
+  const Value& guv = g.values[size_t(gu)];
+  const int64_t n = numel(guv.shape);
+  const int bgu = buffer_of(g, gu);
+  if (guv.shape.size() != 2 || !whole(g, gu, n) || !whole(g, a.outputs[0], n)) return false;
+  std::vector<int> views;
+  int wg = -1;
+  for (int k : users[size_t(bgu)]) {
+    if (k <= ga) continue;
+    const Op& o = g.ops[size_t(k)];
+    if (o.kind == OpKind::view) {
+      views.push_back(k);
+      continue;
+    }
+    const bool writes = std::any_of(o.writes.begin(), o.writes.end(),
+                                    [&](int i) { return buffer_of(g, o.inputs[size_t(i)]) == bgu; }) ||
+                        std::any_of(o.outputs.begin(), o.outputs.end(), [&](int v) { return buffer_of(g, v) == bgu; });
+    if (writes) return false;
+    if (!is_weight_grad(o)) continue;  // another reader (the input gradient)
+    const int gv = weight_grad_g(o);
+    if (gv < 0 || buffer_of(g, gv) != bgu || !whole(g, gv, n) || g.values[size_t(gv)].shape.size() != 2) return false;
+    wg = k;
+    break;
+  }
+  if (wg < 0) return false;
+  const Op& b = g.ops[size_t(wg)];
+  const bool into = b.name == "linear_weight_grad_into";
+  const int gb = into ? (b.inputs.size() == 4 ? b.inputs[3] : -1) : (b.outputs.size() == 2 ? b.outputs[1] : -1);
+  if (gb < 0 || (into && b.attrs.has("accumulate"))) return false;
+  const Value& gbv = g.values[size_t(gb)];
+  if (!gbv.contiguous() || gbv.shape != Shape{guv.shape[1]}) return false;
+  r.kind = RegionKind::gemm_epilogue;
+  r.ops.push_back(ga);
+  r.ops.insert(r.ops.end(), views.begin(), views.end());
+  r.ops.push_back(wg);
+  compute_region_io(g, r);
+  for (int v : a.outputs)  // each read outside, itself or through a view
+    if (std::none_of(r.outputs.begin(), r.outputs.end(), [&](int o) { return buffer_of(g, o) == buffer_of(g, v); }))
+      return false;
+  r.bytes_saved = double(g.buffers[size_t(bgu)].nbytes);  // gu read once for the sum
+  return true;
+}
+
 }  // namespace
 
 std::vector<FusedRegion> epilogue_regions(const Graph& g) {
@@ -119,6 +180,11 @@ std::vector<FusedRegion> epilogue_regions(const Graph& g) {
   }
   std::vector<bool> read_after(g.buffers.size(), false);
   for (int v : g.outputs) read_after[size_t(buffer_of(g, v))] = true;
+  for (size_t i = 0; i < g.ops.size(); ++i)
+    if (FusedRegion r; bias_grad_region(g, users, int(i), r)) {
+      r.index = int(out.size());
+      out.push_back(std::move(r));
+    }
 
   for (size_t i = 0; i < g.ops.size(); ++i) {
     const Op& lin = g.ops[i];
@@ -216,12 +282,86 @@ FusedLaunch gelu_launch(const Graph& g, const FusedRegion& r) {
   };
 }
 
+// {gelu_and_backward, weight gradient}: on the GPU in 16 bits or fp32, the gelu_and_backward
+// kernel with the bias gradient as its third output (the column sum the weight-gradient kernel
+// would take, in the same order: the same bits), then the weight gradient without one; elsewhere
+// the two kernels as captured.
+FusedLaunch bias_grad_launch(const Graph& g, const FusedRegion& r) {
+  const Op& a = g.ops[size_t(r.ops.front())];
+  const Op& b = g.ops[size_t(r.ops.back())];
+  const bool into = b.name == "linear_weight_grad_into";
+  auto out_slot = [&](int v) {
+    const auto it = std::find(r.outputs.begin(), r.outputs.end(), v);
+    BLU_CHECK(it != r.outputs.end(), "epilogue_launch: value %", v, " is not an output of region ", r.index);
+    return int(it - r.outputs.begin());
+  };
+  // An output on v's buffer (v itself, or a view of it that is read outside).
+  auto buffer_slot = [&](int v) {
+    const auto it = std::find_if(r.outputs.begin(), r.outputs.end(),
+                                 [&](int o) { return g.values[size_t(o)].buffer == g.values[size_t(v)].buffer; });
+    BLU_CHECK(it != r.outputs.end(), "epilogue_launch: no output of region ", r.index, " holds value %", v);
+    return int(it - r.outputs.begin());
+  };
+  const int sg = input_slot(r, a.inputs[0]), sx = input_slot(r, a.inputs[1]);
+  const int sh = buffer_slot(a.outputs[0]), sgu = buffer_slot(a.outputs[1]);
+  // The weight gradient's operands: (gw, g, x[, gb]) in place, or (g, x) -> (gw, gb).
+  const int sgw = into ? input_slot(r, b.inputs[0]) : out_slot(b.outputs[0]);
+  const int sxw = input_slot(r, b.inputs[into ? 2 : 1]);
+  const int sgb = into ? input_slot(r, b.inputs[3]) : out_slot(b.outputs[1]);
+  const Value& gu = g.values[size_t(a.outputs[1])];
+  const Value& gb = g.values[size_t(into ? b.inputs[3] : b.outputs[1])];
+  const Shape g_shape = g.values[size_t(weight_grad_g(b))].shape, g_strides{g_shape[1], 1};
+  const Shape made_shape = gu.shape, made_strides{gu.shape[1], 1};  // the GELU's and gu's (whole buffers)
+  const Backend& be = backend(gu.device.type);
+  const bool fits = gu.device.type == DeviceType::cuda &&
+                    (gu.dtype == DType::bf16 || gu.dtype == DType::f16 || gu.dtype == DType::f32) &&
+                    gu.shape[1] % (16 / int64_t(dtype_size(gu.dtype))) == 0 &&
+                    (gb.dtype == gu.dtype || gb.dtype == DType::f32) && g.values[size_t(a.inputs[0])].contiguous() &&
+                    g.values[size_t(a.inputs[1])].contiguous();
+  const Kernel gelu = be.find("gelu_and_backward"), wgrad = be.find("linear_weight_grad_into");
+  const Kernel captured = be.find(b.name);
+  BLU_CHECK(gelu && wgrad && captured, "epilogue_launch: no gelu_and_backward or weight-gradient kernel for ",
+            gu.device);
+  const int gelu_op = r.ops.front(), wgrad_op = r.ops.back();
+  return [=](const Graph& step, std::span<const Tensor> in, std::span<Tensor> out, const ExecContext& ctx) {
+    const Attrs& b_attrs = step.ops[size_t(wgrad_op)].attrs;
+    const Tensor gw = into ? in[size_t(sgw)] : out[size_t(sgw)];
+    const Tensor bias_grad = into ? in[size_t(sgb)] : out[size_t(sgb)];
+    std::array<Tensor, 2> ga{in[size_t(sg)], in[size_t(sx)]};
+    // Whole buffers: a view's binding starts where its buffer does.
+    const Tensor h_out = out[size_t(sh)].alias_with(made_shape, made_strides, out[size_t(sh)].offset());
+    const Tensor gu_out = out[size_t(sgu)].alias_with(made_shape, made_strides, out[size_t(sgu)].offset());
+    const Tensor gw_g = gu_out.alias_with(g_shape, g_strides, gu_out.offset());  // the weight gradient's g
+    if (fits) {
+      std::array<Tensor, 3> made{h_out, gu_out, bias_grad};
+      gelu(KernelCall{"gelu_and_backward", ga, made, step.ops[size_t(gelu_op)].attrs, ctx});
+      ctx.scratch->reset();
+      std::array<Tensor, 4> wa{gw, gw_g, in[size_t(sxw)], Tensor()};
+      wgrad(KernelCall{"linear_weight_grad_into", wa, std::span<Tensor>(), b_attrs, ctx});
+      return;
+    }
+    std::array<Tensor, 2> made{h_out, gu_out};
+    gelu(KernelCall{"gelu_and_backward", ga, made, step.ops[size_t(gelu_op)].attrs, ctx});
+    ctx.scratch->reset();
+    if (into) {
+      std::array<Tensor, 4> wa{gw, gw_g, in[size_t(sxw)], bias_grad};
+      std::array<Tensor, 1> res{gw};
+      captured(KernelCall{b.name, wa, res, b_attrs, ctx});
+    } else {
+      std::array<Tensor, 2> wa{gw_g, in[size_t(sxw)]};
+      std::array<Tensor, 2> res{gw, bias_grad};
+      captured(KernelCall{b.name, wa, res, b_attrs, ctx});
+    }
+  };
+}
+
 }  // namespace
 
 FusedLaunch epilogue_launch(const Graph& g, const FusedRegion& r) {
   BLU_CHECK(r.kind == RegionKind::gemm_epilogue && r.ops.size() >= 2, "epilogue_launch: region ", r.index,
             " is not a GEMM epilogue region");
   if (g.ops[size_t(r.ops.back())].name == "gelu") return gelu_launch(g, r);
+  if (is_weight_grad(g.ops[size_t(r.ops.back())])) return bias_grad_launch(g, r);
   const Op& lin = g.ops[size_t(r.ops.front())];
   const Op& add = g.ops[size_t(r.ops.back())];
   const int pi = product_operand(g, r);

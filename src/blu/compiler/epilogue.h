@@ -5,12 +5,14 @@
 // the output's shape) — cuBLASLt's bias epilogue and its C operand with beta = 1 on the GPU, the
 // accumulation's initial value on the CPU. A `linear` with a bias whose output a tanh `gelu` reads
 // first becomes one GEMM that writes the GELU and keeps the product for the GELU's gradient
-// (cuBLASLt's GELU_AUX_BIAS, 16-bit on the GPU; the two kernels in turn elsewhere).
+// (cuBLASLt's GELU_AUX_BIAS, 16-bit on the GPU; the two kernels in turn elsewhere). In the
+// backward, a GELU's gradient whose whole output a weight gradient with a bias sums next becomes
+// one region whose GELU kernel also takes that column sum (Note [Bias gradient in the GELU's]).
 // compiler/fused_step.h puts the regions into the step beside the fusion pass's generated kernels.
 // Depends on compiler/{graph,runtime,exclude}, compiler/codegen/region.h, backend/. Keep: the
 // region runs the backend's own kernels (no generated code); an add fold's only output is the
 // add's and the linear's output gets no bytes; a GELU fold's outputs are the GELU's and the
-// product.
+// product; a bias-gradient fold is bitwise the two ops it replaces.
 #pragma once
 #include <vector>
 
@@ -38,9 +40,23 @@ namespace blu::compiler {
 // within rounding; on the CPU and in fp32 it runs eager's two kernels and is bitwise.
 // `--compile-exclude gelu` keeps them apart.
 
+// Note [Bias gradient in the GELU's]
+// In GPT-2's MLP backward, gelu_and_backward writes gu = dL/du ([rows, 4C]) and c_fc's weight
+// gradient then reads all of it twice: once in its GEMM, once more for the bias gradient's column
+// sum (100 MB a layer at B=16, T=1024, bf16). The region {gelu_and_backward, views of gu, the
+// weight gradient} runs the GELU kernel with the bias gradient as a third output, summed as the
+// kernel writes gu in the partition and order of the weight-gradient kernel's own column sum
+// (backend/cuda/colsum.cuh), then the weight gradient without its bias: the same bits, one read of
+// gu fewer. Only on the GPU in 16 bits or fp32 with rows of whole 16-byte vectors; elsewhere the
+// region runs the two kernels as captured. The fused kernel is not faster than the two apart
+// (142.7 against 140.4 µs a layer alone, H200), but at the GPU's power limit the step gains from
+// the bytes it does not move (docs/performance.md). `--compile-exclude gelu_and_backward` or
+// `linear_weight_grad_into` keeps them apart.
+
 // Regions of kind gemm_epilogue: {linear, the views of its output, add}; inputs x, w, the bias (the
 // linear's or the add's), the residual when there is one; output the add's. Or {linear, views,
-// gelu}: inputs x, w, the bias; outputs the GELU's and the whole product.
+// gelu}: inputs x, w, the bias; outputs the GELU's and the whole product. Or {gelu_and_backward,
+// views, linear_weight_grad[_into]}: the weight gradient's and the GELU's outputs.
 std::vector<FusedRegion> epilogue_regions(const Graph& g);
 
 // The region's launch: the backend's `linear` kernel on the region's device with the bias and the

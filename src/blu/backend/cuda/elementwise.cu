@@ -6,6 +6,7 @@
 // float bit; add/sub/mul/div, sqrt and the comparisons are IEEE and match exactly.
 #include <cmath>
 
+#include "blu/backend/cuda/colsum.cuh"
 #include "blu/backend/cuda/loops.cuh"
 #include "blu/backend/cuda/strided.cuh"
 
@@ -263,20 +264,27 @@ BLU_REGISTER_KERNEL(cuda, "gelu_backward", gelu_backward_kernel);
 // bytes) a thread; the formulas are gelu_op's and gelu_backward_op's (the compiler shares their
 // tanh), so the results are those of the two separate kernels bit for bit.
 template <typename T, int V>
+__device__ __forceinline__ void gelu_and_backward_vec(const Vec<T, V>& gv, const Vec<T, V>& xv, bool approx,
+                                                      Vec<T, V>& yv, Vec<T, V>& dv) {
+  using A = acc_t<T>;
+  constexpr bool fast = sizeof(T) == 2;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const A xa = to_acc(xv.v[j]);
+    yv.v[j] = from_acc<T>(gelu_fwd<A>(xa, approx, fast));
+    dv.v[j] = from_acc<T>(mul_rn(to_acc(gv.v[j]), gelu_bwd<A>(xa, approx, fast)));
+  }
+}
+template <typename T, int V>
 __global__ void gelu_and_backward_kernel(int64_t n, bool approx, const T* __restrict__ g, const T* __restrict__ x,
                                          T* __restrict__ y, T* __restrict__ gx) {
   using A = acc_t<T>;
   constexpr bool fast = sizeof(T) == 2;
   const int64_t step = int64_t(gridDim.x) * blockDim.x, nvec = n / V;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < nvec; i += step) {
-    const Vec<T, V> gv = reinterpret_cast<const Vec<T, V>*>(g)[i], xv = reinterpret_cast<const Vec<T, V>*>(x)[i];
     Vec<T, V> yv, dv;
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const A xa = to_acc(xv.v[j]);
-      yv.v[j] = from_acc<T>(gelu_fwd<A>(xa, approx, fast));
-      dv.v[j] = from_acc<T>(mul_rn(to_acc(gv.v[j]), gelu_bwd<A>(xa, approx, fast)));
-    }
+    gelu_and_backward_vec<T, V>(reinterpret_cast<const Vec<T, V>*>(g)[i], reinterpret_cast<const Vec<T, V>*>(x)[i],
+                                approx, yv, dv);
     reinterpret_cast<Vec<T, V>*>(y)[i] = yv;
     reinterpret_cast<Vec<T, V>*>(gx)[i] = dv;
   }
@@ -287,17 +295,64 @@ __global__ void gelu_and_backward_kernel(int64_t n, bool approx, const T* __rest
     gx[i] = from_acc<T>(mul_rn(to_acc(g[i]), gelu_bwd<A>(xa, approx, fast)));
   }
 }
-// Inputs (grad, x); outputs gelu(x), grad·gelu'(x). Other layouts: the two map kernels.
+// The rows of [R, N] operands for colsum_launch (colsum.cuh): each 16-byte vector of both
+// results made and stored as above, the gradient's returned for the column sum.
+template <typename T>
+struct GeluAndBackwardRows {
+  static constexpr int V = kColVec<T>;
+  struct In {
+    Vec<T, V> g, x;
+  };
+  const T *g, *x;
+  T *y, *gx;
+  bool approx;
+  __device__ __forceinline__ In load(int64_t r, int64_t N, int64_t col0) const {
+    const int64_t i = r * N + col0;
+    return {*reinterpret_cast<const Vec<T, V>*>(g + i), *reinterpret_cast<const Vec<T, V>*>(x + i)};
+  }
+  __device__ __forceinline__ ColVec<T> finish(int64_t r, int64_t N, int64_t col0, const In& in) const {
+    const int64_t i = r * N + col0;
+    Vec<T, V> yv, dv;
+    gelu_and_backward_vec<T, V>(in.g, in.x, approx, yv, dv);
+    *reinterpret_cast<Vec<T, V>*>(y + i) = yv;
+    *reinterpret_cast<Vec<T, V>*>(gx + i) = dv;
+    ColVec<T> out;
+#pragma unroll
+    for (int e = 0; e < V; ++e) out.v[e] = dv.v[e];
+    return out;
+  }
+};
+// Inputs (grad, x); outputs gelu(x), grad·gelu'(x), and, when given a third, Σ_rows grad·gelu'(x)
+// (x [R, N]; T or f32): the bias gradient of the linear that made x, in the same pass and with the
+// bits of that linear's own column sum (linalg.cu), for the compiler's bias-gradient fold
+// (compiler/epilogue.h). Other layouts: the two map kernels.
 void gelu_and_backward(const KernelCall& c) {
   const Tensor &g = c.in[0], &x = c.in[1];
   const Tensor &y = c.out[0], &gx = c.out[1];
+  const Tensor gb = c.out.size() > 2 ? c.out[2] : Tensor();
   BLU_DISPATCH_FLOATING(x.dtype(), c.op, {
     using T = dev_t<scalar_t>;
     constexpr int V = int(16 / sizeof(T));
     const bool fast = g.is_contiguous() && x.is_contiguous() && g.shape() == x.shape() &&
                       aligned_to(g.raw_data(), 16) && aligned_to(x.raw_data(), 16) && aligned_to(y.raw_data(), 16) &&
                       aligned_to(gx.raw_data(), 16);
-    if (fast && x.numel() > 0) {
+    if (gb.defined()) {
+      if constexpr (sizeof(T) <= 4) {
+        const int64_t R = x.dim() == 2 ? x.size(0) : 0, N = x.dim() == 2 ? x.size(1) : 0;
+        BLU_CHECK(fast && y.is_contiguous() && gx.is_contiguous() && colsum_fits<T>(R, N) && gb.is_contiguous() &&
+                      gb.shape() == Shape{N} && (gb.dtype() == x.dtype() || gb.dtype() == DType::f32),
+                  "gelu_and_backward: a bias gradient ", gb.str(), " needs contiguous, 16-byte aligned [R, N] operands "
+                  "with N a multiple of ", V, " and a [N] output in ", x.dtype(), " or f32; got x ", x.str(), ", grad ",
+                  g.str());
+        colsum_launch<T>(R, N,
+                         GeluAndBackwardRows<T>{static_cast<const T*>(g.raw_data()), static_cast<const T*>(x.raw_data()),
+                                                static_cast<T*>(y.raw_data()), static_cast<T*>(gx.raw_data()),
+                                                c.attrs.b("approximate")},
+                         gb.raw_data(), gb.dtype() == DType::f32, stream_of(c.ctx), *c.ctx.scratch);
+      } else {
+        BLU_CHECK(false, "gelu_and_backward: no bias gradient in ", x.dtype());
+      }
+    } else if (fast && x.numel() > 0) {
       gelu_and_backward_kernel<T, V><<<blocks_for(std::max<int64_t>(x.numel() / V, 1)), 256, 0, stream_of(c.ctx)>>>(
           x.numel(), c.attrs.b("approximate"), static_cast<const T*>(g.raw_data()),
           static_cast<const T*>(x.raw_data()), static_cast<T*>(y.raw_data()), static_cast<T*>(gx.raw_data()));

@@ -46,66 +46,6 @@ __global__ void strided_sum_kernel(const T* src, int64_t n_sum, int64_t n_out, i
   }
 }
 
-// Column sums of a contiguous row-major g[R, N] (N a multiple of V = 16 / sizeof(T), 16-byte
-// aligned): block (32, 8) owns a slab of 32·V columns and a chunk of `chunk` rows; lane l of
-// warp w sums vector l of rows w, w + 8, … (16-byte loads, 512 contiguous bytes a warp-row), the
-// 8 warps are added in order into partial[chunk][col]; colsum_final then adds the chunks in
-// order, in double. Deterministic: the partition depends only on R and N.
-// Chunks are 256 rows, halved (to 64 at least) until there are 512 blocks: GPT-2's 768-wide
-// gradients (3 slabs) in 256-row chunks make 192 blocks for an H200's 132 multiprocessors, and
-// take 13.4 µs for 16,384 rows; in 64-row chunks, 10.1 µs.
-int64_t colsum_chunk(int64_t R, int64_t slabs) {
-  int64_t chunk = 256;
-  while (chunk > 64 && slabs * ((R + chunk - 1) / chunk) < 512) chunk /= 2;
-  return chunk;
-}
-template <typename T>
-constexpr int kColVec = 16 / int(sizeof(T));
-
-template <typename T>
-__global__ void __launch_bounds__(256) colsum_partial_kernel(const T* __restrict__ g, int64_t R, int64_t N,
-                                                             int64_t chunk, float* __restrict__ partial) {
-  constexpr int V = kColVec<T>;
-  struct alignas(16) Vec { T v[V]; };
-  __shared__ float sm[8][32 * V + 1];
-  const int lane = threadIdx.x, warp = threadIdx.y;
-  const int64_t col0 = (int64_t(blockIdx.x) * 32 + lane) * V;
-  const int64_t r0 = int64_t(blockIdx.y) * chunk, r1 = min(R, r0 + chunk);
-  float acc[V];
-#pragma unroll
-  for (int e = 0; e < V; ++e) acc[e] = 0.f;
-  if (col0 < N)
-    for (int64_t r = r0 + warp; r < r1; r += 8) {
-      const Vec v = *reinterpret_cast<const Vec*>(g + r * N + col0);
-#pragma unroll
-      for (int e = 0; e < V; ++e) acc[e] += float(to_acc(v.v[e]));
-    }
-#pragma unroll
-  for (int e = 0; e < V; ++e) sm[warp][lane * V + e] = acc[e];
-  __syncthreads();
-  for (int i = warp * 32 + lane; i < 32 * V; i += 256) {
-    const int64_t col = int64_t(blockIdx.x) * 32 * V + i;
-    if (col >= N) continue;
-    float t = 0.f;
-    for (int w = 0; w < 8; ++w) t += sm[w][i];
-    partial[int64_t(blockIdx.y) * N + col] = t;
-  }
-}
-
-template <typename O>
-__global__ void colsum_final_kernel(const float* __restrict__ partial, int64_t chunks, int64_t N, O* __restrict__ out) {
-  __shared__ double sm[32][33];
-  const int64_t col = int64_t(blockIdx.x) * 32 + threadIdx.x;
-  double t = col < N ? column_sum_rows(partial, chunks, N, col, threadIdx.y, blockDim.y) : 0.0;
-  sm[threadIdx.y][threadIdx.x] = t;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < N) {
-    t = 0;
-    for (unsigned i = 0; i < blockDim.y; ++i) t += sm[i][threadIdx.x];
-    out[col] = from_acc<O>(acc_of<O>(t));
-  }
-}
-
 // out[N] = Σ_r g[r, :] through the kernels above when g suits them (contiguous, aligned,
 // N % V == 0, 16-bit or f32); false otherwise (nothing launched). out is in g's dtype or f32.
 bool column_sum_fast(const Tensor& g, const Tensor& out, cudaStream_t s, Workspace& ws) {
@@ -114,27 +54,17 @@ bool column_sum_fast(const Tensor& g, const Tensor& out, cudaStream_t s, Workspa
       !(dt == DType::f32 || dt == DType::bf16 || dt == DType::f16))
     return false;
   const int64_t R = g.shape()[0], N = g.shape()[1];
-  const int v = 16 / int(g.itemsize());
-  if (N % v != 0 || R == 0 || N == 0) return false;
-  const int64_t slabs = (N + 32 * v - 1) / (32 * v), chunk = colsum_chunk(R, slabs);
-  const int64_t chunks = (R + chunk - 1) / chunk;
-  if (chunks > 65535) return false;
-  float* partial = ws.take<float>(size_t(chunks * N));
+  bool done = false;
   BLU_CUDA_DISPATCH_FLOATING(dt, "column_sum", {
     if constexpr (sizeof(scalar_t) <= 4) {
-      colsum_partial_kernel<scalar_t><<<dim3(unsigned(slabs), unsigned(chunks)), dim3(32, 8), 0, s>>>(
-          static_cast<const scalar_t*>(g.raw_data()), R, N, chunk, partial);
-      BLU_CUDA_CHECK_LAUNCH();
-      if (out.dtype() == DType::f32)
-        colsum_final_kernel<float><<<unsigned((N + 31) / 32), dim3(32, 32), 0, s>>>(
-            partial, chunks, N, static_cast<float*>(out.raw_data()));
-      else
-        colsum_final_kernel<scalar_t><<<unsigned((N + 31) / 32), dim3(32, 32), 0, s>>>(
-            partial, chunks, N, static_cast<scalar_t*>(out.raw_data()));
-      BLU_CUDA_CHECK_LAUNCH();
+      if (colsum_fits<scalar_t>(R, N)) {
+        colsum_launch<scalar_t>(R, N, ColsumLoad<scalar_t>{static_cast<const scalar_t*>(g.raw_data())}, out.raw_data(),
+                                out.dtype() == DType::f32, s, ws);
+        done = true;
+      }
     }
   });
-  return true;
+  return done;
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "blu/backend/cuda/colsum.cuh"
 #include "blu/backend/cuda/runtime.h"
 #include "blu/core/tensor.h"
 #include "blu/memory/allocator.h"
@@ -69,27 +70,6 @@ template <typename A>
 __device__ __forceinline__ A warp_max(A v) {
   for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
-}
-
-// Σ_i p[(first + i·step)·C + col] over the rows first, first + step, … < rows, added in that
-// order in double: one column's share of a fixed-order sum of partial rows (the weight and bias
-// gradients of the norms, column sums). Eight loads are issued before their additions, so a
-// thread has eight rows in flight instead of one; the order of the additions does not change.
-template <typename P>
-__device__ __forceinline__ double column_sum_rows(const P* __restrict__ p, int64_t rows, int64_t C, int64_t col,
-                                                  int64_t first, int64_t step) {
-  constexpr int kInFlight = 8;
-  double t = 0;
-  int64_t i = first;
-  for (; i + (kInFlight - 1) * step < rows; i += kInFlight * step) {
-    P v[kInFlight];
-#pragma unroll
-    for (int k = 0; k < kInFlight; ++k) v[k] = p[(i + k * step) * C + col];
-#pragma unroll
-    for (int k = 0; k < kInFlight; ++k) t += double(v[k]);
-  }
-  for (; i < rows; i += step) t += double(p[i * C + col]);
-  return t;
 }
 
 // Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
