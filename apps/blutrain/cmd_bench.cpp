@@ -460,7 +460,7 @@ int run_bench(const BenchOptions& o) {
   std::unique_ptr<compiler::CompiledStep> compiled;
   Tensor cx, cy;  // --compile: the step's inputs, refilled every step (fixed addresses)
   if (o.compile) {
-    if (!o.compile_exclude.empty()) compiler::set_excluded_ops(compiler::parse_op_list(o.compile_exclude));
+    if (!o.compile_exclude.empty()) compiler::set_excluded_ops(compiler::checked_op_list(o.compile_exclude, "--compile-exclude"));
     compiler::CompileOptions co;
     co.log = o.compile_log && env.rank == 0;
     co.config = o.precision + ", " + strategy.describe();

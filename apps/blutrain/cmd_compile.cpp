@@ -121,7 +121,7 @@ int run_compile(const CompileCmdOptions& o) {
               "capture on; this build has no CUDA");
 #endif
   }
-  if (!o.compile_exclude.empty()) compiler::set_excluded_ops(compiler::parse_op_list(o.compile_exclude));
+  if (!o.compile_exclude.empty()) compiler::set_excluded_ops(compiler::checked_op_list(o.compile_exclude, "--compile-exclude"));
   nlohmann::json cfg = models::resolve_model_config(o.model);
   if (cfg.contains("block_size") && cfg["block_size"].get<int64_t>() < o.seq) cfg["block_size"] = o.seq;
   const std::unique_ptr<models::CausalLM> model_ptr = models::build_model(cfg, 0);

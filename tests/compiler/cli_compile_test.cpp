@@ -513,16 +513,16 @@ TEST_F(CompileCli, MemoryBudgetCountsTheCompilersRecompute) {
   EXPECT_EQ(n.out.find("recompute auto: none ("), std::string::npos) << n.out;
 }
 
-TEST_F(CompileCli, ExcludedOpsStayOutOfTheArenaAndChangeNothing) {
+TEST_F(CompileCli, ExcludedOpsStayOutOfTheArenaAndChangeNothingAndTyposAreRefused) {
   const LaunchResult e = run1(train_cmd("tiny", 4, "eager"));
   ASSERT_EQ(e.status, 0) << e.out << e.err;
   const LaunchResult c = run1(train_cmd("tiny", 4, "excluded", {"--compile", "--compile-log"}),
-                              {{"BLU_COMPILE_EXCLUDE", "gelu, matmul,no_such_op"}});
+                              {{"BLU_COMPILE_EXCLUDE", "gelu, matmul,rms_norm"}});
   ASSERT_EQ(c.status, 0) << c.out << c.err;
   expect_same_steps(read_metrics(dir.path / "eager"), read_metrics(dir.path / "excluded"), 4, "excluded");
   const std::string log = c.out + c.err;
   EXPECT_NE(log.find("excluded from compilation: gelu ("), std::string::npos) << log;
-  EXPECT_NE(log.find("no_such_op (no op of that name)"), std::string::npos) << log;
+  EXPECT_NE(log.find("rms_norm (no op of that name in this step)"), std::string::npos) << log;
   EXPECT_NE(log.find("excluded temporaries"), std::string::npos) << log;
   // The flag replaces the environment's list.
   const LaunchResult f = run1(train_cmd("tiny", 2, "flag", {"--compile", "--compile-log", "--compile-exclude", "gelu"}),
@@ -530,6 +530,19 @@ TEST_F(CompileCli, ExcludedOpsStayOutOfTheArenaAndChangeNothing) {
   ASSERT_EQ(f.status, 0) << f.out << f.err;
   EXPECT_NE(f.out.find("excluded from compilation: gelu ("), std::string::npos) << f.out;
   EXPECT_EQ(f.out.find("matmul ("), std::string::npos) << f.out;
+  // A name that is no op at all is a typo: refused, naming where it came from, before any step.
+  const LaunchResult typo =
+      run1(train_cmd("tiny", 2, "typo", {"--compile", "--compile-exclude", "gelu,gelu_bwd"}));
+  EXPECT_NE(typo.status, 0);
+  EXPECT_NE((typo.out + typo.err).find("--compile-exclude: 'gelu_bwd' is not an op's name"), std::string::npos)
+      << typo.out << typo.err;
+  EXPECT_FALSE(fs::exists(dir.path / "typo" / "metrics.jsonl"));
+  const LaunchResult env_typo =
+      run1(train_cmd("tiny", 2, "env_typo", {"--compile"}), {{"BLU_COMPILE_EXCLUDE", "no_such_op"}});
+  EXPECT_NE(env_typo.status, 0);
+  EXPECT_NE((env_typo.out + env_typo.err).find("BLU_COMPILE_EXCLUDE: 'no_such_op' is not an op's name"),
+            std::string::npos)
+      << env_typo.out << env_typo.err;
 }
 
 TEST_F(CompileCli, UnsupportedLayoutsAreRefusedByName) {

@@ -330,7 +330,7 @@ void CompiledStep::run(const std::vector<Tensor>& inputs, const std::function<vo
       for (const Op& op : g.ops) ++hits[op.name];
       std::string line = "excluded from compilation:";
       for (const std::string& name : options_.plan.exclude)
-        line += " " + name + " (" + (hits.count(name) ? std::to_string(hits[name]) + " ops" : "no op of that name") + ")";
+        line += " " + name + " (" + (hits.count(name) ? std::to_string(hits[name]) + " ops" : "no op of that name in this step") + ")";
       log(line);
     }
     log("memory plan: " + plan.summary());

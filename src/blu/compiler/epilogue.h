@@ -48,10 +48,10 @@ namespace blu::compiler {
 // kernel writes gu in the partition and order of the weight-gradient kernel's own column sum
 // (backend/cuda/colsum.cuh), then the weight gradient without its bias: the same bits, one read of
 // gu fewer. Only on the GPU in 16 bits or fp32 with rows of whole 16-byte vectors; elsewhere the
-// region runs the two kernels as captured. The fused kernel is not faster than the two apart
-// (142.7 against 140.4 µs a layer alone, H200), but at the GPU's power limit the step gains from
-// the bytes it does not move (docs/performance.md). `--compile-exclude gelu_and_backward` or
-// `linear_weight_grad_into` keeps them apart.
+// region runs the two kernels as captured. Alone the fused kernel runs about as fast as the two
+// apart (H200: 142.7 against 140.4 µs a layer in one trace, 124.8 against 145.0 in another); the
+// step gains from the bytes it does not move (docs/performance.md). `--compile-exclude
+// gelu_and_backward` or `linear_weight_grad_into` keeps them apart.
 
 // Regions of kind gemm_epilogue: {linear, the views of its output, add}; inputs x, w, the bias (the
 // linear's or the add's), the residual when there is one; output the add's. Or {linear, views,

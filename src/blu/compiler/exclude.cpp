@@ -4,6 +4,9 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "blu/backend/backend.h"
+#include "blu/core/error.h"
+
 namespace blu::compiler {
 
 std::vector<std::string> parse_op_list(std::string_view spec) {
@@ -21,6 +24,15 @@ std::vector<std::string> parse_op_list(std::string_view spec) {
   return out;
 }
 
+std::vector<std::string> checked_op_list(std::string_view spec, std::string_view source) {
+  std::vector<std::string> names = parse_op_list(spec);
+  for (const std::string& n : names)
+    BLU_CHECK(backend(DeviceType::cpu).supports(n), source, ": '", n,
+              "' is not an op's name (expected dispatch ops as the compile log and the graph dump print them, e.g. ",
+              "linear, add, gelu, layer_norm, gelu_and_backward)");
+  return names;
+}
+
 namespace {
 
 std::mutex g_mu;
@@ -28,7 +40,7 @@ std::mutex g_mu;
 std::vector<std::string>& list() {
   static std::vector<std::string> names = [] {
     const char* e = std::getenv("BLU_COMPILE_EXCLUDE");
-    return e ? parse_op_list(e) : std::vector<std::string>{};
+    return e ? checked_op_list(e, "BLU_COMPILE_EXCLUDE") : std::vector<std::string>{};
   }();
   return names;
 }

@@ -10,8 +10,12 @@
 // What the step computes does not change: a compiled step runs the eager kernels either way; the
 // opt-out narrows down which op a suspected plan or fusion problem comes from, and keeps an op
 // out of the compiler's hands when it must be.
-// Depends on nothing but the standard library. Keep: op_excluded is cheap (a short list) and the
-// list is read once per process from the environment unless set_excluded_ops replaces it.
+// A name that is no dispatch op at all (none of the CPU backend's kernels, which cover every op a
+// captured step holds) is a typo, refused with the flag or variable and the name; a real op that a
+// step does not have is only logged (compile.cpp: "no op of that name in this step").
+// Depends on backend/ (the kernel registry) and the standard library. Keep: op_excluded is cheap
+// (a short list) and the list is read once per process from the environment unless
+// set_excluded_ops replaces it.
 #pragma once
 #include <string>
 #include <string_view>
@@ -22,6 +26,10 @@ namespace blu::compiler {
 // "gelu, layer_norm,,matmul" -> {"gelu", "layer_norm", "matmul"}: comma-separated, blanks trimmed,
 // empty entries dropped.
 std::vector<std::string> parse_op_list(std::string_view spec);
+
+// parse_op_list(spec), each name checked to be a dispatch op; `source` (the flag, or
+// BLU_COMPILE_EXCLUDE) names where the list came from in the error.
+std::vector<std::string> checked_op_list(std::string_view spec, std::string_view source);
 
 // The excluded op names: BLU_COMPILE_EXCLUDE's, or the last set_excluded_ops call's.
 const std::vector<std::string>& excluded_ops();

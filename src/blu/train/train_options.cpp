@@ -2,6 +2,7 @@
 // that the trainer makes before it builds or touches anything (declared in train/trainer.h).
 #include <ostream>
 
+#include "blu/compiler/exclude.h"
 #include "blu/core/error.h"
 #include "blu/train/trainer.h"
 
@@ -51,6 +52,10 @@ void check_options(const TrainOptions& o, const models::CausalLM& model) {
   BLU_CHECK(!(o.auto_resume && (o.overwrite || o.resume)), "--auto-resume replaces --resume and contradicts ",
             "--overwrite: give one of the three");
   BLU_CHECK(o.dp >= 1, "--dp must be at least 1, got ", o.dp);
+  if (o.compile) {  // before the run's files: a typo in an op's name is refused here, not mid-setup
+    if (!o.compile_exclude.empty()) compiler::checked_op_list(o.compile_exclude, "--compile-exclude");
+    else compiler::excluded_ops();  // reads (and checks) BLU_COMPILE_EXCLUDE
+  }
   BLU_CHECK(o.loss_chunks >= 0, "--loss-chunks must be >= 0 (0: the logits made whole), got ", o.loss_chunks);
   BLU_CHECK(o.zero >= 0 && o.zero <= 3, "--zero must be 0, 1, 2 or 3, got ", o.zero);
   BLU_CHECK(o.zero == 0 || o.dp > 1, "--zero ", o.zero, " shards over data-parallel ranks: it needs --dp > 1");

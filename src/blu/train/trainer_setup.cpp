@@ -197,7 +197,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
     BLU_CHECK(opt_s_.zero != 3, "--compile: ZeRO-3 (--zero 3) is not supported by the compiler yet (its block hooks ",
               "swap the parameters' storages outside dispatch, which capture does not see); use --zero 0, 1 or 2");
     // Before the memory probe, which plans a capture with the same list (memory_probe.cpp).
-    if (!o.compile_exclude.empty()) compiler::set_excluded_ops(compiler::parse_op_list(o.compile_exclude));
+    if (!o.compile_exclude.empty()) compiler::set_excluded_ops(compiler::checked_op_list(o.compile_exclude, "--compile-exclude"));
   } else {
     BLU_CHECK(!o.compile_log && o.compile_exclude.empty() && !o.compile_remat && !o.compile_check,
               "--compile-log, --compile-exclude, --compile-remat and --compile-check need --compile");
