@@ -30,18 +30,11 @@
 #include <cstring>
 #include <vector>
 
-#include "lab_check.cuh"
+#include "cross_entropy_lab.cuh"
 
 namespace cg = cooperative_groups;
 
-typedef __nv_bfloat16 T;
-constexpr int V = 8;
-struct alignas(16) Vec {
-  T v[V];
-};
 constexpr float kLog2e = 1.4426950408889634f;
-__device__ __forceinline__ float to_f(T x) { return __bfloat162float(x); }
-__device__ __forceinline__ T to_t(float x) { return __float2bfloat16_rn(x); }
 
 // Marks a vector's words as rewritten, so that the compiler converts its values to fp32 again
 // where they are next used instead of keeping twice as many fp32 registers live between uses.
@@ -226,33 +219,6 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks) registers_kernel(T* x
   cl.barrier_wait();
 }
 
-__global__ void copy_kernel(const Vec* x, Vec* y, int64_t n) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) y[i] = x[i];
-}
-
-__global__ void fill(T* p, int64_t n, int64_t C, int64_t K, uint32_t seed) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
-    p[i] = i % C < K ? to_t(4.f * (float(h & 0xffff) / 32768.f - 1.f)) : to_t(0.f);
-  }
-}
-
-template <typename F>
-float time_us(F&& call) {
-  for (int i = 0; i < 2; ++i) call();
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  CK(cudaEventRecord(a));
-  for (int i = 0; i < 10; ++i) call();
-  CK(cudaEventRecord(b));
-  CK(cudaEventSynchronize(b));
-  float ms;
-  CK(cudaEventElapsedTime(&ms, a, b));
-  CK(cudaGetLastError());
-  return ms * 100.f;
-}
 
 // Gradient elements of a and b that differ, and those more than one bf16 unit apart.
 __global__ void count_diff(const uint16_t* a, const uint16_t* b, int64_t n, unsigned long long* out) {
@@ -261,6 +227,29 @@ __global__ void count_diff(const uint16_t* a, const uint16_t* b, int64_t n, unsi
     if (a[i] != b[i]) ++d, f += abs(int(a[i]) - int(b[i])) > 1;
   atomicAdd(&out[0], d);
   atomicAdd(&out[1], f);
+}
+
+// How far a result is from the two kernels' (ref, lse_ref): gradient elements that differ, those
+// more than one bf16 unit apart, and lse's largest relative difference.
+struct Diff {
+  long long differ, far;
+  double lse;
+};
+Diff compare(const T* x, const T* ref, const float* lse, const float* lse_ref, int64_t N, int64_t n) {
+  std::vector<float> a(N), b(N);
+  CK(cudaMemcpy(a.data(), lse, N * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(b.data(), lse_ref, N * 4, cudaMemcpyDeviceToHost));
+  Diff d{0, 0, 0.0};
+  for (int64_t r = 0; r < N; ++r) d.lse = std::fmax(d.lse, std::fabs(double(a[r]) - b[r]) / std::fabs(double(b[r])));
+  static unsigned long long* counts = nullptr;
+  if (!counts) CK(cudaMalloc(&counts, 16));
+  CK(cudaMemset(counts, 0, 16));
+  count_diff<<<1024, 256>>>(reinterpret_cast<const uint16_t*>(x), reinterpret_cast<const uint16_t*>(ref), n, counts);
+  unsigned long long hc[2];
+  CK(cudaMemcpy(hc, counts, 16, cudaMemcpyDeviceToHost));
+  d.differ = (long long)hc[0];
+  d.far = (long long)hc[1];
+  return d;
 }
 
 // --- one pass, persistent blocks, rows staged through shared memory by the TMA ---
@@ -419,22 +408,12 @@ void run_tma(T* x, T* ref, const float* lse_ref, int64_t N, int64_t C, int64_t K
   fill<<<4096, 256>>>(x, n, C, K, 1);
   kern<<<unsigned(sms), 32 + kCons, smem>>>(x, target, scale, N, C, K, lse, loss);
   CK(cudaDeviceSynchronize());
-  std::vector<float> a(N), b(N);
-  CK(cudaMemcpy(a.data(), lse, N * 4, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(b.data(), lse_ref, N * 4, cudaMemcpyDeviceToHost));
-  double worst = 0;
-  for (int64_t r = 0; r < N; ++r) worst = std::fmax(worst, std::fabs(double(a[r]) - b[r]) / std::fabs(double(b[r])));
-  static unsigned long long* counts = nullptr;
-  if (!counts) CK(cudaMalloc(&counts, 16));
-  CK(cudaMemset(counts, 0, 16));
-  count_diff<<<1024, 256>>>(reinterpret_cast<const uint16_t*>(x), reinterpret_cast<const uint16_t*>(ref), n, counts);
-  unsigned long long hc[2];
-  CK(cudaMemcpy(hc, counts, 16, cudaMemcpyDeviceToHost));
+  const Diff d = compare(x, ref, lse, lse_ref, N, n);
   const float us = time_us([&] { kern<<<unsigned(sms), 32 + kCons, smem>>>(x, target, scale, N, C, K, lse, loss); });
   const double bytes = 2.0 * n * sizeof(T);
   std::printf("  tma %s  buffers %d consumers %4d smem %6zu  %8.1f us %5.2f TB/s  differ %lld (%lld) lse %.1e\n",
-              kFastGrad ? "fast grad" : "expf grad", kBuf, kCons, smem, us, bytes / us / 1e6, (long long)hc[0],
-              (long long)hc[1], worst);
+              kFastGrad ? "fast grad" : "expf grad", kBuf, kCons, smem, us, bytes / us / 1e6, d.differ, d.far,
+              d.lse);
 }
 
 template <int kVpt, bool kFastGrad, int kMaxThreads = 1024, int kMinBlocks = 1>
@@ -464,23 +443,12 @@ void run_registers(const char* name, T* x, T* ref, const float* lse_ref, int64_t
   CK(cudaLaunchKernelEx(&cfg, kern, x, target, scale, C, K, lse, loss));
   CK(cudaDeviceSynchronize());
   // Against the two kernels: lse relative, gradient elements that differ.
-  std::vector<float> a(N), b(N);
-  CK(cudaMemcpy(a.data(), lse, N * 4, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(b.data(), lse_ref, N * 4, cudaMemcpyDeviceToHost));
-  double worst = 0;
-  for (int64_t r = 0; r < N; ++r) worst = std::fmax(worst, std::fabs(double(a[r]) - b[r]) / std::fabs(double(b[r])));
-  static unsigned long long* counts = nullptr;
-  if (!counts) CK(cudaMalloc(&counts, 16));
-  CK(cudaMemset(counts, 0, 16));
-  count_diff<<<1024, 256>>>(reinterpret_cast<const uint16_t*>(x), reinterpret_cast<const uint16_t*>(ref), n, counts);
-  unsigned long long hc[2];
-  CK(cudaMemcpy(hc, counts, 16, cudaMemcpyDeviceToHost));
-  const long long differ = (long long)hc[0], far = (long long)hc[1];
+  const Diff d = compare(x, ref, lse, lse_ref, N, n);
   const float us = time_us([&] { CK(cudaLaunchKernelEx(&cfg, kern, x, target, scale, C, K, lse, loss)); });
   const double bytes = 2.0 * n * sizeof(T);
   std::printf("  %-10s vpt %d cl %d threads %4d (bound %4d, %d) regs %3d clusters/GPU %4d  %8.1f us %5.2f TB/s  differ %lld (%lld) lse %.1e\n",
-              name, kVpt, ncl, threads, kMaxThreads, kMinBlocks, fa.numRegs, clusters, us, bytes / us / 1e6, differ,
-              far, worst);
+              name, kVpt, ncl, threads, kMaxThreads, kMinBlocks, fa.numRegs, clusters, us, bytes / us / 1e6, d.differ,
+              d.far, d.lse);
 }
 
 bool g_registers = false;  // the cluster-register variants too (argument "all")
