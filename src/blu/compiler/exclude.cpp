@@ -27,7 +27,7 @@ std::vector<std::string> parse_op_list(std::string_view spec) {
 std::vector<std::string> checked_op_list(std::string_view spec, std::string_view source) {
   std::vector<std::string> names = parse_op_list(spec);
   for (const std::string& n : names)
-    BLU_CHECK(backend(DeviceType::cpu).supports(n), source, ": '", n,
+    BLU_CHECK(backend(DeviceType::cpu).supports(n) || backend(DeviceType::cuda).supports(n), source, ": '", n,
               "' is not an op's name (expected dispatch ops as the compile log and the graph dump print them, e.g. ",
               "linear, add, gelu, layer_norm, gelu_and_backward)");
   return names;

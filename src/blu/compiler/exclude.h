@@ -10,9 +10,10 @@
 // What the step computes does not change: a compiled step runs the eager kernels either way; the
 // opt-out narrows down which op a suspected plan or fusion problem comes from, and keeps an op
 // out of the compiler's hands when it must be.
-// A name that is no dispatch op at all (none of the CPU backend's kernels, which cover every op a
-// captured step holds) is a typo, refused with the flag or variable and the name; a real op that a
-// step does not have is only logged (compile.cpp: "no op of that name in this step").
+// A name that is no dispatch op at all (no kernel of that name on the CPU or, in a CUDA build, on
+// the GPU: every op a captured step holds has one) is a typo, refused with the flag or variable
+// and the name; a real op that a step does not have is only logged (compile.cpp: "no op of that
+// name in this step").
 // Depends on backend/ (the kernel registry) and the standard library. Keep: op_excluded is cheap
 // (a short list) and the list is read once per process from the environment unless
 // set_excluded_ops replaces it.
