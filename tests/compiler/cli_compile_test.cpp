@@ -543,6 +543,17 @@ TEST_F(CompileCli, ExcludedOpsStayOutOfTheArenaAndChangeNothingAndTyposAreRefuse
   EXPECT_NE((env_typo.out + env_typo.err).find("BLU_COMPILE_EXCLUDE: 'no_such_op' is not an op's name"),
             std::string::npos)
       << env_typo.out << env_typo.err;
+  // bench and compile read the same flag (compile first needs the fusion plugin: a build with MLIR).
+  for (const char* sub : {"bench", "compile"}) {
+    std::vector<std::string> c = {blutrain().string(), sub, "--model", "tiny", "-B", "2", "-T", "16", "--device", "cpu",
+                                  "--compile-exclude", "gelu_bwd"};
+    if (std::string(sub) == "bench") c.insert(c.end(), {"--compile", "--steps", "2"});
+    const LaunchResult r = run1(c);
+    const std::string said = r.out + r.err;
+    if (std::string(sub) == "compile" && said.find("needs the fusion pass") != std::string::npos) continue;
+    EXPECT_NE(r.status, 0) << sub;
+    EXPECT_NE(said.find("--compile-exclude: 'gelu_bwd' is not an op's name"), std::string::npos) << sub << ": " << said;
+  }
 }
 
 TEST_F(CompileCli, UnsupportedLayoutsAreRefusedByName) {
