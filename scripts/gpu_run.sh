@@ -48,8 +48,9 @@
 #           and llama-250m (B=8) under each variant of AB_RUNS ("label|binary|environment;…",
 #           default "base|blutrain_base|;new|blutrain|"; a binary packed by gpu_pack.sh BASE=/MID=),
 #           alternated REPS times (3), each variant with its own tuning table filled by a first run,
-#           then torch_gpt2.py / torch_llama.py bf16c. TIMELINE=1: one CUPTI timeline a variant and
-#           model (.devpack/lab/libkernel_timeline.so and libcupti.so.13, scripts/lab/README.md),
+#           then torch_gpt2.py / torch_llama.py bf16c, summarised by scripts/ab_summary.py (medians,
+#           pairs ahead, ratios to the peers; compiledab_summary.txt). TIMELINE=1: one CUPTI timeline a
+#           variant and model (.devpack/lab/libkernel_timeline.so and libcupti.so.13, scripts/lab/README.md),
 #           summarised by scripts/lab/timeline_steps.py. POWER=1: nvidia-smi's power and SM clock
 #           every 100 ms through a 150-step run of the first variant and of each peer (the median of
 #           the samples above 400 W). AB_ARGS: more bench arguments for both models (e.g.
@@ -248,6 +249,7 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
         echo "${m%%|*} ${v%%|*} $(ab_bench "$v" "$m" 30)" | tee -a "$out/compiledab.log"
       done; done; done
       peers_pair compiledab.log bf16c
+      python3 scripts/ab_summary.py "$out/compiledab.log" | tee "$out/compiledab_summary.txt"
       if [ "${TIMELINE:-0}" = 1 ]; then for m in "${ab_models[@]}"; do for v in "${ab_runs[@]}"; do
         f="$out/timeline_${m%%|*}_${v%%|*}.csv"
         ab_bench "$v" "$m" 14 CUDA_INJECTION64_PATH="$PWD/.devpack/lab/libkernel_timeline.so" BLU_TIMELINE_FILE="$f" > /dev/null
