@@ -675,6 +675,56 @@ TEST(Compiler, ParseOpListAndExcludedBuffersStayOutOfTheArena) {
   EXPECT_FALSE(op_excluded("gelu"));
 }
 
+// The compile log's live site: at the plan's peak op the groups add up to the live peak and no op
+// has more bytes live; at the optimizer's first update every parameter's gradient (fp32, as the
+// parameters) is live and counted as a gradient, and nothing else is.
+TEST(Compiler, LiveSiteNamesThePeakAndCountsEveryGradientAtTheUpdate) {
+  for (const std::string family : {"gpt2", "llama"}) {
+    SCOPED_TRACE(family);
+    auto model = make_model(family);
+    dist::Strategy strat(*model, nullptr, dist::StrategyConfig{}, dist::OptimizerConfig{.lr = 3e-3});
+    Tensor idx, tg;  // no structured binding: clang 14 cannot capture one in a lambda
+    std::tie(idx, tg) = batch(0, 2, 8, 101);
+    // As the trainer's compiled step: the gradients dropped inside the step are its temporaries.
+    auto one = [&] {
+      (void)strat.step(1, [&](int64_t) { return std::pair<Tensor, Tensor>{idx, tg}; }, 1e-3, 1.0);
+      strat.optimizer().zero_grad();
+    };
+    one();
+    Capture cap;
+    size_t param_bytes = 0;
+    for (const auto& [name, t] : model->named_parameters()) {
+      cap.classify(t, BufferKind::parameter, name);
+      param_bytes += t.nbytes();
+    }
+    one();
+    const Graph& g = cap.finish();
+    const MemoryPlan plan = plan_memory(g);
+    ASSERT_GE(plan.peak_op, 0);
+    std::vector<size_t> live(g.ops.size(), 0);
+    for (const Placement& p : plan.placements)
+      if (p.in_arena)
+        for (int i = p.first; i <= p.last; ++i) live[size_t(i)] += p.nbytes;
+    EXPECT_EQ(live[size_t(plan.peak_op)], plan.peak_live_bytes);
+    EXPECT_EQ(*std::max_element(live.begin(), live.end()), plan.peak_live_bytes);
+    const LiveSite peak = live_site(g, plan);
+    size_t sum = peak.gradients.bytes;
+    for (const LiveGroup& grp : peak.rest) sum += grp.bytes;
+    EXPECT_EQ(peak.bytes, plan.peak_live_bytes);
+    EXPECT_EQ(sum, plan.peak_live_bytes);
+    const std::string text = peak.describe(g);
+    EXPECT_NE(text.find("at op " + std::to_string(plan.peak_op) + " of " + std::to_string(g.ops.size())), std::string::npos)
+        << text;
+    int update = -1;
+    for (size_t i = 0; i < g.ops.size() && update < 0; ++i)
+      if (g.ops[i].name == "adamw_step") update = int(i);
+    ASSERT_GE(update, 0);
+    const LiveSite at_update = live_site(g, plan, update);
+    EXPECT_EQ(at_update.gradients.bytes, param_bytes) << at_update.describe(g);
+    EXPECT_EQ(at_update.gradients.buffers, int(model->parameters().size())) << at_update.describe(g);
+  }
+}
+
 // Note [Streamed replay]: a streamed step that leaves the compiled structure part-way — at step 6
 // the loss passes through one more op (times 1, the same value) between forward and backward, or
 // one more op follows the step — has its forward already running when the capture meets the new

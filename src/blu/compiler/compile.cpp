@@ -334,6 +334,7 @@ void CompiledStep::run(const std::vector<Tensor>& inputs, const std::function<vo
       log(line);
     }
     log("memory plan: " + plan.summary());
+    log("memory plan: live peak " + live_site(fused.graph, plan).describe(fused.graph));
     // The eager warm-up's activations are cached by the allocator and the replay never uses them:
     // they go back before the arena is allocated, which then gets a segment of its own instead of a
     // share of a larger one that could not be given back while the arena lives.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <sstream>
 
 namespace blu::compiler {
@@ -50,10 +51,14 @@ class LiveBytes {
     delta_[size_t(first)] += int64_t(bytes);
     delta_[size_t(last) + 1] -= int64_t(bytes);
   }
-  size_t peak() const {
+  size_t peak() const { return size_t(peak_at().second); }
+  // The first op where the most bytes are live, and those bytes (-1, 0 for no ops).
+  std::pair<int, int64_t> peak_at() const {
     int64_t cur = 0, most = 0;
-    for (int64_t d : delta_) most = std::max(most, cur += d);
-    return size_t(most);
+    int at = -1;
+    for (size_t i = 0; i + 1 < delta_.size(); ++i)
+      if ((cur += delta_[i]) > most) most = cur, at = int(i);
+    return {at, most};
   }
 
  private:
@@ -185,8 +190,63 @@ MemoryPlan plan_memory(const Graph& g, const PlanOptions& o) {
     arena_live.add(p.first, p.last, p.nbytes);
   }
   plan.peak_live_bytes = arena_live.peak();
+  plan.peak_op = arena_live.peak_at().first;
   plan.excluded_bytes = excluded_live.peak();
   return plan;
+}
+
+LiveSite live_site(const Graph& g, const MemoryPlan& plan, int op) {
+  LiveSite site;
+  site.op = op >= 0 ? op : plan.peak_op;
+  const int at = site.op;
+  if (at < 0 || size_t(at) >= g.ops.size()) return site;
+  const size_t nb = g.buffers.size();
+  std::vector<bool> gradient(nb, false);
+  for (size_t i = size_t(at); i < g.ops.size(); ++i) {
+    const Op& o = g.ops[i];
+    // The shapes of the parameters it updates; an input of one of them is a gradient (the update's
+    // other inputs — a clipping factor, the step — are not).
+    std::vector<const Shape*> updated;
+    for (int w : o.writes) {
+      const int v = o.inputs[size_t(w)];
+      if (v >= 0 && g.buffers[size_t(g.values[size_t(v)].buffer)].kind == BufferKind::parameter)
+        updated.push_back(&g.values[size_t(v)].shape);
+    }
+    if (updated.empty()) continue;
+    for (int v : o.inputs)
+      if (v >= 0 && std::any_of(updated.begin(), updated.end(),
+                                [&](const Shape* s) { return *s == g.values[size_t(v)].shape; }))
+        gradient[size_t(g.values[size_t(v)].buffer)] = true;
+  }
+  std::vector<int> definer(nb, -1);
+  for (size_t i = 0; i < g.ops.size(); ++i)
+    for (int v : g.ops[i].outputs) {
+      const size_t b = size_t(g.values[size_t(v)].buffer);
+      if (definer[b] < 0) definer[b] = int(i);
+    }
+  std::map<std::string, LiveGroup> by_op;
+  for (size_t b = 0; b < nb; ++b) {
+    const Placement& p = plan.placements[b];
+    if (!p.in_arena || p.first > at || p.last < at) continue;
+    const std::string name = definer[b] >= 0 ? g.ops[size_t(definer[b])].name : std::string("input");
+    LiveGroup& grp = gradient[b] ? site.gradients : by_op.try_emplace(name, LiveGroup{name}).first->second;
+    grp.bytes += p.nbytes;
+    ++grp.buffers;
+    site.bytes += p.nbytes;
+  }
+  for (auto& [name, grp] : by_op) site.rest.push_back(std::move(grp));
+  std::stable_sort(site.rest.begin(), site.rest.end(),
+                   [](const LiveGroup& x, const LiveGroup& y) { return x.bytes > y.bytes; });
+  return site;
+}
+
+std::string LiveSite::describe(const Graph& g) const {
+  if (op < 0) return "no temporaries in the arena";
+  std::ostringstream os;
+  os << format_bytes(bytes) << " at op " << op << " of " << g.ops.size() << " (" << g.ops[size_t(op)].name
+     << "): gradients " << format_bytes(gradients.bytes) << " (" << gradients.buffers << " buffers)";
+  for (const LiveGroup& grp : rest) os << "; " << grp.name << " " << format_bytes(grp.bytes) << " (" << grp.buffers << ")";
+  return os.str();
 }
 
 std::string check_plan(const Graph& g, const MemoryPlan& plan) {

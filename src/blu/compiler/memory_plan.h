@@ -52,6 +52,7 @@ struct MemoryPlan {
   // Per op: the excluded temporaries whose last use it is (the runtime frees them after it).
   std::vector<std::vector<int>> releases_after;
   size_t peak_live_bytes = 0;   // the most temporary bytes live at one op (a lower bound for the arena)
+  int peak_op = -1;             // the first op at which that many temporary bytes are live
   size_t held_bytes = 0;        // placed once: parameters, gradients, state, inputs, constants
   size_t output_bytes = 0;      // step outputs, allocated per step
   size_t excluded_bytes = 0;    // the most excluded temporary bytes live at one op (each is
@@ -66,6 +67,24 @@ struct MemoryPlan {
 };
 
 MemoryPlan plan_memory(const Graph& g, const PlanOptions& options = {});
+
+// What the arena holds at one op (the live peak by default), for the compile log: the live
+// temporaries split into gradients (read at or after that op, with a parameter's shape, by an op
+// that writes that parameter in place: the optimizer's update) and the rest grouped by the name of the op that defined them.
+struct LiveGroup {
+  std::string name;  // "gradients", or the defining op's name
+  size_t bytes = 0;
+  int buffers = 0;
+};
+struct LiveSite {
+  int op = -1;
+  size_t bytes = 0;              // all live temporaries in the arena at `op`
+  LiveGroup gradients{"gradients"};
+  std::vector<LiveGroup> rest;   // largest first
+  // "at op 1502 of 2973 (matmul): gradients 612.0 MiB (84 buffers); matmul 301.0 MiB (40); …"
+  std::string describe(const Graph& g) const;
+};
+LiveSite live_site(const Graph& g, const MemoryPlan& plan, int op = -1);
 
 // "" when no two temporaries that are live at the same op overlap in an arena; otherwise a
 // description of the first pair that does.
