@@ -104,19 +104,27 @@ fortunes_bytes() {  # the fortunes as bytes in /tmp/fortunes_byte, for a Llama m
     --name fortunes --val-fraction 0.05 --tokenizer byte --overwrite > /dev/null
 }
 # GPT-2 124M (B=16) and llama-250m (B=8), bf16, T=1024, 20 steps, each with ARGS (and the
-# environment ENVS, "" for none); the JSON lines and errors go to $out/LOG.
+# environment ENVS, "" for none); the JSON lines and errors go to $out/LOG. PAIR_MODELS (default
+# "gpt2 llama") names which of the two run, here and in peers_pair.
+PAIR_MODELS="${PAIR_MODELS:-gpt2 llama}"
 bench_pair() {  # LOG ENVS ARGS...
   local log="$1" envs="$2"; shift 2
+  [[ " $PAIR_MODELS " == *" gpt2 "* ]] &&
   env $envs timeout 150 "$pack/blutrain" bench --device cuda --model gpt2:d12 --precision bf16 -B 16 -T 1024 \
     --steps 20 "$@" 2>&1 | grep -E '^\{|fusion|recompute:|rror' | tee -a "$out/$log" | cut -c1-400
+  [[ " $PAIR_MODELS " == *" llama "* ]] &&
   env $envs timeout 200 "$pack/blutrain" bench --device cuda --model llama:llama-250m --precision bf16 -B 8 -T 1024 \
     --steps 20 --lr 3e-4 --beta2 0.95 "$@" 2>&1 | grep -E '^\{|fusion|recompute:|rror' | tee -a "$out/$log" | cut -c1-400
+  return 0
 }
 # The PyTorch peers of bench_pair's two steps in MODES (bf16,bf16c: eager and torch.compile).
 peers_pair() {  # LOG MODES
+  [[ " $PAIR_MODELS " == *" gpt2 "* ]] &&
   timeout 300 python3 .devpack/peers/torch_gpt2.py "$2" 16 1024 20 2>&1 | grep '^{' | tee -a "$out/$1"
+  [[ " $PAIR_MODELS " == *" llama "* ]] &&
   timeout 400 python3 .devpack/peers/torch_llama.py "$2" --model llama-250m -B 8 -T 1024 --steps 20 2>&1 \
     | grep '^{' | tee -a "$out/$1"
+  return 0
 }
 for step in "$@"; do
   case "$step" in

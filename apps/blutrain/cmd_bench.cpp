@@ -78,7 +78,7 @@ struct BenchOptions {
   bool compile = false, compile_log = false;  // compiled steps (compiler/compile.h), the compiler's log
   bool compile_check = false;                 // each fused region against its eager ops (CompileOptions::check)
   std::string compile_exclude;                // ops kept out of compilation ("" = BLU_COMPILE_EXCLUDE)
-  // Activations (models/activations.h): --recompute none|selective|block[:N], --offload-activations.
+  // Activations (models/activations.h): --recompute none|selective|mlp|block[:N] (joined by +), --offload-activations.
   std::string recompute = "none";
   int64_t loss_chunks = 0;  // the head's loss in row pieces (ops/fused.h, Note [Chunked loss])
   bool offload_activations = false;
@@ -732,8 +732,9 @@ Command add_bench(CLI::App& root) {
                 "measure what overlapping the communication costs the compute");
   app->add_flag("--profile", o->profile, "Also time each op of one extra step (by op name)");
   app->add_option("--recompute", o->recompute,
-                  "Activation recompute: none, selective (attention core, MLP activation), block (every block), "
-                  "block:N (every N-th), selective+block:N")
+                  "Activation recompute: none, selective (attention core, MLP activation), mlp (the MLP's input "
+                  "projection and activation), block (every block), block:N (every N-th), or parts joined by + in "
+                  "that order (selective+block:N, mlp+block:N, selective+mlp)")
       ->capture_default_str();
   app->add_option("--loss-chunks", o->loss_chunks,
                   "The LM head and its loss in this many row pieces: the logits never held whole (train --loss-chunks)")

@@ -15,7 +15,7 @@
 // - a --gpu-memory-budget under --compile is planned with the optimizer state on the device and
 //   met against the compiled steps' peak; a budget only offload would meet, and --offload-state,
 //   are refused by name;
-// - --recompute selective, block:2 and block compile (the recomputed forward is part of the
+// - --recompute selective, mlp, block:2 and block compile (the recomputed forward is part of the
 //   captured backward) and match the eager run with the same setting bitwise (the plan peaks are
 //   printed; at these tiny shapes the logits, not the activations, make the peak);
 // - --compile-remat (the compiler's own recompute) matches eager bitwise, alone and under ZeRO-1.
@@ -268,7 +268,7 @@ TEST_F(CompileCli, RecomputeCompilesAndEqualsEagerBitwise) {
     const LaunchResult plain = run1(train_cmd(model, 4, "plain_" + tag, {"--compile"}));
     ASSERT_EQ(plain.status, 0) << plain.out << plain.err;
     const double plain_peak = read_metrics(dir.path / ("plain_" + tag)).compile["plan_peak_bytes"].get<double>();
-    for (const std::string r : {"selective", "block:2", "block"}) {
+    for (const std::string r : {"selective", "mlp", "block:2", "block"}) {
       const std::string run = tag + "_" + (r == "block:2" ? std::string("block2") : r);
       const LaunchResult e = run1(train_cmd(model, 4, "eager_" + run, {"--recompute", r}));
       ASSERT_EQ(e.status, 0) << e.out << e.err;

@@ -3,7 +3,7 @@
 //     order with the current stream, even when the source is freed and its block reused right
 //     after to_host (record_stream keeps the block until the copy has read it), and a fetch back
 //     into a block the current stream has queued work on waits for that work;
-//   - a bf16 GPT-2 step (flash attention, dropout on) under every policy — selective, block,
+//   - a bf16 GPT-2 step (flash attention, dropout on) under every policy — selective, mlp, block,
 //     block:2, offload and their combinations — has the plain step's loss bit for bit (the forward
 //     is deterministic) and its gradients within the run-to-run noise of the attention backward's
 //     atomics, and the device memory after the forward falls by what activation_bytes() predicts.
@@ -120,7 +120,7 @@ TEST(ActivationPolicyCuda, Bf16Gpt2StepUnderEveryPolicyMatchesThePlainStep) {
   int64_t plain_kept = 0;
   for (const auto& a : models::activation_bytes(*model, B, T, {})) plain_kept += a.kept;
   for (bool offload : {false, true}) {
-    for (const char* name : {"none", "selective", "block", "block:2", "selective+block:2"}) {
+    for (const char* name : {"none", "selective", "mlp", "selective+mlp", "block", "block:2", "selective+block:2"}) {
       if (std::string(name) == "none" && !offload) continue;
       const models::ActivationPolicy p = models::ActivationPolicy::parse(name, offload);
       SCOPED_TRACE(std::string(name) + (offload ? " --offload-activations" : ""));

@@ -1,4 +1,4 @@
-// models/activations: every activation policy — selective, whole-block and every-N-th-block
+// models/activations: every activation policy — selective, mlp, whole-block and every-N-th-block
 // recompute, offload to host memory, and their combinations — trains GPT-2 (dropout on) and Llama
 // for ten AdamW steps with losses and gradients bitwise equal to the plain run; the device memory
 // the activations hold after the forward moves by exactly what activation_bytes() predicts, and the
@@ -84,7 +84,8 @@ TEST_P(ActivationPolicies, TenStepsBitwiseEqualToThePlainRun) {
   EXPECT_LT(plain.losses.back(), plain.losses.front()) << "the run should learn the batch";
   const size_t n_blocks = 4;
   for (bool offload : {false, true}) {
-    for (const std::string& name : std::vector<std::string>{"none", "selective", "block", "block:2", "selective+block:2"}) {
+    for (const std::string& name : std::vector<std::string>{"none", "selective", "mlp", "selective+mlp", "block",
+                                                            "block:2", "selective+block:2", "mlp+block:2"}) {
       if (name == "none" && !offload) continue;
       const ActivationPolicy p = ActivationPolicy::parse(name, offload);
       SCOPED_TRACE(family + " --recompute " + name + (offload ? " --offload-activations" : ""));
@@ -94,11 +95,12 @@ TEST_P(ActivationPolicies, TenStepsBitwiseEqualToThePlainRun) {
       ASSERT_EQ(r.grads.size(), plain.grads.size());
       for (size_t i = 0; i < r.grads.size(); ++i) EXPECT_EQ(r.grads[i], plain.grads[i]) << "gradient " << i;
       // Something was really recomputed / offloaded: one rebuild per recomputed block per step, and
-      // per selective region (GPT-2: the attention core; Llama: it and SwiGLU) in the others.
+      // in the others one per selective region (GPT-2: the attention core; Llama: it and SwiGLU)
+      // and per mlp region (which holds Llama's SwiGLU region, rebuilt with it).
       int64_t want = 0;
       for (size_t i = 0; i < n_blocks; ++i) {
         if (p.recompute_block(i)) want += 1;
-        else if (p.selective) want += family == "gpt2" ? 1 : 2;
+        else want += (p.selective ? 1 : 0) + (p.mlp || (p.selective && family == "llama") ? 1 : 0);
       }
       EXPECT_EQ(r.rebuilds, want * 10);
       EXPECT_EQ(r.offloaded > 0, offload);
@@ -143,7 +145,8 @@ TEST_P(ActivationPolicies, DeviceMemoryFallsByWhatActivationBytesPredicts) {
   }
   ASSERT_EQ(plain_bytes.size(), n);
   for (bool offload : {false, true}) {
-    for (const std::string& name : std::vector<std::string>{"none", "selective", "block", "block:2", "selective+block:2"}) {
+    for (const std::string& name : std::vector<std::string>{"none", "selective", "mlp", "selective+mlp", "block",
+                                                            "block:2", "selective+block:2", "mlp+block:2"}) {
       if (name == "none" && !offload) continue;
       const ActivationPolicy p = ActivationPolicy::parse(name, offload);
       SCOPED_TRACE(family + " --recompute " + name + (offload ? " --offload-activations" : ""));
@@ -169,7 +172,7 @@ TEST_P(ActivationPolicies, DeviceMemoryFallsByWhatActivationBytesPredicts) {
       // block's backward: its rebuilt activations (one block's worth) when it recomputes, and
       // blocks i and i-1 fetched back when offloading.
       const int64_t drop = plain_kept - kept;
-      const int64_t slack = ((p.block_every || p.selective ? 1 : 0) + (offload ? 2 : 0)) * largest_block;
+      const int64_t slack = ((p.block_every || p.selective || p.mlp ? 1 : 0) + (offload ? 2 : 0)) * largest_block;
       EXPECT_LE(m.peak, plain.peak - drop + slack) << "peak " << m.peak << ", plain " << plain.peak << ", drop " << drop;
       EXPECT_LT(m.peak, plain.peak);
       // The planner's totals agree with the per-block numbers.
@@ -225,10 +228,16 @@ TEST(ActivationPolicy, ParsesTheFlagValues) {
   EXPECT_TRUE(both.selective && both.offload);
   EXPECT_EQ(both.block_every, 2);
   EXPECT_TRUE(both.recompute_block(0) && !both.recompute_block(1) && both.recompute_block(2));
-  for (const char* s : {"none", "selective", "block", "block:4", "selective+block", "selective+block:2"})
+  const ActivationPolicy mlp = ActivationPolicy::parse("mlp+block:4");
+  EXPECT_TRUE(mlp.mlp && !mlp.selective && mlp.any());
+  EXPECT_EQ(mlp.block_every, 4);
+  for (const char* s : {"none", "selective", "mlp", "selective+mlp", "block", "block:4", "selective+block",
+                        "selective+block:2", "mlp+block:2", "selective+mlp+block:3"})
     EXPECT_EQ(ActivationPolicy::parse(s).recompute_name(), s);
-  for (const char* bad : {"", "blocks", "block:", "block:0", "block:x", "selective+", "full", "block+selective"})
-    EXPECT_NE(error_of([&] { ActivationPolicy::parse(bad); }).find("expected none, selective, block"), std::string::npos)
+  for (const char* bad : {"", "blocks", "block:", "block:0", "block:x", "selective+", "full", "block+selective",
+                          "mlp+selective", "block+mlp", "mlp+mlp", "+mlp", "mlps"})
+    EXPECT_NE(error_of([&] { ActivationPolicy::parse(bad); }).find("expected none, or selective, mlp, block"),
+              std::string::npos)
         << bad;
 }
 

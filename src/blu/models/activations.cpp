@@ -15,41 +15,49 @@ namespace blu::models {
 ActivationPolicy ActivationPolicy::parse(std::string_view recompute, bool offload_activations) {
   ActivationPolicy p;
   p.offload = offload_activations;
-  std::string_view rest = recompute;
   const auto bad = [&] {
-    BLU_CHECK(false, "--recompute: expected none, selective, block, block:N or selective+block:N (N >= 1), got '",
+    BLU_CHECK(false,
+              "--recompute: expected none, or selective, mlp, block, block:N (N >= 1) joined by + in that order "
+              "(e.g. selective+block:2, mlp+block:4), got '",
               recompute, "'");
   };
-  if (rest == "none") return p;
-  if (rest.starts_with("selective")) {
-    p.selective = true;
-    rest.remove_prefix(9);
-    if (rest.empty()) return p;
-    if (!rest.starts_with("+")) bad();
-    rest.remove_prefix(1);
+  if (recompute == "none") return p;
+  std::string_view rest = recompute;
+  int next = 0;  // the parts in order: 0 selective, 1 mlp, 2 block
+  while (true) {
+    const size_t plus = rest.find('+');
+    const std::string_view part = rest.substr(0, plus);
+    if (part == "selective" && next <= 0) {
+      p.selective = true, next = 1;
+    } else if (part == "mlp" && next <= 1) {
+      p.mlp = true, next = 2;
+    } else if (part.starts_with("block") && next <= 2) {
+      std::string_view n_text = part.substr(5);
+      int64_t n = 1;
+      if (!n_text.empty()) {
+        if (!n_text.starts_with(":") || n_text.size() < 2) bad();
+        n = 0;
+        for (char c : n_text.substr(1)) {
+          if (c < '0' || c > '9' || n > 1'000'000) bad();
+          n = n * 10 + (c - '0');
+        }
+        if (n < 1) bad();
+      }
+      p.block_every = n, next = 3;
+    } else {
+      bad();
+    }
+    if (plus == std::string_view::npos) return p;
+    rest.remove_prefix(plus + 1);
   }
-  if (!rest.starts_with("block")) bad();
-  rest.remove_prefix(5);
-  p.block_every = 1;
-  if (rest.empty()) return p;
-  if (!rest.starts_with(":") || rest.size() < 2) bad();
-  rest.remove_prefix(1);
-  int64_t n = 0;
-  for (char c : rest) {
-    if (c < '0' || c > '9' || n > 1'000'000) bad();
-    n = n * 10 + (c - '0');
-  }
-  if (n < 1) bad();
-  p.block_every = n;
-  return p;
 }
 
 std::string ActivationPolicy::recompute_name() const {
-  std::string s = selective ? "selective" : "";
-  if (block_every > 0) {
-    if (!s.empty()) s += "+";
-    s += block_every == 1 ? std::string("block") : "block:" + std::to_string(block_every);
-  }
+  std::string s;
+  const auto add = [&](const std::string& part) { s += (s.empty() ? "" : "+") + part; };
+  if (selective) add("selective");
+  if (mlp) add("mlp");
+  if (block_every > 0) add(block_every == 1 ? std::string("block") : "block:" + std::to_string(block_every));
   return s.empty() ? "none" : s;
 }
 
@@ -57,23 +65,31 @@ std::string ActivationPolicy::recompute_name() const {
 
 namespace {
 thread_local bool t_selective = false;
+thread_local bool t_mlp = false;
 thread_local std::vector<Generator*> t_generators;
 }  // namespace
 
-SelectiveScope::SelectiveScope(std::vector<Generator*> generators)
-    : prev_(std::move(t_generators)), prev_on_(t_selective) {
+SelectiveScope::SelectiveScope(std::vector<Generator*> generators, bool selective, bool mlp)
+    : prev_(std::move(t_generators)), prev_selective_(t_selective), prev_mlp_(t_mlp) {
   t_generators = std::move(generators);
-  t_selective = true;
+  t_selective = selective;
+  t_mlp = mlp;
 }
 
 SelectiveScope::~SelectiveScope() {
   t_generators = std::move(prev_);
-  t_selective = prev_on_;
+  t_selective = prev_selective_;
+  t_mlp = prev_mlp_;
 }
 
 Tensor selective_region(const char* name, const RegionFn& fn, const std::vector<Tensor>& inputs) {
   if (!t_selective || !GradMode::enabled()) return fn(inputs);
   return checkpoint(name, fn, inputs, t_generators, /*drop_output=*/true);
+}
+
+Tensor mlp_region(const RegionFn& fn, const std::vector<Tensor>& inputs) {
+  if (!t_mlp || !GradMode::enabled()) return fn(inputs);
+  return checkpoint("mlp", fn, inputs, t_generators, /*drop_output=*/true);
 }
 
 // --- offload ---
@@ -229,13 +245,16 @@ ActivationTotals activation_totals(CausalLM& model, int64_t B, int64_t T, const 
     for (size_t i = 0; i < bytes.size(); ++i) counted.push_back(i);
   ActivationTotals t;
   t.blocks = int64_t(counted.size());
-  t.selective = policy.selective ? "attention core, MLP activation" : "";
+  t.selective = policy.selective && policy.mlp ? "attention core, MLP"
+                 : policy.selective               ? "attention core, MLP activation"
+                 : policy.mlp                     ? "MLP"
+                                                  : "";
   int64_t back = 0;  // the most one block's backward brings back
   for (size_t k = 0; k < counted.size(); ++k) {
     const size_t i = counted[k];
     BLU_CHECK(i < bytes.size(), "activation_totals: block ", i, " of a model with ", bytes.size(), " blocks");
     const ActivationBytes& b = bytes[i];
-    if (policy.recompute_block(i) || policy.selective) ++t.recomputed_blocks;
+    if (policy.recompute_block(i) || policy.selective || policy.mlp) ++t.recomputed_blocks;
     else if (policy.offload) ++t.offloaded_blocks;
     else ++t.kept_blocks;
     t.device_bytes += b.kept;

@@ -7,9 +7,14 @@
 //              q|k|v projection to the heads merged back; Llama: RoPE, attention, merge) and the
 //              MLP activation (Llama: SwiGLU; GPT-2's GELU is already recomputed by gelu_linear).
 //              Model code marks those parts with selective_region().
+//   mlp        the MLP's input side recomputed in backward from the MLP's input (Megatron's "mlp"
+//              recompute module): Llama's gate/up projection and SwiGLU, GPT-2's c_fc (whose GELU
+//              gelu_linear recomputes anyway). Each block keeps the MLP's input, not the 2·I-wide
+//              projection output, for one more GEMM a block. Model code marks it with mlp_region().
 //   block[:N]  whole-block recompute on blocks 0, N, 2N, … (N = 1: every block): such a block's
 //              forward keeps only its input and its backward runs the block again first
-//              (autograd/checkpoint.h). "selective+block:N" adds selective recompute to the others.
+//              (autograd/checkpoint.h). "selective+block:N" adds selective recompute to the others,
+//              "mlp+block:N" the MLP's; the parts join with + in the order selective, mlp, block.
 //   offload    (with any of the above) each saved activation of a block goes to host memory as soon
 //              as it is saved and comes back ahead of the backward that needs it: the blocks i and
 //              i-1 are fetched when block i's backward is about to start (ActivationOffloader).
@@ -41,12 +46,14 @@ class CausalLM;
 struct ActivationPolicy {
   int64_t block_every = 0;  // N of block:N; 0: no whole-block recompute
   bool selective = false;
+  bool mlp = false;
   bool offload = false;
-  // "none", "selective", "block", "block:N", "selective+block:N" (BLU_CHECK otherwise, naming them).
+  // "none", or selective, mlp, block / block:N joined by + in that order ("selective+block:2",
+  // "mlp+block:4"; BLU_CHECK otherwise, naming them).
   static ActivationPolicy parse(std::string_view recompute, bool offload_activations = false);
   std::string recompute_name() const;  // as parse takes it
   bool recompute_block(size_t i) const { return block_every > 0 && i % size_t(block_every) == 0; }
-  bool any() const { return block_every > 0 || selective || offload; }
+  bool any() const { return block_every > 0 || selective || mlp || offload; }
   bool operator==(const ActivationPolicy&) const = default;
 };
 
@@ -54,19 +61,21 @@ struct ActivationPolicy {
 // selective policy (with grad mode on); fn(inputs) plainly otherwise. For the model code's
 // attention cores and MLP activations.
 Tensor selective_region(const char* name, const RegionFn& fn, const std::vector<Tensor>& inputs);
+// The same for the MLP's input side under an mlp policy (a drop_output region named "mlp").
+Tensor mlp_region(const RegionFn& fn, const std::vector<Tensor>& inputs);
 
-// RAII, opened by CausalLM::block: selective_region() recomputes inside the scope, restoring
-// `generators` (the model's) for the rebuild.
+// RAII, opened by CausalLM::block: selective_region() (when `selective`) and mlp_region() (when
+// `mlp`) recompute inside the scope, restoring `generators` (the model's) for the rebuild.
 class SelectiveScope {
  public:
-  explicit SelectiveScope(std::vector<Generator*> generators);
+  SelectiveScope(std::vector<Generator*> generators, bool selective, bool mlp);
   ~SelectiveScope();
   SelectiveScope(const SelectiveScope&) = delete;
   SelectiveScope& operator=(const SelectiveScope&) = delete;
 
  private:
   std::vector<Generator*> prev_;
-  bool prev_on_;
+  bool prev_selective_, prev_mlp_;
 };
 
 // The host copies of one model's offloaded activations. A tensor saved inside block i (an op's
@@ -107,15 +116,15 @@ std::vector<ActivationBytes> activation_bytes(CausalLM& model, int64_t B, int64_
                                               size_t probe_block = 0);
 
 // The whole model's activations under `policy` at [B, T], in the terms of the memory planner
-// (offload/plan.h's ActivationPlan): how many blocks keep, offload and recompute (a selectively
-// recomputed block counts as recomputed), what selective recomputes, and bytes. device_bytes:
+// (offload/plan.h's ActivationPlan): how many blocks keep, offload and recompute (a block with
+// selective or mlp recompute counts as recomputed), what selective recomputes, and bytes. device_bytes:
 // the blocks' kept bytes plus the most that one block's backward brings back — its recomputed
 // bytes, and with offload its own and the prefetched previous block's offloaded bytes;
 // host_bytes: all offloaded bytes. The embedding's and the head's activations are not included.
 // `blocks`: only these (a pipeline stage's, ascending; empty: every block).
 struct ActivationTotals {
   int64_t blocks = 0, kept_blocks = 0, offloaded_blocks = 0, recomputed_blocks = 0;
-  std::string selective;  // "" or "attention core, MLP activation"
+  std::string selective;  // what selective and mlp recompute: "", "attention core, MLP activation", …
   int64_t device_bytes = 0, host_bytes = 0;
 };
 ActivationTotals activation_totals(CausalLM& model, int64_t B, int64_t T, const ActivationPolicy& policy,

@@ -64,9 +64,9 @@ Tensor CausalLM::run_block_with_policy(size_t i, const Tensor& x, int64_t pos0) 
     y = checkpoint(
         ref.name, [this, i, pos0](const std::vector<Tensor>& in) { return run_block(i, in[0], pos0, nullptr, nullptr); },
         {x}, generators());
-  } else if (p.selective) {
+  } else if (p.selective || p.mlp) {
     SavedTensorHooks recompute_hook(recompute_pack_hook());
-    SelectiveScope scope(generators());
+    SelectiveScope scope(generators(), p.selective, p.mlp);
     y = run_block(i, x, pos0, nullptr, nullptr);
   } else {
     y = run_block(i, x, pos0, nullptr, nullptr);

@@ -32,8 +32,9 @@ namespace blu::train {
 // once), which holds the micro-batches its schedule keeps in flight.
 // --recompute auto: the least recompute whose plan fits, the optimizer state on the device first.
 // The settings in the order of what they cost a step: none, selective, block:4, selective+block:4,
-// block:2, selective+block:2, block (on an H200, llama-250m compiled: selective 7%, block:2 10%,
-// selective+block:2 13%, block 18%; docs/performance.md).
+// mlp, block:2, selective+block:2, selective+mlp, block (on an H200, llama-250m compiled: selective
+// 7%, block:2 10%, selective+block:2 13%, block 18%; mlp, one GEMM a block, ran 6.5% faster than
+// selective+block:2 in 62 MiB less; docs/performance.md).
 // Recompute costs a share of a forward; moving the state to the host costs its transfers or a host
 // update (docs/offload.md), more at every batch size measured, so every recompute setting is tried
 // with the state on the device before the user's --offload-state choice is let in (never under
@@ -69,7 +70,8 @@ offload::MemoryPlan Trainer::plan_with_recompute(offload::PlanInput& in, const s
       for (const int64_t n : kAutoLossChunks) candidates.push_back({r, offload_activations, state, n});
   };
   for (const std::string& state : states) {
-    for (const char* r : {"none", "selective", "block:4", "selective+block:4", "block:2", "selective+block:2", "block"})
+    for (const char* r : {"none", "selective", "block:4", "selective+block:4", "mlp", "block:2", "selective+block:2",
+                          "selective+mlp", "block"})
       add(r, o.offload_activations, state);
     if (!o.offload_activations && !o.compile) add("block", true, state);  // the compiler does not capture activation offload
   }
@@ -325,7 +327,7 @@ void Trainer::plan_memory(dist::StrategyConfig& sc, const dist::Layout& layout,
       plan = offload::plan_memory(in);
     } catch (const Error& e) {
       BLU_CHECK(!o.compile, e.what(), "\n  under --compile the optimizer state stays on the device; --recompute ",
-                "selective|block:N|block|auto (now ", o.recompute, ") lowers the activations' bytes");
+                "selective|mlp|block:N|block|auto (now ", o.recompute, ") lowers the activations' bytes");
       throw;
     }
   }

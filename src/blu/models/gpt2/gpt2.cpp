@@ -161,8 +161,9 @@ MLP::MLP(const GPTConfig& cfg, Generator* gen) {
 }
 
 Tensor MLP::forward(const Tensor& x, const Tensor& residual) const {
-  // c_proj(gelu_tanh(c_fc(x))) with the GELU output recomputed in backward (ops/fused.h).
-  const Tensor u = c_fc->forward(x);
+  // c_proj(gelu_tanh(c_fc(x))) with the GELU output recomputed in backward (ops/fused.h); under an
+  // mlp policy c_fc's output too, from x (models/activations.h).
+  const Tensor u = mlp_region([this](const std::vector<Tensor>& in) { return c_fc->forward(in[0]); }, {x});
   if (!c_proj->fusable()) {  // a sharded c_proj (tensor parallelism) reduces its GEMM's output itself
     const Tensor h = gelu(u, /*approximate=*/true);
     if (!residual.defined()) return dropout->forward(c_proj->forward(h));

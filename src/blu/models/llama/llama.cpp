@@ -298,10 +298,15 @@ LlamaMLP::LlamaMLP(const LlamaConfig& cfg) {
 
 Tensor LlamaMLP::forward(const Tensor& x, const Tensor& residual) const {
   // SwiGLU, a selective-recompute region: its output (down_proj's input) is rebuilt in backward.
-  // gate and up by one GEMM (Note [Sibling linears]): swiglu reads its two halves in place.
-  const Tensor h = selective_region(
-      "swiglu", [](const std::vector<Tensor>& in) { return swiglu(in[0], in[1]); },
-      nn::sibling_linears(x, {gate_proj.get(), up_proj.get()}));
+  // gate and up by one GEMM (Note [Sibling linears]): swiglu reads its two halves in place. Under
+  // an mlp policy the projection is rebuilt too, from x (models/activations.h).
+  const Tensor h = mlp_region(
+      [this](const std::vector<Tensor>& in) {
+        return selective_region(
+            "swiglu", [](const std::vector<Tensor>& gu) { return swiglu(gu[0], gu[1]); },
+            nn::sibling_linears(in[0], {gate_proj.get(), up_proj.get()}));
+      },
+      {x});
   return residual.defined() ? down_proj->forward(h, residual) : down_proj->forward(h);
 }
 
