@@ -4,8 +4,8 @@
 // Partition (a function of R and N only): block (32, 8) owns a slab of 32·V columns (V = 16 bytes
 // of T) and a chunk of rows; lane l of warp w takes vector l of rows w, w + 8, … of the chunk
 // (16-byte loads, 512 contiguous bytes a warp-row) and adds them in order in float; the 8 warps
-// are added in order into partial[chunk][col]; colsum_final_kernel adds the chunks in order, in
-// double. Chunks are 256 rows, halved (to 64 at least) until there are 512 blocks: a narrow g
+// are added in order into partial[chunk][col]; column_sums_final_kernel adds the chunks in order,
+// in double (the norms' weight and bias gradients end in the same kernel). Chunks are 256 rows, halved (to 64 at least) until there are 512 blocks: a narrow g
 // (GPT-2's 768 columns, 3 slabs) in 256-row chunks gives 192 blocks for 132 multiprocessors, and
 // its loads then reach 2.0 TB/s of an H200's 4.8 (13.4 µs for 16,384 rows).
 // Self-contained: nn_common.cuh includes it, and so may a file built on loops.cuh.
@@ -57,9 +57,10 @@ __device__ __forceinline__ float to_float(T v) {
   else if constexpr (std::is_same_v<T, __half>) return __half2float(v);
   else return float(v);
 }
-// The double sum rounded to float, then to O (ties to even).
+// The double sum rounded once to a double output, else to float and then to O (ties to even).
 template <typename O>
 __device__ __forceinline__ O from_double(double t) {
+  if constexpr (std::is_same_v<O, double>) return t;
   const float f = float(t);
   if constexpr (std::is_same_v<O, __nv_bfloat16>) return __float2bfloat16_rn(f);
   else if constexpr (std::is_same_v<O, __half>) return __float2half_rn(f);
@@ -117,18 +118,37 @@ __global__ void __launch_bounds__(256) colsum_partial_kernel(int64_t R, int64_t 
   }
 }
 
-template <typename O>
-__global__ void colsum_final_kernel(const float* __restrict__ partial, int64_t chunks, int64_t N, O* __restrict__ out) {
-  __shared__ double sm[32][33];
+// K column sums at once: out[k][col] = Σ_c partial[k][c·N + col] over the `chunks` partial rows
+// (the column sums' and the norms' weight and bias gradients), in double, rounded once
+// (from_double). Block (32, Y ≤ 32) over 32 columns: thread (tx, ty) adds rows ty, ty + Y, … in
+// order, then the Y sums are added in ty order. A null out[k] is skipped.
+template <typename P, typename O, int K>
+struct ColumnSums {
+  const P* partial[K];
+  O* out[K];
+};
+
+template <typename P, typename O, int K>
+__global__ void column_sums_final_kernel(ColumnSums<P, O, K> a, int64_t chunks, int64_t N) {
+  __shared__ double sm[K][32][33];
   const int64_t col = int64_t(blockIdx.x) * 32 + threadIdx.x;
-  double t = col < N ? column_sum_rows(partial, chunks, N, col, threadIdx.y, blockDim.y) : 0.0;
-  sm[threadIdx.y][threadIdx.x] = t;
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    sm[k][threadIdx.y][threadIdx.x] = col < N ? column_sum_rows(a.partial[k], chunks, N, col, threadIdx.y, blockDim.y) : 0.0;
   __syncthreads();
-  if (threadIdx.y == 0 && col < N) {
-    t = 0;
-    for (unsigned i = 0; i < blockDim.y; ++i) t += sm[i][threadIdx.x];
-    out[col] = colsum_detail::from_double<O>(t);
+  if (threadIdx.y != 0 || col >= N) return;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    double t = 0;
+    for (unsigned i = 0; i < blockDim.y; ++i) t += sm[k][i][threadIdx.x];
+    if (a.out[k]) a.out[k][col] = colsum_detail::from_double<O>(t);
   }
+}
+
+template <typename P, typename O, int K>
+void column_sums_final(const ColumnSums<P, O, K>& a, int64_t chunks, int64_t N, int threads_y, cudaStream_t s) {
+  column_sums_final_kernel<P, O, K><<<unsigned((N + 31) / 32), dim3(32, unsigned(threads_y)), 0, s>>>(a, chunks, N);
+  BLU_CUDA_CHECK_LAUNCH();
 }
 
 // Whether colsum_launch can sum g [R, N] of T: N a multiple of 16 bytes of T, few enough chunks.
@@ -150,10 +170,9 @@ void colsum_launch(int64_t R, int64_t N, Row row, void* out, bool out_f32, cudaS
   colsum_partial_kernel<T, Row><<<dim3(unsigned(slabs), unsigned(chunks)), dim3(32, 8), 0, s>>>(R, N, chunk, row, partial);
   BLU_CUDA_CHECK_LAUNCH();
   if (out_f32)
-    colsum_final_kernel<float><<<unsigned((N + 31) / 32), dim3(32, 32), 0, s>>>(partial, chunks, N, static_cast<float*>(out));
+    column_sums_final(ColumnSums<float, float, 1>{{partial}, {static_cast<float*>(out)}}, chunks, N, 32, s);
   else
-    colsum_final_kernel<T><<<unsigned((N + 31) / 32), dim3(32, 32), 0, s>>>(partial, chunks, N, static_cast<T*>(out));
-  BLU_CUDA_CHECK_LAUNCH();
+    column_sums_final(ColumnSums<float, T, 1>{{partial}, {static_cast<T*>(out)}}, chunks, N, 32, s);
 }
 
 }  // namespace blu::cuda

@@ -308,44 +308,22 @@ int fast_vecs_per_lane(int64_t C) {
     default: { constexpr int NV = 8; __VA_ARGS__; break; }     \
   }
 
-// Column sums of the partial rows in double: block (32, Y ≤ 32) over 32 columns, thread (tx, ty)
-// sums chunks ty, ty + Y, … in order, then the Y sums are added in ty order.
-// O: T, or float (param_dtype f32: the sums unrounded).
-template <typename T, typename O>
-__global__ void layer_norm_grad_wb_final_kernel(const acc_of<T>* __restrict__ partial_w,
-                                                const acc_of<T>* __restrict__ partial_b, int64_t chunks, int64_t C,
-                                                O* __restrict__ gw, O* __restrict__ gb) {
-  __shared__ double sw[32][33], sb[32][33];
-  const int64_t col = int64_t(blockIdx.x) * 32 + threadIdx.x;
-  double tw = col < C ? column_sum_rows(partial_w, chunks, C, col, threadIdx.y, blockDim.y) : 0.0;
-  double tb = col < C ? column_sum_rows(partial_b, chunks, C, col, threadIdx.y, blockDim.y) : 0.0;
-  sw[threadIdx.y][threadIdx.x] = tw;
-  sb[threadIdx.y][threadIdx.x] = tb;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < C) {
-    tw = tb = 0;
-    for (unsigned i = 0; i < blockDim.y; ++i) {
-      tw += sw[i][threadIdx.x];
-      tb += sb[i][threadIdx.x];
-    }
-    if (gw) gw[col] = from_acc<O>(acc_of<O>(tw));
-    if (gb) gb[col] = from_acc<O>(acc_of<O>(tb));
-  }
-}
-
-// The weight/bias gradient sums of `chunks` partial rows into out[1], out[2] (in T or f32).
+// The weight/bias gradient sums of `chunks` partial rows into out[1], out[2] (in T, or f32 under
+// param_dtype f32): one column_sums_final (colsum.cuh) over both.
 template <typename T>
 void layer_norm_grad_wb_final(const KernelCall& c, const acc_of<T>* pw, const acc_of<T>* pb, int64_t chunks,
                               int64_t C, int threads_y) {
-  const dim3 grid(unsigned((C + 31) / 32)), block(32, unsigned(threads_y));
   cudaStream_t s = stream_of(c.ctx);
   if (c.out[1].dtype() == DType::f32 && !std::is_same_v<T, float>)
-    layer_norm_grad_wb_final_kernel<T, float><<<grid, block, 0, s>>>(
-        pw, pb, chunks, C, static_cast<float*>(c.out[1].raw_data()), static_cast<float*>(c.out[2].raw_data()));
+    column_sums_final(ColumnSums<acc_of<T>, float, 2>{{pw, pb},
+                                                      {static_cast<float*>(c.out[1].raw_data()),
+                                                       static_cast<float*>(c.out[2].raw_data())}},
+                      chunks, C, threads_y, s);
   else
-    layer_norm_grad_wb_final_kernel<T, T><<<grid, block, 0, s>>>(
-        pw, pb, chunks, C, static_cast<T*>(c.out[1].raw_data()), static_cast<T*>(c.out[2].raw_data()));
-  BLU_CUDA_CHECK_LAUNCH();
+    column_sums_final(ColumnSums<acc_of<T>, T, 2>{{pw, pb},
+                                                  {static_cast<T*>(c.out[1].raw_data()),
+                                                   static_cast<T*>(c.out[2].raw_data())}},
+                      chunks, C, threads_y, s);
 }
 
 template <typename T>

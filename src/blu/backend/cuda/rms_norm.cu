@@ -98,36 +98,17 @@ __global__ void rms_norm_grad_w_partial_kernel(const T* __restrict__ g, const T*
   }
 }
 
-// Column sums of `chunks` partial rows in double: block (32, Y ≤ 32) over 32 columns, thread
-// (tx, ty) sums rows ty, ty + Y, … in order, then the Y sums are added in ty order.
-// P: the partials' type; O: the output's (T, or float under param_dtype f32).
-template <typename P, typename O>
-__global__ void rms_norm_grad_w_final_kernel(const P* __restrict__ partial, int64_t chunks, int64_t C,
-                                             O* __restrict__ gw) {
-  __shared__ double s[32][33];
-  const int64_t col = int64_t(blockIdx.x) * 32 + threadIdx.x;
-  double t = col < C ? column_sum_rows(partial, chunks, C, col, threadIdx.y, blockDim.y) : 0.0;
-  s[threadIdx.y][threadIdx.x] = t;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < C) {
-    t = 0;
-    for (unsigned i = 0; i < blockDim.y; ++i) t += s[i][threadIdx.x];
-    gw[col] = from_acc<O>(acc_of<O>(t));
-  }
-}
-
-// grad_weight (out[1], in T or f32) from `chunks` partial rows.
+// grad_weight (out[1], in T or f32 under param_dtype f32) from `chunks` partial rows: their column
+// sums in double (column_sums_final, colsum.cuh).
 template <typename T>
 void rms_norm_grad_w_final(const KernelCall& c, const acc_of<T>* partial, int64_t chunks, int64_t C, int threads_y) {
-  const dim3 grid(unsigned((C + 31) / 32)), block(32, unsigned(threads_y));
   cudaStream_t s = stream_of(c.ctx);
   if (c.out[1].dtype() == DType::f32 && !std::is_same_v<T, float>)
-    rms_norm_grad_w_final_kernel<acc_of<T>, float>
-        <<<grid, block, 0, s>>>(partial, chunks, C, static_cast<float*>(c.out[1].raw_data()));
+    column_sums_final(ColumnSums<acc_of<T>, float, 1>{{partial}, {static_cast<float*>(c.out[1].raw_data())}}, chunks,
+                      C, threads_y, s);
   else
-    rms_norm_grad_w_final_kernel<acc_of<T>, T>
-        <<<grid, block, 0, s>>>(partial, chunks, C, static_cast<T*>(c.out[1].raw_data()));
-  BLU_CUDA_CHECK_LAUNCH();
+    column_sums_final(ColumnSums<acc_of<T>, T, 1>{{partial}, {static_cast<T*>(c.out[1].raw_data())}}, chunks, C,
+                      threads_y, s);
 }
 
 // --- fast path ---
