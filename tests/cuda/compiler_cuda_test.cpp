@@ -291,8 +291,9 @@ size_t device_used_bytes() {
 }
 
 // Note [Plan against the device]: GPT-2 d12 at B=4, T=256, AdamW. The baseline is taken after the
-// CUDA context, the stream and cuBLAS exist (a matmul ran) and the cache is empty; the model, the
-// optimizer state and the eager warm-up step follow; after the first compiled step the cache is
+// CUDA context, the stream and cuBLAS exist (a matmul ran, in a workspace of its own that is gone
+// by then, so the step's workspace is counted on both sides) and the cache is empty; the model,
+// the optimizer state and the eager warm-up step follow; after the first compiled step the cache is
 // emptied (what the eager warm-up left cached goes back), and the next compiled step is measured.
 // What the step holds then is the plan (arena, held buffers, step outputs) plus the context's
 // workspace; the allocator rounds every block (512 B, large segments to 2 MiB) and the driver adds
@@ -300,12 +301,14 @@ size_t device_used_bytes() {
 TEST(CompilerCuda, PlanPeakWithinThreePercentOfTheAllocatorAndTheDevice) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   cuda::Stream stream;
-  Workspace ws(kGPU);
-  ExecContextGuard ctx(ExecContext{kGPU, stream.get(), &ws});
   {
+    Workspace first(kGPU);
+    ExecContextGuard ctx(ExecContext{kGPU, stream.get(), &first});
     const Tensor a = randn({256, 256}, DType::f32, kGPU);
     (void)to_vector(sum(matmul(a, a)));  // cuBLAS and its handle exist
   }
+  Workspace ws(kGPU);
+  ExecContextGuard ctx(ExecContext{kGPU, stream.get(), &ws});
   BLU_CUDA_CHECK(cudaDeviceSynchronize());
   cuda::empty_cache();
   const size_t used0 = device_used_bytes();
@@ -351,8 +354,8 @@ TEST(CompilerCuda, PlanPeakWithinThreePercentOfTheAllocatorAndTheDevice) {
             << "\ndevice in use over the baseline " << compiler::format_bytes(device_used) << ", ratio "
             << device_ratio << std::endl;
   EXPECT_NEAR(alloc_ratio, 1.0, 0.03) << plan.summary();
-  // What the driver reports: 1.011-1.012 of the plan on an H200 (2026-12-01). It holds because the
-  // held buffers leave no slack in the allocator's segments: AdamW's moments are one allocation
+  // What the driver reports: 1.026 of the plan and the workspace on an H200 (2026-12-01). It holds
+  // because the held buffers leave no slack in the allocator's segments: AdamW's moments are one allocation
   // each (Note [Optimizer state in one buffer]), mid-size tensors (the parameters, the gradients)
   // share 20 MiB segments (Note [Caching allocator]), and the arena has a segment of its own.
   EXPECT_NEAR(device_ratio, 1.0, 0.03) << plan.summary();
