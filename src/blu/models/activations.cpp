@@ -28,9 +28,11 @@ ActivationPolicy ActivationPolicy::parse(std::string_view recompute, bool offloa
     const size_t plus = rest.find('+');
     const std::string_view part = rest.substr(0, plus);
     if (part == "selective" && next <= 0) {
-      p.selective = true, next = 1;
+      p.selective = true;
+      next = 1;
     } else if (part == "mlp" && next <= 1) {
-      p.mlp = true, next = 2;
+      p.mlp = true;
+      next = 2;
     } else if (part.starts_with("block") && next <= 2) {
       std::string_view n_text = part.substr(5);
       int64_t n = 1;
@@ -43,7 +45,8 @@ ActivationPolicy ActivationPolicy::parse(std::string_view recompute, bool offloa
         }
         if (n < 1) bad();
       }
-      p.block_every = n, next = 3;
+      p.block_every = n;
+      next = 3;
     } else {
       bad();
     }
