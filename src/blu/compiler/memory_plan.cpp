@@ -57,7 +57,10 @@ class LiveBytes {
     int64_t cur = 0, most = 0;
     int at = -1;
     for (size_t i = 0; i + 1 < delta_.size(); ++i)
-      if ((cur += delta_[i]) > most) most = cur, at = int(i);
+      if ((cur += delta_[i]) > most) {
+        most = cur;
+        at = int(i);
+      }
     return {at, most};
   }
 
