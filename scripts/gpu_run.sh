@@ -66,7 +66,7 @@
 #           the measured peak, tok/s; then the model's torch.compile peer (BUDGET_PEER=0: not)
 #   check — performance.md's current check: GPT-2 124M and llama-250m tuned and compiled, at full speed
 #           and in at most 0.6x of torch.compile's memory (CHECK_GPT2_LOW, CHECK_LLAMA_LOW), REPS
-#           (2) times in turn, then both torch.compile peers (check.log)
+#           (2) times in turn, between two runs of both torch.compile peers (check.log)
 #   precisions — the same two models in fp32 and tf32 (PRECISIONS), eager and --compile, REPS (1)
 #   fuseexport — GPT-2 124M (B=16) and llama-250m (B=8), bf16, T=1024: one short `bench --compile
 #           --compile-export` each, writing the captured steps to $OUT/graphs (fused where MLIR is:
@@ -370,12 +370,14 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
     check)
       # performance.md's current check: the tuned compiled step of GPT-2 124M (B=16) and llama-250m
       # (B=8), as fast as it goes and in at most 0.6x of torch.compile's memory (CHECK_GPT2_LOW,
-      # CHECK_LLAMA_LOW: the arguments for that), REPS (2) times in turn, then both torch.compile peers;
-      # check.log, and a table of the figures at the end.
+      # CHECK_LLAMA_LOW: the arguments for that), REPS (2) times in turn, with both torch.compile
+      # peers before and after (their step moves from call to call, Llama's most); check.log, and a
+      # table of the figures at the end.
       g=("$pack/blutrain" bench --device cuda --precision bf16 -T 1024 --steps 30 --compile --gemm-tune on)
       G="--model gpt2:d12 -B 16"; L="--model llama:llama-250m -B 8 --lr 3e-4 --beta2 0.95"
       low_g="${CHECK_GPT2_LOW:---compile-remat --loss-chunks 8}"
       low_l="${CHECK_LLAMA_LOW:---compile-remat --loss-chunks 4 --recompute mlp}"
+      peers_pair check.log bf16c > /dev/null
       for rep in $(seq "${REPS:-2}"); do
         for cfg in "$G|" "$G|$low_g" "$L|" "$L|$low_l"; do
           echo "== ${cfg%%|*} ${cfg#*|}" >> "$out/check.log"
