@@ -4,7 +4,9 @@
 //     model (BLU_TP_PLAIN=1), or every rank tensor-parallel over the whole world (BLU_TP_SP=1:
 //     with sequence parallelism) through dist::Strategy. Rank 0 writes <out>.losses, <out>.norms
 //     (the gradient norm of each step) and <out>.params (the full parameters, gathered, sorted
-//     by name, f32). BLU_TP_ROW_CHUNKS: TPOptions::row_chunks.
+//     by name, f32). BLU_TP_ROW_CHUNKS: TPOptions::row_chunks. BLU_TP_RECOMPUTE: the model's
+//     activation policy (--recompute's values; default none); <out>.rebuilds: the recompute
+//     regions rank 0 rebuilt.
 //   tp_check_worker: one forward and backward of each family, TP over the world with and without
 //     sequence parallelism, under dist::ShardingCheck: no op may refuse its placements, and the
 //     rules must have run (rank 0 prints how many ops were checked).
@@ -146,6 +148,7 @@ inline void tp_train_worker() {
       EXPECT_GT(to_vector(t)[0], -to_vector(t)[1]) << "rank " << r << ": widths given, yet every rank holds as much";
     }
   }
+  model->set_activation_policy(models::ActivationPolicy::parse(getenv_or("BLU_TP_RECOMPUTE", "none")));
   // BLU_TP_KILL="RANK:STEP": that rank exits in the middle of that step's forward (entering its
   // second block), without a word to the others; the others must fail naming it (Note [Roll call],
   // process_group_gloo.cpp), each writing its error to <out>.rank<r>.error.
@@ -208,6 +211,7 @@ inline void tp_train_worker() {
   if (r == 0 && !out.empty()) {
     write_doubles(out + ".losses", losses);
     write_doubles(out + ".norms", norms);
+    write_doubles(out + ".rebuilds", {double(recompute_rebuild_count())});
     const ColumnInputStats cs = column_input_stats();
     write_doubles(out + ".columns", {double(cs.early), double(cs.shared), double(model->num_blocks()),
                                      double(row_chunk_collectives()), double(watch ? watch->beside_compute() : 0)});

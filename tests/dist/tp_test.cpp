@@ -17,6 +17,7 @@
 // gives, which moves whole tensors by ~lr per step).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -34,6 +35,7 @@ struct TPRun {
   std::vector<double> losses, norms;
   std::vector<double> columns;  // column inputs: collectives started early, linears that shared one, blocks
   std::vector<float> params;
+  double rebuilds = 0;  // recompute regions rank 0 rebuilt
 };
 
 std::vector<double> read_doubles(const std::string& path) {
@@ -44,9 +46,12 @@ std::vector<double> read_doubles(const std::string& path) {
 }
 
 TPRun run(const TempDir& dir, const std::string& family, int n, bool plain, bool sp, const std::string& widths = "",
-          int row_chunks = 1) {
+          int row_chunks = 1, const std::string& recompute = "none") {
+  std::string policy = recompute;
+  std::replace(policy.begin(), policy.end(), ':', '_');
   const std::string tag = family + (plain ? "_plain" : "_tp" + std::to_string(n) + (sp ? "_sp" : "")) +
-                          (widths.empty() ? "" : "_uneven") + (row_chunks > 1 ? "_rows" + std::to_string(row_chunks) : "");
+                          (widths.empty() ? "" : "_uneven") + (row_chunks > 1 ? "_rows" + std::to_string(row_chunks) : "") +
+                          (recompute == "none" ? "" : "_" + policy);
   const std::string out = dir.str() + "/" + tag;
   const LaunchResult r = run_workers("tp_train", n,
                                      {{"BLU_TP_FAMILY", family},
@@ -54,6 +59,7 @@ TPRun run(const TempDir& dir, const std::string& family, int n, bool plain, bool
                                       {"BLU_TP_SP", sp ? "1" : "0"},
                                       {"BLU_TP_WIDTHS", widths},
                                       {"BLU_TP_ROW_CHUNKS", std::to_string(row_chunks)},
+                                      {"BLU_TP_RECOMPUTE", recompute},
                                       {"BLU_DIST_STEPS", "10"},
                                       {"BLU_DIST_OUT", out}});
   EXPECT_EQ(r.status, 0) << tag << "\nstdout:\n" << r.out << "\nstderr:\n" << r.err;
@@ -61,6 +67,7 @@ TPRun run(const TempDir& dir, const std::string& family, int n, bool plain, bool
   t.losses = read_doubles(out + ".losses");
   t.norms = read_doubles(out + ".norms");
   t.columns = read_doubles(out + ".columns");
+  if (const std::vector<double> rb = read_doubles(out + ".rebuilds"); !rb.empty()) t.rebuilds = rb[0];
   std::ifstream pf(out + ".params", std::ios::binary);
   pf.seekg(0, std::ios::end);
   t.params.resize(size_t(pf.tellg()) / 4);
@@ -161,6 +168,27 @@ TEST(TensorParallel, RowPiecesOverlapTheForwardAndMatchOneProcess) {
 // step 3): every survivor's next collective fails, and its error names the lost rank by its job
 // rank (Note [Roll call], process_group_gloo.cpp) within the group's timeout (10 s) — on three
 // ranks (uneven widths: GPT-2's 4 heads do not split in three) and on two.
+// Recompute under tensor and sequence parallelism (models/activations.h): the rebuilt regions run
+// the sharded ops and their collectives again in backward, so the run is bitwise the one that
+// keeps everything — selective (the attention core), mlp (the MLP's column-parallel input
+// projection, whose sequence-parallel all-gather is inside the region) and whole blocks.
+TEST(TensorParallel, RecomputeUnderSequenceParallelismIsBitwise) {
+  for (const std::string family : {"gpt2", "llama"}) {
+    TempDir dir;
+    const TPRun keep = run(dir, family, 2, false, true);
+    for (const std::string recompute : {"selective+mlp", "mlp+block:2"}) {
+      const std::string what = family + " TP=2 + SP, --recompute " + recompute;
+      const TPRun got = run(dir, family, 2, false, true, "", 1, recompute);
+      EXPECT_EQ(got.losses, keep.losses) << what;
+      EXPECT_EQ(got.norms, keep.norms) << what;
+      EXPECT_EQ(got.params, keep.params) << what;
+      EXPECT_EQ(got.losses.size(), 10u) << what;
+      EXPECT_GT(got.rebuilds, 0) << what << ": nothing was recomputed";
+    }
+    EXPECT_EQ(keep.rebuilds, 0) << family;
+  }
+}
+
 TEST(TensorParallel, KilledRankIsNamedByEverySurvivor) {
   TempDir dir;
   for (int n : {3, 2}) {
