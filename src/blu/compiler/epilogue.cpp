@@ -48,6 +48,13 @@ int input_slot(const FusedRegion& r, int v) {
   return int(it - r.inputs.begin());
 }
 
+// Where value v sits among region r's outputs.
+int output_slot(const FusedRegion& r, int v) {
+  const auto it = std::find(r.outputs.begin(), r.outputs.end(), v);
+  BLU_CHECK(it != r.outputs.end(), "epilogue_launch: value %", v, " is not an output of region ", r.index);
+  return int(it - r.outputs.begin());
+}
+
 bool is_gelu_tanh(const Op& o) {
   return o.kind == OpKind::kernel && o.name == "gelu" && o.inputs.size() == 1 && o.outputs.size() == 1 &&
          o.writes.empty() && o.attrs.has("approximate") && o.attrs.b("approximate");
@@ -290,11 +297,6 @@ FusedLaunch bias_grad_launch(const Graph& g, const FusedRegion& r) {
   const Op& a = g.ops[size_t(r.ops.front())];
   const Op& b = g.ops[size_t(r.ops.back())];
   const bool into = b.name == "linear_weight_grad_into";
-  auto out_slot = [&](int v) {
-    const auto it = std::find(r.outputs.begin(), r.outputs.end(), v);
-    BLU_CHECK(it != r.outputs.end(), "epilogue_launch: value %", v, " is not an output of region ", r.index);
-    return int(it - r.outputs.begin());
-  };
   // An output on v's buffer (v itself, or a view of it that is read outside).
   auto buffer_slot = [&](int v) {
     const auto it = std::find_if(r.outputs.begin(), r.outputs.end(),
@@ -305,9 +307,9 @@ FusedLaunch bias_grad_launch(const Graph& g, const FusedRegion& r) {
   const int sg = input_slot(r, a.inputs[0]), sx = input_slot(r, a.inputs[1]);
   const int sh = buffer_slot(a.outputs[0]), sgu = buffer_slot(a.outputs[1]);
   // The weight gradient's operands: (gw, g, x[, gb]) in place, or (g, x) -> (gw, gb).
-  const int sgw = into ? input_slot(r, b.inputs[0]) : out_slot(b.outputs[0]);
+  const int sgw = into ? input_slot(r, b.inputs[0]) : output_slot(r, b.outputs[0]);
   const int sxw = input_slot(r, b.inputs[into ? 2 : 1]);
-  const int sgb = into ? input_slot(r, b.inputs[3]) : out_slot(b.outputs[1]);
+  const int sgb = into ? input_slot(r, b.inputs[3]) : output_slot(r, b.outputs[1]);
   const Value& gu = g.values[size_t(a.outputs[1])];
   const Value& gb = g.values[size_t(into ? b.inputs[3] : b.outputs[1])];
   const Shape g_shape = g.values[size_t(weight_grad_g(b))].shape, g_strides{g_shape[1], 1};
