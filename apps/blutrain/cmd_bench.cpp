@@ -733,8 +733,8 @@ Command add_bench(CLI::App& root) {
   app->add_flag("--profile", o->profile, "Also time each op of one extra step (by op name)");
   app->add_option("--recompute", o->recompute,
                   "Activation recompute: none, selective (attention core, MLP activation), mlp (the MLP's input "
-                  "projection and activation), block (every block), block:N (every N-th), or parts joined by + in "
-                  "that order (selective+block:N, mlp+block:N, selective+mlp)")
+                  "projection and activation), mlp:N (that on every N-th block), block (every block), block:N (every "
+                  "N-th), or parts joined by + in that order (selective+block:N, mlp:N+block:M, selective+mlp)")
       ->capture_default_str();
   app->add_option("--loss-chunks", o->loss_chunks,
                   "The LM head and its loss in this many row pieces: the logits never held whole (train --loss-chunks)")

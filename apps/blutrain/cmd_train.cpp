@@ -318,9 +318,9 @@ Command add_train(CLI::App& root) {
   // Activations (models/activations.h).
   app->add_option("--recompute", o.recompute,
                   "Activation recompute: none, selective (attention core, MLP activation), mlp (the MLP's input "
-                  "projection and activation), block (every block), block:N (every N-th), or parts joined by + in "
-                  "that order (selective+block:N, mlp+block:N, selective+mlp), or auto: the least of none, selective, block:4, "
-                  "selective+block:4, mlp, block:2, selective+block:2, selective+mlp, block whose plan fits --gpu-memory-budget, each also with --loss-chunks 4, then 8, unless --loss-chunks is given")
+                  "projection and activation), mlp:N (that on every N-th block), block (every block), block:N (every "
+                  "N-th), or parts joined by + in that order (selective+block:N, mlp:N+block:M, selective+mlp), or auto: the least of none, mlp:4, mlp:2, selective, "
+                  "block:4, selective+block:4, mlp, block:2, selective+block:2, selective+mlp, block whose plan fits --gpu-memory-budget, each also with --loss-chunks 4, then 8, unless --loss-chunks is given")
       ->capture_default_str();
   app->add_option("--loss-chunks", o.loss_chunks,
                   "Compute the LM head and its loss in this many row pieces, each piece's gradient at once, so the "

@@ -85,7 +85,8 @@ TEST_P(ActivationPolicies, TenStepsBitwiseEqualToThePlainRun) {
   const size_t n_blocks = 4;
   for (bool offload : {false, true}) {
     for (const std::string& name : std::vector<std::string>{"none", "selective", "mlp", "selective+mlp", "block",
-                                                            "block:2", "selective+block:2", "mlp+block:2"}) {
+                                                            "block:2", "selective+block:2", "mlp+block:2",
+                                                            "mlp:2", "selective+mlp:3+block:2"}) {
       if (name == "none" && !offload) continue;
       const ActivationPolicy p = ActivationPolicy::parse(name, offload);
       SCOPED_TRACE(family + " --recompute " + name + (offload ? " --offload-activations" : ""));
@@ -96,11 +97,11 @@ TEST_P(ActivationPolicies, TenStepsBitwiseEqualToThePlainRun) {
       for (size_t i = 0; i < r.grads.size(); ++i) EXPECT_EQ(r.grads[i], plain.grads[i]) << "gradient " << i;
       // Something was really recomputed / offloaded: one rebuild per recomputed block per step, and
       // in the others one per selective region (GPT-2: the attention core; Llama: it and SwiGLU)
-      // and per mlp region (which holds Llama's SwiGLU region, rebuilt with it).
+      // and per mlp region where mlp:N puts one (it holds Llama's SwiGLU region, rebuilt with it).
       int64_t want = 0;
       for (size_t i = 0; i < n_blocks; ++i) {
         if (p.recompute_block(i)) want += 1;
-        else want += (p.selective ? 1 : 0) + (p.mlp || (p.selective && family == "llama") ? 1 : 0);
+        else want += (p.selective ? 1 : 0) + (p.recompute_mlp(i) || (p.selective && family == "llama") ? 1 : 0);
       }
       EXPECT_EQ(r.rebuilds, want * 10);
       EXPECT_EQ(r.offloaded > 0, offload);
@@ -146,7 +147,8 @@ TEST_P(ActivationPolicies, DeviceMemoryFallsByWhatActivationBytesPredicts) {
   ASSERT_EQ(plain_bytes.size(), n);
   for (bool offload : {false, true}) {
     for (const std::string& name : std::vector<std::string>{"none", "selective", "mlp", "selective+mlp", "block",
-                                                            "block:2", "selective+block:2", "mlp+block:2"}) {
+                                                            "block:2", "selective+block:2", "mlp+block:2",
+                                                            "mlp:2", "selective+mlp:3+block:2"}) {
       if (name == "none" && !offload) continue;
       const ActivationPolicy p = ActivationPolicy::parse(name, offload);
       SCOPED_TRACE(family + " --recompute " + name + (offload ? " --offload-activations" : ""));
@@ -172,7 +174,7 @@ TEST_P(ActivationPolicies, DeviceMemoryFallsByWhatActivationBytesPredicts) {
       // block's backward: its rebuilt activations (one block's worth) when it recomputes, and
       // blocks i and i-1 fetched back when offloading.
       const int64_t drop = plain_kept - kept;
-      const int64_t slack = ((p.block_every || p.selective || p.mlp ? 1 : 0) + (offload ? 2 : 0)) * largest_block;
+      const int64_t slack = ((p.block_every || p.selective || p.mlp_every ? 1 : 0) + (offload ? 2 : 0)) * largest_block;
       EXPECT_LE(m.peak, plain.peak - drop + slack) << "peak " << m.peak << ", plain " << plain.peak << ", drop " << drop;
       EXPECT_LT(m.peak, plain.peak);
       // The planner's totals agree with the per-block numbers.
@@ -229,14 +231,20 @@ TEST(ActivationPolicy, ParsesTheFlagValues) {
   EXPECT_EQ(both.block_every, 2);
   EXPECT_TRUE(both.recompute_block(0) && !both.recompute_block(1) && both.recompute_block(2));
   const ActivationPolicy mlp = ActivationPolicy::parse("mlp+block:4");
-  EXPECT_TRUE(mlp.mlp && !mlp.selective && mlp.any());
+  EXPECT_TRUE(mlp.mlp_every == 1 && !mlp.selective && mlp.any());
   EXPECT_EQ(mlp.block_every, 4);
-  for (const char* s : {"none", "selective", "mlp", "selective+mlp", "block", "block:4", "selective+block",
-                        "selective+block:2", "mlp+block:2", "selective+mlp+block:3"})
+  const ActivationPolicy some = ActivationPolicy::parse("mlp:3");
+  EXPECT_EQ(some.mlp_every, 3);
+  EXPECT_TRUE(some.any() && some.recompute_mlp(0) && !some.recompute_mlp(1) && !some.recompute_mlp(2) &&
+              some.recompute_mlp(3));
+  for (const char* s : {"none", "selective", "mlp", "mlp:12", "selective+mlp", "block", "block:4", "selective+block",
+                        "selective+block:2", "mlp+block:2", "selective+mlp+block:3", "selective+mlp:2+block:4"})
     EXPECT_EQ(ActivationPolicy::parse(s).recompute_name(), s);
+  EXPECT_EQ(ActivationPolicy::parse("mlp:1").recompute_name(), "mlp");
   for (const char* bad : {"", "blocks", "block:", "block:0", "block:x", "selective+", "full", "block+selective",
-                          "mlp+selective", "block+mlp", "mlp+mlp", "+mlp", "mlps"})
-    EXPECT_NE(error_of([&] { ActivationPolicy::parse(bad); }).find("expected none, or selective, mlp, block"),
+                          "mlp+selective", "block+mlp", "mlp+mlp", "+mlp", "mlps", "mlp:", "mlp:0", "mlp:-1",
+                          "mlp:2+mlp", "block:2+mlp:2"})
+    EXPECT_NE(error_of([&] { ActivationPolicy::parse(bad); }).find("expected none, or selective, mlp, mlp:N, block"),
               std::string::npos)
         << bad;
 }

@@ -17,9 +17,23 @@ ActivationPolicy ActivationPolicy::parse(std::string_view recompute, bool offloa
   p.offload = offload_activations;
   const auto bad = [&] {
     BLU_CHECK(false,
-              "--recompute: expected none, or selective, mlp, block, block:N (N >= 1) joined by + in that order "
-              "(e.g. selective+block:2, mlp+block:4), got '",
+              "--recompute: expected none, or selective, mlp, mlp:N, block, block:N (N >= 1) joined by + in that "
+              "order (e.g. selective+block:2, mlp:2+block:4), got '",
               recompute, "'");
+  };
+  // "<name>" or "<name>:N" (N >= 1) -> N; 0 when `part` is not `name`'s.
+  const auto every = [&](std::string_view part, std::string_view name) -> int64_t {
+    if (!part.starts_with(name)) return 0;
+    const std::string_view n_text = part.substr(name.size());
+    if (n_text.empty()) return 1;
+    if (!n_text.starts_with(":") || n_text.size() < 2) bad();
+    int64_t n = 0;
+    for (char c : n_text.substr(1)) {
+      if (c < '0' || c > '9' || n > 1'000'000) bad();
+      n = n * 10 + (c - '0');
+    }
+    if (n < 1) bad();
+    return n;
   };
   if (recompute == "none") return p;
   std::string_view rest = recompute;
@@ -30,22 +44,11 @@ ActivationPolicy ActivationPolicy::parse(std::string_view recompute, bool offloa
     if (part == "selective" && next <= 0) {
       p.selective = true;
       next = 1;
-    } else if (part == "mlp" && next <= 1) {
-      p.mlp = true;
+    } else if (const int64_t n = every(part, "mlp"); n > 0 && next <= 1) {
+      p.mlp_every = n;
       next = 2;
-    } else if (part.starts_with("block") && next <= 2) {
-      std::string_view n_text = part.substr(5);
-      int64_t n = 1;
-      if (!n_text.empty()) {
-        if (!n_text.starts_with(":") || n_text.size() < 2) bad();
-        n = 0;
-        for (char c : n_text.substr(1)) {
-          if (c < '0' || c > '9' || n > 1'000'000) bad();
-          n = n * 10 + (c - '0');
-        }
-        if (n < 1) bad();
-      }
-      p.block_every = n;
+    } else if (const int64_t m = every(part, "block"); m > 0 && next <= 2) {
+      p.block_every = m;
       next = 3;
     } else {
       bad();
@@ -57,10 +60,12 @@ ActivationPolicy ActivationPolicy::parse(std::string_view recompute, bool offloa
 
 std::string ActivationPolicy::recompute_name() const {
   std::string s;
-  const auto add = [&](const std::string& part) { s += (s.empty() ? "" : "+") + part; };
-  if (selective) add("selective");
-  if (mlp) add("mlp");
-  if (block_every > 0) add(block_every == 1 ? std::string("block") : "block:" + std::to_string(block_every));
+  const auto add = [&](const char* name, int64_t n) {
+    s += (s.empty() ? "" : "+") + std::string(name) + (n == 1 ? "" : ":" + std::to_string(n));
+  };
+  if (selective) add("selective", 1);
+  if (mlp_every > 0) add("mlp", mlp_every);
+  if (block_every > 0) add("block", block_every);
   return s.empty() ? "none" : s;
 }
 
@@ -216,13 +221,15 @@ std::vector<ActivationBytes> activation_bytes(CausalLM& model, int64_t B, int64_
   std::vector<ActivationBytes> out;
   try {
     const ActivationBytes full = measure(ActivationPolicy{});
-    std::optional<ActivationBytes> whole, part;
+    // The ways a block runs: whole-block recompute, or with its regions, the MLP's or not.
+    std::optional<ActivationBytes> whole, with_mlp, part;
     for (size_t i = 0; i < n; ++i) {
-      const bool rec = policy.recompute_block(i);
-      std::optional<ActivationBytes>& b = rec ? whole : part;
+      const bool rec = policy.recompute_block(i), mlp = !rec && policy.recompute_mlp(i);
+      std::optional<ActivationBytes>& b = rec ? whole : mlp ? with_mlp : part;
       if (!b) {
         ActivationPolicy p = policy;
         p.block_every = rec ? 1 : 0;
+        p.mlp_every = mlp ? 1 : 0;
         b = measure(p);
         b->recomputed = std::max<int64_t>(0, full.kept - b->kept - b->offloaded);
       }
@@ -248,16 +255,17 @@ ActivationTotals activation_totals(CausalLM& model, int64_t B, int64_t T, const 
     for (size_t i = 0; i < bytes.size(); ++i) counted.push_back(i);
   ActivationTotals t;
   t.blocks = int64_t(counted.size());
-  t.selective = policy.selective && policy.mlp ? "attention core, MLP"
-                 : policy.selective               ? "attention core, MLP activation"
-                 : policy.mlp                     ? "MLP"
-                                                  : "";
+  const bool mlp = policy.mlp_every > 0;
+  t.selective = policy.selective && mlp ? "attention core, MLP"
+                 : policy.selective      ? "attention core, MLP activation"
+                 : mlp                   ? "MLP"
+                                         : "";
   int64_t back = 0;  // the most one block's backward brings back
   for (size_t k = 0; k < counted.size(); ++k) {
     const size_t i = counted[k];
     BLU_CHECK(i < bytes.size(), "activation_totals: block ", i, " of a model with ", bytes.size(), " blocks");
     const ActivationBytes& b = bytes[i];
-    if (policy.recompute_block(i) || policy.selective || policy.mlp) ++t.recomputed_blocks;
+    if (policy.recompute_block(i) || policy.selective || policy.recompute_mlp(i)) ++t.recomputed_blocks;
     else if (policy.offload) ++t.offloaded_blocks;
     else ++t.kept_blocks;
     t.device_bytes += b.kept;

@@ -7,14 +7,17 @@
 //              q|k|v projection to the heads merged back; Llama: RoPE, attention, merge) and the
 //              MLP activation (Llama: SwiGLU; GPT-2's GELU is already recomputed by gelu_linear).
 //              Model code marks those parts with selective_region().
-//   mlp        the MLP's input side recomputed in backward from the MLP's input (Megatron's "mlp"
-//              recompute module): Llama's gate/up projection and SwiGLU, GPT-2's c_fc (whose GELU
-//              gelu_linear recomputes anyway). Each block keeps the MLP's input, not the 2·I-wide
-//              projection output, for one more GEMM a block. Model code marks it with mlp_region().
+//   mlp[:N]    the MLP's input side recomputed in backward from the MLP's input (Megatron's "mlp"
+//              recompute module) on blocks 0, N, 2N, … (N = 1: every block): Llama's gate/up
+//              projection and SwiGLU, GPT-2's c_fc (whose GELU gelu_linear recomputes anyway). Such
+//              a block keeps the MLP's input, not the 2·I-wide projection output, for one more GEMM;
+//              mlp:N takes a share of that trade, N-fold fewer blocks, where a budget needs only
+//              part of it. Model code marks the region with mlp_region().
 //   block[:N]  whole-block recompute on blocks 0, N, 2N, … (N = 1: every block): such a block's
 //              forward keeps only its input and its backward runs the block again first
 //              (autograd/checkpoint.h). "selective+block:N" adds selective recompute to the others,
-//              "mlp+block:N" the MLP's; the parts join with + in the order selective, mlp, block.
+//              "mlp+block:N" the MLP's; the parts join with + in the order selective, mlp, block. A
+//              block that block:N recomputes whole is rebuilt whole whatever mlp:N says of it.
 //   offload    (with any of the above) each saved activation of a block goes to host memory as soon
 //              as it is saved and comes back ahead of the backward that needs it: the blocks i and
 //              i-1 are fetched when block i's backward is about to start (ActivationOffloader).
@@ -45,15 +48,16 @@ class CausalLM;
 
 struct ActivationPolicy {
   int64_t block_every = 0;  // N of block:N; 0: no whole-block recompute
+  int64_t mlp_every = 0;    // N of mlp:N; 0: no MLP recompute
   bool selective = false;
-  bool mlp = false;
   bool offload = false;
-  // "none", or selective, mlp, block / block:N joined by + in that order ("selective+block:2",
-  // "mlp+block:4"; BLU_CHECK otherwise, naming them).
+  // "none", or selective, mlp / mlp:N, block / block:N joined by + in that order
+  // ("selective+block:2", "mlp:2+block:4"; BLU_CHECK otherwise, naming them).
   static ActivationPolicy parse(std::string_view recompute, bool offload_activations = false);
   std::string recompute_name() const;  // as parse takes it
   bool recompute_block(size_t i) const { return block_every > 0 && i % size_t(block_every) == 0; }
-  bool any() const { return block_every > 0 || selective || mlp || offload; }
+  bool recompute_mlp(size_t i) const { return mlp_every > 0 && i % size_t(mlp_every) == 0; }
+  bool any() const { return block_every > 0 || selective || mlp_every > 0 || offload; }
   bool operator==(const ActivationPolicy&) const = default;
 };
 

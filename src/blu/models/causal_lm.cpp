@@ -47,6 +47,8 @@ void CausalLM::set_loss_chunks(int64_t chunks) {
 void CausalLM::set_activation_policy(const ActivationPolicy& policy) {
   BLU_CHECK(policy.block_every >= 0, family(), ": block recompute every ", policy.block_every,
             " blocks: expected N >= 1 (or 0 for none)");
+  BLU_CHECK(policy.mlp_every >= 0, family(), ": MLP recompute every ", policy.mlp_every,
+            " blocks: expected N >= 1 (or 0 for none)");
   activation_policy_ = policy;
   if (!policy.offload) offloader_.reset();
   else if (!offloader_) offloader_ = std::make_shared<ActivationOffloader>();
@@ -64,9 +66,9 @@ Tensor CausalLM::run_block_with_policy(size_t i, const Tensor& x, int64_t pos0) 
     y = checkpoint(
         ref.name, [this, i, pos0](const std::vector<Tensor>& in) { return run_block(i, in[0], pos0, nullptr, nullptr); },
         {x}, generators());
-  } else if (p.selective || p.mlp) {
+  } else if (p.selective || p.recompute_mlp(i)) {
     SavedTensorHooks recompute_hook(recompute_pack_hook());
-    SelectiveScope scope(generators(), p.selective, p.mlp);
+    SelectiveScope scope(generators(), p.selective, p.recompute_mlp(i));
     y = run_block(i, x, pos0, nullptr, nullptr);
   } else {
     y = run_block(i, x, pos0, nullptr, nullptr);

@@ -31,10 +31,11 @@ namespace blu::train {
 // pipeline stage runs a whole step of its schedule instead (every stage at
 // once), which holds the micro-batches its schedule keeps in flight.
 // --recompute auto: the least recompute whose plan fits, the optimizer state on the device first.
-// The settings in the order of what they cost a step: none, selective, block:4, selective+block:4,
-// mlp, block:2, selective+block:2, selective+mlp, block (on an H200, llama-250m compiled: selective
-// 7%, block:2 10%, selective+block:2 13%, block 18%; mlp, one GEMM a block, ran 6.5% faster than
-// selective+block:2 in 62 MiB less; docs/performance.md).
+// The settings in the order of what they cost a step: none, mlp:4, mlp:2, selective, block:4,
+// selective+block:4, mlp, block:2, selective+block:2, selective+mlp, block (on an H200, llama-250m
+// compiled: selective 7%, block:2 10%, selective+block:2 13%, block 18%; mlp, one GEMM a block, ran
+// 6.5% faster than selective+block:2 in 62 MiB less, and mlp:N costs about an N-th of mlp;
+// docs/performance.md).
 // Recompute costs a share of a forward; moving the state to the host costs its transfers or a host
 // update (docs/offload.md), more at every batch size measured, so every recompute setting is tried
 // with the state on the device before the user's --offload-state choice is let in (never under
@@ -70,8 +71,8 @@ offload::MemoryPlan Trainer::plan_with_recompute(offload::PlanInput& in, const s
       for (const int64_t n : kAutoLossChunks) candidates.push_back({r, offload_activations, state, n});
   };
   for (const std::string& state : states) {
-    for (const char* r : {"none", "selective", "block:4", "selective+block:4", "mlp", "block:2", "selective+block:2",
-                          "selective+mlp", "block"})
+    for (const char* r : {"none", "mlp:4", "mlp:2", "selective", "block:4", "selective+block:4", "mlp", "block:2",
+                          "selective+block:2", "selective+mlp", "block"})
       add(r, o.offload_activations, state);
     if (!o.offload_activations && !o.compile) add("block", true, state);  // the compiler does not capture activation offload
   }
