@@ -268,8 +268,9 @@ TEST_F(CompileCli, RecomputeCompilesAndEqualsEagerBitwise) {
     const LaunchResult plain = run1(train_cmd(model, 4, "plain_" + tag, {"--compile"}));
     ASSERT_EQ(plain.status, 0) << plain.out << plain.err;
     const double plain_peak = read_metrics(dir.path / ("plain_" + tag)).compile["plan_peak_bytes"].get<double>();
-    for (const std::string r : {"selective", "mlp", "block:2", "block"}) {
-      const std::string run = tag + "_" + (r == "block:2" ? std::string("block2") : r);
+    for (const std::string r : {"selective", "mlp", "mlp:2", "block:2", "block"}) {
+      std::string run = tag + "_" + r;
+      std::replace(run.begin(), run.end(), ':', '_');
       const LaunchResult e = run1(train_cmd(model, 4, "eager_" + run, {"--recompute", r}));
       ASSERT_EQ(e.status, 0) << e.out << e.err;
       const LaunchResult c = run1(train_cmd(model, 4, "compiled_" + run, {"--recompute", r, "--compile"}));
