@@ -256,10 +256,10 @@ ActivationTotals activation_totals(CausalLM& model, int64_t B, int64_t T, const 
   ActivationTotals t;
   t.blocks = int64_t(counted.size());
   const bool mlp = policy.mlp_every > 0;
-  t.selective = policy.selective && mlp ? "attention core, MLP"
-                 : policy.selective      ? "attention core, MLP activation"
-                 : mlp                   ? "MLP"
-                                         : "";
+  t.regions = policy.selective && mlp ? "attention core, MLP"
+               : policy.selective      ? "attention core, MLP activation"
+               : mlp                   ? "MLP"
+                                       : "";
   int64_t back = 0;  // the most one block's backward brings back
   for (size_t k = 0; k < counted.size(); ++k) {
     const size_t i = counted[k];

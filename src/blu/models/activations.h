@@ -121,14 +121,14 @@ std::vector<ActivationBytes> activation_bytes(CausalLM& model, int64_t B, int64_
 
 // The whole model's activations under `policy` at [B, T], in the terms of the memory planner
 // (offload/plan.h's ActivationPlan): how many blocks keep, offload and recompute (a block with
-// selective or mlp recompute counts as recomputed), what selective recomputes, and bytes. device_bytes:
+// selective or mlp recompute counts as recomputed), what selective and mlp recompute (regions), and bytes. device_bytes:
 // the blocks' kept bytes plus the most that one block's backward brings back — its recomputed
 // bytes, and with offload its own and the prefetched previous block's offloaded bytes;
 // host_bytes: all offloaded bytes. The embedding's and the head's activations are not included.
 // `blocks`: only these (a pipeline stage's, ascending; empty: every block).
 struct ActivationTotals {
   int64_t blocks = 0, kept_blocks = 0, offloaded_blocks = 0, recomputed_blocks = 0;
-  std::string selective;  // what selective and mlp recompute: "", "attention core, MLP activation", …
+  std::string regions;  // what selective and mlp recompute: "", "attention core, MLP activation", …
   int64_t device_bytes = 0, host_bytes = 0;
 };
 ActivationTotals activation_totals(CausalLM& model, int64_t B, int64_t T, const ActivationPolicy& policy,

@@ -256,7 +256,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
   os << "\n  host: " << fmt(p.host_bytes) << (in.host_budget ? " (budget " + fmt(in.host_budget) + ")" : std::string());
   const ActivationPlan& a = in.activations;
   os << "\n  activations: " << a.kept << " blocks kept, " << a.offloaded << " offloaded, " << a.recomputed
-     << " recomputed" << (a.selective.empty() ? std::string() : " (regions: " + a.selective + ")");
+     << " recomputed" << (a.regions.empty() ? std::string() : " (regions: " + a.regions + ")");
   if (p.step_seconds > 0)
     os << "\n  predicted step: " << std::round(p.step_seconds * 1e4) / 10 << " ms (update "
        << std::round(p.update_seconds * 1e4) / 10 << " ms"

@@ -24,7 +24,7 @@ struct ActivationPlan {
   int64_t kept = 0;                // blocks whose saved activations stay on the device
   int64_t offloaded = 0;           // blocks whose saved activations go to host memory
   int64_t recomputed = 0;          // blocks recomputed in backward (whole block or selective)
-  std::string selective;           // what selective or mlp recompute rebuilds ("" none, "attention core, MLP", ...)
+  std::string regions;             // what selective or mlp recompute rebuilds ("" none, "attention core, MLP", ...)
   int64_t device_bytes = 0;        // peak bytes of activations (and gradients being built) on the device
   int64_t host_bytes = 0;          // bytes of offloaded activations in host memory
   double extra_seconds = 0;        // recompute and exposed transfer time per step

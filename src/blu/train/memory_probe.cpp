@@ -303,7 +303,7 @@ void Trainer::plan_memory(dist::StrategyConfig& sc, const dist::Layout& layout,
       in.activations.kept = t.kept_blocks;
       in.activations.offloaded = t.offloaded_blocks;
       in.activations.recomputed = t.recomputed_blocks;
-      in.activations.selective = t.selective;
+      in.activations.regions = t.regions;
       in.activations.host_bytes = t.host_bytes * in_flight;
     }
   };

@@ -142,7 +142,7 @@ struct TrainOptions {
   // "pipeline(2, schedule=1f1b, micro=4)"; "" uses --dp / --zero. Must name the launched world size.
   std::string parallel;
   // What the blocks do with their saved activations (models/activations.h): recompute none |
-  // selective | mlp | block | block:N, joined by + (selective+block:N, …) | auto (the budget planner picks:
+  // selective | mlp | mlp:N | block | block:N, joined by + (selective+block:N, …) | auto (the budget planner picks:
   // Trainer::plan_with_recompute), and offload to host memory. Not in to_json():
   // like the memory layout below, a policy changes memory, not the numbers.
   std::string recompute = "none";
