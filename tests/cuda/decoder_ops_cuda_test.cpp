@@ -18,10 +18,15 @@
 #include "blu/backend/cuda/runtime.h"
 #include "blu/blu.h"
 #include "blu/ops/dispatch.h"
+#include "blu/autograd/node.h"
+#include "blu/ops/attention.h"
+#include "blu/ops/join.h"
 #include "blu/ops/nn.h"
 #include "common/checks.h"
 #include "common/opinfo.h"
 #include "cuda/cuda_test_util.h"
+#include "cuda/flash_attention_checks.h"
+#include "cuda/flash_attention_scopes.h"
 
 namespace blu::test {
 namespace {
@@ -209,6 +214,85 @@ TEST(CudaDecoderOps, RotaryMatchesCpuBitForBit) {
     yc.backward(g);
     yg.backward(dev(g));
     EXPECT_TRUE(bitwise_equal(host(fg.grad()), fc.grad())) << "backward: " << compare(host(fg.grad()), fc.grad(), 0, 0);
+  }
+}
+
+// --- rotary_attention ---
+
+// Whether `t` was made by the fused node (a few view nodes above it at most).
+bool made_by_rotary_attention(const Tensor& t) {
+  const Node* n = t.grad_fn().get();
+  for (int i = 0; n && i < 4; ++i, n = n->next.empty() ? nullptr : n->next[0].fn.get())
+    if (n->name() == "rotary_attention") return true;
+  return false;
+}
+
+struct RopeAttentionCase {
+  DType dt;
+  int64_t B, T, H, Hkv, D;
+  bool wgmma = true;  // bf16/f16: the wgmma backward (dQ rotated back in its cast), else mma.sync
+};
+
+// The fused node (RoPE and flash attention, qkv's gradient written by flash_attention_backward:
+// dQ and dK rotated back by the wgmma backward in fp32, or in place after the other kernels) against the CPU's composition in f64 on
+// the same rounded inputs, within the attention tests' tolerances, and against the GPU's own
+// unfused composition (rotary_embedding, split, scaled_dot_product_attention): the same forward
+// kernels, so the same output bits, and gradients within one rounding of the dtype (the fused dQ
+// and dK are rounded once, from fp32; bitwise where RoPE's backward runs in place instead). Grouped-query and plain heads, f32 (its own kernels, every head
+// rotated back in place), bf16 and f16, D 64 and 128, a T that is not a whole tile.
+TEST(CudaDecoderOps, RotaryAttentionMatchesTheComposition) {
+  SKIP_WITHOUT_CUDA();
+  manual_seed(47);
+  const std::vector<RopeAttentionCase> cases{
+      {DType::bf16, 2, 200, 8, 2, 64},         {DType::bf16, 1, 128, 4, 4, 64},
+      {DType::bf16, 2, 130, 4, 2, 128},        {DType::f16, 1, 96, 6, 3, 64},
+      {DType::bf16, 2, 200, 8, 2, 64, false},  {DType::f32, 2, 100, 4, 2, 64}};
+  for (const RopeAttentionCase& c : cases) {
+    SCOPED_TRACE(std::string(dtype_name(c.dt)) + " B" + std::to_string(c.B) + " T" + std::to_string(c.T) + " H" +
+                 std::to_string(c.H) + " Hkv" + std::to_string(c.Hkv) + " D" + std::to_string(c.D) +
+                 (c.wgmma ? "" : " mma.sync"));
+    WgmmaScope scope(true, c.wgmma);
+    const int64_t heads = c.H + 2 * c.Hkv;
+    const Tensor qkv = rnd16({c.B, c.T, heads, c.D}, c.dt), g = rnd16({c.B, c.H, c.T, c.D}, c.dt);
+    // RoPE's tables as the model makes them (cos and sin of position · frequency, the halves
+    // alike), f32.
+    std::vector<double> cv(size_t(c.T * c.D)), sv(cv.size());
+    for (int64_t t = 0; t < c.T; ++t)
+      for (int64_t j = 0; j < c.D; ++j) {
+        const double a = double(t) * std::pow(10000.0, -2.0 * double(j % (c.D / 2)) / double(c.D));
+        cv[size_t(t * c.D + j)] = double(float(std::cos(a)));
+        sv[size_t(t * c.D + j)] = double(float(std::sin(a)));
+      }
+    const Tensor cos_t = from_vector(cv, {c.T, c.D}, DType::f32), sin_t = from_vector(sv, {c.T, c.D}, DType::f32);
+    // Fused, on the GPU.
+    Tensor xg = grad_leaf(dev(qkv));
+    const Tensor og = rotary_attention(xg, dev(cos_t), dev(sin_t), c.H, c.Hkv);
+    EXPECT_TRUE(made_by_rotary_attention(og)) << "the fused node did not run";
+    og.backward(dev(g));
+    // The GPU's composition.
+    Tensor xu = grad_leaf(dev(qkv));
+    const std::vector<Tensor> r = split(rotary_embedding(xu, dev(cos_t), dev(sin_t), c.H + c.Hkv), {c.H, c.Hkv, c.Hkv}, 2);
+    const Tensor ou = scaled_dot_product_attention(transpose(r[0], 1, 2), transpose(r[1], 1, 2), transpose(r[2], 1, 2));
+    ou.backward(dev(g));
+    EXPECT_TRUE(bitwise_equal(host(og), host(ou))) << compare(host(og), host(ou), 0, 0);
+    // The reference: the CPU's composition in f64.
+    Tensor xc = grad_leaf(to_dtype(qkv, DType::f64));
+    const Tensor oc = rotary_attention(xc, to_dtype(cos_t, DType::f64), to_dtype(sin_t, DType::f64), c.H, c.Hkv);
+    oc.backward(to_dtype(g, DType::f64));
+    const Tol tol = tolerance(c.dt);  // the flash-attention tests' (flash_attention_checks.h)
+    const Tensor gf = to_dtype(host(xg.grad()), DType::f64), gu = to_dtype(host(xu.grad()), DType::f64);
+    EXPECT_EQ(compare(to_dtype(host(og), DType::f64), oc.detach(), tol.fwd_atol, tol.fwd_rtol), "");
+    EXPECT_EQ(compare(gf, xc.grad(), tol.bwd_atol, tol.bwd_rtol), "") << "fused gradient";
+    EXPECT_EQ(compare(gu, xc.grad(), tol.bwd_atol, tol.bwd_rtol), "") << "unfused gradient";
+    // dV is attention's own in both; dQ and dK differ by at most a rounding of the dtype where the
+    // wgmma backward rotates them back, and not at all where RoPE's backward runs in place (f32,
+    // mma.sync).
+    EXPECT_EQ(compare(gf, gu, ulp_tol(c.dt) * 4, ulp_tol(c.dt) * 2), "");
+    if (c.dt == DType::f32 || !c.wgmma) {
+      EXPECT_TRUE(bitwise_equal(host(xg.grad()), host(xu.grad())));
+    }
+    EXPECT_TRUE(bitwise_equal(narrow(host(xg.grad()), 2, c.H + c.Hkv, c.Hkv), narrow(host(xu.grad()), 2, c.H + c.Hkv, c.Hkv)))
+        << "dV";
   }
 }
 

@@ -3,7 +3,7 @@
 // computation written out (PyTorch 1.13, the CPU oracle, has no fused function). Grouped-query
 // attention (k, v with fewer heads than q) against the same expression on k and v repeated with
 // repeat_interleave over dim -3 (what enable_gqa=True means; 1.13 has no enable_gqa), and its
-// shape errors.
+// shape errors; rotary_attention (RoPE, then attention, on one projection's heads) likewise.
 #include <gtest/gtest.h>
 
 #include "common/opinfo.h"
@@ -112,6 +112,57 @@ BLU_OPINFO(OpInfo{.name = "sdpa_causal",
                               "Tq4 Tk6"}};
                   },
                   .torch = torch_expr(true, "0.3")});
+
+// --- rotary_attention: RoPE on a fused projection's q and k heads, then attention ---
+// qkv [B, T, H + 2·Hkv, D], cos/sin [T, D] (random values, not a rotation table, as the
+// rotary_embedding entries; not differentiated). The oracle rotates the first H + Hkv heads as
+// those entries write it out and attends with the GQA expression above. In f32 also D = 64 with
+// f32 tables, which the CUDA side of the table runs through the fused node.
+std::string torch_rotary_attention(int64_t H, int64_t Hkv) {
+  const std::string n = std::to_string(H + Hkv), h = std::to_string(H);
+  const std::string r = "torch.cat([x0[:, :, :" + n + "] * x1[:, None, :] + torch.cat([-x0[:, :, :" + n +
+                        ", x0.shape[-1] // 2:], x0[:, :, :" + n + ", :x0.shape[-1] // 2]], -1) * x2[:, None, :], x0[:, :, " +
+                        n + ":]], 2)";
+  return "(lambda r: (lambda x0, x1, x2: " + torch_gqa_expr(true) + ")(r[:, :, :" + h + "].transpose(1, 2), r[:, :, " +
+         h + ":" + n + "].transpose(1, 2), r[:, :, " + n + ":].transpose(1, 2)))(" + r + ")";
+}
+Sample rope_qkv(Generator& g, const Shape& shape, DType dt, DType cs, const std::string& desc) {
+  return Sample{{rnd(g, shape, dt), rnd(g, {shape[1], shape[3]}, cs), rnd(g, {shape[1], shape[3]}, cs)}, desc};
+}
+BLU_OPINFO(OpInfo{.name = "rotary_attention (H2 Hkv1)",
+                  .fn = [](const V& x) { return rotary_attention(x[0], x[1], x[2], 2, 1); },
+                  .samples = [](DType dt, Generator& g) {
+                    return S{rope_qkv(g, {2, 5, 4, 4}, dt, dt, "B2 T5 D4"), rope_qkv(g, {1, 3, 4, 6}, dt, dt, "T3 D6")};
+                  },
+                  .torch = torch_rotary_attention(2, 1),
+                  .no_grad_inputs = {1, 2}},
+           OpInfo{.name = "rotary_attention (H4 Hkv2)",
+                  .fn = [](const V& x) { return rotary_attention(x[0], x[1], x[2], 4, 2); },
+                  .samples = [](DType dt, Generator& g) {
+                    S s{rope_qkv(g, {1, 6, 8, 4}, dt, dt, "T6 D4")};
+                    if (dt == DType::f32) s.push_back(rope_qkv(g, {2, 37, 8, 64}, dt, DType::f32, "T37 D64, f32 tables"));
+                    return s;
+                  },
+                  .torch = torch_rotary_attention(4, 2),
+                  .no_grad_inputs = {1, 2}},
+           OpInfo{.name = "rotary_attention (H3 Hkv3)",
+                  .fn = [](const V& x) { return rotary_attention(x[0], x[1], x[2], 3, 3); },
+                  .samples = [](DType dt, Generator& g) { return S{rope_qkv(g, {2, 4, 9, 4}, dt, dt, "B2 T4 D4")}; },
+                  .torch = torch_rotary_attention(3, 3),
+                  .no_grad_inputs = {1, 2}});
+
+// rotary_attention names a qkv that does not hold H + 2·Hkv heads.
+TEST(RotaryAttention, ShapeErrors) {
+  Generator g(2);
+  const Tensor cs = rnd(g, {5, 4}, DType::f32);
+  try {
+    rotary_attention(rnd(g, {1, 5, 5, 4}, DType::f32), cs, cs, 2, 2);
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("expected qkv [B, T, 2 + 2·2, D]"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[1, 5, 5, 4]"), std::string::npos) << e.what();
+  }
+}
 
 }  // namespace
 }  // namespace blu::test

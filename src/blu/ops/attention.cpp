@@ -4,15 +4,19 @@
 #include <climits>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <mutex>
 #include <set>
 #include <string>
+#include <string_view>
 
 #include "blu/backend/backend.h"
+#include "blu/core/grad_mode.h"
 #include "blu/ops/dispatch.h"
 #include "blu/ops/elementwise.h"
 #include "blu/ops/factory.h"
+#include "blu/ops/join.h"
 #include "blu/ops/linalg.h"
 #include "blu/ops/nn.h"
 #include "blu/ops/view.h"
@@ -61,6 +65,16 @@ Shape flash_kv_shape(const char* op, const Tensor& q, const Tensor& k) {
   return {q.size(0), Hkv, q.size(2), q.size(3)};
 }
 
+// RoPE's tables as the fused backward reads them: f32 [T, D] (or more rows), contiguous, on the
+// device, D even.
+bool rope_tables_fit(const Tensor& cos, const Tensor& sin, int64_t T, int64_t D) {
+  for (const Tensor* t : {&cos, &sin})
+    if (t->dtype() != DType::f32 || t->dim() != 2 || t->size(0) < T || t->size(1) != D || !t->is_contiguous() ||
+        reinterpret_cast<uintptr_t>(t->raw_data()) % 16 != 0)
+      return false;
+  return D % 2 == 0 && cos.device() == sin.device();
+}
+
 std::vector<TensorMeta> infer_flash_attention(std::span<const Tensor> in, const Attrs& a) {
   const Tensor& q = in[0];
   BLU_CHECK(q.dim() == 4, "flash_attention: expected q [B, H, T, D], got ", q.shape());
@@ -91,6 +105,9 @@ std::vector<TensorMeta> infer_flash_attention_backward(std::span<const Tensor> i
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), Hkv = kv[1];
   BLU_ASSERT(in[5].shape() == Shape({B, H, T}) && in[5].dtype() == DType::f32 && in[5].is_contiguous(),
              "flash_attention_backward: lse ", in[5].str());
+  // Under RoPE (rotary_attention): its cos, sin tables, and dq, dk come out rotated back.
+  BLU_ASSERT(in.size() == 6 || (in.size() == 8 && a.b("packed") && rope_tables_fit(in[6], in[7], T, D)),
+             "flash_attention_backward: RoPE tables ", in.size() > 6 ? in[6].str() : std::string("missing"));
   // Packed: dq, dk, dv side by side in one buffer. When q, k, v are the pieces of one projection
   // (GPT's qkv split; a fused q/k/v projection of a GQA model), their gradients are then the
   // pieces of that projection's gradient, and split's backward has nothing to copy
@@ -143,6 +160,49 @@ const OpDef kFlashAttention{.name = "flash_attention",
                             .save_inputs = 0b111,
                             .save_outputs = 0b11,
                             .diff_outputs = 1};
+
+// --- rotary_attention: RoPE and flash attention as one node (ops/attention.h) ---
+// Inputs qkv [B, T, H + 2·Hkv, D] (contiguous), cos, sin [T, D] f32; attrs heads (H), kv_heads
+// (Hkv), causal, scale. The forward is the composition, unrecorded: r = RoPE of qkv's first H + Hkv
+// heads (v copied beside them), then flash_attention on r's head ranges. Outputs: attention's
+// [B, T, H, D] buffer, its lse, and r (not differentiable, saved: the backward's q, k, v). qkv is
+// not saved — RoPE's backward needs no input — and the backward asks flash_attention_backward for
+// the gradient of qkv itself (dq, dk rotated back there), so no pass of RoPE's backward over the
+// whole [B, T, H + 2·Hkv, D] gradient remains.
+std::vector<TensorMeta> infer_rotary_attention(std::span<const Tensor>, const Attrs&) {
+  return {};  // the ops it is made of make (and check) the outputs
+}
+
+std::vector<Tensor> rotary_attention_compute(std::span<const Tensor> in, const Attrs& a) {
+  NoGradGuard no_grad;
+  const int64_t H = a.i("heads"), Hkv = a.i("kv_heads");
+  const Tensor r = rotary_embedding(in[0], in[1], in[2], H + Hkv);
+  Attrs fa{{"causal", a.b("causal")}, {"scale", a.f("scale")}};
+  std::vector<Tensor> outs = dispatch(kFlashAttention, {bhtd(narrow(r, 2, 0, H)), bhtd(narrow(r, 2, H, Hkv)),
+                                                        bhtd(narrow(r, 2, H + Hkv, Hkv))}, fa);
+  outs.push_back(r);
+  return outs;
+}
+
+std::vector<Tensor> rotary_attention_bw(const BackwardContext& c, std::span<const Tensor> g) {
+  const Tensor& r = c.output(2);
+  const int64_t H = c.attrs.i("heads"), Hkv = c.attrs.i("kv_heads");
+  Attrs a{{"causal", c.attrs.b("causal")}, {"scale", c.attrs.f("scale")}, {"packed", true}};
+  const std::vector<Tensor> d = dispatch(
+      kFlashAttentionBackward,
+      {flash_ready(bhtd(g[0])), bhtd(narrow(r, 2, 0, H)), bhtd(narrow(r, 2, H, Hkv)), bhtd(narrow(r, 2, H + Hkv, Hkv)),
+       bhtd(c.output(0)), c.output(1), c.input(1), c.input(2)},
+      a);
+  return {reshape(d[0], r.shape()), Tensor(), Tensor()};
+}
+
+const OpDef kRotaryAttention{.name = "rotary_attention",
+                             .infer = infer_rotary_attention,
+                             .backward = rotary_attention_bw,
+                             .save_inputs = 0b110,
+                             .save_outputs = 0b111,
+                             .view = rotary_attention_compute,
+                             .diff_outputs = 1};
 
 // Why the fused CUDA path cannot take this call ("" when it can).
 std::string flash_unsupported(const Tensor& q, const Tensor& k, const Tensor& v) {
@@ -227,6 +287,43 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   Tensor scores = mul(matmul(q, transpose(kh, -2, -1)), s);  // [..., Tq, Tk]
   if (causal) scores = masked_fill(scores, causal_mask(tq, tk, q.device()), -std::numeric_limits<double>::infinity());
   return matmul(softmax(scores, -1), vh);
+}
+
+namespace {
+// BLU_ROTARY_ATTENTION=0 in the environment keeps rotary_attention the plain composition on CUDA
+// too (an A/B switch for the fused node, and a way around it).
+bool rotary_attention_fused() {
+  static const bool on = [] {
+    const char* e = std::getenv("BLU_ROTARY_ATTENTION");
+    return !(e && std::string_view(e) == "0");
+  }();
+  return on;
+}
+}  // namespace
+
+Tensor rotary_attention(const Tensor& qkv, const Tensor& cos, const Tensor& sin, int64_t H, int64_t Hkv, bool causal) {
+  BLU_CHECK(qkv.dim() == 4 && H > 0 && Hkv > 0 && qkv.size(2) == H + 2 * Hkv, "rotary_attention: expected qkv [B, T, ",
+            H, " + 2·", Hkv, ", D] (the query heads, then the key and value heads), got ", qkv.shape());
+  const int64_t T = qkv.size(1), D = qkv.size(3);
+  if (qkv.device().is_cuda() && rotary_attention_fused() && qkv.is_contiguous() && rope_tables_fit(cos, sin, T, D) &&
+      cos.device() == qkv.device()) {
+    // The fused node's attention takes r's head ranges: the same checks as on q, k, v.
+    std::string why;
+    {
+      NoGradGuard no_grad;
+      why = flash_unsupported(bhtd(narrow(qkv, 2, 0, H)), bhtd(narrow(qkv, 2, H, Hkv)),
+                              bhtd(narrow(qkv, 2, H + Hkv, Hkv)));
+    }
+    if (why.empty()) {
+      const double s = 1.0 / std::sqrt(double(D));
+      const std::vector<Tensor> outs =
+          dispatch(kRotaryAttention, {qkv, cos, sin},
+                   Attrs{{"heads", H}, {"kv_heads", Hkv}, {"causal", causal}, {"scale", s}});
+      return bhtd(outs[0]);
+    }
+  }
+  const std::vector<Tensor> r = split(rotary_embedding(qkv, cos, sin, H + Hkv), {H, Hkv, Hkv}, 2);
+  return scaled_dot_product_attention(bhtd(r[0]), bhtd(r[1]), bhtd(r[2]), causal);
 }
 
 }  // namespace blu

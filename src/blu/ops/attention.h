@@ -11,7 +11,7 @@
 // attends with key/value head h / (H / Hkv), as torch's scaled_dot_product_attention(...,
 // enable_gqa=True). The composite path expands k and v over each group (their gradients sum over
 // the group); the fused kernels read the shared head in place.
-// Depends on ops/linalg, ops/nn, ops/elementwise (ops/factory, ops/view for the mask).
+// Depends on ops/linalg, ops/nn (rotary_embedding), ops/elementwise (ops/factory, ops/view for the mask).
 // Keep: the same semantics as torch.nn.functional.scaled_dot_product_attention (default scale
 // 1/sqrt(head_dim); is_causal masks key j from query i when j > i, aligned top-left).
 #pragma once
@@ -24,5 +24,18 @@ namespace blu {
 // leading dims equal.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
                                     double scale = 0.0);
+
+// RoPE, then attention, on the heads of one fused q/k/v projection: qkv [B, T, H + 2·Hkv, D] holds
+// the H query heads, then the Hkv key heads and the Hkv value heads; cos, sin [T, D] are RoPE's
+// tables. The same as rotary_embedding(qkv, cos, sin, H + Hkv) split into its head ranges and
+// scaled_dot_product_attention(q, k, v, causal) on their [B, heads, T, D] views (default scale);
+// returns [B, H, T, D]. On CUDA, where flash attention takes the heads and the tables are f32
+// [T, D], the two are one autograd node whose backward writes qkv's gradient itself (dQ and dK
+// rotated back by the wgmma backward while they are still fp32: Note [RoPE in the dQ cast],
+// backend/cuda/flash_attention_wgmma_backward.cu) instead of attention's gradient followed by a
+// pass of RoPE's backward over all of it; elsewhere (or with BLU_ROTARY_ATTENTION=0 in the
+// environment) it is that composition.
+Tensor rotary_attention(const Tensor& qkv, const Tensor& cos, const Tensor& sin, int64_t H, int64_t Hkv,
+                        bool causal = true);
 
 }  // namespace blu

@@ -62,6 +62,11 @@ struct FlashBwdParams {
   bool causal = false;
   int head_group = 0;  // CTA order (Note [head groups]); set by flash_attention_backward
   int group = 1;       // query heads per key/value head (H / Hkv; 1 without GQA); dk, dv have H / group
+  // RoPE's tables (f32 [T, D], contiguous) when q and k were rotated (ops/attention.h,
+  // rotary_attention): the wgmma backward writes dQ and dK rotated back (Note [RoPE in the dQ
+  // cast], flash_attention_wgmma_backward.cu). Null: attention's own gradients.
+  const float* rope_cos = nullptr;
+  const float* rope_sin = nullptr;
 };
 
 // Whether the fused kernels take this problem (dtype f32/bf16/f16, head dim 64 or 128).
@@ -76,7 +81,9 @@ BLU_HD inline int64_t flash_dq_accum_floats(int64_t B, int64_t H, int64_t T, int
 
 // Launch on `stream`. The caller checked flash_attention_supported and the layout contract.
 void flash_attention_forward(const FlashFwdParams& p, DType dtype, cudaStream_t stream);
-void flash_attention_backward(const FlashBwdParams& p, DType dtype, cudaStream_t stream);
+// Returns whether dQ and dK came out rotated back (p.rope_cos set and the wgmma backward ran);
+// otherwise they are attention's own gradients, which the caller rotates back itself.
+bool flash_attention_backward(const FlashBwdParams& p, DType dtype, cudaStream_t stream);
 
 // Whether the Hopper wgmma forward (flash_attention_wgmma.h) can run: the build has sm_90a code
 // (CMAKE_CUDA_ARCHITECTURES 90a) and the current device is of compute capability 9.0.

@@ -23,6 +23,7 @@
 #include "blu/backend/backend.h"
 #include "blu/backend/cuda/flash_attention.cuh"
 #include "blu/backend/cuda/flash_attention_f32.h"
+#include "blu/backend/cuda/rotary.h"
 #include "blu/backend/cuda/flash_attention_wgmma.h"
 #include "blu/backend/cuda/runtime.h"
 
@@ -335,14 +336,16 @@ __global__ void flash_bwd_dq_convert_kernel(FlashBwdParams p) {
 
 // ---------------------------------------------------------------------------------------------
 template <typename T, int D>
-void launch_bwd_mma(const FlashBwdParams& p, DType dtype, cudaStream_t stream) {
+bool launch_bwd_mma(const FlashBwdParams& p, DType dtype, cudaStream_t stream) {
   BLU_ASSERT(p.dq_accum, "flash_attention_backward: the tensor-core path needs dq_accum");
   const int64_t n = int64_t(p.B) * p.H * p.T * D;
   flash_bwd_dsum_kernel<T, D><<<dsum_blocks<T, D>(p), 256, 0, stream>>>(p);  // also zeroes dq_accum
   BLU_CUDA_CHECK_LAUNCH();
 
-  if (flash_attention_wgmma_backward() && flash_attention_wgmma_available())
-    return flash_attention_backward_wgmma(p, dtype, stream);  // casts dq itself
+  if (flash_attention_wgmma_backward() && flash_attention_wgmma_available()) {
+    flash_attention_backward_wgmma(p, dtype, stream);  // casts dq itself, rotated back under RoPE
+    return p.rope_cos != nullptr;
+  }
   if (p.group > 1)
     launch_tiles<flash_bwd_mma_kernel<T, D, true>>(p, kBwdBK, kBwdThreads, bwd_smem_bytes<D>(),
                                                    "flash_attention_backward", stream, p.H / p.group);
@@ -351,16 +354,18 @@ void launch_bwd_mma(const FlashBwdParams& p, DType dtype, cudaStream_t stream) {
                                                     "flash_attention_backward", stream);
   flash_bwd_dq_convert_kernel<T, D><<<grid_for(n / 4), 256, 0, stream>>>(p);
   BLU_CUDA_CHECK_LAUNCH();
+  return false;
 }
 
 template <int D>
-void bwd_dispatch_d(const FlashBwdParams& p, DType dtype, cudaStream_t s) {
+bool bwd_dispatch_d(const FlashBwdParams& p, DType dtype, cudaStream_t s) {
   switch (dtype) {
-    case DType::f32: return flash_attention_backward_f32(p, s);
+    case DType::f32: flash_attention_backward_f32(p, s); return false;
     case DType::bf16: return launch_bwd_mma<__nv_bfloat16, D>(p, dtype, s);
     case DType::f16: return launch_bwd_mma<__half, D>(p, dtype, s);
     default: BLU_ASSERT(false, "flash_attention_backward: unsupported dtype ", dtype);
   }
+  return false;
 }
 
 }  // namespace flash
@@ -376,11 +381,11 @@ std::atomic<bool> g_wgmma_bwd{[] {
 void set_flash_attention_wgmma_backward(bool on) { g_wgmma_bwd.store(on); }
 bool flash_attention_wgmma_backward() { return g_wgmma_bwd.load(); }
 
-void flash_attention_backward(const FlashBwdParams& p, DType dtype, cudaStream_t stream) {
+bool flash_attention_backward(const FlashBwdParams& p, DType dtype, cudaStream_t stream) {
   BLU_ASSERT(flash_attention_supported(dtype, p.D), "flash_attention_backward: ", dtype, " D=", p.D);
-  if (int64_t(p.B) * p.H * p.T == 0) return;
-  if (p.D == 64) flash::bwd_dispatch_d<64>(p, dtype, stream);
-  else flash::bwd_dispatch_d<128>(p, dtype, stream);
+  if (int64_t(p.B) * p.H * p.T == 0) return p.rope_cos != nullptr;
+  if (p.D == 64) return flash::bwd_dispatch_d<64>(p, dtype, stream);
+  return flash::bwd_dispatch_d<128>(p, dtype, stream);
 }
 
 namespace {
@@ -393,9 +398,11 @@ AttnOperand operand_heads(const Tensor& packed, int64_t first, int64_t D) {
 }
 
 // "flash_attention_backward": in dO, q, o ([B, H, T, D], strided), k, v ([B, Hkv, T, D], strided),
-// lse [B, H, T]; attrs causal, scale, packed. Out: dq, dk, dv side by side in one contiguous
-// buffer (packed: [B, T, 3, H, D] or [B, T, H + 2·Hkv, D]) or as three contiguous [B, T, H, D],
-// [B, T, Hkv, D], [B, T, Hkv, D] buffers.
+// lse [B, H, T], and under RoPE (packed only) its cos, sin tables [T, D] f32; attrs causal, scale,
+// packed. Out: dq, dk, dv side by side in one contiguous buffer (packed: [B, T, 3, H, D] or
+// [B, T, H + 2·Hkv, D]) or as three contiguous [B, T, H, D], [B, T, Hkv, D], [B, T, Hkv, D]
+// buffers. Under RoPE dq and dk are rotated back (the gradients of q and k before RoPE): by the
+// wgmma backward where that runs, else in place by rotary_backward_heads_in_place.
 void flash_attention_backward_kernel(const KernelCall& c) {
   const Tensor& q = c.in[1];
   FlashBwdParams p;
@@ -428,7 +435,14 @@ void flash_attention_backward_kernel(const KernelCall& c) {
   p.dsum = c.ctx.scratch->take<float>(size_t(rows));
   if (flash_attention_needs_dq_accum(q.dtype()))
     p.dq_accum = c.ctx.scratch->take<float>(size_t(flash_dq_accum_floats(p.B, p.H, p.T, p.D)));
-  flash_attention_backward(p, q.dtype(), stream_of(c.ctx));
+  const bool rope = c.in.size() == 8;
+  if (rope) {
+    BLU_ASSERT(c.out.size() == 1, "flash_attention_backward: RoPE needs the packed gradient");
+    p.rope_cos = static_cast<const float*>(c.in[6].raw_data());
+    p.rope_sin = static_cast<const float*>(c.in[7].raw_data());
+  }
+  const bool rotated = flash_attention_backward(p, q.dtype(), stream_of(c.ctx));
+  if (rope && !rotated) rotary_backward_heads_in_place(stream_of(c.ctx), c.out[0], 0, p.H + Hkv, c.in[6], c.in[7]);
 }
 
 BLU_REGISTER_KERNEL(cuda, "flash_attention_backward", flash_attention_backward_kernel);

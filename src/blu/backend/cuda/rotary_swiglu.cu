@@ -15,6 +15,7 @@
 // 16-bit types compute in float and round once; the formulas keep the CPU's association, without
 // FMA contraction (the *_rn helpers), so results differ from the CPU's only through expf.
 #include "blu/backend/cuda/loops.cuh"
+#include "blu/backend/cuda/rotary.h"
 
 namespace blu::cuda {
 
@@ -128,6 +129,64 @@ void launch_rotary(cudaStream_t stream, const Tensor& x, const Tensor& cos, cons
   if (vec) run.template operator()<V>();
   else run.template operator()<1>();
 }
+
+// Heads [first, first + count) of a contiguous packed gradient rotated back where they lie
+// (rotary.h): the backward's arithmetic of rotary_kernel, reading and writing the same 16 bytes.
+template <typename T, int V>
+__global__ void rotary_backward_in_place_kernel(T* g, const float* __restrict__ cos, const float* __restrict__ sin,
+                                                int64_t n, int64_t T_, int64_t heads, int64_t first, int64_t count,
+                                                int64_t D) {
+  using A = acc_t<T>;
+  const int64_t h = D / 2, per_row = h / V;
+  const int64_t step = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    const int64_t row = i / per_row, j = (i - row * per_row) * V;
+    const int64_t bt = row / count, hh = first + (row - bt * count), t = bt % T_;
+    T* gr = g + (bt * heads + hh) * D;
+    Vec<T, V> x1 = *reinterpret_cast<const Vec<T, V>*>(gr + j);
+    Vec<T, V> x2 = *reinterpret_cast<const Vec<T, V>*>(gr + j + h);
+    const float* c = cos + t * D;
+    const float* s = sin + t * D;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const A a = to_acc(x1.v[e]), b2 = to_acc(x2.v[e]);
+      const A c_1 = A(c[j + e]), c_2 = A(c[j + h + e]), s_1 = A(s[j + e]), s_2 = A(s[j + h + e]);
+      x1.v[e] = from_acc<T>(add_rn(mul_rn(a, c_1), mul_rn(b2, s_2)));
+      x2.v[e] = from_acc<T>(sub_rn(mul_rn(b2, c_2), mul_rn(a, s_1)));
+    }
+    *reinterpret_cast<Vec<T, V>*>(gr + j) = x1;
+    *reinterpret_cast<Vec<T, V>*>(gr + j + h) = x2;
+  }
+}
+
+}  // namespace
+
+void rotary_backward_heads_in_place(cudaStream_t stream, const Tensor& g, int64_t first, int64_t count,
+                                    const Tensor& cos, const Tensor& sin) {
+  BLU_ASSERT(g.is_contiguous() && g.dim() >= 4 && cos.dtype() == DType::f32 && sin.dtype() == DType::f32 &&
+                 cos.is_contiguous() && sin.is_contiguous(),
+             "rotary_backward_heads_in_place: layouts g ", g.str(), ", cos ", cos.str(), ", sin ", sin.str());
+  const int64_t B = g.size(0), T_ = g.size(1), D = g.size(-1), heads = g.numel() / (B * T_ * std::max<int64_t>(D, 1));
+  BLU_ASSERT(first >= 0 && count >= 0 && first + count <= heads && D % 2 == 0 && cos.numel() >= T_ * D,
+             "rotary_backward_heads_in_place: heads [", first, ", ", first + count, ") of ", heads, ", D ", D);
+  if (B * T_ * count == 0) return;
+  BLU_DISPATCH_FLOATING(g.dtype(), "rotary_backward_heads_in_place", {
+    using T = dev_t<scalar_t>;
+    constexpr int V = 16 / int(sizeof(T));
+    T* gp = static_cast<T*>(g.raw_data());
+    auto run = [&]<int W>() {
+      const int64_t n = B * T_ * count * (D / 2 / W);
+      rotary_backward_in_place_kernel<T, W><<<blocks_for(n), 256, 0, stream>>>(
+          gp, static_cast<const float*>(cos.raw_data()), static_cast<const float*>(sin.raw_data()), n, T_, heads,
+          first, count, D);
+      BLU_CUDA_CHECK_LAUNCH();
+    };
+    if ((D / 2) % V == 0 && aligned_to(gp, 16)) run.template operator()<V>();
+    else run.template operator()<1>();
+  });
+}
+
+namespace {
 
 // Inputs (x [B, T, H, D] with unit stride along D, cos, sin [T, D] contiguous, f32 or x's dtype);
 // output contiguous. The backward op passes the gradient as x.

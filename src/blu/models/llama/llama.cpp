@@ -230,11 +230,11 @@ Tensor LlamaAttention::forward(const Tensor& x, const Tensor& cos, const Tensor&
   const int64_t D = head_dim, H = q_proj->out_features / D, Hkv = k_proj->out_features / D;
   if (!cache_k) {
     // One GEMM for the three projections where they are plain linears (Note [Sibling linears]),
-    // its output read as [B, T, H + 2·Hkv, D] heads: one RoPE over all of them rotates q and k and
-    // copies v beside them, so attention reads q, k, v as head ranges of one buffer and its
-    // backward writes their gradients side by side, which RoPE's backward takes whole (no copy of v,
-    // no join of the three gradients). Separate projections (tensor parallelism's) rotate q and k
-    // apart and pass v as it is.
+    // its output read as [B, T, H + 2·Hkv, D] heads: rotary_attention rotates q and k, copies v
+    // beside them and attends over the three head ranges of that one buffer; its backward writes
+    // the projection's gradient side by side, q's and k's rotated back (no join of the three
+    // gradients, no pass of RoPE's backward over them on the GPU). Separate projections (tensor
+    // parallelism's) rotate q and k apart and pass v as it is.
     // The attention core is a selective-recompute region (models/activations.h): under a selective
     // policy only the projections are kept; RoPE's outputs, the attention output and the merged
     // heads are rebuilt in backward.
@@ -245,9 +245,8 @@ Tensor LlamaAttention::forward(const Tensor& x, const Tensor& cos, const Tensor&
       y = selective_region(
           "attention core",
           [=](const std::vector<Tensor>& in) {
-            const Tensor r = rotary_embedding(view(in[0], {B, T, H + 2 * Hkv, D}), in[1], in[2], H + Hkv);
-            const std::vector<Tensor> heads = split(r, {H, Hkv, Hkv}, 2);
-            return attend_and_merge(heads[0], heads[1], heads[2]);
+            const Tensor o = rotary_attention(view(in[0], {B, T, H + 2 * Hkv, D}), in[1], in[2], H, Hkv);
+            return reshape(transpose(o, 1, 2), {B, T, H * D});
           },
           {qkv, cos, sin});
     } else {
