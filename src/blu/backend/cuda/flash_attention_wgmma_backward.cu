@@ -532,22 +532,25 @@ void launch_bwd_wgmma(const FlashBwdParams& p, cudaStream_t stream) {
 // its 64·D floats as float4s in order, puts them in row order in shared memory, and writes whole
 // rows, 16 bytes a thread.
 
+// float4 number f of a dQ tile (Note [dQ tiles]: consumer c, register group j, thread tid of the
+// backward; its registers 4j..4j+3) put in row order.
+template <int D>
+__device__ __forceinline__ void scatter_dq(float (*rows)[D + 4], int f, float4 v) {
+  const int c = f / (8 * D), j = f % (8 * D) / 128, tid = f % 128;
+  const int r = 16 * (tid / 32) + (tid % 32) / 4, col = c * (D / 2) + 8 * j + 2 * (tid % 4);
+  rows[r][col] = v.x;
+  rows[r][col + 1] = v.y;
+  rows[r + 8][col] = v.z;
+  rows[r + 8][col + 1] = v.w;
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(256) flash_bwd_dq_tiles_convert_kernel(FlashBwdParams p) {
   __shared__ __align__(16) float rows[kWbBQ][D + 4];  // + 4: fewer bank conflicts on the scatter
   const int n_qt = (p.T + kWbBQ - 1) / kWbBQ;
   const int bh = int(blockIdx.x) / n_qt, qt = int(blockIdx.x) % n_qt;
   const float4* src = reinterpret_cast<const float4*>(p.dq_accum + int64_t(blockIdx.x) * kWbBQ * D);
-  for (int f = threadIdx.x; f < kWbBQ * D / 4; f += 256) {
-    const float4 v = src[f];
-    // float4 f: consumer c, register group j, thread tid of the backward; its registers 4j..4j+3.
-    const int c = f / (8 * D), j = f % (8 * D) / 128, tid = f % 128;
-    const int r = 16 * (tid / 32) + (tid % 32) / 4, col = c * (D / 2) + 8 * j + 2 * (tid % 4);
-    rows[r][col] = v.x;
-    rows[r][col + 1] = v.y;
-    rows[r + 8][col] = v.z;
-    rows[r + 8][col + 1] = v.w;
-  }
+  for (int f = threadIdx.x; f < kWbBQ * D / 4; f += 256) scatter_dq<D>(rows, f, src[f]);
   __syncthreads();
   T* dst = slice_mut<T>(p.dq, bh / p.H, bh % p.H);
   for (int idx = threadIdx.x; idx < kWbBQ * D / 8; idx += 256) {
@@ -609,16 +612,7 @@ __global__ void __launch_bounds__(256) flash_bwd_dq_tiles_convert_rope_kernel(Fl
   for (int hh = h0; hh < h_end; ++hh) {
     if (hh != h0) __syncthreads();  // the previous head's rows are read
 #pragma unroll
-    for (int l = 0; l < kLoads; ++l) {
-      const int f = threadIdx.x + l * 256;
-      const float4 v = next[l];
-      const int c = f / (8 * D), j = f % (8 * D) / 128, tid = f % 128;  // as the plain cast
-      const int r = 16 * (tid / 32) + (tid % 32) / 4, col = c * (D / 2) + 8 * j + 2 * (tid % 4);
-      rows[r][col] = v.x;
-      rows[r][col + 1] = v.y;
-      rows[r + 8][col] = v.z;
-      rows[r + 8][col + 1] = v.w;
-    }
+    for (int l = 0; l < kLoads; ++l) scatter_dq<D>(rows, threadIdx.x + l * 256, next[l]);
     __syncthreads();
     if (hh + 1 < h_end) {
 #pragma unroll
