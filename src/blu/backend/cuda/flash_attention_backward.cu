@@ -23,8 +23,8 @@
 #include "blu/backend/backend.h"
 #include "blu/backend/cuda/flash_attention.cuh"
 #include "blu/backend/cuda/flash_attention_f32.h"
-#include "blu/backend/cuda/rotary.h"
 #include "blu/backend/cuda/flash_attention_wgmma.h"
+#include "blu/backend/cuda/rotary.h"
 #include "blu/backend/cuda/runtime.h"
 
 #include <algorithm>

@@ -528,10 +528,6 @@ void launch_bwd_wgmma(const FlashBwdParams& p, cudaStream_t stream) {
   launch_bwd_wgmma_variant<T, D, false>(p, stream);
 }
 
-// dQ tiles (Note [dQ tiles]) cast into the strided dq: a block of 256 threads per 64-row tile reads
-// its 64·D floats as float4s in order, puts them in row order in shared memory, and writes whole
-// rows, 16 bytes a thread.
-
 // float4 number f of a dQ tile (Note [dQ tiles]: consumer c, register group j, thread tid of the
 // backward; its registers 4j..4j+3) put in row order.
 template <int D>
@@ -544,6 +540,9 @@ __device__ __forceinline__ void scatter_dq(float (*rows)[D + 4], int f, float4 v
   rows[r + 8][col + 1] = v.w;
 }
 
+// dQ tiles (Note [dQ tiles]) cast into the strided dq: a block of 256 threads per 64-row tile reads
+// its 64·D floats as float4s in order, puts them in row order in shared memory, and writes whole
+// rows, 16 bytes a thread.
 template <typename T, int D>
 __global__ void __launch_bounds__(256) flash_bwd_dq_tiles_convert_kernel(FlashBwdParams p) {
   __shared__ __align__(16) float rows[kWbBQ][D + 4];  // + 4: fewer bank conflicts on the scatter
