@@ -54,7 +54,8 @@
 #           summarised by scripts/lab/timeline_steps.py. POWER=1: nvidia-smi's power and SM clock
 #           every 100 ms through a 150-step run of the first variant and of each peer (the median of
 #           the samples above 400 W). AB_ARGS: more bench arguments for both models (e.g.
-#           "--compile-remat --loss-chunks 4"), AB_LLAMA_ARGS: more for llama-250m alone
+#           "--compile-remat --loss-chunks 4"), AB_LLAMA_ARGS: more for llama-250m alone; AB_MODELS: which
+#           of the two run ("gpt2 llama")
 #   lab   — each program named in LAB (space-separated), built here from scripts/lab/*.cu and
 #           carried in .devpack/lab, run in turn (output in lab.log)
 #   recompute — the same two models, bf16, eager and --compile under each --recompute setting
@@ -247,8 +248,12 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
     compiledab)
       export LD_LIBRARY_PATH="$PWD/.devpack/lab:$LD_LIBRARY_PATH"
       IFS=';' read -r -a ab_runs <<< "${AB_RUNS:-base|blutrain_base|;new|blutrain|}"
-      ab_models=("gpt2|--model gpt2:d12 -B 16 ${AB_ARGS:-}"
-                 "llama|--model llama:llama-250m -B 8 --lr 3e-4 --beta2 0.95 ${AB_ARGS:-} ${AB_LLAMA_ARGS:-}")
+      ab_models=()
+      for m in ${AB_MODELS:-gpt2 llama}; do case "$m" in
+        gpt2) ab_models+=("gpt2|--model gpt2:d12 -B 16 ${AB_ARGS:-}") ;;
+        llama) ab_models+=("llama|--model llama:llama-250m -B 8 --lr 3e-4 --beta2 0.95 ${AB_ARGS:-} ${AB_LLAMA_ARGS:-}") ;;
+        *) echo "compiledab: AB_MODELS names gpt2 and llama, got '$m'" >&2; exit 2 ;;
+      esac; done
       ab_bench() {  # VARIANT MODEL STEPS [ENV...]: prints tok/s, step ms, peak MiB, memsets made kernels
         local label bin envs m; IFS='|' read -r label bin envs <<< "$1"; IFS='|' read -r _ m <<< "$2"
         env $envs BLU_GEMM_TUNE_FILE="/tmp/ab_tune_$label.tsv" "${@:4}" timeout 150 "$pack/$bin" bench --device cuda \
