@@ -204,17 +204,16 @@ const OpDef kRotaryAttention{.name = "rotary_attention",
                              .view = rotary_attention_compute,
                              .diff_outputs = 1};
 
-// Why the fused CUDA path cannot take this call ("" when it can).
-std::string flash_unsupported(const Tensor& q, const Tensor& k, const Tensor& v) {
+// Why the fused CUDA path cannot take q, k, v of these shapes and dtype ("" when it can).
+std::string flash_unsupported(const Shape& q, const Shape& k, const Shape& v, DType dtype) {
   if (!backend(DeviceType::cuda).supports("flash_attention")) return "no flash_attention kernel in this build";
-  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return "q, k, v are not 4-d [B, H, T, D]";
-  const Shape kv{q.size(0), k.size(1), q.size(2), q.size(3)};
-  if (k.shape() != kv || v.shape() != kv)
-    return "q, k, v shapes differ (Tq != Tk, Dv != D or broadcast batch dims)";
-  if (k.size(1) == 0 || q.size(1) % k.size(1) != 0) return "query heads not a multiple of the key/value heads";
-  if (q.dtype() == DType::f64) return "dtype f64";
-  if (q.size(3) != 64 && q.size(3) != 128) return "head dim " + std::to_string(q.size(3)) + " (supported: 64, 128)";
-  if (q.size(0) * q.size(1) > int64_t(INT32_MAX) || q.size(2) > int64_t(INT32_MAX) / 2) return "sizes too large";
+  if (q.size() != 4 || k.size() != 4 || v.size() != 4) return "q, k, v are not 4-d [B, H, T, D]";
+  const Shape kv{q[0], k[1], q[2], q[3]};
+  if (k != kv || v != kv) return "q, k, v shapes differ (Tq != Tk, Dv != D or broadcast batch dims)";
+  if (k[1] == 0 || q[1] % k[1] != 0) return "query heads not a multiple of the key/value heads";
+  if (dtype == DType::f64) return "dtype f64";
+  if (q[3] != 64 && q[3] != 128) return "head dim " + std::to_string(q[3]) + " (supported: 64, 128)";
+  if (q[0] * q[1] > int64_t(INT32_MAX) || q[2] > int64_t(INT32_MAX) / 2) return "sizes too large";
   return "";
 }
 
@@ -275,7 +274,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   const double s = scale > 0 ? scale : 1.0 / std::sqrt(double(std::max<int64_t>(d, 1)));
   const bool gqa = is_gqa(q, k, v);
   if (q.device().is_cuda()) {
-    const std::string why = flash_unsupported(q, k, v);
+    const std::string why = flash_unsupported(q.shape(), k.shape(), v.shape(), q.dtype());
     if (why.empty()) {
       auto outs = dispatch(kFlashAttention, {flash_ready(q), flash_ready(k), flash_ready(v)},
                            Attrs{{"causal", causal}, {"scale", s}});
@@ -307,14 +306,11 @@ Tensor rotary_attention(const Tensor& qkv, const Tensor& cos, const Tensor& sin,
   const int64_t T = qkv.size(1), D = qkv.size(3);
   if (qkv.device().is_cuda() && rotary_attention_fused() && qkv.is_contiguous() && rope_tables_fit(cos, sin, T, D) &&
       cos.device() == qkv.device()) {
-    // The fused node's attention takes r's head ranges: the same checks as on q, k, v.
-    std::string why;
-    {
-      NoGradGuard no_grad;
-      why = flash_unsupported(bhtd(narrow(qkv, 2, 0, H)), bhtd(narrow(qkv, 2, H, Hkv)),
-                              bhtd(narrow(qkv, 2, H + Hkv, Hkv)));
-    }
-    if (why.empty()) {
+    // The fused node's attention takes r's head ranges as [B, heads, T, D]: the same checks as on
+    // q, k, v.
+    const int64_t B = qkv.size(0);
+    const Shape kv{B, Hkv, T, D};
+    if (flash_unsupported({B, H, T, D}, kv, kv, qkv.dtype()).empty()) {
       const double s = 1.0 / std::sqrt(double(D));
       const std::vector<Tensor> outs =
           dispatch(kRotaryAttention, {qkv, cos, sin},

@@ -24,7 +24,7 @@
 #include "blu/backend/cuda/flash_attention.cuh"
 #include "blu/backend/cuda/flash_attention_f32.h"
 #include "blu/backend/cuda/flash_attention_wgmma.h"
-#include "blu/backend/cuda/rotary.h"
+#include "blu/backend/cuda/rotary.cuh"
 #include "blu/backend/cuda/runtime.h"
 
 #include <algorithm>

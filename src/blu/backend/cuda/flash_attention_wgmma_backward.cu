@@ -122,6 +122,7 @@
 #include "blu/backend/cuda/flash_attention_wgmma.cuh"
 #include "blu/backend/cuda/flash_attention_wgmma.h"
 #include "blu/backend/cuda/loops.cuh"
+#include "blu/backend/cuda/rotary.cuh"
 #include "blu/backend/cuda/runtime.h"
 
 #include <algorithm>
@@ -493,9 +494,7 @@ __global__ void __launch_bounds__(kWbThreads, 1) flash_bwd_wgmma_kernel(FlashBwd
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int k = (rr * (D / 16) + j) * 2 + e, i1 = 4 * j + 2 * rr + e, i2 = 4 * (j + D / 16) + 2 * rr + e;
-          const float a = dk[i1], g2 = dk[i2];
-          dk[i1] = add_rn(mul_rn(a, rc[k]), mul_rn(g2, rs[D / 4 + k]));
-          dk[i2] = sub_rn(mul_rn(g2, rc[D / 4 + k]), mul_rn(a, rs[k]));
+          rope_pair<true>(dk[i1], dk[i2], rc[k], rs[k], rc[D / 4 + k], rs[D / 4 + k], dk[i1], dk[i2]);
         }
   }
   store(dk, p.dk);
@@ -566,9 +565,9 @@ __global__ void __launch_bounds__(256) flash_bwd_dq_tiles_convert_kernel(FlashBw
 // Note [RoPE in the dQ cast]
 // When q and k were rotated by RoPE (rotary_attention, ops/attention.h), the gradients the caller
 // wants are those of q and k before the rotation: rotary_embedding_backward's y[j] = g[j]·cos[j] +
-// g[j+D/2]·sin[j+D/2], y[j+D/2] = g[j+D/2]·cos[j+D/2] − g[j]·sin[j] at the row's position. Both
-// are taken where the gradient is still fp32, so each rounds once where a separate rotary backward
-// would round twice, and no pass over dQ or dK is added:
+// g[j+D/2]·sin[j+D/2], y[j+D/2] = g[j+D/2]·cos[j+D/2] − g[j]·sin[j] at the row's position
+// (rope_pair<true>, rotary.cuh). Both are taken where the gradient is still fp32, so each rounds
+// once where a separate rotary backward would round twice, and no pass over dQ or dK is added:
 // - dK: a thread's accumulator holds columns c and c + D/2 of its two keys (registers 4j + e and
 //   4(j + D/16) + e of the layout above), so the epilogue rotates them in registers before the cast.
 // - dQ: the cast below has a tile's rows in shared memory in fp32; a thread takes 8 columns of the
@@ -629,10 +628,8 @@ __global__ void __launch_bounds__(256) flash_bwd_dq_tiles_convert_rope_kernel(Fl
         *reinterpret_cast<float4*>(&g2[v]) = *reinterpret_cast<const float4*>(&rows[r][j + h + v]);
       }
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        y1[e] = add_rn(mul_rn(a[e], c1[it][e]), mul_rn(g2[e], s2[it][e]));
-        y2[e] = sub_rn(mul_rn(g2[e], c2[it][e]), mul_rn(a[e], s1[it][e]));
-      }
+      for (int e = 0; e < 8; ++e)
+        rope_pair<true>(a[e], g2[e], c1[it][e], s1[it][e], c2[it][e], s2[it][e], y1[e], y2[e]);
       *reinterpret_cast<uint4*>(dst + int64_t(q) * p.dq.st + j) =
           uint4{Elem<T>::pack(y1[0], y1[1]), Elem<T>::pack(y1[2], y1[3]), Elem<T>::pack(y1[4], y1[5]),
                 Elem<T>::pack(y1[6], y1[7])};

@@ -5,8 +5,9 @@
 //   elements at j + D/2 — the pairs the rotation mixes — from x of any strides over (B, T, H)
 //   with unit stride along D, and the matching cos/sin vectors of row t (f32 or x's dtype; [T, D]
 //   is small and stays in L2), and writes both to the contiguous output (unrotated for heads past
-//   the op's "rotate"). Index → (b, t, h, j) by 32-bit magic-number division. The scalar form
-//   (V = 1) takes rows whose half or strides are not whole vectors, or misaligned data.
+//   the op's "rotate"), or back where they were (rotary_backward_heads_in_place: x is y, heads
+//   outside the range untouched). Index → (b, t, h, j) by 32-bit magic-number division. The scalar
+//   form (V = 1) takes rows whose half or strides are not whole vectors, or misaligned data.
 // - silu, silu_backward and swiglu through loops.cuh's launch_map (its 16-byte paths, row-strided
 //   views included: the halves of one [N, 2I] projection are read where they lie).
 // - swiglu_backward: one pass over rows of whole 16-byte vectors (or scalars) reading g, gate, up
@@ -15,7 +16,7 @@
 // 16-bit types compute in float and round once; the formulas keep the CPU's association, without
 // FMA contraction (the *_rn helpers), so results differ from the CPU's only through expf.
 #include "blu/backend/cuda/loops.cuh"
-#include "blu/backend/cuda/rotary.h"
+#include "blu/backend/cuda/rotary.cuh"
 
 namespace blu::cuda {
 
@@ -49,18 +50,19 @@ struct IndexDiv {
 // --- rotary_embedding --------------------------------------------------------------------------
 
 struct RotaryShape {
-  int64_t n = 0;                 // work items: B·T·H rows × h / V vectors
-  int64_t T = 0, H = 0, D = 0;   // D = 2h
-  int64_t rotate = 0;            // heads [rotate, H) are copied unchanged
+  int64_t n = 0;                   // work items: B·T·H rows × h / V vectors
+  int64_t T = 0, H = 0, D = 0;     // D = 2h
+  int64_t first = 0, last = 0;     // heads [first, last) are rotated, the others copied
   int64_t sb = 0, st = 0, sh = 0;  // x's strides over (B, T, H), in elements
   IndexDiv per_row, heads, times;  // by h / V, H, T
 };
 
-// forward:   y[j] = x[j]·c[j] − x[j+h]·s[j],    y[j+h] = x[j+h]·c[j+h] + x[j]·s[j+h]
-// backward:  y[j] = x[j]·c[j] + x[j+h]·s[j+h],  y[j+h] = x[j+h]·c[j+h] − x[j]·s[j]
+// rope_pair (rotary.cuh) on each pair; y is contiguous. x and y may be the same buffer (each thread
+// reads its 2·V elements before it writes them, and leaves the heads it would only copy), so
+// neither is __restrict__.
 template <typename T, typename CS, int V, bool kBackward>
-__global__ void rotary_kernel(const T* __restrict__ x, const CS* __restrict__ cos, const CS* __restrict__ sin,
-                              T* __restrict__ y, RotaryShape s) {
+__global__ void rotary_kernel(const T* x, const CS* __restrict__ cos, const CS* __restrict__ sin, T* y,
+                              RotaryShape s) {
   using A = acc_t<T>;
   const int64_t h = s.D / 2;
   const int64_t step = int64_t(gridDim.x) * blockDim.x;
@@ -68,26 +70,24 @@ __global__ void rotary_kernel(const T* __restrict__ x, const CS* __restrict__ co
     const int64_t row = s.per_row.div(i), j = (i - row * (h / V)) * V;
     const int64_t bt = s.heads.div(row), hh = row - bt * s.H;
     const int64_t b = s.times.div(bt), t = bt - b * s.T;
+    const bool rotate = hh >= s.first && hh < s.last;  // no cos/sin read for the others
+    if (!rotate && x == y) continue;
     const T* xr = x + b * s.sb + t * s.st + hh * s.sh;
     const Vec<T, V> x1 = *reinterpret_cast<const Vec<T, V>*>(xr + j);
     const Vec<T, V> x2 = *reinterpret_cast<const Vec<T, V>*>(xr + j + h);
     Vec<T, V> y1 = x1, y2 = x2;
-    if (hh < s.rotate) {  // heads past `rotate` are copied: no cos/sin read for them
+    if (rotate) {
       const Vec<CS, V> c1 = *reinterpret_cast<const Vec<CS, V>*>(cos + t * s.D + j);
       const Vec<CS, V> c2 = *reinterpret_cast<const Vec<CS, V>*>(cos + t * s.D + j + h);
       const Vec<CS, V> s1 = *reinterpret_cast<const Vec<CS, V>*>(sin + t * s.D + j);
       const Vec<CS, V> s2 = *reinterpret_cast<const Vec<CS, V>*>(sin + t * s.D + j + h);
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        const A a = to_acc(x1.v[e]), b2 = to_acc(x2.v[e]);
-        const A c_1 = A(to_acc(c1.v[e])), c_2 = A(to_acc(c2.v[e])), s_1 = A(to_acc(s1.v[e])), s_2 = A(to_acc(s2.v[e]));
-        if constexpr (kBackward) {
-          y1.v[e] = from_acc<T>(add_rn(mul_rn(a, c_1), mul_rn(b2, s_2)));
-          y2.v[e] = from_acc<T>(sub_rn(mul_rn(b2, c_2), mul_rn(a, s_1)));
-        } else {
-          y1.v[e] = from_acc<T>(sub_rn(mul_rn(a, c_1), mul_rn(b2, s_1)));
-          y2.v[e] = from_acc<T>(add_rn(mul_rn(b2, c_2), mul_rn(a, s_2)));
-        }
+        A r1, r2;
+        rope_pair<kBackward>(A(to_acc(x1.v[e])), A(to_acc(x2.v[e])), A(to_acc(c1.v[e])), A(to_acc(s1.v[e])),
+                             A(to_acc(c2.v[e])), A(to_acc(s2.v[e])), r1, r2);
+        y1.v[e] = from_acc<T>(r1);
+        y2.v[e] = from_acc<T>(r2);
       }
     }
     T* yr = y + row * s.D;
@@ -96,9 +96,11 @@ __global__ void rotary_kernel(const T* __restrict__ x, const CS* __restrict__ co
   }
 }
 
+// x: [B, T, H, D] with unit stride along D; y: contiguous [B, T, H, D], or x itself (then
+// contiguous, and the heads outside [first, last) are left as they are).
 template <typename T, typename CS, bool kBackward>
 void launch_rotary(cudaStream_t stream, const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& y,
-                   int64_t rotate) {
+                   int64_t first, int64_t last) {
   constexpr int V = 16 / int(sizeof(T));
   const int64_t B = x.size(0), T_ = x.size(1), H = x.size(2), D = x.size(3), h = D / 2;
   const T* xp = static_cast<const T*>(x.raw_data());
@@ -115,7 +117,8 @@ void launch_rotary(cudaStream_t stream, const Tensor& x, const Tensor& cos, cons
     s.T = T_;
     s.H = H;
     s.D = D;
-    s.rotate = rotate;
+    s.first = first;
+    s.last = last;
     s.sb = x.stride(0);
     s.st = x.stride(1);
     s.sh = x.stride(2);
@@ -130,35 +133,6 @@ void launch_rotary(cudaStream_t stream, const Tensor& x, const Tensor& cos, cons
   else run.template operator()<1>();
 }
 
-// Heads [first, first + count) of a contiguous packed gradient rotated back where they lie
-// (rotary.h): the backward's arithmetic of rotary_kernel, reading and writing the same 16 bytes.
-template <typename T, int V>
-__global__ void rotary_backward_in_place_kernel(T* g, const float* __restrict__ cos, const float* __restrict__ sin,
-                                                int64_t n, int64_t T_, int64_t heads, int64_t first, int64_t count,
-                                                int64_t D) {
-  using A = acc_t<T>;
-  const int64_t h = D / 2, per_row = h / V;
-  const int64_t step = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
-    const int64_t row = i / per_row, j = (i - row * per_row) * V;
-    const int64_t bt = row / count, hh = first + (row - bt * count), t = bt % T_;
-    T* gr = g + (bt * heads + hh) * D;
-    Vec<T, V> x1 = *reinterpret_cast<const Vec<T, V>*>(gr + j);
-    Vec<T, V> x2 = *reinterpret_cast<const Vec<T, V>*>(gr + j + h);
-    const float* c = cos + t * D;
-    const float* s = sin + t * D;
-#pragma unroll
-    for (int e = 0; e < V; ++e) {
-      const A a = to_acc(x1.v[e]), b2 = to_acc(x2.v[e]);
-      const A c_1 = A(c[j + e]), c_2 = A(c[j + h + e]), s_1 = A(s[j + e]), s_2 = A(s[j + h + e]);
-      x1.v[e] = from_acc<T>(add_rn(mul_rn(a, c_1), mul_rn(b2, s_2)));
-      x2.v[e] = from_acc<T>(sub_rn(mul_rn(b2, c_2), mul_rn(a, s_1)));
-    }
-    *reinterpret_cast<Vec<T, V>*>(gr + j) = x1;
-    *reinterpret_cast<Vec<T, V>*>(gr + j + h) = x2;
-  }
-}
-
 }  // namespace
 
 void rotary_backward_heads_in_place(cudaStream_t stream, const Tensor& g, int64_t first, int64_t count,
@@ -170,19 +144,9 @@ void rotary_backward_heads_in_place(cudaStream_t stream, const Tensor& g, int64_
   BLU_ASSERT(first >= 0 && count >= 0 && first + count <= heads && D % 2 == 0 && cos.numel() >= T_ * D,
              "rotary_backward_heads_in_place: heads [", first, ", ", first + count, ") of ", heads, ", D ", D);
   if (B * T_ * count == 0) return;
+  const Tensor rows = g.alias_with({B, T_, heads, D}, {T_ * heads * D, heads * D, D, 1}, g.offset());
   BLU_DISPATCH_FLOATING(g.dtype(), "rotary_backward_heads_in_place", {
-    using T = dev_t<scalar_t>;
-    constexpr int V = 16 / int(sizeof(T));
-    T* gp = static_cast<T*>(g.raw_data());
-    auto run = [&]<int W>() {
-      const int64_t n = B * T_ * count * (D / 2 / W);
-      rotary_backward_in_place_kernel<T, W><<<blocks_for(n), 256, 0, stream>>>(
-          gp, static_cast<const float*>(cos.raw_data()), static_cast<const float*>(sin.raw_data()), n, T_, heads,
-          first, count, D);
-      BLU_CUDA_CHECK_LAUNCH();
-    };
-    if ((D / 2) % V == 0 && aligned_to(gp, 16)) run.template operator()<V>();
-    else run.template operator()<1>();
+    launch_rotary<dev_t<scalar_t>, float, true>(stream, rows, cos, sin, rows, first, first + count);
   });
 }
 
@@ -200,8 +164,8 @@ void rotary_embedding_kernel(const KernelCall& c) {
   BLU_DISPATCH_FLOATING(x.dtype(), c.op, {
     using T = dev_t<scalar_t>;
     if (cos.dtype() == DType::f32 && !std::is_same_v<T, float>)
-      launch_rotary<T, float, kBackward>(stream_of(c.ctx), x, cos, sin, c.out[0], rotate);
-    else launch_rotary<T, T, kBackward>(stream_of(c.ctx), x, cos, sin, c.out[0], rotate);
+      launch_rotary<T, float, kBackward>(stream_of(c.ctx), x, cos, sin, c.out[0], 0, rotate);
+    else launch_rotary<T, T, kBackward>(stream_of(c.ctx), x, cos, sin, c.out[0], 0, rotate);
   });
 }
 BLU_REGISTER_KERNEL(cuda, "rotary_embedding", rotary_embedding_kernel<false>);
