@@ -173,13 +173,17 @@ std::vector<TensorMeta> infer_rotary_attention(std::span<const Tensor>, const At
   return {};  // the ops it is made of make (and check) the outputs
 }
 
+// r's query, key and value head ranges as the [B, heads, T, D] views flash attention takes.
+std::vector<Tensor> head_ranges(const Tensor& r, int64_t H, int64_t Hkv) {
+  return {bhtd(narrow(r, 2, 0, H)), bhtd(narrow(r, 2, H, Hkv)), bhtd(narrow(r, 2, H + Hkv, Hkv))};
+}
+
 std::vector<Tensor> rotary_attention_compute(std::span<const Tensor> in, const Attrs& a) {
   NoGradGuard no_grad;
   const int64_t H = a.i("heads"), Hkv = a.i("kv_heads");
   const Tensor r = rotary_embedding(in[0], in[1], in[2], H + Hkv);
   Attrs fa{{"causal", a.b("causal")}, {"scale", a.f("scale")}};
-  std::vector<Tensor> outs = dispatch(kFlashAttention, {bhtd(narrow(r, 2, 0, H)), bhtd(narrow(r, 2, H, Hkv)),
-                                                        bhtd(narrow(r, 2, H + Hkv, Hkv))}, fa);
+  std::vector<Tensor> outs = dispatch(kFlashAttention, head_ranges(r, H, Hkv), fa);
   outs.push_back(r);
   return outs;
 }
@@ -188,11 +192,10 @@ std::vector<Tensor> rotary_attention_bw(const BackwardContext& c, std::span<cons
   const Tensor& r = c.output(2);
   const int64_t H = c.attrs.i("heads"), Hkv = c.attrs.i("kv_heads");
   Attrs a{{"causal", c.attrs.b("causal")}, {"scale", c.attrs.f("scale")}, {"packed", true}};
+  const std::vector<Tensor> qkv = head_ranges(r, H, Hkv);
   const std::vector<Tensor> d = dispatch(
       kFlashAttentionBackward,
-      {flash_ready(bhtd(g[0])), bhtd(narrow(r, 2, 0, H)), bhtd(narrow(r, 2, H, Hkv)), bhtd(narrow(r, 2, H + Hkv, Hkv)),
-       bhtd(c.output(0)), c.output(1), c.input(1), c.input(2)},
-      a);
+      {flash_ready(bhtd(g[0])), qkv[0], qkv[1], qkv[2], bhtd(c.output(0)), c.output(1), c.input(1), c.input(2)}, a);
   return {reshape(d[0], r.shape()), Tensor(), Tensor()};
 }
 
