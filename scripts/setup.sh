@@ -15,6 +15,7 @@ packages=(
   libxxhash-dev                   # checkpoint checksums (src/blu/io/checksum.h)
   zlib1g-dev                      # gzip-compressed text in `prepare` (src/blu/data/prepare.cpp)
   libssl-dev                      # HMAC-SHA256 of the TCP store's handshake (src/blu/dist/tcp_store)
+  libmimalloc-dev                 # the blutrain executable's malloc (apps/blutrain/host_heap.cpp)
   python3 python3-torch           # the CPU oracle (/usr/bin/python3 with PyTorch)
   python3-numpy                   # the attention kernels' CPU models (FlashAttentionLab.*)
   chromium                        # renders `blutrain report`'s page in its test (tests/train/report_browser_test.cpp)

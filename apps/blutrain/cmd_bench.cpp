@@ -52,6 +52,7 @@
 #include "blu/train/layout_setup.h"
 #include "blu/train/trainer.h"
 #include "commands.h"
+#include "host_heap.h"
 
 namespace blu::cli {
 
@@ -314,7 +315,7 @@ int run_bench_layout(const BenchOptions& o) {
   int64_t rows_total = 0;
   for (int64_t r : rows) rows_total += r;
   const double tok_s = double(rows_total * micro * o.seq) / (med / 1e3);
-  nlohmann::json j = {{"impl", "blutrain-" BLU_VERSION},
+  nlohmann::json j = {{"impl", "blutrain-" BLU_VERSION}, {"host_heap", host_heap()},
                       {"model", o.model},
                       {"mode", o.precision},
                       {"parallel", text},
@@ -572,7 +573,7 @@ int run_bench(const BenchOptions& o) {
   // plus attention's 12·L·C·T (PaLM's estimate; causal masking is not subtracted).
   const double flops_tok = model.flops_per_token(o.seq);
   const AllocatorStats st = allocator_for(dev).stats();
-  nlohmann::json j = {{"impl", "blutrain-" BLU_VERSION}, {"model", o.model}, {"mode", o.precision},  {"B", o.batch},
+  nlohmann::json j = {{"impl", "blutrain-" BLU_VERSION}, {"host_heap", host_heap()}, {"model", o.model}, {"mode", o.precision},  {"B", o.batch},
                       {"T", o.seq},                       {"steps", o.steps},     {"step_ms", med},
                       {"tok_s", std::round(tok_s)},       {"peak_alloc_mib", st.peak_bytes >> 20},
                       {"peak_reserved_mib", st.reserved_bytes >> 20},

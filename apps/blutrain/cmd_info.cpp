@@ -1,5 +1,5 @@
 // `blutrain info`: what this binary is and what it can run on — version, build, CUDA, devices,
-// BLAS, allocators, GEMM tuning and its table file; `blutrain info CKPT`: a checkpoint's format,
+// BLAS, the host heap, allocators, GEMM tuning and its table file; `blutrain info CKPT`: a checkpoint's format,
 // step, the layout that wrote it and its global tensors (dist/layout_checkpoint.h), without
 // loading a model; `blutrain info --flight DIR`: each rank's flight-recorder dump in a run folder
 // (DIR/flight_recorder) or a dump folder, summarised (dist/flight_recorder.h).
@@ -21,6 +21,7 @@
 #include "blu/memory/allocator.h"
 #include "blu/train/metrics.h"
 #include "commands.h"
+#include "host_heap.h"
 #ifdef BLU_HAVE_CUDA
 #include <cuda_runtime.h>
 
@@ -108,6 +109,7 @@ int run_info() {
   }
 #endif
   std::cout << "BLAS:       " << blas_description() << "\n";
+  std::cout << "host heap:  " << host_heap() << "\n";
   const AllocatorStats cpu = allocator_for(kCPU).stats();
   std::cout << "allocators:\n  cpu       64-byte aligned host memory, no caching (now " << train::format_bytes(cpu.current_bytes)
             << " live, " << cpu.allocs << " allocations)\n";

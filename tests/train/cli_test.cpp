@@ -77,8 +77,15 @@ class Cli : public ::testing::Test {
 TEST_F(Cli, Info) {
   const Result r = run({"info"});
   EXPECT_EQ(r.status, 0) << r.output;
-  for (const char* part : {"blutrain", "build:", "CUDA:", "cpu", "BLAS:", "allocators:"})
+  for (const char* part : {"blutrain", "build:", "CUDA:", "cpu", "BLAS:", "host heap:", "allocators:"})
     EXPECT_NE(r.output.find(part), std::string::npos) << "missing '" << part << "' in:\n" << r.output;
+  // Note [Host heap]: a build that links mimalloc serves the process's malloc from it.
+#ifdef BLU_CLI_MIMALLOC
+  EXPECT_NE(r.output.find("host heap:  mimalloc 2."), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(the process's malloc and free)"), std::string::npos) << r.output;
+#else
+  EXPECT_NE(r.output.find("host heap:  glibc malloc"), std::string::npos) << r.output;
+#endif
 #ifdef BLU_HAVE_CUDA
   // Note [GEMM tuning]: the setting and the table file (BLU_GEMM_TUNE_FILE=none in this test's run).
   const Result t = run({"info"}, "BLU_GEMM_TUNE=on BLU_GEMM_TUNE_FILE=none ");

@@ -108,6 +108,9 @@ bool same_so_far(const Graph& want, const Graph& got, Checked& at) {
 // scripts/lab/kernel_timeline.cpp; docs/performance.md, "Where the timed step waits"): from the
 // batch's copy to the step's first kernel 211–223 µs for llama-250m and 170–281 µs for GPT-2 with
 // it, 282–489 and 294–503 without it, 471–533 and 382–427 with neither it nor named_classes().
+// The blutrain executable's heap is mimalloc's (Note [Host heap], apps/blutrain/host_heap.cpp),
+// which has no such bins: there the pair is a few nanoseconds of nothing; glibc serves the tests
+// and the Python module.
 static void settle_host_heap() {
 #ifdef __GLIBC__
   void* p = std::malloc(size_t(64) << 10);  // past the small-chunk sizes and the thread cache
