@@ -264,16 +264,20 @@ Graph& Capture::finish() {
   remove_op_observer(observer_);
   t_active = nullptr;
   // Our own references: one per buffer (storages_), one per distinct TensorImpl per storage, and
-  // one handle per value on each impl — `impls` lists each impl once per value that holds it,
-  // sorted, so handles(impl) is the length of its run.
-  std::vector<const TensorImpl*> impls;
-  impls.reserve(tensors_.size());
-  for (const Tensor& t : tensors_) impls.push_back(t.impl_ptr().get());
-  std::sort(impls.begin(), impls.end());
-  const auto handles = [&](const TensorImpl* impl) {
-    const auto [lo, hi] = std::equal_range(impls.begin(), impls.end(), impl);
-    return long(hi - lo);
-  };
+  // one handle per value on each impl. handles[i] counts the values whose tensor shares
+  // tensors_[i]'s impl (a run of the values sorted by impl); impls_on[b] the distinct impls on
+  // buffer b.
+  const size_t n = tensors_.size();
+  std::vector<std::pair<const TensorImpl*, size_t>> by_impl(n);
+  for (size_t i = 0; i < n; ++i) by_impl[i] = {tensors_[i].impl_ptr().get(), i};
+  std::sort(by_impl.begin(), by_impl.end());
+  std::vector<long> handles(n);
+  std::vector<long> impls_on(graph_.buffers.size(), 0);
+  for (size_t lo = 0, hi = 0; lo < n; lo = hi) {
+    while (hi < n && by_impl[hi].first == by_impl[lo].first) ++hi;
+    for (size_t k = lo; k < hi; ++k) handles[by_impl[k].second] = long(hi - lo);
+    ++impls_on[size_t(buffer_ids_.at(by_impl[lo].first->storage.get()))];
+  }
   // A tensor only we still hold is one the eager step has dropped, and with it its autograd state.
   // Drop that state here too: otherwise its grad_fn chain outlives the step and holds what the
   // eager step freed — a recompute region's rebuilt graph, whose gradient accumulators hold the
@@ -281,22 +285,17 @@ Graph& Capture::finish() {
   // Dropping one chain can leave more tensors held only by us: repeat until nothing changes.
   for (bool dropped = true; dropped;) {
     dropped = false;
-    for (const Tensor& t : tensors_) {
-      TensorImpl& impl = *t.impl_ptr();
-      if (impl.autograd && t.impl_ptr().use_count() <= handles(&impl)) {
+    for (size_t i = 0; i < n; ++i) {
+      TensorImpl& impl = *tensors_[i].impl_ptr();
+      if (impl.autograd && tensors_[i].impl_ptr().use_count() <= handles[i]) {
         impl.autograd.reset();
         dropped = true;
       }
     }
   }
-  std::vector<long> impls_on(graph_.buffers.size(), 0);
   std::vector<bool> held(graph_.buffers.size(), false);
-  for (size_t i = 0; i < impls.size(); ++i)
-    if (i == 0 || impls[i] != impls[i - 1]) ++impls_on[size_t(buffer_ids_.at(impls[i]->storage.get()))];
-  for (const Tensor& t : tensors_) {
-    const int b = buffer_ids_.at(t.storage().get());
-    if (t.impl_ptr().use_count() > handles(t.impl_ptr().get())) held[size_t(b)] = true;
-  }
+  for (size_t i = 0; i < n; ++i)
+    if (tensors_[i].impl_ptr().use_count() > handles[i]) held[size_t(buffer_ids_.at(tensors_[i].storage().get()))] = true;
   for (size_t b = 0; b < graph_.buffers.size(); ++b) {
     Buffer& buf = graph_.buffers[b];
     if (buf.kind != BufferKind::temporary) continue;
