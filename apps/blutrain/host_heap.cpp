@@ -2,8 +2,8 @@
 // A compiled step's host capture makes and frees ~56 small objects an op (the op's record, its
 // values, autograd's nodes, shape vectors: ~17,000 for the tiny Llama's 303 ops), and the GPU
 // waits at each step's start for the capture of its first segment and then whenever the capture
-// falls behind the kernels (Note [Streamed replay], compiler/compile.h). glibc's malloc made that
-// capture ~3x slower than a thread-caching allocator does (docs/performance.md, "The host heap"),
+// falls behind the kernels (Note [Streamed replay], compiler/compile.h). glibc's malloc made a loop
+// of such captures ~3x slower than mimalloc does (docs/performance.md, "The host heap"),
 // so the blutrain executable is linked against mimalloc (Debian's libmimalloc-dev; CMake option
 // BLU_MIMALLOC, on when the package is found and no sanitizer is built). Linked into the
 // executable, its malloc and free precede glibc's in symbol lookup and serve every allocation of
