@@ -47,7 +47,8 @@
 #   compiledab — the tuned compiled step (`--compile --gemm-tune on`, 30 steps) of GPT-2 124M (B=16)
 #           and llama-250m (B=8) under each variant of AB_RUNS ("label|binary|environment;…",
 #           default "base|blutrain_base|;new|blutrain|"; a binary packed by gpu_pack.sh BASE=/MID=),
-#           alternated REPS times (3), each variant with its own tuning table filled by a first run,
+#           alternated REPS times (3; even ones in reverse order), each variant with its own tuning
+#           table filled by a first run,
 #           then torch_gpt2.py / torch_llama.py bf16c, summarised by scripts/ab_summary.py (medians,
 #           pairs ahead, ratios to the peers; compiledab_summary.txt). TIMELINE=1: one CUPTI timeline a
 #           variant and model (.devpack/lab/libkernel_timeline.so and libcupti.so.13, scripts/lab/README.md),
@@ -261,9 +262,14 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
           'import json,sys; d=json.loads(sys.stdin.read()); c=d.get("compile",{}); print(round(d["tok_s"]), d["step_ms"], d["peak_alloc_mib"], c.get("graph_memsets_lowered"))'
       }
       for v in "${ab_runs[@]}"; do for m in "${ab_models[@]}"; do ab_bench "$v" "$m" 4 > /dev/null; done; done
-      for i in $(seq "${REPS:-3}"); do for m in "${ab_models[@]}"; do for v in "${ab_runs[@]}"; do
-        echo "${m%%|*} ${v%%|*} $(ab_bench "$v" "$m" 30)" | tee -a "$out/compiledab.log"
-      done; done; done
+      # Even alternations run the variants in reverse order: in a fixed order the first of each pair
+      # was ahead six times in six by 0.1-1.0% with the same code on both sides (CHANGELOG, 2026-12-02).
+      for i in $(seq "${REPS:-3}"); do for m in "${ab_models[@]}"; do
+        vs=(); for v in "${ab_runs[@]}"; do if ((i % 2 == 0)); then vs=("$v" "${vs[@]}"); else vs+=("$v"); fi; done
+        for v in "${vs[@]}"; do
+          echo "${m%%|*} ${v%%|*} $(ab_bench "$v" "$m" 30)" | tee -a "$out/compiledab.log"
+        done
+      done; done
       peers_pair compiledab.log bf16c
       python3 scripts/ab_summary.py "$out/compiledab.log" | tee "$out/compiledab_summary.txt"
       if [ "${TIMELINE:-0}" = 1 ]; then for m in "${ab_models[@]}"; do for v in "${ab_runs[@]}"; do
