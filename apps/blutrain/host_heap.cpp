@@ -34,7 +34,7 @@ std::string host_heap() {
   if (!ours) return name + " linked, but malloc is another allocator's (one preloaded before it?)";
   return name + " (the process's malloc and free)";
 #else
-  return "glibc malloc";
+  return "the default malloc (this build does not link mimalloc)";
 #endif
 }
 
