@@ -678,6 +678,9 @@ int run_bench(const BenchOptions& o) {
       cj["direct_launches"] = v.runtime->stats().direct_launches;
       cj["graph_segments"] = v.runtime->stats().segments;
       cj["steps_recorded"] = v.runtime->stats().steps_recorded;
+      cj["speculated_steps"] = v.runtime->stats().speculated_steps;  // Note [Speculative start]
+      cj["speculated_segments"] = v.runtime->stats().speculated_segments;
+      cj["speculation_misses"] = v.runtime->stats().speculation_misses;
     }
     j["compile"] = cj;
   }

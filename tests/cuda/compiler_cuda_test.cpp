@@ -110,6 +110,11 @@ TEST(CompilerCuda, CompiledStepIsGraphLaunchesAndMatchesEager) {
   EXPECT_EQ(stats.graph_launches, n * stats.segments);
   EXPECT_GE(stats.steps_recorded, 1);
   EXPECT_LE(stats.steps_recorded, n);
+  // Note [Speculative start]: every compiled step after the first launches its first segments
+  // before its capture, and each capture confirms them (no launch twice).
+  EXPECT_EQ(stats.speculated_steps, n - 1);
+  EXPECT_GE(stats.speculated_segments, stats.speculated_steps);
+  EXPECT_EQ(stats.speculation_misses, 0);
   ASSERT_EQ(eager.losses.size(), compiled.losses.size());
   for (size_t i = 0; i < eager.losses.size(); ++i) EXPECT_EQ(eager.losses[i], compiled.losses[i]) << "step " << i + 1;
   for (size_t i = 0; i < eager.params.size(); ++i)
@@ -141,6 +146,96 @@ TEST(CompilerCuda, AdamWWithAChangingLrRecordsTwiceAndMatchesEager) {
   for (size_t i = 0; i < eager.losses.size(); ++i) EXPECT_EQ(eager.losses[i], compiled.losses[i]) << "step " << i + 1;
   for (size_t i = 0; i < eager.params.size(); ++i)
     EXPECT_TRUE(test::bitwise_equal(eager.params[i], compiled.params[i])) << "parameter " << i;
+}
+
+// Note [Speculative start] when the prefix launched before the capture is wrong: with dropout,
+// the second streamed step's prefix holds the dropout launches recorded with the previous step's
+// Philox offsets (a miss: the confirmed segments run again, the rest as recorded anew, and from
+// then on the prefix ends before the first dropout); and a step whose capture leaves the compiled
+// structure at its first op (a copy of the tokens, step 6) or between forward and backward (step
+// 8, the loss times 1) — what ran ahead of the capture was only the arena's, and the step runs
+// unplanned. Every run is bitwise the eager one.
+struct StreamedRun {
+  std::vector<double> losses;
+  std::vector<Tensor> params;
+  compiler::RuntimeStats stats;
+  int64_t fallback = 0;
+};
+
+StreamedRun train_streamed(bool compiled, double dropout, bool diverge) {
+  cuda::Stream stream;
+  Workspace ws(kGPU);
+  ExecContextGuard ctx(ExecContext{kGPU, stream.get(), &ws});
+  models::GPTConfig cfg = test::tiny_gpt();
+  cfg.dropout = dropout;
+  models::GPT model(cfg, 7);
+  model.to(kGPU);
+  dist::Strategy strat(model, nullptr, dist::StrategyConfig{}, dist::OptimizerConfig{.name = "adamw", .lr = 3e-3});
+  const int64_t B = 2, T = 16;
+  Tensor idx = empty({B, T}, DType::i32, kGPU), tg = empty({B, T}, DType::i32, kGPU);
+  std::ostringstream log;
+  compiler::CompileOptions o;
+  o.log_stream = &log;
+  compiler::CompiledStep cs(o);
+  cs.set_named(compiler::BufferKind::parameter, model.named_parameters());
+  StreamedRun r;
+  for (int s = 0; s < 9; ++s) {
+    {
+      NoGradGuard ng;
+      copy_(idx, to_device(randint(0, 101, {B, T}, DType::i32, kCPU), kGPU));
+      copy_(tg, to_device(randint(0, 101, {B, T}, DType::i32, kCPU), kGPU));
+    }
+    dist::StepValues v;
+    auto step = [&] {
+      v = strat.step(1, [&](int64_t) {
+        const Tensor tokens = diverge && s == 5 ? clone(idx) : idx;
+        Tensor loss = model.forward(tokens, tg).loss;
+        return diverge && s == 7 ? mul(loss, 1.0) : loss;
+      }, 3e-3, 1.0);
+    };
+    if (compiled)
+      cs.run({idx, tg}, step);
+    else
+      step();
+    r.losses.push_back(strat.read(v, false).loss);
+  }
+  BLU_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+  for (const Tensor& p : model.parameters()) r.params.push_back(to_device(p.detach(), kCPU));
+  if (compiled) {
+    EXPECT_EQ(cs.variants().size(), 1u) << log.str();
+    if (!cs.variants().empty()) r.stats = cs.variants()[0]->runtime->stats();
+    r.fallback = cs.counts().fallback;
+    for (const std::string& f : cs.guard_failures()) std::cout << "guard: " << f << "\n";
+  }
+  return r;
+}
+
+TEST(CompilerCuda, SpeculativeStartMissesAndDivergencesMatchEager) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  for (const bool diverge : {false, true}) {
+    const double dropout = diverge ? 0.0 : 0.1;
+    SCOPED_TRACE(diverge ? "diverging steps" : "dropout");
+    manual_seed(11);
+    const StreamedRun eager = train_streamed(false, dropout, diverge);
+    manual_seed(11);
+    const StreamedRun compiled = train_streamed(true, dropout, diverge);
+    const compiler::RuntimeStats& st = compiled.stats;
+    std::cout << "speculated steps " << st.speculated_steps << " (" << st.speculated_segments << " segments), misses "
+              << st.speculation_misses << ", fallbacks " << compiled.fallback << "\n";
+    if (diverge) {
+      EXPECT_EQ(compiled.fallback, 2);
+      EXPECT_EQ(st.speculation_misses, 0);
+      EXPECT_GE(st.speculated_steps, 5);  // steps 3-9 but the two after a fallback's (no whole replay)
+    } else {
+      EXPECT_EQ(compiled.fallback, 0);
+      EXPECT_EQ(st.speculation_misses, 1);
+      EXPECT_EQ(st.speculated_steps, 7);  // steps 3-9
+    }
+    ASSERT_EQ(eager.losses.size(), compiled.losses.size());
+    for (size_t i = 0; i < eager.losses.size(); ++i) EXPECT_EQ(eager.losses[i], compiled.losses[i]) << "step " << i + 1;
+    for (size_t i = 0; i < eager.params.size(); ++i)
+      EXPECT_TRUE(test::bitwise_equal(eager.params[i], compiled.params[i])) << "parameter " << i;
+  }
 }
 
 // GEMM epilogues chosen by the compiler (compiler/epilogue.h) on the GPU: the plain decoder's

@@ -19,6 +19,7 @@ namespace blu::compiler {
 CompiledStep::CompiledStep(CompileOptions options) : options_(std::move(options)) {
   if (const char* e = std::getenv("BLU_COMPILE_LOG"); e && *e && std::string(e) != "0") options_.log = true;
   if (const char* e = std::getenv("BLU_COMPILE_STREAM"); e && std::string(e) == "0") options_.stream = false;
+  if (const char* e = std::getenv("BLU_COMPILE_SPECULATE"); e && std::string(e) == "0") options_.runtime.speculate = false;
   if (compile_check_enabled()) options_.check = true;
   if (options_.check) options_.runtime.cuda_graph = false;
   if (options_.plan.exclude.empty()) options_.plan.exclude = excluded_ops();
@@ -258,6 +259,11 @@ void CompiledStep::run(const std::vector<Tensor>& inputs, const std::function<vo
          std::to_string(variants_.size() + 1) + " of at most " + std::to_string(options_.max_variants));
 
   const auto t_capture = std::chrono::steady_clock::now();
+  // Note [Streamed replay]: a variant that has replayed a whole step replays the next ones while
+  // they are captured; begin may launch the step's first segments at once (Note [Speculative
+  // start], runtime.h), so it comes before the capture is set up.
+  const bool stream = variant && options_.stream && variant->replays >= 1;
+  if (stream) variant->runtime->begin(inputs);
   // Declared before the capture, so it runs after the capture's memory is freed: Note [Host heap
   // after a step].
   struct SettleHeap {
@@ -267,13 +273,9 @@ void CompiledStep::run(const std::vector<Tensor>& inputs, const std::function<vo
   cap.classify_all(&named_classes());
   for (const Tensor& t : inputs) cap.classify(t, BufferKind::step_input);
   if (variant) cap.reserve_like(variant->graph);
-  // Note [Streamed replay]: a variant that has replayed a whole step replays the next ones while
-  // they are captured.
-  const bool stream = variant && options_.stream && variant->replays >= 1;
   Checked checked;
   bool left = false;  // the capture left the variant's structure
   if (stream) {
-    variant->runtime->begin(cap);
     cap.set_listener([&] {
       if (left) return;
       if (!same_so_far(variant->graph, cap.graph(), checked)) {
@@ -359,7 +361,7 @@ void CompiledStep::run(const std::vector<Tensor>& inputs, const std::function<vo
   ++counts_.compiled;
   counts_.capture_ms += ms_since(t_capture);
   const auto t_replay = std::chrono::steady_clock::now();
-  variant->runtime->run(cap);
+  variant->runtime->run(cap, inputs);
   ++variant->replays;
   counts_.replay_ms += ms_since(t_replay);
 }

@@ -61,6 +61,20 @@ struct Runtime::Replay {
   std::vector<char> bound;           // per buffer
   size_t ready = 0, next_segment = 0;
   bool recorded = false;
+  // Note [Speculative start]: the next step's prefix (leading segments) and what it reads outside
+  // the arena; this step's inputs' storages; the segments launched before this step's capture,
+  // and whether one of them was not confirmed.
+  struct Guard {
+    int input = -1;                  // a step input: its position in begin's list
+    std::weak_ptr<Storage> storage;  // otherwise: a storage that lives across steps
+    const void* ptr = nullptr;
+    size_t nbytes = 0;
+  };
+  size_t spec_segments = 0;
+  std::vector<Guard> spec_guards;
+  std::vector<const Storage*> inputs;
+  size_t speculated = 0;
+  bool spec_missed = false;
 
   static void release(Recorded& r) {
 #ifdef BLU_HAVE_CUDA
@@ -74,6 +88,8 @@ struct Runtime::Replay {
   void resegment(size_t n) {
     std::vector<Segment> old = std::move(segments);
     segments.clear();
+    spec_segments = 0;
+    spec_guards.clear();
     size_t limit = first_chunk == 0 ? kChunk : std::min(first_chunk, kChunk);
     for (size_t i = 0; i < n;) {
       Segment seg;
@@ -347,12 +363,12 @@ void Runtime::set_releases() {
   }
 }
 
-void Runtime::run(Capture& step) {
-  begin(step);
+void Runtime::run(Capture& step, std::span<const Tensor> inputs) {
+  begin(inputs);
   end(step);
 }
 
-void Runtime::begin(Capture& step) {
+void Runtime::begin(std::span<const Tensor> inputs) {
   Replay& r = *replay_;
   r.graphs = options_.cuda_graph && !plan_.arenas.empty() && !plan_.arenas[0].device.is_cpu();
 #ifndef BLU_HAVE_CUDA
@@ -375,7 +391,95 @@ void Runtime::begin(Capture& step) {
   r.ready = 0;
   r.next_segment = 0;
   r.recorded = false;
-  (void)step;
+  r.speculated = 0;
+  r.spec_missed = false;
+  r.inputs.clear();
+  for (const Tensor& t : inputs) r.inputs.push_back(t.defined() ? t.storage().get() : nullptr);
+#ifdef BLU_HAVE_CUDA
+  // Note [Speculative start]: launch the prefix if what it reads outside the arena is where its
+  // recordings read it.
+  if (!r.graphs || r.spec_segments == 0) return;
+  for (const Replay::Guard& g : r.spec_guards) {
+    std::shared_ptr<Storage> held;
+    const Storage* s = nullptr;
+    if (g.input >= 0) {
+      if (size_t(g.input) >= inputs.size() || !inputs[size_t(g.input)].defined()) return;
+      s = inputs[size_t(g.input)].storage().get();
+    } else {
+      held = g.storage.lock();
+      s = held.get();
+    }
+    if (!s || s->ptr() != g.ptr || s->nbytes() != g.nbytes) return;
+  }
+  const cudaStream_t stream = cuda::stream_of(current_context(plan_.arenas[0].device));
+  for (size_t k = 0; k < r.spec_segments; ++k) {
+    BLU_CUDA_CHECK(cudaGraphLaunch(r.segments[k].recorded.front().exec, stream));
+    ++stats_.graph_launches;
+  }
+  r.speculated = r.spec_segments;
+  ++stats_.speculated_steps;
+  stats_.speculated_segments += int64_t(r.speculated);
+#endif
+}
+
+// Note [Speculative start]: the leading segments the next step may launch before its capture, and
+// the storages outside the arena their launches read, from this step's capture.
+void Runtime::plan_speculation(Capture& step) {
+  Replay& r = *replay_;
+  r.spec_segments = 0;
+  r.spec_guards.clear();
+  if (!r.graphs || !options_.speculate) return;
+  std::vector<int> guarded;  // buffer ids
+  std::vector<Replay::Guard> guards;
+  // Whether launch i qualifies; adds the guards of what it reads outside the arena.
+  auto qualifies = [&](size_t i) {
+    const Launch& l = launches_[i];
+    if ((l.kind != OpKind::kernel && l.kind != OpKind::fused) || l.device.is_cpu() || unplanned_[i]) return false;
+    const Op& op = graph_.ops[size_t(l.op)];
+    auto in_arena = [&](int b) {
+      return size_t(b) >= capture_buffers_ ||
+             (graph_.buffers[size_t(b)].kind == BufferKind::temporary && plan_.placements[size_t(b)].in_arena);
+    };
+    for (size_t j = 0; j < op.outputs.size(); ++j) {
+      const bool view = std::any_of(op.views.begin(), op.views.end(), [&](auto& p) { return p.first == int(j); });
+      if (!view && !in_arena(graph_.values[size_t(op.outputs[j])].buffer)) return false;
+    }
+    for (int w : op.writes)
+      if (op.inputs[size_t(w)] >= 0 && !in_arena(graph_.values[size_t(op.inputs[size_t(w)])].buffer)) return false;
+    for (int v : l.inputs) {
+      if (v < 0 || size_t(v) >= capture_values_) continue;
+      const int b = graph_.values[size_t(v)].buffer;
+      if (in_arena(b)) continue;
+      const Buffer& buf = graph_.buffers[size_t(b)];
+      if (buf.kind == BufferKind::temporary || buf.kind == BufferKind::step_output || buf.kind == BufferKind::rng_state ||
+          buf.device.is_cpu())
+        return false;
+      if (std::find(guarded.begin(), guarded.end(), b) != guarded.end()) continue;
+      const std::shared_ptr<Storage>& s = step.storages()[size_t(b)];
+      Replay::Guard guard;
+      guard.ptr = s->ptr();
+      guard.nbytes = s->nbytes();
+      if (buf.kind == BufferKind::step_input) {
+        const auto at = std::find(r.inputs.begin(), r.inputs.end(), s.get());
+        if (at == r.inputs.end()) return false;
+        guard.input = int(at - r.inputs.begin());
+      } else {
+        guard.storage = s;
+      }
+      guarded.push_back(b);
+      guards.push_back(std::move(guard));
+    }
+    return true;
+  };
+  for (size_t k = 0; k < r.segments.size(); ++k) {
+    const Replay::Segment& seg = r.segments[k];
+    if (seg.direct || seg.recorded.empty()) break;
+    bool ok = true;
+    for (size_t i = seg.first; i < seg.end && ok; ++i) ok = qualifies(i);
+    if (!ok) break;
+    r.spec_segments = k + 1;
+    r.spec_guards = guards;
+  }
 }
 
 // A buffer's bytes for this step, from the compiled structure's kinds (the capture's own kinds are
@@ -444,6 +548,20 @@ void Runtime::advance(Capture& step, size_t captured_ops) {
     const cudaStream_t stream = cuda::stream_of(ctx);  // null in the context means the device's default stream
     auto hit = std::find_if(seg.recorded.begin(), seg.recorded.end(),
                             [&](const Replay::Recorded& x) { return x.arguments == f.h; });
+    // Note [Speculative start]: a segment launched before the capture is confirmed, or a miss.
+    const size_t k = r.next_segment - 1;
+    if (k < r.speculated && !r.spec_missed) {
+      if (hit == seg.recorded.begin()) {
+        release(seg);
+        continue;
+      }
+      r.spec_missed = true;
+      ++stats_.speculation_misses;
+      for (size_t j = 0; j < k; ++j) {
+        BLU_CUDA_CHECK(cudaGraphLaunch(r.segments[j].recorded.front().exec, stream));
+        ++stats_.graph_launches;
+      }
+    }
     if (hit != seg.recorded.end()) {
       std::rotate(seg.recorded.begin(), hit, hit + 1);  // most recent first
     } else {
@@ -516,6 +634,7 @@ void Runtime::end(Capture& step) {
     stats_.segments = int64_t(std::count_if(r.segments.begin(), r.segments.end(),
                                             [](const Replay::Segment& s) { return !s.direct; }));
   }
+  plan_speculation(step);
 }
 
 size_t Runtime::issued() const {
@@ -532,8 +651,20 @@ void Runtime::salvage(Capture& step) {
   const Graph& g = step.graph();
   const std::vector<Tensor>& tensors = step.tensors();
   Replay& r = *replay_;
-  const size_t done = issued();
   r.bound.resize(std::max(g.buffers.size(), graph_.buffers.size()), 0);  // the capture may have made more
+  // Note [Speculative start]: segments launched before the capture and not all confirmed wrote
+  // only arena temporaries; the whole step runs unplanned, in fresh bytes.
+  const bool unconfirmed = r.speculated > r.next_segment && !r.spec_missed;
+  if (unconfirmed)
+    for (size_t b = 0; b < g.buffers.size() && b < capture_buffers_; ++b)
+      if (r.bound[b] == 1 && (graph_.buffers[b].kind == BufferKind::temporary ||
+                              graph_.buffers[b].kind == BufferKind::step_output)) {
+        step.storages()[b]->data = DataPtr();
+        r.bound[b] = 0;
+      }
+  r.spec_segments = 0;
+  r.spec_guards.clear();
+  const size_t done = unconfirmed ? 0 : issued();
   // Every launched launch's buffers (the plan's: launched ones are the variant's), with the first
   // and last launch that touched each.
   const size_t nb = g.buffers.size(), np = graph_.buffers.size();

@@ -25,6 +25,25 @@
 // A temporary the plan left out of the arena (an excluded op's, compiler/exclude.h) is allocated
 // right before its first launch and freed right after its last (MemoryPlan::releases_after), as
 // eagerly; every launch that touches one runs directly, since a recording cannot allocate.
+//
+// Note [Speculative start]
+// A streamed step (Note [Streamed replay], compile.h) issues a segment once the capture has
+// recorded and checked its ops, so the GPU, idle after the previous step's loss was read, waits
+// for the capture's set-up and its first ops before any kernel runs, and again while the first
+// short segments are captured. The step's first segments are launched before the capture instead
+// when running them twice cannot change anything but the arena: every launch in them writes only
+// arena temporaries (never a parameter, state, a step input or output), reads nothing on the host,
+// and reads outside the arena only buffers whose storages still hold the bytes the recording
+// baked in — the step's inputs, found by their position in run()'s list, and what lives across
+// steps, held weakly — checked in begin before anything is launched. Every temporary they read is
+// written earlier in the same prefix, so the prefix computes the same bytes whenever it runs from
+// its start. As the capture reaches each launched segment, advance confirms it: the same
+// recording (the same addresses and per-step attributes) skips the launch; any other one is a
+// miss, and the confirmed segments are launched again before the segment is issued as usual, so
+// the stream holds a correct prefix after the speculative one. A step that leaves the compiled
+// structure before every launched segment is confirmed runs whole and unplanned (salvage), the
+// arena's bytes being all the prefix wrote. end picks the next step's prefix: the leading
+// segments, each recorded and replayed this step, whose launches all qualify.
 // Depends on compiler/{graph,capture,memory_plan}, backend/, memory/. Keep: the arena is never
 // reallocated while the Runtime lives; a launch never allocates (outputs are bound before it).
 #pragma once
@@ -63,6 +82,9 @@ struct RuntimeOptions {
   // use: a plan that let two live buffers share bytes then changes the step's results.
   bool poison_freed = false;
   bool cuda_graph = true;  // CUDA: replay through a CUDA graph (CPU ignores it)
+  // CUDA graphs, streamed: launch the step's first segments before its capture (Note [Speculative
+  // start]); BLU_COMPILE_SPECULATE=0 turns it off.
+  bool speculate = true;
 };
 
 struct RuntimeStats {
@@ -76,6 +98,9 @@ struct RuntimeStats {
   int64_t segments = 0;          // CUDA: graphs a step launches now
   int64_t remade = 0;            // salvage: buffers a rewrite had dropped, made again (compiler/remat.h)
   int64_t released = 0;          // excluded temporaries freed right after their last launch
+  int64_t speculated_steps = 0;  // CUDA: steps that launched their first segments before capture
+  int64_t speculated_segments = 0;  // CUDA: segments so launched, all steps
+  int64_t speculation_misses = 0;   // CUDA: steps whose capture did not confirm them (run again)
 };
 
 class Runtime {
@@ -87,15 +112,16 @@ class Runtime {
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
-  // Binds a capture with this runtime's structure to the arena and runs it.
-  void run(Capture& step);
+  // Binds a capture with this runtime's structure to the arena and runs it (`inputs`: begin's).
+  void run(Capture& step, std::span<const Tensor> inputs = {});
   // Note [Streamed replay] (compiler/compile.h): the same in three calls while the step is being
-  // captured. begin before the step's host logic; advance each time the capture has recorded
+  // captured. begin before the step's capture starts, with the step's inputs (Note [Speculative
+  // start]: it may launch the step's first segments then); advance each time the capture has recorded
   // (and the caller checked against this structure) its first `captured_ops` ops — it issues every
   // segment whose ops are all among them; after the capture's finish, end when the structure is
   // this one (it issues the rest), or salvage when it is not (the ops not yet run run unplanned;
   // an error when a value they need was overwritten in the arena already).
-  void begin(Capture& step);
+  void begin(std::span<const Tensor> inputs = {});
   void advance(Capture& step, size_t captured_ops);
   void end(Capture& step);
   void salvage(Capture& step);
@@ -121,6 +147,7 @@ class Runtime {
   void set_needs();
   void set_releases();
   void poison(size_t op);
+  void plan_speculation(Capture& step);
 
   Graph graph_;  // the structure compiled (its tensors' bindings come from each step's capture)
   int capture_ops_ = 0;  // ops in each step's capture (graph_ has fewer when regions are fused)
