@@ -39,38 +39,60 @@ using test::kGPU;
 struct Result {
   std::vector<double> losses;
   std::vector<Tensor> params;  // on the CPU
-  int epilogues = 0;           // compiled: the GEMM epilogue regions of its variant
+  // Compiled: its variant's runtime counters, GEMM epilogue regions and recompute summary; the
+  // steps compiled and the guard failures that fell back.
+  compiler::RuntimeStats stats;
+  int epilogues = 0;
+  std::string remat;
+  int64_t compiled_steps = 0, fallback = 0;
 };
 
-// Six steps of the tiny GPT-2 with `optimizer` at lr_of(step), eager or compiled.
-Result train(bool compiled, compiler::RuntimeStats* stats, int64_t* compiled_steps, const std::string& optimizer = "sgd",
-             const std::function<double(int)>& lr_of = [](int) { return 1e-2; }, bool remat = false,
-             DType compute = DType::f32, std::string* remat_summary = nullptr) {
+struct TrainRun {
+  std::string optimizer = "sgd";
+  std::function<double(int)> lr_of = [](int) { return 1e-2; };
+  bool remat = false;
+  DType compute = DType::f32;
+  double dropout = 0.0;
+  int steps = 6;
+  // Step s's loss from the model and its batch; null: the strategy's own forward of the batch
+  // (and then no guard may fail).
+  std::function<Tensor(int s, models::GPT& model, const Tensor& idx, const Tensor& tg)> loss;
+};
+
+// `run.steps` steps of the tiny GPT-2, eager or compiled.
+Result train(bool compiled, const TrainRun& run = {}) {
   cuda::Stream stream;
   Workspace ws(kGPU);
   ExecContextGuard ctx(ExecContext{kGPU, stream.get(), &ws});
-  models::GPT model(test::tiny_gpt(), 7);
+  models::GPTConfig cfg = test::tiny_gpt();
+  cfg.dropout = run.dropout;
+  models::GPT model(cfg, 7);
   model.to(kGPU);
-  if (compute != DType::f32) model.set_compute_dtype(compute);
-  dist::Strategy strat(model, nullptr, dist::StrategyConfig{}, dist::OptimizerConfig{.name = optimizer, .lr = 1e-2});
+  if (run.compute != DType::f32) model.set_compute_dtype(run.compute);
+  dist::Strategy strat(model, nullptr, dist::StrategyConfig{}, dist::OptimizerConfig{.name = run.optimizer, .lr = 1e-2});
   const int64_t B = 2, T = 16;
   // One pair of input tensors, refilled every step: the graph's input addresses stay fixed.
   Tensor idx = empty({B, T}, DType::i32, kGPU), tg = empty({B, T}, DType::i32, kGPU);
   std::ostringstream log;
   compiler::CompileOptions o;
   o.log_stream = &log;
-  o.remat = remat;
+  o.remat = run.remat;
   compiler::CompiledStep cs(o);
   Result r;
-  for (int s = 0; s < 6; ++s) {
+  for (int s = 0; s < run.steps; ++s) {
     {
       NoGradGuard ng;
       copy_(idx, to_device(randint(0, 101, {B, T}, DType::i32, kCPU), kGPU));
       copy_(tg, to_device(randint(0, 101, {B, T}, DType::i32, kCPU), kGPU));
     }
     dist::StepValues v;
-    const double lr = lr_of(s);
-    auto step = [&] { v = strat.step(1, [&](int64_t) { return std::pair<Tensor, Tensor>{idx, tg}; }, lr, 1.0); };
+    const double lr = run.lr_of(s);
+    auto step = [&] {
+      if (run.loss)
+        v = strat.step(1, [&](int64_t) { return run.loss(s, model, idx, tg); }, lr, 1.0);
+      else
+        v = strat.step(1, [&](int64_t) { return std::pair<Tensor, Tensor>{idx, tg}; }, lr, 1.0);
+    };
     if (compiled)
       cs.run({idx, tg}, step);
     else
@@ -80,26 +102,38 @@ Result train(bool compiled, compiler::RuntimeStats* stats, int64_t* compiled_ste
   BLU_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
   for (const Tensor& p : model.parameters()) r.params.push_back(to_device(p.detach(), kCPU));
   if (compiled) {
-    EXPECT_EQ(cs.counts().guard_failures, 0) << log.str();
+    if (!run.loss) {
+      EXPECT_EQ(cs.counts().guard_failures, 0) << log.str();
+    }
+    for (const std::string& f : cs.guard_failures()) std::cout << "guard: " << f << "\n";
     EXPECT_EQ(cs.variants().size(), 1u);
-    if (!cs.variants().empty()) *stats = cs.variants()[0]->runtime->stats();
-    if (!cs.variants().empty() && remat_summary) *remat_summary = cs.variants()[0]->remat;
-    *compiled_steps = cs.counts().compiled;
-    if (!cs.variants().empty()) r.epilogues = cs.variants()[0]->epilogues;
+    if (!cs.variants().empty()) {
+      r.stats = cs.variants()[0]->runtime->stats();
+      r.remat = cs.variants()[0]->remat;
+      r.epilogues = cs.variants()[0]->epilogues;
+    }
+    r.compiled_steps = cs.counts().compiled;
+    r.fallback = cs.counts().fallback;
   }
   return r;
+}
+
+// Losses and parameters bit for bit.
+void expect_bitwise(const Result& eager, const Result& compiled) {
+  ASSERT_EQ(eager.losses.size(), compiled.losses.size());
+  for (size_t i = 0; i < eager.losses.size(); ++i) EXPECT_EQ(eager.losses[i], compiled.losses[i]) << "step " << i + 1;
+  for (size_t i = 0; i < eager.params.size(); ++i)
+    EXPECT_TRUE(test::bitwise_equal(eager.params[i], compiled.params[i])) << "parameter " << i;
 }
 
 TEST(CompilerCuda, CompiledStepIsGraphLaunchesAndMatchesEager) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   manual_seed(5);
-  compiler::RuntimeStats unused;
-  int64_t n0 = 0;
-  const Result eager = train(false, &unused, &n0);
+  const Result eager = train(false);
   manual_seed(5);
-  compiler::RuntimeStats stats;
-  int64_t n = 0;
-  const Result compiled = train(true, &stats, &n);
+  const Result compiled = train(true);
+  const compiler::RuntimeStats& stats = compiled.stats;
+  const int64_t n = compiled.compiled_steps;
   EXPECT_EQ(n, 5);  // step 1 is the eager warm-up
   // A GELU epilogue and a bias-gradient fold a layer (compiler/epilogue.h), the fold's kernel
   // summing in the weight gradient's own order: still bitwise eager.
@@ -115,23 +149,18 @@ TEST(CompilerCuda, CompiledStepIsGraphLaunchesAndMatchesEager) {
   EXPECT_EQ(stats.speculated_steps, n - 1);
   EXPECT_GE(stats.speculated_segments, stats.speculated_steps);
   EXPECT_EQ(stats.speculation_misses, 0);
-  ASSERT_EQ(eager.losses.size(), compiled.losses.size());
-  for (size_t i = 0; i < eager.losses.size(); ++i) EXPECT_EQ(eager.losses[i], compiled.losses[i]) << "step " << i + 1;
-  for (size_t i = 0; i < eager.params.size(); ++i)
-    EXPECT_TRUE(test::bitwise_equal(eager.params[i], compiled.params[i])) << "parameter " << i;
+  expect_bitwise(eager, compiled);
 }
 
 TEST(CompilerCuda, AdamWWithAChangingLrRecordsTwiceAndMatchesEager) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  const auto lr_of = [](int s) { return 3e-3 * (1.0 - 0.1 * s); };
+  const TrainRun run{.optimizer = "adamw", .lr_of = [](int s) { return 3e-3 * (1.0 - 0.1 * s); }};
   manual_seed(5);
-  compiler::RuntimeStats unused;
-  int64_t n0 = 0;
-  const Result eager = train(false, &unused, &n0, "adamw", lr_of);
+  const Result eager = train(false, run);
   manual_seed(5);
-  compiler::RuntimeStats stats;
-  int64_t n = 0;
-  const Result compiled = train(true, &stats, &n, "adamw", lr_of);
+  const Result compiled = train(true, run);
+  const compiler::RuntimeStats& stats = compiled.stats;
+  const int64_t n = compiled.compiled_steps;
   EXPECT_EQ(n, 5);
   // The step count and the lr change every step: the second compiled step records the segment
   // that holds AdamW's launches again, and from the third on they run directly and the graphs
@@ -143,9 +172,7 @@ TEST(CompilerCuda, AdamWWithAChangingLrRecordsTwiceAndMatchesEager) {
   EXPECT_GT(stats.direct_launches, 0);
   EXPECT_EQ(stats.direct_launches % (n - 2), 0);
   EXPECT_GE(stats.segments, 1);
-  for (size_t i = 0; i < eager.losses.size(); ++i) EXPECT_EQ(eager.losses[i], compiled.losses[i]) << "step " << i + 1;
-  for (size_t i = 0; i < eager.params.size(); ++i)
-    EXPECT_TRUE(test::bitwise_equal(eager.params[i], compiled.params[i])) << "parameter " << i;
+  expect_bitwise(eager, compiled);
 }
 
 // Note [Speculative start] when the prefix launched before the capture is wrong: with dropout,
@@ -155,86 +182,33 @@ TEST(CompilerCuda, AdamWWithAChangingLrRecordsTwiceAndMatchesEager) {
 // structure at its first op (a copy of the tokens, step 6) or between forward and backward (step
 // 8, the loss times 1) — what ran ahead of the capture was only the arena's, and the step runs
 // unplanned. Every run is bitwise the eager one.
-struct StreamedRun {
-  std::vector<double> losses;
-  std::vector<Tensor> params;
-  compiler::RuntimeStats stats;
-  int64_t fallback = 0;
-};
-
-StreamedRun train_streamed(bool compiled, double dropout, bool diverge) {
-  cuda::Stream stream;
-  Workspace ws(kGPU);
-  ExecContextGuard ctx(ExecContext{kGPU, stream.get(), &ws});
-  models::GPTConfig cfg = test::tiny_gpt();
-  cfg.dropout = dropout;
-  models::GPT model(cfg, 7);
-  model.to(kGPU);
-  dist::Strategy strat(model, nullptr, dist::StrategyConfig{}, dist::OptimizerConfig{.name = "adamw", .lr = 3e-3});
-  const int64_t B = 2, T = 16;
-  Tensor idx = empty({B, T}, DType::i32, kGPU), tg = empty({B, T}, DType::i32, kGPU);
-  std::ostringstream log;
-  compiler::CompileOptions o;
-  o.log_stream = &log;
-  compiler::CompiledStep cs(o);
-  cs.set_named(compiler::BufferKind::parameter, model.named_parameters());
-  StreamedRun r;
-  for (int s = 0; s < 9; ++s) {
-    {
-      NoGradGuard ng;
-      copy_(idx, to_device(randint(0, 101, {B, T}, DType::i32, kCPU), kGPU));
-      copy_(tg, to_device(randint(0, 101, {B, T}, DType::i32, kCPU), kGPU));
-    }
-    dist::StepValues v;
-    auto step = [&] {
-      v = strat.step(1, [&](int64_t) {
-        const Tensor tokens = diverge && s == 5 ? clone(idx) : idx;
-        Tensor loss = model.forward(tokens, tg).loss;
-        return diverge && s == 7 ? mul(loss, 1.0) : loss;
-      }, 3e-3, 1.0);
-    };
-    if (compiled)
-      cs.run({idx, tg}, step);
-    else
-      step();
-    r.losses.push_back(strat.read(v, false).loss);
-  }
-  BLU_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
-  for (const Tensor& p : model.parameters()) r.params.push_back(to_device(p.detach(), kCPU));
-  if (compiled) {
-    EXPECT_EQ(cs.variants().size(), 1u) << log.str();
-    if (!cs.variants().empty()) r.stats = cs.variants()[0]->runtime->stats();
-    r.fallback = cs.counts().fallback;
-    for (const std::string& f : cs.guard_failures()) std::cout << "guard: " << f << "\n";
-  }
-  return r;
-}
-
 TEST(CompilerCuda, SpeculativeStartMissesAndDivergencesMatchEager) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   for (const bool diverge : {false, true}) {
-    const double dropout = diverge ? 0.0 : 0.1;
     SCOPED_TRACE(diverge ? "diverging steps" : "dropout");
+    TrainRun run{.optimizer = "adamw", .lr_of = [](int) { return 3e-3; }, .dropout = diverge ? 0.0 : 0.1, .steps = 9};
+    run.loss = [diverge](int s, models::GPT& model, const Tensor& idx, const Tensor& tg) {
+      const Tensor tokens = diverge && s == 5 ? clone(idx) : idx;
+      Tensor loss = model.forward(tokens, tg).loss;
+      return diverge && s == 7 ? mul(loss, 1.0) : loss;
+    };
     manual_seed(11);
-    const StreamedRun eager = train_streamed(false, dropout, diverge);
+    const Result eager = train(false, run);
     manual_seed(11);
-    const StreamedRun compiled = train_streamed(true, dropout, diverge);
+    const Result compiled = train(true, run);
     const compiler::RuntimeStats& st = compiled.stats;
     std::cout << "speculated steps " << st.speculated_steps << " (" << st.speculated_segments << " segments), misses "
               << st.speculation_misses << ", fallbacks " << compiled.fallback << "\n";
     if (diverge) {
       EXPECT_EQ(compiled.fallback, 2);
       EXPECT_EQ(st.speculation_misses, 0);
-      EXPECT_GE(st.speculated_steps, 5);  // steps 3-9 but the two after a fallback's (no whole replay)
+      EXPECT_EQ(st.speculated_steps, 5);  // steps 3-9 but the two after a fallback's
     } else {
       EXPECT_EQ(compiled.fallback, 0);
       EXPECT_EQ(st.speculation_misses, 1);
       EXPECT_EQ(st.speculated_steps, 7);  // steps 3-9
     }
-    ASSERT_EQ(eager.losses.size(), compiled.losses.size());
-    for (size_t i = 0; i < eager.losses.size(); ++i) EXPECT_EQ(eager.losses[i], compiled.losses[i]) << "step " << i + 1;
-    for (size_t i = 0; i < eager.params.size(); ++i)
-      EXPECT_TRUE(test::bitwise_equal(eager.params[i], compiled.params[i])) << "parameter " << i;
+    expect_bitwise(eager, compiled);
   }
 }
 
@@ -354,16 +328,12 @@ TEST(CompilerCuda, RecomputeChosenByTheCompilerMatchesEager) {
   for (DType compute : {DType::f32, DType::bf16}) {
     SCOPED_TRACE(dtype_name(compute));
     manual_seed(5);
-    compiler::RuntimeStats unused;
-    int64_t n0 = 0;
-    const Result eager = train(false, &unused, &n0, "adamw", lr_of, false, compute);
+    const Result eager = train(false, TrainRun{.optimizer = "adamw", .lr_of = lr_of, .compute = compute});
     manual_seed(5);
-    compiler::RuntimeStats stats;
-    int64_t n = 0;
-    std::string summary;
-    const Result compiled = train(true, &stats, &n, "adamw", lr_of, true, compute, &summary);
+    const Result compiled = train(true, TrainRun{.optimizer = "adamw", .lr_of = lr_of, .remat = true, .compute = compute});
+    const std::string& summary = compiled.remat;
     std::cout << dtype_name(compute) << ": " << summary << "\n";
-    EXPECT_EQ(n, 5);
+    EXPECT_EQ(compiled.compiled_steps, 5);
     EXPECT_NE(summary.find("buffers recomputed"), std::string::npos);
     EXPECT_EQ(summary.find("0 buffers"), std::string::npos) << summary;
     for (size_t i = 0; i < eager.losses.size(); ++i) {
