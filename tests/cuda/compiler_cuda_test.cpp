@@ -45,6 +45,7 @@ struct Result {
   int epilogues = 0;
   std::string remat;
   int64_t compiled_steps = 0, fallback = 0;
+  std::string log;  // the compile log
 };
 
 struct TrainRun {
@@ -76,6 +77,7 @@ Result train(bool compiled, const TrainRun& run = {}) {
   std::ostringstream log;
   compiler::CompileOptions o;
   o.log_stream = &log;
+  o.log = true;
   o.remat = run.remat;
   compiler::CompiledStep cs(o);
   Result r;
@@ -114,6 +116,7 @@ Result train(bool compiled, const TrainRun& run = {}) {
     }
     r.compiled_steps = cs.counts().compiled;
     r.fallback = cs.counts().fallback;
+    r.log = log.str();
   }
   return r;
 }
@@ -149,6 +152,11 @@ TEST(CompilerCuda, CompiledStepIsGraphLaunchesAndMatchesEager) {
   EXPECT_EQ(stats.speculated_steps, n - 1);
   EXPECT_GE(stats.speculated_segments, stats.speculated_steps);
   EXPECT_EQ(stats.speculation_misses, 0);
+  // The compile log says how long the prefix is and where and why it ends.
+  const size_t at = compiled.log.find("speculative start: ");
+  ASSERT_NE(at, std::string::npos) << compiled.log;
+  std::cout << compiled.log.substr(at, compiled.log.find('\n', at) - at) << "\n";
+  EXPECT_EQ(compiled.log.find("speculative start: nothing"), std::string::npos) << compiled.log;
   expect_bitwise(eager, compiled);
 }
 

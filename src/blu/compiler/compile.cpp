@@ -295,6 +295,7 @@ void CompiledStep::run(const std::vector<Tensor>& inputs, const std::function<vo
       ++counts_.streamed;
       ++variant->replays;
       variant->runtime->end(cap);
+      log_speculation(*variant);
     } else {
       fail("the step's capture differs from the compiled graph: " + first_difference(variant->graph, g) + "; " +
            std::to_string(variant->runtime->issued()) + " of its launches had run, the rest runs unplanned");
@@ -363,7 +364,21 @@ void CompiledStep::run(const std::vector<Tensor>& inputs, const std::function<vo
   const auto t_replay = std::chrono::steady_clock::now();
   variant->runtime->run(cap, inputs);
   ++variant->replays;
+  log_speculation(*variant);
   counts_.replay_ms += ms_since(t_replay);
+}
+
+void CompiledStep::log_speculation(Variant& v) {
+  const Runtime::Speculation& s = v.runtime->speculation();
+  if (s.stop.empty()) return;
+  const std::string line =
+      "speculative start: " +
+      (s.segments == 0 ? std::string("nothing")
+                       : std::to_string(s.segments) + " segments (" + std::to_string(s.launches) + " launches)") +
+      " launched before each capture; the prefix ends at " + s.stop;
+  if (line == v.speculation) return;
+  v.speculation = line;
+  log(line);
 }
 
 CompiledPeakChange compiled_peak_change(const std::function<void()>& step,

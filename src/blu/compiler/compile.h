@@ -90,6 +90,7 @@ struct Variant {
   int remat_buffers = 0;
   size_t remat_bytes = 0;
   int64_t replays = 0;  // whole steps replayed (streamed ones included)
+  std::string speculation;  // the last logged line of its runtime's speculative start
 };
 
 class CompiledStep {
@@ -127,6 +128,8 @@ class CompiledStep {
   // The variant's graph with options_.fusion's regions fused (compiler/fused_step.h), or unchanged.
   FusedGraph fuse_variant(const Graph& g);
   void fail(const std::string& reason);
+  // Logs the variant's speculative start (Note [Speculative start], runtime.h) when it changed.
+  void log_speculation(Variant& v);
   // The guard's key for `inputs`: their shapes, dtypes, strides and devices, and the configuration.
   // Formatted only when they differ from the last step's (~20 µs, before the step's first kernel).
   const std::string& key_of(const std::vector<Tensor>& inputs);

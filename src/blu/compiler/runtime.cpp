@@ -431,10 +431,17 @@ void Runtime::plan_speculation(Capture& step) {
   if (!r.graphs || !options_.speculate) return;
   std::vector<int> guarded;  // buffer ids
   std::vector<Replay::Guard> guards;
-  // Whether launch i qualifies; adds the guards of what it reads outside the arena.
-  auto qualifies = [&](size_t i) {
+  auto buffer_text = [&](int b) {
+    const Buffer& buf = graph_.buffers[size_t(b)];
+    return std::string(buffer_kind_name(buf.kind)) + (buf.name.empty() ? "" : " '" + buf.name + "'");
+  };
+  // Why launch i does not qualify ("" when it does); adds the guards of what it reads outside the
+  // arena.
+  auto disqualifies = [&](size_t i) -> std::string {
     const Launch& l = launches_[i];
-    if ((l.kind != OpKind::kernel && l.kind != OpKind::fused) || l.device.is_cpu() || unplanned_[i]) return false;
+    if (l.kind == OpKind::collective) return "a collective";
+    if (l.device.is_cpu()) return "runs on the CPU";
+    if (unplanned_[i]) return "touches a temporary outside the arena";
     const Op& op = graph_.ops[size_t(l.op)];
     auto in_arena = [&](int b) {
       return size_t(b) >= capture_buffers_ ||
@@ -442,10 +449,13 @@ void Runtime::plan_speculation(Capture& step) {
     };
     for (size_t j = 0; j < op.outputs.size(); ++j) {
       const bool view = std::any_of(op.views.begin(), op.views.end(), [&](auto& p) { return p.first == int(j); });
-      if (!view && !in_arena(graph_.values[size_t(op.outputs[j])].buffer)) return false;
+      const int b = graph_.values[size_t(op.outputs[j])].buffer;
+      if (!view && !in_arena(b)) return "writes a " + buffer_text(b);
     }
-    for (int w : op.writes)
-      if (op.inputs[size_t(w)] >= 0 && !in_arena(graph_.values[size_t(op.inputs[size_t(w)])].buffer)) return false;
+    for (int w : op.writes) {
+      const int v = op.inputs[size_t(w)];
+      if (v >= 0 && !in_arena(graph_.values[size_t(v)].buffer)) return "writes a " + buffer_text(graph_.values[size_t(v)].buffer);
+    }
     for (int v : l.inputs) {
       if (v < 0 || size_t(v) >= capture_values_) continue;
       const int b = graph_.values[size_t(v)].buffer;
@@ -453,7 +463,7 @@ void Runtime::plan_speculation(Capture& step) {
       const Buffer& buf = graph_.buffers[size_t(b)];
       if (buf.kind == BufferKind::temporary || buf.kind == BufferKind::step_output || buf.kind == BufferKind::rng_state ||
           buf.device.is_cpu())
-        return false;
+        return "reads a " + buffer_text(b) + (buf.device.is_cpu() ? " on the CPU" : "");
       if (std::find(guarded.begin(), guarded.end(), b) != guarded.end()) continue;
       const std::shared_ptr<Storage>& s = step.storages()[size_t(b)];
       Replay::Guard guard;
@@ -461,7 +471,7 @@ void Runtime::plan_speculation(Capture& step) {
       guard.nbytes = s->nbytes();
       if (buf.kind == BufferKind::step_input) {
         const auto at = std::find(r.inputs.begin(), r.inputs.end(), s.get());
-        if (at == r.inputs.end()) return false;
+        if (at == r.inputs.end()) return "reads a step input not in run()'s list";
         guard.input = int(at - r.inputs.begin());
       } else {
         guard.storage = s;
@@ -469,17 +479,29 @@ void Runtime::plan_speculation(Capture& step) {
       guarded.push_back(b);
       guards.push_back(std::move(guard));
     }
-    return true;
+    return "";
   };
+  std::string stop = "the end of the step";
   for (size_t k = 0; k < r.segments.size(); ++k) {
     const Replay::Segment& seg = r.segments[k];
-    if (seg.direct || seg.recorded.empty()) break;
-    bool ok = true;
-    for (size_t i = seg.first; i < seg.end && ok; ++i) ok = qualifies(i);
-    if (!ok) break;
+    if (seg.direct || seg.recorded.empty()) {
+      stop = "launch " + std::to_string(seg.first) + " (" + graph_.ops[size_t(launches_[seg.first].op)].name +
+             "): " + (seg.direct ? "runs directly (a collective, or attributes that change from step to step)" : "not recorded");
+      break;
+    }
+    std::string why;
+    size_t i = seg.first;
+    for (; i < seg.end && why.empty(); ++i) why = disqualifies(i);
+    if (!why.empty()) {
+      stop = "launch " + std::to_string(i - 1) + " (" + graph_.ops[size_t(launches_[i - 1].op)].name + "): " + why;
+      break;
+    }
     r.spec_segments = k + 1;
     r.spec_guards = guards;
   }
+  speculation_.segments = r.spec_segments;
+  speculation_.launches = r.spec_segments == 0 ? 0 : r.segments[r.spec_segments - 1].end;
+  speculation_.stop = stop;
 }
 
 // A buffer's bytes for this step, from the compiled structure's kinds (the capture's own kinds are

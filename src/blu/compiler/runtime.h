@@ -51,6 +51,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "blu/backend/backend.h"
@@ -134,6 +135,13 @@ class Runtime {
   const Graph& graph() const { return graph_; }  // the graph the plan is of (rewritten by passes)
   const std::vector<Launch>& launches() const { return launches_; }
   const RuntimeStats& stats() const { return stats_; }
+  // Note [Speculative start]: the prefix the next step may launch before its capture, and where
+  // and why it ends ("" while no step has planned one).
+  struct Speculation {
+    size_t segments = 0, launches = 0;
+    std::string stop;
+  };
+  const Speculation& speculation() const { return speculation_; }
 
  private:
   static std::vector<Launch> build_launches(const Graph& g, const std::vector<int>* source = nullptr,
@@ -165,6 +173,7 @@ class Runtime {
   std::vector<char> unplanned_;  // per launch: touches an excluded temporary (runs directly)
   struct Replay;
   std::unique_ptr<Replay> replay_;
+  Speculation speculation_;
 };
 
 }  // namespace blu::compiler
