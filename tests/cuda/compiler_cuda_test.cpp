@@ -46,6 +46,7 @@ struct Result {
   std::string remat;
   int64_t compiled_steps = 0, fallback = 0;
   std::string log;  // the compile log
+  std::vector<std::string> guard_failures;
 };
 
 struct TrainRun {
@@ -117,6 +118,7 @@ Result train(bool compiled, const TrainRun& run = {}) {
     r.compiled_steps = cs.counts().compiled;
     r.fallback = cs.counts().fallback;
     r.log = log.str();
+    r.guard_failures = cs.guard_failures();
   }
   return r;
 }
@@ -209,6 +211,12 @@ TEST(CompilerCuda, SpeculativeStartMissesAndDivergencesMatchEager) {
               << st.speculation_misses << ", fallbacks " << compiled.fallback << "\n";
     if (diverge) {
       EXPECT_EQ(compiled.fallback, 2);
+      // Step 6 leaves at its first op, with the prefix launched and not confirmed; step 8 after it.
+      ASSERT_EQ(compiled.guard_failures.size(), 2u);
+      EXPECT_NE(compiled.guard_failures[0].find("unconfirmed: the whole step runs unplanned"), std::string::npos)
+          << compiled.guard_failures[0];
+      EXPECT_NE(compiled.guard_failures[1].find("of its launches had run, the rest runs unplanned"), std::string::npos)
+          << compiled.guard_failures[1];
       EXPECT_EQ(st.speculation_misses, 0);
       EXPECT_EQ(st.speculated_steps, 5);  // steps 3-9 but the two after a fallback's
     } else {

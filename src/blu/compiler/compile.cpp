@@ -298,7 +298,9 @@ void CompiledStep::run(const std::vector<Tensor>& inputs, const std::function<vo
       log_speculation(*variant);
     } else {
       fail("the step's capture differs from the compiled graph: " + first_difference(variant->graph, g) + "; " +
-           std::to_string(variant->runtime->issued()) + " of its launches had run, the rest runs unplanned");
+           (variant->runtime->unconfirmed()
+                ? std::string("its first segments had run ahead of the capture, unconfirmed: the whole step runs unplanned")
+                : std::to_string(variant->runtime->issued()) + " of its launches had run, the rest runs unplanned"));
       ++counts_.fallback;
       variant->runtime->salvage(cap);
     }

@@ -659,6 +659,11 @@ void Runtime::end(Capture& step) {
   plan_speculation(step);
 }
 
+bool Runtime::unconfirmed() const {
+  const Replay& r = *replay_;
+  return r.speculated > r.next_segment && !r.spec_missed;
+}
+
 size_t Runtime::issued() const {
   const Replay& r = *replay_;
   return r.next_segment == 0 ? 0 : r.segments[r.next_segment - 1].end;
@@ -676,8 +681,8 @@ void Runtime::salvage(Capture& step) {
   r.bound.resize(std::max(g.buffers.size(), graph_.buffers.size()), 0);  // the capture may have made more
   // Note [Speculative start]: segments launched before the capture and not all confirmed wrote
   // only arena temporaries; the whole step runs unplanned, in fresh bytes.
-  const bool unconfirmed = r.speculated > r.next_segment && !r.spec_missed;
-  if (unconfirmed)
+  const bool whole = unconfirmed();
+  if (whole)
     for (size_t b = 0; b < g.buffers.size() && b < capture_buffers_; ++b)
       if (r.bound[b] == 1 && (graph_.buffers[b].kind == BufferKind::temporary ||
                               graph_.buffers[b].kind == BufferKind::step_output)) {
@@ -686,7 +691,7 @@ void Runtime::salvage(Capture& step) {
       }
   r.spec_segments = 0;
   r.spec_guards.clear();
-  const size_t done = unconfirmed ? 0 : issued();
+  const size_t done = whole ? 0 : issued();
   // Every launched launch's buffers (the plan's: launched ones are the variant's), with the first
   // and last launch that touched each.
   const size_t nb = g.buffers.size(), np = graph_.buffers.size();

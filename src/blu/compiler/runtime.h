@@ -127,6 +127,9 @@ class Runtime {
   void end(Capture& step);
   void salvage(Capture& step);
   size_t issued() const;  // launches issued in the step under way
+  // Note [Speculative start]: segments launched before this step's capture are not all confirmed
+  // yet (a salvage then runs the whole step unplanned).
+  bool unconfirmed() const;
   // Runs a capture of any structure with a fresh allocation per buffer, kernels in capture order:
   // exactly the eager step's kernels (the fallback when a guard fails after capture).
   static void run_unplanned(Capture& step);
