@@ -371,16 +371,13 @@ void CompiledStep::run(const std::vector<Tensor>& inputs, const std::function<vo
 }
 
 void CompiledStep::log_speculation(Variant& v) {
-  const Runtime::Speculation& s = v.runtime->speculation();
-  if (s.stop.empty()) return;
-  const std::string line =
-      "speculative start: " +
+  Runtime::Speculation s = v.runtime->speculation();
+  if (s.stop.empty() || s == v.speculation) return;
+  log("speculative start: " +
       (s.segments == 0 ? std::string("nothing")
                        : std::to_string(s.segments) + " segments (" + std::to_string(s.launches) + " launches)") +
-      " launched before each capture; the prefix ends at " + s.stop;
-  if (line == v.speculation) return;
-  v.speculation = line;
-  log(line);
+      " launched before each capture; the prefix ends at " + s.stop);
+  v.speculation = std::move(s);
 }
 
 CompiledPeakChange compiled_peak_change(const std::function<void()>& step,

@@ -90,7 +90,7 @@ struct Variant {
   int remat_buffers = 0;
   size_t remat_bytes = 0;
   int64_t replays = 0;  // whole steps replayed (streamed ones included)
-  std::string speculation;  // the last logged line of its runtime's speculative start
+  Runtime::Speculation speculation;  // its runtime's speculative start, as last logged
 };
 
 class CompiledStep {

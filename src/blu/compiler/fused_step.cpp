@@ -49,22 +49,6 @@ FusedGraph unfused(const Graph& g) {
   return f;
 }
 
-namespace {
-
-// The buffers op writes: those of its fresh outputs (not views) and of the inputs it updates in place.
-std::vector<int> written_buffers(const Graph& g, const Op& op) {
-  std::vector<int> out;
-  for (size_t j = 0; j < op.outputs.size(); ++j) {
-    const bool view = std::any_of(op.views.begin(), op.views.end(), [&](auto& p) { return p.first == int(j); });
-    if (!view) out.push_back(g.values[size_t(op.outputs[j])].buffer);
-  }
-  for (int i : op.writes)
-    if (op.inputs[size_t(i)] >= 0) out.push_back(g.values[size_t(op.inputs[size_t(i)])].buffer);
-  return out;
-}
-
-}  // namespace
-
 // Nodes: an op index (>= 0), or -(r + 1) for accepted region r.
 std::vector<int> fused_schedule(const Graph& g, const std::vector<FusedRegion>& accepted, std::string* why) {
   const size_t n = g.ops.size();

@@ -1,5 +1,6 @@
 #include "blu/compiler/graph.h"
 
+#include <algorithm>
 #include <sstream>
 
 namespace blu::compiler {
@@ -30,6 +31,17 @@ const char* op_kind_name(OpKind k) {
 
 bool Value::contiguous() const { return strides == contiguous_strides(shape); }
 size_t Value::nbytes() const { return size_t(numel(shape)) * dtype_size(dtype); }
+
+std::vector<int> written_buffers(const Graph& g, const Op& op) {
+  std::vector<int> out;
+  for (size_t j = 0; j < op.outputs.size(); ++j) {
+    const bool view = std::any_of(op.views.begin(), op.views.end(), [&](auto& p) { return p.first == int(j); });
+    if (!view) out.push_back(g.values[size_t(op.outputs[j])].buffer);
+  }
+  for (int i : op.writes)
+    if (op.inputs[size_t(i)] >= 0) out.push_back(g.values[size_t(op.inputs[size_t(i)])].buffer);
+  return out;
+}
 
 int Graph::add_buffer(Buffer b) {
   b.id = int(buffers.size());

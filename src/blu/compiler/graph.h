@@ -115,6 +115,10 @@ struct Graph {
   uint64_t structure_hash() const;
 };
 
+// The buffers `op` writes: those of its fresh outputs (not views) and of the inputs it updates in
+// place (a buffer may be listed twice).
+std::vector<int> written_buffers(const Graph& g, const Op& op);
+
 // Whether an attribute belongs to the structure (structure_hash, the streamed replay's op check):
 // its name always; its value unless it is a per-step kernel argument — a float scalar, or one of
 // the ints named step, seed, offset.

@@ -72,9 +72,15 @@ struct Runtime::Replay {
   };
   size_t spec_segments = 0;
   std::vector<Guard> spec_guards;
+  std::string spec_stop;  // where and why the prefix ends (Runtime::speculation)
   std::vector<const Storage*> inputs;
   size_t speculated = 0;
   bool spec_missed = false;
+  void drop_speculation() {
+    spec_segments = 0;
+    spec_guards.clear();
+    spec_stop.clear();
+  }
 
   static void release(Recorded& r) {
 #ifdef BLU_HAVE_CUDA
@@ -88,8 +94,7 @@ struct Runtime::Replay {
   void resegment(size_t n) {
     std::vector<Segment> old = std::move(segments);
     segments.clear();
-    spec_segments = 0;
-    spec_guards.clear();
+    drop_speculation();
     size_t limit = first_chunk == 0 ? kChunk : std::min(first_chunk, kChunk);
     for (size_t i = 0; i < n;) {
       Segment seg;
@@ -426,8 +431,7 @@ void Runtime::begin(std::span<const Tensor> inputs) {
 // the storages outside the arena their launches read, from this step's capture.
 void Runtime::plan_speculation(Capture& step) {
   Replay& r = *replay_;
-  r.spec_segments = 0;
-  r.spec_guards.clear();
+  r.drop_speculation();
   if (!r.graphs || !options_.speculate) return;
   std::vector<int> guarded;  // buffer ids
   std::vector<Replay::Guard> guards;
@@ -447,15 +451,8 @@ void Runtime::plan_speculation(Capture& step) {
       return size_t(b) >= capture_buffers_ ||
              (graph_.buffers[size_t(b)].kind == BufferKind::temporary && plan_.placements[size_t(b)].in_arena);
     };
-    for (size_t j = 0; j < op.outputs.size(); ++j) {
-      const bool view = std::any_of(op.views.begin(), op.views.end(), [&](auto& p) { return p.first == int(j); });
-      const int b = graph_.values[size_t(op.outputs[j])].buffer;
-      if (!view && !in_arena(b)) return "writes a " + buffer_text(b);
-    }
-    for (int w : op.writes) {
-      const int v = op.inputs[size_t(w)];
-      if (v >= 0 && !in_arena(graph_.values[size_t(v)].buffer)) return "writes a " + buffer_text(graph_.values[size_t(v)].buffer);
-    }
+    for (int b : written_buffers(graph_, op))
+      if (!in_arena(b)) return "writes a " + buffer_text(b);
     for (int v : l.inputs) {
       if (v < 0 || size_t(v) >= capture_values_) continue;
       const int b = graph_.values[size_t(v)].buffer;
@@ -482,6 +479,7 @@ void Runtime::plan_speculation(Capture& step) {
     return "";
   };
   std::string stop = "the end of the step";
+  size_t kept = 0;  // guards of the accepted segments
   for (size_t k = 0; k < r.segments.size(); ++k) {
     const Replay::Segment& seg = r.segments[k];
     if (seg.direct || seg.recorded.empty()) {
@@ -497,11 +495,16 @@ void Runtime::plan_speculation(Capture& step) {
       break;
     }
     r.spec_segments = k + 1;
-    r.spec_guards = guards;
+    kept = guards.size();
   }
-  speculation_.segments = r.spec_segments;
-  speculation_.launches = r.spec_segments == 0 ? 0 : r.segments[r.spec_segments - 1].end;
-  speculation_.stop = stop;
+  guards.resize(kept);
+  r.spec_guards = std::move(guards);
+  r.spec_stop = std::move(stop);
+}
+
+Runtime::Speculation Runtime::speculation() const {
+  const Replay& r = *replay_;
+  return {r.spec_segments, r.spec_segments == 0 ? 0 : r.segments[r.spec_segments - 1].end, r.spec_stop};
 }
 
 // A buffer's bytes for this step, from the compiled structure's kinds (the capture's own kinds are
@@ -689,8 +692,7 @@ void Runtime::salvage(Capture& step) {
         step.storages()[b]->data = DataPtr();
         r.bound[b] = 0;
       }
-  r.spec_segments = 0;
-  r.spec_guards.clear();
+  r.drop_speculation();
   const size_t done = whole ? 0 : issued();
   // Every launched launch's buffers (the plan's: launched ones are the variant's), with the first
   // and last launch that touched each.

@@ -139,12 +139,13 @@ class Runtime {
   const std::vector<Launch>& launches() const { return launches_; }
   const RuntimeStats& stats() const { return stats_; }
   // Note [Speculative start]: the prefix the next step may launch before its capture, and where
-  // and why it ends ("" while no step has planned one).
+  // and why it ends ("" while none is planned).
   struct Speculation {
     size_t segments = 0, launches = 0;
     std::string stop;
+    bool operator==(const Speculation&) const = default;
   };
-  const Speculation& speculation() const { return speculation_; }
+  Speculation speculation() const;
 
  private:
   static std::vector<Launch> build_launches(const Graph& g, const std::vector<int>* source = nullptr,
@@ -176,7 +177,6 @@ class Runtime {
   std::vector<char> unplanned_;  // per launch: touches an excluded temporary (runs directly)
   struct Replay;
   std::unique_ptr<Replay> replay_;
-  Speculation speculation_;
 };
 
 }  // namespace blu::compiler
