@@ -1,7 +1,7 @@
 // How much the step's GEMMs gain when cuBLASLt's candidate algorithms are timed instead of taking
 // its heuristic's first choice (what BluTrain's gemm.cpp and PyTorch both take).
 //
-//   nvcc -O2 -arch=sm_90a -o /tmp/gemm_algos scripts/lab/gemm_algos.cu -lcublasLt && /tmp/gemm_algos [candidates [cold]]
+//   nvcc -O2 -arch=sm_90a -o /tmp/gemm_algos scripts/lab/gemm_algos.cu -lcublasLt -ldl && /tmp/gemm_algos [candidates [cold|sustained]]
 //
 // Per model and per GEMM of the bf16 step (the shapes of scripts/lab/gemm_shapes.py), with the
 // layouts BluTrain's linear uses: forward Y = X W^T (bf16 out), input gradient dX = dY W (bf16 out),
@@ -9,9 +9,20 @@
 // repetitions between CUDA events; one JSON line per GEMM: the heuristic's first choice, the
 // fastest candidate and its rank, both in ms; a summary line per model weighted by the count per
 // step.
+//
+// `sustained`: each candidate also runs back to back for ~0.4 s, timed over its last 0.3 s, with the
+// board's power and SM clock sampled (NVML, loaded at run time) meanwhile. The GPU runs the step at
+// its power limit, where a call's time is its energy over the limit's watts: the candidate that is
+// fastest for 20 calls at full clock need not be the one that is fastest at the limit. Per GEMM: both
+// timings of every candidate; per model: the step's GEMMs with the heuristic's choice, the short
+// timing's choice and the sustained timing's choice, each timed sustained.
 #include "cublaslt_lab.cuh"
 
+#include <dlfcn.h>
+
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <cstdint>
 #include <cstdio>
 #include <string_view>
@@ -33,6 +44,71 @@ const char* kind_name(Kind k) {
 static bool cold_l2 = false;
 static void* flush;
 static const size_t kFlush = size_t(256) << 20;
+static bool sustained = false;
+
+// NVML through dlopen (the driver ships libnvidia-ml.so.1; no header or link library needed).
+struct Nvml {
+  using Init = int (*)();
+  using Handle = int (*)(unsigned, void**);
+  using Power = int (*)(void*, unsigned*);
+  using Clock = int (*)(void*, int, unsigned*);
+  Power power = nullptr;
+  Clock clock = nullptr;
+  void* dev = nullptr;
+  Nvml() {
+    void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    if (!lib) return;
+    auto init = reinterpret_cast<Init>(dlsym(lib, "nvmlInit_v2"));
+    auto handle = reinterpret_cast<Handle>(dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
+    power = reinterpret_cast<Power>(dlsym(lib, "nvmlDeviceGetPowerUsage"));
+    clock = reinterpret_cast<Clock>(dlsym(lib, "nvmlDeviceGetClockInfo"));
+    if (!init || !handle || !power || !clock || init() != 0 || handle(0, &dev) != 0) dev = nullptr;
+  }
+};
+static Nvml nvml;
+
+struct Sustained {
+  float ms = -1, watts = 0, mhz = 0;
+};
+
+// `algo` back to back for ~0.4 s after a short timing `short_ms` sized the run; the last ~0.3 s
+// timed, power (mW) and SM clock (NVML_CLOCK_SM = 1) sampled every 10 ms while they run.
+Sustained time_sustained(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
+                         cublasLtMatrixLayout_t lc, const void* a, const void* b, void* c, float beta,
+                         const cublasLtMatmulAlgo_t* algo, float short_ms) {
+  Sustained out;
+  if (short_ms <= 0) return out;
+  const float alpha = 1;
+  const int reps = std::max(40, int(300.0f / short_ms)), warm = reps / 3;
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  for (int i = 0; i < warm; ++i)
+    cublasLtMatmul(handle, desc, &alpha, a, la, b, lb, &beta, c, lc, c, lc, algo, workspace, kWorkspace, 0);
+  CK(cudaEventRecord(e0));
+  for (int i = 0; i < reps; ++i)
+    cublasLtMatmul(handle, desc, &alpha, a, la, b, lb, &beta, c, lc, c, lc, algo, workspace, kWorkspace, 0);
+  CK(cudaEventRecord(e1));
+  double watts = 0, mhz = 0;
+  int samples = 0;
+  while (cudaEventQuery(e1) == cudaErrorNotReady) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    unsigned mw = 0, clk = 0;
+    if (nvml.dev && cudaEventQuery(e0) == cudaSuccess && nvml.power(nvml.dev, &mw) == 0 &&
+        nvml.clock(nvml.dev, 1, &clk) == 0) {
+      watts += mw / 1000.0, mhz += clk;
+      ++samples;
+    }
+  }
+  CK(cudaEventSynchronize(e1));
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, e0, e1));
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  out.ms = ms / reps;
+  if (samples) out.watts = float(watts / samples), out.mhz = float(mhz / samples);
+  return out;
+}
 
 // Times `algo` (null: no algorithm given) in ms per call; negative when it fails to run.
 float time_one(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
@@ -75,6 +151,7 @@ float time_one(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la, cublasLtMat
 int main(int argc, char** argv) {
   const int want = argc > 1 ? std::atoi(argv[1]) : 32;
   cold_l2 = argc > 2 && std::string_view(argv[2]) == "cold";
+  sustained = argc > 2 && std::string_view(argv[2]) == "sustained";
   CK(cudaMalloc(&flush, kFlush));
   LT(cublasLtCreate(&handle));
   CK(cudaMalloc(&workspace, kWorkspace));
@@ -102,11 +179,16 @@ int main(int argc, char** argv) {
 
   const char* model = "";
   double first_total = 0, best_total = 0;
+  double sus_first = 0, sus_short_pick = 0, sus_pick = 0;  // sustained ms per step, by how the candidate was picked
   auto flush = [&] {
     if (*model)
       std::printf("{\"model\": \"%s\", \"heuristic_ms_per_step\": %.3f, \"best_ms_per_step\": %.3f, \"saved_ms\": %.3f}\n",
                   model, first_total, best_total, first_total - best_total);
-    first_total = best_total = 0;
+    if (*model && sustained)
+      std::printf("{\"model\": \"%s\", \"sustained_ms_per_step\": {\"heuristic\": %.3f, \"short_pick\": %.3f, "
+                  "\"sustained_pick\": %.3f}}\n",
+                  model, sus_first, sus_short_pick, sus_pick);
+    first_total = best_total = sus_first = sus_short_pick = sus_pick = 0;
   };
   for (const Shape& s : shapes) {
     if (std::string_view(model) != s.model) {
@@ -168,10 +250,32 @@ int main(int argc, char** argv) {
       const int found = heuristic(prob, want, res);
       float first = -1, best = 1e30f;
       int best_rank = -1;
+      std::vector<float> short_ms(static_cast<size_t>(found), -1.0f);
       for (int i = 0; i < found; ++i) {
         const float ms = time_one(desc, la, lb, lc, a, b, c, beta, &res[size_t(i)].algo);
+        short_ms[size_t(i)] = ms;
         if (i == 0) first = ms;
         if (ms > 0 && ms < best) best = ms, best_rank = i;
+      }
+      if (sustained && found > 0) {
+        std::vector<Sustained> sus(static_cast<size_t>(found));
+        int pick = -1;
+        for (int i = 0; i < found; ++i) {
+          sus[size_t(i)] = time_sustained(desc, la, lb, lc, a, b, c, beta, &res[size_t(i)].algo, short_ms[size_t(i)]);
+          if (sus[size_t(i)].ms > 0 && (pick < 0 || sus[size_t(i)].ms < sus[size_t(pick)].ms)) pick = i;
+        }
+        std::printf("{\"model\": \"%s\", \"N\": %ld, \"K\": %ld, \"kind\": \"%s\", \"short_pick\": %d, "
+                    "\"sustained_pick\": %d, \"candidates\": [",
+                    s.model, s.n, s.k, kind_name(kind), best_rank, pick);
+        for (int i = 0; i < found; ++i)
+          std::printf("%s[%.4f, %.4f, %.0f, %.0f]", i ? ", " : "", short_ms[size_t(i)], sus[size_t(i)].ms,
+                      sus[size_t(i)].watts, sus[size_t(i)].mhz);
+        std::printf("]}\n");
+        if (kind != kFwdBias && kind != kFwdGeluAux && pick >= 0 && best_rank >= 0) {
+          sus_first += double(sus[0].ms) * s.count;
+          sus_short_pick += double(sus[size_t(best_rank)].ms) * s.count;
+          sus_pick += double(sus[size_t(pick)].ms) * s.count;
+        }
       }
       // The first choice and the fastest again, alternated three times, each its best: picking the
       // least of eight noisy timings favours the fastest by its noise.
