@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Writes the seed corpora of fuzz/corpus/<target>/: a few small valid inputs per parser (and the
 committed legacy checkpoints of tests/train/data), so each fuzzer starts from inputs that reach
-deep into its parser. Run from anywhere: python3 fuzz/make_corpus.py (rewrites the folders)."""
-import json, os, shutil, struct
+deep into its parser. Run from anywhere: python3 fuzz/make_corpus.py (writes its seeds over the folders' files of the
+same names; inputs added by hand, the reproducers of past findings, stay)."""
+import json, os, struct
 
 root = os.path.dirname(os.path.abspath(__file__))
 corpus = os.path.join(root, "corpus")
@@ -29,8 +30,6 @@ def safetensors(tensors, metadata=None):
     return struct.pack("<Q", len(h)) + h + data
 
 
-for t in os.listdir(corpus) if os.path.isdir(corpus) else []:
-    shutil.rmtree(os.path.join(corpus, t))
 
 # safetensors
 f32 = struct.pack("<4f", 1, 2, 3, 4)
@@ -159,3 +158,35 @@ put("store_protocol", "session", hello + req(1, b"k", b"v") + req(2, b"k", arg=1
     req(3, b"n", arg=-2) + req(4, b"k") + req(5, b"k") + req(6, b"k", arg=10))
 put("store_protocol", "requests_only", b"R" + req(3, b"c", arg=2**62) + req(3, b"c", arg=2**62) + req(1, b"x" * 10, b"y" * 200))
 put("store_protocol", "other_job", struct.pack("<II", 0x53554C42, 1) + lp(b"other") + bytes(32))
+
+# exported_graph: `bench --compile --compile-export` of gpt2:tiny on the CPU (fuzz/seeds), and a
+# hand-written three-op chain with every attribute type and a view
+seeds = os.path.join(root, "seeds")
+with open(os.path.join(seeds, "gpt2_tiny_step.graph"), "rb") as f:
+    gpt2_graph = f.read()
+chain = ("b 128 cpu 4\nb 128 cpu 0\nb 128 cpu 0\nb 128 cpu 7\n"
+         "v 0 [4, 8] [8, 1] 0 f32 cpu -1\nv 1 [4, 8] [8, 1] 0 f32 cpu 0\nv 2 [4, 8] [8, 1] 0 f32 cpu 1\n"
+         "v 3 [4, 8] [8, 1] 0 f32 cpu 2\nv 2 [8, 4] [1, 8] 0 f32 cpu 3\n"
+         "o 0 mul_scalar ( 0 ) ( 1 ) views writes value#1\n"
+         "o 0 add_scalar ( 1 ) ( 2 ) views writes value#1 dim#0=-1 keep#2=1 dtype#3=bf16 shape#4=[4, 8]\n"
+         "o 0 gelu ( 2 ) ( 3 ) views writes approximate#2=1\n"
+         "o 1 permute ( 2 ) ( 4 ) views 0:0 writes dims#4=[1, 0]\n"
+         "inputs 0\noutputs 3 4\n")
+put("exported_graph", "gpt2_tiny_step", gpt2_graph)
+put("exported_graph", "chain", "blu-fusion-graph 1\ntarget cuda-sm_90a -gelu\n" + chain)
+
+# fusion_plan: plans for gpt2:tiny's step (the target reads fuzz/seeds/gpt2_tiny_step.graph): the
+# one `blutrain compile --from-graph` made, and regions of the step's other fusible ops
+with open(os.path.join(seeds, "gpt2_tiny_step.plan"), "rb") as f:
+    put("fusion_plan", "gpt2_tiny_step", f.read())
+put("fusion_plan", "other_regions", "blu-fusion-plan 1\nstructure 0\nregion pointwise 1024 100 101 102\n"
+    "region rows 2048 150 151\nregion pointwise 64 280 281 282 283 284 285 286 287 288 289 290\n")
+
+# gemm_tune_table: lines of a table `bench --gemm-tune on` wrote on an H200, and damaged ones
+algo = "0000001d00000042 0000000100000023 0000000000000000 0003000000000001 0001fc3400000001 " \
+       "0000000e0000000e 00000044000e000e 0000000000000000"
+key = "NVIDIA H200 lt130100 dt2 c320 cm2 ep0 t00 b0 M16384 N3072 K768 B1 ld768,3072,3072 s0,0,0 aux0 al16,16,16,16,16"
+put("gemm_tune_table", "table", "# blutrain gemm tuning v1\n" + key + "\t" + algo + "\t0.120592\n" +
+    key.replace("N3072", "N768") + "\t" + algo + "\t0.0311\n")
+put("gemm_tune_table", "damaged", "# blutrain gemm tuning v1\n" + key + "\t" + algo[:-1] + "\t0.1\n\n" + key + "\t" +
+    algo + "\t-1\n" + key + "\t" + algo + "\tnan\n\t" + algo + "\t1\n")

@@ -154,6 +154,15 @@ TEST(FusionPlanCache, APlanThatDoesNotFitIsRefused) {
     EXPECT_THROW_MSG(parse_fusion_plan(g, head + "region pointwise 8 " + std::to_string(not_fusible) + "\n"),
                      "expected a fusible kernel op");
   EXPECT_THROW_MSG(parse_fusion_plan(g, "something else\n"), "expected the header");
+  const std::vector<int> ops = kernel_ops(g);
+  ASSERT_GE(ops.size(), 2u);
+  const std::string a = std::to_string(ops[0]), b = std::to_string(ops[1]);
+  EXPECT_THROW_MSG(parse_fusion_plan(g, head + "region pointwise 8 " + b + " " + a + "\n"),
+                   "names op " + a + " after op " + b + ", expected its ops in schedule order, each once");
+  EXPECT_THROW_MSG(parse_fusion_plan(g, head + "region pointwise 8 " + a + " " + a + "\n"), "in schedule order, each once");
+  EXPECT_THROW_MSG(parse_fusion_plan(g, head + "region pointwise 8 " + a + "\nregion pointwise 8 " + a + " " + b + "\n"),
+                   "region 1 names op " + a + ", which region 0 holds already");
+  EXPECT_EQ(parse_fusion_plan(g, head + "region pointwise 8 " + a + " " + b + "\n").size(), 1u);
   EXPECT_THROW_MSG(fusion_for("maybe"), "expected on or off");
   EXPECT_FALSE(bool(fusion_for("off")));
 }
@@ -219,7 +228,7 @@ TEST(PortableGraph, DamagedTextIsRefusedWithTheLineAndTheField) {
   EXPECT_THROW_MSG(parse_portable_graph_text(text.substr(0, text.find("\noutputs")), "g.graph"),
                    "g.graph: the graph ends without its 'inputs' and 'outputs'");
   EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('v', "v 999 [4] [1] 0 f32 cpu -1"), "g.graph"),
-                   "g.graph:" + std::to_string(line_of_v) + ": expected a buffer below");
+                   "g.graph:" + std::to_string(line_of_v) + ": expected the value's buffer in [0, 4), got '999 [4]");
   EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('v', "v 0 [4] [1] 0 f33 cpu -1"), "g.graph"),
                    "expected a dtype name, got 'f33'");
   EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('v', "v 0 [4] [1] 0 f32 tpu -1"), "g.graph"),
@@ -227,7 +236,27 @@ TEST(PortableGraph, DamagedTextIsRefusedWithTheLineAndTheField) {
   EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('v', "v 0 [4 [1] 0 f32 cpu -1"), "g.graph"),
                    "expected the value's shape");
   EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('o', "o 0 mul ( 0 ) ( 77777 ) views writes"), "g.graph"),
-                   "expected output value ids below");
+                   "expected an output value id in [0, 4), got '77777 )");
+  // Ids, positions and layouts that would send a pass reading the graph outside its arrays or
+  // buffers.
+  const size_t o_at = text.find("\no ") + 1;
+  const std::string first_o = text.substr(o_at, text.find('\n', o_at) - o_at);
+  EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('v', "v 0 [4, 8] [8, 1] 1 f32 cpu -1"), "g.graph"),
+                   "expected a layout inside its buffer (it reaches byte 132 of a buffer of 128), got '[4, 8] [8, 1] 1");
+  EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('v', "v 0 [4, 8] [-8, 1] 0 f32 cpu -1"), "g.graph"),
+                   "expected dims and strides of at least 0");
+  EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('v', "v 0 [4, 8] [8, 1] 99999999999999999999 f32 cpu -1"), "g.graph"),
+                   "expected the value's offset within 64 bits");
+  EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('v', "v 0 [4, 8] [8, 1] 0 f32 cuda -1"), "g.graph"),
+                   "expected the device of buffer 0 (cpu)");
+  EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('o', "o 0 mul ( 0 ) ( 1 ) views 3:0 writes"), "g.graph"),
+                   "expected a view's output position in [0, 1), got '3:0");
+  EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('o', "o 0 mul ( 0 ) ( 1 ) views writes 5"), "g.graph"),
+                   "expected a written input's position in [0, 1), got '5'");
+  EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('o', "o 0 mul ( 2 ) ( 1 ) views writes"), "g.graph"),
+                   "expected inputs made by earlier ops (value 2 is made by op 1, this is op 0)");
+  EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('o', "v 0 [4] [1] 0 f32 cpu 0\n" + first_o), "g.graph"),
+                   "g.graph: value 4 names op 0 as its producer, but that op does not list it among its outputs");
   EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('o', "o 0 mul ( 0 ) ( 1 ) views writes other#9=1"), "g.graph"),
                    "expected an attribute type 0..4");
   EXPECT_THROW_MSG(parse_portable_graph_text("x 1\n" + text, "g.graph"), "g.graph:1: expected a record");

@@ -332,7 +332,7 @@ TEST_F(AotCli, ExportedStepFusedElsewhereGetsTheCapturingSidesPlan) {
   std::ofstream(bad) << "blu-fusion-graph 1\ntarget cuda-sm_90a\nb 64 cpu 0\nv 3 [4] [1] 0 f32 cpu -1\n";
   const auto refused = shell(other_env + blutrain().string() + " compile --from-graph " + bad.string());
   EXPECT_NE(refused.first, 0);
-  EXPECT_NE(refused.second.find(bad.string() + " (after its 2 header lines):2: expected a buffer below 1"),
+  EXPECT_NE(refused.second.find(bad.string() + " (after its 2 header lines):2: expected the value's buffer in [0, 1), got '3 [4]"),
             std::string::npos) << refused.second;
   std::cout << j.dump() << "\n";
 }

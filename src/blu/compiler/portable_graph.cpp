@@ -2,6 +2,7 @@
 #include "blu/compiler/portable_graph.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdlib>
 #include <iomanip>
 #include <limits>
@@ -106,8 +107,20 @@ struct LineReader {
     if (n < rest.size() && rest[n] == '-') ++n;
     while (n < rest.size() && rest[n] >= '0' && rest[n] <= '9') ++n;
     if (n == 0 || (n == 1 && rest[0] == '-')) fail(what);
-    const int64_t v = std::stoll(std::string(rest.substr(0, n)));
+    int64_t v = 0;
+    if (std::from_chars(rest.data(), rest.data() + n, v).ec != std::errc()) fail(std::string(what) + " within 64 bits");
     rest.remove_prefix(n);
+    return v;
+  }
+  // An integer in [lo, hi).
+  int64_t in_range(const char* what, int64_t lo, int64_t hi) {
+    skip_spaces();
+    const std::string_view at = rest;
+    const int64_t v = integer(what);
+    if (v < lo || v >= hi) {
+      rest = at;
+      fail(std::string(what) + " in [" + std::to_string(lo) + ", " + std::to_string(hi) + ")");
+    }
     return v;
   }
   Shape shape(const char* what) {
@@ -127,10 +140,10 @@ struct LineReader {
     }
   }
   // "( 1 2 3 )"
-  std::vector<int> id_list(const char* what) {
+  std::vector<int> id_list(const char* what, int64_t lo, int64_t hi) {
     expect("(");
     std::vector<int> out;
-    while (!accept(")")) out.push_back(int(integer(what)));
+    while (!accept(")")) out.push_back(int(in_range(what, lo, hi)));
     return out;
   }
 };
@@ -153,6 +166,31 @@ DType dtype_of(LineReader& r) {
   }
 }
 
+// Bounds on what a text may declare: sizes and offsets below 2^48 bytes, ids within an int.
+constexpr int64_t kMaxBytes = int64_t(1) << 48;
+constexpr int64_t kMaxIds = std::numeric_limits<int>::max();
+
+// Why a value's layout does not fit its buffer ("" when it does): dims and strides non-negative,
+// the elements it spans, from its offset, inside the buffer's bytes.
+std::string layout_error(const Value& v, const Buffer& b) {
+  int64_t numel = 1, last = v.offset;  // last: the highest element index the view reaches
+  for (size_t d = 0; d < v.shape.size(); ++d) {
+    if (v.shape[d] < 0 || v.strides[d] < 0) return "dims and strides of at least 0";
+    if (v.shape[d] > 0 && numel > kMaxBytes / v.shape[d]) return "a shape of fewer than 2^48 elements";
+    numel *= v.shape[d];
+  }
+  if (numel == 0) return "";
+  for (size_t d = 0; d < v.shape.size(); ++d) {
+    if (v.shape[d] > 1 && v.strides[d] > (kMaxBytes - last) / (v.shape[d] - 1)) return "strides that stay within 2^48 elements";
+    last += (v.shape[d] - 1) * v.strides[d];
+  }
+  const int64_t end = (last + 1) * int64_t(dtype_size(v.dtype));
+  if (end > int64_t(b.nbytes))
+    return "a layout inside its buffer (it reaches byte " + std::to_string(end) + " of a buffer of " +
+           std::to_string(b.nbytes) + ")";
+  return "";
+}
+
 }  // namespace
 
 Graph parse_portable_graph_text(const std::string& text, const std::string& where) {
@@ -168,7 +206,7 @@ Graph parse_portable_graph_text(const std::string& text, const std::string& wher
     if (tag == "b") {
       BLU_CHECK(g.values.empty() && g.ops.empty(), where, ":", line_no, ": a buffer after the values or ops");
       Buffer b;
-      b.nbytes = size_t(r.integer("the buffer's byte count"));
+      b.nbytes = size_t(r.in_range("the buffer's byte count", 0, kMaxBytes));
       b.device = device_of(r);
       const int64_t kind = r.integer("the buffer's kind (0..7)");
       if (kind < 0 || kind > int64_t(BufferKind::step_output)) r.fail("a buffer kind 0..7");
@@ -177,17 +215,23 @@ Graph parse_portable_graph_text(const std::string& text, const std::string& wher
     } else if (tag == "v") {
       BLU_CHECK(g.ops.empty(), where, ":", line_no, ": a value after the ops");
       Value v;
-      v.buffer = int(r.integer("the value's buffer"));
-      if (v.buffer < 0 || size_t(v.buffer) >= g.buffers.size())
-        r.fail("a buffer below " + std::to_string(g.buffers.size()) + " (the value's buffer was " +
-               std::to_string(v.buffer) + ")");
+      v.buffer = int(r.in_range("the value's buffer", 0, int64_t(g.buffers.size())));
+      r.skip_spaces();
+      const std::string_view layout = r.rest;
       v.shape = r.shape("the value's shape [d, …]");
       v.strides = r.shape("the value's strides [s, …]");
       if (v.strides.size() != v.shape.size()) r.fail("as many strides as dims");
-      v.offset = r.integer("the value's offset");
+      v.offset = r.in_range("the value's offset", 0, kMaxBytes);
       v.dtype = dtype_of(r);
       v.device = device_of(r);
-      v.producer = int(r.integer("the value's producer op (-1: an input)"));
+      v.producer = int(r.in_range("the value's producer op (-1: an input)", -1, kMaxIds));
+      const Buffer& b = g.buffers[size_t(v.buffer)];
+      if (v.device != b.device) r.fail(std::string("the device of buffer ") + std::to_string(v.buffer) + " (" +
+                                       device_type_name(b.device) + ")");
+      if (const std::string bad = layout_error(v, b); !bad.empty()) {
+        r.rest = layout;
+        r.fail(bad);
+      }
       g.add_value(v);
     } else if (tag == "o") {
       Op op;
@@ -195,22 +239,27 @@ Graph parse_portable_graph_text(const std::string& text, const std::string& wher
       if (kind < 0 || kind > int64_t(OpKind::fused)) r.fail("an op kind 0..3");
       op.kind = OpKind(kind);
       op.name = r.word("the op's name");
-      op.inputs = r.id_list("an input value id or -1");
-      op.outputs = r.id_list("an output value id");
+      const int oi = int(g.ops.size());
+      const std::string_view ins = r.rest;
+      op.inputs = r.id_list("an input value id or -1", -1, int64_t(g.values.size()));
       for (int x : op.inputs)
-        if (x < -1 || x >= int(g.values.size())) r.fail("input value ids below " + std::to_string(g.values.size()));
-      for (int x : op.outputs)
-        if (x < 0 || x >= int(g.values.size())) r.fail("output value ids below " + std::to_string(g.values.size()));
+        if (x >= 0 && g.values[size_t(x)].producer >= oi) {
+          r.rest = ins;
+          r.fail("inputs made by earlier ops (value " + std::to_string(x) + " is made by op " +
+                 std::to_string(g.values[size_t(x)].producer) + ", this is op " + std::to_string(oi) + ")");
+        }
+      op.outputs = r.id_list("an output value id", 0, int64_t(g.values.size()));
       r.expect("views");
       while (!r.done() && r.rest.front() != 'w') {
-        const int64_t j = r.integer("a view 'out:in'");
+        const int64_t j = r.in_range("a view's output position", 0, int64_t(op.outputs.size()));
         r.expect(":");
-        const int64_t i = r.integer("a view 'out:in'");
+        const int64_t i = r.in_range("a view's input position", 0, int64_t(op.inputs.size()));
+        if (op.inputs[size_t(i)] < 0) r.fail("a view of an input that is defined (input " + std::to_string(i) + " is -1)");
         op.views.emplace_back(int(j), int(i));
       }
       r.expect("writes");
       while (!r.done() && (r.rest.front() == '-' || (r.rest.front() >= '0' && r.rest.front() <= '9')))
-        op.writes.push_back(int(r.integer("a written input value id")));
+        op.writes.push_back(int(r.in_range("a written input's position", 0, int64_t(op.inputs.size()))));
       while (!r.done()) {
         // name#index[=value]
         const std::string attr = r.word("an attribute name#type[=value]");
@@ -247,7 +296,6 @@ Graph parse_portable_graph_text(const std::string& text, const std::string& wher
         op.attrs.set(intern(key), std::move(v));
       }
       op.rng = op.attrs.has("seed") && op.attrs.has("offset");
-      const int oi = int(g.ops.size());
       for (int x : op.outputs)
         if (g.values[size_t(x)].producer != oi)
           r.fail("outputs whose values name this op (" + std::to_string(oi) + ") as their producer");
@@ -256,9 +304,14 @@ Graph parse_portable_graph_text(const std::string& text, const std::string& wher
       std::vector<int>& ids = tag == "inputs" ? g.inputs : g.outputs;
       (tag == "inputs" ? saw_inputs : saw_outputs) = true;
       while (!r.done()) {
-        const int64_t x = r.integer("a value id");
-        if (x < 0 || x >= int64_t(g.values.size())) r.fail("value ids below " + std::to_string(g.values.size()));
-        ids.push_back(int(x));
+        const std::string_view at = r.rest;
+        const int x = int(r.in_range("a value id", 0, int64_t(g.values.size())));
+        if (tag == "inputs" && g.values[size_t(x)].producer != -1) {
+          r.rest = at;
+          r.fail("step inputs that no op makes (value " + std::to_string(x) + " is made by op " +
+                 std::to_string(g.values[size_t(x)].producer) + ")");
+        }
+        ids.push_back(x);
       }
     } else {
       r.rest = tag;
@@ -266,6 +319,14 @@ Graph parse_portable_graph_text(const std::string& text, const std::string& wher
     }
   }
   BLU_CHECK(saw_inputs && saw_outputs, where, ": the graph ends without its 'inputs' and 'outputs' lines (cut short?)");
+  for (const Value& v : g.values) {
+    if (v.producer < 0) continue;
+    BLU_CHECK(v.producer < int(g.ops.size()), where, ": value ", v.id, " names op ", v.producer,
+              " as its producer, but the graph has ", g.ops.size(), " ops");
+    const std::vector<int>& outs = g.ops[size_t(v.producer)].outputs;
+    BLU_CHECK(std::find(outs.begin(), outs.end(), v.id) != outs.end(), where, ": value ", v.id, " names op ",
+              v.producer, " as its producer, but that op does not list it among its outputs");
+  }
   return g;
 }
 
@@ -306,6 +367,7 @@ std::vector<FusedRegion> parse_fusion_plan(const Graph& g, const std::string& te
   BLU_CHECK(std::getline(in, line) && line.rfind("structure ", 0) == 0, "fusion plan: expected 'structure <hash>', got '",
             line, "'");
   std::vector<FusedRegion> regions;
+  std::vector<int> owner(g.ops.size(), -1);  // the region that holds each op
   while (std::getline(in, line)) {
     if (line.empty()) continue;
     std::istringstream ls(line);
@@ -322,6 +384,11 @@ std::vector<FusedRegion> parse_fusion_plan(const Graph& g, const std::string& te
       const Op& op = g.ops[size_t(oi)];
       BLU_CHECK(op.kind == OpKind::kernel && is_fusible_op(op.name), "fusion plan: region ", r.index, " names op ", oi,
                 " (", op.name, "), expected a fusible kernel op");
+      BLU_CHECK(r.ops.empty() || oi > r.ops.back(), "fusion plan: region ", r.index, " names op ", oi, " after op ",
+                r.ops.empty() ? 0 : r.ops.back(), ", expected its ops in schedule order, each once");
+      BLU_CHECK(owner[size_t(oi)] < 0, "fusion plan: region ", r.index, " names op ", oi, ", which region ",
+                owner[size_t(oi)], " holds already");
+      owner[size_t(oi)] = r.index;
       r.ops.push_back(oi);
     }
     BLU_CHECK(!r.ops.empty(), "fusion plan: region ", r.index, " has no ops");

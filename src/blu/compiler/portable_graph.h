@@ -5,13 +5,15 @@
 // it (`blutrain compile --from-graph`), and what the fusion plugin reads (compiler/fusion_plugin.h).
 //   b <bytes> <cpu|cuda> <BufferKind>                               one line per buffer
 //   v <buffer> [shape] [strides] <offset> <dtype> <cpu|cuda> <producer op>   per value
-//   o <OpKind> <name> ( <inputs> ) ( <outputs> ) views <out:in>... writes <ids>... <attrs>
+//   o <OpKind> <name> ( <inputs> ) ( <outputs> ) views <out:in>... writes <input positions>... <attrs>
 //   inputs <ids>  /  outputs <ids>
 // An attribute is name#<variant index>[=value]: ints (but step, seed, offset), shapes, dtypes and
 // bools carry their value; floats do not (kernel arguments, not structure).
 // Depends on compiler/graph, compiler/codegen/region. Keep: portable_graph_text(parse_portable_graph_text(t))
 // == t for any t this file wrote; a text that is not is refused with its line, the field and what
-// was there.
+// was there — as is one that does not hold together (an id or position out of range, a value
+// reaching outside its buffer, an op reading what no earlier op made), so a pass reading the graph
+// never indexes outside it. fuzz/exported_graph.cpp and fuzz/fusion_plan.cpp fuzz both readers.
 #pragma once
 #include <string>
 #include <vector>
