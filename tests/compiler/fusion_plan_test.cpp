@@ -20,6 +20,7 @@
 #include "blu/blu.h"
 #include "blu/compiler/capture.h"
 #include "blu/compiler/codegen/cpu_kernel.h"
+#include "blu/compiler/codegen/kernel_cache.h"
 #include "blu/compiler/fusion_plan.h"
 #include "blu/core/error.h"
 #include "blu/dist/strategy.h"
@@ -141,6 +142,54 @@ TEST(FusionPlanCache, StoredPlanIsFoundAndAppliedWithoutAPass) {
   });
   EXPECT_EQ(with_pass(g).size(), 1u);
   EXPECT_EQ(calls, 0);
+}
+
+// Bytes damaged on disk after an entry was stored (a flipped bit, a truncation) are a miss with a
+// line on stderr, and storing the entry again repairs it; an entry with no sum file still loads.
+TEST(KernelCache, ADamagedArtefactIsAMissAndIsMadeAgain) {
+  use_temp_cache("sum");
+  const std::string key = kernel_cache_key("region text", "cpu-test", "toolchain 1");
+  const std::string bytes(4096, 'k');
+  const std::string path = kernel_cache_store(key, "so", bytes, "region text");
+  ASSERT_EQ(kernel_cache_find(key, "so", "region text"), path);
+  EXPECT_EQ(kernel_cache_find(key, "so", "another region"), std::nullopt);
+  auto overwrite = [&](const std::string& with) { std::ofstream(path, std::ios::binary | std::ios::trunc) << with; };
+  std::string flipped = bytes;
+  flipped[1234] ^= 0x10;
+  overwrite(flipped);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(kernel_cache_find(key, "so", "region text"), std::nullopt);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("kernel cache: " + path + " does not match " + key + ".sum"), std::string::npos) << err;
+  overwrite(bytes.substr(0, 100));
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(kernel_cache_find(key, "so", "region text"), std::nullopt);
+  testing::internal::GetCapturedStderr();
+  EXPECT_EQ(kernel_cache_store(key, "so", bytes, "region text"), path);
+  EXPECT_EQ(kernel_cache_find(key, "so", "region text"), path);
+  std::filesystem::remove(std::filesystem::path(path).replace_extension("sum"));
+  EXPECT_EQ(kernel_cache_find(key, "so", "region text"), path);
+
+  // A damaged plan: the pass makes it again and stores it over the damaged one.
+  const Graph g = pointwise_chain();
+  const std::vector<int> ops = kernel_ops(g);
+  FusedRegion r;
+  r.ops = {ops[0], ops[1]};
+  store_fusion_plan(g, kCpuTarget, {r});
+  const std::string plan = kernel_cache_dir() + "/" + fusion_plan_key(g, kCpuTarget) + ".plan";
+  ASSERT_TRUE(std::filesystem::exists(plan));
+  std::ofstream(plan, std::ios::app) << "region pointwise 8 " << ops[2] << "\n";
+  int calls = 0;
+  const FusionFn with_pass = cached_fusion([&](const Graph&) {
+    ++calls;
+    return std::vector<FusedRegion>{r};
+  }, {}, kCpuTarget);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(with_pass(g).size(), 1u);
+  EXPECT_NE(testing::internal::GetCapturedStderr().find(".plan does not match"), std::string::npos);
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(with_pass(g).size(), 1u);
+  EXPECT_EQ(calls, 1);
 }
 
 TEST(FusionPlanCache, APlanThatDoesNotFitIsRefused) {

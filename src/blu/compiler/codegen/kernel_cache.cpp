@@ -1,12 +1,16 @@
 // compiler/codegen/kernel_cache: see kernel_cache.h.
 #include "blu/compiler/codegen/kernel_cache.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <unistd.h>
 
 #include "blu/core/error.h"
 
@@ -28,15 +32,35 @@ std::optional<std::string> read_file(const fs::path& p) {
   return os.str();
 }
 
+// Written to a temporary of this process's own (ranks compiling the same kernel write the same
+// entry at once), flushed to the disk, then renamed over `p`.
 void write_atomic(const fs::path& p, const std::string& bytes) {
   const fs::path tmp = p.string() + ".tmp" + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    BLU_CHECK(f.good(), "kernel cache: cannot write ", tmp.string());
-    f.write(bytes.data(), std::streamsize(bytes.size()));
-    BLU_CHECK(f.good(), "kernel cache: short write to ", tmp.string());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  BLU_CHECK(fd >= 0, "kernel cache: cannot create ", tmp.string(), ": ", std::strerror(errno));
+  size_t done = 0;
+  int err = 0;
+  while (done < bytes.size() && !err) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) err = n < 0 ? errno : EIO;
+    else done += size_t(n);
   }
-  fs::rename(tmp, p);
+  if (!err && ::fsync(fd) != 0) err = errno;
+  if (::close(fd) != 0 && !err) err = errno;
+  if (!err && ::rename(tmp.c_str(), p.c_str()) != 0) err = errno;
+  if (err) {
+    ::unlink(tmp.c_str());
+    BLU_CHECK(false, "kernel cache: cannot write ", p.string(), ": ", std::strerror(err));
+  }
+}
+
+// What <key>.sum holds: the artefact's byte count and two 64-bit hashes of its bytes.
+std::string artefact_sum(const std::string& bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%zu %016llx%016llx\n", bytes.size(), (unsigned long long)fnv1a(bytes),
+                (unsigned long long)fnv1a(bytes, 0x9e3779b97f4a7c15ull));
+  return buf;
 }
 
 }  // namespace
@@ -65,6 +89,15 @@ std::optional<std::string> kernel_cache_find(const std::string& key, const std::
   if (!fs::exists(art)) return std::nullopt;
   auto text = read_file(dir / (key + ".txt"));
   if (!text || *text != region_text) return std::nullopt;
+  // An entry with no sum file (an earlier version wrote it) is taken unchecked.
+  if (const auto sum = read_file(dir / (key + ".sum"))) {
+    const auto bytes = read_file(art);
+    if (!bytes || artefact_sum(*bytes) != *sum) {
+      std::fprintf(stderr, "blu: kernel cache: %s does not match %s.sum (damaged on disk?): made again\n",
+                   art.c_str(), key.c_str());
+      return std::nullopt;
+    }
+  }
   return art.string();
 }
 
@@ -76,6 +109,7 @@ std::string kernel_cache_store(const std::string& key, const std::string& ext, c
   BLU_CHECK(!ec, "kernel cache: cannot create ", dir.string(), ": ", ec.message());
   const fs::path art = dir / (key + "." + ext);
   write_atomic(art, bytes);
+  write_atomic(dir / (key + ".sum"), artefact_sum(bytes));
   write_atomic(dir / (key + ".txt"), region_text);  // last: the entry counts once its text is there
   return art.string();
 }

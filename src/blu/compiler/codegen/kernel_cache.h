@@ -1,14 +1,18 @@
 // compiler/codegen/kernel_cache: the persistent on-disk cache of compiled fused-region kernels.
-// An entry is one file <dir>/<key>.<ext> (a shared object for the CPU, a cubin for CUDA) plus
-// <key>.txt holding the region text it was compiled from; the key is a 64-bit hash (hex) of the
+// An entry is one file <dir>/<key>.<ext> (a shared object for the CPU, a cubin for CUDA, a fusion
+// plan), <key>.sum holding its byte count and a 128-bit hash of its bytes, and <key>.txt holding
+// the region text it was compiled from; the key is a 64-bit hash (hex) of the
 // region's text (region.h) with the source the emitter generates for it, the target
 // ("cpu-x86_64", "cuda-sm_90a") and the toolchain version (the C++ compiler's, or NVRTC's), so a
 // change in any of them — an emitter's included — misses. The directory is
 // $BLU_KERNEL_CACHE, else $XDG_CACHE_HOME/blutrain/kernels, else ~/.cache/blutrain/kernels.
 // `blutrain compile` fills it where MLIR is installed; a build without MLIR only reads it.
 // Depends on nothing of the compiler but the region text. Keep: entries are written atomically
-// (temporary file, rename), so a killed compile never leaves a half-written kernel; a hit is
-// checked against the stored region text (a hash collision is a miss, never a wrong kernel).
+// (temporary file, fsync, rename), so a killed compile or a crashed machine never leaves a
+// half-written kernel; a hit is checked against the stored region text (a hash collision is a
+// miss, never a wrong kernel) and its artefact against its sum (bytes damaged on disk are a miss,
+// logged, and the entry is made again; an entry with no sum file is taken unchecked, so caches
+// filled by earlier versions still load).
 #pragma once
 #include <optional>
 #include <string>
