@@ -269,45 +269,40 @@ TEST(PortableGraph, TrainingStepsReadBackWithTheSameTextAndKey) {
 
 TEST(PortableGraph, DamagedTextIsRefusedWithTheLineAndTheField) {
   const std::string text = portable_graph_text(pointwise_chain());
-  auto replace_line = [&](char tag, const std::string& with) {
-    const size_t at = text.find(std::string("\n") + tag + " ") + 1;
-    return text.substr(0, at) + with + text.substr(text.find('\n', at));
-  };
-  const int line_of_v = int(std::count(text.begin(), text.begin() + std::ptrdiff_t(text.find("\nv ")), '\n')) + 2;
-  EXPECT_THROW_MSG(parse_portable_graph_text(text.substr(0, text.find("\noutputs")), "g.graph"),
-                   "g.graph: the graph ends without its 'inputs' and 'outputs'");
-  EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('v', "v 999 [4] [1] 0 f32 cpu -1"), "g.graph"),
-                   "g.graph:" + std::to_string(line_of_v) + ": expected the value's buffer in [0, 4), got '999 [4]");
-  EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('v', "v 0 [4] [1] 0 f33 cpu -1"), "g.graph"),
-                   "expected a dtype name, got 'f33'");
-  EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('v', "v 0 [4] [1] 0 f32 tpu -1"), "g.graph"),
-                   "expected a device type (cpu or cuda), got 'tpu'");
-  EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('v', "v 0 [4 [1] 0 f32 cpu -1"), "g.graph"),
-                   "expected the value's shape");
-  EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('o', "o 0 mul ( 0 ) ( 77777 ) views writes"), "g.graph"),
-                   "expected an output value id in [0, 4), got '77777 )");
-  // Ids, positions and layouts that would send a pass reading the graph outside its arrays or
-  // buffers.
   const size_t o_at = text.find("\no ") + 1;
   const std::string first_o = text.substr(o_at, text.find('\n', o_at) - o_at);
-  EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('v', "v 0 [4, 8] [8, 1] 1 f32 cpu -1"), "g.graph"),
-                   "expected a layout inside its buffer (it reaches byte 132 of a buffer of 128), got '[4, 8] [8, 1] 1");
-  EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('v', "v 0 [4, 8] [-8, 1] 0 f32 cpu -1"), "g.graph"),
-                   "expected dims and strides of at least 0");
-  EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('v', "v 0 [4, 8] [8, 1] 99999999999999999999 f32 cpu -1"), "g.graph"),
-                   "expected the value's offset within 64 bits");
-  EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('v', "v 0 [4, 8] [8, 1] 0 f32 cuda -1"), "g.graph"),
-                   "expected the device of buffer 0 (cpu)");
-  EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('o', "o 0 mul ( 0 ) ( 1 ) views 3:0 writes"), "g.graph"),
-                   "expected a view's output position in [0, 1), got '3:0");
-  EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('o', "o 0 mul ( 0 ) ( 1 ) views writes 5"), "g.graph"),
-                   "expected a written input's position in [0, 1), got '5'");
-  EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('o', "o 0 mul ( 2 ) ( 1 ) views writes"), "g.graph"),
-                   "expected inputs made by earlier ops (value 2 is made by op 1, this is op 0)");
-  EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('o', "v 0 [4] [1] 0 f32 cpu 0\n" + first_o), "g.graph"),
-                   "g.graph: value 4 names op 0 as its producer, but that op does not list it among its outputs");
-  EXPECT_THROW_MSG(parse_portable_graph_text(replace_line('o', "o 0 mul ( 0 ) ( 1 ) views writes other#9=1"), "g.graph"),
-                   "expected an attribute type 0..4");
+  const int line_of_v = int(std::count(text.begin(), text.begin() + std::ptrdiff_t(text.find("\nv ")), '\n')) + 2;
+  // The first line of a record kind replaced, and what the error says. The later cases are ids,
+  // positions and layouts that would send a pass reading the graph outside its arrays or buffers.
+  const struct {
+    char tag;
+    std::string line, error;
+  } damaged[] = {
+      {'v', "v 999 [4] [1] 0 f32 cpu -1",
+       "g.graph:" + std::to_string(line_of_v) + ": expected the value's buffer in [0, 4), got '999 [4]"},
+      {'v', "v 0 [4] [1] 0 f33 cpu -1", "expected a dtype name, got 'f33'"},
+      {'v', "v 0 [4] [1] 0 f32 tpu -1", "expected a device type (cpu or cuda), got 'tpu'"},
+      {'v', "v 0 [4 [1] 0 f32 cpu -1", "expected the value's shape"},
+      {'o', "o 0 mul ( 0 ) ( 77777 ) views writes", "expected an output value id in [0, 4), got '77777 )"},
+      {'o', "o 0 mul ( 0 ) ( 1 ) views writes other#9=1", "expected an attribute type 0..4"},
+      {'v', "v 0 [4, 8] [8, 1] 1 f32 cpu -1",
+       "expected a layout inside its buffer (it reaches byte 132 of a buffer of 128), got '[4, 8] [8, 1] 1"},
+      {'v', "v 0 [4, 8] [-8, 1] 0 f32 cpu -1", "expected dims and strides of at least 0"},
+      {'v', "v 0 [4, 8] [8, 1] 99999999999999999999 f32 cpu -1", "expected the value's offset within 64 bits"},
+      {'v', "v 0 [4, 8] [8, 1] 0 f32 cuda -1", "expected the device of buffer 0 (cpu)"},
+      {'o', "o 0 mul ( 0 ) ( 1 ) views 3:0 writes", "expected a view's output position in [0, 1), got '3:0"},
+      {'o', "o 0 mul ( 0 ) ( 1 ) views writes 5", "expected a written input's position in [0, 1), got '5'"},
+      {'o', "o 0 mul ( 2 ) ( 1 ) views writes", "expected inputs made by earlier ops (value 2 is made by op 1, this is op 0)"},
+      {'o', "v 0 [4] [1] 0 f32 cpu 0\n" + first_o,
+       "g.graph: value 4 names op 0 as its producer, but that op does not list it among its outputs"},
+  };
+  for (const auto& d : damaged) {
+    const size_t at = text.find(std::string("\n") + d.tag + " ") + 1;
+    const std::string bad = text.substr(0, at) + d.line + text.substr(text.find('\n', at));
+    EXPECT_THROW_MSG(parse_portable_graph_text(bad, "g.graph"), d.error);
+  }
+  EXPECT_THROW_MSG(parse_portable_graph_text(text.substr(0, text.find("\noutputs")), "g.graph"),
+                   "g.graph: the graph ends without its 'inputs' and 'outputs'");
   EXPECT_THROW_MSG(parse_portable_graph_text("x 1\n" + text, "g.graph"), "g.graph:1: expected a record");
   EXPECT_THROW_MSG(parse_exported_graph(text, "e.graph"), "e.graph: expected the header 'blu-fusion-graph 1'");
   EXPECT_THROW_MSG(parse_exported_graph("blu-fusion-graph 1\n" + text, "e.graph"), "e.graph:2: expected 'target <target>'");
