@@ -1,6 +1,6 @@
 // Fuzz target: a fusion plan read from the kernel cache (compiler/portable_graph's
 // parse_fusion_plan) for the captured step it belongs to — gpt2:tiny's training step on the CPU
-// (fuzz/seeds/gpt2_tiny_step.graph, as `bench --compile --compile-export` wrote it) — then what the
+// (fuzz/corpus/exported_graph/gpt2_tiny_step, as `bench --compile --compile-export` wrote it) — then what the
 // runtime does with its regions before it compiles one (compiler/fused_step.h's fuse_step): each
 // region's text (the kernel cache's key), whether the CPU emitter takes it and the source it
 // emits, and the schedule of the regions accepted so far. The graph is the runtime's own capture,
@@ -21,7 +21,7 @@ namespace {
 
 const blu::compiler::Graph& step() {
   static const blu::compiler::Graph g = [] {
-    const std::string path = std::string(BLU_FUZZ_SEEDS) + "/gpt2_tiny_step.graph";
+    const std::string path = std::string(BLU_FUZZ_CORPUS) + "/exported_graph/gpt2_tiny_step";
     std::ifstream f(path, std::ios::binary);
     std::ostringstream os;
     os << f.rdbuf();

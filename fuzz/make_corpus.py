@@ -159,11 +159,9 @@ put("store_protocol", "session", hello + req(1, b"k", b"v") + req(2, b"k", arg=1
 put("store_protocol", "requests_only", b"R" + req(3, b"c", arg=2**62) + req(3, b"c", arg=2**62) + req(1, b"x" * 10, b"y" * 200))
 put("store_protocol", "other_job", struct.pack("<II", 0x53554C42, 1) + lp(b"other") + bytes(32))
 
-# exported_graph: `bench --compile --compile-export` of gpt2:tiny on the CPU (fuzz/seeds), and a
-# hand-written three-op chain with every attribute type and a view
-seeds = os.path.join(root, "seeds")
-with open(os.path.join(seeds, "gpt2_tiny_step.graph"), "rb") as f:
-    gpt2_graph = f.read()
+# exported_graph: a hand-written three-op chain with every attribute type and a view. Beside it
+# the corpus keeps gpt2_tiny_step, written by `blutrain bench --device cpu --model gpt2:tiny -B 1
+# -T 8 --compile --compile-export DIR`, not by this script; fusion_plan reads it as its graph.
 chain = ("b 128 cpu 4\nb 128 cpu 0\nb 128 cpu 0\nb 128 cpu 7\n"
          "v 0 [4, 8] [8, 1] 0 f32 cpu -1\nv 1 [4, 8] [8, 1] 0 f32 cpu 0\nv 2 [4, 8] [8, 1] 0 f32 cpu 1\n"
          "v 3 [4, 8] [8, 1] 0 f32 cpu 2\nv 2 [8, 4] [1, 8] 0 f32 cpu 3\n"
@@ -172,13 +170,11 @@ chain = ("b 128 cpu 4\nb 128 cpu 0\nb 128 cpu 0\nb 128 cpu 7\n"
          "o 0 gelu ( 2 ) ( 3 ) views writes approximate#2=1\n"
          "o 1 permute ( 2 ) ( 4 ) views 0:0 writes dims#4=[1, 0]\n"
          "inputs 0\noutputs 3 4\n")
-put("exported_graph", "gpt2_tiny_step", gpt2_graph)
 put("exported_graph", "chain", "blu-fusion-graph 1\ntarget cuda-sm_90a -gelu\n" + chain)
 
-# fusion_plan: plans for gpt2:tiny's step (the target reads fuzz/seeds/gpt2_tiny_step.graph): the
-# one `blutrain compile --from-graph` made, and regions of the step's other fusible ops
-with open(os.path.join(seeds, "gpt2_tiny_step.plan"), "rb") as f:
-    put("fusion_plan", "gpt2_tiny_step", f.read())
+# fusion_plan: plans for gpt2:tiny's step (the target reads exported_graph/gpt2_tiny_step): beside
+# gpt2_tiny_step, the plan `blutrain compile --from-graph` made for it (kept, not written here),
+# regions of the step's other fusible ops
 put("fusion_plan", "other_regions", "blu-fusion-plan 1\nstructure 0\nregion pointwise 1024 100 101 102\n"
     "region rows 2048 150 151\nregion pointwise 64 280 281 282 283 284 285 286 287 288 289 290\n")
 

@@ -30,8 +30,8 @@ nlohmann::json read_json_file(const fs::path& path) {
   return {};
 }
 
-void write_file_atomic(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
+void write_file_atomic(const fs::path& path, const std::string& text, bool shared) {
+  const fs::path tmp = path.string() + ".tmp" + (shared ? std::to_string(::getpid()) : "");
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   BLU_CHECK(fd >= 0, "cannot create ", tmp.string(), ": ", std::strerror(errno));
   // Note [Write fault injection]: BLU_TEST_WRITE_FULL=<file name> sends this file's bytes to

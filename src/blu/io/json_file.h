@@ -14,8 +14,10 @@ namespace blu::io {
 // valid JSON: …".
 nlohmann::json read_json_file(const std::filesystem::path& path);
 // Writes `text` to `path` atomically (see the header comment; Note [Write fault injection] in the
-// .cpp for the tests' way to make it fail).
-void write_file_atomic(const std::filesystem::path& path, const std::string& text);
+// .cpp for the tests' way to make it fail). `shared`: other processes may write the same path at
+// the same time (ranks filling one kernel cache), so the temporary is this process's own
+// (`<path>.tmp<pid>`) instead of `<path>.tmp`.
+void write_file_atomic(const std::filesystem::path& path, const std::string& text, bool shared = false);
 // j.dump(2) and a newline, atomically.
 void write_json_file(const std::filesystem::path& path, const nlohmann::json& j);
 

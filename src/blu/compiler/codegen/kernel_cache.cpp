@@ -1,18 +1,14 @@
 // compiler/codegen/kernel_cache: see kernel_cache.h.
 #include "blu/compiler/codegen/kernel_cache.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "blu/core/error.h"
+#include "blu/io/json_file.h"
 
 namespace blu::compiler {
 namespace fs = std::filesystem;
@@ -32,36 +28,20 @@ std::optional<std::string> read_file(const fs::path& p) {
   return os.str();
 }
 
-// Written to a temporary of this process's own (ranks compiling the same kernel write the same
-// entry at once), flushed to the disk, then renamed over `p`.
-void write_atomic(const fs::path& p, const std::string& bytes) {
-  const fs::path tmp = p.string() + ".tmp" + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  BLU_CHECK(fd >= 0, "kernel cache: cannot create ", tmp.string(), ": ", std::strerror(errno));
-  size_t done = 0;
-  int err = 0;
-  while (done < bytes.size() && !err) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) err = n < 0 ? errno : EIO;
-    else done += size_t(n);
-  }
-  if (!err && ::fsync(fd) != 0) err = errno;
-  if (::close(fd) != 0 && !err) err = errno;
-  if (!err && ::rename(tmp.c_str(), p.c_str()) != 0) err = errno;
-  if (err) {
-    ::unlink(tmp.c_str());
-    BLU_CHECK(false, "kernel cache: cannot write ", p.string(), ": ", std::strerror(err));
-  }
-}
-
-// What <key>.sum holds: the artefact's byte count and two 64-bit hashes of its bytes.
-std::string artefact_sum(const std::string& bytes) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%zu %016llx%016llx\n", bytes.size(), (unsigned long long)fnv1a(bytes),
-                (unsigned long long)fnv1a(bytes, 0x9e3779b97f4a7c15ull));
+// Two independent 64-bit hashes as 32 hex digits: 128 bits, so distinct inputs do not meet in
+// practice.
+std::string hash128(const std::string& s) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", (unsigned long long)fnv1a(s),
+                (unsigned long long)fnv1a(s, 0x9e3779b97f4a7c15ull));
   return buf;
 }
+
+// Ranks compiling the same kernel write the same entry at once: each through a temporary of its own.
+void write_atomic(const fs::path& p, const std::string& bytes) { io::write_file_atomic(p, bytes, /*shared=*/true); }
+
+// What <key>.sum holds: the artefact's byte count and hash.
+std::string artefact_sum(const std::string& bytes) { return std::to_string(bytes.size()) + " " + hash128(bytes) + "\n"; }
 
 }  // namespace
 
@@ -73,13 +53,8 @@ std::string kernel_cache_dir() {
 }
 
 std::string kernel_cache_key(const std::string& region_text, const std::string& target, const std::string& toolchain) {
-  // Two independent 64-bit hashes: 128 bits, so distinct regions do not meet in practice (and a
-  // meeting is caught by the stored text).
-  const std::string all = region_text + "\n#target " + target + "\n#toolchain " + toolchain;
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%016llx%016llx", (unsigned long long)fnv1a(all),
-                (unsigned long long)fnv1a(all, 0x9e3779b97f4a7c15ull));
-  return buf;
+  // A meeting of two regions' hashes is caught by the stored text.
+  return hash128(region_text + "\n#target " + target + "\n#toolchain " + toolchain);
 }
 
 std::optional<std::string> kernel_cache_find(const std::string& key, const std::string& ext,

@@ -7,9 +7,9 @@
 // change in any of them — an emitter's included — misses. The directory is
 // $BLU_KERNEL_CACHE, else $XDG_CACHE_HOME/blutrain/kernels, else ~/.cache/blutrain/kernels.
 // `blutrain compile` fills it where MLIR is installed; a build without MLIR only reads it.
-// Depends on nothing of the compiler but the region text. Keep: entries are written atomically
-// (temporary file, fsync, rename), so a killed compile or a crashed machine never leaves a
-// half-written kernel; a hit is checked against the stored region text (a hash collision is a
+// Depends on io/json_file (the atomic write) and nothing of the compiler but the region text.
+// Keep: entries are written atomically (temporary file, fsync, rename), so a killed compile or a
+// crashed machine never leaves a half-written kernel; a hit is checked against the stored region text (a hash collision is a
 // miss, never a wrong kernel) and its artefact against its sum (bytes damaged on disk are a miss,
 // logged, and the entry is made again; an entry with no sum file is taken unchecked, so caches
 // filled by earlier versions still load).
