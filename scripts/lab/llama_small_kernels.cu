@@ -10,6 +10,11 @@
 //   early      the pending gradient loaded with g and x (before the row sum)
 //   asyncN     each warp's rows staged through shared memory by cp.async, N stages of (g, x,
 //              pending); the column sums in registers, added over the warps at the end
+//   two warps  two warps a row (2 vectors a thread), the row's sum through shared memory behind a
+//              named barrier, the column sums in registers; blocks of 128–512 threads, with and
+//              without launch bounds that hold it to 64 or 80 registers
+//   bytes      no norm at all: gx = g + x + pending, once with base's rows and grid, once as a
+//              flat grid-stride pass — the traffic's own time at this size, the bound for any variant
 // RoPE:
 //   base       one thread a 16-byte vector of one head (j, j + D/2), cos/sin read per head
 //   heads=G    one thread the same vector of G heads of one token, cos/sin read once for them
@@ -239,6 +244,113 @@ __global__ void __launch_bounds__(BLOCK) rms_bwd_async(const T* __restrict__ g, 
   }
 }
 
+// The bytes alone: gx = g + x + pending over the same [R, C] rows, as base reads and writes them
+// (one warp a row, 4 rows a block, 512 blocks) and as a flat grid-stride copy (8 blocks of 256 a
+// multiprocessor): what the RMSNorm backward's traffic can take at best at this size.
+__global__ void __launch_bounds__(BLOCK) stream_rows(const T* __restrict__ g, const T* __restrict__ x,
+                                                     const T* __restrict__, const float* __restrict__, int64_t R,
+                                                     int C, const T* __restrict__ pending, T* __restrict__ gx,
+                                                     float* __restrict__) {
+  const int t = threadIdx.x % TPR, group = threadIdx.x / TPR, nvec = C / V;
+  for (int64_t row = int64_t(blockIdx.x) * RPB + group; row < R; row += int64_t(gridDim.x) * RPB)
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int vi = t + TPR * j;
+      if (vi >= nvec) continue;
+      const Vec16 a = reinterpret_cast<const Vec16*>(g + row * C)[vi], b = reinterpret_cast<const Vec16*>(x + row * C)[vi],
+                  c = reinterpret_cast<const Vec16*>(pending + row * C)[vi];
+      Vec16 o;
+#pragma unroll
+      for (int e = 0; e < V; ++e) o.v[e] = to_t(to_f(a.v[e]) + to_f(b.v[e]) + to_f(c.v[e]));
+      reinterpret_cast<Vec16*>(gx + row * C)[vi] = o;
+    }
+}
+__global__ void __launch_bounds__(256) stream_flat(const T* __restrict__ g, const T* __restrict__ x,
+                                                   const T* __restrict__ pending, T* __restrict__ gx, int64_t nvec) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < nvec; i += int64_t(gridDim.x) * blockDim.x) {
+    const Vec16 a = reinterpret_cast<const Vec16*>(g)[i], b = reinterpret_cast<const Vec16*>(x)[i],
+                c = reinterpret_cast<const Vec16*>(pending)[i];
+    Vec16 o;
+#pragma unroll
+    for (int e = 0; e < V; ++e) o.v[e] = to_t(to_f(a.v[e]) + to_f(b.v[e]) + to_f(c.v[e]));
+    reinterpret_cast<Vec16*>(gx)[i] = o;
+  }
+}
+
+// Two warps a row (TPR2 = 64 threads, NV2 = 2 vectors a thread for C = 1024), BLOCK2 threads a
+// block: the row's sum is the two warps' sums through shared memory behind a named barrier of the
+// row's 64 threads (two slots used in turn, so one barrier a row suffices); a thread's column sums
+// stay in registers (it owns the same columns in every row) and the block adds its rows' sums in
+// group order at the end. Half the registers of base a thread, so twice the warps a multiprocessor.
+template <int BLOCK2, int kMinBlocks2 = 1>
+__global__ void __launch_bounds__(BLOCK2, kMinBlocks2) rms_bwd_two_warps(const T* __restrict__ g, const T* __restrict__ x,
+                                                            const T* __restrict__ w, const float* __restrict__ rstd_in,
+                                                            int64_t R, int C, const T* __restrict__ pending,
+                                                            T* __restrict__ gx, float* __restrict__ partial) {
+  constexpr int TPR2 = 64, NV2 = 2, RPB2 = BLOCK2 / TPR2;
+  __shared__ float red[RPB2][2][2];
+  __shared__ float sums[RPB2][1024];
+  const int t = threadIdx.x % TPR2, group = threadIdx.x / TPR2, half = t / 32, nvec = C / V;
+  Vec16 wv[NV2];
+  float acc[NV2][V];
+#pragma unroll
+  for (int j = 0; j < NV2; ++j) {
+    const int vi = t + TPR2 * j;
+#pragma unroll
+    for (int e = 0; e < V; ++e) wv[j].v[e] = to_t(1.f), acc[j][e] = 0.f;
+    if (w && vi < nvec) wv[j] = reinterpret_cast<const Vec16*>(w)[vi];
+  }
+  int it = 0;
+#pragma unroll 1
+  for (int64_t row = int64_t(blockIdx.x) * RPB2 + group; row < R; row += int64_t(gridDim.x) * RPB2, ++it) {
+    float gv[NV2][V], xh[NV2][V];
+#pragma unroll
+    for (int j = 0; j < NV2; ++j) {
+      const Vec16 a = reinterpret_cast<const Vec16*>(g + row * C)[t + TPR2 * j];
+      const Vec16 b = reinterpret_cast<const Vec16*>(x + row * C)[t + TPR2 * j];
+#pragma unroll
+      for (int e = 0; e < V; ++e) gv[j][e] = to_f(a.v[e]), xh[j][e] = to_f(b.v[e]);
+    }
+    const float rstd = rstd_in[row];
+    float sgx = 0.f;
+#pragma unroll
+    for (int j = 0; j < NV2; ++j)
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        xh[j][e] = xh[j][e] * rstd;
+        sgx += gv[j][e] * to_f(wv[j].v[e]) * xh[j][e];
+      }
+    sgx = warp_sum(sgx);
+    if (t % 32 == 0) red[group][it & 1][half] = sgx;
+    asm volatile("bar.sync %0, %1;" ::"r"(group + 1), "r"(TPR2) : "memory");
+    sgx = (red[group][it & 1][0] + red[group][it & 1][1]) / float(C);
+#pragma unroll
+    for (int j = 0; j < NV2; ++j) {
+      const int vi = t + TPR2 * j;
+      Vec16 o, pv;
+      if (pending) pv = reinterpret_cast<const Vec16*>(pending + row * C)[vi];
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float gh = gv[j][e] * to_f(wv[j].v[e]);
+        o.v[e] = to_t(rstd * (gh - xh[j][e] * sgx));
+        if (pending) o.v[e] = to_t(__fadd_rn(to_f(o.v[e]), to_f(pv.v[e])));
+        acc[j][e] += gv[j][e] * xh[j][e];
+      }
+      reinterpret_cast<Vec16*>(gx + row * C)[vi] = o;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < NV2; ++j)
+#pragma unroll
+    for (int e = 0; e < V; ++e) sums[group][(t + TPR2 * j) * V + e] = acc[j][e];
+  __syncthreads();
+  for (int col = threadIdx.x; col < C; col += BLOCK2) {
+    float tw = 0.f;
+    for (int k = 0; k < RPB2; ++k) tw += sums[k][col];
+    partial[int64_t(blockIdx.x) * C + col] = tw;
+  }
+}
+
 __global__ void rms_final(const float* __restrict__ partial, int64_t chunks, int64_t C, T* __restrict__ gw) {
   __shared__ double s[32][33];
   const int64_t col = int64_t(blockIdx.x) * 32 + threadIdx.x;
@@ -415,20 +527,34 @@ int main() {
         {"async2 512", rms_bwd_async<2>, 512},          {"async3 512", rms_bwd_async<3>, 512},
         {"async2 1024", rms_bwd_async<2>, 1024},        {"async3 3/SM", rms_bwd_async<3>, 3 * sms},
         {"async4 512", rms_bwd_async<4>, 512},
+        {"two warps 256x512", rms_bwd_two_warps<256>, 512}, {"two warps 128x1024", rms_bwd_two_warps<128>, 1024},
+        {"two warps 256x4/SM", rms_bwd_two_warps<256>, 4 * sms}, {"two warps 512x256", rms_bwd_two_warps<512>, 256},
+        {"two warps lb 256x512", rms_bwd_two_warps<256, 4>, 512}, {"two warps lb 128x1024", rms_bwd_two_warps<128, 8>, 1024},
+        {"two warps lb 256x4/SM", rms_bwd_two_warps<256, 4>, 4 * sms},
+        {"two warps lb3 256x512", rms_bwd_two_warps<256, 3>, 512}, {"two warps lb3 256x3/SM", rms_bwd_two_warps<256, 3>, 3 * sms},
+        {"bytes: rows 512", stream_rows, 512},       {"bytes: rows 4/SM", stream_rows, 4 * sms},
     };
     for (const Variant& v : variants) {
       size_t sm = smem;
       if (v.kern == rms_bwd_async<2>) sm = size_t(RPB) * 2 * 3 * C * sizeof(T);
       if (v.kern == rms_bwd_async<3>) sm = size_t(RPB) * 3 * 3 * C * sizeof(T);
       if (v.kern == rms_bwd_async<4>) sm = size_t(RPB) * 4 * 3 * C * sizeof(T);
-      CK(cudaFuncSetAttribute(v.kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sm)));
+      const bool two = v.kern == rms_bwd_two_warps<256> || v.kern == rms_bwd_two_warps<128> ||
+                       v.kern == rms_bwd_two_warps<512> || v.kern == rms_bwd_two_warps<256, 4> || v.kern == rms_bwd_two_warps<256, 3> ||
+                       v.kern == rms_bwd_two_warps<128, 8>;
+      const int threads = v.kern == rms_bwd_two_warps<128> || v.kern == rms_bwd_two_warps<128, 8> ? 128
+                          : v.kern == rms_bwd_two_warps<512>                                    ? 512
+                          : two                                                                 ? 256
+                                                                                                : BLOCK;
+      if (two || v.kern == stream_rows) sm = 0;
+      if (sm) CK(cudaFuncSetAttribute(v.kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sm)));
       auto go = [&](int k, T* out) {
-        v.kern<<<v.blocks, BLOCK, sm>>>(g[k], x[k], w, rstd, R, int(C), p[k], out, partial);
+        v.kern<<<v.blocks, threads, sm>>>(g[k], x[k], w, rstd, R, int(C), p[k], out, partial);
         rms_final<<<dim3(unsigned(C / 32)), dim3(32, 32)>>>(partial, v.blocks, C, gw);
       };
       const float us = time_us([&](int i) {
         const int k = i % kCopies;
-        v.kern<<<v.blocks, BLOCK, sm>>>(g[k], x[k], w, rstd, R, int(C), p[k], gx[k], partial);
+        v.kern<<<v.blocks, threads, sm>>>(g[k], x[k], w, rstd, R, int(C), p[k], gx[k], partial);
       });
       const float us_final = time_us([&](int) { rms_final<<<dim3(unsigned(C / 32)), dim3(32, 32)>>>(partial, v.blocks, C, gw); });
       go(0, gx[0]);
@@ -438,6 +564,11 @@ int main() {
       std::printf("  %-20s %7.2f us  %5.2f TB/s  gx %s%s; the partial rows' sum %.2f us\n", v.name, us,
                   bytes / us / 1e6, gx_same ? "bitwise" : "DIFFERS", gw_same ? "" : ", gw DIFFERS", us_final);
     }
+    const float flat = time_us([&](int i) {
+      const int k = i % kCopies;
+      stream_flat<<<8 * sms, 256>>>(g[k], x[k], p[k], gx[k], n / V);
+    });
+    std::printf("  %-20s %7.2f us  %5.2f TB/s\n", "bytes: flat 8/SM", flat, bytes / flat / 1e6);
   }
   // RoPE.
   {
