@@ -214,7 +214,7 @@ FusedLaunch checked_launch(FusedLaunch launch, FusedRegion region, std::function
   };
 }
 
-FusedGraph fuse_step(const Graph& g, std::vector<FusedRegion> regions) {
+FusedGraph fuse_step(const Graph& g, std::vector<FusedRegion> regions, const KernelLoader& load) {
   FusedGraph f;
   f.capture_ops = int(g.ops.size());
   f.capture_values = int(g.values.size());
@@ -243,7 +243,7 @@ FusedGraph fuse_step(const Graph& g, std::vector<FusedRegion> regions) {
         try {
           bool compiled = false;
           size_t scratch = 0;
-          launches.push_back(load_launch(g, r, &compiled, &scratch));
+          launches.push_back(load ? load(g, r, &compiled, &scratch) : load_launch(g, r, &compiled, &scratch));
           f.kernel_scratch = std::max(f.kernel_scratch, scratch);
           (compiled ? f.kernels_compiled : f.kernels_cached) += 1;
           order = std::move(o);

@@ -56,11 +56,18 @@ struct FusedGraph {
 // The graph unchanged: every op runs as captured.
 FusedGraph unfused(const Graph& g);
 
+// How an accepted region's kernel becomes a launch: sets *compiled (made now, not found in the
+// cache) and *scratch (workspace bytes a launch takes), or throws with the reason its region is
+// refused.
+using KernelLoader = std::function<FusedLaunch(const Graph&, const FusedRegion&, bool* compiled, size_t* scratch)>;
+
 // Accepts what it can of `regions` (see the header comment) and loads each accepted region's
 // kernel (emitted C++, compiler/codegen/cpu_kernel.h; on a CUDA device emitted CUDA C through
 // NVRTC, compiler/codegen/cuda_module.h) from the kernel cache or compiles it into the cache. A
 // region with an op its device's emitter does not cover is refused and runs its eager kernels.
-FusedGraph fuse_step(const Graph& g, std::vector<FusedRegion> regions);
+// `load` replaces the cache and the compilers (fuzz/fusion_plan.cpp: a plan's regions taken
+// through the same acceptance and rewrite without compiling them).
+FusedGraph fuse_step(const Graph& g, std::vector<FusedRegion> regions, const KernelLoader& load = {});
 
 // Check mode (BLU_COMPILE_CHECK=1; compiler/codegen/region_check.h) in the compiled step: the
 // first time the returned launch runs it copies its inputs, runs `launch`, then runs the region's
