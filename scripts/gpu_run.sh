@@ -383,8 +383,9 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
       # (B=8), as fast as it goes and in at most 0.6x of torch.compile's memory (CHECK_GPT2_LOW,
       # CHECK_LLAMA_LOW: the arguments for that), REPS (2) times in turn, with both torch.compile
       # peers before and after (their step moves from call to call, Llama's most); check.log, and a
-      # table at the end: each setting's runs, their ratios to both peers, and its peak against the
-      # smaller of the peers' peaks.
+      # table at the end: each setting's runs, their ratios to both peers, and its peaks (the most
+      # allocated, and the most the allocator reserved: torch.cuda.max_memory_allocated and
+      # max_memory_reserved on the peers' side) against the smaller of the peers' peaks.
       g=("$pack/blutrain" bench --device cuda --precision bf16 -T 1024 --steps 30 --compile --gemm-tune on)
       G="--model gpt2:d12 -B 16"; L="--model llama:llama-250m -B 8 --lr 3e-4 --beta2 0.95"
       low_g="${CHECK_GPT2_LOW:---compile-remat --loss-chunks 8}"
@@ -399,26 +400,31 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
       peers_pair check.log bf16c > /dev/null
       python3 - "$out/check.log" <<'PY'
 import json, sys
-cur, runs, peers = '', {}, {}  # runs: config -> [(tok/s, MiB)]; peers: model -> [(tok/s, MiB)]
+# runs: config -> [(tok/s, peak allocated MiB, peak reserved MiB)]; peers: model -> the same
+cur, runs, peers = '', {}, {}
 for line in open(sys.argv[1]):
     if line.startswith('=='):
         cur = line[3:].strip()
     elif line.startswith('{'):
         j = json.loads(line)
+        r = (j['tok_s'], j['peak_alloc_mib'], j.get('peak_reserved_mib', 0))
         if 'peer' in j:
-            peers.setdefault('llama' if 'llama' in j.get('model', '') else 'gpt2', []).append((j['tok_s'], j['peak_alloc_mib']))
+            peers.setdefault('llama' if 'llama' in j.get('model', '') else 'gpt2', []).append(r)
         else:
-            runs.setdefault(cur, []).append((j['tok_s'], j['peak_alloc_mib']))
+            runs.setdefault(cur, []).append(r)
     else:
         print(line.strip()[:200])
 for model, ps in peers.items():
-    print(f"torch.compile {model}: " + " / ".join(f"{t:,.0f}" for t, _ in ps) + " tok/s, " + " / ".join(f"{m:,}" for _, m in ps) + " MiB")
+    print(f"torch.compile {model}: " + " / ".join(f"{t:,.0f}" for t, _, _ in ps) + " tok/s, allocated " +
+          " / ".join(f"{m:,}" for _, m, _ in ps) + " MiB, reserved " + " / ".join(f"{r:,}" for _, _, r in ps) + " MiB")
 for cfg, rs in runs.items():
     ps = peers.get('llama' if 'llama' in cfg else 'gpt2', [])
-    line = " / ".join(f"{t:,.0f}" for t, _ in rs) + f" tok/s, {max(m for _, m in rs):,} MiB"
+    alloc, res = max(m for _, m, _ in rs), max(r for _, _, r in rs)
+    line = " / ".join(f"{t:,.0f}" for t, _, _ in rs) + f" tok/s, allocated {alloc:,} MiB, reserved {res:,} MiB"
     if ps:
-        ratios = [t / p for t, _ in rs for p, _ in ps]
-        line += f": {min(ratios):.2f}-{max(ratios):.2f}x torch.compile in {max(m for _, m in rs) / min(m for _, m in ps):.3f}x its memory"
+        ratios = [t / p for t, _, _ in rs for p, _, _ in ps]
+        line += (f": {min(ratios):.2f}-{max(ratios):.2f}x torch.compile in {alloc / min(m for _, m, _ in ps):.3f}x its"
+                 f" allocated and {res / min(r for _, _, r in ps):.3f}x its reserved memory")
     print(f"{line}  ({cfg})")
 PY
       ;;

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <functional>
 #include <map>
@@ -29,6 +30,7 @@
 #include "blu/backend/cuda/gemm.h"
 #include "blu/backend/cuda/runtime.h"
 #include "blu/core/cuda/runtime.h"
+#include "blu/memory/cuda_allocator.h"
 #endif
 
 #include "blu/blu.h"
@@ -42,6 +44,7 @@
 #include "blu/dist/planner.h"
 #include "blu/dist/strategy.h"
 #include "blu/dist/zero.h"
+#include "blu/io/json_file.h"
 #include "blu/models/registry.h"
 #include "blu/ops/dispatch.h"
 #include "blu/optim/loss_scaler.h"
@@ -304,7 +307,7 @@ int run_bench_layout(const BenchOptions& o) {
                            ms.end());
   // The slowest rank's median step and the largest peak over the ranks.
   std::vector<double> measured = {median_of(warm), double(allocator_for(dev).stats().peak_bytes),
-                                  double(allocator_for(dev).stats().reserved_bytes)};
+                                  double(allocator_for(dev).stats().peak_reserved_bytes)};
   if (groups.job) {
     Tensor t = from_vector(measured, {3}, DType::f64);
     if (!dev.is_cpu()) t = to_device(t, dev);
@@ -576,7 +579,7 @@ int run_bench(const BenchOptions& o) {
   nlohmann::json j = {{"impl", "blutrain-" BLU_VERSION}, {"host_heap", host_heap()}, {"model", o.model}, {"mode", o.precision},  {"B", o.batch},
                       {"T", o.seq},                       {"steps", o.steps},     {"step_ms", med},
                       {"tok_s", std::round(tok_s)},       {"peak_alloc_mib", st.peak_bytes >> 20},
-                      {"peak_reserved_mib", st.reserved_bytes >> 20},
+                      {"peak_reserved_mib", st.peak_reserved_bytes >> 20},
                       {"first_loss", first_loss},         {"last_loss", last_loss}};
   if (o.loss_chunks > 1) j["loss_chunks"] = o.loss_chunks;
   if (activations.any()) {  // the policy and what it keeps per block (models/activations.h)
@@ -591,6 +594,17 @@ int run_bench(const BenchOptions& o) {
       kept += double(a.kept), off += double(a.offloaded), rec += double(a.recomputed);
     j["activation_mib"] = {{"kept", kept / (1 << 20)}, {"offloaded", off / (1 << 20)}, {"recomputed", rec / (1 << 20)}};
   }
+#ifdef BLU_HAVE_CUDA
+  if (dev.is_cuda()) {  // what the caching allocator holds at the end beyond the live tensors
+    const CachingAllocatorStats cs = cuda::memory_stats(dev.index);
+    j["allocator"] = {{"reserved_mib", cs.reserved_bytes >> 20},
+                      {"cached_free_mib", cs.free_bytes >> 20},
+                      {"largest_free_mib", cs.largest_free_block >> 20},
+                      {"segments", cs.segments}};
+    // Every segment and block, for a look at what the cache holds (docs/cuda.md).
+    if (const char* path = std::getenv("BLU_MEMORY_SNAPSHOT"); path && *path) io::write_file_atomic(path, cuda::memory_snapshot());
+  }
+#endif
   {  // offload: what the device holds per parameter after a step (parameters, gradients, copies, state)
     int64_t n = 0;
     for (const Tensor& p : model.parameters()) n += p.numel();

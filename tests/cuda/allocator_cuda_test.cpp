@@ -20,6 +20,7 @@
 #include "blu/backend/cuda/runtime.h"
 #include "blu/blu.h"
 #include "blu/memory/cuda_allocator.h"
+#include "blu/optim/state_io.h"
 #include "cuda/cuda_test_util.h"
 
 namespace blu {
@@ -146,6 +147,32 @@ TEST(CudaAllocator, StatsPeakEmptyCacheSnapshot) {
   EXPECT_LE(s3.reserved_bytes, s2.reserved_bytes - (int64_t(64) << 20));
   EXPECT_GT(s3.raw_frees, s2.raw_frees);
   EXPECT_EQ(s3.reserved_bytes - s3.allocated_bytes, s3.free_bytes);
+}
+
+// Note [Optimizer state in one buffer]: the state's buffer is made after the allocator's free
+// segments go back, so the first update, which comes after the first backward freed its
+// activations, does not hold a cached activation segment and the state's own at once. Peak
+// reserved (what torch.cuda.max_memory_reserved reports) follows the segments.
+TEST(CudaAllocator, OptimizerStateIsMadeAfterTheCacheGoesBack) {
+  SKIP_WITHOUT_CUDA();
+  constexpr int64_t kMiB = int64_t(1) << 20;
+  const Tensor like = empty({8 * kMiB}, DType::f32, kGPU);  // a 32 MiB parameter
+  BLU_CUDA_CHECK(cudaDeviceSynchronize());
+  cuda::empty_cache();
+  cuda::reset_peak_memory_stats(0);
+  const CachingAllocatorStats s0 = cuda::memory_stats(0);
+  // Larger than any free block the earlier tests' live segments leave: a segment of its own.
+  const int64_t act = (s0.largest_free_block / kMiB + 64) * kMiB;
+  { Tensor activation = empty({act}, DType::u8, kGPU); }  // freed: its segment stays cached
+  BLU_CUDA_CHECK(cudaDeviceSynchronize());
+  const CachingAllocatorStats s1 = cuda::memory_stats(0);
+  ASSERT_GE(s1.reserved_bytes, s0.reserved_bytes + act);
+  const std::vector<Tensor> state = optim::detail::packed_zeros({like}, "test state");
+  const CachingAllocatorStats s2 = cuda::memory_stats(0);
+  // The activation's segment went back; kept, it would still be reserved beside the state.
+  EXPECT_LE(s2.reserved_bytes, s1.reserved_bytes - act + 34 * kMiB);
+  EXPECT_EQ(allocator_for(kGPU).stats().peak_reserved_bytes, s2.reserved_peak);
+  EXPECT_GE(s2.reserved_peak, s0.reserved_bytes + act);  // the activation's segment, while it lived
 }
 
 TEST(CudaAllocator, OutOfMemoryReportsAndRecovers) {

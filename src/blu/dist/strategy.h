@@ -233,6 +233,8 @@ class Strategy {
   nlohmann::json layout_json() const;
   // The factor of this rank's loss (batch_share × replicas; 1 for an even split).
   double share_factor_ = 1;
+  // Note [Compute copies laid out first] (strategy.cpp): one token's forward before the first step.
+  void lay_out_compute_copies();
   // offload.masters_on_host: the optimizer that holds the released parameters' values.
   void release_masters();
   offload::OffloadAdamW* masters_ = nullptr;

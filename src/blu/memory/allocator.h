@@ -20,6 +20,8 @@ struct AllocatorStats {
   int64_t allocs = 0;         // allocate() calls
   int64_t frees = 0;          // releases
   int64_t reserved_bytes = 0; // held from the system (== current for allocators that do not cache)
+  int64_t peak_reserved_bytes = 0;  // highest reserved_bytes since the last reset_peak() (what
+                                    // torch.cuda.max_memory_reserved reports)
 };
 
 class Allocator {

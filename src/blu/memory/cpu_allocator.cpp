@@ -28,6 +28,7 @@ AllocatorStats StatCounters::snapshot() const {
   s.allocs = allocs_.load();
   s.frees = frees_.load();
   s.reserved_bytes = s.current_bytes;
+  s.peak_reserved_bytes = s.peak_bytes;
   return s;
 }
 

@@ -130,6 +130,7 @@ class CudaDeviceAllocator final : public Allocator {
     a.allocs = s.allocs;
     a.frees = s.frees;
     a.reserved_bytes = s.reserved_bytes;
+  a.peak_reserved_bytes = s.reserved_peak;
     return a;
   }
   void reset_peak() override { caching_.reset_peak(); }
@@ -137,6 +138,10 @@ class CudaDeviceAllocator final : public Allocator {
   void tag(void* ptr, MemoryTag tag) override { caching_.tag(ptr, std::move(tag)); }
   void release_cached() override {
     DeviceGuard g(device_);
+    // cudaFree is not allowed while the stream records a CUDA graph: the cache stays then.
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(current_stream(), &capturing) == cudaSuccess && capturing != cudaStreamCaptureStatusNone)
+      return;
     caching_.empty_cache();
   }
   CachingAllocator& caching() { return caching_; }
@@ -237,6 +242,7 @@ AllocatorStats PinnedAllocator::stats() const {
   a.allocs = s.allocs;
   a.frees = s.frees;
   a.reserved_bytes = s.reserved_bytes;
+  a.peak_reserved_bytes = s.reserved_peak;
   return a;
 }
 void PinnedAllocator::reset_peak() { pinned_state().caching.reset_peak(); }

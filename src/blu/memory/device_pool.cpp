@@ -61,6 +61,7 @@ AllocatorStats DevicePool::stats() const {
   s.allocs = allocs_;
   s.frees = frees_;
   s.reserved_bytes = current_;
+  s.peak_reserved_bytes = peak_;
   return s;
 }
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <set>
 
+#include "blu/memory/allocator.h"
 #include "blu/memory/memory_report.h"
 #include "blu/ops/factory.h"
 #include "blu/ops/view.h"
@@ -83,6 +84,10 @@ std::vector<Tensor> packed_zeros(const std::vector<Tensor>& likes, const char* l
     flats[f].numel += (likes[i].numel() + kAlign - 1) / kAlign * kAlign;
   }
   for (Flat& f : flats) {
+    // The first update makes the state after the first backward has freed its activations; a
+    // caching allocator keeps their segments, which a buffer this large rarely fits, so it would
+    // hold them and a new segment at once (the run's reserved peak). They go back first.
+    allocator_for(f.device).release_cached();
     f.buffer = zeros({f.numel}, DType::f32, f.device);
     tag_memory(f.buffer, MemoryCategory::optimizer_state, label);
   }

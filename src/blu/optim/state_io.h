@@ -52,8 +52,9 @@ Tensor f32_copy(const Tensor& src, const Tensor& like);
 // boundary (the CPU pools' rounding, and past the 16 bytes of the GPU kernels' vector loads).
 // Made one by one, a model's moments are as many allocations as it has parameters, each rounded by
 // the device allocator and placed in whatever freed block the first step left; one allocation
-// holds their bytes and leaves no hole for a later step to fill. The allocation is tagged as
-// optimizer state (memory/memory_report.h) with `label`.
+// holds their bytes and leaves no hole for a later step to fill. The cached free segments of the
+// device's allocator are given back before it is made (the first backward's activations, freed by
+// then). The allocation is tagged as optimizer state (memory/memory_report.h) with `label`.
 // packed_zeros gives f32 zeros shaped like each of `likes`; packed_copies gives f32 copies of
 // `values[i]` shaped like `likes[i]` (a loaded checkpoint's state), in the same layout.
 std::vector<Tensor> packed_zeros(const std::vector<Tensor>& likes, const char* label);
