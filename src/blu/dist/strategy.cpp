@@ -245,6 +245,18 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<ProcessGroup> pg, Strategy
   tag_parameters(model_);
 }
 
+namespace {
+// One token's forward in eval mode (no dropout draws from the generator), without autograd: what
+// makes the compute copy of every parameter a forward reads (the two notes below).
+void forward_one_token(models::CausalLM& lm, Device device) {
+  NoGradGuard no_grad;
+  const bool training = lm.is_training();
+  lm.eval();
+  lm.forward(zeros({1, 1}, DType::i64, device));
+  lm.train(training);
+}
+}  // namespace
+
 // Note [Compute copies laid out first]
 // A 16-bit run's compute copies (Note [Compute copies], nn/compute_copy.h) are made by the first
 // forward, each as its parameter is first read, between that forward's activations in the caching
@@ -263,11 +275,7 @@ void Strategy::lay_out_compute_copies() {
   if (!lm || params_.empty() || config_.tp || config_.zero == 3 || !model_.compute_copies_enabled() ||
       lm->compute_dtype() == params_.front().dtype())
     return;
-  NoGradGuard no_grad;
-  const bool training = model_.is_training();
-  model_.eval();
-  lm->forward(zeros({1, 1}, DType::i64, params_.front().device()));
-  model_.train(training);
+  forward_one_token(*lm, params_.front().device());
 }
 
 // Note [Masters on the host] (offload/offload_adamw.h). One token's forward, in eval mode (no
@@ -281,13 +289,7 @@ void Strategy::release_masters() {
   std::set<const Storage*> looked_up;
   for (const auto& [path, m] : model_.named_modules())
     if (auto* e = dynamic_cast<nn::Embedding*>(m)) looked_up.insert(e->weight.storage().get());
-  {
-    NoGradGuard no_grad;
-    const bool training = model_.is_training();
-    model_.eval();
-    lm->forward(zeros({1, 1}, DType::i64, params_.front().device()));
-    model_.train(training);
-  }
+  forward_one_token(*lm, params_.front().device());
   released_elements_ = masters_->release_parameters(
       [&](const std::string&, const Tensor& p) { return !looked_up.count(p.storage().get()); });
   BLU_CHECK(released_elements_ > 0, "fp32 masters on the host: no parameter is read through a 16-bit compute copy ",
