@@ -318,6 +318,10 @@ PYBIND11_MODULE(blutrain, m) {
         o.loss_chunks = py::cast<int64_t>(v);
         continue;
       }
+      if (key == "master_weights") {  // likewise: recorded only when "split"
+        o.master_weights = py::cast<std::string>(v);
+        continue;
+      }
       BLU_CHECK(j.contains(key), "train: unknown option '", key, "' (the options are run.json's keys, and allow_changes)");
       j[key] = key == "model" && py::isinstance<py::str>(v) ? models::resolve_model_config(py::cast<std::string>(v))
                                                              : py_to_json(v);

@@ -68,6 +68,7 @@ struct BenchOptions {
   // Optimizer state offload (docs/offload.md) and micro-batches per optimizer step.
   int64_t grad_accum = 1;
   std::string offload_state = "none", offload_update = "cpu";
+  std::string master_weights = "fp32";  // or split (optim/master_split.h)
   int64_t offload_chunk = int64_t(1) << 22;
   bool offload_overlap = false;
   double gpu_memory_budget = 0;
@@ -197,9 +198,10 @@ int run_bench_layout(const BenchOptions& o) {
   BLU_CHECK(o.dp == 1 && o.zero == 0, "--parallel '", o.parallel, "' states the layout: drop --dp ", o.dp,
             " and --zero ", o.zero, " (replicate(n, zero=k) says both)");
   BLU_CHECK(!o.compile && !o.profile && !o.comm_timeline && o.offload_state == "none" && o.recompute == "none" &&
-                !o.offload_activations && o.grad_accum == 1 && o.loss_chunks == 0,
+                !o.offload_activations && o.grad_accum == 1 && o.loss_chunks == 0 && o.master_weights == "fp32",
             "--parallel: --compile, --profile, --comm-timeline, --offload-state, --recompute, --offload-activations, ",
-            "--loss-chunks and --grad-accum run without a layout (a pipeline's micro=M is its accumulation)");
+            "--loss-chunks, --master-weights and --grad-accum run without a layout (a pipeline's micro=M is its ",
+            "accumulation)");
   BLU_CHECK(o.precision != "fp16", "--parallel: --precision fp16 is not supported (the loss scaler's skip is per rank)");
   BLU_CHECK(world == 1 || o.device == "cuda" || o.device == "cpu", "--parallel over ", world,
             " ranks runs on --device cuda (NCCL, one GPU per rank) or cpu (Gloo), got ", o.device);
@@ -433,6 +435,9 @@ int run_bench(const BenchOptions& o) {
   sc.offload.update = offload::parse_update(o.offload_update);
   sc.offload.chunk_elements = o.offload_chunk;
   sc.offload.overlap_forward = o.offload_overlap;
+  BLU_CHECK(o.master_weights == "fp32" || o.precision == "bf16", "--master-weights split needs --precision bf16, got ",
+            o.precision);
+  sc.split_masters = o.master_weights == "split";
   if (dev.is_cpu() && dev.index >= 1) device_pool(dev.index).set_budget(offload::gib_to_bytes(o.gpu_memory_budget));
   dist::Strategy strategy(model, pg, sc, dist::OptimizerConfig{.lr = o.lr, .weight_decay = 0.1, .beta2 = o.beta2});
   dist::DistributedDataParallel* ddp = strategy.ddp();
@@ -611,6 +616,7 @@ int run_bench(const BenchOptions& o) {
     j["params"] = n;
     j["grad_accum"] = o.grad_accum;
     j["device_bytes_per_param"] = std::round(double(st.current_bytes) / double(n) * 100) / 100;
+    if (sc.split_masters) j["split_master_params"] = strategy.split_elements();
     if (sc.offload_state) {
       j["offload"] = o.offload_update;
       j["offload_state"] = o.offload_state;
@@ -768,6 +774,11 @@ Command add_bench(CLI::App& root) {
                   "weights; bf16/fp16, --offload-update cpu), or master+grads (and their gradients; one rank, bf16)")
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "optimizer", "master", "master+grads"}));
+  app->add_option("--master-weights", o->master_weights,
+                  "fp32, or split: each bf16-read fp32 master held as its bf16 compute copy and 16 low bits (2 bytes "
+                  "a parameter less; --precision bf16, AdamW without --zero or offload)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "split"}));
   app->add_option("--offload-update", o->offload_update, "cpu (host AdamW) or gpu (state streamed in chunks)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "gpu"}));

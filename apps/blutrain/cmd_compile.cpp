@@ -45,6 +45,7 @@ struct CompileCmdOptions {
   int64_t batch = 16, seq = 1024;
   double lr = 6e-4, beta2 = 0.999;  // bench's; float attributes are kernel arguments, not in the plan
   std::string compile_exclude;
+  std::string master_weights = "fp32";  // the train run's --master-weights: its update op differs
   std::vector<std::string> from_graph;
   bool log = false;
 };
@@ -132,6 +133,9 @@ int run_compile(const CompileCmdOptions& o) {
   train::apply_precision(model, o.precision);
   dist::StrategyConfig sc;
   sc.fp16_loss_scaling = o.precision == "fp16";
+  BLU_CHECK(o.master_weights == "fp32" || o.precision == "bf16", "--master-weights split needs --precision bf16, got ",
+            o.precision);
+  sc.split_masters = o.master_weights == "split";
   dist::Strategy strategy(model, nullptr, sc, dist::OptimizerConfig{.lr = o.lr, .weight_decay = 0.1, .beta2 = o.beta2});
   const double setup_s = seconds_since(t_start);
 
@@ -217,6 +221,9 @@ Command add_compile(CLI::App& root) {
                   "CUDA architecture of the plan (sm_90a): needs --device cuda on a GPU of that architecture");
   app->add_option("--lr", o->lr, "AdamW's learning rate (a kernel argument: any value gives the same plan)")
       ->capture_default_str();
+  app->add_option("--master-weights", o->master_weights, "fp32 or split: as the train run gives it")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "split"}));
   app->add_option("--compile-exclude", o->compile_exclude, "Comma-separated op names kept out of fusion");
   app->add_flag("--compile-log", o->log, "Print the compiler's log (as BLU_COMPILE_LOG=1)");
   app->add_option("--from-graph", o->from_graph,

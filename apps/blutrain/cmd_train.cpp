@@ -403,6 +403,12 @@ Command add_train(CLI::App& root) {
                   "backward makes them; one rank, bf16)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "none", "optimizer", "master", "master+grads"}));
+  app->add_option("--master-weights", o.master_weights,
+                  "fp32, or split: in bf16 each fp32 master weight that a forward reads through its bf16 compute copy "
+                  "is held as that copy and its low 16 bits (2 bytes a parameter less; the copy rounds ties away "
+                  "from zero; AdamW without --zero or offload)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "split"}));
   app->add_option("--offload-update", o.offload_update,
                   "Where offloaded AdamW runs: cpu (threaded host AdamW), gpu (moments streamed through the "
                   "device in chunks), auto (the faster by a start-up probe)")

@@ -12,6 +12,7 @@
 
 #include "blu/backend/cuda/gemm.h"
 #include "blu/backend/cuda/runtime.h"
+#include "blu/core/split_f32.h"
 #include "blu/core/grad_mode.h"
 #include "blu/ops/dispatch.h"
 #include "blu/ops/elementwise.h"
@@ -22,6 +23,7 @@
 #include "blu/ops/optim.h"
 #include "blu/ops/precision.h"
 #include "blu/ops/view.h"
+#include "common/checks.h"
 #include "cuda/close_check.h"
 #include "cuda/cuda_test_util.h"
 #include "ops/donated_logits_check.h"
@@ -32,6 +34,7 @@ namespace {
 using cuda::GemmCompute;
 using test::dev;
 using test::host;
+using test::bitwise_equal;
 using test::kGPU;
 using test::bit_equal;
 using test::close;
@@ -525,6 +528,50 @@ TEST(CudaOptim, AdamWTenStepsWithinOneUlpOfCpu) {
   adamw_step_({{transpose(pt, 0, 1), transpose(gt, 0, 1), mt, vt}}, base);
   adamw_step_({{transpose(pth, 0, 1), transpose(gth, 0, 1), mth, vth}}, base);
   EXPECT_LE(max_ulp(pt, pth), 1) << "strided param";
+}
+
+// Split masters (Note [Split fp32], core/split_f32.h): the device's update of (copy, low halves)
+// is the CPU's bit for bit — the float4 path, the tail and a tensor whose moments are strided —
+// with a clipping gate.
+TEST(CudaOptim, SplitMastersMatchCpuBitwise) {
+  SKIP_WITHOUT_CUDA();
+  manual_seed(12);
+  NoGradGuard ng;
+  std::vector<Tensor> pc, cc, lc, mc, vc, pd, cd, ld, md, vd;
+  for (const Shape& s : std::vector<Shape>{{1000, 123}, {37}, {5, 8}}) {
+    const Tensor p = randn(s);
+    Tensor hi = empty(s, DType::bf16), lo = empty({2 * p.numel()}, DType::u8);
+    for (int64_t i = 0; i < p.numel(); ++i)
+      split_f32(p.data<float>()[i], static_cast<uint16_t*>(hi.raw_data())[i], static_cast<uint16_t*>(lo.raw_data())[i]);
+    pc.push_back(p);
+    cc.push_back(hi);
+    lc.push_back(lo);
+    mc.push_back(mul(randn(s), 0.1));
+    vc.push_back(abs(mul(randn(s), 0.01)));
+    pd.push_back(dev(p));
+    cd.push_back(dev(hi));
+    ld.push_back(dev(lo));
+    md.push_back(dev(mc.back()));
+    vd.push_back(dev(vc.back()));
+  }
+  md[2] = transpose(dev(contiguous(transpose(mc[2], 0, 1))), 0, 1);  // strided moments: the strided kernel
+  for (int64_t step = 1; step <= 4; ++step) {
+    std::vector<AdamWTensors> a, b;
+    for (size_t i = 0; i < pc.size(); ++i) {
+      const Tensor g = mul(randn(pc[i].shape()), 1e-2 * double(step));
+      a.push_back({pc[i], g, mc[i], vc[i], cc[i], lc[i]});
+      b.push_back({pd[i], dev(g), md[i], vd[i], cd[i], ld[i]});
+    }
+    const AdamWStepArgs args{6e-4, 0.9, 0.95, 1e-8, 0.1, step};
+    adamw_step_(a, args, {full({}, 50.0), 1.0});
+    adamw_step_(b, args, {dev(full({}, 50.0)), 1.0});
+    for (size_t i = 0; i < pc.size(); ++i) {
+      EXPECT_TRUE(bitwise_equal(host(cd[i]), cc[i])) << "copy " << i << " step " << step;
+      EXPECT_TRUE(bitwise_equal(host(ld[i]), lc[i])) << "low halves " << i << " step " << step;
+      EXPECT_TRUE(bitwise_equal(contiguous(host(md[i])), mc[i])) << "exp_avg " << i << " step " << step;
+      EXPECT_TRUE(bitwise_equal(host(vd[i]), vc[i])) << "exp_avg_sq " << i << " step " << step;
+    }
+  }
 }
 
 TEST(CudaOptim, SgdMatchesCpu) {

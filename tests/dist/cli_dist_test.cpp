@@ -380,6 +380,37 @@ TEST_F(DistCli, MastersOnHostComposeWithDdp) {
       << e.err;
 }
 
+// Split master weights (optim/master_split.h) under DDP: each rank splits its broadcast weights
+// alike and updates them from the averaged gradients; the losses within the ties' rounding of the
+// fp32-master run's, a resume from step 2 continues the split run bit for bit, and ZeRO (which
+// runs its own update) is refused by name.
+TEST_F(DistCli, SplitMastersComposeWithDdp) {
+  const std::vector<std::string> bf16 = {"--device", "cpu:1", "--precision", "bf16"};
+  const LaunchResult a = train(0, 4, "split_plain", bf16);
+  ASSERT_EQ(a.status, 0) << a.out << a.err;
+  std::vector<std::string> split = bf16;
+  split.insert(split.end(), {"--master-weights", "split"});
+  const LaunchResult b = train(0, 4, "split_ddp", split);
+  ASSERT_EQ(b.status, 0) << b.out << b.err;
+  EXPECT_NE(b.out.find("split master weights: "), std::string::npos) << b.out;
+  const auto plain = metric_losses(dir.path / "split_plain"), held = metric_losses(dir.path / "split_ddp");
+  ASSERT_EQ(plain.size(), 4u);
+  ASSERT_EQ(held.size(), 4u);
+  for (const auto& [step, loss] : plain) EXPECT_NEAR(held.at(step), loss, 2e-3 * loss) << "step " << step;
+  const LaunchResult c = train(0, 2, "split_resumed", split);
+  ASSERT_EQ(c.status, 0) << c.out << c.err;
+  std::vector<std::string> rest = bf16;
+  rest.push_back("--resume");  // --master-weights split from run.json
+  const LaunchResult d = train(0, 4, "split_resumed", rest);
+  ASSERT_EQ(d.status, 0) << d.out << d.err;
+  EXPECT_NE(d.out.find("split master weights: "), std::string::npos) << d.out;
+  EXPECT_EQ(metric_losses(dir.path / "split_resumed"), held);
+  const LaunchResult e = train(1, 1, "split_zero", split);
+  EXPECT_NE(e.status, 0);
+  EXPECT_NE(e.err.find("--master-weights split keeps each fp32 master as its bf16 compute copy"), std::string::npos)
+      << e.err;
+}
+
 // BLU_DDP_REDUCE_DTYPE=bf16 reaches DDP through the trainer: the gradient buckets travel in bf16,
 // so the losses leave the fp32 run's (bitwise equal otherwise) but stay within bf16's rounding.
 TEST_F(DistCli, DdpBf16WireTrainsCloseToFp32) {

@@ -124,6 +124,16 @@ class Trainer(unittest.TestCase):
                 self.assertAlmostEqual(a["loss"], b["loss"], delta=1e-4 * a["loss"])
             with open(os.path.join(d, "pieces", "run.json")) as f:
                 self.assertEqual(json.load(f)["options"]["loss_chunks"], 4)
+            # Split master weights (bf16): recorded, and refused in fp32 by name.
+            bt.train({"model": "gpt2:tiny", "train_pattern": os.path.join(d, "train_*.bin"), "batch_size": 4,
+                      "seq_len": 32, "steps": 4, "lr": 3e-3, "warmup": 2, "precision": "bf16",
+                      "master_weights": "split", "out": os.path.join(d, "split")})
+            with open(os.path.join(d, "split", "run.json")) as f:
+                self.assertEqual(json.load(f)["options"]["master_weights"], "split")
+            with self.assertRaises(bt.Error) as e:
+                bt.train({"model": "gpt2:tiny", "train_pattern": os.path.join(d, "train_*.bin"), "steps": 1,
+                          "master_weights": "split"})
+            self.assertIn("--master-weights split keeps each fp32 master", str(e.exception))
             with self.assertRaises(bt.Error) as e:
                 bt.train({"stepz": 3})
             self.assertIn("unknown option 'stepz'", str(e.exception))

@@ -140,6 +140,10 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<ProcessGroup> pg, Strategy
             "scaling (it unscales them on the device); got ", world, " ranks",
             config_.fp16_loss_scaling ? " with fp16 loss scaling" : "");
   BLU_CHECK(!config_.skip_comm || (world > 1 && config_.zero == 0), "--skip-comm needs --dp > 1 without --zero");
+  BLU_CHECK(!config_.split_masters || (oc.name == "adamw" && config_.zero == 0 && !config_.offload_state && !config_.tp),
+            "split master weights (--master-weights split) are updated by AdamW's own kernel: they need --optimizer ",
+            "adamw without --zero, state offload or tensor parallelism; got --optimizer ", oc.name, ", --zero ",
+            config_.zero, config_.offload_state ? ", state offload" : "", config_.tp ? ", tensor parallelism" : "");
   BLU_CHECK(!config_.tp || config_.zero == 0, "tensor parallelism with --zero ", config_.zero,
             " is not implemented (ZeRO shards the data-parallel group's optimizer state of unsharded models)");
   BLU_CHECK(config_.batch_share >= 0 && config_.batch_share <= 1, "batch_share must be in [0, 1], got ",
@@ -221,6 +225,7 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<ProcessGroup> pg, Strategy
   params_ = model_.parameters();
   if (config_.offload_state && config_.offload.masters_on_host) release_masters();  // after DDP's broadcast
   else lay_out_compute_copies();  // after DDP's broadcast, whose writes would make them re-cast
+  if (config_.split_masters) split_masters();
   if (config_.offload_state && config_.zero == 0 && config_.offload.update == offload::UpdateOn::cpu &&
       config_.offload.overlap_forward && !config_.offload.grads_on_host && lm) {
     // Note [Update behind the forward] (offload/offload_adamw.h): each block's forward waits for
@@ -296,10 +301,30 @@ void Strategy::release_masters() {
             "(--precision bf16 or fp16 makes them), so every fp32 parameter would stay on the device");
 }
 
+// Note [Split masters] (optim/master_split.h), after the compute copies were laid out: every
+// parameter read through a bf16 copy but no embedding's weight (looked up in fp32) is split.
+void Strategy::split_masters() {
+  auto* lm = dynamic_cast<models::CausalLM*>(&model_);
+  BLU_CHECK(lm && !params_.empty() && model_.compute_copies_enabled() && lm->compute_dtype() == DType::bf16 &&
+                params_.front().dtype() == DType::f32,
+            "split master weights (--master-weights split) hold fp32 masters beside their bf16 compute copies: they ",
+            "need a models::CausalLM trained in bf16 (--precision bf16)");
+  std::set<const Storage*> looked_up;
+  for (const auto& [path, m] : model_.named_modules())
+    if (auto* e = dynamic_cast<nn::Embedding*>(m)) looked_up.insert(e->weight.storage().get());
+  split_ = std::make_shared<optim::SplitMasters>(
+      model_.named_parameters(), model_.compute_copies(),
+      [&](const std::string&, const Tensor& p) { return !looked_up.count(p.storage().get()); });
+  BLU_CHECK(split_->elements() > 0, "split master weights: no parameter is read through a bf16 compute copy");
+  opt_->attach_split_masters(split_);
+}
+
 Strategy::Strategy(models::CausalLM& model, std::shared_ptr<ProcessGroup> pp, PipelineOptions pipeline,
                    StrategyConfig config, OptimizerConfig oc)
     : model_(model), pg_(std::move(pp)), config_(std::move(config)) {
   BLU_CHECK(config_.zero == 0, "pipeline parallelism: --zero ", config_.zero, " is not supported with a pipeline");
+  BLU_CHECK(!config_.split_masters, "pipeline parallelism: split master weights (--master-weights split) are not ",
+            "supported with a pipeline");
   BLU_CHECK(!config_.fp16_loss_scaling, "pipeline parallelism: fp16 loss scaling is not supported with a pipeline");
   BLU_CHECK(!config_.offload_state || (oc.name == "adamw" && !config_.offload.masters_on_host),
             "pipeline parallelism: optimizer state offload is implemented for adamw's state alone (--optimizer adamw, ",

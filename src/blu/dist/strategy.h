@@ -50,6 +50,7 @@
 #include "blu/nn/module.h"
 #include "blu/offload/offload_adamw.h"
 #include "blu/optim/loss_scaler.h"
+#include "blu/optim/master_split.h"
 #include "blu/ops/optim.h"
 #include "blu/optim/optimizer.h"
 
@@ -101,6 +102,10 @@ struct StrategyConfig {
   // A single device and DDP write the layout checkpoint (dist/layout_checkpoint.h) too, instead of
   // rank 0's single file; the other layouts always write it. Every layout loads both.
   bool layout_checkpoints = false;
+  // bf16: every fp32 master a forward reads through its compute copy is held as that copy and its
+  // low 16 bits (Note [Split masters], optim/master_split.h): AdamW without ZeRO, state offload,
+  // tensor parallelism or a pipeline.
+  bool split_masters = false;
 };
 
 // One step's values, on the device until Strategy::read().
@@ -189,11 +194,20 @@ class Strategy {
   };
   FullParameters full_parameters() { return FullParameters(*this); }
   // Every parameter's value readable and writable while the returned guard lives: with fp32 masters
-  // on the host the released parameters view their masters, on the CPU (checkpoints take one);
-  // otherwise the guard does nothing. Not for a forward: the model's device is where its copies are.
-  offload::OffloadAdamW::HostView parameter_values() {
+  // on the host the released parameters view their masters, and split masters view theirs joined,
+  // on the CPU (checkpoints take one); otherwise the guard does nothing. Not for a forward: the
+  // model's device is where its copies are.
+  class ParameterValues {
+   public:
+    ParameterValues(offload::OffloadAdamW* host, optim::SplitMasters* split) : host_(host), split_(split) {}
+
+   private:
+    offload::OffloadAdamW::HostView host_;
+    optim::SplitMasters::View split_;
+  };
+  ParameterValues parameter_values() {
     finish_update();
-    return offload::OffloadAdamW::HostView(masters_);
+    return ParameterValues(masters_, split_.get());
   }
   // The offloaded update that runs behind the next forward (Note [Update behind the forward],
   // offload/offload_adamw.h) done, its uploads ordered before the compute stream's next work: for
@@ -202,6 +216,8 @@ class Strategy {
   void finish_update();
   // The parameter elements whose fp32 values live only on the host (0 without masters_on_host).
   int64_t released_elements() const { return released_elements_; }
+  // The parameter elements held as split masters (0 without split_masters).
+  int64_t split_elements() const { return split_ ? split_->elements() : 0; }
 
   // The layout's parts, for tests and `bench --comm-timeline`: DDP (null without it), ZeRO (null
   // without it).
@@ -238,6 +254,9 @@ class Strategy {
   // offload.masters_on_host: the optimizer that holds the released parameters' values.
   void release_masters();
   offload::OffloadAdamW* masters_ = nullptr;
+  // split_masters: made after the compute copies are laid out.
+  void split_masters();
+  std::shared_ptr<optim::SplitMasters> split_;
   // The host-run offloaded AdamW whose blocks' update runs behind the next forward (null: none).
   offload::OffloadAdamW* offload_ = nullptr;
   int64_t released_elements_ = 0;

@@ -99,7 +99,8 @@ Candidate candidate(const PlanInput& in, bool offload, UpdateOn u) {
   const int64_t grads = (in.grads_in_activations ? 0 : 4 * n) +
                         (in.shard_gradients ? (in.grads_in_activations ? 0 : 4 * shard) + in.gradient_staging_bytes : 0);
   // The parameters and their compute copies, or ZeRO-3's measured shards.
-  const int64_t params = in.measured_parameter_bytes >= 0 ? in.measured_parameter_bytes : (4 + in.compute_copy_bytes) * n;
+  const int64_t params = in.measured_parameter_bytes >= 0 ? in.measured_parameter_bytes
+                                                          : (4 + in.compute_copy_bytes) * n - 2 * in.split_elements;
   Candidate c{offload, u, false, 0, 0, 0};
   if (!offload) {
     c.device_static = params + 8 * shard + grads;  // parameters, copies, moments

@@ -57,6 +57,9 @@ struct PlanInput {
   // master: the parameter elements that stay fp32 on the device (looked up in their own dtype:
   // embeddings).
   int64_t resident_elements = 0;
+  // Split masters (Note [Split masters], optim/master_split.h; the state on the device): the
+  // elements held as their compute copy and 2 low bytes, 2 bytes each below an fp32 master.
+  int64_t split_elements = 0;
   OffloadOptions offload;          // chunk size, threads (update is decided here)
   // ZeRO-1 over this many ranks (1: none): each rank keeps the moments of its 1/state_shards of
   // the parameters; offloaded, they stream through the device (the update on the device only).

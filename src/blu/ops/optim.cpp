@@ -49,8 +49,10 @@ const OpDef kSGDStep{.name = "sgd_step",
 
 // adamw_step's inputs: per parameter, (param, grad, exp_avg, exp_avg_sq[, compute copy]) — the
 // stride is 5 when attr "copies" is set, else 4 — then the gate's total when attr "gate" is its
-// index (>= 0).
+// index (>= 0). Split masters (attr "split", with copies): the master's low halves stand in the
+// param's place, (low, grad, exp_avg, exp_avg_sq, compute copy).
 int64_t adamw_stride(const Attrs& a) { return a.b("copies") ? 5 : 4; }
+bool adamw_split(const Attrs& a) { return a.has("split") && a.b("split"); }
 std::vector<TensorMeta> infer_adamw_step(std::span<const Tensor> in, const Attrs& a) {
   static const char* const kRole[] = {"param", "grad", "exp_avg", "exp_avg_sq", "compute copy"};
   const size_t stride = size_t(adamw_stride(a));
@@ -59,10 +61,20 @@ std::vector<TensorMeta> infer_adamw_step(std::span<const Tensor> in, const Attrs
   BLU_ASSERT(n > 0 && n % stride == 0 && (gate < 0 || n + 1 == in.size()), "adamw_step: ", in.size(),
              " inputs with gate index ", gate, ", expected groups of ", stride, " and the gate last");
   check_gate("adamw_step", in, a);
+  const bool split = adamw_split(a);
+  BLU_ASSERT(!split || stride == 5, "adamw_step: split masters without compute copies");
   const DType copy_dtype = stride == 5 ? in[4].dtype() : DType::f32;
   for (size_t t = 0; t < n; t += stride) {
-    const Tensor& p = in[t];
-    for (size_t k = 0; k < stride; ++k) {
+    const Tensor& p = split ? in[t + 1] : in[t];  // the shape every operand has
+    if (split) {
+      const Tensor &low = in[t], &copy = in[t + 4];
+      BLU_CHECK(low.dtype() == DType::u8 && low.numel() == 2 * p.numel() && low.is_contiguous(),
+                "adamw_step: the split master's low halves of tensor ", t / stride, " must be contiguous u8 of ",
+                2 * p.numel(), " bytes, got ", low.str());
+      BLU_CHECK(copy.dtype() == DType::bf16 && copy.is_contiguous(), "adamw_step: a split master's compute copy ",
+                "(tensor ", t / stride, ") must be contiguous bf16, got ", copy.str());
+    }
+    for (size_t k = split ? 1 : 0; k < stride; ++k) {
       const Tensor& x = in[t + k];
       const bool copy = k == 4;
       BLU_CHECK(copy ? (x.dtype() == DType::bf16 || x.dtype() == DType::f16) : x.dtype() == DType::f32,
@@ -77,7 +89,7 @@ std::vector<TensorMeta> infer_adamw_step(std::span<const Tensor> in, const Attrs
   }
   return {TensorMeta{in[0].shape(), in[0].dtype(), in[0].device()}};
 }
-// All but the gradients and the gate.
+// All but the gradients and the gate (split: the low halves in the param's place).
 bool adamw_writes(size_t i, const Attrs& a) {
   return i % size_t(adamw_stride(a)) != 1 && int64_t(i) != a.i("gate");
 }
@@ -98,28 +110,32 @@ void adamw_step_(const std::vector<AdamWTensors>& tensors, const AdamWStepArgs& 
   BLU_CHECK(a.step >= 1, "adamw_step: step must be >= 1, got ", a.step);
   if (gate.defined()) check_max_norm("adamw_step", gate);
   if (tensors.empty()) return;
-  const bool copies = tensors[0].compute_copy.defined();
+  const bool copies = tensors[0].compute_copy.defined(), split = tensors[0].master_low.defined();
   std::vector<Tensor> in;
   in.reserve(tensors.size() * (copies ? 5 : 4) + 1);
   for (size_t i = 0; i < tensors.size(); ++i) {
     const AdamWTensors& t = tensors[i];
     BLU_CHECK(t.compute_copy.defined() == copies, "adamw_step: tensor ", i, (copies ? " has no" : " has a"),
               " compute copy and tensor 0 ", (copies ? "has one" : "has none"), "; either all have one or none");
-    in.insert(in.end(), {t.param, t.grad, t.exp_avg, t.exp_avg_sq});
+    BLU_CHECK(t.master_low.defined() == split, "adamw_step: tensor ", i, (split ? " is not" : " is"),
+              " split and tensor 0 ", (split ? "is" : "is not"), "; either all are or none");
+    BLU_CHECK(!split || copies, "adamw_step: a split master (tensor ", i, ") needs its compute copy");
+    in.insert(in.end(), {split ? t.master_low : t.param, t.grad, t.exp_avg, t.exp_avg_sq});
     if (copies) in.push_back(t.compute_copy);
   }
   const int64_t gate_index = gate.defined() ? int64_t(in.size()) : -1;
   if (gate.defined()) in.push_back(gate.sum_squares);
-  dispatch(kAdamWStep, std::move(in),
-           Attrs{{"lr", a.lr},
-                 {"beta1", a.beta1},
-                 {"beta2", a.beta2},
-                 {"eps", a.eps},
-                 {"weight_decay", a.weight_decay},
-                 {"step", a.step},
-                 {"copies", copies},
-                 {"gate", gate_index},
-                 {"max_norm", gate.max_norm}});
+  Attrs attrs{{"lr", a.lr},
+              {"beta1", a.beta1},
+              {"beta2", a.beta2},
+              {"eps", a.eps},
+              {"weight_decay", a.weight_decay},
+              {"step", a.step},
+              {"copies", copies},
+              {"gate", gate_index},
+              {"max_norm", gate.max_norm}};
+  if (split) attrs.set("split", true);
+  dispatch(kAdamWStep, std::move(in), std::move(attrs));
 }
 
 void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, const SGDStepArgs& a,

@@ -43,9 +43,14 @@ struct AdamWStepArgs {
 // One parameter's tensors for adamw_step_. `compute_copy` (optional) is a bf16/f16 tensor of the
 // parameter's shape that receives the updated parameter rounded to its dtype, exactly what
 // to_dtype(param) would give, in the same pass (nn/compute_copy.h, Note [Compute copies]).
+// `master_low` (optional, with a bf16 compute copy): the parameter is held split (Note [Split fp32],
+// core/split_f32.h) — its fp32 value is the copy's bits and these low 16 bits (u8, two bytes an element,
+// contiguous, the copy contiguous too); `param` is then not read or written (it may have no bytes),
+// and the update writes both halves back, the copy rounded with ties away from zero.
 struct AdamWTensors {
   Tensor param, grad, exp_avg, exp_avg_sq;
   Tensor compute_copy;
+  Tensor master_low;
 };
 // torch.optim.AdamW, in place on each tensor's param, exp_avg, exp_avg_sq (and compute copy), all
 // with the same coefficients:
@@ -53,7 +58,8 @@ struct AdamWTensors {
 //   p += (-(lr/bc1) * m) / (sqrt(v)/sqrt(bc2) + eps),  bc_i = 1 - b_i^step (in double);
 //   copy = round(p).
 // One op however many tensors (one CUDA launch per 64 contiguous ones). Either every tensor has a
-// compute copy, all of one dtype, or none has (group the calls: optim/adamw.cpp). The tensors may
+// compute copy, all of one dtype, or none has, and either every one is split or none is (group
+// the calls: optim/adamw.cpp). The tensors may
 // be any views (non-contiguous ones take a strided path), but must not overlap one another.
 // With a gate (Note [Norm gate]) the gradients are clipped, or the whole update skipped, on the
 // device.

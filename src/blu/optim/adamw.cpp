@@ -1,6 +1,7 @@
 // optim/adamw: torch.optim.AdamW — decoupled weight decay, bias-corrected moments, a step count
 // per parameter — as few adamw_step ops as the coefficients allow (ops/optim.h): one per
-// (weight decay, step count, compute-copy dtype), each over all the parameters that share them.
+// (weight decay, step count, compute-copy dtype, split master), each over all the parameters that
+// share them.
 #include <cmath>
 #include <map>
 #include <tuple>
@@ -8,6 +9,7 @@
 #include "blu/core/grad_mode.h"
 #include "blu/ops/factory.h"
 #include "blu/ops/optim.h"
+#include "blu/optim/master_split.h"
 #include "blu/optim/optimizer.h"
 #include "blu/optim/state_io.h"
 
@@ -34,7 +36,7 @@ class AdamW final : public Optimizer {
   void step(const NormGate& gate) override {
     NoGradGuard no_grad;
     // Parameters with equal coefficients go into one op; map order keeps the ops deterministic.
-    std::map<std::tuple<double, int64_t, DType>, std::vector<AdamWTensors>> batches;
+    std::map<std::tuple<double, int64_t, DType, bool>, std::vector<AdamWTensors>> batches;
     std::vector<size_t> copies_written;
     make_state();
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -45,8 +47,10 @@ class AdamW final : public Optimizer {
       ++s.step;
       const Tensor copy = copies_[i] ? copies_[i]->target(p.param) : Tensor();
       if (copy.defined()) copies_written.push_back(i);
-      batches[{p.weight_decay, s.step, copy.defined() ? copy.dtype() : DType::f32}].push_back(
-          {p.param, g, s.exp_avg, s.exp_avg_sq, copy});
+      const Tensor low = lows_.empty() ? Tensor() : lows_[i];
+      BLU_ASSERT(!low.defined() || copy.defined(), kName, ": split parameter '", p.name, "' lost its compute copy");
+      batches[{p.weight_decay, s.step, copy.defined() ? copy.dtype() : DType::f32, low.defined()}].push_back(
+          {p.param, g, s.exp_avg, s.exp_avg_sq, copy, low});
     }
     for (const auto& [key, tensors] : batches)
       adamw_step_(tensors, {.lr = lr_, .beta1 = opt_.beta1, .beta2 = opt_.beta2, .eps = opt_.eps,
@@ -61,6 +65,12 @@ class AdamW final : public Optimizer {
     for (size_t i = 0; i < params_.size(); ++i)
       for (const auto& [t, c] : copies)
         if (t.is_same(params_[i].param)) copies_[i] = c;
+  }
+
+  void attach_split_masters(std::shared_ptr<const SplitMasters> masters) override {
+    lows_.assign(params_.size(), Tensor());
+    for (size_t i = 0; i < params_.size(); ++i) lows_[i] = masters->low(params_[i].param);
+    masters_ = std::move(masters);
   }
 
   nn::NamedTensors state() const override {
@@ -90,7 +100,7 @@ class AdamW final : public Optimizer {
       next[i].step = detail::read_count(t[2], "step." + name);
       BLU_CHECK(next[i].step > 0, "AdamW state: 'step.", name, "' is 0 but moments are present");
       loaded.push_back(i);
-      likes.push_back(params_[i].param);
+      likes.push_back(like(i));
       avg.push_back(t[0]);
       avg_sq.push_back(t[1]);
     }
@@ -113,7 +123,7 @@ class AdamW final : public Optimizer {
     for (size_t i = 0; i < params_.size(); ++i)
       if (state_[i].step == 0 && params_[i].param.grad().defined()) {
         fresh.push_back(i);
-        likes.push_back(params_[i].param);
+        likes.push_back(like(i));
       }
     if (fresh.empty()) return;
     const std::vector<Tensor> m = detail::packed_zeros(likes, "AdamW exp_avg"),
@@ -124,6 +134,12 @@ class AdamW final : public Optimizer {
     }
   }
 
+  // What parameter i's moments are shaped and placed like: the parameter, or a split one's compute
+  // copy (while a view of the values is open, the parameter's storage is on the CPU).
+  Tensor like(size_t i) const {
+    return lows_.empty() || !lows_[i].defined() ? params_[i].param : copies_[i]->tensor();
+  }
+
   struct State {
     Tensor exp_avg, exp_avg_sq;
     int64_t step = 0;  // updates this parameter has had (0: no state yet)
@@ -132,6 +148,9 @@ class AdamW final : public Optimizer {
   std::vector<detail::ParamRef> params_;
   std::vector<State> state_;
   std::vector<std::shared_ptr<nn::ComputeCopy>> copies_;  // null: none attached
+  // Split masters: each parameter's low halves (undefined: an fp32 master), empty when none.
+  std::vector<Tensor> lows_;
+  std::shared_ptr<const SplitMasters> masters_;
 };
 
 }  // namespace

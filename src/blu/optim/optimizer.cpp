@@ -19,6 +19,11 @@ std::vector<ParamGroup> decay_groups(const nn::NamedTensors& params, double weig
   return {std::move(decay), std::move(no_decay)};
 }
 
+void Optimizer::attach_split_masters(std::shared_ptr<const SplitMasters>) {
+  BLU_CHECK(false, "split master weights (--master-weights split) are implemented for AdamW's own update ",
+            "(--optimizer adamw without --zero or state offload)");
+}
+
 void Optimizer::zero_grad() {
   for (auto& g : groups_)
     for (auto& [name, p] : g.params) p.zero_grad();

@@ -26,6 +26,8 @@
 
 namespace blu::optim {
 
+class SplitMasters;
+
 struct ParamGroup {
   nn::NamedTensors params;
   double weight_decay = 0.0;
@@ -63,6 +65,9 @@ class Optimizer {
   // parameters (AdamW). The others (SGD, ZeroAdamW) ignore them; the next forward re-casts what
   // they updated. Entries for tensors that are not this optimizer's parameters are ignored.
   virtual void attach_compute_copies(const nn::ComputeCopies& copies) {}
+  // Split masters (Note [Split masters], optim/master_split.h): the update reads and writes those
+  // parameters through their two halves. AdamW does; the others refuse (BLU_CHECK).
+  virtual void attach_split_masters(std::shared_ptr<const SplitMasters> masters);
 
  protected:
   std::vector<ParamGroup> groups_;

@@ -26,6 +26,7 @@ nlohmann::json TrainOptions::to_json() const {
   j["compile"] = compile;  // the ranks agree on it (consistency fingerprint)
   if (compile_remat) j["compile_remat"] = true;
   if (loss_chunks > 0) j["loss_chunks"] = loss_chunks;
+  if (master_weights != "fp32") j["master_weights"] = master_weights;
   // Taken again by a resume (Note [A resume takes the run's options]): with the table file, the
   // resumed run multiplies with the same algorithms (Note [GEMM tuning]).
   if (!gemm_tune.empty()) j["gemm_tune"] = gemm_tune;
@@ -57,6 +58,14 @@ void check_options(const TrainOptions& o, const models::CausalLM& model) {
     else compiler::excluded_ops();  // reads (and checks) BLU_COMPILE_EXCLUDE
   }
   BLU_CHECK(o.loss_chunks >= 0, "--loss-chunks must be >= 0 (0: the logits made whole), got ", o.loss_chunks);
+  BLU_CHECK(o.master_weights == "fp32" || o.master_weights == "split", "--master-weights must be fp32 or split, got '",
+            o.master_weights, "'");
+  BLU_CHECK(o.master_weights == "fp32" || (o.precision == "bf16" && o.optimizer == "adamw" && o.zero == 0 &&
+                                            (o.offload_state == "auto" || o.offload_state == "none")),
+            "--master-weights split keeps each fp32 master as its bf16 compute copy and 16 low bits, updated by ",
+            "AdamW's own kernel: it needs --precision bf16, --optimizer adamw, --zero 0 and no --offload-state; got ",
+            "--precision ", o.precision, ", --optimizer ", o.optimizer, ", --zero ", o.zero, ", --offload-state ",
+            o.offload_state);
   BLU_CHECK(o.zero >= 0 && o.zero <= 3, "--zero must be 0, 1, 2 or 3, got ", o.zero);
   BLU_CHECK(o.zero == 0 || o.dp > 1, "--zero ", o.zero, " shards over data-parallel ranks: it needs --dp > 1");
   BLU_CHECK(o.zero == 0 || o.optimizer == "adamw", "--zero ", o.zero, " is implemented for adamw, got --optimizer ",

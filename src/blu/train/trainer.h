@@ -162,6 +162,10 @@ struct TrainOptions {
   // auto (offload only when the budget needs it) | none | optimizer | master (the fp32 parameters
   // too) | master+grads (and their gradients, one rank)
   std::string offload_state = "auto";
+  // fp32 | split: in bf16, the fp32 master weights read through compute copies held as those copies
+  // and their low 16 bits (optim/master_split.h, Note [Split masters]): 2 bytes a parameter less.
+  // In to_json() when split (the copies round ties away from zero).
+  std::string master_weights = "fp32";
   std::string offload_update = "auto";  // auto (the faster by the probe) | cpu | gpu
   bool offload_overlap = false;  // the cpu update's blocks behind the next forward (offload/offload_adamw.h)
   int64_t offload_chunk = int64_t(1) << 22;  // elements per streamed chunk of the offloaded update (moments for gpu, gradients for cpu)

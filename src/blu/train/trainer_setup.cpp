@@ -331,6 +331,7 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   sc.zero = o.zero;
   sc.row_exchange = o.row_exchange;
   sc.fp16_loss_scaling = o.precision == "fp16";
+  sc.split_masters = o.master_weights == "split";
   if (uneven) {
     sc.batch_share = double(local_batch_) / double(o.batch_size * layout.dp);
     // The tied embedding's row exchange gathers the same number of token ids from every rank:
@@ -370,6 +371,10 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   }
   const dist::OptimizerConfig oc{.name = o.optimizer, .lr = o.lr, .weight_decay = o.weight_decay};
   strategy_ = make_layout_strategy(*model_, layout, mesh_.get(), pg, sc, oc, o.precision, pipeline_gradients);
+  if (strategy_->split_elements() > 0 && cb_.log)
+    *cb_.log << "split master weights: " << strategy_->split_elements() << " of the model's " << model_params
+             << " parameters held as their bf16 copy and 16 low bits (" << strategy_->split_elements() * 2 / (1 << 20)
+             << " MiB less on the device)\n";
   if (layout.tp > 1 && cb_.log) {
     int64_t shard = 0;
     for (const Tensor& p : model_->parameters()) shard += p.numel();

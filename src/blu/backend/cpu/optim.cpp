@@ -8,6 +8,7 @@
 
 #include "blu/backend/backend.h"
 #include "blu/backend/cpu/loops.h"
+#include "blu/core/split_f32.h"
 
 namespace blu::cpu {
 
@@ -58,6 +59,30 @@ void adamw_one(const Tensor* t, bool with_copy, const GateDecision& gate, float 
   });
 }
 
+// A split master (Note [Split fp32], core/dtype.h): the value is (copy, low), both contiguous, and
+// both are written back; the arithmetic is adamw_one's.
+void adamw_split_one(const Tensor* t, const GateDecision& gate, float decay, float fb1, float fb2, float one_m_b1,
+                     float one_m_b2, float bc2_sqrt, float eps, float neg_step_size) {
+  const Tensor &low = t[0], &g = t[1], &m = t[2], &v = t[3], &copy = t[4];
+  auto* lp = static_cast<uint16_t*>(low.raw_data());
+  auto* hp = static_cast<uint16_t*>(copy.raw_data());
+  const float* gp = g.data<float>();
+  float* mp = m.data<float>();
+  float* vp = v.data<float>();
+  std::array<Shape, 3> strides{g.strides(), m.strides(), v.strides()};
+  strided_loop(g.shape(), strides, [&](int64_t i, const std::array<int64_t, 3>& o) {
+    const float gi = gate.clip ? gp[o[0]] * gate.coef : gp[o[0]];
+    float pi = join_f32(hp[i], lp[i]) * decay;
+    const float mi = mp[o[1]] * fb1 + one_m_b1 * gi;
+    const float vi = vp[o[2]] * fb2 + one_m_b2 * gi * gi;
+    const float denom = std::sqrt(vi) / bc2_sqrt + eps;
+    pi = pi + neg_step_size * mi / denom;
+    mp[o[1]] = mi;
+    vp[o[2]] = vi;
+    split_f32(pi, hp[i], lp[i]);
+  });
+}
+
 void adamw_step_kernel(const KernelCall& c) {
   const Attrs& a = c.attrs;
   const double lr = a.f("lr"), b1 = a.f("beta1"), b2 = a.f("beta2"), wd = a.f("weight_decay");
@@ -72,9 +97,12 @@ void adamw_step_kernel(const KernelCall& c) {
   const GateDecision gate = read_gate(c);
   if (gate.skip) return;
   const size_t n = a.i("gate") >= 0 ? size_t(a.i("gate")) : c.in.size();  // the gate comes last
+  const bool split = a.has("split") && a.b("split");
   for (size_t i = 0; i < n; i += stride) {
     const Tensor* ts = &c.in[i];
-    if (copies && ts[4].dtype() == DType::f16)
+    if (split)
+      adamw_split_one(ts, gate, decay, fb1, fb2, one_m_b1, one_m_b2, bc2_sqrt, eps, neg_step_size);
+    else if (copies && ts[4].dtype() == DType::f16)
       adamw_one<f16>(ts, true, gate, decay, fb1, fb2, one_m_b1, one_m_b2, bc2_sqrt, eps, neg_step_size);
     else
       adamw_one<bf16>(ts, copies, gate, decay, fb1, fb2, one_m_b1, one_m_b2, bc2_sqrt, eps, neg_step_size);

@@ -9,7 +9,8 @@
 // kernel parameter (under the 4 KiB limit), each tensor split into blocks of kAdamWChunk elements;
 // a tensor whose operands are all 16-byte aligned (its compute copy 8-byte) moves float4 vectors,
 // others go element by element. A tensor with a non-contiguous operand gets a strided launch of
-// its own.
+// its own. A split master (Note [Split fp32], core/split_f32.h) is read from and written to its copy and
+// low halves with the CPU's split_f32 / join_f32 (round16.cuh).
 // Norm gate (Note [Norm gate], ops/optim.h): every thread reads the gate's total from device memory
 // and decides in double, with correctly rounded operations as the CPU's std::sqrt and division
 // are; a skipped update returns before touching anything, a clipped one multiplies each gradient
@@ -78,7 +79,9 @@ __device__ __forceinline__ void adamw_update(float& p, float g, float& m, float&
   p = __fadd_rn(p, __fdiv_rn(__fmul_rn(k.neg_step_size, m), denom));
 }
 
-enum class CopyKind { none, bf16, f16 };
+// split: the master is held as its bf16 copy and its low halves (Note [Split fp32], core/split_f32.h);
+// the table's p points at the low halves.
+enum class CopyKind { none, bf16, f16, split };
 template <CopyKind C>
 __device__ __forceinline__ uint16_t round_copy(float p) {
   if constexpr (C == CopyKind::f16)
@@ -92,7 +95,7 @@ constexpr int kAdamWMaxTensors = 64;
 constexpr int64_t kAdamWChunk = 4 * 4 * kAdamWThreads;  // elements per block: 4 float4 per thread
 
 struct AdamWTable {
-  float* p[kAdamWMaxTensors];
+  float* p[kAdamWMaxTensors];  // CopyKind::split: the low halves (uint16_t)
   const float* g[kAdamWMaxTensors];
   float* m[kAdamWMaxTensors];
   float* v[kAdamWMaxTensors];
@@ -119,10 +122,18 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_multi_kernel(AdamWTable t
   const int64_t begin = int64_t(b - tab.first_block[t]) * kAdamWChunk;
   const int64_t end = min(tab.numel[t], begin + kAdamWChunk);
   int64_t rest = begin;  // first element of the element-wise part
+  auto* lo = reinterpret_cast<uint16_t*>(p);
   if (tab.vec[t]) {      // begin is a multiple of 4: aligned bases stay aligned
     const int64_t vec_end = begin + (end - begin) / 4 * 4;
     for (int64_t i = begin + 4 * int64_t(threadIdx.x); i < vec_end; i += 4 * int64_t(blockDim.x)) {
-      float4 p4 = *reinterpret_cast<const float4*>(p + i);
+      float4 p4;
+      if constexpr (C == CopyKind::split) {
+        const uint2 h = *reinterpret_cast<const uint2*>(c + i), l = *reinterpret_cast<const uint2*>(lo + i);
+        p4 = make_float4(join_f32(uint16_t(h.x), uint16_t(l.x)), join_f32(uint16_t(h.x >> 16), uint16_t(l.x >> 16)),
+                         join_f32(uint16_t(h.y), uint16_t(l.y)), join_f32(uint16_t(h.y >> 16), uint16_t(l.y >> 16)));
+      } else {
+        p4 = *reinterpret_cast<const float4*>(p + i);
+      }
       float4 g4 = *reinterpret_cast<const float4*>(g + i);
       g4 = make_float4(gated(g4.x, gd), gated(g4.y, gd), gated(g4.z, gd), gated(g4.w, gd));
       float4 m4 = *reinterpret_cast<const float4*>(m + i);
@@ -131,10 +142,20 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_multi_kernel(AdamWTable t
       adamw_update(p4.y, g4.y, m4.y, v4.y, k);
       adamw_update(p4.z, g4.z, m4.z, v4.z, k);
       adamw_update(p4.w, g4.w, m4.w, v4.w, k);
-      *reinterpret_cast<float4*>(p + i) = p4;
       *reinterpret_cast<float4*>(m + i) = m4;
       *reinterpret_cast<float4*>(v + i) = v4;
-      if constexpr (C != CopyKind::none) {  // element i at the lower address: the low half (little endian)
+      if constexpr (C == CopyKind::split) {
+        uint16_t h[4], l[4];
+        split_f32(p4.x, h[0], l[0]);
+        split_f32(p4.y, h[1], l[1]);
+        split_f32(p4.z, h[2], l[2]);
+        split_f32(p4.w, h[3], l[3]);
+        *reinterpret_cast<uint2*>(c + i) = uint2{uint32_t(h[0]) | uint32_t(h[1]) << 16, uint32_t(h[2]) | uint32_t(h[3]) << 16};
+        *reinterpret_cast<uint2*>(lo + i) = uint2{uint32_t(l[0]) | uint32_t(l[1]) << 16, uint32_t(l[2]) | uint32_t(l[3]) << 16};
+      } else {
+        *reinterpret_cast<float4*>(p + i) = p4;
+      }
+      if constexpr (C == CopyKind::bf16 || C == CopyKind::f16) {  // element i at the lower address: the low half (little endian)
         const uint2 c4{uint32_t(round_copy<C>(p4.x)) | uint32_t(round_copy<C>(p4.y)) << 16,
                        uint32_t(round_copy<C>(p4.z)) | uint32_t(round_copy<C>(p4.w)) << 16};
         *reinterpret_cast<uint2*>(c + i) = c4;
@@ -143,12 +164,15 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_multi_kernel(AdamWTable t
     rest = vec_end;
   }
   for (int64_t i = rest + threadIdx.x; i < end; i += blockDim.x) {
-    float pi = p[i], mi = m[i], vi = v[i];
+    float pi, mi = m[i], vi = v[i];
+    if constexpr (C == CopyKind::split) pi = join_f32(c[i], lo[i]);
+    else pi = p[i];
     adamw_update(pi, gated(g[i], gd), mi, vi, k);
-    p[i] = pi;
     m[i] = mi;
     v[i] = vi;
-    if constexpr (C != CopyKind::none) c[i] = round_copy<C>(pi);
+    if constexpr (C == CopyKind::split) split_f32(pi, c[i], lo[i]);
+    else p[i] = pi;
+    if constexpr (C == CopyKind::bf16 || C == CopyKind::f16) c[i] = round_copy<C>(pi);
   }
 }
 
@@ -160,13 +184,17 @@ __global__ void adamw_strided_kernel(float* p, const float* g, float* m, float* 
   const GateDecision gd = read_gate(gate);
   if (gd.skip) return;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t op = ip.offset(i), om = im.offset(i), ov = iv.offset(i);
-    float pi = p[op], mi = m[om], vi = v[ov];
+    const int64_t om = im.offset(i), ov = iv.offset(i);
+    float pi, mi = m[om], vi = v[ov];
+    auto* lo = reinterpret_cast<uint16_t*>(p);  // split: the low halves and the copy are contiguous
+    if constexpr (C == CopyKind::split) pi = join_f32(c[i], lo[i]);
+    else pi = p[ip.offset(i)];
     adamw_update(pi, gated(g[ig.offset(i)], gd), mi, vi, k);
-    p[op] = pi;
     m[om] = mi;
     v[ov] = vi;
-    if constexpr (C != CopyKind::none) c[ic.offset(i)] = round_copy<C>(pi);
+    if constexpr (C == CopyKind::split) split_f32(pi, c[i], lo[i]);
+    else p[ip.offset(i)] = pi;
+    if constexpr (C == CopyKind::bf16 || C == CopyKind::f16) c[ic.offset(i)] = round_copy<C>(pi);
   }
 }
 
@@ -192,7 +220,7 @@ void adamw_launch(const KernelCall& call, const AdamWCoef& k) {
   for (size_t i = 0; i < n_in; i += stride) {
     const Tensor &p = call.in[i], &g = call.in[i + 1], &m = call.in[i + 2], &v = call.in[i + 3];
     const Tensor& c = C == CopyKind::none ? kNoTensor : call.in[i + 4];
-    const int64_t n = p.numel();
+    const int64_t n = g.numel();  // p: split masters' low halves are u8, two bytes an element
     if (n == 0) continue;
     auto* pp = static_cast<float*>(p.raw_data());
     auto* gp = static_cast<const float*>(g.raw_data());
@@ -201,8 +229,8 @@ void adamw_launch(const KernelCall& call, const AdamWCoef& k) {
     auto* cp = c.defined() ? static_cast<uint16_t*>(c.raw_data()) : nullptr;
     if (!all_contiguous({&p, &g, &m, &v, &c})) {
       adamw_strided_kernel<C><<<grid_for(n), 256, 0, stream>>>(
-          pp, gp, mp, vp, cp, n, strided_index(p), strided_index(g), strided_index(m), strided_index(v),
-          c.defined() ? strided_index(c) : StridedIndex{}, k, gate);
+          pp, gp, mp, vp, cp, n, C == CopyKind::split ? StridedIndex{} : strided_index(p), strided_index(g),
+          strided_index(m), strided_index(v), c.defined() ? strided_index(c) : StridedIndex{}, k, gate);
       BLU_CUDA_CHECK_LAUNCH();
       continue;
     }
@@ -217,7 +245,8 @@ void adamw_launch(const KernelCall& call, const AdamWCoef& k) {
     tab.c[j] = cp;
     tab.numel[j] = n;
     tab.first_block[j] = blocks;
-    tab.vec[j] = aligned(pp, 16) && aligned(gp, 16) && aligned(mp, 16) && aligned(vp, 16) && (!cp || aligned(cp, 8));
+    tab.vec[j] = aligned(pp, C == CopyKind::split ? 8 : 16) && aligned(gp, 16) && aligned(mp, 16) && aligned(vp, 16) &&
+                 (!cp || aligned(cp, 8));
     blocks += int32_t(nb);
   }
   flush();
@@ -232,6 +261,8 @@ void adamw_step_kernel(const KernelCall& c) {
                     float(a.f("eps")), float(-(lr / bc1))};
   if (!a.b("copies"))
     adamw_launch<CopyKind::none>(c, k);
+  else if (a.has("split") && a.b("split"))
+    adamw_launch<CopyKind::split>(c, k);
   else if (c.in[4].dtype() == DType::f16)
     adamw_launch<CopyKind::f16>(c, k);
   else

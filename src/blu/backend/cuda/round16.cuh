@@ -19,4 +19,19 @@ __device__ __forceinline__ uint16_t f16_bits_rn(float f) {
   return __half_as_ushort(__float2half_rn(f));
 }
 
+// split_f32 / join_f32 of core/split_f32.h (Note [Split fp32]), bit for bit.
+__device__ __forceinline__ void split_f32(float x, uint16_t& hi, uint16_t& lo) {
+  const uint32_t u = __float_as_uint(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    hi = uint16_t(u >> 16 | 0x40u);
+    lo = 0;
+    return;
+  }
+  hi = uint16_t((u + 0x8000u) >> 16);
+  lo = uint16_t(u - (uint32_t(hi) << 16));
+}
+__device__ __forceinline__ float join_f32(uint16_t hi, uint16_t lo) {
+  return __uint_as_float((uint32_t(hi) << 16) + uint32_t(int32_t(int16_t(lo))));
+}
+
 }  // namespace blu::cuda

@@ -63,7 +63,8 @@ bool emit_dtypes_supported(const Graph& g, const FusedRegion& r, const Op& op) {
 }
 
 bool emit_adamw_supported(const Graph& g, const FusedRegion& r, const Op& op) {
-  if (r.shape != RegionShape::pointwise || op.attrs.i("gate") >= 0 || op.inputs.size() != size_t(op.attrs.b("copies") ? 5 : 4))
+  if (r.shape != RegionShape::pointwise || op.attrs.i("gate") >= 0 || op.inputs.size() != size_t(op.attrs.b("copies") ? 5 : 4) ||
+      op.attrs.has("split"))  // split masters (ops/optim.h) run their own kernel
     return false;
   for (int v : op.inputs)
     if (v < 0 || !g.values[size_t(v)].contiguous()) return false;

@@ -41,8 +41,9 @@ bool fusible_here(const Op& op, const mlir_api::FusionOptions& opt) {
   if (!is_fusible_op(op.name)) return false;
   if (op.attrs.has("class_offset")) return false;  // cross-entropy on a shard of the classes: its kernels
   if (std::find(opt.no_fuse.begin(), opt.no_fuse.end(), op.name) != opt.no_fuse.end()) return false;
-  if (op_class(op.name) == OpClass::adamw)
-    return op.attrs.i("gate") < 0 && op.inputs.size() == size_t(op.attrs.b("copies") ? 5 : 4);
+  if (op_class(op.name) == OpClass::adamw)  // split masters (ops/optim.h) run their own kernel
+    return op.attrs.i("gate") < 0 && op.inputs.size() == size_t(op.attrs.b("copies") ? 5 : 4) &&
+           !op.attrs.has("split");
   return true;
 }
 
