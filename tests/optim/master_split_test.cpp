@@ -168,21 +168,7 @@ TEST(AdamWSplit, RefusesBadHalves) {
 constexpr int64_t kVocab = 101;
 
 train::TrainOptions pool_run(const TempDir& data, const std::filesystem::path& out) {
-  train::TrainOptions o = train::test_util::toy_run(data.path(), out, kVocab, "bf16");
-  o.model["n_layer"] = 2;
-  o.model["n_head"] = 2;
-  o.model["n_embd"] = 32;
-  o.model["block_size"] = 32;
-  o.batch_size = 2;
-  o.seq_len = 16;
-  o.grad_accum = 2;
-  o.steps = 8;
-  o.lr = 1e-2;
-  o.min_lr = 1e-3;
-  o.seed = 42;
-  o.val_every = 0;
-  o.device = "cpu:1";
-  return o;
+  return train::test_util::pool_run(data.path(), out, kVocab, "bf16");
 }
 
 struct RunResult {

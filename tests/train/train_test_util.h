@@ -48,4 +48,25 @@ inline TrainOptions toy_run(const std::filesystem::path& data, const std::filesy
   return o;
 }
 
+// A two-layer, 32-wide GPT over the toy shards on the device pool cpu:1 (whose peak the tests
+// read): 8 steps of two micro-batches of 2 × 16 tokens, lr 1e-2, no validation.
+inline TrainOptions pool_run(const std::filesystem::path& data, const std::filesystem::path& out, int64_t vocab,
+                             const std::string& precision) {
+  TrainOptions o = toy_run(data, out, vocab, precision);
+  o.model["n_layer"] = 2;
+  o.model["n_head"] = 2;
+  o.model["n_embd"] = 32;
+  o.model["block_size"] = 32;
+  o.batch_size = 2;
+  o.seq_len = 16;
+  o.grad_accum = 2;
+  o.steps = 8;
+  o.lr = 1e-2;
+  o.min_lr = 1e-3;
+  o.seed = 42;
+  o.val_every = 0;
+  o.device = "cpu:1";
+  return o;
+}
+
 }  // namespace blu::train::test_util

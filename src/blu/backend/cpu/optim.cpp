@@ -31,11 +31,23 @@ GateDecision read_gate(const KernelCall& c) {
   return {.skip = false, .clip = coef < 1.0, .coef = float(coef)};
 }
 
+// PyTorch passes these Python floats to fp32 tensor ops, which round them to float.
+struct AdamWCoef {
+  float decay, b1, b2, one_m_b1, one_m_b2, bc2_sqrt, eps, neg_step_size;
+};
+// One element's update in torch.optim.AdamW's order, each operation rounded to fp32.
+inline float adamw_element(float p, float g, float& m, float& v, const AdamWCoef& k) {
+  p = p * k.decay;
+  m = m * k.b1 + k.one_m_b1 * g;
+  v = v * k.b2 + k.one_m_b2 * g * g;
+  const float denom = std::sqrt(v) / k.bc2_sqrt + k.eps;
+  return p + k.neg_step_size * m / denom;
+}
+
 // adamw_step: inputs in groups of (param, grad, exp_avg, exp_avg_sq[, compute copy]) (ops/optim.cpp),
 // one tensor after the other.
 template <typename Copy>
-void adamw_one(const Tensor* t, bool with_copy, const GateDecision& gate, float decay, float fb1, float fb2,
-               float one_m_b1, float one_m_b2, float bc2_sqrt, float eps, float neg_step_size) {
+void adamw_one(const Tensor* t, bool with_copy, const GateDecision& gate, const AdamWCoef& k) {
   const Tensor &p = t[0], &g = t[1], &m = t[2], &v = t[3];
   float* pp = p.data<float>();
   const float* gp = g.data<float>();
@@ -46,23 +58,15 @@ void adamw_one(const Tensor* t, bool with_copy, const GateDecision& gate, float 
   std::array<Shape, 5> strides{p.strides(), g.strides(), m.strides(), v.strides(),
                                with_copy ? t[4].strides() : p.strides()};
   strided_loop(p.shape(), strides, [&](int64_t, const std::array<int64_t, 5>& o) {
-    const float gi = gate.clip ? gp[o[1]] * gate.coef : gp[o[1]];
-    float pi = pp[o[0]] * decay;
-    const float mi = mp[o[2]] * fb1 + one_m_b1 * gi;
-    const float vi = vp[o[3]] * fb2 + one_m_b2 * gi * gi;
-    const float denom = std::sqrt(vi) / bc2_sqrt + eps;
-    pi = pi + neg_step_size * mi / denom;
+    const float pi = adamw_element(pp[o[0]], gate.clip ? gp[o[1]] * gate.coef : gp[o[1]], mp[o[2]], vp[o[3]], k);
     pp[o[0]] = pi;
-    mp[o[2]] = mi;
-    vp[o[3]] = vi;
     if (cp) cp[o[4]] = Copy(pi);  // rounds as the cast kernel does (core/dtype.h)
   });
 }
 
-// A split master (Note [Split fp32], core/dtype.h): the value is (copy, low), both contiguous, and
-// both are written back; the arithmetic is adamw_one's.
-void adamw_split_one(const Tensor* t, const GateDecision& gate, float decay, float fb1, float fb2, float one_m_b1,
-                     float one_m_b2, float bc2_sqrt, float eps, float neg_step_size) {
+// A split master (Note [Split fp32], core/split_f32.h): the value is (copy, low halves), both
+// contiguous, and both are written back.
+void adamw_split_one(const Tensor* t, const GateDecision& gate, const AdamWCoef& k) {
   const Tensor &low = t[0], &g = t[1], &m = t[2], &v = t[3], &copy = t[4];
   auto* lp = static_cast<uint16_t*>(low.raw_data());
   auto* hp = static_cast<uint16_t*>(copy.raw_data());
@@ -72,14 +76,7 @@ void adamw_split_one(const Tensor* t, const GateDecision& gate, float decay, flo
   std::array<Shape, 3> strides{g.strides(), m.strides(), v.strides()};
   strided_loop(g.shape(), strides, [&](int64_t i, const std::array<int64_t, 3>& o) {
     const float gi = gate.clip ? gp[o[0]] * gate.coef : gp[o[0]];
-    float pi = join_f32(hp[i], lp[i]) * decay;
-    const float mi = mp[o[1]] * fb1 + one_m_b1 * gi;
-    const float vi = vp[o[2]] * fb2 + one_m_b2 * gi * gi;
-    const float denom = std::sqrt(vi) / bc2_sqrt + eps;
-    pi = pi + neg_step_size * mi / denom;
-    mp[o[1]] = mi;
-    vp[o[2]] = vi;
-    split_f32(pi, hp[i], lp[i]);
+    split_f32(adamw_element(join_f32(hp[i], lp[i]), gi, mp[o[1]], vp[o[2]], k), hp[i], lp[i]);
   });
 }
 
@@ -88,24 +85,21 @@ void adamw_step_kernel(const KernelCall& c) {
   const double lr = a.f("lr"), b1 = a.f("beta1"), b2 = a.f("beta2"), wd = a.f("weight_decay");
   const double t = double(a.i("step"));
   const double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
-  // PyTorch passes these Python floats to fp32 tensor ops, which round them to float.
-  const float decay = float(1 - lr * wd), fb1 = float(b1), fb2 = float(b2), one_m_b1 = float(1 - b1),
-              one_m_b2 = float(1 - b2), bc2_sqrt = float(std::sqrt(bc2)), eps = float(a.f("eps")),
-              neg_step_size = float(-(lr / bc1));
-  const bool copies = a.b("copies");
+  const AdamWCoef k{float(1 - lr * wd), float(b1),           float(b2),         float(1 - b1),
+                    float(1 - b2),      float(std::sqrt(bc2)), float(a.f("eps")), float(-(lr / bc1))};
+  const bool copies = a.b("copies"), split = a.has("split") && a.b("split");
   const size_t stride = copies ? 5 : 4;
   const GateDecision gate = read_gate(c);
   if (gate.skip) return;
   const size_t n = a.i("gate") >= 0 ? size_t(a.i("gate")) : c.in.size();  // the gate comes last
-  const bool split = a.has("split") && a.b("split");
   for (size_t i = 0; i < n; i += stride) {
     const Tensor* ts = &c.in[i];
     if (split)
-      adamw_split_one(ts, gate, decay, fb1, fb2, one_m_b1, one_m_b2, bc2_sqrt, eps, neg_step_size);
+      adamw_split_one(ts, gate, k);
     else if (copies && ts[4].dtype() == DType::f16)
-      adamw_one<f16>(ts, true, gate, decay, fb1, fb2, one_m_b1, one_m_b2, bc2_sqrt, eps, neg_step_size);
+      adamw_one<f16>(ts, true, gate, k);
     else
-      adamw_one<bf16>(ts, copies, gate, decay, fb1, fb2, one_m_b1, one_m_b2, bc2_sqrt, eps, neg_step_size);
+      adamw_one<bf16>(ts, copies, gate, k);
   }
 }
 BLU_REGISTER_KERNEL(cpu, "adamw_step", adamw_step_kernel);
