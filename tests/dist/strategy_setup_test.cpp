@@ -49,5 +49,43 @@ TEST(StrategySetup, SixteenBitComputeCopiesAreMadeBeforeTheFirstStep) {
   for (const auto& [p, c] : fp32.compute_copies()) EXPECT_FALSE(c->tensor().defined());
 }
 
+// Split master weights (Note [Split masters], optim/master_split.h): the set-up splits every
+// parameter read through a bf16 copy (not the embeddings) and gives its fp32 bytes back; the values
+// read through parameter_values() are the fp32 masters, and when the strategy ends each split
+// parameter keeps them, on the CPU. Steps run on batches in between.
+TEST(StrategySetup, SplitMastersLeaveTheirValuesToTheParametersWhenTheStrategyEnds) {
+  models::GPT model(::blu::test::tiny_gpt(), 3);
+  model.train();
+  model.set_compute_dtype(DType::bf16);
+  std::vector<std::vector<double>> during;
+  int64_t split = 0;
+  {
+    StrategyConfig sc;
+    sc.split_masters = true;
+    Strategy strategy(model, nullptr, sc, OptimizerConfig{.lr = 1e-2});
+    split = strategy.split_elements();
+    int64_t embeddings = 0, released = 0;
+    for (const auto& [name, p] : model.named_parameters()) {
+      if (p.storage()->nbytes() == 0) released += p.numel();
+      if (name.find("wte") != std::string::npos || name.find("wpe") != std::string::npos) embeddings += p.numel();
+    }
+    EXPECT_EQ(split, model.num_parameters() - embeddings);
+    EXPECT_EQ(released, split);
+    Generator gen(5);
+    const Tensor ids = randint(0, 64, {2, 8}, DType::i64, kCPU, &gen),
+                 targets = randint(0, 64, {2, 8}, DType::i64, kCPU, &gen);
+    for (int s = 0; s < 3; ++s)
+      strategy.step(1, [&](int64_t) { return std::make_pair(ids, targets); }, 1e-2, 1.0);
+    const auto values = strategy.parameter_values();
+    for (const auto& [name, t] : model.state_dict()) during.push_back(to_vector(t));
+  }
+  size_t i = 0;
+  for (const auto& [name, t] : model.state_dict()) {
+    EXPECT_EQ(to_vector(t), during.at(i)) << name;
+    ++i;
+  }
+  EXPECT_GT(split, 0);
+}
+
 }  // namespace
 }  // namespace blu::dist

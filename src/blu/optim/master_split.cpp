@@ -27,6 +27,17 @@ std::pair<Tensor, Tensor> split_on_host(const Tensor& master) {
 
 }  // namespace
 
+// The fp32 master of a split parameter (its storage not viewing the host), on the CPU.
+Tensor SplitMasters::joined_on_host(const Entry& e) const {
+  const Tensor hi = to_device(e.copy->target(e.param), kCPU), lo = to_device(e.low, kCPU);
+  Tensor master = empty(e.param.shape(), DType::f32);
+  const auto* h = static_cast<const uint16_t*>(hi.raw_data());
+  const auto* l = static_cast<const uint16_t*>(lo.raw_data());
+  float* m = master.data<float>();
+  for (int64_t i = 0; i < master.numel(); ++i) m[i] = join_f32(h[i], l[i]);
+  return master;
+}
+
 SplitMasters::SplitMasters(const nn::NamedTensors& params, const nn::ComputeCopies& copies,
                            const std::function<bool(const std::string&, const Tensor&)>& accept) {
   NoGradGuard no_grad;
@@ -66,7 +77,19 @@ SplitMasters::SplitMasters(const nn::NamedTensors& params, const nn::ComputeCopi
   }
 }
 
-SplitMasters::~SplitMasters() = default;
+// Split parameters keep their values: each takes over an fp32 master joined on the CPU (it is on
+// the CPU from then on, as offload/offload_adamw.h leaves its released parameters).
+SplitMasters::~SplitMasters() {
+  try {
+    if (viewing_) end_view();
+    NoGradGuard no_grad;
+    for (Entry& e : entries_) {
+      Tensor host = joined_on_host(e);
+      e.param.storage()->data = std::move(host.storage()->data);
+    }
+  } catch (...) {  // a destructor does not throw: the parameters then stay without bytes
+  }
+}
 
 Tensor SplitMasters::low(const Tensor& param) const {
   for (const Entry& e : entries_)
@@ -86,12 +109,7 @@ void SplitMasters::begin_view() {
   NoGradGuard no_grad;
   viewing_ = true;
   for (Entry& e : entries_) {
-    const Tensor hi = to_device(e.copy->target(e.param), kCPU), lo = to_device(e.low, kCPU);
-    e.host = empty(e.param.shape(), DType::f32);
-    const auto* h = static_cast<const uint16_t*>(hi.raw_data());
-    const auto* l = static_cast<const uint16_t*>(lo.raw_data());
-    float* m = e.host.data<float>();
-    for (int64_t i = 0; i < e.param.numel(); ++i) m[i] = join_f32(h[i], l[i]);
+    e.host = joined_on_host(e);
     Storage& st = *e.param.storage();
     st.data = DataPtr(e.host.raw_data(), e.host.nbytes(), kCPU, nullptr, nullptr);
     e.version = st.version();

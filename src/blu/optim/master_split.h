@@ -21,7 +21,9 @@
 // exactly as AdamW computes them from the same inputs.
 // View: while one lives, each split parameter's storage views an fp32 master on the CPU joined
 // from its halves (checkpoints save and load through it: dist::Strategy::parameter_values); a
-// master written through it (a load) is split back into the copy and low half when it ends.
+// master written through it (a load) is split back into the copy and low half when it ends. When
+// the SplitMasters ends (with its dist::Strategy), each split parameter takes over its joined
+// master on the CPU.
 // Parameters split: those whose copy is current, bf16, contiguous and of their shape, and whose
 // storage they alone view, whole. Embedding weights are looked up in fp32 (the caller leaves
 // them out); they stay fp32 masters.
@@ -70,6 +72,7 @@ class SplitMasters {
     Tensor host;           // the fp32 master on the CPU while a View lives
     uint64_t version = 0;  // the parameter storage's version when the view began
   };
+  Tensor joined_on_host(const Entry& e) const;
   void begin_view();
   void end_view();
   std::vector<Entry> entries_;
