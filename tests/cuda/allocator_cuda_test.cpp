@@ -19,6 +19,7 @@
 
 #include "blu/backend/cuda/runtime.h"
 #include "blu/blu.h"
+#include "blu/core/exec_context.h"
 #include "blu/memory/cuda_allocator.h"
 #include "blu/optim/state_io.h"
 #include "cuda/cuda_test_util.h"
@@ -173,6 +174,25 @@ TEST(CudaAllocator, OptimizerStateIsMadeAfterTheCacheGoesBack) {
   EXPECT_LE(s2.reserved_bytes, s1.reserved_bytes - act + 34 * kMiB);
   EXPECT_EQ(allocator_for(kGPU).stats().peak_reserved_bytes, s2.reserved_peak);
   EXPECT_GE(s2.reserved_peak, s0.reserved_bytes + act);  // the activation's segment, while it lived
+}
+
+// A growing workspace (core/exec_context.h) gets a segment of its own: the cached segment of a
+// freed activation larger than it goes back first instead of holding the workspace at its start.
+TEST(CudaAllocator, WorkspaceGrowsIntoASegmentOfItsOwn) {
+  SKIP_WITHOUT_CUDA();
+  constexpr int64_t kMiB = int64_t(1) << 20;
+  BLU_CUDA_CHECK(cudaDeviceSynchronize());
+  cuda::empty_cache();
+  const CachingAllocatorStats s0 = cuda::memory_stats(0);
+  const int64_t act = (s0.largest_free_block / kMiB + 256) * kMiB;
+  { Tensor activation = empty({act}, DType::u8, kGPU); }  // freed: its segment stays cached
+  BLU_CUDA_CHECK(cudaDeviceSynchronize());
+  const CachingAllocatorStats s1 = cuda::memory_stats(0);
+  ASSERT_GE(s1.reserved_bytes, s0.reserved_bytes + act);
+  Workspace ws(kGPU);
+  ws.reserve(size_t(40 * kMiB));
+  const CachingAllocatorStats s2 = cuda::memory_stats(0);
+  EXPECT_LE(s2.reserved_bytes, s1.reserved_bytes - act + 42 * kMiB);
 }
 
 TEST(CudaAllocator, OutOfMemoryReportsAndRecovers) {
