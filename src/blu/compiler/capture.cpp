@@ -100,15 +100,6 @@ int Capture::buffer_of(const Tensor& t, BufferKind kind_if_new) {
   if (auto it = buffer_ids_.find(s); it != buffer_ids_.end()) return it->second;
   Buffer b;
   b.nbytes = s->nbytes();
-  // A parameter whose bytes were given back (split masters, optim/master_split.h: no kernel reads
-  // it, its compute copy stands in) is described by the extent of its view, so that the graph
-  // stays well formed for whoever reads it (the fusion plugin checks every layout against its
-  // buffer).
-  if (s->ptr() == nullptr && b.nbytes == 0 && t.numel() > 0) {
-    int64_t last = t.offset();
-    for (size_t d = 0; d < t.shape().size(); ++d) last += (t.shape()[d] - 1) * t.strides()[d];
-    b.nbytes = size_t(last + 1) * dtype_size(t.dtype());
-  }
   b.device = s->device();
   b.kind = kind_if_new;
   if (kind_if_new != BufferKind::temporary) {

@@ -22,8 +22,22 @@ const char* device_type_name(const Device& d) { return d.is_cuda() ? "cuda" : "c
 
 std::string portable_graph_text(const Graph& g) {
   std::ostringstream os;
-  for (const Buffer& b : g.buffers)
-    os << "b " << b.nbytes << " " << device_type_name(b.device) << " " << int(b.kind) << "\n";
+  // A buffer made before the step that holds no bytes (a parameter given back by split masters,
+  // optim/master_split.h: no kernel reads it) is written with the extent its views reach, so that
+  // the text stays a well-formed graph (the reader checks every layout against its buffer); the
+  // graph in memory keeps 0 bytes for it, which is what it holds.
+  std::vector<size_t> extent(g.buffers.size(), 0);
+  for (const Value& v : g.values) {
+    if (v.buffer < 0 || size_t(v.buffer) >= g.buffers.size() || numel(v.shape) == 0) continue;
+    int64_t last = v.offset;
+    for (size_t d = 0; d < v.shape.size() && d < v.strides.size(); ++d) last += (v.shape[d] - 1) * v.strides[d];
+    extent[size_t(v.buffer)] = std::max(extent[size_t(v.buffer)], size_t(last + 1) * dtype_size(v.dtype));
+  }
+  for (size_t i = 0; i < g.buffers.size(); ++i) {
+    const Buffer& b = g.buffers[i];
+    const size_t nbytes = b.nbytes == 0 && b.kind != BufferKind::temporary ? extent[i] : b.nbytes;
+    os << "b " << nbytes << " " << device_type_name(b.device) << " " << int(b.kind) << "\n";
+  }
   for (const Value& v : g.values)
     os << "v " << v.buffer << " " << to_string(v.shape) << " " << to_string(v.strides) << " " << v.offset << " "
        << dtype_name(v.dtype) << " " << device_type_name(v.device) << " " << v.producer << "\n";
