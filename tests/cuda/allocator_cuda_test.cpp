@@ -154,19 +154,29 @@ TEST(CudaAllocator, StatsPeakEmptyCacheSnapshot) {
 // segments go back, so the first update, which comes after the first backward freed its
 // activations, does not hold a cached activation segment and the state's own at once. Peak
 // reserved (what torch.cuda.max_memory_reserved reports) follows the segments.
-TEST(CudaAllocator, OptimizerStateIsMadeAfterTheCacheGoesBack) {
-  SKIP_WITHOUT_CUDA();
-  constexpr int64_t kMiB = int64_t(1) << 20;
-  const Tensor like = empty({8 * kMiB}, DType::f32, kGPU);  // a 32 MiB parameter
+constexpr int64_t kMiB = int64_t(1) << 20;
+
+// An "activation" freed with its segment still cached: larger than any free block the earlier
+// tests' live segments leave (by `margin`), so it had a segment of its own. Returns its bytes; s0
+// and s1 are the allocator's statistics before it was made (cache emptied, peaks reset) and after
+// it was freed.
+int64_t cache_a_freed_activation(int64_t margin, CachingAllocatorStats& s0, CachingAllocatorStats& s1) {
   BLU_CUDA_CHECK(cudaDeviceSynchronize());
   cuda::empty_cache();
   cuda::reset_peak_memory_stats(0);
-  const CachingAllocatorStats s0 = cuda::memory_stats(0);
-  // Larger than any free block the earlier tests' live segments leave: a segment of its own.
-  const int64_t act = (s0.largest_free_block / kMiB + 64) * kMiB;
-  { Tensor activation = empty({act}, DType::u8, kGPU); }  // freed: its segment stays cached
+  s0 = cuda::memory_stats(0);
+  const int64_t act = (s0.largest_free_block / kMiB + margin) * kMiB;
+  { Tensor activation = empty({act}, DType::u8, kGPU); }
   BLU_CUDA_CHECK(cudaDeviceSynchronize());
-  const CachingAllocatorStats s1 = cuda::memory_stats(0);
+  s1 = cuda::memory_stats(0);
+  return act;
+}
+
+TEST(CudaAllocator, OptimizerStateIsMadeAfterTheCacheGoesBack) {
+  SKIP_WITHOUT_CUDA();
+  const Tensor like = empty({8 * kMiB}, DType::f32, kGPU);  // a 32 MiB parameter
+  CachingAllocatorStats s0, s1;
+  const int64_t act = cache_a_freed_activation(64, s0, s1);
   ASSERT_GE(s1.reserved_bytes, s0.reserved_bytes + act);
   const std::vector<Tensor> state = optim::detail::packed_zeros({like}, "test state");
   const CachingAllocatorStats s2 = cuda::memory_stats(0);
@@ -180,14 +190,8 @@ TEST(CudaAllocator, OptimizerStateIsMadeAfterTheCacheGoesBack) {
 // freed activation larger than it goes back first instead of holding the workspace at its start.
 TEST(CudaAllocator, WorkspaceGrowsIntoASegmentOfItsOwn) {
   SKIP_WITHOUT_CUDA();
-  constexpr int64_t kMiB = int64_t(1) << 20;
-  BLU_CUDA_CHECK(cudaDeviceSynchronize());
-  cuda::empty_cache();
-  const CachingAllocatorStats s0 = cuda::memory_stats(0);
-  const int64_t act = (s0.largest_free_block / kMiB + 256) * kMiB;
-  { Tensor activation = empty({act}, DType::u8, kGPU); }  // freed: its segment stays cached
-  BLU_CUDA_CHECK(cudaDeviceSynchronize());
-  const CachingAllocatorStats s1 = cuda::memory_stats(0);
+  CachingAllocatorStats s0, s1;
+  const int64_t act = cache_a_freed_activation(256, s0, s1);
   ASSERT_GE(s1.reserved_bytes, s0.reserved_bytes + act);
   Workspace ws(kGPU);
   ws.reserve(size_t(40 * kMiB));

@@ -108,6 +108,13 @@ nn::Embedding::RowGradSink local_row_sink(nn::Embedding* e) {
 }
 }  // namespace
 
+std::set<const Storage*> embedding_weight_storages(nn::Module& model) {
+  std::set<const Storage*> out;
+  for (const auto& [path, m] : model.named_modules())
+    if (auto* e = dynamic_cast<nn::Embedding*>(m)) out.insert(e->weight.storage().get());
+  return out;
+}
+
 std::vector<nn::Embedding*> row_sparse_embeddings(nn::Module& model) {
   std::vector<nn::Embedding*> out;
   for (auto& [name, m] : model.named_modules())
@@ -291,9 +298,7 @@ void Strategy::release_masters() {
   BLU_CHECK(lm, "fp32 masters on the host: the model must be a models::CausalLM (its forward makes the compute copies)");
   masters_ = dynamic_cast<offload::OffloadAdamW*>(opt_.get());
   BLU_ASSERT(masters_, "fp32 masters on the host without the offloaded AdamW");
-  std::set<const Storage*> looked_up;
-  for (const auto& [path, m] : model_.named_modules())
-    if (auto* e = dynamic_cast<nn::Embedding*>(m)) looked_up.insert(e->weight.storage().get());
+  const std::set<const Storage*> looked_up = embedding_weight_storages(model_);
   forward_one_token(*lm, params_.front().device());
   released_elements_ = masters_->release_parameters(
       [&](const std::string&, const Tensor& p) { return !looked_up.count(p.storage().get()); });
@@ -309,9 +314,7 @@ void Strategy::split_masters() {
                 params_.front().dtype() == DType::f32,
             "split master weights (--master-weights split) hold fp32 masters beside their bf16 compute copies: they ",
             "need a models::CausalLM trained in bf16 (--precision bf16)");
-  std::set<const Storage*> looked_up;
-  for (const auto& [path, m] : model_.named_modules())
-    if (auto* e = dynamic_cast<nn::Embedding*>(m)) looked_up.insert(e->weight.storage().get());
+  const std::set<const Storage*> looked_up = embedding_weight_storages(model_);
   split_ = std::make_shared<optim::SplitMasters>(
       model_.named_parameters(), model_.compute_copies(),
       [&](const std::string&, const Tensor& p) { return !looked_up.count(p.storage().get()); });

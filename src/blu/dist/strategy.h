@@ -39,6 +39,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -269,5 +270,8 @@ void all_reduce_packed(ProcessGroup& pg, const std::vector<Tensor>& grads, Reduc
 
 // Every nn::Embedding of `model` that declares a row-sparse gradient, in module order.
 std::vector<nn::Embedding*> row_sparse_embeddings(nn::Module& model);
+// The storages of every nn::Embedding's weight of `model`: looked up in their own dtype, they stay
+// fp32 on the device when the masters go to the host or are split.
+std::set<const Storage*> embedding_weight_storages(nn::Module& model);
 
 }  // namespace blu::dist

@@ -14,18 +14,21 @@ namespace {
 
 constexpr int64_t kAlign = 64;  // bytes: each parameter's low halves start on a 64-byte boundary
 
-// `master` (f32, CPU, contiguous) into its halves on the CPU.
-std::pair<Tensor, Tensor> split_on_host(const Tensor& master) {
+}  // namespace
+
+// `master` (f32, CPU, contiguous) split on the CPU into e's compute copy and low halves, the copy
+// current for the parameter from then on.
+void SplitMasters::store(Entry& e, const Tensor& master) {
   const int64_t n = master.numel();
   Tensor hi = empty(master.shape(), DType::bf16), lo = empty({2 * n}, DType::u8);
   const float* m = master.data<float>();
   auto* h = static_cast<uint16_t*>(hi.raw_data());
   auto* l = static_cast<uint16_t*>(lo.raw_data());
   for (int64_t i = 0; i < n; ++i) split_f32(m[i], h[i], l[i]);
-  return {hi, lo};
+  copy_(e.copy->target(e.param), to_device(hi, e.low.device()));
+  copy_(e.low, to_device(lo, e.low.device()));
+  e.copy->mark_written(e.param);
 }
-
-}  // namespace
 
 // The fp32 master of a split parameter (its storage not viewing the host), on the CPU.
 Tensor SplitMasters::joined_on_host(const Entry& e) const {
@@ -67,10 +70,7 @@ SplitMasters::SplitMasters(const nn::NamedTensors& params, const nn::ComputeCopi
   for (auto& [e, offset] : chosen) {
     const Tensor& p = e.param;
     e.low = narrow(lows_, 0, offset, 2 * p.numel());
-    const auto [hi, lo] = split_on_host(contiguous(to_device(p, kCPU)));
-    copy_(e.copy->target(p), to_device(hi, device));
-    copy_(e.low, to_device(lo, device));
-    e.copy->mark_written(p);
+    store(e, contiguous(to_device(p, kCPU)));
     p.storage()->data = DataPtr(nullptr, 0, device, nullptr, nullptr);  // the fp32 bytes go back
     elements_ += p.numel();
     entries_.push_back(std::move(e));
@@ -125,12 +125,7 @@ void SplitMasters::end_view() {
     const Device device = e.low.device();
     const bool written = st.version() != e.version;
     st.data = DataPtr(nullptr, 0, device, nullptr, nullptr);
-    if (written) {
-      const auto [hi, lo] = split_on_host(e.host);
-      copy_(e.copy->target(e.param), to_device(hi, device));
-      copy_(e.low, to_device(lo, device));
-      e.copy->mark_written(e.param);
-    }
+    if (written) store(e, e.host);
     e.host = Tensor();
   }
   viewing_ = false;

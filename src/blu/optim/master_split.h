@@ -72,6 +72,7 @@ class SplitMasters {
     Tensor host;           // the fp32 master on the CPU while a View lives
     uint64_t version = 0;  // the parameter storage's version when the view began
   };
+  void store(Entry& e, const Tensor& master);
   Tensor joined_on_host(const Entry& e) const;
   void begin_view();
   void end_view();

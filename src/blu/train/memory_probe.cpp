@@ -183,9 +183,7 @@ void Trainer::plan_memory(dist::StrategyConfig& sc, const dist::Layout& layout,
   // ZeRO-3 keeps no compute copies (each forward casts the gathered units: the probe counts them).
   in.compute_copy_bytes = !zero3 && (o.precision == "bf16" || o.precision == "fp16") ? 2 : 0;
   if (sc.split_masters) {  // what dist::Strategy splits: every parameter but the embeddings' (looked up in fp32)
-    std::set<const Storage*> looked_up;
-    for (const auto& [path, m] : model_->named_modules())
-      if (auto* e = dynamic_cast<nn::Embedding*>(m)) looked_up.insert(e->weight.storage().get());
+    const std::set<const Storage*> looked_up = dist::embedding_weight_storages(*model_);
     for (const Tensor& p : model_->parameters())
       if (!looked_up.count(p.storage().get())) in.split_elements += p.numel();
   }
