@@ -389,7 +389,7 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
       g=("$pack/blutrain" bench --device cuda --precision bf16 -T 1024 --steps 30 --compile --gemm-tune on)
       G="--model gpt2:d12 -B 16"; L="--model llama:llama-250m -B 8 --lr 3e-4 --beta2 0.95"
       low_g="${CHECK_GPT2_LOW:---compile-remat --loss-chunks 4 --master-weights split}"
-      low_l="${CHECK_LLAMA_LOW:---loss-chunks 4 --recompute mlp --master-weights split}"
+      low_l="${CHECK_LLAMA_LOW:---compile-remat --loss-chunks 4 --recompute mlp-first:9 --master-weights split}"
       peers_pair check.log bf16c > /dev/null
       for rep in $(seq "${REPS:-2}"); do
         for cfg in "$G|" "$G|$low_g" "$L|" "$L|$low_l"; do

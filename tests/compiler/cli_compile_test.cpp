@@ -15,9 +15,10 @@
 // - a --gpu-memory-budget under --compile is planned with the optimizer state on the device and
 //   met against the compiled steps' peak; a budget only offload would meet, and --offload-state,
 //   are refused by name;
-// - --recompute selective, mlp, block:2 and block compile (the recomputed forward is part of the
-//   captured backward) and match the eager run with the same setting bitwise (the plan peaks are
-//   printed; at these tiny shapes the logits, not the activations, make the peak);
+// - --recompute selective, mlp, mlp:2, mlp-first:1, block:2 and block compile (the recomputed
+//   forward is part of the captured backward) and match the eager run with the same setting
+//   bitwise (the plan peaks are printed; at these tiny shapes the logits, not the activations,
+//   make the peak);
 // - --compile-remat (the compiler's own recompute) matches eager bitwise, alone and under ZeRO-1.
 // Run: ctest -R CompileCli, or build-cpu/tests/test_compiler --gtest_filter='CompileCli*'.
 #include <fcntl.h>
@@ -268,7 +269,7 @@ TEST_F(CompileCli, RecomputeCompilesAndEqualsEagerBitwise) {
     const LaunchResult plain = run1(train_cmd(model, 4, "plain_" + tag, {"--compile"}));
     ASSERT_EQ(plain.status, 0) << plain.out << plain.err;
     const double plain_peak = read_metrics(dir.path / ("plain_" + tag)).compile["plan_peak_bytes"].get<double>();
-    for (const std::string r : {"selective", "mlp", "mlp:2", "block:2", "block"}) {
+    for (const std::string r : {"selective", "mlp", "mlp:2", "mlp-first:1", "block:2", "block"}) {
       std::string run = tag + "_" + r;
       std::replace(run.begin(), run.end(), ':', '_');
       const LaunchResult e = run1(train_cmd(model, 4, "eager_" + run, {"--recompute", r}));

@@ -1,5 +1,5 @@
-// models/activations: every activation policy — selective, mlp, whole-block and every-N-th-block
-// recompute, offload to host memory, and their combinations — trains GPT-2 (dropout on) and Llama
+// models/activations: every activation policy — selective, mlp, whole-block, every-N-th-block and
+// first-K-blocks recompute, offload to host memory, and their combinations — trains GPT-2 (dropout on) and Llama
 // for ten AdamW steps with losses and gradients bitwise equal to the plain run; the device memory
 // the activations hold after the forward moves by exactly what activation_bytes() predicts, and the
 // step's peak falls with it; a recomputed block passes a float64 gradcheck.
@@ -86,7 +86,8 @@ TEST_P(ActivationPolicies, TenStepsBitwiseEqualToThePlainRun) {
   for (bool offload : {false, true}) {
     for (const std::string& name : std::vector<std::string>{"none", "selective", "mlp", "selective+mlp", "block",
                                                             "block:2", "selective+block:2", "mlp+block:2",
-                                                            "mlp:2", "selective+mlp:3+block:2"}) {
+                                                            "mlp:2", "selective+mlp:3+block:2", "mlp-first:3",
+                                                            "selective+mlp-first:2+block-first:1"}) {
       if (name == "none" && !offload) continue;
       const ActivationPolicy p = ActivationPolicy::parse(name, offload);
       SCOPED_TRACE(family + " --recompute " + name + (offload ? " --offload-activations" : ""));
@@ -148,7 +149,8 @@ TEST_P(ActivationPolicies, DeviceMemoryFallsByWhatActivationBytesPredicts) {
   for (bool offload : {false, true}) {
     for (const std::string& name : std::vector<std::string>{"none", "selective", "mlp", "selective+mlp", "block",
                                                             "block:2", "selective+block:2", "mlp+block:2",
-                                                            "mlp:2", "selective+mlp:3+block:2"}) {
+                                                            "mlp:2", "selective+mlp:3+block:2", "mlp-first:3",
+                                                            "selective+mlp-first:2+block-first:1"}) {
       if (name == "none" && !offload) continue;
       const ActivationPolicy p = ActivationPolicy::parse(name, offload);
       SCOPED_TRACE(family + " --recompute " + name + (offload ? " --offload-activations" : ""));
@@ -174,7 +176,7 @@ TEST_P(ActivationPolicies, DeviceMemoryFallsByWhatActivationBytesPredicts) {
       // block's backward: its rebuilt activations (one block's worth) when it recomputes, and
       // blocks i and i-1 fetched back when offloading.
       const int64_t drop = plain_kept - kept;
-      const int64_t slack = ((p.block_every || p.selective || p.mlp_every ? 1 : 0) + (offload ? 2 : 0)) * largest_block;
+      const int64_t slack = ((p.block.any() || p.selective || p.mlp.any() ? 1 : 0) + (offload ? 2 : 0)) * largest_block;
       EXPECT_LE(m.peak, plain.peak - drop + slack) << "peak " << m.peak << ", plain " << plain.peak << ", drop " << drop;
       EXPECT_LT(m.peak, plain.peak);
       // The planner's totals agree with the per-block numbers.
@@ -189,6 +191,32 @@ TEST_P(ActivationPolicies, DeviceMemoryFallsByWhatActivationBytesPredicts) {
                 << plain.peak << "), predicted drop " << drop << " B, offloaded " << off << " B\n";
     }
   }
+}
+
+// A block's rebuild comes in backward after every later block has let its activations go, so the
+// blocks to rebuild are the first ones: at the same count, mlp-first:K's peak is no higher than
+// mlp:N's, whose set reaches further down the stack. A first-K past the model's blocks is refused.
+TEST_P(ActivationPolicies, TheFirstBlocksAreTheOnesToRebuild) {
+  const std::string family = GetParam();
+  auto model = make_model(family);
+  const Batch b = make_batch(*model, 4, 16);
+  step_memory(*model, b);
+  const auto peak = [&](const char* recompute) {
+    model->set_activation_policy(ActivationPolicy::parse(recompute));
+    const int64_t p = step_memory(*model, b).peak;
+    std::cout << "[ memory ] " << family << " " << recompute << ": peak " << p << " B\n";
+    return p;
+  };
+  const int64_t plain = peak("none"), every2 = peak("mlp:2"), first2 = peak("mlp-first:2"), first3 = peak("mlp-first:3");
+  EXPECT_LT(every2, plain);
+  EXPECT_LE(first2, every2);
+  EXPECT_LE(first3, first2);
+  EXPECT_NE(error_of([&] { model->set_activation_policy(ActivationPolicy::parse("mlp-first:5")); })
+                .find("MLP recompute on the first 5 blocks, but the model has 4"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { model->set_activation_policy(ActivationPolicy::parse("block-first:9")); })
+                .find("block recompute on the first 9 blocks, but the model has 4"),
+            std::string::npos);
 }
 
 // The trainer's options (--recompute, --offload-activations) reach the model: fp32 and bf16 (compute
@@ -224,27 +252,33 @@ INSTANTIATE_TEST_SUITE_P(Models, ActivationPolicies, ::testing::Values("gpt2", "
 TEST(ActivationPolicy, ParsesTheFlagValues) {
   EXPECT_EQ(ActivationPolicy::parse("none"), ActivationPolicy{});
   EXPECT_EQ(ActivationPolicy::parse("selective").selective, true);
-  EXPECT_EQ(ActivationPolicy::parse("block").block_every, 1);
-  EXPECT_EQ(ActivationPolicy::parse("block:3").block_every, 3);
+  EXPECT_EQ(ActivationPolicy::parse("block").block, models::BlockSet::all());
+  EXPECT_EQ(ActivationPolicy::parse("block:3").block.every, 3);
   const ActivationPolicy both = ActivationPolicy::parse("selective+block:2", true);
   EXPECT_TRUE(both.selective && both.offload);
-  EXPECT_EQ(both.block_every, 2);
+  EXPECT_EQ(both.block.every, 2);
   EXPECT_TRUE(both.recompute_block(0) && !both.recompute_block(1) && both.recompute_block(2));
   const ActivationPolicy mlp = ActivationPolicy::parse("mlp+block:4");
-  EXPECT_TRUE(mlp.mlp_every == 1 && !mlp.selective && mlp.any());
-  EXPECT_EQ(mlp.block_every, 4);
+  EXPECT_TRUE(mlp.mlp == models::BlockSet::all() && !mlp.selective && mlp.any());
+  EXPECT_EQ(mlp.block.every, 4);
   const ActivationPolicy some = ActivationPolicy::parse("mlp:3");
-  EXPECT_EQ(some.mlp_every, 3);
+  EXPECT_EQ(some.mlp.every, 3);
   EXPECT_TRUE(some.any() && some.recompute_mlp(0) && !some.recompute_mlp(1) && !some.recompute_mlp(2) &&
               some.recompute_mlp(3));
+  const ActivationPolicy first = ActivationPolicy::parse("mlp-first:2+block-first:1");
+  EXPECT_TRUE(first.mlp.first == 2 && first.mlp.every == 0 && first.block.first == 1 && first.any());
+  EXPECT_TRUE(first.recompute_mlp(0) && first.recompute_mlp(1) && !first.recompute_mlp(2) && !first.recompute_mlp(3));
+  EXPECT_TRUE(first.recompute_block(0) && !first.recompute_block(1));
   for (const char* s : {"none", "selective", "mlp", "mlp:12", "selective+mlp", "block", "block:4", "selective+block",
-                        "selective+block:2", "mlp+block:2", "selective+mlp+block:3", "selective+mlp:2+block:4"})
+                        "selective+block:2", "mlp+block:2", "selective+mlp+block:3", "selective+mlp:2+block:4",
+                        "mlp-first:9", "selective+mlp-first:1+block-first:12", "mlp:2+block-first:3"})
     EXPECT_EQ(ActivationPolicy::parse(s).recompute_name(), s);
   EXPECT_EQ(ActivationPolicy::parse("mlp:1").recompute_name(), "mlp");
   for (const char* bad : {"", "blocks", "block:", "block:0", "block:x", "selective+", "full", "block+selective",
                           "mlp+selective", "block+mlp", "mlp+mlp", "+mlp", "mlps", "mlp:", "mlp:0", "mlp:-1",
-                          "mlp:2+mlp", "block:2+mlp:2"})
-    EXPECT_NE(error_of([&] { ActivationPolicy::parse(bad); }).find("expected none, or selective, mlp, mlp:N, block"),
+                          "mlp:2+mlp", "block:2+mlp:2", "mlp-first", "mlp-first:", "mlp-first:0", "mlp-first2",
+                          "mlp-first:x", "mlp-last:2", "block-first:2+mlp", "mlp-first:2+mlp:2", "block-first"})
+    EXPECT_NE(error_of([&] { ActivationPolicy::parse(bad); }).find("expected none, or selective, mlp, mlp:N, mlp-first:K"),
               std::string::npos)
         << bad;
 }

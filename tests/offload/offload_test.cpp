@@ -416,9 +416,10 @@ RunResult run_auto_under(train::TrainOptions o, int64_t budget, const RunResult&
   return r;
 }
 
-// --recompute auto: the planner probes none, mlp:4, mlp:2, selective, block:4, selective+block:4,
-// mlp, block:2, selective+block:2, selective+mlp, block in turn and keeps the first whose plan
-// fits (here, under a budget between none's and mlp:4's, mlp:4), the optimizer state on
+// --recompute auto: the planner probes none, the MLP on the first ⌈L/4⌉, ⌈L/2⌉, ⌈3L/4⌉, L-1 blocks
+// (here, L = 2: mlp-first:1), selective, block:4, selective+block:4, mlp, block:2,
+// selective+block:2, selective+mlp, block in turn and keeps the first whose plan fits (here, under
+// a budget between none's and mlp-first:1's, mlp-first:1), the optimizer state on
 // the device before any offload; the run is the chosen setting's run (recompute changes no
 // arithmetic: the plain run's losses and weights), its peak within 5% of the plan and under the
 // budget. A budget nothing fits names every setting tried
@@ -434,16 +435,16 @@ TEST(Offload, RecomputeAutoPicksTheLeastThatFits) {
     EXPECT_TRUE(r.plan && !r.plan->offload_state) << r.log;
     return r;
   };
-  const RunResult none = planned("none"), some_mlp = planned("mlp:4");
+  const RunResult none = planned("none"), some_mlp = planned("mlp-first:1");
   const int64_t need_none = none.plan->device_peak_bytes, need_mlp = some_mlp.plan->device_peak_bytes;
   ASSERT_LT(need_mlp, need_none);
   const int64_t budget = (need_none + need_mlp) / 2;
   const RunResult r = run_auto_under(pool_run(data, "", "fp32"), budget, none);
   ASSERT_TRUE(r.plan) << r.log;
-  EXPECT_NE(r.log.find("recompute auto: mlp:4 (the least recompute that fits with the optimizer state on the device)"),
+  EXPECT_NE(r.log.find("recompute auto: mlp-first:1 (the least recompute that fits with the optimizer state on the device)"),
             std::string::npos) << r.log;
   EXPECT_FALSE(r.plan->offload_state) << r.log;
-  std::printf("recompute auto under %lld bytes: mlp:4, planned %lld, steps' peak %lld (none needs %lld)\n",
+  std::printf("recompute auto under %lld bytes: mlp-first:1, planned %lld, steps' peak %lld (none needs %lld)\n",
               (long long)budget, (long long)r.plan->device_peak_bytes, (long long)r.step_peak, (long long)need_none);
 
   train::TrainOptions tiny = pool_run(data, "", "fp32");
@@ -452,7 +453,7 @@ TEST(Offload, RecomputeAutoPicksTheLeastThatFits) {
   std::ostringstream log;
   test::expect_error([&] { train::Trainer t(tiny, {.log = &log}); },
                      {"--recompute auto: no recompute setting fits", "--recompute none, --offload-state none",
-                      "--recompute mlp:4, --offload-state none", "--recompute mlp:2, --offload-state auto",
+                      "--recompute mlp-first:1, --offload-state none", "--recompute mlp-first:1, --offload-state auto",
                       "--recompute selective+block:4, --offload-state none",
                       "--recompute selective+block:2, --offload-state auto", "--recompute block, --offload-state auto",
                       "--recompute block, --offload-activations, --offload-state auto",

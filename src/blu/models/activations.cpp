@@ -17,15 +17,12 @@ ActivationPolicy ActivationPolicy::parse(std::string_view recompute, bool offloa
   p.offload = offload_activations;
   const auto bad = [&] {
     BLU_CHECK(false,
-              "--recompute: expected none, or selective, mlp, mlp:N, block, block:N (N >= 1) joined by + in that "
-              "order (e.g. selective+block:2, mlp:2+block:4), got '",
+              "--recompute: expected none, or selective, mlp, mlp:N, mlp-first:K, block, block:N, block-first:K "
+              "(N, K >= 1) joined by + in that order (e.g. selective+block:2, mlp-first:9+block:4), got '",
               recompute, "'");
   };
-  // "<name>" or "<name>:N" (N >= 1) -> N; 0 when `part` is not `name`'s.
-  const auto every = [&](std::string_view part, std::string_view name) -> int64_t {
-    if (!part.starts_with(name)) return 0;
-    const std::string_view n_text = part.substr(name.size());
-    if (n_text.empty()) return 1;
+  // ":N" (N >= 1) -> N.
+  const auto count = [&](std::string_view n_text) -> int64_t {
     if (!n_text.starts_with(":") || n_text.size() < 2) bad();
     int64_t n = 0;
     for (char c : n_text.substr(1)) {
@@ -34,6 +31,14 @@ ActivationPolicy ActivationPolicy::parse(std::string_view recompute, bool offloa
     }
     if (n < 1) bad();
     return n;
+  };
+  // The blocks of "<name>", "<name>:N" or "<name>-first:K"; none when `part` is not `name`'s.
+  const auto blocks = [&](std::string_view part, std::string_view name) -> BlockSet {
+    if (!part.starts_with(name)) return {};
+    const std::string_view rest = part.substr(name.size());
+    if (rest.empty()) return BlockSet::all();
+    if (rest.starts_with("-first")) return {.first = count(rest.substr(6))};
+    return {.every = count(rest)};
   };
   if (recompute == "none") return p;
   std::string_view rest = recompute;
@@ -44,11 +49,11 @@ ActivationPolicy ActivationPolicy::parse(std::string_view recompute, bool offloa
     if (part == "selective" && next <= 0) {
       p.selective = true;
       next = 1;
-    } else if (const int64_t n = every(part, "mlp"); n > 0 && next <= 1) {
-      p.mlp_every = n;
+    } else if (const BlockSet m = blocks(part, "mlp"); m.any() && next <= 1) {
+      p.mlp = m;
       next = 2;
-    } else if (const int64_t m = every(part, "block"); m > 0 && next <= 2) {
-      p.block_every = m;
+    } else if (const BlockSet b = blocks(part, "block"); b.any() && next <= 2) {
+      p.block = b;
       next = 3;
     } else {
       bad();
@@ -60,12 +65,14 @@ ActivationPolicy ActivationPolicy::parse(std::string_view recompute, bool offloa
 
 std::string ActivationPolicy::recompute_name() const {
   std::string s;
-  const auto add = [&](const char* name, int64_t n) {
-    s += (s.empty() ? "" : "+") + std::string(name) + (n == 1 ? "" : ":" + std::to_string(n));
+  const auto add = [&](const char* name, const BlockSet& b) {
+    s += (s.empty() ? "" : "+") + std::string(name);
+    if (b.first > 0) s += "-first:" + std::to_string(b.first);
+    else if (b.every > 1) s += ":" + std::to_string(b.every);
   };
-  if (selective) add("selective", 1);
-  if (mlp_every > 0) add("mlp", mlp_every);
-  if (block_every > 0) add("block", block_every);
+  if (selective) s = "selective";
+  if (mlp.any()) add("mlp", mlp);
+  if (block.any()) add("block", block);
   return s.empty() ? "none" : s;
 }
 
@@ -228,8 +235,8 @@ std::vector<ActivationBytes> activation_bytes(CausalLM& model, int64_t B, int64_
       std::optional<ActivationBytes>& b = rec ? whole : mlp ? with_mlp : part;
       if (!b) {
         ActivationPolicy p = policy;
-        p.block_every = rec ? 1 : 0;
-        p.mlp_every = mlp ? 1 : 0;
+        p.block = rec ? BlockSet::all() : BlockSet{};
+        p.mlp = mlp ? BlockSet::all() : BlockSet{};
         b = measure(p);
         b->recomputed = std::max<int64_t>(0, full.kept - b->kept - b->offloaded);
       }
@@ -255,7 +262,7 @@ ActivationTotals activation_totals(CausalLM& model, int64_t B, int64_t T, const 
     for (size_t i = 0; i < bytes.size(); ++i) counted.push_back(i);
   ActivationTotals t;
   t.blocks = int64_t(counted.size());
-  const bool mlp = policy.mlp_every > 0;
+  const bool mlp = policy.mlp.any();
   t.regions = policy.selective && mlp ? "attention core, MLP"
                : policy.selective      ? "attention core, MLP activation"
                : mlp                   ? "MLP"

@@ -13,11 +13,17 @@
 //              a block keeps the MLP's input, not the 2·I-wide projection output, for one more GEMM;
 //              mlp:N takes a share of that trade, N-fold fewer blocks, where a budget needs only
 //              part of it. Model code marks the region with mlp_region().
+//   mlp-first:K  the same on blocks 0 … K-1 only (Megatron's recompute-num-layers): any count of
+//              blocks, not only L/N. The first blocks are the ones to rebuild: a block's rebuild
+//              comes in backward after every later block has let its activations go, so the peak
+//              (the start of backward) drops by what each of them leaves out, while a rebuild of
+//              the last block would stand in for its own kept bytes at that very peak.
 //   block[:N]  whole-block recompute on blocks 0, N, 2N, … (N = 1: every block): such a block's
 //              forward keeps only its input and its backward runs the block again first
 //              (autograd/checkpoint.h). "selective+block:N" adds selective recompute to the others,
 //              "mlp+block:N" the MLP's; the parts join with + in the order selective, mlp, block. A
 //              block that block:N recomputes whole is rebuilt whole whatever mlp:N says of it.
+//   block-first:K  whole-block recompute on blocks 0 … K-1.
 //   offload    (with any of the above) each saved activation of a block goes to host memory as soon
 //              as it is saved and comes back ahead of the backward that needs it: the blocks i and
 //              i-1 are fetched when block i's backward is about to start (ActivationOffloader).
@@ -30,6 +36,7 @@
 // (random draws included: the model's generators are restored for the rebuild); the hooks and
 // scopes are open only inside CausalLM::block, never around the head or the backward.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -46,18 +53,29 @@ namespace blu::models {
 
 class CausalLM;
 
+// Which blocks a kind of recompute covers: blocks 0, every, 2·every, … (every > 0), or blocks
+// 0 … first-1 (first > 0); none when both are 0.
+struct BlockSet {
+  int64_t every = 0;
+  int64_t first = 0;
+  bool has(size_t i) const { return every > 0 ? i % size_t(every) == 0 : i < size_t(std::max<int64_t>(first, 0)); }
+  bool any() const { return every > 0 || first > 0; }
+  static BlockSet all() { return {1, 0}; }
+  bool operator==(const BlockSet&) const = default;
+};
+
 struct ActivationPolicy {
-  int64_t block_every = 0;  // N of block:N; 0: no whole-block recompute
-  int64_t mlp_every = 0;    // N of mlp:N; 0: no MLP recompute
+  BlockSet block;  // whole-block recompute
+  BlockSet mlp;    // the MLP's input side recomputed
   bool selective = false;
   bool offload = false;
-  // "none", or selective, mlp / mlp:N, block / block:N joined by + in that order
-  // ("selective+block:2", "mlp:2+block:4"; BLU_CHECK otherwise, naming them).
+  // "none", or selective, mlp / mlp:N / mlp-first:K, block / block:N / block-first:K joined by +
+  // in that order ("selective+block:2", "mlp-first:9+block:4"; BLU_CHECK otherwise, naming them).
   static ActivationPolicy parse(std::string_view recompute, bool offload_activations = false);
   std::string recompute_name() const;  // as parse takes it
-  bool recompute_block(size_t i) const { return block_every > 0 && i % size_t(block_every) == 0; }
-  bool recompute_mlp(size_t i) const { return mlp_every > 0 && i % size_t(mlp_every) == 0; }
-  bool any() const { return block_every > 0 || selective || mlp_every > 0 || offload; }
+  bool recompute_block(size_t i) const { return block.has(i); }
+  bool recompute_mlp(size_t i) const { return mlp.has(i); }
+  bool any() const { return block.any() || selective || mlp.any() || offload; }
   bool operator==(const ActivationPolicy&) const = default;
 };
 

@@ -45,10 +45,16 @@ void CausalLM::set_loss_chunks(int64_t chunks) {
 }
 
 void CausalLM::set_activation_policy(const ActivationPolicy& policy) {
-  BLU_CHECK(policy.block_every >= 0, family(), ": block recompute every ", policy.block_every,
-            " blocks: expected N >= 1 (or 0 for none)");
-  BLU_CHECK(policy.mlp_every >= 0, family(), ": MLP recompute every ", policy.mlp_every,
-            " blocks: expected N >= 1 (or 0 for none)");
+  const auto check = [&](const BlockSet& b, const char* what) {
+    BLU_CHECK(b.every >= 0 && b.first >= 0 && (b.every == 0 || b.first == 0), family(), ": ", what,
+              " recompute on every N-th block or on the first K: expected N >= 1 or K >= 1 (or both 0 for none), "
+              "got N ",
+              b.every, ", K ", b.first);
+    BLU_CHECK(b.first <= int64_t(num_blocks()), family(), ": ", what, " recompute on the first ", b.first,
+              " blocks, but the model has ", num_blocks());
+  };
+  check(policy.block, "block");
+  check(policy.mlp, "MLP");
   activation_policy_ = policy;
   if (!policy.offload) offloader_.reset();
   else if (!offloader_) offloader_ = std::make_shared<ActivationOffloader>();

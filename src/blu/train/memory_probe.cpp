@@ -31,11 +31,12 @@ namespace blu::train {
 // pipeline stage runs a whole step of its schedule instead (every stage at
 // once), which holds the micro-batches its schedule keeps in flight.
 // --recompute auto: the least recompute whose plan fits, the optimizer state on the device first.
-// The settings in the order of what they cost a step: none, mlp:4, mlp:2, selective, block:4,
+// The settings in the order of what they cost a step: none, the MLP recomputed on the first K of
+// the L blocks for K = ⌈L/4⌉, ⌈L/2⌉, ⌈3L/4⌉ and L-1 (each below L), selective, block:4,
 // selective+block:4, mlp, block:2, selective+block:2, selective+mlp, block (on an H200, llama-250m
 // compiled: selective 7%, block:2 10%, selective+block:2 13%, block 18%; mlp, one GEMM a block, ran
-// 6.5% faster than selective+block:2 in 62 MiB less, and mlp:N costs about an N-th of mlp;
-// docs/performance.md).
+// 6.5% faster than selective+block:2 in 62 MiB less, and each block's MLP costs ~0.45% of the step;
+// docs/performance.md). The first blocks are the ones to rebuild (models/activations.h: mlp-first).
 // Recompute costs a share of a forward; moving the state to the host costs its transfers or a host
 // update (docs/offload.md), more at every batch size measured, so every recompute setting is tried
 // with the state on the device before the user's --offload-state choice is let in (never under
@@ -54,7 +55,7 @@ offload::MemoryPlan Trainer::plan_with_recompute(offload::PlanInput& in, const s
                                                  const std::function<bool(bool)>& all_fit) {
   const TrainOptions& o = opt_s_;
   struct Candidate {
-    const char* recompute;
+    std::string recompute;
     bool offload_activations;
     std::string state;
     int64_t loss_chunks;
@@ -65,15 +66,21 @@ offload::MemoryPlan Trainer::plan_with_recompute(offload::PlanInput& in, const s
   std::vector<std::string> states = {"none"};
   if (!o.compile && o.offload_state != "none") states.push_back(o.offload_state);
   std::vector<Candidate> candidates;
-  const auto add = [&](const char* r, bool offload_activations, const std::string& state) {
+  const auto add = [&](const std::string& r, bool offload_activations, const std::string& state) {
     candidates.push_back({r, offload_activations, state, o.loss_chunks});
     if (try_pieces)
       for (const int64_t n : kAutoLossChunks) candidates.push_back({r, offload_activations, state, n});
   };
   for (const std::string& state : states) {
-    for (const char* r : {"none", "mlp:4", "mlp:2", "selective", "block:4", "selective+block:4", "mlp", "block:2",
-                          "selective+block:2", "selective+mlp", "block"})
-      add(r, o.offload_activations, state);
+    std::vector<std::string> settings = {"none"};
+    const int64_t L = int64_t(model_->num_blocks());
+    for (const int64_t K : {(L + 3) / 4, (L + 1) / 2, (3 * L + 3) / 4, L - 1})
+      if (K >= 1 && K < L && settings.back() != "mlp-first:" + std::to_string(K))
+        settings.push_back("mlp-first:" + std::to_string(K));
+    for (const char* r : {"selective", "block:4", "selective+block:4", "mlp", "block:2", "selective+block:2",
+                          "selective+mlp", "block"})
+      settings.push_back(r);
+    for (const std::string& r : settings) add(r, o.offload_activations, state);
     if (!o.offload_activations && !o.compile) add("block", true, state);  // the compiler does not capture activation offload
   }
   std::string tried;
@@ -90,7 +97,7 @@ offload::MemoryPlan Trainer::plan_with_recompute(offload::PlanInput& in, const s
       why = e.what();
     }
     const bool pieces = try_pieces && c.loss_chunks > 1;
-    const std::string name = std::string(c.recompute) +
+    const std::string name = c.recompute +
                              (c.offload_activations && !o.offload_activations ? ", --offload-activations" : "") +
                              (pieces ? ", --loss-chunks " + std::to_string(c.loss_chunks) : "");
     if (all_fit(plan.has_value())) {
