@@ -186,9 +186,8 @@ TEST(CudaAllocator, OptimizerStateIsMadeAfterTheCacheGoesBack) {
   EXPECT_GE(s2.reserved_peak, s0.reserved_bytes + act);  // the activation's segment, while it lived
 }
 
-// A growing workspace (core/exec_context.h) gets a segment of its own (allocate_apart): the cached
-// segment of a freed activation larger than it stays one free block, which goes back whole while
-// the workspace lives, instead of holding the workspace at its start.
+// A growing workspace (core/exec_context.h) gets a segment of its own: the cached segment of a
+// freed activation larger than it goes back first instead of holding the workspace at its start.
 TEST(CudaAllocator, WorkspaceGrowsIntoASegmentOfItsOwn) {
   SKIP_WITHOUT_CUDA();
   CachingAllocatorStats s0, s1;
@@ -197,11 +196,7 @@ TEST(CudaAllocator, WorkspaceGrowsIntoASegmentOfItsOwn) {
   Workspace ws(kGPU);
   ws.reserve(size_t(40 * kMiB));
   const CachingAllocatorStats s2 = cuda::memory_stats(0);
-  EXPECT_GE(s2.largest_free_block, act);
-  EXPECT_LE(s2.reserved_bytes, s1.reserved_bytes + 42 * kMiB);
-  cuda::empty_cache();
-  EXPECT_LE(cuda::memory_stats(0).reserved_bytes, s2.reserved_bytes - act);
-  EXPECT_GE(ws.block_bytes(), size_t(40 * kMiB));
+  EXPECT_LE(s2.reserved_bytes, s1.reserved_bytes - act + 42 * kMiB);
 }
 
 TEST(CudaAllocator, OutOfMemoryReportsAndRecovers) {

@@ -162,47 +162,6 @@ TEST_F(CachingAllocatorTest, LargeRequestsGetTheirOwnRoundedSegment) {
   alloc->free(c);
 }
 
-// malloc_apart never cuts its block from a cached free block, small, mid-size or large: it gets a
-// segment of its own, rounded to 2 MiB, so a cached 400 MiB block stays whole (and can go back to
-// the source); freed, the apart block's segment is one free block that serves anyone.
-TEST(CachingAllocatorApart, ALongLivedBufferGetsASegmentOfItsOwn) {
-  FakeSource source;
-  FakeEvents events;
-  CachingAllocator alloc(source, events);  // the default configuration: 20 MiB mid-size segments
-  void* big = alloc.malloc(400 * MiB, kA);
-  void* mid = alloc.malloc(3 * MiB, kA);  // a 20 MiB mid-size segment with 17 MiB free
-  alloc.free(big);
-  const size_t before = source.used();
-  ASSERT_EQ(before, 420 * MiB);
-  void* w = alloc.malloc_apart(50 * MiB + 1, kA);
-  EXPECT_EQ(source.used(), before + 52 * MiB) << snapshot_text(alloc.snapshot());
-  void* small = alloc.malloc_apart(4 * KiB, kA);  // not from the small pool's segments either
-  EXPECT_EQ(source.used(), before + 54 * MiB);
-  std::vector<SegmentInfo> segs = alloc.snapshot();
-  ASSERT_EQ(segs.size(), 4u);
-  for (const SegmentInfo& seg : segs) {
-    if (seg.size == 400 * MiB) {
-      ASSERT_EQ(seg.blocks.size(), 1u);
-      EXPECT_EQ(seg.blocks[0].state, BlockState::free);
-    }
-    if (seg.size == 2 * MiB) {  // the small apart block and its rest, free for others
-      EXPECT_FALSE(seg.small);
-      ASSERT_EQ(seg.blocks.size(), 2u);
-      EXPECT_EQ(seg.blocks[1].state, BlockState::free);
-    }
-  }
-  // The cached 400 MiB segment can go back whole while the apart blocks live on.
-  alloc.empty_cache();
-  EXPECT_EQ(source.used(), 20 * MiB + 54 * MiB);
-  alloc.free(w);
-  void* again = alloc.malloc(40 * MiB, kA);  // an ordinary request reuses the freed apart segment
-  EXPECT_EQ(again, w);
-  EXPECT_EQ(source.used(), 74 * MiB);
-  alloc.free(again);
-  alloc.free(small);
-  alloc.free(mid);
-}
-
 TEST(CachingAllocatorMid, MidSizeRequestsShareTwentyMiBSegments) {
   FakeSource source;
   FakeEvents events;

@@ -28,9 +28,6 @@ class Allocator {
  public:
   virtual ~Allocator() = default;
   virtual DataPtr allocate(size_t nbytes) = 0;
-  // The same for a long-lived buffer made mid-run: a caching allocator gives it memory of its own
-  // rather than part of a larger cached block (memory/caching_allocator.h, malloc_apart).
-  virtual DataPtr allocate_apart(size_t nbytes) { return allocate(nbytes); }
   virtual AllocatorStats stats() const = 0;
   virtual void reset_peak() = 0;
   virtual Device device() const = 0;

@@ -33,12 +33,6 @@
 // same segment, when it is worth keeping: any remainder of 512 bytes or more in the small pool;
 // in the large pool only a remainder of more than 1 MiB (smaller tails would mostly fragment).
 //
-// Apart. malloc_apart skips the pools and makes a large segment for the request alone (its rounding
-// rest, when over 1 MiB, goes to the pool as usual). A buffer made mid-run that then lives to the
-// end — a growing workspace — would otherwise take the start of whatever free block fits, such as a
-// freed activation's segment of hundreds of MiB, and keep all of it reserved. Freed, it is an
-// ordinary free segment.
-//
 // Merging. A freed block merges with a free neighbour on either side, so freeing every block of a
 // segment, in any order, leaves one free block covering it.
 //
@@ -127,33 +121,23 @@ size_t CachingAllocator::round_size(size_t bytes) const {
 
 void* CachingAllocator::malloc(size_t bytes, StreamId stream) {
   std::lock_guard lock(mu_);
-  return malloc_locked(bytes, stream, /*apart=*/false);
-}
-
-void* CachingAllocator::malloc_apart(size_t bytes, StreamId stream) {
-  std::lock_guard lock(mu_);
-  return malloc_locked(bytes, stream, /*apart=*/true);
-}
-
-void* CachingAllocator::malloc_locked(size_t bytes, StreamId stream, bool apart) {
   process_events();
   const size_t size = round_size(bytes);
-  const bool small = !apart && size <= config_.small_request;
+  const bool small = size <= config_.small_request;
   Pool& pool = pool_for(small);
 
   Block key;
   key.stream = stream;
   key.size = size;
   Block* b = nullptr;
-  auto it = apart ? pool.end() : pool.lower_bound(&key);
+  auto it = pool.lower_bound(&key);
   if (it != pool.end() && (*it)->stream == stream) {
     b = *it;
     pool.erase(it);
   } else {
-    const size_t large = (size + config_.large_round - 1) / config_.large_round * config_.large_round;
-    const size_t seg = small                                  ? config_.small_segment
-                       : !apart && size <= config_.mid_request ? config_.mid_segment
-                                                               : large;
+    const size_t seg = small                         ? config_.small_segment
+                       : size <= config_.mid_request ? config_.mid_segment
+                                                     : (size + config_.large_round - 1) / config_.large_round * config_.large_round;
     void* p = raw_alloc_locked(seg);
     if (!p) {
       // Flush the cache and retry once: cached segments of other streams, or split ones whose

@@ -104,11 +104,6 @@ class CachingAllocator {
   // A block of at least `bytes` for use on `stream` (0 bytes gives a minimal block). BLU_CHECK
   // with the numbers when the source is exhausted even after flushing the cache.
   void* malloc(size_t bytes, StreamId stream);
-  // The same in a new large segment of its own (the request rounded up to large_round; only that
-  // rounding's rest is left to others), never cut from a cached free block: for a long-lived
-  // buffer made mid-run (a growing workspace), which inside a larger cached segment would keep
-  // the whole of that segment reserved for the rest of the run.
-  void* malloc_apart(size_t bytes, StreamId stream);
   // Returns the block. Reusable at once by its own stream; after the events of record_stream.
   void free(void* ptr);
   // `ptr` (from malloc, still held) is also used by work queued on `stream`: when freed, it is
@@ -136,7 +131,6 @@ class CachingAllocator {
   using Pool = std::set<Block*, BlockLess>;
 
   Pool& pool_for(bool small) { return small ? small_pool_ : large_pool_; }
-  void* malloc_locked(size_t bytes, StreamId stream, bool apart);
   void process_events();           // frees blocks whose events all completed
   void wait_all_events();          // blocks until every pending event completed, then frees
   void release_cached_segments();  // segments that are one free block go back to the source

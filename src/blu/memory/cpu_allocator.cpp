@@ -65,14 +65,15 @@ Allocator& allocator_for(Device device) {
 }
 
 // Workspaces (core/exec_context.h) grow through the device's allocator. A workspace grows a few
-// times early in a run and then lives to its end, so it takes memory of its own (allocate_apart)
-// instead of the start of a larger free block (an eager step's freed activation), which it would
-// keep reserved for the rest of the run (GPT-2 124M at 0.6× of torch.compile's memory with 4 loss
-// pieces: its 50 MiB scratch in a 394 MiB logits segment).
+// times early in a run and then lives to its end: on a GPU the allocator's free segments go back
+// first, so it gets a segment of its own instead of the start of a larger free one (an eager step's
+// freed activation), which it would keep reserved for the rest of the run (GPT-2 124M at 0.6× of
+// torch.compile's memory with 4 loss pieces: its 50 MiB scratch in a 394 MiB logits segment).
 static const bool g_workspace_allocate_set = [] {
   set_workspace_allocate([](Device device, size_t nbytes) {
     Allocator& a = allocator_for(device);
-    DataPtr p = a.allocate_apart(nbytes);
+    if (device.is_cuda()) a.release_cached();  // skipped while a stream records a graph
+    DataPtr p = a.allocate(nbytes);
     a.tag(p.get(), MemoryTag{MemoryCategory::workspaces, "workspace"});
     return p;
   });

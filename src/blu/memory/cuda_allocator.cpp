@@ -122,12 +122,6 @@ class CudaDeviceAllocator final : public Allocator {
     void* p = caching_.malloc(nbytes, stream);
     return DataPtr(p, nbytes, Device(DeviceType::cuda, device_), &CudaDeviceAllocator::release, this);
   }
-  DataPtr allocate_apart(size_t nbytes) override {
-    DeviceGuard g(device_);
-    const auto stream = reinterpret_cast<StreamId>(current_stream());
-    void* p = caching_.malloc_apart(nbytes, stream);
-    return DataPtr(p, nbytes, Device(DeviceType::cuda, device_), &CudaDeviceAllocator::release, this);
-  }
   AllocatorStats stats() const override {
     const CachingAllocatorStats s = caching_.stats();
     AllocatorStats a;
