@@ -120,7 +120,8 @@ TEST(ActivationPolicyCuda, Bf16Gpt2StepUnderEveryPolicyMatchesThePlainStep) {
   int64_t plain_kept = 0;
   for (const auto& a : models::activation_bytes(*model, B, T, {})) plain_kept += a.kept;
   for (bool offload : {false, true}) {
-    for (const char* name : {"none", "selective", "mlp", "mlp:2", "selective+mlp", "block", "block:2", "selective+block:2"}) {
+    for (const char* name : {"none", "selective", "mlp", "mlp:2", "mlp-first:1", "selective+mlp", "block", "block:2",
+                             "selective+block:2", "block-first:1"}) {
       if (std::string(name) == "none" && !offload) continue;
       const models::ActivationPolicy p = models::ActivationPolicy::parse(name, offload);
       SCOPED_TRACE(std::string(name) + (offload ? " --offload-activations" : ""));
