@@ -37,7 +37,8 @@ ActivationPolicy ActivationPolicy::parse(std::string_view recompute, bool offloa
     if (!part.starts_with(name)) return {};
     const std::string_view rest = part.substr(name.size());
     if (rest.empty()) return BlockSet::all();
-    if (rest.starts_with("-first")) return {.first = count(rest.substr(6))};
+    constexpr std::string_view kFirst = "-first";
+    if (rest.starts_with(kFirst)) return {.first = count(rest.substr(kFirst.size()))};
     return {.every = count(rest)};
   };
   if (recompute == "none") return p;

@@ -36,7 +36,6 @@
 // (random draws included: the model's generators are restored for the rebuild); the hooks and
 // scopes are open only inside CausalLM::block, never around the head or the backward.
 #pragma once
-#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -58,7 +57,7 @@ class CausalLM;
 struct BlockSet {
   int64_t every = 0;
   int64_t first = 0;
-  bool has(size_t i) const { return every > 0 ? i % size_t(every) == 0 : i < size_t(std::max<int64_t>(first, 0)); }
+  bool has(size_t i) const { return every > 0 ? i % size_t(every) == 0 : first > 0 && i < size_t(first); }
   bool any() const { return every > 0 || first > 0; }
   static BlockSet all() { return {1, 0}; }
   bool operator==(const BlockSet&) const = default;
