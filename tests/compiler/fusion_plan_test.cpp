@@ -151,24 +151,30 @@ TEST(KernelCache, ADamagedArtefactIsAMissAndIsMadeAgain) {
   const std::string key = kernel_cache_key("region text", "cpu-test", "toolchain 1");
   const std::string bytes(4096, 'k');
   const std::string path = kernel_cache_store(key, "so", bytes, "region text");
-  ASSERT_EQ(kernel_cache_find(key, "so", "region text"), path);
-  EXPECT_EQ(kernel_cache_find(key, "so", "another region"), std::nullopt);
+  // A hit hands back the path and the bytes it checked.
+  const auto hit_path = [&] {
+    const std::optional<CacheEntry> e = kernel_cache_find(key, "so", "region text");
+    if (e) EXPECT_EQ(e->bytes, bytes);
+    return e ? e->path : std::string("(a miss)");
+  };
+  ASSERT_EQ(hit_path(), path);
+  EXPECT_FALSE(kernel_cache_find(key, "so", "another region"));
   auto overwrite = [&](const std::string& with) { std::ofstream(path, std::ios::binary | std::ios::trunc) << with; };
   std::string flipped = bytes;
   flipped[1234] ^= 0x10;
   overwrite(flipped);
   testing::internal::CaptureStderr();
-  EXPECT_EQ(kernel_cache_find(key, "so", "region text"), std::nullopt);
+  EXPECT_FALSE(kernel_cache_find(key, "so", "region text"));
   const std::string err = testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find("kernel cache: " + path + " does not match " + key + ".sum"), std::string::npos) << err;
   overwrite(bytes.substr(0, 100));
   testing::internal::CaptureStderr();
-  EXPECT_EQ(kernel_cache_find(key, "so", "region text"), std::nullopt);
+  EXPECT_FALSE(kernel_cache_find(key, "so", "region text"));
   testing::internal::GetCapturedStderr();
   EXPECT_EQ(kernel_cache_store(key, "so", bytes, "region text"), path);
-  EXPECT_EQ(kernel_cache_find(key, "so", "region text"), path);
+  EXPECT_EQ(hit_path(), path);
   std::filesystem::remove(std::filesystem::path(path).replace_extension("sum"));
-  EXPECT_EQ(kernel_cache_find(key, "so", "region text"), path);
+  EXPECT_EQ(hit_path(), path);
 
   // A damaged plan: the pass makes it again and stores it over the damaged one.
   const Graph g = pointwise_chain();

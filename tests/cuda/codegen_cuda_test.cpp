@@ -152,9 +152,10 @@ TEST(CudaCodegen, NvrtcCompilesEveryRegionKindForSm90a) {
       const Graph& g = cap.graph();
       ASSERT_TRUE(cuda_emitter_supports(g, r)) << c.name << "\n" << region_text(g, r);
       bool compiled = false;
-      std::string path;
-      EXPECT_NO_THROW(path = build_cuda_kernel(g, r, "sm_90a", &compiled)) << c.name << "\n" << emit_cuda_source(g, r);
-      EXPECT_TRUE(std::filesystem::exists(path)) << c.name;
+      CacheEntry cubin;
+      EXPECT_NO_THROW(cubin = build_cuda_kernel(g, r, "sm_90a", &compiled)) << c.name << "\n" << emit_cuda_source(g, r);
+      EXPECT_TRUE(std::filesystem::exists(cubin.path)) << c.name;
+      EXPECT_FALSE(cubin.bytes.empty()) << c.name;
     });
   }
 }
@@ -239,12 +240,13 @@ TEST(CudaCodegen, SecondLoadHitsTheCacheWithoutNvrtc) {
     if (g.ops[i].kind == OpKind::kernel) r.ops.push_back(int(i));
   compute_region_io(g, r);
   bool compiled = false;
-  const std::string p1 = build_cuda_kernel(g, r, "sm_90a", &compiled);
+  const CacheEntry c1 = build_cuda_kernel(g, r, "sm_90a", &compiled);
   const int calls = nvrtc_compile_count();
-  const std::string p2 = build_cuda_kernel(g, r, "sm_90a", &compiled);
+  const CacheEntry c2 = build_cuda_kernel(g, r, "sm_90a", &compiled);
   EXPECT_FALSE(compiled);
   EXPECT_EQ(nvrtc_compile_count(), calls) << "a cache hit must not call NVRTC";
-  EXPECT_EQ(p1, p2);
+  EXPECT_EQ(c1.path, c2.path);
+  EXPECT_EQ(c1.bytes, c2.bytes);
   // Another architecture is another entry.
   build_cuda_kernel(g, r, "sm_80", &compiled);
   EXPECT_TRUE(compiled);

@@ -2,8 +2,6 @@
 #include "blu/compiler/fusion_plan.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "blu/compiler/codegen/cpu_kernel.h"
 #include "blu/compiler/codegen/cuda_module.h"
@@ -50,12 +48,9 @@ void store_fusion_plan(const Graph& g, const std::string& target, const std::vec
 }
 
 std::optional<std::vector<FusedRegion>> find_fusion_plan(const Graph& g, const std::string& target) {
-  const std::optional<std::string> path = kernel_cache_find(fusion_plan_key(g, target), "plan", portable_graph_text(g));
-  if (!path) return std::nullopt;
-  std::ifstream f(*path, std::ios::binary);
-  std::ostringstream os;
-  os << f.rdbuf();
-  return parse_fusion_plan(g, os.str());
+  const std::optional<CacheEntry> hit = kernel_cache_find(fusion_plan_key(g, target), "plan", portable_graph_text(g));
+  if (!hit) return std::nullopt;
+  return parse_fusion_plan(g, hit->bytes);
 }
 
 FusionFn cached_fusion(FusionFn pass, std::function<void(const std::string&)> log, std::string target,

@@ -493,9 +493,10 @@ std::unique_ptr<CpuKernel> CpuKernel::load(const Graph& g, const FusedRegion& r,
   const std::string src = emit_cpu_source(g, r);
   // The source is in the key: a change of the emitter (or of fast_math.h's version) misses.
   const std::string key = kernel_cache_key(text + "\n" + src, kCpuTarget, cpu_toolchain_version());
-  std::optional<std::string> path = kernel_cache_find(key, "so", text);
-  if (compiled) *compiled = !path;
-  if (!path) {
+  const std::optional<CacheEntry> hit = kernel_cache_find(key, "so", text);
+  if (compiled) *compiled = !hit;
+  std::string path = hit ? hit->path : std::string();
+  if (!hit) {
     const fs::path dir = fs::temp_directory_path() / ("blu_region_" + key + "_" + std::to_string(::getpid()));
     fs::create_directories(dir);
     { std::ofstream(dir / "region.cpp") << src; }
@@ -514,10 +515,10 @@ std::unique_ptr<CpuKernel> CpuKernel::load(const Graph& g, const FusedRegion& r,
     fs::remove_all(dir);
   }
   std::unique_ptr<CpuKernel> k(new CpuKernel());
-  k->handle_ = ::dlopen(path->c_str(), RTLD_NOW | RTLD_LOCAL);
-  BLU_CHECK(k->handle_, "cpu codegen: dlopen ", *path, ": ", ::dlerror());
+  k->handle_ = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  BLU_CHECK(k->handle_, "cpu codegen: dlopen ", path, ": ", ::dlerror());
   k->fn_ = reinterpret_cast<void (*)(void* const*, const double*)>(::dlsym(k->handle_, "blu_region"));
-  BLU_CHECK(k->fn_, "cpu codegen: ", *path, " has no blu_region");
+  BLU_CHECK(k->fn_, "cpu codegen: ", path, " has no blu_region");
   return k;
 }
 

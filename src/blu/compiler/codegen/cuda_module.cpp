@@ -112,15 +112,17 @@ const Driver& driver() {
 
 }  // namespace
 
-std::string build_cuda_kernel(const Graph& g, const FusedRegion& r, const std::string& arch, bool* compiled) {
+CacheEntry build_cuda_kernel(const Graph& g, const FusedRegion& r, const std::string& arch, bool* compiled) {
   const std::string text = region_text(g, r);
   const std::string src = emit_cuda_source(g, r);
   // The source is in the key: a change of the emitter misses.
   const std::string key = kernel_cache_key(text + "\n" + src, cuda_target(arch), nvrtc_version());
-  std::optional<std::string> path = kernel_cache_find(key, "cubin", text);
-  if (compiled) *compiled = !path;
-  if (path) return *path;
-  return kernel_cache_store(key, "cubin", nvrtc_compile(src, arch, r.index), text);
+  std::optional<CacheEntry> hit = kernel_cache_find(key, "cubin", text);
+  if (compiled) *compiled = !hit;
+  if (hit) return std::move(*hit);
+  std::string cubin = nvrtc_compile(src, arch, r.index);
+  std::string path = kernel_cache_store(key, "cubin", cubin, text);
+  return CacheEntry{std::move(path), std::move(cubin)};
 }
 
 std::unique_ptr<CudaKernel> CudaKernel::load(const Graph& g, const FusedRegion& r, bool* compiled) {
@@ -130,23 +132,14 @@ std::unique_ptr<CudaKernel> CudaKernel::load(const Graph& g, const FusedRegion& 
   for (int v : r.outputs)
     if (!g.values[size_t(v)].device.is_cpu()) dev = g.values[size_t(v)].device;
   BLU_CHECK(dev.is_cuda(), "cuda codegen: region ", r.index, " is not on a CUDA device");
-  const std::string path = build_cuda_kernel(g, r, cuda_device_arch(dev.index), compiled);
-  std::string cubin;
-  {
-    FILE* f = std::fopen(path.c_str(), "rb");
-    BLU_CHECK(f, "cuda codegen: cannot read ", path);
-    char buf[1 << 16];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) cubin.append(buf, n);
-    std::fclose(f);
-  }
+  const CacheEntry cubin = build_cuda_kernel(g, r, cuda_device_arch(dev.index), compiled);
   int current = 0;
   BLU_CHECK(cudaGetDevice(&current) == cudaSuccess && current == dev.index, "cuda codegen: region ", r.index, " is on ",
             dev.str(), ", the current device is cuda:", current);
   BLU_CHECK(cudaFree(nullptr) == cudaSuccess, "cuda codegen: no CUDA context on ", dev.str());  // the primary context
   std::unique_ptr<CudaKernel> k(new CudaKernel());
   CUmodule m = nullptr;
-  BLU_CU_CHECK(driver().module_load_data(&m, cubin.data()), "cuModuleLoadData(" + path + ")");
+  BLU_CU_CHECK(driver().module_load_data(&m, cubin.bytes.data()), "cuModuleLoadData(" + cubin.path + ")");
   k->module_ = m;
   CUfunction fn = nullptr;
   BLU_CU_CHECK(driver().module_get_function(&fn, m, "blu_region"), "cuModuleGetFunction(blu_region)");
@@ -218,7 +211,7 @@ void CudaKernel::run(const std::vector<Tensor>& ins, const std::vector<Tensor>& 
 
 std::string nvrtc_version() { return "none"; }
 std::string cuda_device_arch(int) { BLU_CHECK(false, "cuda codegen: this build has no CUDA"); }
-std::string build_cuda_kernel(const Graph&, const FusedRegion& r, const std::string& arch, bool*) {
+CacheEntry build_cuda_kernel(const Graph&, const FusedRegion& r, const std::string& arch, bool*) {
   BLU_CHECK(false, "cuda codegen: this build has no NVRTC (BLU_CUDA=OFF); region ", r.index, " for ", arch,
             " needs a CUDA build");
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "blu/compiler/codegen/cuda_kernel.h"
+#include "blu/compiler/codegen/kernel_cache.h"
 #include "blu/core/exec_context.h"
 #include "blu/core/tensor.h"
 
@@ -28,8 +29,8 @@ std::string nvrtc_version();
 std::string cuda_device_arch(int device_index);
 
 // The region's cubin for `arch` in the kernel cache: found there, or compiled with NVRTC and stored.
-// Needs no GPU. Returns the cubin's path; `compiled` says whether NVRTC ran.
-std::string build_cuda_kernel(const Graph& g, const FusedRegion& r, const std::string& arch, bool* compiled = nullptr);
+// Needs no GPU. Returns the cubin's path and bytes; `compiled` says whether NVRTC ran.
+CacheEntry build_cuda_kernel(const Graph& g, const FusedRegion& r, const std::string& arch, bool* compiled = nullptr);
 
 // How many times this process has called nvrtcCompileProgram (the cache test's "no NVRTC call").
 int nvrtc_compile_count();

@@ -57,23 +57,22 @@ std::string kernel_cache_key(const std::string& region_text, const std::string& 
   return hash128(region_text + "\n#target " + target + "\n#toolchain " + toolchain);
 }
 
-std::optional<std::string> kernel_cache_find(const std::string& key, const std::string& ext,
-                                             const std::string& region_text) {
+std::optional<CacheEntry> kernel_cache_find(const std::string& key, const std::string& ext,
+                                            const std::string& region_text) {
   const fs::path dir = kernel_cache_dir();
   const fs::path art = dir / (key + "." + ext);
   if (!fs::exists(art)) return std::nullopt;
   auto text = read_file(dir / (key + ".txt"));
   if (!text || *text != region_text) return std::nullopt;
+  auto bytes = read_file(art);
+  if (!bytes) return std::nullopt;
   // An entry with no sum file (an earlier version wrote it) is taken unchecked.
-  if (const auto sum = read_file(dir / (key + ".sum"))) {
-    const auto bytes = read_file(art);
-    if (!bytes || artefact_sum(*bytes) != *sum) {
-      std::fprintf(stderr, "blu: kernel cache: %s does not match %s.sum (damaged on disk?): made again\n",
-                   art.c_str(), key.c_str());
-      return std::nullopt;
-    }
+  if (const auto sum = read_file(dir / (key + ".sum")); sum && artefact_sum(*bytes) != *sum) {
+    std::fprintf(stderr, "blu: kernel cache: %s does not match %s.sum (damaged on disk?): made again\n", art.c_str(),
+                 key.c_str());
+    return std::nullopt;
   }
-  return art.string();
+  return CacheEntry{art.string(), std::move(*bytes)};
 }
 
 std::string kernel_cache_store(const std::string& key, const std::string& ext, const std::string& bytes,

@@ -22,10 +22,14 @@ namespace blu::compiler {
 std::string kernel_cache_dir();
 std::string kernel_cache_key(const std::string& region_text, const std::string& target, const std::string& toolchain);
 
-// The path of the cached artefact for `key` when the entry exists and its stored text equals
-// `region_text`.
-std::optional<std::string> kernel_cache_find(const std::string& key, const std::string& ext,
-                                             const std::string& region_text);
+// A cache hit: the artefact's path and the bytes that were checked against its sum. A caller
+// that can take bytes (a cubin, a plan) uses these, so what it loads is what was checked.
+struct CacheEntry {
+  std::string path, bytes;
+};
+// The entry for `key` when it exists and its stored text equals `region_text`.
+std::optional<CacheEntry> kernel_cache_find(const std::string& key, const std::string& ext,
+                                            const std::string& region_text);
 // Stores `bytes` as the entry for `key` (atomically) and returns its path.
 std::string kernel_cache_store(const std::string& key, const std::string& ext, const std::string& bytes,
                                const std::string& region_text);
