@@ -241,7 +241,7 @@ ModelCosts measure_model(models::CausalLM& model, int64_t b, int64_t T, int reps
     NoGradGuard no_grad;
     auto timed = [&](int64_t n) {
       auto make = [&] { return zeros({n}, pdt, dev); };
-      AdamWTensors t{make(), make(), make(), make(), Tensor()};
+      AdamWTensors t{make(), make(), make(), make(), Tensor(), Tensor()};
       std::vector<double> times;
       for (int r = -1; r < reps; ++r) {
         settle(t.param);
