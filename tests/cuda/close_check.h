@@ -1,7 +1,8 @@
 // What the GPU kernel tests that compare against a reference share (tests/cuda/gemm_cuda_test.cpp,
-// gemm_nn_cuda_test.cpp): host copies as vectors and in f64, random operands exact in their dtype,
-// an elementwise tolerance check that reports the worst element, a bitwise check, and the GEMM
-// tolerances per numeric mode.
+// gemm_nn_cuda_test.cpp, optim_multi_cuda_test.cpp, norm_gate_cuda_test.cpp): host copies as
+// vectors and in f64, random operands exact in their dtype, an elementwise tolerance check that
+// reports the worst element, a bitwise check, the GEMM tolerances per numeric mode, and views
+// placed at offsets and transposed inside one buffer, on the host and the device alike.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -73,6 +74,33 @@ inline ::testing::AssertionResult bit_equal(const std::string& what, const Tenso
   return ::testing::AssertionFailure() << what << ": " << diff << " of " << ca.numel()
                                        << " elements differ bitwise; first at " << first << ": " << va[first]
                                        << " vs " << vb[first];
+}
+
+// Where a tensor lives inside a 1-D buffer: at `offset` elements (one that breaks 16-byte
+// alignment, say), transposed (2-D) or not.
+struct Layout {
+  Shape shape;
+  int64_t offset = 0;
+  bool transposed = false;
+};
+inline Tensor place(const Tensor& buffer, const Layout& l) {
+  const Tensor v = narrow(buffer, 0, l.offset, numel(l.shape));
+  if (!l.transposed) return view(v, l.shape);
+  return transpose(view(v, {l.shape[1], l.shape[0]}), 0, 1);
+}
+// The same values in a host buffer and a device buffer, each seen through layout l.
+struct Pair {
+  Tensor h, d;
+};
+inline Pair pair(const Tensor& host_buffer, const Layout& l) {
+  return {place(host_buffer, l), place(dev(host_buffer), l)};
+}
+// A host buffer that holds layout l: normal values times `scale` (their magnitudes when
+// `positive`), rounded to dt.
+inline Tensor buffer(const Layout& l, DType dt, double scale, bool positive, Generator& gen) {
+  Tensor b = mul(randn({l.offset + numel(l.shape)}, DType::f32, kCPU, &gen), scale);
+  if (positive) b = abs(b);
+  return to_dtype(b, dt);
 }
 
 // Tolerances, relative to scale = Σ_k |a_ik|·|b_kj| (the size of the terms summed):

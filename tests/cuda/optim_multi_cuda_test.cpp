@@ -20,49 +20,20 @@
 #include "blu/models/gpt2/gpt2.h"
 #include "blu/ops/optim.h"
 #include "blu/optim/optimizer.h"
+#include "cuda/close_check.h"
 #include "cuda/cuda_test_util.h"
 
 namespace blu {
 namespace {
 
+using test::bit_equal;
+using test::buffer;
 using test::dev;
 using test::host;
 using test::kGPU;
-
-// Bitwise equality of a device tensor and a host tensor (any layouts).
-::testing::AssertionResult bit_equal(const std::string& what, const Tensor& d, const Tensor& h) {
-  const Tensor a = contiguous(d.device().is_cpu() ? d : host(d)), b = contiguous(h);
-  if (a.shape() != b.shape() || a.dtype() != b.dtype())
-    return ::testing::AssertionFailure() << what << ": " << a.str() << " vs " << b.str();
-  const auto* x = static_cast<const uint8_t*>(a.raw_data());
-  const auto* y = static_cast<const uint8_t*>(b.raw_data());
-  const size_t n = a.nbytes(), es = a.itemsize();
-  for (size_t i = 0; i < n; ++i)
-    if (x[i] != y[i]) return ::testing::AssertionFailure() << what << ": first difference at element " << i / es;
-  return ::testing::AssertionSuccess();
-}
-
-// Where a tensor lives inside a 1-D buffer: at `offset` elements, transposed (2-D) or not.
-struct Layout {
-  Shape shape;
-  int64_t offset = 0;
-  bool transposed = false;
-};
-Tensor place(const Tensor& buffer, const Layout& l) {
-  const Tensor v = narrow(buffer, 0, l.offset, numel(l.shape));
-  if (!l.transposed) return view(v, l.shape);
-  return transpose(view(v, {l.shape[1], l.shape[0]}), 0, 1);
-}
-// The same values in a host buffer and a device buffer, each seen through layout l.
-struct Pair {
-  Tensor h, d;
-};
-Pair pair(const Tensor& host_buffer, const Layout& l) { return {place(host_buffer, l), place(dev(host_buffer), l)}; }
-Tensor buffer(const Layout& l, DType dt, double scale, bool positive, Generator& gen) {
-  Tensor b = mul(randn({l.offset + numel(l.shape)}, DType::f32, kCPU, &gen), scale);
-  if (positive) b = abs(b);
-  return to_dtype(b, dt);
-}
+using test::Layout;
+using test::Pair;
+using test::pair;
 
 TEST(CudaAdamWMulti, MatchesCpuBitwise) {
   SKIP_WITHOUT_CUDA();

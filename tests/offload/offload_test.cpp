@@ -170,43 +170,9 @@ train::TrainOptions pool_run(const TempDir& data, const std::filesystem::path& o
   return o;
 }
 
-struct RunResult {
-  std::vector<double> losses;
-  std::vector<std::vector<double>> weights;
-  int64_t pool_peak = 0;  // the pool's peak since the last logged step (after training: evaluation, checkpoint)
-  int64_t step_peak = 0;  // the training steps' peak (TrainSummary::peak_mem_bytes)
-  int64_t released = 0;   // parameter elements whose fp32 values lived only on the host
-  std::optional<MemoryPlan> plan;
-  std::string log;
-};
-
+using RunResult = train::test_util::PoolRunResult;
 // stop_at > 0: stopped after that step the way Ctrl-C stops the CLI (flag → checkpoint).
-RunResult run(train::TrainOptions o, int64_t stop_at = 0) {
-  RunResult r;
-  std::ostringstream log;
-  std::atomic<bool> stop{false};
-  train::TrainCallbacks cb;
-  cb.log = &log;
-  cb.stop = &stop;
-  cb.on_step = [&](const train::StepStats& s) {
-    r.losses.push_back(s.loss);
-    if (s.step == stop_at) stop = true;
-  };
-  device_pool(1).set_budget(0);
-  device_pool(1).reset_peak();
-  {
-    train::Trainer t(o, cb);
-    r.step_peak = t.run().peak_mem_bytes;
-    r.released = t.strategy().released_elements();
-    const auto values = t.strategy().parameter_values();  // masters on the host: read there
-    for (const auto& [name, w] : t.model().state_dict()) r.weights.push_back(to_vector(w));
-    r.pool_peak = device_pool(1).stats().peak_bytes;
-    r.plan = t.memory_plan();
-  }
-  device_pool(1).set_budget(0);
-  r.log = log.str();
-  return r;
-}
+RunResult run(const train::TrainOptions& o, int64_t stop_at = 0) { return train::test_util::run_on_pool(o, stop_at); }
 
 void expect_same_run(const RunResult& a, const RunResult& b) {
   ASSERT_EQ(a.losses.size(), b.losses.size());

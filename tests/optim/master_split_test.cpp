@@ -171,37 +171,8 @@ train::TrainOptions pool_run(const TempDir& data, const std::filesystem::path& o
   return train::test_util::pool_run(data.path(), out, kVocab, "bf16");
 }
 
-struct RunResult {
-  std::vector<double> losses;
-  std::vector<std::vector<double>> weights;
-  int64_t step_peak = 0, split = 0;
-  std::optional<offload::MemoryPlan> plan;
-  std::string log;
-};
-
-RunResult run(const train::TrainOptions& o, int64_t stop_at = 0) {
-  RunResult r;
-  std::ostringstream log;
-  std::atomic<bool> stop{false};
-  train::TrainCallbacks cb;
-  cb.log = &log;
-  cb.stop = &stop;
-  cb.on_step = [&](const train::StepStats& s) {
-    r.losses.push_back(s.loss);
-    if (s.step == stop_at) stop = true;
-  };
-  device_pool(1).reset_peak();
-  {
-    train::Trainer t(o, cb);
-    r.step_peak = t.run().peak_mem_bytes;
-    r.split = t.strategy().split_elements();
-    r.plan = t.memory_plan();
-    const auto values = t.strategy().parameter_values();  // split masters: joined on the CPU
-    for (const auto& [name, w] : t.model().state_dict()) r.weights.push_back(to_vector(w));
-  }
-  r.log = log.str();
-  return r;
-}
+using RunResult = train::test_util::PoolRunResult;
+RunResult run(const train::TrainOptions& o, int64_t stop_at = 0) { return train::test_util::run_on_pool(o, stop_at); }
 
 // Runs that differ only where a compute copy rounded an exact tie away from zero instead of to
 // even (one element in 65,536: the tiny model's 25,472 split elements start with one, and each

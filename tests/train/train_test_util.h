@@ -1,13 +1,20 @@
 // Shared by the trainer tests on the CPU (tests/train) and on the GPU (tests/cuda): a token
-// stream a small model can learn, written as shards, and the options of a small run over it.
+// stream a small model can learn, written as shards, the options of a small run over it, and a
+// run on the device pool read back (losses, weights, peaks, plan, log).
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "blu/data/shard.h"
+#include "blu/memory/device_pool.h"
 #include "blu/models/gpt2/gpt2.h"
+#include "blu/offload/plan.h"
+#include "blu/ops/factory.h"
 #include "blu/train/trainer.h"
 #include "data/data_test_util.h"
 
@@ -67,6 +74,50 @@ inline TrainOptions pool_run(const std::filesystem::path& data, const std::files
   o.val_every = 0;
   o.device = "cpu:1";
   return o;
+}
+
+struct PoolRunResult {
+  std::vector<double> losses;
+  std::vector<std::vector<double>> weights;  // the model's state_dict, read through its fp32 values
+  int64_t step_peak = 0;  // the training steps' peak (TrainSummary::peak_mem_bytes)
+  int64_t pool_peak = 0;  // cpu:1's peak over the whole run (after training: evaluation, checkpoint)
+  int64_t released = 0;   // parameter elements whose fp32 values lived only on the host
+  int64_t split = 0;      // parameter elements held as split masters
+  std::optional<offload::MemoryPlan> plan;
+  std::string log;
+};
+
+// Trains `o`, a pool_run (cpu:1 with no budget of its own: the trainer's plan sets one), and
+// reads back what the offload and split-master tests compare. stop_at > 0: stopped after that
+// step the way Ctrl-C stops the CLI (the flag, then a checkpoint).
+inline PoolRunResult run_on_pool(const TrainOptions& o, int64_t stop_at = 0) {
+  PoolRunResult r;
+  std::ostringstream log;
+  std::atomic<bool> stop{false};
+  TrainCallbacks cb;
+  cb.log = &log;
+  cb.stop = &stop;
+  cb.on_step = [&](const StepStats& s) {
+    r.losses.push_back(s.loss);
+    if (s.step == stop_at) stop = true;
+  };
+  device_pool(1).set_budget(0);
+  device_pool(1).reset_peak();
+  {
+    Trainer t(o, cb);
+    r.step_peak = t.run().peak_mem_bytes;
+    r.released = t.strategy().released_elements();
+    r.split = t.strategy().split_elements();
+    // While `values` lives the parameters hold their fp32 values (masters on the host, split
+    // masters joined).
+    const auto values = t.strategy().parameter_values();
+    for (const auto& [name, w] : t.model().state_dict()) r.weights.push_back(to_vector(w));
+    r.pool_peak = device_pool(1).stats().peak_bytes;
+    r.plan = t.memory_plan();
+  }
+  device_pool(1).set_budget(0);
+  r.log = log.str();
+  return r;
 }
 
 }  // namespace blu::train::test_util
