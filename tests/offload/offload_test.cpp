@@ -430,6 +430,51 @@ TEST(Offload, RecomputeAutoPicksTheLeastThatFits) {
                      {"--recompute auto picks the least recompute that fits a --gpu-memory-budget"});
 }
 
+// Between two steps of the ladder: with 8 blocks auto probes mlp-first at 2, 4, 6 and 7 blocks.
+// Under a budget between what mlp-first:2 and mlp-first:3 need, 2 does not fit and 4 does; halving
+// the blocks between them finds 3, which the run then takes (bitwise the plain run: recompute
+// changes no arithmetic). Under one between 3's and 4's, 3 is probed last and does not fit: 4 is
+// probed again and taken.
+TEST(Offload, RecomputeAutoHalvesBetweenTheLaddersSteps) {
+  TempDir data;
+  train::test_util::write_toy_shards(data.path(), kVocab, 2048, 8192);
+  const auto deep = [&] {
+    train::TrainOptions o = pool_run(data, "", "fp32");
+    o.model["n_layer"] = 8;
+    o.loss_chunks = 1;  // the logits whole: only the recompute settings are probed
+    return o;
+  };
+  const auto planned = [&](const char* recompute) {
+    train::TrainOptions o = deep();
+    o.gpu_memory_budget = 1.0;
+    o.recompute = recompute;
+    const RunResult r = run(o);
+    EXPECT_TRUE(r.plan && !r.plan->offload_state) << r.log;
+    return r;
+  };
+  const RunResult none = planned("none"), two = planned("mlp-first:2"), three = planned("mlp-first:3"),
+                  four = planned("mlp-first:4");
+  const int64_t need2 = two.plan->device_peak_bytes, need3 = three.plan->device_peak_bytes,
+                need4 = four.plan->device_peak_bytes;
+  ASSERT_LT(need3, need2);
+  ASSERT_LT(need4, need3);
+  const RunResult r = run_auto_under(deep(), (need2 + need3) / 2, none);
+  EXPECT_NE(r.log.find("recompute auto: mlp-first:4 fits and mlp-first:2 does not; between them 3 fits\n"),
+            std::string::npos)
+      << r.log;
+  EXPECT_NE(r.log.find("recompute auto: mlp-first:3 (the least recompute that fits with the optimizer state on the "
+                       "device)"),
+            std::string::npos)
+      << r.log;
+  const RunResult r4 = run_auto_under(deep(), (need3 + need4) / 2, none);
+  EXPECT_NE(r4.log.find("recompute auto: mlp-first:4 fits and mlp-first:2 does not; between them 3 does not\n"),
+            std::string::npos)
+      << r4.log;
+  EXPECT_NE(r4.log.find("recompute auto: mlp-first:4 (the least"), std::string::npos) << r4.log;
+  std::printf("recompute auto between the ladder's steps: mlp-first:2 needs %lld bytes, 3 %lld, 4 %lld\n",
+              (long long)need2, (long long)need3, (long long)need4);
+}
+
 // --recompute auto with --loss-chunks unset: each setting is followed by the same with the head's
 // loss in 4, then 8 row pieces (Note [Chunked loss]), cheaper than any recompute. With a vocabulary
 // wide enough for the logits to matter, a budget between what the plain step and 4 pieces need

@@ -32,10 +32,11 @@ namespace blu::train {
 // once), which holds the micro-batches its schedule keeps in flight.
 // --recompute auto: the least recompute whose plan fits, the optimizer state on the device first.
 // The settings in the order of what they cost a step: none, the MLP recomputed on the first K of
-// the L blocks for K = ⌈L/4⌉, ⌈L/2⌉, ⌈3L/4⌉ and L-1 (each below L), selective, block:4,
-// selective+block:4, mlp, block:2, selective+block:2, selective+mlp, block (on an H200, llama-250m
-// compiled: selective 7%, block:2 10%, selective+block:2 13%, block 18%; mlp, one GEMM a block, ran
-// 6.5% faster than selective+block:2 in 62 MiB less, and each block's MLP costs ~0.45% of the step;
+// the L blocks for K = ⌈L/4⌉, ⌈L/2⌉, ⌈3L/4⌉ and L-1 (each below L; the first K that fits is then
+// halved down to the least that fits), selective, block:4, selective+block:4, mlp, block:2,
+// selective+block:2, selective+mlp, block (on an H200, llama-250m compiled: selective 7%, block:2
+// 10%, selective+block:2 13%, block 18%; mlp, one GEMM a block, ran 6.5% faster than
+// selective+block:2 in 62 MiB less, and each block's MLP costs ~0.45% of the step;
 // docs/performance.md). The first blocks are the ones to rebuild (models/activations.h: mlp-first).
 // Recompute costs a share of a forward; moving the state to the host costs its transfers or a host
 // update (docs/offload.md), more at every batch size measured, so every recompute setting is tried
@@ -71,20 +72,23 @@ offload::MemoryPlan Trainer::plan_with_recompute(offload::PlanInput& in, const s
     if (try_pieces)
       for (const int64_t n : kAutoLossChunks) candidates.push_back({r, offload_activations, state, n});
   };
+  const int64_t L = int64_t(model_->num_blocks());
+  std::vector<int64_t> ladder;  // the mlp-first block counts probed in turn
+  for (const int64_t K : {(L + 3) / 4, (L + 1) / 2, (3 * L + 3) / 4, L - 1})
+    if (K >= 1 && K < L && (ladder.empty() || ladder.back() != K)) ladder.push_back(K);
+  const auto mlp_first = [](int64_t K) { return "mlp-first:" + std::to_string(K); };
   for (const std::string& state : states) {
     std::vector<std::string> settings = {"none"};
-    const int64_t L = int64_t(model_->num_blocks());
-    for (const int64_t K : {(L + 3) / 4, (L + 1) / 2, (3 * L + 3) / 4, L - 1})
-      if (K >= 1 && K < L && settings.back() != "mlp-first:" + std::to_string(K))
-        settings.push_back("mlp-first:" + std::to_string(K));
+    for (const int64_t K : ladder) settings.push_back(mlp_first(K));
     for (const char* r : {"selective", "block:4", "selective+block:4", "mlp", "block:2", "selective+block:2",
                           "selective+mlp", "block"})
       settings.push_back(r);
     for (const std::string& r : settings) add(r, o.offload_activations, state);
     if (!o.offload_activations && !o.compile) add("block", true, state);  // the compiler does not capture activation offload
   }
-  std::string tried;
-  for (const Candidate& c : candidates) {
+  // One candidate probed and planned: its plan when it fits (on every rank that must agree), else
+  // what it needs, for the error's list.
+  const auto attempt = [&](const Candidate& c, std::string& why_not) -> std::optional<offload::MemoryPlan> {
     model_->set_activation_policy(models::ActivationPolicy::parse(c.recompute, c.offload_activations));
     model_->set_loss_chunks(c.loss_chunks);
     probe();
@@ -96,21 +100,61 @@ offload::MemoryPlan Trainer::plan_with_recompute(offload::PlanInput& in, const s
     } catch (const Error& e) {
       why = e.what();
     }
-    const bool pieces = try_pieces && c.loss_chunks > 1;
-    const std::string name = c.recompute +
-                             (c.offload_activations && !o.offload_activations ? ", --offload-activations" : "") +
-                             (pieces ? ", --loss-chunks " + std::to_string(c.loss_chunks) : "");
-    if (all_fit(plan.has_value())) {
-      if (try_pieces) opt_s_.loss_chunks = pieces ? c.loss_chunks : 1;
-      if (cb_.log)
-        *cb_.log << "recompute auto: " << name << " (the least recompute that fits"
-                 << (c.state == "none" ? " with the optimizer state on the device" : "") << ")\n";
-      return *plan;
-    }
+    if (all_fit(plan.has_value())) return plan;
     const size_t at = why.rfind("the smallest device budget that fits is ");
-    tried += "\n  --recompute " + name + ", --offload-state " + c.state + ": " +
-             (plan ? std::string("fits this rank, not every rank")
-                   : at == std::string::npos ? why.substr(0, 120) : why.substr(at));
+    why_not = plan ? std::string("fits this rank, not every rank")
+                   : at == std::string::npos ? why.substr(0, 120) : why.substr(at);
+    return std::nullopt;
+  };
+  std::string tried;
+  for (Candidate c : candidates) {
+    std::string why_not;
+    std::optional<offload::MemoryPlan> plan = attempt(c, why_not);
+    const bool pieces = try_pieces && c.loss_chunks > 1;
+    const auto name = [&] {
+      return c.recompute + (c.offload_activations && !o.offload_activations ? ", --offload-activations" : "") +
+             (pieces ? ", --loss-chunks " + std::to_string(c.loss_chunks) : "");
+    };
+    if (!plan) {
+      tried += "\n  --recompute " + name() + ", --offload-state " + c.state + ": " + why_not;
+      continue;
+    }
+    // The ladder's K fits and the K before it (or none) did not, with the same state and pieces:
+    // the least K between them that fits, found by halving (the activations' bytes fall as K
+    // grows), so a budget between two steps of the ladder costs only the blocks it needs.
+    const auto k_at = std::find_if(ladder.begin(), ladder.end(), [&](int64_t K) { return c.recompute == mlp_first(K); });
+    if (k_at != ladder.end()) {
+      int64_t lo = k_at == ladder.begin() ? 0 : *(k_at - 1), hi = *k_at;
+      const int64_t ladder_k = hi;
+      std::string probed;
+      bool last_fit = true;
+      while (hi - lo > 1) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        Candidate m = c;
+        m.recompute = mlp_first(mid);
+        if (auto p = attempt(m, why_not)) {
+          hi = mid;
+          plan = std::move(p);
+          last_fit = true;
+        } else {
+          lo = mid;
+          last_fit = false;
+        }
+        probed += std::string(probed.empty() ? "" : ", ") + std::to_string(mid) + (last_fit ? " fits" : " does not");
+      }
+      c.recompute = mlp_first(hi);
+      if (!last_fit) plan = attempt(c, why_not);  // the probe and the model's policy are the chosen K's again
+      BLU_CHECK(plan, "--recompute auto: ", c.recompute, " fitted and then did not on its second probe");
+      if (cb_.log && !probed.empty())
+        *cb_.log << "recompute auto: " << mlp_first(ladder_k) << " fits and "
+                 << (k_at == ladder.begin() ? std::string("none") : mlp_first(*(k_at - 1))) << " does not; between them "
+                 << probed << "\n";
+    }
+    if (try_pieces) opt_s_.loss_chunks = pieces ? c.loss_chunks : 1;
+    if (cb_.log)
+      *cb_.log << "recompute auto: " << name() << " (the least recompute that fits"
+               << (c.state == "none" ? " with the optimizer state on the device" : "") << ")\n";
+    return *plan;
   }
   BLU_CHECK(false, "--recompute auto: no recompute setting fits the budget (--gpu-memory-budget ", o.gpu_memory_budget,
             ", --host-memory-budget ", o.host_memory_budget, "):", tried);
