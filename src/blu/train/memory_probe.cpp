@@ -125,7 +125,7 @@ offload::MemoryPlan Trainer::plan_with_recompute(offload::PlanInput& in, const s
     const auto k_at = std::find_if(ladder.begin(), ladder.end(), [&](int64_t K) { return c.recompute == mlp_first(K); });
     if (k_at != ladder.end()) {
       int64_t lo = k_at == ladder.begin() ? 0 : *(k_at - 1), hi = *k_at;
-      const int64_t ladder_k = hi;
+      const std::string bounds = c.recompute + " fits and " + (lo == 0 ? std::string("none") : mlp_first(lo));
       std::string probed;
       bool last_fit = true;
       while (hi - lo > 1) {
@@ -146,9 +146,7 @@ offload::MemoryPlan Trainer::plan_with_recompute(offload::PlanInput& in, const s
       if (!last_fit) plan = attempt(c, why_not);  // the probe and the model's policy are the chosen K's again
       BLU_CHECK(plan, "--recompute auto: ", c.recompute, " fitted and then did not on its second probe");
       if (cb_.log && !probed.empty())
-        *cb_.log << "recompute auto: " << mlp_first(ladder_k) << " fits and "
-                 << (k_at == ladder.begin() ? std::string("none") : mlp_first(*(k_at - 1))) << " does not; between them "
-                 << probed << "\n";
+        *cb_.log << "recompute auto: " << bounds << " does not; between them " << probed << "\n";
     }
     if (try_pieces) opt_s_.loss_chunks = pieces ? c.loss_chunks : 1;
     if (cb_.log)
