@@ -532,11 +532,13 @@ TEST(CudaOptim, AdamWTenStepsWithinOneUlpOfCpu) {
 
 // Split masters (Note [Split fp32], core/split_f32.h): the device's update of (copy, low halves)
 // is the CPU's bit for bit — the float4 path, the tail and a tensor whose moments are strided —
-// with a clipping gate.
+// with a clipping gate, with f32 and with bf16 moments (Note [Stochastic bf16 moments]).
 TEST(CudaOptim, SplitMastersMatchCpuBitwise) {
   SKIP_WITHOUT_CUDA();
   manual_seed(12);
   NoGradGuard ng;
+  for (DType state : {DType::f32, DType::bf16}) {
+  SCOPED_TRACE(std::string("moments ") + std::string(dtype_name(state)));
   std::vector<Tensor> pc, cc, lc, mc, vc, pd, cd, ld, md, vd;
   for (const Shape& s : std::vector<Shape>{{1000, 123}, {37}, {5, 8}}) {
     const Tensor p = randn(s);
@@ -546,8 +548,8 @@ TEST(CudaOptim, SplitMastersMatchCpuBitwise) {
     pc.push_back(p);
     cc.push_back(hi);
     lc.push_back(lo);
-    mc.push_back(mul(randn(s), 0.1));
-    vc.push_back(abs(mul(randn(s), 0.01)));
+    mc.push_back(to_dtype(mul(randn(s), 0.1), state));
+    vc.push_back(to_dtype(abs(mul(randn(s), 0.01)), state));
     pd.push_back(dev(p));
     cd.push_back(dev(hi));
     ld.push_back(dev(lo));
@@ -571,6 +573,7 @@ TEST(CudaOptim, SplitMastersMatchCpuBitwise) {
       EXPECT_TRUE(bitwise_equal(contiguous(host(md[i])), mc[i])) << "exp_avg " << i << " step " << step;
       EXPECT_TRUE(bitwise_equal(host(vd[i]), vc[i])) << "exp_avg_sq " << i << " step " << step;
     }
+  }
   }
 }
 

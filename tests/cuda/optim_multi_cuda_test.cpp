@@ -1,7 +1,8 @@
 // GPU tests for the many-tensor AdamW kernel and the compute copies it writes: the CUDA
 // "adamw_step" equals the CPU kernel bit for bit on random data (more tensors than one launch's
 // table holds, sizes that are not multiples of 4, views at offsets that break 16-byte alignment,
-// a transposed view, compute copies none/bf16/f16); and on a small bf16 GPT on the GPU, every
+// a transposed view, compute copies none/bf16/f16, moments f32 and bf16 — their stochastic
+// rounding too); and on a small bf16 GPT on the GPU, every
 // compute copy equals to_dtype(param) after each AdamW step, an SGD step leaves them to be
 // re-cast, and the forward gives the same logits with copies on and off. And copy_many_ (the
 // shard ↔ parameter copies of dist/zero): 230 pairs (three launches' tables), sizes from 1
@@ -41,10 +42,11 @@ TEST(CudaAdamWMulti, MatchesCpuBitwise) {
   const std::vector<Shape> sizes = {{1},       {3},    {5},         {7, 1}, {4095}, {4097}, {12345},
                                     {70001},   {33},   {2 * 4096 + 1}, {4096}, {17, 33}, {2, 3, 5}};
   constexpr int kTensors = 75;  // more than one launch's table (64)
+  for (DType state : {DType::f32, DType::bf16})  // the moments' dtype (bf16: stochastic rounding)
   for (DType copy_dtype : {DType::f32, DType::bf16, DType::f16}) {
-    SCOPED_TRACE(dtype_name(copy_dtype));
+    SCOPED_TRACE("moments " + std::string(dtype_name(state)) + ", copies " + std::string(dtype_name(copy_dtype)));
     const bool copies = copy_dtype != DType::f32;
-    Generator gen(100 + int(copy_dtype));
+    Generator gen(100 + int(copy_dtype) + 10 * int(state));
     std::vector<Pair> p, m, v, c;
     std::vector<Layout> grad_layout;
     for (int i = 0; i < kTensors; ++i) {
@@ -54,8 +56,8 @@ TEST(CudaAdamWMulti, MatchesCpuBitwise) {
       Layout lm{s, i % 7 == 2 ? 2 : 0}, lv{s, i % 7 == 3 ? 3 : 0}, lg{s, i % 6 == 4 ? 1 : 0};
       Layout lc{s, i % 3 == 0 ? 1 : 0, i == 24 && s.size() == 2};
       p.push_back(pair(buffer(lp, DType::f32, 1.0, false, gen), lp));
-      m.push_back(pair(buffer(lm, DType::f32, 0.1, false, gen), lm));
-      v.push_back(pair(buffer(lv, DType::f32, 0.01, true, gen), lv));
+      m.push_back(pair(buffer(lm, state, 0.1, false, gen), lm));
+      v.push_back(pair(buffer(lv, state, 0.01, true, gen), lv));
       if (copies) c.push_back(pair(zeros({lc.offset + numel(s)}, copy_dtype), lc));
       grad_layout.push_back(lg);
     }

@@ -64,6 +64,9 @@ std::vector<TensorMeta> infer_adamw_step(std::span<const Tensor> in, const Attrs
   const bool split = adamw_split(a);
   BLU_ASSERT(!split || stride == 5, "adamw_step: split masters without compute copies");
   const DType copy_dtype = stride == 5 ? in[4].dtype() : DType::f32;
+  const DType state_dtype = in[2].dtype();
+  BLU_CHECK(state_dtype == DType::f32 || state_dtype == DType::bf16, "adamw_step: exp_avg of tensor 0 must be f32 "
+            "or bf16 (the moments' dtypes), got ", in[2].str());
   for (size_t t = 0; t < n; t += stride) {
     const Tensor& p = split ? in[t + 1] : in[t];  // the shape every operand has
     if (split) {
@@ -76,11 +79,14 @@ std::vector<TensorMeta> infer_adamw_step(std::span<const Tensor> in, const Attrs
     }
     for (size_t k = split ? 1 : 0; k < stride; ++k) {
       const Tensor& x = in[t + k];
-      const bool copy = k == 4;
-      BLU_CHECK(copy ? (x.dtype() == DType::bf16 || x.dtype() == DType::f16) : x.dtype() == DType::f32,
-                "adamw_step: ", kRole[k], " of tensor ", t / stride, " must be ",
-                copy ? "bf16 or f16" : "f32 (the optimizer keeps fp32 state and fp32 master parameters)", ", got ",
-                x.str());
+      const bool copy = k == 4, moment = k == 2 || k == 3;
+      if (moment)
+        BLU_CHECK(x.dtype() == state_dtype, "adamw_step: ", kRole[k], " of tensor ", t / stride, " must be ",
+                  state_dtype, " as tensor 0's exp_avg is (one op's moments share a dtype), got ", x.str());
+      else
+        BLU_CHECK(copy ? (x.dtype() == DType::bf16 || x.dtype() == DType::f16) : x.dtype() == DType::f32,
+                  "adamw_step: ", kRole[k], " of tensor ", t / stride, " must be ",
+                  copy ? "bf16 or f16" : "f32 (the parameters and their gradients are fp32)", ", got ", x.str());
       BLU_CHECK(!copy || x.dtype() == copy_dtype, "adamw_step: the compute copies must share one dtype, got ",
                 copy_dtype, " and ", x.dtype(), " (tensor ", t / stride, ")");
       BLU_CHECK(x.shape() == p.shape(), "adamw_step: ", kRole[k], " shape ", x.shape(), " of tensor ", t / stride,

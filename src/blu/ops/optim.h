@@ -1,10 +1,10 @@
 // ops/optim: the optimizer updates as single in-place ops, so a backend can run a whole update in
 // one pass (on CUDA, AdamW over many parameters per launch) and the compiler sees one node per
 // update. optim/ builds the optimizers on these.
-// Depends on ops/dispatch. Keep: param, grad and state tensors have one shape and dtype f32 (the
-// optimizer's state dtype); math is fp32 in the order torch.optim's single-tensor path uses, so
-// results match PyTorch to rounding, and every backend does the same operations (CUDA matches the
-// CPU bit for bit); no autograd (call under NoGradGuard).
+// Depends on ops/dispatch. Keep: param, grad and state tensors have one shape and dtype f32 (AdamW's
+// moments may be bf16: Note [Stochastic bf16 moments]); math is fp32 in the order torch.optim's
+// single-tensor path uses, so results match PyTorch to rounding, and every backend does the same
+// operations (CUDA matches the CPU bit for bit); no autograd (call under NoGradGuard).
 #pragma once
 #include <cmath>
 #include <vector>
@@ -52,6 +52,9 @@ struct AdamWTensors {
   Tensor compute_copy;
   Tensor master_low;
 };
+// exp_avg and exp_avg_sq are f32, or bf16 in every tensor of the call: then they are widened for
+// the arithmetic below and stored back rounded stochastically (Note [Stochastic bf16 moments],
+// core/round_stochastic.h; the key is `step`).
 // torch.optim.AdamW, in place on each tensor's param, exp_avg, exp_avg_sq (and compute copy), all
 // with the same coefficients:
 //   p *= 1 - lr*wd;  m = b1*m + (1-b1)*g;  v = b2*v + ((1-b2)*g)*g;

@@ -1,13 +1,16 @@
 // CPU kernels for ops/optim: one pass over each parameter doing its whole optimizer update (AdamW
 // also writing the parameter's compute copy when given one; with a norm gate, the gradient
 // clipped or the update skipped: Note [Norm gate], ops/optim.h), and the gradients' sum of
-// squares for clip_grad_norm.
+// squares for clip_grad_norm. AdamW's moments are f32, or bf16 widened for the arithmetic and stored
+// rounded stochastically (Note [Stochastic bf16 moments], core/round_stochastic.h).
 // fp32 arithmetic in the order of torch.optim's single-tensor code (each PyTorch op rounds to
 // fp32 once; so does each step here), the scalar coefficients computed in double as Python does.
 #include <cmath>
+#include <type_traits>
 
 #include "blu/backend/backend.h"
 #include "blu/backend/cpu/loops.h"
+#include "blu/core/round_stochastic.h"
 #include "blu/core/split_f32.h"
 
 namespace blu::cpu {
@@ -31,9 +34,11 @@ GateDecision read_gate(const KernelCall& c) {
   return {.skip = false, .clip = coef < 1.0, .coef = float(coef)};
 }
 
-// PyTorch passes these Python floats to fp32 tensor ops, which round them to float.
+// PyTorch passes these Python floats to fp32 tensor ops, which round them to float. key_m, key_v:
+// bf16 moments' rounding keys for this step (Note [Stochastic bf16 moments]).
 struct AdamWCoef {
   float decay, b1, b2, one_m_b1, one_m_b2, bc2_sqrt, eps, neg_step_size;
+  uint32_t key_m, key_v;
 };
 // One element's update in torch.optim.AdamW's order, each operation rounded to fp32.
 inline float adamw_element(float p, float g, float& m, float& v, const AdamWCoef& k) {
@@ -43,16 +48,29 @@ inline float adamw_element(float p, float g, float& m, float& v, const AdamWCoef
   const float denom = std::sqrt(v) / k.bc2_sqrt + k.eps;
   return p + k.neg_step_size * m / denom;
 }
+// The same with the moments held as M (float, or bf16 rounded stochastically when stored).
+template <typename M>
+inline float adamw_element(float p, float g, M& m, M& v, const AdamWCoef& k) {
+  if constexpr (std::is_same_v<M, float>) {
+    return adamw_element(p, g, m, v, k);
+  } else {
+    float mf = m, vf = v;
+    p = adamw_element(p, g, mf, vf, k);
+    m = bf16::from_bits(bf16_bits_sr(mf, sr_element_key(k.key_m, p)));
+    v = bf16::from_bits(bf16_bits_sr(vf, sr_element_key(k.key_v, p)));
+    return p;
+  }
+}
 
 // adamw_step: inputs in groups of (param, grad, exp_avg, exp_avg_sq[, compute copy]) (ops/optim.cpp),
 // one tensor after the other.
-template <typename Copy>
+template <typename Copy, typename M>
 void adamw_one(const Tensor* t, bool with_copy, const GateDecision& gate, const AdamWCoef& k) {
   const Tensor &p = t[0], &g = t[1], &m = t[2], &v = t[3];
   float* pp = p.data<float>();
   const float* gp = g.data<float>();
-  float* mp = m.data<float>();
-  float* vp = v.data<float>();
+  M* mp = m.data<M>();
+  M* vp = v.data<M>();
   Copy* cp = with_copy ? t[4].data<Copy>() : nullptr;
   // Without a copy, point its operand at the parameter: never read or written then.
   std::array<Shape, 5> strides{p.strides(), g.strides(), m.strides(), v.strides(),
@@ -66,18 +84,29 @@ void adamw_one(const Tensor* t, bool with_copy, const GateDecision& gate, const 
 
 // A split master (Note [Split fp32], core/split_f32.h): the value is (copy, low halves), both
 // contiguous, and both are written back.
+template <typename M>
 void adamw_split_one(const Tensor* t, const GateDecision& gate, const AdamWCoef& k) {
   const Tensor &low = t[0], &g = t[1], &m = t[2], &v = t[3], &copy = t[4];
   auto* lp = static_cast<uint16_t*>(low.raw_data());
   auto* hp = static_cast<uint16_t*>(copy.raw_data());
   const float* gp = g.data<float>();
-  float* mp = m.data<float>();
-  float* vp = v.data<float>();
+  M* mp = m.data<M>();
+  M* vp = v.data<M>();
   std::array<Shape, 3> strides{g.strides(), m.strides(), v.strides()};
   strided_loop(g.shape(), strides, [&](int64_t i, const std::array<int64_t, 3>& o) {
     const float gi = gate.clip ? gp[o[0]] * gate.coef : gp[o[0]];
     split_f32(adamw_element(join_f32(hp[i], lp[i]), gi, mp[o[1]], vp[o[2]], k), hp[i], lp[i]);
   });
+}
+
+template <typename M>
+void adamw_tensor(const Tensor* ts, bool copies, bool split, const GateDecision& gate, const AdamWCoef& k) {
+  if (split)
+    adamw_split_one<M>(ts, gate, k);
+  else if (copies && ts[4].dtype() == DType::f16)
+    adamw_one<f16, M>(ts, true, gate, k);
+  else
+    adamw_one<bf16, M>(ts, copies, gate, k);
 }
 
 void adamw_step_kernel(const KernelCall& c) {
@@ -86,7 +115,8 @@ void adamw_step_kernel(const KernelCall& c) {
   const double t = double(a.i("step"));
   const double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
   const AdamWCoef k{float(1 - lr * wd), float(b1),           float(b2),         float(1 - b1),
-                    float(1 - b2),      float(std::sqrt(bc2)), float(a.f("eps")), float(-(lr / bc1))};
+                    float(1 - b2),      float(std::sqrt(bc2)), float(a.f("eps")), float(-(lr / bc1)),
+                    sr_key(a.i("step"), 0), sr_key(a.i("step"), 1)};
   const bool copies = a.b("copies"), split = a.has("split") && a.b("split");
   const size_t stride = copies ? 5 : 4;
   const GateDecision gate = read_gate(c);
@@ -94,12 +124,10 @@ void adamw_step_kernel(const KernelCall& c) {
   const size_t n = a.i("gate") >= 0 ? size_t(a.i("gate")) : c.in.size();  // the gate comes last
   for (size_t i = 0; i < n; i += stride) {
     const Tensor* ts = &c.in[i];
-    if (split)
-      adamw_split_one(ts, gate, k);
-    else if (copies && ts[4].dtype() == DType::f16)
-      adamw_one<f16>(ts, true, gate, k);
+    if (ts[2].dtype() == DType::bf16)
+      adamw_tensor<bf16>(ts, copies, split, gate, k);
     else
-      adamw_one<bf16>(ts, copies, gate, k);
+      adamw_tensor<float>(ts, copies, split, gate, k);
   }
 }
 BLU_REGISTER_KERNEL(cpu, "adamw_step", adamw_step_kernel);

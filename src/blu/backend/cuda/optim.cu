@@ -10,7 +10,9 @@
 // a tensor whose operands are all 16-byte aligned (its compute copy 8-byte) moves float4 vectors,
 // others go element by element. A tensor with a non-contiguous operand gets a strided launch of
 // its own. A split master (Note [Split fp32], core/split_f32.h) is read from and written to its copy and
-// low halves with the CPU's split_f32 / join_f32 (round16.cuh).
+// low halves with the CPU's split_f32 / join_f32 (round16.cuh). bf16 moments (Note [Stochastic bf16
+// moments], core/round_stochastic.h) are widened on load and stored with round16.cuh's bf16_bits_sr,
+// the key computed on the host with the CPU's sr_key.
 // Norm gate (Note [Norm gate], ops/optim.h): every thread reads the gate's total from device memory
 // and decides in double, with correctly rounded operations as the CPU's std::sqrt and division
 // are; a skipped update returns before touching anything, a clipped one multiplies each gradient
@@ -25,6 +27,7 @@
 #include "blu/backend/backend.h"
 #include "blu/backend/cuda/nn_common.cuh"
 #include "blu/backend/cuda/round16.cuh"
+#include "blu/core/round_stochastic.h"
 
 namespace blu::cuda {
 
@@ -68,6 +71,7 @@ __device__ __forceinline__ float gated(float g, const GateDecision& d) { return 
 
 struct AdamWCoef {
   float decay, b1, b2, one_m_b1, one_m_b2, bc2_sqrt, eps, neg_step_size;
+  uint32_t key_m, key_v;  // bf16 moments' rounding keys (Note [Stochastic bf16 moments])
 };
 
 // One element, in the CPU kernel's order.
@@ -77,6 +81,40 @@ __device__ __forceinline__ void adamw_update(float& p, float g, float& m, float&
   v = __fadd_rn(__fmul_rn(v, k.b2), __fmul_rn(__fmul_rn(k.one_m_b2, g), g));
   const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), k.bc2_sqrt), k.eps);
   p = __fadd_rn(p, __fdiv_rn(__fmul_rn(k.neg_step_size, m), denom));
+}
+
+// The moments as held: fp32, or bf16 (SB) widened on load and rounded stochastically on store.
+template <bool SB>
+__device__ __forceinline__ float load_moment(const void* base, int64_t i) {
+  if constexpr (SB) return __uint_as_float(uint32_t(static_cast<const uint16_t*>(base)[i]) << 16);
+  else return static_cast<const float*>(base)[i];
+}
+template <bool SB>
+__device__ __forceinline__ void store_moment(void* base, int64_t i, float x, uint32_t key, float p) {
+  if constexpr (SB) static_cast<uint16_t*>(base)[i] = bf16_bits_sr(x, sr_element_key(key, p));
+  else static_cast<float*>(base)[i] = x;
+}
+template <bool SB>
+__device__ __forceinline__ float4 load_moment4(const void* base, int64_t i) {
+  if constexpr (SB) {
+    const uint2 h = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(base) + i);
+    return make_float4(__uint_as_float(h.x << 16), __uint_as_float(h.x & 0xffff0000u), __uint_as_float(h.y << 16),
+                       __uint_as_float(h.y & 0xffff0000u));
+  } else {
+    return *reinterpret_cast<const float4*>(static_cast<const float*>(base) + i);
+  }
+}
+template <bool SB>
+__device__ __forceinline__ void store_moment4(void* base, int64_t i, const float4& x, uint32_t key, const float4& p) {
+  if constexpr (SB) {
+    *reinterpret_cast<uint2*>(static_cast<uint16_t*>(base) + i) =
+        uint2{uint32_t(bf16_bits_sr(x.x, sr_element_key(key, p.x))) |
+                  uint32_t(bf16_bits_sr(x.y, sr_element_key(key, p.y))) << 16,
+              uint32_t(bf16_bits_sr(x.z, sr_element_key(key, p.z))) |
+                  uint32_t(bf16_bits_sr(x.w, sr_element_key(key, p.w))) << 16};
+  } else {
+    *reinterpret_cast<float4*>(static_cast<float*>(base) + i) = x;
+  }
 }
 
 // split: the master is held as its bf16 copy and its low halves (Note [Split fp32], core/split_f32.h);
@@ -97,18 +135,18 @@ constexpr int64_t kAdamWChunk = 4 * 4 * kAdamWThreads;  // elements per block: 4
 struct AdamWTable {
   float* p[kAdamWMaxTensors];  // CopyKind::split: the low halves (uint16_t)
   const float* g[kAdamWMaxTensors];
-  float* m[kAdamWMaxTensors];
-  float* v[kAdamWMaxTensors];
+  void* m[kAdamWMaxTensors];  // f32, or bf16 bits (SB)
+  void* v[kAdamWMaxTensors];
   uint16_t* c[kAdamWMaxTensors];  // compute copies (bf16/f16 bits); unused with CopyKind::none
   int64_t numel[kAdamWMaxTensors];
   int32_t first_block[kAdamWMaxTensors + 1];  // tensor i owns blocks [first_block[i], first_block[i+1])
-  uint8_t vec[kAdamWMaxTensors];              // 1: every operand aligned for float4 (copy: 4 × 16 bits)
+  uint8_t vec[kAdamWMaxTensors];              // 1: every operand aligned for 4-element vectors
   int32_t count;
 };
 static_assert(sizeof(AdamWTable) + sizeof(AdamWCoef) + sizeof(GateRef) <= 4000,
               "kernel parameters are limited to 4 KiB");
 
-template <CopyKind C>
+template <CopyKind C, bool SB>
 __global__ void __launch_bounds__(kAdamWThreads) adamw_multi_kernel(AdamWTable tab, AdamWCoef k, GateRef gate) {
   const GateDecision gd = read_gate(gate);
   if (gd.skip) return;
@@ -116,8 +154,8 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_multi_kernel(AdamWTable t
   const int t = owning_tensor(tab.first_block, tab.count, b);
   float* p = tab.p[t];
   const float* g = tab.g[t];
-  float* m = tab.m[t];
-  float* v = tab.v[t];
+  void* m = tab.m[t];
+  void* v = tab.v[t];
   uint16_t* c = tab.c[t];
   const int64_t begin = int64_t(b - tab.first_block[t]) * kAdamWChunk;
   const int64_t end = min(tab.numel[t], begin + kAdamWChunk);
@@ -136,14 +174,14 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_multi_kernel(AdamWTable t
       }
       float4 g4 = *reinterpret_cast<const float4*>(g + i);
       g4 = make_float4(gated(g4.x, gd), gated(g4.y, gd), gated(g4.z, gd), gated(g4.w, gd));
-      float4 m4 = *reinterpret_cast<const float4*>(m + i);
-      float4 v4 = *reinterpret_cast<const float4*>(v + i);
+      float4 m4 = load_moment4<SB>(m, i);
+      float4 v4 = load_moment4<SB>(v, i);
       adamw_update(p4.x, g4.x, m4.x, v4.x, k);
       adamw_update(p4.y, g4.y, m4.y, v4.y, k);
       adamw_update(p4.z, g4.z, m4.z, v4.z, k);
       adamw_update(p4.w, g4.w, m4.w, v4.w, k);
-      *reinterpret_cast<float4*>(m + i) = m4;
-      *reinterpret_cast<float4*>(v + i) = v4;
+      store_moment4<SB>(m, i, m4, k.key_m, p4);
+      store_moment4<SB>(v, i, v4, k.key_v, p4);
       if constexpr (C == CopyKind::split) {
         uint16_t h[4], l[4];
         split_f32(p4.x, h[0], l[0]);
@@ -164,12 +202,12 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_multi_kernel(AdamWTable t
     rest = vec_end;
   }
   for (int64_t i = rest + threadIdx.x; i < end; i += blockDim.x) {
-    float pi, mi = m[i], vi = v[i];
+    float pi, mi = load_moment<SB>(m, i), vi = load_moment<SB>(v, i);
     if constexpr (C == CopyKind::split) pi = join_f32(c[i], lo[i]);
     else pi = p[i];
     adamw_update(pi, gated(g[i], gd), mi, vi, k);
-    m[i] = mi;
-    v[i] = vi;
+    store_moment<SB>(m, i, mi, k.key_m, pi);
+    store_moment<SB>(v, i, vi, k.key_v, pi);
     if constexpr (C == CopyKind::split) split_f32(pi, c[i], lo[i]);
     else p[i] = pi;
     if constexpr (C == CopyKind::bf16 || C == CopyKind::f16) c[i] = round_copy<C>(pi);
@@ -177,21 +215,21 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_multi_kernel(AdamWTable t
 }
 
 // A tensor with a non-contiguous operand: offsets from each operand's StridedIndex.
-template <CopyKind C>
-__global__ void adamw_strided_kernel(float* p, const float* g, float* m, float* v, uint16_t* c, int64_t n,
+template <CopyKind C, bool SB>
+__global__ void adamw_strided_kernel(float* p, const float* g, void* m, void* v, uint16_t* c, int64_t n,
                                      StridedIndex ip, StridedIndex ig, StridedIndex im, StridedIndex iv,
                                      StridedIndex ic, AdamWCoef k, GateRef gate) {
   const GateDecision gd = read_gate(gate);
   if (gd.skip) return;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t om = im.offset(i), ov = iv.offset(i);
-    float pi, mi = m[om], vi = v[ov];
+    float pi, mi = load_moment<SB>(m, om), vi = load_moment<SB>(v, ov);
     auto* lo = reinterpret_cast<uint16_t*>(p);  // split: the low halves and the copy are contiguous
     if constexpr (C == CopyKind::split) pi = join_f32(c[i], lo[i]);
     else pi = p[ip.offset(i)];
     adamw_update(pi, gated(g[ig.offset(i)], gd), mi, vi, k);
-    m[om] = mi;
-    v[ov] = vi;
+    store_moment<SB>(m, om, mi, k.key_m, pi);
+    store_moment<SB>(v, ov, vi, k.key_v, pi);
     if constexpr (C == CopyKind::split) split_f32(pi, c[i], lo[i]);
     else p[ip.offset(i)] = pi;
     if constexpr (C == CopyKind::bf16 || C == CopyKind::f16) c[ic.offset(i)] = round_copy<C>(pi);
@@ -201,7 +239,7 @@ __global__ void adamw_strided_kernel(float* p, const float* g, float* m, float* 
 const Tensor kNoTensor;
 bool aligned(const void* ptr, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
-template <CopyKind C>
+template <CopyKind C, bool SB>
 void adamw_launch(const KernelCall& call, const AdamWCoef& k) {
   const size_t stride = C == CopyKind::none ? 4 : 5;
   const GateRef gate = gate_ref(call);
@@ -212,7 +250,7 @@ void adamw_launch(const KernelCall& call, const AdamWCoef& k) {
   auto flush = [&] {
     if (tab.count == 0) return;
     tab.first_block[tab.count] = blocks;
-    adamw_multi_kernel<C><<<unsigned(blocks), kAdamWThreads, 0, stream>>>(tab, k, gate);
+    adamw_multi_kernel<C, SB><<<unsigned(blocks), kAdamWThreads, 0, stream>>>(tab, k, gate);
     BLU_CUDA_CHECK_LAUNCH();
     tab = AdamWTable{};
     blocks = 0;
@@ -224,11 +262,11 @@ void adamw_launch(const KernelCall& call, const AdamWCoef& k) {
     if (n == 0) continue;
     auto* pp = static_cast<float*>(p.raw_data());
     auto* gp = static_cast<const float*>(g.raw_data());
-    auto* mp = static_cast<float*>(m.raw_data());
-    auto* vp = static_cast<float*>(v.raw_data());
+    void* mp = m.raw_data();
+    void* vp = v.raw_data();
     auto* cp = c.defined() ? static_cast<uint16_t*>(c.raw_data()) : nullptr;
     if (!all_contiguous({&p, &g, &m, &v, &c})) {
-      adamw_strided_kernel<C><<<grid_for(n), 256, 0, stream>>>(
+      adamw_strided_kernel<C, SB><<<grid_for(n), 256, 0, stream>>>(
           pp, gp, mp, vp, cp, n, C == CopyKind::split ? StridedIndex{} : strided_index(p), strided_index(g),
           strided_index(m), strided_index(v), c.defined() ? strided_index(c) : StridedIndex{}, k, gate);
       BLU_CUDA_CHECK_LAUNCH();
@@ -245,11 +283,25 @@ void adamw_launch(const KernelCall& call, const AdamWCoef& k) {
     tab.c[j] = cp;
     tab.numel[j] = n;
     tab.first_block[j] = blocks;
-    tab.vec[j] = aligned(pp, C == CopyKind::split ? 8 : 16) && aligned(gp, 16) && aligned(mp, 16) && aligned(vp, 16) &&
+    const uintptr_t mv = SB ? 8 : 16;  // four moments
+    tab.vec[j] = aligned(pp, C == CopyKind::split ? 8 : 16) && aligned(gp, 16) && aligned(mp, mv) && aligned(vp, mv) &&
                  (!cp || aligned(cp, 8));
     blocks += int32_t(nb);
   }
   flush();
+}
+
+template <bool SB>
+void adamw_dispatch(const KernelCall& c, const AdamWCoef& k) {
+  const Attrs& a = c.attrs;
+  if (!a.b("copies"))
+    adamw_launch<CopyKind::none, SB>(c, k);
+  else if (a.has("split") && a.b("split"))
+    adamw_launch<CopyKind::split, SB>(c, k);
+  else if (c.in[4].dtype() == DType::f16)
+    adamw_launch<CopyKind::f16, SB>(c, k);
+  else
+    adamw_launch<CopyKind::bf16, SB>(c, k);
 }
 
 void adamw_step_kernel(const KernelCall& c) {
@@ -258,15 +310,11 @@ void adamw_step_kernel(const KernelCall& c) {
   const double t = double(a.i("step"));
   const double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
   const AdamWCoef k{float(1 - lr * wd), float(b1), float(b2), float(1 - b1), float(1 - b2), float(std::sqrt(bc2)),
-                    float(a.f("eps")), float(-(lr / bc1))};
-  if (!a.b("copies"))
-    adamw_launch<CopyKind::none>(c, k);
-  else if (a.has("split") && a.b("split"))
-    adamw_launch<CopyKind::split>(c, k);
-  else if (c.in[4].dtype() == DType::f16)
-    adamw_launch<CopyKind::f16>(c, k);
+                    float(a.f("eps")), float(-(lr / bc1)), sr_key(a.i("step"), 0), sr_key(a.i("step"), 1)};
+  if (c.in[2].dtype() == DType::bf16)  // one op's moments share a dtype (ops/optim.cpp)
+    adamw_dispatch<true>(c, k);
   else
-    adamw_launch<CopyKind::bf16>(c, k);
+    adamw_dispatch<false>(c, k);
 }
 BLU_REGISTER_KERNEL(cuda, "adamw_step", adamw_step_kernel);
 

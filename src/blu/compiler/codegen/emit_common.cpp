@@ -68,7 +68,8 @@ bool emit_adamw_supported(const Graph& g, const FusedRegion& r, const Op& op) {
     return false;
   for (int v : op.inputs)
     if (v < 0 || !g.values[size_t(v)].contiguous()) return false;
-  return true;
+  // bf16 moments (Note [Stochastic bf16 moments]) run the library's kernel.
+  return g.values[size_t(op.inputs[2])].dtype == DType::f32;
 }
 
 bool emit_row_supported(const Op& op) {

@@ -31,7 +31,7 @@ bool emit_layout_supported(const Graph& g, const FusedRegion& r, const Op& op);
 // Row ops (reductions over the last dimension) with an emitter.
 bool emit_row_supported(const Op& op);
 // An adamw_step both generators emit: one ungated parameter group of contiguous tensors (parameter,
-// gradient, two moments, and the 16-bit copy when `copies`) in a pointwise region.
+// gradient, two f32 moments, and the 16-bit copy when `copies`) in a pointwise region.
 bool emit_adamw_supported(const Graph& g, const FusedRegion& r, const Op& op);
 // Whether a rows region's pointwise values each fit its row loop: a row (a value of the whole
 // space) or one scalar. A value of another size made in the region (one per row: the [rows]
