@@ -172,11 +172,13 @@ using Model = std::shared_ptr<models::CausalLM>;
 class Optimizer {
  public:
   Optimizer(Model model, const std::string& name, double lr, double weight_decay, std::pair<double, double> betas,
-            double eps, double momentum, double max_norm)
+            double eps, double momentum, double max_norm, const std::string& state_dtype)
       : model_(std::move(model)), lr_(lr), max_norm_(max_norm) {
+    BLU_CHECK(state_dtype == "f32" || state_dtype == "bf16", "Optimizer: state_dtype must be 'f32' or 'bf16', got '",
+              state_dtype, "'");
     dist::OptimizerConfig oc;
     oc.name = name, oc.lr = lr, oc.weight_decay = weight_decay, oc.beta1 = betas.first, oc.beta2 = betas.second;
-    oc.eps = eps, oc.momentum = momentum;
+    oc.eps = eps, oc.momentum = momentum, oc.state_dtype = state_dtype == "bf16" ? DType::bf16 : DType::f32;
     strategy_ = std::make_unique<dist::Strategy>(*model_, nullptr, dist::StrategyConfig{}, oc);
   }
   // One optimizer step: loss_of(i) → the loss of micro-batch i (a Tensor).
@@ -296,10 +298,11 @@ PYBIND11_MODULE(blutrain, m) {
   }, py::arg("path"), py::arg("tensors"), "Atomic: the old file stays whole if the write fails.");
 
   py::class_<Optimizer>(m, "Optimizer")
-      .def(py::init<Model, const std::string&, double, double, std::pair<double, double>, double, double, double>(),
+      .def(py::init<Model, const std::string&, double, double, std::pair<double, double>, double, double, double,
+                    const std::string&>(),
            py::arg("model"), py::arg("name") = "adamw", py::arg("lr") = 1e-3, py::arg("weight_decay") = 0.1,
            py::arg("betas") = std::pair<double, double>(0.9, 0.95), py::arg("eps") = 1e-8, py::arg("momentum") = 0.9,
-           py::arg("max_norm") = 1.0)
+           py::arg("max_norm") = 1.0, py::arg("state_dtype") = "f32")
       .def("step", &Optimizer::step, py::arg("loss_of"), py::arg("micro_batches") = 1, py::arg("lr") = py::none(),
            "One step: loss_of(i) returns micro-batch i's loss; backward, clipping and the update follow. "
            "Returns {'loss', 'grad_norm'}.");
@@ -333,6 +336,7 @@ PYBIND11_MODULE(blutrain, m) {
     get("batch_size", o.batch_size), get("seq_len", o.seq_len), get("grad_accum", o.grad_accum), get("steps", o.steps);
     get("lr", o.lr), get("min_lr", o.min_lr), get("warmup", o.warmup), get("schedule", o.schedule);
     get("weight_decay", o.weight_decay), get("grad_clip", o.grad_clip), get("optimizer", o.optimizer);
+    get("beta1", o.beta1), get("beta2", o.beta2), get("adamw_state", o.adamw_state);
     get("seed", o.seed), get("device", o.device), get("precision", o.precision), get("out", o.out);
     get("val_every", o.val_every), get("val_batches", o.val_batches), get("sample_every", o.sample_every);
     get("sample_tokens", o.sample_tokens), get("sample_temperature", o.sample_temperature);

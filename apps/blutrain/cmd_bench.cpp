@@ -69,6 +69,7 @@ struct BenchOptions {
   int64_t grad_accum = 1;
   std::string offload_state = "none", offload_update = "cpu";
   std::string master_weights = "fp32";  // or split (optim/master_split.h)
+  std::string adamw_state = "f32";      // or bf16 (Note [Stochastic bf16 moments])
   int64_t offload_chunk = int64_t(1) << 22;
   bool offload_overlap = false;
   double gpu_memory_budget = 0;
@@ -164,6 +165,8 @@ nlohmann::json profile_step(const std::function<void()>& step, Device dev) {
 
 // The bench's device exists here: --device cuda on a machine or a build without one says what to
 // run instead.
+DType state_dtype(const BenchOptions& o) { return o.adamw_state == "bf16" ? DType::bf16 : DType::f32; }
+
 Device bench_device(const std::string& flag) {
   const Device dev(flag);
 #ifdef BLU_HAVE_CUDA
@@ -286,7 +289,8 @@ int run_bench_layout(const BenchOptions& o) {
   }
   const std::unique_ptr<dist::Strategy> strategy = train::make_layout_strategy(
       model, layout, groups.mesh.get(), groups.job, sc,
-      dist::OptimizerConfig{.lr = o.lr, .weight_decay = 0.1, .beta2 = o.beta2}, o.precision,
+      dist::OptimizerConfig{.lr = o.lr, .weight_decay = 0.1, .beta2 = o.beta2, .state_dtype = state_dtype(o)},
+      o.precision,
       groups.pipeline_gradients);
 
   Generator gen(1 + uint64_t(replica));  // each replica its own batches; its TP ranks and stages the same
@@ -439,7 +443,11 @@ int run_bench(const BenchOptions& o) {
             o.precision);
   sc.split_masters = o.master_weights == "split";
   if (dev.is_cpu() && dev.index >= 1) device_pool(dev.index).set_budget(offload::gib_to_bytes(o.gpu_memory_budget));
-  dist::Strategy strategy(model, pg, sc, dist::OptimizerConfig{.lr = o.lr, .weight_decay = 0.1, .beta2 = o.beta2});
+  BLU_CHECK(o.adamw_state == "f32" || o.offload_state == "none", "--adamw-state bf16 holds AdamW's moments on the ",
+            "device: it needs --offload-state none, got ", o.offload_state);
+  dist::Strategy strategy(
+      model, pg, sc,
+      dist::OptimizerConfig{.lr = o.lr, .weight_decay = 0.1, .beta2 = o.beta2, .state_dtype = state_dtype(o)});
   dist::DistributedDataParallel* ddp = strategy.ddp();
   Generator gen(1 + uint64_t(env.rank));  // each rank its own batches
   allocator_for(dev).reset_peak();
@@ -617,6 +625,7 @@ int run_bench(const BenchOptions& o) {
     j["grad_accum"] = o.grad_accum;
     j["device_bytes_per_param"] = std::round(double(st.current_bytes) / double(n) * 100) / 100;
     if (sc.split_masters) j["split_master_params"] = strategy.split_elements();
+    if (o.adamw_state != "f32") j["adamw_state"] = o.adamw_state;
     if (sc.offload_state) {
       j["offload"] = o.offload_update;
       j["offload_state"] = o.offload_state;
@@ -779,6 +788,10 @@ Command add_bench(CLI::App& root) {
                   "a parameter less; --precision bf16, AdamW without --zero or offload)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "split"}));
+  app->add_option("--adamw-state", o->adamw_state,
+                  "f32, or bf16: AdamW's moments held in bf16, stored rounded stochastically (on the device)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
   app->add_option("--offload-update", o->offload_update, "cpu (host AdamW) or gpu (state streamed in chunks)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "gpu"}));

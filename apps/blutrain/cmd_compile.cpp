@@ -46,6 +46,7 @@ struct CompileCmdOptions {
   double lr = 6e-4, beta2 = 0.999;  // bench's; float attributes are kernel arguments, not in the plan
   std::string compile_exclude;
   std::string master_weights = "fp32";  // the train run's --master-weights: its update op differs
+  std::string adamw_state = "f32";      // the train run's --adamw-state: likewise
   std::vector<std::string> from_graph;
   bool log = false;
 };
@@ -136,7 +137,9 @@ int run_compile(const CompileCmdOptions& o) {
   BLU_CHECK(o.master_weights == "fp32" || o.precision == "bf16", "--master-weights split needs --precision bf16, got ",
             o.precision);
   sc.split_masters = o.master_weights == "split";
-  dist::Strategy strategy(model, nullptr, sc, dist::OptimizerConfig{.lr = o.lr, .weight_decay = 0.1, .beta2 = o.beta2});
+  dist::Strategy strategy(model, nullptr, sc,
+                          dist::OptimizerConfig{.lr = o.lr, .weight_decay = 0.1, .beta2 = o.beta2,
+                                                .state_dtype = o.adamw_state == "bf16" ? DType::bf16 : DType::f32});
   const double setup_s = seconds_since(t_start);
 
   std::string target;
@@ -224,6 +227,9 @@ Command add_compile(CLI::App& root) {
   app->add_option("--master-weights", o->master_weights, "fp32 or split: as the train run gives it")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "split"}));
+  app->add_option("--adamw-state", o->adamw_state, "f32 or bf16: as the train run gives it")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
   app->add_option("--compile-exclude", o->compile_exclude, "Comma-separated op names kept out of fusion");
   app->add_flag("--compile-log", o->log, "Print the compiler's log (as BLU_COMPILE_LOG=1)");
   app->add_option("--from-graph", o->from_graph,

@@ -307,9 +307,11 @@ Command add_train(CLI::App& root) {
   app->add_option("--weight-decay", o.weight_decay, "Decoupled weight decay of matrices and embeddings")
       ->capture_default_str();
   app->add_option("--grad-clip", o.grad_clip, "Clip the global gradient norm to this (0 = off)")->capture_default_str();
-  app->add_option("--optimizer", o.optimizer, "adamw (betas 0.9, 0.95) or sgd (momentum 0.9)")
+  app->add_option("--optimizer", o.optimizer, "adamw (--beta1, --beta2) or sgd (momentum 0.9)")
       ->check(CLI::IsMember({"adamw", "sgd"}))
       ->capture_default_str();
+  app->add_option("--beta1", o.beta1, "AdamW's first-moment decay")->capture_default_str();
+  app->add_option("--beta2", o.beta2, "AdamW's second-moment decay")->capture_default_str();
   app->add_option("--seed", o.seed, "Seed of the model init, the default generator and samples")->capture_default_str();
   app->add_option("--device", o.device, "cpu or cuda[:N]")->capture_default_str();
   app->add_option("--precision", o.precision, "fp32 (IEEE matmuls), tf32, bf16 or fp16 (16-bit compute over fp32 master weights; fp16 with dynamic loss scaling)")
@@ -409,6 +411,11 @@ Command add_train(CLI::App& root) {
                   "from zero; AdamW without --zero or offload)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "split"}));
+  app->add_option("--adamw-state", o.adamw_state,
+                  "f32, or bf16: AdamW's two moments held in bf16 and stored rounded stochastically (4 bytes a "
+                  "parameter less, half the update's state traffic; on the device, no --offload-state)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
   app->add_option("--offload-update", o.offload_update,
                   "Where offloaded AdamW runs: cpu (threaded host AdamW), gpu (moments streamed through the "
                   "device in chunks), auto (the faster by a start-up probe)")

@@ -1,7 +1,8 @@
 // `blutrain launch -n 2 -- blutrain train --dp 2 --zero Z`: rank 0 alone prints and writes
 // metrics, ZeRO checkpoints are sharded and committed, a resumed run continues exactly (also on
 // another number of ranks with the same global batch, and after `launch --max-restarts` with
-// `--auto-resume`), and fp16 loss scaling unscales DDP's averaged gradients.
+// `--auto-resume`), bf16 AdamW moments shard as they replicate, and fp16 loss scaling unscales
+// DDP's averaged gradients.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -133,6 +134,34 @@ TEST_F(DistCli, DdpAndZero2Train) {
   }
   EXPECT_TRUE(fs::exists(dir.path / "z0/ckpt_00000002.safetensors"));  // DDP: rank 0's ordinary checkpoint
   EXPECT_TRUE(fs::exists(dir.path / "z2/ckpt_00000002/COMMIT"));
+}
+
+// --adamw-state bf16 (Note [Stochastic bf16 moments]): each element rounds by its own values, not
+// its place, so ZeRO-1's shards update exactly as DDP's whole replicas do (the same reduction); a
+// ZeRO-1 run stopped and resumed through its sharded checkpoint of bf16 moments continues bit for
+// bit, and ZeRO-2 (its own reduction order) stays within 1e-4 of them.
+TEST_F(DistCli, Bf16MomentsShardAsTheyReplicateAndResumeExactly) {
+  const std::vector<std::string> bf16 = {"--adamw-state", "bf16"};
+  for (const auto& [zero, run] : std::vector<std::pair<int, std::string>>{{0, "ddp"}, {1, "z1"}, {2, "z2"}}) {
+    const LaunchResult r = train(zero, 4, run, bf16);
+    ASSERT_EQ(r.status, 0) << r.out << r.err;
+  }
+  const LaunchResult b = train(1, 2, "split", bf16);
+  ASSERT_EQ(b.status, 0) << b.out << b.err;
+  std::vector<std::string> resume = bf16;
+  resume.push_back("--resume");
+  const LaunchResult c = train(1, 4, "split", resume);
+  ASSERT_EQ(c.status, 0) << c.out << c.err;
+  const auto ddp = metric_losses(dir.path / "ddp"), z1 = metric_losses(dir.path / "z1"),
+             z2 = metric_losses(dir.path / "z2"), split = metric_losses(dir.path / "split");
+  ASSERT_EQ(ddp.size(), 4u);
+  for (const auto& [step, loss] : ddp) {
+    EXPECT_EQ(z1.at(step), loss) << "ZeRO-1, step " << step;
+    EXPECT_EQ(split.at(step), loss) << "ZeRO-1 resumed, step " << step;
+    EXPECT_NEAR(z2.at(step), loss, 1e-4 * loss) << "ZeRO-2, step " << step;
+  }
+  const nlohmann::json rec = nlohmann::json::parse(read_text(dir.path / "z1/run.json"));
+  EXPECT_NE(rec.dump().find("\"adamw_state\":\"bf16\""), std::string::npos) << rec.dump();
 }
 
 // fp16 with DDP: the loss scaler unscales the averaged gradients (after finish()), so the logged

@@ -88,6 +88,16 @@ class Models(unittest.TestCase):
             self.assertEqual(set(back), set(m.state_dict()))
             k = "h.0.attn.c_attn.weight"
             self.assertTrue(torch.equal(torch.from_dlpack(back[k]), torch.from_dlpack(m.state_dict()[k])))
+        # AdamW's moments in bf16: the same first loss, then within a few percent; a bad dtype by name.
+        m16, m32 = bt.build_model("gpt2:tiny", seed=1), bt.build_model("gpt2:tiny", seed=1)
+        o16, o32 = bt.Optimizer(m16, lr=3e-3, state_dtype="bf16"), bt.Optimizer(m32, lr=3e-3)
+        l16 = [o16.step(lambda i: m16.loss(idx, idx))["loss"] for _ in range(4)]
+        l32 = [o32.step(lambda i: m32.loss(idx, idx))["loss"] for _ in range(4)]
+        self.assertEqual(l16[0], l32[0])
+        for a, b in zip(l16, l32):
+            self.assertAlmostEqual(a, b, delta=2e-2 * b)
+        with self.assertRaisesRegex(Exception, "state_dtype must be 'f32' or 'bf16', got 'f16'"):
+            bt.Optimizer(m16, state_dtype="f16")
         out = m.generate([1, 2, 3], 5, temperature=0.0)  # the new tokens
         self.assertEqual(len(out), 5)
         self.assertEqual(out, m.generate([1, 2, 3], 5, temperature=0.0))

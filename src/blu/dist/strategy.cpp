@@ -178,7 +178,7 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<ProcessGroup> pg, Strategy
       config_.row_exchange && config_.zero != 3 ? row_sparse_embeddings(model_) : std::vector<nn::Embedding*>{};
   auto groups = optim::decay_groups(model_.named_parameters(), oc.weight_decay);
   if (oc.name == "adamw") {
-    optim::AdamWOptions a{.lr = oc.lr, .beta1 = oc.beta1, .beta2 = oc.beta2, .eps = oc.eps};
+    optim::AdamWOptions a{.lr = oc.lr, .beta1 = oc.beta1, .beta2 = oc.beta2, .eps = oc.eps, .state_dtype = oc.state_dtype};
     if (config_.zero > 0) {
       // Stage 2: a row-sparse embedding in a bucket alone — its dense part reduced first and its
       // rows exchanged at the end (row exchange), or its whole gradient complete only at the end.
@@ -355,7 +355,8 @@ Strategy::Strategy(models::CausalLM& model, std::shared_ptr<ProcessGroup> pp, Pi
   pipeline_ = std::make_unique<PipelineStage>(model, pg_, std::move(pipeline));
   if (config_.job) pg_ = config_.job;
   auto groups = optim::decay_groups(pipeline_->owned_parameters(), oc.weight_decay);
-  const optim::AdamWOptions a{.lr = oc.lr, .beta1 = oc.beta1, .beta2 = oc.beta2, .eps = oc.eps};
+  const optim::AdamWOptions a{
+      .lr = oc.lr, .beta1 = oc.beta1, .beta2 = oc.beta2, .eps = oc.eps, .state_dtype = oc.state_dtype};
   if (config_.offload_state) {  // the state of the parameters this stage owns
     opt_ = std::make_unique<offload::OffloadAdamW>(std::move(groups), a, config_.offload);
   } else if (oc.name == "adamw") {

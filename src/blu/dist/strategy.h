@@ -64,6 +64,7 @@ struct OptimizerConfig {
   double lr = 1e-3, weight_decay = 0.1;  // weight decay on parameters of 2 or more dims (optim::decay_groups)
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;  // AdamW (GPT-2's / llm.c's betas)
   double momentum = 0.9;                         // SGD
+  DType state_dtype = DType::f32;  // AdamW's moments (optim::AdamWOptions::state_dtype)
 };
 
 struct StrategyConfig {

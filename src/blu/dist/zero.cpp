@@ -363,10 +363,12 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOptions 
   BLU_CHECK(zero.offload_chunk_elements >= 0, "ZeroAdamW: offload_chunk_elements must be >= 0, got ",
             zero.offload_chunk_elements);
   if (zero.offload_chunk_elements == 0) {
-    exp_avg_ = zeros({shard_numel_}, DType::f32, device_);
-    exp_avg_sq_ = zeros({shard_numel_}, DType::f32, device_);
+    exp_avg_ = zeros({shard_numel_}, options_.state_dtype, device_);
+    exp_avg_sq_ = zeros({shard_numel_}, options_.state_dtype, device_);
     return;
   }
+  BLU_CHECK(options_.state_dtype == DType::f32, "ZeroAdamW: optimizer state offload keeps f32 moments; bf16 moments ",
+            "(--adamw-state bf16) are held on the device only");
   BLU_CHECK(device_.is_cuda() || device_.index >= 1, "ZeroAdamW: optimizer state offload needs the parameters on a GPU ",
             "or a device pool cpu:N (N >= 1) apart from the host, got ", device_);
   Allocator& host = offload::host_allocator_for(device_);

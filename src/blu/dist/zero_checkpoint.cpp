@@ -237,12 +237,27 @@ TrainState load_sharded_checkpoint(const std::string& ckpt_dir, nn::Module& mode
               " vs ", s, ")");
     opt_step = s;
     std::vector<std::span<const std::byte>> bytes;
+    std::vector<bool> wide;  // f32, else bf16 moments (widened exactly here)
     for (const char* name : {"exp_avg", "exp_avg_sq"}) {
       const TensorEntry& te = file.at(name);
-      BLU_CHECK(te.dtype == DType::f32 && te.numel() == uint64_t(their_numel), "load_sharded_checkpoint: ",
-                f.string(), " '", name, "' should be f32 [", their_numel, "]");
+      BLU_CHECK((te.dtype == DType::f32 || te.dtype == DType::bf16) && te.numel() == uint64_t(their_numel),
+                "load_sharded_checkpoint: ", f.string(), " '", name, "' should be f32 or bf16 [", their_numel,
+                "], got ", te.dtype, " of ", te.numel(), " elements");
       bytes.push_back(file.bytes(te));
+      wide.push_back(te.dtype == DType::f32);
     }
+    // Elements [src, src + count) of moment k into `out` from dst on, as f32.
+    auto widen = [&](size_t k, float* out, int64_t src, int64_t count) {
+      if (wide[k]) {
+        std::memcpy(out, bytes[k].data() + src * 4, size_t(count) * 4);
+        return;
+      }
+      for (int64_t i = 0; i < count; ++i) {
+        bf16 h;
+        std::memcpy(&h.bits, bytes[k].data() + (src + i) * 2, 2);
+        out[i] = float(h);
+      }
+    };
     // Every overlap of one of our ranges with one of theirs (both lists walk their shard in order).
     int64_t my_pos = 0;
     for (const auto& [my_off, my_len] : mine) {
@@ -251,8 +266,8 @@ TrainState load_sharded_checkpoint(const std::string& ckpt_dir, nn::Module& mode
         const int64_t lo = std::max(my_off, off), hi = std::min(my_off + my_len, off + len);
         if (lo < hi) {
           const int64_t dst = my_pos + (lo - my_off), src = their_pos + (lo - off);
-          std::memcpy(m.data() + dst, bytes[0].data() + src * 4, size_t(hi - lo) * 4);
-          std::memcpy(v.data() + dst, bytes[1].data() + src * 4, size_t(hi - lo) * 4);
+          widen(0, m.data() + dst, src, hi - lo);
+          widen(1, v.data() + dst, src, hi - lo);
           covered += hi - lo;
         }
         their_pos += len;

@@ -130,6 +130,8 @@ OffloadAdamW::OffloadAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOp
             ": lr >= 0, beta1 and beta2 in [0, 1), eps >= 0 expected, got lr ", opt.lr, ", betas ", opt.beta1, ", ",
             opt.beta2, ", eps ", opt.eps);
   BLU_CHECK(options.chunk_elements >= 1, kName, ": chunk_elements must be >= 1, got ", options.chunk_elements);
+  BLU_CHECK(opt.state_dtype == DType::f32, kName, ": offloaded moments are f32; bf16 moments (--adamw-state bf16) ",
+            "are held on the device only, got ", opt.state_dtype);
   BLU_CHECK(!options.masters_on_host || options.update == UpdateOn::cpu, kName,
             ": fp32 masters on the host need the host update (--offload-update cpu), got ", update_name(options.update));
   BLU_CHECK(!options.grads_on_host || options.masters_on_host, kName,

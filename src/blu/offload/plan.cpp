@@ -103,8 +103,8 @@ Candidate candidate(const PlanInput& in, bool offload, UpdateOn u) {
                                                           : (4 + in.compute_copy_bytes) * n - 2 * in.split_elements;
   Candidate c{offload, u, false, 0, 0, 0};
   if (!offload) {
-    c.device_static = params + 8 * shard + grads;  // parameters, copies, moments
-    c.moments = 8 * shard;
+    c.device_static = params + in.moment_bytes * shard + grads;  // parameters, copies, moments
+    c.moments = in.moment_bytes * shard;
     c.update_seconds = in.device_adamw_elements_per_s > 0 ? double(shard) / in.device_adamw_elements_per_s : 0;
     return c;
   }
@@ -164,16 +164,22 @@ MemoryPlan plan_memory(const PlanInput& in) {
   BLU_CHECK(in.state_shards == 1 || in.offload_update != "cpu",
             "--offload-update cpu: under ZeRO the offloaded moments stream through the device (--offload-update gpu "
             "or auto)");
+  BLU_CHECK(in.moment_bytes == 8 || in.moment_bytes == 4, "memory plan: moment_bytes must be 8 or 4, got ",
+            in.moment_bytes);
+  BLU_CHECK(in.moment_bytes == 8 || in.offload_state == "auto" || in.offload_state == "none",
+            "--offload-state ", in.offload_state, ": offloaded moments are f32; bf16 moments (--adamw-state bf16) are "
+            "held on the device only (use --offload-state none or auto)");
+  const bool may_offload = in.moment_bytes == 8;  // auto keeps bf16 moments on the device
   const int64_t act = in.activations.device_bytes;
   std::vector<Candidate> tried;
   if (in.offload_state == "auto" || in.offload_state == "none") tried.push_back(candidate(in, false, UpdateOn::device));
-  if (in.offload_state == "auto" || in.offload_state == "optimizer") {
+  if (may_offload && (in.offload_state == "auto" || in.offload_state == "optimizer")) {
     if (in.offload_update != "gpu" && in.state_shards == 1) tried.push_back(candidate(in, true, UpdateOn::cpu));
     if (in.offload_update != "cpu") tried.push_back(candidate(in, true, UpdateOn::device));
   }
   BLU_CHECK(!masters || in.masters_allowed, "--offload-state ", in.offload_state,
             " is implemented for data parallelism; use --offload-state optimizer");
-  const bool auto_masters = in.offload_state == "auto" && in.masters_allowed && in.compute_copy_bytes > 0 &&
+  const bool auto_masters = may_offload && in.offload_state == "auto" && in.masters_allowed && in.compute_copy_bytes > 0 &&
                             in.offload_update != "gpu" && in.state_shards == 1;
   if (in.offload_state == "master" || auto_masters) tried.push_back(masters_candidate(in));
   if (in.offload_state == "master+grads" || (auto_masters && in.single_rank))

@@ -60,6 +60,9 @@ struct PlanInput {
   // Split masters (Note [Split masters], optim/master_split.h; the state on the device): the
   // elements held as their compute copy and 2 low bytes, 2 bytes each below an fp32 master.
   int64_t split_elements = 0;
+  // Bytes per element of AdamW's two moments: 8 (f32), or 4 (bf16, --adamw-state bf16: Note
+  // [Stochastic bf16 moments], core/round_stochastic.h), which are held on the device only.
+  int64_t moment_bytes = 8;
   OffloadOptions offload;          // chunk size, threads (update is decided here)
   // ZeRO-1 over this many ranks (1: none): each rank keeps the moments of its 1/state_shards of
   // the parameters; offloaded, they stream through the device (the update on the device only).

@@ -26,6 +26,7 @@ class AdamW final : public Optimizer {
     BLU_CHECK(opt.beta1 >= 0 && opt.beta1 < 1, "AdamW: beta1 must be in [0, 1), got ", opt.beta1);
     BLU_CHECK(opt.beta2 >= 0 && opt.beta2 < 1, "AdamW: beta2 must be in [0, 1), got ", opt.beta2);
     BLU_CHECK(opt.eps >= 0, "AdamW: eps must be >= 0, got ", opt.eps);
+    check_state_dtype(opt.state_dtype, kName);
     groups_ = std::move(groups);
     lr_ = opt.lr;
     params_ = detail::flatten_groups(groups_, kName);
@@ -104,8 +105,8 @@ class AdamW final : public Optimizer {
       avg.push_back(t[0]);
       avg_sq.push_back(t[1]);
     }
-    const std::vector<Tensor> m = detail::packed_copies(avg, likes, "AdamW exp_avg"),
-                              v = detail::packed_copies(avg_sq, likes, "AdamW exp_avg_sq");
+    const std::vector<Tensor> m = detail::packed_copies(avg, likes, "AdamW exp_avg", opt_.state_dtype),
+                              v = detail::packed_copies(avg_sq, likes, "AdamW exp_avg_sq", opt_.state_dtype);
     for (size_t k = 0; k < loaded.size(); ++k) {
       next[loaded[k]].exp_avg = m[k];
       next[loaded[k]].exp_avg_sq = v[k];
@@ -126,8 +127,8 @@ class AdamW final : public Optimizer {
         likes.push_back(like(i));
       }
     if (fresh.empty()) return;
-    const std::vector<Tensor> m = detail::packed_zeros(likes, "AdamW exp_avg"),
-                              v = detail::packed_zeros(likes, "AdamW exp_avg_sq");
+    const std::vector<Tensor> m = detail::packed_zeros(likes, "AdamW exp_avg", opt_.state_dtype),
+                              v = detail::packed_zeros(likes, "AdamW exp_avg_sq", opt_.state_dtype);
     for (size_t k = 0; k < fresh.size(); ++k) {
       state_[fresh[k]].exp_avg = m[k];
       state_[fresh[k]].exp_avg_sq = v[k];

@@ -24,6 +24,11 @@ void Optimizer::attach_split_masters(std::shared_ptr<const SplitMasters>) {
             "(--optimizer adamw without --zero or state offload)");
 }
 
+void check_state_dtype(DType dtype, const char* who) {
+  BLU_CHECK(dtype == DType::f32 || dtype == DType::bf16, who, ": the moments' dtype must be f32 or bf16, got ",
+            dtype);
+}
+
 void Optimizer::zero_grad() {
   for (auto& g : groups_)
     for (auto& [name, p] : g.params) p.zero_grad();
@@ -72,8 +77,8 @@ Tensor f32_copy(const Tensor& src, const Tensor& like) {
   return dst;
 }
 
-std::vector<Tensor> packed_zeros(const std::vector<Tensor>& likes, const char* label) {
-  constexpr int64_t kAlign = 64 / 4;  // f32 elements
+std::vector<Tensor> packed_zeros(const std::vector<Tensor>& likes, const char* label, DType dtype) {
+  const int64_t kAlign = 64 / int64_t(dtype_size(dtype));  // elements
   struct Flat {
     Device device;
     int64_t numel = 0;
@@ -93,7 +98,7 @@ std::vector<Tensor> packed_zeros(const std::vector<Tensor>& likes, const char* l
     // caching allocator keeps their segments, which a buffer this large rarely fits, so it would
     // hold them and a new segment at once (the run's reserved peak). They go back first.
     allocator_for(f.device).release_cached();
-    f.buffer = zeros({f.numel}, DType::f32, f.device);
+    f.buffer = zeros({f.numel}, dtype, f.device);
     tag_memory(f.buffer, MemoryCategory::optimizer_state, label);
   }
   std::vector<Tensor> out;
@@ -104,9 +109,9 @@ std::vector<Tensor> packed_zeros(const std::vector<Tensor>& likes, const char* l
 }
 
 std::vector<Tensor> packed_copies(const std::vector<Tensor>& values, const std::vector<Tensor>& likes,
-                                  const char* label) {
+                                  const char* label, DType dtype) {
   BLU_ASSERT(values.size() == likes.size());
-  std::vector<Tensor> out = packed_zeros(likes, label);
+  std::vector<Tensor> out = packed_zeros(likes, label, dtype);
   for (size_t i = 0; i < out.size(); ++i) copy_(out[i], to_device(values[i], likes[i].device()));
   return out;
 }

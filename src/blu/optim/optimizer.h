@@ -77,7 +77,13 @@ class Optimizer {
 
 struct AdamWOptions {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  // The moments' dtype: f32 (torch.optim's), or bf16 — half the state's bytes and traffic, stored
+  // rounded stochastically (Note [Stochastic bf16 moments], core/round_stochastic.h). A checkpoint's
+  // moments of the other dtype load converted (bf16 → f32 exactly, f32 → bf16 to nearest).
+  DType state_dtype = DType::f32;
 };
+// BLU_CHECK: `dtype` is a dtype AdamW can hold its moments in (f32, bf16); `who` names the caller.
+void check_state_dtype(DType dtype, const char* who);
 std::unique_ptr<Optimizer> make_adamw(std::vector<ParamGroup> groups, AdamWOptions opt);
 struct SGDOptions {
   double lr = 1e-2, momentum = 0.0;

@@ -55,10 +55,11 @@ Tensor f32_copy(const Tensor& src, const Tensor& like);
 // holds their bytes and leaves no hole for a later step to fill. The cached free segments of the
 // device's allocator are given back before it is made (the first backward's activations, freed by
 // then). The allocation is tagged as optimizer state (memory/memory_report.h) with `label`.
-// packed_zeros gives f32 zeros shaped like each of `likes`; packed_copies gives f32 copies of
-// `values[i]` shaped like `likes[i]` (a loaded checkpoint's state), in the same layout.
-std::vector<Tensor> packed_zeros(const std::vector<Tensor>& likes, const char* label);
+// packed_zeros gives zeros of `dtype` shaped like each of `likes`; packed_copies gives copies of
+// `values[i]` converted to `dtype` (copy_: to nearest) shaped like `likes[i]` (a loaded checkpoint's
+// state), in the same layout.
+std::vector<Tensor> packed_zeros(const std::vector<Tensor>& likes, const char* label, DType dtype = DType::f32);
 std::vector<Tensor> packed_copies(const std::vector<Tensor>& values, const std::vector<Tensor>& likes,
-                                  const char* label);
+                                  const char* label, DType dtype = DType::f32);
 
 }  // namespace blu::optim::detail

@@ -193,6 +193,7 @@ void Trainer::plan_memory(dist::StrategyConfig& sc, const dist::Layout& layout,
   // pipeline rank its stage's parameters; the fp32 masters on the host are implemented for data
   // parallelism only.
   const bool split = dist::is_tensor_parallel(*model_);
+  in.moment_bytes = 2 * int64_t(dtype_size(adamw_state_dtype(o)));
   in.masters_allowed = !split && !stage;
   if (o.zero >= 1) in.state_shards = int64_t(replica_rows_.size());  // the replicas ZeRO shards over
   if (o.zero == 2 && in.state_shards > 1) in.shard_gradients = true;
@@ -223,11 +224,15 @@ void Trainer::plan_memory(dist::StrategyConfig& sc, const dist::Layout& layout,
     dist::StrategyConfig probe_sc = sc;
     probe_sc.offload_state = false;
     zero3_probe = std::make_unique<dist::Strategy>(
-        *model_, job, probe_sc, dist::OptimizerConfig{.name = o.optimizer, .lr = o.lr, .weight_decay = o.weight_decay});
+        *model_, job, probe_sc,
+        dist::OptimizerConfig{
+            .name = o.optimizer, .lr = o.lr, .weight_decay = o.weight_decay, .beta1 = o.beta1, .beta2 = o.beta2,
+            .state_dtype = adamw_state_dtype(o)});
     zero3_opt = dynamic_cast<dist::ZeroAdamW*>(&zero3_probe->optimizer());
     BLU_CHECK(zero3_opt, "plan_memory: the ZeRO-3 probe strategy has no ZeroAdamW");
     in.state_shards = job->size();
-    in.measured_parameter_bytes = alloc.stats().current_bytes - before + whole - 8 * zero3_opt->shard_numel();
+    in.measured_parameter_bytes =
+        alloc.stats().current_bytes - before + whole - in.moment_bytes * zero3_opt->shard_numel();
   }
   // ZeRO-3 keeps no compute copies (each forward casts the gathered units: the probe counts them).
   in.compute_copy_bytes = !zero3 && (o.precision == "bf16" || o.precision == "fp16") ? 2 : 0;

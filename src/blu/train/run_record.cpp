@@ -11,9 +11,9 @@ namespace blu::train {
 namespace fs = std::filesystem;
 
 bool changes_trajectory(const std::string& key) {
-  static constexpr std::array<std::string_view, 13> kKeys = {
-      "train_pattern", "model", "seq_len",   "shuffle",   "lr",   "min_lr",   "warmup",
-      "schedule",      "weight_decay", "grad_clip", "optimizer", "seed", "precision"};
+  static constexpr std::array<std::string_view, 16> kKeys = {
+      "train_pattern", "model",     "seq_len",   "shuffle", "lr",    "min_lr",      "warmup", "schedule",
+      "weight_decay",  "grad_clip", "optimizer", "beta1",   "beta2", "adamw_state", "seed",   "precision"};
   for (std::string_view k : kKeys)
     if (k == key) return true;
   return false;

@@ -13,7 +13,8 @@ nlohmann::json TrainOptions::to_json() const {
           {"batch_size", batch_size},       {"seq_len", seq_len},           {"grad_accum", grad_accum},
           {"steps", steps},                 {"lr", lr},                     {"min_lr", min_lr},
           {"warmup", warmup},               {"schedule", schedule},         {"weight_decay", weight_decay},
-          {"grad_clip", grad_clip},         {"optimizer", optimizer},       {"seed", seed},
+          {"grad_clip", grad_clip},         {"optimizer", optimizer},       {"beta1", beta1}, {"beta2", beta2},
+          {"adamw_state", adamw_state},     {"seed", seed},
           {"device", device},               {"precision", precision},       {"out", out},                   {"val_every", val_every},
           {"val_batches", val_batches},     {"sample_every", sample_every}, {"sample_tokens", sample_tokens},
           {"sample_temperature", sample_temperature}, {"sample_top_k", sample_top_k},
@@ -66,6 +67,13 @@ void check_options(const TrainOptions& o, const models::CausalLM& model) {
             "AdamW's own kernel: it needs --precision bf16, --optimizer adamw, --zero 0 and no --offload-state; got ",
             "--precision ", o.precision, ", --optimizer ", o.optimizer, ", --zero ", o.zero, ", --offload-state ",
             o.offload_state);
+  BLU_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "--beta1 and --beta2 must be in [0, 1), got ",
+            o.beta1, " and ", o.beta2);
+  BLU_CHECK(o.adamw_state == "f32" || o.adamw_state == "bf16", "--adamw-state must be f32 or bf16, got '",
+            o.adamw_state, "'");
+  BLU_CHECK(o.adamw_state == "f32" || (o.optimizer == "adamw" && (o.offload_state == "auto" || o.offload_state == "none")),
+            "--adamw-state bf16 holds AdamW's moments on the device: it needs --optimizer adamw and no --offload-state; ",
+            "got --optimizer ", o.optimizer, ", --offload-state ", o.offload_state);
   BLU_CHECK(o.zero >= 0 && o.zero <= 3, "--zero must be 0, 1, 2 or 3, got ", o.zero);
   BLU_CHECK(o.zero == 0 || o.dp > 1, "--zero ", o.zero, " shards over data-parallel ranks: it needs --dp > 1");
   BLU_CHECK(o.zero == 0 || o.optimizer == "adamw", "--zero ", o.zero, " is implemented for adamw, got --optimizer ",

@@ -94,6 +94,7 @@ struct TrainOptions {
   std::string schedule = "cosine";  // cosine | linear | constant
   double weight_decay = 0.1, grad_clip = 1.0;  // grad_clip <= 0: no clipping (the norm is still reported)
   std::string optimizer = "adamw";             // adamw | sgd
+  double beta1 = 0.9, beta2 = 0.95;             // AdamW's (GPT-2's / llm.c's)
   uint64_t seed = 1337;                         // model init, default generator, sampling
   std::string device = "cpu";
   // fp32 (IEEE matmuls) | tf32 | bf16 | fp16: bf16/fp16 run activations and matmuls in 16 bits
@@ -166,6 +167,10 @@ struct TrainOptions {
   // and their low 16 bits (optim/master_split.h, Note [Split masters]): 2 bytes a parameter less.
   // In to_json() when split (the copies round ties away from zero).
   std::string master_weights = "fp32";
+  // f32 | bf16: AdamW's moments in bf16, rounded stochastically (Note [Stochastic bf16 moments],
+  // core/round_stochastic.h): 4 bytes a parameter less, on the device only. Changes the trajectory
+  // (train/run_record.h).
+  std::string adamw_state = "f32";
   std::string offload_update = "auto";  // auto (the faster by the probe) | cpu | gpu
   bool offload_overlap = false;  // the cpu update's blocks behind the next forward (offload/offload_adamw.h)
   int64_t offload_chunk = int64_t(1) << 22;  // elements per streamed chunk of the offloaded update (moments for gpu, gradients for cpu)
@@ -235,6 +240,8 @@ std::string gemm_tune_summary();
 // BLU_CHECK for option values that cannot run (each error names the flag, expected vs got); the
 // model's shapes bound some (the sequence length). Before anything is built or touched.
 void check_options(const TrainOptions& o, const models::CausalLM& model);
+// AdamW's moments' dtype as --adamw-state names it (f32 or bf16, checked by check_options).
+inline DType adamw_state_dtype(const TrainOptions& o) { return o.adamw_state == "bf16" ? DType::bf16 : DType::f32; }
 // Warnings for a schedule that cannot do what its flags say: --min-lr above --lr, a --warmup longer
 // than the run.
 void warn_about_schedule(const TrainOptions& o, std::ostream& os);

@@ -369,7 +369,9 @@ Trainer::Trainer(TrainOptions options, TrainCallbacks callbacks)
   } else if (budgets || o.offload_state != "auto" || o.offload_update != "auto") {
     plan_memory(sc, layout, pg, pipeline_gradients);
   }
-  const dist::OptimizerConfig oc{.name = o.optimizer, .lr = o.lr, .weight_decay = o.weight_decay};
+  const dist::OptimizerConfig oc{
+      .name = o.optimizer, .lr = o.lr, .weight_decay = o.weight_decay, .beta1 = o.beta1, .beta2 = o.beta2,
+      .state_dtype = adamw_state_dtype(o)};
   strategy_ = make_layout_strategy(*model_, layout, mesh_.get(), pg, sc, oc, o.precision, pipeline_gradients);
   if (strategy_->split_elements() > 0 && cb_.log)
     *cb_.log << "split master weights: " << strategy_->split_elements() << " of the model's " << model_params
