@@ -67,6 +67,7 @@
 #           (GiB: 7.5 5.6 4.2), BUDGET_ARGS added: the setting the planner picks, the predicted and
 #           the measured peak, tok/s; then the model's torch.compile peer (BUDGET_PEER=0: not)
 #   check — performance.md's current check: GPT-2 124M and llama-250m tuned and compiled, at full speed
+#           (CHECK_GPT2_FULL, CHECK_LLAMA_FULL: more arguments, none by default)
 #           and in at most 0.6x of torch.compile's memory (CHECK_GPT2_LOW, CHECK_LLAMA_LOW), REPS
 #           (2) times in turn, between two runs of both torch.compile peers (check.log)
 #   precisions — the same two models in fp32 and tf32 (PRECISIONS), eager and --compile, REPS (1)
@@ -391,8 +392,9 @@ print(f'GPU 0 busy: {len(b)} samples, SM {s.median(float(r[2]) for r in b):.0f} 
       low_g="${CHECK_GPT2_LOW:---compile-remat --loss-chunks 4 --master-weights split}"
       low_l="${CHECK_LLAMA_LOW:---compile-remat --loss-chunks 4 --recompute mlp-first:9 --master-weights split}"
       peers_pair check.log bf16c > /dev/null
+      full_g="${CHECK_GPT2_FULL:-}"; full_l="${CHECK_LLAMA_FULL:-}"
       for rep in $(seq "${REPS:-2}"); do
-        for cfg in "$G|" "$G|$low_g" "$L|" "$L|$low_l"; do
+        for cfg in "$G|$full_g" "$G|$low_g" "$L|$full_l" "$L|$low_l"; do
           echo "== ${cfg%%|*} ${cfg#*|}" >> "$out/check.log"
           timeout 150 "${g[@]}" ${cfg%%|*} ${cfg#*|} 2>&1 | grep -E '^\{|rror' >> "$out/check.log"
         done
