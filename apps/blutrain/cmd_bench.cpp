@@ -498,6 +498,8 @@ int run_bench(const BenchOptions& o) {
       copy_(cx, x);
       copy_(cy, y);
     }
+    // Note [The warm-up step recomputes every block] (models/activations.h).
+    const models::WarmupPolicy warmup(model, compiled->warming_up() && o.compile_remat);
     compiled->run({cx, cy}, [&] {
       loss_t = strategy.step(1, [&](int64_t) { return model.forward(cx, cy).loss; }, o.lr, 1.0).loss_sum;
       strategy.optimizer().zero_grad();  // as train --compile does: the gradients are the step's temporaries

@@ -258,8 +258,9 @@ TEST(Offload, PlanHidesTheFirstForwardOfTheHostUpdate) {
 }
 
 // The compiler's recompute (ActivationPlan::compiled_saving) lowers the compiled steps' peak; the
-// first step runs eager with every activation before AdamW has made its moments (8 bytes per
-// element), so the plan's peak is the larger of the two, and a budget is checked against it.
+// first step runs eager before AdamW has made its moments (8 bytes per element), with every
+// activation or, probed apart, with the warm-up's, so the plan's peak is the larger of the two, and
+// a budget is checked against it.
 TEST(Offload, PlanCountsTheCompilersRecomputeAndTheFirstEagerStep) {
   PlanInput in;
   in.param_elements = 1000;  // fp32: 4 bytes of parameter and 8 of moments each; the probe counts the gradients
@@ -292,6 +293,17 @@ TEST(Offload, PlanCountsTheCompilersRecomputeAndTheFirstEagerStep) {
   p = plan_memory(in);
   EXPECT_EQ(p.device_peak_bytes, 14'000);
   EXPECT_NE(p.text.find("2% of it kept free"), std::string::npos) << p.text;
+  // The warm-up probed apart, every block recomputed (Note [The warm-up step recomputes every
+  // block]): its 4,000 + 2,000 no longer binds; the compiled steps' 13,000 do.
+  in.device_headroom = 0;
+  in.device_budget = 0;
+  in.activations.warmup_bytes = 2'000;
+  p = plan_memory(in);
+  EXPECT_EQ(p.device_peak_bytes, 13'000);
+  EXPECT_NE(p.text.find("the first step runs eager with every block recomputed (1.95 KiB of activations), before the "
+                        "optimizer state is made, at 5.86 KiB"),
+            std::string::npos)
+      << p.text;
 }
 
 TEST(Offload, PlanKeepsStateOnDeviceWhenItFitsAndPredictsPeak) {

@@ -107,6 +107,8 @@ class CompiledStep {
 
   // One step (see the header comment). `inputs` are the step's batch tensors.
   void run(const std::vector<Tensor>& inputs, const std::function<void()>& step);
+  // Whether the next run() is an eager warm-up step (CompileOptions::warmup_steps).
+  bool warming_up() const { return step_ < options_.warmup_steps; }
 
   struct Counts {
     int64_t eager = 0, compiled = 0, fallback = 0, guard_failures = 0;

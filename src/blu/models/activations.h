@@ -63,6 +63,19 @@ struct BlockSet {
   bool operator==(const BlockSet&) const = default;
 };
 
+// Note [The warm-up step recomputes every block]
+// A compiled run's warm-up step runs eager, with the activations the model's policy keeps whole
+// (the compiler's own recompute, --compile-remat, comes with the compiled steps only) but before
+// the optimizer has made its moments. When the moments are small beside the activations (bf16
+// moments, long sequences) that step, not the compiled ones, sets the run's peak, allocated and
+// reserved (its eager allocations fragment the caching allocator's segments). So under
+// --compile-remat the trainer and `bench` run the warm-up with every block recomputed whole
+// (ActivationPolicy::warmup below), which changes no bit (a recomputed block gives what the saved
+// one held), and the compiled steps capture the model's own policy; the memory planner probes the
+// warm-up under that policy too (train/memory_probe.cpp, offload::ActivationPlan::warmup_bytes).
+// Not without --compile-remat: on an H200, GPT-2 124M (B=16, whole logits, bf16 moments) reserved
+// 7,630 MiB with its warm-up recomputing, 6,586 MiB without (its allocated peak was 6,495 both ways).
+
 struct ActivationPolicy {
   BlockSet block;  // whole-block recompute
   BlockSet mlp;    // the MLP's input side recomputed
@@ -72,6 +85,15 @@ struct ActivationPolicy {
   // in that order ("selective+block:2", "mlp-first:9+block:4"; BLU_CHECK otherwise, naming them).
   static ActivationPolicy parse(std::string_view recompute, bool offload_activations = false);
   std::string recompute_name() const;  // as parse takes it
+  // The policy of a compiled run's eager warm-up step (Note [The warm-up step recomputes every
+  // block]): every block recomputed whole, offload as set.
+  ActivationPolicy warmup() const {
+    ActivationPolicy w = *this;
+    w.block = BlockSet::all();
+    w.mlp = {};
+    w.selective = false;
+    return w;
+  }
   bool recompute_block(size_t i) const { return block.has(i); }
   bool recompute_mlp(size_t i) const { return mlp.has(i); }
   bool any() const { return block.any() || selective || mlp.any() || offload; }

@@ -197,4 +197,24 @@ class CausalLM : public nn::Module {
   int next_hook_ = 0;
 };
 
+// RAII: while `on`, the model runs under its policy's warm-up form (ActivationPolicy::warmup,
+// Note [The warm-up step recomputes every block]); the model's own policy is put back after.
+class WarmupPolicy {
+ public:
+  WarmupPolicy(CausalLM& model, bool on) : model_(on ? &model : nullptr) {
+    if (!model_) return;
+    own_ = model.activation_policy();
+    model.set_activation_policy(own_.warmup());
+  }
+  ~WarmupPolicy() {
+    if (model_) model_->set_activation_policy(own_);
+  }
+  WarmupPolicy(const WarmupPolicy&) = delete;
+  WarmupPolicy& operator=(const WarmupPolicy&) = delete;
+
+ private:
+  CausalLM* model_;
+  ActivationPolicy own_;
+};
+
 }  // namespace blu::models

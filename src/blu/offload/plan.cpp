@@ -42,8 +42,15 @@ int64_t compiled_activations(const Candidate& c, const PlanInput& in) {
   return act - std::clamp<int64_t>(in.activations.compiled_saving, 0, act) + std::max<int64_t>(0, in.activations.compiled_excess);
 }
 bool compiled(const PlanInput& in) { return in.activations.compiled_saving > 0 || in.activations.compiled_excess > 0; }
+// The first step's: the warm-up's activations when probed apart, before the moments are made.
+int64_t first_step_need(const Candidate& c, const PlanInput& in) {
+  const int64_t act = in.activations.warmup_bytes >= 0
+                          ? std::max<int64_t>(0, in.activations.warmup_bytes - c.act_credit)
+                          : kept_activations(c, in);
+  return c.device_static - c.moments + act;
+}
 int64_t device_need(const Candidate& c, const PlanInput& in) {
-  return std::max(c.device_static + compiled_activations(c, in), c.device_static - c.moments + kept_activations(c, in));
+  return std::max(c.device_static + compiled_activations(c, in), first_step_need(c, in));
 }
 
 // The name a candidate goes by in the plan and in errors.
@@ -258,8 +265,11 @@ MemoryPlan plan_memory(const PlanInput& in) {
     os << "\n  compiled steps: " << fmt(kept_activations(*best, in)) << " of activations eager, "
        << (in.activations.compiled_saving > 0 ? "less " + fmt(in.activations.compiled_saving) + " the compiler recomputes, "
                                                : std::string())
-       << "plus " << fmt(in.activations.compiled_excess) << " of the arena's packing; the first step runs eager, "
-       << "before the optimizer state is made, at " << fmt(best->device_static - best->moments + kept_activations(*best, in));
+       << "plus " << fmt(in.activations.compiled_excess) << " of the arena's packing; the first step runs eager"
+       << (in.activations.warmup_bytes >= 0 ? " with every block recomputed (" + fmt(in.activations.warmup_bytes) +
+                                                  " of activations)"
+                                            : std::string())
+       << ", before the optimizer state is made, at " << fmt(first_step_need(*best, in));
   os << "\n  host: " << fmt(p.host_bytes) << (in.host_budget ? " (budget " + fmt(in.host_budget) + ")" : std::string());
   const ActivationPlan& a = in.activations;
   os << "\n  activations: " << a.kept << " blocks kept, " << a.offloaded << " offloaded, " << a.recomputed

@@ -30,9 +30,11 @@ struct ActivationPlan {
   double extra_seconds = 0;        // recompute and exposed transfer time per step
   // Under --compile (compiler::compiled_peak_change): what the compiler's own recompute
   // (--compile-remat) takes off the compiled steps' activations, and what its arena adds beyond
-  // their live peak. The first step runs eager, with device_bytes whole, before the optimizer has
-  // made its moments: the plan's peak is the larger of the two.
+  // their live peak. The first step runs eager before the optimizer has made its moments, with
+  // warmup_bytes of activations (every block recomputed: Note [The warm-up step recomputes every
+  // block], models/activations.h; -1: device_bytes): the plan's peak is the larger of the two.
   int64_t compiled_saving = 0, compiled_excess = 0;
+  int64_t warmup_bytes = -1;
 };
 
 struct PlanInput {

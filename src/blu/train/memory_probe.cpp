@@ -290,31 +290,34 @@ void Trainer::plan_memory(dist::StrategyConfig& sc, const dist::Layout& layout,
     const int64_t micro = stage ? 0 : std::min<int64_t>(2, o.grad_accum);
     std::vector<Tensor> params = model_->parameters();
     Tensor shard_grad;  // ZeRO-2's averaged gradient of this rank, from the first reduced bucket on
-    for (int64_t i = 0; i < micro; ++i) {
-      // ZeRO-2's synced micro-batch (the last) hands each gradient to a bucket as soon as backward
-      // has made it and releases it, the first opening this rank's shard gradient: the probe does
-      // both (the buckets' staging is added by the plan).
-      const bool release = in.shard_gradients && i == micro - 1;
-      if (release)
-        for (Tensor& p : params)
-          if (p.requires_grad())
-            p.register_grad_hook([q = p, &shard_grad, n = (in.param_elements + in.state_shards - 1) / in.state_shards,
-                                  dev = device_](Tensor&) mutable {
-              if (!shard_grad.defined()) shard_grad = empty({n}, DType::f32, dev);
-              q.zero_grad();
-            });
-      const Tensor ids = zeros({o.batch_size, o.seq_len}, DType::i32, device_);
-      if (zero3) zero3_opt->begin_forward(i == 0);
-      Tensor loss = model_->forward(ids, ids).loss;
-      if (zero3) zero3_opt->begin_backward();
-      loss.backward();
-      if (zero3) zero3_opt->end_backward();
-      to_device(loss, kCPU);  // waits for the device
-      if (release)
-        for (Tensor& p : params)
-          if (p.requires_grad()) p.autograd_meta().grad_hooks.pop_back();
-    }
-    shard_grad = Tensor();
+    const auto micro_batches = [&] {
+      for (int64_t i = 0; i < micro; ++i) {
+        // ZeRO-2's synced micro-batch (the last) hands each gradient to a bucket as soon as backward
+        // has made it and releases it, the first opening this rank's shard gradient: the probe does
+        // both (the buckets' staging is added by the plan).
+        const bool release = in.shard_gradients && i == micro - 1;
+        if (release)
+          for (Tensor& p : params)
+            if (p.requires_grad())
+              p.register_grad_hook([q = p, &shard_grad, n = (in.param_elements + in.state_shards - 1) / in.state_shards,
+                                    dev = device_](Tensor&) mutable {
+                if (!shard_grad.defined()) shard_grad = empty({n}, DType::f32, dev);
+                q.zero_grad();
+              });
+        const Tensor ids = zeros({o.batch_size, o.seq_len}, DType::i32, device_);
+        if (zero3) zero3_opt->begin_forward(i == 0);
+        Tensor loss = model_->forward(ids, ids).loss;
+        if (zero3) zero3_opt->begin_backward();
+        loss.backward();
+        if (zero3) zero3_opt->end_backward();
+        to_device(loss, kCPU);  // waits for the device
+        if (release)
+          for (Tensor& p : params)
+            if (p.requires_grad()) p.autograd_meta().grad_hooks.pop_back();
+      }
+      shard_grad = Tensor();
+    };
+    micro_batches();
     if (in.shard_gradients) {
       int64_t largest = 0;
       for (const Tensor& p : params) largest = std::max(largest, p.numel());
@@ -324,10 +327,9 @@ void Trainer::plan_memory(dist::StrategyConfig& sc, const dist::Layout& layout,
     if (!stage)
       in.compute_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
                            double(micro) * double(o.grad_accum);
-    for (nn::Embedding* e : sinks) e->set_row_grad_sink(nullptr);
-    kept_rows.clear();
     in.activations.device_bytes =
         alloc.stats().peak_bytes - before + scratch_held - (copies_made ? 0 : in.compute_copy_bytes * in.param_elements);
+    kept_rows.clear();
     copies_made = true;
     in.grads_in_activations = true;
     const auto put_back = [&] {  // the gradients dropped, the generator where the probe found it
@@ -335,6 +337,18 @@ void Trainer::plan_memory(dist::StrategyConfig& sc, const dist::Layout& layout,
       gen.set_state(seed, offset);
     };
     put_back();
+    // --compile --compile-remat: the warm-up step runs eager with every block recomputed (Note [The
+    // warm-up step recomputes every block], models/activations.h), probed as such.
+    if (o.compile && o.compile_remat && !stage) {
+      const models::WarmupPolicy warmup(*model_, true);
+      const int64_t at = alloc.stats().current_bytes;
+      alloc.reset_peak();
+      micro_batches();
+      in.activations.warmup_bytes = alloc.stats().peak_bytes - at + scratch_held;
+      kept_rows.clear();
+      put_back();
+    }
+    for (nn::Embedding* e : sinks) e->set_row_grad_sink(nullptr);
     // --compile: what the compiled steps hold instead — less what the compiler's recompute
     // (--compile-remat) takes off, plus the gaps of its arena's packing — decided on a capture of
     // one micro-batch's forward and backward (no kernel runs; its unbacked gradients are dropped

@@ -271,6 +271,8 @@ dist::StepValues Trainer::train_step() {
     }
     dist::StepValues v;
     const double lr = schedule_.at(step_);
+    // Note [The warm-up step recomputes every block] (models/activations.h).
+    const models::WarmupPolicy warmup(*model_, compiled_->warming_up() && opt_s_.compile_remat);
     compiled_->run(compile_inputs_, [&] {
       v = strategy_->step(o.grad_accum, [&](int64_t i) {
         return std::pair<Tensor, Tensor>{compile_inputs_[size_t(2 * i)], compile_inputs_[size_t(2 * i + 1)]};
