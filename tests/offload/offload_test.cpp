@@ -752,16 +752,7 @@ TEST(Offload, BudgetTakesMastersOnHostOnlyWhenNothingElseFits) {
   test::expect_error([&] { plan_memory(in); }, {"--offload-state master is implemented for data parallelism"});
 }
 
-// A run resumed after step 4 of 8: its losses are the uninterrupted run's last four and its final
-// weights the same, bit for bit.
-void expect_continues(const RunResult& straight, const RunResult& rest) {
-  ASSERT_EQ(rest.losses.size(), 4u);
-  for (size_t i = 0; i < 4; ++i)
-    EXPECT_EQ(std::memcmp(&rest.losses[i], &straight.losses[4 + i], sizeof(double)), 0) << "step " << 5 + i;
-  ASSERT_EQ(rest.weights.size(), straight.weights.size());
-  for (size_t i = 0; i < rest.weights.size(); ++i)
-    EXPECT_EQ(std::memcmp(rest.weights[i].data(), straight.weights[i].data(), rest.weights[i].size() * 8), 0);
-}
+using train::test_util::expect_continues;
 
 // --- the update behind the next forward (Note [Update behind the forward]) ---
 

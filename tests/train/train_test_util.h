@@ -2,8 +2,11 @@
 // stream a small model can learn, written as shards, the options of a small run over it, and a
 // run on the device pool read back (losses, weights, peaks, plan, log).
 #pragma once
+#include <gtest/gtest.h>
+
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <sstream>
@@ -118,6 +121,17 @@ inline PoolRunResult run_on_pool(const TrainOptions& o, int64_t stop_at = 0) {
   device_pool(1).set_budget(0);
   r.log = log.str();
   return r;
+}
+
+// A run resumed after step 4 of 8: its losses are the uninterrupted run's last four and its final
+// weights the same, bit for bit.
+inline void expect_continues(const PoolRunResult& straight, const PoolRunResult& rest) {
+  ASSERT_EQ(rest.losses.size(), 4u);
+  for (size_t i = 0; i < 4; ++i)
+    EXPECT_EQ(std::memcmp(&rest.losses[i], &straight.losses[4 + i], sizeof(double)), 0) << "step " << 5 + i;
+  ASSERT_EQ(rest.weights.size(), straight.weights.size());
+  for (size_t i = 0; i < rest.weights.size(); ++i)
+    EXPECT_EQ(std::memcmp(rest.weights[i].data(), straight.weights[i].data(), rest.weights[i].size() * 8), 0);
 }
 
 }  // namespace blu::train::test_util
