@@ -246,7 +246,7 @@ TrainState load_sharded_checkpoint(const std::string& ckpt_dir, nn::Module& mode
       bytes.push_back(file.bytes(te));
       wide.push_back(te.dtype == DType::f32);
     }
-    // Elements [src, src + count) of moment k into `out` from dst on, as f32.
+    // Elements [src, src + count) of this shard's moment k into `out`, as f32.
     auto widen = [&](size_t k, float* out, int64_t src, int64_t count) {
       if (wide[k]) {
         std::memcpy(out, bytes[k].data() + src * 4, size_t(count) * 4);
