@@ -165,8 +165,6 @@ nlohmann::json profile_step(const std::function<void()>& step, Device dev) {
 
 // The bench's device exists here: --device cuda on a machine or a build without one says what to
 // run instead.
-DType state_dtype(const BenchOptions& o) { return o.adamw_state == "bf16" ? DType::bf16 : DType::f32; }
-
 Device bench_device(const std::string& flag) {
   const Device dev(flag);
 #ifdef BLU_HAVE_CUDA
@@ -289,7 +287,8 @@ int run_bench_layout(const BenchOptions& o) {
   }
   const std::unique_ptr<dist::Strategy> strategy = train::make_layout_strategy(
       model, layout, groups.mesh.get(), groups.job, sc,
-      dist::OptimizerConfig{.lr = o.lr, .weight_decay = 0.1, .beta2 = o.beta2, .state_dtype = state_dtype(o)},
+      dist::OptimizerConfig{.lr = o.lr, .weight_decay = 0.1, .beta2 = o.beta2,
+                            .state_dtype = dtype_from_name(o.adamw_state)},
       o.precision,
       groups.pipeline_gradients);
 
@@ -447,7 +446,8 @@ int run_bench(const BenchOptions& o) {
             "device: it needs --offload-state none, got ", o.offload_state);
   dist::Strategy strategy(
       model, pg, sc,
-      dist::OptimizerConfig{.lr = o.lr, .weight_decay = 0.1, .beta2 = o.beta2, .state_dtype = state_dtype(o)});
+      dist::OptimizerConfig{
+          .lr = o.lr, .weight_decay = 0.1, .beta2 = o.beta2, .state_dtype = dtype_from_name(o.adamw_state)});
   dist::DistributedDataParallel* ddp = strategy.ddp();
   Generator gen(1 + uint64_t(env.rank));  // each rank its own batches
   allocator_for(dev).reset_peak();

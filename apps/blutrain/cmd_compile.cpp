@@ -139,7 +139,7 @@ int run_compile(const CompileCmdOptions& o) {
   sc.split_masters = o.master_weights == "split";
   dist::Strategy strategy(model, nullptr, sc,
                           dist::OptimizerConfig{.lr = o.lr, .weight_decay = 0.1, .beta2 = o.beta2,
-                                                .state_dtype = o.adamw_state == "bf16" ? DType::bf16 : DType::f32});
+                                                .state_dtype = dtype_from_name(o.adamw_state)});
   const double setup_s = seconds_since(t_start);
 
   std::string target;

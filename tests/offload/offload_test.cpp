@@ -294,7 +294,7 @@ TEST(Offload, PlanCountsTheCompilersRecomputeAndTheFirstEagerStep) {
   EXPECT_EQ(p.device_peak_bytes, 14'000);
   EXPECT_NE(p.text.find("2% of it kept free"), std::string::npos) << p.text;
   // The warm-up probed apart, every block recomputed (Note [The warm-up step recomputes every
-  // block]): its 4,000 + 2,000 no longer binds; the compiled steps' 13,000 do.
+  // block]): the first step needs 4,000 + 2,000, below the compiled steps' 13,000, which bind.
   in.device_headroom = 0;
   in.device_budget = 0;
   in.activations.warmup_bytes = 2'000;

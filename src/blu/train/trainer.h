@@ -241,7 +241,7 @@ std::string gemm_tune_summary();
 // model's shapes bound some (the sequence length). Before anything is built or touched.
 void check_options(const TrainOptions& o, const models::CausalLM& model);
 // AdamW's moments' dtype as --adamw-state names it (f32 or bf16, checked by check_options).
-inline DType adamw_state_dtype(const TrainOptions& o) { return o.adamw_state == "bf16" ? DType::bf16 : DType::f32; }
+inline DType adamw_state_dtype(const TrainOptions& o) { return dtype_from_name(o.adamw_state); }
 // Warnings for a schedule that cannot do what its flags say: --min-lr above --lr, a --warmup longer
 // than the run.
 void warn_about_schedule(const TrainOptions& o, std::ostream& os);
